@@ -1,0 +1,27 @@
+# weft_compile_fail(NAME name SOURCE file [DEFINE macro] EXPECT text...)
+#
+# A CTest test that compiles SOURCE with -DMACRO (syntax only, C++20, weft's include directory) and passes only if the compiler fails and its output contains every EXPECT
+# text (literal, not a regex). With DEFINE omitted it must compile instead: the control case.
+set(WEFT_COMPILE_FAIL_SCRIPT ${CMAKE_CURRENT_LIST_DIR}/compile_fail.cmake)
+
+function(weft_compile_fail)
+  cmake_parse_arguments(CF "" "NAME;SOURCE;DEFINE" "EXPECT" ${ARGN})
+  set(flags -std=c++20 -fsyntax-only -I${PROJECT_SOURCE_DIR}/include)
+  if(CF_DEFINE)
+    list(APPEND flags -D${CF_DEFINE})
+    set(should_fail ON)
+  else()
+    set(should_fail OFF)
+  endif()
+  string(REPLACE ";" "|" expect "${CF_EXPECT}")
+  string(REPLACE ";" " " flags "${flags}")
+  add_test(NAME ${CF_NAME}
+    COMMAND ${CMAKE_COMMAND}
+      -DCOMPILER=${CMAKE_CXX_COMPILER}
+      "-DFLAGS=${flags}"
+      -DSOURCE=${CF_SOURCE}
+      -DSHOULD_FAIL=${should_fail}
+      "-DEXPECT=${expect}"
+      -P ${WEFT_COMPILE_FAIL_SCRIPT})
+  set_tests_properties(${CF_NAME} PROPERTIES LABELS "compile-fail" TIMEOUT 300)
+endfunction()

@@ -1,0 +1,57 @@
+// The Communicator concept: what every back end (threads now; MPI and NCCL later) provides to a
+// group of ranks.
+//
+// All calls are collective over the group except send/recv. Buffers are contiguous spans of one
+// Element type (f64, f32, bf16, i32, i64). Every blocking call has a deadline and every call carries
+// a per-group sequence number, so a failure is reported as "<op> #<seq> on <group>" on every rank.
+//
+//   all_reduce(buf, op)            in place; sum or max
+//   reduce_scatter(in, out, op)    in.size() == size() * out.size(); rank r gets chunk r of the sum
+//   all_gather(in, out)            out.size() == size() * in.size(); chunk r of out is rank r's in
+//   all_to_all(in, out)            in.size() == out.size() == size() * k; in chunk j goes to rank j,
+//                                  out chunk j came from rank j
+//   broadcast(buf, root)           in place
+//   send(buf, peer) / recv(buf, peer)
+//   barrier()
+//   split(color, key)              collective: ranks with the same color form a new group, ordered
+//                                  by key (MPI_Comm_split)
+//
+// This header is plain C++20.
+#pragma once
+
+#include <concepts>
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "weft/core/dtype.hpp"
+
+namespace weft {
+
+enum class ReduceOp : std::uint8_t { sum, max };
+
+constexpr const char* name(ReduceOp op) { return op == ReduceOp::sum ? "sum" : "max"; }
+
+template <class C>
+concept Communicator = requires(C& c, const C& cc, std::span<float> f, std::span<const float> cf,
+                                std::span<double> d, std::span<bf16> h, std::span<std::int32_t> i,
+                                std::span<std::int64_t> l, ReduceOp op, int r) {
+  { cc.rank() } -> std::convertible_to<int>;
+  { cc.size() } -> std::convertible_to<int>;
+  { cc.name() } -> std::convertible_to<std::string>;
+  c.all_reduce(f, op);
+  c.all_reduce(d, op);
+  c.all_reduce(h, op);
+  c.all_reduce(i, op);
+  c.all_reduce(l, op);
+  c.reduce_scatter(cf, f, op);
+  c.all_gather(cf, f);
+  c.all_to_all(cf, f);
+  c.broadcast(f, r);
+  c.send(cf, r);
+  c.recv(f, r);
+  c.barrier();
+  { c.split(r, r) } -> std::same_as<C>;
+};
+
+}  // namespace weft

@@ -1,0 +1,83 @@
+// Mesh: the ranks of a world arranged as data x pipe x tensor, with a communicator per axis group.
+//
+// World rank = (data * pipe_degree + pipe) * tensor_degree + tensor: tensor is the fastest-varying
+// axis, as in Megatron, so a tensor group is a block of consecutive ranks (one node's GPUs, where
+// the bandwidth is). The axis group of an axis is the set of ranks that differ only on that axis.
+// Degrees are run-time values, validated here before anything is allocated.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "weft/comm/communicator.hpp"
+#include "weft/core/error.hpp"
+#include "weft/layout/layout.hpp"
+
+namespace weft {
+
+struct MeshShape {
+  int data = 1;
+  int pipe = 1;
+  int tensor = 1;
+};
+
+struct MeshCoord {
+  int data = 0, pipe = 0, tensor = 0;
+};
+
+// Checks `s` against a world of `world_size` ranks; throws Error naming the values otherwise.
+inline void validate(const MeshShape& s, int world_size) {
+  if (s.data < 1 || s.pipe < 1 || s.tensor < 1)
+    throw Error("Mesh", cat("degrees data ", s.data, ", pipe ", s.pipe, ", tensor ", s.tensor, " include one below 1"),
+                "use degrees >= 1");
+  const long long product = 1LL * s.data * s.pipe * s.tensor;
+  if (product != world_size) {
+    std::vector<int> divisors;
+    for (int d = 1; d <= world_size; ++d)
+      if (world_size % d == 0) divisors.push_back(d);
+    throw Error("Mesh",
+                cat("data ", s.data, " x pipe ", s.pipe, " x tensor ", s.tensor, " = ", product,
+                    " ranks, but the world has ", world_size),
+                cat("choose degrees whose product is ", world_size, " (each one of ", join(divisors), ")"));
+  }
+}
+
+template <Communicator C>
+class Mesh {
+ public:
+  Mesh(C& world, MeshShape shape) : world_(world), shape_(shape) {
+    validate(shape_, world.size());
+    const int r = world.rank();
+    coord_.tensor = r % shape_.tensor;
+    coord_.pipe = (r / shape_.tensor) % shape_.pipe;
+    coord_.data = r / (shape_.tensor * shape_.pipe);
+    // Each split is collective over the world; every rank makes the same three calls in order.
+    tensor_.emplace_back(world.split(coord_.data * shape_.pipe + coord_.pipe, coord_.tensor,
+                                     cat("tensor[d", coord_.data, ",p", coord_.pipe, "]")));
+    data_.emplace_back(world.split(coord_.pipe * shape_.tensor + coord_.tensor, coord_.data,
+                                   cat("data[p", coord_.pipe, ",t", coord_.tensor, "]")));
+    pipe_.emplace_back(world.split(coord_.data * shape_.tensor + coord_.tensor, coord_.pipe,
+                                   cat("pipe[d", coord_.data, ",t", coord_.tensor, "]")));
+  }
+
+  C& world() { return world_; }
+  C& data() { return data_.front(); }
+  C& pipe() { return pipe_.front(); }
+  C& tensor() { return tensor_.front(); }
+  C& comm(Axis a) { return a == Axis::data ? data() : tensor(); }
+
+  const MeshShape& shape() const { return shape_; }
+  const MeshCoord& coord() const { return coord_; }
+
+  // The run-time side of a tensor layout on this mesh (data and tensor axes).
+  Spread spread() const { return {shape_.data, shape_.tensor, coord_.data, coord_.tensor}; }
+
+ private:
+  C& world_;
+  MeshShape shape_;
+  MeshCoord coord_;
+  // One element each; vectors because C need not be default-constructible.
+  std::vector<C> data_, pipe_, tensor_;
+};
+
+}  // namespace weft

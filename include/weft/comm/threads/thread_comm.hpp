@@ -1,0 +1,297 @@
+// ThreadComm: a Communicator whose ranks are threads of one process (see world.hpp for the shared
+// state and the failure rules).
+//
+// Every collective runs the same protocol: post a descriptor, wait until all members have posted
+// (arrival), check that they all asked for the same call, move data by reading the other ranks'
+// buffers directly, and wait until all have finished reading (departure). Reductions add in rank
+// order 0, 1, ..., n-1 for every element, whichever thread computes it, so results are bitwise
+// identical across ranks and across runs; bf16 accumulates in float and rounds once.
+//
+// all_reduce is a reduce-scatter followed by an all-gather in place: rank r reduces elements
+// [r*count/n, (r+1)*count/n) into its own buffer, then every rank copies the other chunks from
+// their owners. Counts need not divide by the group size.
+//
+// A collective that fails (bad arguments, a mismatch, a deadline, a failed rank) throws weft::Error
+// on every rank of the world: an error in a collective is fatal to the whole run.
+#pragma once
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "weft/comm/threads/world.hpp"
+
+namespace weft::threads {
+
+class ThreadComm {
+ public:
+  ThreadComm(std::shared_ptr<World> world, std::shared_ptr<Group> group, int group_rank)
+      : world_(std::move(world)), group_(std::move(group)), me_(group_rank),
+        world_rank_(group_->members[static_cast<std::size_t>(group_rank)]) {}
+
+  int rank() const { return me_; }
+  int size() const { return group_->size(); }
+  int world_rank() const { return world_rank_; }
+  std::string name() const { return group_->label(); }
+  const std::vector<int>& members() const { return group_->members; }
+
+  template <Element T>
+  void all_reduce(std::span<T> buf, ReduceOp op = ReduceOp::sum) {
+    Desc d{Op::all_reduce, dtype_of<T>, size_of(buf), size_of(buf), op, 0, buf.data(), buf.data()};
+    collective(d, [&](const std::vector<Desc>& all, std::uint64_t seq) {
+      const int n = size();
+      const std::int64_t count = d.in_count;
+      auto lo = [&](int r) { return count * r / n; };
+      reduce_into(buf.data(), inputs<T>(all), lo(me_), lo(me_ + 1), op, 0);
+      barrier_phase(seq, 2, d.op);
+      for (int r = 0; r < n; ++r)
+        if (r != me_ && lo(r + 1) > lo(r))
+          std::memcpy(buf.data() + lo(r), static_cast<const T*>(all[static_cast<std::size_t>(r)].in) + lo(r),
+                      static_cast<std::size_t>(lo(r + 1) - lo(r)) * sizeof(T));
+    });
+  }
+
+  template <Element T>
+  void reduce_scatter(std::span<const T> in, std::span<T> out, ReduceOp op = ReduceOp::sum) {
+    Desc d{Op::reduce_scatter, dtype_of<T>, size_of(in), size_of(out), op, 0, in.data(), out.data()};
+    check_sizes(d, d.in_count == d.out_count * size(), "in.size() == size() * out.size()");
+    check_disjoint(d, in.data(), in.size_bytes(), out.data(), out.size_bytes());
+    collective(d, [&](const std::vector<Desc>& all, std::uint64_t) {
+      reduce_into(out.data(), inputs<T>(all), me_ * d.out_count, (me_ + 1) * d.out_count, op, me_ * d.out_count);
+    });
+  }
+
+  template <Element T>
+  void all_gather(std::span<const T> in, std::span<T> out) {
+    Desc d{Op::all_gather, dtype_of<T>, size_of(in), size_of(out), ReduceOp::sum, 0, in.data(), out.data()};
+    check_sizes(d, d.out_count == d.in_count * size(), "out.size() == size() * in.size()");
+    check_disjoint(d, in.data(), in.size_bytes(), out.data(), out.size_bytes());
+    collective(d, [&](const std::vector<Desc>& all, std::uint64_t) {
+      for (int r = 0; r < size(); ++r)
+        std::memcpy(out.data() + r * d.in_count, all[static_cast<std::size_t>(r)].in,
+                    static_cast<std::size_t>(d.in_count) * sizeof(T));
+    });
+  }
+
+  template <Element T>
+  void all_to_all(std::span<const T> in, std::span<T> out) {
+    Desc d{Op::all_to_all, dtype_of<T>, size_of(in), size_of(out), ReduceOp::sum, 0, in.data(), out.data()};
+    check_sizes(d, d.in_count == d.out_count && d.in_count % size() == 0,
+                "in.size() == out.size(), a multiple of size()");
+    check_disjoint(d, in.data(), in.size_bytes(), out.data(), out.size_bytes());
+    collective(d, [&](const std::vector<Desc>& all, std::uint64_t) {
+      const std::int64_t k = d.in_count / size();
+      for (int r = 0; r < size(); ++r)
+        std::memcpy(out.data() + r * k, static_cast<const T*>(all[static_cast<std::size_t>(r)].in) + me_ * k,
+                    static_cast<std::size_t>(k) * sizeof(T));
+    });
+  }
+
+  template <Element T>
+  void broadcast(std::span<T> buf, int root) {
+    Desc d{Op::broadcast, dtype_of<T>, size_of(buf), size_of(buf), ReduceOp::sum, root, buf.data(), buf.data()};
+    check_peer(d, root, "root");
+    collective(d, [&](const std::vector<Desc>& all, std::uint64_t) {
+      if (me_ != root)
+        std::memcpy(buf.data(), all[static_cast<std::size_t>(root)].in, buf.size_bytes());
+    });
+  }
+
+  void barrier() {
+    collective(Desc{Op::barrier}, [](const std::vector<Desc>&, std::uint64_t) {});
+  }
+
+  // Ranks with the same color form a new group, ordered by (key, rank). Requires: color >= 0.
+  ThreadComm split(int color, int key, const std::string& name = {}) {
+    if (color < 0) fail_local(Desc{Op::split}, cat("color ", color, " is negative"), "use a color >= 0");
+    const int mine[2] = {color, key};
+    std::shared_ptr<Group> made;
+    int my_index = 0;
+    collective(Desc{Op::split, DType::i32, 2, 2, ReduceOp::sum, 0, mine, nullptr},
+               [&](const std::vector<Desc>& all, std::uint64_t seq) {
+                 std::vector<std::pair<int, int>> keyed;  // (key, group rank in parent)
+                 for (int r = 0; r < size(); ++r) {
+                   const int* cr = static_cast<const int*>(all[static_cast<std::size_t>(r)].in);
+                   if (cr[0] == color) keyed.emplace_back(cr[1], r);
+                 }
+                 std::sort(keyed.begin(), keyed.end());
+                 std::vector<int> members;
+                 for (std::size_t i = 0; i < keyed.size(); ++i) {
+                   if (keyed[i].second == me_) my_index = static_cast<int>(i);
+                   members.push_back(group_->members[static_cast<std::size_t>(keyed[i].second)]);
+                 }
+                 std::lock_guard lock(world_->mutex());
+                 made = world_->split_group(group_->id, seq, color,
+                                            name.empty() ? cat(group_->name, "/", color) : name, members);
+               });
+    return ThreadComm(world_, made, my_index);
+  }
+
+  template <Element T>
+  void send(std::span<const T> buf, int peer) {
+    Desc d{Op::send, dtype_of<T>, size_of(buf), size_of(buf), ReduceOp::sum, peer, buf.data(), nullptr};
+    check_peer(d, peer, "peer");
+    if (peer == me_) fail_local(d, "a rank cannot send to itself", "copy the buffer locally");
+    const std::size_t box = static_cast<std::size_t>(me_ * size() + peer);
+    std::unique_lock lock(world_->mutex());
+    const std::uint64_t seq = ++group_->send_seq[box];
+    const std::string where = cat("send #", seq, " to group rank ", peer, " on ", name(), " at world rank ", world_rank_);
+    auto& mail = group_->mail[box];
+    mail.desc = d;
+    mail.sent = seq;
+    world_->notify();
+    world_->wait(lock, world_rank_, Wait{group_.get(), seq, Op::send, box, seq}, where,
+                 [&] { return mail.received >= seq; });
+    if (!mail.error.empty()) throw Error(where, mail.error, "post a recv of the same type and count");
+    world_->set_last_op(world_rank_, cat("send #", seq, " on ", name()));
+  }
+
+  template <Element T>
+  void recv(std::span<T> buf, int peer) {
+    Desc d{Op::recv, dtype_of<T>, size_of(buf), size_of(buf), ReduceOp::sum, peer, nullptr, buf.data()};
+    check_peer(d, peer, "peer");
+    if (peer == me_) fail_local(d, "a rank cannot receive from itself", "copy the buffer locally");
+    const std::size_t box = static_cast<std::size_t>(peer * size() + me_);
+    std::unique_lock lock(world_->mutex());
+    const std::uint64_t seq = ++group_->recv_seq[box];
+    const std::string where =
+        cat("recv #", seq, " from group rank ", peer, " on ", name(), " at world rank ", world_rank_);
+    auto& mail = group_->mail[box];
+    world_->wait(lock, world_rank_, Wait{group_.get(), seq, Op::recv, box, seq}, where,
+                 [&] { return mail.sent >= seq; });
+    if (mail.desc.dtype != d.dtype || mail.desc.in_count != d.in_count) {
+      mail.error = cat("group rank ", peer, " sent ", mail.desc.in_count, " ", mail.desc.dtype,
+                       " but group rank ", me_, " expected ", d.in_count, " ", d.dtype);
+      mail.received = seq;
+      world_->fail_locked(world_rank_, cat(where, ": ", mail.error));
+      throw Error(where, mail.error, "post a send and recv of the same type and count");
+    }
+    const void* src = mail.desc.in;
+    lock.unlock();
+    std::memcpy(buf.data(), src, buf.size_bytes());
+    lock.lock();
+    mail.received = seq;
+    world_->notify();
+    world_->set_last_op(world_rank_, cat("recv #", seq, " on ", name()));
+  }
+
+  // The deadline for this rank's blocking calls is the world's (Options::deadline).
+  std::chrono::milliseconds deadline() const { return world_->options().deadline; }
+
+ private:
+  template <class T>
+  static std::int64_t size_of(std::span<T> s) { return static_cast<std::int64_t>(s.size()); }
+
+  template <Element T>
+  static std::vector<const T*> inputs(const std::vector<Desc>& all) {
+    std::vector<const T*> v;
+    for (const Desc& d : all) v.push_back(static_cast<const T*>(d.in));
+    return v;
+  }
+
+  // out[i - offset] = reduce over ranks (in rank order) of ins[r][i], for i in [lo, hi).
+  template <Element T>
+  static void reduce_into(T* out, const std::vector<const T*>& ins, std::int64_t lo, std::int64_t hi, ReduceOp op,
+                          std::int64_t offset) {
+    using A = accumulate_t<T>;
+    constexpr std::int64_t block = 1024;
+    A acc[block];
+    for (std::int64_t base = lo; base < hi; base += block) {
+      const std::int64_t len = std::min(block, hi - base);
+      for (std::int64_t i = 0; i < len; ++i) acc[i] = widen(ins[0][base + i]);
+      for (std::size_t r = 1; r < ins.size(); ++r) {
+        const T* in = ins[r] + base;
+        if (op == ReduceOp::sum) {
+          for (std::int64_t i = 0; i < len; ++i) acc[i] += widen(in[i]);
+        } else {
+          for (std::int64_t i = 0; i < len; ++i) {
+            const A v = widen(in[i]);
+            acc[i] = (v > acc[i] || v != v) ? v : acc[i];  // max that propagates NaN
+          }
+        }
+      }
+      for (std::int64_t i = 0; i < len; ++i) out[base - offset + i] = narrow<T>(acc[i]);
+    }
+  }
+
+  std::string where(const Desc& d, std::uint64_t seq) const {
+    return cat(threads::name(d.op), " #", seq, " on ", name(), " at world rank ", world_rank_);
+  }
+
+  // An error in this rank's own arguments: fatal to the world, like any collective failure.
+  [[noreturn]] void fail_local(const Desc& d, const std::string& what, const std::string& fix) {
+    const std::string w = where(d, group_->slots[static_cast<std::size_t>(me_)].seq + 1);
+    world_->fail(world_rank_, cat(w, ": ", what));
+    throw Error(w, what, fix);
+  }
+  void check_sizes(const Desc& d, bool ok, const char* rule) {
+    if (!ok)
+      fail_local(d, cat("sizes in ", d.in_count, ", out ", d.out_count, " on ", size(), " ranks break ", rule),
+                 "size the buffers as the rule says");
+  }
+  void check_peer(const Desc& d, int peer, const char* what) {
+    if (peer < 0 || peer >= size())
+      fail_local(d, cat(what, " ", peer, " is not a rank of a group of ", size()),
+                 cat("use a ", what, " in [0, ", size(), ")"));
+  }
+  void check_disjoint(const Desc& d, const void* a, std::size_t na, const void* b, std::size_t nb) {
+    const auto pa = reinterpret_cast<std::uintptr_t>(a), pb = reinterpret_cast<std::uintptr_t>(b);
+    if (na && nb && pa < pb + nb && pb < pa + na)
+      fail_local(d, "the input and output buffers overlap", "use separate buffers");
+  }
+
+  // Posts this rank's progress at (seq, phase) and waits for every member to reach it. Holds the lock.
+  void reach(std::unique_lock<std::mutex>& lock, std::uint64_t seq, int phase, Op op) {
+    auto& slot = group_->slots[static_cast<std::size_t>(me_)];
+    const std::uint64_t target = 4 * seq + static_cast<std::uint64_t>(phase);
+    slot.progress = target;
+    world_->notify();
+    const auto& slots = group_->slots;
+    world_->wait(lock, world_rank_, Wait{group_.get(), target, op, 0, seq}, where(Desc{op}, seq), [&] {
+      return std::all_of(slots.begin(), slots.end(), [&](const Group::Slot& s) { return s.progress >= target; });
+    });
+  }
+  void barrier_phase(std::uint64_t seq, int phase, Op op) {
+    std::unique_lock lock(world_->mutex());
+    reach(lock, seq, phase, op);
+  }
+
+  // The collective protocol: arrival, check, body(descriptors, seq), departure.
+  template <class Body>
+  void collective(const Desc& d, Body&& body) {
+    std::unique_lock lock(world_->mutex());
+    auto& slot = group_->slots[static_cast<std::size_t>(me_)];
+    const std::uint64_t seq = ++slot.seq;
+    slot.desc = d;
+    reach(lock, seq, 1, d.op);
+    std::vector<Desc> all;
+    for (const auto& s : group_->slots) all.push_back(s.desc);
+    if (!std::all_of(all.begin(), all.end(), [&](const Desc& o) { return o.same_call(all[0]); })) {
+      std::string calls;
+      for (std::size_t r = 0; r < all.size(); ++r)
+        calls += cat(r ? ", " : "", "world rank ", group_->members[r], " called ", all[r].str());
+      const std::string what = cat("mismatched collective #", seq, " on ", name(), ": ", calls);
+      world_->fail_locked(world_rank_, what);
+      throw Error(where(d, seq), what, "every rank of a group must make the same collective calls in the same order");
+    }
+    lock.unlock();
+    body(all, seq);
+    lock.lock();
+    reach(lock, seq, 3, d.op);
+    world_->set_last_op(world_rank_, cat(threads::name(d.op), " #", seq, " on ", name()));
+  }
+
+  std::shared_ptr<World> world_;
+  std::shared_ptr<Group> group_;
+  int me_;
+  int world_rank_;
+};
+
+static_assert(Communicator<ThreadComm>);
+
+}  // namespace weft::threads

@@ -1,0 +1,102 @@
+// Tensor<T, Layout, Device>: this rank's local part of a global tensor.
+//
+// The global shape and the layout (a type) say what the whole tensor is; the Spread (degrees and
+// this rank's index per axis, from the mesh) says which part this rank holds. Storage is row-major
+// and contiguous: either owned (an Allocation from the device, counted in its memory statistics)
+// or a view of memory someone else owns. Tensors move but do not copy implicitly; clone() copies.
+//
+// Example, an activation (B, T, C) = (8, 16, 64) on data 2 x tensor 4 with Layout<Shard<0>, Shard<1>>:
+//   global (8, 16, 64); local (4, 4, 64) at every rank; rank (data 1, tensor 2) holds rows 4..7,
+//   positions 8..11.
+#pragma once
+
+#include <cstring>
+#include <span>
+
+#include "weft/core/dtype.hpp"
+#include "weft/core/shape.hpp"
+#include "weft/device/allocation.hpp"
+#include "weft/layout/layout.hpp"
+
+namespace weft {
+
+template <Element T, LayoutType L, class D>
+class Tensor {
+ public:
+  using value_type = T;
+  using layout = L;
+  using device = D;
+
+  Tensor() = default;
+
+  // An uninitialized tensor on `dev`.
+  static Tensor empty(D& dev, const Shape& global, const Spread& s, Category c = Category::other) {
+    Tensor t(global, s);
+    t.device_ = &dev;
+    t.storage_ = dev.allocate(t.local_.numel() * static_cast<std::int64_t>(sizeof(T)), c);
+    t.data_ = static_cast<T*>(t.storage_.data());
+    return t;
+  }
+  static Tensor zeros(D& dev, const Shape& global, const Spread& s, Category c = Category::other) {
+    Tensor t = empty(dev, global, s, c);
+    if (t.numel()) std::memset(static_cast<void*>(t.data_), 0, static_cast<std::size_t>(t.numel()) * sizeof(T));
+    return t;
+  }
+  // A tensor over memory the caller owns (at least local_shape<L>(global, s).numel() elements).
+  static Tensor view(D& dev, T* data, const Shape& global, const Spread& s) {
+    Tensor t(global, s);
+    t.device_ = &dev;
+    t.data_ = data;
+    return t;
+  }
+
+  Tensor clone(Category c = Category::other) const {
+    Tensor t = empty(*device_, global_, spread_, c);
+    if (numel()) std::memcpy(static_cast<void*>(t.data_), data_, static_cast<std::size_t>(numel()) * sizeof(T));
+    return t;
+  }
+
+  T* data() { return data_; }
+  const T* data() const { return data_; }
+  std::span<T> span() { return {data_, static_cast<std::size_t>(numel())}; }
+  std::span<const T> span() const { return {data_, static_cast<std::size_t>(numel())}; }
+  T& operator[](std::int64_t i) { return data_[i]; }
+  const T& operator[](std::int64_t i) const { return data_[i]; }
+
+  const Shape& global_shape() const { return global_; }
+  const Shape& local_shape() const { return local_; }
+  const Spread& spread() const { return spread_; }
+  std::int64_t numel() const { return local_.numel(); }
+  D& dev() const { return *device_; }
+  bool owns_storage() const { return storage_.data() != nullptr; }
+
+  // The global flat index of local element i (row-major), for layouts without Partial.
+  // Requires: L has no Partial placement (a Partial tensor's elements are addends, not positions).
+  std::int64_t global_index(std::int64_t i) const
+    requires(!IsPartial<typename L::data> && !IsPartial<typename L::tensor>)
+  {
+    const int dd = sharded_dim<typename L::data>(global_);
+    const int td = sharded_dim<typename L::tensor>(global_);
+    std::int64_t g = 0, gstride = 1;
+    for (int d = global_.rank() - 1; d >= 0; --d) {
+      const std::int64_t idx = (i / local_.inner(d)) % local_[d];
+      std::int64_t off = 0;
+      if (d == dd) off = spread_.data_index * local_[d];
+      if (d == td) off = spread_.tensor_index * local_[d];
+      g += (idx + off) * gstride;
+      gstride *= global_[d];
+    }
+    return g;
+  }
+
+ private:
+  Tensor(const Shape& global, const Spread& s) : global_(global), local_(weft::local_shape<L>(global, s)), spread_(s) {}
+
+  Shape global_, local_;
+  Spread spread_;
+  D* device_ = nullptr;
+  Allocation storage_;
+  T* data_ = nullptr;
+};
+
+}  // namespace weft
