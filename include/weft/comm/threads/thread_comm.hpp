@@ -12,7 +12,10 @@
 // their owners. Counts need not divide by the group size.
 //
 // A collective that fails (bad arguments, a mismatch, a deadline, a failed rank) throws weft::Error
-// on every rank of the world: an error in a collective is fatal to the whole run.
+// on every rank of the world: an error in a collective is fatal to the whole run. Failure can only
+// happen before data moves: a rank that gives up withdraws its arrival, and once every rank has
+// arrived the collective runs to completion (its remaining waits cover copies between ranks,
+// which run no user code), so no rank ever reads a buffer that its owner has already freed.
 #pragma once
 
 #include <algorithm>
@@ -145,8 +148,15 @@ class ThreadComm {
     mail.desc = d;
     mail.sent = seq;
     world_->notify();
-    world_->wait(lock, world_rank_, Wait{group_.get(), seq, Op::send, box, seq}, where,
-                 [&] { return mail.received >= seq; });
+    try {
+      world_->wait(lock, world_rank_, Wait{group_.get(), seq, Op::send, box, seq}, where,
+                   [&] { return mail.received >= seq; });
+    } catch (...) {
+      // The receiver may be copying from this buffer: let it finish; otherwise withdraw the message.
+      if (mail.claimed >= seq) world_->wait_committed(lock, [&] { return mail.received >= seq; });
+      else mail.sent = seq - 1;
+      throw;
+    }
     if (!mail.error.empty()) throw Error(where, mail.error, "post a recv of the same type and count");
     world_->set_last_op(world_rank_, cat("send #", seq, " on ", name()));
   }
@@ -172,6 +182,7 @@ class ThreadComm {
       throw Error(where, mail.error, "post a send and recv of the same type and count");
     }
     const void* src = mail.desc.in;
+    mail.claimed = seq;
     lock.unlock();
     std::memcpy(buf.data(), src, buf.size_bytes());
     lock.lock();
@@ -246,15 +257,26 @@ class ThreadComm {
   }
 
   // Posts this rank's progress at (seq, phase) and waits for every member to reach it. Holds the lock.
+  // Arrival (phase 1) may fail: then this rank withdraws its arrival, so the others can never
+  // complete it and start reading a buffer this rank is about to free. Once all have arrived the
+  // collective is committed: later phases wait only for the others' copies, which always finish.
   void reach(std::unique_lock<std::mutex>& lock, std::uint64_t seq, int phase, Op op) {
     auto& slot = group_->slots[static_cast<std::size_t>(me_)];
     const std::uint64_t target = 4 * seq + static_cast<std::uint64_t>(phase);
+    const std::uint64_t before = slot.progress;
     slot.progress = target;
     world_->notify();
     const auto& slots = group_->slots;
-    world_->wait(lock, world_rank_, Wait{group_.get(), target, op, 0, seq}, where(Desc{op}, seq), [&] {
+    auto all = [&] {
       return std::all_of(slots.begin(), slots.end(), [&](const Group::Slot& s) { return s.progress >= target; });
-    });
+    };
+    if (phase != 1) return world_->wait_committed(lock, all);
+    try {
+      world_->wait(lock, world_rank_, Wait{group_.get(), target, op, 0, seq}, where(Desc{op}, seq), all);
+    } catch (...) {
+      slot.progress = before;
+      throw;
+    }
   }
   void barrier_phase(std::uint64_t seq, int phase, Op op) {
     std::unique_lock lock(world_->mutex());

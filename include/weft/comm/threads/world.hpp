@@ -87,6 +87,7 @@ struct Group {
   // Point-to-point: one mailbox per ordered (source, destination) pair of group ranks.
   struct Mailbox {
     std::uint64_t sent = 0, received = 0;  // messages posted by the source, consumed by the destination
+    std::uint64_t claimed = 0;             // the destination started copying this message
     Desc desc;
     std::string error;  // set by the destination when the message does not match its recv
   };
@@ -162,10 +163,19 @@ class World {
   }
   void notify() { cv_.notify_all(); }
 
+  // Waits until pred() is true, with no deadline and no abort: only for the end of a data movement
+  // that every rank has committed to (all arrived), which runs no user code and always finishes.
+  // Returning earlier would free a buffer another rank is still reading.
+  template <class Pred>
+  void wait_committed(std::unique_lock<std::mutex>& lock, Pred pred) {
+    cv_.wait(lock, pred);
+  }
+
   void set_last_op(int world_rank, std::string op) { last_op_[static_cast<std::size_t>(world_rank)] = std::move(op); }
 
   // Waits (holding `lock` on mutex()) until pred() is true. Throws Error on failure anywhere, on a
-  // rank this one waits for having returned, on a deadlock cycle, or at the deadline.
+  // rank this one waits for having returned, on a deadlock cycle, or at the deadline. The caller
+  // must withdraw what it posted before the wait when this throws (see ThreadComm).
   template <class Pred>
   void wait(std::unique_lock<std::mutex>& lock, int me, const Wait& w, const std::string& where, Pred pred) {
     const auto deadline = Clock::now() + opts_.deadline;
@@ -176,8 +186,8 @@ class World {
       ~Clear() { world->waits_[static_cast<std::size_t>(me)].reset(); }
     } clear{this, me};
     for (;;) {
+      if (pred()) return;  // a call that completed stays completed; the next one sees the failure
       if (abort_) throw aborted(where);
-      if (pred()) return;
       const std::vector<int> missing = waiting_for(w);
       for (int r : missing)
         if (exited_[static_cast<std::size_t>(r)]) {
