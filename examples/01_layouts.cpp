@@ -56,7 +56,23 @@ int main() {
     Host host;
     const Spread s = mesh.spread();
     const bool print = world.rank() == 0;
+    // What the last redistribution ran on each axis, from the communicators' counters.
+    threads::Counters data0 = mesh.data().counters(), tensor0 = mesh.tensor().counters();
+    auto ran = [&] {
+      const threads::Counters d = mesh.data().counters() - data0, t = mesh.tensor().counters() - tensor0;
+      data0 = mesh.data().counters();
+      tensor0 = mesh.tensor().counters();
+      if (!print) return;
+      bool any = false;
+      for (auto [axis, c] : {std::pair{"data", d}, std::pair{"tensor", t}})
+        for (std::size_t op = 0; op < threads::kOps; ++op)
+          if (c.calls[op] && (any = true))
+            std::printf("    ran:   %-14s on %-6s x%llu, %llu bytes/rank\n", threads::name(static_cast<threads::Op>(op)),
+                        axis, static_cast<unsigned long long>(c.calls[op]), static_cast<unsigned long long>(c.bytes[op]));
+      if (!any) std::printf("    ran:   no collective (a local step)\n");
+    };
     auto report = [&](const char* what, bool ok) {
+      ran();
       // Every rank's verdict counts; rank 0 prints.
       std::vector<std::int32_t> bad{ok ? 0 : 1};
       world.all_reduce(std::span<std::int32_t>(bad));

@@ -158,3 +158,56 @@ TEST_CASE("redistribute_adjoint: sum_r <redistribute(x) y> == sum_r <x adjoint(y
     MESSAGE("mesh data ", m.data, " x tensor ", m.tensor, ": worst adjoint relative error ", worst);
   }
 }
+
+namespace {
+// The communicator op that carries a communicating step.
+threads::Op op_of(Collective c) {
+  switch (c) {
+    case Collective::all_gather: return threads::Op::all_gather;
+    case Collective::all_to_all: return threads::Op::all_to_all;
+    case Collective::all_reduce: return threads::Op::all_reduce;
+    default: return threads::Op::reduce_scatter;
+  }
+}
+}  // namespace
+
+TEST_CASE("redistribute runs exactly the collectives of its plan with the planned bytes") {
+  std::mutex mu;
+  std::vector<std::string> failures;
+  int pairs = 0;
+  run_threads(4, [&](ThreadComm& world) {
+    Mesh mesh{world, {.data = 2, .tensor = 2}};
+    Host host;
+    const Spread s = mesh.spread();
+    for_each(Layouts{}, [&]<class From>() {
+      for_each(Layouts{}, [&]<class To>() {
+        if constexpr (forward_ok<From, To>) {
+          const auto x = Tensor<double, From, Host>::zeros(host, kGlobal, s);
+          const threads::Counters d0 = mesh.data().counters(), t0 = mesh.tensor().counters();
+          const auto y = redistribute<To>(x, mesh);
+          const threads::Counters ran[2] = {mesh.data().counters() - d0, mesh.tensor().counters() - t0};
+          // Expected: one call per communicating step on its axis, with the planned buffer bytes.
+          threads::Counters want[2];
+          for (const PlanStep& st : plan<From, To>(kGlobal, s, sizeof(double))) {
+            if (!communicates(st.collective)) continue;
+            auto& w = want[st.axis == Axis::data ? 0 : 1];
+            const auto op = static_cast<std::size_t>(op_of(st.collective));
+            w.calls[op] += 1;
+            w.bytes[op] += static_cast<std::uint64_t>(st.collective == Collective::all_gather ? st.bytes_out : st.bytes_in);
+          }
+          if (ran[0].calls != want[0].calls || ran[0].bytes != want[0].bytes || ran[1].calls != want[1].calls ||
+              ran[1].bytes != want[1].bytes) {
+            std::lock_guard lock(mu);
+            failures.push_back(From::name() + " -> " + To::name());
+          }
+          if (world.rank() == 0) {
+            std::lock_guard lock(mu);
+            ++pairs;
+          }
+        }
+      });
+    });
+  });
+  CHECK(pairs == 148);
+  CHECK_MESSAGE(failures.empty(), "collectives differ from the plan for ", join(failures, "; "));
+}

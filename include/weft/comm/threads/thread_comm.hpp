@@ -159,6 +159,7 @@ class ThreadComm {
     }
     if (!mail.error.empty()) throw Error(where, mail.error, "post a recv of the same type and count");
     world_->set_last_op(world_rank_, cat("send #", seq, " on ", name()));
+    count(Op::send, d.in_count, d.dtype);
   }
 
   template <Element T>
@@ -189,7 +190,11 @@ class ThreadComm {
     mail.received = seq;
     world_->notify();
     world_->set_last_op(world_rank_, cat("recv #", seq, " on ", name()));
+    count(Op::recv, d.in_count, d.dtype);
   }
+
+  // What this rank has run on this group so far (subtract two snapshots to count a region).
+  const Counters& counters() const { return group_->slots[static_cast<std::size_t>(me_)].counters; }
 
   // The deadline for this rank's blocking calls is the world's (Options::deadline).
   std::chrono::milliseconds deadline() const { return world_->options().deadline; }
@@ -306,6 +311,13 @@ class ThreadComm {
     lock.lock();
     reach(lock, seq, 3, d.op);
     world_->set_last_op(world_rank_, cat(threads::name(d.op), " #", seq, " on ", name()));
+    count(d.op, d.op == Op::all_gather ? d.out_count : d.in_count, d.dtype);
+  }
+
+  void count(Op op, std::int64_t elements, DType t) {
+    auto& c = group_->slots[static_cast<std::size_t>(me_)].counters;
+    c.calls[static_cast<std::size_t>(op)] += 1;
+    c.bytes[static_cast<std::size_t>(op)] += static_cast<std::uint64_t>(elements) * weft::size_of(t);
   }
 
   std::shared_ptr<World> world_;

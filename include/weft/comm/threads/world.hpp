@@ -13,6 +13,7 @@
 //   next in a different op): a deadlock that no deadline would resolve.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -44,6 +45,26 @@ constexpr const char* name(Op op) {
                                    "barrier",    "split",          "send",       "recv"};
   return names[static_cast<int>(op)];
 }
+
+inline constexpr std::size_t kOps = 9;
+
+// What one rank ran on one group: calls and bytes per op. Bytes are those of the buffer the op was
+// called with, as nccl-tests counts them: all_reduce and broadcast the buffer, all_gather the
+// gathered output, reduce_scatter the input, all_to_all the buffer, send and recv the message.
+struct Counters {
+  std::array<std::uint64_t, kOps> calls{}, bytes{};
+
+  std::uint64_t calls_of(Op op) const { return calls[static_cast<std::size_t>(op)]; }
+  std::uint64_t bytes_of(Op op) const { return bytes[static_cast<std::size_t>(op)]; }
+  Counters operator-(const Counters& o) const {
+    Counters d;
+    for (std::size_t i = 0; i < kOps; ++i) {
+      d.calls[i] = calls[i] - o.calls[i];
+      d.bytes[i] = bytes[i] - o.bytes[i];
+    }
+    return d;
+  }
+};
 
 // What a rank asked of a collective; every member must ask the same.
 struct Desc {
@@ -81,6 +102,7 @@ struct Group {
     std::uint64_t seq = 0;       // collectives this member has started
     std::uint64_t progress = 0;  // 4 * seq + phase
     Desc desc;
+    Counters counters;           // written only by the member itself
   };
   std::vector<Slot> slots;
 
