@@ -211,3 +211,21 @@ TEST_CASE("redistribute runs exactly the collectives of its plan with the planne
   CHECK(pairs == 148);
   CHECK_MESSAGE(failures.empty(), "collectives differ from the plan for ", join(failures, "; "));
 }
+
+TEST_CASE_TEMPLATE("redistribute moves f32 and bf16 tensors too", E, float, bf16) {
+  // Gather and reduce-scatter of small integers: exact in both types (bf16 holds integers up to 256).
+  run_threads(4, [](ThreadComm& world) {
+    Mesh mesh{world, {.data = 2, .tensor = 2}};
+    Host host;
+    auto x = Tensor<E, Layout<Shard<0>, Shard<-1>>, Host>::empty(host, {4, 6}, mesh.spread());
+    for (std::int64_t i = 0; i < x.numel(); ++i) x[i] = E(static_cast<float>(x.global_index(i)));
+    const auto full = redistribute<Replicated>(x, mesh);
+    for (std::int64_t i = 0; i < full.numel(); ++i) REQUIRE(static_cast<float>(full[i]) == static_cast<float>(i));
+    // Every rank holds the full tensor as a Partial addend: the reduce-scatter sums 4 copies.
+    const auto p = Tensor<E, Layout<Partial, Partial>, Host>::view(host, const_cast<E*>(full.data()), {4, 6},
+                                                                  mesh.spread());
+    const auto s = redistribute<Layout<Shard<-1>, Shard<0>>>(p, mesh);
+    for (std::int64_t i = 0; i < s.numel(); ++i)
+      REQUIRE(static_cast<float>(s[i]) == 4.0f * static_cast<float>(s.global_index(i)));
+  });
+}
