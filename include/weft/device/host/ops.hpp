@@ -1,0 +1,223 @@
+// Host reference ops: the op set every back end implements, in plain loops over row-major buffers.
+//
+// These are the reference the CUDA ops are tested against, and the compute of the host back end
+// (templated on float or double; double makes finite-difference checks exact to 1e-6 and better).
+// Conventions, as in llm.c: activation gradients are written (=), parameter gradients accumulate
+// (+=) so micro-batches add up; sizes are element counts. Every loop is serial in a fixed order, so
+// results are bitwise repeatable.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "weft/ops/math.hpp"
+
+namespace weft::host {
+
+using index = std::int64_t;
+
+// LayerNorm over the last dim of x (N, C): out = (x - mean) rstd w + b; saves mean, rstd (N).
+template <class T>
+void layernorm_forward(T* out, T* mean, T* rstd, const T* x, const T* w, const T* b, index N, index C, T eps) {
+  for (index n = 0; n < N; ++n) {
+    const T* xr = x + n * C;
+    T m = 0;
+    for (index c = 0; c < C; ++c) m += xr[c];
+    m /= static_cast<T>(C);
+    T v = 0;
+    for (index c = 0; c < C; ++c) v += (xr[c] - m) * (xr[c] - m);
+    v /= static_cast<T>(C);
+    const T s = T(1) / std::sqrt(v + eps);
+    for (index c = 0; c < C; ++c) out[n * C + c] = (xr[c] - m) * s * w[c] + b[c];
+    mean[n] = m;
+    rstd[n] = s;
+  }
+}
+
+// dx = rstd (dnorm - mean(dnorm) - norm mean(dnorm norm)) with dnorm = dout w;  dw += sum dout norm;
+// db += sum dout (sums over the N rows).
+template <class T>
+void layernorm_backward(T* dx, T* dw, T* db, const T* dout, const T* x, const T* w, const T* mean, const T* rstd,
+                        index N, index C) {
+  for (index n = 0; n < N; ++n) {
+    const T* xr = x + n * C;
+    const T* dr = dout + n * C;
+    T mean_d = 0, mean_dn = 0;
+    for (index c = 0; c < C; ++c) {
+      const T norm = (xr[c] - mean[n]) * rstd[n];
+      const T dnorm = dr[c] * w[c];
+      mean_d += dnorm;
+      mean_dn += dnorm * norm;
+    }
+    mean_d /= static_cast<T>(C);
+    mean_dn /= static_cast<T>(C);
+    for (index c = 0; c < C; ++c) {
+      const T norm = (xr[c] - mean[n]) * rstd[n];
+      const T dnorm = dr[c] * w[c];
+      dx[n * C + c] = (dnorm - mean_d - norm * mean_dn) * rstd[n];
+      dw[c] += dr[c] * norm;
+      db[c] += dr[c];
+    }
+  }
+}
+
+template <class T>
+void gelu_forward(T* out, const T* x, index n) {
+  for (index i = 0; i < n; ++i) out[i] = math::gelu(x[i]);
+}
+
+// dx = dout gelu'(x).
+template <class T>
+void gelu_backward(T* dx, const T* x, const T* dout, index n) {
+  for (index i = 0; i < n; ++i) dx[i] = dout[i] * math::gelu_grad(x[i]);
+}
+
+// out += x (the residual add; n elements).
+template <class T>
+void add_inplace(T* out, const T* x, index n) {
+  for (index i = 0; i < n; ++i) out[i] += x[i];
+}
+
+// Causal self-attention core for H heads of size hd.
+//   qkv   (B, T, H, 3, hd)  q, k, v of each head side by side (whole heads stay together when the
+//                           fused QKV projection is sharded over heads)
+//   out   (B, T, H, hd)
+//   probs (B, H, T, T)      softmax(q k^T / sqrt(hd)) with the future masked, saved for backward
+template <class T>
+void attention_forward(T* out, T* probs, const T* qkv, index B, index Tn, index H, index hd) {
+  const T scale = T(1) / std::sqrt(static_cast<T>(hd));
+  const index row = H * 3 * hd;  // one token's qkv
+  for (index b = 0; b < B; ++b)
+    for (index h = 0; h < H; ++h) {
+      T* P = probs + (b * H + h) * Tn * Tn;
+      for (index i = 0; i < Tn; ++i) {
+        const T* q = qkv + (b * Tn + i) * row + h * 3 * hd;
+        T mx = -std::numeric_limits<T>::infinity();
+        for (index j = 0; j <= i; ++j) {
+          const T* k = qkv + (b * Tn + j) * row + h * 3 * hd + hd;
+          T s = 0;
+          for (index d = 0; d < hd; ++d) s += q[d] * k[d];
+          P[i * Tn + j] = s * scale;
+          mx = std::max(mx, P[i * Tn + j]);
+        }
+        T sum = 0;
+        for (index j = 0; j <= i; ++j) sum += (P[i * Tn + j] = std::exp(P[i * Tn + j] - mx));
+        for (index j = 0; j <= i; ++j) P[i * Tn + j] /= sum;
+        for (index j = i + 1; j < Tn; ++j) P[i * Tn + j] = 0;
+        T* o = out + ((b * Tn + i) * H + h) * hd;
+        for (index d = 0; d < hd; ++d) o[d] = 0;
+        for (index j = 0; j <= i; ++j) {
+          const T* v = qkv + (b * Tn + j) * row + h * 3 * hd + 2 * hd;
+          for (index d = 0; d < hd; ++d) o[d] += P[i * Tn + j] * v[d];
+        }
+      }
+    }
+}
+
+// dqkv (B, T, H, 3, hd) = gradient of the attention core, from dout (B, T, H, hd) and saved probs.
+template <class T>
+void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* probs, index B, index Tn, index H, index hd) {
+  const T scale = T(1) / std::sqrt(static_cast<T>(hd));
+  const index row = H * 3 * hd;
+  std::fill(dqkv, dqkv + B * Tn * row, T(0));
+  for (index b = 0; b < B; ++b)
+    for (index h = 0; h < H; ++h) {
+      const T* P = probs + (b * H + h) * Tn * Tn;
+      for (index i = 0; i < Tn; ++i) {
+        const T* dout_i = dout + ((b * Tn + i) * H + h) * hd;
+        const T* q = qkv + (b * Tn + i) * row + h * 3 * hd;
+        T* dq = dqkv + (b * Tn + i) * row + h * 3 * hd;
+        // dP_ij = dout_i . v_j; dv_j += P_ij dout_i; dS_ij = P_ij (dP_ij - sum_j P_ij dP_ij).
+        T dot = 0;
+        for (index j = 0; j <= i; ++j) {
+          const T* v = qkv + (b * Tn + j) * row + h * 3 * hd + 2 * hd;
+          T dp = 0;
+          for (index d = 0; d < hd; ++d) dp += dout_i[d] * v[d];
+          dot += P[i * Tn + j] * dp;
+        }
+        for (index j = 0; j <= i; ++j) {
+          const T* k = qkv + (b * Tn + j) * row + h * 3 * hd + hd;
+          const T* v = k + hd;
+          T* dk = dqkv + (b * Tn + j) * row + h * 3 * hd + hd;
+          T* dv = dk + hd;
+          T dp = 0;
+          for (index d = 0; d < hd; ++d) dp += dout_i[d] * v[d];
+          const T ds = P[i * Tn + j] * (dp - dot) * scale;
+          for (index d = 0; d < hd; ++d) {
+            dq[d] += ds * k[d];
+            dk[d] += ds * q[d];
+            dv[d] += P[i * Tn + j] * dout_i[d];
+          }
+        }
+      }
+    }
+}
+
+// Vocab-parallel embedding lookup: rows [begin, end) of the vocabulary live here as table
+// (end - begin, C). out (N, C) gets the row of each token in range and zeros otherwise, so the sum
+// over the ranks of the axis is the full lookup (out is Partial).
+template <class T>
+void embedding_forward(T* out, const std::int32_t* tokens, const T* table, index N, index C, index begin, index end) {
+  for (index n = 0; n < N; ++n) {
+    const index t = tokens[n];
+    if (t >= begin && t < end) std::copy(table + (t - begin) * C, table + (t - begin + 1) * C, out + n * C);
+    else std::fill(out + n * C, out + (n + 1) * C, T(0));
+  }
+}
+
+// dtable += the rows of dout for tokens in [begin, end); serial in token order (deterministic).
+template <class T>
+void embedding_backward(T* dtable, const T* dout, const std::int32_t* tokens, index N, index C, index begin,
+                        index end) {
+  for (index n = 0; n < N; ++n) {
+    const index t = tokens[n];
+    if (t < begin || t >= end) continue;
+    T* row = dtable + (t - begin) * C;
+    for (index c = 0; c < C; ++c) row[c] += dout[n * C + c];
+  }
+}
+
+// Cross-entropy over vocab-sharded logits (N, V) holding vocabulary rows [begin, begin + V), of which
+// the first `valid` are real (the rest pad the vocabulary to a multiple of the tensor degree and are
+// masked out of the softmax). Three steps around two all-reduces (max, then sum of exponentials
+// with the target logit packed beside it):
+//   1. ce_row_max:   rowmax (N) = max over valid local logits (-inf if none)
+//   2. ce_row_stats: stats (N, 2) = (sum exp(logit - max), target logit if the target is local else 0)
+//   3. loss_n = log(sumexp_n) + max_n - target_n;  dlogits = scale (softmax - onehot) (ce_backward)
+template <class T>
+void ce_row_max(T* rowmax, const T* logits, index N, index V, index valid) {
+  for (index n = 0; n < N; ++n) {
+    T m = -std::numeric_limits<T>::infinity();
+    for (index v = 0; v < valid; ++v) m = std::max(m, logits[n * V + v]);
+    rowmax[n] = m;
+  }
+}
+
+template <class T>
+void ce_row_stats(T* stats, const T* logits, const T* rowmax, const std::int32_t* targets, index N, index V,
+                  index valid, index begin) {
+  for (index n = 0; n < N; ++n) {
+    T s = 0;
+    for (index v = 0; v < valid; ++v) s += std::exp(logits[n * V + v] - rowmax[n]);
+    const index t = targets[n] - begin;
+    stats[2 * n] = s;
+    stats[2 * n + 1] = (t >= 0 && t < valid) ? logits[n * V + t] : T(0);
+  }
+}
+
+// dlogits (N, V) = scale (exp(logit - max) / sumexp - [v == target]); zero in padded columns.
+template <class T>
+void ce_backward(T* dlogits, const T* logits, const T* rowmax, const T* sumexp, const std::int32_t* targets, index N,
+                 index V, index valid, index begin, T scale) {
+  for (index n = 0; n < N; ++n) {
+    const index t = targets[n] - begin;
+    for (index v = 0; v < V; ++v) {
+      const T p = v < valid ? std::exp(logits[n * V + v] - rowmax[n]) / sumexp[n] : T(0);
+      dlogits[n * V + v] = scale * (p - (v == t ? T(1) : T(0)));
+    }
+  }
+}
+
+}  // namespace weft::host

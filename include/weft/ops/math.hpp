@@ -1,0 +1,39 @@
+// Per-element math shared by the host and CUDA back ends.
+//
+// Each function is written once, marked WEFT_HD (__host__ __device__ under nvcc), and called by the
+// host reference ops and by the CUDA kernels alike, so the two back ends differ only in how work is
+// spread over threads and in summation order, never in the formula.
+#pragma once
+
+#include <cmath>
+
+#if defined(__CUDACC__)
+#define WEFT_HD __host__ __device__
+#else
+#define WEFT_HD
+#endif
+
+namespace weft::math {
+
+// GELU, tanh approximation (GPT-2): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+template <class T>
+WEFT_HD inline T gelu(T x) {
+  constexpr T k = T(0.7978845608028654);  // sqrt(2 / pi)
+  constexpr T c = T(0.044715);
+  using std::tanh;
+  return T(0.5) * x * (T(1) + tanh(k * (x + c * x * x * x)));
+}
+
+// d gelu / dx for the same approximation.
+template <class T>
+WEFT_HD inline T gelu_grad(T x) {
+  constexpr T k = T(0.7978845608028654);
+  constexpr T c = T(0.044715);
+  using std::tanh;
+  const T u = k * (x + c * x * x * x);
+  const T t = tanh(u);
+  const T du = k * (T(1) + T(3) * c * x * x);
+  return T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * du;
+}
+
+}  // namespace weft::math

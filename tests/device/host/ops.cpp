@@ -1,0 +1,133 @@
+// Host reference ops: closed forms where there are some, and finite differences in double for
+// every backward (tolerance 1e-6, see support/gradcheck.hpp).
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "support/gradcheck.hpp"
+#include "weft/device/host/ops.hpp"
+
+using namespace weft;
+using test::gradcheck;
+using test::normals;
+using V = std::vector<double>;
+
+TEST_CASE("gelu matches the tanh formula and its derivative matches finite differences") {
+  // Closed-form values of the tanh approximation at x = 1: 0.5 (1 + tanh(sqrt(2/pi) 1.044715)).
+  CHECK(math::gelu(1.0) == doctest::Approx(0.8411919906082768).epsilon(1e-15));
+  CHECK(math::gelu(0.0) == 0.0);
+  for (double x : {-3.0, -1.2, -0.1, 0.0, 0.3, 1.0, 2.5}) {
+    const double fd = (math::gelu(x + 1e-5) - math::gelu(x - 1e-5)) / 2e-5;
+    CHECK(std::fabs(math::gelu_grad(x) - fd) < 1e-9);
+  }
+}
+
+TEST_CASE("layernorm forward normalizes rows and backward matches finite differences") {
+  const host::index N = 5, C = 7;
+  V x = normals(N * C, 1, 2.0), w = normals(C, 2), b = normals(C, 3), R = normals(N * C, 4);
+  for (double& v : x) v += 0.5;  // a non-zero mean
+  V out(N * C), mean(N), rstd(N);
+  auto loss = [&] {
+    host::layernorm_forward(out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C, 1e-5);
+    return test::dot(out, R);
+  };
+  loss();
+  // With w = 1, b = 0 each row has mean 0 and variance var / (var + eps).
+  V ones(C, 1.0), zeros(C, 0.0), plain(N * C);
+  host::layernorm_forward(plain.data(), mean.data(), rstd.data(), x.data(), ones.data(), zeros.data(), N, C, 1e-5);
+  for (host::index n = 0; n < N; ++n) {
+    double m = 0, v = 0;
+    for (host::index c = 0; c < C; ++c) m += plain[static_cast<std::size_t>(n * C + c)] / C;
+    for (host::index c = 0; c < C; ++c) v += std::pow(plain[static_cast<std::size_t>(n * C + c)] - m, 2) / C;
+    CHECK(std::fabs(m) < 1e-14);
+    CHECK(v == doctest::Approx(1.0).epsilon(1e-4));  // 1 - eps / var
+  }
+  loss();
+  V dx(N * C), dw(C, 0.0), db(C, 0.0);
+  host::layernorm_backward(dx.data(), dw.data(), db.data(), R.data(), x.data(), w.data(), mean.data(), rstd.data(), N,
+                           C);
+  CHECK(gradcheck(x, dx, loss).worst <= 1e-6);
+  CHECK(gradcheck(w, dw, loss).worst <= 1e-6);
+  CHECK(gradcheck(b, db, loss).worst <= 1e-6);
+}
+
+TEST_CASE("causal attention: rows of probs sum to one with the future masked and backward matches finite differences") {
+  const host::index B = 2, T = 5, H = 2, hd = 3;
+  V qkv = normals(B * T * H * 3 * hd, 5), R = normals(B * T * H * hd, 6);
+  V out(B * T * H * hd), probs(B * H * T * T);
+  auto loss = [&] {
+    host::attention_forward(out.data(), probs.data(), qkv.data(), B, T, H, hd);
+    return test::dot(out, R);
+  };
+  loss();
+  for (host::index r = 0; r < B * H * T; ++r) {
+    const host::index i = r % T;
+    double s = 0;
+    for (host::index j = 0; j < T; ++j) {
+      const double p = probs[static_cast<std::size_t>(r * T + j)];
+      if (j > i) CHECK(p == 0.0);
+      s += p;
+    }
+    CHECK(s == doctest::Approx(1.0).epsilon(1e-14));
+  }
+  // The first token attends only to itself: its output is its own v.
+  for (host::index d = 0; d < hd; ++d) CHECK(out[static_cast<std::size_t>(d)] == qkv[static_cast<std::size_t>(2 * hd + d)]);
+  V dqkv(qkv.size());
+  host::attention_backward(dqkv.data(), R.data(), qkv.data(), probs.data(), B, T, H, hd);
+  const auto r = gradcheck(qkv, dqkv, loss, 200);
+  CHECK(r.checked == 180);  // all of them: 2 x 5 x 2 x 3 x 3
+  CHECK(r.worst <= 1e-6);
+}
+
+TEST_CASE("vocab-parallel embedding: a shard looks up its rows and zeros the rest and backward accumulates") {
+  const host::index C = 4;
+  const std::vector<std::int32_t> tokens{3, 7, 3, 0, 5};
+  V table = normals(4 * C, 7);  // rows 4..7 of the vocabulary
+  V out(tokens.size() * C);
+  host::embedding_forward(out.data(), tokens.data(), table.data(), 5, C, 4, 8);
+  for (host::index c = 0; c < C; ++c) {
+    CHECK(out[static_cast<std::size_t>(c)] == 0.0);                                   // token 3: elsewhere
+    CHECK(out[static_cast<std::size_t>(C + c)] == table[static_cast<std::size_t>(3 * C + c)]);  // token 7: row 3
+  }
+  V R = normals(out.size(), 8), dtable(table.size(), 0.0);
+  host::embedding_backward(dtable.data(), R.data(), tokens.data(), 5, C, 4, 8);
+  auto loss = [&] {
+    host::embedding_forward(out.data(), tokens.data(), table.data(), 5, C, 4, 8);
+    return test::dot(out, R);
+  };
+  CHECK(gradcheck(table, dtable, loss).worst <= 1e-6);
+}
+
+TEST_CASE("cross-entropy pieces give log-softmax loss with padded columns masked and the softmax-minus-onehot gradient") {
+  const host::index N = 4, Vn = 7, valid = 6;  // one padded column
+  V logits = normals(N * Vn, 9, 3.0);
+  const std::vector<std::int32_t> targets{0, 5, 2, 3};
+  auto loss_of = [&](V& lg, V& rowmax, V& stats) {
+    host::ce_row_max(rowmax.data(), lg.data(), N, Vn, valid);
+    host::ce_row_stats(stats.data(), lg.data(), rowmax.data(), targets.data(), N, Vn, valid, 0);
+    double L = 0;
+    for (host::index n = 0; n < N; ++n)
+      L += std::log(stats[static_cast<std::size_t>(2 * n)]) + rowmax[static_cast<std::size_t>(n)] -
+           stats[static_cast<std::size_t>(2 * n + 1)];
+    return L / N;
+  };
+  V rowmax(N), stats(2 * N);
+  const double L = loss_of(logits, rowmax, stats);
+  // Independent: log(sum exp) - target, directly.
+  double ref = 0;
+  for (host::index n = 0; n < N; ++n) {
+    double s = 0;
+    for (host::index v = 0; v < valid; ++v) s += std::exp(logits[static_cast<std::size_t>(n * Vn + v)]);
+    ref += std::log(s) - logits[static_cast<std::size_t>(n * Vn + targets[static_cast<std::size_t>(n)])];
+  }
+  CHECK(L == doctest::Approx(ref / N).epsilon(1e-14));
+  V sumexp(N);
+  for (host::index n = 0; n < N; ++n) sumexp[static_cast<std::size_t>(n)] = stats[static_cast<std::size_t>(2 * n)];
+  V dlogits(logits.size());
+  host::ce_backward(dlogits.data(), logits.data(), rowmax.data(), sumexp.data(), targets.data(), N, Vn, valid, 0,
+                    1.0 / N);
+  for (host::index n = 0; n < N; ++n) CHECK(dlogits[static_cast<std::size_t>(n * Vn + valid)] == 0.0);  // padding
+  auto loss = [&] { return loss_of(logits, rowmax, stats); };
+  CHECK(gradcheck(logits, dlogits, loss).worst <= 1e-6);
+}
