@@ -1,0 +1,116 @@
+// CausalSelfAttention: fused QKV projection (ColumnParallel: heads split over tensor ranks), causal
+// softmax attention on the local heads, output projection (RowParallel: out is Partial).
+//
+// The QKV weight (3C, C) orders its output features (head, {q, k, v}, head_dim), so a contiguous
+// shard of rows holds whole heads with their q, k and v. (GPT-2 checkpoints order them (q|k|v,
+// head, head_dim); the checkpoint adapter permutes rows.)
+//
+//   x     (B, T, C)          Replicate
+//   qkv   (B, T, 3C/tp)      Shard<-1>   = (B, T, H/tp, 3, hd)
+//   probs (B, H/tp, T, T)    per rank; kept, or recomputed in backward (Selective recompute)
+//   y     (B, T, C/tp)       Shard<-1>
+//   out   (B, T, C)          Partial
+#pragma once
+
+#include <cmath>
+
+#include "weft/device/host/ops.hpp"
+#include "weft/nn/linear.hpp"
+
+namespace weft::nn {
+
+template <Floating T>
+class CausalSelfAttention {
+ public:
+  struct Ctx {
+    typename Linear<T, ColumnParallel>::Ctx qkv_ctx;
+    typename Linear<T, RowParallel>::Ctx proj_ctx;
+    Tensor<T, act::Features, Host> qkv;
+    std::vector<T> probs;  // empty when the core is recomputed in backward
+  };
+
+  Linear<T, ColumnParallel> qkv;
+  Linear<T, RowParallel> proj;
+  std::int64_t heads = 0, head_dim = 0;
+
+  CausalSelfAttention() = default;
+  CausalSelfAttention(Host& dev, std::int64_t C, std::int64_t H, const Spread& s, std::uint64_t id, std::uint64_t seed,
+                      double proj_std)
+      : qkv(dev, C, 3 * C, s, id, seed), proj(dev, C, C, s, id + 2, seed, proj_std), heads(H), head_dim(C / H) {}
+
+  std::int64_t local_heads() const { return qkv.out_local() / (3 * head_dim); }
+
+  Tensor<T, act::Partial, Host> forward(Ctx& ctx, const Tensor<T, act::Replicated, Host>& x, bool keep_probs) {
+    const std::int64_t B = x.local_shape()[0], Tn = x.local_shape()[1], Hl = local_heads();
+    ctx.qkv = qkv.forward(ctx.qkv_ctx, x);
+    std::vector<T> probs(static_cast<std::size_t>(B * Hl * Tn * Tn));
+    auto y = Tensor<T, act::Features, Host>::empty(x.dev(), x.global_shape(), x.spread(), Category::activations);
+    host::attention_forward(y.data(), probs.data(), ctx.qkv.data(), B, Tn, Hl, head_dim);
+    if (keep_probs) ctx.probs = std::move(probs);
+    return proj.forward(ctx.proj_ctx, y);
+  }
+
+  // dy (B, T, C) Replicate -> dx (B, T, C) Partial.
+  Tensor<T, act::Partial, Host> backward(Ctx& ctx, const Tensor<T, act::Replicated, Host>& dy) {
+    const std::int64_t B = dy.local_shape()[0], Tn = dy.local_shape()[1], Hl = local_heads();
+    auto dcore = proj.backward(ctx.proj_ctx, dy);  // (B, T, C/tp) Shard<-1>
+    if (ctx.probs.empty()) {  // Selective recompute: rebuild the probabilities from the saved qkv
+      ctx.probs.resize(static_cast<std::size_t>(B * Hl * Tn * Tn));
+      std::vector<T> scratch(static_cast<std::size_t>(dcore.numel()));
+      host::attention_forward(scratch.data(), ctx.probs.data(), ctx.qkv.data(), B, Tn, Hl, head_dim);
+    }
+    auto dqkv = Tensor<T, act::Features, Host>::empty(dy.dev(), ctx.qkv.global_shape(), dy.spread(),
+                                                      Category::activations);
+    host::attention_backward(dqkv.data(), dcore.data(), ctx.qkv.data(), ctx.probs.data(), B, Tn, Hl, head_dim);
+    auto dx = qkv.backward(ctx.qkv_ctx, dqkv);
+    ctx = Ctx{};
+    return dx;
+  }
+
+  template <class F>
+  void for_each_param(const std::string& prefix, F&& f) {
+    qkv.for_each_param(prefix + ".qkv", f);
+    proj.for_each_param(prefix + ".proj", f);
+  }
+  void zero_grad() {
+    qkv.zero_grad();
+    proj.zero_grad();
+  }
+};
+
+// Mlp: ColumnParallel C -> 4C with fused GELU, RowParallel 4C -> C (out Partial).
+template <Floating T>
+class Mlp {
+ public:
+  struct Ctx {
+    typename Linear<T, ColumnParallel, epilogue::Gelu>::Ctx fc_ctx;
+    typename Linear<T, RowParallel>::Ctx proj_ctx;
+  };
+
+  Linear<T, ColumnParallel, epilogue::Gelu> fc;
+  Linear<T, RowParallel> proj;
+
+  Mlp() = default;
+  Mlp(Host& dev, std::int64_t C, const Spread& s, std::uint64_t id, std::uint64_t seed, double proj_std)
+      : fc(dev, C, 4 * C, s, id, seed), proj(dev, 4 * C, C, s, id + 2, seed, proj_std) {}
+
+  Tensor<T, act::Partial, Host> forward(Ctx& ctx, const Tensor<T, act::Replicated, Host>& x) {
+    auto h = fc.forward(ctx.fc_ctx, x);  // (B, T, 4C/tp) Shard<-1>
+    return proj.forward(ctx.proj_ctx, h);
+  }
+  Tensor<T, act::Partial, Host> backward(Ctx& ctx, const Tensor<T, act::Replicated, Host>& dy) {
+    auto dh = proj.backward(ctx.proj_ctx, dy);
+    return fc.backward(ctx.fc_ctx, dh);
+  }
+  template <class F>
+  void for_each_param(const std::string& prefix, F&& f) {
+    fc.for_each_param(prefix + ".fc", f);
+    proj.for_each_param(prefix + ".proj", f);
+  }
+  void zero_grad() {
+    fc.zero_grad();
+    proj.zero_grad();
+  }
+};
+
+}  // namespace weft::nn

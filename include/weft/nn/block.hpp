@@ -1,0 +1,142 @@
+// Block<T, SequenceParallel, Recompute>: pre-LayerNorm transformer block,
+//   x = x + attn(ln1(x));  x = x + mlp(ln2(x))
+//
+// The residual stream A is (B, T, C) Replicate, or Shard<1> (B, T/tp, C) with sequence parallelism.
+// Around each branch (Megatron):
+//   without SP: CopyToTensor before (backward all-reduce), ReduceFromTensor after (forward all-reduce)
+//               -> 2 all-reduces forward, 2 backward per block
+//   with SP:    GatherFromSequence before (all-gather; backward reduce-scatter), ScatterToSequence after
+//               (reduce-scatter; backward all-gather) -> 2 all-gathers and 2 reduce-scatters each way
+// Under SP the LayerNorm parameter gradients are partial sums over each rank's sequence slice and
+// are all-reduced over the tensor axis at the end of backward, so every tensor rank holds identical
+// LayerNorm gradients.
+#pragma once
+
+#include <cmath>
+#include <optional>
+
+#include "weft/nn/attention.hpp"
+#include "weft/nn/comm.hpp"
+#include "weft/nn/layernorm.hpp"
+#include "weft/recompute/policies.hpp"
+
+namespace weft::nn {
+
+template <bool SP>
+struct stream {
+  using layout = std::conditional_t<SP, act::Sequence, act::Replicated>;
+  using enter = std::conditional_t<SP, GatherFromSequence, CopyToTensor>;    // stream -> Replicate
+  using leave = std::conditional_t<SP, ScatterToSequence, ReduceFromTensor>; // Partial -> stream
+};
+
+template <Floating T, bool SP, recompute::Policy Recompute = recompute::None>
+class Block {
+ public:
+  using A = typename stream<SP>::layout;
+  using Enter = typename stream<SP>::enter;
+  using Leave = typename stream<SP>::leave;
+
+  struct Ctx {
+    Tensor<T, A, Host> x;  // the block input (Full recompute keeps only this)
+    typename LayerNorm<T, A>::Ctx ln1, ln2;
+    typename CausalSelfAttention<T>::Ctx attn;
+    typename Mlp<T>::Ctx mlp;
+  };
+
+  LayerNorm<T, A> ln1, ln2;
+  CausalSelfAttention<T> attn;
+  Mlp<T> mlp;
+
+  Block() = default;
+  // id: first parameter id of this block (it uses id .. id + 11).
+  Block(Host& dev, std::int64_t C, std::int64_t H, std::int64_t layers, const Spread& s, std::uint64_t id,
+        std::uint64_t seed)
+      : ln1(dev, C, s, id, seed),
+        ln2(dev, C, s, id + 2, seed),
+        attn(dev, C, H, s, id + 4, seed, 0.02 / std::sqrt(2.0 * static_cast<double>(layers))),
+        mlp(dev, C, s, id + 8, seed, 0.02 / std::sqrt(2.0 * static_cast<double>(layers))) {}
+
+  template <AxisComms M>
+  Tensor<T, A, Host> forward(Ctx& ctx, const Tensor<T, A, Host>& x, M& mesh) {
+    if constexpr (std::same_as<Recompute, recompute::Full>) {
+      Ctx scratch;
+      auto y = run_forward(scratch, x, mesh);
+      ctx = Ctx{};
+      ctx.x = x.clone(Category::activations);
+      return y;
+    } else {
+      return run_forward(ctx, x, mesh);
+    }
+  }
+
+  template <AxisComms M>
+  Tensor<T, A, Host> backward(Ctx& ctx, const Tensor<T, A, Host>& dout, M& mesh) {
+    if constexpr (std::same_as<Recompute, recompute::Full>) {
+      Tensor<T, A, Host> x = std::move(ctx.x);
+      ctx = Ctx{};
+      run_forward(ctx, x, mesh);
+    }
+    // Snapshot the LayerNorm gradients: under SP only this backward's increment is reduced.
+    std::optional<std::vector<T>> before;
+    if constexpr (SP) before = ln_grads();
+
+    auto dm = Leave::backward(dout, mesh);                         // (B, T, C) Replicate
+    auto dh2 = Enter::backward(mlp.backward(ctx.mlp, dm), mesh);   // Partial -> stream
+    auto dx2 = ln2.backward(ctx.ln2, dh2);
+    host::add_inplace(dx2.data(), dout.data(), dx2.numel());       // residual
+    auto da = Leave::backward(dx2, mesh);
+    auto dh1 = Enter::backward(attn.backward(ctx.attn, da), mesh);
+    auto dx = ln1.backward(ctx.ln1, dh1);
+    host::add_inplace(dx.data(), dx2.data(), dx.numel());
+
+    if constexpr (SP) reduce_ln_grads(*before, mesh);
+    ctx = Ctx{};
+    return dx;
+  }
+
+  template <class F>
+  void for_each_param(const std::string& prefix, F&& f) {
+    ln1.for_each_param(prefix + ".ln1", f);
+    attn.for_each_param(prefix + ".attn", f);
+    ln2.for_each_param(prefix + ".ln2", f);
+    mlp.for_each_param(prefix + ".mlp", f);
+  }
+
+  void zero_grad() {
+    ln1.zero_grad();
+    ln2.zero_grad();
+    attn.zero_grad();
+    mlp.zero_grad();
+  }
+
+ private:
+  template <AxisComms M>
+  Tensor<T, A, Host> run_forward(Ctx& ctx, const Tensor<T, A, Host>& x, M& mesh) {
+    constexpr bool keep_probs = !std::same_as<Recompute, recompute::Selective>;
+    auto h1 = Enter::forward(ln1.forward(ctx.ln1, x), mesh);
+    auto a = Leave::forward(attn.forward(ctx.attn, h1, keep_probs), mesh);
+    host::add_inplace(a.data(), x.data(), a.numel());  // x2 = x + attn(ln1(x))
+    auto h2 = Enter::forward(ln2.forward(ctx.ln2, a), mesh);
+    auto y = Leave::forward(mlp.forward(ctx.mlp, h2), mesh);
+    host::add_inplace(y.data(), a.data(), y.numel());  // x + mlp(ln2(x2))
+    return y;
+  }
+
+  std::vector<T> ln_grads() const {
+    std::vector<T> g;
+    for (const auto* p : {&ln1.weight, &ln1.bias, &ln2.weight, &ln2.bias})
+      g.insert(g.end(), p->grad.data(), p->grad.data() + p->grad.numel());
+    return g;
+  }
+  template <AxisComms M>
+  void reduce_ln_grads(const std::vector<T>& before, M& mesh) {
+    std::vector<T> delta = ln_grads();
+    for (std::size_t i = 0; i < delta.size(); ++i) delta[i] -= before[i];
+    mesh.comm(Axis::tensor).all_reduce(std::span<T>(delta));
+    std::size_t at = 0;
+    for (auto* p : {&ln1.weight, &ln1.bias, &ln2.weight, &ln2.bias})
+      for (std::int64_t i = 0; i < p->grad.numel(); ++i, ++at) p->grad[i] = before[at] + delta[at];
+  }
+};
+
+}  // namespace weft::nn

@@ -1,0 +1,42 @@
+// Communication between layers: each forward/backward pair is one type.
+//
+// Redistribute<From, To, GradTo, GradFrom>: forward redistributes an activation From -> To; backward
+// redistributes its gradient GradTo -> GradFrom. Megatron's four pairs are instances:
+//
+//   pair                 forward (tensor axis)            backward
+//   CopyToTensor         Replicate -> Replicate (none)    Partial -> Replicate (all-reduce)
+//   ReduceFromTensor     Partial -> Replicate (all-red.)  Replicate -> Replicate (none)
+//   GatherFromSequence   Shard<1> -> Replicate (gather)   Partial -> Shard<1> (reduce-scatter)
+//   ScatterToSequence    Partial -> Shard<1> (red.-sc.)   Shard<1> -> Replicate (all-gather)
+//
+// (Megatron's gather_output / input_is_parallel flags are what these types replace.)
+#pragma once
+
+#include "weft/layout/redistribute.hpp"
+#include "weft/nn/roles.hpp"
+
+namespace weft::nn {
+
+template <LayoutType From, LayoutType To, LayoutType GradTo, LayoutType GradFrom>
+struct Redistribute {
+  using In = From;
+  using Out = To;
+  using GradOut = GradTo;
+  using GradIn = GradFrom;
+
+  template <Element T, class D, AxisComms M>
+  static Tensor<T, To, D> forward(const Tensor<T, From, D>& x, M& mesh) {
+    return redistribute<To>(x, mesh);
+  }
+  template <Element T, class D, AxisComms M>
+  static Tensor<T, GradFrom, D> backward(const Tensor<T, GradTo, D>& dy, M& mesh) {
+    return redistribute<GradFrom>(dy, mesh);
+  }
+};
+
+using CopyToTensor = Redistribute<act::Replicated, act::Replicated, act::Partial, act::Replicated>;
+using ReduceFromTensor = Redistribute<act::Partial, act::Replicated, act::Replicated, act::Replicated>;
+using GatherFromSequence = Redistribute<act::Sequence, act::Replicated, act::Partial, act::Sequence>;
+using ScatterToSequence = Redistribute<act::Partial, act::Sequence, act::Sequence, act::Replicated>;
+
+}  // namespace weft::nn

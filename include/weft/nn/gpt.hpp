@@ -1,0 +1,211 @@
+// Gpt<T, SequenceParallel, Recompute>: token and position embeddings, N blocks, final LayerNorm,
+// an LM head tied to the token embedding, and the vocab-parallel cross-entropy fused with it.
+//
+//   tokens  (B, T) int32                          batch split over data
+//   wte     (Vp, C)     Shard<0> on tensor        Vp = vocab padded to a multiple of the tensor degree
+//   wpe     (T, C)      Replicate
+//   x       (B, T, C)   the residual stream: Replicate, or Shard<1> with sequence parallelism
+//   logits  (B, T, Vp/tp) Shard<-1>               never gathered: the loss needs two small
+//                                                 all-reduces (row max; sum of exp with the target
+//                                                 logit packed beside it)
+//
+// Padding rows of wte (vocab ids >= V) are never looked up and are masked out of the softmax, so
+// they get no gradient and change no result. The loss is the mean over every token of the global
+// batch; forward_backward() returns it and accumulates every parameter gradient.
+#pragma once
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "weft/nn/block.hpp"
+
+namespace weft::nn {
+
+struct GptConfig {
+  std::int64_t vocab = 64;
+  std::int64_t seq = 16;      // T, the sequence length (and the number of positions)
+  std::int64_t layers = 2;
+  std::int64_t heads = 4;
+  std::int64_t width = 32;    // C
+  std::uint64_t seed = 1234;
+};
+
+// Checks a configuration against the mesh's degrees before anything is allocated.
+inline void validate(const GptConfig& c, const Spread& s, bool sequence_parallel, std::int64_t batch) {
+  auto divisors = [](std::int64_t n) {
+    std::vector<std::int64_t> d;
+    for (std::int64_t i = 1; i <= n; ++i)
+      if (n % i == 0) d.push_back(i);
+    return join(d);
+  };
+  if (c.vocab < 1 || c.seq < 1 || c.layers < 1 || c.heads < 1 || c.width < 1)
+    throw Error("Gpt", cat("vocab ", c.vocab, ", seq ", c.seq, ", layers ", c.layers, ", heads ", c.heads, ", width ",
+                           c.width, " include one below 1"),
+                "use sizes >= 1");
+  if (c.width % c.heads != 0)
+    throw Error("Gpt", cat("width ", c.width, " is not divisible by ", c.heads, " heads"),
+                cat("use a head count that divides the width (", divisors(c.width), ")"));
+  if (c.heads % s.tensor_degree != 0)
+    throw Error("Gpt", cat("tensor degree ", s.tensor_degree, " does not divide ", c.heads, " heads"),
+                cat("use a tensor degree in ", divisors(c.heads)));
+  if (sequence_parallel && c.seq % s.tensor_degree != 0)
+    throw Error("Gpt", cat("sequence parallelism needs the tensor degree ", s.tensor_degree,
+                           " to divide the sequence length ", c.seq),
+                cat("use a tensor degree in ", divisors(c.seq), ", or a sequence length that it divides"));
+  if (batch % s.data_degree != 0)
+    throw Error("Gpt", cat("data degree ", s.data_degree, " does not divide the batch of ", batch),
+                cat("use a batch that is a multiple of ", s.data_degree));
+}
+
+// The vocabulary padded to a multiple of the tensor degree.
+constexpr std::int64_t padded_vocab(std::int64_t vocab, int tensor_degree) {
+  return (vocab + tensor_degree - 1) / tensor_degree * tensor_degree;
+}
+
+template <Floating T, bool SP = false, recompute::Policy Recompute = recompute::None>
+class Gpt {
+ public:
+  using A = typename stream<SP>::layout;
+  using Enter = typename stream<SP>::enter;
+  using Leave = typename stream<SP>::leave;
+
+  GptConfig config;
+  Param<T, Layout<Replicate, Shard<0>>> wte;  // (Vp, C)
+  Param<T, Replicated> wpe;                   // (T, C)
+  std::vector<Block<T, SP, Recompute>> blocks;
+  LayerNorm<T, A> ln_f;
+
+  Gpt(Host& dev, const GptConfig& c, const Spread& s, std::int64_t batch) : config((validate(c, s, SP, batch), c)) {
+    wte = Param<T, Layout<Replicate, Shard<0>>>(dev, {padded_vocab(c.vocab, s.tensor_degree), c.width}, s, 0,
+                                                {Init::normal, 0.02}, c.seed);
+    wpe = Param<T, Replicated>(dev, {c.seq, c.width}, s, 1, {Init::normal, 0.01}, c.seed);
+    blocks.reserve(static_cast<std::size_t>(c.layers));
+    for (std::int64_t l = 0; l < c.layers; ++l)
+      blocks.emplace_back(dev, c.width, c.heads, c.layers, s, static_cast<std::uint64_t>(16 + 16 * l), c.seed);
+    ln_f = LayerNorm<T, A>(dev, c.width, s, 8, c.seed);
+  }
+
+  // One forward and backward over tokens and targets (B/dp, T) of this data rank. Returns the mean
+  // loss over the global batch (the same on every rank) and accumulates the gradients.
+  template <AxisComms M>
+  double forward_backward(const std::vector<std::int32_t>& tokens, const std::vector<std::int32_t>& targets,
+                          std::int64_t batch, M& mesh) {
+    Host& dev = wte.value.dev();
+    const Spread s = wte.value.spread();
+    const std::int64_t Tn = config.seq, C = config.width, Bl = batch / s.data_degree, N = Bl * Tn;
+    check_tokens(tokens, targets, N);
+    const std::int64_t Vl = wte.value.local_shape()[0], begin = s.tensor_index * Vl;
+    const std::int64_t valid = std::clamp<std::int64_t>(config.vocab - begin, 0, Vl);
+
+    // Embeddings: the vocab-parallel lookup is Partial; the position rows are added after the reduction.
+    auto emb = Tensor<T, act::Partial, Host>::empty(dev, {batch, Tn, C}, s, Category::activations);
+    host::embedding_forward(emb.data(), tokens.data(), wte.value.data(), N, C, begin, begin + Vl);
+    auto x = Leave::forward(emb, mesh);
+    const std::int64_t Tl = x.local_shape()[1], t0 = SP ? s.tensor_index * Tl : 0;
+    for (std::int64_t b = 0; b < Bl; ++b)
+      for (std::int64_t t = 0; t < Tl; ++t)
+        for (std::int64_t c = 0; c < C; ++c) x[(b * Tl + t) * C + c] += wpe.value[(t0 + t) * C + c];
+
+    std::vector<typename Block<T, SP, Recompute>::Ctx> ctx(blocks.size());
+    for (std::size_t l = 0; l < blocks.size(); ++l) x = blocks[l].forward(ctx[l], x, mesh);
+    typename LayerNorm<T, A>::Ctx lnf_ctx;
+    auto xr = Enter::forward(ln_f.forward(lnf_ctx, x), mesh);  // (B, T, C) Replicate
+
+    // LM head and vocab-parallel cross-entropy.
+    std::vector<T> logits(static_cast<std::size_t>(N * Vl)), rowmax(static_cast<std::size_t>(N)),
+        stats(static_cast<std::size_t>(2 * N));
+    host::gemm<T>(host::Trans::no, host::Trans::yes, N, Vl, C, T(1), xr.data(), C, wte.value.data(), C, T(0),
+                  logits.data(), Vl);
+    host::ce_row_max(rowmax.data(), logits.data(), N, Vl, valid);
+    mesh.comm(Axis::tensor).all_reduce(std::span<T>(rowmax), ReduceOp::max);
+    host::ce_row_stats(stats.data(), logits.data(), rowmax.data(), targets.data(), N, Vl, valid, begin);
+    mesh.comm(Axis::tensor).all_reduce(std::span<T>(stats), ReduceOp::sum);
+    std::vector<T> sumexp(static_cast<std::size_t>(N));
+    double loss_sum = 0;
+    for (std::int64_t n = 0; n < N; ++n) {
+      const auto i = static_cast<std::size_t>(n);
+      sumexp[i] = stats[2 * i];
+      loss_sum += static_cast<double>(std::log(stats[2 * i]) + rowmax[i] - stats[2 * i + 1]);
+    }
+    std::vector<double> total{loss_sum};
+    mesh.comm(Axis::data).all_reduce(std::span<double>(total));
+    const double tokens_global = static_cast<double>(batch * Tn);
+
+    // Backward.
+    std::vector<T> dlogits(logits.size());
+    host::ce_backward(dlogits.data(), logits.data(), rowmax.data(), sumexp.data(), targets.data(), N, Vl, valid, begin,
+                      static_cast<T>(1.0 / tokens_global));
+    host::gemm<T>(host::Trans::yes, host::Trans::no, Vl, C, N, T(1), dlogits.data(), Vl, xr.data(), C, T(1),
+                  wte.grad.data(), C);
+    auto dxr = Tensor<T, act::Partial, Host>::empty(dev, {batch, Tn, C}, s, Category::activations);
+    host::gemm<T>(host::Trans::no, host::Trans::no, N, C, Vl, T(1), dlogits.data(), Vl, wte.value.data(), C, T(0),
+                  dxr.data(), C);
+    const std::vector<T> lnw_before = snapshot(ln_f.weight), lnb_before = snapshot(ln_f.bias);
+    auto dx = ln_f.backward(lnf_ctx, Enter::backward(dxr, mesh));
+    if constexpr (SP) {  // a partial sum over sequence slices: reduce this backward's increment
+      reduce_increment(ln_f.weight, lnw_before, mesh);
+      reduce_increment(ln_f.bias, lnb_before, mesh);
+    }
+    for (std::size_t l = blocks.size(); l-- > 0;) dx = blocks[l].backward(ctx[l], dx, mesh);
+
+    // Position gradients: each rank adds its positions' rows (under SP a slice; reduced below).
+    const std::vector<T> wpe_before = snapshot(wpe);
+    for (std::int64_t b = 0; b < Bl; ++b)
+      for (std::int64_t t = 0; t < Tl; ++t)
+        for (std::int64_t c = 0; c < C; ++c) wpe.grad[(t0 + t) * C + c] += dx[(b * Tl + t) * C + c];
+    if constexpr (SP) reduce_increment(wpe, wpe_before, mesh);
+    auto demb = Leave::backward(dx, mesh);  // (B, T, C) Replicate
+    host::embedding_backward(wte.grad.data(), demb.data(), tokens.data(), N, C, begin, begin + Vl);
+    return total[0] / tokens_global;
+  }
+
+  // f(name, param) for every parameter, in a fixed order (the same for every strategy).
+  template <class F>
+  void for_each_param(F&& f) {
+    f(std::string("wte"), wte);
+    f(std::string("wpe"), wpe);
+    for (std::size_t l = 0; l < blocks.size(); ++l) blocks[l].for_each_param(cat("h", l), f);
+    ln_f.for_each_param("ln_f", f);
+  }
+
+  void zero_grad() {
+    wte.zero_grad();
+    wpe.zero_grad();
+    for (auto& b : blocks) b.zero_grad();
+    ln_f.zero_grad();
+  }
+
+ private:
+  void check_tokens(const std::vector<std::int32_t>& tokens, const std::vector<std::int32_t>& targets,
+                    std::int64_t N) const {
+    if (static_cast<std::int64_t>(tokens.size()) != N || static_cast<std::int64_t>(targets.size()) != N)
+      throw Error("Gpt::forward_backward",
+                  cat(tokens.size(), " tokens and ", targets.size(), " targets for a local batch of ", N,
+                      " positions"),
+                  "pass (batch / data degree) x seq tokens and targets");
+    for (std::int64_t i = 0; i < N; ++i) {
+      const auto t = tokens[static_cast<std::size_t>(i)], y = targets[static_cast<std::size_t>(i)];
+      if (t < 0 || t >= config.vocab || y < 0 || y >= config.vocab)
+        throw Error("Gpt::forward_backward",
+                    cat("token ", t, " or target ", y, " at position ", i, " is outside the vocabulary of ",
+                        config.vocab),
+                    "pass ids in [0, vocab)");
+    }
+  }
+
+  static std::vector<T> snapshot(const Param<T, Replicated>& p) {
+    return std::vector<T>(p.grad.data(), p.grad.data() + p.grad.numel());
+  }
+  // p.grad = before + (sum over tensor ranks of (p.grad - before)).
+  template <AxisComms M>
+  static void reduce_increment(Param<T, Replicated>& p, const std::vector<T>& before, M& mesh) {
+    std::vector<T> delta = snapshot(p);
+    for (std::size_t i = 0; i < delta.size(); ++i) delta[i] -= before[i];
+    mesh.comm(Axis::tensor).all_reduce(std::span<T>(delta));
+    for (std::int64_t i = 0; i < p.grad.numel(); ++i)
+      p.grad[i] = before[static_cast<std::size_t>(i)] + delta[static_cast<std::size_t>(i)];
+  }
+};
+
+}  // namespace weft::nn

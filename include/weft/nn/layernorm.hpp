@@ -1,0 +1,63 @@
+// LayerNorm over the last dim of an activation in layout A (Replicate, or Shard<1> under sequence
+// parallelism). Weight and bias (C) are replicated on the tensor axis. Under Replicate every tensor
+// rank computes identical parameter gradients; under Shard<1> each rank's are partial sums over its
+// sequence slice, and the caller reduces them over the tensor axis (Block does, once per backward).
+#pragma once
+
+#include <string>
+
+#include "weft/device/host/ops.hpp"
+#include "weft/nn/param.hpp"
+#include "weft/nn/roles.hpp"
+
+namespace weft::nn {
+
+template <Floating T, LayoutType A>
+class LayerNorm {
+ public:
+  struct Ctx {
+    Tensor<T, A, Host> x;
+    std::vector<T> mean, rstd;  // (rows)
+  };
+
+  Param<T, Replicated> weight, bias;
+  T eps = T(1e-5);
+
+  LayerNorm() = default;
+  LayerNorm(Host& dev, std::int64_t C, const Spread& s, std::uint64_t id, std::uint64_t seed)
+      : weight(dev, {C}, s, id, {Init::ones}, seed), bias(dev, {C}, s, id + 1, {Init::zeros}, seed) {}
+
+  Tensor<T, A, Host> forward(Ctx& ctx, const Tensor<T, A, Host>& x) {
+    const std::int64_t C = x.local_shape()[2], N = x.numel() / C;
+    auto y = Tensor<T, A, Host>::empty(x.dev(), x.global_shape(), x.spread(), Category::activations);
+    ctx.mean.resize(static_cast<std::size_t>(N));
+    ctx.rstd.resize(static_cast<std::size_t>(N));
+    host::layernorm_forward(y.data(), ctx.mean.data(), ctx.rstd.data(), x.data(), weight.value.data(),
+                            bias.value.data(), N, C, eps);
+    ctx.x = x.clone(Category::activations);
+    return y;
+  }
+
+  // dy in A (the gradient of a Replicate activation is Replicate) -> dx in A.
+  Tensor<T, A, Host> backward(Ctx& ctx, const Tensor<T, A, Host>& dy) {
+    const std::int64_t C = dy.local_shape()[2], N = dy.numel() / C;
+    auto dx = Tensor<T, A, Host>::empty(dy.dev(), dy.global_shape(), dy.spread(), Category::activations);
+    host::layernorm_backward(dx.data(), weight.grad.data(), bias.grad.data(), dy.data(), ctx.x.data(),
+                             weight.value.data(), ctx.mean.data(), ctx.rstd.data(), N, C);
+    ctx = Ctx{};
+    return dx;
+  }
+
+  template <class F>
+  void for_each_param(const std::string& prefix, F&& f) {
+    f(prefix + ".weight", weight);
+    f(prefix + ".bias", bias);
+  }
+
+  void zero_grad() {
+    weight.zero_grad();
+    bias.zero_grad();
+  }
+};
+
+}  // namespace weft::nn

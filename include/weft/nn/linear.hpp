@@ -1,0 +1,146 @@
+// Linear<T, Role, Epilogue>: y = x W^T + b (W is (out, in), as in PyTorch), with its parallel role a
+// type.
+//
+//   role            W (out, in)           b (out)              x            y
+//   ColumnParallel  Shard<0> on tensor    Shard<0>             Replicate    Shard<-1>
+//   RowParallel     Shard<1> on tensor    Replicate            Shard<-1>    Partial
+//   NoParallel      Replicate             Replicate            Replicate    Replicate
+//
+// A RowParallel output is a pending sum, so its bias is added by tensor rank 0 only; its gradient
+// (the sum of dy over rows) is computed identically on every rank from the Replicate dy.
+// Backward writes dx and accumulates dW, db. With epilogue::Gelu the pre-activation is saved and
+// the GELU backward is applied first. No collective runs inside a Linear: the communication
+// between layers is the caller's (comm.hpp), which keeps each layer's backward a local computation.
+#pragma once
+
+#include <string>
+
+#include <cstdint>
+
+#include "weft/device/host/gemm.hpp"
+#include "weft/device/host/ops.hpp"
+#include "weft/nn/param.hpp"
+#include "weft/nn/roles.hpp"
+
+namespace weft::nn {
+
+template <class Role> struct linear_layouts;
+template <> struct linear_layouts<ColumnParallel> {
+  using weight = Layout<Replicate, Shard<0>>;
+  using bias = Layout<Replicate, Shard<0>>;
+  using in = act::Replicated;
+  using out = act::Features;
+  using grad_out = act::Features;
+  using grad_in = act::Partial;  // dx = dy W_local: each tensor rank holds an addend
+};
+template <> struct linear_layouts<RowParallel> {
+  using weight = Layout<Replicate, Shard<1>>;
+  using bias = Replicated;
+  using in = act::Features;
+  using out = act::Partial;
+  using grad_out = act::Replicated;
+  using grad_in = act::Features;
+};
+template <> struct linear_layouts<NoParallel> {
+  using weight = Replicated;
+  using bias = Replicated;
+  using in = act::Replicated;
+  using out = act::Replicated;
+  using grad_out = act::Replicated;
+  using grad_in = act::Replicated;
+};
+
+template <Floating T, LinearRole Role, class Epilogue = epilogue::None>
+class Linear {
+  static_assert(std::same_as<Epilogue, epilogue::None> || std::same_as<Epilogue, epilogue::Gelu>,
+                "Linear: unknown epilogue; use epilogue::None or epilogue::Gelu");
+  static_assert(!(std::same_as<Role, RowParallel> && std::same_as<Epilogue, epilogue::Gelu>),
+                "Linear: a RowParallel output is a partial sum, so GELU cannot be fused into it; apply GELU after "
+                "the reduction, or fuse it into the ColumnParallel layer before");
+
+ public:
+  using L = linear_layouts<Role>;
+  using In = typename L::in;
+  using Out = typename L::out;
+  using GradIn = typename L::grad_in;
+  using GradOut = typename L::grad_out;
+  static constexpr bool has_gelu = std::same_as<Epilogue, epilogue::Gelu>;
+
+  struct Ctx {
+    Tensor<T, In, Host> x;    // the input, saved for dW
+    Tensor<T, Out, Host> pre; // the pre-activation (Gelu only)
+  };
+
+  Param<T, typename L::weight> weight;
+  Param<T, typename L::bias> bias;
+
+  Linear() = default;
+  // in, out: global feature counts. ids: weight id and id + 1 for the bias.
+  Linear(Host& dev, std::int64_t in, std::int64_t out, const Spread& s, std::uint64_t id, std::uint64_t seed,
+         double init_std = 0.02)
+      : weight(dev, {out, in}, s, id, {Init::normal, init_std}, seed),
+        bias(dev, {out}, s, id + 1, {Init::zeros}, seed),
+        tensor_index_(s.tensor_index) {}
+
+  std::int64_t in_local() const { return weight.value.local_shape()[1]; }
+  std::int64_t out_local() const { return weight.value.local_shape()[0]; }
+
+  // x (B, T, in) in layout In -> y (B, T, out) in layout Out.
+  Tensor<T, Out, Host> forward(Ctx& ctx, const Tensor<T, In, Host>& x) {
+    const Shape g = x.global_shape();
+    const std::int64_t N = x.local_shape()[0] * x.local_shape()[1];
+    auto y = Tensor<T, Out, Host>::empty(x.dev(), {g[0], g[1], weight.value.global_shape()[0]}, x.spread(),
+                                         Category::activations);
+    host::gemm<T>(host::Trans::no, host::Trans::yes, N, out_local(), in_local(), T(1), x.data(), in_local(),
+                  weight.value.data(), in_local(), T(0), y.data(), out_local());
+    if (!std::same_as<Role, RowParallel> || tensor_index_ == 0)
+      for (std::int64_t n = 0; n < N; ++n)
+        for (std::int64_t o = 0; o < out_local(); ++o) y[n * out_local() + o] += bias.value[o];
+    ctx.x = x.clone(Category::activations);
+    if constexpr (has_gelu) {
+      ctx.pre = y.clone(Category::activations);
+      host::gelu_forward(y.data(), ctx.pre.data(), y.numel());
+    }
+    return y;
+  }
+
+  // dy (B, T, out) in GradOut -> dx (B, T, in) in GradIn; accumulates the parameter gradients.
+  Tensor<T, GradIn, Host> backward(Ctx& ctx, const Tensor<T, GradOut, Host>& dy_in) {
+    const Tensor<T, In, Host>& x = ctx.x;
+    const std::int64_t N = x.local_shape()[0] * x.local_shape()[1];
+    const T* dy = dy_in.data();
+    Tensor<T, GradOut, Host> dpre;
+    if constexpr (has_gelu) {
+      dpre = Tensor<T, GradOut, Host>::empty(dy_in.dev(), dy_in.global_shape(), dy_in.spread(), Category::activations);
+      host::gelu_backward(dpre.data(), ctx.pre.data(), dy_in.data(), dpre.numel());
+      dy = dpre.data();
+    }
+    // dW (out, in) += dy^T x;  db += sum over rows of dy;  dx (N, in) = dy W.
+    host::gemm<T>(host::Trans::yes, host::Trans::no, out_local(), in_local(), N, T(1), dy, out_local(), x.data(),
+                  in_local(), T(1), weight.grad.data(), in_local());
+    for (std::int64_t n = 0; n < N; ++n)
+      for (std::int64_t o = 0; o < out_local(); ++o) bias.grad[o] += dy[n * out_local() + o];
+    auto dx = Tensor<T, GradIn, Host>::empty(x.dev(), x.global_shape(), x.spread(), Category::activations);
+    host::gemm<T>(host::Trans::no, host::Trans::no, N, in_local(), out_local(), T(1), dy, out_local(),
+                  weight.value.data(), in_local(), T(0), dx.data(), in_local());
+    ctx = Ctx{};
+    return dx;
+  }
+
+  // f(name, param) for each parameter, in a fixed order.
+  template <class F>
+  void for_each_param(const std::string& prefix, F&& f) {
+    f(prefix + ".weight", weight);
+    f(prefix + ".bias", bias);
+  }
+
+  void zero_grad() {
+    weight.zero_grad();
+    bias.zero_grad();
+  }
+
+ private:
+  int tensor_index_ = 0;
+};
+
+}  // namespace weft::nn

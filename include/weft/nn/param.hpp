@@ -1,0 +1,50 @@
+// Parameters and their initialization.
+//
+// A Param holds this rank's shard of a value and of its gradient, both in the parameter's layout.
+// Initialization does not depend on the mesh: element g of the global tensor is drawn from Philox
+// keyed by (seed, parameter id, g), so the shards of any tensor degree gather to the same global
+// weights, bit for bit.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "weft/core/philox.hpp"
+#include "weft/device/host/host.hpp"
+#include "weft/tensor/tensor.hpp"
+
+namespace weft::nn {
+
+struct Init {
+  enum Kind : std::uint8_t { normal, zeros, ones } kind = normal;
+  double std = 0.02;
+};
+
+template <Element T, LayoutType L, class D = Host>
+struct Param {
+  using layout = L;
+  Tensor<T, L, D> value, grad;
+  std::uint64_t id = 0;
+
+  Param() = default;
+  Param(D& dev, const Shape& global, const Spread& s, std::uint64_t param_id, Init init, std::uint64_t seed)
+      : value(Tensor<T, L, D>::empty(dev, global, s, Category::parameters)),
+        grad(Tensor<T, L, D>::zeros(dev, global, s, Category::gradients)),
+        id(param_id) {
+    for (std::int64_t i = 0; i < value.numel(); ++i) {
+      switch (init.kind) {
+        case Init::normal:
+          value[i] = static_cast<T>(init.std * weft::normal(seed, param_id, static_cast<std::uint64_t>(value.global_index(i))));
+          break;
+        case Init::zeros: value[i] = T(0); break;
+        case Init::ones: value[i] = T(1); break;
+      }
+    }
+  }
+
+  void zero_grad() {
+    if (grad.numel()) std::memset(static_cast<void*>(grad.data()), 0, static_cast<std::size_t>(grad.numel()) * sizeof(T));
+  }
+};
+
+}  // namespace weft::nn

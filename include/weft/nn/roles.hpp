@@ -1,0 +1,39 @@
+// The parallel roles of layers, and the layouts of activations between them.
+//
+// Activations are (B, T, C): batch split over the data axis (Shard<0>); on the tensor axis they are
+// Replicate, Partial (a row-parallel output before its reduction), sharded over features
+// (Shard<-1>, a column-parallel output) or over the sequence (Shard<1>, Megatron sequence
+// parallelism).
+//
+// Gradients follow Megatron's convention: the gradient of a Replicate activation is Replicate (each
+// tensor rank holds the full gradient, computed redundantly), that of a Partial activation is
+// Replicate, and that of a sharded activation is sharded the same way. Each communication pair is
+// then one forward/backward pair (comm.hpp).
+#pragma once
+
+#include "weft/layout/layout.hpp"
+
+namespace weft::nn {
+
+// Roles of a Linear layer on the tensor axis.
+struct ColumnParallel {};  // weight split over output features: in Replicate, out Shard<-1>
+struct RowParallel {};     // weight split over input features: in Shard<-1>, out Partial
+struct NoParallel {};      // weight replicated: in and out Replicate
+
+template <class R>
+concept LinearRole = std::same_as<R, ColumnParallel> || std::same_as<R, RowParallel> || std::same_as<R, NoParallel>;
+
+namespace act {
+using Replicated = Layout<Shard<0>, Replicate>;  // (B/dp, T, C)
+using Features = Layout<Shard<0>, Shard<-1>>;    // (B/dp, T, C/tp)
+using Partial = Layout<Shard<0>, weft::Partial>; // (B/dp, T, C), summed over tensor ranks
+using Sequence = Layout<Shard<0>, Shard<1>>;     // (B/dp, T/tp, C)
+}  // namespace act
+
+// Epilogues fused into a Linear's forward.
+namespace epilogue {
+struct None {};
+struct Gelu {};  // y = gelu(x W^T + b)
+}  // namespace epilogue
+
+}  // namespace weft::nn
