@@ -35,8 +35,8 @@ class CausalSelfAttention {
 
   CausalSelfAttention() = default;
   CausalSelfAttention(Host& dev, std::int64_t C, std::int64_t H, const Spread& s, std::uint64_t id, std::uint64_t seed,
-                      double proj_std)
-      : qkv(dev, C, 3 * C, s, id, seed), proj(dev, C, C, s, id + 2, seed, proj_std), heads(H), head_dim(C / H) {}
+                      double std, double proj_std)
+      : qkv(dev, C, 3 * C, s, id, seed, std), proj(dev, C, C, s, id + 2, seed, proj_std), heads(H), head_dim(C / H) {}
 
   std::int64_t local_heads() const { return qkv.out_local() / (3 * head_dim); }
 
@@ -91,8 +91,8 @@ class Mlp {
   Linear<T, RowParallel> proj;
 
   Mlp() = default;
-  Mlp(Host& dev, std::int64_t C, const Spread& s, std::uint64_t id, std::uint64_t seed, double proj_std)
-      : fc(dev, C, 4 * C, s, id, seed), proj(dev, 4 * C, C, s, id + 2, seed, proj_std) {}
+  Mlp(Host& dev, std::int64_t C, const Spread& s, std::uint64_t id, std::uint64_t seed, double std, double proj_std)
+      : fc(dev, C, 4 * C, s, id, seed, std), proj(dev, 4 * C, C, s, id + 2, seed, proj_std) {}
 
   Tensor<T, act::Partial, Host> forward(Ctx& ctx, const Tensor<T, act::Replicated, Host>& x) {
     auto h = fc.forward(ctx.fc_ctx, x);  // (B, T, 4C/tp) Shard<-1>

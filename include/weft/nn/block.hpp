@@ -50,11 +50,11 @@ class Block {
   Block() = default;
   // id: first parameter id of this block (it uses id .. id + 11).
   Block(Host& dev, std::int64_t C, std::int64_t H, std::int64_t layers, const Spread& s, std::uint64_t id,
-        std::uint64_t seed)
+        std::uint64_t seed, double init_std = 0.02)
       : ln1(dev, C, s, id, seed),
         ln2(dev, C, s, id + 2, seed),
-        attn(dev, C, H, s, id + 4, seed, 0.02 / std::sqrt(2.0 * static_cast<double>(layers))),
-        mlp(dev, C, s, id + 8, seed, 0.02 / std::sqrt(2.0 * static_cast<double>(layers))) {}
+        attn(dev, C, H, s, id + 4, seed, init_std, init_std / std::sqrt(2.0 * static_cast<double>(layers))),
+        mlp(dev, C, s, id + 8, seed, init_std, init_std / std::sqrt(2.0 * static_cast<double>(layers))) {}
 
   template <AxisComms M>
   Tensor<T, A, Host> forward(Ctx& ctx, const Tensor<T, A, Host>& x, M& mesh) {

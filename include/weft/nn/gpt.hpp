@@ -29,6 +29,7 @@ struct GptConfig {
   std::int64_t heads = 4;
   std::int64_t width = 32;    // C
   std::uint64_t seed = 1234;
+  double init_std = 0.02;     // GPT-2: normal(0, 0.02); residual projections scaled by 1/sqrt(2 layers)
 };
 
 // Checks a configuration against the mesh's degrees before anything is allocated.
@@ -78,11 +79,12 @@ class Gpt {
 
   Gpt(Host& dev, const GptConfig& c, const Spread& s, std::int64_t batch) : config((validate(c, s, SP, batch), c)) {
     wte = Param<T, Layout<Replicate, Shard<0>>>(dev, {padded_vocab(c.vocab, s.tensor_degree), c.width}, s, 0,
-                                                {Init::normal, 0.02}, c.seed);
-    wpe = Param<T, Replicated>(dev, {c.seq, c.width}, s, 1, {Init::normal, 0.01}, c.seed);
+                                                {Init::normal, c.init_std}, c.seed);
+    wpe = Param<T, Replicated>(dev, {c.seq, c.width}, s, 1, {Init::normal, c.init_std / 2}, c.seed);
     blocks.reserve(static_cast<std::size_t>(c.layers));
     for (std::int64_t l = 0; l < c.layers; ++l)
-      blocks.emplace_back(dev, c.width, c.heads, c.layers, s, static_cast<std::uint64_t>(16 + 16 * l), c.seed);
+      blocks.emplace_back(dev, c.width, c.heads, c.layers, s, static_cast<std::uint64_t>(16 + 16 * l), c.seed,
+                          c.init_std);
     ln_f = LayerNorm<T, A>(dev, c.width, s, 8, c.seed);
   }
 
