@@ -1,0 +1,94 @@
+// Runs a tiny Gpt under a strategy and tensor degree, and gathers the loss and every global
+// parameter value and gradient on the calling thread, for comparisons across strategies.
+#pragma once
+
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "weft/comm/mesh.hpp"
+#include "weft/comm/threads/run.hpp"
+#include "weft/nn/gpt.hpp"
+
+namespace weft::test {
+
+struct GptRun {
+  double loss = 0;
+  std::map<std::string, std::vector<double>> values, grads;  // global, first `vocab` rows for wte
+  threads::Counters tensor_ops;                               // what rank 0 ran on its tensor group
+};
+
+// vocab 65 is not a multiple of 2 or 4: the tensor-parallel runs pad it.
+inline nn::GptConfig tiny_config() {
+  return {.vocab = 65, .seq = 16, .layers = 2, .heads = 4, .width = 32, .seed = 42, .init_std = 0.1};
+}
+
+inline void tiny_batch(std::int64_t batch, const nn::GptConfig& c, std::vector<std::int32_t>& tokens,
+                       std::vector<std::int32_t>& targets) {
+  tokens.resize(static_cast<std::size_t>(batch * c.seq));
+  targets.resize(tokens.size());
+  for (std::size_t i = 0; i < tokens.size(); ++i) {
+    tokens[i] = static_cast<std::int32_t>(weft::philox(7, 1, i)[0] % static_cast<std::uint32_t>(c.vocab));
+    targets[i] = static_cast<std::int32_t>(weft::philox(7, 2, i)[0] % static_cast<std::uint32_t>(c.vocab));
+  }
+}
+
+template <class T, bool SP, class Recompute>
+GptRun run_gpt(int tensor, const nn::GptConfig& c = tiny_config(), std::int64_t batch = 2) {
+  GptRun out;
+  std::mutex mu;
+  std::vector<std::int32_t> tokens, targets;
+  tiny_batch(batch, c, tokens, targets);
+  run_threads(tensor, [&](ThreadComm& world) {
+    Mesh mesh{world, {.tensor = tensor}};
+    Host host;
+    nn::Gpt<T, SP, Recompute> gpt(host, c, mesh.spread(), batch);
+    const threads::Counters before = mesh.tensor().counters();
+    const double loss = gpt.forward_backward(tokens, targets, batch, mesh);
+    const threads::Counters ran = mesh.tensor().counters() - before;
+    gpt.for_each_param([&](const std::string& name, auto& p) {
+      const auto v = redistribute<Replicated>(p.value, mesh);
+      const auto g = redistribute<Replicated>(p.grad, mesh);
+      if (world.rank() != 0) return;
+      const std::int64_t n = name == "wte" ? c.vocab * c.width : v.numel();  // drop padding rows
+      std::lock_guard lock(mu);
+      out.values[name].assign(v.data(), v.data() + n);
+      out.grads[name].assign(g.data(), g.data() + n);
+    });
+    if (world.rank() == 0) {
+      std::lock_guard lock(mu);
+      out.loss = loss;
+      out.tensor_ops = ran;
+    }
+  });
+  return out;
+}
+
+// max |a - b| / max |b|: the error relative to the size of the reference tensor.
+inline double rel_error(const std::vector<double>& a, const std::vector<double>& b) {
+  double diff = 0, scale = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    diff = std::max(diff, std::fabs(a[i] - b[i]));
+    scale = std::max(scale, std::fabs(b[i]));
+  }
+  return diff / std::max(scale, 1e-300);
+}
+
+// The worst relative error over the loss and every gradient; sizes must match.
+inline double worst_error(const GptRun& a, const GptRun& ref, std::string* where = nullptr) {
+  double worst = std::fabs(a.loss - ref.loss) / std::fabs(ref.loss);
+  if (where) *where = "loss";
+  for (const auto& [name, g] : ref.grads) {
+    const auto it = a.grads.find(name);
+    if (it == a.grads.end() || it->second.size() != g.size()) return 1e300;
+    const double e = rel_error(it->second, g);
+    if (e > worst) {
+      worst = e;
+      if (where) *where = name;
+    }
+  }
+  return worst;
+}
+
+}  // namespace weft::test
