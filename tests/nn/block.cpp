@@ -1,0 +1,141 @@
+// Block and Gpt: the collectives on the tensor axis match Megatron's counts, sequence parallelism
+// leaves identical LayerNorm gradients on every tensor rank, and bad configurations are refused
+// before allocation with the values named.
+#include <doctest/doctest.h>
+
+#include <mutex>
+
+#include "weft/comm/mesh.hpp"
+#include "weft/comm/threads/run.hpp"
+#include "weft/nn/gpt.hpp"
+
+using namespace weft;
+using namespace weft::nn;
+using threads::Op;
+
+namespace {
+
+struct Counts {
+  threads::Counters fwd, bwd;
+};
+
+template <bool SP, class Policy = recompute::None>
+Counts block_counts(int tp) {
+  Counts out;
+  std::mutex mu;
+  run_threads(tp, [&](ThreadComm& world) {
+    Mesh mesh{world, {.tensor = tp}};
+    Host h;
+    using A = typename Block<double, SP, Policy>::A;
+    Block<double, SP, Policy> block(h, 16, 4, 2, mesh.spread(), 16, 3);
+    auto x = Tensor<double, A, Host>::empty(h, {2, 8, 16}, mesh.spread());
+    for (std::int64_t i = 0; i < x.numel(); ++i) x[i] = weft::normal(1, 0, static_cast<std::uint64_t>(x.global_index(i)));
+    typename Block<double, SP, Policy>::Ctx ctx;
+    const auto c0 = mesh.tensor().counters();
+    auto y = block.forward(ctx, x, mesh);
+    const auto c1 = mesh.tensor().counters();
+    block.backward(ctx, y, mesh);
+    const auto c2 = mesh.tensor().counters();
+    if (world.rank() == 0) {
+      std::lock_guard lock(mu);
+      out = {c1 - c0, c2 - c1};
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("one Block without SP: 2 all-reduces forward and 2 backward on the tensor axis") {
+  const Counts c = block_counts<false>(2);
+  CHECK(c.fwd.calls_of(Op::all_reduce) == 2);
+  CHECK(c.bwd.calls_of(Op::all_reduce) == 2);
+  for (Op op : {Op::all_gather, Op::reduce_scatter, Op::all_to_all, Op::broadcast}) {
+    CHECK(c.fwd.calls_of(op) == 0);
+    CHECK(c.bwd.calls_of(op) == 0);
+  }
+  // Each all-reduce moves one (B, T, C) activation: 2 x 8 x 16 doubles.
+  CHECK(c.fwd.bytes_of(Op::all_reduce) == 2 * 2 * 8 * 16 * 8);
+}
+
+TEST_CASE("one Block with SP: an all-gather and a reduce-scatter per branch each way and one LayerNorm all-reduce") {
+  const Counts c = block_counts<true>(2);
+  CHECK(c.fwd.calls_of(Op::all_gather) == 2);
+  CHECK(c.fwd.calls_of(Op::reduce_scatter) == 2);
+  CHECK(c.fwd.calls_of(Op::all_reduce) == 0);
+  CHECK(c.bwd.calls_of(Op::all_gather) == 2);
+  CHECK(c.bwd.calls_of(Op::reduce_scatter) == 2);
+  CHECK(c.bwd.calls_of(Op::all_reduce) == 1);  // the LayerNorm gradients, 4 x C values
+  CHECK(c.bwd.bytes_of(Op::all_reduce) == 4 * 16 * 8);
+  // Full recompute repeats the forward's collectives inside backward.
+  const Counts f = block_counts<true, recompute::Full>(2);
+  CHECK(f.bwd.calls_of(Op::all_gather) == 4);
+  CHECK(f.bwd.calls_of(Op::reduce_scatter) == 4);
+}
+
+TEST_CASE("with SP every tensor rank holds identical LayerNorm gradients") {
+  std::mutex mu;
+  std::vector<std::vector<double>> seen;
+  run_threads(4, [&](ThreadComm& world) {
+    Mesh mesh{world, {.tensor = 4}};
+    Host h;
+    const GptConfig c{.vocab = 32, .seq = 8, .layers = 2, .heads = 4, .width = 16};
+    Gpt<double, true> gpt(h, c, mesh.spread(), 2);
+    std::vector<std::int32_t> tokens(16), targets(16);
+    for (std::size_t i = 0; i < 16; ++i) {
+      tokens[i] = static_cast<std::int32_t>(i * 3 % 32);
+      targets[i] = static_cast<std::int32_t>((i * 5 + 1) % 32);
+    }
+    gpt.forward_backward(tokens, targets, 2, mesh);
+    std::vector<double> ln;
+    gpt.for_each_param([&](const std::string& name, auto& p) {
+      if (name.find("ln") == std::string::npos && name != "wpe") return;
+      ln.insert(ln.end(), p.grad.data(), p.grad.data() + p.grad.numel());
+    });
+    std::lock_guard lock(mu);
+    seen.push_back(ln);
+  });
+  REQUIRE(seen.size() == 4);
+  CHECK(seen[0].size() == (2 * 4 + 2) * 16 + 8 * 16);  // 2 blocks x 4 LayerNorm vectors, ln_f, wpe
+  for (const auto& s : seen) CHECK(s == seen[0]);
+}
+
+TEST_CASE("bad configurations are refused before allocation with the values and the valid choices") {
+  const Spread tp4{.tensor_degree = 4};
+  CHECK_THROWS_WITH_AS(validate(GptConfig{.heads = 6, .width = 36}, tp4, false, 2),
+                       "Gpt: tensor degree 4 does not divide 6 heads; use a tensor degree in 1, 2, 3, 6", Error);
+  CHECK_THROWS_WITH_AS(validate(GptConfig{.heads = 5, .width = 32}, {}, false, 2),
+                       "Gpt: width 32 is not divisible by 5 heads; use a head count that divides the width (1, 2, 4, 8, "
+                       "16, 32)",
+                       Error);
+  CHECK_THROWS_WITH_AS(validate(GptConfig{.seq = 10, .heads = 4}, tp4, true, 2),
+                       "Gpt: sequence parallelism needs the tensor degree 4 to divide the sequence length 10; use a "
+                       "tensor degree in 1, 2, 5, 10, or a sequence length that it divides",
+                       Error);
+  CHECK_NOTHROW(validate(GptConfig{.seq = 10, .heads = 4}, tp4, false, 2));  // fine without SP
+  CHECK_THROWS_WITH_AS(validate(GptConfig{}, {.data_degree = 4}, false, 6),
+                       "Gpt: data degree 4 does not divide the batch of 6; use a batch that is a multiple of 4", Error);
+  CHECK_THROWS_WITH_AS(validate(GptConfig{.layers = 0}, {}, false, 2), doctest::Contains("include one below 1"), Error);
+  // The vocabulary need not divide: it is padded, and the padding is masked (see the equivalence tests).
+  CHECK(padded_vocab(65, 4) == 68);
+  CHECK_NOTHROW(validate(GptConfig{.vocab = 65}, tp4, false, 2));
+  // Through the constructor: the Error comes before any parameter is allocated.
+  Host h;
+  CHECK_THROWS_AS((Gpt<double>(h, GptConfig{.heads = 6, .width = 36}, tp4, 2)), Error);
+  CHECK(h.memory().total_peak == 0);
+}
+
+TEST_CASE("bad tokens are refused with the position and the vocabulary") {
+  run_threads(1, [](ThreadComm& world) {
+    Mesh mesh{world, {}};
+    Host h;
+    Gpt<double> gpt(h, GptConfig{.vocab = 10, .seq = 4, .layers = 1, .heads = 2, .width = 8}, mesh.spread(), 1);
+    std::vector<std::int32_t> ok{1, 2, 3, 4}, bad{1, 2, 10, 4};
+    CHECK_THROWS_WITH_AS(gpt.forward_backward(bad, ok, 1, mesh),
+                         "Gpt::forward_backward: token 10 or target 3 at position 2 is outside the vocabulary of 10; "
+                         "pass ids in [0, vocab)",
+                         Error);
+    CHECK_THROWS_WITH_AS(gpt.forward_backward(ok, std::vector<std::int32_t>{1, 2}, 1, mesh),
+                         doctest::Contains("4 tokens and 2 targets for a local batch of 4 positions"), Error);
+  });
+}
