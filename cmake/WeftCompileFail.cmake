@@ -1,12 +1,15 @@
-# weft_compile_fail(NAME name SOURCE file [DEFINE macro] EXPECT text...)
+# weft_compile_fail(NAME name SOURCE file [DEFINE macro] [INCLUDES dirs...] EXPECT text...)
 #
 # A CTest test that compiles SOURCE with -DMACRO (syntax only, C++20, weft's include directory) and passes only if the compiler fails and its output contains every EXPECT
 # text (literal, not a regex). With DEFINE omitted it must compile instead: the control case.
 set(WEFT_COMPILE_FAIL_SCRIPT ${CMAKE_CURRENT_LIST_DIR}/compile_fail.cmake)
 
 function(weft_compile_fail)
-  cmake_parse_arguments(CF "" "NAME;SOURCE;DEFINE" "EXPECT" ${ARGN})
+  cmake_parse_arguments(CF "" "NAME;SOURCE;DEFINE" "EXPECT;INCLUDES" ${ARGN})
   set(flags -std=c++20 -fsyntax-only -I${PROJECT_SOURCE_DIR}/include)
+  foreach(dir IN LISTS CF_INCLUDES)
+    list(APPEND flags -isystem ${dir})
+  endforeach()
   if(CF_DEFINE)
     list(APPEND flags -D${CF_DEFINE})
     set(should_fail ON)

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "support/gradcheck.hpp"
 #include "weft/comm/mesh.hpp"
 #include "weft/comm/threads/run.hpp"
 #include "weft/nn/gpt.hpp"
@@ -65,15 +66,6 @@ GptRun run_gpt(int tensor, const nn::GptConfig& c = tiny_config(), std::int64_t 
   return out;
 }
 
-// max |a - b| / max |b|: the error relative to the size of the reference tensor.
-inline double rel_error(const std::vector<double>& a, const std::vector<double>& b) {
-  double diff = 0, scale = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    diff = std::max(diff, std::fabs(a[i] - b[i]));
-    scale = std::max(scale, std::fabs(b[i]));
-  }
-  return diff / std::max(scale, 1e-300);
-}
 
 // The worst relative error over the loss and every gradient; sizes must match.
 inline double worst_error(const GptRun& a, const GptRun& ref, std::string* where = nullptr) {

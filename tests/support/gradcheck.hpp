@@ -67,3 +67,15 @@ inline double dot(const std::vector<double>& a, const std::vector<double>& b) {
 }
 
 }  // namespace weft::test
+
+namespace weft::test {
+// max |a - b| / max |b|: the error relative to the size of the reference tensor.
+inline double rel_error(const std::vector<double>& a, const std::vector<double>& b) {
+  double diff = 0, scale = 0;
+  for (std::size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    diff = std::max(diff, std::fabs(a[i] - b[i]));
+    scale = std::max(scale, std::fabs(b[i]));
+  }
+  return a.size() != b.size() ? 1e300 : diff / std::max(scale, 1e-300);
+}
+}  // namespace weft::test

@@ -12,6 +12,8 @@
 // (Megatron's gather_output / input_is_parallel flags are what these types replace.)
 #pragma once
 
+#include <string>
+
 #include "weft/layout/redistribute.hpp"
 #include "weft/nn/roles.hpp"
 
@@ -32,6 +34,21 @@ struct Redistribute {
   static Tensor<T, GradFrom, D> backward(const Tensor<T, GradTo, D>& dy, M& mesh) {
     return redistribute<GradFrom>(dy, mesh);
   }
+
+  // As a layer of a Sequential: nothing to save, no parameters, the shape unchanged.
+  struct Ctx {};
+  template <Element T, class D, AxisComms M>
+  Tensor<T, To, D> forward(Ctx&, const Tensor<T, From, D>& x, M& mesh) {
+    return forward(x, mesh);
+  }
+  template <Element T, class D, AxisComms M>
+  Tensor<T, GradFrom, D> backward(Ctx&, const Tensor<T, GradTo, D>& dy, M& mesh) {
+    return backward(dy, mesh);
+  }
+  Shape out_shape(const Shape& s) const { return s; }
+  static std::string name() { return cat("Redistribute<", From::name(), " -> ", To::name(), ">"); }
+  template <class F>
+  void for_each_param(const std::string&, F&&) {}
 };
 
 using CopyToTensor = Redistribute<act::Replicated, act::Replicated, act::Partial, act::Replicated>;

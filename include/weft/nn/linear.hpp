@@ -82,6 +82,12 @@ class Linear {
         bias(dev, {out}, s, id + 1, {Init::zeros}, seed),
         tensor_index_(s.tensor_index) {}
 
+  Shape out_shape(const Shape& in) const { return {in[0], in[1], weight.value.global_shape()[0]}; }
+  static std::string name() {
+    const char* role = std::same_as<Role, ColumnParallel> ? "ColumnParallel" : std::same_as<Role, RowParallel> ? "RowParallel" : "NoParallel";
+    return cat("Linear<", role, has_gelu ? ", Gelu>" : ">");
+  }
+
   std::int64_t in_local() const { return weight.value.local_shape()[1]; }
   std::int64_t out_local() const { return weight.value.local_shape()[0]; }
 

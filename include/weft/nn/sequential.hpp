@@ -1,0 +1,203 @@
+// Sequential<Layers...>: layers composed as types, with the layouts between them checked at compile
+// time and the needed redistribution inserted.
+//
+// Between layer A and the next layer B:
+//   forward   A::Out -> B::In         backward   B::GradIn -> A::GradOut
+// Equal layouts need nothing. Otherwise the pair Redistribute<A::Out, B::In, B::GradIn, A::GradOut>
+// is inserted, if both directions are redistributions (plan.hpp) and the forward one does not
+// create a feature shard: Shard<-1> on the tensor axis is a ColumnParallel layer's contract, never a
+// redistribution's. So ColumnParallel -> RowParallel composes with nothing in between,
+// RowParallel -> ColumnParallel gets Megatron's all-reduce pair, and RowParallel -> RowParallel
+// (a partial sum into a layer that needs feature shards) is a compile error naming both layouts.
+//
+// A layer provides In, Out, GradIn, GradOut, Ctx, forward(ctx, x[, mesh]), backward(ctx, dy[, mesh]),
+// out_shape(in_shape), name() and for_each_param(prefix, f).
+#pragma once
+
+#include <cstdio>
+#include <string>
+#include <tuple>
+#include <utility>
+
+#include "weft/nn/comm.hpp"
+#include "weft/nn/linear.hpp"
+
+namespace weft::nn {
+
+namespace detail {
+
+template <class P>
+constexpr bool is_feature_shard() {
+  if constexpr (IsShard<P>) return P::dim == -1;
+  else return false;
+}
+template <LayoutType From, LayoutType To>
+inline constexpr bool creates_feature_shard =
+    is_feature_shard<typename To::tensor>() && !is_feature_shard<typename From::tensor>();
+
+// The check between two adjacent layers, as a class template so the compiler's note names the layouts.
+template <LayoutType Out, LayoutType In, LayoutType GradIn, LayoutType GradOut>
+struct check_compose {
+  static_assert(!creates_feature_shard<Out, In>,
+                "Sequential: a layer's output layout does not match the next layer's input, and only a "
+                "ColumnParallel layer may create a feature shard (Shard<-1>); put a ColumnParallel layer in "
+                "between, or reduce the partial sum to Replicate first");
+  static_assert(std::same_as<Out, In> || (Transition<Out, In>::possible && !Transition<Out, In>::uses_embed),
+                "Sequential: no redistribution turns this layer's output layout into the next layer's input layout");
+  static_assert(std::same_as<GradIn, GradOut> ||
+                    (Transition<GradIn, GradOut>::possible && !Transition<GradIn, GradOut>::uses_embed),
+                "Sequential: no redistribution turns the next layer's input gradient into this layer's output "
+                "gradient layout");
+  static constexpr bool ok = true;
+};
+
+template <class L, class Ctx, class X, class M>
+auto layer_forward(L& layer, Ctx& ctx, const X& x, M& mesh) {
+  if constexpr (requires { layer.forward(ctx, x, mesh); }) return layer.forward(ctx, x, mesh);
+  else return layer.forward(ctx, x);
+}
+template <class L, class Ctx, class X, class M>
+auto layer_backward(L& layer, Ctx& ctx, const X& dy, M& mesh) {
+  if constexpr (requires { layer.backward(ctx, dy, mesh); }) return layer.backward(ctx, dy, mesh);
+  else return layer.backward(ctx, dy);
+}
+
+template <class... Ls> struct first;
+template <class L, class... Ls> struct first<L, Ls...> { using type = L; };
+template <class... Ls> struct last { using type = typename decltype((std::type_identity<Ls>{}, ...))::type; };
+
+}  // namespace detail
+
+template <class... Layers>
+class Sequential {
+  static_assert(sizeof...(Layers) >= 1, "Sequential: needs at least one layer");
+  using First = typename detail::first<Layers...>::type;
+  using Last = typename detail::last<Layers...>::type;
+
+ public:
+  using In = typename First::In;
+  using Out = typename Last::Out;
+  using GradIn = typename First::GradIn;
+  using GradOut = typename Last::GradOut;
+  using Ctx = std::tuple<typename Layers::Ctx...>;
+
+  std::tuple<Layers...> layers;
+
+  explicit Sequential(Layers... ls) : layers(std::move(ls)...) { check<0>(); }
+
+  template <Element T, class D, AxisComms M>
+  Tensor<T, Out, D> forward(Ctx& ctx, const Tensor<T, In, D>& x, M& mesh) {
+    return forward_from<0>(ctx, x, mesh);
+  }
+  template <Element T, class D, AxisComms M>
+  Tensor<T, GradIn, D> backward(Ctx& ctx, const Tensor<T, GradOut, D>& dy, M& mesh) {
+    return backward_from<sizeof...(Layers) - 1>(ctx, dy, mesh);
+  }
+
+  Shape out_shape(Shape s) const {
+    std::apply([&](const auto&... l) { ((s = l.out_shape(s)), ...); }, layers);
+    return s;
+  }
+  static std::string name() { return "Sequential"; }
+
+  template <class F>
+  void for_each_param(const std::string& prefix, F&& f) {
+    for_each_layer([&](std::size_t i, auto& l) { l.for_each_param(cat(prefix, ".", i), f); });
+  }
+  template <class F>
+  void for_each_layer(F&& f) {
+    std::size_t i = 0;
+    std::apply([&](auto&... l) { (f(i++, l), ...); }, layers);
+  }
+
+ private:
+  template <std::size_t I>
+  using layer_t = std::tuple_element_t<I, std::tuple<Layers...>>;
+
+  template <std::size_t I>
+  static constexpr void check() {
+    if constexpr (I + 1 < sizeof...(Layers)) {
+      using A = layer_t<I>;
+      using B = layer_t<I + 1>;
+      static_assert(detail::check_compose<typename A::Out, typename B::In, typename B::GradIn,
+                                          typename A::GradOut>::ok);
+      check<I + 1>();
+    }
+  }
+
+  template <std::size_t I, Element T, class D, AxisComms M, LayoutType L>
+  auto forward_from(Ctx& ctx, const Tensor<T, L, D>& x, M& mesh) {
+    auto y = detail::layer_forward(std::get<I>(layers), std::get<I>(ctx), x, mesh);
+    if constexpr (I + 1 == sizeof...(Layers)) {
+      return y;
+    } else {
+      using A = layer_t<I>;
+      using B = layer_t<I + 1>;
+      if constexpr (std::same_as<typename A::Out, typename B::In>) return forward_from<I + 1>(ctx, y, mesh);
+      else
+        return forward_from<I + 1>(
+            ctx, Redistribute<typename A::Out, typename B::In, typename B::GradIn, typename A::GradOut>::forward(y, mesh),
+            mesh);
+    }
+  }
+
+  template <std::size_t I, Element T, class D, AxisComms M, LayoutType L>
+  auto backward_from(Ctx& ctx, const Tensor<T, L, D>& dy, M& mesh) {
+    auto dx = detail::layer_backward(std::get<I>(layers), std::get<I>(ctx), dy, mesh);
+    if constexpr (I == 0) {
+      return dx;
+    } else {
+      using A = layer_t<I - 1>;
+      using B = layer_t<I>;
+      if constexpr (std::same_as<typename B::GradIn, typename A::GradOut>) return backward_from<I - 1>(ctx, dx, mesh);
+      else
+        return backward_from<I - 1>(
+            ctx,
+            Redistribute<typename A::Out, typename B::In, typename B::GradIn, typename A::GradOut>::backward(dx, mesh),
+            mesh);
+    }
+  }
+};
+
+// Residual<Inner>: y = x + inner(x). Requires the inner layers to return to their input layout
+// (end them with the reduction they need) so that the sum is of like with like.
+template <class Inner>
+class Residual {
+  static_assert(std::same_as<typename Inner::In, typename Inner::Out>,
+                "Residual: the inner layers' output layout differs from their input layout; end them with a "
+                "redistribution back to the input layout (for a RowParallel output, ReduceFromTensor)");
+  static_assert(std::same_as<typename Inner::GradIn, typename Inner::GradOut>,
+                "Residual: the inner layers' input gradient layout differs from their output gradient layout");
+
+ public:
+  using In = typename Inner::In;
+  using Out = In;
+  using GradIn = typename Inner::GradIn;
+  using GradOut = GradIn;
+  using Ctx = typename Inner::Ctx;
+
+  Inner inner;
+
+  explicit Residual(Inner i) : inner(std::move(i)) {}
+
+  template <Element T, class D, AxisComms M>
+  Tensor<T, Out, D> forward(Ctx& ctx, const Tensor<T, In, D>& x, M& mesh) {
+    auto y = detail::layer_forward(inner, ctx, x, mesh);
+    for (std::int64_t i = 0; i < y.numel(); ++i) y[i] += x[i];
+    return y;
+  }
+  template <Element T, class D, AxisComms M>
+  Tensor<T, GradIn, D> backward(Ctx& ctx, const Tensor<T, GradOut, D>& dy, M& mesh) {
+    auto dx = detail::layer_backward(inner, ctx, dy, mesh);
+    for (std::int64_t i = 0; i < dx.numel(); ++i) dx[i] += dy[i];
+    return dx;
+  }
+  Shape out_shape(const Shape& s) const { return s; }
+  static std::string name() { return cat("Residual<", Inner::name(), ">"); }
+  template <class F>
+  void for_each_param(const std::string& prefix, F&& f) {
+    inner.for_each_param(prefix, f);
+  }
+};
+
+}  // namespace weft::nn
