@@ -90,9 +90,10 @@ class Gpt {
 
   // One forward and backward over tokens and targets (B/dp, T) of this data rank. Returns the mean
   // loss over the global batch (the same on every rank) and accumulates the gradients.
+  // logits_out, when given, receives this rank's logits (B/dp, T, Vp/tp) Shard<-1>, padding included.
   template <AxisComms M>
   double forward_backward(const std::vector<std::int32_t>& tokens, const std::vector<std::int32_t>& targets,
-                          std::int64_t batch, M& mesh) {
+                          std::int64_t batch, M& mesh, std::vector<T>* logits_out = nullptr) {
     Host& dev = wte.value.dev();
     const Spread s = wte.value.spread();
     const std::int64_t Tn = config.seq, C = config.width, Bl = batch / s.data_degree, N = Bl * Tn;
@@ -119,6 +120,7 @@ class Gpt {
         stats(static_cast<std::size_t>(2 * N));
     host::gemm<T>(host::Trans::no, host::Trans::yes, N, Vl, C, T(1), xr.data(), C, wte.value.data(), C, T(0),
                   logits.data(), Vl);
+    if (logits_out) *logits_out = logits;
     host::ce_row_max(rowmax.data(), logits.data(), N, Vl, valid);
     mesh.comm(Axis::tensor).all_reduce(std::span<T>(rowmax), ReduceOp::max);
     host::ce_row_stats(stats.data(), logits.data(), rowmax.data(), targets.data(), N, Vl, valid, begin);
