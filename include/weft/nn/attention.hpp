@@ -26,7 +26,7 @@ class CausalSelfAttention {
     typename Linear<T, ColumnParallel>::Ctx qkv_ctx;
     typename Linear<T, RowParallel>::Ctx proj_ctx;
     Tensor<T, act::Features, Host> qkv;
-    std::vector<T> probs;  // empty when the core is recomputed in backward
+    Allocation probs;  // (B, H/tp, T, T); empty when the core is recomputed in backward
   };
 
   Linear<T, ColumnParallel> qkv;
@@ -40,12 +40,19 @@ class CausalSelfAttention {
 
   std::int64_t local_heads() const { return qkv.out_local() / (3 * head_dim); }
 
+ private:
+  Allocation probs_buffer(Host& dev, std::int64_t B, std::int64_t Tn) const {
+    return dev.allocate(B * local_heads() * Tn * Tn * static_cast<std::int64_t>(sizeof(T)), Category::activations);
+  }
+
+ public:
+
   Tensor<T, act::Partial, Host> forward(Ctx& ctx, const Tensor<T, act::Replicated, Host>& x, bool keep_probs) {
     const std::int64_t B = x.local_shape()[0], Tn = x.local_shape()[1], Hl = local_heads();
     ctx.qkv = qkv.forward(ctx.qkv_ctx, x);
-    std::vector<T> probs(static_cast<std::size_t>(B * Hl * Tn * Tn));
+    Allocation probs = probs_buffer(x.dev(), B, Tn);
     auto y = Tensor<T, act::Features, Host>::empty(x.dev(), x.global_shape(), x.spread(), Category::activations);
-    host::attention_forward(y.data(), probs.data(), ctx.qkv.data(), B, Tn, Hl, head_dim);
+    host::attention_forward(y.data(), static_cast<T*>(probs.data()), ctx.qkv.data(), B, Tn, Hl, head_dim);
     if (keep_probs) ctx.probs = std::move(probs);
     return proj.forward(ctx.proj_ctx, y);
   }
@@ -54,14 +61,16 @@ class CausalSelfAttention {
   Tensor<T, act::Partial, Host> backward(Ctx& ctx, const Tensor<T, act::Replicated, Host>& dy) {
     const std::int64_t B = dy.local_shape()[0], Tn = dy.local_shape()[1], Hl = local_heads();
     auto dcore = proj.backward(ctx.proj_ctx, dy);  // (B, T, C/tp) Shard<-1>
-    if (ctx.probs.empty()) {  // Selective recompute: rebuild the probabilities from the saved qkv
-      ctx.probs.resize(static_cast<std::size_t>(B * Hl * Tn * Tn));
-      std::vector<T> scratch(static_cast<std::size_t>(dcore.numel()));
-      host::attention_forward(scratch.data(), ctx.probs.data(), ctx.qkv.data(), B, Tn, Hl, head_dim);
+    if (!ctx.probs.data()) {  // Selective recompute: rebuild the probabilities from the saved qkv
+      ctx.probs = probs_buffer(dy.dev(), B, Tn);
+      auto scratch = Tensor<T, act::Features, Host>::empty(dy.dev(), dcore.global_shape(), dy.spread(),
+                                                           Category::activations);
+      host::attention_forward(scratch.data(), static_cast<T*>(ctx.probs.data()), ctx.qkv.data(), B, Tn, Hl, head_dim);
     }
     auto dqkv = Tensor<T, act::Features, Host>::empty(dy.dev(), ctx.qkv.global_shape(), dy.spread(),
                                                       Category::activations);
-    host::attention_backward(dqkv.data(), dcore.data(), ctx.qkv.data(), ctx.probs.data(), B, Tn, Hl, head_dim);
+    host::attention_backward(dqkv.data(), dcore.data(), ctx.qkv.data(), static_cast<const T*>(ctx.probs.data()), B,
+                             Tn, Hl, head_dim);
     auto dx = qkv.backward(ctx.qkv_ctx, dqkv);
     ctx = Ctx{};
     return dx;

@@ -17,7 +17,7 @@ class LayerNorm {
  public:
   struct Ctx {
     Tensor<T, A, Host> x;
-    std::vector<T> mean, rstd;  // (rows)
+    Allocation stats;  // (2, rows): mean, then rstd; counted as activations
   };
 
   Param<T, Replicated> weight, bias;
@@ -30,10 +30,9 @@ class LayerNorm {
   Tensor<T, A, Host> forward(Ctx& ctx, const Tensor<T, A, Host>& x) {
     const std::int64_t C = x.local_shape()[2], N = x.numel() / C;
     auto y = Tensor<T, A, Host>::empty(x.dev(), x.global_shape(), x.spread(), Category::activations);
-    ctx.mean.resize(static_cast<std::size_t>(N));
-    ctx.rstd.resize(static_cast<std::size_t>(N));
-    host::layernorm_forward(y.data(), ctx.mean.data(), ctx.rstd.data(), x.data(), weight.value.data(),
-                            bias.value.data(), N, C, eps);
+    ctx.stats = x.dev().allocate(2 * N * static_cast<std::int64_t>(sizeof(T)), Category::activations);
+    T* stats = static_cast<T*>(ctx.stats.data());
+    host::layernorm_forward(y.data(), stats, stats + N, x.data(), weight.value.data(), bias.value.data(), N, C, eps);
     ctx.x = x.clone(Category::activations);
     return y;
   }
@@ -42,8 +41,9 @@ class LayerNorm {
   Tensor<T, A, Host> backward(Ctx& ctx, const Tensor<T, A, Host>& dy) {
     const std::int64_t C = dy.local_shape()[2], N = dy.numel() / C;
     auto dx = Tensor<T, A, Host>::empty(dy.dev(), dy.global_shape(), dy.spread(), Category::activations);
+    const T* stats = static_cast<const T*>(ctx.stats.data());
     host::layernorm_backward(dx.data(), weight.grad.data(), bias.grad.data(), dy.data(), ctx.x.data(),
-                             weight.value.data(), ctx.mean.data(), ctx.rstd.data(), N, C);
+                             weight.value.data(), stats, stats + N, N, C);
     ctx = Ctx{};
     return dx;
   }
