@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cmath>
+#include <initializer_list>
 #include <limits>
 #include <vector>
 
@@ -145,20 +146,17 @@ class Gpt {
     auto dxr = Tensor<T, act::Partial, Host>::empty(dev, {batch, Tn, C}, s, Category::activations);
     host::gemm<T>(host::Trans::no, host::Trans::no, N, C, Vl, T(1), dlogits.data(), Vl, wte.value.data(), C, T(0),
                   dxr.data(), C);
-    const std::vector<T> lnw_before = snapshot(ln_f.weight), lnb_before = snapshot(ln_f.bias);
+    const std::vector<T> lnf_before = snapshot({&ln_f.weight, &ln_f.bias});
     auto dx = ln_f.backward(lnf_ctx, Enter::backward(dxr, mesh));
-    if constexpr (SP) {  // a partial sum over sequence slices: reduce this backward's increment
-      reduce_increment(ln_f.weight, lnw_before, mesh);
-      reduce_increment(ln_f.bias, lnb_before, mesh);
-    }
+    if constexpr (SP) reduce_increment({&ln_f.weight, &ln_f.bias}, lnf_before, mesh);  // partial over sequence slices
     for (std::size_t l = blocks.size(); l-- > 0;) dx = blocks[l].backward(ctx[l], dx, mesh);
 
     // Position gradients: each rank adds its positions' rows (under SP a slice; reduced below).
-    const std::vector<T> wpe_before = snapshot(wpe);
+    const std::vector<T> wpe_before = snapshot({&wpe});
     for (std::int64_t b = 0; b < Bl; ++b)
       for (std::int64_t t = 0; t < Tl; ++t)
         for (std::int64_t c = 0; c < C; ++c) wpe.grad[(t0 + t) * C + c] += dx[(b * Tl + t) * C + c];
-    if constexpr (SP) reduce_increment(wpe, wpe_before, mesh);
+    if constexpr (SP) reduce_increment({&wpe}, wpe_before, mesh);
     auto demb = Leave::backward(dx, mesh);  // (B, T, C) Replicate
     host::embedding_backward(wte.grad.data(), demb.data(), tokens.data(), N, C, begin, begin + Vl);
     return total[0] / tokens_global;
@@ -198,17 +196,23 @@ class Gpt {
     }
   }
 
-  static std::vector<T> snapshot(const Param<T, Replicated>& p) {
-    return std::vector<T>(p.grad.data(), p.grad.data() + p.grad.numel());
+  using Params = std::initializer_list<Param<T, Replicated>*>;
+
+  // The gradients of `ps`, concatenated.
+  static std::vector<T> snapshot(Params ps) {
+    std::vector<T> g;
+    for (auto* p : ps) g.insert(g.end(), p->grad.data(), p->grad.data() + p->grad.numel());
+    return g;
   }
-  // p.grad = before + (sum over tensor ranks of (p.grad - before)).
+  // grad = before + (sum over tensor ranks of (grad - before)), in one all-reduce for all of `ps`.
   template <AxisComms M>
-  static void reduce_increment(Param<T, Replicated>& p, const std::vector<T>& before, M& mesh) {
-    std::vector<T> delta = snapshot(p);
+  static void reduce_increment(Params ps, const std::vector<T>& before, M& mesh) {
+    std::vector<T> delta = snapshot(ps);
     for (std::size_t i = 0; i < delta.size(); ++i) delta[i] -= before[i];
     mesh.comm(Axis::tensor).all_reduce(std::span<T>(delta));
-    for (std::int64_t i = 0; i < p.grad.numel(); ++i)
-      p.grad[i] = before[static_cast<std::size_t>(i)] + delta[static_cast<std::size_t>(i)];
+    std::size_t at = 0;
+    for (auto* p : ps)
+      for (std::int64_t i = 0; i < p->grad.numel(); ++i, ++at) p->grad[i] = before[at] + delta[at];
   }
 };
 
