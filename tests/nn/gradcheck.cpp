@@ -72,6 +72,31 @@ TEST_CASE_TEMPLATE("Linear: gradients of parameters and input match finite diffe
   CHECK(gradcheck(all(x), std::span<const double>(dx), loss).worst <= 1e-6);
 }
 
+TEST_CASE("Linear without a bias has no bias parameter and the same gradients otherwise") {
+  Host h;
+  Linear<double, RowParallel> lin(h, 6, 5, {}, 10, 99, 0.5, false);
+  int params = 0;
+  lin.for_each_param("p", [&](const std::string& n, auto&) {
+    CHECK(n == "p.weight");
+    ++params;
+  });
+  CHECK(params == 1);
+  auto x = random_act<act::Features>(h, {2, 3, 6}, 1);
+  const auto R = test::normals(30, 2);
+  auto loss = [&] {
+    Linear<double, RowParallel>::Ctx ctx;
+    return test::dot(copy(lin.forward(ctx, x)), R);
+  };
+  Linear<double, RowParallel>::Ctx ctx;
+  lin.forward(ctx, x);
+  auto dy = Tensor<double, act::Replicated, Host>::empty(h, {2, 3, 5}, {});
+  for (std::int64_t i = 0; i < dy.numel(); ++i) dy[i] = R[static_cast<std::size_t>(i)];
+  const auto dx = copy(lin.backward(ctx, dy));
+  std::map<std::string, double> report;
+  CHECK(check_params(lin, loss, report) <= 1e-6);
+  CHECK(gradcheck(all(x), std::span<const double>(dx), loss).worst <= 1e-6);
+}
+
 TEST_CASE("LayerNorm attention Mlp and Block: gradients match finite differences") {
   Host h;
   const Shape g{2, 5, 8};

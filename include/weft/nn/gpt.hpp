@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "weft/nn/block.hpp"
+#include "weft/nn/embedding.hpp"
 
 namespace weft::nn {
 
@@ -73,15 +74,14 @@ class Gpt {
   using Leave = typename stream<SP>::leave;
 
   GptConfig config;
-  Param<T, Layout<Replicate, Shard<0>>> wte;  // (Vp, C)
-  Param<T, Replicated> wpe;                   // (T, C)
+  VocabParallelEmbedding<T> wte;  // (Vp, C), also the LM head
+  PositionEmbedding<T, A> wpe;    // (T, C)
   std::vector<Block<T, SP, Recompute>> blocks;
   LayerNorm<T, A> ln_f;
 
   Gpt(Host& dev, const GptConfig& c, const Spread& s, std::int64_t batch) : config((validate(c, s, SP, batch), c)) {
-    wte = Param<T, Layout<Replicate, Shard<0>>>(dev, {padded_vocab(c.vocab, s.tensor_degree), c.width}, s, 0,
-                                                {Init::normal, c.init_std}, c.seed);
-    wpe = Param<T, Replicated>(dev, {c.seq, c.width}, s, 1, {Init::normal, c.init_std / 2}, c.seed);
+    wte = VocabParallelEmbedding<T>(dev, padded_vocab(c.vocab, s.tensor_degree), c.width, s, 0, c.seed, c.init_std);
+    wpe = PositionEmbedding<T, A>(dev, c.seq, c.width, s, 1, c.seed, c.init_std / 2);
     blocks.reserve(static_cast<std::size_t>(c.layers));
     for (std::int64_t l = 0; l < c.layers; ++l)
       blocks.emplace_back(dev, c.width, c.heads, c.layers, s, static_cast<std::uint64_t>(16 + 16 * l), c.seed,
@@ -95,21 +95,18 @@ class Gpt {
   template <AxisComms M>
   double forward_backward(const std::vector<std::int32_t>& tokens, const std::vector<std::int32_t>& targets,
                           std::int64_t batch, M& mesh, std::vector<T>* logits_out = nullptr) {
-    Host& dev = wte.value.dev();
-    const Spread s = wte.value.spread();
+    Host& dev = wte.weight.value.dev();
+    const Spread s = wte.weight.value.spread();
     const std::int64_t Tn = config.seq, C = config.width, Bl = batch / s.data_degree, N = Bl * Tn;
     check_tokens(tokens, targets, N);
-    const std::int64_t Vl = wte.value.local_shape()[0], begin = s.tensor_index * Vl;
+    const std::int64_t Vl = wte.rows(), begin = wte.begin();
     const std::int64_t valid = std::clamp<std::int64_t>(config.vocab - begin, 0, Vl);
+    const Param<T, Layout<Replicate, Shard<0>>>& table = wte.weight;
 
     // Embeddings: the vocab-parallel lookup is Partial; the position rows are added after the reduction.
-    auto emb = Tensor<T, act::Partial, Host>::empty(dev, {batch, Tn, C}, s, Category::activations);
-    host::embedding_forward(emb.data(), tokens.data(), wte.value.data(), N, C, begin, begin + Vl);
-    auto x = Leave::forward(emb, mesh);
-    const std::int64_t Tl = x.local_shape()[1], t0 = SP ? s.tensor_index * Tl : 0;
-    for (std::int64_t b = 0; b < Bl; ++b)
-      for (std::int64_t t = 0; t < Tl; ++t)
-        for (std::int64_t c = 0; c < C; ++c) x[(b * Tl + t) * C + c] += wpe.value[(t0 + t) * C + c];
+    typename VocabParallelEmbedding<T>::Ctx wte_ctx;
+    auto x = Leave::forward(wte.forward(wte_ctx, tokens, batch, Tn), mesh);
+    wpe.forward(x);
 
     std::vector<typename Block<T, SP, Recompute>::Ctx> ctx(blocks.size());
     for (std::size_t l = 0; l < blocks.size(); ++l) x = blocks[l].forward(ctx[l], x, mesh);
@@ -119,7 +116,7 @@ class Gpt {
     // LM head and vocab-parallel cross-entropy.
     std::vector<T> logits(static_cast<std::size_t>(N * Vl)), rowmax(static_cast<std::size_t>(N)),
         stats(static_cast<std::size_t>(2 * N));
-    host::gemm<T>(host::Trans::no, host::Trans::yes, N, Vl, C, T(1), xr.data(), C, wte.value.data(), C, T(0),
+    host::gemm<T>(host::Trans::no, host::Trans::yes, N, Vl, C, T(1), xr.data(), C, table.value.data(), C, T(0),
                   logits.data(), Vl);
     if (logits_out) *logits_out = logits;
     host::ce_row_max(rowmax.data(), logits.data(), N, Vl, valid);
@@ -142,9 +139,9 @@ class Gpt {
     host::ce_backward(dlogits.data(), logits.data(), rowmax.data(), sumexp.data(), targets.data(), N, Vl, valid, begin,
                       static_cast<T>(1.0 / tokens_global));
     host::gemm<T>(host::Trans::yes, host::Trans::no, Vl, C, N, T(1), dlogits.data(), Vl, xr.data(), C, T(1),
-                  wte.grad.data(), C);
+                  wte.weight.grad.data(), C);
     auto dxr = Tensor<T, act::Partial, Host>::empty(dev, {batch, Tn, C}, s, Category::activations);
-    host::gemm<T>(host::Trans::no, host::Trans::no, N, C, Vl, T(1), dlogits.data(), Vl, wte.value.data(), C, T(0),
+    host::gemm<T>(host::Trans::no, host::Trans::no, N, C, Vl, T(1), dlogits.data(), Vl, table.value.data(), C, T(0),
                   dxr.data(), C);
     const std::vector<T> lnf_before = snapshot({&ln_f.weight, &ln_f.bias});
     auto dx = ln_f.backward(lnf_ctx, Enter::backward(dxr, mesh));
@@ -152,21 +149,18 @@ class Gpt {
     for (std::size_t l = blocks.size(); l-- > 0;) dx = blocks[l].backward(ctx[l], dx, mesh);
 
     // Position gradients: each rank adds its positions' rows (under SP a slice; reduced below).
-    const std::vector<T> wpe_before = snapshot({&wpe});
-    for (std::int64_t b = 0; b < Bl; ++b)
-      for (std::int64_t t = 0; t < Tl; ++t)
-        for (std::int64_t c = 0; c < C; ++c) wpe.grad[(t0 + t) * C + c] += dx[(b * Tl + t) * C + c];
-    if constexpr (SP) reduce_increment({&wpe}, wpe_before, mesh);
-    auto demb = Leave::backward(dx, mesh);  // (B, T, C) Replicate
-    host::embedding_backward(wte.grad.data(), demb.data(), tokens.data(), N, C, begin, begin + Vl);
+    const std::vector<T> wpe_before = snapshot({&wpe.weight});
+    wpe.backward(dx);
+    if constexpr (SP) reduce_increment({&wpe.weight}, wpe_before, mesh);
+    wte.backward(wte_ctx, Leave::backward(dx, mesh));  // (B, T, C) Replicate
     return total[0] / tokens_global;
   }
 
   // f(name, param) for every parameter, in a fixed order (the same for every strategy).
   template <class F>
   void for_each_param(F&& f) {
-    f(std::string("wte"), wte);
-    f(std::string("wpe"), wpe);
+    wte.for_each_param("wte", f);
+    wpe.for_each_param("wpe", f);
     for (std::size_t l = 0; l < blocks.size(); ++l) blocks[l].for_each_param(cat("h", l), f);
     ln_f.for_each_param("ln_f", f);
   }

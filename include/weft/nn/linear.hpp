@@ -75,12 +75,16 @@ class Linear {
   Param<T, typename L::bias> bias;
 
   Linear() = default;
-  // in, out: global feature counts. ids: weight id and id + 1 for the bias.
+  // in, out: global feature counts. ids: weight id and id + 1 for the bias. Without a bias the
+  // layer holds an empty bias parameter and for_each_param skips it.
   Linear(Host& dev, std::int64_t in, std::int64_t out, const Spread& s, std::uint64_t id, std::uint64_t seed,
-         double init_std = 0.02)
+         double init_std = 0.02, bool with_bias = true)
       : weight(dev, {out, in}, s, id, {Init::normal, init_std}, seed),
-        bias(dev, {out}, s, id + 1, {Init::zeros}, seed),
-        tensor_index_(s.tensor_index) {}
+        bias(dev, {with_bias ? out : 0}, s, id + 1, {Init::zeros}, seed),
+        tensor_index_(s.tensor_index),
+        has_bias_(with_bias) {}
+
+  bool has_bias() const { return has_bias_; }
 
   Shape out_shape(const Shape& in) const { return {in[0], in[1], weight.value.global_shape()[0]}; }
   static std::string name() {
@@ -99,7 +103,7 @@ class Linear {
                                          Category::activations);
     host::gemm<T>(host::Trans::no, host::Trans::yes, N, out_local(), in_local(), T(1), x.data(), in_local(),
                   weight.value.data(), in_local(), T(0), y.data(), out_local());
-    if (!std::same_as<Role, RowParallel> || tensor_index_ == 0)
+    if (has_bias_ && (!std::same_as<Role, RowParallel> || tensor_index_ == 0))
       for (std::int64_t n = 0; n < N; ++n)
         for (std::int64_t o = 0; o < out_local(); ++o) y[n * out_local() + o] += bias.value[o];
     ctx.x = x.clone(Category::activations);
@@ -124,8 +128,9 @@ class Linear {
     // dW (out, in) += dy^T x;  db += sum over rows of dy;  dx (N, in) = dy W.
     host::gemm<T>(host::Trans::yes, host::Trans::no, out_local(), in_local(), N, T(1), dy, out_local(), x.data(),
                   in_local(), T(1), weight.grad.data(), in_local());
-    for (std::int64_t n = 0; n < N; ++n)
-      for (std::int64_t o = 0; o < out_local(); ++o) bias.grad[o] += dy[n * out_local() + o];
+    if (has_bias_)
+      for (std::int64_t n = 0; n < N; ++n)
+        for (std::int64_t o = 0; o < out_local(); ++o) bias.grad[o] += dy[n * out_local() + o];
     auto dx = Tensor<T, GradIn, Host>::empty(x.dev(), x.global_shape(), x.spread(), Category::activations);
     host::gemm<T>(host::Trans::no, host::Trans::no, N, in_local(), out_local(), T(1), dy, out_local(),
                   weight.value.data(), in_local(), T(0), dx.data(), in_local());
@@ -137,7 +142,7 @@ class Linear {
   template <class F>
   void for_each_param(const std::string& prefix, F&& f) {
     f(prefix + ".weight", weight);
-    f(prefix + ".bias", bias);
+    if (has_bias_) f(prefix + ".bias", bias);
   }
 
   void zero_grad() {
@@ -147,6 +152,7 @@ class Linear {
 
  private:
   int tensor_index_ = 0;
+  bool has_bias_ = true;
 };
 
 }  // namespace weft::nn

@@ -1,0 +1,104 @@
+// Embeddings.
+//
+// VocabParallelEmbedding: the table (Vp, C) is split by vocabulary rows over the tensor axis
+// (Shard<0>); rank r holds rows [r Vp/tp, (r+1) Vp/tp). A token's row is looked up by the rank that
+// holds it, the others contribute zeros, so the output (B, T, C) is Partial. Its gradient (the
+// gradient of a Partial activation, Replicate) is scattered into the local rows, serially in token
+// order (deterministic). Vp is the vocabulary padded to a multiple of the tensor degree.
+//
+// PositionEmbedding: a learned (T, C) table, Replicate, added to the residual stream in layout A
+// (Replicated, or Sequence: rank r adds positions [r T/tp, (r+1) T/tp)). Under Sequence its gradient
+// is a partial sum over sequence slices, which the caller reduces over the tensor axis.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "weft/device/host/ops.hpp"
+#include "weft/nn/param.hpp"
+#include "weft/nn/roles.hpp"
+
+namespace weft::nn {
+
+template <Floating T>
+class VocabParallelEmbedding {
+ public:
+  struct Ctx {
+    const std::vector<std::int32_t>* tokens = nullptr;  // (B/dp, T), owned by the caller
+  };
+
+  Param<T, Layout<Replicate, Shard<0>>> weight;  // (Vp, C)
+
+  VocabParallelEmbedding() = default;
+  VocabParallelEmbedding(Host& dev, std::int64_t padded_vocab, std::int64_t C, const Spread& s, std::uint64_t id,
+                         std::uint64_t seed, double init_std)
+      : weight(dev, {padded_vocab, C}, s, id, {Init::normal, init_std}, seed) {}
+
+  std::int64_t rows() const { return weight.value.local_shape()[0]; }
+  std::int64_t begin() const { return weight.value.spread().tensor_index * rows(); }
+
+  // tokens (B/dp, T) -> (B, T, C) Partial.
+  Tensor<T, act::Partial, Host> forward(Ctx& ctx, const std::vector<std::int32_t>& tokens, std::int64_t batch,
+                                        std::int64_t seq) {
+    const std::int64_t C = weight.value.local_shape()[1];
+    auto out = Tensor<T, act::Partial, Host>::empty(weight.value.dev(), {batch, seq, C}, weight.value.spread(),
+                                                    Category::activations);
+    host::embedding_forward(out.data(), tokens.data(), weight.value.data(), out.numel() / C, C, begin(),
+                            begin() + rows());
+    ctx.tokens = &tokens;
+    return out;
+  }
+
+  // dy (B, T, C) Replicate: accumulates into this rank's rows.
+  void backward(Ctx& ctx, const Tensor<T, act::Replicated, Host>& dy) {
+    const std::int64_t C = weight.value.local_shape()[1];
+    host::embedding_backward(weight.grad.data(), dy.data(), ctx.tokens->data(), dy.numel() / C, C, begin(),
+                             begin() + rows());
+    ctx = Ctx{};
+  }
+
+  template <class F>
+  void for_each_param(const std::string& prefix, F&& f) {
+    f(prefix, weight);
+  }
+  void zero_grad() { weight.zero_grad(); }
+};
+
+template <Floating T, LayoutType A>
+class PositionEmbedding {
+ public:
+  Param<T, Replicated> weight;  // (T, C)
+
+  PositionEmbedding() = default;
+  PositionEmbedding(Host& dev, std::int64_t seq, std::int64_t C, const Spread& s, std::uint64_t id,
+                    std::uint64_t seed, double init_std)
+      : weight(dev, {seq, C}, s, id, {Init::normal, init_std}, seed) {}
+
+  // x += the rows of this rank's positions (in place: nothing to save).
+  void forward(Tensor<T, A, Host>& x) const {
+    each(x, [](T& xv, const T& w) { xv += w; }, weight.value);
+  }
+  // Accumulates dy's rows into the gradient of this rank's positions.
+  void backward(const Tensor<T, A, Host>& dy) {
+    each(const_cast<Tensor<T, A, Host>&>(dy), [](T& d, T& g) { g += d; }, weight.grad);
+  }
+
+  template <class F>
+  void for_each_param(const std::string& prefix, F&& f) {
+    f(prefix, weight);
+  }
+  void zero_grad() { weight.zero_grad(); }
+
+ private:
+  // f(activation element, table element) over (B, local T, C) and positions t0 + t.
+  template <class F, class Table>
+  static void each(Tensor<T, A, Host>& x, F&& f, Table& table) {
+    const std::int64_t B = x.local_shape()[0], Tl = x.local_shape()[1], C = x.local_shape()[2];
+    const std::int64_t t0 = IsShard<typename A::tensor> ? x.spread().tensor_index * Tl : 0;
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t t = 0; t < Tl; ++t)
+        for (std::int64_t c = 0; c < C; ++c) f(x[(b * Tl + t) * C + c], table[(t0 + t) * C + c]);
+  }
+};
+
+}  // namespace weft::nn
