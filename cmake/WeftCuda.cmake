@@ -22,7 +22,7 @@ endif()
 add_library(weft_cuda INTERFACE)
 add_library(weft::cuda ALIAS weft_cuda)
 set_target_properties(weft_cuda PROPERTIES EXPORT_NAME cuda)
-target_link_libraries(weft_cuda INTERFACE weft::weft CUDA::cudart CUDA::cublasLt ${WEFT_NCCL_LIBRARY})
+target_link_libraries(weft_cuda INTERFACE weft::weft CUDA::cudart CUDA::cublasLt CUDA::cublas ${WEFT_NCCL_LIBRARY})
 target_include_directories(weft_cuda INTERFACE ${WEFT_NCCL_INCLUDE_DIR})
 target_compile_definitions(weft_cuda INTERFACE WEFT_ENABLE_CUDA=1)
 # CMake 3.25 does not know CUDA 13's features (cuda_std_20), so the flag is spelled out.

@@ -46,6 +46,9 @@ class Allocation {
   Allocation& operator=(Allocation&& o) noexcept;
   ~Allocation() { reset(); }
 
+  // For allocators: wrap a block they handed out, to be returned to `owner` on destruction.
+  static Allocation adopt(Releaser* owner, void* p, std::int64_t n, Category c) { return Allocation(owner, p, n, c); }
+
   void* data() const { return ptr_; }
   std::int64_t bytes() const { return bytes_; }
   Category category() const { return cat_; }

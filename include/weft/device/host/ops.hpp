@@ -220,4 +220,17 @@ void ce_backward(T* dlogits, const T* logits, const T* rowmax, const T* sumexp, 
   }
 }
 
+// AdamW over n elements: parameters p (float), gradients g, state m, v (float). See math::adamw_step.
+inline void adamw(float* p, const float* g, float* m, float* v, index n, const math::AdamW& a, bool decay) {
+  for (index i = 0; i < n; ++i) math::adamw_step(p[i], g[i], m[i], v[i], a, decay);
+}
+
+// Sum of squares of n elements, accumulated in double (the reference for the global gradient norm).
+template <class T>
+double sum_squares(const T* x, index n) {
+  double s = 0;
+  for (index i = 0; i < n; ++i) s += static_cast<double>(x[i]) * static_cast<double>(x[i]);
+  return s;
+}
+
 }  // namespace weft::host

@@ -1,0 +1,110 @@
+// The Cuda device: one GPU, one stream, and a stream-ordered allocator with per-category accounting.
+//
+// Allocations are plain device memory from cudaMallocAsync on the device's stream (never managed
+// memory); the driver's memory pool caches freed blocks, so steady-state training allocates without
+// system calls. The accounting (current and peak bytes per category, per rank) is weft's, as on the
+// host. Constructing a Cuda device where there is no GPU throws weft::Error; nothing crashes.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "weft/device/allocation.hpp"
+#include "weft/device/cuda/check.hpp"
+
+namespace weft {
+
+namespace cuda {
+
+// The number of usable CUDA devices (0 when there is no driver or no GPU).
+inline int device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();  // clear the sticky "no device" error
+    return 0;
+  }
+  return n;
+}
+
+class Allocator final : public Releaser {
+ public:
+  explicit Allocator(cudaStream_t s) : stream_(s) {}
+  Allocator(const Allocator&) = delete;
+  Allocator& operator=(const Allocator&) = delete;
+
+  Allocation allocate(std::int64_t bytes, Category c) {
+    if (bytes < 0) throw Error("cuda::Allocator", cat("requested ", bytes, " bytes"), "request a size >= 0");
+    void* p = nullptr;
+    if (bytes > 0) {
+      const cudaError_t e = cudaMallocAsync(&p, static_cast<std::size_t>(bytes), stream_);
+      if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        throw Error("cuda::Allocator",
+                    cat("cannot allocate ", bytes, " bytes of ", name(c), " with ", stats_.total_current,
+                        " bytes in use (", cudaGetErrorString(e), ")"),
+                    "reduce the batch or model size, or use more ranks");
+      }
+    }
+    const auto i = static_cast<std::size_t>(c);
+    stats_.current[i] += bytes;
+    stats_.peak[i] = std::max(stats_.peak[i], stats_.current[i]);
+    stats_.total_current += bytes;
+    stats_.total_peak = std::max(stats_.total_peak, stats_.total_current);
+    return make(p, bytes, c);
+  }
+  const MemoryStats& stats() const { return stats_; }
+
+  void release(void* p, std::int64_t bytes, Category c) noexcept override {
+    if (p) (void)cudaFreeAsync(p, stream_);
+    stats_.current[static_cast<std::size_t>(c)] -= bytes;
+    stats_.total_current -= bytes;
+  }
+
+ private:
+  Allocation make(void* p, std::int64_t bytes, Category c) { return Allocation::adopt(this, p, bytes, c); }
+  cudaStream_t stream_;
+  MemoryStats stats_;
+};
+
+}  // namespace cuda
+
+class Cuda {
+ public:
+  static constexpr const char* name = "cuda";
+
+  explicit Cuda(int device = 0) {
+    const int n = cuda::device_count();
+    if (n == 0)
+      throw Error("Cuda", "no CUDA device is visible (no GPU, or no driver)",
+                  "run on a machine with an NVIDIA GPU, or use the Host device");
+    if (device < 0 || device >= n)
+      throw Error("Cuda", cat("device ", device, " requested but ", n, " are visible"),
+                  cat("use a device in [0, ", n, ")"));
+    device_ = device;
+    cuda::check(cudaSetDevice(device), "cudaSetDevice");
+    cuda::check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    allocator_ = new cuda::Allocator(stream_);
+  }
+  Cuda(const Cuda&) = delete;
+  Cuda& operator=(const Cuda&) = delete;
+  ~Cuda() {
+    (void)cudaStreamSynchronize(stream_);
+    delete allocator_;
+    (void)cudaStreamDestroy(stream_);
+  }
+
+  Allocation allocate(std::int64_t bytes, Category c = Category::other) { return allocator_->allocate(bytes, c); }
+  const MemoryStats& memory() const { return allocator_->stats(); }
+  cudaStream_t stream() const { return stream_; }
+  int device() const { return device_; }
+  void synchronize() const { cuda::check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); }
+
+ private:
+  int device_ = 0;
+  cudaStream_t stream_ = nullptr;
+  cuda::Allocator* allocator_ = nullptr;
+};
+
+}  // namespace weft

@@ -1,0 +1,475 @@
+// CUDA ops: the op set of device/host/ops.hpp on a GPU, for float and bf16 activations (math in
+// float). Each kernel is a small config, its arguments and its body; each launcher checks sizes and
+// the launch. The per-element math (GELU, AdamW) is weft/ops/math.hpp, shared with the host.
+//
+// Determinism: no float atomics anywhere. Row reductions use fixed trees (warp shuffles, CUB block
+// reductions); column reductions (LayerNorm parameter gradients) go through per-block partial sums
+// added in block order; the embedding backward sorts tokens (stable radix sort) and each run of equal
+// tokens is summed by one thread per channel in position order; the gradient norm sums per-chunk
+// partials in chunk order. Two runs give the same bits.
+//
+// Include only from .cu translation units.
+#pragma once
+
+#include <cub/block/block_reduce.cuh>
+#include <cub/device/device_radix_sort.cuh>
+#include <cuda_bf16.h>
+
+#include <cmath>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "weft/core/bf16.hpp"
+#include "weft/device/cuda/device.hpp"
+#include "weft/ops/math.hpp"
+
+namespace weft::cuda {
+
+using index = std::int64_t;
+
+template <class T>
+concept Activation = std::same_as<T, float> || std::same_as<T, weft::bf16>;
+
+namespace detail {
+
+template <class T> struct dev_type { using type = T; };
+template <> struct dev_type<weft::bf16> { using type = __nv_bfloat16; };
+template <class T> using dev_t = typename dev_type<T>::type;
+
+template <class T> dev_t<T>* dev(T* p) { return reinterpret_cast<dev_t<T>*>(p); }
+template <class T> const dev_t<T>* dev(const T* p) { return reinterpret_cast<const dev_t<T>*>(p); }
+
+__device__ inline float to_f(float x) { return x; }
+__device__ inline float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <class T> __device__ inline T from_f(float x);
+template <> __device__ inline float from_f<float>(float x) { return x; }
+template <> __device__ inline __nv_bfloat16 from_f<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
+
+__device__ inline float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+inline unsigned blocks_for(index n, unsigned threads, unsigned cap = 65535u * 8u) {
+  const index b = (n + threads - 1) / threads;
+  return static_cast<unsigned>(b < 1 ? 1 : (b > cap ? cap : b));
+}
+
+inline void require(bool ok, const char* op, const std::string& what) {
+  if (!ok) throw Error(cat("cuda::", op), what, "pass sizes that match the buffers");
+}
+
+}  // namespace detail
+
+// ---- GELU ------------------------------------------------------------------------------------
+
+template <class T>
+__global__ void gelu_forward_kernel(T* out, const T* x, index n) {
+  for (index i = blockIdx.x * static_cast<index>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<index>(gridDim.x) * blockDim.x)
+    out[i] = detail::from_f<T>(math::gelu(detail::to_f(x[i])));
+}
+
+template <class T>
+__global__ void gelu_backward_kernel(T* dx, const T* x, const T* dout, index n) {
+  for (index i = blockIdx.x * static_cast<index>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<index>(gridDim.x) * blockDim.x)
+    dx[i] = detail::from_f<T>(detail::to_f(dout[i]) * math::gelu_grad(detail::to_f(x[i])));
+}
+
+template <Activation T>
+void gelu_forward(Cuda& d, T* out, const T* x, index n) {
+  constexpr unsigned threads = 256;
+  if (n == 0) return;
+  gelu_forward_kernel<<<detail::blocks_for(n, threads), threads, 0, d.stream()>>>(detail::dev(out), detail::dev(x), n);
+  check_launch("gelu_forward");
+}
+
+template <Activation T>
+void gelu_backward(Cuda& d, T* dx, const T* x, const T* dout, index n) {
+  constexpr unsigned threads = 256;
+  if (n == 0) return;
+  gelu_backward_kernel<<<detail::blocks_for(n, threads), threads, 0, d.stream()>>>(detail::dev(dx), detail::dev(x),
+                                                                                    detail::dev(dout), n);
+  check_launch("gelu_backward");
+}
+
+// ---- LayerNorm -------------------------------------------------------------------------------
+// Forward, one warp per row: optionally adds a residual first (resid_out = x + residual, the
+// normalized input), then out = (r - mean) rstd w + b, saving mean and rstd (float).
+
+template <class T>
+__global__ void layernorm_forward_kernel(T* out, T* resid_out, float* mean, float* rstd, const T* x, const T* residual,
+                                         const T* w, const T* b, index N, index C, float eps) {
+  const index row = blockIdx.x * static_cast<index>(blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= N) return;
+  const T* xr = x + row * C;
+  auto in = [&](index c) {
+    float v = detail::to_f(xr[c]);
+    if (residual) v += detail::to_f(residual[row * C + c]);
+    return v;
+  };
+  float s = 0;
+  for (index c = lane; c < C; c += 32) {
+    const float v = in(c);
+    if (resid_out) resid_out[row * C + c] = detail::from_f<T>(v);
+    s += v;
+  }
+  const float m = detail::warp_sum(s) / static_cast<float>(C);
+  float q = 0;
+  for (index c = lane; c < C; c += 32) {
+    const float d = in(c) - m;
+    q += d * d;
+  }
+  const float r = rsqrtf(detail::warp_sum(q) / static_cast<float>(C) + eps);
+  for (index c = lane; c < C; c += 32)
+    out[row * C + c] = detail::from_f<T>((in(c) - m) * r * detail::to_f(w[c]) + detail::to_f(b[c]));
+  if (lane == 0) {
+    mean[row] = m;
+    rstd[row] = r;
+  }
+}
+
+template <Activation T>
+void layernorm_forward(Cuda& d, T* out, float* mean, float* rstd, const T* x, const T* w, const T* b, index N, index C,
+                       float eps, T* resid_out = nullptr, const T* residual = nullptr) {
+  detail::require(C > 0 && N >= 0, "layernorm_forward", cat("N ", N, ", C ", C));
+  if (N == 0) return;
+  constexpr unsigned threads = 256, rows_per_block = threads / 32;
+  const unsigned blocks = static_cast<unsigned>((N + rows_per_block - 1) / rows_per_block);
+  layernorm_forward_kernel<<<blocks, threads, 0, d.stream()>>>(detail::dev(out), detail::dev(resid_out), mean, rstd,
+                                                               detail::dev(x), detail::dev(residual), detail::dev(w),
+                                                               detail::dev(b), N, C, eps);
+  check_launch("layernorm_forward");
+}
+
+// Backward, input gradient: one warp per row.
+template <class T>
+__global__ void layernorm_backward_dx_kernel(T* dx, const T* dout, const T* x, const T* w, const float* mean,
+                                             const float* rstd, index N, index C) {
+  const index row = blockIdx.x * static_cast<index>(blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= N) return;
+  const float m = mean[row], r = rstd[row];
+  float sd = 0, sdn = 0;
+  for (index c = lane; c < C; c += 32) {
+    const float norm = (detail::to_f(x[row * C + c]) - m) * r;
+    const float dn = detail::to_f(dout[row * C + c]) * detail::to_f(w[c]);
+    sd += dn;
+    sdn += dn * norm;
+  }
+  const float mean_d = detail::warp_sum(sd) / static_cast<float>(C);
+  const float mean_dn = detail::warp_sum(sdn) / static_cast<float>(C);
+  for (index c = lane; c < C; c += 32) {
+    const float norm = (detail::to_f(x[row * C + c]) - m) * r;
+    const float dn = detail::to_f(dout[row * C + c]) * detail::to_f(w[c]);
+    dx[row * C + c] = detail::from_f<T>((dn - mean_d - norm * mean_dn) * r);
+  }
+}
+
+// Backward, parameter gradients, pass 1: block (column tile of 32, row chunk) sums its rows in a
+// fixed order into partial[chunk][c] (dw) and partial[chunks + chunk][c] (db).
+template <class T>
+__global__ void layernorm_backward_partial_kernel(float* partial, const T* dout, const T* x, const float* mean,
+                                                  const float* rstd, index N, index C, index rows_per_chunk) {
+  __shared__ float sw[8][33], sb[8][33];
+  const index c = blockIdx.x * 32 + threadIdx.x;
+  const index chunk = blockIdx.y, r0 = chunk * rows_per_chunk, r1 = (r0 + rows_per_chunk < N) ? r0 + rows_per_chunk : N;
+  float dw = 0, db = 0;
+  if (c < C)
+    for (index row = r0 + threadIdx.y; row < r1; row += 8) {
+      const float d = detail::to_f(dout[row * C + c]);
+      dw += d * (detail::to_f(x[row * C + c]) - mean[row]) * rstd[row];
+      db += d;
+    }
+  sw[threadIdx.y][threadIdx.x] = dw;
+  sb[threadIdx.y][threadIdx.x] = db;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < C) {
+    float tw = 0, tb = 0;
+    for (int i = 0; i < 8; ++i) {
+      tw += sw[i][threadIdx.x];
+      tb += sb[i][threadIdx.x];
+    }
+    partial[chunk * C + c] = tw;
+    partial[(gridDim.y + chunk) * C + c] = tb;
+  }
+}
+
+// Pass 2: dw[c] += sum over chunks in order; db likewise.
+template <class T>
+__global__ void layernorm_backward_finish_kernel(T* dw, T* db, const float* partial, index chunks, index C) {
+  const index c = blockIdx.x * static_cast<index>(blockDim.x) + threadIdx.x;
+  if (c >= C) return;
+  float tw = 0, tb = 0;
+  for (index k = 0; k < chunks; ++k) {
+    tw += partial[k * C + c];
+    tb += partial[(chunks + k) * C + c];
+  }
+  dw[c] = detail::from_f<T>(detail::to_f(dw[c]) + tw);
+  db[c] = detail::from_f<T>(detail::to_f(db[c]) + tb);
+}
+
+// dx written; dw, db accumulated (+=), as on the host.
+template <Activation T>
+void layernorm_backward(Cuda& d, T* dx, T* dw, T* db, const T* dout, const T* x, const T* w, const float* mean,
+                        const float* rstd, index N, index C) {
+  detail::require(C > 0 && N >= 0, "layernorm_backward", cat("N ", N, ", C ", C));
+  if (N == 0) return;
+  constexpr unsigned threads = 256, rows_per_block = threads / 32;
+  layernorm_backward_dx_kernel<<<static_cast<unsigned>((N + rows_per_block - 1) / rows_per_block), threads, 0,
+                                 d.stream()>>>(detail::dev(dx), detail::dev(dout), detail::dev(x), detail::dev(w), mean,
+                                               rstd, N, C);
+  check_launch("layernorm_backward (dx)");
+  constexpr index rows_per_chunk = 256;
+  const index chunks = (N + rows_per_chunk - 1) / rows_per_chunk;
+  Allocation partial = d.allocate(2 * chunks * C * static_cast<index>(sizeof(float)), Category::communication);
+  const dim3 grid(static_cast<unsigned>((C + 31) / 32), static_cast<unsigned>(chunks));
+  layernorm_backward_partial_kernel<<<grid, dim3(32, 8), 0, d.stream()>>>(
+      static_cast<float*>(partial.data()), detail::dev(dout), detail::dev(x), mean, rstd, N, C, rows_per_chunk);
+  check_launch("layernorm_backward (partial sums)");
+  layernorm_backward_finish_kernel<<<detail::blocks_for(C, 256), 256, 0, d.stream()>>>(
+      detail::dev(dw), detail::dev(db), static_cast<const float*>(partial.data()), chunks, C);
+  check_launch("layernorm_backward (finish)");
+}
+
+// ---- Embedding (vocab-parallel) -------------------------------------------------------------
+
+template <class T>
+__global__ void embedding_forward_kernel(T* out, const std::int32_t* tokens, const T* table, index N, index C,
+                                         index begin, index end) {
+  for (index i = blockIdx.x * static_cast<index>(blockDim.x) + threadIdx.x; i < N * C;
+       i += static_cast<index>(gridDim.x) * blockDim.x) {
+    const index n = i / C, c = i % C, t = tokens[n];
+    out[i] = (t >= begin && t < end) ? table[(t - begin) * C + c] : detail::from_f<T>(0.0f);
+  }
+}
+
+template <Activation T>
+void embedding_forward(Cuda& d, T* out, const std::int32_t* tokens, const T* table, index N, index C, index begin,
+                       index end) {
+  if (N * C == 0) return;
+  embedding_forward_kernel<<<detail::blocks_for(N * C, 256), 256, 0, d.stream()>>>(detail::dev(out), tokens,
+                                                                                    detail::dev(table), N, C, begin, end);
+  check_launch("embedding_forward");
+}
+
+// One block per sorted position i; only the first of each run of equal tokens works: its threads
+// (one per channel) sum the run's rows in position order into the token's row.
+template <class T>
+__global__ void embedding_backward_kernel(T* dtable, const T* dout, const std::int32_t* sorted_tokens,
+                                          const std::int32_t* positions, index N, index C, index begin, index end) {
+  const index i = blockIdx.x;
+  const std::int32_t t = sorted_tokens[i];
+  if ((i > 0 && sorted_tokens[i - 1] == t) || t < begin || t >= end) return;
+  for (index c = threadIdx.x; c < C; c += blockDim.x) {
+    float acc = 0;
+    for (index j = i; j < N && sorted_tokens[j] == t; ++j) acc += detail::to_f(dout[positions[j] * C + c]);
+    T* row = dtable + (t - begin) * C;
+    row[c] = detail::from_f<T>(detail::to_f(row[c]) + acc);
+  }
+}
+
+template <int = 0>
+__global__ void iota_kernel(std::int32_t* p, index n) {
+  for (index i = blockIdx.x * static_cast<index>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<index>(gridDim.x) * blockDim.x)
+    p[i] = static_cast<std::int32_t>(i);
+}
+
+// dtable += rows of dout for tokens in [begin, end); deterministic (no atomics).
+template <Activation T>
+void embedding_backward(Cuda& d, T* dtable, const T* dout, const std::int32_t* tokens, index N, index C, index begin,
+                        index end) {
+  detail::require(N >= 0 && N < (index{1} << 31), "embedding_backward", cat("N ", N, " tokens"));
+  if (N == 0) return;
+  const auto bytes = static_cast<index>(N * sizeof(std::int32_t));
+  Allocation keys = d.allocate(bytes, Category::communication), vals = d.allocate(bytes, Category::communication),
+             pos = d.allocate(bytes, Category::communication);
+  iota_kernel<><<<detail::blocks_for(N, 256), 256, 0, d.stream()>>>(static_cast<std::int32_t*>(pos.data()), N);
+  check_launch("embedding_backward (iota)");
+  std::size_t temp_bytes = 0;
+  const int n = static_cast<int>(N);
+  check(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, tokens, static_cast<std::int32_t*>(keys.data()),
+                                        static_cast<const std::int32_t*>(pos.data()),
+                                        static_cast<std::int32_t*>(vals.data()), n, 0, 32, d.stream()),
+        "embedding_backward (sort size)");
+  Allocation temp = d.allocate(static_cast<index>(temp_bytes), Category::communication);
+  check(cub::DeviceRadixSort::SortPairs(temp.data(), temp_bytes, tokens, static_cast<std::int32_t*>(keys.data()),
+                                        static_cast<const std::int32_t*>(pos.data()),
+                                        static_cast<std::int32_t*>(vals.data()), n, 0, 32, d.stream()),
+        "embedding_backward (sort)");
+  embedding_backward_kernel<<<static_cast<unsigned>(N), 256, 0, d.stream()>>>(
+      detail::dev(dtable), detail::dev(dout), static_cast<const std::int32_t*>(keys.data()),
+      static_cast<const std::int32_t*>(vals.data()), N, C, begin, end);
+  check_launch("embedding_backward");
+}
+
+// ---- Vocab-parallel cross-entropy -----------------------------------------------------------
+// As on the host (ce_row_max, ce_row_stats, ce_backward), one block per row. The backward writes
+// the logit gradients over the logits in place: no probability matrix is ever stored.
+
+template <class T, int Threads>
+__global__ void ce_row_max_kernel(float* rowmax, const T* logits, index V, index valid) {
+  using Reduce = cub::BlockReduce<float, Threads>;
+  __shared__ typename Reduce::TempStorage tmp;
+  const T* row = logits + blockIdx.x * V;
+  float m = -INFINITY;
+  for (index v = threadIdx.x; v < valid; v += Threads) m = fmaxf(m, detail::to_f(row[v]));
+  m = Reduce(tmp).Reduce(m, [](float a, float b) { return fmaxf(a, b); });
+  if (threadIdx.x == 0) rowmax[blockIdx.x] = m;
+}
+
+template <class T, int Threads>
+__global__ void ce_row_stats_kernel(float* stats, const T* logits, const float* rowmax, const std::int32_t* targets,
+                                    index V, index valid, index begin) {
+  using Reduce = cub::BlockReduce<float, Threads>;
+  __shared__ typename Reduce::TempStorage tmp;
+  const index n = blockIdx.x;
+  const T* row = logits + n * V;
+  const float m = rowmax[n];
+  float s = 0;
+  for (index v = threadIdx.x; v < valid; v += Threads) s += expf(detail::to_f(row[v]) - m);
+  s = Reduce(tmp).Sum(s);
+  if (threadIdx.x == 0) {
+    const index t = targets[n] - begin;
+    stats[2 * n] = s;
+    stats[2 * n + 1] = (t >= 0 && t < valid) ? detail::to_f(row[t]) : 0.0f;
+  }
+}
+
+template <class T>
+__global__ void ce_backward_kernel(T* logits, const float* rowmax, const float* stats, const std::int32_t* targets,
+                                   index V, index valid, index begin, float scale) {
+  const index n = blockIdx.x;
+  T* row = logits + n * V;
+  const float m = rowmax[n], inv = 1.0f / stats[2 * n];
+  const index t = targets[n] - begin;
+  for (index v = threadIdx.x; v < V; v += blockDim.x) {
+    const float p = v < valid ? expf(detail::to_f(row[v]) - m) * inv : 0.0f;
+    row[v] = detail::from_f<T>(scale * (p - (v == t ? 1.0f : 0.0f)));
+  }
+}
+
+template <Activation T>
+void ce_row_max(Cuda& d, float* rowmax, const T* logits, index N, index V, index valid) {
+  detail::require(valid <= V && valid >= 0, "ce_row_max", cat("valid ", valid, " of ", V, " columns"));
+  if (N == 0) return;
+  ce_row_max_kernel<detail::dev_t<T>, 256><<<static_cast<unsigned>(N), 256, 0, d.stream()>>>(rowmax, detail::dev(logits), V, valid);
+  check_launch("ce_row_max");
+}
+template <Activation T>
+void ce_row_stats(Cuda& d, float* stats, const T* logits, const float* rowmax, const std::int32_t* targets, index N,
+                  index V, index valid, index begin) {
+  if (N == 0) return;
+  ce_row_stats_kernel<detail::dev_t<T>, 256><<<static_cast<unsigned>(N), 256, 0, d.stream()>>>(stats, detail::dev(logits), rowmax,
+                                                                                 targets, V, valid, begin);
+  check_launch("ce_row_stats");
+}
+// stats: (N, 2) after the all-reduce; stats[2n] is the sum of exponentials.
+template <Activation T>
+void ce_backward(Cuda& d, T* logits_to_dlogits, const float* rowmax, const float* stats, const std::int32_t* targets,
+                 index N, index V, index valid, index begin, float scale) {
+  if (N == 0) return;
+  ce_backward_kernel<<<static_cast<unsigned>(N), 256, 0, d.stream()>>>(detail::dev(logits_to_dlogits), rowmax, stats,
+                                                                       targets, V, valid, begin, scale);
+  check_launch("ce_backward");
+}
+
+// ---- Multi-tensor AdamW and the global gradient norm ---------------------------------------
+
+struct TensorRef {
+  float* p = nullptr;        // parameters (AdamW) or the tensor (norm)
+  const float* g = nullptr;  // gradients (AdamW)
+  float* m = nullptr;
+  float* v = nullptr;
+  index n = 0;
+  int decay = 1;  // AdamW: apply weight decay
+};
+
+namespace detail {
+struct Chunk {
+  int tensor;
+  index offset, length;
+};
+inline constexpr index kChunk = 1 << 16;
+
+// The chunk table of a tensor list, and both copied to the device.
+struct ChunkTable {
+  Allocation tensors, chunks;
+  unsigned count = 0;
+  ChunkTable(Cuda& d, std::span<const TensorRef> ts) {
+    std::vector<Chunk> cs;
+    for (std::size_t t = 0; t < ts.size(); ++t)
+      for (index o = 0; o < ts[t].n; o += kChunk) cs.push_back({static_cast<int>(t), o, std::min(kChunk, ts[t].n - o)});
+    count = static_cast<unsigned>(cs.size());
+    tensors = d.allocate(static_cast<index>(ts.size() * sizeof(TensorRef)), Category::communication);
+    chunks = d.allocate(static_cast<index>(cs.size() * sizeof(Chunk)), Category::communication);
+    check(cudaMemcpyAsync(tensors.data(), ts.data(), ts.size() * sizeof(TensorRef), cudaMemcpyHostToDevice, d.stream()),
+          "chunk table (tensors)");
+    check(cudaMemcpyAsync(chunks.data(), cs.data(), cs.size() * sizeof(Chunk), cudaMemcpyHostToDevice, d.stream()),
+          "chunk table (chunks)");
+    d.synchronize();  // the host vectors go out of scope
+  }
+};
+}  // namespace detail
+
+template <int = 0>
+__global__ void adamw_kernel(const TensorRef* tensors, const detail::Chunk* chunks, math::AdamW a) {
+  const detail::Chunk c = chunks[blockIdx.x];
+  const TensorRef t = tensors[c.tensor];
+  for (index i = c.offset + threadIdx.x; i < c.offset + c.length; i += blockDim.x)
+    math::adamw_step(t.p[i], t.g[i], t.m[i], t.v[i], a, t.decay != 0);
+}
+
+// One launch over every tensor of the list (one block per 64K-element chunk).
+inline void adamw(Cuda& d, std::span<const TensorRef> tensors, const math::AdamW& a) {
+  const detail::ChunkTable table(d, tensors);
+  if (table.count == 0) return;
+  adamw_kernel<><<<table.count, 256, 0, d.stream()>>>(static_cast<const TensorRef*>(table.tensors.data()),
+                                                     static_cast<const detail::Chunk*>(table.chunks.data()), a);
+  check_launch("adamw");
+}
+
+template <int Threads>
+__global__ void sum_squares_kernel(double* partial, const TensorRef* tensors, const detail::Chunk* chunks) {
+  using Reduce = cub::BlockReduce<double, Threads>;
+  __shared__ typename Reduce::TempStorage tmp;
+  const detail::Chunk c = chunks[blockIdx.x];
+  const float* x = tensors[c.tensor].p;
+  double s = 0;
+  for (index i = c.offset + threadIdx.x; i < c.offset + c.length; i += Threads) s += double(x[i]) * double(x[i]);
+  s = Reduce(tmp).Sum(s);
+  if (threadIdx.x == 0) partial[blockIdx.x] = s;
+}
+
+template <int = 0>
+__global__ void sum_partials_kernel(double* out, const double* partial, unsigned n) {
+  double s = 0;
+  for (unsigned i = 0; i < n; ++i) s += partial[i];
+  *out = s;
+}
+
+// The sum of squares of every element of every tensor (accumulated in double), for the global
+// gradient norm. Returns it on the host (synchronizes the stream).
+inline double sum_squares(Cuda& d, std::span<const TensorRef> tensors) {
+  const detail::ChunkTable table(d, tensors);
+  if (table.count == 0) return 0.0;
+  Allocation partial = d.allocate(static_cast<index>(table.count * sizeof(double)), Category::communication);
+  Allocation out = d.allocate(sizeof(double), Category::communication);
+  sum_squares_kernel<256><<<table.count, 256, 0, d.stream()>>>(static_cast<double*>(partial.data()),
+                                                                 static_cast<const TensorRef*>(table.tensors.data()),
+                                                                 static_cast<const detail::Chunk*>(table.chunks.data()));
+  check_launch("sum_squares");
+  sum_partials_kernel<><<<1, 1, 0, d.stream()>>>(static_cast<double*>(out.data()),
+                                               static_cast<const double*>(partial.data()), table.count);
+  check_launch("sum_squares (finish)");
+  double r = 0;
+  check(cudaMemcpyAsync(&r, out.data(), sizeof(double), cudaMemcpyDeviceToHost, d.stream()), "sum_squares (copy)");
+  d.synchronize();
+  return r;
+}
+
+}  // namespace weft::cuda

@@ -1,0 +1,211 @@
+// Every CUDA op against the host op on fresh random inputs, at several sizes including ones that
+// are not multiples of any block or tile size, with outputs poisoned before each run.
+// Tolerances: f32 1e-5 relative (to the largest reference element); bf16 per op, stated beside it.
+#include <doctest/doctest.h>
+
+#include "support.cuh"
+#include "weft/device/cuda/ops.cuh"
+#include "weft/device/host/ops.hpp"
+
+using namespace weft;
+using namespace weft::test;
+using V = std::vector<double>;
+
+TEST_CASE("Cuda device: a clear Error where there is no GPU and accounting where there is one") {
+  if (weft::cuda::device_count() == 0) {
+    CHECK_THROWS_WITH_AS(Cuda(), "Cuda: no CUDA device is visible (no GPU, or no driver); run on a machine with an "
+                                 "NVIDIA GPU, or use the Host device",
+                         Error);
+    return;
+  }
+  Cuda& d = gpu();
+  const auto before = d.memory().current_of(Category::activations);
+  {
+    Allocation a = d.allocate(1000, Category::activations);
+    CHECK(d.memory().current_of(Category::activations) == before + 1000);
+    CHECK(reinterpret_cast<std::uintptr_t>(a.data()) % 256 == 0);
+  }
+  CHECK(d.memory().current_of(Category::activations) == before);
+  CHECK_THROWS_WITH_AS(Cuda(1 << 20), doctest::Contains("device 1048576 requested"), Error);
+}
+
+TEST_CASE_TEMPLATE("gelu forward and backward", T, float, bf16) {
+  Cuda& d = gpu();
+  for (std::int64_t n : {1, 1000, 4099, (1 << 20) + 3}) {
+    const auto x = random<T>(static_cast<std::size_t>(n), 1, 2.0), dout = random<T>(static_cast<std::size_t>(n), 2);
+    DeviceVec<T> dx_(d, x), ddout(d, dout), out(d, x.size()), dx(d, x.size());
+    weft::cuda::gelu_forward(d, out.data(), dx_.data(), n);
+    weft::cuda::gelu_backward(d, dx.data(), dx_.data(), ddout.data(), n);
+    V ref_out(x.size()), ref_dx(x.size());
+    const V xd = widen(x), dd = widen(dout);
+    host::gelu_forward(ref_out.data(), xd.data(), n);
+    host::gelu_backward(ref_dx.data(), xd.data(), dd.data(), n);
+    CHECK(rel_error(out.get(d), ref_out) <= tolerance<T>(4e-3));  // bf16: one rounding, 2^-8
+    CHECK(rel_error(dx.get(d), ref_dx) <= tolerance<T>(4e-3));
+  }
+}
+
+TEST_CASE_TEMPLATE("layernorm forward (with and without the fused residual) and backward", T, float, bf16) {
+  Cuda& d = gpu();
+  for (auto [N, C] : {std::pair<std::int64_t, std::int64_t>{1, 32}, {7, 100}, {257, 768}, {64, 1600}}) {
+    CAPTURE(N);
+    CAPTURE(C);
+    const auto x = random<T>(static_cast<std::size_t>(N * C), 3, 2.0), res = random<T>(static_cast<std::size_t>(N * C), 4);
+    const auto w = random<T>(static_cast<std::size_t>(C), 5), b = random<T>(static_cast<std::size_t>(C), 6);
+    const auto dout = random<T>(static_cast<std::size_t>(N * C), 7);
+    DeviceVec<T> gx(d, x), gres(d, res), gw(d, w), gb(d, b), gdout(d, dout), out(d, x.size()), rout(d, x.size()),
+        dx(d, x.size());
+    DeviceVec<float> mean(d, static_cast<std::size_t>(N)), rstd(d, static_cast<std::size_t>(N));
+    std::vector<T> zero(static_cast<std::size_t>(C), from_double<T>(0.0));
+    DeviceVec<T> dw(d, zero), db(d, zero);
+
+    // Fused: r = x + res, out = LN(r).
+    weft::cuda::layernorm_forward(d, out.data(), mean.data(), rstd.data(), gx.data(), gw.data(), gb.data(), N, C, 1e-5f,
+                            rout.data(), gres.data());
+    V r(x.size()), ref_out(x.size()), ref_mean(static_cast<std::size_t>(N)), ref_rstd(static_cast<std::size_t>(N));
+    for (std::size_t i = 0; i < x.size(); ++i) r[i] = to_double(x[i]) + to_double(res[i]);
+    const V wd = widen(w), bd = widen(b);
+    host::layernorm_forward(ref_out.data(), ref_mean.data(), ref_rstd.data(), r.data(), wd.data(), bd.data(), N, C, 1e-5);
+    CHECK(rel_error(rout.get(d), r) <= tolerance<T>(4e-3));
+    CHECK(rel_error(out.get(d), ref_out) <= tolerance<T>(1e-2));  // bf16: the sum rounds once, then 2 ops in float
+    CHECK(rel_error(mean.get(d), ref_mean) <= tolerance<T>(1e-2));
+
+    // Plain forward on x, then backward against the host in double.
+    weft::cuda::layernorm_forward(d, out.data(), mean.data(), rstd.data(), gx.data(), gw.data(), gb.data(), N, C, 1e-5f);
+    const V xd = widen(x);
+    host::layernorm_forward(ref_out.data(), ref_mean.data(), ref_rstd.data(), xd.data(), wd.data(), bd.data(), N, C, 1e-5);
+    CHECK(rel_error(out.get(d), ref_out) <= tolerance<T>(1e-2));
+    weft::cuda::layernorm_backward(d, dx.data(), dw.data(), db.data(), gdout.data(), gx.data(), gw.data(), mean.data(),
+                             rstd.data(), N, C);
+    V ref_dx(x.size()), ref_dw(static_cast<std::size_t>(C), 0.0), ref_db(static_cast<std::size_t>(C), 0.0);
+    const V dd = widen(dout);
+    host::layernorm_backward(ref_dx.data(), ref_dw.data(), ref_db.data(), dd.data(), xd.data(), wd.data(),
+                             ref_mean.data(), ref_rstd.data(), N, C);
+    CHECK(rel_error(dx.get(d), ref_dx) <= tolerance<T>(1e-2));
+    CHECK(rel_error(dw.get(d), ref_dw) <= tolerance<T>(1e-2));
+    CHECK(rel_error(db.get(d), ref_db) <= tolerance<T>(1e-2));
+  }
+}
+
+TEST_CASE("layernorm and embedding backward are bitwise repeatable") {
+  Cuda& d = gpu();
+  const std::int64_t N = 4096, C = 768;
+  const auto x = random<float>(static_cast<std::size_t>(N * C), 8), dout = random<float>(static_cast<std::size_t>(N * C), 9);
+  const auto w = random<float>(static_cast<std::size_t>(C), 10), b = random<float>(static_cast<std::size_t>(C), 11);
+  DeviceVec<float> gx(d, x), gdout(d, dout), gw(d, w), gb(d, b), out(d, x.size()), dx(d, x.size()), mean(d, N), rstd(d, N);
+  weft::cuda::layernorm_forward(d, out.data(), mean.data(), rstd.data(), gx.data(), gw.data(), gb.data(), N, C, 1e-5f);
+  std::vector<std::vector<float>> dws;
+  std::vector<std::int32_t> tokens(static_cast<std::size_t>(N));
+  for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<std::int32_t>(weft::philox(3, 3, i)[0] % 50);
+  DeviceVec<std::int32_t> gt(d, tokens);
+  std::vector<std::vector<float>> tables;
+  for (int run = 0; run < 2; ++run) {
+    DeviceVec<float> dw(d, std::vector<float>(static_cast<std::size_t>(C), 0.0f)),
+        db(d, std::vector<float>(static_cast<std::size_t>(C), 0.0f)),
+        table(d, std::vector<float>(static_cast<std::size_t>(50 * C), 0.0f));
+    weft::cuda::layernorm_backward(d, dx.data(), dw.data(), db.data(), gdout.data(), gx.data(), gw.data(), mean.data(),
+                             rstd.data(), N, C);
+    weft::cuda::embedding_backward(d, table.data(), gdout.data(), gt.data(), N, C, 0, 50);
+    dws.push_back(dw.get(d));
+    tables.push_back(table.get(d));
+  }
+  CHECK(std::memcmp(dws[0].data(), dws[1].data(), dws[0].size() * sizeof(float)) == 0);
+  CHECK(std::memcmp(tables[0].data(), tables[1].data(), tables[0].size() * sizeof(float)) == 0);
+}
+
+TEST_CASE_TEMPLATE("vocab-parallel embedding forward and backward", T, float, bf16) {
+  Cuda& d = gpu();
+  const std::int64_t C = 96, begin = 30, end = 70;  // this rank's rows of a vocabulary of 100
+  for (std::int64_t N : {1, 100, 5000}) {
+    std::vector<std::int32_t> tokens(static_cast<std::size_t>(N));
+    for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<std::int32_t>(weft::philox(5, 1, i)[0] % 100);
+    const auto table = random<T>(static_cast<std::size_t>((end - begin) * C), 12);
+    const auto dout = random<T>(static_cast<std::size_t>(N * C), 13);
+    const auto start = random<T>(table.size(), 14);  // dtable accumulates onto this
+    DeviceVec<std::int32_t> gt(d, tokens);
+    DeviceVec<T> gtable(d, table), gdout(d, dout), out(d, static_cast<std::size_t>(N * C)), dtable(d, start);
+    weft::cuda::embedding_forward(d, out.data(), gt.data(), gtable.data(), N, C, begin, end);
+    weft::cuda::embedding_backward(d, dtable.data(), gdout.data(), gt.data(), N, C, begin, end);
+    V ref_out(static_cast<std::size_t>(N * C)), ref_dtable = widen(start);
+    const V td = widen(table), dd = widen(dout);
+    host::embedding_forward(ref_out.data(), tokens.data(), td.data(), N, C, begin, end);
+    host::embedding_backward(ref_dtable.data(), dd.data(), tokens.data(), N, C, begin, end);
+    CHECK(rel_error(out.get(d), ref_out) == 0.0);                       // a copy
+    CHECK(rel_error(dtable.get(d), ref_dtable) <= tolerance<T>(1e-2));  // bf16: one rounding of a float sum
+  }
+}
+
+TEST_CASE_TEMPLATE("vocab-parallel cross-entropy: row statistics and the in-place gradient", T, float, bf16) {
+  Cuda& d = gpu();
+  for (auto [N, Vn] : {std::pair<std::int64_t, std::int64_t>{1, 10}, {17, 1000}, {64, 12576}}) {
+    const std::int64_t valid = Vn - 3, begin = 1000;  // 3 padded columns; this shard starts at vocab id 1000
+    const auto logits = random<T>(static_cast<std::size_t>(N * Vn), 15, 3.0);
+    std::vector<std::int32_t> targets(static_cast<std::size_t>(N));
+    for (std::size_t i = 0; i < targets.size(); ++i)  // some targets here, some in other shards
+      targets[i] = static_cast<std::int32_t>(begin - 5 + weft::philox(6, 1, i)[0] % (valid + 10));
+    DeviceVec<T> gl(d, logits);
+    DeviceVec<std::int32_t> gt(d, targets);
+    DeviceVec<float> rowmax(d, static_cast<std::size_t>(N)), stats(d, static_cast<std::size_t>(2 * N));
+    weft::cuda::ce_row_max(d, rowmax.data(), gl.data(), N, Vn, valid);
+    weft::cuda::ce_row_stats(d, stats.data(), gl.data(), rowmax.data(), gt.data(), N, Vn, valid, begin);
+    const V ld = widen(logits);
+    V ref_max(static_cast<std::size_t>(N)), ref_stats(static_cast<std::size_t>(2 * N));
+    host::ce_row_max(ref_max.data(), ld.data(), N, Vn, valid);
+    host::ce_row_stats(ref_stats.data(), ld.data(), ref_max.data(), targets.data(), N, Vn, valid, begin);
+    CHECK(rel_error(rowmax.get(d), ref_max) == 0.0);  // a max of the same values
+    CHECK(rel_error(stats.get(d), ref_stats) <= 1e-5);  // float sums of exp in another order
+    // Backward in place over the logits.
+    V ref_sumexp(static_cast<std::size_t>(N)), ref_dl(ld.size());
+    for (std::int64_t n = 0; n < N; ++n) ref_sumexp[static_cast<std::size_t>(n)] = ref_stats[static_cast<std::size_t>(2 * n)];
+    host::ce_backward(ref_dl.data(), ld.data(), ref_max.data(), ref_sumexp.data(), targets.data(), N, Vn, valid, begin,
+                      1.0 / static_cast<double>(N));
+    weft::cuda::ce_backward(d, gl.data(), rowmax.data(), stats.data(), gt.data(), N, Vn, valid, begin,
+                      1.0f / static_cast<float>(N));
+    CHECK(rel_error(gl.get(d), ref_dl) <= tolerance<T>(1e-2));  // bf16: the gradient rounds once
+  }
+}
+
+TEST_CASE("multi-tensor AdamW and the global gradient norm") {
+  Cuda& d = gpu();
+  const std::vector<std::int64_t> sizes{5, 70000, 200001};
+  const math::AdamW a{.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
+                      .bc1 = 1 - 0.9f * 0.9f, .bc2 = 1 - 0.95f * 0.95f};  // step 2
+  std::vector<std::vector<float>> p, g, m, v;
+  std::vector<DeviceVec<float>> gp, gg, gm, gv;
+  std::vector<weft::cuda::TensorRef> refs;
+  for (std::size_t t = 0; t < sizes.size(); ++t) {
+    const auto n = static_cast<std::size_t>(sizes[t]);
+    p.push_back(random<float>(n, 20 + t));
+    g.push_back(random<float>(n, 30 + t));
+    m.push_back(random<float>(n, 40 + t, 0.1));
+    auto vv = random<float>(n, 50 + t, 0.1);
+    for (float& x : vv) x = x * x;  // second moments are non-negative
+    v.push_back(vv);
+  }
+  for (std::size_t t = 0; t < sizes.size(); ++t) {
+    gp.emplace_back(d, p[t]);
+    gg.emplace_back(d, g[t]);
+    gm.emplace_back(d, m[t]);
+    gv.emplace_back(d, v[t]);
+  }
+  for (std::size_t t = 0; t < sizes.size(); ++t)
+    refs.push_back({gp[t].data(), gg[t].data(), gm[t].data(), gv[t].data(), sizes[t], t != 1});
+  // The norm first (of the gradients), against the host in double.
+  std::vector<weft::cuda::TensorRef> grads;
+  double ref_sq = 0;
+  for (std::size_t t = 0; t < sizes.size(); ++t) {
+    grads.push_back({gg[t].data(), nullptr, nullptr, nullptr, sizes[t], 0});
+    ref_sq += host::sum_squares(g[t].data(), sizes[t]);
+  }
+  const double sq = weft::cuda::sum_squares(d, grads);
+  CHECK(std::fabs(sq - ref_sq) <= 1e-12 * ref_sq);  // both sum float squares in double, in another order
+  weft::cuda::adamw(d, refs, a);
+  for (std::size_t t = 0; t < sizes.size(); ++t) {
+    host::adamw(p[t].data(), g[t].data(), m[t].data(), v[t].data(), sizes[t], a, t != 1);
+    const auto widen_f = [](const std::vector<float>& x) { return V(x.begin(), x.end()); };
+    // The same float formula on both sides; only contraction into FMAs may differ.
+    CHECK(rel_error(gp[t].get(d), widen_f(p[t])) <= 1e-6);
+    CHECK(rel_error(gm[t].get(d), widen_f(m[t])) <= 1e-6);
+    CHECK(rel_error(gv[t].get(d), widen_f(v[t])) <= 1e-6);
+  }
+}
