@@ -51,6 +51,29 @@ __device__ inline float warp_sum(float v) {
   return v;
 }
 
+// 16 bytes of T: 8 bf16 or 4 floats, loaded and stored as one int4 (the vector width that lets a
+// memory-bound kernel reach the copy bandwidth). Callers check 16-byte alignment first.
+template <class T>
+struct alignas(16) Pack {
+  static constexpr int W = 16 / sizeof(T);
+  T v[W];
+};
+template <class T>
+__device__ inline Pack<T> load_pack(const T* p) {
+  Pack<T> r;
+  *reinterpret_cast<int4*>(&r) = *reinterpret_cast<const int4*>(p);
+  return r;
+}
+template <class T>
+__device__ inline void store_pack(T* p, const Pack<T>& r) {
+  *reinterpret_cast<int4*>(p) = *reinterpret_cast<const int4*>(&r);
+}
+inline bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
+template <class... P>
+bool all_aligned16(const P*... ps) {
+  return (aligned16(ps) && ...);
+}
+
 inline unsigned blocks_for(index n, unsigned threads, unsigned cap = 65535u * 8u) {
   const index b = (n + threads - 1) / threads;
   return static_cast<unsigned>(b < 1 ? 1 : (b > cap ? cap : b));
@@ -63,36 +86,63 @@ inline void require(bool ok, const char* op, const std::string& what) {
 }  // namespace detail
 
 // ---- GELU ------------------------------------------------------------------------------------
+// out[i] = f(a[i], b[i]) over n elements: 16-byte packs, then the tail; a scalar kernel where the
+// buffers are not 16-byte aligned.
 
-template <class T>
-__global__ void gelu_forward_kernel(T* out, const T* x, index n) {
-  for (index i = blockIdx.x * static_cast<index>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<index>(gridDim.x) * blockDim.x)
-    out[i] = detail::from_f<T>(math::gelu(detail::to_f(x[i])));
+struct GeluForward {
+  __device__ float operator()(float x, float) const { return math::gelu(x); }
+};
+struct GeluBackward {
+  __device__ float operator()(float x, float dout) const { return dout * math::gelu_grad(x); }
+};
+
+template <class T, class F>
+__global__ void map2_vec_kernel(T* out, const T* a, const T* b, index n, F f) {
+  constexpr int W = detail::Pack<T>::W;
+  const index packs = n / W, stride = static_cast<index>(gridDim.x) * blockDim.x;
+  const index tid = blockIdx.x * static_cast<index>(blockDim.x) + threadIdx.x;
+  for (index p = tid; p < packs; p += stride) {
+    const detail::Pack<T> x = detail::load_pack(a + p * W);
+    detail::Pack<T> y = x;
+    if (b) y = detail::load_pack(b + p * W);
+    detail::Pack<T> r;
+#pragma unroll
+    for (int k = 0; k < W; ++k) r.v[k] = detail::from_f<T>(f(detail::to_f(x.v[k]), b ? detail::to_f(y.v[k]) : 0.0f));
+    detail::store_pack(out + p * W, r);
+  }
+  for (index i = packs * W + tid; i < n; i += stride)
+    out[i] = detail::from_f<T>(f(detail::to_f(a[i]), b ? detail::to_f(b[i]) : 0.0f));
 }
 
-template <class T>
-__global__ void gelu_backward_kernel(T* dx, const T* x, const T* dout, index n) {
+template <class T, class F>
+__global__ void map2_kernel(T* out, const T* a, const T* b, index n, F f) {
   for (index i = blockIdx.x * static_cast<index>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<index>(gridDim.x) * blockDim.x)
-    dx[i] = detail::from_f<T>(detail::to_f(dout[i]) * math::gelu_grad(detail::to_f(x[i])));
+    out[i] = detail::from_f<T>(f(detail::to_f(a[i]), b ? detail::to_f(b[i]) : 0.0f));
+}
+
+template <class T, class F>
+void map2(Cuda& d, T* out, const T* a, const T* b, index n, F f, const char* op) {
+  constexpr unsigned threads = 256;
+  if (n == 0) return;
+  if (detail::all_aligned16(out, a) && (!b || detail::aligned16(b)))
+    map2_vec_kernel<<<detail::blocks_for(n / (16 / sizeof(T)) + 1, threads, 132 * 16), threads, 0, d.stream()>>>(
+        detail::dev(out), detail::dev(a), detail::dev(b), n, f);
+  else
+    map2_kernel<<<detail::blocks_for(n, threads), threads, 0, d.stream()>>>(detail::dev(out), detail::dev(a),
+                                                                           detail::dev(b), n, f);
+  check_launch(op);
 }
 
 template <Activation T>
 void gelu_forward(Cuda& d, T* out, const T* x, index n) {
-  constexpr unsigned threads = 256;
-  if (n == 0) return;
-  gelu_forward_kernel<<<detail::blocks_for(n, threads), threads, 0, d.stream()>>>(detail::dev(out), detail::dev(x), n);
-  check_launch("gelu_forward");
+  map2(d, out, x, static_cast<const T*>(nullptr), n, GeluForward{}, "gelu_forward");
 }
 
+// dx = dout gelu'(x).
 template <Activation T>
 void gelu_backward(Cuda& d, T* dx, const T* x, const T* dout, index n) {
-  constexpr unsigned threads = 256;
-  if (n == 0) return;
-  gelu_backward_kernel<<<detail::blocks_for(n, threads), threads, 0, d.stream()>>>(detail::dev(dx), detail::dev(x),
-                                                                                    detail::dev(dout), n);
-  check_launch("gelu_backward");
+  map2(d, dx, x, dout, n, GeluBackward{}, "gelu_backward");
 }
 
 // ---- LayerNorm -------------------------------------------------------------------------------
@@ -132,6 +182,73 @@ __global__ void layernorm_forward_kernel(T* out, T* resid_out, float* mean, floa
   }
 }
 
+// The same with the row held in registers: each lane loads up to Packs 16-byte packs once.
+// Requires C a multiple of the pack width, at most 32 Packs packs per row, 16-byte aligned buffers.
+template <class T, int Packs>
+__global__ void layernorm_forward_vec_kernel(T* out, T* resid_out, float* mean, float* rstd, const T* x,
+                                             const T* residual, const T* w, const T* b, index N, index C, float eps) {
+  constexpr int W = detail::Pack<T>::W;
+  const index row = blockIdx.x * static_cast<index>(blockDim.x / 32) + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= N) return;
+  const index packs = C / W;
+  float v[Packs][W];
+  float s = 0;
+#pragma unroll
+  for (int j = 0; j < Packs; ++j) {
+    const index p = lane + 32 * j;
+    if (p >= packs) continue;
+    const detail::Pack<T> a = detail::load_pack(x + row * C + p * W);
+    detail::Pack<T> r = a;
+    if (residual) r = detail::load_pack(residual + row * C + p * W);
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+      v[j][k] = detail::to_f(a.v[k]) + (residual ? detail::to_f(r.v[k]) : 0.0f);
+      s += v[j][k];
+    }
+    if (resid_out) {
+      detail::Pack<T> o;
+#pragma unroll
+      for (int k = 0; k < W; ++k) o.v[k] = detail::from_f<T>(v[j][k]);
+      detail::store_pack(resid_out + row * C + p * W, o);
+    }
+  }
+  const float m = detail::warp_sum(s) / static_cast<float>(C);
+  float q = 0;
+#pragma unroll
+  for (int j = 0; j < Packs; ++j)
+    if (lane + 32 * j < packs)
+#pragma unroll
+      for (int k = 0; k < W; ++k) q += (v[j][k] - m) * (v[j][k] - m);
+  const float r = rsqrtf(detail::warp_sum(q) / static_cast<float>(C) + eps);
+#pragma unroll
+  for (int j = 0; j < Packs; ++j) {
+    const index p = lane + 32 * j;
+    if (p >= packs) continue;
+    const detail::Pack<T> wp = detail::load_pack(w + p * W), bp = detail::load_pack(b + p * W);
+    detail::Pack<T> o;
+#pragma unroll
+    for (int k = 0; k < W; ++k)
+      o.v[k] = detail::from_f<T>((v[j][k] - m) * r * detail::to_f(wp.v[k]) + detail::to_f(bp.v[k]));
+    detail::store_pack(out + row * C + p * W, o);
+  }
+  if (lane == 0) {
+    mean[row] = m;
+    rstd[row] = r;
+  }
+}
+
+// Packs per lane for a row of C elements when the register-resident kernels apply (0 otherwise).
+template <class T>
+int packs_per_lane(index C, int max_packs) {
+  constexpr index W = 16 / sizeof(T);
+  if (C % W != 0) return 0;
+  const index per_lane = (C / W + 31) / 32;
+  for (int p = 1; p <= max_packs; p *= 2)
+    if (per_lane <= p) return p;
+  return 0;
+}
+
 template <Activation T>
 void layernorm_forward(Cuda& d, T* out, float* mean, float* rstd, const T* x, const T* w, const T* b, index N, index C,
                        float eps, T* resid_out = nullptr, const T* residual = nullptr) {
@@ -139,9 +256,22 @@ void layernorm_forward(Cuda& d, T* out, float* mean, float* rstd, const T* x, co
   if (N == 0) return;
   constexpr unsigned threads = 256, rows_per_block = threads / 32;
   const unsigned blocks = static_cast<unsigned>((N + rows_per_block - 1) / rows_per_block);
-  layernorm_forward_kernel<<<blocks, threads, 0, d.stream()>>>(detail::dev(out), detail::dev(resid_out), mean, rstd,
-                                                               detail::dev(x), detail::dev(residual), detail::dev(w),
-                                                               detail::dev(b), N, C, eps);
+  using DT = detail::dev_t<T>;
+  const bool aligned = detail::all_aligned16(out, x, w, b) && (!resid_out || detail::aligned16(resid_out)) &&
+                       (!residual || detail::aligned16(residual));
+  const int packs = aligned ? packs_per_lane<T>(C, 64 / (16 / static_cast<int>(sizeof(T)))) : 0;
+  auto run = [&](auto kernel) {
+    kernel<<<blocks, threads, 0, d.stream()>>>(detail::dev(out), detail::dev(resid_out), mean, rstd, detail::dev(x),
+                                               detail::dev(residual), detail::dev(w), detail::dev(b), N, C, eps);
+  };
+  switch (packs) {
+    case 1: run(layernorm_forward_vec_kernel<DT, 1>); break;
+    case 2: run(layernorm_forward_vec_kernel<DT, 2>); break;
+    case 4: run(layernorm_forward_vec_kernel<DT, 4>); break;
+    case 8: run(layernorm_forward_vec_kernel<DT, 8>); break;
+    case 16: run(layernorm_forward_vec_kernel<DT, 16>); break;
+    default: run(layernorm_forward_kernel<DT>); break;
+  }
   check_launch("layernorm_forward");
 }
 
@@ -247,12 +377,37 @@ __global__ void embedding_forward_kernel(T* out, const std::int32_t* tokens, con
   }
 }
 
+// The same a 16-byte pack at a time (C a multiple of the pack width, aligned buffers).
+template <class T>
+__global__ void embedding_forward_vec_kernel(T* out, const std::int32_t* tokens, const T* table, index N, index C,
+                                             index begin, index end) {
+  constexpr int W = detail::Pack<T>::W;
+  const index packs_per_row = C / W;
+  for (index i = blockIdx.x * static_cast<index>(blockDim.x) + threadIdx.x; i < N * packs_per_row;
+       i += static_cast<index>(gridDim.x) * blockDim.x) {
+    const index n = i / packs_per_row, c = (i % packs_per_row) * W, t = tokens[n];
+    detail::Pack<T> r;
+    if (t >= begin && t < end) {
+      r = detail::load_pack(table + (t - begin) * C + c);
+    } else {
+#pragma unroll
+      for (int k = 0; k < W; ++k) r.v[k] = detail::from_f<T>(0.0f);
+    }
+    detail::store_pack(out + n * C + c, r);
+  }
+}
+
 template <Activation T>
 void embedding_forward(Cuda& d, T* out, const std::int32_t* tokens, const T* table, index N, index C, index begin,
                        index end) {
   if (N * C == 0) return;
-  embedding_forward_kernel<<<detail::blocks_for(N * C, 256), 256, 0, d.stream()>>>(detail::dev(out), tokens,
-                                                                                    detail::dev(table), N, C, begin, end);
+  constexpr index W = 16 / sizeof(T);
+  if (C % W == 0 && detail::all_aligned16(out, table))
+    embedding_forward_vec_kernel<<<detail::blocks_for(N * C / W, 256), 256, 0, d.stream()>>>(
+        detail::dev(out), tokens, detail::dev(table), N, C, begin, end);
+  else
+    embedding_forward_kernel<<<detail::blocks_for(N * C, 256), 256, 0, d.stream()>>>(detail::dev(out), tokens,
+                                                                                      detail::dev(table), N, C, begin, end);
   check_launch("embedding_forward");
 }
 
@@ -311,13 +466,30 @@ void embedding_backward(Cuda& d, T* dtable, const T* dout, const std::int32_t* t
 // As on the host (ce_row_max, ce_row_stats, ce_backward), one block per row. The backward writes
 // the logit gradients over the logits in place: no probability matrix is ever stored.
 
+// f(column, value) over the first `count` elements of a row: 16-byte packs where the row is
+// aligned, then the tail; threads of the block stride over the row.
+template <class T, class F>
+__device__ void row_for_each(const T* row, index count, F&& f) {
+  constexpr int W = detail::Pack<T>::W;
+  index done = 0;
+  if (reinterpret_cast<std::uintptr_t>(row) % 16 == 0) {
+    const index packs = count / W;
+    for (index p = threadIdx.x; p < packs; p += blockDim.x) {
+      const detail::Pack<T> a = detail::load_pack(row + p * W);
+#pragma unroll
+      for (int k = 0; k < W; ++k) f(p * W + k, detail::to_f(a.v[k]));
+    }
+    done = packs * W;
+  }
+  for (index v = done + threadIdx.x; v < count; v += blockDim.x) f(v, detail::to_f(row[v]));
+}
+
 template <class T, int Threads>
 __global__ void ce_row_max_kernel(float* rowmax, const T* logits, index V, index valid) {
   using Reduce = cub::BlockReduce<float, Threads>;
   __shared__ typename Reduce::TempStorage tmp;
-  const T* row = logits + blockIdx.x * V;
   float m = -INFINITY;
-  for (index v = threadIdx.x; v < valid; v += Threads) m = fmaxf(m, detail::to_f(row[v]));
+  row_for_each(logits + blockIdx.x * V, valid, [&](index, float x) { m = fmaxf(m, x); });
   m = Reduce(tmp).Reduce(m, [](float a, float b) { return fmaxf(a, b); });
   if (threadIdx.x == 0) rowmax[blockIdx.x] = m;
 }
@@ -331,7 +503,7 @@ __global__ void ce_row_stats_kernel(float* stats, const T* logits, const float* 
   const T* row = logits + n * V;
   const float m = rowmax[n];
   float s = 0;
-  for (index v = threadIdx.x; v < valid; v += Threads) s += expf(detail::to_f(row[v]) - m);
+  row_for_each(row, valid, [&](index, float x) { s += __expf(x - m); });
   s = Reduce(tmp).Sum(s);
   if (threadIdx.x == 0) {
     const index t = targets[n] - begin;
@@ -343,14 +515,27 @@ __global__ void ce_row_stats_kernel(float* stats, const T* logits, const float* 
 template <class T>
 __global__ void ce_backward_kernel(T* logits, const float* rowmax, const float* stats, const std::int32_t* targets,
                                    index V, index valid, index begin, float scale) {
+  constexpr int W = detail::Pack<T>::W;
   const index n = blockIdx.x;
   T* row = logits + n * V;
   const float m = rowmax[n], inv = 1.0f / stats[2 * n];
   const index t = targets[n] - begin;
-  for (index v = threadIdx.x; v < V; v += blockDim.x) {
-    const float p = v < valid ? expf(detail::to_f(row[v]) - m) * inv : 0.0f;
-    row[v] = detail::from_f<T>(scale * (p - (v == t ? 1.0f : 0.0f)));
+  auto grad = [&](index v, float x) {
+    const float p = v < valid ? __expf(x - m) * inv : 0.0f;
+    return detail::from_f<T>(scale * (p - (v == t ? 1.0f : 0.0f)));
+  };
+  index done = 0;
+  if (reinterpret_cast<std::uintptr_t>(row) % 16 == 0) {
+    const index packs = V / W;
+    for (index p = threadIdx.x; p < packs; p += blockDim.x) {
+      detail::Pack<T> a = detail::load_pack(row + p * W);
+#pragma unroll
+      for (int k = 0; k < W; ++k) a.v[k] = grad(p * W + k, detail::to_f(a.v[k]));
+      detail::store_pack(row + p * W, a);
+    }
+    done = packs * W;
   }
+  for (index v = done + threadIdx.x; v < V; v += blockDim.x) row[v] = grad(v, detail::to_f(row[v]));
 }
 
 template <Activation T>
@@ -420,8 +605,29 @@ template <int = 0>
 __global__ void adamw_kernel(const TensorRef* tensors, const detail::Chunk* chunks, math::AdamW a) {
   const detail::Chunk c = chunks[blockIdx.x];
   const TensorRef t = tensors[c.tensor];
-  for (index i = c.offset + threadIdx.x; i < c.offset + c.length; i += blockDim.x)
-    math::adamw_step(t.p[i], t.g[i], t.m[i], t.v[i], a, t.decay != 0);
+  const bool decay = t.decay != 0;
+  index done = c.offset;
+  const auto addr = reinterpret_cast<std::uintptr_t>(t.p) | reinterpret_cast<std::uintptr_t>(t.g) |
+                    reinterpret_cast<std::uintptr_t>(t.m) | reinterpret_cast<std::uintptr_t>(t.v);
+  if (addr % 16 == 0 && c.offset % 4 == 0) {  // float4 accesses: 16 bytes per load and store
+    const index quads = c.length / 4;
+    for (index q = threadIdx.x; q < quads; q += blockDim.x) {
+      const index i = c.offset + 4 * q;
+      float4 p = *reinterpret_cast<float4*>(t.p + i), m = *reinterpret_cast<float4*>(t.m + i),
+             v = *reinterpret_cast<float4*>(t.v + i);
+      const float4 g = *reinterpret_cast<const float4*>(t.g + i);
+      math::adamw_step(p.x, g.x, m.x, v.x, a, decay);
+      math::adamw_step(p.y, g.y, m.y, v.y, a, decay);
+      math::adamw_step(p.z, g.z, m.z, v.z, a, decay);
+      math::adamw_step(p.w, g.w, m.w, v.w, a, decay);
+      *reinterpret_cast<float4*>(t.p + i) = p;
+      *reinterpret_cast<float4*>(t.m + i) = m;
+      *reinterpret_cast<float4*>(t.v + i) = v;
+    }
+    done = c.offset + 4 * quads;
+  }
+  for (index i = done + threadIdx.x; i < c.offset + c.length; i += blockDim.x)
+    math::adamw_step(t.p[i], t.g[i], t.m[i], t.v[i], a, decay);
 }
 
 // One launch over every tensor of the list (one block per 64K-element chunk).
