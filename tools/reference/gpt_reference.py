@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Independent reference for weft's Gpt: a tiny GPT written directly in PyTorch (float64, CPU).
 
-It writes tests/data/gpt_reference.bin: the loss, the logits and the gradient of every parameter for
+It writes tests/fixtures/gpt_reference.bin: the loss, the logits and the gradient of every parameter for
 fixed weights and tokens. The weights are not stored: both sides compute them from the closed form
 in `weight()` below, element by element in PyTorch's row-major order, with the parameter's index in
 `PARAMS`. The architecture matches weft's: pre-LayerNorm blocks, GELU (tanh approximation), learned
@@ -102,4 +102,4 @@ def main(out_path):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "tests/data/gpt_reference.bin")
+    main(sys.argv[1] if len(sys.argv) > 1 else "tests/fixtures/gpt_reference.bin")

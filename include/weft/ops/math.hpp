@@ -40,18 +40,22 @@ WEFT_HD inline T gelu_grad(T x) {
 //   m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
 //   p = p - lr (m / bc1 / (sqrt(v / bc2) + eps) + wd p)
 // with the bias corrections bc1 = 1 - b1^t and bc2 = 1 - b2^t computed once per step by the caller.
-struct AdamW {
-  float lr, beta1, beta2, eps, weight_decay, bc1, bc2;
+// S is the type the state and the arithmetic use: float for training (f32 and bf16 parameters),
+// double on the host's double-precision checking path.
+template <class S>
+struct AdamWParams {
+  S lr, beta1, beta2, eps, weight_decay, bc1, bc2;
 };
+using AdamW = AdamWParams<float>;
 
-template <class P>
-WEFT_HD inline void adamw_step(P& p, float g, float& m, float& v, const AdamW& a, bool decay) {
+template <class P, class S>
+WEFT_HD inline void adamw_step(P& p, S g, S& m, S& v, const AdamWParams<S>& a, bool decay) {
   using std::sqrt;
-  m = a.beta1 * m + (1.0f - a.beta1) * g;
-  v = a.beta2 * v + (1.0f - a.beta2) * g * g;
-  const float update = (m / a.bc1) / (sqrt(v / a.bc2) + a.eps);
-  const float pf = static_cast<float>(p);
-  p = static_cast<P>(pf - a.lr * (update + (decay ? a.weight_decay * pf : 0.0f)));
+  m = a.beta1 * m + (S(1) - a.beta1) * g;
+  v = a.beta2 * v + (S(1) - a.beta2) * g * g;
+  const S update = (m / a.bc1) / (sqrt(v / a.bc2) + a.eps);
+  const S ps = static_cast<S>(p);
+  p = static_cast<P>(ps - a.lr * (update + (decay ? a.weight_decay * ps : S(0))));
 }
 
 }  // namespace weft::math

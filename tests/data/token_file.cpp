@@ -1,0 +1,117 @@
+// llm.c token files: a valid file reads back; every truncation, a bad magic, a bad version, a count
+// past the end and a token out of range each raise an Error naming the file and the values.
+#include <doctest/doctest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <vector>
+
+#include "weft/data/corpus.hpp"
+#include "weft/data/token_file.hpp"
+
+using namespace weft;
+using namespace weft::data;
+
+namespace {
+
+std::string temp_path(const std::string& name) {
+  return (std::filesystem::temp_directory_path() / ("weft-test-" + std::to_string(::getpid()) + "-" + name)).string();
+}
+
+std::vector<char> read_all(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::vector<char>(std::istreambuf_iterator<char>(f), {});
+}
+void write_all(const std::string& path, const std::vector<char>& bytes) {
+  std::ofstream f(path, std::ios::binary);
+  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+struct Fixture {
+  std::string path = temp_path("tokens.bin");
+  std::vector<std::uint16_t> tokens;
+  Fixture() {
+    for (int i = 0; i < 100; ++i) tokens.push_back(static_cast<std::uint16_t>((i * 37) % 50));
+    TokenFile::write(path, tokens);
+  }
+  ~Fixture() { std::remove(path.c_str()); }
+};
+
+}  // namespace
+
+TEST_CASE("a valid token file maps and reads back") {
+  Fixture fx;
+  TokenFile f(fx.path, 50);
+  CHECK(f.size() == 100);
+  CHECK(std::vector<std::uint16_t>(f.tokens().begin(), f.tokens().end()) == fx.tokens);
+  CHECK(read_all(fx.path).size() == 1024 + 200);
+}
+
+TEST_CASE("every truncation of a token file is refused with the sizes named") {
+  Fixture fx;
+  const std::vector<char> bytes = read_all(fx.path);
+  const std::string cut = temp_path("cut.bin");
+  for (std::size_t len = 0; len < bytes.size(); ++len) {
+    write_all(cut, std::vector<char>(bytes.begin(), bytes.begin() + static_cast<std::ptrdiff_t>(len)));
+    try {
+      TokenFile f(cut, 50);
+      FAIL("a truncation to ", len, " bytes was accepted");
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      CHECK_MESSAGE(m.find("TokenFile(" + cut + ")") == 0, m);
+      if (len < 1024)
+        CHECK_MESSAGE(m.find(cat("the file has ", len, " bytes, fewer than the 1024-byte header")) != std::string::npos, m);
+      else
+        CHECK_MESSAGE(m.find(cat("the header counts 100 tokens (1224 bytes with the header) but the file has ", len,
+                                 " bytes; the file is truncated")) != std::string::npos,
+                      m);
+    }
+  }
+  std::remove(cut.c_str());
+}
+
+TEST_CASE("bad magic, bad version, a count past the end, trailing bytes and a token out of range") {
+  Fixture fx;
+  const std::vector<char> good = read_all(fx.path);
+  const std::string bad = temp_path("bad.bin");
+  auto with = [&](auto edit) {
+    std::vector<char> b = good;
+    edit(b);
+    write_all(bad, b);
+  };
+  auto set_int = [](std::vector<char>& b, int index, std::int32_t v) { std::memcpy(b.data() + 4 * index, &v, 4); };
+  with([&](auto& b) { set_int(b, 0, 12345); });
+  CHECK_THROWS_WITH_AS(TokenFile(bad, 50), doctest::Contains("magic number 12345, expected 20240520; this is not an llm.c token file"), Error);
+  with([&](auto& b) { set_int(b, 1, 2); });
+  CHECK_THROWS_WITH_AS(TokenFile(bad, 50), doctest::Contains("version 2, expected 1"), Error);
+  with([&](auto& b) { set_int(b, 2, 101); });
+  CHECK_THROWS_WITH_AS(TokenFile(bad, 50),
+                       doctest::Contains("the header counts 101 tokens (1226 bytes with the header) but the file has 1224 bytes; the file is truncated"),
+                       Error);
+  with([&](auto& b) { b.push_back(0); });
+  CHECK_THROWS_WITH_AS(TokenFile(bad, 50), doctest::Contains("the file has trailing bytes"), Error);
+  CHECK_THROWS_WITH_AS(TokenFile(fx.path, 40), doctest::Contains("token 48 at position 4 is not below the vocabulary size 40"), Error);
+  CHECK_THROWS_WITH_AS(TokenFile(temp_path("missing.bin"), 50), doctest::Contains("cannot open the file"), Error);
+  std::remove(bad.c_str());
+}
+
+TEST_CASE("byte-level tokenizer round trip and corpus windows") {
+  const std::string text = "hello, weft! \xe2\x9c\x93 bytes";
+  const auto tokens = ByteTokenizer::encode(text);
+  CHECK(tokens.size() == text.size());
+  CHECK(ByteTokenizer::decode(std::span<const std::uint16_t>(tokens)) == text);
+  std::string big;
+  for (int i = 0; i < 200; ++i) big += text;
+  WindowCorpus corpus(ByteTokenizer::encode(big), 3);
+  CHECK(corpus.train_size() == static_cast<std::int64_t>(big.size()) * 9 / 10);
+  std::vector<std::int32_t> w(16), w2(16);
+  corpus.sequence(5, w.data(), 16);
+  corpus.sequence(5, w2.data(), 16);
+  CHECK(w == w2);  // random access, deterministic
+  // A window is a contiguous piece of the training text.
+  const std::string piece = ByteTokenizer::decode(std::span<const std::int32_t>(w));
+  CHECK(big.substr(0, static_cast<std::size_t>(corpus.train_size())).find(piece) != std::string::npos);
+  CHECK_THROWS_WITH_AS(WindowCorpus(ByteTokenizer::encode("tiny")).require_windows(16),
+                       doctest::Contains("too few for windows of 16 tokens"), Error);
+}
