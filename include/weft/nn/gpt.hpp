@@ -92,9 +92,10 @@ class Gpt {
   // One forward and backward over tokens and targets (B/dp, T) of this data rank. Returns the mean
   // loss over the global batch (the same on every rank) and accumulates the gradients.
   // logits_out, when given, receives this rank's logits (B/dp, T, Vp/tp) Shard<-1>, padding included.
+  // grad_scale multiplies every gradient (1/k when accumulating k micro-batches).
   template <AxisComms M>
   double forward_backward(const std::vector<std::int32_t>& tokens, const std::vector<std::int32_t>& targets,
-                          std::int64_t batch, M& mesh, std::vector<T>* logits_out = nullptr) {
+                          std::int64_t batch, M& mesh, std::vector<T>* logits_out = nullptr, double grad_scale = 1.0) {
     Host& dev = wte.weight.value.dev();
     const Spread s = wte.weight.value.spread();
     const std::int64_t Tn = config.seq, C = config.width, Bl = batch / s.data_degree, N = Bl * Tn;
@@ -137,7 +138,7 @@ class Gpt {
     // Backward.
     std::vector<T> dlogits(logits.size());
     host::ce_backward(dlogits.data(), logits.data(), rowmax.data(), sumexp.data(), targets.data(), N, Vl, valid, begin,
-                      static_cast<T>(1.0 / tokens_global));
+                      static_cast<T>(grad_scale / tokens_global));
     host::gemm<T>(host::Trans::yes, host::Trans::no, Vl, C, N, T(1), dlogits.data(), Vl, xr.data(), C, T(1),
                   wte.weight.grad.data(), C);
     auto dxr = Tensor<T, act::Partial, Host>::empty(dev, {batch, Tn, C}, s, Category::activations);
