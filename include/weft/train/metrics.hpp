@@ -1,0 +1,48 @@
+// Training metrics: model FLOPs per token, and the host GEMM rate that MFU is measured against.
+//
+// FLOPs per token of a training step (forward and backward), as in the PaLM paper's appendix:
+//   6 N + 12 L C T
+// with N the parameters in matrices and embeddings, L layers, C width, T sequence length (the
+// second term is the attention scores and their use). MFU = achieved model FLOP/s divided by the
+// GEMM rate all ranks reach together on this machine, measured at start-up with the same element
+// type: the ceiling that matters for a host run, whatever the processor.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <vector>
+
+#include "weft/comm/threads/run.hpp"
+#include "weft/device/host/gemm.hpp"
+#include "weft/nn/gpt.hpp"
+
+namespace weft::train {
+
+inline double flops_per_token(const nn::GptConfig& c) {
+  const double C = static_cast<double>(c.width), L = static_cast<double>(c.layers);
+  const double params = static_cast<double>(c.vocab) * C + static_cast<double>(c.seq) * C + L * 12.0 * C * C;
+  return 6.0 * params + 12.0 * L * C * static_cast<double>(c.seq);
+}
+
+// FLOP/s of `ranks` threads each multiplying (n, n) x (n, n) matrices of T at the same time, summed.
+template <class T>
+double gemm_rate(int ranks, std::int64_t n = 256, double seconds = 0.3) {
+  std::vector<double> rate(static_cast<std::size_t>(ranks));
+  run_threads(ranks, [&](ThreadComm& c) {
+    std::vector<T> a(static_cast<std::size_t>(n * n), T(0.5)), b(a), out(a);
+    c.barrier();
+    const auto start = std::chrono::steady_clock::now();
+    std::int64_t reps = 0;
+    do {
+      host::gemm<T>(host::Trans::no, host::Trans::no, n, n, n, T(1), a.data(), n, b.data(), n, T(0), out.data(), n);
+      ++reps;
+    } while (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() < seconds);
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    rate[static_cast<std::size_t>(c.rank())] = 2.0 * static_cast<double>(n * n * n * reps) / dt;
+  });
+  double total = 0;
+  for (double r : rate) total += r;
+  return total;
+}
+
+}  // namespace weft::train
