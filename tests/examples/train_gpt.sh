@@ -7,7 +7,7 @@ bin="$1"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
-run() { "$bin" --steps 12 --eval-every 6 --batch 8 "$@"; }
+run() { "$bin" --steps 12 --eval-every 6 --batch 8 --layers 1 --width 32 --seq 32 "$@"; }
 
 # Same losses under ddp and ddp-sp, on 1 and 4 ranks, in f32 (1e-5 relative).
 run --strategy ddp --log "$work/a.jsonl" >/dev/null || fail "ddp run failed"
@@ -48,6 +48,6 @@ out=$("$bin" --data-file "$work/bad.bin" 2>&1); rc=$?
 
 # Text: trains on bytes and prints a sample.
 for i in $(seq 1 300); do echo "the quick brown fox jumps over the lazy dog. "; done > "$work/text.txt"
-out=$("$bin" --text "$work/text.txt" --preset tiny --steps 30 --sample 40 2>&1) || fail "text run: $out"
+out=$("$bin" --text "$work/text.txt" --seq 32 --layers 1 --width 32 --steps 10 --sample 10 --eval-every 5 2>&1) || fail "text run: $out"
 echo "$out" | grep -q "^sample:" || fail "no sample: $out"
 echo "train_gpt: all checks passed"
