@@ -16,6 +16,7 @@
 #include <weft/nn/gpt.hpp>
 #include <weft/optim/optimizer.hpp>
 #include <weft/optim/schedule.hpp>
+#include <weft/optim/zero.hpp>
 #include <weft/train/metrics.hpp>
 
 #include <algorithm>
@@ -70,7 +71,8 @@ struct HeldOut {
 
 std::string mib(double bytes) { return cat(std::round(bytes / (1 << 20) * 10) / 10, " MiB"); }
 
-template <class T, bool SP>
+// Stage 0: DDP (AdamW on every rank); 1, 2: ZeRO over the data axis.
+template <class T, bool SP, int Stage>
 int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus) {
   const std::int64_t micro = o.micro_batch > 0 ? o.micro_batch : o.batch;
   const std::int64_t accum = o.batch / micro;
@@ -99,8 +101,12 @@ int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus) {
   run_threads(ranks, [&](ThreadComm& world) {
     Mesh mesh{world, {.data = o.data, .tensor = o.tensor}};
     Host host;
-    nn::Gpt<T, SP> gpt(host, cfg, mesh.spread(), micro);
-    optim::AdamW<nn::Gpt<T, SP>> opt(gpt, {.lr = o.lr});
+    using Model = nn::Gpt<T, SP>;
+    Model gpt(host, cfg, mesh.spread(), micro);
+    std::optional<optim::AdamW<Model>> ddp;
+    std::optional<optim::ZeroAdamW<Model, Stage == 2 ? 2 : 1>> zero;
+    if constexpr (Stage == 0) ddp.emplace(gpt, typename optim::AdamW<Model>::Config{.lr = o.lr});
+    else zero.emplace(gpt, typename optim::AdamW<Model>::Config{.lr = o.lr}, mesh);
     data::Loader<Corpus> loader(corpus, cfg.seq, micro, o.data, mesh.coord().data);
     const HeldOut held{&corpus};
     std::vector<std::int32_t> x, y;
@@ -127,10 +133,15 @@ int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus) {
         loader.next(x, y);
         loss += gpt.forward_backward(x, y, micro, mesh, nullptr, 1.0 / static_cast<double>(accum)) / static_cast<double>(accum);
       }
-      optim::reduce_gradients<T>(gpt, mesh);
-      const double norm = optim::clip_grad_norm(gpt, mesh, o.clip);
       const double lr = schedule.lr(step);
-      opt.step(lr);
+      double norm = 0;
+      if constexpr (Stage == 0) {
+        optim::reduce_gradients<T>(gpt, mesh);
+        norm = optim::clip_grad_norm(gpt, mesh, o.clip);
+        ddp->step(lr);
+      } else {
+        norm = zero->step(lr, o.clip, mesh);
+      }
       const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       std::vector<std::int64_t> peak_bytes{host.memory().total_peak};
       world.all_reduce(std::span<std::int64_t>(peak_bytes), ReduceOp::max);
@@ -202,19 +213,25 @@ int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus) {
 }
 
 // The compiled strategies, by name. The one closed dispatch from run-time choices to instantiations.
-const std::vector<std::string> kStrategies{"ddp", "ddp-sp"};
+const std::vector<std::string> kStrategies{"ddp", "ddp-sp", "zero1", "zero1-sp", "zero2", "zero2-sp"};
 
 void check_strategy(const std::string& name) {
   if (std::find(kStrategies.begin(), kStrategies.end(), name) == kStrategies.end())
     throw Error("train_gpt", cat("strategy '", name, "' is not available"),
-                cat("use one of: ", join(kStrategies), " (zero1, zero2 and fsdp are not built yet)"));
+                cat("use one of: ", join(kStrategies), " (fsdp is not built yet)"));
 }
 
 int dispatch(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus) {
   check_strategy(o.strategy);
-  const bool sp = o.strategy == "ddp-sp";
-  if (o.dtype == "f32") return sp ? train<float, true>(o, cfg, corpus) : train<float, false>(o, cfg, corpus);
-  if (o.dtype == "f64") return sp ? train<double, true>(o, cfg, corpus) : train<double, false>(o, cfg, corpus);
+  const bool sp = o.strategy.ends_with("-sp");
+  const int stage = o.strategy.starts_with("zero1") ? 1 : o.strategy.starts_with("zero2") ? 2 : 0;
+  auto with = [&]<class T>() {
+    if (stage == 0) return sp ? train<T, true, 0>(o, cfg, corpus) : train<T, false, 0>(o, cfg, corpus);
+    if (stage == 1) return sp ? train<T, true, 1>(o, cfg, corpus) : train<T, false, 1>(o, cfg, corpus);
+    return sp ? train<T, true, 2>(o, cfg, corpus) : train<T, false, 2>(o, cfg, corpus);
+  };
+  if (o.dtype == "f32") return with.template operator()<float>();
+  if (o.dtype == "f64") return with.template operator()<double>();
   throw Error("train_gpt", cat("dtype '", o.dtype, "' is not available on the host"), "use f32 or f64");
 }
 
@@ -231,7 +248,7 @@ int main(int argc, char** argv) {
   app.add_option("--vocab", o.vocab, "override the preset's vocabulary");
   app.add_option("--data", o.data, "data-parallel degree")->check(CLI::PositiveNumber);
   app.add_option("--tensor", o.tensor, "tensor-parallel degree")->check(CLI::PositiveNumber);
-  app.add_option("--strategy", o.strategy, "ddp or ddp-sp (with sequence parallelism)");
+  app.add_option("--strategy", o.strategy, "ddp, zero1 or zero2, each also with -sp (sequence parallelism)");
   app.add_option("--batch", o.batch, "global batch, in sequences")->check(CLI::PositiveNumber);
   app.add_option("--micro-batch", o.micro_batch, "global micro-batch (gradient accumulation); default: the batch");
   app.add_option("--steps", o.steps, "optimizer steps")->check(CLI::PositiveNumber);

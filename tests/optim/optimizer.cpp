@@ -5,6 +5,7 @@
 #include <cmath>
 #include <map>
 #include <mutex>
+#include <optional>
 
 #include "weft/comm/mesh.hpp"
 #include "weft/comm/threads/run.hpp"
@@ -13,6 +14,7 @@
 #include "weft/nn/gpt.hpp"
 #include "weft/optim/optimizer.hpp"
 #include "weft/optim/schedule.hpp"
+#include "weft/optim/zero.hpp"
 
 using namespace weft;
 
@@ -69,8 +71,9 @@ struct Trained {
 };
 
 // 5 steps of AdamW with clipping on the Markov corpus, gathering the global parameters at the end.
-template <bool SP>
-Trained train(int data, int tensor) {
+// Stage 0: DDP; 1, 2: ZeRO.
+template <bool SP, int Stage = 0>
+Trained train(int data, int tensor, std::int64_t* state_bytes = nullptr) {
   Trained out;
   std::mutex mu;
   const data::MarkovSource corpus(kConfig.vocab, 4);
@@ -78,16 +81,27 @@ Trained train(int data, int tensor) {
     Mesh mesh{world, {.data = data, .tensor = tensor}};
     Host h;
     nn::Gpt<double, SP> gpt(h, kConfig, mesh.spread(), kBatch);
-    optim::AdamW<nn::Gpt<double, SP>> opt(gpt, {.lr = 1e-2});
+    using Model = nn::Gpt<double, SP>;
+    std::optional<optim::AdamW<Model>> ddp;
+    std::optional<optim::ZeroAdamW<Model, Stage == 2 ? 2 : 1>> zero;
+    const std::int64_t before = h.memory().current_of(Category::optimizer_state);
+    if constexpr (Stage == 0) ddp.emplace(gpt, typename optim::AdamW<Model>::Config{.lr = 1e-2});
+    else zero.emplace(gpt, typename optim::AdamW<Model>::Config{.lr = 1e-2}, mesh);
+    if (state_bytes && world.rank() == 0) *state_bytes = h.memory().current_of(Category::optimizer_state) - before;
     data::Loader<data::MarkovSource> loader(corpus, kConfig.seq, kBatch, data, mesh.coord().data);
     std::vector<std::int32_t> x, y;
     for (int step = 0; step < 5; ++step) {
       gpt.zero_grad();
       loader.next(x, y);
       const double loss = gpt.forward_backward(x, y, kBatch, mesh);
-      optim::reduce_gradients<double>(gpt, mesh, 4096);  // small buckets: several all-reduces
-      const double norm = optim::clip_grad_norm(gpt, mesh, 0.5);
-      opt.step(1e-2);
+      double norm = 0;
+      if constexpr (Stage == 0) {
+        optim::reduce_gradients<double>(gpt, mesh, 4096);  // small buckets: several all-reduces
+        norm = optim::clip_grad_norm(gpt, mesh, 0.5);
+        ddp->step(1e-2);
+      } else {
+        norm = zero->step(1e-2, 0.5, mesh);
+      }
       if (world.rank() == 0) {
         std::lock_guard lock(mu);
         out.losses.push_back(loss);
@@ -132,5 +146,33 @@ TEST_CASE("DDP (alone and with tensor parallelism) trains like one rank: 5 AdamW
       CHECK_MESSAGE(worst <= 1e-12, "data ", dp, " x tensor ", tp, ": ", worst);
       MESSAGE("data ", dp, " x tensor ", tp, ": worst relative difference after 5 steps ", worst);
     }
+  }
+}
+
+TEST_CASE("ZeRO-1 and ZeRO-2 train like one rank and keep about 1/dp of the optimizer state") {
+  const Trained ref = train<false>(1, 1);
+  std::int64_t full_state = 0;
+  train<false>(1, 1, &full_state);
+  for (auto [dp, tp] : {std::pair{2, 1}, {4, 1}, {2, 2}}) {
+    std::int64_t s1 = 0, s2 = 0;
+    const Trained z1 = train<false, 1>(dp, tp, &s1), z2 = train<true, 2>(dp, tp, &s2);
+    for (const Trained* t : {&z1, &z2}) {
+      double diff = 0, scale = 0;
+      for (const auto& [name, v] : ref.params)
+        for (std::size_t i = 0; i < v.size(); ++i) {
+          diff = std::max(diff, std::fabs(t->params.at(name)[i] - v[i]));
+          scale = std::max(scale, std::fabs(v[i]));
+        }
+      CHECK_MESSAGE(diff / scale <= 1e-12, "data ", dp, " x tensor ", tp, ": ", diff / scale);
+      for (std::size_t s = 0; s < ref.norms.size(); ++s) CHECK(t->norms[s] == doctest::Approx(ref.norms[s]).epsilon(1e-12));
+      MESSAGE("ZeRO data ", dp, " x tensor ", tp, ": worst relative difference ", diff / scale);
+    }
+    // The state of this rank: 2 doubles per element of its slice, the slice being ceil(P / dp) of
+    // its P local parameter elements (P = the one-rank count / tp for sharded parameters).
+    const double expect = static_cast<double>(full_state) / tp / dp;
+    CHECK(static_cast<double>(s1) <= expect * 1.3);  // tensor-replicated parameters are not divided by tp
+    CHECK(static_cast<double>(s1) >= expect * 0.99);
+    CHECK(s1 == s2);
+    MESSAGE("optimizer state per rank: ", s1, " bytes (one rank, AdamW: ", full_state, ")");
   }
 }
