@@ -14,6 +14,7 @@
 #include "weft/nn/gpt.hpp"
 #include "weft/optim/optimizer.hpp"
 #include "weft/optim/schedule.hpp"
+#include "weft/optim/fsdp.hpp"
 #include "weft/optim/zero.hpp"
 
 using namespace weft;
@@ -71,9 +72,10 @@ struct Trained {
 };
 
 // 5 steps of AdamW with clipping on the Markov corpus, gathering the global parameters at the end.
-// Stage 0: DDP; 1, 2: ZeRO.
+// Stage 0: DDP; 1, 2: ZeRO; 3: FSDP.
 template <bool SP, int Stage = 0>
-Trained train(int data, int tensor, std::int64_t* state_bytes = nullptr) {
+Trained train(int data, int tensor, std::int64_t* state_bytes = nullptr, std::int64_t* param_peak = nullptr,
+              std::int64_t* param_now = nullptr) {
   Trained out;
   std::mutex mu;
   const data::MarkovSource corpus(kConfig.vocab, 4);
@@ -84,18 +86,31 @@ Trained train(int data, int tensor, std::int64_t* state_bytes = nullptr) {
     using Model = nn::Gpt<double, SP>;
     std::optional<optim::AdamW<Model>> ddp;
     std::optional<optim::ZeroAdamW<Model, Stage == 2 ? 2 : 1>> zero;
+    std::optional<optim::Fsdp<Model, Mesh<ThreadComm>>> fsdp;
     const std::int64_t before = h.memory().current_of(Category::optimizer_state);
     if constexpr (Stage == 0) ddp.emplace(gpt, typename optim::AdamW<Model>::Config{.lr = 1e-2});
+    else if constexpr (Stage == 3) fsdp.emplace(gpt, typename optim::AdamW<Model>::Config{.lr = 1e-2}, mesh);
     else zero.emplace(gpt, typename optim::AdamW<Model>::Config{.lr = 1e-2}, mesh);
+    if (param_now && world.rank() == 0) *param_now = h.memory().current_of(Category::parameters);
+    h.allocator.reset_peak();
     if (state_bytes && world.rank() == 0) *state_bytes = h.memory().current_of(Category::optimizer_state) - before;
     data::Loader<data::MarkovSource> loader(corpus, kConfig.seq, kBatch, data, mesh.coord().data);
     std::vector<std::int32_t> x, y;
     for (int step = 0; step < 5; ++step) {
-      gpt.zero_grad();
       loader.next(x, y);
-      const double loss = gpt.forward_backward(x, y, kBatch, mesh);
-      double norm = 0;
-      if constexpr (Stage == 0) {
+      double loss = 0, norm = 0;
+      if constexpr (Stage == 3) {
+        fsdp->zero_grad();
+        fsdp->begin();
+        loss = gpt.forward_backward(x, y, kBatch, mesh);
+        fsdp->end();
+        norm = fsdp->step(1e-2, 0.5);
+      } else {
+        gpt.zero_grad();
+        loss = gpt.forward_backward(x, y, kBatch, mesh);
+      }
+      if constexpr (Stage == 3) {
+      } else if constexpr (Stage == 0) {
         optim::reduce_gradients<double>(gpt, mesh, 4096);  // small buckets: several all-reduces
         norm = optim::clip_grad_norm(gpt, mesh, 0.5);
         ddp->step(1e-2);
@@ -108,6 +123,8 @@ Trained train(int data, int tensor, std::int64_t* state_bytes = nullptr) {
         out.norms.push_back(norm);
       }
     }
+    if (param_peak && world.rank() == 0) *param_peak = h.memory().peak_of(Category::parameters);
+    if constexpr (Stage == 3) fsdp->materialize();
     gpt.for_each_param([&](const std::string& name, auto& p) {
       const auto v = redistribute<Replicated>(p.value, mesh);
       if (world.rank() != 0) return;
@@ -175,4 +192,41 @@ TEST_CASE("ZeRO-1 and ZeRO-2 train like one rank and keep about 1/dp of the opti
     CHECK(s1 == s2);
     MESSAGE("optimizer state per rank: ", s1, " bytes (one rank, AdamW: ", full_state, ")");
   }
+}
+
+TEST_CASE("FSDP trains like one rank and holds about 1/dp of the parameters plus one gathered block") {
+  const Trained ref = train<false>(1, 1);
+  for (auto [dp, tp] : {std::pair{2, 1}, {4, 1}, {2, 2}}) {
+    for (const Trained& t : {train<false, 3>(dp, tp), train<true, 3>(dp, tp)}) {
+      double diff = 0, scale = 0;
+      for (const auto& [name, v] : ref.params)
+        for (std::size_t i = 0; i < v.size(); ++i) {
+          diff = std::max(diff, std::fabs(t.params.at(name)[i] - v[i]));
+          scale = std::max(scale, std::fabs(v[i]));
+        }
+      CHECK_MESSAGE(diff / scale <= 1e-12, "data ", dp, " x tensor ", tp, ": ", diff / scale);
+      for (std::size_t s = 0; s < ref.norms.size(); ++s) CHECK(t.norms[s] == doctest::Approx(ref.norms[s]).epsilon(1e-12));
+      MESSAGE("FSDP data ", dp, " x tensor ", tp, ": worst relative difference ", diff / scale);
+    }
+  }
+  // Memory at data 4: count one block's and the rest's parameters on a one-rank model.
+  std::int64_t block = 0, rest = 0;
+  run_threads(1, [&](ThreadComm& w) {
+    Mesh mesh{w, {}};
+    Host h;
+    nn::Gpt<double> gpt(h, kConfig, mesh.spread(), kBatch);
+    gpt.blocks[0].for_each_param("h0", [&](const std::string&, auto& p) { block += p.value.numel(); });
+    gpt.wte.for_each_param("wte", [&](const std::string&, auto& p) { rest += p.value.numel(); });
+    gpt.wpe.for_each_param("wpe", [&](const std::string&, auto& p) { rest += p.value.numel(); });
+    gpt.ln_f.for_each_param("ln_f", [&](const std::string&, auto& p) { rest += p.value.numel(); });
+  });
+  const int dp = 4;
+  const std::int64_t sb = (block + dp - 1) / dp, sr = (rest + dp - 1) / dp;
+  std::int64_t peak = 0, now = 0;
+  train<false, 3>(dp, 1, nullptr, &peak, &now);
+  // At rest: the slices. During a step: the slices, the rest gathered, and one block gathered.
+  CHECK(now == (kConfig.layers * sb + sr) * 8);
+  CHECK(peak == (kConfig.layers * sb + sr) * 8 + sr * dp * 8 + sb * dp * 8);
+  MESSAGE("FSDP data 4: parameters ", now, " bytes at rest, peak ", peak, " in a step (one rank: ",
+          (kConfig.layers * block + rest) * 8, ")");
 }

@@ -66,6 +66,15 @@ constexpr std::int64_t padded_vocab(std::int64_t vocab, int tensor_degree) {
   return (vocab + tensor_degree - 1) / tensor_degree * tensor_degree;
 }
 
+// Called around each block's forward and backward (FSDP gathers the block's parameters there).
+struct BlockHooks {
+  virtual void before_forward(std::size_t) {}
+  virtual void after_forward(std::size_t) {}
+  virtual void before_backward(std::size_t) {}
+  virtual void after_backward(std::size_t) {}
+  virtual ~BlockHooks() = default;
+};
+
 template <Floating T, bool SP = false, recompute::Policy Recompute = recompute::None>
 class Gpt {
  public:
@@ -78,6 +87,7 @@ class Gpt {
   PositionEmbedding<T, A> wpe;    // (T, C)
   std::vector<Block<T, SP, Recompute>> blocks;
   LayerNorm<T, A> ln_f;
+  BlockHooks* hooks = nullptr;  // not owned
 
   Gpt(Host& dev, const GptConfig& c, const Spread& s, std::int64_t batch) : config((validate(c, s, SP, batch), c)) {
     wte = VocabParallelEmbedding<T>(dev, padded_vocab(c.vocab, s.tensor_degree), c.width, s, 0, c.seed, c.init_std);
@@ -110,7 +120,11 @@ class Gpt {
     wpe.forward(x);
 
     std::vector<typename Block<T, SP, Recompute>::Ctx> ctx(blocks.size());
-    for (std::size_t l = 0; l < blocks.size(); ++l) x = blocks[l].forward(ctx[l], x, mesh);
+    for (std::size_t l = 0; l < blocks.size(); ++l) {
+      if (hooks) hooks->before_forward(l);
+      x = blocks[l].forward(ctx[l], x, mesh);
+      if (hooks) hooks->after_forward(l);
+    }
     typename LayerNorm<T, A>::Ctx lnf_ctx;
     auto xr = Enter::forward(ln_f.forward(lnf_ctx, x), mesh);  // (B, T, C) Replicate
 
@@ -147,7 +161,11 @@ class Gpt {
     const std::vector<T> lnf_before = snapshot({&ln_f.weight, &ln_f.bias});
     auto dx = ln_f.backward(lnf_ctx, Enter::backward(dxr, mesh));
     if constexpr (SP) reduce_increment({&ln_f.weight, &ln_f.bias}, lnf_before, mesh);  // partial over sequence slices
-    for (std::size_t l = blocks.size(); l-- > 0;) dx = blocks[l].backward(ctx[l], dx, mesh);
+    for (std::size_t l = blocks.size(); l-- > 0;) {
+      if (hooks) hooks->before_backward(l);
+      dx = blocks[l].backward(ctx[l], dx, mesh);
+      if (hooks) hooks->after_backward(l);
+    }
 
     // Position gradients: each rank adds its positions' rows (under SP a slice; reduced below).
     const std::vector<T> wpe_before = snapshot({&wpe.weight});
