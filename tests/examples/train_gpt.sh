@@ -15,6 +15,8 @@ run --strategy ddp-sp --log "$work/b.jsonl" >/dev/null || fail "ddp-sp run faile
 run --strategy ddp --data 1 --tensor 1 --log "$work/c.jsonl" >/dev/null || fail "one-rank run failed"
 run --strategy zero1 --log "$work/d.jsonl" >/dev/null || fail "zero1 run failed"
 run --strategy zero2-sp --log "$work/e.jsonl" >/dev/null || fail "zero2-sp run failed"
+run --strategy fsdp --log "$work/f.jsonl" >/dev/null || fail "fsdp run failed"
+run --strategy fsdp-sp --micro-batch 4 --log "$work/g.jsonl" >/dev/null || fail "fsdp-sp with accumulation failed"
 python3 - "$work" <<'PY' || exit 1
 import json, sys
 def losses(name):
@@ -27,16 +29,17 @@ def losses(name):
     return [r["loss"] for r in rows if "loss" in r]
 a = losses("a")
 assert len(a) == 12, len(a)
-for other in ("b", "c", "d", "e"):
+for other in ("b", "c", "d", "e", "f", "g"):
     for x, y in zip(a, losses(other)):
         assert abs(x - y) <= 1e-5 * abs(x), (other, x, y)
-print(f"losses agree across ddp, ddp-sp, one rank, zero1 and zero2-sp: first {a[0]:.6f}, last {a[-1]:.6f}")
+print(f"losses agree across ddp, ddp-sp, one rank, zero1, zero2-sp, fsdp and fsdp-sp (2 micro-batches): "
+      f"first {a[0]:.6f}, last {a[-1]:.6f}")
 PY
 
 # Bad options: exit code 2 and a message.
 out=$("$bin" --strategy zero9 2>&1); rc=$?
 [ $rc -eq 2 ] || fail "unknown strategy exited $rc"
-echo "$out" | grep -q "strategy 'zero9' is not available; use one of: ddp, ddp-sp, zero1, zero1-sp, zero2, zero2-sp" || fail "message: $out"
+echo "$out" | grep -q "strategy 'zero9' is not available; use one of: ddp, ddp-sp, zero1, zero1-sp, zero2, zero2-sp, fsdp, fsdp-sp" || fail "message: $out"
 out=$("$bin" --heads 3 2>&1); rc=$?
 [ $rc -eq 2 ] && echo "$out" | grep -q "width 64 is not divisible by 3 heads" || fail "heads 3: $rc $out"
 out=$("$bin" --steps -4 2>&1); rc=$?
