@@ -105,22 +105,22 @@ int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus) {
     using Model = nn::Gpt<T, SP>;
     Model gpt(host, cfg, mesh.spread(), micro);
     std::optional<optim::AdamW<Model>> ddp;
-    std::optional<optim::ZeroAdamW<Model, Stage == 2 ? 2 : 1>> zero;
-    std::optional<optim::Fsdp<Model, Mesh<ThreadComm>>> fsdp;
+    std::optional<optim::ZeroAdamW<Model, 1>> zero;
+    std::optional<optim::Sharded<Model, Mesh<ThreadComm>, Stage == 2 ? 2 : 3>> fsdp;  // ZeRO-2 or FSDP
     const typename optim::AdamW<Model>::Config adam{.lr = o.lr};
     if constexpr (Stage == 0) ddp.emplace(gpt, adam);
-    else if constexpr (Stage == 3) fsdp.emplace(gpt, adam, mesh);
+    else if constexpr (Stage >= 2) fsdp.emplace(gpt, adam, mesh);
     else zero.emplace(gpt, adam, mesh);
     // The strategy-specific parts of a step: clearing gradients, one micro-batch, the update.
     auto zero_grad = [&] {
-      if constexpr (Stage == 3) fsdp->zero_grad();
+      if constexpr (Stage >= 2) fsdp->zero_grad();
       else gpt.zero_grad();
     };
     auto micro_batch = [&](const std::vector<std::int32_t>& xs, const std::vector<std::int32_t>& ys, double scale,
                            std::vector<T>* logits = nullptr) {
-      if constexpr (Stage == 3) fsdp->begin();
+      if constexpr (Stage >= 2) fsdp->begin();
       const double l = gpt.forward_backward(xs, ys, micro, mesh, logits, scale);
-      if constexpr (Stage == 3) fsdp->end();
+      if constexpr (Stage >= 2) fsdp->end();
       return l;
     };
     data::Loader<Corpus> loader(corpus, cfg.seq, micro, o.data, mesh.coord().data);
@@ -155,7 +155,7 @@ int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus) {
         optim::reduce_gradients<T>(gpt, mesh);
         norm = optim::clip_grad_norm(gpt, mesh, o.clip);
         ddp->step(lr);
-      } else if constexpr (Stage == 3) {
+      } else if constexpr (Stage >= 2) {
         norm = fsdp->step(lr, o.clip);
       } else {
         norm = zero->step(lr, o.clip, mesh);

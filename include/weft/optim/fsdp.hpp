@@ -1,4 +1,9 @@
-// FSDP (ZeRO-3) over the data axis, with AdamW.
+// ZeRO-2 and FSDP (ZeRO-3) over the data axis, with AdamW: Sharded<Model, Mesh, Stage>.
+//
+// Stage 2 keeps every parameter whole on every rank but shards gradients and optimizer state:
+// each unit's full gradients exist only during its backward, then are reduce-scattered into the
+// slice; after the update the slices are all-gathered into the parameters. Stage 3 (FSDP) shards
+// the parameters too, as below.
 //
 // Parameters are grouped in units: one per block, and one for the rest (embeddings, final
 // LayerNorm). Each unit's parameters are flattened (for_each_param order), padded to a multiple of
@@ -9,9 +14,9 @@
 // forward and backward (the embedding is used at both ends). Parameter memory per rank is therefore
 // about P / dp plus the rest-unit plus one block.
 //
-// Use: fsdp.zero_grad(); for each micro-batch { fsdp.begin(); gpt.forward_backward(...);
-// fsdp.end(); } fsdp.step(lr, clip). The model's own zero_grad() must not be called: outside a
-// unit's window its parameter tensors are views of nothing.
+// Use: s.zero_grad(); for each micro-batch { s.begin(); gpt.forward_backward(...); s.end(); }
+// s.step(lr, clip). The model's own zero_grad() must not be called: outside a unit's window its
+// gradient (and, in stage 3, parameter) tensors are views of nothing.
 #pragma once
 
 #include <algorithm>
@@ -24,15 +29,18 @@
 
 namespace weft::optim {
 
-template <class Model, AxisComms M>
-class Fsdp final : public nn::BlockHooks {
+template <class Model, AxisComms M, int Stage>
+class Sharded final : public nn::BlockHooks {
+  static_assert(Stage == 2 || Stage == 3, "Sharded: stage 2 (ZeRO-2) or 3 (FSDP); stage 1 is ZeroAdamW");
+  static constexpr bool shard_params = Stage == 3;
+
   using E = typename std::remove_cvref_t<decltype(std::declval<Model&>().wte.weight.value)>::value_type;
   using S = state_t<E>;
 
  public:
   using Config = typename AdamW<Model>::Config;
 
-  Fsdp(Model& model, Config c, M& mesh) : model_(&model), mesh_(&mesh), config_(c), dev_(&model.wte.weight.value.dev()) {
+  Sharded(Model& model, Config c, M& mesh) : model_(&model), mesh_(&mesh), config_(c), dev_(&model.wte.weight.value.dev()) {
     auto& data = mesh.comm(Axis::data);
     auto& tensor = mesh.comm(Axis::tensor);
     dp_ = data.size();
@@ -48,7 +56,7 @@ class Fsdp final : public nn::BlockHooks {
     for (Unit& u : units_) shard(u);
     model.hooks = this;
   }
-  ~Fsdp() override {
+  ~Sharded() override {
     if (model_->hooks == this) model_->hooks = nullptr;
   }
 
@@ -84,6 +92,15 @@ class Fsdp final : public nn::BlockHooks {
       for (std::int64_t i = 0; i < u.shard; ++i)
         math::adamw_step(p[i], static_cast<S>(static_cast<double>(g[i]) * scale), m[i], v[i], a,
                          u.decay[static_cast<std::size_t>(index_ * u.shard + i)] != 0);
+      if constexpr (!shard_params) {  // ZeRO-2: every rank's parameters get every updated slice
+        std::vector<E> full(static_cast<std::size_t>(u.shard * dp_));
+        mesh_->comm(Axis::data).all_gather(std::span<const E>(p, static_cast<std::size_t>(u.shard)), std::span<E>(full));
+        std::int64_t at = 0;
+        for (Slot& s : u.slots) {
+          std::copy_n(full.begin() + static_cast<std::ptrdiff_t>(at), s.n, s.values);
+          at += s.n;
+        }
+      }
     }
     return norm;
   }
@@ -104,8 +121,9 @@ class Fsdp final : public nn::BlockHooks {
 
  private:
   struct Slot {
-    std::function<void(E*, E*)> bind;  // points the parameter's value and gradient at a buffer
+    std::function<void(E*, E*)> bind;  // points the parameter's value (stage 3) and gradient at buffers
     std::int64_t n;
+    E* values;  // stage 2: the parameter's own (whole) values
   };
   struct Unit {
     std::vector<Slot> slots;
@@ -128,10 +146,10 @@ class Fsdp final : public nn::BlockHooks {
     u.slots.push_back({[&p, dev](E* v, E* g) {
                          const Shape shape = p.value.global_shape();
                          const Spread spread = p.value.spread();
-                         p.value = TT::view(*dev, v, shape, spread);
+                         if constexpr (shard_params) p.value = TT::view(*dev, v, shape, spread);
                          p.grad = TT::view(*dev, g, shape, spread);
                        },
-                       n});
+                       n, p.value.data()});
     u.total += n;
   }
 
@@ -163,9 +181,12 @@ class Fsdp final : public nn::BlockHooks {
   void gather(Unit& u, bool with_grads, bool with_shard_grads = false) {
     auto& data = mesh_->comm(Axis::data);
     const std::int64_t padded = u.shard * dp_;
-    u.full_value = dev_->allocate(padded * static_cast<std::int64_t>(sizeof(E)), Category::parameters);
-    data.all_gather(std::span<const E>(static_cast<const E*>(u.value_shard.data()), static_cast<std::size_t>(u.shard)),
-                    std::span<E>(static_cast<E*>(u.full_value.data()), static_cast<std::size_t>(padded)));
+    if (!shard_params && !with_grads) return;  // stage 2: the values are always there
+    if constexpr (shard_params) {
+      u.full_value = dev_->allocate(padded * static_cast<std::int64_t>(sizeof(E)), Category::parameters);
+      data.all_gather(std::span<const E>(static_cast<const E*>(u.value_shard.data()), static_cast<std::size_t>(u.shard)),
+                      std::span<E>(static_cast<E*>(u.full_value.data()), static_cast<std::size_t>(padded)));
+    }
     if (with_grads) {
       u.full_grad = dev_->allocate(padded * static_cast<std::int64_t>(sizeof(E)), Category::gradients);
       E* g = static_cast<E*>(u.full_grad.data());
@@ -202,5 +223,10 @@ class Fsdp final : public nn::BlockHooks {
   std::vector<Unit> units_;
   std::int64_t t_ = 0;
 };
+
+template <class Model, AxisComms M>
+using Zero2 = Sharded<Model, M, 2>;
+template <class Model, AxisComms M>
+using Fsdp = Sharded<Model, M, 3>;
 
 }  // namespace weft::optim

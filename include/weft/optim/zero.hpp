@@ -1,18 +1,15 @@
-// ZeRO stages 1 and 2 over the data axis, with AdamW.
+// ZeRO stage 1 over the data axis, with AdamW (stage 2 and FSDP are optim::Zero2 and optim::Fsdp,
+// fsdp.hpp).
 //
 // The flat parameter vector of a rank is every local parameter shard concatenated in
 // for_each_param order (P elements), padded to a multiple of the data degree dp; data rank d owns
 // elements [d S, (d + 1) S), S = padded P / dp. Per step:
 //   stage 1: all-reduce the gradients over data (as DDP); take this rank's slice
-//   stage 2: reduce-scatter the gradients over data straight into this rank's slice
 // then the global gradient norm (each global element counted once: the slices are disjoint over
 // data, and tensor-replicated parameters count on tensor rank 0), clipping, AdamW on the slice with
 // state (m, v) for the slice only, and an all-gather of the updated slices into every rank's
 // parameters. The optimizer state per rank is 2 S values instead of 2 P: about 1/dp.
-//
-// Not done yet: stage 2 still leaves the full gradients in the layers' buffers (the reduce-scatter
-// reads them; freeing them per block needs the flat per-block buffers of the design), so its
-// gradient memory is that of stage 1. FSDP (stage 3) is not built.
+
 #pragma once
 
 #include <cmath>
@@ -24,7 +21,7 @@ namespace weft::optim {
 
 template <class Model, int Stage>
 class ZeroAdamW {
-  static_assert(Stage == 1 || Stage == 2, "ZeroAdamW: stage must be 1 or 2; stage 3 (FSDP) is not built yet");
+  static_assert(Stage == 1, "ZeroAdamW: stage must be 1; stages 2 and 3 are optim::Zero2 and optim::Fsdp (fsdp.hpp)");
 
  public:
   using Config = typename AdamW<Model>::Config;
