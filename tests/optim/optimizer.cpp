@@ -135,6 +135,23 @@ Trained train(int data, int tensor, std::int64_t* state_bytes = nullptr, std::in
   return out;
 }
 
+// Parameter elements of one block and of the rest (embeddings, final LayerNorm) on one rank: the
+// units that ZeRO-2 and FSDP shard.
+std::pair<std::int64_t, std::int64_t> unit_sizes() {
+  std::int64_t block = 0, rest = 0;
+  run_threads(1, [&](ThreadComm& w) {
+    Mesh mesh{w, {}};
+    Host h;
+    nn::Gpt<double> gpt(h, kConfig, mesh.spread(), kBatch);
+    const auto count = [](std::int64_t& n) { return [&n](const std::string&, auto& p) { n += p.value.numel(); }; };
+    gpt.blocks[0].for_each_param("h0", count(block));
+    gpt.wte.for_each_param("wte", count(rest));
+    gpt.wpe.for_each_param("wpe", count(rest));
+    gpt.ln_f.for_each_param("ln_f", count(rest));
+  });
+  return {block, rest};
+}
+
 }  // namespace
 
 TEST_CASE("DDP (alone and with tensor parallelism) trains like one rank: 5 AdamW steps within 1e-12") {
@@ -212,16 +229,7 @@ TEST_CASE("FSDP trains like one rank and holds about 1/dp of the parameters plus
     }
   }
   // Memory at data 4: count one block's and the rest's parameters on a one-rank model.
-  std::int64_t block = 0, rest = 0;
-  run_threads(1, [&](ThreadComm& w) {
-    Mesh mesh{w, {}};
-    Host h;
-    nn::Gpt<double> gpt(h, kConfig, mesh.spread(), kBatch);
-    gpt.blocks[0].for_each_param("h0", [&](const std::string&, auto& p) { block += p.value.numel(); });
-    gpt.wte.for_each_param("wte", [&](const std::string&, auto& p) { rest += p.value.numel(); });
-    gpt.wpe.for_each_param("wpe", [&](const std::string&, auto& p) { rest += p.value.numel(); });
-    gpt.ln_f.for_each_param("ln_f", [&](const std::string&, auto& p) { rest += p.value.numel(); });
-  });
+  const auto [block, rest] = unit_sizes();
   const int dp = 4;
   const std::int64_t sb = (block + dp - 1) / dp, sr = (rest + dp - 1) / dp;
   std::int64_t peak = 0, now = 0;
@@ -234,16 +242,7 @@ TEST_CASE("FSDP trains like one rank and holds about 1/dp of the parameters plus
 }
 
 TEST_CASE("ZeRO-2 holds gradients for 1/dp of the parameters at rest and one unit in full during backward") {
-  std::int64_t block = 0, rest = 0;
-  run_threads(1, [&](ThreadComm& w) {
-    Mesh mesh{w, {}};
-    Host h;
-    nn::Gpt<double> gpt(h, kConfig, mesh.spread(), kBatch);
-    gpt.blocks[0].for_each_param("h0", [&](const std::string&, auto& p) { block += p.value.numel(); });
-    gpt.wte.for_each_param("wte", [&](const std::string&, auto& p) { rest += p.value.numel(); });
-    gpt.wpe.for_each_param("wpe", [&](const std::string&, auto& p) { rest += p.value.numel(); });
-    gpt.ln_f.for_each_param("ln_f", [&](const std::string&, auto& p) { rest += p.value.numel(); });
-  });
+  const auto [block, rest] = unit_sizes();
   const int dp = 4;
   const std::int64_t sb = (block + dp - 1) / dp, sr = (rest + dp - 1) / dp;
   std::int64_t grads_now = 0, grads_peak = 0;

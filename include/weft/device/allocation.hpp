@@ -23,6 +23,24 @@ struct MemoryStats {
   std::int64_t total_current = 0, total_peak = 0;
 
   std::int64_t current_of(Category c) const { return current[static_cast<std::size_t>(c)]; }
+
+  // The accounting every allocator does around its own allocation and release.
+  void on_allocate(std::int64_t bytes, Category c) {
+    const auto i = static_cast<std::size_t>(c);
+    current[i] += bytes;
+    peak[i] = peak[i] > current[i] ? peak[i] : current[i];
+    total_current += bytes;
+    total_peak = total_peak > total_current ? total_peak : total_current;
+  }
+  void on_release(std::int64_t bytes, Category c) {
+    current[static_cast<std::size_t>(c)] -= bytes;
+    total_current -= bytes;
+  }
+  // Starts a new peak measurement from the current usage.
+  void reset_peak() {
+    peak = current;
+    total_peak = total_current;
+  }
   std::int64_t peak_of(Category c) const { return peak[static_cast<std::size_t>(c)]; }
 };
 

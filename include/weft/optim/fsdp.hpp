@@ -38,7 +38,7 @@ class Sharded final : public nn::BlockHooks {
   using S = state_t<E>;
 
  public:
-  using Config = typename AdamW<Model>::Config;
+  using Config = AdamWConfig;
 
   Sharded(Model& model, Config c, M& mesh) : model_(&model), mesh_(&mesh), config_(c), dev_(&model.wte.weight.value.dev()) {
     auto& data = mesh.comm(Axis::data);
@@ -81,9 +81,7 @@ class Sharded final : public nn::BlockHooks {
     mesh_->comm(Axis::data).all_reduce(std::span<double>(sq));
     const double norm = std::sqrt(sq[0]);
     const double scale = (max_norm > 0 && norm > max_norm) ? max_norm / (norm + 1e-6) : 1.0;
-    const math::AdamWParams<S> a{static_cast<S>(lr), static_cast<S>(config_.beta1), static_cast<S>(config_.beta2),
-                                 static_cast<S>(config_.eps), static_cast<S>(config_.weight_decay),
-                                 static_cast<S>(1 - std::pow(config_.beta1, t_)), static_cast<S>(1 - std::pow(config_.beta2, t_))};
+    const auto a = adamw_params<S>(config_, lr, t_);
     for (Unit& u : units_) {
       E* p = static_cast<E*>(u.value_shard.data());
       const E* g = static_cast<const E*>(u.grad_shard.data());

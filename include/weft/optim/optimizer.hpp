@@ -98,13 +98,23 @@ void reduce_gradients(Model& model, M& mesh, std::int64_t bucket_bytes = 25 << 2
   flush();
 }
 
+struct AdamWConfig {
+  double lr = 6e-4, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
+};
+
+// The per-step constants of AdamW at step t (1-based) and learning rate lr, in state type S.
+template <class S>
+math::AdamWParams<S> adamw_params(const AdamWConfig& c, double lr, std::int64_t t) {
+  return {static_cast<S>(lr), static_cast<S>(c.beta1), static_cast<S>(c.beta2), static_cast<S>(c.eps),
+          static_cast<S>(c.weight_decay), static_cast<S>(1 - std::pow(c.beta1, static_cast<double>(t))),
+          static_cast<S>(1 - std::pow(c.beta2, static_cast<double>(t)))};
+}
+
 // AdamW over every parameter of a model.
 template <class Model>
 class AdamW {
  public:
-  struct Config {
-    double lr = 6e-4, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
-  };
+  using Config = AdamWConfig;
 
   AdamW(Model& model, Config c) : model_(&model), config_(c) {
     model.for_each_param([&](const std::string&, auto& p) {
@@ -122,9 +132,7 @@ class AdamW {
     model_->for_each_param([&](const std::string& name, auto& p) {
       using P = typename std::remove_cvref_t<decltype(p.value)>::value_type;
       using S = state_t<P>;
-      const math::AdamWParams<S> a{static_cast<S>(lr), static_cast<S>(config_.beta1), static_cast<S>(config_.beta2),
-                                   static_cast<S>(config_.eps), static_cast<S>(config_.weight_decay),
-                                   static_cast<S>(1 - std::pow(config_.beta1, t_)), static_cast<S>(1 - std::pow(config_.beta2, t_))};
+      const auto a = adamw_params<S>(config_, lr, t_);
       S* m = static_cast<S*>(states_[i].mem.data());
       S* v = m + states_[i].n;
       const bool decay = decays(name, p);

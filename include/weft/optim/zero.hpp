@@ -24,7 +24,7 @@ class ZeroAdamW {
   static_assert(Stage == 1, "ZeroAdamW: stage must be 1; stages 2 and 3 are optim::Zero2 and optim::Fsdp (fsdp.hpp)");
 
  public:
-  using Config = typename AdamW<Model>::Config;
+  using Config = AdamWConfig;
 
   template <AxisComms M>
   ZeroAdamW(Model& model, Config c, M& mesh) : model_(&model), config_(c) {
@@ -75,9 +75,7 @@ class ZeroAdamW {
     // AdamW on this rank's slice of the parameters.
     std::vector<E> params(static_cast<std::size_t>(shard_ * dp_), E(0));
     pack_values(params);
-    const math::AdamWParams<S> a{static_cast<S>(lr), static_cast<S>(config_.beta1), static_cast<S>(config_.beta2),
-                                 static_cast<S>(config_.eps), static_cast<S>(config_.weight_decay),
-                                 static_cast<S>(1 - std::pow(config_.beta1, t_)), static_cast<S>(1 - std::pow(config_.beta2, t_))};
+    const auto a = adamw_params<S>(config_, lr, t_);
     S* m = static_cast<S*>(state_.data());
     S* v = m + shard_;
     E* mine = params.data() + index_ * shard_;

@@ -47,19 +47,15 @@ class Allocator final : public Releaser {
                     "reduce the batch or model size, or use more ranks");
       }
     }
-    const auto i = static_cast<std::size_t>(c);
-    stats_.current[i] += bytes;
-    stats_.peak[i] = std::max(stats_.peak[i], stats_.current[i]);
-    stats_.total_current += bytes;
-    stats_.total_peak = std::max(stats_.total_peak, stats_.total_current);
+    stats_.on_allocate(bytes, c);
     return make(p, bytes, c);
   }
   const MemoryStats& stats() const { return stats_; }
+  void reset_peak() { stats_.reset_peak(); }
 
   void release(void* p, std::int64_t bytes, Category c) noexcept override {
     if (p) (void)cudaFreeAsync(p, stream_);
-    stats_.current[static_cast<std::size_t>(c)] -= bytes;
-    stats_.total_current -= bytes;
+    stats_.on_release(bytes, c);
   }
 
  private:
@@ -97,6 +93,7 @@ class Cuda {
 
   Allocation allocate(std::int64_t bytes, Category c = Category::other) { return allocator_->allocate(bytes, c); }
   const MemoryStats& memory() const { return allocator_->stats(); }
+  void reset_peak() { allocator_->reset_peak(); }
   cudaStream_t stream() const { return stream_; }
   int device() const { return device_; }
   void synchronize() const { cuda::check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); }

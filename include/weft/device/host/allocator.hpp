@@ -35,26 +35,18 @@ class HostAllocator final : public Releaser {
                         " bytes in use"),
                     "reduce the batch or model size, or use more ranks");
     }
-    const auto i = static_cast<std::size_t>(c);
-    stats_.current[i] += bytes;
-    stats_.peak[i] = std::max(stats_.peak[i], stats_.current[i]);
-    stats_.total_current += bytes;
-    stats_.total_peak = std::max(stats_.total_peak, stats_.total_current);
+    stats_.on_allocate(bytes, c);
     return Allocation(this, p, bytes, c);
   }
 
   const MemoryStats& stats() const { return stats_; }
   // Starts a new peak measurement from the current usage.
-  void reset_peak() {
-    stats_.peak = stats_.current;
-    stats_.total_peak = stats_.total_current;
-  }
+  void reset_peak() { stats_.reset_peak(); }
 
  private:
   void release(void* p, std::int64_t bytes, Category c) noexcept override {
     if (p) ::operator delete(p, std::align_val_t{alignment});
-    stats_.current[static_cast<std::size_t>(c)] -= bytes;
-    stats_.total_current -= bytes;
+    stats_.on_release(bytes, c);
   }
   MemoryStats stats_;
 };
