@@ -272,3 +272,39 @@ TEST_CASE("ZeRO-2 holds gradients for 1/dp of the parameters at rest and one uni
   MESSAGE("ZeRO-2 data 4: gradients ", grads_now, " bytes at rest, peak ", grads_peak, " (one rank: ",
           (kConfig.layers * block + rest) * 8, ")");
 }
+
+TEST_CASE("SGD with momentum matches its closed form and clipping brings the norm to the limit") {
+  run_threads(2, [](ThreadComm& w) {
+    Mesh mesh{w, {.tensor = 2}};
+    Host h;
+    nn::Gpt<double> gpt(h, {.vocab = 16, .seq = 4, .layers = 1, .heads = 2, .width = 8}, mesh.spread(), 1);
+    // Gradients set by hand: g = 1 everywhere. Two SGD steps (lr 0.1, momentum 0.9, decay 0.01):
+    // buf1 = g + wd p0, p1 = p0 - lr buf1; buf2 = 0.9 buf1 + g + wd p1, p2 = p1 - lr buf2.
+    std::map<std::string, std::vector<double>> p0;
+    gpt.for_each_param([&](const std::string& n, auto& p) {
+      p0[n].assign(p.value.data(), p.value.data() + p.value.numel());
+      for (std::int64_t i = 0; i < p.grad.numel(); ++i) p.grad[i] = 1.0;
+    });
+    optim::Sgd<nn::Gpt<double>> sgd(gpt, {.lr = 0.1, .momentum = 0.9, .weight_decay = 0.01});
+    sgd.step(0.1);
+    sgd.step(0.1);
+    gpt.for_each_param([&](const std::string& n, auto& p) {
+      const double wd = optim::decays(n, p) ? 0.01 : 0.0;
+      for (std::int64_t i = 0; i < p.value.numel(); ++i) {
+        const double a = p0[n][static_cast<std::size_t>(i)], b1 = 1 + wd * a, a1 = a - 0.1 * b1;
+        const double b2 = 0.9 * b1 + 1 + wd * a1, a2 = a1 - 0.1 * b2;
+        REQUIRE(p.value[i] == doctest::Approx(a2).epsilon(1e-14));
+      }
+    });
+    // Clipping: the norm of all-ones gradients counts each global element once.
+    std::int64_t global = 0;
+    gpt.for_each_param([&](const std::string&, auto& p) {
+      for (std::int64_t i = 0; i < p.grad.numel(); ++i) p.grad[i] = 1.0;
+      global += p.grad.global_shape().numel();
+    });
+    // (16 is a multiple of 2: no padded vocabulary rows here.)
+    const double norm = optim::clip_grad_norm(gpt, mesh, 2.0);
+    CHECK(norm == doctest::Approx(std::sqrt(static_cast<double>(global))).epsilon(1e-14));
+    CHECK(optim::grad_norm(gpt, mesh) == doctest::Approx(2.0).epsilon(1e-6));  // max / (norm + 1e-6) scaling
+  });
+}
