@@ -12,8 +12,8 @@
 // LayerNorm gradients.
 #pragma once
 
+#include <array>
 #include <cmath>
-#include <optional>
 
 #include "weft/nn/attention.hpp"
 #include "weft/nn/comm.hpp"
@@ -76,9 +76,8 @@ class Block {
       ctx = Ctx{};
       run_forward(ctx, x, mesh);
     }
-    // Snapshot the LayerNorm gradients: under SP only this backward's increment is reduced.
-    std::optional<std::vector<T>> before;
-    if constexpr (SP) before = ln_grads();
+    // Under SP the LayerNorm gradients are partial over sequence slices: reduce this backward's increment.
+    const std::vector<T> before = SP ? snapshot_grads<T>(ln_params()) : std::vector<T>{};
 
     auto dm = Leave::backward(dout, mesh);                         // (B, T, C) Replicate
     auto dh2 = Enter::backward(mlp.backward(ctx.mlp, dm), mesh);   // Partial -> stream
@@ -89,7 +88,7 @@ class Block {
     auto dx = ln1.backward(ctx.ln1, dh1);
     host::add_inplace(dx.data(), dx2.data(), dx.numel());
 
-    if constexpr (SP) reduce_ln_grads(*before, mesh);
+    if constexpr (SP) reduce_grad_increment<T>(ln_params(), before, mesh);
     ctx = Ctx{};
     return dx;
   }
@@ -122,21 +121,7 @@ class Block {
     return y;
   }
 
-  std::vector<T> ln_grads() const {
-    std::vector<T> g;
-    for (const auto* p : {&ln1.weight, &ln1.bias, &ln2.weight, &ln2.bias})
-      g.insert(g.end(), p->grad.data(), p->grad.data() + p->grad.numel());
-    return g;
-  }
-  template <AxisComms M>
-  void reduce_ln_grads(const std::vector<T>& before, M& mesh) {
-    std::vector<T> delta = ln_grads();
-    for (std::size_t i = 0; i < delta.size(); ++i) delta[i] -= before[i];
-    mesh.comm(Axis::tensor).all_reduce(std::span<T>(delta));
-    std::size_t at = 0;
-    for (auto* p : {&ln1.weight, &ln1.bias, &ln2.weight, &ln2.bias})
-      for (std::int64_t i = 0; i < p->grad.numel(); ++i, ++at) p->grad[i] = before[at] + delta[at];
-  }
+  std::array<Param<T, Replicated>*, 4> ln_params() { return {&ln1.weight, &ln1.bias, &ln2.weight, &ln2.bias}; }
 };
 
 }  // namespace weft::nn

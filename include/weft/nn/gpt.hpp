@@ -15,7 +15,7 @@
 #pragma once
 
 #include <cmath>
-#include <initializer_list>
+#include <array>
 #include <limits>
 #include <vector>
 
@@ -158,9 +158,9 @@ class Gpt {
     auto dxr = Tensor<T, act::Partial, Host>::empty(dev, {batch, Tn, C}, s, Category::activations);
     host::gemm<T>(host::Trans::no, host::Trans::no, N, C, Vl, T(1), dlogits.data(), Vl, table.value.data(), C, T(0),
                   dxr.data(), C);
-    const std::vector<T> lnf_before = snapshot({&ln_f.weight, &ln_f.bias});
+    const std::vector<T> lnf_before = SP ? snapshot_grads<T>(std::array{&ln_f.weight, &ln_f.bias}) : std::vector<T>{};
     auto dx = ln_f.backward(lnf_ctx, Enter::backward(dxr, mesh));
-    if constexpr (SP) reduce_increment({&ln_f.weight, &ln_f.bias}, lnf_before, mesh);  // partial over sequence slices
+    if constexpr (SP) reduce_grad_increment<T>(std::array{&ln_f.weight, &ln_f.bias}, lnf_before, mesh);  // partial over sequence slices
     for (std::size_t l = blocks.size(); l-- > 0;) {
       if (hooks) hooks->before_backward(l);
       dx = blocks[l].backward(ctx[l], dx, mesh);
@@ -168,9 +168,9 @@ class Gpt {
     }
 
     // Position gradients: each rank adds its positions' rows (under SP a slice; reduced below).
-    const std::vector<T> wpe_before = snapshot({&wpe.weight});
+    const std::vector<T> wpe_before = SP ? snapshot_grads<T>(std::array{&wpe.weight}) : std::vector<T>{};
     wpe.backward(dx);
-    if constexpr (SP) reduce_increment({&wpe.weight}, wpe_before, mesh);
+    if constexpr (SP) reduce_grad_increment<T>(std::array{&wpe.weight}, wpe_before, mesh);
     wte.backward(wte_ctx, Leave::backward(dx, mesh));  // (B, T, C) Replicate
     return total[0] / tokens_global;
   }
@@ -207,25 +207,6 @@ class Gpt {
                         config.vocab),
                     "pass ids in [0, vocab)");
     }
-  }
-
-  using Params = std::initializer_list<Param<T, Replicated>*>;
-
-  // The gradients of `ps`, concatenated.
-  static std::vector<T> snapshot(Params ps) {
-    std::vector<T> g;
-    for (auto* p : ps) g.insert(g.end(), p->grad.data(), p->grad.data() + p->grad.numel());
-    return g;
-  }
-  // grad = before + (sum over tensor ranks of (grad - before)), in one all-reduce for all of `ps`.
-  template <AxisComms M>
-  static void reduce_increment(Params ps, const std::vector<T>& before, M& mesh) {
-    std::vector<T> delta = snapshot(ps);
-    for (std::size_t i = 0; i < delta.size(); ++i) delta[i] -= before[i];
-    mesh.comm(Axis::tensor).all_reduce(std::span<T>(delta));
-    std::size_t at = 0;
-    for (auto* p : ps)
-      for (std::int64_t i = 0; i < p->grad.numel(); ++i, ++at) p->grad[i] = before[at] + delta[at];
   }
 };
 

@@ -143,7 +143,7 @@ class ThreadComm {
     const std::size_t box = static_cast<std::size_t>(me_ * size() + peer);
     std::unique_lock lock(world_->mutex());
     const std::uint64_t seq = ++group_->send_seq[box];
-    const std::string where = cat("send #", seq, " to group rank ", peer, " on ", name(), " at world rank ", world_rank_);
+    const auto where = [&] { return cat("send #", seq, " to group rank ", peer, " on ", name(), " at world rank ", world_rank_); };
     auto& mail = group_->mail[box];
     mail.desc = d;
     mail.sent = seq;
@@ -157,8 +157,8 @@ class ThreadComm {
       else mail.sent = seq - 1;
       throw;
     }
-    if (!mail.error.empty()) throw Error(where, mail.error, "post a recv of the same type and count");
-    world_->set_last_op(world_rank_, cat("send #", seq, " on ", name()));
+    if (!mail.error.empty()) throw Error(where(), mail.error, "post a recv of the same type and count");
+    world_->set_last_op(world_rank_, group_.get(), Op::send, seq);
     count(Op::send, d.in_count, d.dtype);
   }
 
@@ -170,8 +170,9 @@ class ThreadComm {
     const std::size_t box = static_cast<std::size_t>(peer * size() + me_);
     std::unique_lock lock(world_->mutex());
     const std::uint64_t seq = ++group_->recv_seq[box];
-    const std::string where =
-        cat("recv #", seq, " from group rank ", peer, " on ", name(), " at world rank ", world_rank_);
+    const auto where = [&] {
+      return cat("recv #", seq, " from group rank ", peer, " on ", name(), " at world rank ", world_rank_);
+    };
     auto& mail = group_->mail[box];
     world_->wait(lock, world_rank_, Wait{group_.get(), seq, Op::recv, box, seq}, where,
                  [&] { return mail.sent >= seq; });
@@ -179,8 +180,8 @@ class ThreadComm {
       mail.error = cat("group rank ", peer, " sent ", mail.desc.in_count, " ", mail.desc.dtype,
                        " but group rank ", me_, " expected ", d.in_count, " ", d.dtype);
       mail.received = seq;
-      world_->fail_locked(world_rank_, cat(where, ": ", mail.error));
-      throw Error(where, mail.error, "post a send and recv of the same type and count");
+      world_->fail_locked(world_rank_, cat(where(), ": ", mail.error));
+      throw Error(where(), mail.error, "post a send and recv of the same type and count");
     }
     const void* src = mail.desc.in;
     mail.claimed = seq;
@@ -189,7 +190,7 @@ class ThreadComm {
     lock.lock();
     mail.received = seq;
     world_->notify();
-    world_->set_last_op(world_rank_, cat("recv #", seq, " on ", name()));
+    world_->set_last_op(world_rank_, group_.get(), Op::recv, seq);
     count(Op::recv, d.in_count, d.dtype);
   }
 
@@ -277,7 +278,7 @@ class ThreadComm {
     };
     if (phase != 1) return world_->wait_committed(lock, all);
     try {
-      world_->wait(lock, world_rank_, Wait{group_.get(), target, op, 0, seq}, where(Desc{op}, seq), all);
+      world_->wait(lock, world_rank_, Wait{group_.get(), target, op, 0, seq}, [&] { return where(Desc{op}, seq); }, all);
     } catch (...) {
       slot.progress = before;
       throw;
@@ -310,7 +311,7 @@ class ThreadComm {
     body(all, seq);
     lock.lock();
     reach(lock, seq, 3, d.op);
-    world_->set_last_op(world_rank_, cat(threads::name(d.op), " #", seq, " on ", name()));
+    world_->set_last_op(world_rank_, group_.get(), d.op, seq);
     count(d.op, d.op == Op::all_gather ? d.out_count : d.in_count, d.dtype);
   }
 

@@ -193,13 +193,17 @@ class World {
     cv_.wait(lock, pred);
   }
 
-  void set_last_op(int world_rank, std::string op) { last_op_[static_cast<std::size_t>(world_rank)] = std::move(op); }
+  // Records the last op a rank completed (cheap: formatted only for a message). Caller holds mu_.
+  void set_last_op(int world_rank, const Group* g, Op op, std::uint64_t seq) {
+    last_op_[static_cast<std::size_t>(world_rank)] = LastOp{g, op, seq};
+  }
 
   // Waits (holding `lock` on mutex()) until pred() is true. Throws Error on failure anywhere, on a
   // rank this one waits for having returned, on a deadlock cycle, or at the deadline. The caller
-  // must withdraw what it posted before the wait when this throws (see ThreadComm).
-  template <class Pred>
-  void wait(std::unique_lock<std::mutex>& lock, int me, const Wait& w, const std::string& where, Pred pred) {
+  // must withdraw what it posted before the wait when this throws (see ThreadComm). `where_fn`
+  // builds the message's location, only when there is an error to report.
+  template <class Where, class Pred>
+  void wait(std::unique_lock<std::mutex>& lock, int me, const Wait& w, Where&& where_fn, Pred pred) {
     const auto deadline = Clock::now() + opts_.deadline;
     waits_[static_cast<std::size_t>(me)] = w;
     struct Clear {
@@ -209,35 +213,43 @@ class World {
     } clear{this, me};
     for (;;) {
       if (pred()) return;  // a call that completed stays completed; the next one sees the failure
-      if (abort_) throw aborted(where);
+      if (abort_) throw aborted(where_fn());
       const std::vector<int> missing = waiting_for(w);
       for (int r : missing)
         if (exited_[static_cast<std::size_t>(r)]) {
           const std::string why = cat("world rank ", r, " returned from its function without calling ", name(w.op),
                                       " #", w.seq, " on ", w.group->label());
           fail_locked(r, why);
-          throw Error(where, why, "every rank of a group must make the same sequence of collective calls");
+          throw Error(where_fn(), why, "every rank of a group must make the same sequence of collective calls");
         }
       if (auto cycle = find_cycle(me)) {
         fail_locked(me, *cycle);
-        throw Error(where, *cycle, "every rank of a group must make the same sequence of collective calls");
+        throw Error(where_fn(), *cycle, "every rank of a group must make the same sequence of collective calls");
       }
       if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && !pred() && !abort_) {
         const std::vector<int> late = waiting_for(w);
         std::string who;
         for (int r : late)
-          who += cat(who.empty() ? "" : ", ", "world rank ", r, " (last op: ",
-                     last_op_[static_cast<std::size_t>(r)].empty() ? "none" : last_op_[static_cast<std::size_t>(r)],
-                     ")");
-        const std::string why = cat(who, late.size() == 1 ? " did" : " did", " not reach ", name(w.op), " #", w.seq,
+          who += cat(who.empty() ? "" : ", ", "world rank ", r, " (last op: ", last_op(r), ")");
+        const std::string why = cat(who, " did not reach ", name(w.op), " #", w.seq,
                                     " on ", w.group->label(), " within the ", opts_.deadline.count(), " ms deadline");
         fail_locked(late.empty() ? me : late.front(), why);
-        throw Error(where, why, "find why that rank is slow or stuck, or raise Options::deadline");
+        throw Error(where_fn(), why, "find why that rank is slow or stuck, or raise Options::deadline");
       }
     }
   }
 
  private:
+  struct LastOp {
+    const Group* group = nullptr;  // groups live as long as the world (splits_ and the ranks hold them)
+    Op op = Op::barrier;
+    std::uint64_t seq = 0;
+  };
+  std::string last_op(int r) const {
+    const LastOp& l = last_op_[static_cast<std::size_t>(r)];
+    return l.group ? cat(name(l.op), " #", l.seq, " on ", l.group->label()) : std::string("none");
+  }
+
   Error aborted(const std::string& where) const {
     return Error(where, cat("aborted because world rank ", abort_->rank, " failed: ", abort_->why),
                  "the first failure is the cause; this rank stopped because of it");
@@ -297,7 +309,7 @@ class World {
   std::optional<Failure> abort_;
   std::vector<std::optional<Wait>> waits_;
   std::vector<bool> exited_;
-  std::vector<std::string> last_op_;
+  std::vector<LastOp> last_op_;
   std::uint64_t next_group_id_ = 0;
   std::map<std::tuple<std::uint64_t, std::uint64_t, int>, std::shared_ptr<Group>> splits_;
 };
