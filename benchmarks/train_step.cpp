@@ -13,7 +13,8 @@
 #include <string>
 #include <vector>
 #include <weft/nn/gpt.hpp>
-#include <weft/optim/optimizer.hpp>
+#include <weft/optim/data_parallel.hpp>
+#include <weft/pipeline/executor.hpp>
 #include <weft/train/metrics.hpp>
 
 using namespace weft;
@@ -76,21 +77,22 @@ int main(int argc, char** argv) {
       Mesh mesh{world, {.tensor = tensor}};
       Host host;
       nn::Gpt<float> gpt(host, cfg, mesh.spread(), batch);
-      optim::AdamW<nn::Gpt<float>> opt(gpt, {});
+      auto opt = optim::data_parallel<optim::Ddp>(gpt, optim::AdamW{}, mesh);
       std::vector<std::int32_t> x(static_cast<std::size_t>(batch * seq)), y(x.size());
       for (std::size_t i = 0; i < x.size(); ++i) {
         x[i] = static_cast<std::int32_t>(weft::philox(1, 1, i)[0] % 50257);
         y[i] = static_cast<std::int32_t>(weft::philox(1, 2, i)[0] % 50257);
       }
-      gpt.forward_backward(x, y, batch, mesh);  // warm-up
-      gpt.zero_grad();
+      const auto step = [&] {  // one micro-batch, then the update with clipping at norm 1 (its norm included)
+        opt.zero_grad();
+        auto ctx = gpt.context({x, y, batch});
+        pipeline::forward_backward(gpt, ctx, mesh, opt);
+        opt.step(1e-4, 1.0);
+      };
+      step();  // warm-up
       world.barrier();
       const auto t0 = Clock::now();
-      for (std::int64_t s = 0; s < steps; ++s) {
-        gpt.zero_grad();
-        gpt.forward_backward(x, y, batch, mesh);
-        opt.step(1e-4);
-      }
+      for (std::int64_t s = 0; s < steps; ++s) step();
       world.barrier();
       if (world.rank() == 0) {
         std::lock_guard lock(mu);

@@ -33,9 +33,10 @@ Result train_step(int tp, const nn::GptConfig& c, std::int64_t batch) {
     Mesh mesh{world, {.tensor = tp}};
     Host host;
     nn::Gpt<double, SP, recompute::Selective> gpt(host, c, mesh.spread(), batch);
-    const double loss = gpt.forward_backward(tokens, targets, batch, mesh);
+    auto ctx = gpt.context({tokens, targets, batch});  // one micro-batch in flight
+    const double loss = pipeline::forward_backward(gpt, ctx, mesh);  // the stages, forward then backward
     gpt.for_each_param([&](const std::string& name, auto& p) {
-      const auto g = redistribute<Replicated>(p.grad, mesh);  // gather the shards to compare
+      const auto g = redistribute<Replicated>(p.grad, mesh);  // gather the shards (or sum the SP partials) to compare
       if (world.rank() != 0) return;
       std::lock_guard lock(mu);
       out.grads[name].assign(g.data(), g.data() + (name == "wte" ? c.vocab * c.width : g.numel()));

@@ -14,10 +14,9 @@
 #include <weft/data/loader.hpp>
 #include <weft/data/synthetic.hpp>
 #include <weft/nn/gpt.hpp>
-#include <weft/optim/optimizer.hpp>
-#include <weft/optim/fsdp.hpp>
+#include <weft/optim/data_parallel.hpp>
 #include <weft/optim/schedule.hpp>
-#include <weft/optim/zero.hpp>
+#include <weft/pipeline/executor.hpp>
 #include <weft/train/metrics.hpp>
 
 #include <algorithm>
@@ -72,8 +71,8 @@ struct HeldOut {
 
 std::string mib(double bytes) { return cat(std::round(bytes / (1 << 20) * 10) / 10, " MiB"); }
 
-// Stage 0: DDP (AdamW on every rank); 1, 2: ZeRO over the data axis; 3: FSDP.
-template <class T, bool SP, int Stage>
+// Strategy: optim::Ddp, Zero1, Zero2 or Fsdp over the data axis.
+template <class T, bool SP, class Strategy>
 int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus) {
   const std::int64_t micro = o.micro_batch > 0 ? o.micro_batch : o.batch;
   const std::int64_t accum = o.batch / micro;
@@ -104,24 +103,18 @@ int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus) {
     Host host;
     using Model = nn::Gpt<T, SP>;
     Model gpt(host, cfg, mesh.spread(), micro);
-    std::optional<optim::AdamW<Model>> ddp;
-    std::optional<optim::ZeroAdamW<Model, 1>> zero;
-    std::optional<optim::Sharded<Model, Mesh<ThreadComm>, Stage == 2 ? 2 : 3>> fsdp;  // ZeRO-2 or FSDP
-    const typename optim::AdamW<Model>::Config adam{.lr = o.lr};
-    if constexpr (Stage == 0) ddp.emplace(gpt, adam);
-    else if constexpr (Stage >= 2) fsdp.emplace(gpt, adam, mesh);
-    else zero.emplace(gpt, adam, mesh);
-    // The strategy-specific parts of a step: clearing gradients, one micro-batch, the update.
-    auto zero_grad = [&] {
-      if constexpr (Stage >= 2) fsdp->zero_grad();
-      else gpt.zero_grad();
-    };
+    auto dp = optim::data_parallel<Strategy>(gpt, optim::AdamW{.config = {.lr = o.lr}}, mesh);
+    // One micro-batch forward and backward; last: the last one before the step (DDP reduces then).
     auto micro_batch = [&](const std::vector<std::int32_t>& xs, const std::vector<std::int32_t>& ys, double scale,
-                           std::vector<T>* logits = nullptr) {
-      if constexpr (Stage >= 2) fsdp->begin();
-      const double l = gpt.forward_backward(xs, ys, micro, mesh, logits, scale);
-      if constexpr (Stage >= 2) fsdp->end();
-      return l;
+                           bool last) {
+      auto ctx = gpt.context({xs, ys, micro, scale});
+      return pipeline::forward_backward(gpt, ctx, mesh, dp, last);
+    };
+    // The forward alone, keeping nothing for backward (evaluation, sampling).
+    auto infer = [&](const std::vector<std::int32_t>& xs, const std::vector<std::int32_t>& ys) {
+      auto ctx = gpt.context({xs, ys, micro});
+      pipeline::forward(gpt, ctx, mesh, dp, nn::Mode::infer);
+      return ctx;
     };
     data::Loader<Corpus> loader(corpus, cfg.seq, micro, o.data, mesh.coord().data);
     const HeldOut held{&corpus};
@@ -134,32 +127,22 @@ int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus) {
       const int batches = 16;  // 16 micro-batches: the standard error of the mean is ~0.01 nats on the tiny preset
       for (int i = 0; i < batches; ++i) {
         eval.next(x, y);
-        sum += micro_batch(x, y, 0.0);  // gradient scale 0: loss only
+        sum += infer(x, y).loss;
       }
-      zero_grad();
       return sum / batches;
     };
 
     const auto start = std::chrono::steady_clock::now();
     for (std::int64_t step = 0; step < o.steps; ++step) {
       const auto t0 = std::chrono::steady_clock::now();
-      zero_grad();
+      dp.zero_grad();
       double loss = 0;
       for (std::int64_t a = 0; a < accum; ++a) {
         loader.next(x, y);
-        loss += micro_batch(x, y, 1.0 / static_cast<double>(accum)) / static_cast<double>(accum);
+        loss += micro_batch(x, y, 1.0 / static_cast<double>(accum), a + 1 == accum) / static_cast<double>(accum);
       }
       const double lr = schedule.lr(step);
-      double norm = 0;
-      if constexpr (Stage == 0) {
-        optim::reduce_gradients<T>(gpt, mesh);
-        norm = optim::clip_grad_norm(gpt, mesh, o.clip);
-        ddp->step(lr);
-      } else if constexpr (Stage >= 2) {
-        norm = fsdp->step(lr, o.clip);
-      } else {
-        norm = zero->step(lr, o.clip, mesh);
-      }
+      const double norm = dp.step(lr, o.clip);
       const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       std::vector<std::int64_t> peak_bytes{host.memory().total_peak};
       world.all_reduce(std::span<std::int64_t>(peak_bytes), ReduceOp::max);
@@ -195,13 +178,14 @@ int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus) {
       std::vector<std::int32_t> window(static_cast<std::size_t>(cfg.seq));
       corpus.held_out(0, window.data(), cfg.seq);
       std::vector<std::int32_t> tokens(static_cast<std::size_t>(micro / o.data * cfg.seq)), targets(tokens.size(), 0);
-      std::vector<T> logits;
       const std::int64_t Vl = nn::padded_vocab(cfg.vocab, o.tensor) / o.tensor;
       for (std::int64_t i = 0; i < o.sample; ++i) {
         for (std::int64_t b = 0; b < micro / o.data; ++b) std::copy(window.begin(), window.end(), tokens.begin() + b * cfg.seq);
-        micro_batch(tokens, targets, 0.0, &logits);
-        std::vector<T> last(logits.end() - Vl, logits.end()), all(static_cast<std::size_t>(Vl * o.tensor));
-        mesh.tensor().all_gather(std::span<const T>(last), std::span<T>(all));
+        const auto ctx = infer(tokens, targets);
+        const auto& logits = ctx.head.ce.logits;  // (B/dp, T, Vp/tp) Shard<-1>
+        std::vector<T> all(static_cast<std::size_t>(Vl * o.tensor));
+        mesh.tensor().all_gather(std::span<const T>(logits.data() + logits.numel() - Vl, static_cast<std::size_t>(Vl)),
+                                 std::span<T>(all));
         double mx = -1e300, z = 0;
         for (std::int64_t v = 0; v < cfg.vocab; ++v) mx = std::max(mx, static_cast<double>(all[static_cast<std::size_t>(v)]));
         for (std::int64_t v = 0; v < cfg.vocab; ++v) z += std::exp(static_cast<double>(all[static_cast<std::size_t>(v)]) - mx);
@@ -216,7 +200,6 @@ int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus) {
         window.push_back(next);
         if (lead) sample_out.push_back(next);
       }
-      zero_grad();
     }
     peaks[static_cast<std::size_t>(world.rank())] = host.memory().total_peak;
   });
@@ -242,12 +225,12 @@ void check_strategy(const std::string& name) {
 int dispatch(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus) {
   check_strategy(o.strategy);
   const bool sp = o.strategy.ends_with("-sp");
-  const int stage = o.strategy.starts_with("zero1") ? 1 : o.strategy.starts_with("zero2") ? 2 : o.strategy.starts_with("fsdp") ? 3 : 0;
   auto with = [&]<class T>() {
-    if (stage == 0) return sp ? train<T, true, 0>(o, cfg, corpus) : train<T, false, 0>(o, cfg, corpus);
-    if (stage == 1) return sp ? train<T, true, 1>(o, cfg, corpus) : train<T, false, 1>(o, cfg, corpus);
-    if (stage == 2) return sp ? train<T, true, 2>(o, cfg, corpus) : train<T, false, 2>(o, cfg, corpus);
-    return sp ? train<T, true, 3>(o, cfg, corpus) : train<T, false, 3>(o, cfg, corpus);
+    auto strategy = [&]<class S>() { return sp ? train<T, true, S>(o, cfg, corpus) : train<T, false, S>(o, cfg, corpus); };
+    if (o.strategy.starts_with("zero1")) return strategy.template operator()<optim::Zero1>();
+    if (o.strategy.starts_with("zero2")) return strategy.template operator()<optim::Zero2>();
+    if (o.strategy.starts_with("fsdp")) return strategy.template operator()<optim::Fsdp>();
+    return strategy.template operator()<optim::Ddp>();
   };
   if (o.dtype == "f32") return with.template operator()<float>();
   if (o.dtype == "f64") return with.template operator()<double>();

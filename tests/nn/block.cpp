@@ -1,13 +1,15 @@
 // Block and Gpt: the collectives on the tensor axis match Megatron's counts, sequence parallelism
-// leaves identical LayerNorm gradients on every tensor rank, and bad configurations are refused
-// before allocation with the values named.
+// leaves LayerNorm gradients Partial on the tensor axis until the step reduces them (then identical on
+// every tensor rank), and bad configurations are refused before allocation with the values named.
 #include <doctest/doctest.h>
 
 #include <mutex>
 
 #include "weft/comm/mesh.hpp"
 #include "weft/comm/threads/run.hpp"
+#include "support/gpt_step.hpp"
 #include "weft/nn/gpt.hpp"
+#include "weft/optim/data_parallel.hpp"
 
 using namespace weft;
 using namespace weft::nn;
@@ -58,24 +60,23 @@ TEST_CASE("one Block without SP: 2 all-reduces forward and 2 backward on the ten
   CHECK(c.fwd.bytes_of(Op::all_reduce) == 2 * 2 * 8 * 16 * 8);
 }
 
-TEST_CASE("one Block with SP: an all-gather and a reduce-scatter per branch each way and one LayerNorm all-reduce") {
+TEST_CASE("one Block with SP: an all-gather and a reduce-scatter per branch each way, no LayerNorm all-reduce") {
   const Counts c = block_counts<true>(2);
   CHECK(c.fwd.calls_of(Op::all_gather) == 2);
   CHECK(c.fwd.calls_of(Op::reduce_scatter) == 2);
   CHECK(c.fwd.calls_of(Op::all_reduce) == 0);
   CHECK(c.bwd.calls_of(Op::all_gather) == 2);
   CHECK(c.bwd.calls_of(Op::reduce_scatter) == 2);
-  CHECK(c.bwd.calls_of(Op::all_reduce) == 1);  // the LayerNorm gradients, 4 x C values
-  CHECK(c.bwd.bytes_of(Op::all_reduce) == 4 * 16 * 8);
+  CHECK(c.bwd.calls_of(Op::all_reduce) == 0);  // the LayerNorm gradients stay Partial until the step
   // Full recompute repeats the forward's collectives inside backward.
   const Counts f = block_counts<true, recompute::Full>(2);
   CHECK(f.bwd.calls_of(Op::all_gather) == 4);
   CHECK(f.bwd.calls_of(Op::reduce_scatter) == 4);
 }
 
-TEST_CASE("with SP every tensor rank holds identical LayerNorm gradients") {
+TEST_CASE("with SP the LayerNorm and position gradients are Partial until the step, then identical on every tensor rank") {
   std::mutex mu;
-  std::vector<std::vector<double>> seen;
+  std::vector<std::vector<double>> partial, reduced;
   run_threads(4, [&](ThreadComm& world) {
     Mesh mesh{world, {.tensor = 4}};
     Host h;
@@ -86,18 +87,37 @@ TEST_CASE("with SP every tensor rank holds identical LayerNorm gradients") {
       tokens[i] = static_cast<std::int32_t>(i * 3 % 32);
       targets[i] = static_cast<std::int32_t>((i * 5 + 1) % 32);
     }
-    gpt.forward_backward(tokens, targets, 2, mesh);
-    std::vector<double> ln;
-    gpt.for_each_param([&](const std::string& name, auto& p) {
-      if (name.find("ln") == std::string::npos && name != "wpe") return;
-      ln.insert(ln.end(), p.grad.data(), p.grad.data() + p.grad.numel());
-    });
+    test::forward_backward(gpt, tokens, targets, 2, mesh);
+    const auto ln_grads = [&] {
+      std::vector<double> ln;
+      gpt.for_each_param([&](const std::string& name, auto& p) {
+        const bool partial_sum = name.find("ln") != std::string::npos || name == "wpe";
+        CHECK(IsPartial<typename std::remove_cvref_t<decltype(p)>::grad_layout::tensor> == partial_sum);  // the type says so
+        if (!partial_sum) return;
+        ln.insert(ln.end(), p.grad.data(), p.grad.data() + p.grad.numel());
+      });
+      return ln;
+    };
+    const std::vector<double> before = ln_grads();
+    // A step at learning rate 0 runs the reduction and leaves the parameters as they are.
+    auto dp = optim::data_parallel<optim::Ddp>(gpt, optim::Sgd{.momentum = 0}, mesh);
+    dp.step(0.0, 0.0);
+    const std::vector<double> after = ln_grads();
     std::lock_guard lock(mu);
-    seen.push_back(ln);
+    partial.push_back(before);
+    reduced.push_back(after);
   });
-  REQUIRE(seen.size() == 4);
-  CHECK(seen[0].size() == (2 * 4 + 2) * 16 + 8 * 16);  // 2 blocks x 4 LayerNorm vectors, ln_f, wpe
-  for (const auto& s : seen) CHECK(s == seen[0]);
+  REQUIRE(reduced.size() == 4);
+  CHECK(reduced[0].size() == (2 * 4 + 2) * 16 + 8 * 16);  // 2 blocks x 4 LayerNorm vectors, ln_f, wpe
+  for (const auto& s : reduced) CHECK(s == reduced[0]);
+  // Before the step each rank held its own sequence slice's addend: they differ, and sum to the result.
+  CHECK(partial[0] != partial[1]);
+  double worst = 0;
+  for (std::size_t i = 0; i < reduced[0].size(); ++i) {
+    const double sum = partial[0][i] + partial[1][i] + partial[2][i] + partial[3][i];
+    worst = std::max(worst, std::fabs(sum - reduced[0][i]) / std::max(1e-9, std::fabs(reduced[0][i])));
+  }
+  CHECK(worst <= 1e-12);  // the reduction adds the four addends in rank order: reassociation only
 }
 
 TEST_CASE("bad configurations are refused before allocation with the values and the valid choices") {
@@ -131,11 +151,11 @@ TEST_CASE("bad tokens are refused with the position and the vocabulary") {
     Host h;
     Gpt<double> gpt(h, GptConfig{.vocab = 10, .seq = 4, .layers = 1, .heads = 2, .width = 8}, mesh.spread(), 1);
     std::vector<std::int32_t> ok{1, 2, 3, 4}, bad{1, 2, 10, 4};
-    CHECK_THROWS_WITH_AS(gpt.forward_backward(bad, ok, 1, mesh),
-                         "Gpt::forward_backward: token 10 or target 3 at position 2 is outside the vocabulary of 10; "
+    CHECK_THROWS_WITH_AS(test::forward_backward(gpt, bad, ok, 1, mesh),
+                         "Gpt::context: token 10 or target 3 at position 2 is outside the vocabulary of 10; "
                          "pass ids in [0, vocab)",
                          Error);
-    CHECK_THROWS_WITH_AS(gpt.forward_backward(ok, std::vector<std::int32_t>{1, 2}, 1, mesh),
+    CHECK_THROWS_WITH_AS(test::forward_backward(gpt, ok, std::vector<std::int32_t>{1, 2}, 1, mesh),
                          doctest::Contains("4 tokens and 2 targets for a local batch of 4 positions"), Error);
   });
 }

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "support/gpt_step.hpp"
 #include "support/gradcheck.hpp"
 #include "weft/comm/mesh.hpp"
 #include "weft/comm/threads/run.hpp"
@@ -46,7 +47,7 @@ GptRun run_gpt(int tensor, const nn::GptConfig& c = tiny_config(), std::int64_t 
     Host host;
     nn::Gpt<T, SP, Recompute> gpt(host, c, mesh.spread(), batch);
     const threads::Counters before = mesh.tensor().counters();
-    const double loss = gpt.forward_backward(tokens, targets, batch, mesh);
+    const double loss = test::forward_backward(gpt, tokens, targets, batch, mesh);
     const threads::Counters ran = mesh.tensor().counters() - before;
     gpt.for_each_param([&](const std::string& name, auto& p) {
       const auto v = redistribute<Replicated>(p.value, mesh);

@@ -5,6 +5,7 @@
 
 #include <map>
 
+#include "support/gpt_step.hpp"
 #include "support/gradcheck.hpp"
 #include "weft/comm/mesh.hpp"
 #include "weft/comm/threads/run.hpp"
@@ -180,10 +181,10 @@ TEST_CASE("Gpt: every parameter gradient matches finite differences") {
       tokens[i] = static_cast<std::int32_t>((i * 7 + 3) % 23);
       targets[i] = static_cast<std::int32_t>((i * 5 + 1) % 23);
     }
-    gpt.forward_backward(tokens, targets, 2, mesh);
+    test::forward_backward(gpt, tokens, targets, 2, mesh);
     std::map<std::string, std::vector<double>> analytic;
     gpt.for_each_param([&](const std::string& n, auto& p) { analytic[n] = copy(p.grad); });
-    auto loss = [&] { return gpt.forward_backward(tokens, targets, 2, mesh); };
+    auto loss = [&] { return test::forward_backward(gpt, tokens, targets, 2, mesh); };
     double worst = 0;
     gpt.for_each_param([&](const std::string& n, auto& p) {
       const auto r = gradcheck(all(p.value), std::span<const double>(analytic[n]), loss);

@@ -12,6 +12,7 @@
 #include <map>
 #include <mutex>
 
+#include "support/gpt_step.hpp"
 #include "support/gradcheck.hpp"
 #include "weft/comm/mesh.hpp"
 #include "weft/comm/threads/run.hpp"
@@ -74,7 +75,7 @@ Run run(int tp) {
       ++index;
     });
     std::vector<double> logits;
-    const double loss = gpt.forward_backward(x, y, kB, mesh, &logits);
+    const double loss = test::forward_backward(gpt, x, y, kB, mesh, &logits);
     std::map<std::string, std::vector<double>> grads;
     gpt.for_each_param([&](const std::string& name, auto& p) {
       const auto g = redistribute<Replicated>(p.grad, mesh);

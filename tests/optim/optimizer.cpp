@@ -1,5 +1,6 @@
-// Optimizers: schedules, the AdamW step against its closed form, parameter groups, global-norm
-// clipping that counts every element once, and DDP training equal to single-rank training.
+// Optimizers and the data-parallel protocol: schedules, the AdamW step against its closed form,
+// parameter groups, global-norm clipping that counts every element once, and DDP, ZeRO-1, ZeRO-2
+// and FSDP training equal to single-rank training, with their memory against its formula.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -12,10 +13,8 @@
 #include "weft/data/loader.hpp"
 #include "weft/data/synthetic.hpp"
 #include "weft/nn/gpt.hpp"
-#include "weft/optim/optimizer.hpp"
+#include "weft/optim/data_parallel.hpp"
 #include "weft/optim/schedule.hpp"
-#include "weft/optim/fsdp.hpp"
-#include "weft/optim/zero.hpp"
 
 using namespace weft;
 
@@ -53,9 +52,9 @@ TEST_CASE("parameter groups: only Linear matrices are decayed") {
     Host h;
     nn::Gpt<double> gpt(h, {.vocab = 16, .seq = 4, .layers = 1, .heads = 2, .width = 8}, mesh.spread(), 1);
     std::vector<std::string> decayed;
-    gpt.for_each_param([&](const std::string& n, auto& p) {
-      if (optim::decays(n, p)) decayed.push_back(n);
-    });
+    for (auto& u : gpt.units())
+      for (const nn::UnitEntry& e : u.entries())
+        if (optim::decays(e)) decayed.push_back(e.name);
     CHECK(decayed == std::vector<std::string>{"h0.attn.qkv.weight", "h0.attn.proj.weight", "h0.mlp.fc.weight",
                                               "h0.mlp.proj.weight"});
   });
@@ -72,8 +71,7 @@ struct Trained {
 };
 
 // 5 steps of AdamW with clipping on the Markov corpus, gathering the global parameters at the end.
-// Stage 0: DDP; 1, 2: ZeRO; 3: FSDP.
-template <bool SP, int Stage = 0>
+template <bool SP, class Strategy = optim::Ddp>
 Trained train(int data, int tensor, std::int64_t* state_bytes = nullptr, std::int64_t* param_peak = nullptr,
               std::int64_t* param_now = nullptr) {
   Trained out;
@@ -83,14 +81,8 @@ Trained train(int data, int tensor, std::int64_t* state_bytes = nullptr, std::in
     Mesh mesh{world, {.data = data, .tensor = tensor}};
     Host h;
     nn::Gpt<double, SP> gpt(h, kConfig, mesh.spread(), kBatch);
-    using Model = nn::Gpt<double, SP>;
-    std::optional<optim::AdamW<Model>> ddp;
-    std::optional<optim::ZeroAdamW<Model, 1>> zero;
-    std::optional<optim::Sharded<Model, Mesh<ThreadComm>, Stage == 2 ? 2 : 3>> fsdp;
     const std::int64_t before = h.memory().current_of(Category::optimizer_state);
-    if constexpr (Stage == 0) ddp.emplace(gpt, typename optim::AdamW<Model>::Config{.lr = 1e-2});
-    else if constexpr (Stage >= 2) fsdp.emplace(gpt, typename optim::AdamW<Model>::Config{.lr = 1e-2}, mesh);
-    else zero.emplace(gpt, typename optim::AdamW<Model>::Config{.lr = 1e-2}, mesh);
+    auto dp = optim::data_parallel<Strategy>(gpt, optim::AdamW{.config = {.lr = 1e-2}}, mesh);
     if (param_now && world.rank() == 0) *param_now = h.memory().current_of(Category::parameters);
     h.allocator.reset_peak();
     if (state_bytes && world.rank() == 0) *state_bytes = h.memory().current_of(Category::optimizer_state) - before;
@@ -98,25 +90,10 @@ Trained train(int data, int tensor, std::int64_t* state_bytes = nullptr, std::in
     std::vector<std::int32_t> x, y;
     for (int step = 0; step < 5; ++step) {
       loader.next(x, y);
-      double loss = 0, norm = 0;
-      if constexpr (Stage >= 2) {
-        fsdp->zero_grad();
-        fsdp->begin();
-        loss = gpt.forward_backward(x, y, kBatch, mesh);
-        fsdp->end();
-        norm = fsdp->step(1e-2, 0.5);
-      } else {
-        gpt.zero_grad();
-        loss = gpt.forward_backward(x, y, kBatch, mesh);
-      }
-      if constexpr (Stage >= 2) {
-      } else if constexpr (Stage == 0) {
-        optim::reduce_gradients<double>(gpt, mesh, 4096);  // small buckets: several all-reduces
-        norm = optim::clip_grad_norm(gpt, mesh, 0.5);
-        ddp->step(1e-2);
-      } else {
-        norm = zero->step(1e-2, 0.5, mesh);
-      }
+      dp.zero_grad();
+      auto ctx = gpt.context({x, y, kBatch});
+      const double loss = pipeline::forward_backward(gpt, ctx, mesh, dp);
+      const double norm = dp.step(1e-2, 0.5);
       if (world.rank() == 0) {
         std::lock_guard lock(mu);
         out.losses.push_back(loss);
@@ -124,7 +101,7 @@ Trained train(int data, int tensor, std::int64_t* state_bytes = nullptr, std::in
       }
     }
     if (param_peak && world.rank() == 0) *param_peak = h.memory().peak_of(Category::parameters);
-    if constexpr (Stage >= 2) fsdp->materialize();
+    dp.gather_values();
     gpt.for_each_param([&](const std::string& name, auto& p) {
       const auto v = redistribute<Replicated>(p.value, mesh);
       if (world.rank() != 0) return;
@@ -135,21 +112,23 @@ Trained train(int data, int tensor, std::int64_t* state_bytes = nullptr, std::in
   return out;
 }
 
-// Parameter elements of one block and of the rest (embeddings, final LayerNorm) on one rank: the
-// units that ZeRO-2 and FSDP shard.
-std::pair<std::int64_t, std::int64_t> unit_sizes() {
-  std::int64_t block = 0, rest = 0;
+// Parameter elements on one rank of one block, of the embedding stage (wte, wpe) and of the head
+// stage (ln_f), counted from the layers' parameters: the units that ZeRO and FSDP shard.
+struct UnitSizes {
+  std::int64_t block = 0, embedding = 0, head = 0;
+};
+UnitSizes unit_sizes() {
+  UnitSizes n;
   run_threads(1, [&](ThreadComm& w) {
     Mesh mesh{w, {}};
     Host h;
     nn::Gpt<double> gpt(h, kConfig, mesh.spread(), kBatch);
     const auto count = [](std::int64_t& n) { return [&n](const std::string&, auto& p) { n += p.value.numel(); }; };
-    gpt.blocks[0].for_each_param("h0", count(block));
-    gpt.wte.for_each_param("wte", count(rest));
-    gpt.wpe.for_each_param("wpe", count(rest));
-    gpt.ln_f.for_each_param("ln_f", count(rest));
+    gpt.blocks[0].for_each_param("h0", count(n.block));
+    gpt.embedding.for_each_param("", count(n.embedding));
+    gpt.head.for_each_param("", count(n.head));
   });
-  return {block, rest};
+  return n;
 }
 
 }  // namespace
@@ -189,7 +168,7 @@ TEST_CASE("ZeRO-1 and ZeRO-2 train like one rank and keep about 1/dp of the opti
   train<false>(1, 1, &full_state);
   for (auto [dp, tp] : {std::pair{2, 1}, {4, 1}, {2, 2}}) {
     std::int64_t s1 = 0, s2 = 0;
-    const Trained z1 = train<false, 1>(dp, tp, &s1), z2 = train<true, 2>(dp, tp, &s2);
+    const Trained z1 = train<false, optim::Zero1>(dp, tp, &s1), z2 = train<true, optim::Zero2>(dp, tp, &s2);
     CHECK(z2.losses.size() == 5);
     for (const Trained* t : {&z1, &z2}) {
       double diff = 0, scale = 0;
@@ -207,7 +186,7 @@ TEST_CASE("ZeRO-1 and ZeRO-2 train like one rank and keep about 1/dp of the opti
     const double expect = static_cast<double>(full_state) / tp / dp;
     CHECK(static_cast<double>(s1) <= expect * 1.3);  // tensor-replicated parameters are not divided by tp
     CHECK(static_cast<double>(s1) >= expect * 0.99);
-    CHECK(s2 >= s1);  // ZeRO-2 pads each unit separately: a few more elements
+    CHECK(s2 == s1);  // both keep state for the same slices of the same units
     CHECK(static_cast<double>(s2) <= expect * 1.3);
     MESSAGE("optimizer state per rank: ", s1, " bytes (one rank, AdamW: ", full_state, ")");
   }
@@ -216,7 +195,7 @@ TEST_CASE("ZeRO-1 and ZeRO-2 train like one rank and keep about 1/dp of the opti
 TEST_CASE("FSDP trains like one rank and holds about 1/dp of the parameters plus one gathered block") {
   const Trained ref = train<false>(1, 1);
   for (auto [dp, tp] : {std::pair{2, 1}, {4, 1}, {2, 2}}) {
-    for (const Trained& t : {train<false, 3>(dp, tp), train<true, 3>(dp, tp)}) {
+    for (const Trained& t : {train<false, optim::Fsdp>(dp, tp), train<true, optim::Fsdp>(dp, tp)}) {
       double diff = 0, scale = 0;
       for (const auto& [name, v] : ref.params)
         for (std::size_t i = 0; i < v.size(); ++i) {
@@ -228,29 +207,34 @@ TEST_CASE("FSDP trains like one rank and holds about 1/dp of the parameters plus
       MESSAGE("FSDP data ", dp, " x tensor ", tp, ": worst relative difference ", diff / scale);
     }
   }
-  // Memory at data 4: count one block's and the rest's parameters on a one-rank model.
-  const auto [block, rest] = unit_sizes();
+  // Memory at data 4, from the unit sizes of a one-rank model. Each unit is padded to a multiple of
+  // dp and sliced: a slice is ceil(n / dp) elements.
+  const UnitSizes n = unit_sizes();
   const int dp = 4;
-  const std::int64_t sb = (block + dp - 1) / dp, sr = (rest + dp - 1) / dp;
+  const auto slice = [&](std::int64_t k) { return (k + dp - 1) / dp; };
+  const std::int64_t sb = slice(n.block), se = slice(n.embedding), sh = slice(n.head);
   std::int64_t peak = 0, now = 0;
-  train<false, 3>(dp, 1, nullptr, &peak, &now);
-  // At rest: the slices. During a step: the slices, the rest gathered, and one block gathered.
-  CHECK(now == (kConfig.layers * sb + sr) * 8);
-  CHECK(peak == (kConfig.layers * sb + sr) * 8 + sr * dp * 8 + sb * dp * 8);
+  train<false, optim::Fsdp>(dp, 1, nullptr, &peak, &now);
+  // At rest: the slices. During a step: the slices, the embedding unit gathered (the tied table is
+  // used by the first and the last stage, so it stays from the embedding's forward to its backward),
+  // and one block gathered (larger than the head unit, gathered alone beside the embedding).
+  CHECK(now == (kConfig.layers * sb + se + sh) * 8);
+  CHECK(peak == (kConfig.layers * sb + se + sh) * 8 + se * dp * 8 + sb * dp * 8);
   MESSAGE("FSDP data 4: parameters ", now, " bytes at rest, peak ", peak, " in a step (one rank: ",
-          (kConfig.layers * block + rest) * 8, ")");
+          (kConfig.layers * n.block + n.embedding + n.head) * 8, ")");
 }
 
 TEST_CASE("ZeRO-2 holds gradients for 1/dp of the parameters at rest and one unit in full during backward") {
-  const auto [block, rest] = unit_sizes();
+  const UnitSizes n = unit_sizes();
   const int dp = 4;
-  const std::int64_t sb = (block + dp - 1) / dp, sr = (rest + dp - 1) / dp;
+  const auto slice = [&](std::int64_t k) { return (k + dp - 1) / dp; };
+  const std::int64_t sb = slice(n.block), se = slice(n.embedding), sh = slice(n.head);
   std::int64_t grads_now = 0, grads_peak = 0;
   run_threads(dp, [&](ThreadComm& w) {
     Mesh mesh{w, {.data = dp}};
     Host h;
     nn::Gpt<double> gpt(h, kConfig, mesh.spread(), kBatch);
-    optim::Zero2<nn::Gpt<double>, Mesh<ThreadComm>> z(gpt, {.lr = 1e-2}, mesh);
+    auto z = optim::data_parallel<optim::Zero2>(gpt, optim::AdamW{.config = {.lr = 1e-2}}, mesh);
     const std::int64_t now = h.memory().current_of(Category::gradients);
     h.allocator.reset_peak();
     const data::MarkovSource corpus(kConfig.vocab, 4);
@@ -258,19 +242,20 @@ TEST_CASE("ZeRO-2 holds gradients for 1/dp of the parameters at rest and one uni
     std::vector<std::int32_t> x, y;
     loader.next(x, y);
     z.zero_grad();
-    z.begin();
-    gpt.forward_backward(x, y, kBatch, mesh);
-    z.end();
+    auto ctx = gpt.context({x, y, kBatch});
+    pipeline::forward_backward(gpt, ctx, mesh, z);
     z.step(1e-2, 1.0);
     if (w.rank() == 0) {
       grads_now = now;
       grads_peak = h.memory().peak_of(Category::gradients);
     }
   });
-  CHECK(grads_now == (kConfig.layers * sb + sr) * 8);
-  CHECK(grads_peak == (kConfig.layers * sb + sr) * 8 + sr * dp * 8 + sb * dp * 8);
+  // The embedding unit's full gradient lives from the head's backward to the embedding's; a block's
+  // during its own backward.
+  CHECK(grads_now == (kConfig.layers * sb + se + sh) * 8);
+  CHECK(grads_peak == (kConfig.layers * sb + se + sh) * 8 + se * dp * 8 + sb * dp * 8);
   MESSAGE("ZeRO-2 data 4: gradients ", grads_now, " bytes at rest, peak ", grads_peak, " (one rank: ",
-          (kConfig.layers * block + rest) * 8, ")");
+          (kConfig.layers * n.block + n.embedding + n.head) * 8, ")");
 }
 
 TEST_CASE("SGD with momentum matches its closed form and clipping brings the norm to the limit") {
@@ -278,33 +263,55 @@ TEST_CASE("SGD with momentum matches its closed form and clipping brings the nor
     Mesh mesh{w, {.tensor = 2}};
     Host h;
     nn::Gpt<double> gpt(h, {.vocab = 16, .seq = 4, .layers = 1, .heads = 2, .width = 8}, mesh.spread(), 1);
+    const auto set_grads = [&](double g) {
+      gpt.for_each_param([&](const std::string&, auto& p) {
+        for (std::int64_t i = 0; i < p.grad.numel(); ++i) p.grad[i] = g;
+      });
+    };
+    const auto values = [&] {
+      std::map<std::string, std::vector<double>> v;
+      gpt.for_each_param([&](const std::string& n, auto& p) { v[n].assign(p.value.data(), p.value.data() + p.value.numel()); });
+      return v;
+    };
     // Gradients set by hand: g = 1 everywhere. Two SGD steps (lr 0.1, momentum 0.9, decay 0.01):
     // buf1 = g + wd p0, p1 = p0 - lr buf1; buf2 = 0.9 buf1 + g + wd p1, p2 = p1 - lr buf2.
-    std::map<std::string, std::vector<double>> p0;
-    gpt.for_each_param([&](const std::string& n, auto& p) {
-      p0[n].assign(p.value.data(), p.value.data() + p.value.numel());
-      for (std::int64_t i = 0; i < p.grad.numel(); ++i) p.grad[i] = 1.0;
-    });
-    optim::Sgd<nn::Gpt<double>> sgd(gpt, {.lr = 0.1, .momentum = 0.9, .weight_decay = 0.01});
-    sgd.step(0.1);
-    sgd.step(0.1);
-    gpt.for_each_param([&](const std::string& n, auto& p) {
-      const double wd = optim::decays(n, p) ? 0.01 : 0.0;
-      for (std::int64_t i = 0; i < p.value.numel(); ++i) {
-        const double a = p0[n][static_cast<std::size_t>(i)], b1 = 1 + wd * a, a1 = a - 0.1 * b1;
+    const auto p0 = values();
+    {
+      auto sgd = optim::data_parallel<optim::Ddp>(gpt, optim::Sgd{.momentum = 0.9, .weight_decay = 0.01}, mesh);
+      set_grads(1.0);
+      sgd.step(0.1, 0.0);
+      set_grads(1.0);
+      sgd.step(0.1, 0.0);
+    }
+    const auto p2 = values();
+    std::map<std::string, bool> decayed;
+    for (auto& u : gpt.units())
+      for (const nn::UnitEntry& e : u.entries()) decayed[e.name] = optim::decays(e);
+    for (const auto& [n, v] : p0) {
+      const double wd = decayed.at(n) ? 0.01 : 0.0;
+      for (std::size_t i = 0; i < v.size(); ++i) {
+        const double a = v[i], b1 = 1 + wd * a, a1 = a - 0.1 * b1;
         const double b2 = 0.9 * b1 + 1 + wd * a1, a2 = a1 - 0.1 * b2;
-        REQUIRE(p.value[i] == doctest::Approx(a2).epsilon(1e-14));
+        REQUIRE(p2.at(n)[i] == doctest::Approx(a2).epsilon(1e-14));
       }
-    });
-    // Clipping: the norm of all-ones gradients counts each global element once.
+    }
+    // Clipping: all-ones gradients have the norm sqrt(global elements), each counted once (16 is a
+    // multiple of 2: no padded vocabulary rows). Plain SGD at lr 1 then moves the parameters by
+    // exactly the clipped gradient, whose global norm is the limit.
     std::int64_t global = 0;
-    gpt.for_each_param([&](const std::string&, auto& p) {
-      for (std::int64_t i = 0; i < p.grad.numel(); ++i) p.grad[i] = 1.0;
-      global += p.grad.global_shape().numel();
-    });
-    // (16 is a multiple of 2: no padded vocabulary rows here.)
-    const double norm = optim::clip_grad_norm(gpt, mesh, 2.0);
+    gpt.for_each_param([&](const std::string&, auto& p) { global += p.grad.global_shape().numel(); });
+    auto plain = optim::data_parallel<optim::Ddp>(gpt, optim::Sgd{.momentum = 0}, mesh);
+    set_grads(1.0);
+    const double norm = plain.step(1.0, 2.0);
     CHECK(norm == doctest::Approx(std::sqrt(static_cast<double>(global))).epsilon(1e-14));
-    CHECK(optim::grad_norm(gpt, mesh) == doctest::Approx(2.0).epsilon(1e-6));  // max / (norm + 1e-6) scaling
+    const auto p3 = values();
+    std::vector<double> sq{0.0};
+    gpt.for_each_param([&](const std::string& n, auto& p) {
+      using P = std::remove_cvref_t<decltype(p)>;
+      if (!IsShard<typename P::layout::tensor> && w.rank() != 0) return;  // replicas once
+      for (std::size_t i = 0; i < p2.at(n).size(); ++i) sq[0] += (p2.at(n)[i] - p3.at(n)[i]) * (p2.at(n)[i] - p3.at(n)[i]);
+    });
+    mesh.tensor().all_reduce(std::span<double>(sq));
+    CHECK(std::sqrt(sq[0]) == doctest::Approx(2.0).epsilon(1e-6));  // max / (norm + 1e-6) scaling
   });
 }

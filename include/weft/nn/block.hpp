@@ -7,9 +7,9 @@
 //               -> 2 all-reduces forward, 2 backward per block
 //   with SP:    GatherFromSequence before (all-gather; backward reduce-scatter), ScatterToSequence after
 //               (reduce-scatter; backward all-gather) -> 2 all-gathers and 2 reduce-scatters each way
-// Under SP the LayerNorm parameter gradients are partial sums over each rank's sequence slice and
-// are all-reduced over the tensor axis at the end of backward, so every tensor rank holds identical
-// LayerNorm gradients.
+// Under SP the LayerNorm parameter gradients are partial sums over each rank's sequence slice: their
+// layout is Partial on the tensor axis, and the data-parallel step reduces them once per step with
+// every other gradient (no collective for them inside a block).
 #pragma once
 
 #include <array>
@@ -69,6 +69,13 @@ class Block {
     }
   }
 
+  // Forward that keeps nothing (evaluation): the block's saved tensors die with a scratch context.
+  template <AxisComms M>
+  Tensor<T, A, Host> infer(const Tensor<T, A, Host>& x, M& mesh) {
+    Ctx scratch;
+    return run_forward(scratch, x, mesh);
+  }
+
   template <AxisComms M>
   Tensor<T, A, Host> backward(Ctx& ctx, const Tensor<T, A, Host>& dout, M& mesh) {
     if constexpr (std::same_as<Recompute, recompute::Full>) {
@@ -76,9 +83,6 @@ class Block {
       ctx = Ctx{};
       run_forward(ctx, x, mesh);
     }
-    // Under SP the LayerNorm gradients are partial over sequence slices: reduce this backward's increment.
-    const std::vector<T> before = SP ? snapshot_grads<T>(ln_params()) : std::vector<T>{};
-
     auto dm = Leave::backward(dout, mesh);                         // (B, T, C) Replicate
     auto dh2 = Enter::backward(mlp.backward(ctx.mlp, dm), mesh);   // Partial -> stream
     auto dx2 = ln2.backward(ctx.ln2, dh2);
@@ -88,7 +92,6 @@ class Block {
     auto dx = ln1.backward(ctx.ln1, dh1);
     host::add_inplace(dx.data(), dx2.data(), dx.numel());
 
-    if constexpr (SP) reduce_grad_increment<T>(ln_params(), before, mesh);
     ctx = Ctx{};
     return dx;
   }
@@ -120,8 +123,6 @@ class Block {
     host::add_inplace(y.data(), a.data(), y.numel());  // x + mlp(ln2(x2))
     return y;
   }
-
-  std::array<Param<T, Replicated>*, 4> ln_params() { return {&ln1.weight, &ln1.bias, &ln2.weight, &ln2.bias}; }
 };
 
 }  // namespace weft::nn

@@ -13,7 +13,6 @@
 #pragma once
 
 #include <string>
-#include <vector>
 
 #include "weft/layout/redistribute.hpp"
 #include "weft/nn/param.hpp"
@@ -57,28 +56,5 @@ using CopyToTensor = Redistribute<act::Replicated, act::Replicated, act::Partial
 using ReduceFromTensor = Redistribute<act::Partial, act::Replicated, act::Replicated, act::Replicated>;
 using GatherFromSequence = Redistribute<act::Sequence, act::Replicated, act::Partial, act::Sequence>;
 using ScatterToSequence = Redistribute<act::Partial, act::Sequence, act::Sequence, act::Replicated>;
-
-// Replicated parameters whose gradient is, under sequence parallelism, a partial sum over each
-// tensor rank's slice of the sequence (LayerNorm weights, position embeddings). Gradients
-// accumulate over micro-batches, so only this backward's increment is reduced:
-//   before = snapshot_grads(ps);  ...backward...;  reduce_grad_increment(ps, before, mesh);
-// leaves grad = before + (sum over tensor ranks of the increment), in one all-reduce for all of ps.
-// ps: a range of Param<T, Replicated>* (a std::array, say).
-template <Floating T, class Params>
-std::vector<T> snapshot_grads(const Params& ps) {
-  std::vector<T> g;
-  for (auto* p : ps) g.insert(g.end(), p->grad.data(), p->grad.data() + p->grad.numel());
-  return g;
-}
-
-template <Floating T, class Params, AxisComms M>
-void reduce_grad_increment(const Params& ps, const std::vector<T>& before, M& mesh) {
-  std::vector<T> delta = snapshot_grads<T>(ps);
-  for (std::size_t i = 0; i < delta.size(); ++i) delta[i] -= before[i];
-  mesh.comm(Axis::tensor).all_reduce(std::span<T>(delta));
-  std::size_t at = 0;
-  for (auto* p : ps)
-    for (std::int64_t i = 0; i < p->grad.numel(); ++i, ++at) p->grad[i] = before[at] + delta[at];
-}
 
 }  // namespace weft::nn

@@ -14,7 +14,8 @@ namespace weft::nn {
 
 struct PlanRow {
   std::string layer, in, out;
-  std::vector<PlanStep> forward, backward;
+  std::vector<PlanStep> forward, backward;  // per micro-batch
+  std::vector<PlanStep> step = {};          // once per optimizer step (the data-parallel step)
 };
 
 namespace detail {
@@ -56,9 +57,6 @@ std::vector<PlanRow> describe_rows(const GptConfig& c, std::int64_t batch, const
   const std::int64_t rows = batch / s.data_degree * c.seq;  // local (B, T) positions
   std::vector<PlanRow> out;
   out.push_back(detail::pair_row<Leave>("embedding (vocab-parallel) -> stream", act, s, e));
-  const auto ln_grads = [&](std::int64_t vectors) {
-    return SP ? std::vector{detail::reduction(Axis::tensor, s.tensor_degree, vectors * C * e)} : std::vector<PlanStep>{};
-  };
   for (std::int64_t l = 0; l < c.layers; ++l) {
     const std::string p = cat("h", l, ".");
     for (const char* branch : {"attn", "mlp"}) {
@@ -78,9 +76,8 @@ std::vector<PlanRow> describe_rows(const GptConfig& c, std::int64_t batch, const
         for (std::size_t i = out.size() - (branch[0] == 'a' ? 5 : 4); i < out.size(); ++i)
           out.back().backward.insert(out.back().backward.end(), out[i].forward.begin(), out[i].forward.end());
     }
-    if (SP) out.push_back({p + "LayerNorm gradients (SP)", "-", "-", {}, ln_grads(4)});
   }
-  out.push_back({"ln_f", A::name(), A::name(), {}, ln_grads(2)});
+  out.push_back({"ln_f", A::name(), A::name(), {}, {}});
   out.push_back(detail::pair_row<Enter>("ln_f -> LM head", act, s, e));
   const std::int64_t Vl = padded_vocab(c.vocab, s.tensor_degree) / s.tensor_degree;
   out.push_back({cat("LM head (tied, vocab-parallel: ", Vl, " of ", c.vocab, " rows)"), act::Replicated::name(),
@@ -91,7 +88,11 @@ std::vector<PlanRow> describe_rows(const GptConfig& c, std::int64_t batch, const
                  {}});
   out.push_back({"loss (mean over the global batch)", "loss", "loss", {detail::reduction(Axis::data, s.data_degree, 8)},
                  {}});
-  if (SP) out.push_back({"wpe gradient (SP)", "-", "-", {}, {detail::reduction(Axis::tensor, s.tensor_degree, c.seq * C * e)}});
+  // Under SP the LayerNorm and position gradients are Partial on tensor: one all-reduce per step
+  // for all of them (4 C per block, 2 C for ln_f, T C for wpe).
+  if (SP)
+    out.push_back({"gradients Partial on tensor (SP), per step", "-", "-", {}, {},
+                   {detail::reduction(Axis::tensor, s.tensor_degree, (4 * c.layers * C + 2 * C + c.seq * C) * e)}});
   return out;
 }
 
@@ -117,7 +118,7 @@ std::string describe(const GptConfig& c, std::int64_t batch, const Spread& s) {
   os << line;
   for (const PlanRow& r : describe_rows<T, SP, Recompute>(c, batch, s)) {
     std::snprintf(line, sizeof line, "  %-46s %-28s %-28s %-44s %s\n", r.layer.c_str(), r.in.c_str(), r.out.c_str(),
-                  format_steps(r.forward).c_str(), format_steps(r.backward).c_str());
+                  format_steps(r.forward).c_str(), format_steps(r.step.empty() ? r.backward : r.step).c_str());
     os << line;
   }
   return os.str();

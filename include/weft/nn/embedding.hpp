@@ -8,11 +8,11 @@
 //
 // PositionEmbedding: a learned (T, C) table, Replicate, added to the residual stream in layout A
 // (Replicated, or Sequence: rank r adds positions [r T/tp, (r+1) T/tp)). Under Sequence its gradient
-// is a partial sum over sequence slices, which the caller reduces over the tensor axis.
+// is a partial sum over sequence slices: Partial on the tensor axis, reduced once per step.
 #pragma once
 
 #include <string>
-#include <vector>
+#include <span>
 
 #include "weft/device/host/ops.hpp"
 #include "weft/nn/param.hpp"
@@ -24,7 +24,7 @@ template <Floating T>
 class VocabParallelEmbedding {
  public:
   struct Ctx {
-    const std::vector<std::int32_t>* tokens = nullptr;  // (B/dp, T), owned by the caller
+    std::span<const std::int32_t> tokens;  // (B/dp, T), owned by the caller
   };
 
   Param<T, Layout<Replicate, Shard<0>>> weight;  // (Vp, C)
@@ -38,21 +38,21 @@ class VocabParallelEmbedding {
   std::int64_t begin() const { return weight.value.spread().tensor_index * rows(); }
 
   // tokens (B/dp, T) -> (B, T, C) Partial.
-  Tensor<T, act::Partial, Host> forward(Ctx& ctx, const std::vector<std::int32_t>& tokens, std::int64_t batch,
+  Tensor<T, act::Partial, Host> forward(Ctx& ctx, std::span<const std::int32_t> tokens, std::int64_t batch,
                                         std::int64_t seq) {
     const std::int64_t C = weight.value.local_shape()[1];
     auto out = Tensor<T, act::Partial, Host>::empty(weight.value.dev(), {batch, seq, C}, weight.value.spread(),
                                                     Category::activations);
     host::embedding_forward(out.data(), tokens.data(), weight.value.data(), out.numel() / C, C, begin(),
                             begin() + rows());
-    ctx.tokens = &tokens;
+    ctx.tokens = tokens;
     return out;
   }
 
   // dy (B, T, C) Replicate: accumulates into this rank's rows.
   void backward(Ctx& ctx, const Tensor<T, act::Replicated, Host>& dy) {
     const std::int64_t C = weight.value.local_shape()[1];
-    host::embedding_backward(weight.grad.data(), dy.data(), ctx.tokens->data(), dy.numel() / C, C, begin(),
+    host::embedding_backward(weight.grad.data(), dy.data(), ctx.tokens.data(), dy.numel() / C, C, begin(),
                              begin() + rows());
     ctx = Ctx{};
   }
@@ -67,7 +67,7 @@ class VocabParallelEmbedding {
 template <Floating T, LayoutType A>
 class PositionEmbedding {
  public:
-  Param<T, Replicated> weight;  // (T, C)
+  Param<T, Replicated, replicated_param_grad<A>> weight;  // (T, C)
 
   PositionEmbedding() = default;
   PositionEmbedding(Host& dev, std::int64_t seq, std::int64_t C, const Spread& s, std::uint64_t id,

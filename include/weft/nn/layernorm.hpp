@@ -1,7 +1,8 @@
 // LayerNorm over the last dim of an activation in layout A (Replicate, or Shard<1> under sequence
 // parallelism). Weight and bias (C) are replicated on the tensor axis. Under Replicate every tensor
 // rank computes identical parameter gradients; under Shard<1> each rank's are partial sums over its
-// sequence slice, and the caller reduces them over the tensor axis (Block does, once per backward).
+// sequence slice: their layout is Partial on the tensor axis, and the data-parallel step reduces
+// them once per step with the other gradients.
 #pragma once
 
 #include <string>
@@ -20,7 +21,7 @@ class LayerNorm {
     Allocation stats;  // (2, rows): mean, then rstd; counted as activations
   };
 
-  Param<T, Replicated> weight, bias;
+  Param<T, Replicated, replicated_param_grad<A>> weight, bias;  // (C)
   T eps = T(1e-5);
 
   LayerNorm() = default;

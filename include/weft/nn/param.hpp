@@ -1,6 +1,11 @@
 // Parameters and their initialization.
 //
-// A Param holds this rank's shard of a value and of its gradient, both in the parameter's layout.
+// A Param holds this rank's shard of a value in the parameter's layout L, and of its gradient in
+// the gradient's layout GL. GL is L except where the forward replicates a parameter but each rank
+// sees only part of the data: under sequence parallelism a LayerNorm weight is Replicate on the
+// tensor axis while its gradient is Partial there (each rank sums over its slice of the sequence),
+// and the data-parallel step reduces it once, with the other gradients (optim/data_parallel.hpp).
+// A model's units (unit.hpp) move every Param into flat buffers and leave views behind.
 // Initialization does not depend on the mesh: element g of the global tensor is drawn from Philox
 // keyed by (seed, parameter id, g), so the shards of any tensor degree gather to the same global
 // weights, bit for bit.
@@ -20,16 +25,24 @@ struct Init {
   double std = 0.02;
 };
 
-template <Element T, LayoutType L, class D = Host>
+template <Element T, LayoutType L, LayoutType GL = L, class D = Host>
 struct Param {
+  static_assert(std::same_as<typename L::data, typename GL::data> &&
+                    (std::same_as<typename L::tensor, typename GL::tensor> ||
+                     (IsReplicate<typename L::tensor> && IsPartial<typename GL::tensor>)),
+                "Param: a gradient layout differs from its value layout other than Partial for Replicate on the "
+                "tensor axis; give the gradient the value's layout, or Partial where the value is Replicate");
   using layout = L;
-  Tensor<T, L, D> value, grad;
+  using grad_layout = GL;
+  using value_type = T;
+  Tensor<T, L, D> value;
+  Tensor<T, GL, D> grad;
   std::uint64_t id = 0;
 
   Param() = default;
   Param(D& dev, const Shape& global, const Spread& s, std::uint64_t param_id, Init init, std::uint64_t seed)
       : value(Tensor<T, L, D>::empty(dev, global, s, Category::parameters)),
-        grad(Tensor<T, L, D>::zeros(dev, global, s, Category::gradients)),
+        grad(Tensor<T, GL, D>::zeros(dev, global, s, Category::gradients)),
         id(param_id) {
     for (std::int64_t i = 0; i < value.numel(); ++i) {
       switch (init.kind) {

@@ -30,6 +30,12 @@ using Partial = Layout<Shard<0>, weft::Partial>; // (B/dp, T, C), summed over te
 using Sequence = Layout<Shard<0>, Shard<1>>;     // (B/dp, T/tp, C)
 }  // namespace act
 
+// The gradient layout of a parameter that is Replicate over the tensor axis and applied to
+// activations in layout A: Partial there when A shards the sequence over the tensor axis (each rank
+// sums over its own positions), Replicate otherwise (every rank computes the same full sum).
+template <LayoutType A>
+using replicated_param_grad = std::conditional_t<IsShard<typename A::tensor>, Layout<Replicate, weft::Partial>, Replicated>;
+
 // Epilogues fused into a Linear's forward.
 namespace epilogue {
 struct None {};

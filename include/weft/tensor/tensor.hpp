@@ -50,6 +50,15 @@ class Tensor {
     return t;
   }
 
+  // Re-points a view at other memory of the same size (nullptr: at nothing), as a unit's flat
+  // buffers move (nn/unit.hpp). Requires: this tensor is a view, not an owner.
+  void rebind(T* data) {
+    if (owns_storage())
+      throw Error("Tensor::rebind", cat("the tensor of shape ", global_, " owns its storage"),
+                  "rebind only views (Tensor::view)");
+    data_ = data;
+  }
+
   Tensor clone(Category c = Category::other) const {
     Tensor t = empty(*device_, global_, spread_, c);
     if (numel()) std::memcpy(static_cast<void*>(t.data_), data_, static_cast<std::size_t>(numel()) * sizeof(T));

@@ -1,0 +1,150 @@
+// Unit<T, D>: the flat state of one part of a model (a block, the embedding stage, the head stage).
+//
+// A unit owns one flat buffer for the parameters of its layers and one for their gradients; each
+// layer's Param keeps views into them. Entries are laid out one after another in for_each_param
+// order, each in its own layout (this rank's local shard), and the buffers are padded to a multiple
+// of the data degree so that a data-parallel strategy can slice them evenly:
+//
+//   values  [ h0.ln1.weight (C) | h0.ln1.bias (C) | h0.attn.qkv.weight (3C/tp, C) | ... | pad ]
+//   grads   the same offsets
+//
+// Why views and not per-parameter allocations: the data-parallel protocol (optim/data_parallel.hpp)
+// reduces, slices, gathers and updates whole units with one call each, ZeRO and FSDP shard one
+// buffer per unit, and checkpoints enumerate the entries. When a strategy moves a unit's storage
+// (FSDP gathers the values for a stage and frees them after it), rebind() re-points every view of
+// the unit in one pass; nothing else holds a parameter's address.
+//
+// A unit records where its Params live, so the layers it adopted must stay where they are (the
+// model that owns both is neither copied nor moved).
+#pragma once
+
+#include <cstring>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "weft/core/error.hpp"
+#include "weft/layout/layout.hpp"
+#include "weft/tensor/tensor.hpp"
+
+namespace weft::nn {
+
+// One parameter of a unit: where it lies in the flat buffers and how it is spread.
+struct UnitEntry {
+  std::string name;                  // "h0.attn.qkv.weight"
+  Shape global, local;               // the global tensor, and this rank's shard of it
+  std::int64_t offset = 0, numel = 0;  // in elements, into the unit's buffers
+  std::string layout, grad_layout;   // Layout<...>::name() of the value and of the gradient
+  bool tensor_sharded = false;       // tensor ranks hold distinct elements (else replicas)
+  bool grad_tensor_partial = false;  // the gradient is Partial over the tensor axis until reduced
+};
+
+template <Element T, class D>
+class Unit {
+ public:
+  Unit(std::string name, D& dev) : name_(std::move(name)), dev_(&dev) {}
+  Unit(const Unit&) = delete;
+  Unit& operator=(const Unit&) = delete;
+  Unit(Unit&&) noexcept = default;
+  Unit& operator=(Unit&&) noexcept = default;
+
+  // Records every parameter of `layer` (its for_each_param(prefix, f)). Call before build().
+  template <class Layer>
+  void add(const std::string& prefix, Layer& layer) {
+    if (built_) throw Error(cat("Unit ", name_), "add() after build()", "add every layer before building the unit");
+    layer.for_each_param(prefix, [&](const std::string& n, auto& p) { record(n, p); });
+  }
+
+  // Allocates the flat buffers (padded to a multiple of `pad`), moves every parameter's values into
+  // them, zeroes the gradients, and leaves the Params as views. The Params' own storage is freed.
+  void build(int pad) {
+    if (pad < 1) throw Error(cat("Unit ", name_), cat("padding multiple ", pad), "pass the data degree (>= 1)");
+    padded_ = (numel_ + pad - 1) / pad * pad;
+    values_ = dev_->allocate(padded_ * static_cast<std::int64_t>(sizeof(T)), Category::parameters);
+    grads_ = dev_->allocate(padded_ * static_cast<std::int64_t>(sizeof(T)), Category::gradients);
+    T* v = static_cast<T*>(values_.data());
+    for (Slot& s : slots_) s.adopt(s.param, v + s.offset);
+    if (padded_ > numel_) std::memset(static_cast<void*>(v + numel_), 0, static_cast<std::size_t>(padded_ - numel_) * sizeof(T));
+    zero_grad();
+    built_ = true;
+    rebind();
+  }
+
+  const std::string& name() const { return name_; }
+  D& dev() const { return *dev_; }
+  const std::vector<UnitEntry>& entries() const { return entries_; }
+  std::int64_t numel() const { return numel_; }    // the sum of the entries
+  std::int64_t padded() const { return padded_; }  // the buffers' length
+
+  // The flat buffers (empty while a strategy keeps them elsewhere, see rebind()).
+  Allocation& value_buffer() { return values_; }
+  Allocation& grad_buffer() { return grads_; }
+  T* values() { return static_cast<T*>(values_.data()); }
+  T* grads() { return static_cast<T*>(grads_.data()); }
+
+  // Points every Param's views at the current buffers (at nothing where a buffer is empty).
+  void rebind() {
+    for (Slot& s : slots_) s.bind(s.param, values() ? values() + s.offset : nullptr, grads() ? grads() + s.offset : nullptr);
+  }
+
+  void zero_grad() {
+    if (grads()) std::memset(static_cast<void*>(grads()), 0, static_cast<std::size_t>(padded_) * sizeof(T));
+  }
+
+  // f(entry, values, grads): every parameter as spans of this rank's shard (empty spans where the
+  // buffer is not held).
+  template <class F>
+  void for_each_param(F&& f) {
+    for (const UnitEntry& e : entries_) {
+      const auto n = static_cast<std::size_t>(e.numel);
+      f(e, values() ? std::span<T>(values() + e.offset, n) : std::span<T>(),
+        grads() ? std::span<T>(grads() + e.offset, n) : std::span<T>());
+    }
+  }
+
+ private:
+  struct Slot {
+    void* param;
+    std::int64_t offset;
+    void (*adopt)(void* param, T* values);           // copy the values in, free the Param's storage
+    void (*bind)(void* param, T* values, T* grads);  // re-point the views
+  };
+
+  template <class P>
+  void record(const std::string& n, P& p) {
+    using Value = std::remove_cvref_t<decltype(p.value)>;
+    using Grad = std::remove_cvref_t<decltype(p.grad)>;
+    static_assert(std::same_as<typename Value::value_type, T>, "Unit: a parameter's element type differs from the unit's");
+    using L = typename P::layout;
+    using GL = typename P::grad_layout;
+    if (p.value.numel() == 0) return;  // an absent bias
+    UnitEntry e{n, p.value.global_shape(), p.value.local_shape(), numel_, p.value.numel(), L::name(), GL::name(),
+                IsShard<typename L::tensor>, IsPartial<typename GL::tensor>};
+    entries_.push_back(e);
+    slots_.push_back({&p, numel_,
+                      [](void* q, T* v) {
+                        P& pp = *static_cast<P*>(q);
+                        const Shape g = pp.value.global_shape();
+                        const Spread s = pp.value.spread();
+                        std::memcpy(static_cast<void*>(v), pp.value.data(), static_cast<std::size_t>(pp.value.numel()) * sizeof(T));
+                        pp.value = Value::view(pp.value.dev(), v, g, s);
+                        pp.grad = Grad::view(pp.grad.dev(), nullptr, g, s);
+                      },
+                      [](void* q, T* v, T* g) {
+                        P& pp = *static_cast<P*>(q);
+                        pp.value.rebind(v);
+                        pp.grad.rebind(g);
+                      }});
+    numel_ += e.numel;
+  }
+
+  std::string name_;
+  D* dev_;
+  std::vector<UnitEntry> entries_;
+  std::vector<Slot> slots_;
+  std::int64_t numel_ = 0, padded_ = 0;
+  bool built_ = false;
+  Allocation values_, grads_;
+};
+
+}  // namespace weft::nn

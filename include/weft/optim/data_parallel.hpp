@@ -1,0 +1,296 @@
+// Data parallelism as one protocol over a model's units, the strategy a layout type.
+//
+// DataLayout<Params, Grads, State> says how each unit's parameters, gradients and optimizer state
+// lie on the data axis: Replicate (every data rank holds all of it) or Shard<0> (data rank d holds
+// elements [d S, (d + 1) S) of the unit's flat buffer, S = padded / dp):
+//
+//   strategy   params     grads      state      per step, per unit
+//   Ddp        Replicate  Replicate  Replicate  all-reduce grads as the unit's backward ends; update all
+//   Zero1      Replicate  Replicate  Shard<0>   all-reduce grads; update the slice; all-gather values
+//   Zero2      Replicate  Shard<0>   Shard<0>   full grads only during the unit's backward, then
+//                                               reduce-scatter into the slice; update; all-gather values
+//   Fsdp       Shard<0>   Shard<0>   Shard<0>   values gathered just before the unit's stage and freed
+//                                               after it; grads as Zero2; update the slice in place
+//
+// The executor (pipeline/executor.hpp) calls acquire() before a stage uses a unit and release()
+// after its last use in a pass; step() then
+//   1. all-reduces, over the tensor axis, the gradients whose layout is Partial there (sequence-
+//      parallel LayerNorm and position gradients): one collective for the whole model;
+//   2. takes the global gradient norm, each global element counted once: every data rank sums its
+//      slice of each unit, and tensor-replicated entries count on tensor rank 0 only;
+//   3. applies the update rule (optimizer.hpp) to the range of each unit this rank owns, with the
+//      clipping factor folded into the gradient, and gathers the values where the strategy keeps
+//      them whole.
+// Every buffer (slices, gathered units, state, transfer space) comes from the device allocator.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <span>
+#include <vector>
+
+#include "weft/layout/redistribute.hpp"
+#include "weft/optim/optimizer.hpp"
+#include "weft/pipeline/executor.hpp"
+
+namespace weft::optim {
+
+template <class P>
+concept DataPlacement = IsReplicate<P> || std::same_as<P, Shard<0>>;
+
+template <class Params, class Grads, class State>
+struct DataLayout {
+  static_assert(DataPlacement<Params> && DataPlacement<Grads> && DataPlacement<State>,
+                "DataLayout: each placement over the data axis must be Replicate or Shard<0> (of the unit's flat "
+                "buffer)");
+  static_assert(!(IsShard<Params> && IsReplicate<Grads>),
+                "DataLayout: sharded parameters need sharded gradients (each rank updates only its slice); use "
+                "Shard<0> for the gradients");
+  static_assert(!(IsShard<Grads> && IsReplicate<State>),
+                "DataLayout: sharded gradients need sharded optimizer state (a rank has only its slice of the "
+                "gradient to update with); use Shard<0> for the state");
+  using params = Params;
+  using grads = Grads;
+  using state = State;
+  static std::string name() { return cat("DataLayout<", Params::name(), ", ", Grads::name(), ", ", State::name(), ">"); }
+};
+
+using Ddp = DataLayout<Replicate, Replicate, Replicate>;
+using Zero1 = DataLayout<Replicate, Replicate, Shard<0>>;
+using Zero2 = DataLayout<Replicate, Shard<0>, Shard<0>>;
+using Fsdp = DataLayout<Shard<0>, Shard<0>, Shard<0>>;
+
+template <class Strategy, UpdateRule Rule, Element T, AxisComms M, class D = Host>
+class DataParallel {
+  static constexpr bool shard_params = IsShard<typename Strategy::params>;
+  static constexpr bool shard_grads = IsShard<typename Strategy::grads>;
+  static constexpr bool shard_state = IsShard<typename Strategy::state>;
+  using S = state_t<T>;
+  using Unit = nn::Unit<T, D>;
+  using Pass = pipeline::Pass;
+
+ public:
+  DataParallel(std::span<Unit> units, Rule rule, M& mesh) : units_(units), rule_(rule), mesh_(&mesh) {
+    auto& data = mesh.comm(Axis::data);
+    dp_ = data.size();
+    index_ = data.rank();
+    tensor_degree_ = mesh.comm(Axis::tensor).size();
+    tensor_index_ = mesh.comm(Axis::tensor).rank();
+    held_.resize(units.size());
+    for (std::size_t i = 0; i < units.size(); ++i) {
+      Unit& u = units[i];
+      Held& h = held_[i];
+      if (u.padded() % dp_ != 0)
+        throw Error("DataParallel", cat("unit ", u.name(), " has ", u.padded(), " elements, not a multiple of the data degree ", dp_),
+                    "build the model with the spread of the mesh it trains on");
+      h.shard = u.padded() / dp_;
+      const std::int64_t n = shard_state ? h.shard : u.padded();
+      h.state = dev().allocate(Rule::states * n * static_cast<std::int64_t>(sizeof(S)), Category::optimizer_state);
+      std::memset(h.state.data(), 0, static_cast<std::size_t>(Rule::states * n) * sizeof(S));
+      if constexpr (shard_grads) {
+        h.grad_slice = dev().allocate(h.shard * static_cast<std::int64_t>(sizeof(T)), Category::gradients);
+        std::memset(h.grad_slice.data(), 0, static_cast<std::size_t>(h.shard) * sizeof(T));
+        u.grad_buffer().reset();
+      }
+      if constexpr (shard_params) {
+        h.value_slice = dev().allocate(h.shard * static_cast<std::int64_t>(sizeof(T)), Category::parameters);
+        std::memcpy(h.value_slice.data(), u.values() + index_ * h.shard, static_cast<std::size_t>(h.shard) * sizeof(T));
+        u.value_buffer().reset();
+      }
+      u.rebind();
+    }
+  }
+
+  void zero_grad() {
+    for (std::size_t i = 0; i < units_.size(); ++i) {
+      units_[i].zero_grad();
+      if (held_[i].grad_slice.data())
+        std::memset(held_[i].grad_slice.data(), 0, static_cast<std::size_t>(held_[i].shard) * sizeof(T));
+    }
+  }
+
+  // Before a stage of `pass` uses unit u.
+  void acquire(std::size_t u, Pass pass) {
+    Unit& unit = units_[u];
+    bool moved = false;
+    if constexpr (shard_params) {
+      if (!unit.values()) {
+        unit.value_buffer() = dev().allocate(unit.padded() * static_cast<std::int64_t>(sizeof(T)), Category::parameters);
+        data().all_gather(std::span<const T>(slice_values(u), static_cast<std::size_t>(held_[u].shard)),
+                          std::span<T>(unit.values(), static_cast<std::size_t>(unit.padded())));
+        moved = true;
+      }
+    }
+    if constexpr (shard_grads) {
+      if (pass == Pass::backward && !unit.grads()) {
+        unit.grad_buffer() = dev().allocate(unit.padded() * static_cast<std::int64_t>(sizeof(T)), Category::gradients);
+        unit.zero_grad();
+        moved = true;
+      }
+    }
+    if (moved) unit.rebind();
+  }
+
+  // After the last stage of `pass` that uses unit u; last: no micro-batch follows before step().
+  void release(std::size_t u, Pass pass, bool last) {
+    Unit& unit = units_[u];
+    if (pass == Pass::backward) {
+      if constexpr (shard_grads) {
+        const std::int64_t n = held_[u].shard;
+        Allocation part = dev().allocate(n * static_cast<std::int64_t>(sizeof(T)), Category::communication);
+        T* mine = static_cast<T*>(part.data());
+        data().reduce_scatter(std::span<const T>(unit.grads(), static_cast<std::size_t>(unit.padded())),
+                              std::span<T>(mine, static_cast<std::size_t>(n)));
+        T* g = static_cast<T*>(held_[u].grad_slice.data());
+        for (std::int64_t i = 0; i < n; ++i) g[i] += mine[i];
+        unit.grad_buffer().reset();
+      } else if (last && dp_ > 1) {
+        data().all_reduce(std::span<T>(unit.grads(), static_cast<std::size_t>(unit.padded())));
+      }
+    }
+    if constexpr (shard_params) unit.value_buffer().reset();
+    unit.rebind();
+  }
+
+  // Reduces what is left to reduce, clips to max_norm (0: no clipping), updates at learning rate lr.
+  // Returns the global gradient norm before clipping (the same on every rank).
+  double step(double lr, double max_norm) {
+    ++t_;
+    reduce_tensor_partials();
+    std::array<double, 1> sq{0.0};
+    for (std::size_t u = 0; u < units_.size(); ++u) {
+      const std::int64_t lo = index_ * held_[u].shard;
+      const T* g = grads_from(u, lo);
+      for_each_piece(u, lo, held_[u].shard, [&](const nn::UnitEntry& e, std::int64_t a, std::int64_t n) {
+        if (e.tensor_sharded || tensor_index_ == 0) sq[0] += sum_squares(std::span<const T>(g + (a - lo), static_cast<std::size_t>(n)));
+      });
+    }
+    mesh_->comm(Axis::tensor).all_reduce(std::span<double>(sq));
+    data().all_reduce(std::span<double>(sq));
+    const double norm = std::sqrt(sq[0]);
+    const double scale = (max_norm > 0 && norm > max_norm) ? max_norm / (norm + 1e-6) : 1.0;
+
+    for (std::size_t u = 0; u < units_.size(); ++u) {
+      const auto [lo, n] = update_range(u);
+      T* p = values_from(u, lo);
+      const T* g = grads_from(u, lo);
+      for_each_piece(u, lo, n, [&](const nn::UnitEntry& e, std::int64_t a, std::int64_t len) {
+        rule_.update(p + (a - lo), g + (a - lo), state_at(u, n, a - lo), len, scale, lr, t_, decays(e));
+      });
+      if constexpr (shard_params) {  // values gathered before this update are stale now
+        units_[u].value_buffer().reset();
+        units_[u].rebind();
+      } else if constexpr (shard_state) {  // every data rank's values get every updated slice
+        Allocation part = dev().allocate(n * static_cast<std::int64_t>(sizeof(T)), Category::communication);
+        std::memcpy(part.data(), p, static_cast<std::size_t>(n) * sizeof(T));
+        data().all_gather(std::span<const T>(static_cast<const T*>(part.data()), static_cast<std::size_t>(n)),
+                          std::span<T>(units_[u].values(), static_cast<std::size_t>(units_[u].padded())));
+      }
+    }
+    return norm;
+  }
+
+  // Gathers every unit's values (FSDP), for inspection through the model's parameters; the next
+  // forward's releases free them again.
+  void gather_values() {
+    for (std::size_t u = 0; u < units_.size(); ++u) acquire(u, Pass::forward);
+  }
+
+  // f(unit, entry, state name, values): the optimizer state of every parameter element this rank
+  // keeps, as spans in the parameter's flat order (a slice of the entry under ZeRO and FSDP).
+  template <class F>
+  void for_each_state(F&& f) {
+    for (std::size_t u = 0; u < units_.size(); ++u) {
+      const auto [lo, n] = update_range(u);
+      for_each_piece(u, lo, n, [&](const nn::UnitEntry& e, std::int64_t a, std::int64_t len) {
+        const auto st = state_at(u, n, a - lo);
+        for (int k = 0; k < Rule::states; ++k)
+          f(units_[u], e, Rule::state_names[static_cast<std::size_t>(k)], std::span<S>(st[static_cast<std::size_t>(k)], static_cast<std::size_t>(len)));
+      });
+    }
+  }
+
+  std::int64_t steps() const { return t_; }
+  static std::string name() { return Strategy::name(); }
+
+ private:
+  struct Held {
+    std::int64_t shard = 0;              // padded / dp
+    Allocation value_slice, grad_slice;  // this rank's slice, where sharded
+    Allocation state;                    // Rule::states x the update range, in S
+  };
+
+  D& dev() { return units_[0].dev(); }
+  auto& data() { return mesh_->comm(Axis::data); }
+
+  // The elements of unit u this rank updates: its slice, or the whole unit.
+  std::pair<std::int64_t, std::int64_t> update_range(std::size_t u) const {
+    if constexpr (shard_state) return {index_ * held_[u].shard, held_[u].shard};
+    else return {0, units_[u].padded()};
+  }
+  T* slice_values(std::size_t u) { return static_cast<T*>(held_[u].value_slice.data()); }
+  // Pointers that address element `lo` of unit u (lo inside this rank's slice where sharded).
+  T* values_from(std::size_t u, std::int64_t lo) {
+    if constexpr (shard_params) return slice_values(u) + (lo - index_ * held_[u].shard);
+    else return units_[u].values() + lo;
+  }
+  T* grads_from(std::size_t u, std::int64_t lo) {
+    if constexpr (shard_grads) return static_cast<T*>(held_[u].grad_slice.data()) + (lo - index_ * held_[u].shard);
+    else return units_[u].grads() + lo;
+  }
+  std::array<S*, Rule::states> state_at(std::size_t u, std::int64_t n, std::int64_t at) {
+    std::array<S*, Rule::states> st{};
+    for (int k = 0; k < Rule::states; ++k) st[static_cast<std::size_t>(k)] = static_cast<S*>(held_[u].state.data()) + k * n + at;
+    return st;
+  }
+
+  // f(entry, first, count) for each entry's overlap with elements [lo, lo + n) of unit u.
+  template <class F>
+  void for_each_piece(std::size_t u, std::int64_t lo, std::int64_t n, F&& f) const {
+    for (const nn::UnitEntry& e : units_[u].entries()) {
+      const std::int64_t a = std::max(lo, e.offset), b = std::min(lo + n, e.offset + e.numel);
+      if (a < b) f(e, a, b - a);
+    }
+  }
+
+  // Sums over the tensor axis the gradients that are Partial there, in one all-reduce.
+  void reduce_tensor_partials() {
+    if (tensor_degree_ == 1) return;
+    std::vector<std::pair<T*, std::int64_t>> pieces;
+    std::int64_t total = 0;
+    for (std::size_t u = 0; u < units_.size(); ++u) {
+      const std::int64_t lo = shard_grads ? index_ * held_[u].shard : 0, n = shard_grads ? held_[u].shard : units_[u].padded();
+      T* g = grads_from(u, lo);
+      for_each_piece(u, lo, n, [&](const nn::UnitEntry& e, std::int64_t a, std::int64_t len) {
+        if (!e.grad_tensor_partial) return;
+        pieces.emplace_back(g + (a - lo), len);
+        total += len;
+      });
+    }
+    Allocation packed = dev().allocate(total * static_cast<std::int64_t>(sizeof(T)), Category::communication);
+    T* at = static_cast<T*>(packed.data());
+    for (auto [p, n] : pieces) at = std::copy_n(p, n, at);
+    mesh_->comm(Axis::tensor).all_reduce(std::span<T>(static_cast<T*>(packed.data()), static_cast<std::size_t>(total)));
+    const T* from = static_cast<const T*>(packed.data());
+    for (auto [p, n] : pieces) {
+      std::copy_n(from, n, p);
+      from += n;
+    }
+  }
+
+  std::span<Unit> units_;
+  Rule rule_;
+  M* mesh_;
+  int dp_ = 1, index_ = 0, tensor_degree_ = 1, tensor_index_ = 0;
+  std::vector<Held> held_;
+  std::int64_t t_ = 0;
+};
+
+// data_parallel<Strategy>(model, rule, mesh): the protocol over a model's units.
+template <class Strategy, class Model, UpdateRule Rule, AxisComms M>
+DataParallel<Strategy, Rule, typename Model::value_type, M> data_parallel(Model& model, Rule rule, M& mesh) {
+  return {model.units(), rule, mesh};
+}
+
+}  // namespace weft::optim

@@ -1,0 +1,100 @@
+// The executor: runs a model's stages for one micro-batch, forward in order and backward in
+// reverse, and tells the data-parallel strategy when each unit is first needed and last used.
+//
+// A staged model provides
+//   stages()                  the number of stages
+//   units_of(s)               the units stage s reads and writes (its own, and any it shares, such as
+//                             the tied embedding that the head uses)
+//   forward(s, ctx, mesh, mode), backward(s, ctx, mesh)   on a context per micro-batch
+// and a data-parallel strategy provides
+//   acquire(u, pass)          before a stage of this pass uses unit u (FSDP gathers its values, and
+//                             for backward its gradient buffer; DDP does nothing)
+//   release(u, pass, last)    after the last stage of this pass that uses u (FSDP frees; ZeRO-2 and
+//                             FSDP reduce-scatter the gradients; DDP all-reduces them when `last`,
+//                             the last micro-batch before a step, is true)
+//
+// Today the schedule is one micro-batch after another on one pipe rank; the pipeline schedules run
+// over the same stages, contexts and calls.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "weft/nn/stages.hpp"
+
+namespace weft::pipeline {
+
+enum class Pass : std::uint8_t { forward, backward };
+
+template <class Model, class M>
+concept StagedModel = requires(Model& m, typename Model::Ctx& ctx, M& mesh, std::size_t s) {
+  { m.stages() } -> std::convertible_to<std::size_t>;
+  { m.units_of(s) } -> std::same_as<std::vector<std::size_t>>;
+  m.forward(s, ctx, mesh, nn::Mode::train);
+  m.backward(s, ctx, mesh);
+};
+
+template <class P>
+concept DataProtocol = requires(P& p, std::size_t u, Pass pass, bool last) {
+  p.acquire(u, pass);
+  p.release(u, pass, last);
+};
+
+// Gradients stay where the layers put them: no gathering, no reduction over data (tests, and one
+// data rank).
+struct LocalGradients {
+  void acquire(std::size_t, Pass) {}
+  void release(std::size_t, Pass, bool) {}
+};
+
+namespace detail {
+// Whether unit u is used by any stage in [from, to).
+template <class Model>
+bool used_in(const Model& m, std::size_t u, std::size_t from, std::size_t to) {
+  for (std::size_t s = from; s < to; ++s)
+    for (std::size_t v : m.units_of(s))
+      if (v == u) return true;
+  return false;
+}
+}  // namespace detail
+
+// The forward pass of one micro-batch (Mode::infer: evaluation, keeping nothing for backward).
+// The units of the last stage stay acquired when its backward follows at once (Mode::train).
+template <class Model, AxisComms M, DataProtocol P = LocalGradients>
+  requires StagedModel<Model, M>
+void forward(Model& model, typename Model::Ctx& ctx, M& mesh, P&& dp = P{}, nn::Mode mode = nn::Mode::train) {
+  const std::size_t n = model.stages();
+  const std::size_t keep_from = mode == nn::Mode::train ? n - 1 : n;
+  for (std::size_t s = 0; s < n; ++s) {
+    const std::vector<std::size_t> units = model.units_of(s);
+    for (std::size_t u : units) dp.acquire(u, Pass::forward);
+    model.forward(s, ctx, mesh, mode);
+    for (std::size_t u : units)
+      if (!detail::used_in(model, u, s + 1, n) && !detail::used_in(model, u, keep_from, n))
+        dp.release(u, Pass::forward, false);
+  }
+}
+
+// The backward pass of one micro-batch. last: no further micro-batch before the optimizer step.
+template <class Model, AxisComms M, DataProtocol P = LocalGradients>
+  requires StagedModel<Model, M>
+void backward(Model& model, typename Model::Ctx& ctx, M& mesh, P&& dp = P{}, bool last = true) {
+  for (std::size_t s = model.stages(); s-- > 0;) {
+    const std::vector<std::size_t> units = model.units_of(s);
+    for (std::size_t u : units) dp.acquire(u, Pass::backward);
+    model.backward(s, ctx, mesh);
+    for (std::size_t u : units)
+      if (!detail::used_in(model, u, 0, s)) dp.release(u, Pass::backward, last);
+  }
+}
+
+// Forward then backward; returns the micro-batch's loss.
+template <class Model, AxisComms M, DataProtocol P = LocalGradients>
+  requires StagedModel<Model, M>
+double forward_backward(Model& model, typename Model::Ctx& ctx, M& mesh, P&& dp = P{}, bool last = true) {
+  forward(model, ctx, mesh, dp);
+  backward(model, ctx, mesh, dp, last);
+  return ctx.loss;
+}
+
+}  // namespace weft::pipeline
