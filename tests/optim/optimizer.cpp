@@ -224,6 +224,26 @@ TEST_CASE("FSDP trains like one rank and holds about 1/dp of the parameters plus
           (kConfig.layers * n.block + n.embedding + n.head) * 8, ")");
 }
 
+TEST_CASE("optimizer state per rank equals its formula for every strategy") {
+  // AdamW keeps 2 values per element of the range a rank updates: under DDP each unit padded to a
+  // multiple of dp, under ZeRO and FSDP the rank's slice of it, ceil(n / dp) (one rank, tensor 1).
+  const UnitSizes n = unit_sizes();
+  for (int dp : {2, 4}) {
+    const auto slice = [&](std::int64_t k) { return (k + dp - 1) / dp; };
+    const std::int64_t slices = kConfig.layers * slice(n.block) + slice(n.embedding) + slice(n.head);
+    std::int64_t ddp = 0, z1 = 0, z2 = 0, fsdp = 0;
+    train<false, optim::Ddp>(dp, 1, &ddp);
+    train<false, optim::Zero1>(dp, 1, &z1);
+    train<false, optim::Zero2>(dp, 1, &z2);
+    train<false, optim::Fsdp>(dp, 1, &fsdp);
+    CHECK(ddp == 2 * slices * dp * 8);
+    CHECK(z1 == 2 * slices * 8);
+    CHECK(z2 == 2 * slices * 8);
+    CHECK(fsdp == 2 * slices * 8);
+    MESSAGE("data ", dp, ": AdamW state per rank ", ddp, " bytes (DDP), ", z1, " (ZeRO-1, ZeRO-2, FSDP)");
+  }
+}
+
 TEST_CASE("ZeRO-2 holds gradients for 1/dp of the parameters at rest and one unit in full during backward") {
   const UnitSizes n = unit_sizes();
   const int dp = 4;

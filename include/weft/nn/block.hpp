@@ -18,6 +18,7 @@
 #include "weft/nn/attention.hpp"
 #include "weft/nn/comm.hpp"
 #include "weft/nn/layernorm.hpp"
+#include "weft/nn/plan_row.hpp"
 #include "weft/recompute/policies.hpp"
 
 namespace weft::nn {
@@ -94,6 +95,30 @@ class Block {
 
     ctx = Ctx{};
     return dx;
+  }
+
+  // This block's rows of the model's plan (describe.hpp): act is the global (B, T, C), e the bytes
+  // of an element. Full recompute repeats each branch's forward collectives in its backward.
+  static void plan_rows(std::vector<PlanRow>& out, const std::string& prefix, const Shape& act, const Spread& s,
+                        std::int64_t e) {
+    const std::string p = prefix + ".";
+    for (const char* branch : {"attn", "mlp"}) {
+      const bool attn_branch = branch[0] == 'a';
+      out.push_back({p + (attn_branch ? "ln1" : "ln2"), A::name(), A::name(), {}, {}});
+      out.push_back(detail::pair_row<Enter>(p + branch + " enter", act, s, e));
+      if (attn_branch) {
+        out.push_back(detail::local_row<Linear<T, ColumnParallel>>(p + "attn.qkv (ColumnParallel)"));
+        out.push_back({p + "attn.core (causal, local heads)", act::Features::name(), act::Features::name(), {}, {}});
+        out.push_back(detail::local_row<Linear<T, RowParallel>>(p + "attn.proj (RowParallel)"));
+      } else {
+        out.push_back(detail::local_row<Linear<T, ColumnParallel, epilogue::Gelu>>(p + "mlp.fc (ColumnParallel, GELU)"));
+        out.push_back(detail::local_row<Linear<T, RowParallel>>(p + "mlp.proj (RowParallel)"));
+      }
+      out.push_back(detail::pair_row<Leave>(p + branch + " leave", act, s, e));
+      if constexpr (std::same_as<Recompute, recompute::Full>)  // backward re-runs the forward's collectives
+        for (std::size_t i = out.size() - (attn_branch ? 5 : 4); i < out.size(); ++i)
+          out.back().backward.insert(out.back().backward.end(), out[i].forward.begin(), out[i].forward.end());
+    }
   }
 
   template <class F>

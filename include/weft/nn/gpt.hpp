@@ -166,6 +166,24 @@ class Gpt {
     }
   }
 
+  // The plan for config c, a global batch and degrees s, from the types alone: every stage's rows in
+  // stage order, then what the data-parallel step adds on the tensor axis.
+  static std::vector<PlanRow> plan_rows(const GptConfig& c, std::int64_t batch, const Spread& s) {
+    validate(c, s, SP, batch);
+    const std::int64_t e = sizeof(T), C = c.width;
+    const Shape act{batch, c.seq, C};
+    std::vector<PlanRow> out;
+    EmbeddingStage<T, SP>::plan_rows(out, act, s, e);
+    for (std::int64_t l = 0; l < c.layers; ++l) BlockT::plan_rows(out, cat("h", l), act, s, e);
+    HeadStage<T, SP>::plan_rows(out, c.vocab, padded_vocab(c.vocab, s.tensor_degree), act, s, e);
+    // Under SP the LayerNorm and position gradients are Partial on tensor: one all-reduce per step
+    // for all of them (4 C per block, 2 C for ln_f, T C for wpe).
+    if (SP)
+      out.push_back({"gradients Partial on tensor (SP), per step", "-", "-", {}, {},
+                     {detail::reduction(Axis::tensor, s.tensor_degree, (4 * c.layers * C + 2 * C + c.seq * C) * e)}});
+    return out;
+  }
+
   // f(name, param) for every parameter, in a fixed order (the same for every strategy).
   template <class F>
   void for_each_param(F&& f) {

@@ -59,6 +59,11 @@ class EmbeddingStage {
     wte.backward(ctx.wte, Leave::backward(dx, mesh));  // (B, T, C) Replicate
   }
 
+  // The stage's rows of the model's plan (describe.hpp).
+  static void plan_rows(std::vector<PlanRow>& out, const Shape& act, const Spread& s, std::int64_t e) {
+    out.push_back(detail::pair_row<Leave>("embedding (vocab-parallel) -> stream", act, s, e));
+  }
+
   template <class F>
   void for_each_param(const std::string& prefix, F&& f) {
     wte.for_each_param(prefix + "wte", f);
@@ -127,6 +132,23 @@ class HeadStage {
     auto dx = ln_f.backward(ctx.ln_f, Enter::backward(dxr, mesh));
     ctx = Ctx{};
     return dx;
+  }
+
+  // The stage's rows of the model's plan (describe.hpp): act the global (B, T, C), padded_vocab the
+  // LM head's rows, e the bytes of an element.
+  static void plan_rows(std::vector<PlanRow>& out, std::int64_t vocab, std::int64_t padded_vocab, const Shape& act,
+                        const Spread& s, std::int64_t e) {
+    const std::int64_t rows = act[0] / s.data_degree * act[1];  // local (B, T) positions
+    out.push_back({"ln_f", A::name(), A::name(), {}, {}});
+    out.push_back(detail::pair_row<Enter>("ln_f -> LM head", act, s, e));
+    out.push_back({cat("LM head (tied, vocab-parallel: ", padded_vocab / s.tensor_degree, " of ", vocab, " rows)"),
+                   act::Replicated::name(), act::Features::name(), {}, {}});
+    out.push_back({"cross-entropy (row max, then sum exp + target)", act::Features::name(), "loss",
+                   {detail::reduction(Axis::tensor, s.tensor_degree, rows * e),
+                    detail::reduction(Axis::tensor, s.tensor_degree, 2 * rows * e)},
+                   {}});
+    out.push_back({"loss (mean over the global batch)", "loss", "loss", {detail::reduction(Axis::data, s.data_degree, 8)},
+                   {}});
   }
 
   template <class F>
