@@ -3,6 +3,7 @@
 
 #include "equivalence.hpp"
 #include "weft/nn/describe.hpp"
+#include "weft/optim/data_parallel.hpp"
 
 using namespace weft;
 using namespace weft::nn;
@@ -46,6 +47,51 @@ TEST_CASE("the plan from describe equals the collectives a forward and backward 
     check_plan_matches_run<true, recompute::None>(tp);
     check_plan_matches_run<true, recompute::Full>(tp);
     check_plan_matches_run<false, recompute::Selective>(tp);
+  }
+}
+
+TEST_CASE("the plan's per-step rows equal what the data-parallel step runs on the tensor axis") {
+  for (int tp : {2, 4}) {
+    for (bool sp : {false, true}) {
+      std::uint64_t planned_calls = 0, planned_bytes = 0;
+      const auto rows = sp ? describe_rows<double, true>(test::tiny_config(), 2, {.tensor_degree = tp})
+                           : describe_rows<double, false>(test::tiny_config(), 2, {.tensor_degree = tp});
+      for (const PlanRow& row : rows)
+        for (const PlanStep& st : row.step) {
+          REQUIRE(st.collective == Collective::all_reduce);
+          planned_calls += st.axis == Axis::tensor ? 1 : 0;
+          planned_bytes += st.axis == Axis::tensor ? static_cast<std::uint64_t>(st.bytes_in) : 0;
+        }
+      threads::Counters ran;
+      std::mutex mu;
+      run_threads(tp, [&](ThreadComm& world) {
+        Mesh mesh{world, {.tensor = tp}};
+        Host h;
+        std::vector<std::int32_t> tokens, targets;
+        test::tiny_batch(2, test::tiny_config(), tokens, targets);
+        auto step = [&](auto& gpt) {
+          test::forward_backward(gpt, tokens, targets, 2, mesh);
+          auto dp = optim::data_parallel<optim::Ddp>(gpt, optim::Sgd{.momentum = 0}, mesh);
+          const threads::Counters before = mesh.tensor().counters();
+          dp.step(0.0, 1.0);
+          if (world.rank() != 0) return;
+          std::lock_guard lock(mu);
+          ran = mesh.tensor().counters() - before;
+        };
+        if (sp) {
+          Gpt<double, true> gpt(h, test::tiny_config(), mesh.spread(), 2);
+          step(gpt);
+        } else {
+          Gpt<double, false> gpt(h, test::tiny_config(), mesh.spread(), 2);
+          step(gpt);
+        }
+      });
+      // Besides the plan's rows the step runs the gradient norm's all-reduce (one double).
+      const auto ar = static_cast<std::size_t>(threads::Op::all_reduce);
+      CHECK_MESSAGE(ran.calls[ar] == planned_calls + 1, "tp ", tp, " SP ", sp);
+      CHECK_MESSAGE(ran.bytes[ar] == planned_bytes + 8, "tp ", tp, " SP ", sp);
+      CHECK(planned_calls == (sp ? 1u : 0u));
+    }
   }
 }
 

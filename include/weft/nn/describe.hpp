@@ -13,7 +13,6 @@
 
 namespace weft::nn {
 
-
 // The rows of a Gpt<T, SP, Recompute>'s plan for `c`, a global batch and the degrees in `s`: each
 // stage's rows, in stage order (Gpt::plan_rows).
 template <Floating T, bool SP, recompute::Policy Recompute = recompute::None>

@@ -25,9 +25,7 @@
 // batch.
 #pragma once
 
-#include <cmath>
-#include <array>
-#include <limits>
+#include <span>
 #include <vector>
 
 #include "weft/nn/stages.hpp"
@@ -200,14 +198,14 @@ class Gpt {
   void check_tokens(const MicroBatch& in) const {
     const std::int64_t N = in.batch / embedding.wte.weight.value.spread().data_degree * config.seq;
     if (static_cast<std::int64_t>(in.tokens.size()) != N || static_cast<std::int64_t>(in.targets.size()) != N)
-      throw Error("Gpt::context", cat(in.tokens.size(), " tokens and ", in.targets.size(), " targets for a local batch of ", N,
-                             " positions"),
+      throw Error("Gpt::context",
+                  cat(in.tokens.size(), " tokens and ", in.targets.size(), " targets for a local batch of ", N, " positions"),
                   "pass (batch / data degree) x seq tokens and targets");
     for (std::int64_t i = 0; i < N; ++i) {
       const auto t = in.tokens[static_cast<std::size_t>(i)], y = in.targets[static_cast<std::size_t>(i)];
       if (t < 0 || t >= config.vocab || y < 0 || y >= config.vocab)
-        throw Error("Gpt::context", cat("token ", t, " or target ", y, " at position ", i, " is outside the vocabulary of ",
-                               config.vocab),
+        throw Error("Gpt::context",
+                    cat("token ", t, " or target ", y, " at position ", i, " is outside the vocabulary of ", config.vocab),
                     "pass ids in [0, vocab)");
     }
   }

@@ -268,6 +268,7 @@ class DataParallel {
         total += len;
       });
     }
+    if (total == 0) return;  // no Partial gradients (no SP): every tensor rank has the same entries
     Allocation packed = dev().allocate(total * static_cast<std::int64_t>(sizeof(T)), Category::communication);
     T* at = static_cast<T*>(packed.data());
     for (auto [p, n] : pieces) at = std::copy_n(p, n, at);

@@ -17,6 +17,7 @@
 // over the same stages, contexts and calls.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <vector>
 
@@ -48,14 +49,26 @@ struct LocalGradients {
 };
 
 namespace detail {
-// Whether unit u is used by any stage in [from, to).
-template <class Model>
-bool used_in(const Model& m, std::size_t u, std::size_t from, std::size_t to) {
-  for (std::size_t s = from; s < to; ++s)
-    for (std::size_t v : m.units_of(s))
-      if (v == u) return true;
-  return false;
-}
+// Which stages use which units, computed once per pass (units_of allocates).
+struct Uses {
+  std::vector<std::vector<std::size_t>> of;     // of[s]: the units stage s uses
+  std::vector<std::size_t> first, last;         // per unit: its first and last stage
+
+  template <class Model>
+  explicit Uses(const Model& m) : of(m.stages()) {
+    for (std::size_t s = 0; s < of.size(); ++s) {
+      of[s] = m.units_of(s);
+      for (std::size_t u : of[s]) {
+        if (u >= first.size()) {
+          first.resize(u + 1, of.size());
+          last.resize(u + 1, 0);
+        }
+        first[u] = std::min(first[u], s);
+        last[u] = std::max(last[u], s);
+      }
+    }
+  }
+};
 }  // namespace detail
 
 // The forward pass of one micro-batch (Mode::infer: evaluation, keeping nothing for backward).
@@ -63,15 +76,14 @@ bool used_in(const Model& m, std::size_t u, std::size_t from, std::size_t to) {
 template <class Model, AxisComms M, DataProtocol P = LocalGradients>
   requires StagedModel<Model, M>
 void forward(Model& model, typename Model::Ctx& ctx, M& mesh, P&& dp = P{}, nn::Mode mode = nn::Mode::train) {
-  const std::size_t n = model.stages();
-  const std::size_t keep_from = mode == nn::Mode::train ? n - 1 : n;
+  const detail::Uses uses(model);
+  const std::size_t n = uses.of.size();
   for (std::size_t s = 0; s < n; ++s) {
-    const std::vector<std::size_t> units = model.units_of(s);
-    for (std::size_t u : units) dp.acquire(u, Pass::forward);
+    for (std::size_t u : uses.of[s]) dp.acquire(u, Pass::forward);
     model.forward(s, ctx, mesh, mode);
-    for (std::size_t u : units)
-      if (!detail::used_in(model, u, s + 1, n) && !detail::used_in(model, u, keep_from, n))
-        dp.release(u, Pass::forward, false);
+    const bool backward_next = mode == nn::Mode::train && s + 1 == n;  // the last stage's backward runs next
+    for (std::size_t u : uses.of[s])
+      if (uses.last[u] == s && !backward_next) dp.release(u, Pass::forward, false);
   }
 }
 
@@ -79,12 +91,12 @@ void forward(Model& model, typename Model::Ctx& ctx, M& mesh, P&& dp = P{}, nn::
 template <class Model, AxisComms M, DataProtocol P = LocalGradients>
   requires StagedModel<Model, M>
 void backward(Model& model, typename Model::Ctx& ctx, M& mesh, P&& dp = P{}, bool last = true) {
-  for (std::size_t s = model.stages(); s-- > 0;) {
-    const std::vector<std::size_t> units = model.units_of(s);
-    for (std::size_t u : units) dp.acquire(u, Pass::backward);
+  const detail::Uses uses(model);
+  for (std::size_t s = uses.of.size(); s-- > 0;) {
+    for (std::size_t u : uses.of[s]) dp.acquire(u, Pass::backward);
     model.backward(s, ctx, mesh);
-    for (std::size_t u : units)
-      if (!detail::used_in(model, u, 0, s)) dp.release(u, Pass::backward, last);
+    for (std::size_t u : uses.of[s])
+      if (uses.first[u] == s) dp.release(u, Pass::backward, last);
   }
 }
 
