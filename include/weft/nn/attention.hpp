@@ -14,7 +14,7 @@
 
 #include <cmath>
 
-#include "weft/device/host/ops.hpp"
+#include "weft/device/dispatch.hpp"
 #include "weft/nn/linear.hpp"
 
 namespace weft::nn {
@@ -52,7 +52,7 @@ class CausalSelfAttention {
     ctx.qkv = qkv.forward(ctx.qkv_ctx, x);
     Allocation probs = probs_buffer(x.dev(), B, Tn);
     auto y = Tensor<T, act::Features, Host>::empty(x.dev(), x.global_shape(), x.spread(), Category::activations);
-    host::attention_forward(y.data(), static_cast<T*>(probs.data()), ctx.qkv.data(), B, Tn, Hl, head_dim);
+    Ops<Host>::attention_forward(x.dev(), y.data(), static_cast<T*>(probs.data()), ctx.qkv.data(), B, Tn, Hl, head_dim);
     if (keep_probs) ctx.probs = std::move(probs);
     return proj.forward(ctx.proj_ctx, y);
   }
@@ -65,11 +65,11 @@ class CausalSelfAttention {
       ctx.probs = probs_buffer(dy.dev(), B, Tn);
       auto scratch = Tensor<T, act::Features, Host>::empty(dy.dev(), dcore.global_shape(), dy.spread(),
                                                            Category::activations);
-      host::attention_forward(scratch.data(), static_cast<T*>(ctx.probs.data()), ctx.qkv.data(), B, Tn, Hl, head_dim);
+      Ops<Host>::attention_forward(dy.dev(), scratch.data(), static_cast<T*>(ctx.probs.data()), ctx.qkv.data(), B, Tn, Hl, head_dim);
     }
     auto dqkv = Tensor<T, act::Features, Host>::empty(dy.dev(), ctx.qkv.global_shape(), dy.spread(),
                                                       Category::activations);
-    host::attention_backward(dqkv.data(), dcore.data(), ctx.qkv.data(), static_cast<const T*>(ctx.probs.data()), B,
+    Ops<Host>::attention_backward(dy.dev(), dqkv.data(), dcore.data(), ctx.qkv.data(), static_cast<const T*>(ctx.probs.data()), B,
                              Tn, Hl, head_dim);
     auto dx = qkv.backward(ctx.qkv_ctx, dqkv);
     ctx = Ctx{};

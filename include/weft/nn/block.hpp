@@ -87,11 +87,11 @@ class Block {
     auto dm = Leave::backward(dout, mesh);                         // (B, T, C) Replicate
     auto dh2 = Enter::backward(mlp.backward(ctx.mlp, dm), mesh);   // Partial -> stream
     auto dx2 = ln2.backward(ctx.ln2, dh2);
-    host::add_inplace(dx2.data(), dout.data(), dx2.numel());       // residual
+    Ops<Host>::add_inplace(dout.dev(), dx2.data(), dout.data(), dx2.numel());       // residual
     auto da = Leave::backward(dx2, mesh);
     auto dh1 = Enter::backward(attn.backward(ctx.attn, da), mesh);
     auto dx = ln1.backward(ctx.ln1, dh1);
-    host::add_inplace(dx.data(), dx2.data(), dx.numel());
+    Ops<Host>::add_inplace(dout.dev(), dx.data(), dx2.data(), dx.numel());
 
     ctx = Ctx{};
     return dx;
@@ -142,10 +142,10 @@ class Block {
     constexpr bool keep_probs = !std::same_as<Recompute, recompute::Selective>;
     auto h1 = Enter::forward(ln1.forward(ctx.ln1, x), mesh);
     auto a = Leave::forward(attn.forward(ctx.attn, h1, keep_probs), mesh);
-    host::add_inplace(a.data(), x.data(), a.numel());  // x2 = x + attn(ln1(x))
+    Ops<Host>::add_inplace(x.dev(), a.data(), x.data(), a.numel());  // x2 = x + attn(ln1(x))
     auto h2 = Enter::forward(ln2.forward(ctx.ln2, a), mesh);
     auto y = Leave::forward(mlp.forward(ctx.mlp, h2), mesh);
-    host::add_inplace(y.data(), a.data(), y.numel());  // x + mlp(ln2(x2))
+    Ops<Host>::add_inplace(x.dev(), y.data(), a.data(), y.numel());  // x + mlp(ln2(x2))
     return y;
   }
 };

@@ -17,7 +17,7 @@
 #include <cmath>
 #include <span>
 
-#include "weft/device/host/ops.hpp"
+#include "weft/device/dispatch.hpp"
 #include "weft/layout/redistribute.hpp"
 #include "weft/nn/roles.hpp"
 
@@ -51,9 +51,9 @@ class VocabParallelCrossEntropy {
     const std::int64_t valid = std::clamp<std::int64_t>(vocab - begin, 0, Vl);
     auto rowmax = Tensor<T, Rows, Host>::empty(dev, {g[0], g[1]}, s, Category::activations);
     auto stats = Tensor<T, RowStats, Host>::empty(dev, {g[0], g[1], 2}, s, Category::activations);
-    host::ce_row_max(rowmax.data(), logits.data(), N, Vl, valid);
+    Ops<Host>::ce_row_max(dev, rowmax.data(), logits.data(), N, Vl, valid);
     mesh.comm(Axis::tensor).all_reduce(rowmax.span(), ReduceOp::max);
-    host::ce_row_stats(stats.data(), logits.data(), rowmax.data(), targets.data(), N, Vl, valid, begin);
+    Ops<Host>::ce_row_stats(dev, stats.data(), logits.data(), rowmax.data(), targets.data(), N, Vl, valid, begin);
     mesh.comm(Axis::tensor).all_reduce(stats.span(), ReduceOp::sum);
     auto sumexp = Tensor<T, Rows, Host>::empty(dev, {g[0], g[1]}, s, Category::activations);
     double loss_sum = 0;
@@ -77,7 +77,7 @@ class VocabParallelCrossEntropy {
     const Shape g = d.global_shape();
     const std::int64_t Vl = d.local_shape()[2], N = d.numel() / Vl, begin = d.spread().tensor_index * Vl;
     const std::int64_t valid = std::clamp<std::int64_t>(vocab - begin, 0, Vl);
-    host::ce_backward(d.data(), d.data(), ctx.rowmax.data(), ctx.sumexp.data(), ctx.targets.data(), N, Vl, valid, begin,
+    Ops<Host>::ce_backward(d.dev(), d.data(), d.data(), ctx.rowmax.data(), ctx.sumexp.data(), ctx.targets.data(), N, Vl, valid, begin,
                       static_cast<T>(scale / static_cast<double>(g[0] * g[1])));
     ctx = Ctx{};
     return d;

@@ -14,7 +14,7 @@
 #include <string>
 #include <span>
 
-#include "weft/device/host/ops.hpp"
+#include "weft/device/dispatch.hpp"
 #include "weft/nn/param.hpp"
 #include "weft/nn/roles.hpp"
 
@@ -43,7 +43,7 @@ class VocabParallelEmbedding {
     const std::int64_t C = weight.value.local_shape()[1];
     auto out = Tensor<T, act::Partial, Host>::empty(weight.value.dev(), {batch, seq, C}, weight.value.spread(),
                                                     Category::activations);
-    host::embedding_forward(out.data(), tokens.data(), weight.value.data(), out.numel() / C, C, begin(),
+    Ops<Host>::embedding_forward(out.dev(), out.data(), tokens.data(), weight.value.data(), out.numel() / C, C, begin(),
                             begin() + rows());
     ctx.tokens = tokens;
     return out;
@@ -52,7 +52,7 @@ class VocabParallelEmbedding {
   // dy (B, T, C) Replicate: accumulates into this rank's rows.
   void backward(Ctx& ctx, const Tensor<T, act::Replicated, Host>& dy) {
     const std::int64_t C = weight.value.local_shape()[1];
-    host::embedding_backward(weight.grad.data(), dy.data(), ctx.tokens.data(), dy.numel() / C, C, begin(),
+    Ops<Host>::embedding_backward(dy.dev(), weight.grad.data(), dy.data(), ctx.tokens.data(), dy.numel() / C, C, begin(),
                              begin() + rows());
     ctx = Ctx{};
   }
@@ -74,13 +74,15 @@ class PositionEmbedding {
                     std::uint64_t seed, double init_std)
       : weight(dev, {seq, C}, s, id, {Init::normal, init_std}, seed) {}
 
-  // x += the rows of this rank's positions (in place: nothing to save).
+  // x (B, T or T/tp, C) += the rows of this rank's positions (in place: nothing to save).
   void forward(Tensor<T, A, Host>& x) const {
-    each(x, [](T& xv, const T& w) { xv += w; }, weight.value);
+    Ops<Host>::position_forward(x.dev(), x.data(), weight.value.data(), x.local_shape()[0], x.local_shape()[1],
+                                x.local_shape()[2], first_position(x));
   }
   // Accumulates dy's rows into the gradient of this rank's positions.
   void backward(const Tensor<T, A, Host>& dy) {
-    each(const_cast<Tensor<T, A, Host>&>(dy), [](T& d, T& g) { g += d; }, weight.grad);
+    Ops<Host>::position_backward(dy.dev(), weight.grad.data(), dy.data(), dy.local_shape()[0], dy.local_shape()[1],
+                                 dy.local_shape()[2], first_position(dy));
   }
 
   template <class F>
@@ -90,14 +92,9 @@ class PositionEmbedding {
   void zero_grad() { weight.zero_grad(); }
 
  private:
-  // f(activation element, table element) over (B, local T, C) and positions t0 + t.
-  template <class F, class Table>
-  static void each(Tensor<T, A, Host>& x, F&& f, Table& table) {
-    const std::int64_t B = x.local_shape()[0], Tl = x.local_shape()[1], C = x.local_shape()[2];
-    const std::int64_t t0 = IsShard<typename A::tensor> ? x.spread().tensor_index * Tl : 0;
-    for (std::int64_t b = 0; b < B; ++b)
-      for (std::int64_t t = 0; t < Tl; ++t)
-        for (std::int64_t c = 0; c < C; ++c) f(x[(b * Tl + t) * C + c], table[(t0 + t) * C + c]);
+  // The first position this rank holds: its slice of the sequence under Shard<1>, else 0.
+  static std::int64_t first_position(const Tensor<T, A, Host>& x) {
+    return IsShard<typename A::tensor> ? x.spread().tensor_index * x.local_shape()[1] : 0;
   }
 };
 

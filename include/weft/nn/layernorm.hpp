@@ -7,7 +7,7 @@
 
 #include <string>
 
-#include "weft/device/host/ops.hpp"
+#include "weft/device/dispatch.hpp"
 #include "weft/nn/param.hpp"
 #include "weft/nn/roles.hpp"
 
@@ -33,7 +33,7 @@ class LayerNorm {
     auto y = Tensor<T, A, Host>::empty(x.dev(), x.global_shape(), x.spread(), Category::activations);
     ctx.stats = x.dev().allocate(2 * N * static_cast<std::int64_t>(sizeof(T)), Category::activations);
     T* stats = static_cast<T*>(ctx.stats.data());
-    host::layernorm_forward(y.data(), stats, stats + N, x.data(), weight.value.data(), bias.value.data(), N, C, eps);
+    Ops<Host>::layernorm_forward(x.dev(), y.data(), stats, stats + N, x.data(), weight.value.data(), bias.value.data(), N, C, eps);
     ctx.x = x.clone(Category::activations);
     return y;
   }
@@ -43,7 +43,7 @@ class LayerNorm {
     const std::int64_t C = dy.local_shape()[2], N = dy.numel() / C;
     auto dx = Tensor<T, A, Host>::empty(dy.dev(), dy.global_shape(), dy.spread(), Category::activations);
     const T* stats = static_cast<const T*>(ctx.stats.data());
-    host::layernorm_backward(dx.data(), weight.grad.data(), bias.grad.data(), dy.data(), ctx.x.data(),
+    Ops<Host>::layernorm_backward(dy.dev(), dx.data(), weight.grad.data(), bias.grad.data(), dy.data(), ctx.x.data(),
                              weight.value.data(), stats, stats + N, N, C);
     ctx = Ctx{};
     return dx;

@@ -17,8 +17,7 @@
 
 #include <cstdint>
 
-#include "weft/device/host/gemm.hpp"
-#include "weft/device/host/ops.hpp"
+#include "weft/device/dispatch.hpp"
 #include "weft/nn/param.hpp"
 #include "weft/nn/roles.hpp"
 
@@ -101,15 +100,14 @@ class Linear {
     const std::int64_t N = x.local_shape()[0] * x.local_shape()[1];
     auto y = Tensor<T, Out, Host>::empty(x.dev(), {g[0], g[1], weight.value.global_shape()[0]}, x.spread(),
                                          Category::activations);
-    host::gemm<T>(host::Trans::no, host::Trans::yes, N, out_local(), in_local(), T(1), x.data(), in_local(),
-                  weight.value.data(), in_local(), T(0), y.data(), out_local());
+    Ops<Host>::gemm<T>(x.dev(), Trans::no, Trans::yes, N, out_local(), in_local(), T(1), x.data(), in_local(),
+                       weight.value.data(), in_local(), T(0), y.data(), out_local());
     if (has_bias_ && (!std::same_as<Role, RowParallel> || tensor_index_ == 0))
-      for (std::int64_t n = 0; n < N; ++n)
-        for (std::int64_t o = 0; o < out_local(); ++o) y[n * out_local() + o] += bias.value[o];
+      Ops<Host>::bias_add(x.dev(), y.data(), bias.value.data(), N, out_local());
     ctx.x = x.clone(Category::activations);
     if constexpr (has_gelu) {
       ctx.pre = y.clone(Category::activations);
-      host::gelu_forward(y.data(), ctx.pre.data(), y.numel());
+      Ops<Host>::gelu_forward(x.dev(), y.data(), ctx.pre.data(), y.numel());
     }
     return y;
   }
@@ -122,18 +120,16 @@ class Linear {
     Tensor<T, GradOut, Host> dpre;
     if constexpr (has_gelu) {
       dpre = Tensor<T, GradOut, Host>::empty(dy_in.dev(), dy_in.global_shape(), dy_in.spread(), Category::activations);
-      host::gelu_backward(dpre.data(), ctx.pre.data(), dy_in.data(), dpre.numel());
+      Ops<Host>::gelu_backward(dy_in.dev(), dpre.data(), ctx.pre.data(), dy_in.data(), dpre.numel());
       dy = dpre.data();
     }
     // dW (out, in) += dy^T x;  db += sum over rows of dy;  dx (N, in) = dy W.
-    host::gemm<T>(host::Trans::yes, host::Trans::no, out_local(), in_local(), N, T(1), dy, out_local(), x.data(),
-                  in_local(), T(1), weight.grad.data(), in_local());
-    if (has_bias_)
-      for (std::int64_t n = 0; n < N; ++n)
-        for (std::int64_t o = 0; o < out_local(); ++o) bias.grad[o] += dy[n * out_local() + o];
+    Ops<Host>::gemm<T>(x.dev(), Trans::yes, Trans::no, out_local(), in_local(), N, T(1), dy, out_local(), x.data(),
+                       in_local(), T(1), weight.grad.data(), in_local());
+    if (has_bias_) Ops<Host>::bias_backward(x.dev(), bias.grad.data(), dy, N, out_local());
     auto dx = Tensor<T, GradIn, Host>::empty(x.dev(), x.global_shape(), x.spread(), Category::activations);
-    host::gemm<T>(host::Trans::no, host::Trans::no, N, in_local(), out_local(), T(1), dy, out_local(),
-                  weight.value.data(), in_local(), T(0), dx.data(), in_local());
+    Ops<Host>::gemm<T>(x.dev(), Trans::no, Trans::no, N, in_local(), out_local(), T(1), dy, out_local(),
+                       weight.value.data(), in_local(), T(0), dx.data(), in_local());
     ctx = Ctx{};
     return dx;
   }

@@ -15,7 +15,7 @@
 #include <cstring>
 
 #include "weft/core/philox.hpp"
-#include "weft/device/host/host.hpp"
+#include "weft/device/dispatch.hpp"
 #include "weft/tensor/tensor.hpp"
 
 namespace weft::nn {
@@ -40,6 +40,8 @@ struct Param {
   std::uint64_t id = 0;
 
   Param() = default;
+  // Initialization runs on the host, element by element (the values of a Host tensor); a device
+  // parameter will be drawn on the host and copied over.
   Param(D& dev, const Shape& global, const Spread& s, std::uint64_t param_id, Init init, std::uint64_t seed)
       : value(Tensor<T, L, D>::empty(dev, global, s, Category::parameters)),
         grad(Tensor<T, GL, D>::zeros(dev, global, s, Category::gradients)),
@@ -56,7 +58,7 @@ struct Param {
   }
 
   void zero_grad() {
-    if (grad.numel()) std::memset(static_cast<void*>(grad.data()), 0, static_cast<std::size_t>(grad.numel()) * sizeof(T));
+    if (grad.data()) Ops<D>::zero(grad.dev(), grad.data(), grad.numel());
   }
 };
 

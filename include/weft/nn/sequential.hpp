@@ -183,13 +183,13 @@ class Residual {
   template <Element T, class D, AxisComms M>
   Tensor<T, Out, D> forward(Ctx& ctx, const Tensor<T, In, D>& x, M& mesh) {
     auto y = detail::layer_forward(inner, ctx, x, mesh);
-    for (std::int64_t i = 0; i < y.numel(); ++i) y[i] += x[i];
+    Ops<D>::add_inplace(y.dev(), y.data(), x.data(), y.numel());
     return y;
   }
   template <Element T, class D, AxisComms M>
   Tensor<T, GradIn, D> backward(Ctx& ctx, const Tensor<T, GradOut, D>& dy, M& mesh) {
     auto dx = detail::layer_backward(inner, ctx, dy, mesh);
-    for (std::int64_t i = 0; i < dx.numel(); ++i) dx[i] += dy[i];
+    Ops<D>::add_inplace(dx.dev(), dx.data(), dy.data(), dx.numel());
     return dx;
   }
   Shape out_shape(const Shape& s) const { return s; }

@@ -14,7 +14,7 @@
 
 #include <span>
 
-#include "weft/device/host/gemm.hpp"
+#include "weft/device/dispatch.hpp"
 #include "weft/nn/block.hpp"
 #include "weft/nn/cross_entropy.hpp"
 #include "weft/nn/embedding.hpp"
@@ -102,8 +102,8 @@ class HeadStage {
     auto logits = Tensor<T, act::Features, Host>::empty(
         xr.dev(), {xr.global_shape()[0], xr.global_shape()[1], table.value.global_shape()[0]}, xr.spread(),
         Category::activations);                                       // (B, T, Vp) Shard<-1>
-    host::gemm<T>(host::Trans::no, host::Trans::yes, N, Vl, C, T(1), xr.data(), C, table.value.data(), C, T(0),
-                  logits.data(), Vl);
+    Ops<Host>::gemm<T>(xr.dev(), Trans::no, Trans::yes, N, Vl, C, T(1), xr.data(), C, table.value.data(), C, T(0),
+                       logits.data(), Vl);
     const double loss = ce.forward(ctx.ce, std::move(logits), targets, mesh);
     if (mode == Mode::train) {
       ctx.xr = std::move(xr);
@@ -122,11 +122,11 @@ class HeadStage {
     const Tensor<T, act::Replicated, Host>& xr = ctx.xr;
     const std::int64_t C = xr.local_shape()[2], N = xr.numel() / C, Vl = dlogits.local_shape()[2];
     // dW (Vl, C) += dlogits^T xr;  dxr (N, C) = dlogits W: a Partial sum over the vocabulary shards.
-    host::gemm<T>(host::Trans::yes, host::Trans::no, Vl, C, N, T(1), dlogits.data(), Vl, xr.data(), C, T(1),
-                  table.grad.data(), C);
+    Ops<Host>::gemm<T>(xr.dev(), Trans::yes, Trans::no, Vl, C, N, T(1), dlogits.data(), Vl, xr.data(), C, T(1),
+                       table.grad.data(), C);
     auto dxr = Tensor<T, act::Partial, Host>::empty(xr.dev(), xr.global_shape(), xr.spread(), Category::activations);
-    host::gemm<T>(host::Trans::no, host::Trans::no, N, C, Vl, T(1), dlogits.data(), Vl, table.value.data(), C, T(0),
-                  dxr.data(), C);
+    Ops<Host>::gemm<T>(xr.dev(), Trans::no, Trans::no, N, C, Vl, T(1), dlogits.data(), Vl, table.value.data(), C, T(0),
+                       dxr.data(), C);
     dlogits = {};
     ctx.xr = {};
     auto dx = ln_f.backward(ctx.ln_f, Enter::backward(dxr, mesh));

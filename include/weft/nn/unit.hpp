@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "weft/core/error.hpp"
+#include "weft/device/dispatch.hpp"
 #include "weft/layout/layout.hpp"
 #include "weft/tensor/tensor.hpp"
 
@@ -64,7 +65,7 @@ class Unit {
     grads_ = dev_->allocate(padded_ * static_cast<std::int64_t>(sizeof(T)), Category::gradients);
     T* v = static_cast<T*>(values_.data());
     for (Slot& s : slots_) s.adopt(s.param, v + s.offset);
-    if (padded_ > numel_) std::memset(static_cast<void*>(v + numel_), 0, static_cast<std::size_t>(padded_ - numel_) * sizeof(T));
+    Ops<D>::zero(*dev_, v + numel_, padded_ - numel_);
     zero_grad();
     built_ = true;
     rebind();
@@ -88,7 +89,7 @@ class Unit {
   }
 
   void zero_grad() {
-    if (grads()) std::memset(static_cast<void*>(grads()), 0, static_cast<std::size_t>(padded_) * sizeof(T));
+    if (grads()) Ops<D>::zero(*dev_, grads(), padded_);
   }
 
   // f(entry, values, grads): every parameter as spans of this rank's shard (empty spans where the
@@ -126,7 +127,7 @@ class Unit {
                         P& pp = *static_cast<P*>(q);
                         const Shape g = pp.value.global_shape();
                         const Spread s = pp.value.spread();
-                        std::memcpy(static_cast<void*>(v), pp.value.data(), static_cast<std::size_t>(pp.value.numel()) * sizeof(T));
+                        Ops<D>::copy(pp.value.dev(), v, pp.value.data(), pp.value.numel());
                         pp.value = Value::view(pp.value.dev(), v, g, s);
                         pp.grad = Grad::view(pp.grad.dev(), nullptr, g, s);
                       },

@@ -87,15 +87,15 @@ class DataParallel {
       h.shard = u.padded() / dp_;
       const std::int64_t n = shard_state ? h.shard : u.padded();
       h.state = dev().allocate(Rule::states * n * static_cast<std::int64_t>(sizeof(S)), Category::optimizer_state);
-      std::memset(h.state.data(), 0, static_cast<std::size_t>(Rule::states * n) * sizeof(S));
+      Ops<D>::zero(dev(), static_cast<S*>(h.state.data()), Rule::states * n);
       if constexpr (shard_grads) {
         h.grad_slice = dev().allocate(h.shard * static_cast<std::int64_t>(sizeof(T)), Category::gradients);
-        std::memset(h.grad_slice.data(), 0, static_cast<std::size_t>(h.shard) * sizeof(T));
+        Ops<D>::zero(dev(), static_cast<T*>(h.grad_slice.data()), h.shard);
         u.grad_buffer().reset();
       }
       if constexpr (shard_params) {
         h.value_slice = dev().allocate(h.shard * static_cast<std::int64_t>(sizeof(T)), Category::parameters);
-        std::memcpy(h.value_slice.data(), u.values() + index_ * h.shard, static_cast<std::size_t>(h.shard) * sizeof(T));
+        Ops<D>::copy(dev(), slice_values(i), u.values() + index_ * h.shard, h.shard);
         u.value_buffer().reset();
       }
       u.rebind();
@@ -105,8 +105,7 @@ class DataParallel {
   void zero_grad() {
     for (std::size_t i = 0; i < units_.size(); ++i) {
       units_[i].zero_grad();
-      if (held_[i].grad_slice.data())
-        std::memset(held_[i].grad_slice.data(), 0, static_cast<std::size_t>(held_[i].shard) * sizeof(T));
+      if (held_[i].grad_slice.data()) Ops<D>::zero(dev(), static_cast<T*>(held_[i].grad_slice.data()), held_[i].shard);
     }
   }
 
@@ -142,8 +141,7 @@ class DataParallel {
         T* mine = static_cast<T*>(part.data());
         data().reduce_scatter(std::span<const T>(unit.grads(), static_cast<std::size_t>(unit.padded())),
                               std::span<T>(mine, static_cast<std::size_t>(n)));
-        T* g = static_cast<T*>(held_[u].grad_slice.data());
-        for (std::int64_t i = 0; i < n; ++i) g[i] += mine[i];
+        Ops<D>::add_inplace(dev(), static_cast<T*>(held_[u].grad_slice.data()), static_cast<const T*>(mine), n);
         unit.grad_buffer().reset();
       } else if (last && dp_ > 1) {
         data().all_reduce(std::span<T>(unit.grads(), static_cast<std::size_t>(unit.padded())));
@@ -163,7 +161,7 @@ class DataParallel {
       const std::int64_t lo = index_ * held_[u].shard;
       const T* g = grads_from(u, lo);
       for_each_piece(u, lo, held_[u].shard, [&](const nn::UnitEntry& e, std::int64_t a, std::int64_t n) {
-        if (e.tensor_sharded || tensor_index_ == 0) sq[0] += sum_squares(std::span<const T>(g + (a - lo), static_cast<std::size_t>(n)));
+        if (e.tensor_sharded || tensor_index_ == 0) sq[0] += Ops<D>::sum_squares(dev(), g + (a - lo), n);
       });
     }
     mesh_->comm(Axis::tensor).all_reduce(std::span<double>(sq));
@@ -176,14 +174,14 @@ class DataParallel {
       T* p = values_from(u, lo);
       const T* g = grads_from(u, lo);
       for_each_piece(u, lo, n, [&](const nn::UnitEntry& e, std::int64_t a, std::int64_t len) {
-        rule_.update(p + (a - lo), g + (a - lo), state_at(u, n, a - lo), len, scale, lr, t_, decays(e));
+        rule_.update(dev(), p + (a - lo), g + (a - lo), state_at(u, n, a - lo), len, scale, lr, t_, decays(e));
       });
       if constexpr (shard_params) {  // values gathered before this update are stale now
         units_[u].value_buffer().reset();
         units_[u].rebind();
       } else if constexpr (shard_state) {  // every data rank's values get every updated slice
         Allocation part = dev().allocate(n * static_cast<std::int64_t>(sizeof(T)), Category::communication);
-        std::memcpy(part.data(), p, static_cast<std::size_t>(n) * sizeof(T));
+        Ops<D>::copy(dev(), static_cast<T*>(part.data()), p, n);
         data().all_gather(std::span<const T>(static_cast<const T*>(part.data()), static_cast<std::size_t>(n)),
                           std::span<T>(units_[u].values(), static_cast<std::size_t>(units_[u].padded())));
       }
@@ -271,11 +269,14 @@ class DataParallel {
     if (total == 0) return;  // no Partial gradients (no SP): every tensor rank has the same entries
     Allocation packed = dev().allocate(total * static_cast<std::int64_t>(sizeof(T)), Category::communication);
     T* at = static_cast<T*>(packed.data());
-    for (auto [p, n] : pieces) at = std::copy_n(p, n, at);
+    for (auto [p, n] : pieces) {
+      Ops<D>::copy(dev(), at, p, n);
+      at += n;
+    }
     mesh_->comm(Axis::tensor).all_reduce(std::span<T>(static_cast<T*>(packed.data()), static_cast<std::size_t>(total)));
     const T* from = static_cast<const T*>(packed.data());
     for (auto [p, n] : pieces) {
-      std::copy_n(from, n, p);
+      Ops<D>::copy(dev(), p, from, n);
       from += n;
     }
   }

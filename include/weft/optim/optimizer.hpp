@@ -1,7 +1,7 @@
-// Update rules (AdamW with decoupled weight decay, SGD with momentum), parameter groups, and the
-// sum of squares behind the global gradient norm. They work on spans of flat buffers: the
-// data-parallel protocol (data_parallel.hpp) calls them on whatever range of a unit a rank updates,
-// the same functions for DDP, ZeRO and FSDP.
+// Update rules (AdamW with decoupled weight decay, SGD with momentum) and parameter groups. A rule
+// holds its hyper-parameters and runs its device operation (Ops<D>::adamw, Ops<D>::sgd) on a range
+// of a unit's flat buffers: the data-parallel protocol (data_parallel.hpp) calls it on whatever
+// range a rank updates, the same operation for DDP, ZeRO and FSDP.
 //
 // State is kept in S = state_t<T>: float for float (and later bf16) parameters, double for double
 // parameters (the host's checking path, so that strategies agree to 1e-12).
@@ -17,6 +17,7 @@
 #include <string>
 #include <type_traits>
 
+#include "weft/device/dispatch.hpp"
 #include "weft/nn/unit.hpp"
 #include "weft/ops/math.hpp"
 
@@ -27,14 +28,6 @@ using state_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
 
 // Whether a parameter is weight-decayed: Linear matrices only.
 inline bool decays(const nn::UnitEntry& e) { return e.global.rank() >= 2 && e.name != "wte" && e.name != "wpe"; }
-
-// Sum of squares of a span, accumulated in double.
-template <class T>
-double sum_squares(std::span<const T> x) {
-  double s = 0;
-  for (const T& v : x) s += static_cast<double>(v) * static_cast<double>(v);
-  return s;
-}
 
 struct AdamWConfig {
   double lr = 6e-4, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;
@@ -54,15 +47,11 @@ struct AdamW {
   static constexpr std::array<const char*, 2> state_names{"exp_avg", "exp_avg_sq"};
   AdamWConfig config;
 
-  // p -= ... for n elements; the gradient is g times grad_scale (the clipping factor).
-  template <class T, class S>
-  void update(T* p, const T* g, std::array<S*, 2> state, std::int64_t n, double grad_scale, double lr, std::int64_t t,
-              bool decay) const {
-    const auto a = adamw_params<S>(config, lr, t);
-    S* m = state[0];
-    S* v = state[1];
-    for (std::int64_t i = 0; i < n; ++i)
-      math::adamw_step(p[i], static_cast<S>(static_cast<double>(g[i]) * grad_scale), m[i], v[i], a, decay);
+  // One step (t, 1-based) over n elements; the gradient is g times grad_scale (the clipping factor).
+  template <class D, class T, class S>
+  void update(D& dev, T* p, const T* g, std::array<S*, 2> state, std::int64_t n, double grad_scale, double lr,
+              std::int64_t t, bool decay) const {
+    Ops<D>::adamw(dev, p, g, state[0], state[1], n, adamw_params<S>(config, lr, t), decay, grad_scale);
   }
 };
 
@@ -72,16 +61,10 @@ struct Sgd {
   static constexpr std::array<const char*, 1> state_names{"momentum_buffer"};
   double momentum = 0.9, weight_decay = 0;
 
-  template <class T, class S>
-  void update(T* p, const T* g, std::array<S*, 1> state, std::int64_t n, double grad_scale, double lr, std::int64_t,
-              bool decay) const {
-    S* buf = state[0];
-    for (std::int64_t i = 0; i < n; ++i) {
-      double d = static_cast<double>(g[i]) * grad_scale;
-      if (decay) d += weight_decay * static_cast<double>(p[i]);
-      buf[i] = static_cast<S>(momentum * static_cast<double>(buf[i]) + d);
-      p[i] = static_cast<T>(static_cast<double>(p[i]) - lr * static_cast<double>(buf[i]));
-    }
+  template <class D, class T, class S>
+  void update(D& dev, T* p, const T* g, std::array<S*, 1> state, std::int64_t n, double grad_scale, double lr,
+              std::int64_t, bool decay) const {
+    Ops<D>::sgd(dev, p, g, state[0], n, lr, momentum, weight_decay, decay, grad_scale);
   }
 };
 

@@ -11,10 +11,11 @@
 #include <cstdint>
 
 #include "weft/core/error.hpp"
+#include "weft/device/ops.hpp"
 
 namespace weft::host {
 
-enum class Trans : bool { no = false, yes = true };
+using weft::Trans;
 
 template <class T>
 void gemm(Trans ta, Trans tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha, const T* a, std::int64_t lda,

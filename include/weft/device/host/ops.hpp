@@ -80,6 +80,36 @@ void add_inplace(T* out, const T* x, index n) {
   for (index i = 0; i < n; ++i) out[i] += x[i];
 }
 
+// y (N, C) += b (C) on every row (a Linear's bias).
+template <class T>
+void bias_add(T* y, const T* b, index N, index C) {
+  for (index n = 0; n < N; ++n)
+    for (index c = 0; c < C; ++c) y[n * C + c] += b[c];
+}
+
+// db (C) += the sum over rows of dy (N, C), rows in order.
+template <class T>
+void bias_backward(T* db, const T* dy, index N, index C) {
+  for (index n = 0; n < N; ++n)
+    for (index c = 0; c < C; ++c) db[c] += dy[n * C + c];
+}
+
+// Learned positions: x (B, Tl, C) += table rows t0 .. t0 + Tl - 1 (this rank's positions).
+template <class T>
+void position_forward(T* x, const T* table, index B, index Tl, index C, index t0) {
+  for (index b = 0; b < B; ++b)
+    for (index t = 0; t < Tl; ++t)
+      for (index c = 0; c < C; ++c) x[(b * Tl + t) * C + c] += table[(t0 + t) * C + c];
+}
+
+// dtable rows t0 .. t0 + Tl - 1 += dy (B, Tl, C), summed over the batch in order.
+template <class T>
+void position_backward(T* dtable, const T* dy, index B, index Tl, index C, index t0) {
+  for (index b = 0; b < B; ++b)
+    for (index t = 0; t < Tl; ++t)
+      for (index c = 0; c < C; ++c) dtable[(t0 + t) * C + c] += dy[(b * Tl + t) * C + c];
+}
+
 // Causal self-attention core for H heads of size hd.
 //   qkv   (B, T, H, 3, hd)  q, k, v of each head side by side (whole heads stay together when the
 //                           fused QKV projection is sharded over heads)
@@ -220,9 +250,25 @@ void ce_backward(T* dlogits, const T* logits, const T* rowmax, const T* sumexp, 
   }
 }
 
-// AdamW over n elements: parameters p (float), gradients g, state m, v (float). See math::adamw_step.
-inline void adamw(float* p, const float* g, float* m, float* v, index n, const math::AdamW& a, bool decay) {
-  for (index i = 0; i < n; ++i) math::adamw_step(p[i], g[i], m[i], v[i], a, decay);
+// AdamW over n elements: parameters p, gradients g times grad_scale (the clipping factor), state
+// m, v in S (float for float parameters, double for double). See math::adamw_step.
+template <class P, class S>
+void adamw(P* p, const P* g, S* m, S* v, index n, const math::AdamWParams<S>& a, bool decay, double grad_scale = 1.0) {
+  for (index i = 0; i < n; ++i)
+    math::adamw_step(p[i], static_cast<S>(static_cast<double>(g[i]) * grad_scale), m[i], v[i], a, decay);
+}
+
+// SGD with momentum over n elements (PyTorch's form): d = g grad_scale (+ wd p where decayed);
+// buf = momentum buf + d; p -= lr buf.
+template <class P, class S>
+void sgd(P* p, const P* g, S* buf, index n, double lr, double momentum, double weight_decay, bool decay,
+         double grad_scale = 1.0) {
+  for (index i = 0; i < n; ++i) {
+    double d = static_cast<double>(g[i]) * grad_scale;
+    if (decay) d += weight_decay * static_cast<double>(p[i]);
+    buf[i] = static_cast<S>(momentum * static_cast<double>(buf[i]) + d);
+    p[i] = static_cast<P>(static_cast<double>(p[i]) - lr * static_cast<double>(buf[i]));
+  }
 }
 
 // Sum of squares of n elements, accumulated in double (the reference for the global gradient norm).
