@@ -19,7 +19,7 @@
 #include "weft/layout/layout.hpp"
 #include "weft/layout/placement.hpp"
 #include "weft/layout/plan.hpp"
-#include "weft/layout/redistribute.hpp"
+#include "weft/comm/redistribute.hpp"
 #include "weft/nn/describe.hpp"
 #include "weft/nn/gpt.hpp"
 #include "weft/nn/sequential.hpp"

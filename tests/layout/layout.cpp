@@ -1,5 +1,8 @@
-// Compile-time queries of placements and layouts, and local shapes.
+// Compile-time queries of placements and layouts, local shapes and the boxes ranks hold.
 #include <doctest/doctest.h>
+
+#include <utility>
+#include <vector>
 
 #include "weft/layout/layout.hpp"
 #include "weft/layout/plan.hpp"
@@ -62,4 +65,41 @@ TEST_CASE("local_shape rejects one dim sharded on both axes when spelled differe
 
 TEST_CASE("Layout names itself") {
   CHECK(Layout<Shard<0>, Partial>::name() == "Layout<Shard<0>, Partial>");
+}
+
+namespace {
+// Counts, for every element of a (6, 4, 6) tensor, how many ranks' boxes under L hold it, on a mesh
+// of data dd x tensor td.
+template <LayoutType L>
+std::vector<int> coverage(int dd, int td) {
+  const Shape g{6, 4, 6};
+  std::vector<int> hits(static_cast<std::size_t>(g.numel()), 0);
+  for (int di = 0; di < dd; ++di)
+    for (int ti = 0; ti < td; ++ti) {
+      const Box b = local_box<L>(g, {.data_degree = dd, .tensor_degree = td, .data_index = di, .tensor_index = ti});
+      CHECK(b.extent == local_shape<L>(g, {.data_degree = dd, .tensor_degree = td}));
+      for (std::int64_t i = 0; i < b.extent[0]; ++i)
+        for (std::int64_t j = 0; j < b.extent[1]; ++j)
+          for (std::int64_t k = 0; k < b.extent[2]; ++k)
+            ++hits[static_cast<std::size_t>(((b.offset[0] + i) * g[1] + b.offset[1] + j) * g[2] + b.offset[2] + k)];
+    }
+  return hits;
+}
+}  // namespace
+
+TEST_CASE("local_box: the ranks' boxes tile the global tensor, once per replica") {
+  for (auto [dd, td] : {std::pair{1, 1}, {2, 1}, {1, 2}, {2, 2}, {3, 2}}) {
+    // Sharded on both axes: each element held by exactly one rank.
+    for (int h : coverage<Layout<Shard<0>, Shard<-1>>>(dd, td)) CHECK(h == 1);
+    for (int h : coverage<Layout<Shard<2>, Shard<1>>>(dd, td)) CHECK(h == 1);
+    // Sharded on one axis: once per rank of the other (replicated) axis.
+    for (int h : coverage<Layout<Shard<0>, Replicate>>(dd, td)) CHECK(h == td);
+    for (int h : coverage<Layout<Replicate, Shard<1>>>(dd, td)) CHECK(h == dd);
+    // Replicated everywhere: every rank holds the whole box.
+    for (int h : coverage<Replicated>(dd, td)) CHECK(h == dd * td);
+  }
+  const Box b = local_box<Layout<Shard<0>, Shard<-1>>>(
+      {8, 6}, {.data_degree = 2, .tensor_degree = 3, .data_index = 1, .tensor_index = 2});
+  CHECK(b.offset == Shape{4, 4});  // the worked example of layout.hpp
+  CHECK(b.extent == Shape{4, 2});
 }

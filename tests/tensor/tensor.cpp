@@ -39,3 +39,19 @@ TEST_CASE("Tensor refuses shapes its layout cannot split") {
   CHECK_THROWS_WITH_AS((Tensor<float, TensorSharded<1>, Host>::empty(h, {4, 6}, {.tensor_degree = 4})),
                        doctest::Contains("extent 6, not divisible by the tensor degree 4"), Error);
 }
+
+TEST_CASE("global_index agrees with local_box: local element i sits at the box offset plus its local position") {
+  Host h;
+  using L = Layout<Shard<1>, Shard<0>>;
+  const Shape g{6, 4, 2};
+  for (int di = 0; di < 2; ++di)
+    for (int ti = 0; ti < 3; ++ti) {
+      const Spread s{.data_degree = 2, .tensor_degree = 3, .data_index = di, .tensor_index = ti};
+      auto t = Tensor<float, L, Host>::empty(h, g, s);
+      const Box b = local_box<L>(g, s);
+      for (std::int64_t i = 0; i < t.numel(); ++i) {
+        const std::int64_t r = i / (b.extent[1] * b.extent[2]), c = i / b.extent[2] % b.extent[1], k = i % b.extent[2];
+        CHECK(t.global_index(i) == ((b.offset[0] + r) * g[1] + b.offset[1] + c) * g[2] + b.offset[2] + k);
+      }
+    }
+}

@@ -109,4 +109,25 @@ constexpr Shape local_shape(const Shape& global, const Spread& s) {
   return local;
 }
 
+// The box of the global tensor that a rank holds under L: the global index of its first element in
+// each dim, and its extent there (the local shape). Replicate and Partial axes do not move the box
+// (under Partial the rank holds an addend of the whole box). Requires what local_shape requires.
+// Guarantees: without Partial, the boxes of all ranks that differ on a sharded axis are disjoint
+// and together cover the global tensor (checkpoint resharding intersects them).
+// Example: local_box<Layout<Shard<0>, Shard<-1>>>({8, 6}, {.data_degree = 2, .tensor_degree = 3,
+//          .data_index = 1, .tensor_index = 2}) == {.offset = (4, 4), .extent = (4, 2)}.
+struct Box {
+  Shape offset, extent;
+};
+
+template <LayoutType L>
+constexpr Box local_box(const Shape& global, const Spread& s) {
+  Box b{global, local_shape<L>(global, s)};
+  for (int d = 0; d < global.rank(); ++d) b.offset[d] = 0;
+  const int dd = sharded_dim<typename L::data>(global), td = sharded_dim<typename L::tensor>(global);
+  if (dd >= 0) b.offset[dd] = s.data_index * b.extent[dd];
+  if (td >= 0) b.offset[td] = s.tensor_index * b.extent[td];
+  return b;
+}
+
 }  // namespace weft

@@ -14,7 +14,7 @@
 
 #include <string>
 
-#include "weft/layout/redistribute.hpp"
+#include "weft/comm/redistribute.hpp"
 #include "weft/nn/param.hpp"
 #include "weft/nn/roles.hpp"
 

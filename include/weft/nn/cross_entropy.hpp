@@ -18,7 +18,7 @@
 #include <span>
 
 #include "weft/device/dispatch.hpp"
-#include "weft/layout/redistribute.hpp"
+#include "weft/comm/redistribute.hpp"
 #include "weft/nn/roles.hpp"
 
 namespace weft::nn {

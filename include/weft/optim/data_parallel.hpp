@@ -30,7 +30,7 @@
 #include <span>
 #include <vector>
 
-#include "weft/layout/redistribute.hpp"
+#include "weft/comm/redistribute.hpp"
 #include "weft/optim/optimizer.hpp"
 #include "weft/pipeline/executor.hpp"
 

@@ -5,7 +5,7 @@
 #include "weft/comm/threads/thread_comm.hpp"
 #include "weft/device/host/host.hpp"
 #include "weft/layout/plan.hpp"
-#include "weft/layout/redistribute.hpp"
+#include "weft/comm/redistribute.hpp"
 
 using namespace weft;
 using M = Mesh<threads::ThreadComm>;

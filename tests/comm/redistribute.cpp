@@ -11,7 +11,7 @@
 #include "weft/comm/mesh.hpp"
 #include "weft/comm/threads/run.hpp"
 #include "weft/device/host/host.hpp"
-#include "weft/layout/redistribute.hpp"
+#include "weft/comm/redistribute.hpp"
 
 using namespace weft;
 using test::List;
@@ -227,5 +227,19 @@ TEST_CASE_TEMPLATE("redistribute moves f32 and bf16 tensors too", E, float, bf16
     const auto s = redistribute<Layout<Shard<-1>, Shard<0>>>(p, mesh);
     for (std::int64_t i = 0; i < s.numel(); ++i)
       REQUIRE(static_cast<float>(s[i]) == 4.0f * static_cast<float>(s.global_index(i)));
+  });
+}
+
+TEST_CASE("redistribute refuses a tensor whose spread does not match the mesh's groups, naming both degrees") {
+  run_threads(4, [](ThreadComm& world) {
+    Mesh mesh{world, {.tensor = 4}};
+    Host h;
+    // Cut for a tensor degree of 2, but the mesh's tensor group has 4 ranks: the all-gather would
+    // assemble 4 shards of a tensor split in 2.
+    auto x = Tensor<double, TensorSharded<0>, Host>::zeros(h, {8, 2}, {.tensor_degree = 2, .tensor_index = world.rank() % 2});
+    CHECK_THROWS_WITH_AS(redistribute<Replicated>(x, mesh),
+                         "redistribute: the tensor's spread has tensor degree 2 but the mesh's tensor group has 4 ranks; "
+                         "build the tensor with the spread of the mesh it is redistributed on (mesh.spread())",
+                         Error);
   });
 }

@@ -139,6 +139,13 @@ Allocation run_step(const StepKind& k, D& dev, C& comm, const T* in, const Shape
 template <LayoutType To, LayoutType From, Element T, class D, AxisComms M>
 Tensor<T, To, D> execute(const Tensor<T, From, D>& x, M& mesh) {
   using Tr = Transition<From, To>;
+  // The steps run on the mesh's groups; the tensor's shards were cut for its spread's degrees.
+  for (const StepKind& k : Tr::steps)
+    if (k.collective != Collective::none && mesh.comm(k.axis).size() != x.spread().degree(k.axis))
+      throw Error("redistribute",
+                  cat("the tensor's spread has ", name(k.axis), " degree ", x.spread().degree(k.axis), " but the mesh's ",
+                      name(k.axis), " group has ", mesh.comm(k.axis).size(), " ranks"),
+                  "build the tensor with the spread of the mesh it is redistributed on (mesh.spread())");
   Tensor<T, To, D> y = Tensor<T, To, D>::empty(x.dev(), x.global_shape(), x.spread());
   Allocation held;  // the latest intermediate block
   const T* cur = x.data();
