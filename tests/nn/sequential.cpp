@@ -112,3 +112,19 @@ TEST_CASE("Residual adds the input and its gradient and the composite matches fi
     });
   });
 }
+
+TEST_CASE("Sequential names parameters by position, or by the name Named gives a layer") {
+  run_threads(1, [](ThreadComm& world) {
+    Mesh mesh{world, {}};
+    Host h;
+    const Spread s = mesh.spread();
+    Sequential<Named<"up", Col>, Named<"down", Row>> named(Named<"up", Col>(Col(h, 8, 12, s, 10, 3)),
+                                                           Named<"down", Row>(Row(h, 12, 8, s, 12, 3)));
+    Sequential<Col, Row> plain(Col(h, 8, 12, s, 10, 3), Row(h, 12, 8, s, 12, 3));
+    std::vector<std::string> a, b;
+    named.for_each_param("p", [&](const std::string& n, auto&) { a.push_back(n); });
+    plain.for_each_param("p", [&](const std::string& n, auto&) { b.push_back(n); });
+    CHECK(a == std::vector<std::string>{"p.up.weight", "p.up.bias", "p.down.weight", "p.down.bias"});
+    CHECK(b == std::vector<std::string>{"p.0.weight", "p.0.bias", "p.1.weight", "p.1.bias"});
+  });
+}

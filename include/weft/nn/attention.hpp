@@ -7,7 +7,7 @@
 //
 //   x     (B, T, C)          Replicate
 //   qkv   (B, T, 3C/tp)      Shard<-1>   = (B, T, H/tp, 3, hd)
-//   probs (B, H/tp, T, T)    per rank; kept, or recomputed in backward (Selective recompute)
+//   probs (B, H/tp, T, T)    per rank; kept, or recomputed in backward (Recompute = Selective)
 //   y     (B, T, C/tp)       Shard<-1>
 //   out   (B, T, C)          Partial
 #pragma once
@@ -16,12 +16,20 @@
 
 #include "weft/device/dispatch.hpp"
 #include "weft/nn/linear.hpp"
+#include "weft/recompute/policies.hpp"
 
 namespace weft::nn {
 
-template <Floating T>
+template <Floating T, recompute::Policy Recompute = recompute::None>
 class CausalSelfAttention {
+  static constexpr bool keep_probs = !std::same_as<Recompute, recompute::Selective>;
+
  public:
+  using In = act::Replicated;
+  using Out = act::Partial;
+  using GradOut = act::Replicated;
+  using GradIn = act::Partial;
+
   struct Ctx {
     typename Linear<T, ColumnParallel>::Ctx qkv_ctx;
     typename Linear<T, RowParallel>::Ctx proj_ctx;
@@ -47,7 +55,7 @@ class CausalSelfAttention {
 
  public:
 
-  Tensor<T, act::Partial, Host> forward(Ctx& ctx, const Tensor<T, act::Replicated, Host>& x, bool keep_probs) {
+  Tensor<T, act::Partial, Host> forward(Ctx& ctx, const Tensor<T, act::Replicated, Host>& x) {
     const std::int64_t B = x.local_shape()[0], Tn = x.local_shape()[1], Hl = local_heads();
     ctx.qkv = qkv.forward(ctx.qkv_ctx, x);
     Allocation probs = probs_buffer(x.dev(), B, Tn);
@@ -76,14 +84,13 @@ class CausalSelfAttention {
     return dx;
   }
 
+  Shape out_shape(const Shape& s) const { return s; }
+  static std::string name() { return "CausalSelfAttention"; }
+
   template <class F>
   void for_each_param(const std::string& prefix, F&& f) {
     qkv.for_each_param(prefix + ".qkv", f);
     proj.for_each_param(prefix + ".proj", f);
-  }
-  void zero_grad() {
-    qkv.zero_grad();
-    proj.zero_grad();
   }
 };
 
@@ -91,6 +98,11 @@ class CausalSelfAttention {
 template <Floating T>
 class Mlp {
  public:
+  using In = act::Replicated;
+  using Out = act::Partial;
+  using GradOut = act::Replicated;
+  using GradIn = act::Partial;
+
   struct Ctx {
     typename Linear<T, ColumnParallel, epilogue::Gelu>::Ctx fc_ctx;
     typename Linear<T, RowParallel>::Ctx proj_ctx;
@@ -111,14 +123,13 @@ class Mlp {
     auto dh = proj.backward(ctx.proj_ctx, dy);
     return fc.backward(ctx.fc_ctx, dh);
   }
+  Shape out_shape(const Shape& s) const { return s; }
+  static std::string name() { return "Mlp"; }
+
   template <class F>
   void for_each_param(const std::string& prefix, F&& f) {
     fc.for_each_param(prefix + ".fc", f);
     proj.for_each_param(prefix + ".proj", f);
-  }
-  void zero_grad() {
-    fc.zero_grad();
-    proj.zero_grad();
   }
 };
 

@@ -12,13 +12,13 @@
 // every other gradient (no collective for them inside a block).
 #pragma once
 
-#include <array>
 #include <cmath>
 
 #include "weft/nn/attention.hpp"
 #include "weft/nn/comm.hpp"
 #include "weft/nn/layernorm.hpp"
 #include "weft/nn/plan_row.hpp"
+#include "weft/nn/sequential.hpp"
 #include "weft/recompute/policies.hpp"
 
 namespace weft::nn {
@@ -36,26 +36,40 @@ class Block {
   using A = typename stream<SP>::layout;
   using Enter = typename stream<SP>::enter;
   using Leave = typename stream<SP>::leave;
+  using In = A;
+  using Out = A;
+  using GradIn = A;
+  using GradOut = A;
+
+  // The two branches as typed compositions: Sequential checks every boundary's layouts at compile
+  // time (ln -> Enter -> the Replicate-in, Partial-out layer -> Leave back to A), and Residual that
+  // each branch returns to its input layout.
+  using AttnBranch = Residual<Sequential<Named<"ln1", LayerNorm<T, A>>, Enter,
+                                         Named<"attn", CausalSelfAttention<T, Recompute>>, Leave>>;
+  using MlpBranch = Residual<Sequential<Named<"ln2", LayerNorm<T, A>>, Enter, Named<"mlp", Mlp<T>>, Leave>>;
 
   struct Ctx {
     Tensor<T, A, Host> x;  // the block input (Full recompute keeps only this)
-    typename LayerNorm<T, A>::Ctx ln1, ln2;
-    typename CausalSelfAttention<T>::Ctx attn;
-    typename Mlp<T>::Ctx mlp;
+    typename AttnBranch::Ctx attn;
+    typename MlpBranch::Ctx mlp;
   };
 
-  LayerNorm<T, A> ln1, ln2;
-  CausalSelfAttention<T> attn;
-  Mlp<T> mlp;
+  AttnBranch attn;
+  MlpBranch mlp;
 
-  Block() = default;
   // id: first parameter id of this block (it uses id .. id + 11).
   Block(Host& dev, std::int64_t C, std::int64_t H, std::int64_t layers, const Spread& s, std::uint64_t id,
         std::uint64_t seed, double init_std = 0.02)
-      : ln1(dev, C, s, id, seed),
-        ln2(dev, C, s, id + 2, seed),
-        attn(dev, C, H, s, id + 4, seed, init_std, init_std / std::sqrt(2.0 * static_cast<double>(layers))),
-        mlp(dev, C, s, id + 8, seed, init_std, init_std / std::sqrt(2.0 * static_cast<double>(layers))) {}
+      : attn(typename AttnBranch::inner_type(
+            Named<"ln1", LayerNorm<T, A>>(LayerNorm<T, A>(dev, C, s, id, seed)), Enter{},
+            Named<"attn", CausalSelfAttention<T, Recompute>>(CausalSelfAttention<T, Recompute>(
+                dev, C, H, s, id + 4, seed, init_std, init_std / std::sqrt(2.0 * static_cast<double>(layers)))),
+            Leave{})),
+        mlp(typename MlpBranch::inner_type(
+            Named<"ln2", LayerNorm<T, A>>(LayerNorm<T, A>(dev, C, s, id + 2, seed)), Enter{},
+            Named<"mlp", Mlp<T>>(
+                Mlp<T>(dev, C, s, id + 8, seed, init_std, init_std / std::sqrt(2.0 * static_cast<double>(layers)))),
+            Leave{})) {}
 
   template <AxisComms M>
   Tensor<T, A, Host> forward(Ctx& ctx, const Tensor<T, A, Host>& x, M& mesh) {
@@ -84,18 +98,14 @@ class Block {
       ctx = Ctx{};
       run_forward(ctx, x, mesh);
     }
-    auto dm = Leave::backward(dout, mesh);                         // (B, T, C) Replicate
-    auto dh2 = Enter::backward(mlp.backward(ctx.mlp, dm), mesh);   // Partial -> stream
-    auto dx2 = ln2.backward(ctx.ln2, dh2);
-    Ops<Host>::add_inplace(dout.dev(), dx2.data(), dout.data(), dx2.numel());       // residual
-    auto da = Leave::backward(dx2, mesh);
-    auto dh1 = Enter::backward(attn.backward(ctx.attn, da), mesh);
-    auto dx = ln1.backward(ctx.ln1, dh1);
-    Ops<Host>::add_inplace(dout.dev(), dx.data(), dx2.data(), dx.numel());
-
+    auto dx2 = mlp.backward(ctx.mlp, dout, mesh);  // Leave, mlp, Enter, ln2, + dout
+    auto dx = attn.backward(ctx.attn, dx2, mesh);  // Leave, attn, Enter, ln1, + dx2
     ctx = Ctx{};
     return dx;
   }
+
+  Shape out_shape(const Shape& s) const { return s; }
+  static std::string name() { return "Block"; }
 
   // This block's rows of the model's plan (describe.hpp): act is the global (B, T, C), e the bytes
   // of an element. Full recompute repeats each branch's forward collectives in its backward.
@@ -123,30 +133,15 @@ class Block {
 
   template <class F>
   void for_each_param(const std::string& prefix, F&& f) {
-    ln1.for_each_param(prefix + ".ln1", f);
-    attn.for_each_param(prefix + ".attn", f);
-    ln2.for_each_param(prefix + ".ln2", f);
-    mlp.for_each_param(prefix + ".mlp", f);
-  }
-
-  void zero_grad() {
-    ln1.zero_grad();
-    ln2.zero_grad();
-    attn.zero_grad();
-    mlp.zero_grad();
+    attn.for_each_param(prefix, f);  // prefix.ln1.*, prefix.attn.*
+    mlp.for_each_param(prefix, f);   // prefix.ln2.*, prefix.mlp.*
   }
 
  private:
   template <AxisComms M>
   Tensor<T, A, Host> run_forward(Ctx& ctx, const Tensor<T, A, Host>& x, M& mesh) {
-    constexpr bool keep_probs = !std::same_as<Recompute, recompute::Selective>;
-    auto h1 = Enter::forward(ln1.forward(ctx.ln1, x), mesh);
-    auto a = Leave::forward(attn.forward(ctx.attn, h1, keep_probs), mesh);
-    Ops<Host>::add_inplace(x.dev(), a.data(), x.data(), a.numel());  // x2 = x + attn(ln1(x))
-    auto h2 = Enter::forward(ln2.forward(ctx.ln2, a), mesh);
-    auto y = Leave::forward(mlp.forward(ctx.mlp, h2), mesh);
-    Ops<Host>::add_inplace(x.dev(), y.data(), a.data(), y.numel());  // x + mlp(ln2(x2))
-    return y;
+    auto x2 = attn.forward(ctx.attn, x, mesh);  // x + attn(ln1(x))
+    return mlp.forward(ctx.mlp, x2, mesh);      // x2 + mlp(ln2(x2))
   }
 };
 

@@ -61,7 +61,6 @@ class VocabParallelEmbedding {
   void for_each_param(const std::string& prefix, F&& f) {
     f(prefix, weight);
   }
-  void zero_grad() { weight.zero_grad(); }
 };
 
 template <Floating T, LayoutType A>
@@ -89,7 +88,6 @@ class PositionEmbedding {
   void for_each_param(const std::string& prefix, F&& f) {
     f(prefix, weight);
   }
-  void zero_grad() { weight.zero_grad(); }
 
  private:
   // The first position this rank holds: its slice of the sequence under Shard<1>, else 0.

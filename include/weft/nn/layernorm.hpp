@@ -16,6 +16,11 @@ namespace weft::nn {
 template <Floating T, LayoutType A>
 class LayerNorm {
  public:
+  using In = A;
+  using Out = A;
+  using GradIn = A;
+  using GradOut = A;
+
   struct Ctx {
     Tensor<T, A, Host> x;
     Allocation stats;  // (2, rows): mean, then rstd; counted as activations
@@ -49,16 +54,15 @@ class LayerNorm {
     return dx;
   }
 
+  Shape out_shape(const Shape& s) const { return s; }
+  static std::string name() { return "LayerNorm"; }
+
   template <class F>
   void for_each_param(const std::string& prefix, F&& f) {
     f(prefix + ".weight", weight);
     f(prefix + ".bias", bias);
   }
 
-  void zero_grad() {
-    weight.zero_grad();
-    bias.zero_grad();
-  }
 };
 
 }  // namespace weft::nn

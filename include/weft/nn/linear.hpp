@@ -141,10 +141,6 @@ class Linear {
     if (has_bias_) f(prefix + ".bias", bias);
   }
 
-  void zero_grad() {
-    weight.zero_grad();
-    bias.zero_grad();
-  }
 
  private:
   int tensor_index_ = 0;

@@ -57,9 +57,6 @@ struct Param {
     }
   }
 
-  void zero_grad() {
-    if (grad.data()) Ops<D>::zero(grad.dev(), grad.data(), grad.numel());
-  }
 };
 
 }  // namespace weft::nn

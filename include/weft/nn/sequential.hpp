@@ -11,7 +11,9 @@
 // (a partial sum into a layer that needs feature shards) is a compile error naming both layouts.
 //
 // A layer provides In, Out, GradIn, GradOut, Ctx, forward(ctx, x[, mesh]), backward(ctx, dy[, mesh]),
-// out_shape(in_shape), name() and for_each_param(prefix, f).
+// out_shape(in_shape), name() and for_each_param(prefix, f). Parameters are named by position
+// ("prefix.1.weight"), or by the name a layer is given with Named<"attn", L> ("prefix.attn.qkv.weight").
+// Residual adds no name of its own.
 #pragma once
 
 #include <cstdio>
@@ -24,7 +26,32 @@
 
 namespace weft::nn {
 
+// A compile-time string, for layer names as template arguments.
+template <std::size_t N>
+struct Label {
+  char text[N];
+  constexpr Label(const char (&s)[N]) {  // NOLINT: implicit, so that Named<"ln1", L> reads well
+    for (std::size_t i = 0; i < N; ++i) text[i] = s[i];
+  }
+};
+
+// Named<"ln1", L>: layer L whose parameters are named "prefix.ln1.*" inside a Sequential.
+template <Label N, class L>
+class Named : public L {
+ public:
+  Named() = default;
+  explicit Named(L l) : L(std::move(l)) {}
+  static std::string label() { return N.text; }
+  template <class F>
+  void for_each_param(const std::string& prefix, F&& f) {
+    L::for_each_param(prefix + "." + N.text, f);
+  }
+};
+
 namespace detail {
+
+template <class T> inline constexpr bool is_named = false;
+template <Label N, class L> inline constexpr bool is_named<Named<N, L>> = true;
 
 template <class P>
 constexpr bool is_feature_shard() {
@@ -102,7 +129,10 @@ class Sequential {
 
   template <class F>
   void for_each_param(const std::string& prefix, F&& f) {
-    for_each_layer([&](std::size_t i, auto& l) { l.for_each_param(cat(prefix, ".", i), f); });
+    for_each_layer([&](std::size_t i, auto& l) {
+      if constexpr (detail::is_named<std::remove_cvref_t<decltype(l)>>) l.for_each_param(prefix, f);  // adds its name
+      else l.for_each_param(cat(prefix, ".", i), f);
+    });
   }
   template <class F>
   void for_each_layer(F&& f) {
@@ -175,6 +205,7 @@ class Residual {
   using GradIn = typename Inner::GradIn;
   using GradOut = GradIn;
   using Ctx = typename Inner::Ctx;
+  using inner_type = Inner;
 
   Inner inner;
 
