@@ -243,3 +243,21 @@ TEST_CASE("redistribute refuses a tensor whose spread does not match the mesh's 
                          Error);
   });
 }
+
+TEST_CASE("redistribute over three axes: a tensor sharded over pipe and tensor gathers and slices back exactly") {
+  // data 1 x pipe 2 x tensor 2: (8, 6) sharded dim 0 over tensor and dim 1 over pipe.
+  using Spread2 = Layout<Replicate, Shard<0>, Shard<1>>;
+  using Whole = Layout<Replicate, Replicate, Replicate>;
+  run_threads(4, [](ThreadComm& world) {
+    Mesh mesh{world, {.pipe = 2, .tensor = 2}};
+    Host h;
+    auto x = Tensor<double, Spread2, Host>::empty(h, {8, 6}, mesh.spread());
+    for (std::int64_t i = 0; i < x.numel(); ++i) x[i] = static_cast<double>(x.global_index(i));
+    const auto c0 = mesh.pipe().counters();
+    const auto whole = redistribute<Whole>(x, mesh);
+    CHECK((mesh.pipe().counters() - c0).calls_of(threads::Op::all_gather) == 1);
+    for (std::int64_t i = 0; i < whole.numel(); ++i) REQUIRE(whole[i] == static_cast<double>(i));
+    const auto back = redistribute<Spread2>(whole, mesh);
+    for (std::int64_t i = 0; i < back.numel(); ++i) REQUIRE(back[i] == x[i]);
+  });
+}

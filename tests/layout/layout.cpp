@@ -36,6 +36,21 @@ static_assert(Transition<DataSharded<0>, TensorSharded<1>>::steps[1].collective 
 static_assert(Transition<DataSharded<0>, TensorSharded<0>>::steps[0].axis == Axis::data);
 static_assert(!Transition<Layout<Shard<0>, Shard<1>>, Layout<Shard<1>, Shard<0>>>::possible);
 
+// Three axes: the pipe axis is one more placement. Shrinking steps first (the pipe slice), growing
+// last; StageLocal (the default on pipe) never turns into a spread over pipe.
+using PipeSharded = Layout<Replicate, Shard<0>, Shard<1>>;   // (T/tp, C/pp) across pipe ranks
+using PipeReplicated = Layout<Replicate, Replicate, Replicate>;
+static_assert(Transition<PipeSharded, PipeReplicated>::possible);
+static_assert(Transition<PipeSharded, PipeReplicated>::steps[0].collective == Collective::all_gather);
+static_assert(Transition<Layout<Replicate, Shard<0>, Replicate>, Layout<Replicate, Replicate, Shard<0>>>::steps[0].axis ==
+              Axis::tensor);  // gathering dim 0 over tensor must come before slicing it over pipe
+static_assert(Transition<Layout<Replicate, Shard<0>, Replicate>, Layout<Replicate, Replicate, Shard<0>>>::steps[1].axis ==
+              Axis::pipe);
+static_assert(Transition<Replicated, Layout<Replicate, Shard<0>, Replicate>>::crosses_stages);
+static_assert(!Transition<Replicated, Layout<Replicate, Shard<0>, Replicate>>::possible);
+static_assert(std::is_same_v<dual_layout<Layout<Replicate, Shard<2>, Replicate>>, Layout<Partial, Shard<2>, Partial>>);
+static_assert(std::is_same_v<placement_on<Replicated, Axis::pipe>, StageLocal>);
+
 TEST_CASE("local_shape divides each sharded dim by its axis degree") {
   const Spread s{.data_degree = 2, .tensor_degree = 3};
   CHECK(local_shape<Layout<Shard<0>, Shard<-1>>>({8, 5, 6}, s) == Shape{4, 5, 2});
@@ -65,6 +80,20 @@ TEST_CASE("local_shape rejects one dim sharded on both axes when spelled differe
 
 TEST_CASE("Layout names itself") {
   CHECK(Layout<Shard<0>, Partial>::name() == "Layout<Shard<0>, Partial>");
+  CHECK(Layout<Shard<0>, Partial, Shard<1>>::name() == "Layout<Shard<0>, Partial, Shard<1>>");
+}
+
+TEST_CASE("the pipe axis is an axis like the others: local shapes, boxes, and one dim on one axis") {
+  const Spread s{.data_degree = 2, .tensor_degree = 3, .data_index = 1, .tensor_index = 2, .pipe_degree = 2,
+                 .pipe_index = 1};
+  using L = Layout<Shard<0>, Shard<2>, Shard<1>>;
+  CHECK(local_shape<L>({4, 6, 9}, s) == Shape{2, 3, 3});
+  const Box b = local_box<L>({4, 6, 9}, s);
+  CHECK(b.offset == Shape{2, 3, 6});
+  CHECK_THROWS_WITH_AS((local_shape<Layout<Replicate, Shard<1>, Shard<-1>>>({4, 6}, s)),
+                       doctest::Contains("the pipe and tensor axes both shard dim 1"), Error);
+  CHECK_THROWS_WITH_AS((local_shape<Layout<Replicate, Replicate, Shard<0>>>({5, 6}, s)),
+                       doctest::Contains("extent 5, not divisible by the pipe degree 2"), Error);
 }
 
 namespace {

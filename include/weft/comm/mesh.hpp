@@ -64,13 +64,16 @@ class Mesh {
   C& data() { return data_.front(); }
   C& pipe() { return pipe_.front(); }
   C& tensor() { return tensor_.front(); }
-  C& comm(Axis a) { return a == Axis::data ? data() : tensor(); }
+  C& comm(Axis a) { return a == Axis::data ? data() : a == Axis::pipe ? pipe() : tensor(); }
 
   const MeshShape& shape() const { return shape_; }
   const MeshCoord& coord() const { return coord_; }
 
-  // The run-time side of a tensor layout on this mesh (data and tensor axes).
-  Spread spread() const { return {shape_.data, shape_.tensor, coord_.data, coord_.tensor}; }
+  // The run-time side of a tensor layout on this mesh: every axis's degree and this rank's index.
+  Spread spread() const {
+    return {.data_degree = shape_.data, .tensor_degree = shape_.tensor, .data_index = coord_.data,
+            .tensor_index = coord_.tensor, .pipe_degree = shape_.pipe, .pipe_index = coord_.pipe};
+  }
 
  private:
   C& world_;

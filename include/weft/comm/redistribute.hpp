@@ -167,7 +167,10 @@ struct check_redistribute {
   static_assert(!Transition<From, To>::uses_embed,
                 "redistribute: Shard -> Partial is not a redistribution (it would zero-pad every shard to the full "
                 "size); redistribute to Replicate, or use redistribute_adjoint where this is a gradient step");
-  static_assert(Transition<From, To>::possible,
+  static_assert(!Transition<From, To>::crosses_stages,
+                "redistribute: one layout is StageLocal on the pipe axis and the other is not; tensors move "
+                "between pipeline stages by send/recv (the pipeline executor), not by redistribution");
+  static_assert(Transition<From, To>::crosses_stages || Transition<From, To>::possible,
                 "redistribute: every order of the per-axis steps from From to To passes through a layout that shards "
                 "one dim on both axes; redistribute through an intermediate layout (Replicate on one axis)");
   static constexpr bool ok = true;

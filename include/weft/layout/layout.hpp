@@ -1,18 +1,24 @@
-// Layout<DataPlacement, TensorPlacement>: how a tensor is spread over the mesh axes that carry
-// tensors (data and tensor; a pipeline stage owns whole layers, so no tensor is spread over pipe).
+// Layout<DataP, TensorP, PipeP = StageLocal>: how a tensor is spread over the mesh's axes, one
+// placement per axis. The algebra below is generic over the axis list (kAxes: data, pipe, tensor,
+// in mesh order); a new axis (context, expert) is one more enumerator, Spread field pair and
+// defaulted placement. A tensor inside a pipeline stage belongs to that stage (StageLocal on pipe),
+// which the default spells: Layout<Shard<0>, Shard<1>> means what it always meant.
 //
-// Requires: both arguments are placements, and the two axes do not shard the same dim. Nested
-// sharding of one dim over two axes would make the shard order (which axis is outer) part of the
-// layout; weft keeps layouts per-axis independent instead, which is what makes each redistribution
-// a product of one collective per axis. Negative and positive spellings of one dim are compared at
-// run time (local_shape), where the rank is known.
+// Requires: every argument is a placement, and no two axes shard the same dim. Nested sharding of
+// one dim over two axes would make the shard order (which axis is outer) part of the layout; weft
+// keeps layouts per-axis independent instead, which is what makes each redistribution a product of
+// one collective per axis. Negative and positive spellings of one dim are compared at run time
+// (local_shape), where the rank is known.
 //
 // Example, a (B, T, C) activation under Megatron sequence parallelism on a data x tensor mesh:
 //   Layout<Shard<0>, Shard<1>>  // batch split over data, sequence over tensor: local (B/dp, T/tp, C)
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
+#include <type_traits>
+#include <utility>
 
 #include "weft/core/error.hpp"
 #include "weft/core/shape.hpp"
@@ -20,45 +26,84 @@
 
 namespace weft {
 
-enum class Axis : std::uint8_t { data, tensor };
+enum class Axis : std::uint8_t { data, pipe, tensor };
 
-constexpr const char* name(Axis a) { return a == Axis::data ? "data" : "tensor"; }
+// Every mesh axis, in mesh order (the world rank is (data * pipe + pipe_index) * tensor + tensor_index).
+inline constexpr std::array<Axis, 3> kAxes{Axis::data, Axis::pipe, Axis::tensor};
+
+constexpr const char* name(Axis a) {
+  switch (a) {
+    case Axis::data: return "data";
+    case Axis::pipe: return "pipe";
+    case Axis::tensor: return "tensor";
+  }
+  return "?";
+}
 
 // The run-time side of a layout: the degree of each axis and this rank's index on it.
 struct Spread {
   int data_degree = 1, tensor_degree = 1;
   int data_index = 0, tensor_index = 0;
+  int pipe_degree = 1, pipe_index = 0;
 
-  constexpr int degree(Axis a) const { return a == Axis::data ? data_degree : tensor_degree; }
-  constexpr int index(Axis a) const { return a == Axis::data ? data_index : tensor_index; }
+  constexpr int degree(Axis a) const {
+    return a == Axis::data ? data_degree : a == Axis::pipe ? pipe_degree : tensor_degree;
+  }
+  constexpr int index(Axis a) const { return a == Axis::data ? data_index : a == Axis::pipe ? pipe_index : tensor_index; }
 };
 
-template <class DataP, class TensorP>
+namespace detail {
+template <class A, class B>
+inline constexpr bool same_shard_dim = IsShard<A> && IsShard<B> && requires { requires A::dim == B::dim; };
+}  // namespace detail
+
+template <class DataP, class TensorP, class PipeP = StageLocal>
 struct Layout {
   static_assert(Placement<DataP>,
                 "Layout: the data-axis placement is not a placement; use Replicate, Shard<d> or Partial");
   static_assert(Placement<TensorP>,
                 "Layout: the tensor-axis placement is not a placement; use Replicate, Shard<d> or Partial");
-  static_assert(!(IsShard<DataP> && IsShard<TensorP> && requires { requires DataP::dim == TensorP::dim; }),
+  static_assert(Placement<PipeP>,
+                "Layout: the pipe-axis placement is not a placement; use Replicate, Shard<d> or Partial");
+  static_assert(!detail::same_shard_dim<DataP, TensorP>,
                 "Layout: the data and tensor axes shard the same dim; shard different dims (nested "
+                "sharding of one dim is not a weft layout)");
+  static_assert(!detail::same_shard_dim<DataP, PipeP> && !detail::same_shard_dim<PipeP, TensorP>,
+                "Layout: the pipe axis shards the same dim as another axis; shard different dims (nested "
                 "sharding of one dim is not a weft layout)");
 
   using data = DataP;
   using tensor = TensorP;
+  using pipe = PipeP;
 
-  static std::string name() { return cat("Layout<", DataP::name(), ", ", TensorP::name(), ">"); }
+  // The placement on axis A.
+  template <Axis A>
+  using on = std::conditional_t<A == Axis::data, DataP, std::conditional_t<A == Axis::pipe, PipeP, TensorP>>;
+
+  static std::string name() {
+    return cat("Layout<", DataP::name(), ", ", TensorP::name(),
+               IsStageLocal<PipeP> ? std::string() : cat(", ", PipeP::name()), ">");
+  }
 };
 
 namespace detail {
 template <class T> inline constexpr bool is_layout = false;
-template <class D, class T> inline constexpr bool is_layout<Layout<D, T>> = true;
+template <class D, class T, class P> inline constexpr bool is_layout<Layout<D, T, P>> = true;
 }  // namespace detail
 
 template <class L> concept LayoutType = detail::is_layout<L>;
 
 // The placement of layout L on axis A.
 template <LayoutType L, Axis A>
-using placement_on = std::conditional_t<A == Axis::data, typename L::data, typename L::tensor>;
+using placement_on = typename L::template on<A>;
+
+// Calls f(std::integral_constant<Axis, A>{}) for every axis A of kAxes, in mesh order.
+template <class F>
+constexpr void for_each_axis(F&& f) {
+  [&]<std::size_t... I>(std::index_sequence<I...>) {
+    (f(std::integral_constant<Axis, kAxes[I]>{}), ...);
+  }(std::make_index_sequence<kAxes.size()>{});
+}
 
 // Common layouts.
 using Replicated = Layout<Replicate, Replicate>;
@@ -68,12 +113,15 @@ using TensorPartial = Layout<Replicate, Partial>;
 
 // The layout of a gradient: dual placement on each axis.
 template <LayoutType L>
-using dual_layout = Layout<dual_placement_t<typename L::data>, dual_placement_t<typename L::tensor>>;
+using dual_layout = Layout<dual_placement_t<typename L::data>, dual_placement_t<typename L::tensor>,
+                           dual_placement_t<typename L::pipe>>;
 
 // Compile-time queries.
 template <LayoutType L, Axis A> inline constexpr bool is_sharded_on = IsShard<placement_on<L, A>>;
 template <LayoutType L, Axis A> inline constexpr bool is_partial_on = IsPartial<placement_on<L, A>>;
 template <LayoutType L, Axis A> inline constexpr bool is_replicated_on = IsReplicate<placement_on<L, A>>;
+template <LayoutType L>
+inline constexpr bool has_partial = IsPartial<typename L::data> || IsPartial<typename L::pipe> || IsPartial<typename L::tensor>;
 
 // The dim that placement P shards in a tensor of `global` shape, or -1 when P does not shard.
 template <Placement P>
@@ -83,29 +131,32 @@ constexpr int sharded_dim(const Shape& global) {
 }
 
 // Local shape of a tensor of `global` shape under layout L on the degrees in `s`.
-// Requires: every sharded extent divisible by its axis degree, and the two axes shard different
-// dims. Guarantees: the local shards of all ranks tile the global tensor exactly once.
+// Requires: every sharded extent divisible by its axis degree, and no two axes shard the same dim.
+// Guarantees: the local shards of all ranks tile the global tensor exactly once.
 // Example: local_shape<Layout<Shard<0>, Shard<-1>>>({8, 6}, {.data_degree = 2, .tensor_degree = 3})
 //          == (4, 2).
 template <LayoutType L>
 constexpr Shape local_shape(const Shape& global, const Spread& s) {
   Shape local = global;
-  const int dd = sharded_dim<typename L::data>(global);
-  const int td = sharded_dim<typename L::tensor>(global);
-  if (dd >= 0 && dd == td)
-    throw Error(L::name(), cat("data and tensor axes both shard dim ", dd, " of a tensor of shape ", global),
-                "shard different dims");
-  auto split = [&](int d, int degree, Axis a) {
+  std::array<int, kAxes.size()> dims{};
+  std::size_t k = 0;
+  for_each_axis([&](auto a) {
+    constexpr Axis A = decltype(a)::value;
+    const int d = sharded_dim<placement_on<L, A>>(global);
+    for (std::size_t j = 0; j < k; ++j)
+      if (d >= 0 && dims[j] == d)
+        throw Error(L::name(), cat("the ", name(kAxes[j]), " and ", name(A), " axes both shard dim ", d, " of a tensor of shape ", global),
+                    "shard different dims");
+    dims[k++] = d;
     if (d < 0) return;
+    const int degree = s.degree(A);
     if (degree <= 0 || global[d] % degree != 0)
       throw Error(L::name(),
-                  cat("dim ", d, " of shape ", global, " has extent ", global[d], ", not divisible by the ",
-                      name(a), " degree ", degree),
+                  cat("dim ", d, " of shape ", global, " has extent ", global[d], ", not divisible by the ", name(A),
+                      " degree ", degree),
                   "choose a degree that divides the extent, or pad the tensor");
     local[d] = global[d] / degree;
-  };
-  split(dd, s.data_degree, Axis::data);
-  split(td, s.tensor_degree, Axis::tensor);
+  });
   return local;
 }
 
@@ -124,9 +175,11 @@ template <LayoutType L>
 constexpr Box local_box(const Shape& global, const Spread& s) {
   Box b{global, local_shape<L>(global, s)};
   for (int d = 0; d < global.rank(); ++d) b.offset[d] = 0;
-  const int dd = sharded_dim<typename L::data>(global), td = sharded_dim<typename L::tensor>(global);
-  if (dd >= 0) b.offset[dd] = s.data_index * b.extent[dd];
-  if (td >= 0) b.offset[td] = s.tensor_index * b.extent[td];
+  for_each_axis([&](auto a) {
+    constexpr Axis A = decltype(a)::value;
+    const int d = sharded_dim<placement_on<L, A>>(global);
+    if (d >= 0) b.offset[d] = s.index(A) * b.extent[d];
+  });
   return b;
 }
 

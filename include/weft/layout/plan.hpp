@@ -11,14 +11,15 @@
 // Shard -> Partial would zero-pad each shard to the full size; weft performs it only as `embed`, the
 // adjoint of `slice` (a gradient step), never as a forward redistribution.
 //
-// A two-axis redistribution is one step per axis. Steps that shrink the local buffer (slice,
+// A redistribution is one step per mesh axis. Steps that shrink the local buffer (slice,
 // reduce_scatter) run first, so the growing ones (all_gather) move fewer bytes, unless that order
-// passes through a layout that shards one dim on both axes; when both orders do, the transition is
-// refused at compile time (go through an intermediate layout).
+// passes through a layout that shards one dim on two axes; when every order does, the transition
+// is refused at compile time (go through an intermediate layout).
 //
 // This header is plain C++20 (no CUDA, MPI, NCCL or Eigen).
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -66,7 +67,9 @@ inline constexpr int kNoDim = 1 << 20;
 
 template <Placement From, Placement To>
 constexpr Collective axis_step() {
-  if constexpr (IsReplicate<From>) {
+  if constexpr (IsStageLocal<From> || IsStageLocal<To>) {
+    return Collective::none;  // both StageLocal; a transition between stages is refused (crosses_stages)
+  } else if constexpr (IsReplicate<From>) {
     if constexpr (IsReplicate<To>) return Collective::none;
     else if constexpr (IsShard<To>) return Collective::slice;
     else return Collective::keep_one;
@@ -111,29 +114,81 @@ constexpr int growth(Collective c) {
   }
 }
 
-namespace detail {
-// Whether the layout between two steps (one axis already at To, the other still at From) is valid.
-template <class D, class T>
-inline constexpr bool valid_pair = !(IsShard<D> && IsShard<T> && requires { requires D::dim == T::dim; });
-}  // namespace detail
-
-// The order of the two per-axis steps from From to To, decided at compile time.
+// The order of the per-axis steps from From to To, decided at compile time: steps that shrink the
+// local buffer first, then those that keep it, then those that grow it (mesh order among equals;
+// steps that do nothing last), unless that order passes through a layout that shards one dim on
+// two axes, in which case the first valid order of all. possible is false when none is valid.
 template <LayoutType From, LayoutType To>
 struct Transition {
-  static constexpr StepKind data = step_on<From, To, Axis::data>();
-  static constexpr StepKind tensor = step_on<From, To, Axis::tensor>();
+  static constexpr std::size_t n = kAxes.size();
 
-  // Intermediate layouts: data step first gives <To::data, From::tensor>; tensor first the other.
-  static constexpr bool data_first_ok = detail::valid_pair<typename To::data, typename From::tensor>;
-  static constexpr bool tensor_first_ok = detail::valid_pair<typename From::data, typename To::tensor>;
-  static constexpr bool possible = data_first_ok || tensor_first_ok;
-  static constexpr bool prefer_data_first = growth(data.collective) <= growth(tensor.collective);
-  static constexpr bool data_first = data_first_ok && (prefer_data_first || !tensor_first_ok);
+ private:
+  using Steps = std::array<StepKind, n>;
+  static constexpr Steps per_axis() {
+    Steps s{};
+    std::size_t i = 0;
+    for_each_axis([&](auto a) { s[i++] = step_on<From, To, decltype(a)::value>(); });
+    return s;
+  }
+  static constexpr Steps kinds = per_axis();
 
-  static constexpr std::array<StepKind, 2> steps = data_first ? std::array{data, tensor}
-                                                              : std::array{tensor, data};
-  static constexpr bool uses_embed = data.collective == Collective::embed ||
-                                     tensor.collective == Collective::embed;
+  // Whether every layout on the way (after each step of `order`) shards each dim on one axis only.
+  // Dims are compared as written (Shard<1> vs Shard<1>), as the Layout static_assert does.
+  static constexpr bool valid(const std::array<std::size_t, n>& order) {
+    std::array<int, n> dims{};
+    for (std::size_t i = 0; i < n; ++i) dims[i] = kinds[i].from_dim;
+    for (std::size_t k = 0; k < n; ++k) {
+      dims[order[k]] = kinds[order[k]].to_dim;
+      for (std::size_t i = 0; i < n; ++i)
+        for (std::size_t j = i + 1; j < n; ++j)
+          if (dims[i] != kNoDim && dims[i] == dims[j]) return false;
+    }
+    return true;
+  }
+  static constexpr int key(const StepKind& k) { return k.collective == Collective::none ? 2 : growth(k.collective); }
+  static constexpr std::array<std::size_t, n> preferred() {
+    std::array<std::size_t, n> o{};
+    for (std::size_t i = 0; i < n; ++i) o[i] = i;
+    for (std::size_t i = 1; i < n; ++i)  // stable insertion sort by key
+      for (std::size_t j = i; j > 0 && key(kinds[o[j]]) < key(kinds[o[j - 1]]); --j) std::swap(o[j], o[j - 1]);
+    return o;
+  }
+  struct Choice {
+    std::array<std::size_t, n> order{};
+    bool found = false;
+  };
+  static constexpr Choice choose() {
+    Choice c{preferred(), true};
+    if (valid(c.order)) return c;
+    std::array<std::size_t, n> o{};
+    for (std::size_t i = 0; i < n; ++i) o[i] = i;
+    do {
+      if (valid(o)) return {o, true};
+    } while (std::next_permutation(o.begin(), o.end()));
+    return {c.order, false};
+  }
+  static constexpr Choice choice = choose();
+  // The chosen order with the steps that do nothing moved last (they change no layout, so the
+  // order stays valid).
+  static constexpr Steps ordered() {
+    Steps s{};
+    std::size_t k = 0;
+    for (int pass = 0; pass < 2; ++pass)
+      for (std::size_t i = 0; i < n; ++i)
+        if ((kinds[choice.order[i]].collective == Collective::none) == (pass == 1)) s[k++] = kinds[choice.order[i]];
+    return s;
+  }
+
+ public:
+  // A tensor of one pipeline stage does not become a tensor spread over pipe ranks (or back).
+  static constexpr bool crosses_stages = IsStageLocal<typename From::pipe> != IsStageLocal<typename To::pipe>;
+  static constexpr bool possible = choice.found && !crosses_stages;
+  static constexpr Steps steps = ordered();
+  static constexpr bool uses_embed = [] {
+    for (const StepKind& k : kinds)
+      if (k.collective == Collective::embed) return true;
+    return false;
+  }();
 };
 
 // Compile-time query: the collective that turns From into To on axis A.
@@ -152,7 +207,7 @@ struct PlanStep {
 };
 
 struct Plan {
-  std::array<PlanStep, 2> steps{};
+  std::array<PlanStep, kAxes.size()> steps{};
   int count = 0;  // steps that do anything (collective != none)
 
   constexpr const PlanStep* begin() const { return steps.data(); }
@@ -207,7 +262,10 @@ constexpr Shape step_shape(const StepKind& k, const Shape& local, int degree) {
 template <LayoutType From, LayoutType To>
 constexpr Plan plan(const Shape& global, const Spread& s, std::int64_t elem_bytes) {
   using Tr = Transition<From, To>;
-  static_assert(Tr::possible,
+  static_assert(!Tr::crosses_stages,
+                "plan: one layout is StageLocal on the pipe axis and the other is not; tensors move between "
+                "pipeline stages by send/recv (the pipeline executor), not by redistribution");
+  static_assert(Tr::crosses_stages || Tr::possible,
                 "plan: every order of the per-axis steps from From to To passes through a layout that shards "
                 "one dim on both axes; redistribute through an intermediate layout (Replicate on one axis)");
   Plan p;

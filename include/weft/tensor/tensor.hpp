@@ -82,17 +82,20 @@ class Tensor {
   // The global flat index of local element i (row-major), for layouts without Partial.
   // Requires: L has no Partial placement (a Partial tensor's elements are addends, not positions).
   std::int64_t global_index(std::int64_t i) const
-    requires(!IsPartial<typename L::data> && !IsPartial<typename L::tensor>)
+    requires(!has_partial<L>)
   {
-    const int dd = sharded_dim<typename L::data>(global_);
-    const int td = sharded_dim<typename L::tensor>(global_);
+    // The first global index of this rank's shard in each dim (local_box's offset, without its
+    // checks: this runs once per element when parameters are initialized).
+    std::array<std::int64_t, Shape::max_rank> off{};
+    for_each_axis([&](auto a) {
+      constexpr Axis A = decltype(a)::value;
+      const int d = sharded_dim<placement_on<L, A>>(global_);
+      if (d >= 0) off[static_cast<std::size_t>(d)] = spread_.index(A) * local_[d];
+    });
     std::int64_t g = 0, gstride = 1;
     for (int d = global_.rank() - 1; d >= 0; --d) {
       const std::int64_t idx = (i / local_.inner(d)) % local_[d];
-      std::int64_t off = 0;
-      if (d == dd) off = spread_.data_index * local_[d];
-      if (d == td) off = spread_.tensor_index * local_[d];
-      g += (idx + off) * gstride;
+      g += (idx + off[static_cast<std::size_t>(d)]) * gstride;
       gstride *= global_[d];
     }
     return g;

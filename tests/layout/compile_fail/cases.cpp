@@ -29,6 +29,9 @@ using T = Tensor<float, L, Host>;
   auto y = redistribute<Layout<Shard<1>, Shard<0>>>(x, mesh);
 #elif defined(WEFT_CF_PLAN_NO_VALID_ORDER)
   [[maybe_unused]] auto p = plan<Layout<Shard<0>, Shard<1>>, Layout<Shard<1>, Shard<0>>>({8, 8}, s, 4);
+#elif defined(WEFT_CF_CROSSES_STAGES)
+  auto x = T<Replicated>::empty(h, {8, 8}, s);
+  auto y = redistribute<Layout<Replicate, Replicate, Shard<0>>>(x, mesh);
 #elif defined(WEFT_CF_TARGET_NOT_A_LAYOUT)
   auto x = T<Replicated>::empty(h, {8, 8}, s);
   auto y = redistribute<Shard<0>>(x, mesh);
