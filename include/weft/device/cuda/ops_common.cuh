@@ -1,0 +1,83 @@
+// What every CUDA op file shares: the element types (float, bf16 as __nv_bfloat16), 16-byte packs,
+// launch sizing and size checks. The op files are ops.cuh (GELU, LayerNorm, embeddings) and
+// ops_loss_optim.cuh (cross-entropy, AdamW, gradient norm); include ops.cuh, which includes both.
+//
+// Include only from .cu translation units.
+#pragma once
+
+#include <cub/block/block_reduce.cuh>
+#include <cub/device/device_radix_sort.cuh>
+#include <cuda_bf16.h>
+
+#include <cmath>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "weft/core/bf16.hpp"
+#include "weft/device/cuda/device.hpp"
+#include "weft/ops/math.hpp"
+
+namespace weft::cuda {
+
+using index = std::int64_t;
+
+template <class T>
+concept Activation = std::same_as<T, float> || std::same_as<T, weft::bf16>;
+
+namespace detail {
+
+template <class T> struct dev_type { using type = T; };
+template <> struct dev_type<weft::bf16> { using type = __nv_bfloat16; };
+template <class T> using dev_t = typename dev_type<T>::type;
+
+template <class T> dev_t<T>* dev(T* p) { return reinterpret_cast<dev_t<T>*>(p); }
+template <class T> const dev_t<T>* dev(const T* p) { return reinterpret_cast<const dev_t<T>*>(p); }
+
+__device__ inline float to_f(float x) { return x; }
+__device__ inline float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <class T> __device__ inline T from_f(float x);
+template <> __device__ inline float from_f<float>(float x) { return x; }
+template <> __device__ inline __nv_bfloat16 from_f<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
+
+__device__ inline float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// 16 bytes of T: 8 bf16 or 4 floats, loaded and stored as one int4 (the vector width that lets a
+// memory-bound kernel reach the copy bandwidth). Callers check 16-byte alignment first.
+template <class T>
+struct alignas(16) Pack {
+  static constexpr int W = 16 / sizeof(T);
+  T v[W];
+};
+template <class T>
+__device__ inline Pack<T> load_pack(const T* p) {
+  Pack<T> r;
+  *reinterpret_cast<int4*>(&r) = *reinterpret_cast<const int4*>(p);
+  return r;
+}
+template <class T>
+__device__ inline void store_pack(T* p, const Pack<T>& r) {
+  *reinterpret_cast<int4*>(p) = *reinterpret_cast<const int4*>(&r);
+}
+inline bool aligned16(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 16 == 0; }
+template <class... P>
+bool all_aligned16(const P*... ps) {
+  return (aligned16(ps) && ...);
+}
+
+inline unsigned blocks_for(index n, unsigned threads, unsigned cap = 65535u * 8u) {
+  const index b = (n + threads - 1) / threads;
+  return static_cast<unsigned>(b < 1 ? 1 : (b > cap ? cap : b));
+}
+
+inline void require(bool ok, const char* op, const std::string& what) {
+  if (!ok) throw Error(cat("cuda::", op), what, "pass sizes that match the buffers");
+}
+
+}  // namespace detail
+
+
+}  // namespace weft::cuda
