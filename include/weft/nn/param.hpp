@@ -12,9 +12,7 @@
 #pragma once
 
 #include <cstdint>
-#include <cstring>
 
-#include "weft/core/philox.hpp"
 #include "weft/device/dispatch.hpp"
 #include "weft/tensor/tensor.hpp"
 
@@ -40,20 +38,17 @@ struct Param {
   std::uint64_t id = 0;
 
   Param() = default;
-  // Initialization runs on the host, element by element (the values of a Host tensor); a device
-  // parameter will be drawn on the host and copied over.
   Param(D& dev, const Shape& global, const Spread& s, std::uint64_t param_id, Init init, std::uint64_t seed)
       : value(Tensor<T, L, D>::empty(dev, global, s, Category::parameters)),
         grad(Tensor<T, GL, D>::zeros(dev, global, s, Category::gradients)),
         id(param_id) {
-    for (std::int64_t i = 0; i < value.numel(); ++i) {
-      switch (init.kind) {
-        case Init::normal:
-          value[i] = static_cast<T>(init.std * weft::normal(seed, param_id, static_cast<std::uint64_t>(value.global_index(i))));
-          break;
-        case Init::zeros: value[i] = T(0); break;
-        case Init::ones: value[i] = T(1); break;
-      }
+    switch (init.kind) {
+      case Init::normal:
+        Ops<D>::init_normal(dev, value.data(), global, value.local_shape(), local_box<L>(global, s).offset, seed, param_id,
+                            init.std);
+        break;
+      case Init::zeros: Ops<D>::fill(dev, value.data(), value.numel(), T(0)); break;
+      case Init::ones: Ops<D>::fill(dev, value.data(), value.numel(), T(1)); break;
     }
   }
 

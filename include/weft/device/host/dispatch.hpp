@@ -33,6 +33,16 @@ struct Ops<Host> {
     if (n > 0) std::memcpy(static_cast<void*>(out), in, static_cast<std::size_t>(n) * sizeof(T));
   }
 
+  // Parameter initialization (see host::init_normal): a constant, or normal draws keyed by each
+  // element's global index in the rank's box (offset) of the global tensor.
+  template <class T>
+  static void fill(Host&, T* out, index n, T v) { host::fill(out, n, v); }
+  template <class T>
+  static void init_normal(Host&, T* out, const Shape& global, const Shape& local, const Shape& offset,
+                          std::uint64_t seed, std::uint64_t id, double std) {
+    host::init_normal(out, global, local, offset, seed, id, std);
+  }
+
   // Elementwise: out += x; the GELU and its gradient; a bias on every row and its gradient.
   template <class T>
   static void add_inplace(Host&, T* out, const T* x, index n) { host::add_inplace(out, x, n); }

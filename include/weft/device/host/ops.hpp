@@ -12,6 +12,8 @@
 #include <cstdint>
 #include <limits>
 
+#include "weft/core/philox.hpp"
+#include "weft/core/shape.hpp"
 #include "weft/ops/math.hpp"
 
 namespace weft::host {
@@ -78,6 +80,28 @@ void gelu_backward(T* dx, const T* x, const T* dout, index n) {
 template <class T>
 void add_inplace(T* out, const T* x, index n) {
   for (index i = 0; i < n; ++i) out[i] += x[i];
+}
+
+// out (n) = v.
+template <class T>
+void fill(T* out, index n, T v) {
+  for (index i = 0; i < n; ++i) out[i] = v;
+}
+
+// Parameter initialization: out, this rank's shard (local shape `local`, row-major) of a tensor of
+// `global` shape starting at `offset` (its local_box), gets std * normal(seed, id, g) for each
+// element's global flat index g, so every mesh draws the same global weights.
+template <class T>
+void init_normal(T* out, const Shape& global, const Shape& local, const Shape& offset, std::uint64_t seed,
+                 std::uint64_t id, double std) {
+  for (index i = 0; i < local.numel(); ++i) {
+    index g = 0, stride = 1;
+    for (int d = global.rank() - 1; d >= 0; --d) {
+      g += ((i / local.inner(d)) % local[d] + offset[d]) * stride;
+      stride *= global[d];
+    }
+    out[i] = static_cast<T>(std * weft::normal(seed, id, static_cast<std::uint64_t>(g)));
+  }
 }
 
 // y (N, C) += b (C) on every row (a Linear's bias).
