@@ -1,5 +1,6 @@
 // weft: everything. The host build always; with WEFT_ENABLE_CUDA (defined by the weft::cuda target)
-// the Cuda device too, and in CUDA translation units (nvcc) the CUDA op set and cuBLASLt GEMMs.
+// the Cuda device too, and in CUDA translation units (nvcc) Ops<Cuda> (the CUDA op set, attention
+// and cuBLASLt GEMMs), thread ranks sharing a GPU, and the NCCL communicator.
 #pragma once
 
 #include "weft/weft_host.hpp"
@@ -7,7 +8,9 @@
 #if defined(WEFT_ENABLE_CUDA)
 #include "weft/device/cuda/device.hpp"
 #if defined(__CUDACC__)
-#include "weft/device/cuda/gemm.cuh"
-#include "weft/device/cuda/ops.cuh"
+#include "weft/comm/nccl/nccl_comm.cuh"
+#include "weft/comm/threads/cuda_memory.cuh"
+#include "weft/device/cuda/dispatch.cuh"
+#include "weft/device/cuda/profile.hpp"
 #endif
 #endif

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -36,16 +37,36 @@ inline void tiny_batch(std::int64_t batch, const nn::GptConfig& c, std::vector<s
   }
 }
 
-template <class T, bool SP, class Recompute>
+// The device a thread rank runs on: a Host here; the GPU tests specialize it for Cuda (each rank a
+// Cuda device with its own stream on the one GPU, its communicator moving device buffers).
+template <class D>
+std::unique_ptr<D> rank_device(ThreadComm& world);
+template <>
+inline std::unique_ptr<Host> rank_device<Host>(ThreadComm&) {
+  return std::make_unique<Host>();
+}
+
+// A tensor's local elements as doubles, from any device.
+template <class X>
+std::vector<double> host_doubles(const X& t, std::int64_t n) {
+  const auto h = t.to_host();
+  std::vector<double> out(static_cast<std::size_t>(n));
+  for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<double>(static_cast<float>(h[i]));
+  if constexpr (std::same_as<typename X::value_type, double>)
+    for (std::size_t i = 0; i < out.size(); ++i) out[i] = h[i];
+  return out;
+}
+
+template <class P, bool SP, class Recompute, class D = Host>
 GptRun run_gpt(int tensor, const nn::GptConfig& c = tiny_config(), std::int64_t batch = 2) {
   GptRun out;
   std::mutex mu;
   std::vector<std::int32_t> tokens, targets;
   tiny_batch(batch, c, tokens, targets);
   run_threads(tensor, [&](ThreadComm& world) {
+    auto dev = rank_device<D>(world);
     Mesh mesh{world, {.tensor = tensor}};
-    Host host;
-    nn::Gpt<T, SP, Recompute> gpt(host, c, mesh.spread(), batch);
+    nn::Gpt<P, SP, Recompute, D> gpt(*dev, c, mesh.spread(), batch);
     const threads::Counters before = mesh.tensor().counters();
     const double loss = test::forward_backward(gpt, tokens, targets, batch, mesh);
     const threads::Counters ran = mesh.tensor().counters() - before;
@@ -55,8 +76,8 @@ GptRun run_gpt(int tensor, const nn::GptConfig& c = tiny_config(), std::int64_t 
       if (world.rank() != 0) return;
       const std::int64_t n = name == "wte" ? c.vocab * c.width : v.numel();  // drop padding rows
       std::lock_guard lock(mu);
-      out.values[name].assign(v.data(), v.data() + n);
-      out.grads[name].assign(g.data(), g.data() + n);
+      out.values[name] = host_doubles(v, n);
+      out.grads[name] = host_doubles(g, n);
     });
     if (world.rank() == 0) {
       std::lock_guard lock(mu);

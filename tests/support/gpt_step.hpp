@@ -15,7 +15,7 @@ double forward_backward(Model& model, std::span<const std::int32_t> tokens, std:
                         std::int64_t batch, M& mesh, std::vector<typename Model::value_type>* logits = nullptr) {
   auto ctx = model.context({tokens, targets, batch});
   pipeline::forward(model, ctx, mesh);
-  if (logits) logits->assign(ctx.head.ce.logits.data(), ctx.head.ce.logits.data() + ctx.head.ce.logits.numel());
+  if (logits) *logits = ctx.head.ce.logits.to_host();
   pipeline::backward(model, ctx, mesh);
   return ctx.loss;
 }

@@ -21,7 +21,6 @@
 // through the Communicator concept.
 #pragma once
 
-#include <cstring>
 #include <span>
 #include <type_traits>
 
@@ -40,30 +39,28 @@ concept AxisComms = requires(M& m, Axis a) {
 
 namespace detail {
 
-// Copies chunk `r` of `n` along dim d of a (shape) row-major block into a contiguous chunk, or back.
-template <class T>
-void copy_chunk(const T* src, T* dst, const Shape& shape, int d, int n, int r, bool to_chunk) {
+// Copies chunk `r` of `n` along dim d of a (shape) row-major block into a contiguous chunk, or back:
+// one strided copy on the device (`outer` runs of one chunk each).
+template <class T, class D>
+void copy_chunk(D& dev, const T* src, T* dst, const Shape& shape, int d, int n, int r, bool to_chunk) {
   const std::int64_t outer = shape.outer(d), inner = shape.inner(d);
-  const std::int64_t len = shape[d] / n * inner;  // contiguous run of one chunk per outer index
-  for (std::int64_t o = 0; o < outer; ++o) {
-    const std::int64_t full = o * shape[d] * inner + r * len;
-    const std::int64_t part = o * len;
-    if (to_chunk) std::memcpy(dst + part, src + full, static_cast<std::size_t>(len) * sizeof(T));
-    else std::memcpy(dst + full, src + part, static_cast<std::size_t>(len) * sizeof(T));
-  }
+  const auto len = static_cast<std::size_t>(shape[d] / n * inner);  // one chunk's run per outer index
+  const auto full = static_cast<std::size_t>(shape[d] * inner), at = static_cast<std::size_t>(r) * len;
+  if (to_chunk) dev.copy_2d(dst, len * sizeof(T), src + at, full * sizeof(T), len * sizeof(T), static_cast<std::size_t>(outer));
+  else dev.copy_2d(dst + at, full * sizeof(T), src, len * sizeof(T), len * sizeof(T), static_cast<std::size_t>(outer));
 }
 
 // Packs the n chunks along dim d of `src` (shape) into n contiguous chunks in rank order.
-template <class T>
-void pack(const T* src, T* dst, const Shape& shape, int d, int n) {
+template <class T, class D>
+void pack(D& dev, const T* src, T* dst, const Shape& shape, int d, int n) {
   const std::int64_t chunk = shape.numel() / n;
-  for (int r = 0; r < n; ++r) copy_chunk(src, dst + r * chunk, shape, d, n, r, true);
+  for (int r = 0; r < n; ++r) copy_chunk(dev, src, dst + r * chunk, shape, d, n, r, true);
 }
 // The inverse: n contiguous chunks into `dst` of (shape), chunk r at position r along dim d.
-template <class T>
-void unpack(const T* src, T* dst, const Shape& shape, int d, int n) {
+template <class T, class D>
+void unpack(D& dev, const T* src, T* dst, const Shape& shape, int d, int n) {
   const std::int64_t chunk = shape.numel() / n;
-  for (int r = 0; r < n; ++r) copy_chunk(src + r * chunk, dst, shape, d, n, r, false);
+  for (int r = 0; r < n; ++r) copy_chunk(dev, src + r * chunk, dst, shape, d, n, r, false);
 }
 
 template <Element T, class D>
@@ -83,21 +80,21 @@ Allocation run_step(const StepKind& k, D& dev, C& comm, const T* in, const Shape
   const auto mut = [](T* p, std::int64_t c) { return std::span<T>(p, static_cast<std::size_t>(c)); };
   switch (k.collective) {
     case Collective::none:
-      std::memcpy(o, in, static_cast<std::size_t>(in_count) * sizeof(T));
+      dev.copy(o, in, static_cast<std::size_t>(in_count) * sizeof(T));
       break;
     case Collective::slice:
-      copy_chunk(in, o, in_shape, in_shape.normalize_dim(k.to_dim), n, me, true);
+      copy_chunk(dev, in, o, in_shape, in_shape.normalize_dim(k.to_dim), n, me, true);
       break;
     case Collective::keep_one:
-      if (me == 0) std::memcpy(o, in, static_cast<std::size_t>(in_count) * sizeof(T));
-      else std::memset(static_cast<void*>(o), 0, static_cast<std::size_t>(out_count) * sizeof(T));
+      if (me == 0) dev.copy(o, in, static_cast<std::size_t>(in_count) * sizeof(T));
+      else dev.zero(o, static_cast<std::size_t>(out_count) * sizeof(T));
       break;
     case Collective::embed:
-      std::memset(static_cast<void*>(o), 0, static_cast<std::size_t>(out_count) * sizeof(T));
-      copy_chunk(in, o, out_shape, out_shape.normalize_dim(k.from_dim), n, me, false);
+      dev.zero(o, static_cast<std::size_t>(out_count) * sizeof(T));
+      copy_chunk(dev, in, o, out_shape, out_shape.normalize_dim(k.from_dim), n, me, false);
       break;
     case Collective::all_reduce:
-      std::memcpy(o, in, static_cast<std::size_t>(in_count) * sizeof(T));
+      dev.copy(o, in, static_cast<std::size_t>(in_count) * sizeof(T));
       comm.all_reduce(mut(o, out_count), ReduceOp::sum);
       break;
     case Collective::all_gather: {
@@ -107,7 +104,7 @@ Allocation run_step(const StepKind& k, D& dev, C& comm, const T* in, const Shape
       } else {
         Allocation tmp = scratch<T>(dev, out_count);
         comm.all_gather(cin(in, in_count), mut(static_cast<T*>(tmp.data()), out_count));
-        unpack(static_cast<const T*>(tmp.data()), o, out_shape, d, n);
+        unpack(dev, static_cast<const T*>(tmp.data()), o, out_shape, d, n);
       }
       break;
     }
@@ -117,7 +114,7 @@ Allocation run_step(const StepKind& k, D& dev, C& comm, const T* in, const Shape
         comm.reduce_scatter(cin(in, in_count), mut(o, out_count), ReduceOp::sum);
       } else {
         Allocation tmp = scratch<T>(dev, in_count);
-        pack(in, static_cast<T*>(tmp.data()), in_shape, d, n);
+        pack(dev, in, static_cast<T*>(tmp.data()), in_shape, d, n);
         comm.reduce_scatter(cin(static_cast<const T*>(tmp.data()), in_count), mut(o, out_count), ReduceOp::sum);
       }
       break;
@@ -127,9 +124,9 @@ Allocation run_step(const StepKind& k, D& dev, C& comm, const T* in, const Shape
       // the old shard dim a, which lands at position j along a.
       const int a = in_shape.normalize_dim(k.from_dim), b = in_shape.normalize_dim(k.to_dim);
       Allocation send = scratch<T>(dev, in_count), recv = scratch<T>(dev, in_count);
-      pack(in, static_cast<T*>(send.data()), in_shape, b, n);
+      pack(dev, in, static_cast<T*>(send.data()), in_shape, b, n);
       comm.all_to_all(cin(static_cast<const T*>(send.data()), in_count), mut(static_cast<T*>(recv.data()), in_count));
-      unpack(static_cast<const T*>(recv.data()), o, out_shape, a, n);
+      unpack(dev, static_cast<const T*>(recv.data()), o, out_shape, a, n);
       break;
     }
   }
@@ -157,7 +154,7 @@ Tensor<T, To, D> execute(const Tensor<T, From, D>& x, M& mesh) {
     cur = static_cast<const T*>(held.data());
     shape = next;
   }
-  if (y.numel()) std::memcpy(y.data(), cur, static_cast<std::size_t>(y.numel()) * sizeof(T));
+  x.dev().copy(y.data(), cur, y.bytes());
   return y;
 }
 

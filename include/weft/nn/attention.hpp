@@ -20,7 +20,7 @@
 
 namespace weft::nn {
 
-template <Floating T, recompute::Policy Recompute = recompute::None>
+template <Floating T, recompute::Policy Recompute = recompute::None, class D = Host>
 class CausalSelfAttention {
   static constexpr bool keep_probs = !std::same_as<Recompute, recompute::Selective>;
 
@@ -31,53 +31,53 @@ class CausalSelfAttention {
   using GradIn = act::Partial;
 
   struct Ctx {
-    typename Linear<T, ColumnParallel>::Ctx qkv_ctx;
-    typename Linear<T, RowParallel>::Ctx proj_ctx;
-    Tensor<T, act::Features, Host> qkv;
+    typename Linear<T, ColumnParallel, epilogue::None, D>::Ctx qkv_ctx;
+    typename Linear<T, RowParallel, epilogue::None, D>::Ctx proj_ctx;
+    Tensor<T, act::Features, D> qkv;
     Allocation probs;  // (B, H/tp, T, T); empty when the core is recomputed in backward
   };
 
-  Linear<T, ColumnParallel> qkv;
-  Linear<T, RowParallel> proj;
+  Linear<T, ColumnParallel, epilogue::None, D> qkv;
+  Linear<T, RowParallel, epilogue::None, D> proj;
   std::int64_t heads = 0, head_dim = 0;
 
   CausalSelfAttention() = default;
-  CausalSelfAttention(Host& dev, std::int64_t C, std::int64_t H, const Spread& s, std::uint64_t id, std::uint64_t seed,
+  CausalSelfAttention(D& dev, std::int64_t C, std::int64_t H, const Spread& s, std::uint64_t id, std::uint64_t seed,
                       double std, double proj_std)
       : qkv(dev, C, 3 * C, s, id, seed, std), proj(dev, C, C, s, id + 2, seed, proj_std), heads(H), head_dim(C / H) {}
 
   std::int64_t local_heads() const { return qkv.out_local() / (3 * head_dim); }
 
  private:
-  Allocation probs_buffer(Host& dev, std::int64_t B, std::int64_t Tn) const {
+  Allocation probs_buffer(D& dev, std::int64_t B, std::int64_t Tn) const {
     return dev.allocate(B * local_heads() * Tn * Tn * static_cast<std::int64_t>(sizeof(T)), Category::activations);
   }
 
  public:
 
-  Tensor<T, act::Partial, Host> forward(Ctx& ctx, const Tensor<T, act::Replicated, Host>& x) {
+  Tensor<T, act::Partial, D> forward(Ctx& ctx, const Tensor<T, act::Replicated, D>& x) {
     const std::int64_t B = x.local_shape()[0], Tn = x.local_shape()[1], Hl = local_heads();
     ctx.qkv = qkv.forward(ctx.qkv_ctx, x);
     Allocation probs = probs_buffer(x.dev(), B, Tn);
-    auto y = Tensor<T, act::Features, Host>::empty(x.dev(), x.global_shape(), x.spread(), Category::activations);
-    Ops<Host>::attention_forward(x.dev(), y.data(), static_cast<T*>(probs.data()), ctx.qkv.data(), B, Tn, Hl, head_dim);
+    auto y = Tensor<T, act::Features, D>::empty(x.dev(), x.global_shape(), x.spread(), Category::activations);
+    Ops<D>::attention_forward(x.dev(), y.data(), static_cast<T*>(probs.data()), ctx.qkv.data(), B, Tn, Hl, head_dim);
     if (keep_probs) ctx.probs = std::move(probs);
     return proj.forward(ctx.proj_ctx, y);
   }
 
   // dy (B, T, C) Replicate -> dx (B, T, C) Partial.
-  Tensor<T, act::Partial, Host> backward(Ctx& ctx, const Tensor<T, act::Replicated, Host>& dy) {
+  Tensor<T, act::Partial, D> backward(Ctx& ctx, const Tensor<T, act::Replicated, D>& dy) {
     const std::int64_t B = dy.local_shape()[0], Tn = dy.local_shape()[1], Hl = local_heads();
     auto dcore = proj.backward(ctx.proj_ctx, dy);  // (B, T, C/tp) Shard<-1>
     if (!ctx.probs.data()) {  // Selective recompute: rebuild the probabilities from the saved qkv
       ctx.probs = probs_buffer(dy.dev(), B, Tn);
-      auto scratch = Tensor<T, act::Features, Host>::empty(dy.dev(), dcore.global_shape(), dy.spread(),
-                                                           Category::activations);
-      Ops<Host>::attention_forward(dy.dev(), scratch.data(), static_cast<T*>(ctx.probs.data()), ctx.qkv.data(), B, Tn, Hl, head_dim);
+      auto scratch = Tensor<T, act::Features, D>::empty(dy.dev(), dcore.global_shape(), dy.spread(),
+                                                        Category::activations);
+      Ops<D>::attention_forward(dy.dev(), scratch.data(), static_cast<T*>(ctx.probs.data()), ctx.qkv.data(), B, Tn, Hl, head_dim);
     }
-    auto dqkv = Tensor<T, act::Features, Host>::empty(dy.dev(), ctx.qkv.global_shape(), dy.spread(),
-                                                      Category::activations);
-    Ops<Host>::attention_backward(dy.dev(), dqkv.data(), dcore.data(), ctx.qkv.data(), static_cast<const T*>(ctx.probs.data()), B,
+    auto dqkv = Tensor<T, act::Features, D>::empty(dy.dev(), ctx.qkv.global_shape(), dy.spread(),
+                                                   Category::activations);
+    Ops<D>::attention_backward(dy.dev(), dqkv.data(), dcore.data(), ctx.qkv.data(), static_cast<const T*>(ctx.probs.data()), B,
                              Tn, Hl, head_dim);
     auto dx = qkv.backward(ctx.qkv_ctx, dqkv);
     ctx = Ctx{};
@@ -95,7 +95,7 @@ class CausalSelfAttention {
 };
 
 // Mlp: ColumnParallel C -> 4C with fused GELU, RowParallel 4C -> C (out Partial).
-template <Floating T>
+template <Floating T, class D = Host>
 class Mlp {
  public:
   using In = act::Replicated;
@@ -104,22 +104,22 @@ class Mlp {
   using GradIn = act::Partial;
 
   struct Ctx {
-    typename Linear<T, ColumnParallel, epilogue::Gelu>::Ctx fc_ctx;
-    typename Linear<T, RowParallel>::Ctx proj_ctx;
+    typename Linear<T, ColumnParallel, epilogue::Gelu, D>::Ctx fc_ctx;
+    typename Linear<T, RowParallel, epilogue::None, D>::Ctx proj_ctx;
   };
 
-  Linear<T, ColumnParallel, epilogue::Gelu> fc;
-  Linear<T, RowParallel> proj;
+  Linear<T, ColumnParallel, epilogue::Gelu, D> fc;
+  Linear<T, RowParallel, epilogue::None, D> proj;
 
   Mlp() = default;
-  Mlp(Host& dev, std::int64_t C, const Spread& s, std::uint64_t id, std::uint64_t seed, double std, double proj_std)
+  Mlp(D& dev, std::int64_t C, const Spread& s, std::uint64_t id, std::uint64_t seed, double std, double proj_std)
       : fc(dev, C, 4 * C, s, id, seed, std), proj(dev, 4 * C, C, s, id + 2, seed, proj_std) {}
 
-  Tensor<T, act::Partial, Host> forward(Ctx& ctx, const Tensor<T, act::Replicated, Host>& x) {
+  Tensor<T, act::Partial, D> forward(Ctx& ctx, const Tensor<T, act::Replicated, D>& x) {
     auto h = fc.forward(ctx.fc_ctx, x);  // (B, T, 4C/tp) Shard<-1>
     return proj.forward(ctx.proj_ctx, h);
   }
-  Tensor<T, act::Partial, Host> backward(Ctx& ctx, const Tensor<T, act::Replicated, Host>& dy) {
+  Tensor<T, act::Partial, D> backward(Ctx& ctx, const Tensor<T, act::Replicated, D>& dy) {
     auto dh = proj.backward(ctx.proj_ctx, dy);
     return fc.backward(ctx.fc_ctx, dh);
   }

@@ -30,7 +30,7 @@ struct stream {
   using leave = std::conditional_t<SP, ScatterToSequence, ReduceFromTensor>; // Partial -> stream
 };
 
-template <Floating T, bool SP, recompute::Policy Recompute = recompute::None>
+template <Floating T, bool SP, recompute::Policy Recompute = recompute::None, class D = Host>
 class Block {
  public:
   using A = typename stream<SP>::layout;
@@ -44,12 +44,14 @@ class Block {
   // The two branches as typed compositions: Sequential checks every boundary's layouts at compile
   // time (ln -> Enter -> the Replicate-in, Partial-out layer -> Leave back to A), and Residual that
   // each branch returns to its input layout.
-  using AttnBranch = Residual<Sequential<Named<"ln1", LayerNorm<T, A>>, Enter,
-                                         Named<"attn", CausalSelfAttention<T, Recompute>>, Leave>>;
-  using MlpBranch = Residual<Sequential<Named<"ln2", LayerNorm<T, A>>, Enter, Named<"mlp", Mlp<T>>, Leave>>;
+  using Ln = LayerNorm<T, A, D>;
+  using Attn = CausalSelfAttention<T, Recompute, D>;
+  using MlpT = Mlp<T, D>;
+  using AttnBranch = Residual<Sequential<Named<"ln1", Ln>, Enter, Named<"attn", Attn>, Leave>>;
+  using MlpBranch = Residual<Sequential<Named<"ln2", Ln>, Enter, Named<"mlp", MlpT>, Leave>>;
 
   struct Ctx {
-    Tensor<T, A, Host> x;  // the block input (Full recompute keeps only this)
+    Tensor<T, A, D> x;  // the block input (Full recompute keeps only this)
     typename AttnBranch::Ctx attn;
     typename MlpBranch::Ctx mlp;
   };
@@ -58,21 +60,21 @@ class Block {
   MlpBranch mlp;
 
   // id: first parameter id of this block (it uses id .. id + 11).
-  Block(Host& dev, std::int64_t C, std::int64_t H, std::int64_t layers, const Spread& s, std::uint64_t id,
+  Block(D& dev, std::int64_t C, std::int64_t H, std::int64_t layers, const Spread& s, std::uint64_t id,
         std::uint64_t seed, double init_std = 0.02)
       : attn(typename AttnBranch::inner_type(
-            Named<"ln1", LayerNorm<T, A>>(LayerNorm<T, A>(dev, C, s, id, seed)), Enter{},
-            Named<"attn", CausalSelfAttention<T, Recompute>>(CausalSelfAttention<T, Recompute>(
-                dev, C, H, s, id + 4, seed, init_std, init_std / std::sqrt(2.0 * static_cast<double>(layers)))),
+            Named<"ln1", Ln>(Ln(dev, C, s, id, seed)), Enter{},
+            Named<"attn", Attn>(
+                Attn(dev, C, H, s, id + 4, seed, init_std, init_std / std::sqrt(2.0 * static_cast<double>(layers)))),
             Leave{})),
         mlp(typename MlpBranch::inner_type(
-            Named<"ln2", LayerNorm<T, A>>(LayerNorm<T, A>(dev, C, s, id + 2, seed)), Enter{},
-            Named<"mlp", Mlp<T>>(
-                Mlp<T>(dev, C, s, id + 8, seed, init_std, init_std / std::sqrt(2.0 * static_cast<double>(layers)))),
+            Named<"ln2", Ln>(Ln(dev, C, s, id + 2, seed)), Enter{},
+            Named<"mlp", MlpT>(
+                MlpT(dev, C, s, id + 8, seed, init_std, init_std / std::sqrt(2.0 * static_cast<double>(layers)))),
             Leave{})) {}
 
   template <AxisComms M>
-  Tensor<T, A, Host> forward(Ctx& ctx, const Tensor<T, A, Host>& x, M& mesh) {
+  Tensor<T, A, D> forward(Ctx& ctx, const Tensor<T, A, D>& x, M& mesh) {
     if constexpr (std::same_as<Recompute, recompute::Full>) {
       Ctx scratch;
       auto y = run_forward(scratch, x, mesh);
@@ -86,15 +88,15 @@ class Block {
 
   // Forward that keeps nothing (evaluation): the block's saved tensors die with a scratch context.
   template <AxisComms M>
-  Tensor<T, A, Host> infer(const Tensor<T, A, Host>& x, M& mesh) {
+  Tensor<T, A, D> infer(const Tensor<T, A, D>& x, M& mesh) {
     Ctx scratch;
     return run_forward(scratch, x, mesh);
   }
 
   template <AxisComms M>
-  Tensor<T, A, Host> backward(Ctx& ctx, const Tensor<T, A, Host>& dout, M& mesh) {
+  Tensor<T, A, D> backward(Ctx& ctx, const Tensor<T, A, D>& dout, M& mesh) {
     if constexpr (std::same_as<Recompute, recompute::Full>) {
-      Tensor<T, A, Host> x = std::move(ctx.x);
+      Tensor<T, A, D> x = std::move(ctx.x);
       ctx = Ctx{};
       run_forward(ctx, x, mesh);
     }
@@ -139,7 +141,7 @@ class Block {
 
  private:
   template <AxisComms M>
-  Tensor<T, A, Host> run_forward(Ctx& ctx, const Tensor<T, A, Host>& x, M& mesh) {
+  Tensor<T, A, D> run_forward(Ctx& ctx, const Tensor<T, A, D>& x, M& mesh) {
     auto x2 = attn.forward(ctx.attn, x, mesh);  // x + attn(ln1(x))
     return mlp.forward(ctx.mlp, x2, mesh);      // x2 + mlp(ln2(x2))
   }

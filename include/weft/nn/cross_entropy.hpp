@@ -23,17 +23,19 @@
 
 namespace weft::nn {
 
-template <Floating T>
+template <Floating T, class D = Host>
 class VocabParallelCrossEntropy {
  public:
   using Rows = Layout<Shard<0>, Replicate>;             // (B, T): one value per position
   using RowStats = Layout<Shard<0>, weft::Partial>;     // (B, T, 2) before the reduction
   using In = act::Features;
 
+  using S = master_t<T>;  // row statistics and the loss
+
   struct Ctx {
-    Tensor<T, In, Host> logits;  // (B, T, Vp) Shard<-1>; the gradient after backward()
-    Tensor<T, Rows, Host> rowmax, sumexp;
-    std::span<const std::int32_t> targets;  // (B/dp, T), owned by the caller
+    Tensor<T, In, D> logits;  // (B, T, Vp) Shard<-1>; the gradient after backward()
+    Tensor<S, Rows, D> rowmax, sumexp;
+    std::span<const std::int32_t> targets;  // (B/dp, T) in the device's memory, owned by the caller
   };
 
   std::int64_t vocab = 0;  // the real vocabulary (columns beyond it are padding)
@@ -43,25 +45,20 @@ class VocabParallelCrossEntropy {
 
   // The mean loss over the global batch; keeps what backward needs in ctx (logits moved in).
   template <AxisComms M>
-  double forward(Ctx& ctx, Tensor<T, In, Host> logits, std::span<const std::int32_t> targets, M& mesh) const {
-    Host& dev = logits.dev();
+  double forward(Ctx& ctx, Tensor<T, In, D> logits, std::span<const std::int32_t> targets, M& mesh) const {
+    D& dev = logits.dev();
     const Spread s = logits.spread();
     const Shape g = logits.global_shape();          // (B, T, Vp)
     const std::int64_t Vl = logits.local_shape()[2], N = logits.numel() / Vl, begin = s.tensor_index * Vl;
     const std::int64_t valid = std::clamp<std::int64_t>(vocab - begin, 0, Vl);
-    auto rowmax = Tensor<T, Rows, Host>::empty(dev, {g[0], g[1]}, s, Category::activations);
-    auto stats = Tensor<T, RowStats, Host>::empty(dev, {g[0], g[1], 2}, s, Category::activations);
-    Ops<Host>::ce_row_max(dev, rowmax.data(), logits.data(), N, Vl, valid);
+    auto rowmax = Tensor<S, Rows, D>::empty(dev, {g[0], g[1]}, s, Category::activations);
+    auto stats = Tensor<S, RowStats, D>::empty(dev, {g[0], g[1], 2}, s, Category::activations);
+    Ops<D>::ce_row_max(dev, rowmax.data(), logits.data(), N, Vl, valid);
     mesh.comm(Axis::tensor).all_reduce(rowmax.span(), ReduceOp::max);
-    Ops<Host>::ce_row_stats(dev, stats.data(), logits.data(), rowmax.data(), targets.data(), N, Vl, valid, begin);
+    Ops<D>::ce_row_stats(dev, stats.data(), logits.data(), rowmax.data(), targets.data(), N, Vl, valid, begin);
     mesh.comm(Axis::tensor).all_reduce(stats.span(), ReduceOp::sum);
-    auto sumexp = Tensor<T, Rows, Host>::empty(dev, {g[0], g[1]}, s, Category::activations);
-    double loss_sum = 0;
-    for (std::int64_t n = 0; n < N; ++n) {
-      sumexp[n] = stats[2 * n];
-      loss_sum += static_cast<double>(std::log(stats[2 * n]) + rowmax[n] - stats[2 * n + 1]);
-    }
-    std::array<double, 1> total{loss_sum};
+    auto sumexp = Tensor<S, Rows, D>::empty(dev, {g[0], g[1]}, s, Category::activations);
+    std::array<double, 1> total{Ops<D>::ce_loss(dev, sumexp.data(), stats.data(), rowmax.data(), N)};
     mesh.comm(Axis::data).all_reduce(std::span<double>(total));
     ctx.logits = std::move(logits);
     ctx.rowmax = std::move(rowmax);
@@ -72,13 +69,13 @@ class VocabParallelCrossEntropy {
 
   // dlogits (B, T, Vp) Shard<-1> = scale / (B T) (softmax - onehot), in place of the kept logits.
   // scale multiplies the gradient (1/k when accumulating k micro-batches; 0 for none).
-  Tensor<T, In, Host> backward(Ctx& ctx, double scale) const {
-    Tensor<T, In, Host> d = std::move(ctx.logits);
+  Tensor<T, In, D> backward(Ctx& ctx, double scale) const {
+    Tensor<T, In, D> d = std::move(ctx.logits);
     const Shape g = d.global_shape();
     const std::int64_t Vl = d.local_shape()[2], N = d.numel() / Vl, begin = d.spread().tensor_index * Vl;
     const std::int64_t valid = std::clamp<std::int64_t>(vocab - begin, 0, Vl);
-    Ops<Host>::ce_backward(d.dev(), d.data(), d.data(), ctx.rowmax.data(), ctx.sumexp.data(), ctx.targets.data(), N, Vl, valid, begin,
-                      static_cast<T>(scale / static_cast<double>(g[0] * g[1])));
+    Ops<D>::ce_backward(d.dev(), d.data(), d.data(), ctx.rowmax.data(), ctx.sumexp.data(), ctx.targets.data(), N, Vl,
+                        valid, begin, static_cast<S>(scale / static_cast<double>(g[0] * g[1])));
     ctx = Ctx{};
     return d;
   }

@@ -20,17 +20,17 @@
 
 namespace weft::nn {
 
-template <Floating T>
+template <Floating T, class D = Host>
 class VocabParallelEmbedding {
  public:
   struct Ctx {
     std::span<const std::int32_t> tokens;  // (B/dp, T), owned by the caller
   };
 
-  Param<T, Layout<Replicate, Shard<0>>> weight;  // (Vp, C)
+  Param<T, Layout<Replicate, Shard<0>>, Layout<Replicate, Shard<0>>, D> weight;  // (Vp, C)
 
   VocabParallelEmbedding() = default;
-  VocabParallelEmbedding(Host& dev, std::int64_t padded_vocab, std::int64_t C, const Spread& s, std::uint64_t id,
+  VocabParallelEmbedding(D& dev, std::int64_t padded_vocab, std::int64_t C, const Spread& s, std::uint64_t id,
                          std::uint64_t seed, double init_std)
       : weight(dev, {padded_vocab, C}, s, id, {Init::normal, init_std}, seed) {}
 
@@ -38,21 +38,22 @@ class VocabParallelEmbedding {
   std::int64_t begin() const { return weight.value.spread().tensor_index * rows(); }
 
   // tokens (B/dp, T) -> (B, T, C) Partial.
-  Tensor<T, act::Partial, Host> forward(Ctx& ctx, std::span<const std::int32_t> tokens, std::int64_t batch,
-                                        std::int64_t seq) {
+  // tokens: in the device's memory.
+  Tensor<T, act::Partial, D> forward(Ctx& ctx, std::span<const std::int32_t> tokens, std::int64_t batch,
+                                     std::int64_t seq) {
     const std::int64_t C = weight.value.local_shape()[1];
-    auto out = Tensor<T, act::Partial, Host>::empty(weight.value.dev(), {batch, seq, C}, weight.value.spread(),
-                                                    Category::activations);
-    Ops<Host>::embedding_forward(out.dev(), out.data(), tokens.data(), weight.value.data(), out.numel() / C, C, begin(),
+    auto out = Tensor<T, act::Partial, D>::empty(weight.value.dev(), {batch, seq, C}, weight.value.spread(),
+                                                 Category::activations);
+    Ops<D>::embedding_forward(out.dev(), out.data(), tokens.data(), weight.value.data(), out.numel() / C, C, begin(),
                             begin() + rows());
     ctx.tokens = tokens;
     return out;
   }
 
   // dy (B, T, C) Replicate: accumulates into this rank's rows.
-  void backward(Ctx& ctx, const Tensor<T, act::Replicated, Host>& dy) {
+  void backward(Ctx& ctx, const Tensor<T, act::Replicated, D>& dy) {
     const std::int64_t C = weight.value.local_shape()[1];
-    Ops<Host>::embedding_backward(dy.dev(), weight.grad.data(), dy.data(), ctx.tokens.data(), dy.numel() / C, C, begin(),
+    Ops<D>::embedding_backward(dy.dev(), weight.grad.data(), dy.data(), ctx.tokens.data(), dy.numel() / C, C, begin(),
                              begin() + rows());
     ctx = Ctx{};
   }
@@ -63,24 +64,24 @@ class VocabParallelEmbedding {
   }
 };
 
-template <Floating T, LayoutType A>
+template <Floating T, LayoutType A, class D = Host>
 class PositionEmbedding {
  public:
-  Param<T, Replicated, replicated_param_grad<A>> weight;  // (T, C)
+  Param<T, Replicated, replicated_param_grad<A>, D> weight;  // (T, C)
 
   PositionEmbedding() = default;
-  PositionEmbedding(Host& dev, std::int64_t seq, std::int64_t C, const Spread& s, std::uint64_t id,
+  PositionEmbedding(D& dev, std::int64_t seq, std::int64_t C, const Spread& s, std::uint64_t id,
                     std::uint64_t seed, double init_std)
       : weight(dev, {seq, C}, s, id, {Init::normal, init_std}, seed) {}
 
   // x (B, T or T/tp, C) += the rows of this rank's positions (in place: nothing to save).
-  void forward(Tensor<T, A, Host>& x) const {
-    Ops<Host>::position_forward(x.dev(), x.data(), weight.value.data(), x.local_shape()[0], x.local_shape()[1],
+  void forward(Tensor<T, A, D>& x) const {
+    Ops<D>::position_forward(x.dev(), x.data(), weight.value.data(), x.local_shape()[0], x.local_shape()[1],
                                 x.local_shape()[2], first_position(x));
   }
   // Accumulates dy's rows into the gradient of this rank's positions.
-  void backward(const Tensor<T, A, Host>& dy) {
-    Ops<Host>::position_backward(dy.dev(), weight.grad.data(), dy.data(), dy.local_shape()[0], dy.local_shape()[1],
+  void backward(const Tensor<T, A, D>& dy) {
+    Ops<D>::position_backward(dy.dev(), weight.grad.data(), dy.data(), dy.local_shape()[0], dy.local_shape()[1],
                                  dy.local_shape()[2], first_position(dy));
   }
 
@@ -91,7 +92,7 @@ class PositionEmbedding {
 
  private:
   // The first position this rank holds: its slice of the sequence under Shard<1>, else 0.
-  static std::int64_t first_position(const Tensor<T, A, Host>& x) {
+  static std::int64_t first_position(const Tensor<T, A, D>& x) {
     return IsShard<typename A::tensor> ? x.spread().tensor_index * x.local_shape()[1] : 0;
   }
 };

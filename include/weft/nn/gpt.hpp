@@ -1,4 +1,7 @@
-// Gpt<T, SequenceParallel, Recompute>: a list of stages over flat state.
+// Gpt<Precision, SequenceParallel, Recompute, Device>: a list of stages over flat state.
+//
+// Precision is a policy (core/precision.hpp: Precision<bf16, float>, or an element type standing
+// for its own); Device is Host or Cuda, and every stage, layer and unit below is instantiated for it.
 //
 //   stage 0         EmbeddingStage: token and position embeddings          unit 0 "embedding"
 //   stage 1 .. L    Block l                                                unit l + 1 "h<l-1>"
@@ -28,6 +31,7 @@
 #include <span>
 #include <vector>
 
+#include "weft/core/precision.hpp"
 #include "weft/nn/stages.hpp"
 #include "weft/nn/unit.hpp"
 
@@ -82,36 +86,42 @@ struct MicroBatch {
   double grad_scale = 1.0;  // multiplies every gradient (1/k when accumulating k micro-batches)
 };
 
-template <Floating T, bool SP = false, recompute::Policy Recompute = recompute::None>
+template <PrecisionLike P, bool SP = false, recompute::Policy Recompute = recompute::None, class D = Host>
 class Gpt {
  public:
+  using precision = precision_t<P>;
+  using T = typename precision::compute;  // weights and activations
   using A = typename stream<SP>::layout;
   using value_type = T;
-  using Unit = nn::Unit<T, Host>;
-  using BlockT = Block<T, SP, Recompute>;
+  using device = D;
+  using Unit = nn::Unit<T, D>;
+  using BlockT = Block<T, SP, Recompute, D>;
+  using Embedding = EmbeddingStage<T, SP, D>;
+  using Head = HeadStage<T, SP, D>;
 
   // Everything one micro-batch in flight keeps between its stages.
   struct Ctx {
-    MicroBatch in;
-    typename EmbeddingStage<T, SP>::Ctx embedding;
+    MicroBatch in;  // tokens and targets in the device's memory (copied there by context())
+    Allocation ids;  // the device's copy of the tokens, then the targets (devices without host memory)
+    typename Embedding::Ctx embedding;
     std::vector<typename BlockT::Ctx> blocks;
-    typename HeadStage<T, SP>::Ctx head;
-    Tensor<T, A, Host> x;  // (B, T, C) in A: the activation between stages, then its gradient
-    double loss = 0;       // the mean over the global batch, after the head's forward
+    typename Head::Ctx head;
+    Tensor<T, A, D> x;  // (B, T, C) in A: the activation between stages, then its gradient
+    double loss = 0;    // the mean over the global batch, after the head's forward
   };
 
   GptConfig config;
-  EmbeddingStage<T, SP> embedding;
+  Embedding embedding;
   std::vector<BlockT> blocks;
-  HeadStage<T, SP> head;
+  Head head;
 
-  Gpt(Host& dev, const GptConfig& c, const Spread& s, std::int64_t batch) : config((validate(c, s, SP, batch), c)) {
-    embedding = EmbeddingStage<T, SP>(dev, padded_vocab(c.vocab, s.tensor_degree), c.seq, c.width, s, c.seed, c.init_std);
+  Gpt(D& dev, const GptConfig& c, const Spread& s, std::int64_t batch) : config((validate(c, s, SP, batch), c)) {
+    embedding = Embedding(dev, padded_vocab(c.vocab, s.tensor_degree), c.seq, c.width, s, c.seed, c.init_std);
     blocks.reserve(static_cast<std::size_t>(c.layers));
     for (std::int64_t l = 0; l < c.layers; ++l)
       blocks.emplace_back(dev, c.width, c.heads, c.layers, s, static_cast<std::uint64_t>(16 + 16 * l), c.seed,
                           c.init_std);
-    head = HeadStage<T, SP>(dev, c.vocab, c.width, s, c.seed);
+    head = Head(dev, c.vocab, c.width, s, c.seed);
     // The units record the Params' addresses: from here on the model stays where it is.
     units_.reserve(blocks.size() + 2);
     units_.emplace_back("embedding", dev).add("", embedding);
@@ -130,11 +140,22 @@ class Gpt {
     return {stage};
   }
 
-  // A context for one micro-batch; checks the tokens first.
+  // A context for one micro-batch (tokens and targets in host memory); checks the tokens first and
+  // copies them to the device where it has its own memory.
   Ctx context(const MicroBatch& in) const {
     check_tokens(in);
     Ctx ctx;
     ctx.in = in;
+    if constexpr (!D::host_memory) {
+      D& dev = embedding.wte.weight.value.dev();
+      const std::size_t n = in.tokens.size();
+      ctx.ids = dev.allocate(static_cast<std::int64_t>(2 * n * sizeof(std::int32_t)), Category::activations);
+      auto* ids = static_cast<std::int32_t*>(ctx.ids.data());
+      dev.from_host(ids, in.tokens.data(), n * sizeof(std::int32_t));
+      dev.from_host(ids + n, in.targets.data(), n * sizeof(std::int32_t));
+      ctx.in.tokens = {ids, n};
+      ctx.in.targets = {ids + n, n};
+    }
     ctx.blocks.resize(blocks.size());
     return ctx;
   }
@@ -168,17 +189,17 @@ class Gpt {
   // stage order, then what the data-parallel step adds on the tensor axis.
   static std::vector<PlanRow> plan_rows(const GptConfig& c, std::int64_t batch, const Spread& s) {
     validate(c, s, SP, batch);
-    const std::int64_t e = sizeof(T), C = c.width;
+    const std::int64_t e = sizeof(T), eg = sizeof(master_t<T>), C = c.width;
     const Shape act{batch, c.seq, C};
     std::vector<PlanRow> out;
-    EmbeddingStage<T, SP>::plan_rows(out, act, s, e);
+    Embedding::plan_rows(out, act, s, e);
     for (std::int64_t l = 0; l < c.layers; ++l) BlockT::plan_rows(out, cat("h", l), act, s, e);
-    HeadStage<T, SP>::plan_rows(out, c.vocab, padded_vocab(c.vocab, s.tensor_degree), act, s, e);
+    Head::plan_rows(out, c.vocab, padded_vocab(c.vocab, s.tensor_degree), act, s, e);
     // Under SP the LayerNorm and position gradients are Partial on tensor: one all-reduce per step
     // for all of them (4 C per block, 2 C for ln_f, T C for wpe).
     if (SP)
       out.push_back({"gradients Partial on tensor (SP), per step", "-", "-", {}, {},
-                     {detail::reduction(Axis::tensor, s.tensor_degree, (4 * c.layers * C + 2 * C + c.seq * C) * e)}});
+                     {detail::reduction(Axis::tensor, s.tensor_degree, (4 * c.layers * C + 2 * C + c.seq * C) * eg)}});
     return out;
   }
 

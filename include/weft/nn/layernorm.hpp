@@ -13,7 +13,7 @@
 
 namespace weft::nn {
 
-template <Floating T, LayoutType A>
+template <Floating T, LayoutType A, class D = Host>
 class LayerNorm {
  public:
   using In = A;
@@ -21,35 +21,39 @@ class LayerNorm {
   using GradIn = A;
   using GradOut = A;
 
+  using S = master_t<T>;  // statistics and parameter gradients
+
   struct Ctx {
-    Tensor<T, A, Host> x;
-    Allocation stats;  // (2, rows): mean, then rstd; counted as activations
+    Tensor<T, A, D> x;
+    Allocation stats;  // (2, rows) in S: mean, then rstd; counted as activations
   };
 
-  Param<T, Replicated, replicated_param_grad<A>> weight, bias;  // (C)
-  T eps = T(1e-5);
+  Param<T, Replicated, replicated_param_grad<A>, D> weight, bias;  // (C)
+  S eps = S(1e-5);
 
   LayerNorm() = default;
-  LayerNorm(Host& dev, std::int64_t C, const Spread& s, std::uint64_t id, std::uint64_t seed)
+  LayerNorm(D& dev, std::int64_t C, const Spread& s, std::uint64_t id, std::uint64_t seed)
       : weight(dev, {C}, s, id, {Init::ones}, seed), bias(dev, {C}, s, id + 1, {Init::zeros}, seed) {}
 
-  Tensor<T, A, Host> forward(Ctx& ctx, const Tensor<T, A, Host>& x) {
+  Tensor<T, A, D> forward(Ctx& ctx, const Tensor<T, A, D>& x) {
     const std::int64_t C = x.local_shape()[2], N = x.numel() / C;
-    auto y = Tensor<T, A, Host>::empty(x.dev(), x.global_shape(), x.spread(), Category::activations);
-    ctx.stats = x.dev().allocate(2 * N * static_cast<std::int64_t>(sizeof(T)), Category::activations);
-    T* stats = static_cast<T*>(ctx.stats.data());
-    Ops<Host>::layernorm_forward(x.dev(), y.data(), stats, stats + N, x.data(), weight.value.data(), bias.value.data(), N, C, eps);
+    auto y = Tensor<T, A, D>::empty(x.dev(), x.global_shape(), x.spread(), Category::activations);
+    ctx.stats = x.dev().allocate(2 * N * static_cast<std::int64_t>(sizeof(S)), Category::activations);
+    S* stats = static_cast<S*>(ctx.stats.data());
+    Ops<D>::layernorm_forward(x.dev(), y.data(), stats, stats + N, x.data(), weight.value.data(), bias.value.data(), N, C, eps);
     ctx.x = x.clone(Category::activations);
     return y;
   }
 
-  // dy in A (the gradient of a Replicate activation is Replicate) -> dx in A.
-  Tensor<T, A, Host> backward(Ctx& ctx, const Tensor<T, A, Host>& dy) {
+  // dy in A (the gradient of a Replicate activation is Replicate) -> dx in A. With dresid (the
+  // gradient arriving at the residual stream that x also feeds), dx = the LayerNorm's input gradient
+  // + dresid, in the same pass.
+  Tensor<T, A, D> backward(Ctx& ctx, const Tensor<T, A, D>& dy, const Tensor<T, A, D>* dresid = nullptr) {
     const std::int64_t C = dy.local_shape()[2], N = dy.numel() / C;
-    auto dx = Tensor<T, A, Host>::empty(dy.dev(), dy.global_shape(), dy.spread(), Category::activations);
-    const T* stats = static_cast<const T*>(ctx.stats.data());
-    Ops<Host>::layernorm_backward(dy.dev(), dx.data(), weight.grad.data(), bias.grad.data(), dy.data(), ctx.x.data(),
-                             weight.value.data(), stats, stats + N, N, C);
+    auto dx = Tensor<T, A, D>::empty(dy.dev(), dy.global_shape(), dy.spread(), Category::activations);
+    const S* stats = static_cast<const S*>(ctx.stats.data());
+    Ops<D>::layernorm_backward(dy.dev(), dx.data(), weight.grad.data(), bias.grad.data(), dy.data(), ctx.x.data(),
+                               weight.value.data(), stats, stats + N, N, C, dresid ? dresid->data() : nullptr);
     ctx = Ctx{};
     return dx;
   }

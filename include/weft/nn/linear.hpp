@@ -49,7 +49,7 @@ template <> struct linear_layouts<NoParallel> {
   using grad_in = act::Replicated;
 };
 
-template <Floating T, LinearRole Role, class Epilogue = epilogue::None>
+template <Floating T, LinearRole Role, class Epilogue = epilogue::None, class D = Host>
 class Linear {
   static_assert(std::same_as<Epilogue, epilogue::None> || std::same_as<Epilogue, epilogue::Gelu>,
                 "Linear: unknown epilogue; use epilogue::None or epilogue::Gelu");
@@ -65,18 +65,20 @@ class Linear {
   using GradOut = typename L::grad_out;
   static constexpr bool has_gelu = std::same_as<Epilogue, epilogue::Gelu>;
 
+  using S = master_t<T>;  // parameter gradients, GEMM accumulation
+
   struct Ctx {
-    Tensor<T, In, Host> x;    // the input, saved for dW
-    Tensor<T, Out, Host> pre; // the pre-activation (Gelu only)
+    Tensor<T, In, D> x;    // the input, saved for dW
+    Tensor<T, Out, D> pre; // the pre-activation (Gelu only)
   };
 
-  Param<T, typename L::weight> weight;
-  Param<T, typename L::bias> bias;
+  Param<T, typename L::weight, typename L::weight, D> weight;
+  Param<T, typename L::bias, typename L::bias, D> bias;
 
   Linear() = default;
   // in, out: global feature counts. ids: weight id and id + 1 for the bias. Without a bias the
   // layer holds an empty bias parameter and for_each_param skips it.
-  Linear(Host& dev, std::int64_t in, std::int64_t out, const Spread& s, std::uint64_t id, std::uint64_t seed,
+  Linear(D& dev, std::int64_t in, std::int64_t out, const Spread& s, std::uint64_t id, std::uint64_t seed,
          double init_std = 0.02, bool with_bias = true)
       : weight(dev, {out, in}, s, id, {Init::normal, init_std}, seed),
         bias(dev, {with_bias ? out : 0}, s, id + 1, {Init::zeros}, seed),
@@ -95,41 +97,41 @@ class Linear {
   std::int64_t out_local() const { return weight.value.local_shape()[0]; }
 
   // x (B, T, in) in layout In -> y (B, T, out) in layout Out.
-  Tensor<T, Out, Host> forward(Ctx& ctx, const Tensor<T, In, Host>& x) {
+  Tensor<T, Out, D> forward(Ctx& ctx, const Tensor<T, In, D>& x) {
     const Shape g = x.global_shape();
     const std::int64_t N = x.local_shape()[0] * x.local_shape()[1];
-    auto y = Tensor<T, Out, Host>::empty(x.dev(), {g[0], g[1], weight.value.global_shape()[0]}, x.spread(),
+    auto y = Tensor<T, Out, D>::empty(x.dev(), {g[0], g[1], weight.value.global_shape()[0]}, x.spread(),
                                          Category::activations);
-    Ops<Host>::gemm<T>(x.dev(), Trans::no, Trans::yes, N, out_local(), in_local(), T(1), x.data(), in_local(),
-                       weight.value.data(), in_local(), T(0), y.data(), out_local());
+    Ops<D>::gemm(x.dev(), Trans::no, Trans::yes, N, out_local(), in_local(), S(1), x.data(), in_local(),
+                 weight.value.data(), in_local(), S(0), y.data(), out_local());
     if (has_bias_ && (!std::same_as<Role, RowParallel> || tensor_index_ == 0))
-      Ops<Host>::bias_add(x.dev(), y.data(), bias.value.data(), N, out_local());
+      Ops<D>::bias_add(x.dev(), y.data(), bias.value.data(), N, out_local());
     ctx.x = x.clone(Category::activations);
     if constexpr (has_gelu) {
       ctx.pre = y.clone(Category::activations);
-      Ops<Host>::gelu_forward(x.dev(), y.data(), ctx.pre.data(), y.numel());
+      Ops<D>::gelu_forward(x.dev(), y.data(), ctx.pre.data(), y.numel());
     }
     return y;
   }
 
   // dy (B, T, out) in GradOut -> dx (B, T, in) in GradIn; accumulates the parameter gradients.
-  Tensor<T, GradIn, Host> backward(Ctx& ctx, const Tensor<T, GradOut, Host>& dy_in) {
-    const Tensor<T, In, Host>& x = ctx.x;
+  Tensor<T, GradIn, D> backward(Ctx& ctx, const Tensor<T, GradOut, D>& dy_in) {
+    const Tensor<T, In, D>& x = ctx.x;
     const std::int64_t N = x.local_shape()[0] * x.local_shape()[1];
     const T* dy = dy_in.data();
-    Tensor<T, GradOut, Host> dpre;
+    Tensor<T, GradOut, D> dpre;
     if constexpr (has_gelu) {
-      dpre = Tensor<T, GradOut, Host>::empty(dy_in.dev(), dy_in.global_shape(), dy_in.spread(), Category::activations);
-      Ops<Host>::gelu_backward(dy_in.dev(), dpre.data(), ctx.pre.data(), dy_in.data(), dpre.numel());
+      dpre = Tensor<T, GradOut, D>::empty(dy_in.dev(), dy_in.global_shape(), dy_in.spread(), Category::activations);
+      Ops<D>::gelu_backward(dy_in.dev(), dpre.data(), ctx.pre.data(), dy_in.data(), dpre.numel());
       dy = dpre.data();
     }
     // dW (out, in) += dy^T x;  db += sum over rows of dy;  dx (N, in) = dy W.
-    Ops<Host>::gemm<T>(x.dev(), Trans::yes, Trans::no, out_local(), in_local(), N, T(1), dy, out_local(), x.data(),
-                       in_local(), T(1), weight.grad.data(), in_local());
-    if (has_bias_) Ops<Host>::bias_backward(x.dev(), bias.grad.data(), dy, N, out_local());
-    auto dx = Tensor<T, GradIn, Host>::empty(x.dev(), x.global_shape(), x.spread(), Category::activations);
-    Ops<Host>::gemm<T>(x.dev(), Trans::no, Trans::no, N, in_local(), out_local(), T(1), dy, out_local(),
-                       weight.value.data(), in_local(), T(0), dx.data(), in_local());
+    Ops<D>::gemm(x.dev(), Trans::yes, Trans::no, out_local(), in_local(), N, S(1), dy, out_local(), x.data(),
+                 in_local(), S(1), weight.grad.data(), in_local());
+    if (has_bias_) Ops<D>::bias_backward(x.dev(), bias.grad.data(), dy, N, out_local());
+    auto dx = Tensor<T, GradIn, D>::empty(x.dev(), x.global_shape(), x.spread(), Category::activations);
+    Ops<D>::gemm(x.dev(), Trans::no, Trans::no, N, in_local(), out_local(), S(1), dy, out_local(),
+                 weight.value.data(), in_local(), S(0), dx.data(), in_local());
     ctx = Ctx{};
     return dx;
   }

@@ -1,7 +1,7 @@
 // Parameters and their initialization.
 //
-// A Param holds this rank's shard of a value in the parameter's layout L, and of its gradient in
-// the gradient's layout GL. GL is L except where the forward replicates a parameter but each rank
+// A Param holds this rank's shard of a value in the parameter's layout L (in the compute type T),
+// and of its gradient in the gradient's layout GL (in master_t<T>: f32 under bf16 compute). GL is L except where the forward replicates a parameter but each rank
 // sees only part of the data: under sequence parallelism a LayerNorm weight is Replicate on the
 // tensor axis while its gradient is Partial there (each rank sums over its slice of the sequence),
 // and the data-parallel step reduces it once, with the other gradients (optim/data_parallel.hpp).
@@ -13,6 +13,7 @@
 
 #include <cstdint>
 
+#include "weft/core/precision.hpp"
 #include "weft/device/dispatch.hpp"
 #include "weft/tensor/tensor.hpp"
 
@@ -33,14 +34,15 @@ struct Param {
   using layout = L;
   using grad_layout = GL;
   using value_type = T;
+  using grad_type = master_t<T>;  // gradients accumulate in the master type (f32 under bf16)
   Tensor<T, L, D> value;
-  Tensor<T, GL, D> grad;
+  Tensor<grad_type, GL, D> grad;
   std::uint64_t id = 0;
 
   Param() = default;
   Param(D& dev, const Shape& global, const Spread& s, std::uint64_t param_id, Init init, std::uint64_t seed)
       : value(Tensor<T, L, D>::empty(dev, global, s, Category::parameters)),
-        grad(Tensor<T, GL, D>::zeros(dev, global, s, Category::gradients)),
+        grad(Tensor<grad_type, GL, D>::zeros(dev, global, s, Category::gradients)),
         id(param_id) {
     switch (init.kind) {
       case Init::normal:

@@ -118,7 +118,13 @@ class Sequential {
   }
   template <Element T, class D, AxisComms M>
   Tensor<T, GradIn, D> backward(Ctx& ctx, const Tensor<T, GradOut, D>& dy, M& mesh) {
-    return backward_from<sizeof...(Layers) - 1>(ctx, dy, mesh);
+    return backward_from<sizeof...(Layers) - 1>(ctx, dy, mesh, static_cast<const Tensor<T, GradIn, D>*>(nullptr));
+  }
+  // The same, with dresid added into the input gradient: by the first layer in its own pass where it
+  // can (a LayerNorm fuses it), else afterwards (Residual's backward).
+  template <Element T, class D, AxisComms M>
+  Tensor<T, GradIn, D> backward(Ctx& ctx, const Tensor<T, GradOut, D>& dy, M& mesh, const Tensor<T, GradIn, D>& dresid) {
+    return backward_from<sizeof...(Layers) - 1>(ctx, dy, mesh, &dresid);
   }
 
   Shape out_shape(Shape s) const {
@@ -172,19 +178,26 @@ class Sequential {
   }
 
   template <std::size_t I, Element T, class D, AxisComms M, LayoutType L>
-  auto backward_from(Ctx& ctx, const Tensor<T, L, D>& dy, M& mesh) {
-    auto dx = detail::layer_backward(std::get<I>(layers), std::get<I>(ctx), dy, mesh);
+  auto backward_from(Ctx& ctx, const Tensor<T, L, D>& dy, M& mesh, const Tensor<T, GradIn, D>* dresid) {
     if constexpr (I == 0) {
-      return dx;
+      auto& first = std::get<0>(layers);
+      if constexpr (requires { first.backward(std::get<0>(ctx), dy, dresid); }) {
+        return first.backward(std::get<0>(ctx), dy, dresid);  // fused
+      } else {
+        auto dx = detail::layer_backward(first, std::get<0>(ctx), dy, mesh);
+        if (dresid) Ops<D>::add_inplace(dx.dev(), dx.data(), dresid->data(), dx.numel());
+        return dx;
+      }
     } else {
+      auto dx = detail::layer_backward(std::get<I>(layers), std::get<I>(ctx), dy, mesh);
       using A = layer_t<I - 1>;
       using B = layer_t<I>;
-      if constexpr (std::same_as<typename B::GradIn, typename A::GradOut>) return backward_from<I - 1>(ctx, dx, mesh);
+      if constexpr (std::same_as<typename B::GradIn, typename A::GradOut>) return backward_from<I - 1>(ctx, dx, mesh, dresid);
       else
         return backward_from<I - 1>(
             ctx,
             Redistribute<typename A::Out, typename B::In, typename B::GradIn, typename A::GradOut>::backward(dx, mesh),
-            mesh);
+            mesh, dresid);
     }
   }
 };
@@ -217,11 +230,17 @@ class Residual {
     Ops<D>::add_inplace(y.dev(), y.data(), x.data(), y.numel());
     return y;
   }
+  // dx = dy + the inner layers' input gradient; the add is fused into the first inner layer's
+  // backward where it can take it (a LayerNorm's), else a separate pass.
   template <Element T, class D, AxisComms M>
   Tensor<T, GradIn, D> backward(Ctx& ctx, const Tensor<T, GradOut, D>& dy, M& mesh) {
-    auto dx = detail::layer_backward(inner, ctx, dy, mesh);
-    Ops<D>::add_inplace(dx.dev(), dx.data(), dy.data(), dx.numel());
-    return dx;
+    if constexpr (requires { inner.backward(ctx, dy, mesh, dy); }) {
+      return inner.backward(ctx, dy, mesh, dy);
+    } else {
+      auto dx = detail::layer_backward(inner, ctx, dy, mesh);
+      Ops<D>::add_inplace(dx.dev(), dx.data(), dy.data(), dx.numel());
+      return dx;
+    }
   }
   Shape out_shape(const Shape& s) const { return s; }
   static std::string name() { return cat("Residual<", Inner::name(), ">"); }

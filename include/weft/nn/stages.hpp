@@ -25,28 +25,28 @@ namespace weft::nn {
 // sampling).
 enum class Mode : std::uint8_t { train, infer };
 
-template <Floating T, bool SP>
+template <Floating T, bool SP, class D = Host>
 class EmbeddingStage {
  public:
   using A = typename stream<SP>::layout;
   using Leave = typename stream<SP>::leave;
 
   struct Ctx {
-    typename VocabParallelEmbedding<T>::Ctx wte;
+    typename VocabParallelEmbedding<T, D>::Ctx wte;
   };
 
-  VocabParallelEmbedding<T> wte;  // (Vp, C), also the LM head
-  PositionEmbedding<T, A> wpe;    // (T, C)
+  VocabParallelEmbedding<T, D> wte;  // (Vp, C), also the LM head
+  PositionEmbedding<T, A, D> wpe;    // (T, C)
 
   EmbeddingStage() = default;
-  EmbeddingStage(Host& dev, std::int64_t padded_vocab, std::int64_t seq, std::int64_t C, const Spread& s,
+  EmbeddingStage(D& dev, std::int64_t padded_vocab, std::int64_t seq, std::int64_t C, const Spread& s,
                  std::uint64_t seed, double init_std)
       : wte(dev, padded_vocab, C, s, 0, seed, init_std), wpe(dev, seq, C, s, 1, seed, init_std / 2) {}
 
   // tokens (B/dp, T) -> x (B, T, C) in A: the vocab-parallel lookup is Partial; the position rows
   // are added after the reduction.
   template <AxisComms M>
-  Tensor<T, A, Host> forward(Ctx& ctx, std::span<const std::int32_t> tokens, std::int64_t batch, std::int64_t seq,
+  Tensor<T, A, D> forward(Ctx& ctx, std::span<const std::int32_t> tokens, std::int64_t batch, std::int64_t seq,
                              M& mesh) {
     auto x = Leave::forward(wte.forward(ctx.wte, tokens, batch, seq), mesh);
     wpe.forward(x);
@@ -54,7 +54,7 @@ class EmbeddingStage {
   }
 
   template <AxisComms M>
-  void backward(Ctx& ctx, const Tensor<T, A, Host>& dx, M& mesh) {
+  void backward(Ctx& ctx, const Tensor<T, A, D>& dx, M& mesh) {
     wpe.backward(dx);  // under SP each rank adds its own positions: Partial on tensor
     wte.backward(ctx.wte, Leave::backward(dx, mesh));  // (B, T, C) Replicate
   }
@@ -71,39 +71,40 @@ class EmbeddingStage {
   }
 };
 
-template <Floating T, bool SP>
+template <Floating T, bool SP, class D = Host>
 class HeadStage {
  public:
   using A = typename stream<SP>::layout;
   using Enter = typename stream<SP>::enter;
-  using Table = Param<T, Layout<Replicate, Shard<0>>>;  // the tied wte, (Vp, C) Shard<0> on tensor
+  using Table = Param<T, Layout<Replicate, Shard<0>>, Layout<Replicate, Shard<0>>, D>;  // the tied wte, (Vp, C)
+  using S = master_t<T>;
 
   struct Ctx {
-    typename LayerNorm<T, A>::Ctx ln_f;
-    Tensor<T, act::Replicated, Host> xr;  // (B, T, C) Replicate: the LM head's input, for dW
-    typename VocabParallelCrossEntropy<T>::Ctx ce;  // logits (B, T, Vp) Shard<-1> in ce.logits
+    typename LayerNorm<T, A, D>::Ctx ln_f;
+    Tensor<T, act::Replicated, D> xr;  // (B, T, C) Replicate: the LM head's input, for dW
+    typename VocabParallelCrossEntropy<T, D>::Ctx ce;  // logits (B, T, Vp) Shard<-1> in ce.logits
   };
 
-  LayerNorm<T, A> ln_f;
-  VocabParallelCrossEntropy<T> ce;
+  LayerNorm<T, A, D> ln_f;
+  VocabParallelCrossEntropy<T, D> ce;
 
   HeadStage() = default;
-  HeadStage(Host& dev, std::int64_t vocab, std::int64_t C, const Spread& s, std::uint64_t seed)
+  HeadStage(D& dev, std::int64_t vocab, std::int64_t C, const Spread& s, std::uint64_t seed)
       : ln_f(dev, C, s, 8, seed), ce(vocab) {}
 
   // x (B, T, C) in A -> the mean loss over the global batch. With Mode::infer only the logits are
   // kept (in ctx.ce.logits, for sampling).
   template <AxisComms M>
-  double forward(Ctx& ctx, const Tensor<T, A, Host>& x, const Table& table, std::span<const std::int32_t> targets,
+  double forward(Ctx& ctx, const Tensor<T, A, D>& x, const Table& table, std::span<const std::int32_t> targets,
                  M& mesh, Mode mode = Mode::train) {
-    typename LayerNorm<T, A>::Ctx ln_scratch;
+    typename LayerNorm<T, A, D>::Ctx ln_scratch;
     auto xr = Enter::forward(ln_f.forward(mode == Mode::train ? ctx.ln_f : ln_scratch, x), mesh);  // Replicate
     const std::int64_t C = xr.local_shape()[2], N = xr.numel() / C, Vl = table.value.local_shape()[0];
-    auto logits = Tensor<T, act::Features, Host>::empty(
+    auto logits = Tensor<T, act::Features, D>::empty(
         xr.dev(), {xr.global_shape()[0], xr.global_shape()[1], table.value.global_shape()[0]}, xr.spread(),
         Category::activations);                                       // (B, T, Vp) Shard<-1>
-    Ops<Host>::gemm<T>(xr.dev(), Trans::no, Trans::yes, N, Vl, C, T(1), xr.data(), C, table.value.data(), C, T(0),
-                       logits.data(), Vl);
+    Ops<D>::gemm(xr.dev(), Trans::no, Trans::yes, N, Vl, C, S(1), xr.data(), C, table.value.data(), C, S(0),
+                 logits.data(), Vl);
     const double loss = ce.forward(ctx.ce, std::move(logits), targets, mesh);
     if (mode == Mode::train) {
       ctx.xr = std::move(xr);
@@ -117,16 +118,16 @@ class HeadStage {
   // -> dx (B, T, C) in A; accumulates the table's and ln_f's gradients. grad_scale multiplies
   // every gradient (1/k when accumulating k micro-batches).
   template <AxisComms M>
-  Tensor<T, A, Host> backward(Ctx& ctx, Table& table, double grad_scale, M& mesh) {
+  Tensor<T, A, D> backward(Ctx& ctx, Table& table, double grad_scale, M& mesh) {
     auto dlogits = ce.backward(ctx.ce, grad_scale);  // (B, T, Vp) Shard<-1>
-    const Tensor<T, act::Replicated, Host>& xr = ctx.xr;
+    const Tensor<T, act::Replicated, D>& xr = ctx.xr;
     const std::int64_t C = xr.local_shape()[2], N = xr.numel() / C, Vl = dlogits.local_shape()[2];
     // dW (Vl, C) += dlogits^T xr;  dxr (N, C) = dlogits W: a Partial sum over the vocabulary shards.
-    Ops<Host>::gemm<T>(xr.dev(), Trans::yes, Trans::no, Vl, C, N, T(1), dlogits.data(), Vl, xr.data(), C, T(1),
-                       table.grad.data(), C);
-    auto dxr = Tensor<T, act::Partial, Host>::empty(xr.dev(), xr.global_shape(), xr.spread(), Category::activations);
-    Ops<Host>::gemm<T>(xr.dev(), Trans::no, Trans::no, N, C, Vl, T(1), dlogits.data(), Vl, table.value.data(), C, T(0),
-                       dxr.data(), C);
+    Ops<D>::gemm(xr.dev(), Trans::yes, Trans::no, Vl, C, N, S(1), dlogits.data(), Vl, xr.data(), C, S(1),
+                 table.grad.data(), C);
+    auto dxr = Tensor<T, act::Partial, D>::empty(xr.dev(), xr.global_shape(), xr.spread(), Category::activations);
+    Ops<D>::gemm(xr.dev(), Trans::no, Trans::no, N, C, Vl, S(1), dlogits.data(), Vl, table.value.data(), C, S(0),
+                 dxr.data(), C);
     dlogits = {};
     ctx.xr = {};
     auto dx = ln_f.backward(ctx.ln_f, Enter::backward(dxr, mesh));

@@ -6,7 +6,7 @@
 // of the data degree so that a data-parallel strategy can slice them evenly:
 //
 //   values  [ h0.ln1.weight (C) | h0.ln1.bias (C) | h0.attn.qkv.weight (3C/tp, C) | ... | pad ]
-//   grads   the same offsets
+//   grads   the same offsets, in master_t<T> (f32 under bf16 compute)
 //
 // Why views and not per-parameter allocations: the data-parallel protocol (optim/data_parallel.hpp)
 // reduces, slices, gathers and updates whole units with one call each, ZeRO and FSDP shard one
@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "weft/core/error.hpp"
+#include "weft/core/precision.hpp"
 #include "weft/device/dispatch.hpp"
 #include "weft/layout/layout.hpp"
 #include "weft/tensor/tensor.hpp"
@@ -43,6 +44,8 @@ struct UnitEntry {
 template <Element T, class D>
 class Unit {
  public:
+  using G = master_t<T>;  // the gradients' type (f32 under bf16 compute)
+
   Unit(std::string name, D& dev) : name_(std::move(name)), dev_(&dev) {}
   Unit(const Unit&) = delete;
   Unit& operator=(const Unit&) = delete;
@@ -62,7 +65,7 @@ class Unit {
     if (pad < 1) throw Error(cat("Unit ", name_), cat("padding multiple ", pad), "pass the data degree (>= 1)");
     padded_ = (numel_ + pad - 1) / pad * pad;
     values_ = dev_->allocate(padded_ * static_cast<std::int64_t>(sizeof(T)), Category::parameters);
-    grads_ = dev_->allocate(padded_ * static_cast<std::int64_t>(sizeof(T)), Category::gradients);
+    grads_ = dev_->allocate(padded_ * static_cast<std::int64_t>(sizeof(G)), Category::gradients);
     T* v = static_cast<T*>(values_.data());
     for (Slot& s : slots_) s.adopt(s.param, v + s.offset);
     Ops<D>::zero(*dev_, v + numel_, padded_ - numel_);
@@ -81,7 +84,7 @@ class Unit {
   Allocation& value_buffer() { return values_; }
   Allocation& grad_buffer() { return grads_; }
   T* values() { return static_cast<T*>(values_.data()); }
-  T* grads() { return static_cast<T*>(grads_.data()); }
+  G* grads() { return static_cast<G*>(grads_.data()); }
 
   // Points every Param's views at the current buffers (at nothing where a buffer is empty).
   void rebind() {
@@ -99,7 +102,7 @@ class Unit {
     for (const UnitEntry& e : entries_) {
       const auto n = static_cast<std::size_t>(e.numel);
       f(e, values() ? std::span<T>(values() + e.offset, n) : std::span<T>(),
-        grads() ? std::span<T>(grads() + e.offset, n) : std::span<T>());
+        grads() ? std::span<G>(grads() + e.offset, n) : std::span<G>());
     }
   }
 
@@ -108,7 +111,7 @@ class Unit {
     void* param;
     std::int64_t offset;
     void (*adopt)(void* param, T* values);           // copy the values in, free the Param's storage
-    void (*bind)(void* param, T* values, T* grads);  // re-point the views
+    void (*bind)(void* param, T* values, G* grads);  // re-point the views
   };
 
   template <class P>
@@ -131,7 +134,7 @@ class Unit {
                         pp.value = Value::view(pp.value.dev(), v, g, s);
                         pp.grad = Grad::view(pp.grad.dev(), nullptr, g, s);
                       },
-                      [](void* q, T* v, T* g) {
+                      [](void* q, T* v, G* g) {
                         P& pp = *static_cast<P*>(q);
                         pp.value.rebind(v);
                         pp.grad.rebind(g);

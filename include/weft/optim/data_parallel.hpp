@@ -18,9 +18,15 @@
 //      parallel LayerNorm and position gradients): one collective for the whole model;
 //   2. takes the global gradient norm, each global element counted once: every data rank sums its
 //      slice of each unit, and tensor-replicated entries count on tensor rank 0 only;
-//   3. applies the update rule (optimizer.hpp) to the range of each unit this rank owns, with the
+//   3. skips the update on every rank when the norm is not finite (an Inf or NaN anywhere in the
+//      gradients: the norm is the same number everywhere, so is the decision), counting the skip;
+//   4. applies the update rule (optimizer.hpp) to the range of each unit this rank owns, with the
 //      clipping factor folded into the gradient, and gathers the values where the strategy keeps
 //      them whole.
+//
+// Mixed precision (Precision<bf16, float>): gradients are f32 in every buffer and collective; the
+// rank keeps f32 master weights for the range it updates (sharded with the optimizer state, as
+// ZeRO does), updates them, and rounds them once into the bf16 values that are gathered.
 // Every buffer (slices, gathered units, state, transfer space) comes from the device allocator.
 #pragma once
 
@@ -67,6 +73,9 @@ class DataParallel {
   static constexpr bool shard_grads = IsShard<typename Strategy::grads>;
   static constexpr bool shard_state = IsShard<typename Strategy::state>;
   using S = state_t<T>;
+  using G = master_t<T>;  // gradients and master weights
+  static constexpr bool mixed = !std::same_as<T, G>;
+  static_assert(std::same_as<S, G>, "DataParallel: the optimizer state type must be the master type");
   using Unit = nn::Unit<T, D>;
   using Pass = pipeline::Pass;
 
@@ -89,9 +98,13 @@ class DataParallel {
       h.state = dev().allocate(Rule::states * n * static_cast<std::int64_t>(sizeof(S)), Category::optimizer_state);
       Ops<D>::zero(dev(), static_cast<S*>(h.state.data()), Rule::states * n);
       if constexpr (shard_grads) {
-        h.grad_slice = dev().allocate(h.shard * static_cast<std::int64_t>(sizeof(T)), Category::gradients);
-        Ops<D>::zero(dev(), static_cast<T*>(h.grad_slice.data()), h.shard);
+        h.grad_slice = dev().allocate(h.shard * static_cast<std::int64_t>(sizeof(G)), Category::gradients);
+        Ops<D>::zero(dev(), static_cast<G*>(h.grad_slice.data()), h.shard);
         u.grad_buffer().reset();
+      }
+      if constexpr (mixed) {  // the f32 master weights of the range this rank updates
+        h.master = dev().allocate(n * static_cast<std::int64_t>(sizeof(G)), Category::master_weights);
+        Ops<D>::convert(dev(), static_cast<G*>(h.master.data()), u.values() + (shard_state ? index_ * h.shard : 0), n);
       }
       if constexpr (shard_params) {
         h.value_slice = dev().allocate(h.shard * static_cast<std::int64_t>(sizeof(T)), Category::parameters);
@@ -105,7 +118,7 @@ class DataParallel {
   void zero_grad() {
     for (std::size_t i = 0; i < units_.size(); ++i) {
       units_[i].zero_grad();
-      if (held_[i].grad_slice.data()) Ops<D>::zero(dev(), static_cast<T*>(held_[i].grad_slice.data()), held_[i].shard);
+      if (held_[i].grad_slice.data()) Ops<D>::zero(dev(), static_cast<G*>(held_[i].grad_slice.data()), held_[i].shard);
     }
   }
 
@@ -123,7 +136,7 @@ class DataParallel {
     }
     if constexpr (shard_grads) {
       if (pass == Pass::backward && !unit.grads()) {
-        unit.grad_buffer() = dev().allocate(unit.padded() * static_cast<std::int64_t>(sizeof(T)), Category::gradients);
+        unit.grad_buffer() = dev().allocate(unit.padded() * static_cast<std::int64_t>(sizeof(G)), Category::gradients);
         unit.zero_grad();
         moved = true;
       }
@@ -137,14 +150,14 @@ class DataParallel {
     if (pass == Pass::backward) {
       if constexpr (shard_grads) {
         const std::int64_t n = held_[u].shard;
-        Allocation part = dev().allocate(n * static_cast<std::int64_t>(sizeof(T)), Category::communication);
-        T* mine = static_cast<T*>(part.data());
-        data().reduce_scatter(std::span<const T>(unit.grads(), static_cast<std::size_t>(unit.padded())),
-                              std::span<T>(mine, static_cast<std::size_t>(n)));
-        Ops<D>::add_inplace(dev(), static_cast<T*>(held_[u].grad_slice.data()), static_cast<const T*>(mine), n);
+        Allocation part = dev().allocate(n * static_cast<std::int64_t>(sizeof(G)), Category::communication);
+        G* mine = static_cast<G*>(part.data());
+        data().reduce_scatter(std::span<const G>(unit.grads(), static_cast<std::size_t>(unit.padded())),
+                              std::span<G>(mine, static_cast<std::size_t>(n)));
+        Ops<D>::add_inplace(dev(), static_cast<G*>(held_[u].grad_slice.data()), static_cast<const G*>(mine), n);
         unit.grad_buffer().reset();
       } else if (last && dp_ > 1) {
-        data().all_reduce(std::span<T>(unit.grads(), static_cast<std::size_t>(unit.padded())));
+        data().all_reduce(std::span<G>(unit.grads(), static_cast<std::size_t>(unit.padded())));
       }
     }
     if constexpr (shard_params) unit.value_buffer().reset();
@@ -152,14 +165,14 @@ class DataParallel {
   }
 
   // Reduces what is left to reduce, clips to max_norm (0: no clipping), updates at learning rate lr.
-  // Returns the global gradient norm before clipping (the same on every rank).
+  // Returns the global gradient norm before clipping (the same on every rank). A norm that is not
+  // finite skips the update on every rank (skipped() counts them; the step count does not advance).
   double step(double lr, double max_norm) {
-    ++t_;
     reduce_tensor_partials();
     std::array<double, 1> sq{0.0};
     for (std::size_t u = 0; u < units_.size(); ++u) {
       const std::int64_t lo = index_ * held_[u].shard;
-      const T* g = grads_from(u, lo);
+      const G* g = grads_from(u, lo);
       for_each_piece(u, lo, held_[u].shard, [&](const nn::UnitEntry& e, std::int64_t a, std::int64_t n) {
         if (e.tensor_sharded || tensor_index_ == 0) sq[0] += Ops<D>::sum_squares(dev(), g + (a - lo), n);
       });
@@ -167,15 +180,22 @@ class DataParallel {
     mesh_->comm(Axis::tensor).all_reduce(std::span<double>(sq));
     data().all_reduce(std::span<double>(sq));
     const double norm = std::sqrt(sq[0]);
+    if (!std::isfinite(norm)) {
+      ++skipped_;
+      return norm;
+    }
+    ++t_;
     const double scale = (max_norm > 0 && norm > max_norm) ? max_norm / (norm + 1e-6) : 1.0;
 
     for (std::size_t u = 0; u < units_.size(); ++u) {
       const auto [lo, n] = update_range(u);
       T* p = values_from(u, lo);
-      const T* g = grads_from(u, lo);
+      G* master = mixed ? static_cast<G*>(held_[u].master.data()) : reinterpret_cast<G*>(p);  // what the rule updates
+      const G* g = grads_from(u, lo);
       for_each_piece(u, lo, n, [&](const nn::UnitEntry& e, std::int64_t a, std::int64_t len) {
-        rule_.update(dev(), p + (a - lo), g + (a - lo), state_at(u, n, a - lo), len, scale, lr, t_, decays(e));
+        rule_.update(dev(), master + (a - lo), g + (a - lo), state_at(u, n, a - lo), len, scale, lr, t_, decays(e));
       });
+      if constexpr (mixed) Ops<D>::convert(dev(), p, static_cast<const G*>(master), n);  // one rounding per step
       if constexpr (shard_params) {  // values gathered before this update are stale now
         units_[u].value_buffer().reset();
         units_[u].rebind();
@@ -210,12 +230,14 @@ class DataParallel {
   }
 
   std::int64_t steps() const { return t_; }
+  std::int64_t skipped() const { return skipped_; }
   static std::string name() { return Strategy::name(); }
 
  private:
   struct Held {
     std::int64_t shard = 0;              // padded / dp
-    Allocation value_slice, grad_slice;  // this rank's slice, where sharded
+    Allocation value_slice, grad_slice;  // this rank's slice, where sharded (values in T, grads in G)
+    Allocation master;                   // the update range's f32 master weights (mixed precision)
     Allocation state;                    // Rule::states x the update range, in S
   };
 
@@ -233,8 +255,8 @@ class DataParallel {
     if constexpr (shard_params) return slice_values(u) + (lo - index_ * held_[u].shard);
     else return units_[u].values() + lo;
   }
-  T* grads_from(std::size_t u, std::int64_t lo) {
-    if constexpr (shard_grads) return static_cast<T*>(held_[u].grad_slice.data()) + (lo - index_ * held_[u].shard);
+  G* grads_from(std::size_t u, std::int64_t lo) {
+    if constexpr (shard_grads) return static_cast<G*>(held_[u].grad_slice.data()) + (lo - index_ * held_[u].shard);
     else return units_[u].grads() + lo;
   }
   std::array<S*, Rule::states> state_at(std::size_t u, std::int64_t n, std::int64_t at) {
@@ -255,11 +277,11 @@ class DataParallel {
   // Sums over the tensor axis the gradients that are Partial there, in one all-reduce.
   void reduce_tensor_partials() {
     if (tensor_degree_ == 1) return;
-    std::vector<std::pair<T*, std::int64_t>> pieces;
+    std::vector<std::pair<G*, std::int64_t>> pieces;
     std::int64_t total = 0;
     for (std::size_t u = 0; u < units_.size(); ++u) {
       const std::int64_t lo = shard_grads ? index_ * held_[u].shard : 0, n = shard_grads ? held_[u].shard : units_[u].padded();
-      T* g = grads_from(u, lo);
+      G* g = grads_from(u, lo);
       for_each_piece(u, lo, n, [&](const nn::UnitEntry& e, std::int64_t a, std::int64_t len) {
         if (!e.grad_tensor_partial) return;
         pieces.emplace_back(g + (a - lo), len);
@@ -267,14 +289,14 @@ class DataParallel {
       });
     }
     if (total == 0) return;  // no Partial gradients (no SP): every tensor rank has the same entries
-    Allocation packed = dev().allocate(total * static_cast<std::int64_t>(sizeof(T)), Category::communication);
-    T* at = static_cast<T*>(packed.data());
+    Allocation packed = dev().allocate(total * static_cast<std::int64_t>(sizeof(G)), Category::communication);
+    G* at = static_cast<G*>(packed.data());
     for (auto [p, n] : pieces) {
       Ops<D>::copy(dev(), at, p, n);
       at += n;
     }
-    mesh_->comm(Axis::tensor).all_reduce(std::span<T>(static_cast<T*>(packed.data()), static_cast<std::size_t>(total)));
-    const T* from = static_cast<const T*>(packed.data());
+    mesh_->comm(Axis::tensor).all_reduce(std::span<G>(static_cast<G*>(packed.data()), static_cast<std::size_t>(total)));
+    const G* from = static_cast<const G*>(packed.data());
     for (auto [p, n] : pieces) {
       Ops<D>::copy(dev(), p, from, n);
       from += n;
@@ -286,12 +308,13 @@ class DataParallel {
   M* mesh_;
   int dp_ = 1, index_ = 0, tensor_degree_ = 1, tensor_index_ = 0;
   std::vector<Held> held_;
-  std::int64_t t_ = 0;
+  std::int64_t t_ = 0, skipped_ = 0;
 };
 
 // data_parallel<Strategy>(model, rule, mesh): the protocol over a model's units.
 template <class Strategy, class Model, UpdateRule Rule, AxisComms M>
-DataParallel<Strategy, Rule, typename Model::value_type, M> data_parallel(Model& model, Rule rule, M& mesh) {
+DataParallel<Strategy, Rule, typename Model::value_type, M, typename Model::device> data_parallel(Model& model, Rule rule,
+                                                                                                M& mesh) {
   return {model.units(), rule, mesh};
 }
 

@@ -10,8 +10,8 @@
 //   positions 8..11.
 #pragma once
 
-#include <cstring>
 #include <span>
+#include <vector>
 
 #include "weft/core/dtype.hpp"
 #include "weft/core/shape.hpp"
@@ -39,7 +39,7 @@ class Tensor {
   }
   static Tensor zeros(D& dev, const Shape& global, const Spread& s, Category c = Category::other) {
     Tensor t = empty(dev, global, s, c);
-    if (t.numel()) std::memset(static_cast<void*>(t.data_), 0, static_cast<std::size_t>(t.numel()) * sizeof(T));
+    dev.zero(t.data_, t.bytes());
     return t;
   }
   // A tensor over memory the caller owns (at least local_shape<L>(global, s).numel() elements).
@@ -61,7 +61,7 @@ class Tensor {
 
   Tensor clone(Category c = Category::other) const {
     Tensor t = empty(*device_, global_, spread_, c);
-    if (numel()) std::memcpy(static_cast<void*>(t.data_), data_, static_cast<std::size_t>(numel()) * sizeof(T));
+    device_->copy(t.data_, data_, bytes());
     return t;
   }
 
@@ -69,13 +69,22 @@ class Tensor {
   const T* data() const { return data_; }
   std::span<T> span() { return {data_, static_cast<std::size_t>(numel())}; }
   std::span<const T> span() const { return {data_, static_cast<std::size_t>(numel())}; }
+  // Elements by index: host memory only (a device tensor is read with to_host()).
   T& operator[](std::int64_t i) { return data_[i]; }
   const T& operator[](std::int64_t i) const { return data_[i]; }
+
+  // A copy of the local elements in host memory, from any device.
+  std::vector<T> to_host() const {
+    std::vector<T> out(static_cast<std::size_t>(numel()));
+    if (numel()) device_->to_host(out.data(), data_, bytes());
+    return out;
+  }
 
   const Shape& global_shape() const { return global_; }
   const Shape& local_shape() const { return local_; }
   const Spread& spread() const { return spread_; }
   std::int64_t numel() const { return local_.numel(); }
+  std::size_t bytes() const { return static_cast<std::size_t>(numel()) * sizeof(T); }
   D& dev() const { return *device_; }
   bool owns_storage() const { return storage_.data() != nullptr; }
 

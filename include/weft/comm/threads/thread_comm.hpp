@@ -27,15 +27,21 @@
 #include <utility>
 #include <vector>
 
+#include "weft/comm/threads/memory.hpp"
 #include "weft/comm/threads/world.hpp"
 
 namespace weft::threads {
 
 class ThreadComm {
  public:
-  ThreadComm(std::shared_ptr<World> world, std::shared_ptr<Group> group, int group_rank)
+  ThreadComm(std::shared_ptr<World> world, std::shared_ptr<Group> group, int group_rank,
+             std::shared_ptr<Memory> memory = std::make_shared<Memory>())
       : world_(std::move(world)), group_(std::move(group)), me_(group_rank),
-        world_rank_(group_->members[static_cast<std::size_t>(group_rank)]) {}
+        world_rank_(group_->members[static_cast<std::size_t>(group_rank)]), mem_(std::move(memory)) {}
+
+  // Where this rank's buffers live (memory.hpp); groups split from this communicator inherit it.
+  // Set it on the world communicator before building a Mesh over device buffers.
+  void set_memory(std::shared_ptr<Memory> m) { mem_ = std::move(m); }
 
   int rank() const { return me_; }
   int size() const { return group_->size(); }
@@ -54,7 +60,7 @@ class ThreadComm {
       barrier_phase(seq, 2, d.op);
       for (int r = 0; r < n; ++r)
         if (r != me_ && lo(r + 1) > lo(r))
-          std::memcpy(buf.data() + lo(r), static_cast<const T*>(all[static_cast<std::size_t>(r)].in) + lo(r),
+          mem_->copy(buf.data() + lo(r), static_cast<const T*>(all[static_cast<std::size_t>(r)].in) + lo(r),
                       static_cast<std::size_t>(lo(r + 1) - lo(r)) * sizeof(T));
     });
   }
@@ -76,7 +82,7 @@ class ThreadComm {
     check_disjoint(d, in.data(), in.size_bytes(), out.data(), out.size_bytes());
     collective(d, [&](const std::vector<Desc>& all, std::uint64_t) {
       for (int r = 0; r < size(); ++r)
-        std::memcpy(out.data() + r * d.in_count, all[static_cast<std::size_t>(r)].in,
+        mem_->copy(out.data() + r * d.in_count, all[static_cast<std::size_t>(r)].in,
                     static_cast<std::size_t>(d.in_count) * sizeof(T));
     });
   }
@@ -90,7 +96,7 @@ class ThreadComm {
     collective(d, [&](const std::vector<Desc>& all, std::uint64_t) {
       const std::int64_t k = d.in_count / size();
       for (int r = 0; r < size(); ++r)
-        std::memcpy(out.data() + r * k, static_cast<const T*>(all[static_cast<std::size_t>(r)].in) + me_ * k,
+        mem_->copy(out.data() + r * k, static_cast<const T*>(all[static_cast<std::size_t>(r)].in) + me_ * k,
                     static_cast<std::size_t>(k) * sizeof(T));
     });
   }
@@ -101,7 +107,7 @@ class ThreadComm {
     check_peer(d, root, "root");
     collective(d, [&](const std::vector<Desc>& all, std::uint64_t) {
       if (me_ != root)
-        std::memcpy(buf.data(), all[static_cast<std::size_t>(root)].in, buf.size_bytes());
+        mem_->copy(buf.data(), all[static_cast<std::size_t>(root)].in, buf.size_bytes());
     });
   }
 
@@ -132,7 +138,7 @@ class ThreadComm {
                  made = world_->split_group(group_->id, seq, color,
                                             name.empty() ? cat(group_->name, "/", color) : name, members);
                });
-    return ThreadComm(world_, made, my_index);
+    return ThreadComm(world_, made, my_index, mem_);
   }
 
   template <Element T>
@@ -141,6 +147,7 @@ class ThreadComm {
     check_peer(d, peer, "peer");
     if (peer == me_) fail_local(d, "a rank cannot send to itself", "copy the buffer locally");
     const std::size_t box = static_cast<std::size_t>(me_ * size() + peer);
+    mem_->publish();
     std::unique_lock lock(world_->mutex());
     const std::uint64_t seq = ++group_->send_seq[box];
     const auto where = [&] { return cat("send #", seq, " to group rank ", peer, " on ", name(), " at world rank ", world_rank_); };
@@ -186,7 +193,7 @@ class ThreadComm {
     const void* src = mail.desc.in;
     mail.claimed = seq;
     lock.unlock();
-    std::memcpy(buf.data(), src, buf.size_bytes());
+    mem_->copy(buf.data(), src, buf.size_bytes());
     lock.lock();
     mail.received = seq;
     world_->notify();
@@ -211,10 +218,15 @@ class ThreadComm {
     return v;
   }
 
-  // out[i - offset] = reduce over ranks (in rank order) of ins[r][i], for i in [lo, hi).
+  // out[i - offset] = reduce over ranks (in rank order) of ins[r][i], for i in [lo, hi): by the
+  // Memory where the buffers are a device's, else here.
   template <Element T>
-  static void reduce_into(T* out, const std::vector<const T*>& ins, std::int64_t lo, std::int64_t hi, ReduceOp op,
-                          std::int64_t offset) {
+  void reduce_into(T* out, const std::vector<const T*>& ins, std::int64_t lo, std::int64_t hi, ReduceOp op,
+                   std::int64_t offset) {
+    if (lo >= hi) return;
+    if (mem_->reduce(out, reinterpret_cast<const void* const*>(ins.data()), static_cast<int>(ins.size()), lo, hi, op,
+                     dtype_of<T>, offset))
+      return;
     using A = accumulate_t<T>;
     constexpr std::int64_t block = 1024;
     A acc[block];
@@ -292,6 +304,7 @@ class ThreadComm {
   // The collective protocol: arrival, check, body(descriptors, seq), departure.
   template <class Body>
   void collective(const Desc& d, Body&& body) {
+    mem_->publish();
     std::unique_lock lock(world_->mutex());
     auto& slot = group_->slots[static_cast<std::size_t>(me_)];
     const std::uint64_t seq = ++slot.seq;
@@ -325,6 +338,7 @@ class ThreadComm {
   std::shared_ptr<Group> group_;
   int me_;
   int world_rank_;
+  std::shared_ptr<Memory> mem_;
 };
 
 static_assert(Communicator<ThreadComm>);

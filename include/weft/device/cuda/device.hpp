@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 
 #include "weft/device/allocation.hpp"
 #include "weft/device/cuda/check.hpp"
@@ -17,6 +18,8 @@
 namespace weft {
 
 namespace cuda {
+
+class Profile;  // profile.hpp
 
 // The number of usable CUDA devices (0 when there is no driver or no GPU).
 inline int device_count() {
@@ -69,6 +72,7 @@ class Allocator final : public Releaser {
 class Cuda {
  public:
   static constexpr const char* name = "cuda";
+  static constexpr bool host_memory = false;  // buffers are read on the host through to_host()
 
   explicit Cuda(int device = 0) {
     const int n = cuda::device_count();
@@ -87,6 +91,7 @@ class Cuda {
   Cuda& operator=(const Cuda&) = delete;
   ~Cuda() {
     (void)cudaStreamSynchronize(stream_);
+    handles.reset();  // before the allocator its workspace came from
     delete allocator_;
     (void)cudaStreamDestroy(stream_);
   }
@@ -94,9 +99,37 @@ class Cuda {
   Allocation allocate(std::int64_t bytes, Category c = Category::other) { return allocator_->allocate(bytes, c); }
   const MemoryStats& memory() const { return allocator_->stats(); }
   void reset_peak() { allocator_->reset_peak(); }
+
+  // Library handles the dispatch layer (dispatch.cuh) creates on first use and keeps per device
+  // (the cuBLASLt handle and its workspace); released with the device.
+  std::shared_ptr<void> handles;
+  // Per-op timing by kind (profile.hpp), when a benchmark attaches one.
+  cuda::Profile* profile = nullptr;
   cudaStream_t stream() const { return stream_; }
   int device() const { return device_; }
   void synchronize() const { cuda::check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize"); }
+
+  // Memory moves, queued on the device's stream (the Device concept, device/host/host.hpp). Pointers
+  // may be device or host memory (unified addressing); to_host waits for the copy to land.
+  void zero(void* p, std::size_t bytes) {
+    if (bytes) cuda::check(cudaMemsetAsync(p, 0, bytes, stream_), "cudaMemsetAsync");
+  }
+  void copy(void* dst, const void* src, std::size_t bytes) {
+    if (bytes) cuda::check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_), "cudaMemcpyAsync");
+  }
+  void copy_2d(void* dst, std::size_t dpitch, const void* src, std::size_t spitch, std::size_t width, std::size_t rows) {
+    if (width && rows)
+      cuda::check(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDefault, stream_),
+                  "cudaMemcpy2DAsync");
+  }
+  void to_host(void* dst, const void* src, std::size_t bytes) {
+    copy(dst, src, bytes);
+    synchronize();
+  }
+  void from_host(void* dst, const void* src, std::size_t bytes) {
+    copy(dst, src, bytes);
+    synchronize();  // the host buffer may be reused as soon as this returns
+  }
 
  private:
   int device_ = 0;

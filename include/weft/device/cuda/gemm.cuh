@@ -30,9 +30,10 @@ class Blas {
   Blas& operator=(const Blas&) = delete;
   ~Blas() { (void)cublasLtDestroy(handle_); }
 
-  template <Activation T>
+  // C may be T, or float under bf16 operands (parameter gradients accumulated in f32).
+  template <Activation T, Activation CT = T>
   void gemm(host::Trans ta, host::Trans tb, index m, index n, index k, const T* A, index lda, const T* B, index ldb,
-            T* C, index ldc, float alpha = 1.0f, float beta = 0.0f, Epilogue e = Epilogue::none,
+            std::type_identity_t<CT>* C, index ldc, float alpha = 1.0f, float beta = 0.0f, Epilogue e = Epilogue::none,
             const T* bias = nullptr, T* aux = nullptr, index ldaux = 0) {
     const index a_cols = ta == host::Trans::yes ? m : k, b_cols = tb == host::Trans::yes ? k : n;
     if (m <= 0 || n <= 0 || k <= 0 || lda < a_cols || ldb < b_cols || ldc < n)
@@ -45,7 +46,9 @@ class Blas {
     if ((e == Epilogue::bias_gelu || e == Epilogue::dgelu) && (!aux || ldaux < n))
       throw Error("cuda::Blas::gemm", cat("a GELU epilogue with aux ", aux ? "given" : "missing", " and ldaux ", ldaux),
                   cat("pass the pre-activation buffer (m, n) with ldaux >= ", n));
+    static_assert(std::same_as<CT, T> || std::same_as<CT, float>, "cuda::Blas::gemm: C must be T or float");
     constexpr cudaDataType_t type = std::same_as<T, float> ? CUDA_R_32F : CUDA_R_16BF;
+    constexpr cudaDataType_t ctype = std::same_as<CT, float> ? CUDA_R_32F : CUDA_R_16BF;
 
     cublasLtMatmulDesc_t op = nullptr;
     cublasLtMatrixLayout_t la = nullptr, lb = nullptr, lc = nullptr;
@@ -86,13 +89,26 @@ class Blas {
           "layout of B");
     check(cublasLtMatrixLayoutCreate(&lb, type, t2 == CUBLAS_OP_N ? u(k) : u(m), t2 == CUBLAS_OP_N ? u(m) : u(k), lda),
           "layout of A");
-    check(cublasLtMatrixLayoutCreate(&lc, type, u(n), u(m), ldc), "layout of C");
+    check(cublasLtMatrixLayoutCreate(&lc, ctype, u(n), u(m), ldc), "layout of C");
 
     cublasLtMatmulPreference_t pref = nullptr;
     check(cublasLtMatmulPreferenceCreate(&pref), "preference");
     const std::uint64_t ws = workspace_bytes;
     check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws),
           "workspace preference");
+    // The heuristic assumes 256-byte aligned operands unless told otherwise; views into a unit's
+    // flat buffer (and slices of it) can be less aligned, so state each pointer's alignment.
+    const auto align = [](const void* p) {
+      std::uint32_t a = 256;
+      while (a > 1 && reinterpret_cast<std::uintptr_t>(p) % a != 0) a /= 2;
+      return a;
+    };
+    const std::uint32_t al[] = {align(B), align(A), align(C), align(C)};  // cuBLASLt's A, B, C, D
+    const cublasLtMatmulPreferenceAttributes_t which[] = {
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+    for (int i = 0; i < 4; ++i)
+      check(cublasLtMatmulPreferenceSetAttribute(pref, which[i], &al[i], sizeof al[i]), "alignment preference");
     cublasLtMatmulHeuristicResult_t heuristic{};
     int found = 0;
     const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(handle_, op, la, lb, lc, lc, pref, 1, &heuristic, &found);

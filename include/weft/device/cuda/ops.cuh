@@ -206,10 +206,10 @@ void layernorm_forward(Cuda& d, T* out, float* mean, float* rstd, const T* x, co
   check_launch("layernorm_forward");
 }
 
-// Backward, input gradient: one warp per row.
+// Backward, input gradient: one warp per row; plus the residual stream's gradient where given.
 template <class T>
 __global__ void layernorm_backward_dx_kernel(T* dx, const T* dout, const T* x, const T* w, const float* mean,
-                                             const float* rstd, index N, index C) {
+                                             const float* rstd, index N, index C, const T* dresid) {
   const index row = blockIdx.x * static_cast<index>(blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= N) return;
@@ -226,7 +226,8 @@ __global__ void layernorm_backward_dx_kernel(T* dx, const T* dout, const T* x, c
   for (index c = lane; c < C; c += 32) {
     const float norm = (detail::to_f(x[row * C + c]) - m) * r;
     const float dn = detail::to_f(dout[row * C + c]) * detail::to_f(w[c]);
-    dx[row * C + c] = detail::from_f<T>((dn - mean_d - norm * mean_dn) * r);
+    const float g = (dn - mean_d - norm * mean_dn) * r;
+    dx[row * C + c] = detail::from_f<T>(dresid ? g + detail::to_f(dresid[row * C + c]) : g);
   }
 }
 
@@ -259,9 +260,9 @@ __global__ void layernorm_backward_partial_kernel(float* partial, const T* dout,
   }
 }
 
-// Pass 2: dw[c] += sum over chunks in order; db likewise.
-template <class T>
-__global__ void layernorm_backward_finish_kernel(T* dw, T* db, const float* partial, index chunks, index C) {
+// Pass 2: dw[c] += sum over chunks in order; db likewise (G: float, or T).
+template <class G>
+__global__ void layernorm_backward_finish_kernel(G* dw, G* db, const float* partial, index chunks, index C) {
   const index c = blockIdx.x * static_cast<index>(blockDim.x) + threadIdx.x;
   if (c >= C) return;
   float tw = 0, tb = 0;
@@ -269,20 +270,21 @@ __global__ void layernorm_backward_finish_kernel(T* dw, T* db, const float* part
     tw += partial[k * C + c];
     tb += partial[(chunks + k) * C + c];
   }
-  dw[c] = detail::from_f<T>(detail::to_f(dw[c]) + tw);
-  db[c] = detail::from_f<T>(detail::to_f(db[c]) + tb);
+  dw[c] = detail::from_f<G>(detail::to_f(dw[c]) + tw);
+  db[c] = detail::from_f<G>(detail::to_f(db[c]) + tb);
 }
 
-// dx written; dw, db accumulated (+=), as on the host.
-template <Activation T>
-void layernorm_backward(Cuda& d, T* dx, T* dw, T* db, const T* dout, const T* x, const T* w, const float* mean,
-                        const float* rstd, index N, index C) {
+// dx written (plus dresid where given); dw, db accumulated (+=) in G (float for mixed precision,
+// or T), as on the host.
+template <Activation T, Activation G>
+void layernorm_backward(Cuda& d, T* dx, G* dw, G* db, const T* dout, const T* x, const T* w, const float* mean,
+                        const float* rstd, index N, index C, const T* dresid = nullptr) {
   detail::require(C > 0 && N >= 0, "layernorm_backward", cat("N ", N, ", C ", C));
   if (N == 0) return;
   constexpr unsigned threads = 256, rows_per_block = threads / 32;
   layernorm_backward_dx_kernel<<<static_cast<unsigned>((N + rows_per_block - 1) / rows_per_block), threads, 0,
                                  d.stream()>>>(detail::dev(dx), detail::dev(dout), detail::dev(x), detail::dev(w), mean,
-                                               rstd, N, C);
+                                               rstd, N, C, detail::dev(dresid));
   check_launch("layernorm_backward (dx)");
   constexpr index rows_per_chunk = 256;
   const index chunks = (N + rows_per_chunk - 1) / rows_per_chunk;
@@ -343,9 +345,9 @@ void embedding_forward(Cuda& d, T* out, const std::int32_t* tokens, const T* tab
 }
 
 // One block per sorted position i; only the first of each run of equal tokens works: its threads
-// (one per channel) sum the run's rows in position order into the token's row.
-template <class T>
-__global__ void embedding_backward_kernel(T* dtable, const T* dout, const std::int32_t* sorted_tokens,
+// (one per channel) sum the run's rows in position order into the token's row (G: float or T).
+template <class G, class T>
+__global__ void embedding_backward_kernel(G* dtable, const T* dout, const std::int32_t* sorted_tokens,
                                           const std::int32_t* positions, index N, index C, index begin, index end) {
   const index i = blockIdx.x;
   const std::int32_t t = sorted_tokens[i];
@@ -353,8 +355,8 @@ __global__ void embedding_backward_kernel(T* dtable, const T* dout, const std::i
   for (index c = threadIdx.x; c < C; c += blockDim.x) {
     float acc = 0;
     for (index j = i; j < N && sorted_tokens[j] == t; ++j) acc += detail::to_f(dout[positions[j] * C + c]);
-    T* row = dtable + (t - begin) * C;
-    row[c] = detail::from_f<T>(detail::to_f(row[c]) + acc);
+    G* row = dtable + (t - begin) * C;
+    row[c] = detail::from_f<G>(detail::to_f(row[c]) + acc);
   }
 }
 
@@ -366,8 +368,8 @@ __global__ void iota_kernel(std::int32_t* p, index n) {
 }
 
 // dtable += rows of dout for tokens in [begin, end); deterministic (no atomics).
-template <Activation T>
-void embedding_backward(Cuda& d, T* dtable, const T* dout, const std::int32_t* tokens, index N, index C, index begin,
+template <Activation T, Activation G>
+void embedding_backward(Cuda& d, G* dtable, const T* dout, const std::int32_t* tokens, index N, index C, index begin,
                         index end) {
   detail::require(N >= 0 && N < (index{1} << 31), "embedding_backward", cat("N ", N, " tokens"));
   if (N == 0) return;

@@ -57,12 +57,12 @@ __global__ void ce_row_stats_kernel(float* stats, const T* logits, const float* 
 }
 
 template <class T>
-__global__ void ce_backward_kernel(T* logits, const float* rowmax, const float* stats, const std::int32_t* targets,
-                                   index V, index valid, index begin, float scale) {
+__global__ void ce_backward_kernel(T* logits, const float* rowmax, const float* sums, index sum_stride,
+                                   const std::int32_t* targets, index V, index valid, index begin, float scale) {
   constexpr int W = detail::Pack<T>::W;
   const index n = blockIdx.x;
   T* row = logits + n * V;
-  const float m = rowmax[n], inv = 1.0f / stats[2 * n];
+  const float m = rowmax[n], inv = 1.0f / sums[sum_stride * n];
   const index t = targets[n] - begin;
   auto grad = [&](index v, float x) {
     const float p = v < valid ? __expf(x - m) * inv : 0.0f;
@@ -97,13 +97,14 @@ void ce_row_stats(Cuda& d, float* stats, const T* logits, const float* rowmax, c
                                                                                  targets, V, valid, begin);
   check_launch("ce_row_stats");
 }
-// stats: (N, 2) after the all-reduce; stats[2n] is the sum of exponentials.
+// sums: the sum of exponentials of row n at sums[sum_stride n]: the (N, 2) stats after the
+// all-reduce (stride 2), or a compact (N) copy (stride 1).
 template <Activation T>
-void ce_backward(Cuda& d, T* logits_to_dlogits, const float* rowmax, const float* stats, const std::int32_t* targets,
-                 index N, index V, index valid, index begin, float scale) {
+void ce_backward(Cuda& d, T* logits_to_dlogits, const float* rowmax, const float* sums, const std::int32_t* targets,
+                 index N, index V, index valid, index begin, float scale, index sum_stride = 2) {
   if (N == 0) return;
-  ce_backward_kernel<<<static_cast<unsigned>(N), 256, 0, d.stream()>>>(detail::dev(logits_to_dlogits), rowmax, stats,
-                                                                       targets, V, valid, begin, scale);
+  ce_backward_kernel<<<static_cast<unsigned>(N), 256, 0, d.stream()>>>(detail::dev(logits_to_dlogits), rowmax, sums,
+                                                                       sum_stride, targets, V, valid, begin, scale);
   check_launch("ce_backward");
 }
 

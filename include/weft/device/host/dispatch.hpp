@@ -1,9 +1,14 @@
 // Ops<Host>: the host back end's operations behind the dispatch point (device/ops.hpp), each
 // forwarding to the reference op of the same name (gemm.hpp, ops.hpp). Shapes are row-major; N is
 // a number of rows (positions), C a row's length.
+//
+// T is the compute type (double, float, bf16) and S = accumulate_t<T> the type of parameter
+// gradients, statistics and master weights (core/precision.hpp); the Cuda specialization has the
+// same signatures.
 #pragma once
 
 #include <cstring>
+#include <vector>
 
 #include "weft/device/host/gemm.hpp"
 #include "weft/device/host/host.hpp"
@@ -15,15 +20,34 @@ namespace weft {
 template <>
 struct Ops<Host> {
   using index = std::int64_t;
+  template <class T> using acc = accumulate_t<T>;
 
-  // C (m, n) = alpha op(A) op(B) + beta C (see host::gemm).
-  template <class T>
-  static void gemm(Host&, Trans ta, Trans tb, index m, index n, index k, T alpha, const T* a, index lda, const T* b,
-                   index ldb, T beta, T* c, index ldc) {
-    host::gemm<T>(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  // C (m, n) = alpha op(A) op(B) + beta C (see host::gemm): A and B in T, C in T or in acc<T> (the
+  // parameter gradients of bf16 compute), accumulated in acc<T> and rounded once into C.
+  template <class T, class C>
+  static void gemm(Host&, Trans ta, Trans tb, index m, index n, index k, acc<T> alpha, const T* a, index lda,
+                   const T* b, index ldb, acc<T> beta, C* c, index ldc) {
+    static_assert(std::same_as<C, T> || std::same_as<C, acc<T>>, "Ops<Host>::gemm: C must be T or accumulate_t<T>");
+    if constexpr (std::same_as<T, acc<T>>) {
+      host::gemm<T>(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    } else {  // bf16 operands: widen, multiply in float, round once where C is bf16
+      auto extent = [](index rows, index ld, index cols) { return rows > 0 && cols > 0 ? (rows - 1) * ld + cols : 0; };
+      const std::vector<float> wa = widened(a, ta == Trans::yes ? extent(k, lda, m) : extent(m, lda, k));
+      const std::vector<float> wb = widened(b, tb == Trans::yes ? extent(n, ldb, k) : extent(k, ldb, n));
+      if constexpr (std::same_as<C, float>) {
+        host::gemm<float>(ta, tb, m, n, k, alpha, wa.data(), lda, wb.data(), ldb, beta, c, ldc);
+      } else {
+        std::vector<float> wc = widened(c, beta == 0.0f ? 0 : extent(m, ldc, n));
+        wc.resize(static_cast<std::size_t>(m * ldc));
+        host::gemm<float>(ta, tb, m, n, k, alpha, wa.data(), lda, wb.data(), ldb, beta, wc.data(), ldc);
+        for (index i = 0; i < m; ++i)
+          for (index j = 0; j < n; ++j) c[i * ldc + j] = bf16(wc[static_cast<std::size_t>(i * ldc + j)]);
+      }
+    }
   }
 
-  // Memory: n elements set to zero; n elements copied (the ranges do not overlap).
+  // Memory: n elements set to zero; n elements copied (the ranges do not overlap); n elements
+  // converted (master weights rounded to the compute type).
   template <class T>
   static void zero(Host&, T* out, index n) {
     if (n > 0) std::memset(static_cast<void*>(out), 0, static_cast<std::size_t>(n) * sizeof(T));
@@ -32,6 +56,8 @@ struct Ops<Host> {
   static void copy(Host&, T* out, const T* in, index n) {
     if (n > 0) std::memcpy(static_cast<void*>(out), in, static_cast<std::size_t>(n) * sizeof(T));
   }
+  template <class To, class From>
+  static void convert(Host&, To* out, const From* in, index n) { host::convert(out, in, n); }
 
   // Parameter initialization (see host::init_normal): a constant, or normal draws keyed by each
   // element's global index in the rank's box (offset) of the global tensor.
@@ -53,18 +79,19 @@ struct Ops<Host> {
   template <class T>
   static void bias_add(Host&, T* y, const T* b, index N, index C) { host::bias_add(y, b, N, C); }
   template <class T>
-  static void bias_backward(Host&, T* db, const T* dy, index N, index C) { host::bias_backward(db, dy, N, C); }
+  static void bias_backward(Host&, acc<T>* db, const T* dy, index N, index C) { host::bias_backward(db, dy, N, C); }
 
-  // LayerNorm over rows of C: mean and rstd (N) saved for backward.
+  // LayerNorm over rows of C: mean and rstd (N) saved for backward. The backward adds dresid (the
+  // residual stream's gradient) into dx when it is not null.
   template <class T>
-  static void layernorm_forward(Host&, T* out, T* mean, T* rstd, const T* x, const T* w, const T* b, index N, index C,
-                                T eps) {
+  static void layernorm_forward(Host&, T* out, acc<T>* mean, acc<T>* rstd, const T* x, const T* w, const T* b, index N,
+                                index C, acc<T> eps) {
     host::layernorm_forward(out, mean, rstd, x, w, b, N, C, eps);
   }
   template <class T>
-  static void layernorm_backward(Host&, T* dx, T* dw, T* db, const T* dout, const T* x, const T* w, const T* mean,
-                                 const T* rstd, index N, index C) {
-    host::layernorm_backward(dx, dw, db, dout, x, w, mean, rstd, N, C);
+  static void layernorm_backward(Host&, T* dx, acc<T>* dw, acc<T>* db, const T* dout, const T* x, const T* w,
+                                 const acc<T>* mean, const acc<T>* rstd, index N, index C, const T* dresid = nullptr) {
+    host::layernorm_backward(dx, dw, db, dout, x, w, mean, rstd, N, C, dresid);
   }
 
   // Causal attention over H local heads of size hd; probs (B, H, T, T).
@@ -85,7 +112,7 @@ struct Ops<Host> {
     host::embedding_forward(out, tokens, table, N, C, begin, end);
   }
   template <class T>
-  static void embedding_backward(Host&, T* dtable, const T* dout, const std::int32_t* tokens, index N, index C,
+  static void embedding_backward(Host&, acc<T>* dtable, const T* dout, const std::int32_t* tokens, index N, index C,
                                  index begin, index end) {
     host::embedding_backward(dtable, dout, tokens, N, C, begin, end);
   }
@@ -94,23 +121,28 @@ struct Ops<Host> {
     host::position_forward(x, table, B, Tl, C, t0);
   }
   template <class T>
-  static void position_backward(Host&, T* dtable, const T* dy, index B, index Tl, index C, index t0) {
+  static void position_backward(Host&, acc<T>* dtable, const T* dy, index B, index Tl, index C, index t0) {
     host::position_backward(dtable, dy, B, Tl, C, t0);
   }
 
-  // Vocab-parallel cross-entropy over logits (N, V) with `valid` real columns from `begin`.
+  // Vocab-parallel cross-entropy over logits (N, V) with `valid` real columns from `begin`; the loss
+  // sum over the rows comes back to the host.
   template <class T>
-  static void ce_row_max(Host&, T* rowmax, const T* logits, index N, index V, index valid) {
+  static void ce_row_max(Host&, acc<T>* rowmax, const T* logits, index N, index V, index valid) {
     host::ce_row_max(rowmax, logits, N, V, valid);
   }
   template <class T>
-  static void ce_row_stats(Host&, T* stats, const T* logits, const T* rowmax, const std::int32_t* targets, index N,
-                           index V, index valid, index begin) {
+  static void ce_row_stats(Host&, acc<T>* stats, const T* logits, const acc<T>* rowmax, const std::int32_t* targets,
+                           index N, index V, index valid, index begin) {
     host::ce_row_stats(stats, logits, rowmax, targets, N, V, valid, begin);
   }
+  template <class S>
+  static double ce_loss(Host&, S* sumexp, const S* stats, const S* rowmax, index N) {
+    return host::ce_loss(sumexp, stats, rowmax, N);
+  }
   template <class T>
-  static void ce_backward(Host&, T* dlogits, const T* logits, const T* rowmax, const T* sumexp,
-                          const std::int32_t* targets, index N, index V, index valid, index begin, T scale) {
+  static void ce_backward(Host&, T* dlogits, const T* logits, const acc<T>* rowmax, const acc<T>* sumexp,
+                          const std::int32_t* targets, index N, index V, index valid, index begin, acc<T> scale) {
     host::ce_backward(dlogits, logits, rowmax, sumexp, targets, N, V, valid, begin, scale);
   }
 
@@ -128,6 +160,14 @@ struct Ops<Host> {
   }
   template <class T>
   static double sum_squares(Host&, const T* x, index n) { return host::sum_squares(x, n); }
+
+ private:
+  template <class T>
+  static std::vector<float> widened(const T* p, index n) {
+    std::vector<float> w(static_cast<std::size_t>(n));
+    for (index i = 0; i < n; ++i) w[static_cast<std::size_t>(i)] = static_cast<float>(p[i]);
+    return w;
+  }
 };
 
 }  // namespace weft

@@ -1,7 +1,10 @@
 // Host reference ops: the op set every back end implements, in plain loops over row-major buffers.
 //
-// These are the reference the CUDA ops are tested against, and the compute of the host back end
-// (templated on float or double; double makes finite-difference checks exact to 1e-6 and better).
+// These are the reference the CUDA ops are tested against, and the compute of the host back end,
+// for T = double (finite-difference checks exact to 1e-6 and better), float, and bf16 storage. Each
+// op reads T, computes in S = accumulate_t<T> (float for bf16; T otherwise) and writes a T output
+// once (one rounding, where the GPU rounds); parameter gradients, statistics and the optimizer's
+// buffers are in S (core/precision.hpp). For float and double, widen and narrow are the identity.
 // Conventions, as in llm.c: activation gradients are written (=), parameter gradients accumulate
 // (+=) so micro-batches add up; sizes are element counts. Every loop is serial in a fixed order, so
 // results are bitwise repeatable.
@@ -12,6 +15,9 @@
 #include <cstdint>
 #include <limits>
 
+#include <vector>
+
+#include "weft/core/dtype.hpp"
 #include "weft/core/philox.hpp"
 #include "weft/core/shape.hpp"
 #include "weft/ops/math.hpp"
@@ -20,72 +26,84 @@ namespace weft::host {
 
 using index = std::int64_t;
 
-// LayerNorm over the last dim of x (N, C): out = (x - mean) rstd w + b; saves mean, rstd (N).
-template <class T>
-void layernorm_forward(T* out, T* mean, T* rstd, const T* x, const T* w, const T* b, index N, index C, T eps) {
+// LayerNorm over the last dim of x (N, C): out = (x - mean) rstd w + b; saves mean, rstd (N) in S.
+template <class T, class S = accumulate_t<T>>
+void layernorm_forward(T* out, S* mean, S* rstd, const T* x, const T* w, const T* b, index N, index C, S eps) {
   for (index n = 0; n < N; ++n) {
     const T* xr = x + n * C;
-    T m = 0;
-    for (index c = 0; c < C; ++c) m += xr[c];
-    m /= static_cast<T>(C);
-    T v = 0;
-    for (index c = 0; c < C; ++c) v += (xr[c] - m) * (xr[c] - m);
-    v /= static_cast<T>(C);
-    const T s = T(1) / std::sqrt(v + eps);
-    for (index c = 0; c < C; ++c) out[n * C + c] = (xr[c] - m) * s * w[c] + b[c];
+    S m = 0;
+    for (index c = 0; c < C; ++c) m += widen(xr[c]);
+    m /= static_cast<S>(C);
+    S v = 0;
+    for (index c = 0; c < C; ++c) v += (widen(xr[c]) - m) * (widen(xr[c]) - m);
+    v /= static_cast<S>(C);
+    const S s = S(1) / std::sqrt(v + eps);
+    for (index c = 0; c < C; ++c) out[n * C + c] = narrow<T>((widen(xr[c]) - m) * s * widen(w[c]) + widen(b[c]));
     mean[n] = m;
     rstd[n] = s;
   }
 }
 
 // dx = rstd (dnorm - mean(dnorm) - norm mean(dnorm norm)) with dnorm = dout w;  dw += sum dout norm;
-// db += sum dout (sums over the N rows).
-template <class T>
-void layernorm_backward(T* dx, T* dw, T* db, const T* dout, const T* x, const T* w, const T* mean, const T* rstd,
-                        index N, index C) {
+// db += sum dout (sums over the N rows). With a residual gradient (not null), dx += dresid: the
+// gradient of x + f(layernorm(x)) in one pass.
+template <class T, class S = accumulate_t<T>>
+void layernorm_backward(T* dx, S* dw, S* db, const T* dout, const T* x, const T* w, const S* mean, const S* rstd,
+                        index N, index C, const T* dresid = nullptr) {
   for (index n = 0; n < N; ++n) {
     const T* xr = x + n * C;
     const T* dr = dout + n * C;
-    T mean_d = 0, mean_dn = 0;
+    S mean_d = 0, mean_dn = 0;
     for (index c = 0; c < C; ++c) {
-      const T norm = (xr[c] - mean[n]) * rstd[n];
-      const T dnorm = dr[c] * w[c];
+      const S norm = (widen(xr[c]) - mean[n]) * rstd[n];
+      const S dnorm = widen(dr[c]) * widen(w[c]);
       mean_d += dnorm;
       mean_dn += dnorm * norm;
     }
-    mean_d /= static_cast<T>(C);
-    mean_dn /= static_cast<T>(C);
+    mean_d /= static_cast<S>(C);
+    mean_dn /= static_cast<S>(C);
     for (index c = 0; c < C; ++c) {
-      const T norm = (xr[c] - mean[n]) * rstd[n];
-      const T dnorm = dr[c] * w[c];
-      dx[n * C + c] = (dnorm - mean_d - norm * mean_dn) * rstd[n];
-      dw[c] += dr[c] * norm;
-      db[c] += dr[c];
+      const S norm = (widen(xr[c]) - mean[n]) * rstd[n];
+      const S dnorm = widen(dr[c]) * widen(w[c]);
+      const S g = (dnorm - mean_d - norm * mean_dn) * rstd[n];
+      dx[n * C + c] = narrow<T>(dresid ? g + widen(dresid[n * C + c]) : g);
+      dw[c] += widen(dr[c]) * norm;
+      db[c] += widen(dr[c]);
     }
   }
 }
 
 template <class T>
 void gelu_forward(T* out, const T* x, index n) {
-  for (index i = 0; i < n; ++i) out[i] = math::gelu(x[i]);
+  for (index i = 0; i < n; ++i) out[i] = narrow<T>(math::gelu(widen(x[i])));
 }
 
 // dx = dout gelu'(x).
 template <class T>
 void gelu_backward(T* dx, const T* x, const T* dout, index n) {
-  for (index i = 0; i < n; ++i) dx[i] = dout[i] * math::gelu_grad(x[i]);
+  for (index i = 0; i < n; ++i) dx[i] = narrow<T>(widen(dout[i]) * math::gelu_grad(widen(x[i])));
 }
 
 // out += x (the residual add; n elements).
 template <class T>
 void add_inplace(T* out, const T* x, index n) {
-  for (index i = 0; i < n; ++i) out[i] += x[i];
+  for (index i = 0; i < n; ++i) out[i] = narrow<T>(widen(out[i]) + widen(x[i]));
 }
 
 // out (n) = v.
 template <class T>
 void fill(T* out, index n, T v) {
   for (index i = 0; i < n; ++i) out[i] = v;
+}
+
+// out (n) = in rounded to T (the master weights to the compute copy), or widened.
+template <class To, class From>
+void convert(To* out, const From* in, index n) {
+  for (index i = 0; i < n; ++i) out[i] = static_cast<To>(static_cast<float>(in[i]));
+}
+template <class T>
+void convert(T* out, const T* in, index n) {
+  std::copy(in, in + n, out);
 }
 
 // Parameter initialization: out, this rank's shard (local shape `local`, row-major) of a tensor of
@@ -100,7 +118,7 @@ void init_normal(T* out, const Shape& global, const Shape& local, const Shape& o
       g += ((i / local.inner(d)) % local[d] + offset[d]) * stride;
       stride *= global[d];
     }
-    out[i] = static_cast<T>(std * weft::normal(seed, id, static_cast<std::uint64_t>(g)));
+    out[i] = narrow<T>(static_cast<accumulate_t<T>>(std * weft::normal(seed, id, static_cast<std::uint64_t>(g))));
   }
 }
 
@@ -108,14 +126,14 @@ void init_normal(T* out, const Shape& global, const Shape& local, const Shape& o
 template <class T>
 void bias_add(T* y, const T* b, index N, index C) {
   for (index n = 0; n < N; ++n)
-    for (index c = 0; c < C; ++c) y[n * C + c] += b[c];
+    for (index c = 0; c < C; ++c) y[n * C + c] = narrow<T>(widen(y[n * C + c]) + widen(b[c]));
 }
 
 // db (C) += the sum over rows of dy (N, C), rows in order.
-template <class T>
-void bias_backward(T* db, const T* dy, index N, index C) {
+template <class T, class S = accumulate_t<T>>
+void bias_backward(S* db, const T* dy, index N, index C) {
   for (index n = 0; n < N; ++n)
-    for (index c = 0; c < C; ++c) db[c] += dy[n * C + c];
+    for (index c = 0; c < C; ++c) db[c] += widen(dy[n * C + c]);
 }
 
 // Learned positions: x (B, Tl, C) += table rows t0 .. t0 + Tl - 1 (this rank's positions).
@@ -123,90 +141,112 @@ template <class T>
 void position_forward(T* x, const T* table, index B, index Tl, index C, index t0) {
   for (index b = 0; b < B; ++b)
     for (index t = 0; t < Tl; ++t)
-      for (index c = 0; c < C; ++c) x[(b * Tl + t) * C + c] += table[(t0 + t) * C + c];
+      for (index c = 0; c < C; ++c) {
+        T& e = x[(b * Tl + t) * C + c];
+        e = narrow<T>(widen(e) + widen(table[(t0 + t) * C + c]));
+      }
 }
 
 // dtable rows t0 .. t0 + Tl - 1 += dy (B, Tl, C), summed over the batch in order.
-template <class T>
-void position_backward(T* dtable, const T* dy, index B, index Tl, index C, index t0) {
+template <class T, class S = accumulate_t<T>>
+void position_backward(S* dtable, const T* dy, index B, index Tl, index C, index t0) {
   for (index b = 0; b < B; ++b)
     for (index t = 0; t < Tl; ++t)
-      for (index c = 0; c < C; ++c) dtable[(t0 + t) * C + c] += dy[(b * Tl + t) * C + c];
+      for (index c = 0; c < C; ++c) dtable[(t0 + t) * C + c] += widen(dy[(b * Tl + t) * C + c]);
 }
 
 // Causal self-attention core for H heads of size hd.
 //   qkv   (B, T, H, 3, hd)  q, k, v of each head side by side (whole heads stay together when the
 //                           fused QKV projection is sharded over heads)
 //   out   (B, T, H, hd)
-//   probs (B, H, T, T)      softmax(q k^T / sqrt(hd)) with the future masked, saved for backward
+//   probs (B, H, T, T)      softmax(q k^T / sqrt(hd)) with the future masked, saved for backward;
+//                           computed in S, stored in T, and the output reads the stored values
 template <class T>
 void attention_forward(T* out, T* probs, const T* qkv, index B, index Tn, index H, index hd) {
-  const T scale = T(1) / std::sqrt(static_cast<T>(hd));
+  using S = accumulate_t<T>;
+  const S scale = S(1) / std::sqrt(static_cast<S>(hd));
   const index row = H * 3 * hd;  // one token's qkv
+  std::vector<S> p(static_cast<std::size_t>(Tn)), o(static_cast<std::size_t>(hd));
   for (index b = 0; b < B; ++b)
     for (index h = 0; h < H; ++h) {
       T* P = probs + (b * H + h) * Tn * Tn;
       for (index i = 0; i < Tn; ++i) {
         const T* q = qkv + (b * Tn + i) * row + h * 3 * hd;
-        T mx = -std::numeric_limits<T>::infinity();
+        S mx = -std::numeric_limits<S>::infinity();
         for (index j = 0; j <= i; ++j) {
           const T* k = qkv + (b * Tn + j) * row + h * 3 * hd + hd;
-          T s = 0;
-          for (index d = 0; d < hd; ++d) s += q[d] * k[d];
-          P[i * Tn + j] = s * scale;
-          mx = std::max(mx, P[i * Tn + j]);
+          S s = 0;
+          for (index d = 0; d < hd; ++d) s += widen(q[d]) * widen(k[d]);
+          p[j] = s * scale;
+          mx = std::max(mx, p[j]);
         }
-        T sum = 0;
-        for (index j = 0; j <= i; ++j) sum += (P[i * Tn + j] = std::exp(P[i * Tn + j] - mx));
-        for (index j = 0; j <= i; ++j) P[i * Tn + j] /= sum;
-        for (index j = i + 1; j < Tn; ++j) P[i * Tn + j] = 0;
-        T* o = out + ((b * Tn + i) * H + h) * hd;
-        for (index d = 0; d < hd; ++d) o[d] = 0;
+        S sum = 0;
+        for (index j = 0; j <= i; ++j) sum += (p[j] = std::exp(p[j] - mx));
+        for (index j = 0; j <= i; ++j) P[i * Tn + j] = narrow<T>(p[j] / sum);
+        for (index j = i + 1; j < Tn; ++j) P[i * Tn + j] = narrow<T>(S(0));
+        std::fill(o.begin(), o.end(), S(0));
         for (index j = 0; j <= i; ++j) {
           const T* v = qkv + (b * Tn + j) * row + h * 3 * hd + 2 * hd;
-          for (index d = 0; d < hd; ++d) o[d] += P[i * Tn + j] * v[d];
+          const S pij = widen(P[i * Tn + j]);
+          for (index d = 0; d < hd; ++d) o[d] += pij * widen(v[d]);
         }
+        T* out_i = out + ((b * Tn + i) * H + h) * hd;
+        for (index d = 0; d < hd; ++d) out_i[d] = narrow<T>(o[d]);
       }
     }
 }
 
-// dqkv (B, T, H, 3, hd) = gradient of the attention core, from dout (B, T, H, hd) and saved probs.
+// dqkv (B, T, H, 3, hd) = gradient of the attention core, from dout (B, T, H, hd) and saved probs;
+// accumulated in S and written once.
 template <class T>
-void attention_backward(T* dqkv, const T* dout, const T* qkv, const T* probs, index B, index Tn, index H, index hd) {
-  const T scale = T(1) / std::sqrt(static_cast<T>(hd));
+void attention_backward(T* dqkv_out, const T* dout, const T* qkv, const T* probs, index B, index Tn, index H,
+                        index hd) {
+  using S = accumulate_t<T>;
+  const S scale = S(1) / std::sqrt(static_cast<S>(hd));
   const index row = H * 3 * hd;
-  std::fill(dqkv, dqkv + B * Tn * row, T(0));
+  std::vector<S> scratch;
+  S* dqkv;
+  if constexpr (std::same_as<T, S>) {
+    dqkv = dqkv_out;
+  } else {
+    scratch.resize(static_cast<std::size_t>(B * Tn * row));
+    dqkv = scratch.data();
+  }
+  std::fill(dqkv, dqkv + B * Tn * row, S(0));
   for (index b = 0; b < B; ++b)
     for (index h = 0; h < H; ++h) {
       const T* P = probs + (b * H + h) * Tn * Tn;
       for (index i = 0; i < Tn; ++i) {
         const T* dout_i = dout + ((b * Tn + i) * H + h) * hd;
         const T* q = qkv + (b * Tn + i) * row + h * 3 * hd;
-        T* dq = dqkv + (b * Tn + i) * row + h * 3 * hd;
+        S* dq = dqkv + (b * Tn + i) * row + h * 3 * hd;
         // dP_ij = dout_i . v_j; dv_j += P_ij dout_i; dS_ij = P_ij (dP_ij - sum_j P_ij dP_ij).
-        T dot = 0;
+        S dot = 0;
         for (index j = 0; j <= i; ++j) {
           const T* v = qkv + (b * Tn + j) * row + h * 3 * hd + 2 * hd;
-          T dp = 0;
-          for (index d = 0; d < hd; ++d) dp += dout_i[d] * v[d];
-          dot += P[i * Tn + j] * dp;
+          S dp = 0;
+          for (index d = 0; d < hd; ++d) dp += widen(dout_i[d]) * widen(v[d]);
+          dot += widen(P[i * Tn + j]) * dp;
         }
         for (index j = 0; j <= i; ++j) {
           const T* k = qkv + (b * Tn + j) * row + h * 3 * hd + hd;
           const T* v = k + hd;
-          T* dk = dqkv + (b * Tn + j) * row + h * 3 * hd + hd;
-          T* dv = dk + hd;
-          T dp = 0;
-          for (index d = 0; d < hd; ++d) dp += dout_i[d] * v[d];
-          const T ds = P[i * Tn + j] * (dp - dot) * scale;
+          S* dk = dqkv + (b * Tn + j) * row + h * 3 * hd + hd;
+          S* dv = dk + hd;
+          S dp = 0;
+          for (index d = 0; d < hd; ++d) dp += widen(dout_i[d]) * widen(v[d]);
+          const S pij = widen(P[i * Tn + j]);
+          const S ds = pij * (dp - dot) * scale;
           for (index d = 0; d < hd; ++d) {
-            dq[d] += ds * k[d];
-            dk[d] += ds * q[d];
-            dv[d] += P[i * Tn + j] * dout_i[d];
+            dq[d] += ds * widen(k[d]);
+            dk[d] += ds * widen(q[d]);
+            dv[d] += pij * widen(dout_i[d]);
           }
         }
       }
     }
+  if constexpr (!std::same_as<T, S>)
+    for (index i = 0; i < B * Tn * row; ++i) dqkv_out[i] = narrow<T>(dqkv[i]);
 }
 
 // Vocab-parallel embedding lookup: rows [begin, end) of the vocabulary live here as table
@@ -217,59 +257,70 @@ void embedding_forward(T* out, const std::int32_t* tokens, const T* table, index
   for (index n = 0; n < N; ++n) {
     const index t = tokens[n];
     if (t >= begin && t < end) std::copy(table + (t - begin) * C, table + (t - begin + 1) * C, out + n * C);
-    else std::fill(out + n * C, out + (n + 1) * C, T(0));
+    else std::fill(out + n * C, out + (n + 1) * C, narrow<T>(accumulate_t<T>(0)));
   }
 }
 
 // dtable += the rows of dout for tokens in [begin, end); serial in token order (deterministic).
-template <class T>
-void embedding_backward(T* dtable, const T* dout, const std::int32_t* tokens, index N, index C, index begin,
+template <class T, class S = accumulate_t<T>>
+void embedding_backward(S* dtable, const T* dout, const std::int32_t* tokens, index N, index C, index begin,
                         index end) {
   for (index n = 0; n < N; ++n) {
     const index t = tokens[n];
     if (t < begin || t >= end) continue;
-    T* row = dtable + (t - begin) * C;
-    for (index c = 0; c < C; ++c) row[c] += dout[n * C + c];
+    S* row = dtable + (t - begin) * C;
+    for (index c = 0; c < C; ++c) row[c] += widen(dout[n * C + c]);
   }
 }
 
 // Cross-entropy over vocab-sharded logits (N, V) holding vocabulary rows [begin, begin + V), of which
 // the first `valid` are real (the rest pad the vocabulary to a multiple of the tensor degree and are
 // masked out of the softmax). Three steps around two all-reduces (max, then sum of exponentials
-// with the target logit packed beside it):
+// with the target logit packed beside it), statistics in S:
 //   1. ce_row_max:   rowmax (N) = max over valid local logits (-inf if none)
 //   2. ce_row_stats: stats (N, 2) = (sum exp(logit - max), target logit if the target is local else 0)
-//   3. loss_n = log(sumexp_n) + max_n - target_n;  dlogits = scale (softmax - onehot) (ce_backward)
-template <class T>
-void ce_row_max(T* rowmax, const T* logits, index N, index V, index valid) {
+//   3. ce_loss:      sumexp (N) = stats[., 0]; returns sum_n log(sumexp_n) + max_n - target_n
+//   4. ce_backward:  dlogits = scale (softmax - onehot)
+template <class T, class S = accumulate_t<T>>
+void ce_row_max(S* rowmax, const T* logits, index N, index V, index valid) {
   for (index n = 0; n < N; ++n) {
-    T m = -std::numeric_limits<T>::infinity();
-    for (index v = 0; v < valid; ++v) m = std::max(m, logits[n * V + v]);
+    S m = -std::numeric_limits<S>::infinity();
+    for (index v = 0; v < valid; ++v) m = std::max(m, widen(logits[n * V + v]));
     rowmax[n] = m;
   }
 }
 
-template <class T>
-void ce_row_stats(T* stats, const T* logits, const T* rowmax, const std::int32_t* targets, index N, index V,
+template <class T, class S = accumulate_t<T>>
+void ce_row_stats(S* stats, const T* logits, const S* rowmax, const std::int32_t* targets, index N, index V,
                   index valid, index begin) {
   for (index n = 0; n < N; ++n) {
-    T s = 0;
-    for (index v = 0; v < valid; ++v) s += std::exp(logits[n * V + v] - rowmax[n]);
+    S s = 0;
+    for (index v = 0; v < valid; ++v) s += std::exp(widen(logits[n * V + v]) - rowmax[n]);
     const index t = targets[n] - begin;
     stats[2 * n] = s;
-    stats[2 * n + 1] = (t >= 0 && t < valid) ? logits[n * V + t] : T(0);
+    stats[2 * n + 1] = (t >= 0 && t < valid) ? widen(logits[n * V + t]) : S(0);
   }
 }
 
+template <class S>
+double ce_loss(S* sumexp, const S* stats, const S* rowmax, index N) {
+  double loss = 0;
+  for (index n = 0; n < N; ++n) {
+    sumexp[n] = stats[2 * n];
+    loss += static_cast<double>(std::log(stats[2 * n]) + rowmax[n] - stats[2 * n + 1]);
+  }
+  return loss;
+}
+
 // dlogits (N, V) = scale (exp(logit - max) / sumexp - [v == target]); zero in padded columns.
-template <class T>
-void ce_backward(T* dlogits, const T* logits, const T* rowmax, const T* sumexp, const std::int32_t* targets, index N,
-                 index V, index valid, index begin, T scale) {
+template <class T, class S = accumulate_t<T>>
+void ce_backward(T* dlogits, const T* logits, const S* rowmax, const S* sumexp, const std::int32_t* targets, index N,
+                 index V, index valid, index begin, S scale) {
   for (index n = 0; n < N; ++n) {
     const index t = targets[n] - begin;
     for (index v = 0; v < V; ++v) {
-      const T p = v < valid ? std::exp(logits[n * V + v] - rowmax[n]) / sumexp[n] : T(0);
-      dlogits[n * V + v] = scale * (p - (v == t ? T(1) : T(0)));
+      const S p = v < valid ? std::exp(widen(logits[n * V + v]) - rowmax[n]) / sumexp[n] : S(0);
+      dlogits[n * V + v] = narrow<T>(scale * (p - (v == t ? S(1) : S(0))));
     }
   }
 }

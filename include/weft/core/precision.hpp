@@ -1,0 +1,61 @@
+// Precision<Compute, Master>: the numeric policy of a model and its optimizer, as one type.
+//
+//   policy                    weights, activations   gradients, master weights,   statistics (LayerNorm
+//                             (what GEMMs read)      optimizer state, reductions  mean/rstd, softmax, loss)
+//   Precision<double>         f64                    f64                          f64   the tests' oracle
+//   Precision<float>          f32                    f32                          f32
+//   Precision<bf16, float>    bf16                   f32                          f32   mixed precision
+//
+// Under bf16 every op reads bf16 and computes in f32 (GEMMs accumulate in f32), and rounds once
+// where it writes a bf16 activation. Parameter gradients are accumulated in f32 buffers (the GEMM
+// that produces dW reads bf16 and adds into f32), reduced across ranks in f32, and applied to the
+// f32 master weights; the bf16 weights the next forward reads are the master weights rounded once
+// per step. The host runs the same policy (bf16 storage, f32 arithmetic), so mixed-precision
+// training is tested on every machine. No loss scaling: bf16 has f32's exponent range.
+//
+// A bare element type stands for its own policy: precision_t<float> is Precision<float>.
+//
+// This header is plain C++20.
+#pragma once
+
+#include <concepts>
+#include <string>
+
+#include "weft/core/dtype.hpp"
+
+namespace weft {
+
+template <Floating Compute, Floating Master = accumulate_t<Compute>>
+struct Precision {
+  static_assert(std::same_as<Master, accumulate_t<Compute>>,
+                "Precision: the master type must be the compute type's accumulation type (f32 for bf16 and f32 "
+                "compute, f64 for f64 compute); use Precision<bf16, float>, Precision<float> or Precision<double>");
+  using compute = Compute;  // weights and activations as the ops read them
+  using master = Master;    // gradients, master weights, optimizer state, statistics
+  static constexpr bool mixed = !std::same_as<Compute, Master>;
+  static std::string name() {
+    return mixed ? std::string("Precision<") + std::string(weft::name(dtype_of<Compute>)) + ", " +
+                       std::string(weft::name(dtype_of<Master>)) + ">"
+                 : std::string("Precision<") + std::string(weft::name(dtype_of<Compute>)) + ">";
+  }
+};
+
+using F64 = Precision<double>;
+using F32 = Precision<float>;
+using Bf16Mixed = Precision<bf16, float>;
+
+template <class X> struct is_precision : std::false_type {};
+template <class C, class M> struct is_precision<Precision<C, M>> : std::true_type {};
+
+// A precision policy, or an element type standing for Precision<T>.
+template <class X>
+concept PrecisionLike = is_precision<X>::value || Floating<X>;
+
+template <PrecisionLike X> struct precision_of { using type = X; };
+template <Floating T> struct precision_of<T> { using type = Precision<T>; };
+template <PrecisionLike X> using precision_t = typename precision_of<X>::type;
+
+// The type of a compute type's parameter gradients, master weights and statistics.
+template <Floating T> using master_t = accumulate_t<T>;
+
+}  // namespace weft
