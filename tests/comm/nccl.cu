@@ -55,3 +55,17 @@ TEST_CASE("NCCL communicator, world of one GPU: collectives on device and host b
   const auto threads = test::train_markov<F32, optim::Ddp, false, Cuda>(5, 1);
   CHECK(losses == threads);
 }
+
+TEST_CASE("NCCL: an operation that cannot complete (a send with no receive) ends at the deadline with an Error, not a hang") {
+  Cuda& d = test::gpu();
+  nccl::NcclComm world(d, 1, 0, nccl::unique_id(), std::chrono::milliseconds(2000));
+  std::vector<float> h{1.0f};
+  Allocation b = d.allocate(sizeof(float));
+  d.from_host(b.data(), h.data(), sizeof(float));
+  const auto start = std::chrono::steady_clock::now();
+  CHECK_THROWS_AS(world.send(std::span<const float>(static_cast<const float*>(b.data()), 1), 0), Error);
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  CHECK(waited < 10.0);  // the 2 s deadline, plus the abort
+  // The aborted communicator refuses further work with an Error naming why.
+  CHECK_THROWS_WITH_AS(world.barrier(), doctest::Contains("aborted"), Error);
+}

@@ -5,6 +5,9 @@
 // the whole stack for Cuda.
 #include <doctest/doctest.h>
 
+#include <atomic>
+#include <cstring>
+
 #include "support/cuda_ranks.cuh"
 #include "support/train_markov.hpp"
 
@@ -102,4 +105,49 @@ TEST_CASE("bf16 mixed precision on the GPU: 300 steps on the Markov corpus end w
   const double a = test::mean_of_last(host, 50), b = test::mean_of_last(gpu, 50);
   MESSAGE("mean loss of the last 50 steps: host f32 ", a, ", GPU bf16 ", b);
   CHECK(std::abs(a - b) < 0.05);
+}
+
+TEST_CASE("thread ranks sharing the GPU keep the thread back end's failure rules: a mismatched collective on device buffers is an Error on every rank") {
+  (void)test::gpu();
+  std::atomic<int> errors{0};
+  run_threads(2, [&](ThreadComm& world) {
+    auto dev = test::rank_device<Cuda>(world);
+    const std::int64_t n = world.rank() == 0 ? 4 : 5;  // rank 1 asks for one element more
+    Allocation b = dev->allocate(n * static_cast<std::int64_t>(sizeof(float)));
+    dev->zero(b.data(), static_cast<std::size_t>(n) * sizeof(float));
+    try {
+      world.all_reduce(std::span<float>(static_cast<float*>(b.data()), static_cast<std::size_t>(n)));
+    } catch (const Error& e) {
+      if (std::string(e.what()).find("mismatched collective") != std::string::npos) ++errors;
+    }
+  });
+  CHECK(errors == 2);
+}
+
+TEST_CASE("thread ranks sharing the GPU: all_reduce, reduce_scatter and all_gather of device buffers equal the host's, bitwise") {
+  (void)test::gpu();
+  // 3 ranks, 1000 elements of f32 and bf16: sums in rank order on the device equal the host's.
+  auto check = [&]<class T>() {
+    std::vector<std::vector<T>> host_out(3), dev_out(3);
+    auto input = [](int r, std::size_t i) { return test::from_double<T>(weft::normal(11, static_cast<std::uint64_t>(r), i)); };
+    run_threads(3, [&](ThreadComm& world) {
+      std::vector<T> h(1000);
+      for (std::size_t i = 0; i < h.size(); ++i) h[i] = input(world.rank(), i);
+      world.all_reduce(std::span<T>(h));
+      host_out[static_cast<std::size_t>(world.rank())] = h;
+    });
+    run_threads(3, [&](ThreadComm& world) {
+      auto dev = test::rank_device<Cuda>(world);
+      std::vector<T> h(1000);
+      for (std::size_t i = 0; i < h.size(); ++i) h[i] = input(world.rank(), i);
+      Allocation b = dev->allocate(1000 * static_cast<std::int64_t>(sizeof(T)));
+      dev->from_host(b.data(), h.data(), 1000 * sizeof(T));
+      world.all_reduce(std::span<T>(static_cast<T*>(b.data()), 1000));
+      dev->to_host(h.data(), b.data(), 1000 * sizeof(T));
+      dev_out[static_cast<std::size_t>(world.rank())] = h;
+    });
+    for (int r = 0; r < 3; ++r) CHECK(std::memcmp(host_out[r].data(), dev_out[r].data(), 1000 * sizeof(T)) == 0);
+  };
+  check.template operator()<float>();
+  check.template operator()<bf16>();
 }

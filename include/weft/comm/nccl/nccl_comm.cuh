@@ -221,7 +221,11 @@ class NcclComm {
         }
       }
     }
-    check(call(din, dout), where(op));
+    const ncclResult_t r = call(din, dout);
+    if (r != ncclSuccess && r != ncclInProgress) {
+      abort();  // an error in a collective is fatal to the group, as on every back end
+      check(r, where(op));
+    }
     wait(op);
     if (out_host) dev_->to_host(out, dout, out_n * sizeof(T));
   }
