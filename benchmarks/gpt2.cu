@@ -26,6 +26,7 @@
 #include "weft/nn/gpt.hpp"
 #include "weft/optim/data_parallel.hpp"
 #include "weft/pipeline/executor.hpp"
+#include "weft/train/cuda_metrics.cuh"
 #include "weft/train/metrics.hpp"
 
 using namespace weft;
@@ -33,33 +34,6 @@ using namespace weft;
 namespace {
 
 using Model = nn::Gpt<Bf16Mixed, false, recompute::None, Cuda>;
-
-// cuBLASLt bf16 (n, n) x (n, n): the GEMM ceiling of this GPU, FLOP/s.
-double gemm_ceiling(Cuda& d) {
-  constexpr std::int64_t n = 8192;
-  Allocation a = d.allocate(n * n * 2), c = d.allocate(n * n * 2);
-  Ops<Cuda>::fill(d, static_cast<bf16*>(a.data()), n * n, bf16(0.5f));
-  auto once = [&] {
-    Ops<Cuda>::gemm(d, Trans::no, Trans::no, n, n, n, 1.0f, static_cast<const bf16*>(a.data()), n,
-                    static_cast<const bf16*>(a.data()), n, 0.0f, static_cast<bf16*>(c.data()), n);
-  };
-  once();
-  d.synchronize();
-  const auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < 20; ++i) once();
-  d.synchronize();
-  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return 20 * 2.0 * static_cast<double>(n * n * n) / dt;
-}
-
-std::optional<double> datasheet_bf16_peak() {
-  cudaDeviceProp p{};
-  if (cudaGetDeviceProperties(&p, 0) != cudaSuccess) return std::nullopt;
-  const std::string name = p.name;
-  if (name.find("H100") != std::string::npos || name.find("H200") != std::string::npos) return 989e12;
-  if (name.find("A100") != std::string::npos) return 312e12;
-  return std::nullopt;
-}
 
 struct Result {
   std::int64_t batch = 0;
@@ -138,8 +112,8 @@ int main(int argc, char** argv) {
     return 77;
   }
   Cuda probe(0);
-  const double ceiling = gemm_ceiling(probe);
-  const auto peak = datasheet_bf16_peak();
+  const double ceiling = train::cuda_gemm_rate<bf16>(probe, 8192);
+  const auto peak = train::datasheet_peak(true);
   for (std::int64_t B : batches) {
     const auto r = run(cfg, B, steps);
     if (!r) continue;
@@ -154,8 +128,9 @@ int main(int argc, char** argv) {
                      {"other_kernels_share", r->kernel_ms[2] / r->profiled_step_ms},
                      {"outside_kernels_share", 1.0 - kernels / r->profiled_step_ms}};
     if (peak) {
-      j["datasheet_peak_tflops"] = *peak / 1e12;
-      j["mfu"] = flops / *peak;
+      j["datasheet_peak"] = peak->first;
+      j["datasheet_peak_tflops"] = peak->second / 1e12;
+      j["mfu"] = flops / peak->second;
     }
     nlohmann::json mem;
     for (std::size_t c = 0; c < kCategories; ++c) mem[name(static_cast<Category>(c))] = r->memory.peak[c];
