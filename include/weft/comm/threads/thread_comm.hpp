@@ -141,8 +141,18 @@ class ThreadComm {
     return ThreadComm(world_, made, my_index, mem_);
   }
 
+  // A send that has been posted and may not have been received yet (isend); wait() completes it.
+  struct SendHandle {
+    std::size_t box = 0;
+    std::uint64_t seq = 0;
+    std::uint64_t in_count = 0;
+    DType dtype = DType::f32;
+  };
+
+  // Posts buf for group rank `peer` and returns without waiting. buf must stay unchanged and alive
+  // until wait(handle) returns. Messages to one peer arrive in the order they were posted.
   template <Element T>
-  void send(std::span<const T> buf, int peer) {
+  SendHandle isend(std::span<const T> buf, int peer) {
     Desc d{Op::send, dtype_of<T>, size_of(buf), size_of(buf), ReduceOp::sum, peer, buf.data(), nullptr};
     check_peer(d, peer, "peer");
     if (peer == me_) fail_local(d, "a rank cannot send to itself", "copy the buffer locally");
@@ -150,23 +160,42 @@ class ThreadComm {
     mem_->publish();
     std::unique_lock lock(world_->mutex());
     const std::uint64_t seq = ++group_->send_seq[box];
-    const auto where = [&] { return cat("send #", seq, " to group rank ", peer, " on ", name(), " at world rank ", world_rank_); };
     auto& mail = group_->mail[box];
-    mail.desc = d;
+    mail.queue.push_back(d);
     mail.sent = seq;
     world_->notify();
+    return {box, seq, static_cast<std::uint64_t>(d.in_count), d.dtype};
+  }
+
+  // Waits until the message of h has been received.
+  void wait(const SendHandle& h) {
+    const int peer = static_cast<int>(h.box % static_cast<std::size_t>(size()));
+    const auto where = [&] {
+      return cat("send #", h.seq, " to group rank ", peer, " on ", name(), " at world rank ", world_rank_);
+    };
+    std::unique_lock lock(world_->mutex());
+    auto& mail = group_->mail[h.box];
     try {
-      world_->wait(lock, world_rank_, Wait{group_.get(), seq, Op::send, box, seq}, where,
-                   [&] { return mail.received >= seq; });
+      world_->wait(lock, world_rank_, Wait{group_.get(), h.seq, Op::send, h.box, h.seq}, where,
+                   [&] { return mail.received >= h.seq; });
     } catch (...) {
       // The receiver may be copying from this buffer: let it finish; otherwise withdraw the message.
-      if (mail.claimed >= seq) world_->wait_committed(lock, [&] { return mail.received >= seq; });
-      else mail.sent = seq - 1;
+      if (mail.claimed >= h.seq) {
+        world_->wait_committed(lock, [&] { return mail.received >= h.seq; });
+      } else {
+        const std::uint64_t at = h.seq - mail.received - 1;
+        if (at < mail.queue.size()) mail.queue[static_cast<std::size_t>(at)].in = nullptr;  // never read
+      }
       throw;
     }
     if (!mail.error.empty()) throw Error(where(), mail.error, "post a recv of the same type and count");
-    world_->set_last_op(world_rank_, group_.get(), Op::send, seq);
-    count(Op::send, d.in_count, d.dtype);
+    world_->set_last_op(world_rank_, group_.get(), Op::send, h.seq);
+    count(Op::send, static_cast<std::int64_t>(h.in_count), h.dtype);
+  }
+
+  template <Element T>
+  void send(std::span<const T> buf, int peer) {
+    wait(isend(buf, peer));
   }
 
   template <Element T>
@@ -183,18 +212,22 @@ class ThreadComm {
     auto& mail = group_->mail[box];
     world_->wait(lock, world_rank_, Wait{group_.get(), seq, Op::recv, box, seq}, where,
                  [&] { return mail.sent >= seq; });
-    if (mail.desc.dtype != d.dtype || mail.desc.in_count != d.in_count) {
-      mail.error = cat("group rank ", peer, " sent ", mail.desc.in_count, " ", mail.desc.dtype,
+    const Desc& posted = mail.queue.front();  // message `seq`: every earlier one has been received
+    if (posted.dtype != d.dtype || posted.in_count != d.in_count || !posted.in) {
+      mail.error = !posted.in ? std::string("the sender withdrew the message after a failure")
+                              : cat("group rank ", peer, " sent ", posted.in_count, " ", posted.dtype,
                        " but group rank ", me_, " expected ", d.in_count, " ", d.dtype);
       mail.received = seq;
+      mail.queue.pop_front();
       world_->fail_locked(world_rank_, cat(where(), ": ", mail.error));
       throw Error(where(), mail.error, "post a send and recv of the same type and count");
     }
-    const void* src = mail.desc.in;
+    const void* src = posted.in;
     mail.claimed = seq;
     lock.unlock();
     mem_->copy(buf.data(), src, buf.size_bytes());
     lock.lock();
+    mail.queue.pop_front();
     mail.received = seq;
     world_->notify();
     world_->set_last_op(world_rank_, group_.get(), Op::recv, seq);

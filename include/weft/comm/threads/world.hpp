@@ -17,6 +17,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -107,10 +108,12 @@ struct Group {
   std::vector<Slot> slots;
 
   // Point-to-point: one mailbox per ordered (source, destination) pair of group ranks.
+  // Messages are delivered in the order they were sent; a source may post several before the
+  // destination takes the first (isend).
   struct Mailbox {
     std::uint64_t sent = 0, received = 0;  // messages posted by the source, consumed by the destination
     std::uint64_t claimed = 0;             // the destination started copying this message
-    Desc desc;
+    std::deque<Desc> queue;                // messages received + 1 .. sent, oldest first
     std::string error;  // set by the destination when the message does not match its recv
   };
   std::vector<Mailbox> mail;  // [src * size + dst]

@@ -1,0 +1,457 @@
+// Pipeline schedules as types that produce tables.
+//
+// The model's stages are cut into S = p V virtual stages over the p ranks of the pipe axis: virtual
+// stage s lives on rank s % p as its chunk s / p (V = 1: stage s is rank s). A schedule's table
+// lists, for every rank, the actions it runs for one optimizer step of m micro-batches, in order:
+//
+//   forward(s, i)     the forward of virtual stage s on micro-batch i
+//   backward(s, i)    its backward: the input gradient, and with it the weight gradient unless the
+//                     schedule splits them
+//   weight(s, i)      the weight-gradient part alone (ZB-H1)
+//   exchange          at most one send and one receive between two computes: the activation a
+//                     forward just made (to the rank of s + 1) and/or the gradient a backward just made
+//                     (to the rank of s - 1), and what the next compute needs. The send is posted and
+//                     does not wait (isend: the executor keeps the buffer until it is delivered);
+//                     the receive waits for its message. Messages between two ranks arrive in order.
+//
+//   schedule            order of computes per rank                         bubble (unit costs)
+//   GPipe               all forwards, then all backwards                    (p-1)/(m+p-1)
+//   OneFOneB            p-r-1 forwards, then forward/backward pairs, then   (p-1)/(m+p-1)
+//                       the remaining backwards (PipeDream-flush)
+//   Interleaved         1F1B over V chunks per rank, micro-batches in       (p-1)/(V m+p-1)
+//                       groups of p (Narayanan et al., 2021); m % p == 0
+//   ZeroBubbleH1        1F1B order with each backward split into B and W;   (p-1)/(3m+p-1) with
+//                       rank r defers its W by r backwards (Qi et al., 2023) F = B = W = 1
+//
+// The bubble is idle time over the step's time per rank, with a forward costing 1 and a backward
+// (input and weight gradient) 2, per chunk; for ZB-H1 the B and W parts cost 1 each. The same code
+// builds a table at compile time (static_table<S, p, m, V>(), a constexpr array checked with
+// static_assert) and at start-up (table<S>(p, m, V)); check() and simulate() run on either.
+//
+// This header is plain C++20 (constexpr std::vector).
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "weft/core/error.hpp"
+
+namespace weft::pipeline {
+
+enum class Do : std::uint8_t { forward, backward, weight, exchange };
+
+constexpr const char* name(Do d) {
+  switch (d) {
+    case Do::forward: return "forward";
+    case Do::backward: return "backward";
+    case Do::weight: return "weight";
+    case Do::exchange: return "exchange";
+  }
+  return "?";
+}
+
+// A message between neighbouring virtual stages: the activation stage -> stage + 1, or the
+// gradient stage -> stage - 1, of one micro-batch. stage < 0: no message.
+struct Msg {
+  bool grad = false;
+  int stage = -1;  // the sending virtual stage
+  int micro = 0;
+  constexpr bool present() const { return stage >= 0; }
+  constexpr bool operator==(const Msg&) const = default;
+};
+
+struct Action {
+  Do what = Do::forward;
+  int stage = 0;  // compute: the virtual stage
+  int micro = 0;
+  Msg send, recv;              // exchange
+  int send_to = -1, recv_from = -1;  // exchange: pipe ranks
+  constexpr bool operator==(const Action&) const = default;
+};
+
+struct Table {
+  int p = 1, m = 1, v = 1;
+  bool split_weight = false;  // backward is B alone and W is its own action
+  std::vector<std::vector<Action>> ranks;
+  constexpr int stages() const { return p * v; }
+};
+
+enum class Kind : std::uint8_t { gpipe, one_f_one_b, interleaved, zero_bubble_h1 };
+
+struct GPipe {
+  static constexpr Kind kind = Kind::gpipe;
+  static constexpr const char* name = "gpipe";
+};
+struct OneFOneB {
+  static constexpr Kind kind = Kind::one_f_one_b;
+  static constexpr const char* name = "1f1b";
+};
+struct Interleaved {
+  static constexpr Kind kind = Kind::interleaved;
+  static constexpr const char* name = "interleaved";
+};
+struct ZeroBubbleH1 {
+  static constexpr Kind kind = Kind::zero_bubble_h1;
+  static constexpr const char* name = "zb";
+};
+
+template <class S>
+concept Schedule = requires {
+  { S::kind } -> std::convertible_to<Kind>;
+  { S::name } -> std::convertible_to<const char*>;
+};
+
+// A problem with a table: which rank, which of its actions, and what.
+struct Problem {
+  int rank = -1, action = -1;
+  std::string what;
+};
+
+namespace detail {
+
+struct Compute {
+  Do what;
+  int stage, micro;
+};
+
+// Why (p, m, v) cannot be scheduled by `kind`, or nothing.
+constexpr const char* refusal(Kind kind, int p, int m, int v) {
+  if (p < 1 || m < 1 || v < 1) return "the pipe degree, micro-batches and virtual stages must each be >= 1";
+  if (kind == Kind::interleaved && v < 2) return "the interleaved schedule needs >= 2 virtual stages per rank";
+  if (kind != Kind::interleaved && v != 1) return "only the interleaved schedule has more than 1 virtual stage per rank";
+  if (kind == Kind::interleaved && m % p != 0)
+    return "the interleaved schedule needs a number of micro-batches that is a multiple of the pipe degree";
+  return nullptr;
+}
+
+// The order of computes on rank r.
+constexpr std::vector<Compute> computes(Kind kind, int p, int m, int v, int r) {
+  std::vector<Compute> out;
+  const int total = m * v;
+  auto fwd = [&](int k) {  // the k-th forward of this rank
+    if (kind != Kind::interleaved) return Compute{Do::forward, r, k};
+    const int chunk = (k % (p * v)) / p, micro = k / (p * v) * p + k % p;
+    return Compute{Do::forward, chunk * p + r, micro};
+  };
+  auto bwd = [&](int k) {
+    if (kind != Kind::interleaved) return Compute{Do::backward, r, k};
+    const int chunk = v - 1 - (k % (p * v)) / p, micro = k / (p * v) * p + k % p;
+    return Compute{Do::backward, chunk * p + r, micro};
+  };
+  if (kind == Kind::gpipe) {
+    for (int i = 0; i < m; ++i) out.push_back(fwd(i));
+    for (int i = 0; i < m; ++i) out.push_back(bwd(i));
+    return out;
+  }
+  int warmup = kind == Kind::interleaved ? (p - r - 1) * 2 + (v - 1) * p : p - r - 1;
+  warmup = std::min(warmup, total);
+  const int steady = total - warmup;
+  for (int k = 0; k < warmup; ++k) out.push_back(fwd(k));
+  for (int k = 0; k < steady; ++k) {
+    out.push_back(fwd(warmup + k));
+    out.push_back(bwd(k));
+  }
+  for (int k = steady; k < total; ++k) out.push_back(bwd(k));
+  if (kind != Kind::zero_bubble_h1) return out;
+  // ZB-H1: after each backward, the W of the backward r places earlier (rank r keeps at most r
+  // weight-gradient passes pending); the rest at the end.
+  std::vector<Compute> zb;
+  std::vector<int> done_b;
+  std::size_t next_w = 0;
+  for (const Compute& c : out) {
+    zb.push_back(c);
+    if (c.what != Do::backward) continue;
+    done_b.push_back(c.micro);
+    while (done_b.size() - next_w > static_cast<std::size_t>(r)) zb.push_back({Do::weight, r, done_b[next_w++]});
+  }
+  while (next_w < done_b.size()) zb.push_back({Do::weight, r, done_b[next_w++]});
+  return zb;
+}
+
+}  // namespace detail
+
+// The table of `kind` for p ranks, m micro-batches and v virtual stages per rank. Throws Error
+// naming the values where the schedule cannot run them.
+constexpr Table make_table(Kind kind, int p, int m, int v = 1) {
+  if (const char* why = detail::refusal(kind, p, m, v))
+    throw Error("pipeline schedule", why, "choose a pipe degree, micro-batch count and virtual stages that fit");
+  Table t{p, m, v, kind == Kind::zero_bubble_h1, {}};
+  const int S = p * v;
+  t.ranks.resize(static_cast<std::size_t>(p));
+  for (int r = 0; r < p; ++r) {
+    std::vector<Action>& out = t.ranks[static_cast<std::size_t>(r)];
+    Action pending{Do::exchange};  // the send of the last compute, waiting for the next recv
+    bool has_pending = false;
+    auto flush = [&] {
+      if (has_pending) out.push_back(pending);
+      pending = Action{Do::exchange};
+      has_pending = false;
+    };
+    for (const detail::Compute& c : detail::computes(kind, p, m, v, r)) {
+      Msg need;  // what this compute receives first
+      int from = -1;
+      if (c.what == Do::forward && c.stage > 0) {
+        need = {false, c.stage - 1, c.micro};
+        from = (c.stage - 1) % p;
+      } else if (c.what == Do::backward && c.stage < S - 1) {
+        need = {true, c.stage + 1, c.micro};
+        from = (c.stage + 1) % p;
+      }
+      if (need.present()) {
+        pending.recv = need;
+        pending.recv_from = from;
+        has_pending = true;
+      }
+      flush();
+      out.push_back(Action{c.what, c.stage, c.micro});
+      if (c.what == Do::forward && c.stage < S - 1) {
+        pending.send = {false, c.stage, c.micro};
+        pending.send_to = (c.stage + 1) % p;
+        has_pending = true;
+      } else if (c.what == Do::backward && c.stage > 0) {
+        pending.send = {true, c.stage, c.micro};
+        pending.send_to = (c.stage - 1) % p;
+        has_pending = true;
+      }
+    }
+    flush();
+  }
+  return t;
+}
+
+template <Schedule S>
+Table table(int p, int m, int v = 1) {
+  return make_table(S::kind, p, m, v);
+}
+
+namespace detail {
+
+// The checks of check() below, written once for compile time and run time: on a problem it calls
+// report(rank, action, describe) and stops; describe() builds the message (run time only).
+template <class Report>
+constexpr bool scan(const Table& t, Report&& report) {
+  const int S = t.stages(), p = t.p;
+  for (int r = 0; r < p; ++r) {
+    const auto& acts = t.ranks[static_cast<std::size_t>(r)];
+    std::vector<int> fpos(static_cast<std::size_t>(S * t.m), -1), bpos(fpos), wpos(fpos);
+    for (int a = 0; a < static_cast<int>(acts.size()); ++a) {
+      const Action& x = acts[static_cast<std::size_t>(a)];
+      if (x.what == Do::exchange) {
+        if (x.send.present() && x.send_to != (x.send.grad ? x.send.stage - 1 : x.send.stage + 1) % p)
+          return report(r, a, [=] {
+            return cat("sends ", x.send.grad ? "the gradient" : "the activation", " of stage ", x.send.stage,
+                       " micro-batch ", x.send.micro, " to rank ", x.send_to, ", not its neighbour's rank");
+          });
+        continue;
+      }
+      if (x.stage < 0 || x.stage >= S || x.stage % p != r || x.micro < 0 || x.micro >= t.m)
+        return report(r, a, [=] {
+          return cat(name(x.what), " of stage ", x.stage, " micro-batch ", x.micro, " does not belong to rank ", r);
+        });
+      auto& pos = x.what == Do::forward ? fpos : x.what == Do::backward ? bpos : wpos;
+      int& at = pos[static_cast<std::size_t>(x.stage * t.m + x.micro)];
+      if (at >= 0)
+        return report(r, a, [=] { return cat(name(x.what), " of stage ", x.stage, " micro-batch ", x.micro, " runs twice"); });
+      at = a;
+    }
+    for (int s = r; s < S; s += p)
+      for (int i = 0; i < t.m; ++i) {
+        const auto k = static_cast<std::size_t>(s * t.m + i);
+        const int f = fpos[k], b = bpos[k], w = wpos[k];
+        if (f < 0 || b < 0 || (t.split_weight && w < 0))
+          return report(r, -1, [=] {
+            return cat("stage ", s, " micro-batch ", i, " lacks its ", f < 0 ? "forward" : b < 0 ? "backward" : "weight gradient");
+          });
+        if (b < f)
+          return report(r, b, [=] { return cat("the backward of stage ", s, " micro-batch ", i, " runs before its forward"); });
+        if (t.split_weight && w < b)
+          return report(r, w, [=] {
+            return cat("the weight gradient of stage ", s, " micro-batch ", i, " runs before its backward");
+          });
+      }
+  }
+  // Pairing: for each (a -> b), the sends of a to b and the receives of b from a, in order.
+  for (int a = 0; a < p; ++a)
+    for (int b = 0; b < p; ++b) {
+      std::vector<Msg> sent, received;
+      std::vector<int> sent_at, received_at;
+      for (int k = 0; k < static_cast<int>(t.ranks[static_cast<std::size_t>(a)].size()); ++k) {
+        const Action& x = t.ranks[static_cast<std::size_t>(a)][static_cast<std::size_t>(k)];
+        if (x.what == Do::exchange && x.send.present() && x.send_to == b) {
+          sent.push_back(x.send);
+          sent_at.push_back(k);
+        }
+      }
+      for (int k = 0; k < static_cast<int>(t.ranks[static_cast<std::size_t>(b)].size()); ++k) {
+        const Action& x = t.ranks[static_cast<std::size_t>(b)][static_cast<std::size_t>(k)];
+        if (x.what == Do::exchange && x.recv.present() && x.recv_from == a) {
+          received.push_back(x.recv);
+          received_at.push_back(k);
+        }
+      }
+      for (std::size_t i = 0; i < std::max(sent.size(), received.size()); ++i) {
+        if (i >= received.size())
+          return report(a, sent_at[i], [=] { return cat("sends message ", i, " to rank ", b, " which never receives it"); });
+        if (i >= sent.size())
+          return report(b, received_at[i], [=] { return cat("receives message ", i, " from rank ", a, " which never sends it"); });
+        if (!(sent[i] == received[i])) {
+          const Msg s = sent[i], q = received[i];
+          return report(b, received_at[i], [=] {
+            return cat("receives ", q.grad ? "the gradient" : "the activation", " of stage ", q.stage, " micro-batch ",
+                       q.micro, " from rank ", a, " where rank ", a, " sends ", s.grad ? "the gradient" : "the activation",
+                       " of stage ", s.stage, " micro-batch ", s.micro);
+          });
+        }
+      }
+    }
+  return true;
+}
+
+}  // namespace detail
+
+// Checks a table: every virtual stage's forward and backward (and weight) of every micro-batch
+// runs once on its rank; forward before backward, weight after backward; every exchange sends to
+// the neighbouring stage's rank; and between every ordered pair of ranks the messages one sends are
+// the messages the other receives, in the same order. Returns the first problem, or nothing.
+inline std::optional<Problem> check(const Table& t) {
+  std::optional<Problem> out;
+  detail::scan(t, [&](int r, int a, auto describe) {
+    out = Problem{r, a, describe()};
+    return false;
+  });
+  return out;
+}
+
+// The same checks at compile time (static_assert(pipeline::valid(...))).
+constexpr bool valid(const Table& t) {
+  return detail::scan(t, [](int, int, auto) { return false; });
+}
+
+// Costs of one chunk's passes for the simulation.
+struct Costs {
+  double forward = 1, backward = 2, weight = 0;  // backward: B + W where the schedule does not split
+};
+
+struct Simulation {
+  bool completed = false;
+  double makespan = 0;
+  std::vector<double> busy;        // per rank
+  std::vector<int> max_in_flight;  // per rank: forwards done whose backward has not run
+  std::optional<Problem> blocked;  // where the lowest blocked rank stopped, when not completed
+  double bubble(int r) const { return makespan > 0 ? 1.0 - busy[static_cast<std::size_t>(r)] / makespan : 0.0; }
+};
+
+// Runs a table with zero message latency and the exchange's semantics: a send is posted when its
+// rank reaches the exchange and never waits; a receive completes once its message has been posted.
+// A deadlock leaves ranks blocked: `blocked` names the one that blocked first (the others wait for
+// it, directly or not), the action and the message it waits for.
+inline Simulation simulate(const Table& t, Costs c) {
+  const int p = t.p;
+  Simulation sim;
+  sim.busy.assign(static_cast<std::size_t>(p), 0.0);
+  sim.max_in_flight.assign(static_cast<std::size_t>(p), 0);
+  // Where each message is sent and received: (rank, action index).
+  auto key = [&](const Msg& x) { return static_cast<std::size_t>(((x.grad ? 1 : 0) * t.stages() + x.stage) * t.m + x.micro); };
+  const std::size_t keys = static_cast<std::size_t>(2 * t.stages() * t.m);
+  std::vector<std::pair<int, int>> sender(keys, {-1, -1});
+  for (int r = 0; r < p; ++r)
+    for (int k = 0; k < static_cast<int>(t.ranks[static_cast<std::size_t>(r)].size()); ++k) {
+      const Action& x = t.ranks[static_cast<std::size_t>(r)][static_cast<std::size_t>(k)];
+      if (x.what != Do::exchange) continue;
+      if (x.send.present()) sender[key(x.send)] = {r, k};
+    }
+  std::vector<std::size_t> pc(static_cast<std::size_t>(p), 0);
+  std::vector<double> now(static_cast<std::size_t>(p), 0.0);
+  std::vector<std::vector<double>> posted(static_cast<std::size_t>(p));
+  std::vector<int> in_flight(static_cast<std::size_t>(p), 0);
+  for (int r = 0; r < p; ++r) posted[static_cast<std::size_t>(r)].assign(t.ranks[static_cast<std::size_t>(r)].size(), -1.0);
+  auto posted_at = [&](std::pair<int, int> where) {
+    return where.first < 0 ? -1.0 : posted[static_cast<std::size_t>(where.first)][static_cast<std::size_t>(where.second)];
+  };
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int r = 0; r < p; ++r) {
+      const auto ur = static_cast<std::size_t>(r);
+      const auto& acts = t.ranks[ur];
+      while (pc[ur] < acts.size()) {
+        const Action& x = acts[pc[ur]];
+        if (x.what != Do::exchange) {
+          const double cost = x.what == Do::forward ? c.forward : x.what == Do::backward ? c.backward : c.weight;
+          now[ur] += cost;
+          sim.busy[ur] += cost;
+          if (x.what == Do::forward) sim.max_in_flight[ur] = std::max(sim.max_in_flight[ur], ++in_flight[ur]);
+          if (x.what == Do::backward) --in_flight[ur];
+          ++pc[ur];
+          progress = true;
+          continue;
+        }
+        double& mine = posted[ur][pc[ur]];
+        if (mine < 0) {
+          mine = now[ur];
+          progress = true;
+        }
+        const double from = x.recv.present() ? posted_at(sender[key(x.recv)]) : 0.0;
+        if (from < 0) break;  // the message has not been sent yet
+        now[ur] = std::max(now[ur], from);
+        ++pc[ur];
+        progress = true;
+      }
+    }
+  }
+  sim.completed = true;
+  double first_block = 0;
+  for (int r = 0; r < p; ++r) {
+    const auto ur = static_cast<std::size_t>(r);
+    sim.makespan = std::max(sim.makespan, now[ur]);
+    // Of the blocked ranks, the one that blocked first (the others wait, directly or not, for it).
+    if (pc[ur] < t.ranks[ur].size() && (sim.completed || now[ur] < first_block)) {
+      sim.completed = false;
+      first_block = now[ur];
+      const Action& x = t.ranks[ur][pc[ur]];
+      sim.blocked = Problem{r, static_cast<int>(pc[ur]),
+                            cat("blocks in an exchange receiving the ", x.recv.grad ? "gradient" : "activation",
+                                " of stage ", x.recv.stage, " micro-batch ", x.recv.micro, " from rank ", x.recv_from,
+                                ", which is itself blocked before sending it")};
+    }
+  }
+  return sim;
+}
+
+// The bubble fraction of a schedule in the model above (unit forward cost, backward 2, ZB's B and
+// W 1 each), from the papers' formulas.
+constexpr double closed_form_bubble(Kind kind, int p, int m, int v = 1) {
+  const double P = p - 1;
+  switch (kind) {
+    case Kind::gpipe:
+    case Kind::one_f_one_b: return P / (m + P);
+    case Kind::interleaved: return P / (static_cast<double>(v) * m + P);
+    case Kind::zero_bubble_h1: return P / (3.0 * m + P);
+  }
+  return 0;
+}
+
+inline Costs unit_costs(const Table& t) { return t.split_weight ? Costs{1, 1, 1} : Costs{1, 2, 0}; }
+
+// A table at compile time, for p, m and V known to the compiler: rank R's actions as a constexpr
+// array, and whether the whole table passes check().
+template <Schedule S, int P, int M, int V = 1>
+consteval bool static_valid() {
+  return valid(make_table(S::kind, P, M, V));
+}
+template <Schedule S, int P, int M, int V, int R>
+consteval std::size_t static_length() {
+  return make_table(S::kind, P, M, V).ranks[static_cast<std::size_t>(R)].size();
+}
+template <Schedule S, int P, int M, int V, int R>
+consteval std::array<Action, static_length<S, P, M, V, R>()> static_rank() {
+  std::array<Action, static_length<S, P, M, V, R>()> out{};
+  const Table t = make_table(S::kind, P, M, V);
+  for (std::size_t i = 0; i < out.size(); ++i) out[i] = t.ranks[static_cast<std::size_t>(R)][i];
+  return out;
+}
+
+}  // namespace weft::pipeline

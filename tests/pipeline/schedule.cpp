@@ -1,0 +1,110 @@
+// Pipeline schedules as tables, without a model: each table is checked (every forward before its
+// backward, W after B, sends paired with receives in order), simulated with zero-latency messages
+// (no deadlock for p = 2..8 and m = 1..32), bounded in micro-batches in flight, and its bubble with
+// unit costs compared with the paper's closed form. A broken table is reported where it would block.
+#include <doctest/doctest.h>
+
+#include <cmath>
+
+#include "weft/pipeline/schedule.hpp"
+
+using namespace weft;
+using namespace weft::pipeline;
+
+// The same code at compile time: tables built and checked by the compiler.
+static_assert(static_valid<GPipe, 4, 8>());
+static_assert(static_valid<OneFOneB, 4, 8>());
+static_assert(static_valid<Interleaved, 4, 8, 2>());
+static_assert(static_valid<ZeroBubbleH1, 4, 8>());
+// 1F1B on 2 ranks and 2 micro-batches, rank 0: F0, send a0, F1, send a1 + receive g0, B0, receive g1, B1.
+constexpr auto k1f1b = static_rank<OneFOneB, 2, 2, 1, 0>();
+static_assert(k1f1b.size() == 7 && k1f1b[0] == Action{Do::forward, 0, 0} && k1f1b[2] == Action{Do::forward, 0, 1});
+static_assert(k1f1b[3].what == Do::exchange && k1f1b[3].send == Msg{false, 0, 1} && k1f1b[3].recv == Msg{true, 1, 0});
+static_assert(k1f1b[4] == Action{Do::backward, 0, 0} && k1f1b[6] == Action{Do::backward, 0, 1});
+
+namespace {
+
+template <class S>
+void sweep(int v) {
+  for (int p = 2; p <= 8; ++p)
+    for (int m = 1; m <= 32; ++m) {
+      if (S::kind == Kind::interleaved && m % p != 0) continue;
+      const Table t = table<S>(p, m, v);
+      const auto problem = check(t);
+      REQUIRE_MESSAGE(!problem, S::name, " p ", p, " m ", m, ": rank ", problem->rank, " action ", problem->action, ": ",
+                      problem->what);
+      const Simulation sim = simulate(t, unit_costs(t));
+      REQUIRE_MESSAGE(sim.completed, S::name, " p ", p, " m ", m, ": ", sim.blocked->what);
+      for (int r = 0; r < p; ++r) {
+        // Micro-batches in flight (forwards whose backward has not run), per rank.
+        const int bound = S::kind == Kind::gpipe ? m
+                          : S::kind == Kind::interleaved ? std::min(m * v, (p - r - 1) * 2 + (v - 1) * p + 1)
+                                                          : std::min(m, p - r);
+        CHECK_MESSAGE(sim.max_in_flight[static_cast<std::size_t>(r)] <= bound, S::name, " p ", p, " m ", m, " rank ", r);
+        CHECK(sim.max_in_flight[static_cast<std::size_t>(r)] <= (S::kind == Kind::gpipe ? m : S::kind == Kind::interleaved ? 3 * p * v : p));
+        // The bubble: exact for GPipe and 1F1B at every m; for interleaved and ZB-H1 from m >= p,
+        // where the papers' steady state exists.
+        if (S::kind == Kind::gpipe || S::kind == Kind::one_f_one_b || m >= p)
+          CHECK_MESSAGE(std::abs(sim.bubble(r) - closed_form_bubble(S::kind, p, m, v)) < 1e-12, S::name, " p ", p, " m ", m,
+                        " rank ", r, ": simulated ", sim.bubble(r), ", closed form ", closed_form_bubble(S::kind, p, m, v));
+      }
+    }
+}
+
+}  // namespace
+
+TEST_CASE("GPipe tables: checked, no deadlock for p = 2..8 and m = 1..32, bubble (p-1)/(m+p-1), m in flight") {
+  sweep<GPipe>(1);
+}
+TEST_CASE("1F1B tables: checked, no deadlock, bubble (p-1)/(m+p-1), at most p - r micro-batches in flight on rank r") {
+  sweep<OneFOneB>(1);
+}
+TEST_CASE("interleaved 1F1B tables (V = 2, 3): checked, no deadlock, bubble (p-1)/(V m+p-1)") {
+  sweep<Interleaved>(2);
+  sweep<Interleaved>(3);
+}
+TEST_CASE("ZB-H1 tables: checked, no deadlock, W after its B, bubble (p-1)/(3m+p-1) with F = B = W = 1") {
+  sweep<ZeroBubbleH1>(1);
+  const Table t = table<ZeroBubbleH1>(4, 8);
+  CHECK(t.split_weight);
+  CHECK(closed_form_bubble(Kind::zero_bubble_h1, 4, 8) < closed_form_bubble(Kind::one_f_one_b, 4, 8) / 2);
+}
+
+TEST_CASE("a table with two receives swapped is reported with the rank, the action and the micro-batch where it blocks") {
+  // On rank 1 of 1F1B (p 3, m 4), the receive of micro-batch 0's activation and of its gradient trade
+  // places: rank 1 now waits for the gradient before it has forwarded the activation that makes it.
+  Table t = table<OneFOneB>(3, 4);
+  auto& r1 = t.ranks[1];
+  int act = -1, grad = -1;
+  for (int k = 0; k < static_cast<int>(r1.size()); ++k) {
+    const Action& x = r1[static_cast<std::size_t>(k)];
+    if (x.what != Do::exchange || !x.recv.present() || x.recv.micro != 0) continue;
+    (x.recv.grad ? grad : act) = k;
+  }
+  REQUIRE(act >= 0);
+  REQUIRE(grad > act);
+  std::swap(r1[static_cast<std::size_t>(act)].recv, r1[static_cast<std::size_t>(grad)].recv);
+  std::swap(r1[static_cast<std::size_t>(act)].recv_from, r1[static_cast<std::size_t>(grad)].recv_from);
+  const Simulation sim = simulate(t, unit_costs(t));
+  REQUIRE(!sim.completed);
+  REQUIRE(sim.blocked);
+  CHECK(sim.blocked->rank == 1);
+  CHECK(sim.blocked->action == act);
+  CHECK(sim.blocked->what == "blocks in an exchange receiving the gradient of stage 2 micro-batch 0 from rank 2, which is itself "
+                             "blocked before sending it");
+  // check() also finds a table whose receives differ from the sends on one channel.
+  Table u = table<GPipe>(2, 3);
+  for (Action& x : u.ranks[1])
+    if (x.what == Do::exchange && x.recv.present() && !x.recv.grad) x.recv.micro = (x.recv.micro + 1) % 3;
+  const auto problem = check(u);
+  REQUIRE(problem);
+  CHECK(problem->rank == 1);
+  CHECK(problem->what == "receives the activation of stage 0 micro-batch 1 from rank 0 where rank 0 sends the activation of stage 0 micro-batch 0");
+}
+
+TEST_CASE("schedules refuse what they cannot run, naming the values") {
+  CHECK_THROWS_WITH_AS(table<Interleaved>(4, 6, 2), doctest::Contains("a multiple of the pipe degree"), Error);
+  CHECK_THROWS_WITH_AS(table<Interleaved>(4, 8, 1), doctest::Contains(">= 2 virtual stages"), Error);
+  CHECK_THROWS_WITH_AS(table<OneFOneB>(4, 8, 2), doctest::Contains("only the interleaved schedule"), Error);
+  CHECK_THROWS_WITH_AS(table<GPipe>(0, 8), doctest::Contains(">= 1"), Error);
+}
