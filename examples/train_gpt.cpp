@@ -82,6 +82,12 @@ int main(int argc, char** argv) {
   app.add_option("--vocab", o.vocab, "override the preset's vocabulary");
   app.add_option("--data", o.data, "data-parallel degree")->check(CLI::PositiveNumber);
   app.add_option("--tensor", o.tensor, "tensor-parallel degree")->check(CLI::PositiveNumber);
+  app.add_option("--pipe", o.pipe, "pipeline-parallel degree (the layers split evenly over pipe x virtual stages)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--schedule", o.schedule, "pipeline schedule: gpipe, 1f1b, interleaved or zb (ZB-H1)")
+      ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved", "zb"}));
+  app.add_option("--virtual-stages", o.virtual_stages, "virtual stages per pipe rank (interleaved: >= 2)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--strategy", o.strategy, "ddp, zero1, zero2 or fsdp, each also with -sp (sequence parallelism)");
   app.add_option("--batch", o.batch, "global batch, in sequences")->check(CLI::PositiveNumber);
   app.add_option("--micro-batch", o.micro_batch, "global micro-batch (gradient accumulation); default: the batch");
@@ -130,7 +136,16 @@ int main(int argc, char** argv) {
                   "use a micro-batch that divides the batch");
     nn::validate(cfg, {.data_degree = o.data, .tensor_degree = o.tensor}, o.strategy.ends_with("-sp"), micro);
     (void)optim::Schedule::warmup_cosine(o.lr, o.warmup.value_or(o.steps / 20), o.steps, o.min_lr);
-    validate(MeshShape{.data = o.data, .tensor = o.tensor}, o.data * o.tensor);
+    validate(MeshShape{.data = o.data, .pipe = o.pipe, .tensor = o.tensor}, o.data * o.pipe * o.tensor);
+    if (o.pipe > 1 || o.virtual_stages > 1) {  // the partition and the schedule's table, checked now
+      (void)pipeline::Partition::even(o.pipe, o.virtual_stages, cfg.layers);
+      (void)pipeline::make_table(schedule_kind(o.schedule), o.pipe, static_cast<int>(o.batch / micro), o.virtual_stages);
+      if (o.pipe == 1)
+        throw Error("train_gpt", cat("--virtual-stages ", o.virtual_stages, " without --pipe"),
+                    "virtual stages split a pipeline's ranks: use --pipe >= 2");
+      if (o.sample > 0)
+        throw Error("train_gpt", "--sample with --pipe", "sample from a run without pipeline parallelism");
+    }
     if (!o.text.empty() && cfg.vocab < 256)
       throw Error("train_gpt", cat("vocabulary ", cfg.vocab, " with --text"), "byte-level text needs a vocabulary of 256");
     if (o.sample > 0 && o.text.empty())

@@ -12,6 +12,7 @@
 #include <weft/optim/data_parallel.hpp>
 #include <weft/optim/schedule.hpp>
 #include <weft/pipeline/executor.hpp>
+#include <weft/pipeline/pipelined.hpp>
 #include <weft/train/metrics.hpp>
 
 #include <algorithm>
@@ -33,7 +34,8 @@ using namespace weft;
 struct Options {
   std::string preset = "tiny";
   std::optional<std::int64_t> layers, heads, width, seq, vocab;
-  int data = 2, tensor = 2;
+  int data = 2, tensor = 2, pipe = 1, virtual_stages = 1;
+  std::string schedule = "1f1b";
   std::string strategy = "ddp";
   std::int64_t batch = 16, micro_batch = 0, steps = 600, eval_every = 100, sample = 0;
   std::optional<std::int64_t> warmup;  // default: 5% of the steps
@@ -64,6 +66,13 @@ struct HeldOut {
   void sequence(std::uint64_t k, std::int32_t* out, std::int64_t n) const { c->held_out(k, out, n); }
 };
 
+inline pipeline::Kind schedule_kind(const std::string& name) {
+  if (name == "gpipe") return pipeline::Kind::gpipe;
+  if (name == "interleaved") return pipeline::Kind::interleaved;
+  if (name == "zb") return pipeline::Kind::zero_bubble_h1;
+  return pipeline::Kind::one_f_one_b;
+}
+
 inline std::string mib(double bytes) { return cat(std::round(bytes / (1 << 20) * 10) / 10, " MiB"); }
 
 // What the loop needs of a device beyond the Device concept, specialized per device: each thread
@@ -92,7 +101,7 @@ int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus) {
   using T = typename precision_t<P>::compute;
   const std::int64_t micro = o.micro_batch > 0 ? o.micro_batch : o.batch;
   const std::int64_t accum = o.batch / micro;
-  const int ranks = o.data * o.tensor;
+  const int ranks = o.data * o.pipe * o.tensor;
   std::printf("measuring the %s GEMM rate of %d ranks (the MFU ceiling)...\n", D::name, ranks);
   const double peak = DeviceSupport<D>::template gemm_ceiling<T>(ranks);
   const auto dense = DeviceSupport<D>::template dense_peak<T>();
@@ -119,10 +128,14 @@ int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus) {
 
   run_threads(ranks, [&](ThreadComm& world) {
     const auto dev = DeviceSupport<D>::make(world);
-    Mesh mesh{world, {.data = o.data, .tensor = o.tensor}};
+    Mesh mesh{world, {.data = o.data, .pipe = o.pipe, .tensor = o.tensor}};
     using Model = nn::Gpt<P, SP, recompute::None, D>;
-    Model gpt(*dev, cfg, mesh.spread(), micro);
+    // With --pipe > 1 this rank holds its stages' blocks only, and a schedule's table runs them.
+    const auto part = pipeline::Partition::even(o.pipe, o.virtual_stages, cfg.layers);
+    Model gpt(*dev, cfg, mesh.spread(), micro, part.placement(mesh.coord().pipe));
     auto dp = optim::data_parallel<Strategy>(gpt, optim::AdamW{.config = {.lr = o.lr}}, mesh);
+    std::optional<pipeline::Pipeline<Model, decltype(mesh)>> pp;
+    if (o.pipe > 1) pp.emplace(gpt, pipeline::make_table(schedule_kind(o.schedule), o.pipe, static_cast<int>(accum), o.virtual_stages), part, mesh);
     // One micro-batch forward and backward; last: the last one before the step (DDP reduces then).
     auto micro_batch = [&](const std::vector<std::int32_t>& xs, const std::vector<std::int32_t>& ys, double scale,
                            bool last) {
@@ -130,6 +143,12 @@ int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus) {
       return pipeline::forward_backward(gpt, ctx, mesh, dp, last);
     };
     // The forward alone, keeping nothing for backward (evaluation, sampling).
+    auto evaluate_one = [&](const std::vector<std::int32_t>& xs, const std::vector<std::int32_t>& ys) {
+      if (pp) return pp->evaluate({xs, ys, micro});
+      auto ctx = gpt.context({xs, ys, micro});
+      pipeline::forward(gpt, ctx, mesh, dp, nn::Mode::infer);
+      return ctx.loss;
+    };
     auto infer = [&](const std::vector<std::int32_t>& xs, const std::vector<std::int32_t>& ys) {
       auto ctx = gpt.context({xs, ys, micro});
       pipeline::forward(gpt, ctx, mesh, dp, nn::Mode::infer);
@@ -146,7 +165,7 @@ int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus) {
       const int batches = 16;  // 16 micro-batches: the standard error of the mean is ~0.01 nats on the tiny preset
       for (int i = 0; i < batches; ++i) {
         eval.next(x, y);
-        sum += infer(x, y).loss;
+        sum += evaluate_one(x, y);
       }
       return sum / batches;
     };
@@ -156,9 +175,19 @@ int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus) {
       const auto t0 = std::chrono::steady_clock::now();
       dp.zero_grad();
       double loss = 0;
-      for (std::int64_t a = 0; a < accum; ++a) {
-        loader.next(x, y);
-        loss += micro_batch(x, y, 1.0 / static_cast<double>(accum), a + 1 == accum) / static_cast<double>(accum);
+      if (pp) {  // the schedule runs every micro-batch of the step
+        std::vector<std::vector<std::int32_t>> xs(static_cast<std::size_t>(accum)), ys(xs.size());
+        std::vector<nn::MicroBatch> mbs;
+        for (std::size_t a = 0; a < xs.size(); ++a) {
+          loader.next(xs[a], ys[a]);
+          mbs.push_back({xs[a], ys[a], micro, 1.0 / static_cast<double>(accum)});
+        }
+        loss = pp->run(mbs, dp);
+      } else {
+        for (std::int64_t a = 0; a < accum; ++a) {
+          loader.next(x, y);
+          loss += micro_batch(x, y, 1.0 / static_cast<double>(accum), a + 1 == accum) / static_cast<double>(accum);
+        }
       }
       const double lr = schedule.lr(step);
       const std::int64_t skipped_before = dp.skipped();

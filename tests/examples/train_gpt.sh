@@ -49,6 +49,31 @@ assert abs(a[-1]["loss"] - h[-1]["loss"]) < 0.05, (a[-1], h[-1])
 print(f"bf16 on the host: first loss {h[0]['loss']:.4f} (f32 {a[0]['loss']:.4f}), last {h[-1]['loss']:.4f} (f32 {a[-1]['loss']:.4f})")
 PY
 
+# Pipelines: --pipe 2 with every schedule (tensor 2, or data 2 for the interleaved one) logs the
+# losses of a one-rank run of the same batch and micro-batch, within 1e-5 relative in f32.
+common="--steps 6 --eval-every 3 --batch 8 --micro-batch 4 --width 32 --seq 32 --layers 4"
+"$bin" $common --data 1 --tensor 1 --log "$work/r1.jsonl" >/dev/null || fail "one-rank reference failed"
+for s in gpipe 1f1b zb; do
+  "$bin" $common --pipe 2 --tensor 2 --data 1 --schedule $s --log "$work/p_$s.jsonl" >/dev/null || fail "--pipe 2 --schedule $s failed"
+done
+"$bin" $common --pipe 2 --tensor 1 --data 2 --schedule interleaved --virtual-stages 2 --log "$work/p_interleaved.jsonl" \
+  >/dev/null || fail "--schedule interleaved failed"
+python3 - "$work" <<'PY' || exit 1
+import json, sys
+L = lambda n: [json.loads(l)["loss"] for l in open(f"{sys.argv[1]}/{n}.jsonl") if '"loss"' in l]
+ref = L("r1")
+for s in ("gpipe", "1f1b", "zb", "interleaved"):
+    got = L(f"p_{s}")
+    assert len(got) == len(ref) == 6, (s, len(got))
+    worst = max(abs(a - b) / abs(a) for a, b in zip(ref, got))
+    assert worst <= 1e-5, (s, worst)
+    print(f"--pipe 2 --schedule {s}: losses within {worst:.1e} of one rank")
+PY
+out=$("$bin" --pipe 2 --schedule interleaved 2>&1); rc=$?
+[ $rc -eq 2 ] && echo "$out" | grep -q "the interleaved schedule needs >= 2 virtual stages per rank" || fail "interleaved V 1: $rc $out"
+out=$("$bin" --pipe 3 --layers 2 2>&1); rc=$?
+[ $rc -eq 2 ] && echo "$out" | grep -q "2 layers do not split evenly over pipe 3 x 1 virtual stages" || fail "pipe 3: $rc $out"
+
 # --device cuda where there is no GPU: exit 2, saying so (or that the binary has no CUDA).
 if ! nvidia-smi -L >/dev/null 2>&1; then
   out=$("$bin" --device cuda --steps 1 2>&1); rc=$?

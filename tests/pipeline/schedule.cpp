@@ -5,6 +5,9 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <fstream>
+#include <iterator>
+#include <string>
 
 #include "weft/pipeline/schedule.hpp"
 
@@ -107,4 +110,12 @@ TEST_CASE("schedules refuse what they cannot run, naming the values") {
   CHECK_THROWS_WITH_AS(table<Interleaved>(4, 8, 1), doctest::Contains(">= 2 virtual stages"), Error);
   CHECK_THROWS_WITH_AS(table<OneFOneB>(4, 8, 2), doctest::Contains("only the interleaved schedule"), Error);
   CHECK_THROWS_WITH_AS(table<GPipe>(0, 8), doctest::Contains(">= 1"), Error);
+}
+
+TEST_CASE("docs/pipeline.md shows the pictures these tables draw") {
+  std::ifstream f(WEFT_SOURCE_DIR "/docs/pipeline.md");
+  REQUIRE(f);
+  const std::string doc((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  for (const Table& t : {table<GPipe>(4, 4), table<OneFOneB>(4, 8), table<Interleaved>(4, 8, 2), table<ZeroBubbleH1>(4, 8)})
+    CHECK_MESSAGE(doc.find(chart(t)) != std::string::npos, "the doc lacks:\n", chart(t));
 }

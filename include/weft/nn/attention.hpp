@@ -80,9 +80,17 @@ class CausalSelfAttention {
     Ops<D>::attention_backward(dy.dev(), dqkv.data(), dcore.data(), ctx.qkv.data(), static_cast<const T*>(ctx.probs.data()), B,
                              Tn, Hl, head_dim);
     auto dx = qkv.backward(ctx.qkv_ctx, dqkv);
-    ctx = Ctx{};
+    ctx.qkv = {};  // the projections' contexts stay where their weight gradients are deferred
+    ctx.probs.reset();
     return dx;
   }
+
+  // The deferred weight gradients of both projections (Linear::defer_weight).
+  void backward_weight(Ctx& ctx) {
+    qkv.backward_weight(ctx.qkv_ctx);
+    proj.backward_weight(ctx.proj_ctx);
+  }
+  void defer_weight(bool on) { qkv.defer_weight = proj.defer_weight = on; }
 
   Shape out_shape(const Shape& s) const { return s; }
   static std::string name() { return "CausalSelfAttention"; }
@@ -123,6 +131,11 @@ class Mlp {
     auto dh = proj.backward(ctx.proj_ctx, dy);
     return fc.backward(ctx.fc_ctx, dh);
   }
+  void backward_weight(Ctx& ctx) {
+    fc.backward_weight(ctx.fc_ctx);
+    proj.backward_weight(ctx.proj_ctx);
+  }
+  void defer_weight(bool on) { fc.defer_weight = proj.defer_weight = on; }
   Shape out_shape(const Shape& s) const { return s; }
   static std::string name() { return "Mlp"; }
 

@@ -102,8 +102,21 @@ class Block {
     }
     auto dx2 = mlp.backward(ctx.mlp, dout, mesh);  // Leave, mlp, Enter, ln2, + dout
     auto dx = attn.backward(ctx.attn, dx2, mesh);  // Leave, attn, Enter, ln1, + dx2
-    ctx = Ctx{};
+    if (!deferring_) ctx = Ctx{};
     return dx;
+  }
+
+  // Zero-bubble schedules: with deferral on, backward() leaves the four Linear layers' weight
+  // gradients for backward_weight(), which adds them and frees the context.
+  void defer_weight(bool on) {
+    deferring_ = on;
+    std::get<2>(attn.inner.layers).defer_weight(on);
+    std::get<2>(mlp.inner.layers).defer_weight(on);
+  }
+  void backward_weight(Ctx& ctx) {
+    std::get<2>(attn.inner.layers).backward_weight(std::get<2>(ctx.attn));
+    std::get<2>(mlp.inner.layers).backward_weight(std::get<2>(ctx.mlp));
+    ctx = Ctx{};
   }
 
   Shape out_shape(const Shape& s) const { return s; }
@@ -140,6 +153,8 @@ class Block {
   }
 
  private:
+  bool deferring_ = false;
+
   template <AxisComms M>
   Tensor<T, A, D> run_forward(Ctx& ctx, const Tensor<T, A, D>& x, M& mesh) {
     auto x2 = attn.forward(ctx.attn, x, mesh);  // x + attn(ln1(x))

@@ -28,6 +28,7 @@
 // batch.
 #pragma once
 
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -79,6 +80,15 @@ constexpr std::int64_t padded_vocab(std::int64_t vocab, int tensor_degree) {
   return (vocab + tensor_degree - 1) / tensor_degree * tensor_degree;
 }
 
+// Which parts of the model a rank holds: a pipeline stage's blocks (any subset of the global block
+// indices: interleaved schedules give a rank several chunks), and whether it holds the embedding
+// stage and the head stage. Parameter ids, and so the weights, are those of the whole model.
+struct Placement {
+  std::vector<bool> blocks;  // blocks[l]: global block l is here
+  bool embedding = true, head = true;
+  static Placement all(std::int64_t layers) { return {std::vector<bool>(static_cast<std::size_t>(layers), true), true, true}; }
+};
+
 // One micro-batch: this data rank's tokens and targets (B/dp, T), owned by the caller.
 struct MicroBatch {
   std::span<const std::int32_t> tokens, targets;
@@ -111,33 +121,98 @@ class Gpt {
   };
 
   GptConfig config;
-  Embedding embedding;
-  std::vector<BlockT> blocks;
-  Head head;
+  Embedding embedding;         // held where placement.embedding
+  std::vector<BlockT> blocks;  // the blocks held here, in global order (all of them by default)
+  Head head;                   // held where placement.head
+  // Where the head is held without the embedding (a pipeline's last stage), its own copy of the
+  // tied table: initialized as wte is, its gradient summed with wte's over the pipeline's first and
+  // last ranks before each step (tied_unit(), and the data-parallel protocol's reduce_tied()).
+  typename Head::Table head_table;
 
-  Gpt(D& dev, const GptConfig& c, const Spread& s, std::int64_t batch) : config((validate(c, s, SP, batch), c)) {
-    embedding = Embedding(dev, padded_vocab(c.vocab, s.tensor_degree), c.seq, c.width, s, c.seed, c.init_std);
+  Gpt(D& dev, const GptConfig& c, const Spread& s, std::int64_t batch,
+      const Placement& place = Placement{})
+      : config((validate(c, s, SP, batch), c)), place_(place.blocks.empty() && place.embedding && place.head
+                                                           ? Placement::all(c.layers)
+                                                           : place), dev_(&dev) {
+    if (static_cast<std::int64_t>(place_.blocks.size()) != c.layers)
+      throw Error("Gpt", cat("a placement of ", place_.blocks.size(), " blocks for a model of ", c.layers),
+                  "give the placement one entry per block");
+    const std::int64_t vp = padded_vocab(c.vocab, s.tensor_degree);
+    if (place_.embedding) embedding = Embedding(dev, vp, c.seq, c.width, s, c.seed, c.init_std);
+    block_at_.assign(static_cast<std::size_t>(c.layers), -1);
     blocks.reserve(static_cast<std::size_t>(c.layers));
-    for (std::int64_t l = 0; l < c.layers; ++l)
+    for (std::int64_t l = 0; l < c.layers; ++l) {
+      if (!place_.blocks[static_cast<std::size_t>(l)]) continue;
+      block_at_[static_cast<std::size_t>(l)] = static_cast<int>(blocks.size());
       blocks.emplace_back(dev, c.width, c.heads, c.layers, s, static_cast<std::uint64_t>(16 + 16 * l), c.seed,
                           c.init_std);
-    head = Head(dev, c.vocab, c.width, s, c.seed);
-    // The units record the Params' addresses: from here on the model stays where it is.
-    units_.reserve(blocks.size() + 2);
-    units_.emplace_back("embedding", dev).add("", embedding);
-    for (std::size_t l = 0; l < blocks.size(); ++l) units_.emplace_back(cat("h", l), dev).add(cat("h", l), blocks[l]);
-    units_.emplace_back("head", dev).add("", head);
+    }
+    if (place_.head) head = Head(dev, c.vocab, c.width, s, c.seed);
+    const bool split_tie = place_.embedding != place_.head;  // the tied table lives on two ranks
+    if (place_.head && !place_.embedding)
+      head_table = typename Head::Table(dev, {vp, c.width}, s, 0, {Init::normal, c.init_std}, c.seed);  // wte's id: the same draws
+    // The units record the Params' addresses: from here on the model stays where it is. With the
+    // table on two ranks, it is a unit of its own on both ("wte"), so that its flat buffers, and
+    // any data-parallel slices of them, line up between the two.
+    stage_units_.assign(static_cast<std::size_t>(c.layers) + 2, {});
+    units_.reserve(blocks.size() + 3);
+    if (place_.embedding) {
+      if (split_tie) {
+        tied_ = units_.size();
+        units_.emplace_back("wte", dev).add("wte", embedding.wte);
+        stage_units_[0].push_back(units_.size());
+        units_.emplace_back("embedding", dev).add("wpe", embedding.wpe);
+        stage_units_[0].push_back(*tied_);
+      } else {
+        stage_units_[0].push_back(units_.size());
+        units_.emplace_back("embedding", dev).add("", embedding);
+      }
+    }
+    for (std::int64_t l = 0; l < c.layers; ++l)
+      if (const int b = block_at_[static_cast<std::size_t>(l)]; b >= 0) {
+        stage_units_[static_cast<std::size_t>(l) + 1].push_back(units_.size());
+        units_.emplace_back(cat("h", l), dev).add(cat("h", l), blocks[static_cast<std::size_t>(b)]);
+      }
+    if (place_.head) {
+      auto& hs = stage_units_[static_cast<std::size_t>(c.layers) + 1];
+      hs.push_back(units_.size());
+      units_.emplace_back("head", dev).add("", head);
+      if (split_tie) {
+        tied_ = units_.size();
+        tied_copy_ = true;
+        units_.emplace_back("wte", dev).add_param("wte", head_table);
+      }
+      hs.push_back(tied_ ? *tied_ : 0);  // the head uses the tied table
+    }
+    data_degree_ = s.data_degree;
     for (Unit& u : units_) u.build(s.data_degree);
   }
   Gpt(const Gpt&) = delete;
   Gpt& operator=(const Gpt&) = delete;
 
-  // Stages, and the units each one reads and writes.
-  std::size_t stages() const { return blocks.size() + 2; }
+  // Stages, and the units each one reads and writes. Stage 0 is the embedding, 1 .. L the blocks,
+  // L + 1 the head; a rank runs only the stages it holds (holds()).
+  std::size_t stages() const { return static_cast<std::size_t>(config.layers) + 2; }
+  bool holds(std::size_t stage) const {
+    if (stage == 0) return place_.embedding;
+    if (stage + 1 == stages()) return place_.head;
+    return block_at_[stage - 1] >= 0;
+  }
   std::span<Unit> units() { return units_; }
-  std::vector<std::size_t> units_of(std::size_t stage) const {
-    if (stage + 1 == stages()) return {stage, 0};  // the head uses the tied table of unit 0
-    return {stage};
+  std::vector<std::size_t> units_of(std::size_t stage) const { return stage_units_[stage]; }
+  // The unit that holds the tied table where it is held on two ranks, and whether this rank's is
+  // the head's copy (counted once in the gradient norm: on the embedding's rank).
+  std::optional<std::size_t> tied_unit() const { return tied_; }
+  bool tied_copy() const { return tied_copy_; }
+  D& dev() const { return *dev_; }
+  const Placement& placement() const { return place_; }
+
+  // Zero-bubble schedules: defer the blocks' Linear weight gradients to backward_weight().
+  void defer_weight(bool on) {
+    for (BlockT& b : blocks) b.defer_weight(on);
+  }
+  void backward_weight(std::size_t stage, Ctx& ctx) {
+    if (stage >= 1 && stage + 1 < stages()) block(stage - 1).backward_weight(ctx.blocks[stage - 1]);
   }
 
   // A context for one micro-batch (tokens and targets in host memory); checks the tokens first and
@@ -147,7 +222,7 @@ class Gpt {
     Ctx ctx;
     ctx.in = in;
     if constexpr (!D::host_memory) {
-      D& dev = embedding.wte.weight.value.dev();
+      D& dev = *dev_;
       const std::size_t n = in.tokens.size();
       ctx.ids = dev.allocate(static_cast<std::int64_t>(2 * n * sizeof(std::int32_t)), Category::activations);
       auto* ids = static_cast<std::int32_t*>(ctx.ids.data());
@@ -156,7 +231,7 @@ class Gpt {
       ctx.in.tokens = {ids, n};
       ctx.in.targets = {ids + n, n};
     }
-    ctx.blocks.resize(blocks.size());
+    ctx.blocks.resize(static_cast<std::size_t>(config.layers));
     return ctx;
   }
 
@@ -165,10 +240,10 @@ class Gpt {
     if (stage == 0) {
       ctx.x = embedding.forward(ctx.embedding, ctx.in.tokens, ctx.in.batch, config.seq, mesh);
     } else if (stage + 1 < stages()) {
-      BlockT& b = blocks[stage - 1];
+      BlockT& b = block(stage - 1);
       ctx.x = mode == Mode::train ? b.forward(ctx.blocks[stage - 1], ctx.x, mesh) : b.infer(ctx.x, mesh);
     } else {
-      ctx.loss = head.forward(ctx.head, ctx.x, embedding.wte.weight, ctx.in.targets, mesh, mode);
+      ctx.loss = head.forward(ctx.head, ctx.x, table(), ctx.in.targets, mesh, mode);
       ctx.x = {};
     }
   }
@@ -176,9 +251,9 @@ class Gpt {
   template <AxisComms M>
   void backward(std::size_t stage, Ctx& ctx, M& mesh) {
     if (stage + 1 == stages()) {
-      ctx.x = head.backward(ctx.head, embedding.wte.weight, ctx.in.grad_scale, mesh);
+      ctx.x = head.backward(ctx.head, table(), ctx.in.grad_scale, mesh);
     } else if (stage > 0) {
-      ctx.x = blocks[stage - 1].backward(ctx.blocks[stage - 1], ctx.x, mesh);
+      ctx.x = block(stage - 1).backward(ctx.blocks[stage - 1], ctx.x, mesh);
     } else {
       embedding.backward(ctx.embedding, ctx.x, mesh);
       ctx.x = {};
@@ -204,11 +279,13 @@ class Gpt {
   }
 
   // f(name, param) for every parameter, in a fixed order (the same for every strategy).
+  // (Parameters of the parts this rank holds; the head's copy of the tied table is not listed.)
   template <class F>
   void for_each_param(F&& f) {
-    embedding.for_each_param("", f);
-    for (std::size_t l = 0; l < blocks.size(); ++l) blocks[l].for_each_param(cat("h", l), f);
-    head.for_each_param("", f);
+    if (place_.embedding) embedding.for_each_param("", f);
+    for (std::int64_t l = 0; l < config.layers; ++l)
+      if (const int b = block_at_[static_cast<std::size_t>(l)]; b >= 0) blocks[static_cast<std::size_t>(b)].for_each_param(cat("h", l), f);
+    if (place_.head) head.for_each_param("", f);
   }
 
   void zero_grad() {
@@ -216,8 +293,15 @@ class Gpt {
   }
 
  private:
+  BlockT& block(std::size_t l) {
+    const int b = block_at_[l];
+    if (b < 0) throw Error("Gpt", cat("block ", l, " is not held by this rank"), "run only the stages this rank holds");
+    return blocks[static_cast<std::size_t>(b)];
+  }
+  typename Head::Table& table() { return place_.embedding ? embedding.wte.weight : head_table; }
+
   void check_tokens(const MicroBatch& in) const {
-    const std::int64_t N = in.batch / embedding.wte.weight.value.spread().data_degree * config.seq;
+    const std::int64_t N = in.batch / data_degree_ * config.seq;
     if (static_cast<std::int64_t>(in.tokens.size()) != N || static_cast<std::int64_t>(in.targets.size()) != N)
       throw Error("Gpt::context",
                   cat(in.tokens.size(), " tokens and ", in.targets.size(), " targets for a local batch of ", N, " positions"),
@@ -231,6 +315,13 @@ class Gpt {
     }
   }
 
+  Placement place_;
+  D* dev_;
+  std::vector<int> block_at_;                          // global block -> index in blocks, or -1
+  std::vector<std::vector<std::size_t>> stage_units_;  // per stage: the units it uses
+  std::optional<std::size_t> tied_;
+  bool tied_copy_ = false;
+  int data_degree_ = 1;
   std::vector<Unit> units_;
 };
 

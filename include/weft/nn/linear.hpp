@@ -68,9 +68,14 @@ class Linear {
   using S = master_t<T>;  // parameter gradients, GEMM accumulation
 
   struct Ctx {
-    Tensor<T, In, D> x;    // the input, saved for dW
-    Tensor<T, Out, D> pre; // the pre-activation (Gelu only)
+    Tensor<T, In, D> x;       // the input, saved for dW
+    Tensor<T, Out, D> pre;    // the pre-activation (Gelu only)
+    Tensor<T, GradOut, D> dy; // the output gradient (after the GELU's), kept for a deferred backward_weight
   };
+
+  // Zero-bubble pipeline schedules split the backward: with defer_weight set, backward() computes
+  // the input gradient only and keeps what backward_weight() needs to add dW and db later.
+  bool defer_weight = false;
 
   Param<T, typename L::weight, typename L::weight, D> weight;
   Param<T, typename L::bias, typename L::bias, D> bias;
@@ -125,15 +130,24 @@ class Linear {
       Ops<D>::gelu_backward(dy_in.dev(), dpre.data(), ctx.pre.data(), dy_in.data(), dpre.numel());
       dy = dpre.data();
     }
-    // dW (out, in) += dy^T x;  db += sum over rows of dy;  dx (N, in) = dy W.
-    Ops<D>::gemm(x.dev(), Trans::yes, Trans::no, out_local(), in_local(), N, S(1), dy, out_local(), x.data(),
-                 in_local(), S(1), weight.grad.data(), in_local());
-    if (has_bias_) Ops<D>::bias_backward(x.dev(), bias.grad.data(), dy, N, out_local());
+    // dx (N, in) = dy W;  then (now, or in backward_weight) dW (out, in) += dy^T x, db += sum of dy.
     auto dx = Tensor<T, GradIn, D>::empty(x.dev(), x.global_shape(), x.spread(), Category::activations);
     Ops<D>::gemm(x.dev(), Trans::no, Trans::no, N, in_local(), out_local(), S(1), dy, out_local(),
                  weight.value.data(), in_local(), S(0), dx.data(), in_local());
+    if (defer_weight) {
+      ctx.dy = has_gelu ? std::move(dpre) : dy_in.clone(Category::activations);
+      ctx.pre = {};
+      return dx;
+    }
+    weight_grads(x, dy, N);
     ctx = Ctx{};
     return dx;
+  }
+
+  // The deferred weight gradients (defer_weight): dW += dy^T x, db += sum of dy; frees the context.
+  void backward_weight(Ctx& ctx) {
+    if (ctx.dy.data()) weight_grads(ctx.x, ctx.dy.data(), ctx.x.local_shape()[0] * ctx.x.local_shape()[1]);
+    ctx = Ctx{};
   }
 
   // f(name, param) for each parameter, in a fixed order.
@@ -142,6 +156,15 @@ class Linear {
     f(prefix + ".weight", weight);
     if (has_bias_) f(prefix + ".bias", bias);
   }
+
+ private:
+  void weight_grads(const Tensor<T, In, D>& x, const T* dy, std::int64_t N) {
+    Ops<D>::gemm(x.dev(), Trans::yes, Trans::no, out_local(), in_local(), N, S(1), dy, out_local(), x.data(),
+                 in_local(), S(1), weight.grad.data(), in_local());
+    if (has_bias_) Ops<D>::bias_backward(x.dev(), bias.grad.data(), dy, N, out_local());
+  }
+
+ public:
 
 
  private:

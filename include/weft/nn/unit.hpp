@@ -59,6 +59,13 @@ class Unit {
     layer.for_each_param(prefix, [&](const std::string& n, auto& p) { record(n, p); });
   }
 
+  // Records one parameter under `name`. Call before build().
+  template <class P>
+  void add_param(const std::string& name, P& p) {
+    if (built_) throw Error(cat("Unit ", name_), "add_param() after build()", "add every parameter before building the unit");
+    record(name, p);
+  }
+
   // Allocates the flat buffers (padded to a multiple of `pad`), moves every parameter's values into
   // them, zeroes the gradients, and leaves the Params as views. The Params' own storage is freed.
   void build(int pad) {

@@ -33,6 +33,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -171,6 +172,7 @@ class DataParallel {
     reduce_tensor_partials();
     std::array<double, 1> sq{0.0};
     for (std::size_t u = 0; u < units_.size(); ++u) {
+      if (tied_ && *tied_ == u && tied_copy_) continue;  // the tied table counts once, on the embedding's rank
       const std::int64_t lo = index_ * held_[u].shard;
       const G* g = grads_from(u, lo);
       for_each_piece(u, lo, held_[u].shard, [&](const nn::UnitEntry& e, std::int64_t a, std::int64_t n) {
@@ -179,6 +181,7 @@ class DataParallel {
     }
     mesh_->comm(Axis::tensor).all_reduce(std::span<double>(sq));
     data().all_reduce(std::span<double>(sq));
+    if (mesh_->comm(Axis::pipe).size() > 1) mesh_->comm(Axis::pipe).all_reduce(std::span<double>(sq));
     const double norm = std::sqrt(sq[0]);
     if (!std::isfinite(norm)) {
       ++skipped_;
@@ -227,6 +230,24 @@ class DataParallel {
           f(units_[u], e, Rule::state_names[static_cast<std::size_t>(k)], std::span<S>(st[static_cast<std::size_t>(k)], static_cast<std::size_t>(len)));
       });
     }
+  }
+
+  // A table held on two pipeline ranks (the tied embedding on the first and the last stage): unit u
+  // holds it here, laid out the same on both ranks; copy: this is the head's copy.
+  void set_tied(std::size_t u, bool copy) {
+    tied_ = u;
+    tied_copy_ = copy;
+  }
+  // Sums the tied table's gradients over `group` (the two ranks that hold it), after the step's last
+  // backward and before step(): the slices where gradients are sharded (they line up), else all of it.
+  template <Communicator C>
+  void reduce_tied(C& group) {
+    if (!tied_) return;
+    const std::size_t u = *tied_;
+    if constexpr (shard_grads)
+      group.all_reduce(std::span<G>(static_cast<G*>(held_[u].grad_slice.data()), static_cast<std::size_t>(held_[u].shard)));
+    else
+      group.all_reduce(std::span<G>(units_[u].grads(), static_cast<std::size_t>(units_[u].padded())));
   }
 
   std::int64_t steps() const { return t_; }
@@ -309,13 +330,18 @@ class DataParallel {
   int dp_ = 1, index_ = 0, tensor_degree_ = 1, tensor_index_ = 0;
   std::vector<Held> held_;
   std::int64_t t_ = 0, skipped_ = 0;
+  std::optional<std::size_t> tied_;
+  bool tied_copy_ = false;
 };
 
 // data_parallel<Strategy>(model, rule, mesh): the protocol over a model's units.
 template <class Strategy, class Model, UpdateRule Rule, AxisComms M>
 DataParallel<Strategy, Rule, typename Model::value_type, M, typename Model::device> data_parallel(Model& model, Rule rule,
                                                                                                 M& mesh) {
-  return {model.units(), rule, mesh};
+  DataParallel<Strategy, Rule, typename Model::value_type, M, typename Model::device> dp{model.units(), rule, mesh};
+  if constexpr (requires { model.tied_unit(); })
+    if (const auto u = model.tied_unit()) dp.set_tied(*u, model.tied_copy());
+  return dp;
 }
 
 }  // namespace weft::optim

@@ -65,6 +65,8 @@ struct Msg {
 };
 
 struct Action {
+  constexpr Action() = default;
+  constexpr explicit Action(Do w, int s = 0, int m = 0) : what(w), stage(s), micro(m) {}
   Do what = Do::forward;
   int stage = 0;  // compute: the virtual stage
   int micro = 0;
@@ -341,6 +343,7 @@ struct Simulation {
   double makespan = 0;
   std::vector<double> busy;        // per rank
   std::vector<int> max_in_flight;  // per rank: forwards done whose backward has not run
+  std::vector<std::vector<double>> start;  // per rank and action: when it started (-1: never)
   std::optional<Problem> blocked;  // where the lowest blocked rank stopped, when not completed
   double bubble(int r) const { return makespan > 0 ? 1.0 - busy[static_cast<std::size_t>(r)] / makespan : 0.0; }
 };
@@ -369,6 +372,7 @@ inline Simulation simulate(const Table& t, Costs c) {
   std::vector<std::vector<double>> posted(static_cast<std::size_t>(p));
   std::vector<int> in_flight(static_cast<std::size_t>(p), 0);
   for (int r = 0; r < p; ++r) posted[static_cast<std::size_t>(r)].assign(t.ranks[static_cast<std::size_t>(r)].size(), -1.0);
+  sim.start = posted;
   auto posted_at = [&](std::pair<int, int> where) {
     return where.first < 0 ? -1.0 : posted[static_cast<std::size_t>(where.first)][static_cast<std::size_t>(where.second)];
   };
@@ -381,6 +385,7 @@ inline Simulation simulate(const Table& t, Costs c) {
         const Action& x = acts[pc[ur]];
         if (x.what != Do::exchange) {
           const double cost = x.what == Do::forward ? c.forward : x.what == Do::backward ? c.backward : c.weight;
+          sim.start[ur][pc[ur]] = now[ur];
           now[ur] += cost;
           sim.busy[ur] += cost;
           if (x.what == Do::forward) sim.max_in_flight[ur] = std::max(sim.max_in_flight[ur], ++in_flight[ur]);
@@ -421,6 +426,35 @@ inline Simulation simulate(const Table& t, Costs c) {
   return sim;
 }
 
+inline Costs unit_costs(const Table& t) { return t.split_weight ? Costs{1, 1, 1} : Costs{1, 2, 0}; }
+
+// A text picture of a table on a time line of unit costs (one column per unit), one row per rank:
+// forward of micro-batch i as the digit i, its backward as the letter a + i (one per column of its
+// cost: two for a backward with its weight gradient), its split weight gradient as A + i, idle as
+// "." (micro-batches 0 .. 9). Interleaved chunks are not told apart.
+inline std::string chart(const Table& t) {
+  const Costs c = unit_costs(t);
+  const Simulation sim = simulate(t, c);
+  const int width = static_cast<int>(sim.makespan);
+  std::string out;
+  for (int r = 0; r < t.p; ++r) {
+    std::string row(static_cast<std::size_t>(width), '.');
+    const auto& acts = t.ranks[static_cast<std::size_t>(r)];
+    for (std::size_t k = 0; k < acts.size(); ++k) {
+      const Action& x = acts[k];
+      const double at = sim.start[static_cast<std::size_t>(r)][k];
+      if (x.what == Do::exchange || at < 0) continue;
+      const int i = x.micro % 10;
+      const char g = static_cast<char>(x.what == Do::forward ? '0' + i : x.what == Do::backward ? 'a' + i : 'A' + i);
+      const double len = x.what == Do::forward ? c.forward : x.what == Do::backward ? c.backward : c.weight;
+      for (int col = static_cast<int>(at); col < static_cast<int>(at + len) && col < width; ++col)
+        row[static_cast<std::size_t>(col)] = g;
+    }
+    out += cat("rank ", r, " |", row, "|\n");
+  }
+  return out;
+}
+
 // The bubble fraction of a schedule in the model above (unit forward cost, backward 2, ZB's B and
 // W 1 each), from the papers' formulas.
 constexpr double closed_form_bubble(Kind kind, int p, int m, int v = 1) {
@@ -434,7 +468,6 @@ constexpr double closed_form_bubble(Kind kind, int p, int m, int v = 1) {
   return 0;
 }
 
-inline Costs unit_costs(const Table& t) { return t.split_weight ? Costs{1, 1, 1} : Costs{1, 2, 0}; }
 
 // A table at compile time, for p, m and V known to the compiler: rank R's actions as a constexpr
 // array, and whether the whole table passes check().

@@ -1,0 +1,226 @@
+// Pipeline parallelism: a staged model cut into virtual stages over the pipe axis, run by a
+// schedule's table (schedule.hpp) for the micro-batches of one optimizer step.
+//
+//   Partition        which blocks each virtual stage holds: evenly by default, or as given; the
+//                    embedding with virtual stage 0, the final LayerNorm, LM head and loss with the
+//                    last; stage s on pipe rank s % p (chunk s / p)
+//   Pipeline         runs one rank's table: forward and backward (and, for ZB-H1, the deferred
+//                    weight gradients) of its stages per micro-batch; exchanges activations and
+//                    gradients with its neighbours (sends posted without waiting, kept alive until
+//                    delivered; receives in table order); tells the data-parallel protocol when
+//                    each unit is first needed and last used; sums the tied embedding's gradients
+//                    over the first and last pipe ranks; returns the step's mean loss on every rank.
+//
+// Composes with tensor and sequence parallelism (inside each stage) and with every data strategy
+// (per rank's units). A failed rank makes every rank's next message or collective raise within the
+// communicator's deadline.
+#pragma once
+
+#include <algorithm>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "weft/nn/gpt.hpp"
+#include "weft/pipeline/executor.hpp"
+#include "weft/pipeline/schedule.hpp"
+
+namespace weft::pipeline {
+
+struct Partition {
+  int p = 1, v = 1;
+  std::int64_t layers = 0;
+  std::vector<std::int64_t> first;  // per virtual stage: its first block; first[S] = layers
+
+  int stages() const { return p * v; }
+  int rank_of(int s) const { return s % p; }
+
+  // Blocks split evenly: each of the p V virtual stages holds layers / (p V) blocks.
+  static Partition even(int p, int v, std::int64_t layers) {
+    if (p < 1 || v < 1)
+      throw Error("pipeline::Partition", cat("pipe degree ", p, " and ", v, " virtual stages"), "use degrees >= 1");
+    const std::int64_t S = static_cast<std::int64_t>(p) * v;
+    if (layers % S != 0)
+      throw Error("pipeline::Partition",
+                  cat(layers, " layers do not split evenly over pipe ", p, " x ", v, " virtual stages = ", S, " stages"),
+                  cat("use a number of layers that is a multiple of ", S, ", or give each stage's blocks explicitly"));
+    std::vector<std::int64_t> counts(static_cast<std::size_t>(S), layers / S);
+    return given(p, v, counts);
+  }
+  // Stage s holds counts[s] blocks, in order.
+  static Partition given(int p, int v, const std::vector<std::int64_t>& counts) {
+    const std::int64_t S = static_cast<std::int64_t>(p) * v;
+    if (static_cast<std::int64_t>(counts.size()) != S)
+      throw Error("pipeline::Partition", cat(counts.size(), " stage sizes for pipe ", p, " x ", v, " virtual stages"),
+                  cat("give ", S, " sizes"));
+    Partition out{p, v, 0, {0}};
+    for (std::int64_t c : counts) {
+      if (c < 0) throw Error("pipeline::Partition", cat("a stage of ", c, " blocks"), "use sizes >= 0");
+      out.first.push_back(out.first.back() + c);
+    }
+    out.layers = out.first.back();
+    return out;
+  }
+
+  // The model's stages (0 the embedding, 1 .. L the blocks, L + 1 the head) in virtual stage s.
+  std::vector<std::size_t> fine(int s) const {
+    std::vector<std::size_t> out;
+    if (s == 0) out.push_back(0);
+    for (std::int64_t l = first[static_cast<std::size_t>(s)]; l < first[static_cast<std::size_t>(s) + 1]; ++l)
+      out.push_back(static_cast<std::size_t>(l) + 1);
+    if (s == stages() - 1) out.push_back(static_cast<std::size_t>(layers) + 1);
+    return out;
+  }
+  // What pipe rank r holds.
+  nn::Placement placement(int r) const {
+    nn::Placement pl{std::vector<bool>(static_cast<std::size_t>(layers), false), r == 0, r == rank_of(stages() - 1)};
+    for (int s = r; s < stages(); s += p)
+      for (std::int64_t l = first[static_cast<std::size_t>(s)]; l < first[static_cast<std::size_t>(s) + 1]; ++l)
+        pl.blocks[static_cast<std::size_t>(l)] = true;
+    return pl;
+  }
+};
+
+template <class Model, AxisComms M>
+class Pipeline {
+  using Comm = std::remove_cvref_t<decltype(std::declval<M&>().comm(Axis::pipe))>;
+  using Ctx = typename Model::Ctx;
+  using T = typename Model::value_type;
+  using D = typename Model::device;
+  using Act = Tensor<T, typename Model::A, D>;
+
+ public:
+  // table: this schedule's table for the mesh's pipe degree; the model built with
+  // part.placement(pipe rank). Collective over the pipe group (it makes the tied-table group).
+  Pipeline(Model& model, Table table, Partition part, M& mesh)
+      : model_(&model), table_(std::move(table)), part_(std::move(part)), mesh_(&mesh) {
+    Comm& pipe = mesh.comm(Axis::pipe);
+    if (table_.p != pipe.size() || part_.p != pipe.size() || table_.v != part_.v)
+      throw Error("pipeline::Pipeline",
+                  cat("a table for pipe ", table_.p, " x ", table_.v, ", a partition for pipe ", part_.p, " x ", part_.v,
+                      ", on a pipe group of ", pipe.size()),
+                  "build the table and the partition for the mesh's pipe degree and the same virtual stages");
+    if (part_.layers != model.config.layers)
+      throw Error("pipeline::Pipeline", cat("a partition of ", part_.layers, " layers for a model of ", model.config.layers),
+                  "partition the model's layers");
+    rank_ = pipe.rank();
+    lowest_stage_ = rank_;
+    // The tied table's two holders (first and last pipe ranks) sum its gradients.
+    const int last = part_.rank_of(part_.stages() - 1);
+    if (last != 0) tie_.emplace(pipe.split((rank_ == 0 || rank_ == last) ? 0 : 1, rank_, cat(pipe.name(), "/tied")));
+    model.defer_weight(table_.split_weight);
+  }
+
+  // One optimizer step's forwards and backwards over m micro-batches (the table's m), gradients
+  // left for dp.step(); returns the mean loss of the micro-batches on every rank.
+  template <DataProtocol P>
+  double run(std::span<const nn::MicroBatch> micro, P& dp) {
+    if (static_cast<int>(micro.size()) != table_.m)
+      throw Error("pipeline::Pipeline::run", cat(micro.size(), " micro-batches for a table of ", table_.m),
+                  "pass the number of micro-batches the schedule was built for");
+    const auto& acts = table_.ranks[static_cast<std::size_t>(rank_)];
+    // The last backward (or weight) action of each unit this rank holds: DDP reduces it there.
+    std::vector<std::size_t> last_use(model_->units().size(), 0);
+    for (std::size_t k = 0; k < acts.size(); ++k)
+      if (acts[k].what == (table_.split_weight ? Do::weight : Do::backward))
+        for (std::size_t fs : part_.fine(acts[k].stage))
+          for (std::size_t u : model_->units_of(fs)) last_use[u] = k;
+    std::vector<std::optional<Ctx>> ctx(static_cast<std::size_t>(table_.m));
+    std::vector<Act> outgoing(static_cast<std::size_t>(table_.m));  // a compute's output, until the next exchange sends it
+    std::vector<std::pair<typename Comm::SendHandle, Act>> sent;
+    Comm& pipe = mesh_->comm(Axis::pipe);
+    double loss = 0;
+    for (std::size_t k = 0; k < acts.size(); ++k) {
+      const Action& a = acts[k];
+      if (a.what == Do::exchange) {
+        if (a.send.present()) {
+          Act out = std::move(outgoing[static_cast<std::size_t>(a.send.micro)]);
+          sent.emplace_back(pipe.isend(std::span<const T>(out.data(), static_cast<std::size_t>(out.numel())), a.send_to),
+                            std::move(out));
+        }
+        if (a.recv.present()) {
+          Ctx& c = context(ctx, micro, a.recv.micro);
+          c.x = Act::empty(model_->dev(), shape(micro[static_cast<std::size_t>(a.recv.micro)]), mesh_->spread(),
+                           Category::activations);
+          pipe.recv(std::span<T>(c.x.data(), static_cast<std::size_t>(c.x.numel())), a.recv_from);
+        }
+        continue;
+      }
+      Ctx& c = context(ctx, micro, a.micro);
+      const std::vector<std::size_t> fine = part_.fine(a.stage);
+      if (a.what == Do::forward) {
+        for (std::size_t fs : fine) {
+          for (std::size_t u : model_->units_of(fs)) dp.acquire(u, Pass::forward);
+          model_->forward(fs, c, *mesh_);
+          for (std::size_t u : model_->units_of(fs)) dp.release(u, Pass::forward, false);
+        }
+        if (a.stage == part_.stages() - 1) loss += c.loss;
+      } else if (a.what == Do::backward) {
+        for (auto it = fine.rbegin(); it != fine.rend(); ++it) {
+          for (std::size_t u : model_->units_of(*it)) dp.acquire(u, Pass::backward);
+          model_->backward(*it, c, *mesh_);
+          if (!table_.split_weight)
+            for (std::size_t u : model_->units_of(*it)) dp.release(u, Pass::backward, last_use[u] == k);
+        }
+      } else {  // the deferred weight gradients, then the units are done for this micro-batch
+        for (auto it = fine.rbegin(); it != fine.rend(); ++it) {
+          model_->backward_weight(*it, c);
+          for (std::size_t u : model_->units_of(*it)) dp.release(u, Pass::backward, last_use[u] == k);
+        }
+      }
+      // What the next exchange sends: a forward's output (but the last stage's), a backward's input
+      // gradient (but the first stage's).
+      if ((a.what == Do::forward && a.stage + 1 < part_.stages()) || (a.what == Do::backward && a.stage > 0))
+        outgoing[static_cast<std::size_t>(a.micro)] = std::move(c.x);
+      const bool done = table_.split_weight ? a.what == Do::weight : a.what == Do::backward;
+      if (done && a.stage == lowest_stage_) ctx[static_cast<std::size_t>(a.micro)].reset();
+    }
+    for (auto& [h, buf] : sent) pipe.wait(h);
+    if (tie_) {
+      if constexpr (requires { dp.reduce_tied(*tie_); }) dp.reduce_tied(*tie_);
+    }
+    // The loss is known on the last stage's rank: every rank gets the mean.
+    std::array<double, 1> l{loss / table_.m};
+    pipe.all_reduce(std::span<double>(l));
+    return l[0];
+  }
+
+  // The forward alone of one micro-batch through every stage (evaluation: Mode::infer, nothing kept
+  // for a backward); returns its loss on every rank.
+  double evaluate(const nn::MicroBatch& mb) {
+    Comm& pipe = mesh_->comm(Axis::pipe);
+    Ctx c = model_->context(mb);
+    for (int s = rank_; s < part_.stages(); s += part_.p) {
+      if (s > 0) {
+        c.x = Act::empty(model_->dev(), shape(mb), mesh_->spread(), Category::activations);
+        pipe.recv(std::span<T>(c.x.data(), static_cast<std::size_t>(c.x.numel())), part_.rank_of(s - 1));
+      }
+      for (std::size_t fs : part_.fine(s)) model_->forward(fs, c, *mesh_, nn::Mode::infer);
+      if (s + 1 < part_.stages())
+        pipe.send(std::span<const T>(c.x.data(), static_cast<std::size_t>(c.x.numel())), part_.rank_of(s + 1));
+    }
+    std::array<double, 1> l{rank_ == part_.rank_of(part_.stages() - 1) ? c.loss : 0.0};
+    pipe.all_reduce(std::span<double>(l));
+    return l[0];
+  }
+
+  const Table& table() const { return table_; }
+
+ private:
+  Shape shape(const nn::MicroBatch& mb) const { return {mb.batch, model_->config.seq, model_->config.width}; }
+  Ctx& context(std::vector<std::optional<Ctx>>& ctx, std::span<const nn::MicroBatch> micro, int i) {
+    auto& c = ctx[static_cast<std::size_t>(i)];
+    if (!c) c.emplace(model_->context(micro[static_cast<std::size_t>(i)]));
+    return *c;
+  }
+
+  Model* model_;
+  Table table_;
+  Partition part_;
+  M* mesh_;
+  int rank_ = 0;
+  int lowest_stage_ = 0;  // this rank's first virtual stage: a micro-batch's last backward here
+  std::optional<Comm> tie_;
+};
+
+}  // namespace weft::pipeline
