@@ -105,6 +105,7 @@ int main(int argc, char** argv) {
   app.add_option("--device", o.device, "host, cuda (the ranks share one GPU) or auto (the GPU when one is present)")
       ->check(CLI::IsMember({"host", "cuda", "auto"}));
   app.add_option("--log", o.log, "JSON lines, one per step");
+  app.add_option("--trace", o.trace, "Chrome / Perfetto trace (JSON) of every rank's computes, waits and steps");
   app.add_option("--sample", o.sample, "after training on --text, print N sampled bytes")->check(CLI::NonNegativeNumber);
   try {
     app.parse(argc, argv);

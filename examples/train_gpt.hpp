@@ -41,7 +41,7 @@ struct Options {
   std::optional<std::int64_t> warmup;  // default: 5% of the steps
   double lr = 3e-3, min_lr = 3e-4, clip = 1.0;
   std::uint64_t seed = 1;
-  std::string data_file, text, dtype = "f32", log, device = "auto";
+  std::string data_file, text, dtype = "f32", log, device = "auto", trace;
 };
 
 // A source of training sequences and of held-out ones, whatever the corpus.
@@ -92,6 +92,7 @@ struct DeviceSupport<Host> {
   // The processor's dense peak is not known to weft: MFU is against the measured ceiling only.
   template <class T>
   static std::optional<std::pair<std::string, double>> dense_peak() { return std::nullopt; }
+  static void ranges(pipeline::Trace&) {}  // no profiler ranges on the host
 };
 
 // D: Host or Cuda; P: a precision policy; Strategy: optim::Ddp, Zero1, Zero2 or Fsdp over the data
@@ -125,6 +126,11 @@ int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus) {
   std::vector<std::int32_t> sample_out;
   const auto schedule = optim::Schedule::warmup_cosine(o.lr, o.warmup.value_or(o.steps / 20), o.steps, o.min_lr);
   std::vector<std::int64_t> peaks(static_cast<std::size_t>(ranks));
+  std::unique_ptr<pipeline::Trace> trace;
+  if (!o.trace.empty()) {
+    trace = std::make_unique<pipeline::Trace>(ranks);
+    DeviceSupport<D>::ranges(*trace);
+  }
 
   run_threads(ranks, [&](ThreadComm& world) {
     const auto dev = DeviceSupport<D>::make(world);
@@ -136,6 +142,7 @@ int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus) {
     auto dp = optim::data_parallel<Strategy>(gpt, optim::AdamW{.config = {.lr = o.lr}}, mesh);
     std::optional<pipeline::Pipeline<Model, decltype(mesh)>> pp;
     if (o.pipe > 1) pp.emplace(gpt, pipeline::make_table(schedule_kind(o.schedule), o.pipe, static_cast<int>(accum), o.virtual_stages), part, mesh);
+    if (pp && trace) pp->set_trace(trace.get(), world.rank());
     // One micro-batch forward and backward; last: the last one before the step (DDP reduces then).
     auto micro_batch = [&](const std::vector<std::int32_t>& xs, const std::vector<std::int32_t>& ys, double scale,
                            bool last) {
@@ -186,12 +193,17 @@ int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus) {
       } else {
         for (std::int64_t a = 0; a < accum; ++a) {
           loader.next(x, y);
+          const pipeline::Trace::Scope traced(trace.get(), world.rank(), "forward+backward", "compute", -1, static_cast<int>(a));
           loss += micro_batch(x, y, 1.0 / static_cast<double>(accum), a + 1 == accum) / static_cast<double>(accum);
         }
       }
       const double lr = schedule.lr(step);
       const std::int64_t skipped_before = dp.skipped();
-      const double norm = dp.step(lr, o.clip);
+      double norm = 0;
+      {
+        const pipeline::Trace::Scope traced(trace.get(), world.rank(), "optimizer step", "step");
+        norm = dp.step(lr, o.clip);
+      }
       const bool skipped = dp.skipped() > skipped_before;  // a non-finite norm: the same on every rank
       dev->synchronize();
       const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -261,6 +273,10 @@ int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus) {
     peaks[static_cast<std::size_t>(world.rank())] = dev->memory().total_peak;
   });
 
+  if (trace) {
+    trace->write(o.trace);
+    std::printf("trace: %s (Chrome / Perfetto trace events, one track per rank)\n", o.trace.c_str());
+  }
   std::printf("done: %lld steps in %.1f s, final loss %.4f", static_cast<long long>(o.steps), total_time, final_loss);
   if (!std::isnan(final_eval)) std::printf(", held-out loss %.4f", final_eval);
   if (auto f = corpus.floor()) std::printf(" (floor %.4f; %+.4f nats from it)", *f, (std::isnan(final_eval) ? final_loss : final_eval) - *f);

@@ -1,6 +1,8 @@
 // train_gpt's GPU half (nvcc): every strategy, in f32 and bf16 mixed precision, with the thread
 // ranks sharing one GPU (each its own stream; collectives move device memory). Built into train_gpt
 // in CUDA builds; train_gpt.cpp calls it for --device cuda.
+#include <nvtx3/nvToolsExt.h>
+
 #include "weft/comm/threads/cuda_memory.cuh"
 #include "weft/device/cuda/dispatch.cuh"
 #include "weft/train/cuda_metrics.cuh"
@@ -21,6 +23,11 @@ struct DeviceSupport<Cuda> {
   static double gemm_ceiling(int) {
     Cuda d(0);
     return train::cuda_gemm_rate<T>(d);
+  }
+  // The trace's ranges as NVTX ranges, for Nsight Systems.
+  static void ranges(pipeline::Trace& t) {
+    t.push = [](const char* n) { nvtxRangePushA(n); };
+    t.pop = [] { nvtxRangePop(); };
   }
   template <class T>
   static std::optional<std::pair<std::string, double>> dense_peak() {

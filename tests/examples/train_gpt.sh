@@ -69,6 +69,18 @@ for s in ("gpipe", "1f1b", "zb", "interleaved"):
     assert worst <= 1e-5, (s, worst)
     print(f"--pipe 2 --schedule {s}: losses within {worst:.1e} of one rank")
 PY
+# --trace: one track per rank, each with its computes, receive waits and optimizer steps.
+"$bin" $common --pipe 2 --tensor 2 --data 1 --steps 2 --eval-every 0 --trace "$work/trace.json" >/dev/null || fail "--trace failed"
+python3 - "$work/trace.json" <<'PY' || exit 1
+import json, sys
+ev = [e for e in json.load(open(sys.argv[1]))["traceEvents"] if e["ph"] == "X"]
+for r in range(4):
+    mine = [e for e in ev if e["tid"] == r]
+    kinds = {e["name"] for e in mine}
+    assert {"forward", "backward", "optimizer step", "recv wait"} <= kinds, (r, kinds)
+    assert sum(e["name"] == "forward" for e in mine) == 4, r  # 2 steps x 2 micro-batches
+print("trace: 4 tracks, each with its forwards, backwards, receive waits and optimizer steps")
+PY
 out=$("$bin" --pipe 2 --schedule interleaved 2>&1); rc=$?
 [ $rc -eq 2 ] && echo "$out" | grep -q "the interleaved schedule needs >= 2 virtual stages per rank" || fail "interleaved V 1: $rc $out"
 out=$("$bin" --pipe 3 --layers 2 2>&1); rc=$?

@@ -3,6 +3,7 @@
 // and data 2 (8 thread ranks), within 1e-12 relative in double and 1e-5 in float.
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <map>
 #include <mutex>
 
@@ -173,4 +174,77 @@ TEST_CASE("5 AdamW steps on pipe 2 x tensor 2 x data 2 (8 ranks) equal one rank 
   check.template operator()<ZeroBubbleH1, optim::Zero1, true>();
   check.template operator()<GPipe, optim::Zero2, false>();
   check.template operator()<OneFOneB, optim::Fsdp, true>();
+}
+
+TEST_CASE("recompute policies compose with the schedules: ZB-H1 with Full and 1F1B with Selective equal one rank") {
+  auto one = [&]<class Sched, class R>(int pipe) {
+    std::map<std::string, std::vector<double>> out;
+    std::mutex mu;
+    const data::MarkovSource corpus(kConfig.vocab, 5);
+    run_threads(pipe, [&](ThreadComm& world) {
+      Host h;
+      Mesh mesh{world, {.pipe = pipe}};
+      const Partition part = Partition::even(pipe, 1, kConfig.layers);
+      using Model = nn::Gpt<double, false, R>;
+      Model gpt(h, kConfig, mesh.spread(), kMicro, part.placement(mesh.coord().pipe));
+      auto dp = optim::data_parallel<optim::Ddp>(gpt, optim::AdamW{}, mesh);
+      data::Loader<data::MarkovSource> loader(corpus, kConfig.seq, kMicro, 1, 0);
+      std::vector<std::vector<std::int32_t>> x(kM), y(kM);
+      std::vector<nn::MicroBatch> mbs;
+      for (int i = 0; i < kM; ++i) {
+        loader.next(x[static_cast<std::size_t>(i)], y[static_cast<std::size_t>(i)]);
+        mbs.push_back({x[static_cast<std::size_t>(i)], y[static_cast<std::size_t>(i)], kMicro, 1.0 / kM});
+      }
+      if (pipe > 1) {
+        Pipeline<Model, decltype(mesh)> pp(gpt, table<Sched>(pipe, kM), part, mesh);
+        pp.run(mbs, dp);
+      } else {
+        for (int i = 0; i < kM; ++i) {
+          auto ctx = gpt.context(mbs[static_cast<std::size_t>(i)]);
+          pipeline::forward_backward(gpt, ctx, mesh, dp, i + 1 == kM);
+        }
+      }
+      gpt.for_each_param([&](const std::string& name, auto& p) {
+        std::lock_guard lock(mu);
+        out[name].assign(p.grad.data(), p.grad.data() + (name == "wte" ? kConfig.vocab * kConfig.width : p.grad.numel()));
+      });
+    });
+    return out;
+  };
+  const auto ref = one.template operator()<OneFOneB, recompute::None>(1);
+  std::string where;
+  const double full = worst(one.template operator()<ZeroBubbleH1, recompute::Full>(2), ref, where);
+  CHECK_MESSAGE(full <= 1e-12, "ZB-H1 with Full recompute: ", where, " off by ", full);
+  const double sel = worst(one.template operator()<OneFOneB, recompute::Selective>(2), ref, where);
+  CHECK_MESSAGE(sel <= 1e-12, "1F1B with Selective recompute: ", where, " off by ", sel);
+}
+
+TEST_CASE("a rank that fails mid-schedule makes every rank raise within the deadline, never a hang") {
+  // Rank 1 (the last stage) is given a micro-batch with a token outside the vocabulary for its
+  // third micro-batch: it raises there; rank 0, waiting for a gradient, raises within the deadline.
+  const auto start = std::chrono::steady_clock::now();
+  std::string message;
+  try {
+    threads::Options opts;
+    opts.deadline = std::chrono::milliseconds(2000);
+    run_threads(2, [&](ThreadComm& world) {
+      Host h;
+      Mesh mesh{world, {.pipe = 2}};
+      const Partition part = Partition::even(2, 1, kConfig.layers);
+      nn::Gpt<double> gpt(h, kConfig, mesh.spread(), kMicro, part.placement(mesh.coord().pipe));
+      auto dp = optim::data_parallel<optim::Ddp>(gpt, optim::AdamW{}, mesh);
+      Pipeline<nn::Gpt<double>, decltype(mesh)> pp(gpt, table<OneFOneB>(2, kM), part, mesh);
+      std::vector<std::vector<std::int32_t>> x(kM, std::vector<std::int32_t>(static_cast<std::size_t>(kMicro * kConfig.seq), 1));
+      if (world.rank() == 1) x[2][0] = 999;
+      std::vector<nn::MicroBatch> mbs;
+      for (int i = 0; i < kM; ++i) mbs.push_back({x[static_cast<std::size_t>(i)], x[static_cast<std::size_t>(i)], kMicro, 1.0 / kM});
+      pp.run(mbs, dp);
+    }, opts);
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  CHECK_MESSAGE(message.find("world rank 1 failed") != std::string::npos, message);
+  CHECK_MESSAGE(message.find("token 999") != std::string::npos, message);
+  CHECK(waited < 2.0 + 3.0);  // the deadline, plus a few seconds
 }

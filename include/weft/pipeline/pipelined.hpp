@@ -24,6 +24,7 @@
 #include "weft/nn/gpt.hpp"
 #include "weft/pipeline/executor.hpp"
 #include "weft/pipeline/schedule.hpp"
+#include "weft/pipeline/trace.hpp"
 
 namespace weft::pipeline {
 
@@ -139,6 +140,7 @@ class Pipeline {
                             std::move(out));
         }
         if (a.recv.present()) {
+          const Trace::Scope wait(trace_, lane_, "recv wait", "wait", a.recv.stage, a.recv.micro);
           Ctx& c = context(ctx, micro, a.recv.micro);
           c.x = Act::empty(model_->dev(), shape(micro[static_cast<std::size_t>(a.recv.micro)]), mesh_->spread(),
                            Category::activations);
@@ -148,6 +150,8 @@ class Pipeline {
       }
       Ctx& c = context(ctx, micro, a.micro);
       const std::vector<std::size_t> fine = part_.fine(a.stage);
+      std::optional<Trace::Scope> traced;
+      if (trace_) traced.emplace(trace_, lane_, name(a.what), "compute", a.stage, a.micro);
       if (a.what == Do::forward) {
         for (std::size_t fs : fine) {
           for (std::size_t u : model_->units_of(fs)) dp.acquire(u, Pass::forward);
@@ -172,15 +176,21 @@ class Pipeline {
       // gradient (but the first stage's).
       if ((a.what == Do::forward && a.stage + 1 < part_.stages()) || (a.what == Do::backward && a.stage > 0))
         outgoing[static_cast<std::size_t>(a.micro)] = std::move(c.x);
+      traced.reset();
       const bool done = table_.split_weight ? a.what == Do::weight : a.what == Do::backward;
       if (done && a.stage == lowest_stage_) ctx[static_cast<std::size_t>(a.micro)].reset();
     }
-    for (auto& [h, buf] : sent) pipe.wait(h);
+    {
+      const Trace::Scope wait(trace_, lane_, "send wait", "wait");
+      for (auto& [h, buf] : sent) pipe.wait(h);
+    }
     if (tie_) {
+      const Trace::Scope reduce(trace_, lane_, "tied all-reduce", "collective");
       if constexpr (requires { dp.reduce_tied(*tie_); }) dp.reduce_tied(*tie_);
     }
     // The loss is known on the last stage's rank: every rank gets the mean.
     std::array<double, 1> l{loss / table_.m};
+    const Trace::Scope reduce(trace_, lane_, "loss all-reduce", "collective");
     pipe.all_reduce(std::span<double>(l));
     return l[0];
   }
@@ -206,6 +216,12 @@ class Pipeline {
 
   const Table& table() const { return table_; }
 
+  // Records every action of run() on lane `lane` of `t` (nullptr: no trace).
+  void set_trace(Trace* t, int lane) {
+    trace_ = t;
+    lane_ = lane;
+  }
+
  private:
   Shape shape(const nn::MicroBatch& mb) const { return {mb.batch, model_->config.seq, model_->config.width}; }
   Ctx& context(std::vector<std::optional<Ctx>>& ctx, std::span<const nn::MicroBatch> micro, int i) {
@@ -221,6 +237,8 @@ class Pipeline {
   int rank_ = 0;
   int lowest_stage_ = 0;  // this rank's first virtual stage: a micro-batch's last backward here
   std::optional<Comm> tie_;
+  Trace* trace_ = nullptr;
+  int lane_ = 0;
 };
 
 }  // namespace weft::pipeline
