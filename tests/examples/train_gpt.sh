@@ -70,7 +70,8 @@ for s in ("gpipe", "1f1b", "zb", "interleaved"):
     print(f"--pipe 2 --schedule {s}: losses within {worst:.1e} of one rank")
 PY
 # --trace: one track per rank, each with its computes, receive waits and optimizer steps.
-"$bin" $common --pipe 2 --tensor 2 --data 1 --steps 2 --eval-every 0 --trace "$work/trace.json" >/dev/null || fail "--trace failed"
+"$bin" --steps 2 --eval-every 0 --batch 8 --micro-batch 4 --width 32 --seq 32 --layers 4 --pipe 2 --tensor 2 --data 1 \
+  --trace "$work/trace.json" >/dev/null || fail "--trace failed"
 python3 - "$work/trace.json" <<'PY' || exit 1
 import json, sys
 ev = [e for e in json.load(open(sys.argv[1]))["traceEvents"] if e["ph"] == "X"]

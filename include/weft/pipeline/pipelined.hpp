@@ -130,6 +130,15 @@ class Pipeline {
     std::vector<Act> outgoing(static_cast<std::size_t>(table_.m));  // a compute's output, until the next exchange sends it
     std::vector<std::pair<typename Comm::SendHandle, Act>> sent;
     Comm& pipe = mesh_->comm(Axis::pipe);
+    // If this rank fails mid-step, its posted sends are withdrawn before their buffers are freed
+    // (a neighbour never reads freed memory; it gets an Error instead).
+    struct Withdraw {
+      Comm& pipe;
+      std::vector<std::pair<typename Comm::SendHandle, Act>>& sent;
+      ~Withdraw() {
+        for (auto& s : sent) pipe.cancel(s.first);
+      }
+    } withdraw{pipe, sent};
     double loss = 0;
     for (std::size_t k = 0; k < acts.size(); ++k) {
       const Action& a = acts[k];
@@ -183,6 +192,7 @@ class Pipeline {
     {
       const Trace::Scope wait(trace_, lane_, "send wait", "wait");
       for (auto& [h, buf] : sent) pipe.wait(h);
+      sent.clear();  // delivered: nothing to withdraw
     }
     if (tie_) {
       const Trace::Scope reduce(trace_, lane_, "tied all-reduce", "collective");

@@ -198,6 +198,24 @@ class ThreadComm {
     wait(isend(buf, peer));
   }
 
+  // Withdraws a posted send that will not be waited for (its owner is failing): the message is
+  // marked so no receiver reads it, or, where a receiver is already copying it, the copy is let
+  // finish. Never waits for a receiver that has not started; never throws.
+  void cancel(const SendHandle& h) noexcept {
+    try {
+      std::unique_lock lock(world_->mutex());
+      auto& mail = group_->mail[h.box];
+      if (mail.received >= h.seq) return;
+      if (mail.claimed >= h.seq) {
+        world_->wait_committed(lock, [&] { return mail.received >= h.seq; });
+        return;
+      }
+      const std::uint64_t at = h.seq - mail.received - 1;
+      if (at < mail.queue.size()) mail.queue[static_cast<std::size_t>(at)].in = nullptr;
+    } catch (...) {  // the world is failing anyway
+    }
+  }
+
   template <Element T>
   void recv(std::span<T> buf, int peer) {
     Desc d{Op::recv, dtype_of<T>, size_of(buf), size_of(buf), ReduceOp::sum, peer, nullptr, buf.data()};
