@@ -170,15 +170,17 @@ class DataParallel {
   // finite skips the update on every rank (skipped() counts them; the step count does not advance).
   double step(double lr, double max_norm) {
     reduce_tensor_partials();
-    std::array<double, 1> sq{0.0};
+    // Every range this rank counts, in unit and entry order, summed by one call (one wait on a GPU).
+    std::vector<std::pair<const G*, std::int64_t>> counted;
     for (std::size_t u = 0; u < units_.size(); ++u) {
       if (tied_ && *tied_ == u && tied_copy_) continue;  // the tied table counts once, on the embedding's rank
       const std::int64_t lo = index_ * held_[u].shard;
       const G* g = grads_from(u, lo);
       for_each_piece(u, lo, held_[u].shard, [&](const nn::UnitEntry& e, std::int64_t a, std::int64_t n) {
-        if (e.tensor_sharded || tensor_index_ == 0) sq[0] += Ops<D>::sum_squares(dev(), g + (a - lo), n);
+        if (e.tensor_sharded || tensor_index_ == 0) counted.emplace_back(g + (a - lo), n);
       });
     }
+    std::array<double, 1> sq{Ops<D>::sum_squares_many(dev(), std::span<const std::pair<const G*, std::int64_t>>(counted))};
     mesh_->comm(Axis::tensor).all_reduce(std::span<double>(sq));
     data().all_reduce(std::span<double>(sq));
     if (mesh_->comm(Axis::pipe).size() > 1) mesh_->comm(Axis::pipe).all_reduce(std::span<double>(sq));
@@ -190,15 +192,26 @@ class DataParallel {
     ++t_;
     const double scale = (max_norm > 0 && norm > max_norm) ? max_norm / (norm + 1e-6) : 1.0;
 
+    // The update of every range this rank owns: one call for the whole step where the rule takes
+    // them all at once (AdamW), else range by range.
+    std::vector<Piece<G, S, Rule::states>> pieces;
+    for (std::size_t u = 0; u < units_.size(); ++u) {
+      const auto [lo, n] = update_range(u);
+      G* master = mixed ? static_cast<G*>(held_[u].master.data()) : reinterpret_cast<G*>(values_from(u, lo));
+      const G* g = grads_from(u, lo);
+      for_each_piece(u, lo, n, [&](const nn::UnitEntry& e, std::int64_t a, std::int64_t len) {
+        pieces.push_back({master + (a - lo), g + (a - lo), state_at(u, n, a - lo), len, decays(e)});
+      });
+    }
+    if constexpr (requires { rule_.update_many(dev(), std::span<const Piece<G, S, Rule::states>>(pieces), scale, lr, t_); }) {
+      rule_.update_many(dev(), std::span<const Piece<G, S, Rule::states>>(pieces), scale, lr, t_);
+    } else {
+      for (const auto& x : pieces) rule_.update(dev(), x.p, x.g, x.state, x.n, scale, lr, t_, x.decay);
+    }
     for (std::size_t u = 0; u < units_.size(); ++u) {
       const auto [lo, n] = update_range(u);
       T* p = values_from(u, lo);
-      G* master = mixed ? static_cast<G*>(held_[u].master.data()) : reinterpret_cast<G*>(p);  // what the rule updates
-      const G* g = grads_from(u, lo);
-      for_each_piece(u, lo, n, [&](const nn::UnitEntry& e, std::int64_t a, std::int64_t len) {
-        rule_.update(dev(), master + (a - lo), g + (a - lo), state_at(u, n, a - lo), len, scale, lr, t_, decays(e));
-      });
-      if constexpr (mixed) Ops<D>::convert(dev(), p, static_cast<const G*>(master), n);  // one rounding per step
+      if constexpr (mixed) Ops<D>::convert(dev(), p, static_cast<const G*>(held_[u].master.data()), n);  // one rounding per step
       if constexpr (shard_params) {  // values gathered before this update are stale now
         units_[u].value_buffer().reset();
         units_[u].rebind();

@@ -41,6 +41,17 @@ math::AdamWParams<S> adamw_params(const AdamWConfig& c, double lr, std::int64_t 
           static_cast<S>(1 - std::pow(c.beta2, static_cast<double>(t)))};
 }
 
+// A range of a unit's flat buffers for an update rule: parameters (or master weights), gradients,
+// the rule's N state buffers, the length, and whether it is weight-decayed.
+template <class P, class S, int N>
+struct Piece {
+  P* p;
+  const P* g;
+  std::array<S*, N> state;
+  std::int64_t n;
+  bool decay;
+};
+
 // AdamW (PyTorch's): two state tensors per parameter, the first and second moments.
 struct AdamW {
   static constexpr int states = 2;
@@ -52,6 +63,11 @@ struct AdamW {
   void update(D& dev, T* p, const T* g, std::array<S*, 2> state, std::int64_t n, double grad_scale, double lr,
               std::int64_t t, bool decay) const {
     Ops<D>::adamw(dev, p, g, state[0], state[1], n, adamw_params<S>(config, lr, t), decay, grad_scale);
+  }
+  // Every range of a step at once (one launch on a GPU; the same per-element results).
+  template <class D, class T, class S>
+  void update_many(D& dev, std::span<const Piece<T, S, 2>> pieces, double grad_scale, double lr, std::int64_t t) const {
+    Ops<D>::adamw_many(dev, pieces, adamw_params<S>(config, lr, t), grad_scale);
   }
 };
 

@@ -188,6 +188,20 @@ struct Ops<Cuda> {
     static_assert(std::same_as<P, float> && std::same_as<S, float>, "Ops<Cuda>::sgd: the GPU updates f32 parameters");
     cuda::sgd_range(d, p, g, buf, n, lr, momentum, weight_decay, decay, grad_scale);
   }
+  static double sum_squares_many(Cuda& d, std::span<const std::pair<const float*, index>> pieces) {
+    const Timed timed(d, cuda::OpKind::other);
+    std::vector<cuda::TensorRef> refs;
+    for (const auto& [p, n] : pieces) refs.push_back({.p = const_cast<float*>(p), .n = n});
+    return cuda::sum_squares(d, refs);
+  }
+  // AdamW over every range of a step in one launch (Piece: p, g, state {m, v}, n, decay).
+  template <class Pieces>
+  static void adamw_many(Cuda& d, const Pieces& pieces, const math::AdamW& a, double grad_scale) {
+    const Timed timed(d, cuda::OpKind::other);
+    std::vector<cuda::TensorRef> refs;
+    for (const auto& x : pieces) refs.push_back({x.p, x.g, x.state[0], x.state[1], x.n, x.decay ? 1 : 0});
+    cuda::adamw(d, refs, a, static_cast<float>(grad_scale));
+  }
   static double sum_squares(Cuda& d, const float* x, index n) {
     const Timed timed(d, cuda::OpKind::other);
     const cuda::TensorRef r{.p = const_cast<float*>(x), .n = n};

@@ -147,7 +147,7 @@ struct ChunkTable {
 }  // namespace detail
 
 template <int = 0>
-__global__ void adamw_kernel(const TensorRef* tensors, const detail::Chunk* chunks, math::AdamW a) {
+__global__ void adamw_kernel(const TensorRef* tensors, const detail::Chunk* chunks, math::AdamW a, float grad_scale) {
   const detail::Chunk c = chunks[blockIdx.x];
   const TensorRef t = tensors[c.tensor];
   const bool decay = t.decay != 0;
@@ -161,10 +161,10 @@ __global__ void adamw_kernel(const TensorRef* tensors, const detail::Chunk* chun
       float4 p = *reinterpret_cast<float4*>(t.p + i), m = *reinterpret_cast<float4*>(t.m + i),
              v = *reinterpret_cast<float4*>(t.v + i);
       const float4 g = *reinterpret_cast<const float4*>(t.g + i);
-      math::adamw_step(p.x, g.x, m.x, v.x, a, decay);
-      math::adamw_step(p.y, g.y, m.y, v.y, a, decay);
-      math::adamw_step(p.z, g.z, m.z, v.z, a, decay);
-      math::adamw_step(p.w, g.w, m.w, v.w, a, decay);
+      math::adamw_step(p.x, g.x * grad_scale, m.x, v.x, a, decay);
+      math::adamw_step(p.y, g.y * grad_scale, m.y, v.y, a, decay);
+      math::adamw_step(p.z, g.z * grad_scale, m.z, v.z, a, decay);
+      math::adamw_step(p.w, g.w * grad_scale, m.w, v.w, a, decay);
       *reinterpret_cast<float4*>(t.p + i) = p;
       *reinterpret_cast<float4*>(t.m + i) = m;
       *reinterpret_cast<float4*>(t.v + i) = v;
@@ -172,15 +172,17 @@ __global__ void adamw_kernel(const TensorRef* tensors, const detail::Chunk* chun
     done = c.offset + 4 * quads;
   }
   for (index i = done + threadIdx.x; i < c.offset + c.length; i += blockDim.x)
-    math::adamw_step(t.p[i], t.g[i], t.m[i], t.v[i], a, decay);
+    math::adamw_step(t.p[i], t.g[i] * grad_scale, t.m[i], t.v[i], a, decay);
 }
 
-// One launch over every tensor of the list (one block per 64K-element chunk).
-inline void adamw(Cuda& d, std::span<const TensorRef> tensors, const math::AdamW& a) {
+// One launch over every tensor of the list (one block per 64K-element chunk); the gradients are
+// multiplied by grad_scale (the clipping factor).
+inline void adamw(Cuda& d, std::span<const TensorRef> tensors, const math::AdamW& a, float grad_scale = 1.0f) {
   const detail::ChunkTable table(d, tensors);
   if (table.count == 0) return;
   adamw_kernel<><<<table.count, 256, 0, d.stream()>>>(static_cast<const TensorRef*>(table.tensors.data()),
-                                                     static_cast<const detail::Chunk*>(table.chunks.data()), a);
+                                                     static_cast<const detail::Chunk*>(table.chunks.data()), a,
+                                                     grad_scale);
   check_launch("adamw");
 }
 

@@ -8,6 +8,8 @@
 #pragma once
 
 #include <cstring>
+#include <span>
+#include <utility>
 #include <vector>
 
 #include "weft/device/host/gemm.hpp"
@@ -160,6 +162,19 @@ struct Ops<Host> {
   }
   template <class T>
   static double sum_squares(Host&, const T* x, index n) { return host::sum_squares(x, n); }
+  // Several ranges: each range's sum of squares added in order (the same number as summing the
+  // single-range results in order).
+  template <class T>
+  static double sum_squares_many(Host&, std::span<const std::pair<const T*, index>> pieces) {
+    double s = 0;
+    for (const auto& [p, n] : pieces) s += host::sum_squares(p, n);
+    return s;
+  }
+  // AdamW over several ranges (Piece in optim/optimizer.hpp: p, g, state {m, v}, n, decay).
+  template <class Pieces, class S>
+  static void adamw_many(Host&, const Pieces& pieces, const math::AdamWParams<S>& a, double grad_scale) {
+    for (const auto& x : pieces) host::adamw(x.p, x.g, x.state[0], x.state[1], x.n, a, x.decay, grad_scale);
+  }
 
  private:
   template <class T>
