@@ -12,6 +12,9 @@
 
 #include <cublasLt.h>
 
+#include <map>
+#include <tuple>
+
 #include "weft/device/cuda/ops.cuh"
 #include "weft/device/host/gemm.hpp"
 
@@ -91,42 +94,53 @@ class Blas {
           "layout of A");
     check(cublasLtMatrixLayoutCreate(&lc, ctype, u(n), u(m), ldc), "layout of C");
 
-    cublasLtMatmulPreference_t pref = nullptr;
-    check(cublasLtMatmulPreferenceCreate(&pref), "preference");
-    const std::uint64_t ws = workspace_bytes;
-    check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws),
-          "workspace preference");
-    // The heuristic assumes 256-byte aligned operands unless told otherwise; views into a unit's
-    // flat buffer (and slices of it) can be less aligned, so state each pointer's alignment.
+    // The heuristic's choice is kept per shape, types, epilogue and alignment: a training step asks
+    // for the same few GEMMs every time.
     const auto align = [](const void* p) {
       std::uint32_t a = 256;
       while (a > 1 && reinterpret_cast<std::uintptr_t>(p) % a != 0) a /= 2;
       return a;
     };
     const std::uint32_t al[] = {align(B), align(A), align(C), align(C)};  // cuBLASLt's A, B, C, D
-    const cublasLtMatmulPreferenceAttributes_t which[] = {
-        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-        CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
-    for (int i = 0; i < 4; ++i)
-      check(cublasLtMatmulPreferenceSetAttribute(pref, which[i], &al[i], sizeof al[i]), "alignment preference");
-    cublasLtMatmulHeuristicResult_t heuristic{};
-    int found = 0;
-    const cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(handle_, op, la, lb, lc, lc, pref, 1, &heuristic, &found);
-    cublasLtMatmulPreferenceDestroy(pref);
-    check(hs, "algorithm heuristic");
-    if (found == 0)
-      throw Error("cuda::Blas::gemm",
-                  cat("cuBLASLt has no algorithm for m ", m, ", n ", n, ", k ", k, " with this epilogue and alignment"),
-                  "align leading dimensions to 16 bytes (8 bf16 elements), or use Epilogue::none");
-    check(cublasLtMatmul(handle_, op, &alpha, B, la, A, lb, &beta, C, lc, C, lc, &heuristic.algo, workspace_.data(),
+    const Key key{static_cast<int>(ta), static_cast<int>(tb), m, n, k, lda, ldb, ldc, static_cast<int>(type),
+                  static_cast<int>(ctype), static_cast<int>(e), al[0], al[1], al[2]};
+    auto cached = algos_.find(key);
+    if (cached == algos_.end()) {
+      cublasLtMatmulPreference_t pref = nullptr;
+      check(cublasLtMatmulPreferenceCreate(&pref), "preference");
+      const std::uint64_t ws = workspace_bytes;
+      cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+      // The heuristic assumes 256-byte aligned operands unless told otherwise; views into a unit's
+      // flat buffer (and slices of it) can be less aligned, so state each pointer's alignment.
+      const cublasLtMatmulPreferenceAttributes_t which[] = {
+          CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+          CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+      for (int i = 0; i < 4 && st == CUBLAS_STATUS_SUCCESS; ++i)
+        st = cublasLtMatmulPreferenceSetAttribute(pref, which[i], &al[i], sizeof al[i]);
+      cublasLtMatmulHeuristicResult_t heuristic{};
+      int found = 0;
+      if (st == CUBLAS_STATUS_SUCCESS)
+        st = cublasLtMatmulAlgoGetHeuristic(handle_, op, la, lb, lc, lc, pref, 1, &heuristic, &found);
+      cublasLtMatmulPreferenceDestroy(pref);
+      check(st, "algorithm heuristic");
+      if (found == 0)
+        throw Error("cuda::Blas::gemm",
+                    cat("cuBLASLt has no algorithm for m ", m, ", n ", n, ", k ", k, " with this epilogue and alignment"),
+                    "align leading dimensions to 16 bytes (8 bf16 elements), or use Epilogue::none");
+      cached = algos_.emplace(key, heuristic.algo).first;
+    }
+    check(cublasLtMatmul(handle_, op, &alpha, B, la, A, lb, &beta, C, lc, C, lc, &cached->second, workspace_.data(),
                          workspace_bytes, dev_->stream()),
           "cublasLtMatmul");
   }
 
  private:
+  using Key = std::tuple<int, int, index, index, index, index, index, index, int, int, int, std::uint32_t,
+                         std::uint32_t, std::uint32_t>;
   Cuda* dev_;
   Allocation workspace_;
   cublasLtHandle_t handle_ = nullptr;
+  std::map<Key, cublasLtMatmulAlgo_t> algos_;
 };
 
 }  // namespace weft::cuda
