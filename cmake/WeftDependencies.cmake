@@ -1,6 +1,8 @@
-# Host dependencies of weft::weft, from Debian's packages (libeigen3-dev).
+# Host dependencies of weft::weft, from Debian's packages (libeigen3-dev, nlohmann-json3-dev: the
+# JSON of checkpoint headers and manifests).
 find_package(Threads REQUIRED)
 find_package(Eigen3 3.4 REQUIRED NO_MODULE)
+find_package(nlohmann_json 3 REQUIRED)
 
 # Warnings for weft's own targets (tests add -Werror). GCC 12 reports false -Wmaybe-uninitialized
 # warnings inside Eigen's AVX-512 kernels when built with -march=native (the release preset); they
