@@ -248,3 +248,15 @@ TEST_CASE("a rank that fails mid-schedule makes every rank raise within the dead
   CHECK_MESSAGE(message.find("token 999") != std::string::npos, message);
   CHECK(waited < 2.0 + 3.0);  // the deadline, plus a few seconds
 }
+
+TEST_CASE("partitions refuse what cannot be split, naming the values") {
+  CHECK_THROWS_WITH_AS(Partition::even(3, 1, 8), doctest::Contains("8 layers do not split evenly over pipe 3 x 1 virtual stages = 3"),
+                       Error);
+  CHECK_THROWS_WITH_AS(Partition::given(2, 1, {8}), doctest::Contains("1 stage sizes for pipe 2 x 1 virtual stages"), Error);
+  CHECK_THROWS_WITH_AS(Partition::given(3, 1, {4, 0, 4}), doctest::Contains("virtual stage 1 of 3 is given 0 blocks"), Error);
+  const Partition p = Partition::given(2, 1, {0, 8});  // the first stage holds the embedding alone
+  CHECK(p.fine(0) == std::vector<std::size_t>{0});
+  CHECK(p.fine(1).size() == 9);  // 8 blocks and the head
+  CHECK(p.placement(0).embedding);
+  CHECK(!p.placement(0).head);
+}

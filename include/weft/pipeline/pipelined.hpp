@@ -55,8 +55,13 @@ struct Partition {
       throw Error("pipeline::Partition", cat(counts.size(), " stage sizes for pipe ", p, " x ", v, " virtual stages"),
                   cat("give ", S, " sizes"));
     Partition out{p, v, 0, {0}};
-    for (std::int64_t c : counts) {
-      if (c < 0) throw Error("pipeline::Partition", cat("a stage of ", c, " blocks"), "use sizes >= 0");
+    for (std::size_t st = 0; st < counts.size(); ++st) {
+      const std::int64_t c = counts[st];
+      // A stage between the first (the embedding) and the last (the head) must hold a block.
+      const bool ends = st == 0 || st + 1 == counts.size();
+      if (c < 0 || (c == 0 && !ends))
+        throw Error("pipeline::Partition", cat("virtual stage ", st, " of ", counts.size(), " is given ", c, " blocks"),
+                    ends ? "use sizes >= 0" : "give every stage but the first and the last at least one block");
       out.first.push_back(out.first.back() + c);
     }
     out.layers = out.first.back();
