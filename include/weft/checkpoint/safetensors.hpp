@@ -18,6 +18,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
@@ -32,6 +33,7 @@
 
 #include "weft/core/dtype.hpp"
 #include "weft/core/error.hpp"
+#include "weft/checkpoint/files.hpp"
 
 namespace weft::checkpoint {
 
@@ -210,13 +212,14 @@ struct TensorData {
 };
 
 // Writes a safetensors file: the header (padded with spaces to a multiple of 8 bytes), then each
-// tensor's bytes in the order given.
-inline void write(const std::string& path, std::span<const TensorData> tensors,
-                  const std::map<std::string, std::string>& metadata = {}) {
+// tensor's bytes in the order given; fsyncs it and returns its size and hash (files.hpp).
+inline Digest write(const std::string& path, std::span<const TensorData> tensors,
+                    const std::map<std::string, std::string>& metadata = {}) {
   nlohmann::json doc = nlohmann::json::object();
   if (!metadata.empty()) doc["__metadata__"] = metadata;
   std::uint64_t at = 0;
   std::set<std::string> seen;
+  std::vector<std::uint64_t> sizes;
   for (const TensorData& t : tensors) {
     if (t.name.empty() || t.name.size() > kMaxName || t.name == "__metadata__" || !seen.insert(t.name).second)
       detail::bad(path, cat("cannot write a tensor named \"", t.name.substr(0, 64), "\" (empty, too long, reserved or repeated)"),
@@ -229,23 +232,17 @@ inline void write(const std::string& path, std::span<const TensorData> tensors,
     }
     doc[t.name] = {{"dtype", safetensors_dtype(t.dtype)}, {"shape", t.shape}, {"data_offsets", {at, at + bytes}}};
     at += bytes;
+    sizes.push_back(bytes);
   }
   std::string text = doc.dump();
   text.append((8 - text.size() % 8) % 8, ' ');
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) detail::bad(path, "cannot be created", "check the directory and its permissions");
-  unsigned char len[8];
+  std::array<unsigned char, 8> len{};
   std::uint64_t n = text.size();
-  for (int i = 0; i < 8; ++i, n >>= 8) len[i] = static_cast<unsigned char>(n & 0xff);
-  out.write(reinterpret_cast<const char*>(len), 8);
-  out.write(text.data(), static_cast<std::streamsize>(text.size()));
-  for (const TensorData& t : tensors) {
-    std::uint64_t bytes = size_of(t.dtype);
-    for (std::int64_t d : t.shape) bytes *= static_cast<std::uint64_t>(d);
-    if (bytes) out.write(static_cast<const char*>(t.data), static_cast<std::streamsize>(bytes));
-  }
-  out.flush();
-  if (!out) detail::bad(path, "writing failed", "check the disk space");
+  for (std::size_t i = 0; i < 8; ++i, n >>= 8) len[i] = static_cast<unsigned char>(n & 0xff);
+  std::vector<std::span<const std::byte>> pieces{std::as_bytes(std::span(len)), std::as_bytes(std::span(text))};
+  for (std::size_t i = 0; i < tensors.size(); ++i)
+    if (sizes[i]) pieces.emplace_back(static_cast<const std::byte*>(tensors[i].data), sizes[i]);
+  return write_synced(path, pieces);
 }
 
 }  // namespace weft::checkpoint

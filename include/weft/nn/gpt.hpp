@@ -185,7 +185,10 @@ class Gpt {
       hs.push_back(tied_ ? *tied_ : 0);  // the head uses the tied table
     }
     data_degree_ = s.data_degree;
-    for (Unit& u : units_) u.build(s.data_degree);
+    for (Unit& u : units_) {
+      u.set_logical("wte", {c.vocab, c.width});  // the rows past the vocabulary are padding
+      u.build(s.data_degree);
+    }
   }
   Gpt(const Gpt&) = delete;
   Gpt& operator=(const Gpt&) = delete;

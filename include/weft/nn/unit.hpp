@@ -39,6 +39,9 @@ struct UnitEntry {
   std::string layout, grad_layout;   // Layout<...>::name() of the value and of the gradient
   bool tensor_sharded = false;       // tensor ranks hold distinct elements (else replicas)
   bool grad_tensor_partial = false;  // the gradient is Partial over the tensor axis until reduced
+  Shape box_offset;                  // where this rank's shard starts in the global tensor
+  Shape logical;                     // the part of the global tensor the model uses (wte: the
+                                     // unpadded vocabulary's rows); checkpoints save and load it
 };
 
 template <Element T, class D>
@@ -84,6 +87,21 @@ class Unit {
   const std::string& name() const { return name_; }
   D& dev() const { return *dev_; }
   const std::vector<UnitEntry>& entries() const { return entries_; }
+  // Marks the part of parameter `name` that the model uses (leading rows of a padded table); the
+  // rest is padding that no result reads.
+  void set_logical(const std::string& name, const Shape& logical) {
+    for (UnitEntry& e : entries_)
+      if (e.name == name) {
+        if (logical.rank() != e.global.rank())
+          throw Error(cat("Unit ", name_), cat("a logical shape of rank ", logical.rank(), " for ", name, " of rank ", e.global.rank()),
+                      "give one extent per dim");
+        for (int d = 0; d < logical.rank(); ++d)
+          if (logical[d] < 0 || logical[d] > e.global[d])
+            throw Error(cat("Unit ", name_), cat("logical extent ", logical[d], " of dim ", d, " of ", name, " outside [0, ", e.global[d], "]"),
+                        "give a logical shape inside the global shape");
+        e.logical = logical;
+      }
+  }
   std::int64_t numel() const { return numel_; }    // the sum of the entries
   std::int64_t padded() const { return padded_; }  // the buffers' length
 
@@ -130,7 +148,8 @@ class Unit {
     using GL = typename P::grad_layout;
     if (p.value.numel() == 0) return;  // an absent bias
     UnitEntry e{n, p.value.global_shape(), p.value.local_shape(), numel_, p.value.numel(), L::name(), GL::name(),
-                IsShard<typename L::tensor>, IsPartial<typename GL::tensor>};
+                IsShard<typename L::tensor>, IsPartial<typename GL::tensor>,
+                local_box<L>(p.value.global_shape(), p.value.spread()).offset, p.value.global_shape()};
     entries_.push_back(e);
     slots_.push_back({&p, numel_,
                       [](void* q, T* v) {

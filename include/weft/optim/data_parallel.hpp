@@ -81,6 +81,7 @@ class DataParallel {
   using Pass = pipeline::Pass;
 
  public:
+  using rule_type = Rule;
   DataParallel(std::span<Unit> units, Rule rule, M& mesh) : units_(units), rule_(rule), mesh_(&mesh) {
     auto& data = mesh.comm(Axis::data);
     dp_ = data.size();
@@ -265,6 +266,40 @@ class DataParallel {
 
   std::int64_t steps() const { return t_; }
   std::int64_t skipped() const { return skipped_; }
+
+  // What this rank holds of unit u, for checkpoints (checkpoint/checkpoint.hpp). Each pointer
+  // addresses element `lo` of the unit's flat order:
+  //   values  the whole unit [0, padded), or this rank's slice where parameters are sharded (FSDP)
+  //   master  the f32 master weights of the update range (mixed precision; else null)
+  //   state   the Rule::states buffers of the update range (the slice where state is sharded)
+  struct Holding {
+    T* values;
+    std::int64_t values_lo, values_n;
+    G* master;
+    std::array<S*, Rule::states> state;
+    std::int64_t lo, n;  // the update range, which master and state cover
+  };
+  Holding holding(std::size_t u) {
+    const auto [lo, n] = update_range(u);
+    const std::int64_t vlo = shard_params ? index_ * held_[u].shard : 0, vn = shard_params ? held_[u].shard : units_[u].padded();
+    return {values_from(u, vlo), vlo, vn, mixed ? static_cast<G*>(held_[u].master.data()) : nullptr, state_at(u, n, 0), lo, n};
+  }
+  // This rank's slice of unit u, [index x shard, (index + 1) x shard): the part it saves.
+  std::pair<std::int64_t, std::int64_t> data_slice(std::size_t u) const { return {index_ * held_[u].shard, held_[u].shard}; }
+  std::size_t units() const { return units_.size(); }
+  // After a checkpoint wrote the holdings: the step count and skip count it recorded. Values that
+  // FSDP had gathered are stale now and are dropped.
+  void restore(std::int64_t steps, std::int64_t skipped) {
+    if (steps < 0 || skipped < 0)
+      throw Error("DataParallel::restore", cat("step ", steps, ", skipped ", skipped), "pass counts >= 0");
+    t_ = steps;
+    skipped_ = skipped;
+    if constexpr (shard_params)
+      for (Unit& u : units_) {
+        u.value_buffer().reset();
+        u.rebind();
+      }
+  }
   static std::string name() { return Strategy::name(); }
 
  private:

@@ -54,6 +54,7 @@ struct Piece {
 
 // AdamW (PyTorch's): two state tensors per parameter, the first and second moments.
 struct AdamW {
+  static constexpr const char* name = "adamw";
   static constexpr int states = 2;
   static constexpr std::array<const char*, 2> state_names{"exp_avg", "exp_avg_sq"};
   AdamWConfig config;
@@ -73,6 +74,7 @@ struct AdamW {
 
 // SGD with momentum (PyTorch's form): buf = momentum buf + g (+ wd p where decayed); p -= lr buf.
 struct Sgd {
+  static constexpr const char* name = "sgd";
   static constexpr int states = 1;
   static constexpr std::array<const char*, 1> state_names{"momentum_buffer"};
   double momentum = 0.9, weight_decay = 0;
