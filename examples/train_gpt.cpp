@@ -105,6 +105,16 @@ int main(int argc, char** argv) {
   app.add_option("--device", o.device, "host, cuda (the ranks share one GPU) or auto (the GPU when one is present)")
       ->check(CLI::IsMember({"host", "cuda", "auto"}));
   app.add_option("--log", o.log, "JSON lines, one per step");
+  app.add_option("--save-dir", o.save_dir, "directory of checkpoints (step_N/ and latest; docs/checkpoints.md)");
+  app.add_option("--save-every", o.save_every, "save every N steps and at the end (0: only at the end)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--keep", o.keep, "keep the newest N checkpoints (0: all)")->check(CLI::NonNegativeNumber);
+  app.add_flag("--async-save", o.async_save, "write checkpoint files beside the next steps");
+  app.add_option("--save-policy", o.save_policy, "sharded (a file per rank) or consolidated (one file, rank 0)")
+      ->check(CLI::IsMember({"sharded", "consolidated"}));
+  app.add_option("--resume", o.resume,
+                 "resume from a checkpoint: 'latest' (of --save-dir), a directory with a latest pointer, or a step "
+                 "directory; any mesh, strategy and precision");
   app.add_option("--trace", o.trace, "Chrome / Perfetto trace (JSON) of every rank's computes, waits and steps");
   app.add_option("--sample", o.sample, "after training on --text, print N sampled bytes")->check(CLI::NonNegativeNumber);
   try {
@@ -153,6 +163,10 @@ int main(int argc, char** argv) {
       throw Error("train_gpt", "--sample without --text", "sampling prints text: train on --text");
     if (resolve_device(o) == "cuda" && o.dtype == "f64")
       throw Error("train_gpt", "--dtype f64 on the GPU", "f64 is the host's checking precision: use f32 or bf16");
+    if (o.resume == "latest" && o.save_dir.empty())
+      throw Error("train_gpt", "--resume latest without --save-dir", "give --save-dir, or the checkpoint's path to --resume");
+    if ((o.save_every > 0 || o.keep > 0 || o.async_save) && o.save_dir.empty())
+      throw Error("train_gpt", "--save-every, --keep or --async-save without --save-dir", "give --save-dir");
   } catch (const Error& e) {
     std::fprintf(stderr, "%s\n", e.what());
     return 2;

@@ -5,6 +5,7 @@
 #include <weft/weft_host.hpp>
 
 #include <weft/core/precision.hpp>
+#include <weft/checkpoint/checkpoint.hpp>
 #include <weft/data/corpus.hpp>
 #include <weft/data/loader.hpp>
 #include <weft/data/synthetic.hpp>
@@ -42,6 +43,10 @@ struct Options {
   double lr = 3e-3, min_lr = 3e-4, clip = 1.0;
   std::uint64_t seed = 1;
   std::string data_file, text, dtype = "f32", log, device = "auto", trace;
+  std::string save_dir, resume, save_policy = "sharded";
+  std::int64_t save_every = 0;
+  int keep = 0;
+  bool async_save = false;
 };
 
 // A source of training sequences and of held-out ones, whatever the corpus.
@@ -119,7 +124,7 @@ int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus) {
 
   std::ofstream log;
   if (!o.log.empty()) {
-    log.open(o.log);
+    log.open(o.log, o.resume.empty() ? std::ios::trunc : std::ios::app);  // a resumed run appends
     if (!log) throw Error("train_gpt", cat("cannot write the log file ", o.log), "check the path");
   }
   double final_loss = 0, final_eval = NAN, total_time = 0;
@@ -177,8 +182,33 @@ int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus) {
       return sum / batches;
     };
 
+    // Checkpoints: resume first (any mesh, strategy and precision), then save as the options say.
+    std::int64_t first_step = 0;
+    if (!o.resume.empty()) {
+      const std::string from = o.resume == "latest" ? o.save_dir : o.resume;
+      const auto st = checkpoint::load(from, gpt, dp, mesh);
+      if (st.seed != o.seed)
+        throw Error("train_gpt --resume", cat("the checkpoint was saved by a run with --seed ", st.seed, ", this one has ", o.seed),
+                    cat("pass --seed ", st.seed, " (the seed chooses the data)"));
+      first_step = st.step;
+      loader.seek(st.loader_position);
+      if (lead)
+        std::printf("resumed from %s at step %lld (data position %lld)\n", checkpoint::resolve(from).c_str(),
+                    static_cast<long long>(st.step), static_cast<long long>(st.loader_position));
+    }
+    std::optional<checkpoint::Saver<checkpoint::Sharded>> sharded;
+    std::optional<checkpoint::Saver<checkpoint::Consolidated>> consolidated;
+    if (!o.save_dir.empty()) {
+      if (o.save_policy == "consolidated") consolidated.emplace(o.save_dir, checkpoint::SaveOptions{.keep = o.keep}, o.async_save);
+      else sharded.emplace(o.save_dir, checkpoint::SaveOptions{.keep = o.keep}, o.async_save);
+    }
+    auto with_saver = [&](auto&& f) {
+      if (sharded) f(*sharded);
+      if (consolidated) f(*consolidated);
+    };
+
     const auto start = std::chrono::steady_clock::now();
-    for (std::int64_t step = 0; step < o.steps; ++step) {
+    for (std::int64_t step = first_step; step < o.steps; ++step) {
       const auto t0 = std::chrono::steady_clock::now();
       dp.zero_grad();
       double loss = 0;
@@ -211,6 +241,17 @@ int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus) {
       world.all_reduce(std::span<std::int64_t>(peak_bytes), ReduceOp::max);
       const bool eval_now = o.eval_every > 0 && ((step + 1) % o.eval_every == 0 || step + 1 == o.steps);
       const double eval_loss = eval_now ? evaluate() : NAN;
+      const bool save_now = !o.save_dir.empty() && ((o.save_every > 0 && (step + 1) % o.save_every == 0) || step + 1 == o.steps);
+      with_saver([&](auto& saver) {
+        if (save_now) {
+          saver.save(gpt, dp, mesh, {.step = step + 1, .loader_position = loader.position(), .seed = o.seed,
+                                     .extra = {{"strategy", o.strategy}, {"dtype", o.dtype}, {"steps", o.steps}}});
+          if (lead) std::printf("checkpoint: step %lld %s %s\n", static_cast<long long>(step + 1),
+                                o.async_save ? "being written to" : "saved in", o.save_dir.c_str());
+        } else {
+          saver.poll(mesh);  // publishes an asynchronous save once every rank's file is written
+        }
+      });
       if (!lead) continue;
       const double tokens_s = static_cast<double>(o.batch * cfg.seq) / dt;
       const double mfu = tokens_s * flops_token / peak;
@@ -239,6 +280,7 @@ int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus) {
       final_loss = loss;
       if (eval_now) final_eval = eval_loss;
     }
+    with_saver([&](auto& saver) { saver.wait(mesh); });
     if (lead) total_time = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
     // Sampling: the last position's logits, gathered over the tensor axis, sampled with Philox.

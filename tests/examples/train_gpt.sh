@@ -36,6 +36,41 @@ print(f"losses agree across ddp, ddp-sp, one rank, zero1, zero2-sp, fsdp and fsd
       f"first {a[0]:.6f}, last {a[-1]:.6f}")
 PY
 
+# Checkpoints: save every 6 steps; resume from step 6 on the same mesh (bit for bit the losses of
+# the straight run) and on another mesh and strategy (1e-5: the tensor degree reorders sums); an
+# asynchronous save every 3 steps keeping 2 leaves step 9 and 12, latest on 12, and the same losses.
+run --strategy ddp --save-dir "$work/ck" --save-every 6 --log "$work/s.jsonl" >/dev/null || fail "run with saves failed"
+[ "$(cat "$work/ck/latest")" = "step_00000012" ] || fail "latest: $(cat "$work/ck/latest")"
+out=$(run --strategy ddp --resume "$work/ck/step_00000006" --log "$work/r1.jsonl" 2>&1) || fail "resume: $out"
+echo "$out" | grep -q "resumed from $work/ck/step_00000006 at step 6" || fail "no resume line: $out"
+run --strategy fsdp --data 4 --tensor 1 --resume "$work/ck/step_00000006" --log "$work/r2.jsonl" >/dev/null || fail "reshard resume failed"
+run --strategy zero1 --save-dir "$work/ak" --save-every 3 --keep 2 --async-save --log "$work/r3.jsonl" >/dev/null || fail "async run failed"
+[ "$(ls "$work/ak" | tr '\n' ' ')" = "latest step_00000009 step_00000012 " ] || fail "async keep 2: $(ls "$work/ak")"
+python3 - "$work" <<'PY' || exit 1
+import json, sys
+rows = lambda n: [json.loads(l) for l in open(f"{sys.argv[1]}/{n}.jsonl") if '"loss"' in l]
+a, s, r1, r2, r3 = rows("a"), rows("s"), rows("r1"), rows("r2"), rows("r3")
+assert [x["loss"] for x in s] == [x["loss"] for x in a], "saving changed the losses"
+assert [x["step"] for x in r1] == list(range(7, 13)), [x["step"] for x in r1]
+assert [x["loss"] for x in r1] == [x["loss"] for x in a[6:]], ("same-mesh resume", r1, a[6:])
+for x, y in zip(a[6:], r2):
+    assert abs(x["loss"] - y["loss"]) <= 1e-5 * abs(x["loss"]), ("fsdp data 4 resume", x, y)
+assert len(r2) == 6
+for x, y in zip(a, r3):
+    assert abs(x["loss"] - y["loss"]) <= 1e-5 * abs(x["loss"]), ("async zero1", x, y)
+print(f"resume: steps 7-12 bit for bit on the same mesh ({r1[-1]['loss']:.6f}), within 1e-5 under fsdp on data 4; "
+      f"async saves leave the losses as they were")
+PY
+out=$("$bin" --resume latest --steps 2 2>&1); rc=$?
+[ $rc -eq 2 ] && echo "$out" | grep -q "resume latest without --save-dir" || fail "--resume latest alone: $rc $out"
+mkdir -p "$work/partial/step_00000003.tmp"
+out=$(run --resume "$work/partial/step_00000003.tmp" 2>&1); rc=$?
+[ $rc -ne 0 ] && echo "$out" | grep -q "is an unfinished save" || fail "resume from a .tmp: $rc $out"
+out=$(run --resume "$work/partial" 2>&1); rc=$?
+[ $rc -ne 0 ] && echo "$out" | grep -q "has no manifest.json and no latest pointer" || fail "resume from no checkpoint: $rc $out"
+out=$(run --resume "$work/ck" --heads 2 2>&1); rc=$?
+[ $rc -ne 0 ] && echo "$out" | grep -q "was saved with 4 heads; this model has 2" || fail "resume into other sizes: $rc $out"
+
 # bf16 mixed precision on the host: the same start as f32 (the weights are the f32 draws rounded to
 # bf16: 0.02 nats) and, 12 steps on, within 0.05 nats of it; no step skipped.
 run --strategy ddp --dtype bf16 --device host --log "$work/h.jsonl" >/dev/null || fail "bf16 run failed"
