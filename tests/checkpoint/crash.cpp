@@ -1,0 +1,117 @@
+// Crash safety: a child process resumes from a checkpoint of step 2, trains to step 4 and saves
+// (keeping 1), and kills itself with SIGKILL at the k-th durable step of that save (files.hpp's
+// point hook), for 20 values of k spread over every step of the protocol: rank files' bytes and
+// fsyncs, the directory's fsync and rename, the manifest, latest, the pruning of step 2. After each
+// kill:
+//   - latest names a complete checkpoint that loads and verifies: step 2, or step 4 when the kill
+//     came after latest moved (while pruning);
+//   - a partial step 4 (step_00000004.tmp, or step_00000004 without its manifest) is refused;
+//   - a new run resumes from latest and saves step 4 again, over whatever the kill left.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <csignal>
+#include <sys/wait.h>
+
+#include "checkpoint/support.hpp"
+
+using namespace weft;
+using namespace weft::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::atomic<int> g_points{0};
+std::atomic<int> g_kill_at{-1};
+std::vector<std::string> g_names;  // the points of one save, in order (counting run only)
+std::mutex g_names_mu;
+
+void count_point(const char* name) {
+  ++g_points;
+  std::lock_guard lock(g_names_mu);
+  g_names.emplace_back(name);
+}
+void kill_at_point(const char*) {
+  if (++g_points == g_kill_at.load()) ::kill(::getpid(), SIGKILL);
+}
+
+void resume_and_save(const std::string& root) {
+  ckpt_run<float, optim::Zero2>({.data = 2}, {root, root, 4, 20, true, 1});
+}
+
+}  // namespace
+
+TEST_CASE("a save killed at 20 points leaves the previous checkpoint usable and the partial one refused") {
+  const std::string base = scratch("crash_base");
+  ckpt_run<float, optim::Zero2>({.data = 2}, RunPlan::fresh(base, 2));
+
+  // Count the durable steps of one save (in this process, nothing killed).
+  const std::string counting = scratch("crash_count");
+  fs::copy(base, counting, fs::copy_options::recursive);
+  checkpoint::set_point_hook(count_point);
+  resume_and_save(counting);
+  checkpoint::set_point_hook(nullptr);
+  const int total = g_points.load();
+  MESSAGE(cat("one save has ", total, " durable steps: ", join(std::vector<std::string>(g_names.end() - 12, g_names.end()), ", "),
+              " at its end"));
+  REQUIRE(total >= 20);
+  fs::remove_all(counting);
+
+  // The last 12 points (the directory, manifest, latest and pruning) and 8 spread over the files.
+  std::vector<int> kills;
+  for (int i = 0; i < 8; ++i) kills.push_back(1 + i * (total - 12) / 8);
+  for (int k = total - 11; k <= total; ++k) kills.push_back(k);
+  REQUIRE(kills.size() == 20);
+
+  int latest_moved = 0;
+  for (const int k : kills) {
+    CAPTURE(k);
+    const std::string root = scratch(cat("crash_", k));
+    fs::copy(base, root, fs::copy_options::recursive);
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      g_points = 0;
+      g_kill_at = k;
+      checkpoint::set_point_hook(kill_at_point);
+      try {
+        resume_and_save(root);
+      } catch (...) {
+        ::_exit(3);
+      }
+      ::_exit(0);
+    }
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    CHECK(WIFSIGNALED(status));
+    CHECK(WTERMSIG(status) == SIGKILL);
+
+    // latest: a complete, verified checkpoint of step 2 or 4.
+    const checkpoint::Reader latest(root);
+    const std::int64_t step = latest.manifest().step;
+    CHECK((step == 2 || step == 4));
+    if (step == 4) ++latest_moved;
+    // A partial step 4 is refused.
+    for (const std::string& partial : {root + "/step_00000004.tmp", root + "/step_00000004"}) {
+      if (!fs::exists(partial) || (step == 4 && partial.ends_with("4"))) continue;
+      if (fs::exists(partial + "/manifest.json")) continue;  // complete, only latest had not moved yet
+      std::string got;
+      try {
+        checkpoint::Reader r(partial);
+      } catch (const Error& e) {
+        got = e.what();
+      }
+      CHECK(!got.empty());
+    }
+    // A new run resumes from latest and saves over what the kill left.
+    resume_and_save(root);
+    CHECK(checkpoint::Reader(root).manifest().step == 4);
+    CHECK(checkpoint::complete_checkpoints(root).size() == 1);
+    CHECK(!fs::exists(root + "/step_00000004.tmp"));
+    fs::remove_all(root);
+  }
+  MESSAGE(cat(kills.size(), " kills; latest had moved to step 4 after ", latest_moved, " of them (kills while pruning)"));
+  CHECK(latest_moved >= 1);
+  CHECK(latest_moved < 20);
+  fs::remove_all(base);
+}
