@@ -764,7 +764,6 @@ RunState load(const std::string& path, Model& model, DP& dp, M& mesh, LoadOption
     std::ifstream in(cat(dir, "/manifest.json"), std::ios::binary);
     std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     m = parse(text, cat(dir, "/manifest.json"));
-    check_coverage(m, cat(dir, "/manifest.json"));
     if constexpr (requires { model.config.heads; })
       if (m.model.contains("heads") && m.model["heads"] != model.config.heads)
         throw Error(cat("checkpoint(", dir, ")"), cat("was saved with ", m.model["heads"].dump(), " heads; this model has ", model.config.heads),
@@ -773,6 +772,7 @@ RunState load(const std::string& path, Model& model, DP& dp, M& mesh, LoadOption
   // Every rank resolved and parsed the same files; a failure is everyone's (and the same message).
   if (!err.empty()) throw Error("checkpoint::load", err, "pass a complete, valid checkpoint");
   detail::verify_files(m, dir, world);
+  check_coverage(m, cat(dir, "/manifest.json"));  // after the sizes are verified: they bound its work
 
   detail::Sources src(m, dir);
   const bool has_master = std::any_of(m.tensors.begin(), m.tensors.end(), [](const auto& kv) { return kv.first.starts_with("master/"); });
@@ -835,9 +835,9 @@ class Reader {
     std::ifstream in(cat(dir_, "/manifest.json"), std::ios::binary);
     std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     m_ = parse(text, cat(dir_, "/manifest.json"));
-    check_coverage(m_, cat(dir_, "/manifest.json"));
     detail::Solo solo;
     detail::verify_files(m_, dir_, solo);
+    check_coverage(m_, cat(dir_, "/manifest.json"));  // after the sizes are verified: they bound its work
   }
   const Manifest& manifest() const { return m_; }
   const std::string& dir() const { return dir_; }

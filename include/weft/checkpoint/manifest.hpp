@@ -27,6 +27,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -200,6 +201,17 @@ inline Manifest parse(const std::string& text, const std::string& where) {
       }
       m.tensors.emplace(name, std::move(r));
     }
+    // The pieces' bytes fit in their files (so that the work of check_coverage, linear in the
+    // pieces' rows, is bounded by the files' verified sizes).
+    std::map<std::string, std::uint64_t> used;
+    for (const auto& [name, t] : m.tensors)
+      for (const PieceRecord& p : t.pieces) {
+        std::uint64_t& u = used[p.file];
+        const std::uint64_t cap = m.file(p.file)->digest.bytes, es = size_of(t.dtype);
+        if (static_cast<std::uint64_t>(p.count) > (cap - u) / es)
+          bad(cat("places more bytes in ", p.file, " than its ", m.file(p.file)->digest.bytes, " (at tensor ", name, ")"));
+        u += static_cast<std::uint64_t>(p.count) * es;
+      }
   } catch (const nlohmann::json::exception& e) {
     bad(cat("has a missing or mistyped field (", e.what(), ")"));
   }
@@ -219,7 +231,7 @@ void for_each_run(const std::vector<std::int64_t>& global, const std::vector<std
     const std::int64_t row = i / L, col = i % L, n = std::min(L - col, first + count - i);
     // The global linear index of (row's multi-index + offset, offset[last] + col).
     std::int64_t rem = row, lin = 0, stride = 1;
-    std::vector<std::int64_t> idx(r);
+    std::array<std::int64_t, kMaxRank> idx{};
     for (std::size_t d = r - 1; d-- > 0;) {
       idx[d] = rem % extent[d] + offset[d];
       rem /= extent[d];

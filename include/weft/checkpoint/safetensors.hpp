@@ -86,6 +86,23 @@ inline bool checked_mul(std::uint64_t a, std::uint64_t b, std::uint64_t& out) {
 
 }  // namespace detail
 
+namespace detail {
+inline Header parse_json_header(const std::string& path, const std::string& text, std::uint64_t file_size);
+}  // namespace detail
+
+// Validates a whole safetensors file held in memory (`where` names it in errors): the same checks
+// as read_header. For tools and the fuzz target (tests/fuzz/safetensors.cpp).
+inline Header parse_header(std::span<const unsigned char> file, const std::string& where = "memory") {
+  using detail::bad;
+  if (file.size() < 8) bad(where, cat("the file has ", file.size(), " bytes, fewer than the 8-byte header length"), "pass a complete file");
+  std::uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | file[static_cast<std::size_t>(i)];  // little-endian
+  if (n > kMaxHeader) bad(where, cat("the header length ", n, " exceeds the ", kMaxHeader, "-byte cap"), "pass a valid file");
+  if (n > file.size() - 8)
+    bad(where, cat("the header length ", n, " runs past the end of the ", file.size(), "-byte file"), "pass a complete file");
+  return detail::parse_json_header(where, std::string(reinterpret_cast<const char*>(file.data()) + 8, static_cast<std::size_t>(n)), file.size());
+}
+
 // Reads and validates the header of the safetensors file at `path`.
 inline Header read_header(const std::string& path) {
   using detail::bad;
@@ -107,7 +124,13 @@ inline Header read_header(const std::string& path) {
   std::string text(static_cast<std::size_t>(n), '\0');
   in.read(text.data(), static_cast<std::streamsize>(n));
   if (!in) bad(path, "the header could not be read", "check the file");
+  return detail::parse_json_header(path, text, file_size);
+}
 
+// The header's JSON: names, dtypes, shapes, offsets, and the data ranges against the file's size.
+inline Header detail::parse_json_header(const std::string& path, const std::string& text, std::uint64_t file_size) {
+  using detail::bad;
+  const std::uint64_t n = text.size();
   // Parse, rejecting a name given twice (nlohmann would keep the last silently).
   std::set<std::string> names;
   std::string duplicate;
