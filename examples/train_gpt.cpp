@@ -112,6 +112,7 @@ int main(int argc, char** argv) {
   app.add_flag("--async-save", o.async_save, "write checkpoint files beside the next steps");
   app.add_option("--save-policy", o.save_policy, "sharded (a file per rank) or consolidated (one file, rank 0)")
       ->check(CLI::IsMember({"sharded", "consolidated"}));
+  app.add_option("--init-from", o.init_from, "initial weights from a Hugging Face GPT-2 safetensors file (weft-export writes one)");
   app.add_option("--resume", o.resume,
                  "resume from a checkpoint: 'latest' (of --save-dir), a directory with a latest pointer, or a step "
                  "directory; any mesh, strategy and precision");
@@ -163,6 +164,8 @@ int main(int argc, char** argv) {
       throw Error("train_gpt", "--sample without --text", "sampling prints text: train on --text");
     if (resolve_device(o) == "cuda" && o.dtype == "f64")
       throw Error("train_gpt", "--dtype f64 on the GPU", "f64 is the host's checking precision: use f32 or bf16");
+    if (!o.resume.empty() && !o.init_from.empty())
+      throw Error("train_gpt", "--init-from with --resume", "resume restores the weights: give one of them");
     if (o.resume == "latest" && o.save_dir.empty())
       throw Error("train_gpt", "--resume latest without --save-dir", "give --save-dir, or the checkpoint's path to --resume");
     if ((o.save_every > 0 || o.keep > 0 || o.async_save) && o.save_dir.empty())

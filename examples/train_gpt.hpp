@@ -6,6 +6,7 @@
 
 #include <weft/core/precision.hpp>
 #include <weft/checkpoint/checkpoint.hpp>
+#include <weft/checkpoint/gpt2.hpp>
 #include <weft/data/corpus.hpp>
 #include <weft/data/loader.hpp>
 #include <weft/data/synthetic.hpp>
@@ -43,7 +44,7 @@ struct Options {
   double lr = 3e-3, min_lr = 3e-4, clip = 1.0;
   std::uint64_t seed = 1;
   std::string data_file, text, dtype = "f32", log, device = "auto", trace;
-  std::string save_dir, resume, save_policy = "sharded";
+  std::string save_dir, resume, save_policy = "sharded", init_from;
   std::int64_t save_every = 0;
   int keep = 0;
   bool async_save = false;
@@ -137,6 +138,23 @@ int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus) {
     DeviceSupport<D>::ranges(*trace);
   }
 
+  // --init-from: the Hugging Face file as a weft checkpoint of step 0 (weights only), that every
+  // rank loads into its shards.
+  std::string init_dir;
+  if (!o.init_from.empty()) {
+    char tmpl[] = "/tmp/weft_init_XXXXXX";
+    if (!::mkdtemp(tmpl)) throw Error("train_gpt --init-from", "cannot create a temporary directory", "check /tmp");
+    init_dir = tmpl;
+    checkpoint::gpt2::import_hf(o.init_from, init_dir, cfg);
+    std::printf("initial weights: %s (Hugging Face GPT-2 layout)\n", o.init_from.c_str());
+  }
+  struct RemoveDir {
+    std::string dir;
+    ~RemoveDir() {
+      if (!dir.empty()) std::filesystem::remove_all(dir);
+    }
+  } remove_init{init_dir};
+
   run_threads(ranks, [&](ThreadComm& world) {
     const auto dev = DeviceSupport<D>::make(world);
     Mesh mesh{world, {.data = o.data, .pipe = o.pipe, .tensor = o.tensor}};
@@ -184,6 +202,7 @@ int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus) {
 
     // Checkpoints: resume first (any mesh, strategy and precision), then save as the options say.
     std::int64_t first_step = 0;
+    if (!init_dir.empty()) checkpoint::load(init_dir, gpt, dp, mesh, {.optimizer = false});
     if (!o.resume.empty()) {
       const std::string from = o.resume == "latest" ? o.save_dir : o.resume;
       const auto st = checkpoint::load(from, gpt, dp, mesh);

@@ -4,6 +4,7 @@
 # message, and text training samples text.
 set -u
 bin="$1"
+export_bin="${2:-}"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
@@ -70,6 +71,28 @@ out=$(run --resume "$work/partial" 2>&1); rc=$?
 [ $rc -ne 0 ] && echo "$out" | grep -q "has no manifest.json and no latest pointer" || fail "resume from no checkpoint: $rc $out"
 out=$(run --resume "$work/ck" --heads 2 2>&1); rc=$?
 [ $rc -ne 0 ] && echo "$out" | grep -q "was saved with 4 heads; this model has 2" || fail "resume into other sizes: $rc $out"
+
+# Hugging Face GPT-2: weft-export writes the checkpoint of step 12 with config.json; a run from
+# --init-from that file starts from those weights (its first loss is below a fresh run's first,
+# 4.17: the weights have trained 12 steps); a file of other sizes is refused.
+if [ -n "$export_bin" ]; then
+  mkdir -p "$work/hf"
+  "$export_bin" --checkpoint "$work/ck" --out "$work/hf/model.safetensors" >/dev/null || fail "weft-export failed"
+  grep -q '"n_layer": 1' "$work/hf/config.json" || fail "config.json: $(cat "$work/hf/config.json")"
+  run --strategy zero2 --init-from "$work/hf/model.safetensors" --log "$work/i.jsonl" >/dev/null || fail "--init-from failed"
+  python3 - "$work" <<'PY' || exit 1
+import json, sys
+rows = lambda n: [json.loads(l) for l in open(f"{sys.argv[1]}/{n}.jsonl") if '"loss"' in l]
+a, i = rows("a"), rows("i")
+assert i[0]["loss"] < a[0]["loss"] - 0.2, (i[0], a[0])
+print(f"--init-from a 12-step export: first loss {i[0]['loss']:.4f} (fresh weights: {a[0]['loss']:.4f})")
+PY
+  out=$("$bin" --steps 2 --layers 1 --width 64 --seq 32 --init-from "$work/hf/model.safetensors" 2>&1); rc=$?
+  [ $rc -ne 0 ] && echo "$out" | grep -q "transformer.wte.weight has the shape 64x32; a GPT-2 of these sizes has 64x64" ||
+    fail "--init-from other sizes: $rc $out"
+  out=$("$export_bin" --checkpoint "$work/nothing" --out "$work/hf/x.safetensors" 2>&1); rc=$?
+  [ $rc -eq 1 ] && echo "$out" | grep -q "is not a directory" || fail "weft-export of nothing: $rc $out"
+fi
 
 # bf16 mixed precision on the host: the same start as f32 (the weights are the f32 draws rounded to
 # bf16: 0.02 nats) and, 12 steps on, within 0.05 nats of it; no step skipped.
