@@ -36,7 +36,7 @@ void kill_at_point(const char*) {
 }
 
 void resume_and_save(const std::string& root) {
-  ckpt_run<float, optim::Zero2>({.data = 2}, {root, root, 4, 20, true, 1});
+  ckpt_run<float, optim::Zero2>({.data = 2}, {root, root, 4, 20, true, 1, 0, false});
 }
 
 }  // namespace

@@ -48,7 +48,7 @@ TEST_CASE("GPT-2 export and import round trip, with Hugging Face's names and lay
   CHECK(compare_checkpoints(ck, back, false) == "");
 
   // A run from the imported weights trains as one from the checkpoint's weights.
-  RunPlan from_import{back, "", 2, 20, false, 0}, from_checkpoint{ck, "", 2, 20, false, 0};
+  RunPlan from_import{back, "", 2, 20, false, 0, 0, false}, from_checkpoint{ck, "", 2, 20, false, 0, 0, false};
   const auto a = ckpt_run<float, optim::Fsdp>({.data = 2}, from_import);
   const auto b = ckpt_run<float, optim::Fsdp>({.data = 2}, from_checkpoint);
   REQUIRE(a.size() == 2);

@@ -40,8 +40,12 @@ struct RunPlan {
   int until = 0, total = 20;
   bool load_optimizer = true;
   int keep = 0;
-  static RunPlan fresh(std::string save, int until) { return {"", std::move(save), until, 20, true, 0}; }
-  static RunPlan resumed(std::string from, std::string save, int until) { return {std::move(from), std::move(save), until, 20, true, 0}; }
+  int save_every = 0;      // also save every N steps (0: at the end only)
+  bool async_save = false;  // with an asynchronous Saver, polled every step
+  static RunPlan fresh(std::string save, int until) { return {"", std::move(save), until, 20, true, 0, 0, false}; }
+  static RunPlan resumed(std::string from, std::string save, int until) {
+    return {std::move(from), std::move(save), until, 20, true, 0, 0, false};
+  }
 };
 
 // Runs `plan` under precision P, data strategy S and sequence parallelism SP on mesh `m`, saving
@@ -68,6 +72,9 @@ std::vector<double> ckpt_run(MeshDegrees m, const RunPlan& plan, const nn::GptCo
     }
     std::optional<pipeline::Pipeline<Model, decltype(mesh)>> pp;
     if (m.pipe > 1) pp.emplace(gpt, pipeline::make_table(pipeline::Kind::one_f_one_b, m.pipe, 1, 1), part, mesh);
+    std::optional<checkpoint::Saver<Policy>> saver;
+    if (!plan.save.empty()) saver.emplace(plan.save, checkpoint::SaveOptions{.keep = plan.keep}, plan.async_save);
+    auto state = [&] { return checkpoint::RunState{.step = step, .loader_position = loader.position(), .seed = c.seed}; };
     std::vector<std::int32_t> x, y;
     for (; step < plan.until; ++step) {
       loader.next(x, y);
@@ -84,10 +91,18 @@ std::vector<double> ckpt_run(MeshDegrees m, const RunPlan& plan, const nn::GptCo
         std::lock_guard lock(mu);
         losses.push_back(loss);
       }
+      if (saver && plan.save_every > 0 && (step + 1) % plan.save_every == 0 && step + 1 < plan.until) {
+        ++step;
+        saver->save(gpt, dp, mesh, state());
+        --step;
+      } else if (saver) {
+        saver->poll(mesh);
+      }
     }
-    if (!plan.save.empty())
-      checkpoint::save<Policy>(plan.save, gpt, dp, mesh, {.step = step, .loader_position = loader.position(), .seed = c.seed},
-                               {.keep = plan.keep});
+    if (saver) {
+      saver->save(gpt, dp, mesh, state());
+      saver->wait(mesh);
+    }
   });
   return losses;
 }
