@@ -131,6 +131,9 @@ int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus) {
   double final_loss = 0, final_eval = NAN, total_time = 0;
   std::vector<std::int32_t> sample_out;
   const auto schedule = optim::Schedule::warmup_cosine(o.lr, o.warmup.value_or(o.steps / 20), o.steps, o.min_lr);
+  // The schedule is a function of the step: a checkpoint records its parameters and the step.
+  const nlohmann::json schedule_json{{"kind", "warmup_cosine"}, {"max_lr", schedule.max_lr}, {"min_lr", schedule.min_lr},
+                                     {"warmup", schedule.warmup}, {"total", schedule.total}};
   std::vector<std::int64_t> peaks(static_cast<std::size_t>(ranks));
   std::unique_ptr<pipeline::Trace> trace;
   if (!o.trace.empty()) {
@@ -211,6 +214,9 @@ int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus) {
                     cat("pass --seed ", st.seed, " (the seed chooses the data)"));
       first_step = st.step;
       loader.seek(st.loader_position);
+      if (lead && st.extra.contains("schedule") && st.extra["schedule"] != schedule_json)
+        std::printf("note: the learning-rate schedule differs from the checkpoint's (%s); continuing with this run's (%s)\n",
+                    st.extra["schedule"].dump().c_str(), schedule_json.dump().c_str());
       if (lead)
         std::printf("resumed from %s at step %lld (data position %lld)\n", checkpoint::resolve(from).c_str(),
                     static_cast<long long>(st.step), static_cast<long long>(st.loader_position));
@@ -264,7 +270,7 @@ int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus) {
       with_saver([&](auto& saver) {
         if (save_now) {
           saver.save(gpt, dp, mesh, {.step = step + 1, .loader_position = loader.position(), .seed = o.seed,
-                                     .extra = {{"strategy", o.strategy}, {"dtype", o.dtype}, {"steps", o.steps}}});
+                                     .extra = {{"strategy", o.strategy}, {"dtype", o.dtype}, {"schedule", schedule_json}}});
           if (lead) std::printf("checkpoint: step %lld %s %s\n", static_cast<long long>(step + 1),
                                 o.async_save ? "being written to" : "saved in", o.save_dir.c_str());
         } else {

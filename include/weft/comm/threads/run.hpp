@@ -55,6 +55,8 @@ void run_threads(int n, Fn&& fn, threads::Options opts = {}) {
       try {
         ThreadComm comm(world, group, r);
         shared->fn(comm);
+      } catch (const threads::FailedElsewhere& e) {
+        world->fail(r, e.what(), true);  // an echo: the cause, when it comes, is reported instead
       } catch (const std::exception& e) {
         world->fail(r, e.what());
       } catch (...) {

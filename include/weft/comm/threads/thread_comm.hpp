@@ -237,7 +237,8 @@ class ThreadComm {
                        " but group rank ", me_, " expected ", d.in_count, " ", d.dtype);
       mail.received = seq;
       mail.queue.pop_front();
-      world_->fail_locked(world_rank_, cat(where(), ": ", mail.error));
+      world_->fail_locked(world_rank_, cat(where(), ": ", mail.error), !posted.in);
+      if (!posted.in) throw FailedElsewhere(where(), mail.error, "the sender's failure is the cause; fix it");
       throw Error(where(), mail.error, "post a send and recv of the same type and count");
     }
     const void* src = posted.in;

@@ -31,6 +31,12 @@
 
 namespace weft::threads {
 
+// An Error that only reports another rank's failure: an abort, or a message its sender withdrew
+// while unwinding. run_threads reports the failure that caused it, whichever was recorded first.
+struct FailedElsewhere : Error {
+  using Error::Error;
+};
+
 using Clock = std::chrono::steady_clock;
 
 struct Options {
@@ -164,17 +170,21 @@ class World {
   }
 
   // Records the first failure and wakes every rank. Later failures are consequences and are ignored.
-  void fail(int world_rank, const std::string& why) {
+  void fail(int world_rank, const std::string& why, bool secondary = false) {
     std::lock_guard lock(mu_);
-    fail_locked(world_rank, why);
+    fail_locked(world_rank, why, secondary);
   }
-  void fail_locked(int world_rank, const std::string& why) {
-    if (!abort_) abort_ = Failure{world_rank, why};
+  // secondary: a failure that only follows from another rank's (a message its sender withdrew
+  // while unwinding); the sender's own failure, recorded a moment later, replaces it as the one
+  // reported, so that run_threads names the cause and not its echo.
+  void fail_locked(int world_rank, const std::string& why, bool secondary = false) {
+    if (!abort_ || (abort_->secondary && !secondary)) abort_ = Failure{world_rank, why, secondary};
     cv_.notify_all();
   }
   struct Failure {
     int rank;
     std::string why;
+    bool secondary = false;
   };
   std::optional<Failure> failure() {
     std::lock_guard lock(mu_);
@@ -253,8 +263,8 @@ class World {
     return l.group ? cat(name(l.op), " #", l.seq, " on ", l.group->label()) : std::string("none");
   }
 
-  Error aborted(const std::string& where) const {
-    return Error(where, cat("aborted because world rank ", abort_->rank, " failed: ", abort_->why),
+  FailedElsewhere aborted(const std::string& where) const {
+    return FailedElsewhere(where, cat("aborted because world rank ", abort_->rank, " failed: ", abort_->why),
                  "the first failure is the cause; this rank stopped because of it");
   }
 
