@@ -208,7 +208,9 @@ int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus) {
     if (!init_dir.empty()) checkpoint::load(init_dir, gpt, dp, mesh, {.optimizer = false});
     if (!o.resume.empty()) {
       const std::string from = o.resume == "latest" ? o.save_dir : o.resume;
+      const auto l0 = std::chrono::steady_clock::now();
       const auto st = checkpoint::load(from, gpt, dp, mesh);
+      const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - l0).count();
       if (st.seed != o.seed)
         throw Error("train_gpt --resume", cat("the checkpoint was saved by a run with --seed ", st.seed, ", this one has ", o.seed),
                     cat("pass --seed ", st.seed, " (the seed chooses the data)"));
@@ -218,8 +220,8 @@ int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus) {
         std::printf("note: the learning-rate schedule differs from the checkpoint's (%s); continuing with this run's (%s)\n",
                     st.extra["schedule"].dump().c_str(), schedule_json.dump().c_str());
       if (lead)
-        std::printf("resumed from %s at step %lld (data position %lld)\n", checkpoint::resolve(from).c_str(),
-                    static_cast<long long>(st.step), static_cast<long long>(st.loader_position));
+        std::printf("resumed from %s at step %lld (data position %lld) in %.2f s\n", checkpoint::resolve(from).c_str(),
+                    static_cast<long long>(st.step), static_cast<long long>(st.loader_position), took);
     }
     std::optional<checkpoint::Saver<checkpoint::Sharded>> sharded;
     std::optional<checkpoint::Saver<checkpoint::Consolidated>> consolidated;
@@ -269,10 +271,13 @@ int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus) {
       const bool save_now = !o.save_dir.empty() && ((o.save_every > 0 && (step + 1) % o.save_every == 0) || step + 1 == o.steps);
       with_saver([&](auto& saver) {
         if (save_now) {
+          const auto s0 = std::chrono::steady_clock::now();
           saver.save(gpt, dp, mesh, {.step = step + 1, .loader_position = loader.position(), .seed = o.seed,
                                      .extra = {{"strategy", o.strategy}, {"dtype", o.dtype}, {"schedule", schedule_json}}});
-          if (lead) std::printf("checkpoint: step %lld %s %s\n", static_cast<long long>(step + 1),
-                                o.async_save ? "being written to" : "saved in", o.save_dir.c_str());
+          const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
+          if (lead)
+            std::printf("checkpoint: step %lld %s %s (training waited %.2f s)\n", static_cast<long long>(step + 1),
+                        o.async_save ? "being written to" : "saved in", o.save_dir.c_str(), took);
         } else {
           saver.poll(mesh);  // publishes an asynchronous save once every rank's file is written
         }
