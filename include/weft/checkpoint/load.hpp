@@ -57,7 +57,6 @@ class Sources {
  public:
   Sources(const Manifest& m, std::string dir) : m_(&m), dir_(std::move(dir)) {}
 
-  // Copies elements [first, first + count) of tensor t's pieces' stored order... see fill().
   struct Open {
     std::unique_ptr<detail::Fd> fd;
     Header header;
@@ -284,7 +283,7 @@ class Reader {
   std::vector<X> read(const std::string& name) const {
     const std::vector<std::int64_t>& l = record(name).logical;
     std::int64_t n = 0;
-    manifest_detail_product(l, n);
+    detail::product(l, n);
     std::vector<X> out(static_cast<std::size_t>(n));
     detail::Sources src(m_, dir_);
     if (n > 0) detail::fill(src, name, l, l, std::vector<std::int64_t>(l.size(), 0), l, 0, n, out.data());
@@ -292,7 +291,6 @@ class Reader {
   }
 
  private:
-  static void manifest_detail_product(const std::vector<std::int64_t>& d, std::int64_t& n) { checkpoint::detail::product(d, n); }
   const TensorRecord& record(const std::string& name) const {
     const auto it = m_.tensors.find(name);
     if (it == m_.tensors.end()) throw Error(cat("checkpoint(", dir_, ")"), cat("has no tensor ", name), "ask for one of the manifest's tensors");
