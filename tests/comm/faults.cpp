@@ -1,6 +1,7 @@
-// Faults in the thread back end: a rank that throws, a rank that stalls past the deadline,
-// mismatched collectives, a rank that returns early, and a deadlock. Every rank must get a
-// weft::Error naming the failing rank, the op and its sequence number, within the stated time.
+// Faults in the thread back end: a rank that throws, a rank that stalls past the deadline, a rank
+// that returns early, and a deadlock (mismatched collectives: mismatch.cpp, shared with MPI). Every
+// rank must get a weft::Error naming the failing rank, the op and its sequence number, within the
+// stated time.
 // Each case runs 20 times; CTest's TIMEOUT turns a hang into a failure.
 #include <doctest/doctest.h>
 
@@ -9,61 +10,19 @@
 #include <thread>
 #include <vector>
 
-#include "weft/comm/threads/run.hpp"
+#include "support/ranks.hpp"
 
 using namespace weft;
 using namespace std::chrono_literals;
-using Clock = std::chrono::steady_clock;
-
-namespace {
-
-struct Outcome {
-  int rank = -1;
-  bool weft_error = false;
-  std::string message;
-  double seconds = 0;  // from entering the failing call to the exception
-};
-
-// Runs fn on n ranks; fn(comm, record) calls record(start) around the call that should fail.
-// Returns what each rank saw, and the message run_threads rethrew.
-template <class Fn>
-std::pair<std::vector<Outcome>, std::string> run_faulty(int n, threads::Options opts, Fn fn) {
-  std::mutex mu;
-  std::vector<Outcome> out;
-  std::string top;
-  try {
-    run_threads(
-        n,
-        [&](ThreadComm& c) {
-          Clock::time_point start = Clock::now();
-          try {
-            fn(c, start);
-          } catch (const Error& e) {
-            std::lock_guard lock(mu);
-            out.push_back({c.rank(), true, e.what(), std::chrono::duration<double>(Clock::now() - start).count()});
-            throw;
-          } catch (const std::exception& e) {
-            std::lock_guard lock(mu);
-            out.push_back({c.rank(), false, e.what(), std::chrono::duration<double>(Clock::now() - start).count()});
-            throw;
-          }
-        },
-        opts);
-  } catch (const Error& e) {
-    top = e.what();
-  }
-  return {out, top};
-}
-
-threads::Options deadline(std::chrono::milliseconds d) { return {.deadline = d}; }
-
-}  // namespace
+using test::Clock;
+using test::Outcome;
+using test::run_faulty;
 
 TEST_CASE("a rank that throws: every other rank raises Error naming it the op and its number at once") {
   double worst = 0;
   for (int iter = 0; iter < 20; ++iter) {
     // The default 60 s deadline: the others must not wait for it.
-    auto [out, top] = run_faulty(4, {}, [](ThreadComm& c, Clock::time_point& start) {
+    auto [out, top] = run_faulty(4, 60s, [](ThreadComm& c, Clock::time_point& start) {
       std::vector<float> v(100, 1.0f);
       c.all_reduce(std::span<float>(v));
       c.all_reduce(std::span<float>(v));
@@ -91,7 +50,7 @@ TEST_CASE("a rank that stalls past the deadline: every rank raises Error within 
   double worst = 0, earliest = 1e9;
   const auto d = 200ms;
   for (int iter = 0; iter < 20; ++iter) {
-    auto [out, top] = run_faulty(4, deadline(d), [&](ThreadComm& c, Clock::time_point& start) {
+    auto [out, top] = run_faulty(4, d, [&](ThreadComm& c, Clock::time_point& start) {
       std::vector<double> v(64, 1.0);
       c.all_reduce(std::span<double>(v));
       start = Clock::now();
@@ -116,68 +75,10 @@ TEST_CASE("a rank that stalls past the deadline: every rank raises Error within 
   MESSAGE("stall: waiting ranks raised their Error after ", earliest, " to ", worst, " s (deadline 0.2 s)");
 }
 
-TEST_CASE("mismatched collectives are reported on every rank before any data moves") {
-  struct Case {
-    const char* what;
-    const char* expect;
-  };
-  for (int iter = 0; iter < 20; ++iter) {
-    // Different ops.
-    auto [a, ta] = run_faulty(3, {}, [](ThreadComm& c, Clock::time_point&) {
-      std::vector<float> in(8, 1.0f), out(24);
-      if (c.rank() == 0) c.all_reduce(std::span<float>(in));
-      else c.all_gather(std::span<const float>(in), std::span<float>(out));
-    });
-    REQUIRE(a.size() == 3);
-    for (const Outcome& o : a) {
-      CHECK(o.weft_error);
-      CHECK_MESSAGE(o.message.find("mismatched collective #1 on world{0,1,2}: world rank 0 called all_reduce(f32, 8, "
-                                   "sum), world rank 1 called all_gather(f32, in 8, out 24)") != std::string::npos,
-                    o.message);
-      CHECK(o.seconds < 1.0);
-    }
-    // Same op, different counts.
-    auto [b, tb] = run_faulty(2, {}, [](ThreadComm& c, Clock::time_point&) {
-      std::vector<double> v(c.rank() == 0 ? 10 : 11, 1.0);
-      c.all_reduce(std::span<double>(v));
-    });
-    REQUIRE(b.size() == 2);
-    for (const Outcome& o : b)
-      CHECK_MESSAGE(o.message.find("world rank 0 called all_reduce(f64, 10, sum), world rank 1 called all_reduce(f64, "
-                                   "11, sum)") != std::string::npos,
-                    o.message);
-    // Same op and count, different dtypes.
-    auto [d, td] = run_faulty(2, {}, [](ThreadComm& c, Clock::time_point&) {
-      if (c.rank() == 0) {
-        std::vector<float> v(4);
-        c.broadcast(std::span<float>(v), 0);
-      } else {
-        std::vector<std::int32_t> v(4);
-        c.broadcast(std::span<std::int32_t>(v), 0);
-      }
-    });
-    REQUIRE(d.size() == 2);
-    for (const Outcome& o : d)
-      CHECK_MESSAGE(o.message.find("broadcast(f32, 4, root 0), world rank 1 called broadcast(i32, 4, root 0)") !=
-                        std::string::npos,
-                    o.message);
-    // A send whose recv expects another count: both ends raise.
-    auto [e, te] = run_faulty(2, {}, [](ThreadComm& c, Clock::time_point&) {
-      std::vector<float> v(c.rank() == 0 ? 5 : 6);
-      if (c.rank() == 0) c.send(std::span<const float>(v), 1);
-      else c.recv(std::span<float>(v), 0);
-    });
-    REQUIRE(e.size() == 2);
-    for (const Outcome& o : e)
-      CHECK_MESSAGE(o.message.find("group rank 0 sent 5 f32 but group rank 1 expected 6 f32") != std::string::npos,
-                    o.message);
-  }
-}
-
 TEST_CASE("a deadlock across ops and groups is reported at once not at the deadline") {
   for (int iter = 0; iter < 20; ++iter) {
     // Rank 0 waits in all_reduce for rank 1; rank 1 waits in a send for rank 0's recv.
-    auto [out, top] = run_faulty(2, {}, [](ThreadComm& c, Clock::time_point&) {
+    auto [out, top] = run_faulty(2, 60s, [](ThreadComm& c, Clock::time_point&) {
       std::vector<float> v(3);
       if (c.rank() == 0) c.all_reduce(std::span<float>(v));
       else c.send(std::span<const float>(v), 0);
@@ -194,7 +95,7 @@ TEST_CASE("a deadlock across ops and groups is reported at once not at the deadl
 
 TEST_CASE("a rank that returns without making the call is named at once") {
   for (int iter = 0; iter < 20; ++iter) {
-    auto [out, top] = run_faulty(3, {}, [](ThreadComm& c, Clock::time_point&) {
+    auto [out, top] = run_faulty(3, 60s, [](ThreadComm& c, Clock::time_point&) {
       if (c.rank() == 2) return;
       c.barrier();
     });
@@ -208,7 +109,7 @@ TEST_CASE("a rank that returns without making the call is named at once") {
 
 TEST_CASE("a rank stuck outside any collective is detached after the deadline plus 1 s not waited for") {
   const auto start = Clock::now();
-  auto [out, top] = run_faulty(2, deadline(100ms), [](ThreadComm& c, Clock::time_point&) {
+  auto [out, top] = run_faulty(2, 100ms, [](ThreadComm& c, Clock::time_point&) {
     if (c.rank() == 0) throw std::runtime_error("fails first");
     std::this_thread::sleep_for(3s);  // never reaches a collective in time
   });
@@ -221,7 +122,7 @@ TEST_CASE("a rank stuck outside any collective is detached after the deadline pl
 }
 
 TEST_CASE("bad arguments raise Error naming the values on the calling rank and the others") {
-  auto [out, top] = run_faulty(2, {}, [](ThreadComm& c, Clock::time_point&) {
+  auto [out, top] = run_faulty(2, 60s, [](ThreadComm& c, Clock::time_point&) {
     std::vector<float> in(4), out(7);
     if (c.rank() == 0) c.all_gather(std::span<const float>(in), std::span<float>(out));
     else c.barrier();

@@ -27,6 +27,7 @@
 #include <utility>
 #include <vector>
 
+#include "weft/comm/reduce.hpp"
 #include "weft/comm/threads/memory.hpp"
 #include "weft/comm/threads/world.hpp"
 
@@ -279,25 +280,7 @@ class ThreadComm {
     if (mem_->reduce(out, reinterpret_cast<const void* const*>(ins.data()), static_cast<int>(ins.size()), lo, hi, op,
                      dtype_of<T>, offset))
       return;
-    using A = accumulate_t<T>;
-    constexpr std::int64_t block = 1024;
-    A acc[block];
-    for (std::int64_t base = lo; base < hi; base += block) {
-      const std::int64_t len = std::min(block, hi - base);
-      for (std::int64_t i = 0; i < len; ++i) acc[i] = widen(ins[0][base + i]);
-      for (std::size_t r = 1; r < ins.size(); ++r) {
-        const T* in = ins[r] + base;
-        if (op == ReduceOp::sum) {
-          for (std::int64_t i = 0; i < len; ++i) acc[i] += widen(in[i]);
-        } else {
-          for (std::int64_t i = 0; i < len; ++i) {
-            const A v = widen(in[i]);
-            acc[i] = (v > acc[i] || v != v) ? v : acc[i];  // max that propagates NaN
-          }
-        }
-      }
-      for (std::int64_t i = 0; i < len; ++i) out[base - offset + i] = narrow<T>(acc[i]);
-    }
+    reduce_in_rank_order(out, ins, lo, hi, op, offset);
   }
 
   std::string where(const Desc& d, std::uint64_t seq) const {
