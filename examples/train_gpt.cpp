@@ -13,6 +13,10 @@
 
 #include <CLI/CLI.hpp>
 
+#ifdef WEFT_ENABLE_MPI
+#include <weft/comm/mpi/session.hpp>
+#endif
+
 using namespace weft;
 using namespace train_gpt;
 
@@ -55,7 +59,7 @@ std::string resolve_device(const Options& o) {
   return o.device;
 }
 
-int dispatch(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus) {
+int dispatch(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus, const Launch& launch) {
   check_strategy(o.strategy);
   if (resolve_device(o) == "cuda") {
 #ifdef WEFT_ENABLE_CUDA
@@ -63,9 +67,9 @@ int dispatch(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus) {
 #endif
   }
   return with_strategy(o, [&]<class S, bool SP>() {
-    if (o.dtype == "f64") return train<Host, F64, SP, S>(o, cfg, corpus);
-    if (o.dtype == "bf16") return train<Host, Bf16Mixed, SP, S>(o, cfg, corpus);
-    return train<Host, F32, SP, S>(o, cfg, corpus);
+    if (o.dtype == "f64") return train<Host, F64, SP, S>(o, cfg, corpus, launch);
+    if (o.dtype == "bf16") return train<Host, Bf16Mixed, SP, S>(o, cfg, corpus, launch);
+    return train<Host, F32, SP, S>(o, cfg, corpus, launch);
   });
 }
 
@@ -117,6 +121,12 @@ int main(int argc, char** argv) {
                  "resume from a checkpoint: 'latest' (of --save-dir), a directory with a latest pointer, or a step "
                  "directory; any mesh, strategy and precision");
   app.add_option("--trace", o.trace, "Chrome / Perfetto trace (JSON) of every rank's computes, waits and steps");
+  app.add_option("--launcher", o.launcher,
+                 "threads (every rank a thread here), mpi (one rank per process of mpirun), env (RANK and WORLD_SIZE, "
+                 "GPUs with NCCL) or auto (mpi under mpirun, env when RANK is set, else threads); docs/launch.md")
+      ->check(CLI::IsMember({"threads", "mpi", "env", "auto"}));
+  app.add_option("--deadline", o.deadline, "seconds a collective waits for the other ranks before naming the missing one")
+      ->check(CLI::PositiveNumber);
   app.add_option("--sample", o.sample, "after training on --text, print N sampled bytes")->check(CLI::NonNegativeNumber);
   try {
     app.parse(argc, argv);
@@ -140,7 +150,53 @@ int main(int argc, char** argv) {
   cfg.seed = o.seed;
 
   // Bad options: checked before anything is built, exit code 2.
+  // The launcher first: under MPI every process initializes MPI, and errors name the rank.
+  Launch launch;
   try {
+    launch.kind = resolve_launcher(o.launcher);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 2;
+  }
+#ifdef WEFT_ENABLE_MPI
+  std::optional<mpi::Session> session;
+  if (launch.kind == Launcher::mpi) {
+    session.emplace(argc, argv);
+    launch.process = session->rank();
+    launch.processes = session->size();
+  }
+  const auto finish = [&](int code) { return session ? session->finish(code) : code; };
+#else
+  const auto finish = [](int code) { return code; };
+#endif
+  const auto report = [&](const std::exception& e) {
+    if (launch.kind == Launcher::threads) std::fprintf(stderr, "%s\n", e.what());
+    else std::fprintf(stderr, "train_gpt (world rank %d): %s\n", launch.process, e.what());
+  };
+
+  try {
+    if (launch.kind == Launcher::mpi) {
+#ifndef WEFT_ENABLE_MPI
+      throw Error("train_gpt --launcher mpi", "this binary was built without MPI",
+                  "install Debian's libopenmpi-dev and rebuild (CMake finds MPI and builds weft::mpi)");
+#endif
+      if (launch.processes != o.data * o.pipe * o.tensor)
+        throw Error("train_gpt --launcher mpi",
+                    cat("mpirun started ", launch.processes, " processes but data ", o.data, " x pipe ", o.pipe,
+                        " x tensor ", o.tensor, " = ", o.data * o.pipe * o.tensor, " ranks"),
+                    cat("run mpirun -np ", o.data * o.pipe * o.tensor, ", or choose degrees whose product is ",
+                        launch.processes));
+      if (resolve_device(o) == "cuda")
+        throw Error("train_gpt --launcher mpi", "the GPU trainer runs its ranks as threads sharing one GPU",
+                    "use --device host under mpirun, or --launcher threads on the GPU (docs/launch.md)");
+      if (!o.trace.empty())
+        throw Error("train_gpt --launcher mpi", "--trace records thread ranks of one process",
+                    "trace a --launcher threads run");
+    }
+    if (launch.kind == Launcher::env)
+      throw Error("train_gpt --launcher env",
+                  "RANK and WORLD_SIZE start one process per rank, which the trainer's host ranks do only under MPI",
+                  "start the ranks with mpirun (--launcher mpi), or unset RANK and WORLD_SIZE for threads");
     check_strategy(o.strategy);
     const std::int64_t micro = o.micro_batch > 0 ? o.micro_batch : o.batch;
     if (o.batch % micro != 0)
@@ -171,8 +227,8 @@ int main(int argc, char** argv) {
     if ((o.save_every > 0 || o.keep > 0 || o.async_save) && o.save_dir.empty())
       throw Error("train_gpt", "--save-every, --keep or --async-save without --save-dir", "give --save-dir");
   } catch (const Error& e) {
-    std::fprintf(stderr, "%s\n", e.what());
-    return 2;
+    report(e);
+    return finish(2);
   }
 
   try {
@@ -187,9 +243,12 @@ int main(int argc, char** argv) {
     } else {
       corpus.markov = std::make_unique<data::MarkovSource>(cfg.vocab, o.seed);
     }
-    return dispatch(o, cfg, corpus);
+    return finish(dispatch(o, cfg, corpus, launch));
   } catch (const Error& e) {
-    std::fprintf(stderr, "%s\n", e.what());
-    return 1;
+    report(e);
+    return finish(1);
+  } catch (const std::exception& e) {  // out of memory, or a library's own exception
+    report(e);
+    return finish(1);
   }
 }

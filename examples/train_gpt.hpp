@@ -7,6 +7,8 @@
 #include <weft/core/precision.hpp>
 #include <weft/checkpoint/checkpoint.hpp>
 #include <weft/checkpoint/gpt2.hpp>
+#include <weft/comm/fingerprint.hpp>
+#include <weft/comm/launch.hpp>
 #include <weft/data/corpus.hpp>
 #include <weft/data/loader.hpp>
 #include <weft/data/synthetic.hpp>
@@ -15,7 +17,12 @@
 #include <weft/optim/schedule.hpp>
 #include <weft/pipeline/executor.hpp>
 #include <weft/pipeline/pipelined.hpp>
+#include <weft/nn/describe.hpp>
 #include <weft/train/metrics.hpp>
+#include <weft/version.hpp>
+#ifdef WEFT_ENABLE_MPI
+#include <weft/comm/mpi/mpi_comm.hpp>
+#endif
 
 #include <algorithm>
 #include <chrono>
@@ -48,7 +55,40 @@ struct Options {
   std::int64_t save_every = 0;
   int keep = 0;
   bool async_save = false;
+  std::string launcher = "auto";
+  double deadline = 60;  // seconds any collective waits for the other ranks
 };
+
+// How this process runs the ranks: all of them as threads, or one as an MPI process.
+struct Launch {
+  Launcher kind = Launcher::threads;
+  int process = 0, processes = 1;  // this process among the processes (0 of 1 with threads)
+  bool lead() const { return process == 0; }  // prints and writes the log
+};
+
+// Runs body(world) on every rank: threads of this process, or this MPI process's one rank. A rank
+// that throws ends the world for all (a weft::Error on the others naming it).
+template <class D, class Body>
+void run_ranks(const Launch& l, int ranks, const Options& o, Body&& body) {
+  const auto deadline = std::chrono::milliseconds(static_cast<std::int64_t>(o.deadline * 1000));
+#ifdef WEFT_ENABLE_MPI
+  if constexpr (std::same_as<D, Host>) {
+    if (l.kind == Launcher::mpi) {
+      auto world = mpi::MpiComm::world({.deadline = deadline});
+      try {
+        body(world);
+      } catch (const threads::FailedElsewhere&) {
+        throw;
+      } catch (const std::exception& e) {
+        world.abort(e.what());
+        throw;
+      }
+      return;
+    }
+  }
+#endif
+  run_threads(ranks, std::forward<Body>(body), {.deadline = deadline});
+}
 
 // A source of training sequences and of held-out ones, whatever the corpus.
 struct Corpus {
@@ -88,7 +128,8 @@ struct DeviceSupport;
 
 template <>
 struct DeviceSupport<Host> {
-  static std::unique_ptr<Host> make(ThreadComm&) { return std::make_unique<Host>(); }
+  template <class C>
+  static std::unique_ptr<Host> make(C&) { return std::make_unique<Host>(); }
   // The GEMM rate all ranks reach together on this machine (bf16 computes in f32 on the host).
   template <class T>
   static double gemm_ceiling(int ranks) {
@@ -104,27 +145,31 @@ struct DeviceSupport<Host> {
 // D: Host or Cuda; P: a precision policy; Strategy: optim::Ddp, Zero1, Zero2 or Fsdp over the data
 // axis. Every rank is a thread; on the GPU they share it, each with its own stream.
 template <class D, class P, bool SP, class Strategy>
-int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus) {
+int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus, const Launch& launch) {
   using T = typename precision_t<P>::compute;
   const std::int64_t micro = o.micro_batch > 0 ? o.micro_batch : o.batch;
   const std::int64_t accum = o.batch / micro;
   const int ranks = o.data * o.pipe * o.tensor;
-  std::printf("measuring the %s GEMM rate of %d ranks (the MFU ceiling)...\n", D::name, ranks);
-  const double peak = DeviceSupport<D>::template gemm_ceiling<T>(ranks);
+  const bool speak = launch.lead();
+  if (speak) std::printf("measuring the %s GEMM rate of %d ranks (the MFU ceiling)...\n", D::name, ranks);
+  // Every process measures its own ranks at the same time; under MPI, one each.
+  const int here = launch.kind == Launcher::threads ? ranks : 1;
+  const double peak = DeviceSupport<D>::template gemm_ceiling<T>(here) * (ranks / here);
   const auto dense = DeviceSupport<D>::template dense_peak<T>();
   const double flops_token = train::flops_per_token(cfg);
-  std::printf("train_gpt: %s | %s %s on %s | data %d x tensor %d | batch %lld (micro %lld x %lld) | %lld steps | GEMM %.1f GFLOP/s\n",
+  if (speak)
+    std::printf("train_gpt: %s | %s %s on %s | data %d x tensor %d | batch %lld (micro %lld x %lld) | %lld steps | GEMM %.1f GFLOP/s\n",
               cat("layers ", cfg.layers, ", heads ", cfg.heads, ", width ", cfg.width, ", seq ", cfg.seq, ", vocab ", cfg.vocab).c_str(),
               o.strategy.c_str(), precision_t<P>::name().c_str(), D::name, o.data, o.tensor,
               static_cast<long long>(o.batch), static_cast<long long>(micro), static_cast<long long>(accum),
               static_cast<long long>(o.steps), peak / 1e9);
-  if (dense)
+  if (dense && speak)
     std::printf("MFU is reported against the measured GEMM ceiling and against the %s (%.0f TFLOP/s)\n",
                 dense->first.c_str(), dense->second / 1e12);
-  if (auto f = corpus.floor()) std::printf("built-in Markov corpus: entropy rate (the loss floor) %.4f nats\n", *f);
+  if (auto f = corpus.floor(); f && speak) std::printf("built-in Markov corpus: entropy rate (the loss floor) %.4f nats\n", *f);
 
   std::ofstream log;
-  if (!o.log.empty()) {
+  if (!o.log.empty() && speak) {
     log.open(o.log, o.resume.empty() ? std::ios::trunc : std::ios::app);  // a resumed run appends
     if (!log) throw Error("train_gpt", cat("cannot write the log file ", o.log), "check the path");
   }
@@ -134,7 +179,7 @@ int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus) {
   // The schedule is a function of the step: a checkpoint records its parameters and the step.
   const nlohmann::json schedule_json{{"kind", "warmup_cosine"}, {"max_lr", schedule.max_lr}, {"min_lr", schedule.min_lr},
                                      {"warmup", schedule.warmup}, {"total", schedule.total}};
-  std::vector<std::int64_t> peaks(static_cast<std::size_t>(ranks));
+  std::int64_t peak_bytes_all = 0;  // the largest rank's peak, on the lead
   std::unique_ptr<pipeline::Trace> trace;
   if (!o.trace.empty()) {
     trace = std::make_unique<pipeline::Trace>(ranks);
@@ -149,7 +194,7 @@ int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus) {
     if (!::mkdtemp(tmpl)) throw Error("train_gpt --init-from", "cannot create a temporary directory", "check /tmp");
     init_dir = tmpl;
     checkpoint::gpt2::import_hf(o.init_from, init_dir, cfg);
-    std::printf("initial weights: %s (Hugging Face GPT-2 layout)\n", o.init_from.c_str());
+    if (speak) std::printf("initial weights: %s (Hugging Face GPT-2 layout)\n", o.init_from.c_str());
   }
   struct RemoveDir {
     std::string dir;
@@ -158,7 +203,7 @@ int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus) {
     }
   } remove_init{init_dir};
 
-  run_threads(ranks, [&](ThreadComm& world) {
+  run_ranks<D>(launch, ranks, o, [&](auto& world) {
     const auto dev = DeviceSupport<D>::make(world);
     Mesh mesh{world, {.data = o.data, .pipe = o.pipe, .tensor = o.tensor}};
     using Model = nn::Gpt<P, SP, recompute::None, D>;
@@ -187,6 +232,25 @@ int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus) {
       pipeline::forward(gpt, ctx, mesh, dp, nn::Mode::infer);
       return ctx;
     };
+    // Every rank runs the same build, types, sizes and options as rank 0, or none starts.
+    {
+      Fingerprint fp;
+      fp.add("weft version", version);
+      fp.add("device and precision", cat(D::name, " ", precision_t<P>::name()));
+      fp.add("strategy", o.strategy);
+      fp.add("model", cat("vocab ", cfg.vocab, ", seq ", cfg.seq, ", layers ", cfg.layers, ", heads ", cfg.heads, ", width ",
+                          cfg.width, ", seed ", cfg.seed));
+      fp.add("mesh", cat("data ", o.data, " x pipe ", o.pipe, " x tensor ", o.tensor, ", ", o.virtual_stages,
+                         " virtual stages, schedule ", o.schedule));
+      fp.add("batch", cat(o.batch, " in micro-batches of ", micro));
+      fp.add("optimization", cat(o.steps, " steps, lr ", o.lr, " to ", o.min_lr, ", warm-up ", schedule.warmup, ", clip ", o.clip));
+      fp.add("data", cat(o.data_file.empty() && o.text.empty() ? "built-in Markov corpus" : o.data_file + o.text,
+                         ", eval every ", o.eval_every));
+      fp.add("checkpoints", cat("save to '", o.save_dir, "' every ", o.save_every, ", resume '", o.resume, "', init '",
+                                o.init_from, "'"));
+      if (o.pipe == 1) fp.add("collectives of one micro-batch", nn::describe<T, SP>(cfg, micro, mesh.spread()));
+      fp.agree(world);
+    }
     data::Loader<Corpus> loader(corpus, cfg.seq, micro, o.data, mesh.coord().data);
     const HeldOut held{&corpus};
     std::vector<std::int32_t> x, y;
@@ -342,8 +406,11 @@ int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus) {
         if (lead) sample_out.push_back(next);
       }
     }
-    peaks[static_cast<std::size_t>(world.rank())] = dev->memory().total_peak;
+    std::vector<std::int64_t> peak_all{dev->memory().total_peak};
+    world.all_reduce(std::span<std::int64_t>(peak_all), ReduceOp::max);
+    if (lead) peak_bytes_all = peak_all[0];
   });
+  if (!speak) return 0;
 
   if (trace) {
     trace->write(o.trace);
@@ -352,7 +419,7 @@ int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus) {
   std::printf("done: %lld steps in %.1f s, final loss %.4f", static_cast<long long>(o.steps), total_time, final_loss);
   if (!std::isnan(final_eval)) std::printf(", held-out loss %.4f", final_eval);
   if (auto f = corpus.floor()) std::printf(" (floor %.4f; %+.4f nats from it)", *f, (std::isnan(final_eval) ? final_loss : final_eval) - *f);
-  std::printf(", peak memory %s per rank\n", mib(static_cast<double>(*std::max_element(peaks.begin(), peaks.end()))).c_str());
+  std::printf(", peak memory %s per rank\n", mib(static_cast<double>(peak_bytes_all)).c_str());
   if (!sample_out.empty())
     std::printf("sample:\n%s\n", data::ByteTokenizer::decode(std::span<const std::int32_t>(sample_out)).c_str());
   return 0;

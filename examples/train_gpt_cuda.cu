@@ -39,8 +39,8 @@ int cuda_devices() { return weft::cuda::device_count(); }
 
 int train_on_cuda(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus) {
   return with_strategy(o, [&]<class S, bool SP>() {
-    if (o.dtype == "bf16") return train<Cuda, Bf16Mixed, SP, S>(o, cfg, corpus);
-    return train<Cuda, F32, SP, S>(o, cfg, corpus);
+    if (o.dtype == "bf16") return train<Cuda, Bf16Mixed, SP, S>(o, cfg, corpus, Launch{});
+    return train<Cuda, F32, SP, S>(o, cfg, corpus, Launch{});
   });
 }
 

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# The trainer under mpirun, one rank per process: every strategy (and a pipeline, and bf16) logs
+# bit for bit the losses, learning rates and gradient norms of the thread run of the same mesh; only
+# rank 0 prints and logs; a checkpoint that MPI processes save resumes in a thread run with the
+# losses the MPI run went on to log; a rank started with another option, or the wrong process count,
+# makes every rank refuse to start.
+# usage: train_gpt_mpi.sh TRAIN_GPT MPIRUN [ARGS...]   (MPIRUN without -np)
+set -u
+bin="$1"
+shift
+mpirun=("$@")
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+common=(--device host --steps 3 --eval-every 0 --batch 8 --layers 2 --width 32 --seq 32)
+
+same() {  # same(name, a.jsonl, b.jsonl): step, loss, lr, grad_norm and skipped equal as JSON numbers
+  python3 - "$@" <<'PY' || exit 1
+import json, sys
+name, a, b = sys.argv[1:4]
+keys = ("step", "loss", "lr", "grad_norm", "skipped", "eval_loss")
+ra = [{k: r[k] for k in keys if k in r} for r in map(json.loads, open(a))]
+rb = [{k: r[k] for k in keys if k in r} for r in map(json.loads, open(b))]
+assert len(ra) == 3 and ra == rb, f"{name}: threads {ra} vs mpi {rb}"
+print(f"{name}: threads and MPI logs equal bit for bit ({len(ra)} steps, last loss {ra[-1]['loss']!r})")
+PY
+}
+
+cases=("ddp" "ddp-sp" "zero1" "zero1-sp" "zero2" "zero2-sp" "fsdp" "fsdp-sp" "ddp bf16" "pipe")
+for c in "${cases[@]}"; do
+  set -- $c
+  args=(--strategy "$1")
+  [ "${2:-}" = bf16 ] && args+=(--dtype bf16)
+  if [ "$1" = pipe ]; then args=(--strategy ddp --pipe 2 --tensor 2 --data 1 --micro-batch 4); else args+=(--data 2 --tensor 2); fi
+  "$bin" "${common[@]}" "${args[@]}" --launcher threads --log "$work/t.jsonl" >/dev/null || fail "$c: thread run failed"
+  "${mpirun[@]}" -np 4 "$bin" "${common[@]}" "${args[@]}" --log "$work/m.jsonl" >"$work/m.out" 2>&1 ||
+    { cat "$work/m.out"; fail "$c: mpirun run failed"; }
+  same "$c" "$work/t.jsonl" "$work/m.jsonl"
+  steps=$(grep -c "^step " "$work/m.out")
+  [ "$steps" = 3 ] || fail "$c: expected 3 step lines from rank 0 only, got $steps"
+done
+
+# A checkpoint written by 4 MPI processes at step 2 resumes in a thread run: its step 3 is the MPI run's.
+"${mpirun[@]}" -np 4 "$bin" "${common[@]}" --data 2 --tensor 2 --save-dir "$work/ck" --save-every 2 \
+  --log "$work/m.jsonl" >/dev/null 2>&1 || fail "MPI run with checkpoints failed"
+"$bin" "${common[@]}" --data 2 --tensor 2 --launcher threads --resume "$work/ck/step_00000002" --log "$work/r.jsonl" >/dev/null ||
+  fail "thread resume of the MPI checkpoint failed"
+python3 - "$work/m.jsonl" "$work/r.jsonl" <<'PY' || exit 1
+import json, sys
+m = [json.loads(l) for l in open(sys.argv[1])]
+r = [json.loads(l) for l in open(sys.argv[2])]
+assert len(r) == 1 and r[0]["step"] == 3 and r[0]["loss"] == m[2]["loss"], (m[2], r)
+print(f"a checkpoint of 4 MPI processes resumed on threads: step 3 loss {r[0]['loss']!r} as in the MPI run")
+PY
+
+# One rank with another learning rate: every rank refuses, naming it and the field.
+"${mpirun[@]}" -np 3 "$bin" "${common[@]}" --data 2 --tensor 2 : -np 1 "$bin" "${common[@]}" --data 2 --tensor 2 \
+  --lr 0.002 >"$work/f.out" 2>&1 && fail "ranks with different options started"
+n=$(grep -c "start-up fingerprint: world rank 3 differs from world rank 0 in optimization" "$work/f.out")
+[ "$n" = 4 ] || { cat "$work/f.out"; fail "expected the fingerprint refusal on 4 ranks, got $n"; }
+grep -q "^step " "$work/f.out" && fail "a step ran despite the fingerprint"
+echo "fingerprint: all 4 ranks refused a rank started with --lr 0.002"
+
+# The wrong number of processes.
+"${mpirun[@]}" -np 2 "$bin" "${common[@]}" --data 2 --tensor 2 >"$work/n.out" 2>&1
+[ $? = 2 ] || fail "2 processes for 4 ranks did not exit with 2"
+grep -q "mpirun started 2 processes but data 2 x pipe 1 x tensor 2 = 4 ranks; run mpirun -np 4" "$work/n.out" ||
+  { cat "$work/n.out"; fail "no message for the wrong process count"; }
+echo "wrong process count: refused with exit status 2"
