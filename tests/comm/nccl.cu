@@ -3,7 +3,7 @@
 // the tiny GPT bitwise like one thread rank. Exits 77 (skipped) where there is no GPU.
 #include <doctest/doctest.h>
 
-#include "weft/comm/nccl/nccl_comm.cuh"
+#include "weft/comm/nccl/bootstrap.cuh"
 
 #include "support/cuda_ranks.cuh"
 #include "support/train_markov.hpp"
@@ -68,4 +68,16 @@ TEST_CASE("NCCL: an operation that cannot complete (a send with no receive) ends
   CHECK(waited < 10.0);  // the 2 s deadline, plus the abort
   // The aborted communicator refuses further work with an Error naming why.
   CHECK_THROWS_WITH_AS(world.barrier(), doctest::Contains("aborted"), Error);
+}
+
+TEST_CASE("NCCL bootstrap over the TCP store (env launcher, loopback): a world of one process sums on the GPU") {
+  Cuda& d = test::gpu();
+  CHECK(nccl::device_for(0) == 0);
+  nccl::NcclComm world = nccl::world_from_env(d, {.rank = 0, .world = 1, .local_rank = 0, .master_addr = "127.0.0.1",
+                                                  .master_port = 29617});
+  REQUIRE(world.size() == 1);
+  std::array<double, 2> v{1.25, -3.5};
+  world.all_reduce(std::span<double>(v));
+  CHECK(v[0] == 1.25);  // one rank: the sum is the buffer
+  CHECK(v[1] == -3.5);
 }

@@ -59,6 +59,14 @@ inline int env_int(const char* var, int lo, int hi, const char* fallback) {
 }
 }  // namespace detail
 
+// This process's rank among those of its machine, as the launcher says (Open MPI, MPICH/Hydra,
+// Slurm, torchrun); 0 when none says. Chooses the GPU: one per process.
+inline int local_rank() {
+  for (const char* v : {"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"})
+    if (const char* x = std::getenv(v)) return detail::env_int(v, 0, 1 << 20, x);
+  return 0;
+}
+
 // RANK, WORLD_SIZE, LOCAL_RANK (default 0), MASTER_ADDR (default 127.0.0.1), MASTER_PORT (default
 // 29500), each checked; throws Error naming the variable and its value.
 inline EnvRanks env_ranks() {
