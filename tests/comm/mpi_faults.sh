@@ -11,7 +11,7 @@ mpirun=("$@")
 deadline_ms=2000
 runs=${WEFT_FAULT_RUNS:-20}
 fail=0
-for mode in kill stall mismatch; do
+for mode in ${WEFT_FAULT_MODES:-kill stall mismatch}; do
   worst=0
   for ((i = 1; i <= runs; i++)); do
     start=$(date +%s%N)
@@ -31,7 +31,8 @@ for mode in kill stall mismatch; do
     for r in 0 2 3; do
       line=$(grep -a "^\[1,$r\]<stderr>:weft error:" <<<"$out" | head -1)
       if ! grep -q "world rank 1" <<<"$line" || ! grep -Eq "(all_reduce|all_gather|barrier) #[0-9]+ on" <<<"$line"; then
-        echo "FAIL $mode run $i: rank $r did not name world rank 1 and the operation:"; echo "$out" | head -30; fail=1
+        echo "FAIL $mode run $i: rank $r did not name world rank 1 and the operation:"
+        grep -a "^\[1," <<<"$out" | cut -c1-400; fail=1
         break
       fi
     done

@@ -12,8 +12,9 @@
 //     }
 //   }
 //
-// finish(0) finalizes MPI. finish(code != 0) exits at once without MPI_Finalize: a peer may be dead
-// or stalled, and finalizing waits for every rank; mpirun sees the early exit and stops the others.
+// finish(0) finalizes MPI. finish(code != 0) exits without MPI_Finalize, one second after flushing
+// (so the other ranks, failing too, print their errors before mpirun stops them): a peer may be
+// dead or stalled, and finalizing waits for every rank; mpirun sees the exit and stops the others.
 //
 // SIGTERM and SIGINT (mpirun sends SIGTERM to every rank when one dies or is interrupted): a rank
 // waiting in a weft call throws weft::Error naming the failure that ended the job (or, when no
@@ -29,7 +30,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <chrono>
 #include <string>
+#include <thread>
 
 #include "weft/comm/mpi/world.hpp"
 #include "weft/core/error.hpp"
@@ -94,6 +97,8 @@ class Session {
     if (code != 0) {
       std::fflush(stdout);
       std::fflush(stderr);
+      // The first rank to exit makes mpirun stop the others: give them a second to report too.
+      std::this_thread::sleep_for(std::chrono::seconds(1));
       std::_Exit(code);
     }
     MPI_Finalize();

@@ -148,8 +148,12 @@ class World {
   void check_alive(const std::function<std::string()>& call) {
     poll_notices();
     std::string cause;
+    if (!failure_ && !gave_up_.empty() && !waited_for_me()) {  // a stall elsewhere: join the blame round
+      std::vector<MPI_Request> none;
+      resolve_stall(none, {}, call);
+    }
     if (failure_) cause = *failure_;
-    else if (!gave_up_.empty())
+    else if (!gave_up_.empty())  // this rank is the one they waited for
       cause = cat("world rank ", gave_up_[0].from, " gave up waiting for ", ranks_text(gave_up_[0].waits_for), " in ",
                   gave_up_[0].text, " (deadline ", opts_.deadline.count(), " ms)");
     else if (const int sig = stop_signal().load(); sig && waiting().load() == 0)
@@ -268,6 +272,12 @@ class World {
     const Peer& p = peers_[static_cast<std::size_t>(world_rank)];
     return p.local && world_rank != rank_ && exited(p.pid);
   }
+  bool waited_for_me() const {
+    return std::any_of(gave_up_.begin(), gave_up_.end(), [&](const Notice& n) {
+      return std::find(n.waits_for.begin(), n.waits_for.end(), rank_) != n.waits_for.end();
+    });
+  }
+
   static std::vector<int> outstanding(std::vector<MPI_Request>& reqs, const std::vector<int>& peers) {
     std::vector<int> waiting;
     for (std::size_t i = 0; i < reqs.size(); ++i)
