@@ -164,6 +164,7 @@ int main(int argc, char** argv) {
     session.emplace(argc, argv);
     launch.process = session->rank();
     launch.processes = session->size();
+    launch.barrier = [] { MPI_Barrier(MPI_COMM_WORLD); };
   }
   const auto finish = [&](int code) { return session ? session->finish(code) : code; };
 #else

@@ -29,6 +29,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -63,6 +64,7 @@ struct Options {
 struct Launch {
   Launcher kind = Launcher::threads;
   int process = 0, processes = 1;  // this process among the processes (0 of 1 with threads)
+  std::function<void()> barrier;   // all processes (MPI_Barrier); empty with threads
   bool lead() const { return process == 0; }  // prints and writes the log
 };
 
@@ -152,8 +154,9 @@ int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus, cons
   const int ranks = o.data * o.pipe * o.tensor;
   const bool speak = launch.lead();
   if (speak) std::printf("measuring the %s GEMM rate of %d ranks (the MFU ceiling)...\n", D::name, ranks);
-  // Every process measures its own ranks at the same time; under MPI, one each.
+  // Every process measures its own ranks at the same time (under MPI one each, started together).
   const int here = launch.kind == Launcher::threads ? ranks : 1;
+  if (launch.barrier) launch.barrier();
   const double peak = DeviceSupport<D>::template gemm_ceiling<T>(here) * (ranks / here);
   const auto dense = DeviceSupport<D>::template dense_peak<T>();
   const double flops_token = train::flops_per_token(cfg);

@@ -83,10 +83,14 @@ class TcpStore {
     return value;
   }
 
-  // Every rank sets "<name>/<rank>" and reads everyone's: returns when all ranks have arrived.
+  // Every rank sets "<name>/<rank>" and reads everyone's: returns when all ranks have arrived. Rank 0
+  // (the server) also waits until every rank has finished reading, so its store outlives their gets.
   void barrier(const std::string& name) {
     set(cat(name, "/", me_.rank), "1");
     for (int r = 0; r < me_.world; ++r) (void)get(cat(name, "/", r));
+    if (me_.rank != 0) set(cat(name, "/read/", me_.rank), "1");
+    else
+      for (int r = 1; r < me_.world; ++r) (void)get(cat(name, "/read/", r));
   }
 
  private:

@@ -396,19 +396,15 @@ class MpiComm {
     world_->fail(cat(w, ": ", what));
     throw Error(w, what, fix);
   }
-  void check_sizes(const Desc& d, bool ok, const char* rule) {
-    if (!ok)
-      fail_local(d, cat("sizes in ", d.in_count, ", out ", d.out_count, " on ", size(), " ranks break ", rule),
-                 "size the buffers as the rule says");
-  }
-  void check_peer(const Desc& d, int peer, const char* what) {
-    if (peer < 0 || peer >= size())
-      fail_local(d, cat(what, " ", peer, " is not a rank of a group of ", size()), cat("use a ", what, " in [0, ", size(), ")"));
-  }
+  void check_sizes(const Desc& d, bool ok, const char* rule) { raise(d, threads::size_problem(d, size(), ok, rule)); }
+  void check_peer(const Desc& d, int peer, const char* what) { raise(d, threads::peer_problem(peer, size(), what)); }
   void check_disjoint(const Desc& d, const void* a, std::size_t na, const void* b, std::size_t nb) {
-    const auto pa = reinterpret_cast<std::uintptr_t>(a), pb = reinterpret_cast<std::uintptr_t>(b);
-    if (na && nb && pa < pb + nb && pb < pa + na) fail_local(d, "the input and output buffers overlap", "use separate buffers");
+    raise(d, threads::overlap_problem(a, na, b, nb));
   }
+  void raise(const Desc& d, const std::optional<threads::Problem>& p) {
+    if (p) fail_local(d, p->what, p->fix);
+  }
+
 
   // The collective protocol: headers with every member, the check, then body(exchange).
   template <class Body>

@@ -12,7 +12,7 @@
 //     }
 //   }
 //
-// finish(0) finalizes MPI. finish(code != 0) exits without MPI_Finalize, one second after flushing
+// finish(0) finalizes MPI. finish(code != 0) exits without MPI_Finalize, half a second after flushing
 // (so the other ranks, failing too, print their errors before mpirun stops them): a peer may be
 // dead or stalled, and finalizing waits for every rank; mpirun sees the exit and stops the others.
 //
@@ -97,8 +97,8 @@ class Session {
     if (code != 0) {
       std::fflush(stdout);
       std::fflush(stderr);
-      // The first rank to exit makes mpirun stop the others: give them a second to report too.
-      std::this_thread::sleep_for(std::chrono::seconds(1));
+      // The first rank to exit makes mpirun stop the others: give them half a second to report too.
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
       std::_Exit(code);
     }
     MPI_Finalize();

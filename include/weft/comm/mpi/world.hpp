@@ -315,8 +315,9 @@ class World {
         if (waited[static_cast<std::size_t>(r)] && !reported[static_cast<std::size_t>(r)]) blamed.push_back(r);
         silent += !reported[static_cast<std::size_t>(r)];
       }
-      // Done when a failure notice names a cause, or every rank not blamed has reported.
-      if (failure_ || (!blamed.empty() && silent == static_cast<int>(blamed.size())) || Clock::now() >= grace) break;
+      // Done when a failure notice names a cause, when every rank has reported (a cycle), or at the
+      // end of the grace: a rank slow to report cannot be told from a stalled one any sooner.
+      if (failure_ || silent == 0 || Clock::now() >= grace) break;
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
     if (failure_) throw_failed_elsewhere(call);

@@ -99,6 +99,27 @@ struct Desc {
   }
 };
 
+// A call's bad argument, found before it runs: what is wrong and how to fix it. The host back ends
+// (threads, MPI) raise it on the calling rank and fail the world with it.
+struct Problem {
+  std::string what, fix;
+};
+
+inline std::optional<Problem> size_problem(const Desc& d, int ranks, bool ok, const char* rule) {
+  if (ok) return std::nullopt;
+  return Problem{cat("sizes in ", d.in_count, ", out ", d.out_count, " on ", ranks, " ranks break ", rule),
+                 "size the buffers as the rule says"};
+}
+inline std::optional<Problem> peer_problem(int peer, int ranks, const char* what) {
+  if (peer >= 0 && peer < ranks) return std::nullopt;
+  return Problem{cat(what, " ", peer, " is not a rank of a group of ", ranks), cat("use a ", what, " in [0, ", ranks, ")")};
+}
+inline std::optional<Problem> overlap_problem(const void* a, std::size_t na, const void* b, std::size_t nb) {
+  const auto pa = reinterpret_cast<std::uintptr_t>(a), pb = reinterpret_cast<std::uintptr_t>(b);
+  if (!(na && nb && pa < pb + nb && pb < pa + na)) return std::nullopt;
+  return Problem{"the input and output buffers overlap", "use separate buffers"};
+}
+
 // One group of ranks (the world, or a split of it).
 struct Group {
   std::uint64_t id = 0;
