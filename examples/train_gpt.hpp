@@ -77,14 +77,7 @@ void run_ranks(const Launch& l, int ranks, const Options& o, Body&& body) {
   if constexpr (std::same_as<D, Host>) {
     if (l.kind == Launcher::mpi) {
       auto world = mpi::MpiComm::world({.deadline = deadline});
-      try {
-        body(world);
-      } catch (const threads::FailedElsewhere&) {
-        throw;
-      } catch (const std::exception& e) {
-        world.abort(e.what());
-        throw;
-      }
+      mpi::run(world, body);
       return;
     }
   }

@@ -45,7 +45,7 @@ void run_ranks(int n, Fn&& fn, std::chrono::milliseconds deadline = std::chrono:
   auto ranks = all.split(all.rank() < n ? 0 : 1, all.rank(), "world");
   if (all.rank() >= n) return;
   try {
-    fn(ranks);
+    weft::mpi::run(ranks, fn);
   } catch (const weft::threads::FailedElsewhere& e) {
     // "<call>: aborted because world rank K failed: <why>; fix the first failure; ...": report the cause.
     std::string what = e.what();
@@ -53,7 +53,6 @@ void run_ranks(int n, Fn&& fn, std::chrono::milliseconds deadline = std::chrono:
     if (const auto fix = what.rfind("; fix the first failure"); fix != std::string::npos) what.resize(fix);
     throw weft::Error("run_threads", what, "fix the first failure; the other ranks stopped because of it");
   } catch (const std::exception& e) {
-    ranks.abort(e.what());
     throw weft::Error("run_threads", weft::cat("world rank ", all.rank(), " failed: ", e.what()),
                       "fix the first failure; the other ranks stopped because of it");
   }

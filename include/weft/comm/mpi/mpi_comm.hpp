@@ -383,13 +383,11 @@ class MpiComm {
 
   // The call, as errors name it: "all_reduce #3 on tensor[d0,p0]{0,1}"; where() adds the rank.
   std::string call(const Desc& d, std::uint64_t seq) const { return cat(threads::name(d.op), " #", seq, " on ", name()); }
-  std::string where(const Desc& d, std::uint64_t seq) const { return cat(call(d, seq), " at world rank ", world_rank()); }
+  std::string where(const Desc& d, std::uint64_t seq) const { return world_where(call(d, seq)); }
   std::string p2p_call(Op op, std::uint64_t seq, int peer) const {
     return cat(threads::name(op), " #", seq, op == Op::send ? " to" : " from", " group rank ", peer, " on ", name());
   }
-  std::string p2p_where(Op op, std::uint64_t seq, int peer) const {
-    return cat(p2p_call(op, seq, peer), " at world rank ", world_rank());
-  }
+  std::string p2p_where(Op op, std::uint64_t seq, int peer) const { return world_where(p2p_call(op, seq, peer)); }
 
   [[noreturn]] void fail_local(const Desc& d, const std::string& what, const std::string& fix) {
     const std::string w = where(d, g_->seq + 1);
@@ -455,5 +453,21 @@ class MpiComm {
 };
 
 static_assert(Communicator<MpiComm>);
+
+// Runs fn(world) on this process's rank; an exception from fn ends the world for every rank (each
+// one's current or next call throws an Error naming this rank and the exception's message), then
+// propagates. Errors that only report another rank's failure propagate as they are.
+template <class Fn>
+  requires std::invocable<Fn&, MpiComm&>
+void run(MpiComm& world, Fn&& fn) {
+  try {
+    fn(world);
+  } catch (const FailedElsewhere&) {
+    throw;
+  } catch (const std::exception& e) {
+    world.abort(e.what());
+    throw;
+  }
+}
 
 }  // namespace weft::mpi

@@ -133,7 +133,6 @@ class World {
   int rank() const { return rank_; }
   int size() const { return size_; }
   const Options& options() const { return opts_; }
-  std::optional<std::string> failure() const { return failure_; }
 
   // Records this rank's failure and tells every other rank (once; later failures are consequences).
   void fail(const std::string& why) {
