@@ -33,6 +33,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
+#include <type_traits>
 #include <vector>
 
 #include "weft/checkpoint/files.hpp"
@@ -117,6 +118,21 @@ inline bool plain_file_name(const std::string& n) {
 }  // namespace detail
 
 // Parses and validates a manifest's text; `where` names it in errors.
+namespace detail {
+// j as T (an integer type, or a vector of int64), after `check` has accepted each integer.
+template <class T, class Check>
+T whole_of(const nlohmann::json& j, Check&& check) {
+  if constexpr (std::is_same_v<T, std::vector<std::int64_t>>) {
+    if (!j.is_array()) return j.get<T>();  // nlohmann's own type error
+    T out;
+    for (const auto& e : j) out.push_back(check(e).template get<std::int64_t>());
+    return out;
+  } else {
+    return check(j).template get<T>();
+  }
+}
+}  // namespace detail
+
 inline Manifest parse(const std::string& text, const std::string& where) {
   const std::string at = cat("manifest(", where, ")");
   auto bad = [&](const std::string& what) -> void { throw Error(at, what, "save the checkpoint again, or resume from an earlier one"); };
@@ -126,6 +142,12 @@ inline Manifest parse(const std::string& text, const std::string& where) {
   } catch (const nlohmann::json::exception& e) {
     bad(cat("is not valid JSON (", e.what(), ")"));
   }
+
+  // An integer field, or a list of them: a float would convert out of range (undefined), so it is refused.
+  auto whole_one = [&](const nlohmann::json& v) -> const nlohmann::json& {
+    if (!v.is_number_integer()) bad(cat("has ", v.dump(), " where an integer belongs"));
+    return v;
+  };
   Manifest m;
   try {
     if (!j.is_object() || j.value("format", "") != "weft-checkpoint") bad("is not a weft checkpoint manifest (no \"format\": \"weft-checkpoint\")");
@@ -133,12 +155,12 @@ inline Manifest parse(const std::string& text, const std::string& where) {
       bad(cat("has version ", j.contains("version") ? j["version"].dump() : "(none)", "; this weft reads version ", kFormatVersion));
     m.policy = j.at("policy").get<std::string>();
     if (m.policy != "sharded" && m.policy != "consolidated") bad(cat("has policy \"", m.policy, "\"; expected sharded or consolidated"));
-    m.step = j.at("step").get<std::int64_t>();
+    m.step = detail::whole_of<std::int64_t>(j.at("step"), whole_one);
     if (m.step < 0) bad(cat("has step ", m.step));
     const auto& mesh = j.at("mesh");
-    m.data = mesh.at("data").get<int>();
-    m.tensor = mesh.at("tensor").get<int>();
-    m.pipe = mesh.at("pipe").get<int>();
+    m.data = detail::whole_of<int>(mesh.at("data"), whole_one);
+    m.tensor = detail::whole_of<int>(mesh.at("tensor"), whole_one);
+    m.pipe = detail::whole_of<int>(mesh.at("pipe"), whole_one);
     if (m.data < 1 || m.tensor < 1 || m.pipe < 1) bad(cat("has mesh degrees ", mesh.dump(), "; each must be >= 1"));
     m.strategy = j.at("strategy").get<std::string>();
     m.precision = j.at("precision").get<std::string>();
@@ -150,7 +172,7 @@ inline Manifest parse(const std::string& text, const std::string& where) {
       FileRecord r;
       r.name = f.at("name").get<std::string>();
       if (!detail::plain_file_name(r.name)) bad(cat("names a file \"", r.name.substr(0, 64), "\" outside its directory"));
-      r.digest.bytes = f.at("bytes").get<std::uint64_t>();
+      r.digest.bytes = detail::whole_of<std::uint64_t>(f.at("bytes"), whole_one);
       const std::string h = f.at("xxh3").get<std::string>();
       if (h.size() != 16 || h.find_first_not_of("0123456789abcdef") != std::string::npos) bad(cat("has a malformed xxh3 \"", h.substr(0, 32), "\" for ", r.name));
       r.digest.xxh3 = std::stoull(h, nullptr, 16);
@@ -167,8 +189,8 @@ inline Manifest parse(const std::string& text, const std::string& where) {
           known = true;
         }
       if (!known) bad(cat("tensor ", name, " has dtype \"", dt, "\"; expected F64, F32 or BF16"));
-      r.global = t.at("global").get<std::vector<std::int64_t>>();
-      r.logical = t.at("logical").get<std::vector<std::int64_t>>();
+      r.global = detail::whole_of<std::vector<std::int64_t>>(t.at("global"), whole_one);
+      r.logical = detail::whole_of<std::vector<std::int64_t>>(t.at("logical"), whole_one);
       r.layout = t.at("layout").get<std::string>();
       std::int64_t n = 0;
       if (r.global.empty() || r.global.size() > kMaxRank || !detail::product(r.global, n))
@@ -181,10 +203,10 @@ inline Manifest parse(const std::string& text, const std::string& where) {
         PieceRecord q;
         q.file = p.at("file").get<std::string>();
         q.key = p.at("key").get<std::string>();
-        q.box_offset = p.at("box_offset").get<std::vector<std::int64_t>>();
-        q.box_extent = p.at("box_extent").get<std::vector<std::int64_t>>();
-        q.first = p.at("first").get<std::int64_t>();
-        q.count = p.at("count").get<std::int64_t>();
+        q.box_offset = detail::whole_of<std::vector<std::int64_t>>(p.at("box_offset"), whole_one);
+        q.box_extent = detail::whole_of<std::vector<std::int64_t>>(p.at("box_extent"), whole_one);
+        q.first = detail::whole_of<std::int64_t>(p.at("first"), whole_one);
+        q.count = detail::whole_of<std::int64_t>(p.at("count"), whole_one);
         if (!m.file(q.file)) bad(cat("tensor ", name, " has a piece in ", q.file.substr(0, 64), ", which is not among the files"));
         if (q.box_offset.size() != r.global.size() || q.box_extent.size() != r.global.size())
           bad(cat("tensor ", name, " has a piece whose box is not of rank ", r.global.size()));
