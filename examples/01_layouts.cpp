@@ -1,4 +1,5 @@
-// The layout algebra and the collectives at work on 4 thread ranks (data 2 x tensor 2).
+// The layout algebra and the collectives at work on 4 ranks (data 2 x tensor 2): thread ranks, or
+// under `mpirun -np 4` one rank per process (example_ranks.hpp).
 //
 // A (B, T, C) = (4, 8, 6) activation moves through the layouts a tensor-parallel transformer uses.
 // For each redistribution the demo prints its plan (the collective on each axis, and the bytes per
@@ -6,9 +7,10 @@
 #include <weft/weft_host.hpp>
 
 #include <cstdio>
-#include <mutex>
 #include <string>
 #include <vector>
+
+#include "example_ranks.hpp"
 
 using namespace weft;
 
@@ -47,11 +49,9 @@ bool matches(const Tensor<double, L, Host>& t) {
 
 }  // namespace
 
-int main() {
-  std::mutex mu;
-  int failures = 0;
-  std::vector<std::string> lines;
-  run_threads(4, [&](ThreadComm& world) {
+int main(int argc, char** argv) {
+  return examples::run_ranks(argc, argv, "auto", 4, [&](auto& world) {
+    int failures = 0;
     Mesh mesh{world, {.data = 2, .tensor = 2}};
     Host host;
     const Spread s = mesh.spread();
@@ -73,14 +73,11 @@ int main() {
     };
     auto report = [&](const char* what, bool ok) {
       ran();
-      // Every rank's verdict counts; rank 0 prints.
+      // Every rank's verdict counts (so every rank returns the same exit code); rank 0 prints.
       std::vector<std::int32_t> bad{ok ? 0 : 1};
       world.all_reduce(std::span<std::int32_t>(bad));
-      std::lock_guard lock(mu);
-      if (print) {
-        std::printf("    check: %s on all 4 ranks: %s\n\n", what, bad[0] ? "WRONG" : "matches the serial result");
-        failures += bad[0];
-      }
+      failures += bad[0];
+      if (print) std::printf("    check: %s on all 4 ranks: %s\n\n", what, bad[0] ? "WRONG" : "matches the serial result");
     };
 
     // Batch over data, replicated over tensor: what the embedding produces.
@@ -118,7 +115,8 @@ int main() {
     if (print) print_plan<Step<Rows, Replicated>>(s);
     auto full = redistribute<Replicated>(rows, mesh);  // gather on both axes
     report("(B, T, C) replicated everywhere", matches(full));
+    if (print)
+      std::printf("%s\n", failures ? "demo: SOME CHECKS FAILED" : "demo: every redistribution matched the serial result");
+    return failures ? 1 : 0;
   });
-  std::printf("%s\n", failures ? "demo: SOME CHECKS FAILED" : "demo: every redistribution matched the serial result");
-  return failures ? 1 : 0;
 }
