@@ -12,6 +12,9 @@
 #include "train_gpt.hpp"
 
 #include <CLI/CLI.hpp>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
 
 #ifdef WEFT_ENABLE_MPI
 #include <weft/comm/mpi/session.hpp>
@@ -25,12 +28,67 @@ namespace train_gpt {
 // The GPU half (train_gpt_cuda.cu), present in CUDA builds.
 #ifdef WEFT_ENABLE_CUDA
 int cuda_devices();
-int train_on_cuda(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus);
+std::int64_t cuda_free_bytes(int gpu);
+int train_on_cuda(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus, const Launch& launch);
 #endif
 
 }  // namespace train_gpt
 
 namespace {
+
+// Range checks for numeric options: NaN and infinities are refused (NaN passes every comparison, so
+// CLI11's own range checks let it through), and the messages print the bound as written.
+CLI::Validator number_check(std::function<bool(double)> ok, std::string rule) {
+  return CLI::Validator(
+      [ok, rule](std::string& s) -> std::string {
+        char* end = nullptr;
+        const double v = std::strtod(s.c_str(), &end);
+        if (s.empty() || end != s.c_str() + s.size()) return cat("'", s, "' is not a number");
+        if (!std::isfinite(v)) return cat(s, " is not a finite number");
+        if (!ok(v)) return cat(s, " is out of range: use a number ", rule);
+        return "";
+      },
+      cat("NUMBER ", rule));
+}
+CLI::Validator at_least(double lo) { return number_check([lo](double v) { return v >= lo; }, cat(">= ", lo)); }
+CLI::Validator above(double lo) { return number_check([lo](double v) { return v > lo; }, cat("> ", lo)); }
+CLI::Validator at_most(double hi) { return number_check([hi](double v) { return v <= hi; }, cat("<= ", hi)); }
+
+// MemAvailable of /proc/meminfo in bytes, or -1 when it cannot be read.
+double host_available_bytes() {
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  double kib = 0;
+  std::string unit;
+  while (f >> key >> kib >> unit)
+    if (key == "MemAvailable:") return kib * 1024;
+  return -1;
+}
+
+// Refuses (exit 2) a configuration whose ranks in this process need more than the device has, from
+// min_rank_bytes (a lower bound), before anything is allocated.
+void check_fits(const Options& o, const nn::GptConfig& cfg, const std::string& device, const Launch& launch) {
+  const double per_rank = min_rank_bytes(o, cfg);
+  const int here = launch.kind == Launcher::threads ? o.data * o.pipe * o.tensor : 1;
+  double available = -1;
+  std::string what;
+  if (device == "cuda") {
+#ifdef WEFT_ENABLE_CUDA
+    available = static_cast<double>(cuda_free_bytes(launch.gpu));
+    what = cat("GPU ", launch.gpu, " has ", gib(available), " free");
+#endif
+  } else {
+    available = host_available_bytes();
+    what = cat("the host has ", gib(available), " available (MemAvailable)");
+  }
+  if (available < 0 || per_rank * here <= available) return;
+  throw Error("train_gpt",
+              cat("the configuration needs at least ", gib(per_rank), " per rank (parameters, gradients, optimizer state, ",
+                  "the residual stream per layer and the logits) x ", here, here == 1 ? " rank" : " ranks",
+                  " in this process = ", gib(per_rank * here), ", but ", what),
+              "use a smaller model, batch or micro-batch, more tensor or pipeline ranks, or a sharded strategy (zero1, "
+              "zero2, fsdp)");
+}
 
 // The compiled strategies, by name. The one closed dispatch from run-time choices to instantiations.
 const std::vector<std::string> kStrategies{"ddp", "ddp-sp", "zero1", "zero1-sp", "zero2", "zero2-sp", "fsdp", "fsdp-sp"};
@@ -63,7 +121,7 @@ int dispatch(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus, c
   check_strategy(o.strategy);
   if (resolve_device(o) == "cuda") {
 #ifdef WEFT_ENABLE_CUDA
-    return train_on_cuda(o, cfg, corpus);
+    return train_on_cuda(o, cfg, corpus, launch);
 #endif
   }
   return with_strategy(o, [&]<class S, bool SP>() {
@@ -79,40 +137,41 @@ int main(int argc, char** argv) {
   Options o;
   CLI::App app{"weft train_gpt: a tensor- and data-parallel GPT on thread ranks, on the host or one GPU"};
   app.add_option("--preset", o.preset, "model size: tiny, small, gpt2-124m")->check(CLI::IsMember({"tiny", "small", "gpt2-124m"}));
-  app.add_option("--layers", o.layers, "override the preset's layers");
-  app.add_option("--heads", o.heads, "override the preset's heads");
-  app.add_option("--width", o.width, "override the preset's width");
-  app.add_option("--seq", o.seq, "override the preset's sequence length");
-  app.add_option("--vocab", o.vocab, "override the preset's vocabulary");
-  app.add_option("--data", o.data, "data-parallel degree")->check(CLI::PositiveNumber);
-  app.add_option("--tensor", o.tensor, "tensor-parallel degree")->check(CLI::PositiveNumber);
+  app.add_option("--layers", o.layers, "override the preset's layers")->check(at_least(1));
+  app.add_option("--heads", o.heads, "override the preset's heads")->check(at_least(1));
+  app.add_option("--width", o.width, "override the preset's width")->check(at_least(1));
+  app.add_option("--seq", o.seq, "override the preset's sequence length")->check(at_least(1));
+  app.add_option("--vocab", o.vocab, "override the preset's vocabulary")->check(at_least(1));
+  app.add_option("--data", o.data, "data-parallel degree")->check(at_least(1));
+  app.add_option("--tensor", o.tensor, "tensor-parallel degree")->check(at_least(1));
   app.add_option("--pipe", o.pipe, "pipeline-parallel degree (the layers split evenly over pipe x virtual stages)")
-      ->check(CLI::PositiveNumber);
+      ->check(at_least(1));
   app.add_option("--schedule", o.schedule, "pipeline schedule: gpipe, 1f1b, interleaved or zb (ZB-H1)")
       ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved", "zb"}));
   app.add_option("--virtual-stages", o.virtual_stages, "virtual stages per pipe rank (interleaved: >= 2)")
-      ->check(CLI::PositiveNumber);
+      ->check(at_least(1));
   app.add_option("--strategy", o.strategy, "ddp, zero1, zero2 or fsdp, each also with -sp (sequence parallelism)");
-  app.add_option("--batch", o.batch, "global batch, in sequences")->check(CLI::PositiveNumber);
-  app.add_option("--micro-batch", o.micro_batch, "global micro-batch (gradient accumulation); default: the batch");
-  app.add_option("--steps", o.steps, "optimizer steps")->check(CLI::PositiveNumber);
-  app.add_option("--lr", o.lr, "peak learning rate")->check(CLI::PositiveNumber);
-  app.add_option("--warmup", o.warmup, "linear warm-up steps (default: 5% of the steps)")->check(CLI::NonNegativeNumber);
-  app.add_option("--min-lr", o.min_lr, "learning rate at the end of the cosine")->check(CLI::NonNegativeNumber);
-  app.add_option("--clip", o.clip, "global gradient-norm clip (0: off)")->check(CLI::NonNegativeNumber);
-  app.add_option("--seed", o.seed, "seed of the weights and the built-in corpus");
+  app.add_option("--batch", o.batch, "global batch, in sequences")->check(at_least(1));
+  app.add_option("--micro-batch", o.micro_batch, "global micro-batch (gradient accumulation); default: the batch")
+      ->check(at_least(0));
+  app.add_option("--steps", o.steps, "optimizer steps")->check(at_least(1));
+  app.add_option("--lr", o.lr, "peak learning rate")->check(above(0));
+  app.add_option("--warmup", o.warmup, "linear warm-up steps (default: 5% of the steps)")->check(at_least(0));
+  app.add_option("--min-lr", o.min_lr, "learning rate at the end of the cosine")->check(at_least(0));
+  app.add_option("--clip", o.clip, "global gradient-norm clip (0: off)")->check(at_least(0));
+  app.add_option("--seed", o.seed, "seed of the weights and the built-in corpus (0 to 2^64 - 1)")->check(at_least(0));
   auto* file_opt = app.add_option("--data-file", o.data_file, "llm.c token file (.bin)");
   app.add_option("--text", o.text, "plain-text file, byte-level tokens")->excludes(file_opt);
-  app.add_option("--eval-every", o.eval_every, "held-out loss every N steps (0: never)")->check(CLI::NonNegativeNumber);
+  app.add_option("--eval-every", o.eval_every, "held-out loss every N steps (0: never)")->check(at_least(0));
   app.add_option("--dtype", o.dtype, "f32, bf16 (mixed precision: bf16 compute, f32 master weights) or f64 (host)")
       ->check(CLI::IsMember({"f32", "bf16", "f64"}));
-  app.add_option("--device", o.device, "host, cuda (the ranks share one GPU) or auto (the GPU when one is present)")
+  app.add_option("--device", o.device, "host, cuda (thread ranks share one GPU; processes one GPU each) or auto (the GPU when one is present)")
       ->check(CLI::IsMember({"host", "cuda", "auto"}));
   app.add_option("--log", o.log, "JSON lines, one per step");
   app.add_option("--save-dir", o.save_dir, "directory of checkpoints (step_N/ and latest; docs/checkpoints.md)");
   app.add_option("--save-every", o.save_every, "save every N steps and at the end (0: only at the end)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--keep", o.keep, "keep the newest N checkpoints (0: all)")->check(CLI::NonNegativeNumber);
+      ->check(at_least(0));
+  app.add_option("--keep", o.keep, "keep the newest N checkpoints (0: all)")->check(at_least(0));
   app.add_flag("--async-save", o.async_save, "write checkpoint files beside the next steps");
   app.add_option("--save-policy", o.save_policy, "sharded (a file per rank) or consolidated (one file, rank 0)")
       ->check(CLI::IsMember({"sharded", "consolidated"}));
@@ -126,8 +185,9 @@ int main(int argc, char** argv) {
                  "GPUs with NCCL) or auto (mpi under mpirun, env when RANK is set, else threads); docs/launch.md")
       ->check(CLI::IsMember({"threads", "mpi", "env", "auto"}));
   app.add_option("--deadline", o.deadline, "seconds a collective waits for the other ranks before naming the missing one")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--sample", o.sample, "after training on --text, print N sampled bytes")->check(CLI::NonNegativeNumber);
+      ->check(above(0))
+      ->check(at_most(1e7));
+  app.add_option("--sample", o.sample, "after training on --text, print N sampled bytes")->check(at_least(0));
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -165,6 +225,7 @@ int main(int argc, char** argv) {
     launch.process = session->rank();
     launch.processes = session->size();
     launch.barrier = [] { MPI_Barrier(MPI_COMM_WORLD); };
+    launch.gpu = local_rank();
   }
   const auto finish = [&](int code) { return session ? session->finish(code) : code; };
 #else
@@ -176,28 +237,48 @@ int main(int argc, char** argv) {
   };
 
   try {
-    if (launch.kind == Launcher::mpi) {
+    // The ranks first, in floating point: three int degrees multiply past 64 bits.
+    const double world = 1.0 * o.data * o.pipe * o.tensor;
+    char world_text[64];
+    std::snprintf(world_text, sizeof world_text, "%.0f", world);
+    if (world > (1 << 20))
+      throw Error("train_gpt", cat("data ", o.data, " x pipe ", o.pipe, " x tensor ", o.tensor, " = ", world_text, " ranks"),
+                  "use at most 2^20 = 1048576 ranks");
+    if (launch.kind == Launcher::threads && world > 1024)
+      throw Error("train_gpt --launcher threads",
+                  cat("data ", o.data, " x pipe ", o.pipe, " x tensor ", o.tensor, " = ", world_text, " thread ranks in one process"),
+                  "use at most 1024 thread ranks, or one process per rank (mpirun, docs/launch.md)");
+    if (launch.kind == Launcher::env) {  // torchrun, srun: one GPU per process
+      if (resolve_device(o) != "cuda")
+        throw Error("train_gpt --launcher env",
+                    "RANK and WORLD_SIZE start one process per rank, which the host ranks do only under MPI",
+                    "start the ranks with mpirun (--launcher mpi), use --device cuda, or unset RANK and WORLD_SIZE");
+      const EnvRanks env = env_ranks();
+      launch.process = env.rank;
+      launch.processes = env.world;
+      launch.gpu = env.local_rank;
+    }
+    if (launch.kind != Launcher::threads) {
 #ifndef WEFT_ENABLE_MPI
-      throw Error("train_gpt --launcher mpi", "this binary was built without MPI",
-                  "install Debian's libopenmpi-dev and rebuild (CMake finds MPI and builds weft::mpi)");
+      if (launch.kind == Launcher::mpi)
+        throw Error("train_gpt --launcher mpi", "this binary was built without MPI",
+                    "install Debian's libopenmpi-dev and rebuild (CMake finds MPI and builds weft::mpi)");
 #endif
+      const char* started = launch.kind == Launcher::mpi ? "mpirun started " : "WORLD_SIZE is ";
       if (launch.processes != o.data * o.pipe * o.tensor)
-        throw Error("train_gpt --launcher mpi",
-                    cat("mpirun started ", launch.processes, " processes but data ", o.data, " x pipe ", o.pipe,
-                        " x tensor ", o.tensor, " = ", o.data * o.pipe * o.tensor, " ranks"),
-                    cat("run mpirun -np ", o.data * o.pipe * o.tensor, ", or choose degrees whose product is ",
+        throw Error(cat("train_gpt --launcher ", name(launch.kind)),
+                    cat(started, launch.processes, launch.kind == Launcher::mpi ? " processes" : "", " but data ", o.data,
+                        " x pipe ", o.pipe, " x tensor ", o.tensor, " = ", o.data * o.pipe * o.tensor, " ranks"),
+                    cat(launch.kind == Launcher::mpi ? "run mpirun -np " : "start ", o.data * o.pipe * o.tensor,
+                        launch.kind == Launcher::mpi ? "" : " processes", ", or choose degrees whose product is ",
                         launch.processes));
-      if (resolve_device(o) == "cuda")
-        throw Error("train_gpt --launcher mpi", "the GPU trainer runs its ranks as threads sharing one GPU",
-                    "use --device host under mpirun, or --launcher threads on the GPU (docs/launch.md)");
+      if (o.pipe > 1 && resolve_device(o) == "cuda")
+        throw Error(cat("train_gpt --launcher ", name(launch.kind)), "--pipe with GPU processes (NCCL has no isend here yet)",
+                    "use --pipe on thread ranks (--launcher threads), or tensor and data parallelism across GPUs");
       if (!o.trace.empty())
-        throw Error("train_gpt --launcher mpi", "--trace records thread ranks of one process",
+        throw Error(cat("train_gpt --launcher ", name(launch.kind)), "--trace records thread ranks of one process",
                     "trace a --launcher threads run");
     }
-    if (launch.kind == Launcher::env)
-      throw Error("train_gpt --launcher env",
-                  "RANK and WORLD_SIZE start one process per rank, which the trainer's host ranks do only under MPI",
-                  "start the ranks with mpirun (--launcher mpi), or unset RANK and WORLD_SIZE for threads");
     check_strategy(o.strategy);
     const std::int64_t micro = o.micro_batch > 0 ? o.micro_batch : o.batch;
     if (o.batch % micro != 0)
@@ -215,6 +296,9 @@ int main(int argc, char** argv) {
       if (o.sample > 0)
         throw Error("train_gpt", "--sample with --pipe", "sample from a run without pipeline parallelism");
     }
+    if (o.data_file.empty() && o.text.empty() && cfg.vocab > 65536)
+      throw Error("train_gpt", cat("vocabulary ", cfg.vocab, " with the built-in Markov corpus"),
+                  "use at most 65536 tokens, or train on a --data-file");
     if (!o.text.empty() && cfg.vocab < 256)
       throw Error("train_gpt", cat("vocabulary ", cfg.vocab, " with --text"), "byte-level text needs a vocabulary of 256");
     if (o.sample > 0 && o.text.empty())
@@ -227,16 +311,37 @@ int main(int argc, char** argv) {
       throw Error("train_gpt", "--resume latest without --save-dir", "give --save-dir, or the checkpoint's path to --resume");
     if ((o.save_every > 0 || o.keep > 0 || o.async_save) && o.save_dir.empty())
       throw Error("train_gpt", "--save-every, --keep or --async-save without --save-dir", "give --save-dir");
+    check_fits(o, cfg, resolve_device(o), launch);
+    // Where the run writes: checked now (by the printing process), not after the GEMM measurement.
+    if (launch.lead()) {
+      if (!o.log.empty()) {
+        std::ofstream probe(o.log, std::ios::app);  // creates the file; the run truncates it (or appends when resuming)
+        if (!probe) throw Error("train_gpt --log", cat("cannot write '", o.log, "'"), "give a path in a writable directory");
+      }
+      if (!o.trace.empty()) {
+        std::ofstream probe(o.trace, std::ios::app);
+        if (!probe) throw Error("train_gpt --trace", cat("cannot write '", o.trace, "'"), "give a path in a writable directory");
+      }
+      if (!o.save_dir.empty()) {
+        std::error_code ec;
+        std::filesystem::create_directories(o.save_dir, ec);
+        if (ec || !std::filesystem::is_directory(o.save_dir))
+          throw Error("train_gpt --save-dir", cat("cannot create the directory '", o.save_dir, "'", ec ? cat(": ", ec.message()) : ""),
+                      "give a directory that can be created and written");
+      }
+    }
   } catch (const Error& e) {
     report(e);
     return finish(2);
   }
 
+  if (launch.kind != Launcher::mpi) install_stop_handlers();
   try {
+    if (!o.resume.empty()) (void)checkpoint::resolve(o.resume == "latest" ? o.save_dir : o.resume);  // exit 1 when not a checkpoint
     Corpus corpus;
     if (!o.data_file.empty()) {
       corpus.file = std::make_unique<data::TokenFile>(o.data_file, cfg.vocab);
-      corpus.windows = std::make_unique<data::WindowCorpus>(*corpus.file, o.seed);
+      corpus.windows = std::make_unique<data::WindowCorpus>(data::WindowCorpus::of_file(*corpus.file, o.seed));
       corpus.windows->require_windows(cfg.seq + 1);
     } else if (!o.text.empty()) {
       corpus.windows = std::make_unique<data::WindowCorpus>(data::WindowCorpus::from_text_file(o.text, o.seed));

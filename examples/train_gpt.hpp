@@ -24,7 +24,11 @@
 #include <weft/comm/mpi/mpi_comm.hpp>
 #endif
 
+#include <signal.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -60,29 +64,40 @@ struct Options {
   double deadline = 60;  // seconds any collective waits for the other ranks
 };
 
-// How this process runs the ranks: all of them as threads, or one as an MPI process.
+// How this process runs the ranks: all of them as threads, or one as a process of mpirun (or, on
+// GPUs, of a launcher that sets RANK and WORLD_SIZE).
 struct Launch {
   Launcher kind = Launcher::threads;
   int process = 0, processes = 1;  // this process among the processes (0 of 1 with threads)
-  std::function<void()> barrier;   // all processes (MPI_Barrier); empty with threads
+  int gpu = 0;                     // the launcher's local rank: the GPU of this process (modulo the GPUs)
+  std::function<void()> barrier;   // all processes (MPI_Barrier); empty with threads and env
   bool lead() const { return process == 0; }  // prints and writes the log
 };
 
-// Runs body(world) on every rank: threads of this process, or this MPI process's one rank. A rank
-// that throws ends the world for all (a weft::Error on the others naming it).
+inline std::chrono::milliseconds deadline_of(const Options& o) {
+  return std::chrono::milliseconds(static_cast<std::int64_t>(o.deadline * 1000));
+}
+
+template <class D>
+struct DeviceSupport;
+
+// Runs body(world) on every rank: threads of this process, or this process's one rank. A rank that
+// throws ends the world for all (a weft::Error on the others naming it, or the deadline's). The GPU
+// half (DeviceSupport<Cuda>::run_ranks) makes its processes' NCCL world.
 template <class D, class Body>
 void run_ranks(const Launch& l, int ranks, const Options& o, Body&& body) {
-  const auto deadline = std::chrono::milliseconds(static_cast<std::int64_t>(o.deadline * 1000));
-#ifdef WEFT_ENABLE_MPI
   if constexpr (std::same_as<D, Host>) {
+#ifdef WEFT_ENABLE_MPI
     if (l.kind == Launcher::mpi) {
-      auto world = mpi::MpiComm::world({.deadline = deadline});
+      auto world = mpi::MpiComm::world({.deadline = deadline_of(o)});
       mpi::run(world, body);
       return;
     }
-  }
 #endif
-  run_threads(ranks, std::forward<Body>(body), {.deadline = deadline});
+    run_threads(ranks, std::forward<Body>(body), {.deadline = deadline_of(o)});
+  } else {
+    DeviceSupport<D>::run_ranks(l, ranks, o, std::forward<Body>(body));
+  }
 }
 
 // A source of training sequences and of held-out ones, whatever the corpus.
@@ -107,6 +122,36 @@ struct HeldOut {
   void sequence(std::uint64_t k, std::int32_t* out, std::int64_t n) const { c->held_out(k, out, n); }
 };
 
+// SIGINT and SIGTERM: the first asks the run to stop after the current step (every rank at the
+// same step: the flag travels in the step's all-reduce), writing a checkpoint when --save-dir is
+// set; a second ends the process at once. Installed by main for thread ranks and env processes
+// (under mpirun, mpi::Session's handler turns the signal into an error on every rank).
+inline std::atomic<int>& stop_requested() {
+  static std::atomic<int> signal{0};
+  return signal;
+}
+
+inline void on_stop_signal(int sig) {
+  if (stop_requested().exchange(sig) != 0) {
+    ::signal(sig, SIG_DFL);
+    ::raise(sig);
+    return;
+  }
+  static const char line[] = "train_gpt: stopping after this step (a second signal stops at once)\n";
+  (void)!::write(2, line, sizeof line - 1);
+}
+
+inline void install_stop_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sa.sa_flags = SA_RESTART;  // file and socket calls resume rather than fail with EINTR
+  sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGINT, &sa, nullptr);
+  ::sigaction(SIGTERM, &sa, nullptr);
+}
+
+inline const char* signal_name(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "a signal"; }
+
 inline pipeline::Kind schedule_kind(const std::string& name) {
   if (name == "gpipe") return pipeline::Kind::gpipe;
   if (name == "interleaved") return pipeline::Kind::interleaved;
@@ -114,20 +159,41 @@ inline pipeline::Kind schedule_kind(const std::string& name) {
   return pipeline::Kind::one_f_one_b;
 }
 
+// A lower bound on one rank's bytes, computed in double so that no size overflows: the parameters,
+// gradients, master weights and AdamW state the strategy leaves on a rank, the residual stream the
+// backward keeps for each of its layers, and its logits. A run holds more (the other saved
+// activations, workspace, communication buffers): this is what no run of the configuration can do
+// without, for refusing what cannot fit before anything is allocated. (The full per-category plan
+// is not written yet.)
+inline double min_rank_bytes(const Options& o, const nn::GptConfig& c) {
+  const double C = static_cast<double>(c.width), L = static_cast<double>(c.layers), T = static_cast<double>(c.seq);
+  const double tp = o.tensor, pp = o.pipe, dp = o.data;
+  const double V = std::ceil(static_cast<double>(c.vocab) / tp) * tp;
+  // The least any rank holds: its share of its stage's blocks, and (one stage) the embeddings.
+  const double params = (std::floor(L / (pp * o.virtual_stages)) * o.virtual_stages * (12 * C * C + 13 * C) +
+                         (pp == 1 ? V * C + T * C + 2 * C : 0)) / tp;
+  const double e = o.dtype == "f64" ? 8 : o.dtype == "bf16" ? 2 : 4;  // compute element
+  const double master = o.dtype == "bf16" ? 4 : 0, state = 2 * (o.dtype == "f64" ? 8 : 4);
+  const bool z1 = o.strategy.starts_with("zero1"), z2 = o.strategy.starts_with("zero2"), fsdp = o.strategy.starts_with("fsdp");
+  const double per_param = e / (fsdp ? dp : 1) + e / (z2 || fsdp ? dp : 1) + (master + state) / (z1 || z2 || fsdp ? dp : 1);
+  const double micro = static_cast<double>(o.micro_batch > 0 ? o.micro_batch : o.batch) / dp;
+  const double activations = micro * T * C * std::floor(L / pp) * e / tp + (pp == 1 ? micro * T * V / tp * e : 0);
+  return params * per_param + activations;
+}
+
+inline std::string gib(double bytes) { return cat(std::round(bytes / (1 << 30) * 100) / 100, " GiB"); }
+
 inline std::string mib(double bytes) { return cat(std::round(bytes / (1 << 20) * 10) / 10, " MiB"); }
 
-// What the loop needs of a device beyond the Device concept, specialized per device: each thread
-// rank's device (and the communicator's memory for it), and the ceilings MFU is measured against.
-template <class D>
-struct DeviceSupport;
-
+// What the loop needs of a device beyond the Device concept, specialized per device: each rank's
+// device (and the communicator's memory for it), and the ceilings MFU is measured against.
 template <>
 struct DeviceSupport<Host> {
   template <class C>
-  static std::unique_ptr<Host> make(C&) { return std::make_unique<Host>(); }
+  static std::shared_ptr<Host> make(C&) { return std::make_shared<Host>(); }
   // The GEMM rate all ranks reach together on this machine (bf16 computes in f32 on the host).
   template <class T>
-  static double gemm_ceiling(int ranks) {
+  static double gemm_ceiling(int ranks, int /*gpu*/) {
     if constexpr (std::same_as<T, double>) return train::gemm_rate<double>(ranks);
     else return train::gemm_rate<float>(ranks);
   }
@@ -137,8 +203,20 @@ struct DeviceSupport<Host> {
   static void ranges(pipeline::Trace&) {}  // no profiler ranges on the host
 };
 
+// What the loop holds for a pipeline on a communicator without isend: nothing, and never called.
+struct NoPipeline {
+  void set_trace(pipeline::Trace*, int) {}
+  double evaluate(const nn::MicroBatch&) { return never(); }
+  template <class P>
+  double run(std::span<const nn::MicroBatch>, P&) { return never(); }
+  static double never() {
+    throw Error("train_gpt --pipe", "this communicator has no isend for the pipeline's activations",
+                "run the pipeline on thread ranks or under mpirun on the host");
+  }
+};
+
 // D: Host or Cuda; P: a precision policy; Strategy: optim::Ddp, Zero1, Zero2 or Fsdp over the data
-// axis. Every rank is a thread; on the GPU they share it, each with its own stream.
+// axis. Every rank is a thread (on the GPU they share it, each with its own stream), or a process.
 template <class D, class P, bool SP, class Strategy>
 int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus, const Launch& launch) {
   using T = typename precision_t<P>::compute;
@@ -150,7 +228,7 @@ int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus, cons
   // Every process measures its own ranks at the same time (under MPI one each, started together).
   const int here = launch.kind == Launcher::threads ? ranks : 1;
   if (launch.barrier) launch.barrier();
-  const double peak = DeviceSupport<D>::template gemm_ceiling<T>(here) * (ranks / here);
+  const double peak = DeviceSupport<D>::template gemm_ceiling<T>(here, launch.gpu) * (ranks / here);
   const auto dense = DeviceSupport<D>::template dense_peak<T>();
   const double flops_token = train::flops_per_token(cfg);
   if (speak)
@@ -163,6 +241,7 @@ int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus, cons
     std::printf("MFU is reported against the measured GEMM ceiling and against the %s (%.0f TFLOP/s)\n",
                 dense->first.c_str(), dense->second / 1e12);
   if (auto f = corpus.floor(); f && speak) std::printf("built-in Markov corpus: entropy rate (the loss floor) %.4f nats\n", *f);
+  std::fflush(stdout);  // the header before the first step, also through a pipe
 
   std::ofstream log;
   if (!o.log.empty() && speak) {
@@ -170,6 +249,9 @@ int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus, cons
     if (!log) throw Error("train_gpt", cat("cannot write the log file ", o.log), "check the path");
   }
   double final_loss = 0, final_eval = NAN, total_time = 0;
+  enum class Outcome { finished, stopped, diverged } outcome = Outcome::finished;  // written by the lead rank
+  int end_signal = 0;
+  std::int64_t end_step = 0;
   std::vector<std::int32_t> sample_out;
   const auto schedule = optim::Schedule::warmup_cosine(o.lr, o.warmup.value_or(o.steps / 20), o.steps, o.min_lr);
   // The schedule is a function of the step: a checkpoint records its parameters and the step.
@@ -207,8 +289,14 @@ int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus, cons
     const auto part = pipeline::Partition::even(o.pipe, o.virtual_stages, cfg.layers);
     Model gpt(*dev, cfg, mesh.spread(), micro, part.placement(mesh.coord().pipe));
     auto dp = optim::data_parallel<Strategy>(gpt, optim::AdamW{.config = {.lr = o.lr}}, mesh);
-    std::optional<pipeline::Pipeline<Model, decltype(mesh)>> pp;
-    if (o.pipe > 1) pp.emplace(gpt, pipeline::make_table(schedule_kind(o.schedule), o.pipe, static_cast<int>(accum), o.virtual_stages), part, mesh);
+    // The executor sends activations with isend, which the NCCL back end does not offer: its
+    // processes refuse --pipe > 1 before training (main), and never hold a pipeline.
+    using Comm = std::remove_cvref_t<decltype(world)>;
+    constexpr bool pipelines = requires { typename Comm::SendHandle; };
+    std::optional<std::conditional_t<pipelines, pipeline::Pipeline<Model, decltype(mesh)>, NoPipeline>> pp;
+    if constexpr (pipelines) {
+      if (o.pipe > 1) pp.emplace(gpt, pipeline::make_table(schedule_kind(o.schedule), o.pipe, static_cast<int>(accum), o.virtual_stages), part, mesh);
+    }
     if (pp && trace) pp->set_trace(trace.get(), world.rank());
     // One micro-batch forward and backward; last: the last one before the step (DDP reduces then).
     auto micro_batch = [&](const std::vector<std::int32_t>& xs, const std::vector<std::int32_t>& ys, double scale,
@@ -295,6 +383,7 @@ int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus, cons
     };
 
     const auto start = std::chrono::steady_clock::now();
+    bool ended = false;  // stopped by a signal, or diverged: the same step on every rank
     for (std::int64_t step = first_step; step < o.steps; ++step) {
       const auto t0 = std::chrono::steady_clock::now();
       dp.zero_grad();
@@ -324,11 +413,18 @@ int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus, cons
       const bool skipped = dp.skipped() > skipped_before;  // a non-finite norm: the same on every rank
       dev->synchronize();
       const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      std::vector<std::int64_t> peak_bytes{dev->memory().total_peak};
-      world.all_reduce(std::span<std::int64_t>(peak_bytes), ReduceOp::max);
-      const bool eval_now = o.eval_every > 0 && ((step + 1) % o.eval_every == 0 || step + 1 == o.steps);
+      // One all-reduce (max) agrees on the step's peak bytes, a stop signal seen by any rank, and a
+      // loss that is not finite: every rank then stops after the same step.
+      std::vector<std::int64_t> agreed{dev->memory().total_peak, stop_requested().load(), std::isfinite(loss) ? 0 : 1};
+      world.all_reduce(std::span<std::int64_t>(agreed), ReduceOp::max);
+      const std::int64_t peak_bytes = agreed[0];
+      const int stop = static_cast<int>(agreed[1]);
+      const bool diverged = agreed[2] != 0;
+      const bool eval_now = !diverged && o.eval_every > 0 && ((step + 1) % o.eval_every == 0 || step + 1 == o.steps);
       const double eval_loss = eval_now ? evaluate() : NAN;
-      const bool save_now = !o.save_dir.empty() && ((o.save_every > 0 && (step + 1) % o.save_every == 0) || step + 1 == o.steps);
+      // A stopped run saves where it stopped (a diverged one does not: its weights are not finite).
+      const bool save_now = !o.save_dir.empty() && !diverged &&
+                            ((o.save_every > 0 && (step + 1) % o.save_every == 0) || step + 1 == o.steps || stop != 0);
       with_saver([&](auto& saver) {
         if (save_now) {
           const auto s0 = std::chrono::steady_clock::now();
@@ -342,7 +438,18 @@ int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus, cons
           saver.poll(mesh);  // publishes an asynchronous save once every rank's file is written
         }
       });
-      if (!lead) continue;
+      if (stop || diverged) {
+        ended = true;
+        if (world.rank() == 0 || launch.kind != Launcher::threads) {  // one rank per process says how it ended
+          outcome = diverged ? Outcome::diverged : Outcome::stopped;
+          end_signal = stop;
+          end_step = step + 1;
+        }
+      }
+      if (!lead) {
+        if (ended) break;
+        continue;
+      }
       const double tokens_s = static_cast<double>(o.batch * cfg.seq) / dt;
       const double mfu = tokens_s * flops_token / peak;
       const double mfu_peak = dense ? tokens_s * flops_token / dense->second : NAN;
@@ -356,25 +463,32 @@ int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus, cons
       if (dense) mfu_note += cat(" (", std::round(1000 * mfu_peak) / 10, "% of peak)");
       std::printf("step %5lld/%lld | loss %.4f%s | lr %.2e | norm %.3f | %8.0f tok/s | MFU %s | peak %s/rank%s%s\n",
                   static_cast<long long>(step + 1), static_cast<long long>(o.steps), loss, floor_note.c_str(), lr, norm,
-                  tokens_s, mfu_note.c_str(), mib(static_cast<double>(peak_bytes[0])).c_str(),
+                  tokens_s, mfu_note.c_str(), mib(static_cast<double>(peak_bytes)).c_str(),
                   eval_now ? cat(" | eval ", std::round(eval_loss * 10000) / 10000).c_str() : "",
                   skipped ? " | step skipped: the gradient norm is not finite" : "");
       std::fflush(stdout);
       if (log.is_open()) {
         nlohmann::json rec{{"step", step + 1}, {"loss", loss}, {"lr", lr}, {"grad_norm", norm}, {"tokens_per_s", tokens_s},
-                           {"mfu", mfu}, {"peak_bytes", peak_bytes[0]}, {"skipped", skipped}};
+                           {"mfu", mfu}, {"peak_bytes", peak_bytes}, {"skipped", skipped}};
         if (dense) rec["mfu_of_peak"] = mfu_peak;
         log << rec.dump() << "\n";
         if (eval_now) log << nlohmann::json{{"step", step + 1}, {"eval_loss", eval_loss}}.dump() << "\n";
+        log.flush();  // whole records, each as soon as it is written (a killed run keeps every finished step)
       }
       final_loss = loss;
+      if (ended) {
+        const nlohmann::json last = diverged ? nlohmann::json{{"step", step + 1}, {"diverged", true}, {"loss", cat(loss)}}
+                                             : nlohmann::json{{"step", step + 1}, {"stopped", signal_name(stop)}};
+        if (log.is_open()) log << last.dump() << std::endl;
+        break;
+      }
       if (eval_now) final_eval = eval_loss;
     }
     with_saver([&](auto& saver) { saver.wait(mesh); });
     if (lead) total_time = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
     // Sampling: the last position's logits, gathered over the tensor axis, sampled with Philox.
-    if (o.sample > 0) {
+    if (o.sample > 0 && !ended) {
       std::vector<std::int32_t> window(static_cast<std::size_t>(cfg.seq));
       corpus.held_out(0, window.data(), cfg.seq);
       std::vector<std::int32_t> tokens(static_cast<std::size_t>(micro / o.data * cfg.seq)), targets(tokens.size(), 0);
@@ -406,6 +520,20 @@ int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus, cons
     world.all_reduce(std::span<std::int64_t>(peak_all), ReduceOp::max);
     if (lead) peak_bytes_all = peak_all[0];
   });
+  if (outcome == Outcome::diverged) {
+    if (speak)
+      std::printf("diverged: the loss of step %lld is not finite; stopped (no checkpoint written)\n",
+                  static_cast<long long>(end_step));
+    std::fflush(stdout);
+    return 3;
+  }
+  if (outcome == Outcome::stopped) {
+    if (speak)
+      std::printf("stopped by %s after step %lld of %lld%s\n", signal_name(end_signal), static_cast<long long>(end_step),
+                  static_cast<long long>(o.steps), o.save_dir.empty() ? "" : cat("; checkpoint in ", o.save_dir).c_str());
+    std::fflush(stdout);
+    return 128 + end_signal;
+  }
   if (!speak) return 0;
 
   if (trace) {

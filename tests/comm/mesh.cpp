@@ -15,6 +15,11 @@ TEST_CASE("Mesh rejects degrees whose product is not the world size naming the v
                        "is 4 (each one of 1, 2, 4)",
                        Error);
   CHECK_THROWS_WITH_AS(validate({.data = 0}, 1), doctest::Contains("include one below 1"), Error);
+  // A product beyond 64 bits is refused, not wrapped (65536^3 fits; 2^31 - 1 cubed does not).
+  CHECK_THROWS_WITH_AS(validate({.data = 65536, .pipe = 65536, .tensor = 65536}, 4),
+                       doctest::Contains("= 281474976710656 ranks, but the world has 4"), Error);
+  CHECK_THROWS_WITH_AS(validate({.data = 2147483647, .pipe = 2147483647, .tensor = 2147483647}, 4),
+                       doctest::Contains("ranks, but the world has 4"), Error);
   CHECK_NOTHROW(validate({.data = 2, .pipe = 2, .tensor = 2}, 8));
   // Through the constructor, on every rank.
   CHECK_THROWS_WITH_AS(run_threads(4, [](ThreadComm& w) { Mesh m{w, {.data = 3}}; }),

@@ -2,6 +2,9 @@
 // past the end and a token out of range each raise an Error naming the file and the values.
 #include <doctest/doctest.h>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -92,8 +95,37 @@ TEST_CASE("bad magic, bad version, a count past the end, trailing bytes and a to
   with([&](auto& b) { b.push_back(0); });
   CHECK_THROWS_WITH_AS(TokenFile(bad, 50), doctest::Contains("the file has trailing bytes"), Error);
   CHECK_THROWS_WITH_AS(TokenFile(fx.path, 40), doctest::Contains("token 48 at position 4 is not below the vocabulary size 40"), Error);
-  CHECK_THROWS_WITH_AS(TokenFile(temp_path("missing.bin"), 50), doctest::Contains("cannot open the file"), Error);
+  with([&](auto& b) { set_int(b, 200, -3); });
+  CHECK_THROWS_WITH_AS(TokenFile(bad, 50), doctest::Contains("reserved header word 200 is -3, not 0"), Error);
+  const std::string missing = temp_path("missing.bin");
+  CHECK_THROWS_WITH_AS(TokenFile(missing, 50),
+                       doctest::Contains(cat("cannot read '", missing, "': No such file or directory").c_str()), Error);
   std::remove(bad.c_str());
+}
+
+TEST_CASE("a directory, a FIFO, a device and an empty text are refused before they are opened, naming the path") {
+  const std::string dir = temp_path("dir"), fifo = temp_path("fifo"), empty = temp_path("empty.txt");
+  std::filesystem::create_directory(dir);
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  write_all(empty, {});
+  // Opening the FIFO would wait forever for a writer: these return at once.
+  CHECK_THROWS_WITH_AS(TokenFile(dir, 50), doctest::Contains(cat("'", dir, "' is a directory, not a regular file").c_str()), Error);
+  CHECK_THROWS_WITH_AS(TokenFile(fifo, 50), doctest::Contains(cat("'", fifo, "' is a FIFO (named pipe)").c_str()), Error);
+  CHECK_THROWS_WITH_AS(TokenFile("/dev/null", 50), doctest::Contains("'/dev/null' is a character device"), Error);
+  CHECK_THROWS_WITH_AS(WindowCorpus::from_text_file(fifo), doctest::Contains("is a FIFO (named pipe)"), Error);
+  CHECK_THROWS_WITH_AS(WindowCorpus::from_text_file(dir), doctest::Contains("is a directory"), Error);
+  CHECK_THROWS_WITH_AS(WindowCorpus::from_text_file(empty),
+                       doctest::Contains(cat("WindowCorpus(", empty, "): the text file is empty").c_str()), Error);
+  // Too short for a sequence: the file is named, with the longest sequence it allows.
+  write_all(empty, std::vector<char>(100, 'a'));
+  CHECK_THROWS_WITH_AS(WindowCorpus::from_text_file(empty).require_windows(64),
+                       doctest::Contains(cat("WindowCorpus(", empty, "): 100 tokens (90 for training, 10 held out) are too few "
+                                             "for windows of 64 tokens; use a sequence length of at most 10")
+                                             .c_str()),
+                       Error);
+  std::filesystem::remove(dir);
+  std::remove(fifo.c_str());
+  std::remove(empty.c_str());
 }
 
 TEST_CASE("byte-level tokenizer round trip and corpus windows") {

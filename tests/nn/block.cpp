@@ -123,19 +123,27 @@ TEST_CASE("with SP the LayerNorm and position gradients are Partial until the st
 TEST_CASE("bad configurations are refused before allocation with the values and the valid choices") {
   const Spread tp4{.tensor_degree = 4};
   CHECK_THROWS_WITH_AS(validate(GptConfig{.heads = 6, .width = 36}, tp4, false, 2),
-                       "Gpt: tensor degree 4 does not divide 6 heads; use a tensor degree in 1, 2, 3, 6", Error);
+                       "Gpt: tensor degree 4 does not divide 6 heads; use a tensor degree that divides the heads, such as "
+                       "1, 2, 3, 6",
+                       Error);
   CHECK_THROWS_WITH_AS(validate(GptConfig{.heads = 5, .width = 32}, {}, false, 2),
-                       "Gpt: width 32 is not divisible by 5 heads; use a head count that divides the width (1, 2, 4, 8, "
-                       "16, 32)",
+                       "Gpt: width 32 is not divisible by 5 heads; use a head count that divides the width, such as 1, 2, "
+                       "4, 8, 16, 32",
                        Error);
   CHECK_THROWS_WITH_AS(validate(GptConfig{.seq = 10, .heads = 4}, tp4, true, 2),
                        "Gpt: sequence parallelism needs the tensor degree 4 to divide the sequence length 10; use a "
-                       "tensor degree in 1, 2, 5, 10, or a sequence length that it divides",
+                       "tensor degree that divides the sequence length, such as 1, 2, 5, 10, or a sequence length that it "
+                       "divides",
                        Error);
   CHECK_NOTHROW(validate(GptConfig{.seq = 10, .heads = 4}, tp4, false, 2));  // fine without SP
   CHECK_THROWS_WITH_AS(validate(GptConfig{}, {.data_degree = 4}, false, 6),
                        "Gpt: data degree 4 does not divide the batch of 6; use a batch that is a multiple of 4", Error);
   CHECK_THROWS_WITH_AS(validate(GptConfig{.layers = 0}, {}, false, 2), doctest::Contains("include one below 1"), Error);
+  // Sizes near 2^62 are refused at once (no loop over their divisors), with the nearest few.
+  CHECK_THROWS_WITH_AS(validate(GptConfig{.heads = 3, .width = std::int64_t{1} << 62}, {}, false, 2),
+                       doctest::Contains("such as 1, 2, 4, 8, 16, 32, 64, 128"), Error);
+  CHECK_THROWS_WITH_AS(validate(GptConfig{.seq = (std::int64_t{1} << 62) - 1, .heads = 4}, tp4, true, 2),
+                       doctest::Contains("such as 1, 3, 1537228672809129301, 4611686018427387903"), Error);
   // The vocabulary need not divide: it is padded, and the padding is masked (see the equivalence tests).
   CHECK(padded_vocab(65, 4) == 68);
   CHECK_NOTHROW(validate(GptConfig{.vocab = 65}, tp4, false, 2));

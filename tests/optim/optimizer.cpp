@@ -3,6 +3,8 @@
 // and FSDP training equal to single-rank training, with their memory against its formula.
 #include <doctest/doctest.h>
 
+#include <limits>
+
 #include <cmath>
 #include <map>
 #include <mutex>
@@ -29,6 +31,11 @@ TEST_CASE("learning-rate schedules: constant, and linear warm-up then cosine to 
   CHECK(s.lr(110) == doctest::Approx(1e-4));
   CHECK(s.lr(500) == doctest::Approx(1e-4));
   CHECK_THROWS_WITH_AS(optim::Schedule::warmup_cosine(1e-3, 20, 10, 0), doctest::Contains("warm-up 20, total 10"), Error);
+  // NaN compares false with everything: each rate is refused when it is not finite.
+  const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  CHECK_THROWS_WITH_AS(optim::Schedule::warmup_cosine(nan, 1, 10, 0), doctest::Contains("max lr nan"), Error);
+  CHECK_THROWS_WITH_AS(optim::Schedule::warmup_cosine(1e-3, 1, 10, nan), doctest::Contains("min lr nan"), Error);
+  CHECK_THROWS_WITH_AS(optim::Schedule::warmup_cosine(inf, 1, 10, 0), doctest::Contains("use finite rates"), Error);
 }
 
 TEST_CASE("the AdamW step matches its closed form") {

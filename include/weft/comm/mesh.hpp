@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "weft/comm/communicator.hpp"
+#include "weft/core/divisors.hpp"
 #include "weft/core/error.hpp"
 #include "weft/layout/layout.hpp"
 
@@ -30,16 +31,14 @@ inline void validate(const MeshShape& s, int world_size) {
   if (s.data < 1 || s.pipe < 1 || s.tensor < 1)
     throw Error("Mesh", cat("degrees data ", s.data, ", pipe ", s.pipe, ", tensor ", s.tensor, " include one below 1"),
                 "use degrees >= 1");
-  const long long product = 1LL * s.data * s.pipe * s.tensor;
-  if (product != world_size) {
-    std::vector<int> divisors;
-    for (int d = 1; d <= world_size; ++d)
-      if (world_size % d == 0) divisors.push_back(d);
+  const bool overflows = 1.0 * s.data * s.pipe * s.tensor > 9.0e18;  // each degree is an int: up to 2^93
+  const long long product = overflows ? 0 : 1LL * s.data * s.pipe * s.tensor;
+  if (overflows || product != world_size)
     throw Error("Mesh",
-                cat("data ", s.data, " x pipe ", s.pipe, " x tensor ", s.tensor, " = ", product,
-                    " ranks, but the world has ", world_size),
-                cat("choose degrees whose product is ", world_size, " (each one of ", join(divisors), ")"));
-  }
+                cat("data ", s.data, " x pipe ", s.pipe, " x tensor ", s.tensor, " = ",
+                    overflows ? cat(1.0 * s.data * s.pipe * s.tensor) : cat(product), " ranks, but the world has ", world_size),
+                cat("choose degrees whose product is ", world_size, " (each one of ", list_divisors(world_size, s.tensor, 12),
+                    world_size > 1024 ? ", ..." : "", ")"));
 }
 
 template <Communicator C>

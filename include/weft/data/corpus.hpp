@@ -6,6 +6,7 @@
 // the training region; held-out sequence k is the k-th consecutive window of the held-out region.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <fstream>
 #include <span>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "weft/core/error.hpp"
+#include "weft/core/files.hpp"
 #include "weft/core/philox.hpp"
 #include "weft/data/token_file.hpp"
 
@@ -47,12 +49,27 @@ class WindowCorpus {
   WindowCorpus(const WindowCorpus&) = delete;
   WindowCorpus& operator=(const WindowCorpus&) = delete;
 
+  // A text file's bytes as tokens. A directory, a FIFO, a device or an empty file is refused,
+  // naming the file.
   static WindowCorpus from_text_file(const std::string& path, std::uint64_t seed = 1) {
+    const std::string where = cat("WindowCorpus(", path, ")");
+    (void)require_regular_file(path, where, "a text file");
     std::ifstream f(path, std::ios::binary);
-    if (!f) throw Error(cat("WindowCorpus(", path, ")"), "cannot open the text file", "check the path");
+    if (!f) throw Error(where, "cannot open the text file", "check its permissions");
     std::stringstream ss;
     ss << f.rdbuf();
-    return WindowCorpus(ByteTokenizer::encode(ss.str()), seed);
+    if (f.bad()) throw Error(where, "reading the text file failed", "check the file");
+    if (ss.str().empty()) throw Error(where, "the text file is empty", "give a text with at least a few sequences of bytes");
+    WindowCorpus c(ByteTokenizer::encode(ss.str()), seed);
+    c.source_ = path;
+    return c;
+  }
+
+  // The corpus of a token file: messages name the file.
+  static WindowCorpus of_file(const TokenFile& file, std::uint64_t seed = 1) {
+    WindowCorpus c(file, seed);
+    c.source_ = file.path();
+    return c;
   }
 
   std::int64_t size() const { return static_cast<std::int64_t>(tokens_.size()); }
@@ -61,10 +78,11 @@ class WindowCorpus {
   // Checks that windows of `length` tokens fit in both regions.
   void require_windows(std::int64_t length) const {
     if (train_ < length + 1 || size() - train_ < length)
-      throw Error("WindowCorpus",
+      throw Error(source_.empty() ? std::string("WindowCorpus") : cat("WindowCorpus(", source_, ")"),
                   cat(size(), " tokens (", train_, " for training, ", size() - train_,
                       " held out) are too few for windows of ", length, " tokens"),
-                  "use a shorter sequence length or a larger corpus");
+                  cat("use a sequence length of at most ", std::max<std::int64_t>(0, std::min(train_ - 1, size() - train_)),
+                      ", or a larger corpus (at least ", (length + 1) * 10, " tokens)"));
   }
 
   // Training sequence k: `length` tokens at a Philox-drawn offset of the training region.
@@ -86,6 +104,7 @@ class WindowCorpus {
   std::span<const std::uint16_t> tokens_;
   std::uint64_t seed_;
   std::int64_t train_ = 0;
+  std::string source_;  // the file, for messages
 };
 
 }  // namespace weft::data

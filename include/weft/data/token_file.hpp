@@ -3,8 +3,9 @@
 //
 // The file is memory-mapped and validated when opened, before anything else reads it: the size
 // holds the header, the magic and version match, the count matches the size exactly, and every
-// token is below the vocabulary. Each failure is a weft::Error naming the file, what was expected
-// and what was found.
+// token is below the vocabulary, and the reserved header words (3 to 255) are zero, as llm.c writes
+// them. A directory, a FIFO or a device is refused before it is opened. Each failure is a
+// weft::Error naming the file, what was expected and what was found.
 #pragma once
 
 #include <fcntl.h>
@@ -20,6 +21,7 @@
 #include <vector>
 
 #include "weft/core/error.hpp"
+#include "weft/core/files.hpp"
 
 namespace weft::data {
 
@@ -32,10 +34,12 @@ class TokenFile {
   // Opens and validates `path` for a vocabulary of `vocab` tokens.
   TokenFile(const std::string& path, std::int64_t vocab) : path_(path) {
     const std::string where = cat("TokenFile(", path, ")");
-    fd_ = ::open(path.c_str(), O_RDONLY);
+    (void)require_regular_file(path, where, "an llm.c token file (.bin)");
+    fd_ = ::open(path.c_str(), O_RDONLY | O_NONBLOCK);  // never waits, even if the path became a FIFO
     if (fd_ < 0) throw Error(where, cat("cannot open the file: ", std::strerror(errno)), "check the path");
     struct stat st {};
     if (::fstat(fd_, &st) != 0) fail(where, cat("cannot stat the file: ", std::strerror(errno)), "check the file");
+    if (!S_ISREG(st.st_mode)) fail(where, cat("the path is ", file_kind(st), ", not a regular file"), "give a token file");
     size_ = static_cast<std::size_t>(st.st_size);
     if (size_ < kTokenFileHeader)
       fail(where, cat("the file has ", size_, " bytes, fewer than the ", kTokenFileHeader, "-byte header"),
@@ -51,6 +55,10 @@ class TokenFile {
     if (header[1] != kTokenFileVersion)
       fail(where, cat("version ", header[1], ", expected ", kTokenFileVersion), "write the file in version 1");
     if (header[2] < 0) fail(where, cat("token count ", header[2], " is negative"), "the header is corrupt");
+    for (int w = 3; w < 256; ++w)
+      if (header[w] != 0)
+        fail(where, cat("reserved header word ", w, " is ", header[w], ", not 0"),
+             "the header is corrupt, or the file is of a later format version");
     const std::size_t expect = kTokenFileHeader + 2 * static_cast<std::size_t>(header[2]);
     if (expect != size_)
       fail(where,

@@ -32,6 +32,7 @@
 #include <span>
 #include <vector>
 
+#include "weft/core/divisors.hpp"
 #include "weft/core/precision.hpp"
 #include "weft/nn/stages.hpp"
 #include "weft/nn/unit.hpp"
@@ -50,26 +51,21 @@ struct GptConfig {
 
 // Checks a configuration against the mesh's degrees before anything is allocated.
 inline void validate(const GptConfig& c, const Spread& s, bool sequence_parallel, std::int64_t batch) {
-  auto divisors = [](std::int64_t n) {
-    std::vector<std::int64_t> d;
-    for (std::int64_t i = 1; i <= n; ++i)
-      if (n % i == 0) d.push_back(i);
-    return join(d);
-  };
   if (c.vocab < 1 || c.seq < 1 || c.layers < 1 || c.heads < 1 || c.width < 1)
     throw Error("Gpt", cat("vocab ", c.vocab, ", seq ", c.seq, ", layers ", c.layers, ", heads ", c.heads, ", width ",
                            c.width, " include one below 1"),
                 "use sizes >= 1");
   if (c.width % c.heads != 0)
     throw Error("Gpt", cat("width ", c.width, " is not divisible by ", c.heads, " heads"),
-                cat("use a head count that divides the width (", divisors(c.width), ")"));
+                cat("use a head count that divides the width, such as ", list_divisors(c.width, c.heads)));
   if (c.heads % s.tensor_degree != 0)
     throw Error("Gpt", cat("tensor degree ", s.tensor_degree, " does not divide ", c.heads, " heads"),
-                cat("use a tensor degree in ", divisors(c.heads)));
+                cat("use a tensor degree that divides the heads, such as ", list_divisors(c.heads, s.tensor_degree)));
   if (sequence_parallel && c.seq % s.tensor_degree != 0)
     throw Error("Gpt", cat("sequence parallelism needs the tensor degree ", s.tensor_degree,
                            " to divide the sequence length ", c.seq),
-                cat("use a tensor degree in ", divisors(c.seq), ", or a sequence length that it divides"));
+                cat("use a tensor degree that divides the sequence length, such as ", list_divisors(c.seq, s.tensor_degree),
+                    ", or a sequence length that it divides"));
   if (batch % s.data_degree != 0)
     throw Error("Gpt", cat("data degree ", s.data_degree, " does not divide the batch of ", batch),
                 cat("use a batch that is a multiple of ", s.data_degree));

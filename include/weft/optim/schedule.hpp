@@ -20,9 +20,12 @@ struct Schedule {
 
   static Schedule constant(double lr) { return {lr, lr, 0, 0}; }
   static Schedule warmup_cosine(double max_lr, std::int64_t warmup, std::int64_t total, double min_lr) {
-    if (max_lr <= 0 || min_lr < 0 || min_lr > max_lr || warmup < 0 || total < 1 || warmup > total)
+    // Written so that NaN fails every test (NaN compares false).
+    const bool ok = std::isfinite(max_lr) && std::isfinite(min_lr) && max_lr > 0 && min_lr >= 0 && min_lr <= max_lr &&
+                    warmup >= 0 && total >= 1 && warmup <= total;
+    if (!ok)
       throw Error("Schedule", cat("max lr ", max_lr, ", min lr ", min_lr, ", warm-up ", warmup, ", total ", total),
-                  "use 0 <= min lr <= max lr, max lr > 0 and 0 <= warm-up <= total steps");
+                  "use finite rates, 0 <= min lr <= max lr, max lr > 0 and 0 <= warm-up <= total steps");
     return {max_lr, min_lr, warmup, total};
   }
 

@@ -76,6 +76,7 @@ class NcclComm {
 
   int rank() const { return rank_; }
   int size() const { return size_; }
+  Cuda& device() const { return *dev_; }  // the device whose stream orders this group's calls
   std::string name() const { return name_; }
   std::chrono::milliseconds deadline() const { return deadline_; }
 

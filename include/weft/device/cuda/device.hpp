@@ -31,6 +31,20 @@ inline int device_count() {
   return n;
 }
 
+// Free bytes on `device` now (cudaMemGetInfo), or -1 when it cannot be read.
+inline std::int64_t free_bytes(int device) {
+  int before = 0;
+  if (cudaGetDevice(&before) != cudaSuccess || cudaSetDevice(device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return -1;
+  }
+  std::size_t free = 0, total = 0;
+  const bool ok = cudaMemGetInfo(&free, &total) == cudaSuccess;
+  if (!ok) (void)cudaGetLastError();
+  (void)cudaSetDevice(before);
+  return ok ? static_cast<std::int64_t>(free) : -1;
+}
+
 class Allocator final : public Releaser {
  public:
   explicit Allocator(cudaStream_t s) : stream_(s) {}

@@ -1,0 +1,190 @@
+#!/usr/bin/env python3
+"""The trainer's inputs and signals, as a hostile user would try them.
+
+  train_gpt_inputs.py TRAIN_GPT
+
+1. A table of bad invocations: each must exit with its status (2: a bad option, 1: a bad file,
+   3: a diverged run) within 20 s, and print its message fragment. Refusals come before the GEMM
+   measurement or any allocation, so each takes well under a second even under ASan; the 20 s is
+   for a loaded CI machine, and a hang (a FIFO read, a divisor loop) fails it.
+2. SIGINT and SIGTERM to a running trainer: it finishes the step, writes the last record and a line
+   saying why it stopped, saves a checkpoint that resumes at the next step, and exits 128 + the
+   signal; a second signal ends it at once (killed by the signal, no final line).
+"""
+import json, os, signal, struct, subprocess, sys, tempfile, time
+
+bin_ = sys.argv[1]
+work = tempfile.mkdtemp(prefix="weft_inputs_")
+env = dict(os.environ, ASAN_OPTIONS="allocator_may_return_null=1:detect_leaks=0")
+
+# Files a user might point the trainer at.
+d = os.path.join(work, "a_directory"); os.mkdir(d)
+fifo = os.path.join(work, "a_fifo"); os.mkfifo(fifo)
+empty = os.path.join(work, "empty.txt"); open(empty, "w").close()
+short_txt = os.path.join(work, "short.txt"); open(short_txt, "w").write("a few bytes of text, " * 5)
+def token_file(path, tokens, reserved=None):
+    header = [20240520, 1, len(tokens)] + [0] * 253
+    if reserved: header[reserved[0]] = reserved[1]
+    with open(path, "wb") as f:
+        f.write(struct.pack("<256i", *header)); f.write(struct.pack(f"<{len(tokens)}H", *tokens))
+reserved = os.path.join(work, "reserved.bin"); token_file(reserved, [1, 2, 3] * 100, (7, 1))
+short_bin = os.path.join(work, "short.bin"); token_file(short_bin, [1, 2, 3] * 20)
+missing = os.path.join(work, "missing.bin")
+
+big = ["--data", "65536", "--tensor", "65536", "--heads", "65536", "--width", "65536", "--batch", "65536"]
+cases = [
+    # (exit status, message fragment, arguments)
+    (2, "strategy 'nope' is not available", ["--strategy", "nope"]),
+    (2, "0 is out of range: use a number >= 1", ["--steps", "0"]),
+    (2, "-5 is out of range", ["--steps", "-5"]),
+    (2, "nan is not a finite number", ["--lr", "nan"]),
+    (2, "inf is not a finite number", ["--lr", "inf"]),
+    (2, "use a number > 0", ["--lr", "0"]),
+    (2, "-1 is out of range", ["--lr", "-1"]),
+    (2, "nan is not a finite number", ["--min-lr", "nan"]),
+    (2, "use finite rates, 0 <= min lr <= max lr", ["--min-lr", "1"]),
+    (2, "nan is not a finite number", ["--clip", "nan"]),
+    (2, "-1 is out of range", ["--clip", "-1"]),
+    (2, "-1 is out of range", ["--warmup", "-1"]),
+    (2, "warm-up 1000, total 10", ["--warmup", "1000", "--steps", "10"]),
+    (2, "-4 is out of range", ["--micro-batch", "-4"]),
+    (2, "batch 16 is not a multiple of the micro-batch 3", ["--micro-batch", "3"]),
+    (2, "-1 is out of range", ["--seed", "-1"]),
+    (2, "'abc' is not a number", ["--seed", "abc"]),
+    (2, "0 is out of range", ["--data", "0"]),
+    (2, "data degree 3 does not divide the batch of 16", ["--data", "3"]),
+    (2, "tensor degree 3 does not divide 4 heads", ["--tensor", "3"]),
+    (2, "width 4611686018427387904 is not divisible by 3 heads", ["--width", "4611686018427387904", "--heads", "3"]),
+    (2, "to divide the sequence length 4611686018427387903", ["--strategy", "ddp-sp", "--seq", "4611686018427387903"]),
+    (2, "= 4294967296 ranks; use at most 2^20 = 1048576 ranks", big),
+    (2, "use at most 1024 thread ranks", ["--data", "64", "--tensor", "32", "--heads", "32", "--width", "64", "--batch", "64"]),
+    (2, "the configuration needs at least", ["--layers", "100000"]),
+    (2, "the configuration needs at least", ["--width", "1000000000"]),
+    (2, "the configuration needs at least", ["--seq", "1000000000"]),
+    (2, "the configuration needs at least", ["--batch", "100000000"]),
+    (2, "0 is out of range", ["--layers", "0"]),
+    (2, "0 is out of range", ["--heads", "0"]),
+    (2, "vocabulary 100000 with the built-in Markov corpus", ["--vocab", "100000"]),
+    (2, "--dtype", ["--dtype", "f16"]),
+    (2, "--device", ["--device", "tpu"]),
+    (2, "only the interleaved schedule has more than 1 virtual stage", ["--virtual-stages", "2"]),
+    (2, "--schedule", ["--schedule", "nope"]),
+    (2, "--sample without --text", ["--sample", "5"]),
+    (2, "--resume latest without --save-dir", ["--resume", "latest"]),
+    (2, "without --save-dir", ["--save-every", "2"]),
+    (2, "0 is out of range: use a number > 0", ["--deadline", "0"]),
+    (2, "nan is not a finite number", ["--deadline", "nan"]),
+    (2, "1e300 is out of range: use a number <= 1e+07", ["--deadline", "1e300"]),
+    (2, "--launcher", ["--launcher", "nope"]),
+    (2, "excludes", ["--text", short_txt, "--data-file", reserved]),
+    (2, "--no-such-option", ["--no-such-option"]),
+    (2, "RANK and WORLD_SIZE start one process per rank", ["--launcher", "env"]),
+    (2, "train_gpt --log: cannot write '/nonexistent/run.jsonl'", ["--log", "/nonexistent/run.jsonl"]),
+    (2, f"train_gpt --log: cannot write '{d}'", ["--log", d]),
+    (2, "train_gpt --trace: cannot write '/nonexistent/t.json'", ["--trace", "/nonexistent/t.json"]),
+    (2, "train_gpt --save-dir: cannot create the directory '/proc/weft'", ["--save-dir", "/proc/weft"]),
+    (1, f"checkpoint({missing}): is not a directory", ["--resume", missing]),
+    (1, f"checkpoint({d}): has no manifest.json and no latest pointer", ["--resume", "latest", "--save-dir", d]),
+    (1, f"'{d}' is a directory, not a regular file", ["--data-file", d]),
+    (1, f"'{fifo}' is a FIFO (named pipe), not a regular file", ["--data-file", fifo]),
+    (1, f"'{fifo}' is a FIFO (named pipe), not a regular file", ["--text", fifo]),
+    (1, "'/dev/zero' is a character device", ["--data-file", "/dev/zero"]),
+    (1, f"WindowCorpus({empty}): the text file is empty", ["--text", empty]),
+    (1, f"WindowCorpus({short_txt}): 105 tokens", ["--text", short_txt]),
+    (1, f"'{missing}': No such file or directory", ["--data-file", missing]),
+    (1, f"TokenFile({reserved}): reserved header word 7 is 1, not 0", ["--data-file", reserved]),
+    (1, f"'{d}' is a directory", ["--text", d]),
+    (1, f"WindowCorpus({short_bin}): 60 tokens", ["--data-file", short_bin]),
+    (3, "diverged: the loss of step", ["--lr", "1e308", "--steps", "5", "--eval-every", "0"]),
+]
+
+failures = 0
+slowest = 0.0
+for status, fragment, args in cases:
+    run_env = dict(env)
+    if args == ["--launcher", "env"]:
+        run_env.update(RANK="0", WORLD_SIZE="1")
+    t0 = time.monotonic()
+    try:
+        p = subprocess.run([bin_] + args, capture_output=True, text=True, timeout=20, env=run_env)
+        rc, out = p.returncode, p.stdout + p.stderr
+    except subprocess.TimeoutExpired:
+        rc, out = "timeout (20 s)", ""
+    took = time.monotonic() - t0
+    slowest = max(slowest, took)
+    ok = rc == status and fragment in out
+    if not ok:
+        failures += 1
+        print(f"FAIL: train_gpt {' '.join(args)}: exit {rc}, expected {status} with '{fragment}'; printed:\n{out[-800:]}")
+print(f"{len(cases) - failures} of {len(cases)} bad invocations refused as expected; slowest {slowest:.2f} s")
+
+# Signals. A step of this size takes a fraction of a second; the run would take minutes.
+save = os.path.join(work, "ckpt")
+def start(log, *more):
+    return subprocess.Popen([bin_, "--steps", "100000", "--eval-every", "0", "--width", "64", "--seq", "64",
+                             "--log", log, *more], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+def wait_for_records(log, n, p):
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and p.poll() is None:
+        if os.path.exists(log) and sum(1 for _ in open(log)) >= n: return True
+        time.sleep(0.05)
+    return False
+
+for sig, name in ((signal.SIGINT, "SIGINT"), (signal.SIGTERM, "SIGTERM")):
+    log = os.path.join(work, f"{name}.jsonl")
+    p = start(log, "--save-dir", save + name)
+    if not wait_for_records(log, 2, p):
+        failures += 1; print(f"FAIL: {name}: the run did not log 2 steps"); p.kill(); continue
+    p.send_signal(sig)
+    try:
+        out, _ = p.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        p.kill(); failures += 1; print(f"FAIL: {name}: still running 60 s after the signal"); continue
+    text = open(log).read()
+    lines = text.split("\n")
+    records = [json.loads(l) for l in lines if l]  # every line complete JSON
+    last_step = records[-2]["step"] if len(records) >= 2 else None
+    ok = (p.returncode == 128 + sig and text.endswith("\n") and records[-1] == {"step": last_step, "stopped": name}
+          and f"stopped by {name} after step {last_step}" in out)
+    # The checkpoint is the stopped step's, and a resumed run goes on from the next one.
+    if ok:
+        log2 = os.path.join(work, f"{name}_resumed.jsonl")
+        r = subprocess.run([bin_, "--steps", str(last_step + 2), "--eval-every", "0", "--width", "64", "--seq", "64",
+                            "--save-dir", save + name, "--resume", "latest", "--log", log2],
+                           capture_output=True, text=True, env=env, timeout=300)
+        resumed = [json.loads(l)["step"] for l in open(log2) if '"loss"' in l] if r.returncode == 0 else []
+        ok = resumed[-2:] == [last_step + 1, last_step + 2] and f"at step {last_step}" in r.stdout
+    if not ok:
+        failures += 1
+        print(f"FAIL: {name}: exit {p.returncode}, log ends {text[-300:]!r}; printed {out[-500:]!r}")
+    else:
+        print(f"{name}: stopped after step {last_step} with exit {p.returncode}, {len(records)} complete log lines, "
+              f"the last {records[-1]}; its checkpoint resumed at step {last_step + 1}")
+
+# A second signal ends the run at once: both land in the first step, which takes seconds at this
+# size (about 10 s under ASan), and the process must be gone within 5 s of the second.
+log = os.path.join(work, "twice.jsonl")
+p = subprocess.Popen([bin_, "--steps", "100000", "--eval-every", "0", "--width", "128", "--seq", "128", "--log", log],
+                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+header = ""
+for line in p.stdout:  # the header is printed (and flushed) before the first step
+    if line.startswith("train_gpt:"):
+        header = line
+        break
+if header:
+    time.sleep(0.3); p.send_signal(signal.SIGINT); time.sleep(0.3)
+    t0 = time.monotonic(); p.send_signal(signal.SIGINT)
+    try:
+        p.communicate(timeout=30)
+        took = time.monotonic() - t0
+        text = open(log).read() if os.path.exists(log) else ""
+        if p.returncode == -signal.SIGINT and took < 5 and '"stopped"' not in text:
+            print(f"two SIGINTs: killed by SIGINT {took:.2f} s after the second, inside the first step (no stop line)")
+        else:
+            failures += 1; print(f"FAIL: two SIGINTs: exit {p.returncode} after {took:.2f} s, log {text[-200:]!r}")
+    except subprocess.TimeoutExpired:
+        p.kill(); failures += 1; print("FAIL: two SIGINTs: still running 30 s later")
+else:
+    p.kill(); failures += 1; print("FAIL: two SIGINTs: no header line")
+
+sys.exit(1 if failures else 0)
