@@ -65,11 +65,12 @@ double host_available_bytes() {
   return -1;
 }
 
-// Refuses (exit 2) a configuration whose ranks in this process need more than the device has, from
-// min_rank_bytes (a lower bound), before anything is allocated.
+// Refuses (exit 2) a configuration whose ranks in this process need more than the device has,
+// before anything is allocated: first the double-precision lower bound (min_rank_bytes), which
+// also rules out sizes that overflow, then the plan (exact persistent state, activations' lower bound).
 void check_fits(const Options& o, const nn::GptConfig& cfg, const std::string& device, const Launch& launch) {
-  const double per_rank = min_rank_bytes(o, cfg);
-  const int here = launch.kind == Launcher::threads ? o.data * o.pipe * o.tensor : 1;
+  const int ranks = o.data * o.pipe * o.tensor;
+  const int here = launch.kind == Launcher::threads ? ranks : 1;
   double available = -1;
   std::string what;
   if (device == "cuda") {
@@ -81,13 +82,67 @@ void check_fits(const Options& o, const nn::GptConfig& cfg, const std::string& d
     available = host_available_bytes();
     what = cat("the host has ", gib(available), " available (MemAvailable)");
   }
-  if (available < 0 || per_rank * here <= available) return;
-  throw Error("train_gpt",
-              cat("the configuration needs at least ", gib(per_rank), " per rank (parameters, gradients, optimizer state, ",
-                  "the residual stream per layer and the logits) x ", here, here == 1 ? " rank" : " ranks",
-                  " in this process = ", gib(per_rank * here), ", but ", what),
-              "use a smaller model, batch or micro-batch, more tensor or pipeline ranks, or a sharded strategy (zero1, "
-              "zero2, fsdp)");
+  const std::string fix = "use a smaller model, batch or micro-batch, more tensor or pipeline ranks, or a sharded strategy "
+                          "(zero1, zero2, fsdp); train_gpt --plan prints the plan";
+  const double bound = min_rank_bytes(o, cfg);
+  if (available >= 0 && bound * here > available)
+    throw Error("train_gpt",
+                cat("the configuration needs at least ", gib(bound), " per rank (parameters, gradients, optimizer state, ",
+                    "the residual stream per layer and the logits) x ", here, here == 1 ? " rank" : " ranks",
+                    " in this process = ", gib(bound * here), ", but ", what),
+                fix);
+  if (available < 0 || bound > 1e15) return;
+  // The plan: every rank of this process (threads: all of them; a process: its own pipe rank's).
+  const std::vector<RankPlan> plan = plan_of(o, cfg);
+  double need = 0;
+  if (here == 1) need = plan[static_cast<std::size_t>((launch.process / o.tensor) % o.pipe)].total();
+  else
+    for (const RankPlan& p : plan) need += p.total() * o.data * o.tensor;
+  if (need > available)
+    throw Error("train_gpt",
+                cat("the plan needs ", gib(need), " for the ", here, here == 1 ? " rank" : " ranks",
+                    " of this process (state before the first step, exact, and a lower bound of the activations), but ", what),
+                fix);
+}
+
+// --plan: what each rank holds and a step computes, from the types and sizes alone.
+int print_plan(const Options& o, const nn::GptConfig& cfg) {
+  std::printf("plan: layers %lld, heads %lld, width %lld, seq %lld, vocab %lld | %s, %s | data %d x pipe %d x tensor %d | "
+              "batch %lld, micro-batch %lld\n",
+              static_cast<long long>(cfg.layers), static_cast<long long>(cfg.heads), static_cast<long long>(cfg.width),
+              static_cast<long long>(cfg.seq), static_cast<long long>(cfg.vocab), o.strategy.c_str(), o.dtype.c_str(), o.data,
+              o.pipe, o.tensor, static_cast<long long>(o.batch),
+              static_cast<long long>(o.micro_batch > 0 ? o.micro_batch : o.batch));
+  if (min_rank_bytes(o, cfg) > 1e15) {
+    std::printf("per rank: at least %s (the sizes are too large to plan exactly)\n", gib(min_rank_bytes(o, cfg)).c_str());
+    return 0;
+  }
+  std::printf("%-10s %14s %14s %16s %16s %18s %14s\n", "pipe rank", "parameters", "gradients", "master weights",
+              "optimizer state", "activations >=", "total >=");
+  for (const RankPlan& p : plan_of(o, cfg))
+    std::printf("%-10d %14s %14s %16s %16s %18s %14s\n", p.pipe_rank,
+                mib(static_cast<double>(p.state.of(Category::parameters))).c_str(),
+                mib(static_cast<double>(p.state.of(Category::gradients))).c_str(),
+                mib(static_cast<double>(p.state.of(Category::master_weights))).c_str(),
+                mib(static_cast<double>(p.state.of(Category::optimizer_state))).c_str(), mib(p.activations).c_str(),
+                mib(p.total()).c_str());
+  std::printf("(each rank of a pipe rank: parameters to optimizer state exact, as the allocators count them before the "
+              "first step; activations: the residual stream per block and the logits, a lower bound)\n");
+  const double flops = train::flops_per_token(cfg) * static_cast<double>(o.batch * cfg.seq);
+  std::printf("FLOPs per step: %.4g (6 N + 12 L C T per token, %lld tokens)\n", flops,
+              static_cast<long long>(o.batch * cfg.seq));
+  if (o.pipe == 1) {
+    const std::int64_t micro = o.micro_batch > 0 ? o.micro_batch : o.batch;
+    const Spread s{.data_degree = o.data, .tensor_degree = o.tensor};
+    const bool sp = o.strategy.ends_with("-sp");
+    auto describe = [&]<class T>() { return sp ? nn::describe<T, true>(cfg, micro, s) : nn::describe<T, false>(cfg, micro, s); };
+    const std::string table = o.dtype == "f64" ? describe.operator()<double>()
+                              : o.dtype == "bf16" ? describe.operator()<bf16>() : describe.operator()<float>();
+    std::printf("collectives of one micro-batch (tensor axis; the data axis adds the strategy's):\n%s", table.c_str());
+  }
+  std::printf("not planned yet: the other saved activations, communication buffers and workspace, the gathers of "
+              "sharded strategies during a step, and the step time\n");
+  return 0;
 }
 
 // The compiled strategies, by name. The one closed dispatch from run-time choices to instantiations.
@@ -187,6 +242,8 @@ int main(int argc, char** argv) {
   app.add_option("--deadline", o.deadline, "seconds a collective waits for the other ranks before naming the missing one")
       ->check(above(0))
       ->check(at_most(1e7));
+  bool plan_only = false;
+  app.add_flag("--plan", plan_only, "print the plan (each rank's bytes by category, FLOPs, collectives) and exit");
   app.add_option("--sample", o.sample, "after training on --text, print N sampled bytes")->check(at_least(0));
   try {
     app.parse(argc, argv);
@@ -311,6 +368,7 @@ int main(int argc, char** argv) {
       throw Error("train_gpt", "--resume latest without --save-dir", "give --save-dir, or the checkpoint's path to --resume");
     if ((o.save_every > 0 || o.keep > 0 || o.async_save) && o.save_dir.empty())
       throw Error("train_gpt", "--save-every, --keep or --async-save without --save-dir", "give --save-dir");
+    if (plan_only) return finish(launch.lead() ? print_plan(o, cfg) : 0);
     check_fits(o, cfg, resolve_device(o), launch);
     // Where the run writes: checked now (by the printing process), not after the GEMM measurement.
     if (launch.lead()) {

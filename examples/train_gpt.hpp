@@ -17,6 +17,7 @@
 #include <weft/optim/schedule.hpp>
 #include <weft/pipeline/executor.hpp>
 #include <weft/pipeline/pipelined.hpp>
+#include <weft/plan/memory.hpp>
 #include <weft/nn/describe.hpp>
 #include <weft/train/metrics.hpp>
 #include <weft/version.hpp>
@@ -163,8 +164,8 @@ inline pipeline::Kind schedule_kind(const std::string& name) {
 // gradients, master weights and AdamW state the strategy leaves on a rank, the residual stream the
 // backward keeps for each of its layers, and its logits. A run holds more (the other saved
 // activations, workspace, communication buffers): this is what no run of the configuration can do
-// without, for refusing what cannot fit before anything is allocated. (The full per-category plan
-// is not written yet.)
+// without. Computed in double, it is the first gate: it refuses sizes whose exact plan (plan_of,
+// in 64-bit integers) would overflow, before that is computed.
 inline double min_rank_bytes(const Options& o, const nn::GptConfig& c) {
   const double C = static_cast<double>(c.width), L = static_cast<double>(c.layers), T = static_cast<double>(c.seq);
   const double tp = o.tensor, pp = o.pipe, dp = o.data;
@@ -552,13 +553,51 @@ int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus, cons
 
 // f.template operator()<Strategy, SP>() for the strategy named by o.strategy (checked before).
 template <class F>
-int with_strategy(const Options& o, F&& f) {
+decltype(auto) with_strategy(const Options& o, F&& f) {
   const bool sp = o.strategy.ends_with("-sp");
   auto pick = [&]<class S>() { return sp ? f.template operator()<S, true>() : f.template operator()<S, false>(); };
   if (o.strategy.starts_with("zero1")) return pick.template operator()<optim::Zero1>();
   if (o.strategy.starts_with("zero2")) return pick.template operator()<optim::Zero2>();
   if (o.strategy.starts_with("fsdp")) return pick.template operator()<optim::Fsdp>();
   return pick.template operator()<optim::Ddp>();
+}
+
+// One pipe rank's plan: what it holds before its first step (exact: weft/plan/memory.hpp), and a
+// lower bound of what a step adds (the residual stream each of its blocks keeps for the backward,
+// and the logits on the head's rank).
+struct RankPlan {
+  int pipe_rank = 0;
+  footprint::Memory state;
+  double activations = 0;
+  double total() const { return static_cast<double>(state.total()) + activations; }
+};
+
+template <class Strategy, class P>
+std::vector<RankPlan> plan_ranks(const Options& o, const nn::GptConfig& c) {
+  using T = typename precision_t<P>::compute;
+  const Spread s{.data_degree = o.data, .tensor_degree = o.tensor};
+  const auto part = pipeline::Partition::even(o.pipe, o.virtual_stages, c.layers);
+  const double micro = static_cast<double>(o.micro_batch > 0 ? o.micro_batch : o.batch) / o.data;
+  std::vector<RankPlan> out;
+  for (int r = 0; r < o.pipe; ++r) {
+    const auto holds = footprint::Holds::of(part.placement(r));
+    RankPlan p{r, footprint::persistent<Strategy, P>(c, s, holds), 0};
+    const double e = sizeof(T), T_ = static_cast<double>(c.seq), C = static_cast<double>(c.width);
+    p.activations = micro * T_ * C / o.tensor * e * static_cast<double>(holds.blocks) +
+                    (holds.head ? micro * T_ * static_cast<double>(nn::padded_vocab(c.vocab, o.tensor)) / o.tensor * e : 0);
+    out.push_back(p);
+  }
+  return out;
+}
+
+// The plan of the run the options describe, one entry per pipe rank. Call after min_rank_bytes has
+// ruled out sizes whose element counts overflow.
+inline std::vector<RankPlan> plan_of(const Options& o, const nn::GptConfig& c) {
+  return with_strategy(o, [&]<class S, bool SP>() {
+    if (o.dtype == "f64") return plan_ranks<S, F64>(o, c);
+    if (o.dtype == "bf16") return plan_ranks<S, Bf16Mixed>(o, c);
+    return plan_ranks<S, F32>(o, c);
+  });
 }
 
 }  // namespace train_gpt

@@ -10,6 +10,8 @@
 2. SIGINT and SIGTERM to a running trainer: it finishes the step, writes the last record and a line
    saying why it stopped, saves a checkpoint that resumes at the next step, and exits 128 + the
    signal; a second signal ends it at once (killed by the signal, no final line).
+3. --plan: exits 0 at once, and its per-rank total (exact state before the first step, a lower
+   bound of the activations) is at most the peak bytes the run then measures, for every strategy.
 """
 import json, os, signal, struct, subprocess, sys, tempfile, time
 
@@ -186,5 +188,25 @@ if header:
         p.kill(); failures += 1; print("FAIL: two SIGINTs: still running 30 s later")
 else:
     p.kill(); failures += 1; print("FAIL: two SIGINTs: no header line")
+
+# The plan against a run: its lower bound holds for every strategy (the exact persistent part is
+# checked against the allocators in tests/plan/memory.cpp).
+import re
+for strategy in ("ddp", "ddp-sp", "zero1", "zero1-sp", "zero2", "zero2-sp", "fsdp", "fsdp-sp"):
+    args = ["--strategy", strategy, "--steps", "2", "--eval-every", "0", "--dtype", "f32"]
+    t0 = time.monotonic()
+    p = subprocess.run([bin_, "--plan", *args], capture_output=True, text=True, env=env, timeout=60)
+    took = time.monotonic() - t0
+    rows = [l.split() for l in p.stdout.splitlines() if re.match(r"^0\s+[0-9.]+ MiB", l)]
+    log = os.path.join(work, f"plan_{strategy}.jsonl")
+    r = subprocess.run([bin_, *args, "--log", log], capture_output=True, text=True, env=env, timeout=300)
+    peak = max(json.loads(l)["peak_bytes"] for l in open(log) if '"peak_bytes"' in l) / 2**20 if r.returncode == 0 else 0
+    planned = float(rows[0][-2]) if rows else float("inf")
+    if p.returncode != 0 or took > 20 or not rows or planned > peak + 0.05:  # the table rounds to 0.1 MiB
+        failures += 1
+        print(f"FAIL: --plan --strategy {strategy}: exit {p.returncode} in {took:.1f} s, planned {planned} MiB, "
+              f"measured peak {peak:.2f} MiB\n{p.stdout[-600:]}{p.stderr[-300:]}")
+    else:
+        print(f"--plan {strategy}: at least {planned:.1f} MiB per rank, measured peak {peak:.2f} MiB")
 
 sys.exit(1 if failures else 0)

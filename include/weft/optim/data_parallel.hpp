@@ -294,11 +294,12 @@ class DataParallel {
       throw Error("DataParallel::restore", cat("step ", steps, ", skipped ", skipped), "pass counts >= 0");
     t_ = steps;
     skipped_ = skipped;
-    if constexpr (shard_params)
+    if constexpr (shard_params) {
       for (Unit& u : units_) {
         u.value_buffer().reset();
         u.rebind();
       }
+    }
   }
   static std::string name() { return Strategy::name(); }
 
