@@ -8,11 +8,11 @@
 #include <weft/weft_host.hpp>
 #include <weft/nn/describe.hpp>
 
-#include <CLI/CLI.hpp>
 #include <cmath>
 #include <cstdio>
 #include <map>
 
+#include "cli.hpp"
 #include "example_ranks.hpp"
 
 using namespace weft;
@@ -66,22 +66,15 @@ int main(int argc, char** argv) {
   std::int64_t batch = 4;
   std::string launcher = "auto";
   CLI::App app{"weft: a tensor-parallel GPT on 1 and 4 ranks (threads, or processes under mpirun)"};
-  app.add_option("--layers", c.layers)->check(CLI::PositiveNumber);
-  app.add_option("--width", c.width)->check(CLI::PositiveNumber);
-  app.add_option("--heads", c.heads)->check(CLI::PositiveNumber);
-  app.add_option("--seq", c.seq)->check(CLI::PositiveNumber);
-  app.add_option("--vocab", c.vocab)->check(CLI::PositiveNumber);
-  app.add_option("--batch", batch)->check(CLI::PositiveNumber);
+  app.add_option("--layers", c.layers)->check(examples::at_least(1));
+  app.add_option("--width", c.width)->check(examples::at_least(1));
+  app.add_option("--heads", c.heads)->check(examples::at_least(1));
+  app.add_option("--seq", c.seq)->check(examples::at_least(1));
+  app.add_option("--vocab", c.vocab)->check(examples::at_least(1));
+  app.add_option("--batch", batch)->check(examples::at_least(1));
   app.add_option("--launcher", launcher, "threads, mpi or auto (mpi under mpirun)")
       ->check(CLI::IsMember({"threads", "mpi", "auto"}));
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    app.exit(e);
-    return 2;
-  }
+  if (const auto stop = examples::parse(app, argc, argv)) return *stop;
   try {  // sizes that the layouts cannot split: refused before any rank starts
     nn::validate(c, {}, false, batch);
     nn::validate(c, {.tensor_degree = 4}, true, batch);

@@ -11,7 +11,7 @@
 // its GPU half in train_gpt_cuda.cu); everything under it is typed.
 #include "train_gpt.hpp"
 
-#include <CLI/CLI.hpp>
+#include "cli.hpp"
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -22,6 +22,9 @@
 
 using namespace weft;
 using namespace train_gpt;
+using examples::above;
+using examples::at_least;
+using examples::at_most;
 
 namespace train_gpt {
 
@@ -35,24 +38,6 @@ int train_on_cuda(const Options& o, const nn::GptConfig& cfg, const Corpus& corp
 }  // namespace train_gpt
 
 namespace {
-
-// Range checks for numeric options: NaN and infinities are refused (NaN passes every comparison, so
-// CLI11's own range checks let it through), and the messages print the bound as written.
-CLI::Validator number_check(std::function<bool(double)> ok, std::string rule) {
-  return CLI::Validator(
-      [ok, rule](std::string& s) -> std::string {
-        char* end = nullptr;
-        const double v = std::strtod(s.c_str(), &end);
-        if (s.empty() || end != s.c_str() + s.size()) return cat("'", s, "' is not a number");
-        if (!std::isfinite(v)) return cat(s, " is not a finite number");
-        if (!ok(v)) return cat(s, " is out of range: use a number ", rule);
-        return "";
-      },
-      cat("NUMBER ", rule));
-}
-CLI::Validator at_least(double lo) { return number_check([lo](double v) { return v >= lo; }, cat(">= ", lo)); }
-CLI::Validator above(double lo) { return number_check([lo](double v) { return v > lo; }, cat("> ", lo)); }
-CLI::Validator at_most(double hi) { return number_check([hi](double v) { return v <= hi; }, cat("<= ", hi)); }
 
 // MemAvailable of /proc/meminfo in bytes, or -1 when it cannot be read.
 double host_available_bytes() {
@@ -245,14 +230,7 @@ int main(int argc, char** argv) {
   bool plan_only = false;
   app.add_flag("--plan", plan_only, "print the plan (each rank's bytes by category, FLOPs, collectives) and exit");
   app.add_option("--sample", o.sample, "after training on --text, print N sampled bytes")->check(at_least(0));
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    app.exit(e);
-    return 2;
-  }
+  if (const auto stop = examples::parse(app, argc, argv)) return *stop;
 
   nn::GptConfig cfg;
   if (o.preset == "tiny") cfg = {.vocab = 64, .seq = 64, .layers = 2, .heads = 4, .width = 64};

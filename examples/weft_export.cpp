@@ -14,7 +14,7 @@
 #include <weft/optim/data_parallel.hpp>
 #include <weft/pipeline/executor.hpp>
 
-#include <CLI/CLI.hpp>
+#include "cli.hpp"
 
 #include <cstdio>
 #include <fstream>
@@ -82,14 +82,7 @@ int main(int argc, char** argv) {
   app.add_option("--out", out, "the safetensors file to write (config.json goes beside it)")->required();
   app.add_option("--tokens", tokens, "comma-separated token ids to compute logits for");
   app.add_option("--logits", logits, "where to write the logits of --tokens (f32, tokens x vocab)");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    app.exit(e);
-    return 2;
-  }
+  if (const auto stop = examples::parse(app, argc, argv)) return *stop;
   try {
     if (logits.empty() != tokens.empty())
       throw Error("weft-export", "--tokens without --logits, or --logits without --tokens", "give both, or neither");
