@@ -51,11 +51,14 @@ double host_available_bytes() {
 }
 
 // Refuses (exit 2) a configuration whose ranks in this process need more than the device has,
-// before anything is allocated: first the double-precision lower bound (min_rank_bytes), which
-// also rules out sizes that overflow, then the plan (exact persistent state, activations' lower bound).
+// from the plan (exact state before the first step, a lower bound of the activations), before
+// anything is allocated.
 void check_fits(const Options& o, const nn::GptConfig& cfg, const std::string& device, const Launch& launch) {
-  const int ranks = o.data * o.pipe * o.tensor;
-  const int here = launch.kind == Launcher::threads ? ranks : 1;
+  const std::string fix = "use a smaller model, batch or micro-batch, more tensor or pipeline ranks, or a sharded strategy "
+                          "(zero1, zero2, fsdp); train_gpt --plan prints the plan";
+  if (const double n = elements_of(o, cfg); n > kMaxPlannedElements)
+    throw Error("train_gpt", cat("the configuration holds about ", n, " elements (parameters, activations), more than any machine"),
+                fix);
   double available = -1;
   std::string what;
   if (device == "cuda") {
@@ -67,25 +70,18 @@ void check_fits(const Options& o, const nn::GptConfig& cfg, const std::string& d
     available = host_available_bytes();
     what = cat("the host has ", gib(available), " available (MemAvailable)");
   }
-  const std::string fix = "use a smaller model, batch or micro-batch, more tensor or pipeline ranks, or a sharded strategy "
-                          "(zero1, zero2, fsdp); train_gpt --plan prints the plan";
-  const double bound = min_rank_bytes(o, cfg);
-  if (available >= 0 && bound * here > available)
-    throw Error("train_gpt",
-                cat("the configuration needs at least ", gib(bound), " per rank (parameters, gradients, optimizer state, ",
-                    "the residual stream per layer and the logits) x ", here, here == 1 ? " rank" : " ranks",
-                    " in this process = ", gib(bound * here), ", but ", what),
-                fix);
-  if (available < 0 || bound > 1e15) return;
-  // The plan: every rank of this process (threads: all of them; a process: its own pipe rank's).
+  if (available < 0) return;
+  // Every rank of this process: threads, all of them; a process, its own pipe rank's.
   const std::vector<RankPlan> plan = plan_of(o, cfg);
+  const bool threads = launch.kind == Launcher::threads;
   double need = 0;
-  if (here == 1) need = plan[static_cast<std::size_t>((launch.process / o.tensor) % o.pipe)].total();
+  if (!threads) need = plan[static_cast<std::size_t>((launch.process / o.tensor) % o.pipe)].total();
   else
     for (const RankPlan& p : plan) need += p.total() * o.data * o.tensor;
+  const int here = threads ? o.data * o.pipe * o.tensor : 1;
   if (need > available)
     throw Error("train_gpt",
-                cat("the plan needs ", gib(need), " for the ", here, here == 1 ? " rank" : " ranks",
+                cat("the plan needs at least ", gib(need), " for the ", here, here == 1 ? " rank" : " ranks",
                     " of this process (state before the first step, exact, and a lower bound of the activations), but ", what),
                 fix);
 }
@@ -98,8 +94,8 @@ int print_plan(const Options& o, const nn::GptConfig& cfg) {
               static_cast<long long>(cfg.seq), static_cast<long long>(cfg.vocab), o.strategy.c_str(), o.dtype.c_str(), o.data,
               o.pipe, o.tensor, static_cast<long long>(o.batch),
               static_cast<long long>(o.micro_batch > 0 ? o.micro_batch : o.batch));
-  if (min_rank_bytes(o, cfg) > 1e15) {
-    std::printf("per rank: at least %s (the sizes are too large to plan exactly)\n", gib(min_rank_bytes(o, cfg)).c_str());
+  if (const double n = elements_of(o, cfg); n > kMaxPlannedElements) {
+    std::printf("about %.3g elements (parameters, activations): too large to plan, and to fit any machine\n", n);
     return 0;
   }
   std::printf("%-10s %14s %14s %16s %16s %18s %14s\n", "pipe rank", "parameters", "gradients", "master weights",
@@ -157,9 +153,10 @@ std::string resolve_device(const Options& o) {
   return o.device;
 }
 
-int dispatch(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus, const Launch& launch) {
+// device: resolve_device(o), resolved once by main.
+int dispatch(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus, const Launch& launch, const std::string& device) {
   check_strategy(o.strategy);
-  if (resolve_device(o) == "cuda") {
+  if (device == "cuda") {
 #ifdef WEFT_ENABLE_CUDA
     return train_on_cuda(o, cfg, corpus, launch);
 #endif
@@ -271,7 +268,9 @@ int main(int argc, char** argv) {
     else std::fprintf(stderr, "train_gpt (world rank %d): %s\n", launch.process, e.what());
   };
 
+  std::string device;  // host or cuda, once resolved
   try {
+    device = resolve_device(o);
     // The ranks first, in floating point: three int degrees multiply past 64 bits.
     const double world = 1.0 * o.data * o.pipe * o.tensor;
     char world_text[64];
@@ -284,7 +283,7 @@ int main(int argc, char** argv) {
                   cat("data ", o.data, " x pipe ", o.pipe, " x tensor ", o.tensor, " = ", world_text, " thread ranks in one process"),
                   "use at most 1024 thread ranks, or one process per rank (mpirun, docs/launch.md)");
     if (launch.kind == Launcher::env) {  // torchrun, srun: one GPU per process
-      if (resolve_device(o) != "cuda")
+      if (device != "cuda")
         throw Error("train_gpt --launcher env",
                     "RANK and WORLD_SIZE start one process per rank, which the host ranks do only under MPI",
                     "start the ranks with mpirun (--launcher mpi), use --device cuda, or unset RANK and WORLD_SIZE");
@@ -299,15 +298,15 @@ int main(int argc, char** argv) {
         throw Error("train_gpt --launcher mpi", "this binary was built without MPI",
                     "install Debian's libopenmpi-dev and rebuild (CMake finds MPI and builds weft::mpi)");
 #endif
-      const char* started = launch.kind == Launcher::mpi ? "mpirun started " : "WORLD_SIZE is ";
-      if (launch.processes != o.data * o.pipe * o.tensor)
+      const int ranks = o.data * o.pipe * o.tensor;
+      const bool mpi = launch.kind == Launcher::mpi;
+      if (launch.processes != ranks)
         throw Error(cat("train_gpt --launcher ", name(launch.kind)),
-                    cat(started, launch.processes, launch.kind == Launcher::mpi ? " processes" : "", " but data ", o.data,
-                        " x pipe ", o.pipe, " x tensor ", o.tensor, " = ", o.data * o.pipe * o.tensor, " ranks"),
-                    cat(launch.kind == Launcher::mpi ? "run mpirun -np " : "start ", o.data * o.pipe * o.tensor,
-                        launch.kind == Launcher::mpi ? "" : " processes", ", or choose degrees whose product is ",
-                        launch.processes));
-      if (o.pipe > 1 && resolve_device(o) == "cuda")
+                    cat(mpi ? "mpirun started " : "WORLD_SIZE is ", launch.processes, mpi ? " processes" : "", " but data ",
+                        o.data, " x pipe ", o.pipe, " x tensor ", o.tensor, " = ", ranks, " ranks"),
+                    cat(mpi ? cat("run mpirun -np ", ranks) : cat("start ", ranks, " processes"),
+                        ", or choose degrees whose product is ", launch.processes));
+      if (o.pipe > 1 && device == "cuda")
         throw Error(cat("train_gpt --launcher ", name(launch.kind)), "--pipe with GPU processes (NCCL has no isend here yet)",
                     "use --pipe on thread ranks (--launcher threads), or tensor and data parallelism across GPUs");
       if (!o.trace.empty())
@@ -338,7 +337,7 @@ int main(int argc, char** argv) {
       throw Error("train_gpt", cat("vocabulary ", cfg.vocab, " with --text"), "byte-level text needs a vocabulary of 256");
     if (o.sample > 0 && o.text.empty())
       throw Error("train_gpt", "--sample without --text", "sampling prints text: train on --text");
-    if (resolve_device(o) == "cuda" && o.dtype == "f64")
+    if (device == "cuda" && o.dtype == "f64")
       throw Error("train_gpt", "--dtype f64 on the GPU", "f64 is the host's checking precision: use f32 or bf16");
     if (!o.resume.empty() && !o.init_from.empty())
       throw Error("train_gpt", "--init-from with --resume", "resume restores the weights: give one of them");
@@ -347,7 +346,7 @@ int main(int argc, char** argv) {
     if ((o.save_every > 0 || o.keep > 0 || o.async_save) && o.save_dir.empty())
       throw Error("train_gpt", "--save-every, --keep or --async-save without --save-dir", "give --save-dir");
     if (plan_only) return finish(launch.lead() ? print_plan(o, cfg) : 0);
-    check_fits(o, cfg, resolve_device(o), launch);
+    check_fits(o, cfg, device, launch);
     // Where the run writes: checked now (by the printing process), not after the GEMM measurement.
     if (launch.lead()) {
       if (!o.log.empty()) {
@@ -385,7 +384,7 @@ int main(int argc, char** argv) {
     } else {
       corpus.markov = std::make_unique<data::MarkovSource>(cfg.vocab, o.seed);
     }
-    return finish(dispatch(o, cfg, corpus, launch));
+    return finish(dispatch(o, cfg, corpus, launch, device));
   } catch (const Error& e) {
     report(e);
     return finish(1);

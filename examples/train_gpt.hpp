@@ -160,27 +160,15 @@ inline pipeline::Kind schedule_kind(const std::string& name) {
   return pipeline::Kind::one_f_one_b;
 }
 
-// A lower bound on one rank's bytes, computed in double so that no size overflows: the parameters,
-// gradients, master weights and AdamW state the strategy leaves on a rank, the residual stream the
-// backward keeps for each of its layers, and its logits. A run holds more (the other saved
-// activations, workspace, communication buffers): this is what no run of the configuration can do
-// without. Computed in double, it is the first gate: it refuses sizes whose exact plan (plan_of,
-// in 64-bit integers) would overflow, before that is computed.
-inline double min_rank_bytes(const Options& o, const nn::GptConfig& c) {
+// About how many elements the configuration's parameters and one micro-batch's residual stream
+// and logits hold, in double: sizes beyond 1e15 (petabytes) are refused before the plan, whose
+// 64-bit counts they would overflow.
+inline double elements_of(const Options& o, const nn::GptConfig& c) {
   const double C = static_cast<double>(c.width), L = static_cast<double>(c.layers), T = static_cast<double>(c.seq);
-  const double tp = o.tensor, pp = o.pipe, dp = o.data;
-  const double V = std::ceil(static_cast<double>(c.vocab) / tp) * tp;
-  // The least any rank holds: its share of its stage's blocks, and (one stage) the embeddings.
-  const double params = (std::floor(L / (pp * o.virtual_stages)) * o.virtual_stages * (12 * C * C + 13 * C) +
-                         (pp == 1 ? V * C + T * C + 2 * C : 0)) / tp;
-  const double e = o.dtype == "f64" ? 8 : o.dtype == "bf16" ? 2 : 4;  // compute element
-  const double master = o.dtype == "bf16" ? 4 : 0, state = 2 * (o.dtype == "f64" ? 8 : 4);
-  const bool z1 = o.strategy.starts_with("zero1"), z2 = o.strategy.starts_with("zero2"), fsdp = o.strategy.starts_with("fsdp");
-  const double per_param = e / (fsdp ? dp : 1) + e / (z2 || fsdp ? dp : 1) + (master + state) / (z1 || z2 || fsdp ? dp : 1);
-  const double micro = static_cast<double>(o.micro_batch > 0 ? o.micro_batch : o.batch) / dp;
-  const double activations = micro * T * C * std::floor(L / pp) * e / tp + (pp == 1 ? micro * T * V / tp * e : 0);
-  return params * per_param + activations;
+  const double V = static_cast<double>(c.vocab) + o.tensor, B = static_cast<double>(o.micro_batch > 0 ? o.micro_batch : o.batch);
+  return L * (12 * C * C + 13 * C) + (V + T) * C + B * T * (C * L + V);
 }
+inline constexpr double kMaxPlannedElements = 1e15;
 
 inline std::string gib(double bytes) { return cat(std::round(bytes / (1 << 30) * 100) / 100, " GiB"); }
 
@@ -576,11 +564,10 @@ template <class Strategy, class P>
 std::vector<RankPlan> plan_ranks(const Options& o, const nn::GptConfig& c) {
   using T = typename precision_t<P>::compute;
   const Spread s{.data_degree = o.data, .tensor_degree = o.tensor};
-  const auto part = pipeline::Partition::even(o.pipe, o.virtual_stages, c.layers);
   const double micro = static_cast<double>(o.micro_batch > 0 ? o.micro_batch : o.batch) / o.data;
   std::vector<RankPlan> out;
   for (int r = 0; r < o.pipe; ++r) {
-    const auto holds = footprint::Holds::of(part.placement(r));
+    const auto holds = footprint::Holds::even(c, o.pipe, r);  // main checked the partition
     RankPlan p{r, footprint::persistent<Strategy, P>(c, s, holds), 0};
     const double e = sizeof(T), T_ = static_cast<double>(c.seq), C = static_cast<double>(c.width);
     p.activations = micro * T_ * C / o.tensor * e * static_cast<double>(holds.blocks) +
@@ -590,7 +577,7 @@ std::vector<RankPlan> plan_ranks(const Options& o, const nn::GptConfig& c) {
   return out;
 }
 
-// The plan of the run the options describe, one entry per pipe rank. Call after min_rank_bytes has
+// The plan of the run the options describe, one entry per pipe rank. Call after elements_of has
 // ruled out sizes whose element counts overflow.
 inline std::vector<RankPlan> plan_of(const Options& o, const nn::GptConfig& c) {
   return with_strategy(o, [&]<class S, bool SP>() {

@@ -26,18 +26,24 @@ template <class Strategy, class P>
 void check(const nn::GptConfig& c, MeshShape shape, int virtual_stages = 1) {
   const int ranks = shape.data * shape.pipe * shape.tensor;
   std::vector<std::array<std::int64_t, 4>> measured(static_cast<std::size_t>(ranks)), planned(measured);
+  std::vector<char> even_matches(static_cast<std::size_t>(ranks), 0);
   run_threads(ranks, [&](ThreadComm& w) {
     Mesh mesh{w, shape};
     Host host;
     const auto place = pipeline::Partition::even(shape.pipe, virtual_stages, c.layers).placement(mesh.coord().pipe);
     nn::Gpt<P> gpt(host, c, mesh.spread(), 2 * shape.data, place);
     auto dp = optim::data_parallel<Strategy>(gpt, optim::AdamW{}, mesh);
-    const footprint::Memory m = footprint::persistent<Strategy, P>(c, mesh.spread(), footprint::Holds::of(place));
+    const footprint::Holds holds = footprint::Holds::of(place);
+    const footprint::Holds even = footprint::Holds::even(c, shape.pipe, mesh.coord().pipe);  // what train_gpt plans with
+    even_matches[static_cast<std::size_t>(w.rank())] =
+        holds.blocks == even.blocks && holds.embedding == even.embedding && holds.head == even.head;
+    const footprint::Memory m = footprint::persistent<Strategy, P>(c, mesh.spread(), holds);
     for (std::size_t k = 0; k < kPersistent.size(); ++k) {
       measured[static_cast<std::size_t>(w.rank())][k] = host.memory().current_of(kPersistent[k]);
       planned[static_cast<std::size_t>(w.rank())][k] = m.of(kPersistent[k]);
     }
   });
+  for (int r = 0; r < ranks; ++r) CHECK(even_matches[static_cast<std::size_t>(r)]);
   for (int r = 0; r < ranks; ++r)
     for (std::size_t k = 0; k < kPersistent.size(); ++k) {
       INFO(Strategy::name(), " ", precision_t<P>::name(), " data ", shape.data, " pipe ", shape.pipe, " tensor ",
