@@ -10,6 +10,7 @@
 // Run-time choices (device, strategy, dtype) cross into types in one place, dispatch() below (and
 // its GPU half in train_gpt_cuda.cu); everything under it is typed.
 #include "train_gpt.hpp"
+#include "train_gpt_plan.hpp"
 
 #include "cli.hpp"
 #include <cmath>
@@ -51,7 +52,7 @@ double host_available_bytes() {
 }
 
 // Refuses (exit 2) a configuration whose ranks in this process need more than the device has,
-// from the plan (exact state before the first step, a lower bound of the activations), before
+// from the plan's step peak (exact for one pipe rank on the host; else a lower bound), before
 // anything is allocated.
 void check_fits(const Options& o, const nn::GptConfig& cfg, const std::string& device, const Launch& launch) {
   const std::string fix = "use a smaller model, batch or micro-batch, more tensor or pipeline ranks, or a sharded strategy "
@@ -72,22 +73,22 @@ void check_fits(const Options& o, const nn::GptConfig& cfg, const std::string& d
   }
   if (available < 0) return;
   // Every rank of this process: threads, all of them; a process, its own pipe rank's.
-  const std::vector<RankPlan> plan = plan_of(o, cfg);
+  const std::vector<RankPlan> plan = plan_of(o, cfg, device != "cuda");
   const bool threads = launch.kind == Launcher::threads;
   double need = 0;
-  if (!threads) need = plan[static_cast<std::size_t>((launch.process / o.tensor) % o.pipe)].total();
+  if (!threads) need = static_cast<double>(plan[static_cast<std::size_t>((launch.process / o.tensor) % o.pipe)].total);
   else
-    for (const RankPlan& p : plan) need += p.total() * o.data * o.tensor;
+    for (const RankPlan& p : plan) need += static_cast<double>(p.total) * o.data * o.tensor;
   const int here = threads ? o.data * o.pipe * o.tensor : 1;
   if (need > available)
     throw Error("train_gpt",
-                cat("the plan needs at least ", gib(need), " for the ", here, here == 1 ? " rank" : " ranks",
-                    " of this process (state before the first step, exact, and a lower bound of the activations), but ", what),
+                cat("the plan needs ", plan[0].exact ? "" : "at least ", gib(need), " for the ", here,
+                    here == 1 ? " rank" : " ranks", " of this process (the peak of a training step), but ", what),
                 fix);
 }
 
 // --plan: what each rank holds and a step computes, from the types and sizes alone.
-int print_plan(const Options& o, const nn::GptConfig& cfg) {
+int print_plan(const Options& o, const nn::GptConfig& cfg, const std::string& device) {
   std::printf("plan: layers %lld, heads %lld, width %lld, seq %lld, vocab %lld | %s, %s | data %d x pipe %d x tensor %d | "
               "batch %lld, micro-batch %lld\n",
               static_cast<long long>(cfg.layers), static_cast<long long>(cfg.heads), static_cast<long long>(cfg.width),
@@ -98,17 +99,25 @@ int print_plan(const Options& o, const nn::GptConfig& cfg) {
     std::printf("about %.3g elements (parameters, activations): too large to plan, and to fit any machine\n", n);
     return 0;
   }
-  std::printf("%-10s %14s %14s %16s %16s %18s %14s\n", "pipe rank", "parameters", "gradients", "master weights",
-              "optimizer state", "activations >=", "total >=");
-  for (const RankPlan& p : plan_of(o, cfg))
-    std::printf("%-10d %14s %14s %16s %16s %18s %14s\n", p.pipe_rank,
-                mib(static_cast<double>(p.state.of(Category::parameters))).c_str(),
-                mib(static_cast<double>(p.state.of(Category::gradients))).c_str(),
-                mib(static_cast<double>(p.state.of(Category::master_weights))).c_str(),
-                mib(static_cast<double>(p.state.of(Category::optimizer_state))).c_str(), mib(p.activations).c_str(),
-                mib(p.total()).c_str());
-  std::printf("(each rank of a pipe rank: parameters to optimizer state exact, as the allocators count them before the "
-              "first step; activations: the residual stream per block and the logits, a lower bound)\n");
+  const std::vector<RankPlan> plan = plan_of(o, cfg, device != "cuda");
+  const char* bound = plan[0].exact ? "" : ">= ";
+  std::printf("%-10s %12s %12s %12s %12s %14s %14s %14s\n", "pipe rank", "parameters", "gradients", "master", "optimizer",
+              "activations", "communication", "step peak");
+  for (const RankPlan& p : plan) {
+    const auto at = [&](Category c) { return mib(static_cast<double>(p.peak.of(c))); };
+    std::printf("%-10d %12s %12s %12s %12s %14s %14s %14s\n", p.pipe_rank, at(Category::parameters).c_str(),
+                at(Category::gradients).c_str(), at(Category::master_weights).c_str(), at(Category::optimizer_state).c_str(),
+                cat(bound, at(Category::activations)).c_str(), at(Category::communication).c_str(),
+                cat(bound, mib(static_cast<double>(p.total))).c_str());
+  }
+  if (plan[0].exact)
+    std::printf("(per rank: each category's peak during a training step, and the peak of their sum, replayed from the "
+                "types and sizes: the host allocator's counts; persistent state %s; step peak %lld bytes)\n",
+                mib(static_cast<double>(plan[0].state.total())).c_str(), static_cast<long long>(plan[0].total));
+  else
+    std::printf("(per rank: the state exact; activations a lower bound: %s)\n",
+                o.pipe > 1 ? "the residual stream per block and the logits (pipeline schedules are not replayed)"
+                           : "the step replayed for the host; the GPU adds its attention and GEMM workspaces");
   const double flops = train::flops_per_token(cfg) * static_cast<double>(o.batch * cfg.seq);
   std::printf("FLOPs per step: %.4g (6 N + 12 L C T per token, %lld tokens)\n", flops,
               static_cast<long long>(o.batch * cfg.seq));
@@ -121,8 +130,7 @@ int print_plan(const Options& o, const nn::GptConfig& cfg) {
                               : o.dtype == "bf16" ? describe.operator()<bf16>() : describe.operator()<float>();
     std::printf("collectives of one micro-batch (tensor axis; the data axis adds the strategy's):\n%s", table.c_str());
   }
-  std::printf("not planned yet: the other saved activations, communication buffers and workspace, the gathers of "
-              "sharded strategies during a step, and the step time\n");
+  std::printf("not planned yet: the step time\n");
   return 0;
 }
 
@@ -345,7 +353,7 @@ int main(int argc, char** argv) {
       throw Error("train_gpt", "--resume latest without --save-dir", "give --save-dir, or the checkpoint's path to --resume");
     if ((o.save_every > 0 || o.keep > 0 || o.async_save) && o.save_dir.empty())
       throw Error("train_gpt", "--save-every, --keep or --async-save without --save-dir", "give --save-dir");
-    if (plan_only) return finish(launch.lead() ? print_plan(o, cfg) : 0);
+    if (plan_only) return finish(launch.lead() ? print_plan(o, cfg, device) : 0);
     check_fits(o, cfg, device, launch);
     // Where the run writes: checked now (by the printing process), not after the GEMM measurement.
     if (launch.lead()) {

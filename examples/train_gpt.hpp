@@ -17,7 +17,6 @@
 #include <weft/optim/schedule.hpp>
 #include <weft/pipeline/executor.hpp>
 #include <weft/pipeline/pipelined.hpp>
-#include <weft/plan/memory.hpp>
 #include <weft/nn/describe.hpp>
 #include <weft/train/metrics.hpp>
 #include <weft/version.hpp>
@@ -166,7 +165,8 @@ inline pipeline::Kind schedule_kind(const std::string& name) {
 inline double elements_of(const Options& o, const nn::GptConfig& c) {
   const double C = static_cast<double>(c.width), L = static_cast<double>(c.layers), T = static_cast<double>(c.seq);
   const double V = static_cast<double>(c.vocab) + o.tensor, B = static_cast<double>(o.micro_batch > 0 ? o.micro_batch : o.batch);
-  return L * (12 * C * C + 13 * C) + (V + T) * C + B * T * (C * L + V);
+  const double H = static_cast<double>(c.heads);
+  return L * (12 * C * C + 13 * C) + (V + T) * C + B * T * (C * L + V) + L * B * H * T * T;  // the last: attention
 }
 inline constexpr double kMaxPlannedElements = 1e15;
 
@@ -372,10 +372,12 @@ int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus, cons
     };
 
     const auto start = std::chrono::steady_clock::now();
+    std::int64_t step_peak_max = 0;  // the largest step peak of every rank (peak_bytes resets each step)
     bool ended = false;  // stopped by a signal, or diverged: the same step on every rank
     for (std::int64_t step = first_step; step < o.steps; ++step) {
       const auto t0 = std::chrono::steady_clock::now();
       dp.zero_grad();
+      dev->reset_peak();  // peak_bytes: this step's (the plan's step peak, weft/plan/step.hpp)
       double loss = 0;
       if (pp) {  // the schedule runs every micro-batch of the step
         std::vector<std::vector<std::int32_t>> xs(static_cast<std::size_t>(accum)), ys(xs.size());
@@ -407,6 +409,7 @@ int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus, cons
       std::vector<std::int64_t> agreed{dev->memory().total_peak, stop_requested().load(), std::isfinite(loss) ? 0 : 1};
       world.all_reduce(std::span<std::int64_t>(agreed), ReduceOp::max);
       const std::int64_t peak_bytes = agreed[0];
+      step_peak_max = std::max(step_peak_max, peak_bytes);
       const int stop = static_cast<int>(agreed[1]);
       const bool diverged = agreed[2] != 0;
       const bool eval_now = !diverged && o.eval_every > 0 && ((step + 1) % o.eval_every == 0 || step + 1 == o.steps);
@@ -505,7 +508,7 @@ int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus, cons
         if (lead) sample_out.push_back(next);
       }
     }
-    std::vector<std::int64_t> peak_all{dev->memory().total_peak};
+    std::vector<std::int64_t> peak_all{std::max(step_peak_max, dev->memory().total_peak)};
     world.all_reduce(std::span<std::int64_t>(peak_all), ReduceOp::max);
     if (lead) peak_bytes_all = peak_all[0];
   });
@@ -548,43 +551,6 @@ decltype(auto) with_strategy(const Options& o, F&& f) {
   if (o.strategy.starts_with("zero2")) return pick.template operator()<optim::Zero2>();
   if (o.strategy.starts_with("fsdp")) return pick.template operator()<optim::Fsdp>();
   return pick.template operator()<optim::Ddp>();
-}
-
-// One pipe rank's plan: what it holds before its first step (exact: weft/plan/memory.hpp), and a
-// lower bound of what a step adds (the residual stream each of its blocks keeps for the backward,
-// and the logits on the head's rank).
-struct RankPlan {
-  int pipe_rank = 0;
-  footprint::Memory state;
-  double activations = 0;
-  double total() const { return static_cast<double>(state.total()) + activations; }
-};
-
-template <class Strategy, class P>
-std::vector<RankPlan> plan_ranks(const Options& o, const nn::GptConfig& c) {
-  using T = typename precision_t<P>::compute;
-  const Spread s{.data_degree = o.data, .tensor_degree = o.tensor};
-  const double micro = static_cast<double>(o.micro_batch > 0 ? o.micro_batch : o.batch) / o.data;
-  std::vector<RankPlan> out;
-  for (int r = 0; r < o.pipe; ++r) {
-    const auto holds = footprint::Holds::even(c, o.pipe, r);  // main checked the partition
-    RankPlan p{r, footprint::persistent<Strategy, P>(c, s, holds), 0};
-    const double e = sizeof(T), T_ = static_cast<double>(c.seq), C = static_cast<double>(c.width);
-    p.activations = micro * T_ * C / o.tensor * e * static_cast<double>(holds.blocks) +
-                    (holds.head ? micro * T_ * static_cast<double>(nn::padded_vocab(c.vocab, o.tensor)) / o.tensor * e : 0);
-    out.push_back(p);
-  }
-  return out;
-}
-
-// The plan of the run the options describe, one entry per pipe rank. Call after elements_of has
-// ruled out sizes whose element counts overflow.
-inline std::vector<RankPlan> plan_of(const Options& o, const nn::GptConfig& c) {
-  return with_strategy(o, [&]<class S, bool SP>() {
-    if (o.dtype == "f64") return plan_ranks<S, F64>(o, c);
-    if (o.dtype == "bf16") return plan_ranks<S, Bf16Mixed>(o, c);
-    return plan_ranks<S, F32>(o, c);
-  });
 }
 
 }  // namespace train_gpt

@@ -10,8 +10,8 @@
 2. SIGINT and SIGTERM to a running trainer: it finishes the step, writes the last record and a line
    saying why it stopped, saves a checkpoint that resumes at the next step, and exits 128 + the
    signal; a second signal ends it at once (killed by the signal, no final line).
-3. --plan: exits 0 at once, and its per-rank total (exact state before the first step, a lower
-   bound of the activations) is at most the peak bytes the run then measures, for each data layout.
+3. --plan: exits 0 at once, and the step peak it prints is within 5% of the peak bytes the run then
+   logs for each step, for each data layout with and without SP.
 """
 import json, os, signal, struct, subprocess, sys, tempfile, time
 
@@ -60,10 +60,10 @@ cases = [
     (2, "to divide the sequence length 4611686018427387903", ["--strategy", "ddp-sp", "--seq", "4611686018427387903"]),
     (2, "= 4294967296 ranks; use at most 2^20 = 1048576 ranks", big),
     (2, "use at most 1024 thread ranks", ["--data", "64", "--tensor", "32", "--heads", "32", "--width", "64", "--batch", "64"]),
-    (2, "the plan needs at least", ["--layers", "100000"]),
+    (2, "the plan needs ", ["--layers", "100000"]),
     (2, "elements (parameters, activations), more than any machine", ["--width", "1000000000"]),
-    (2, "the plan needs at least", ["--seq", "1000000000"]),
-    (2, "the plan needs at least", ["--batch", "100000000"]),
+    (2, "the plan needs ", ["--seq", "1000000000"]),
+    (2, "the plan needs ", ["--batch", "100000000"]),
     (2, "0 is out of range", ["--layers", "0"]),
     (2, "0 is out of range", ["--heads", "0"]),
     (2, "vocabulary 100000 with the built-in Markov corpus", ["--vocab", "100000"]),
@@ -189,24 +189,26 @@ if header:
 else:
     p.kill(); failures += 1; print("FAIL: two SIGINTs: no header line")
 
-# The plan against a run: its lower bound holds for every strategy (the exact persistent part is
-# checked against the allocators in tests/plan/memory.cpp).
+# The plan against a run: the step peak --plan prints (replayed from the types: weft/plan/step.hpp)
+# against the peak_bytes the run logs for each step (the largest rank's), for each data layout with
+# and without SP. The target is 5%; tests/plan/step.cpp checks every category exactly.
 import re
-for strategy in ("ddp", "zero1-sp", "zero2", "fsdp-sp"):  # each data layout, with and without SP
+for strategy in ("ddp", "zero1-sp", "zero2", "fsdp-sp"):
     args = ["--strategy", strategy, "--steps", "2", "--eval-every", "0", "--dtype", "f32"]
     t0 = time.monotonic()
     p = subprocess.run([bin_, "--plan", *args], capture_output=True, text=True, env=env, timeout=60)
     took = time.monotonic() - t0
-    rows = [l.split() for l in p.stdout.splitlines() if re.match(r"^0\s+[0-9.]+ MiB", l)]
+    m = re.search(r"step peak (\d+) bytes", p.stdout)
     log = os.path.join(work, f"plan_{strategy}.jsonl")
     r = subprocess.run([bin_, *args, "--log", log], capture_output=True, text=True, env=env, timeout=300)
-    peak = max(json.loads(l)["peak_bytes"] for l in open(log) if '"peak_bytes"' in l) / 2**20 if r.returncode == 0 else 0
-    planned = float(rows[0][-2]) if rows else float("inf")
-    if p.returncode != 0 or took > 20 or not rows or planned > peak + 0.05:  # the table rounds to 0.1 MiB
+    peaks = [json.loads(l)["peak_bytes"] for l in open(log) if '"peak_bytes"' in l] if r.returncode == 0 else []
+    planned = int(m.group(1)) if m else -1
+    off = max(abs(x - planned) / planned for x in peaks) if peaks and planned > 0 else float("inf")
+    if p.returncode != 0 or took > 20 or off > 0.05:
         failures += 1
-        print(f"FAIL: --plan --strategy {strategy}: exit {p.returncode} in {took:.1f} s, planned {planned} MiB, "
-              f"measured peak {peak:.2f} MiB\n{p.stdout[-600:]}{p.stderr[-300:]}")
+        print(f"FAIL: --plan --strategy {strategy}: exit {p.returncode} in {took:.1f} s, planned {planned} bytes, "
+              f"measured {peaks}\n{p.stdout[-600:]}{p.stderr[-300:]}")
     else:
-        print(f"--plan {strategy}: at least {planned:.1f} MiB per rank, measured peak {peak:.2f} MiB")
+        print(f"--plan {strategy}: step peak {planned} bytes per rank, measured {peaks} ({100 * off:.2f}% off)")
 
 sys.exit(1 if failures else 0)

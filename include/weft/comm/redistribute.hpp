@@ -143,7 +143,9 @@ Tensor<T, To, D> execute(const Tensor<T, From, D>& x, M& mesh) {
                   cat("the tensor's spread has ", name(k.axis), " degree ", x.spread().degree(k.axis), " but the mesh's ",
                       name(k.axis), " group has ", mesh.comm(k.axis).size(), " ranks"),
                   "build the tensor with the spread of the mesh it is redistributed on (mesh.spread())");
-  Tensor<T, To, D> y = Tensor<T, To, D>::empty(x.dev(), x.global_shape(), x.spread());
+  // The result is counted where the input is (an activation stays one); the steps' buffers are
+  // communication.
+  Tensor<T, To, D> y = Tensor<T, To, D>::empty(x.dev(), x.global_shape(), x.spread(), x.category());
   Allocation held;  // the latest intermediate block
   const T* cur = x.data();
   Shape shape = x.local_shape();

@@ -87,6 +87,8 @@ class Tensor {
   std::size_t bytes() const { return static_cast<std::size_t>(numel()) * sizeof(T); }
   D& dev() const { return *device_; }
   bool owns_storage() const { return storage_.data() != nullptr; }
+  // The memory category its storage is counted in (a view's: other).
+  Category category() const { return owns_storage() ? storage_.category() : Category::other; }
 
   // The global flat index of local element i (row-major), for layouts without Partial.
   // Requires: L has no Partial placement (a Partial tensor's elements are addends, not positions).

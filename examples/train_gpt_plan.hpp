@@ -1,0 +1,57 @@
+// train_gpt's memory plan: per pipe rank, the persistent state (weft/plan/memory.hpp, exact) and the
+// peak of a step (weft/plan/step.hpp: exact for one pipe rank on the host; otherwise the state plus
+// a lower bound of the activations). Host code only: the CUDA translation unit does not include it.
+#pragma once
+
+#include <weft/plan/memory.hpp>
+#include <weft/plan/step.hpp>
+
+#include "train_gpt.hpp"
+
+namespace train_gpt {
+
+struct RankPlan {
+  int pipe_rank = 0;
+  footprint::Memory state;  // before the first step
+  footprint::Memory peak;   // each category's peak during a step
+  std::int64_t total = 0;   // the peak of their sum
+  bool exact = false;       // the step replayed (pipe 1, host); else activations are a lower bound
+};
+
+template <class Strategy, bool SP, class P>
+std::vector<RankPlan> plan_ranks(const Options& o, const nn::GptConfig& c, bool host) {
+  using T = typename precision_t<P>::compute;
+  const Spread s{.data_degree = o.data, .tensor_degree = o.tensor};
+  const std::int64_t micro = o.micro_batch > 0 ? o.micro_batch : o.batch;
+  std::vector<RankPlan> out;
+  if (o.pipe == 1) {
+    const auto step = footprint::step<Strategy, P, SP>(c, s, micro, o.batch / micro);
+    out.push_back({0, step.after, step.peak, step.total, host});
+    return out;
+  }
+  for (int r = 0; r < o.pipe; ++r) {
+    const auto holds = footprint::Holds::even(c, o.pipe, r);  // main checked the partition
+    RankPlan p{r, footprint::persistent<Strategy, P>(c, s, holds), {}, 0, false};
+    // The residual stream each block keeps for the backward, and the logits on the head's rank.
+    const std::int64_t e = sizeof(T), rows = micro / o.data * c.seq;
+    const std::int64_t act = rows * c.width / o.tensor * e * holds.blocks +
+                             (holds.head ? rows * nn::padded_vocab(c.vocab, o.tensor) / o.tensor * e : 0);
+    p.peak = p.state;
+    p.peak.bytes[static_cast<std::size_t>(Category::activations)] += act;
+    p.total = p.state.total() + act;
+    out.push_back(p);
+  }
+  return out;
+}
+
+// The plan of the run the options describe, one entry per pipe rank. Call after elements_of has
+// ruled out sizes whose element counts overflow.
+inline std::vector<RankPlan> plan_of(const Options& o, const nn::GptConfig& c, bool host) {
+  return with_strategy(o, [&]<class S, bool SP>() {
+    if (o.dtype == "f64") return plan_ranks<S, SP, F64>(o, c, host);
+    if (o.dtype == "bf16") return plan_ranks<S, SP, Bf16Mixed>(o, c, host);
+    return plan_ranks<S, SP, F32>(o, c, host);
+  });
+}
+
+}  // namespace train_gpt

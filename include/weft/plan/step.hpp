@@ -1,0 +1,433 @@
+// weft::footprint::step: the peak bytes of a training step by category (the second part of the
+// plan), from the sizes, the degrees and the types alone, constexpr.
+//
+// The step is replayed on a Ledger that counts as the allocators do: every tensor the layers,
+// redistributions and the data-parallel protocol allocate and free during one micro-batch's forward
+// and backward (pipeline::forward_backward) and the optimizer step (DataParallel::step), in the
+// order the code runs them. The peak of each category, and of their total, is where the replay's
+// running count is highest. tests/plan/step.cpp checks it equals what the host allocator measures
+// for every data-parallel strategy, with and without sequence parallelism and under every
+// recompute policy: a layer that changes what it keeps must change its replay here too.
+//
+// What a rank keeps between forward and backward, per block (local sizes; xs the residual stream
+// (B/dp, T or T/tp with SP, C), xf the branch input (B/dp, T, C), stats two rows of S per stream
+// row):
+//   None       ln1 and ln2 input and stats (2 xs, 2 stats), qkv input (xf), qkv output (3C/tp),
+//              attention probabilities (B/dp, H/tp, T, T), proj input (C/tp), fc input (xf),
+//              fc pre-activation and proj input (2 x 4C/tp)
+//   Selective  the same without the probabilities (recomputed in backward)
+//   Full       the block input alone (xs); the rest is rebuilt in backward
+// plus the head's logits (B/dp, T, Vp/tp) and the LM head's input (xf), which are usually the peak.
+//
+// Scope: one pipe rank holding every stage (pipe degree 1), on a device that reads the tokens where
+// they are (the host). The CUDA back end's attention and GEMM workspaces, and pipeline schedules'
+// in-flight micro-batches, are not replayed.
+#pragma once
+
+#include <cstdint>
+
+#include "weft/layout/plan.hpp"
+#include "weft/nn/block.hpp"
+#include "weft/plan/memory.hpp"
+#include "weft/recompute/policies.hpp"
+
+namespace weft::footprint {
+
+// Running and peak bytes per category and in total, as MemoryStats counts them.
+class Ledger {
+ public:
+  constexpr explicit Ledger(const Memory& start) : current_(start) {
+    peak_ = start;
+    total_ = start.total();
+    total_peak_ = total_;
+  }
+  constexpr void add(Category c, std::int64_t bytes) {
+    const auto i = static_cast<std::size_t>(c);
+    current_.bytes[i] += bytes;
+    if (current_.bytes[i] > peak_.bytes[i]) peak_.bytes[i] = current_.bytes[i];
+    total_ += bytes;
+    if (total_ > total_peak_) total_peak_ = total_;
+  }
+  constexpr void sub(Category c, std::int64_t bytes) {
+    current_.bytes[static_cast<std::size_t>(c)] -= bytes;
+    total_ -= bytes;
+  }
+  constexpr const Memory& current() const { return current_; }
+  constexpr const Memory& peak() const { return peak_; }
+  constexpr std::int64_t total_peak() const { return total_peak_; }
+
+ private:
+  Memory current_, peak_;
+  std::int64_t total_ = 0, total_peak_ = 0;
+};
+
+// A step's plan: the peak of each category (each at its own moment), the peak of their sum, and
+// what is held after the step (the persistent state again, when every transient was freed).
+struct StepPeak {
+  Memory peak;
+  std::int64_t total = 0;
+  Memory after;
+};
+
+namespace detail {
+
+template <class Strategy, PrecisionLike P, bool SP, recompute::Policy R, class Rule>
+class StepReplay {
+  using T = typename precision_t<P>::compute;
+  using G = master_t<T>;  // parameter gradients
+  using S = master_t<T>;  // LayerNorm and cross-entropy statistics
+  using A = typename nn::stream<SP>::layout;
+  using Enter = typename nn::stream<SP>::enter;
+  using Leave = typename nn::stream<SP>::leave;
+  using Rows = Layout<Shard<0>, Replicate>;
+  static constexpr bool shard_params = IsShard<typename Strategy::params>;
+  static constexpr bool shard_grads = IsShard<typename Strategy::grads>;
+  static constexpr bool shard_state = IsShard<typename Strategy::state>;
+  static constexpr bool keep_probs = !std::same_as<R, recompute::Selective>;
+  static constexpr std::int64_t e = sizeof(T), g = sizeof(G), sb = sizeof(S);
+  static constexpr Category act = Category::activations, comm = Category::communication;
+
+ public:
+  constexpr StepReplay(const nn::GptConfig& c, const Spread& s, std::int64_t micro, Ledger& l)
+      : c_(c), s_(s), l_(&l), act_{micro, c.seq, c.width} {
+    const std::int64_t C = c.width, dp = s.data_degree, tp = s.tensor_degree;
+    const std::int64_t B = micro, Tn = c.seq;
+    xs_ = numel<A>(act_) * e;
+    xf_ = numel<nn::act::Replicated>(act_) * e;
+    stats_ = 2 * (numel<A>(act_) / C) * sb;
+    qkv_ = numel<nn::act::Features>({B, Tn, 3 * C}) * e;
+    core_ = numel<nn::act::Features>({B, Tn, C}) * e;
+    hidden_ = numel<nn::act::Features>({B, Tn, 4 * C}) * e;
+    probs_ = B / dp * (c.heads / tp) * Tn * Tn * e;
+    logits_ = numel<nn::act::Features>({B, Tn, nn::padded_vocab(c.vocab, s.tensor_degree)}) * e;
+    rows_ = numel<Rows>({B, Tn}) * sb;
+    const std::int64_t table = nn::padded_vocab(c.vocab, s.tensor_degree) * C / tp;
+    unit_embedding_ = pad(table + c.seq * C);
+    unit_block_ = pad(block_elements(c, s.tensor_degree));
+    unit_head_ = pad(2 * C);
+  }
+
+  // One micro-batch's forward and backward (pipeline::forward_backward over every stage).
+  constexpr void forward_backward() {
+    // Forward: stage 0, the blocks, the head (whose units stay acquired for the backward next).
+    acquire(unit_embedding_, false, embedding_gathered_, embedding_grads_);
+    embedding_forward();
+    for (std::int64_t b = 0; b < c_.layers; ++b) {
+      bool gathered = false, grads = false;
+      acquire(unit_block_, false, gathered, grads);
+      block_forward();
+      l_->sub(act, xs_);  // ctx.x: the block's input, replaced by its output
+      release(unit_block_, false, gathered, grads);
+    }
+    acquire(unit_head_, false, head_gathered_, head_grads_);
+    acquire(unit_embedding_, false, embedding_gathered_, embedding_grads_);  // the tied table
+    head_forward();
+    // Backward: the head, the blocks in reverse, stage 0.
+    acquire(unit_head_, true, head_gathered_, head_grads_);
+    acquire(unit_embedding_, true, embedding_gathered_, embedding_grads_);
+    head_backward();
+    release(unit_head_, true, head_gathered_, head_grads_);
+    for (std::int64_t b = c_.layers; b-- > 0;) {
+      bool gathered = false, grads = false;
+      acquire(unit_block_, true, gathered, grads);
+      block_backward();
+      l_->sub(act, xs_);  // ctx.x: the block's output gradient, replaced by its input gradient
+      release(unit_block_, true, gathered, grads);
+    }
+    acquire(unit_embedding_, true, embedding_gathered_, embedding_grads_);
+    embedding_backward();
+    release(unit_embedding_, true, embedding_gathered_, embedding_grads_);
+  }
+
+  // DataParallel::step: the tensor-partial gradients packed into one all-reduce (SP), then under
+  // ZeRO-1/2 each unit's updated slice copied out for the all-gather of values.
+  constexpr void optimizer_step() {
+    if (SP && s_.tensor_degree > 1) {
+      const std::int64_t packed = partial_grads();
+      l_->add(comm, packed * g);
+      l_->sub(comm, packed * g);
+    }
+    if constexpr (shard_state && !shard_params) {
+      for (std::int64_t n : {unit_embedding_, unit_block_, unit_head_}) {
+        l_->add(comm, n / s_.data_degree * e);
+        l_->sub(comm, n / s_.data_degree * e);
+      }
+    }
+  }
+
+ private:
+  template <LayoutType L>
+  constexpr std::int64_t numel(const Shape& global) const {
+    return local_shape<L>(global, s_).numel();
+  }
+  constexpr std::int64_t pad(std::int64_t n) const {
+    const std::int64_t dp = s_.data_degree;
+    return (n + dp - 1) / dp * dp;
+  }
+
+  // redistribute<To>(x) with x in From (comm/redistribute.hpp): the result, counted in x's
+  // category, stays allocated; each step's output and scratch are communication buffers, the
+  // previous step's output freed after the next one is allocated. Returns the result's bytes.
+  template <LayoutType From, LayoutType To>
+  constexpr std::int64_t redistribute(Category c) {
+    Shape local = local_shape<From>(act_, s_);
+    const std::int64_t y = local_shape<To>(act_, s_).numel() * e;
+    l_->add(c, y);
+    std::int64_t held = 0;
+    for (const StepKind& k : Transition<From, To>::steps) {
+      if (k.collective == Collective::none) continue;
+      const Shape out = step_shape(k, local, s_.degree(k.axis));
+      const std::int64_t in_n = local.numel(), out_n = out.numel();
+      std::int64_t scratch = 0;
+      if (k.collective == Collective::all_gather && out.outer(out.normalize_dim(k.from_dim)) != 1) scratch = out_n;
+      if (k.collective == Collective::reduce_scatter && local.outer(local.normalize_dim(k.to_dim)) != 1) scratch = in_n;
+      if (k.collective == Collective::all_to_all) scratch = 2 * in_n;
+      l_->add(comm, out_n * e);
+      l_->add(comm, scratch * e);
+      l_->sub(comm, scratch * e);
+      l_->sub(comm, held);
+      held = out_n * e;
+      local = out;
+    }
+    l_->sub(comm, held);
+    return y;
+  }
+  template <class Redist>
+  constexpr std::int64_t forward_of(Category c) {
+    return redistribute<typename Redist::In, typename Redist::Out>(c);
+  }
+  template <class Redist>
+  constexpr std::int64_t backward_of(Category c) {
+    return redistribute<typename Redist::GradOut, typename Redist::GradIn>(c);
+  }
+
+  // DataParallel::acquire and release of a unit of n padded elements.
+  constexpr void acquire(std::int64_t n, bool backward, bool& gathered, bool& grads) {
+    if (shard_params && !gathered) {
+      l_->add(Category::parameters, n * e);
+      gathered = true;
+    }
+    if (shard_grads && backward && !grads) {
+      l_->add(Category::gradients, n * g);
+      grads = true;
+    }
+  }
+  constexpr void release(std::int64_t n, bool backward, bool& gathered, bool& grads) {
+    if (shard_grads && backward) {
+      l_->add(comm, n / s_.data_degree * g);  // this rank's reduce-scattered part
+      l_->sub(Category::gradients, n * g);
+      l_->sub(comm, n / s_.data_degree * g);
+      grads = false;
+    }
+    if (shard_params && gathered) {
+      l_->sub(Category::parameters, n * e);
+      gathered = false;
+    }
+  }
+
+  // LayerNorm::forward: the output, the statistics, the input's copy.
+  constexpr void layernorm_forward() {
+    l_->add(act, xs_);
+    l_->add(act, stats_);
+    l_->add(act, xs_);
+  }
+  // LayerNorm::backward (fused with the residual's gradient): dx, then the context freed.
+  constexpr void layernorm_backward() {
+    l_->add(act, xs_);
+    l_->sub(act, stats_);
+    l_->sub(act, xs_);
+  }
+
+  // Residual<Sequential<ln, Enter, inner, Leave>>::forward: each layer's output lives until the
+  // sequence returns; the branch's output (xs) stays.
+  template <class Inner>
+  constexpr void branch_forward(Inner&& inner) {
+    layernorm_forward();
+    const std::int64_t entered = forward_of<Enter>(act);
+    const std::int64_t out = inner();  // the Partial output, (B/dp, T, C)
+    forward_of<Leave>(act);
+    l_->sub(act, out);
+    l_->sub(act, entered);
+    l_->sub(act, xs_);  // the LayerNorm's output
+  }
+  // ...::backward: Leave's adjoint, the inner layer's backward, Enter's adjoint, the LayerNorm's;
+  // then the intermediate gradients, in reverse. The branch's input gradient (xs) stays.
+  template <class Inner>
+  constexpr void branch_backward(Inner&& inner) {
+    const std::int64_t left = backward_of<Leave>(act);
+    const std::int64_t dinner = inner();
+    const std::int64_t entered = backward_of<Enter>(act);
+    layernorm_backward();
+    l_->sub(act, entered);
+    l_->sub(act, dinner);
+    l_->sub(act, left);
+  }
+
+  constexpr std::int64_t attention_forward() {
+    l_->add(act, qkv_);    // qkv output, kept
+    l_->add(act, xf_);     // qkv input copy
+    l_->add(act, probs_);  // probabilities
+    l_->add(act, core_);   // the attention core's output
+    l_->add(act, xf_);     // proj output (Partial)
+    l_->add(act, core_);   // proj input copy
+    l_->sub(act, core_);   // the core's output, a local
+    if (!keep_probs) l_->sub(act, probs_);
+    return xf_;
+  }
+  constexpr std::int64_t attention_backward() {
+    l_->add(act, core_);  // proj dx (dcore)
+    l_->sub(act, core_);  // proj's input copy
+    if (!keep_probs) {
+      l_->add(act, probs_);
+      l_->add(act, core_);  // the recomputed core's output, freed at once
+      l_->sub(act, core_);
+    }
+    l_->add(act, qkv_);  // dqkv
+    l_->add(act, xf_);   // qkv dx
+    l_->sub(act, xf_);   // qkv's input copy
+    l_->sub(act, qkv_);  // the kept qkv
+    l_->sub(act, probs_);
+    l_->sub(act, qkv_);   // dqkv
+    l_->sub(act, core_);  // dcore
+    return xf_;
+  }
+  constexpr std::int64_t mlp_forward() {
+    l_->add(act, hidden_);  // fc output
+    l_->add(act, xf_);      // fc input copy
+    l_->add(act, hidden_);  // pre-activation copy
+    l_->add(act, xf_);      // proj output (Partial)
+    l_->add(act, hidden_);  // proj input copy
+    l_->sub(act, hidden_);  // fc output, a local
+    return xf_;
+  }
+  constexpr std::int64_t mlp_backward() {
+    l_->add(act, hidden_);  // proj dx
+    l_->sub(act, hidden_);  // proj's input copy
+    l_->add(act, hidden_);  // GELU's dpre
+    l_->add(act, xf_);      // fc dx
+    l_->sub(act, xf_);      // fc's input copy
+    l_->sub(act, hidden_);  // pre-activation
+    l_->sub(act, hidden_);  // dpre
+    l_->sub(act, hidden_);  // proj dx
+    return xf_;
+  }
+
+  // Block::run_forward: the two branches; the attention branch's output freed at the end.
+  constexpr void run_forward() {
+    branch_forward([&] { return attention_forward(); });
+    branch_forward([&] { return mlp_forward(); });
+    l_->sub(act, xs_);
+  }
+  // What run_forward leaves in the context (freed by a Full-recompute forward).
+  constexpr void drop_context() {
+    l_->sub(act, 2 * (xs_ + stats_) + 2 * xf_ + qkv_ + (keep_probs ? probs_ : 0) + core_ + 2 * hidden_);
+  }
+
+  // Block::forward: the output (xs) stays, with the context.
+  constexpr void block_forward() {
+    run_forward();
+    if constexpr (std::same_as<R, recompute::Full>) {
+      l_->add(act, xs_);  // the input's copy, the whole context
+      drop_context();
+    }
+  }
+  // Block::backward: the input gradient (xs) stays; the context is gone.
+  constexpr void block_backward() {
+    if constexpr (std::same_as<R, recompute::Full>) {
+      run_forward();       // rebuilds the context; its output is discarded
+      l_->sub(act, xs_);
+      l_->sub(act, xs_);   // the input's copy
+    }
+    branch_backward([&] { return mlp_backward(); });
+    branch_backward([&] { return attention_backward(); });
+    l_->sub(act, xs_);  // the MLP branch's input gradient
+  }
+
+  // EmbeddingStage::forward: the vocab-parallel lookup (Partial), redistributed to the stream.
+  constexpr void embedding_forward() {
+    l_->add(act, xf_);
+    forward_of<Leave>(act);
+    l_->sub(act, xf_);
+  }
+  // EmbeddingStage::backward: wte's gradient reads Leave's adjoint of dx, a temporary; then ctx.x
+  // is freed.
+  constexpr void embedding_backward() {
+    l_->sub(act, backward_of<Leave>(act));
+    l_->sub(act, xs_);
+  }
+
+  // HeadStage::forward: ln_f, Enter, the logits and the cross-entropy's row statistics.
+  constexpr void head_forward() {
+    layernorm_forward();
+    forward_of<Enter>(act);  // xr, kept for the head's weight gradient
+    l_->sub(act, xs_);       // ln_f's output
+    l_->add(act, logits_);
+    l_->add(act, rows_);      // row max
+    l_->add(act, 2 * rows_);  // (B, T, 2) statistics before their all-reduce
+    l_->add(act, rows_);      // sum of exponentials
+    l_->sub(act, 2 * rows_);
+    l_->sub(act, xs_);  // ctx.x: the last block's output
+  }
+  constexpr void head_backward() {
+    l_->sub(act, 2 * rows_);  // the cross-entropy's context; the logits become their gradient
+    l_->add(act, xf_);        // dxr
+    l_->sub(act, logits_);
+    l_->sub(act, xf_);        // xr
+    const std::int64_t entered = backward_of<Enter>(act);
+    layernorm_backward();
+    l_->sub(act, entered);
+    l_->sub(act, xf_);  // dxr
+  }
+
+  // The gradient elements that are Partial on the tensor axis (SP: LayerNorm weights and biases,
+  // the positions) inside this rank's reduction range of each unit: all of the unit, or its data
+  // slice where gradients are sharded. Entries in their units' order (nn/gpt.hpp, nn/block.hpp).
+  constexpr std::int64_t partial_grads() const {
+    const std::int64_t C = c_.width, tp = s_.tensor_degree;
+    const std::int64_t table = nn::padded_vocab(c_.vocab, s_.tensor_degree) * C / tp;
+    const std::int64_t q = 3 * C / tp;
+    // (offset, length) of each partial entry
+    const std::array<std::array<std::int64_t, 2>, 1> embedding{{{table, c_.seq * C}}};
+    const std::int64_t ln2_at = 2 * C + q * C + q + C * C / tp + C;
+    const std::array<std::array<std::int64_t, 2>, 2> block{{{0, 2 * C}, {ln2_at, 2 * C}}};
+    const std::array<std::array<std::int64_t, 2>, 1> head{{{0, 2 * C}}};
+    const auto in_range = [&](std::int64_t padded, const auto& entries) {
+      const std::int64_t shard = padded / s_.data_degree;
+      const std::int64_t lo = shard_grads ? s_.data_index * shard : 0, hi = shard_grads ? lo + shard : padded;
+      std::int64_t n = 0;
+      for (const auto& [at, len] : entries) {
+        const std::int64_t a = at > lo ? at : lo, b = at + len < hi ? at + len : hi;
+        if (a < b) n += b - a;
+      }
+      return n;
+    };
+    return in_range(unit_embedding_, embedding) + c_.layers * in_range(unit_block_, block) + in_range(unit_head_, head);
+  }
+
+  nn::GptConfig c_;
+  Spread s_;
+  Ledger* l_;
+  Shape act_;  // (B, T, C), global
+  std::int64_t xs_ = 0, xf_ = 0, stats_ = 0, qkv_ = 0, core_ = 0, hidden_ = 0, probs_ = 0, logits_ = 0, rows_ = 0;
+  std::int64_t unit_embedding_ = 0, unit_block_ = 0, unit_head_ = 0;
+  bool embedding_gathered_ = false, embedding_grads_ = false, head_gathered_ = false, head_grads_ = false;
+};
+
+}  // namespace detail
+
+// The peaks of one training step on a rank of a data x tensor mesh (pipe degree 1): `micro_batches`
+// forward-backward passes of `micro_batch` sequences (global, over the data ranks) each, then the
+// optimizer step, for a Gpt<P, SP, R> under data-parallel Strategy with update rule Rule. Starts
+// from the persistent state (persistent()); s.data_index picks the rank's data slice, which
+// matters only for the SP gradients packed in the optimizer step.
+template <class Strategy, PrecisionLike P, bool SP = false, recompute::Policy R = recompute::None,
+          class Rule = optim::AdamW>
+constexpr StepPeak step(const nn::GptConfig& c, const Spread& s, std::int64_t micro_batch, std::int64_t micro_batches = 1) {
+  Ledger l(persistent<Strategy, P, Rule>(c, s, Holds::all(c)));
+  detail::StepReplay<Strategy, P, SP, R, Rule> replay(c, s, micro_batch, l);
+  for (std::int64_t m = 0; m < (micro_batches < 1 ? 1 : micro_batches); ++m) replay.forward_backward();
+  replay.optimizer_step();
+  return {l.peak(), l.total_peak(), l.current()};
+}
+
+}  // namespace weft::footprint
