@@ -44,6 +44,7 @@ class Ledger {
   constexpr void add(Category c, std::int64_t bytes) {
     const auto i = static_cast<std::size_t>(c);
     current_.bytes[i] += bytes;
+    allocated_.bytes[i] += bytes;
     if (current_.bytes[i] > peak_.bytes[i]) peak_.bytes[i] = current_.bytes[i];
     total_ += bytes;
     if (total_ > total_peak_) total_peak_ = total_;
@@ -55,18 +56,21 @@ class Ledger {
   constexpr const Memory& current() const { return current_; }
   constexpr const Memory& peak() const { return peak_; }
   constexpr std::int64_t total_peak() const { return total_peak_; }
+  constexpr const Memory& allocated() const { return allocated_; }  // every byte allocated, summed
 
  private:
-  Memory current_, peak_;
+  Memory current_, peak_, allocated_;
   std::int64_t total_ = 0, total_peak_ = 0;
 };
 
-// A step's plan: the peak of each category (each at its own moment), the peak of their sum, and
-// what is held after the step (the persistent state again, when every transient was freed).
+// A step's plan: the peak of each category (each at its own moment), the peak of their sum, what
+// is held after the step (the persistent state again, when every transient was freed), and the
+// bytes allocated during the step (each buffer written once: the time model's memory traffic).
 struct StepPeak {
   Memory peak;
   std::int64_t total = 0;
   Memory after;
+  Memory allocated;
 };
 
 namespace detail {
@@ -427,7 +431,7 @@ constexpr StepPeak step(const nn::GptConfig& c, const Spread& s, std::int64_t mi
   detail::StepReplay<Strategy, P, SP, R, Rule> replay(c, s, micro_batch, l);
   for (std::int64_t m = 0; m < (micro_batches < 1 ? 1 : micro_batches); ++m) replay.forward_backward();
   replay.optimizer_step();
-  return {l.peak(), l.total_peak(), l.current()};
+  return {l.peak(), l.total_peak(), l.current(), l.allocated()};
 }
 
 }  // namespace weft::footprint

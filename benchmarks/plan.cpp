@@ -1,0 +1,140 @@
+// The plan against a run, on thread ranks (data x tensor), for every data-parallel strategy with and
+// without sequence parallelism: the step time the time model predicts (weft/plan/time.hpp, with
+// rates measured on this host in the same run: weft/plan/host_rates.hpp) against the measured
+// step time (the median of --steps steps, after one warm-up), and the step's planned peak bytes
+// (weft/plan/step.hpp) against the allocator's. One JSON object per line; the target is a time
+// within 25% and memory within 5% (the memory plan is exact: tests/plan/step.cpp).
+//
+//   plan [--layers L] [--width C] [--heads H] [--seq T] [--vocab V] [--batch B] [--data D] [--tensor N] [--steps S]
+#include <weft/weft_host.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+#include <weft/nn/gpt.hpp>
+#include <weft/optim/data_parallel.hpp>
+#include <weft/pipeline/executor.hpp>
+#include <weft/plan/host_rates.hpp>
+#include <weft/plan/time.hpp>
+
+using namespace weft;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+struct Run {
+  double step_s = 0;
+  std::int64_t peak = 0;
+};
+
+template <class Strategy, bool SP>
+Run measure(const nn::GptConfig& cfg, MeshShape shape, std::int64_t batch, std::int64_t steps) {
+  const int ranks = shape.data * shape.tensor;
+  std::vector<std::vector<double>> times(static_cast<std::size_t>(ranks));
+  std::vector<std::int64_t> peaks(static_cast<std::size_t>(ranks));
+  run_threads(ranks, [&](ThreadComm& world) {
+    Mesh mesh{world, shape};
+    Host host;
+    nn::Gpt<float, SP> gpt(host, cfg, mesh.spread(), batch);
+    auto dp = optim::data_parallel<Strategy>(gpt, optim::AdamW{}, mesh);
+    const std::size_t n = static_cast<std::size_t>(batch / shape.data * cfg.seq);
+    std::vector<std::int32_t> x(n), y(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      x[i] = static_cast<std::int32_t>(weft::philox(1, 1, i)[0] % static_cast<std::uint64_t>(cfg.vocab));
+      y[i] = static_cast<std::int32_t>(weft::philox(1, 2, i)[0] % static_cast<std::uint64_t>(cfg.vocab));
+    }
+    auto step = [&] {
+      dp.zero_grad();
+      auto ctx = gpt.context({x, y, batch});
+      pipeline::forward_backward(gpt, ctx, mesh, dp);
+      dp.step(1e-4, 1.0);
+    };
+    step();  // warm-up
+    for (std::int64_t s = 0; s < steps; ++s) {
+      world.barrier();
+      host.reset_peak();
+      const auto t0 = Clock::now();
+      step();
+      world.barrier();
+      times[static_cast<std::size_t>(world.rank())].push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+    peaks[static_cast<std::size_t>(world.rank())] = host.memory().total_peak;
+  });
+  std::vector<double> t = times[0];
+  std::sort(t.begin(), t.end());
+  return {t[t.size() / 2], *std::max_element(peaks.begin(), peaks.end())};
+}
+
+template <class Strategy, bool SP>
+nlohmann::json compare(const char* name, const nn::GptConfig& cfg, MeshShape shape, std::int64_t batch, std::int64_t steps,
+                       estimate::Rates& rates, bool& measured_rates) {
+  const Spread s{.data_degree = shape.data, .tensor_degree = shape.tensor};
+  const estimate::Work w = estimate::work<Strategy, F32, SP>(cfg, s, batch);
+  if (!measured_rates) {
+    rates = estimate::host_rates<float>(w, shape, batch / shape.data, cfg.seq, cfg.heads, cfg.width);
+    measured_rates = true;
+  }
+  const estimate::Breakdown b = estimate::seconds(w, rates);
+  const Run run = measure<Strategy, SP>(cfg, shape, batch, steps);
+  return {{"bench", "plan"},
+          {"strategy", name},
+          {"data", shape.data},
+          {"tensor", shape.tensor},
+          {"planned_step_s", b.total()},
+          {"measured_step_s", run.step_s},
+          {"time_ratio", b.total() / run.step_s},
+          {"planned", {{"gemm_s", b.gemm}, {"attention_s", b.attention}, {"elementwise_s", b.elementwise}, {"memory_s", b.memory},
+                       {"tensor_comm_s", b.tensor_comm}, {"data_comm_s", b.data_comm}}},
+          {"planned_peak_bytes", w.memory.total},
+          {"measured_peak_bytes", run.peak},
+          {"memory_ratio", static_cast<double>(w.memory.total) / static_cast<double>(run.peak)}};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  nn::GptConfig cfg{.vocab = 512, .seq = 64, .layers = 2, .heads = 4, .width = 128};
+  std::int64_t batch = 8, steps = 5;
+  MeshShape shape{.data = 2, .tensor = 2};
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string a = argv[i];
+    const auto v = std::stoll(argv[i + 1]);
+    if (a == "--layers") cfg.layers = v;
+    else if (a == "--width") cfg.width = v;
+    else if (a == "--heads") cfg.heads = v;
+    else if (a == "--seq") cfg.seq = v;
+    else if (a == "--vocab") cfg.vocab = v;
+    else if (a == "--batch") batch = v;
+    else if (a == "--data") shape.data = static_cast<int>(v);
+    else if (a == "--tensor") shape.tensor = static_cast<int>(v);
+    else if (a == "--steps") steps = std::max<std::int64_t>(v, 1);
+    else {
+      std::fprintf(stderr, "plan: unknown option %s; use --layers --width --heads --seq --vocab --batch --data --tensor --steps\n",
+                   a.c_str());
+      return 2;
+    }
+  }
+  try {
+    estimate::Rates rates;
+    bool measured = false;
+    auto line = [&](const nlohmann::json& j) {
+      std::printf("%s\n", j.dump().c_str());
+      std::fflush(stdout);
+    };
+    line(compare<optim::Ddp, false>("ddp", cfg, shape, batch, steps, rates, measured));
+    line(compare<optim::Ddp, true>("ddp-sp", cfg, shape, batch, steps, rates, measured));
+    line(compare<optim::Zero1, false>("zero1", cfg, shape, batch, steps, rates, measured));
+    line(compare<optim::Zero1, true>("zero1-sp", cfg, shape, batch, steps, rates, measured));
+    line(compare<optim::Zero2, false>("zero2", cfg, shape, batch, steps, rates, measured));
+    line(compare<optim::Zero2, true>("zero2-sp", cfg, shape, batch, steps, rates, measured));
+    line(compare<optim::Fsdp, false>("fsdp", cfg, shape, batch, steps, rates, measured));
+    line(compare<optim::Fsdp, true>("fsdp-sp", cfg, shape, batch, steps, rates, measured));
+    return 0;
+  } catch (const Error& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 1;
+  }
+}

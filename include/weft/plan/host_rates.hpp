@@ -1,0 +1,202 @@
+// estimate::Rates measured on this host for a step's work (plan/time.hpp), with `data x tensor`
+// thread ranks running at once, as a training run's ranks do: each GEMM shape of the step, the
+// attention core at the step's shape, an elementwise op's bandwidth at the step's activation size,
+// and the thread communicator's alpha and beta on groups of the tensor and data degrees. About a
+// second in all at the sizes the tests and benchmarks use.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <tuple>
+#include <vector>
+
+#include "weft/comm/mesh.hpp"
+#include "weft/comm/threads/run.hpp"
+#include "weft/device/host/gemm.hpp"
+#include "weft/device/host/host.hpp"
+#include "weft/device/host/ops.hpp"
+#include "weft/plan/time.hpp"
+
+namespace weft::estimate {
+
+namespace detail {
+
+using Clock = std::chrono::steady_clock;
+
+// The slowest rank's seconds per call of f(rank), `ranks` threads at once, after one warm-up call.
+template <class F>
+double per_call(int ranks, F&& f, double min_seconds = 0.05) {
+  std::vector<double> t(static_cast<std::size_t>(ranks));
+  run_threads(ranks, [&](ThreadComm& c) {
+    f(c.rank());
+    c.barrier();
+    const auto t0 = Clock::now();
+    std::int64_t calls = 0;
+    double dt = 0;
+    do {
+      f(c.rank());
+      ++calls;
+      dt = std::chrono::duration<double>(Clock::now() - t0).count();
+    } while (dt < min_seconds);
+    t[static_cast<std::size_t>(c.rank())] = dt / static_cast<double>(calls);
+  });
+  double slowest = 0;
+  for (double x : t) slowest = std::max(slowest, x);
+  return slowest;
+}
+
+// Seconds of one all-reduce of n elements of T on the `axis` groups of a data x tensor mesh.
+template <class T>
+double all_reduce_seconds(MeshShape shape, Axis axis, std::int64_t n, int calls) {
+  const int ranks = shape.data * shape.tensor;
+  std::vector<double> t(static_cast<std::size_t>(ranks));
+  run_threads(ranks, [&](ThreadComm& w) {
+    Mesh mesh{w, shape};
+    std::vector<T> buf(static_cast<std::size_t>(n), T(1));
+    auto& g = mesh.comm(axis);
+    g.all_reduce(std::span<T>(buf));
+    w.barrier();
+    const auto t0 = Clock::now();
+    for (int i = 0; i < calls; ++i) g.all_reduce(std::span<T>(buf));  // the same count on every rank
+    t[static_cast<std::size_t>(w.rank())] = std::chrono::duration<double>(Clock::now() - t0).count() / calls;
+  });
+  double slowest = 0;
+  for (double x : t) slowest = std::max(slowest, x);
+  return slowest;
+}
+
+template <class T>
+Link measure_link(MeshShape shape, Axis axis, std::int64_t typical_bytes) {
+  const int n = axis == Axis::tensor ? shape.tensor : shape.data;
+  if (n <= 1) return {};
+  const std::int64_t big = std::max<std::int64_t>(typical_bytes / static_cast<std::int64_t>(sizeof(T)), 1 << 14);
+  const double small = all_reduce_seconds<T>(shape, axis, 1, 400), large = all_reduce_seconds<T>(shape, axis, big, 40);
+  // Ring all-reduce: 2(n-1) alpha + 2 (n-1)/n S beta.
+  const double alpha = small / (2.0 * (n - 1));
+  const double beta = std::max(large - small, 0.0) / (2.0 * (n - 1) / n * static_cast<double>(big * sizeof(T)));
+  return {alpha, beta};
+}
+
+}  // namespace detail
+
+// Rates of this host for `w` (a step of Gpt<P> with the given degrees and local batch rows N),
+// measured with every rank of the mesh running.
+template <class T>
+Rates host_rates(const Work& w, MeshShape shape, std::int64_t local_batch, std::int64_t seq, std::int64_t heads,
+                 std::int64_t width) {
+  const int ranks = shape.data * shape.tensor;
+  Rates r;
+  // Each GEMM shape once.
+  auto table = std::make_shared<std::map<std::tuple<std::int64_t, std::int64_t, std::int64_t>, double>>();
+  for (const Gemm& g : w.gemms) {
+    const auto key = std::make_tuple(g.m, g.n, g.k);
+    if (g.count == 0 || table->count(key)) continue;
+    std::vector<std::vector<T>> a(static_cast<std::size_t>(ranks)), b(a.size()), out(a.size());
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      a[i].assign(static_cast<std::size_t>(g.m * g.k), T(0.5));
+      b[i].assign(static_cast<std::size_t>(g.k * g.n), T(0.5));
+      out[i].assign(static_cast<std::size_t>(g.m * g.n), T(0));
+    }
+    const double s = detail::per_call(ranks, [&](int i) {
+      const auto u = static_cast<std::size_t>(i);
+      host::gemm<T>(host::Trans::no, host::Trans::no, g.m, g.n, g.k, T(1), a[u].data(), g.k, b[u].data(), g.n, T(0),
+                    out[u].data(), g.n);
+    });
+    (*table)[key] = g.flops() / s;
+  }
+  r.gemm_flops = [table](const Gemm& g) { return table->at(std::make_tuple(g.m, g.n, g.k)); };
+
+  // The attention core, forward and backward, at the step's local shape.
+  const std::int64_t Hl = heads / shape.tensor, hd = width / heads;
+  {
+    const std::int64_t n = local_batch * seq * Hl * hd;
+    std::vector<std::vector<T>> qkv(static_cast<std::size_t>(ranks)), out(qkv.size()), probs(qkv.size()), dqkv(qkv.size());
+    for (std::size_t i = 0; i < qkv.size(); ++i) {
+      qkv[i].assign(static_cast<std::size_t>(3 * n), T(0.1));
+      dqkv[i].assign(qkv[i].size(), T(0));
+      out[i].assign(static_cast<std::size_t>(n), T(0.1));
+      probs[i].assign(static_cast<std::size_t>(local_batch * Hl * seq * seq), T(0));
+    }
+    const double s = detail::per_call(ranks, [&](int i) {
+      const auto u = static_cast<std::size_t>(i);
+      host::attention_forward(out[u].data(), probs[u].data(), qkv[u].data(), local_batch, seq, Hl, hd);
+      host::attention_backward(dqkv[u].data(), out[u].data(), qkv[u].data(), probs[u].data(), local_batch, seq, Hl, hd);
+    });
+    const double core = 2.0 * static_cast<double>(local_batch * Hl * seq * (seq + 1) * hd);
+    r.attention_flops = 3 * core / s;
+  }
+
+  // The elementwise ops at the step's sizes: GELU on the hidden, LayerNorm on the stream, the
+  // cross-entropy on the logits, AdamW on the updated range (at most 2^20 elements).
+  const Elementwise& n = w.elementwise;
+  const auto rate_of = [&](std::int64_t count, auto&& op) {
+    const auto len = static_cast<std::size_t>(std::max<std::int64_t>(count, 1));
+    std::vector<std::vector<T>> x(static_cast<std::size_t>(ranks)), y(x.size()), z(x.size());
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      x[i].assign(len, T(0.25));
+      y[i].assign(len, T(0.5));
+      z[i].assign(len, T(0));
+    }
+    const double s = detail::per_call(ranks, [&](int i) {
+      const auto u = static_cast<std::size_t>(i);
+      op(x[u].data(), y[u].data(), z[u].data(), static_cast<std::int64_t>(len));
+    });
+    return static_cast<double>(len) / s;
+  };
+  const std::int64_t hidden = local_batch * seq * (4 * width / shape.tensor);
+  r.elements.gelu = rate_of(hidden, [](T* x, T* y, T* z, std::int64_t len) {
+    host::gelu_forward(y, x, len);
+    host::gelu_backward(z, x, y, len);
+  });
+  const std::int64_t rows = std::max<std::int64_t>(1, static_cast<std::int64_t>(n.layernorm) / width);
+  const std::int64_t ln_rows = std::min<std::int64_t>(rows, local_batch * seq);
+  {
+    std::vector<T> wb(static_cast<std::size_t>(2 * width), T(1));
+    r.elements.layernorm = rate_of(ln_rows * width, [&](T* x, T* y, T* z, std::int64_t len) {
+      const std::int64_t N = len / width;
+      std::vector<T> stats(static_cast<std::size_t>(2 * N)), dwb(static_cast<std::size_t>(2 * width), T(0));
+      host::layernorm_forward<T, T>(y, stats.data(), stats.data() + N, x, wb.data(), wb.data() + width, N, width, T(1e-5));
+      host::layernorm_backward<T, T>(z, dwb.data(), dwb.data() + width, y, x, wb.data(), stats.data(), stats.data() + N, N,
+                                     width);
+    });
+  }
+  const std::int64_t vocab_local = std::max<std::int64_t>(1, static_cast<std::int64_t>(n.cross_entropy) /
+                                                               std::max<std::int64_t>(1, local_batch * seq));
+  r.elements.cross_entropy = rate_of(local_batch * seq * vocab_local, [&](T* x, T*, T* z, std::int64_t len) {
+    const std::int64_t N = len / vocab_local;
+    std::vector<T> rowmax(static_cast<std::size_t>(N)), stats(static_cast<std::size_t>(2 * N)), sumexp(rowmax.size());
+    std::vector<std::int32_t> targets(static_cast<std::size_t>(N), 0);
+    host::ce_row_max<T, T>(rowmax.data(), x, N, vocab_local, vocab_local);
+    host::ce_row_stats<T, T>(stats.data(), x, rowmax.data(), targets.data(), N, vocab_local, vocab_local, 0);
+    host::ce_loss<T>(sumexp.data(), stats.data(), rowmax.data(), N);
+    host::ce_backward<T, T>(z, x, rowmax.data(), sumexp.data(), targets.data(), N, vocab_local, vocab_local, 0, T(1));
+  });
+  const math::AdamWParams<T> adam{};
+  r.elements.adamw = rate_of(std::min<std::int64_t>(static_cast<std::int64_t>(n.adamw), 1 << 20),
+                             [&](T* p, T* g, T* m, std::int64_t len) {
+                               std::vector<T> v(static_cast<std::size_t>(len), T(0));
+                               host::adamw(p, g, m, v.data(), len, adam, true);
+                             });
+
+  // Streaming bandwidth (out += x: two reads and a write) and the first touch of fresh memory
+  // (the host allocator's block, written once, returned), at the size of the branch input.
+  {
+    const std::int64_t len = local_batch * seq * width;
+    r.bandwidth = 3.0 * static_cast<double>(len * static_cast<std::int64_t>(sizeof(T))) *
+                  rate_of(len, [](T* x, T* y, T*, std::int64_t k) { host::add_inplace(y, x, k); }) / static_cast<double>(len);
+    std::vector<Host> hosts(static_cast<std::size_t>(ranks));
+    const double s = detail::per_call(ranks, [&](int i) {
+      Allocation a = hosts[static_cast<std::size_t>(i)].allocate(len * static_cast<std::int64_t>(sizeof(T)), Category::other);
+      host::fill(static_cast<T*>(a.data()), len, T(0));
+    });
+    r.first_touch = static_cast<double>(len * static_cast<std::int64_t>(sizeof(T))) / s;
+  }
+
+  const std::int64_t typical = local_batch * seq * width * static_cast<std::int64_t>(sizeof(T));
+  r.tensor = detail::measure_link<T>(shape, Axis::tensor, typical);
+  r.data = detail::measure_link<T>(shape, Axis::data, typical);
+  return r;
+}
+
+}  // namespace weft::estimate
