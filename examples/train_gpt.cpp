@@ -130,7 +130,16 @@ int print_plan(const Options& o, const nn::GptConfig& cfg, const std::string& de
                               : o.dtype == "bf16" ? describe.operator()<bf16>() : describe.operator()<float>();
     std::printf("collectives of one micro-batch (tensor axis; the data axis adds the strategy's):\n%s", table.c_str());
   }
-  std::printf("not planned yet: the step time\n");
+  if (o.pipe == 1 && device != "cuda") {
+    const estimate::Breakdown t = plan_time(o, cfg);
+    std::printf("step time: %.2f ms = GEMMs %.2f + attention %.2f + elementwise %.2f + memory %.2f + tensor collectives %.2f "
+                "+ data collectives %.2f (rates measured now on this host with %d ranks running; no overlap)\n",
+                1e3 * t.total(), 1e3 * t.gemm, 1e3 * t.attention, 1e3 * t.elementwise, 1e3 * t.memory, 1e3 * t.tensor_comm,
+                1e3 * t.data_comm, o.data * o.tensor);
+  } else {
+    std::printf("step time: not planned here (%s); weft-plan estimates GPU clusters\n",
+                o.pipe > 1 ? "pipeline schedules are not modelled" : "the GPU's rates are not measured by --plan");
+  }
   return 0;
 }
 

@@ -3,8 +3,10 @@
 // a lower bound of the activations). Host code only: the CUDA translation unit does not include it.
 #pragma once
 
+#include <weft/plan/host_rates.hpp>
 #include <weft/plan/memory.hpp>
 #include <weft/plan/step.hpp>
+#include <weft/plan/time.hpp>
 
 #include "train_gpt.hpp"
 
@@ -51,6 +53,23 @@ inline std::vector<RankPlan> plan_of(const Options& o, const nn::GptConfig& c, b
     if (o.dtype == "f64") return plan_ranks<S, SP, F64>(o, c, host);
     if (o.dtype == "bf16") return plan_ranks<S, SP, Bf16Mixed>(o, c, host);
     return plan_ranks<S, SP, F32>(o, c, host);
+  });
+}
+
+// The step time of a run on host thread ranks (pipe 1), from the plan's work and rates measured now
+// on this machine with every rank running (weft/plan/host_rates.hpp; f32 rates for bf16).
+inline estimate::Breakdown plan_time(const Options& o, const nn::GptConfig& c) {
+  const Spread s{.data_degree = o.data, .tensor_degree = o.tensor};
+  const std::int64_t micro = o.micro_batch > 0 ? o.micro_batch : o.batch;
+  const MeshShape shape{.data = o.data, .tensor = o.tensor};
+  return with_strategy(o, [&]<class S, bool SP>() {
+    auto run = [&]<class P, class T>() {
+      const estimate::Work w = estimate::work<S, P, SP>(c, s, micro, o.batch / micro);
+      return estimate::seconds(w, estimate::host_rates<T>(w, shape, micro / o.data, c.seq, c.heads, c.width));
+    };
+    if (o.dtype == "f64") return run.template operator()<F64, double>();
+    if (o.dtype == "bf16") return run.template operator()<Bf16Mixed, float>();
+    return run.template operator()<F32, float>();
   });
 }
 

@@ -434,4 +434,11 @@ constexpr StepPeak step(const nn::GptConfig& c, const Spread& s, std::int64_t mi
   return {l.peak(), l.total_peak(), l.current(), l.allocated()};
 }
 
+// What the CUDA back end adds to the replay, an estimate not yet checked on a GPU: cuBLASLt's
+// workspace (32 MiB per rank, held from the start: device/cuda/gemm.cuh) and the attention core's
+// f32 scores, (B/dp, H/tp, T, T) in the forward and again in the backward, one at a time.
+constexpr std::int64_t cuda_workspace(const nn::GptConfig& c, const Spread& s, std::int64_t micro_batch) {
+  return (std::int64_t{32} << 20) + micro_batch / s.data_degree * (c.heads / s.tensor_degree) * c.seq * c.seq * 4;
+}
+
 }  // namespace weft::footprint

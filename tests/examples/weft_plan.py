@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""weft-plan as a user runs it:
+
+  weft_plan.py WEFT_PLAN
+
+1. GPT-2 124M on one GPU: DDP's state is 18 bytes per parameter in bf16 (2 + 4 gradient + 4 master +
+   8 AdamW), 124,439,808 parameters: a closed form the plan must hit exactly.
+2. On 64 GPUs of 8 per node: FSDP's state is about 1/64 of DDP's (padding aside), every candidate's
+   step time is the sum of its parts, the list is ranked by step time among those that fit, and
+   tensor degrees above the node size are not offered.
+3. A device too small for anything: every candidate marked as not fitting, none dropped.
+4. 1024 GPUs: plans in well under a second per candidate (nothing is allocated).
+5. Bad clusters and options exit 2 naming the problem.
+"""
+import json, os, subprocess, sys, tempfile, time
+
+bin_ = sys.argv[1]
+failures = 0
+
+def run(*args, timeout=60):
+    return subprocess.run([bin_, *args], capture_output=True, text=True, timeout=timeout)
+
+def rows(p):
+    return [json.loads(l) for l in p.stdout.splitlines() if l.startswith("{")]
+
+def check(ok, what):
+    global failures
+    if not ok:
+        failures += 1
+        print("FAIL:", what)
+    else:
+        print("ok:", what)
+
+# 1. The closed form.
+p = run("--preset", "gpt2-124m", "--gpus", "1", "--batch", "8", "--micro", "8", "--json", "--show", "100")
+r = rows(p)
+ddp = [x for x in r if x["strategy"] == "ddp" and x["tensor"] == 1]
+check(p.returncode == 0 and len(ddp) == 1 and ddp[0]["state_bytes"] == 18 * 124_439_808,
+      f"GPT-2 124M DDP bf16 state = 18 B/parameter: {ddp[0]['state_bytes'] if ddp else p.stderr}")
+
+# 2. 64 GPUs.
+p = run("--preset", "gpt2-124m", "--gpus", "64", "--gpus-per-node", "8", "--batch", "256", "--micro", "2", "--json",
+        "--show", "1000")
+r = rows(p)
+by = {(x["strategy"], x["tensor"]): x for x in r}
+d, f = by.get(("ddp", 1)), by.get(("fsdp", 1))
+check(p.returncode == 0 and d and f and 64 * f["state_bytes"] <= d["state_bytes"] * 1.001 + 64 * 64 * 16,
+      f"FSDP holds 1/64 of DDP's state: {f and f['state_bytes']} x 64 vs {d and d['state_bytes']}")
+parts = ["gemm_s", "attention_s", "elementwise_s", "memory_s", "tensor_comm_s", "data_comm_s"]
+check(all(abs(sum(x[k] for k in parts) - x["step_s"]) <= 1e-9 * x["step_s"] for x in r), "step time = the sum of its parts")
+fits = [x["step_s"] for x in r if x["fits"]]
+check(fits == sorted(fits) and all(x["fits"] for x in r[:len(fits)]), "ranked by step time, those that fit first")
+check({x["tensor"] for x in r} == {1, 2, 4}, f"tensor degrees 1, 2, 4 (12 heads; 8 does not divide): {sorted({x['tensor'] for x in r})}")
+check(all(x["tensor"] * x["data"] == 64 for x in r), "every candidate uses the 64 GPUs")
+
+# 3. Nothing fits 1 MiB.
+p = run("--preset", "gpt2-124m", "--gpus", "8", "--batch", "64", "--memory-gib", "0.001", "--json", "--show", "1000")
+r = rows(p)
+check(p.returncode == 0 and r and not any(x["fits"] for x in r), f"nothing fits 1 MiB ({len(r)} candidates listed)")
+p = run("--preset", "gpt2-124m", "--gpus", "8", "--batch", "64", "--memory-gib", "0.001")
+check("(does not fit)" in p.stdout, "the table says which do not fit")
+
+# 4. Thousands of GPUs.
+t0 = time.monotonic()
+p = run("--preset", "gpt2-1.5b", "--gpus", "4096", "--batch", "4096", "--micro", "1", "--json", "--show", "1000")
+took = time.monotonic() - t0
+check(p.returncode == 0 and len(rows(p)) >= 16 and took < 30, f"4096 GPUs: {len(rows(p))} candidates in {took:.2f} s")
+
+# 5. Bad input.
+work = tempfile.mkdtemp(prefix="weft_plan_")
+def cluster(name, text):
+    path = os.path.join(work, name)
+    open(path, "w").write(text)
+    return path
+bad = [
+    (["--cluster", os.path.join(work, "missing.json")], "cannot read"),
+    (["--cluster", cluster("text.json", "gpus per node: 8")], "is not JSON"),
+    (["--cluster", cluster("list.json", "[8]")], "is not a JSON object"),
+    (["--cluster", cluster("unknown.json", '{"gpus_per_nod": 8}')], "unknown key 'gpus_per_nod'"),
+    (["--cluster", cluster("negative.json", '{"inter_gbps": -5}')], "inter_gbps is -5"),
+    (["--cluster", cluster("string.json", '{"peak_tflops": "fast"}')], "peak_tflops is \"fast\""),
+    (["--gpus", "0"], "--gpus"),
+    (["--gpus", "nan"], "not a finite number"),
+    (["--micro", "4", "--gpus", "1024", "--batch", "512"], "more than the batch"),
+    (["--width", "100000000", "--micro", "64", "--gpus", "1"], "elements per GPU"),
+]
+for args, fragment in bad:
+    p = run(*args)
+    check(p.returncode == 2 and fragment in p.stdout + p.stderr, f"{' '.join(args)} -> exit {p.returncode}, '{fragment}'")
+
+sys.exit(1 if failures else 0)

@@ -1,0 +1,99 @@
+// weft::estimate (the time model) against closed forms: the alpha-beta cost of each collective, the
+// FLOPs of a step's GEMMs (6 N per token for the matrices, 2 more for a recomputed forward), the
+// data-parallel bytes each strategy moves (equal to the plan's gradient and parameter bytes), and a
+// breakdown that adds its parts. The measured rates and the 25% target against real steps are in
+// benchmarks/plan (speed is measured in benchmarks, not in tests).
+#include <doctest/doctest.h>
+
+#include "weft/plan/time.hpp"
+
+using namespace weft;
+using estimate::collective_seconds;
+
+TEST_CASE("collectives cost what the ring and tree formulas say") {
+  const estimate::Link l{.alpha = 1e-5, .beta = 1e-9};
+  const std::int64_t S = 1 << 20;
+  // Ring all-reduce over 4: 2(n-1) alpha + 2 (n-1)/n S beta = 6e-5 + 1.5 x 2^20 x 1e-9.
+  const double ring = 6e-5 + 1.5 * static_cast<double>(S) * 1e-9;
+  const double tree = 2 * 2 * 1e-5 + 2.0 * static_cast<double>(S) * 1e-9;  // 2 log2(4) alpha + 2 S beta
+  CHECK(collective_seconds(Collective::all_reduce, 4, S, l) == doctest::Approx(std::min(ring, tree)).epsilon(1e-12));
+  // Small messages: the tree's fewer latencies win at 64 ranks.
+  const double ring64 = 126 * 1e-5 + 2 * 63.0 / 64 * 8 * 1e-9, tree64 = 12 * 1e-5 + 16 * 1e-9;
+  CHECK(collective_seconds(Collective::all_reduce, 64, 8, l) == doctest::Approx(tree64).epsilon(1e-12));
+  CHECK(tree64 < ring64);
+  // All-gather and reduce-scatter: (n-1) alpha + (n-1)/n S beta.
+  CHECK(collective_seconds(Collective::all_gather, 8, S, l) == doctest::Approx(7e-5 + 7.0 / 8 * S * 1e-9).epsilon(1e-12));
+  CHECK(collective_seconds(Collective::reduce_scatter, 8, S, l) == doctest::Approx(7e-5 + 7.0 / 8 * S * 1e-9).epsilon(1e-12));
+  // One rank moves nothing.
+  CHECK(collective_seconds(Collective::all_reduce, 1, S, l) == 0);
+}
+
+namespace {
+constexpr nn::GptConfig kCfg{.vocab = 96, .seq = 16, .layers = 3, .heads = 4, .width = 32};
+
+double gemm_flops(const estimate::Work& w) {
+  double f = 0;
+  for (const auto& g : w.gemms) f += static_cast<double>(g.count) * g.flops();
+  return f;
+}
+std::int64_t comm_bytes(const estimate::Work& w, Collective c, Axis a) {
+  std::int64_t b = 0;
+  for (const auto& x : w.comms)
+    if (x.collective == c && x.axis == a) b += x.bytes * x.count;
+  return b;
+}
+}  // namespace
+
+TEST_CASE("a step's GEMMs are 6 FLOPs per matrix element per token, 2 more per recomputed forward") {
+  const Spread s{.data_degree = 2, .tensor_degree = 2};
+  const std::int64_t micro = 4, mbs = 3, C = kCfg.width;
+  const double tokens = static_cast<double>(micro / 2 * kCfg.seq * mbs);  // this rank's
+  const double per_layer = 12.0 * C * C / 2, head = static_cast<double>(nn::padded_vocab(kCfg.vocab, 2) / 2 * C);
+  const auto none = estimate::work<optim::Ddp, F32>(kCfg, s, micro, mbs);
+  CHECK(gemm_flops(none) == doctest::Approx(6 * tokens * (kCfg.layers * per_layer + head)).epsilon(1e-12));
+  const auto full = estimate::work<optim::Ddp, F32, false, recompute::Full>(kCfg, s, micro, mbs);
+  CHECK(gemm_flops(full) == doctest::Approx(6 * tokens * (kCfg.layers * per_layer + head) +
+                                            2 * tokens * kCfg.layers * per_layer).epsilon(1e-12));
+  // The attention core: 2 T (T + 1) hd per (sequence, head) forward, twice that backward, and a
+  // recomputed forward under Full.
+  const double core = 2.0 * (micro / 2) * (kCfg.heads / 2) * kCfg.seq * (kCfg.seq + 1) * (C / kCfg.heads);
+  CHECK(none.attention_flops == doctest::Approx(3 * core * kCfg.layers * mbs).epsilon(1e-12));
+  CHECK(full.attention_flops == doctest::Approx(4 * core * kCfg.layers * mbs).epsilon(1e-12));
+}
+
+TEST_CASE("the data-parallel collectives move the plan's gradient and parameter bytes") {
+  const Spread s{.data_degree = 4, .tensor_degree = 1};
+  const std::int64_t micro = 8, mbs = 2;
+  const auto full_state = footprint::persistent<optim::Ddp, F32>(kCfg, s, footprint::Holds::all(kCfg));
+  const std::int64_t grads = full_state.of(Category::gradients), params = full_state.of(Category::parameters);
+  // DDP: one all-reduce of every gradient per step (on the last micro-batch), and the loss's and
+  // the norm's 8 bytes.
+  const auto ddp = estimate::work<optim::Ddp, F32>(kCfg, s, micro, mbs);
+  CHECK(comm_bytes(ddp, Collective::all_reduce, Axis::data) == grads + 8 * mbs + 8);
+  // ZeRO-2: a reduce-scatter of every gradient per micro-batch, an all-gather of the values per step.
+  const auto z2 = estimate::work<optim::Zero2, F32>(kCfg, s, micro, mbs);
+  CHECK(comm_bytes(z2, Collective::reduce_scatter, Axis::data) == grads * mbs);
+  CHECK(comm_bytes(z2, Collective::all_gather, Axis::data) == params);
+  // FSDP: the blocks gathered twice per micro-batch (forward, backward), the embedding and the head once.
+  const auto fsdp = estimate::work<optim::Fsdp, F32>(kCfg, s, micro, mbs);
+  const std::int64_t block = (footprint::block_elements(kCfg, 1) + 3) / 4 * 4 * 4;  // padded to 4, f32
+  CHECK(comm_bytes(fsdp, Collective::all_gather, Axis::data) == (params + kCfg.layers * block) * mbs);
+}
+
+TEST_CASE("the step time adds its parts, and doubling a rate halves its part") {
+  const Spread s{.data_degree = 2, .tensor_degree = 2};
+  const auto w = estimate::work<optim::Zero1, F32, true>(kCfg, s, 4, 1);
+  estimate::Rates r;
+  r.gemm_flops = [](const estimate::Gemm&) { return 1e9; };
+  r.attention_flops = 1e9;
+  r.elements = {.gelu = 1e8, .layernorm = 1e8, .cross_entropy = 1e8, .adamw = 1e8};
+  r.bandwidth = r.first_touch = 1e10;
+  r.tensor = r.data = {.alpha = 1e-5, .beta = 1e-9};
+  const auto b = estimate::seconds(w, r);
+  CHECK(b.total() == doctest::Approx(b.gemm + b.attention + b.elementwise + b.memory + b.tensor_comm + b.data_comm));
+  CHECK(b.gemm == doctest::Approx(gemm_flops(w) / 1e9));
+  CHECK(b.tensor_comm > 0);
+  CHECK(b.data_comm > 0);
+  r.gemm_flops = [](const estimate::Gemm&) { return 2e9; };
+  CHECK(estimate::seconds(w, r).gemm == doctest::Approx(b.gemm / 2));
+}
