@@ -97,7 +97,7 @@ nlohmann::json compare(const char* name, const nn::GptConfig& cfg, MeshShape sha
 
 int main(int argc, char** argv) {
   nn::GptConfig cfg{.vocab = 512, .seq = 64, .layers = 2, .heads = 4, .width = 128};
-  std::int64_t batch = 8, steps = 5;
+  std::int64_t batch = 8, steps = 15;
   MeshShape shape{.data = 2, .tensor = 2};
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];

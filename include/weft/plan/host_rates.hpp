@@ -87,10 +87,11 @@ Rates host_rates(const Work& w, MeshShape shape, std::int64_t local_batch, std::
                  std::int64_t width) {
   const int ranks = shape.data * shape.tensor;
   Rates r;
-  // Each GEMM shape once.
-  auto table = std::make_shared<std::map<std::tuple<std::int64_t, std::int64_t, std::int64_t>, double>>();
+  // Each GEMM shape once, stored as the layers store it.
+  using Key = std::tuple<std::int64_t, std::int64_t, std::int64_t, bool, bool>;
+  auto table = std::make_shared<std::map<Key, double>>();
   for (const Gemm& g : w.gemms) {
-    const auto key = std::make_tuple(g.m, g.n, g.k);
+    const Key key{g.m, g.n, g.k, g.ta, g.tb};
     if (g.count == 0 || table->count(key)) continue;
     std::vector<std::vector<T>> a(static_cast<std::size_t>(ranks)), b(a.size()), out(a.size());
     for (std::size_t i = 0; i < a.size(); ++i) {
@@ -98,14 +99,15 @@ Rates host_rates(const Work& w, MeshShape shape, std::int64_t local_batch, std::
       b[i].assign(static_cast<std::size_t>(g.k * g.n), T(0.5));
       out[i].assign(static_cast<std::size_t>(g.m * g.n), T(0));
     }
+    const auto ta = g.ta ? host::Trans::yes : host::Trans::no, tb = g.tb ? host::Trans::yes : host::Trans::no;
+    const std::int64_t lda = g.ta ? g.m : g.k, ldb = g.tb ? g.k : g.n;
     const double s = detail::per_call(ranks, [&](int i) {
       const auto u = static_cast<std::size_t>(i);
-      host::gemm<T>(host::Trans::no, host::Trans::no, g.m, g.n, g.k, T(1), a[u].data(), g.k, b[u].data(), g.n, T(0),
-                    out[u].data(), g.n);
+      host::gemm<T>(ta, tb, g.m, g.n, g.k, T(1), a[u].data(), lda, b[u].data(), ldb, T(0), out[u].data(), g.n);
     });
     (*table)[key] = g.flops() / s;
   }
-  r.gemm_flops = [table](const Gemm& g) { return table->at(std::make_tuple(g.m, g.n, g.k)); };
+  r.gemm_flops = [table](const Gemm& g) { return table->at(Key{g.m, g.n, g.k, g.ta, g.tb}); };
 
   // The attention core, forward and backward, at the step's local shape.
   const std::int64_t Hl = heads / shape.tensor, hd = width / heads;

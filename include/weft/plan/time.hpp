@@ -50,9 +50,11 @@ inline double collective_seconds(Collective c, int n, std::int64_t bytes, const 
   }
 }
 
-// One GEMM shape (m x k times k x n) and how many times a step runs it.
+// One GEMM shape (m x k times k x n; ta, tb: whether A and B are stored transposed, as the layers
+// call it) and how many times a step runs it.
 struct Gemm {
   std::int64_t m = 0, n = 0, k = 0, count = 0;
+  bool ta = false, tb = false;
   double flops() const { return 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k); }
 };
 
@@ -94,17 +96,18 @@ Work work(const nn::GptConfig& c, const Spread& s, std::int64_t micro, std::int6
   Work w;
   w.memory = footprint::step<Strategy, P, SP, R>(c, s, micro, mb);
 
-  // The Linear layers: forward (N, out, in); backward dx (N, in, out) and dW (out, in, N).
+  // The Linear layers (nn/linear.hpp; W is (out, in)): forward y = x W^T (N, out, in); backward
+  // dx = dy W (N, in, out) and dW = dy^T x (out, in, N).
   const std::int64_t forwards = c.layers * mb * (full ? 2 : 1), backwards = c.layers * mb;
   for (const auto& [in, out] : {std::pair{C, 3 * C / tp}, std::pair{C / tp, C}, std::pair{C, 4 * C / tp}, std::pair{4 * C / tp, C}}) {
-    w.gemms.push_back({N, out, in, forwards});
-    w.gemms.push_back({N, in, out, backwards});
-    w.gemms.push_back({out, in, N, backwards});
+    w.gemms.push_back({N, out, in, forwards, false, true});
+    w.gemms.push_back({N, in, out, backwards, false, false});
+    w.gemms.push_back({out, in, N, backwards, true, false});
   }
-  // The tied LM head: logits (N, Vl, C), its weight gradient and the input gradient.
-  w.gemms.push_back({N, Vl, C, mb});
-  w.gemms.push_back({Vl, C, N, mb});
-  w.gemms.push_back({N, C, Vl, mb});
+  // The tied LM head (nn/stages.hpp): logits (N, Vl, C), the table's gradient and the input's.
+  w.gemms.push_back({N, Vl, C, mb, false, true});
+  w.gemms.push_back({Vl, C, N, mb, true, false});
+  w.gemms.push_back({N, C, Vl, mb, false, false});
 
   // The attention core per block: QK^T and PV over the causal half, forward once (twice under
   // Selective or Full recompute), backward twice the forward.
