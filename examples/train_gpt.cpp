@@ -114,10 +114,13 @@ int print_plan(const Options& o, const nn::GptConfig& cfg, const std::string& de
     std::printf("(per rank: each category's peak during a training step, and the peak of their sum, replayed from the "
                 "types and sizes: the host allocator's counts; persistent state %s; step peak %lld bytes)\n",
                 mib(static_cast<double>(plan[0].state.total())).c_str(), static_cast<long long>(plan[0].total));
+  else if (o.pipe > 1)
+    std::printf("(per rank: the state exact; activations a lower bound: the residual stream per block and the logits; "
+                "pipeline schedules are not replayed)\n");
   else
-    std::printf("(per rank: the state exact; activations a lower bound: %s)\n",
-                o.pipe > 1 ? "the residual stream per block and the logits (pipeline schedules are not replayed)"
-                           : "the step replayed for the host; the GPU adds its attention and GEMM workspaces");
+    std::printf("(per rank: the step replayed as the host allocator counts it, plus an estimate of the CUDA workspace "
+                "(cuBLASLt's, the attention scores) in the step peak; step peak %lld bytes)\n",
+                static_cast<long long>(plan[0].total));
   const double flops = train::flops_per_token(cfg) * static_cast<double>(o.batch * cfg.seq);
   std::printf("FLOPs per step: %.4g (6 N + 12 L C T per token, %lld tokens)\n", flops,
               static_cast<long long>(o.batch * cfg.seq));
@@ -387,7 +390,7 @@ int main(int argc, char** argv) {
     return finish(2);
   }
 
-  if (launch.kind != Launcher::mpi) install_stop_handlers();
+  install_stop_handlers(launch.kind == Launcher::mpi);
   try {
     if (!o.resume.empty()) (void)checkpoint::resolve(o.resume == "latest" ? o.save_dir : o.resume);  // exit 1 when not a checkpoint
     Corpus corpus;

@@ -122,10 +122,12 @@ struct HeldOut {
   void sequence(std::uint64_t k, std::int32_t* out, std::int64_t n) const { c->held_out(k, out, n); }
 };
 
-// SIGINT and SIGTERM: the first asks the run to stop after the current step (every rank at the
-// same step: the flag travels in the step's all-reduce), writing a checkpoint when --save-dir is
-// set; a second ends the process at once. Installed by main for thread ranks and env processes
-// (under mpirun, mpi::Session's handler turns the signal into an error on every rank).
+// SIGINT, SIGTERM and SIGUSR1: the first asks the run to stop after the current step (every rank at
+// the same step: the flag travels in the step's all-reduce), writing a checkpoint when --save-dir
+// is set; a second ends the process at once. Installed by main. Under mpirun only SIGUSR1 is: mpirun
+// answers SIGINT and SIGTERM by sending SIGTERM to every rank and killing the job moments later
+// (mpi::Session turns that SIGTERM into an error on every rank), but forwards SIGUSR1 and lets the
+// job run on, so `kill -USR1 <mpirun>` is the clean stop there.
 inline std::atomic<int>& stop_requested() {
   static std::atomic<int> signal{0};
   return signal;
@@ -141,16 +143,20 @@ inline void on_stop_signal(int sig) {
   (void)!::write(2, line, sizeof line - 1);
 }
 
-inline void install_stop_handlers() {
+inline void install_stop_handlers(bool under_mpirun) {
   struct sigaction sa {};
   sa.sa_handler = on_stop_signal;
   sa.sa_flags = SA_RESTART;  // file and socket calls resume rather than fail with EINTR
   sigemptyset(&sa.sa_mask);
+  ::sigaction(SIGUSR1, &sa, nullptr);
+  if (under_mpirun) return;
   ::sigaction(SIGINT, &sa, nullptr);
   ::sigaction(SIGTERM, &sa, nullptr);
 }
 
-inline const char* signal_name(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "a signal"; }
+inline const char* signal_name(int sig) {
+  return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : sig == SIGUSR1 ? "SIGUSR1" : "a signal";
+}
 
 inline pipeline::Kind schedule_kind(const std::string& name) {
   if (name == "gpipe") return pipeline::Kind::gpipe;

@@ -28,7 +28,9 @@ std::vector<RankPlan> plan_ranks(const Options& o, const nn::GptConfig& c, bool 
   std::vector<RankPlan> out;
   if (o.pipe == 1) {
     const auto step = footprint::step<Strategy, P, SP>(c, s, micro, o.batch / micro);
-    out.push_back({0, step.after, step.peak, step.total, host});
+    // On the GPU: the CUDA back end's workspace on top (an estimate, not replayed).
+    const std::int64_t extra = host ? 0 : footprint::cuda_workspace(c, s, micro);
+    out.push_back({0, step.after, step.peak, step.total + extra, host});
     return out;
   }
   for (int r = 0; r < o.pipe; ++r) {

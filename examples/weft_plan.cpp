@@ -138,9 +138,12 @@ void read_cluster(const std::string& path, Cluster& k) {
       throw Error("weft-plan --cluster", cat("'", path, "': ", key, " is ", j[key].dump()), cat("give a number >= ", lo));
     v = j[key].get<double>();
   };
-  double gpn = k.gpus_per_node;
-  number("gpus_per_node", gpn, 1);
-  k.gpus_per_node = static_cast<int>(gpn);
+  if (j.contains("gpus_per_node")) {
+    const auto& g = j["gpus_per_node"];
+    if (!g.is_number_integer() || g.get<std::int64_t>() < 1 || g.get<std::int64_t>() > 1024)
+      throw Error("weft-plan --cluster", cat("'", path, "': gpus_per_node is ", g.dump()), "give a whole number from 1 to 1024");
+    k.gpus_per_node = g.get<int>();
+  }
   number("memory_gib", k.memory_gib, 0);
   number("peak_tflops", k.peak_tflops, 1e-6);
   number("hbm_gbps", k.hbm_gbps, 1e-6);

@@ -7,9 +7,9 @@
    3: a diverged run) within 20 s, and print its message fragment. Refusals come before the GEMM
    measurement or any allocation, so each takes well under a second even under ASan; the 20 s is
    for a loaded CI machine, and a hang (a FIFO read, a divisor loop) fails it.
-2. SIGINT and SIGTERM to a running trainer: it finishes the step, writes the last record and a line
-   saying why it stopped, saves a checkpoint that resumes at the next step, and exits 128 + the
-   signal; a second signal ends it at once (killed by the signal, no final line).
+2. SIGINT, SIGTERM and SIGUSR1 to a running trainer: it finishes the step, writes the last record
+   and a line saying why it stopped, saves a checkpoint that resumes at the next step, and exits
+   128 + the signal; a second signal ends it at once (killed by the signal, no final line).
 3. --plan: exits 0 at once, and the step peak it prints is within 5% of the peak bytes the run then
    logs for each step, for each data layout with and without SP.
 """
@@ -132,7 +132,7 @@ def wait_for_records(log, n, p):
         time.sleep(0.05)
     return False
 
-for sig, name in ((signal.SIGINT, "SIGINT"), (signal.SIGTERM, "SIGTERM")):
+for sig, name in ((signal.SIGINT, "SIGINT"), (signal.SIGTERM, "SIGTERM"), (signal.SIGUSR1, "SIGUSR1")):
     log = os.path.join(work, f"{name}.jsonl")
     p = start(log, "--save-dir", save + name)
     if not wait_for_records(log, 2, p):
@@ -148,8 +148,9 @@ for sig, name in ((signal.SIGINT, "SIGINT"), (signal.SIGTERM, "SIGTERM")):
     last_step = records[-2]["step"] if len(records) >= 2 else None
     ok = (p.returncode == 128 + sig and text.endswith("\n") and records[-1] == {"step": last_step, "stopped": name}
           and f"stopped by {name} after step {last_step}" in out)
-    # The checkpoint is the stopped step's, and a resumed run goes on from the next one.
-    if ok:
+    # The checkpoint is the stopped step's, and a resumed run goes on from the next one (SIGUSR1 takes
+    # the same path; its resume is not run again).
+    if ok and sig != signal.SIGUSR1:
         log2 = os.path.join(work, f"{name}_resumed.jsonl")
         r = subprocess.run([bin_, "--steps", str(last_step + 2), "--eval-every", "0", "--width", "64", "--seq", "64",
                             "--save-dir", save + name, "--resume", "latest", "--log", log2],
@@ -161,7 +162,7 @@ for sig, name in ((signal.SIGINT, "SIGINT"), (signal.SIGTERM, "SIGTERM")):
         print(f"FAIL: {name}: exit {p.returncode}, log ends {text[-300:]!r}; printed {out[-500:]!r}")
     else:
         print(f"{name}: stopped after step {last_step} with exit {p.returncode}, {len(records)} complete log lines, "
-              f"the last {records[-1]}; its checkpoint resumed at step {last_step + 1}")
+              f"the last {records[-1]}" + ("" if sig == signal.SIGUSR1 else f"; its checkpoint resumed at step {last_step + 1}"))
 
 # A second signal ends the run at once: both land in the first step, which takes seconds at this
 # size (about 10 s under ASan), and the process must be gone within 5 s of the second.

@@ -3,7 +3,7 @@
 # bit for bit the losses, learning rates and gradient norms of the thread run of the same mesh; only
 # rank 0 prints and logs; a checkpoint that MPI processes save resumes in a thread run with the
 # losses the MPI run went on to log; a rank started with another option, or the wrong process count,
-# makes every rank refuse to start.
+# makes every rank refuse to start; SIGUSR1 to mpirun stops every rank cleanly after the same step.
 # usage: train_gpt_mpi.sh TRAIN_GPT MPIRUN [ARGS...]   (MPIRUN without -np)
 set -u
 bin="$1"
@@ -60,6 +60,31 @@ n=$(grep -c "start-up fingerprint: world rank 3 differs from world rank 0 in opt
 [ "$n" = 4 ] || { cat "$work/f.out"; fail "expected the fingerprint refusal on 4 ranks, got $n"; }
 grep -q "^step " "$work/f.out" && fail "a step ran despite the fingerprint"
 echo "fingerprint: all 4 ranks refused a rank started with --lr 0.002"
+
+# SIGUSR1 to mpirun (which forwards it; SIGINT and SIGTERM make it kill the job): every rank stops
+# after the same step, rank 0 logs it and why, the checkpoint is written, and the job exits 128 + 10.
+long=(--device host --steps 100000 --eval-every 0 --batch 8 --layers 2 --width 32 --seq 32)
+"${mpirun[@]}" -np 4 "$bin" "${long[@]}" --data 2 --tensor 2 --save-dir "$work/usr1" \
+  --log "$work/u.jsonl" >"$work/u.out" 2>&1 &
+job=$!
+for _ in $(seq 600); do
+  kill -0 "$job" 2>/dev/null || break
+  [ -f "$work/u.jsonl" ] && [ "$(wc -l < "$work/u.jsonl")" -ge 2 ] && break
+  sleep 0.1
+done
+kill -USR1 "$job"
+wait "$job"
+rc=$?
+python3 - "$work/u.jsonl" "$rc" "$work/usr1" <<'PY' || { cat "$work/u.out"; exit 1; }
+import json, os, sys
+records = [json.loads(l) for l in open(sys.argv[1])]
+last = records[-1]
+rc = int(sys.argv[2])
+saved = sorted(os.listdir(sys.argv[3]))
+assert rc == 138 and last.get("stopped") == "SIGUSR1" and last["step"] == records[-2]["step"], (rc, records[-2:])
+assert saved and saved[-1] == f"step_{last['step']:08d}", saved
+print(f"SIGUSR1 to mpirun: every rank stopped after step {last['step']}, exit {rc}, checkpoint {saved[-1]}")
+PY
 
 # The wrong number of processes.
 "${mpirun[@]}" -np 2 "$bin" "${common[@]}" --data 2 --tensor 2 >"$work/n.out" 2>&1

@@ -79,6 +79,7 @@ bad = [
     (["--cluster", cluster("unknown.json", '{"gpus_per_nod": 8}')], "unknown key 'gpus_per_nod'"),
     (["--cluster", cluster("negative.json", '{"inter_gbps": -5}')], "inter_gbps is -5"),
     (["--cluster", cluster("string.json", '{"peak_tflops": "fast"}')], "peak_tflops is \"fast\""),
+    (["--cluster", cluster("half.json", '{"gpus_per_node": 8.5}')], "gpus_per_node is 8.5"),
     (["--gpus", "0"], "--gpus"),
     (["--gpus", "nan"], "not a finite number"),
     (["--micro", "4", "--gpus", "1024", "--batch", "512"], "more than the batch"),
