@@ -1,11 +1,16 @@
-// Training steps on the host at GPT-2 124M widths (C=768, 12 heads, V=50304; fewer layers and a
-// shorter sequence than GPT-2 so that a step takes seconds on a laptop-class machine): tokens/s
-// and MFU, next to the Eigen GEMM rate of the same GEMM shapes measured in the same run, and the
-// share of the step spent outside those GEMMs. One JSON object per line.
+// Training steps on the host (by default at GPT-2 124M widths: C=768, 12 heads, V=50304; fewer
+// layers and a shorter sequence than GPT-2 so that a step takes seconds on a laptop-class machine)
+// on data x tensor thread ranks: the median step's tokens/s, effective GFLOP/s (6 N + 12 L C T per
+// token) and MFU, next to the Eigen GEMM rate of the same GEMM shapes measured alone in the same
+// run; the step broken down by op class (host::OpTimes, measured inside the step on every rank) and
+// the share of the step outside GEMMs. One JSON object per line. benchmarks/vs_pytorch.py
+// runs it beside PyTorch eager.
 //
-//   train_step [--layers L] [--seq T] [--batch B] [--tensor N] [--steps S]
+//   train_step [--layers L] [--width C] [--heads H] [--vocab V] [--seq T] [--batch B] [--data D] [--tensor N] [--steps S]
 #include <weft/weft_host.hpp>
+#include <weft/device/host/profile.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <mutex>
@@ -54,34 +59,44 @@ double gemm_seconds(const std::vector<GemmShape>& shapes, int ranks, double& flo
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::int64_t layers = 2, seq = 128, batch = 4, steps = 3;
-  int tensor = 1;
+  std::int64_t layers = 2, seq = 128, batch = 4, steps = 3, width = 768, heads = 12, vocab = 50304;
+  int tensor = 1, data = 1;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     const auto v = std::stoll(argv[i + 1]);
     if (a == "--layers") layers = v;
     else if (a == "--seq") seq = v;
     else if (a == "--batch") batch = v;
+    else if (a == "--width") width = v;
+    else if (a == "--heads") heads = v;
+    else if (a == "--vocab") vocab = v;
     else if (a == "--tensor") tensor = static_cast<int>(v);
+    else if (a == "--data") data = static_cast<int>(v);
     else if (a == "--steps") steps = v;
     else {
-      std::fprintf(stderr, "train_step: unknown option %s; use --layers --seq --batch --tensor --steps\n", a.c_str());
+      std::fprintf(stderr,
+                   "train_step: unknown option %s; use --layers --width --heads --vocab --seq --batch --data --tensor --steps\n",
+                   a.c_str());
       return 2;
     }
   }
-  const nn::GptConfig cfg{.vocab = 50304, .seq = seq, .layers = layers, .heads = 12, .width = 768};
+  const nn::GptConfig cfg{.vocab = vocab, .seq = seq, .layers = layers, .heads = heads, .width = width};
   try {
-    double step_seconds = 0;
+    std::vector<double> step_seconds;
     std::mutex mu;
-    run_threads(tensor, [&](ThreadComm& world) {
-      Mesh mesh{world, {.tensor = tensor}};
+    const int ranks = data * tensor;
+    std::vector<host::OpTimes> op_times(static_cast<std::size_t>(ranks));  // each rank's, over the timed steps
+    run_threads(ranks, [&](ThreadComm& world) {
+      Mesh mesh{world, {.data = data, .tensor = tensor}};
       Host host;
       nn::Gpt<float> gpt(host, cfg, mesh.spread(), batch);
       auto opt = optim::data_parallel<optim::Ddp>(gpt, optim::AdamW{}, mesh);
-      std::vector<std::int32_t> x(static_cast<std::size_t>(batch * seq)), y(x.size());
-      for (std::size_t i = 0; i < x.size(); ++i) {
-        x[i] = static_cast<std::int32_t>(weft::philox(1, 1, i)[0] % 50257);
-        y[i] = static_cast<std::int32_t>(weft::philox(1, 2, i)[0] % 50257);
+      const std::size_t n = static_cast<std::size_t>(batch / data * seq);
+      std::vector<std::int32_t> x(n), y(n);
+      for (std::size_t i = 0; i < n; ++i) {
+        const std::uint64_t at = static_cast<std::uint64_t>(mesh.coord().data) * n + i;
+        x[i] = static_cast<std::int32_t>(weft::philox(1, 1, at)[0] % static_cast<std::uint64_t>(vocab));
+        y[i] = static_cast<std::int32_t>(weft::philox(1, 2, at)[0] % static_cast<std::uint64_t>(vocab));
       }
       const auto step = [&] {  // one micro-batch, then the update with clipping at norm 1 (its norm included)
         opt.zero_grad();
@@ -90,36 +105,57 @@ int main(int argc, char** argv) {
         opt.step(1e-4, 1.0);
       };
       step();  // warm-up
-      world.barrier();
-      const auto t0 = Clock::now();
-      for (std::int64_t s = 0; s < steps; ++s) step();
-      world.barrier();
-      if (world.rank() == 0) {
-        std::lock_guard lock(mu);
-        step_seconds = std::chrono::duration<double>(Clock::now() - t0).count() / static_cast<double>(steps);
+      host::profile(&op_times[static_cast<std::size_t>(world.rank())]);
+      for (std::int64_t s = 0; s < steps; ++s) {
+        world.barrier();
+        const auto t0 = Clock::now();
+        step();
+        world.barrier();
+        if (world.rank() == 0) {
+          std::lock_guard lock(mu);
+          step_seconds.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+        }
       }
+      host::profile(nullptr);
     });
+    std::sort(step_seconds.begin(), step_seconds.end());
+    const double step_s = step_seconds[step_seconds.size() / 2];  // the median
     // The GEMMs of one step on each rank: per layer qkv, proj, fc, mlp proj (forward, then two per
     // backward: input and weight gradients), and the tied LM head (forward, two backward).
-    const std::int64_t N = batch * seq, C = 768, V = (50304 + tensor - 1) / tensor;
+    const std::int64_t N = batch / data * seq, C = width, V = (vocab + tensor - 1) / tensor;
     std::vector<GemmShape> shapes;
     for (auto [out, in] : {std::pair{3 * C / tensor, C}, {C, C / tensor}, {4 * C / tensor, C}, {C, 4 * C / tensor}})
       shapes.push_back({N, out, in, static_cast<int>(3 * layers)});
     shapes.push_back({N, V, C, 3});
     double gemm_flops = 0;
-    const double gemm_time = gemm_seconds(shapes, tensor, gemm_flops);
-    const double tokens_s = static_cast<double>(N) / step_seconds;
-    const double peak = train::gemm_rate<float>(tensor);
-    const nlohmann::json j = {{"bench", "train_step"},
-                              {"layers", layers}, {"width", 768}, {"heads", 12}, {"vocab", 50304}, {"seq", seq},
-                              {"batch", batch}, {"tensor", tensor}, {"dtype", "f32"},
-                              {"step_s", step_seconds}, {"tokens_per_s", tokens_s},
-                              {"model_tflops", tokens_s * train::flops_per_token(cfg) / 1e12},
+    const double gemm_time = gemm_seconds(shapes, ranks, gemm_flops);
+    const double tokens_s = static_cast<double>(batch * seq) / step_s;
+    // The step by op class, per step, averaged over the ranks (each rank's ops run on its thread).
+    nlohmann::json ops;
+    double in_ops = 0, gemm_in_step = 0;
+    for (std::size_t k = 0; k < host::kOps; ++k) {
+      double t = 0;
+      for (const host::OpTimes& r : op_times) t += r.seconds[k];
+      t /= static_cast<double>(ranks * steps);
+      ops[host::name(static_cast<host::Op>(k))] = t;
+      in_ops += t;
+      if (static_cast<host::Op>(k) == host::Op::gemm) gemm_in_step = t;
+    }
+    double mean_step = 0;
+    for (double t : step_seconds) mean_step += t / static_cast<double>(step_seconds.size());
+    ops["outside_ops"] = std::max(0.0, mean_step - in_ops);  // collectives, allocation, the framework
+    const double peak = train::gemm_rate<float>(ranks);
+    const nlohmann::json j = {{"bench", "train_step"}, {"impl", "weft"},
+                              {"layers", layers}, {"width", width}, {"heads", heads}, {"vocab", vocab}, {"seq", seq},
+                              {"batch", batch}, {"data", data}, {"tensor", tensor}, {"threads", ranks}, {"dtype", "f32"},
+                              {"step_s", step_s}, {"tokens_per_s", tokens_s},
+                              {"effective_gflops", tokens_s * train::flops_per_token(cfg) / 1e9},
                               {"mfu", tokens_s * train::flops_per_token(cfg) / peak},
                               {"gemm_rate_gflops_256", peak / 1e9},
                               {"step_gemm_rate_gflops", gemm_flops / gemm_time / 1e9},
-                              {"gemm_s_per_step", gemm_time},
-                              {"share_outside_gemm", std::max(0.0, 1.0 - gemm_time / step_seconds)}};
+                              {"isolated_gemm_s_per_step", gemm_time},
+                              {"ops_s_per_step", ops},
+                              {"share_outside_gemm", std::max(0.0, 1.0 - gemm_in_step / mean_step)}};
     std::printf("%s\n", j.dump().c_str());
     return 0;
   } catch (const Error& e) {

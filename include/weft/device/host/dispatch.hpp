@@ -4,7 +4,8 @@
 //
 // T is the compute type (double, float, bf16) and S = accumulate_t<T> the type of parameter
 // gradients, statistics and master weights (core/precision.hpp); the Cuda specialization has the
-// same signatures.
+// same signatures. Each op adds its time to the thread's host::OpTimes when one is set
+// (profile.hpp), by op class.
 #pragma once
 
 #include <cstring>
@@ -15,6 +16,7 @@
 #include "weft/device/host/gemm.hpp"
 #include "weft/device/host/host.hpp"
 #include "weft/device/host/ops.hpp"
+#include "weft/device/host/profile.hpp"
 #include "weft/device/ops.hpp"
 
 namespace weft {
@@ -30,6 +32,7 @@ struct Ops<Host> {
   static void gemm(Host&, Trans ta, Trans tb, index m, index n, index k, acc<T> alpha, const T* a, index lda,
                    const T* b, index ldb, acc<T> beta, C* c, index ldc) {
     static_assert(std::same_as<C, T> || std::same_as<C, acc<T>>, "Ops<Host>::gemm: C must be T or accumulate_t<T>");
+    const host::Timed timed(host::Op::gemm);
     if constexpr (std::same_as<T, acc<T>>) {
       host::gemm<T>(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     } else {  // bf16 operands: widen, multiply in float, round once where C is bf16
@@ -52,58 +55,86 @@ struct Ops<Host> {
   // converted (master weights rounded to the compute type).
   template <class T>
   static void zero(Host&, T* out, index n) {
+    const host::Timed timed(host::Op::memory);
     if (n > 0) std::memset(static_cast<void*>(out), 0, static_cast<std::size_t>(n) * sizeof(T));
   }
   template <class T>
   static void copy(Host&, T* out, const T* in, index n) {
+    const host::Timed timed(host::Op::memory);
     if (n > 0) std::memcpy(static_cast<void*>(out), in, static_cast<std::size_t>(n) * sizeof(T));
   }
   template <class To, class From>
-  static void convert(Host&, To* out, const From* in, index n) { host::convert(out, in, n); }
+  static void convert(Host&, To* out, const From* in, index n) {
+    const host::Timed timed(host::Op::memory);
+    host::convert(out, in, n);
+  }
 
   // Parameter initialization (see host::init_normal): a constant, or normal draws keyed by each
   // element's global index in the rank's box (offset) of the global tensor.
   template <class T>
-  static void fill(Host&, T* out, index n, T v) { host::fill(out, n, v); }
+  static void fill(Host&, T* out, index n, T v) {
+    const host::Timed timed(host::Op::memory);
+    host::fill(out, n, v);
+  }
   template <class T>
   static void init_normal(Host&, T* out, const Shape& global, const Shape& local, const Shape& offset,
                           std::uint64_t seed, std::uint64_t id, double std) {
+    const host::Timed timed(host::Op::memory);
     host::init_normal(out, global, local, offset, seed, id, std);
   }
 
   // Elementwise: out += x; the GELU and its gradient; a bias on every row and its gradient.
   template <class T>
-  static void add_inplace(Host&, T* out, const T* x, index n) { host::add_inplace(out, x, n); }
+  static void add_inplace(Host&, T* out, const T* x, index n) {
+    const host::Timed timed(host::Op::elementwise);
+    host::add_inplace(out, x, n);
+  }
   template <class T>
-  static void gelu_forward(Host&, T* out, const T* x, index n) { host::gelu_forward(out, x, n); }
+  static void gelu_forward(Host&, T* out, const T* x, index n) {
+    const host::Timed timed(host::Op::gelu);
+    host::gelu_forward(out, x, n);
+  }
   template <class T>
-  static void gelu_backward(Host&, T* dx, const T* x, const T* dout, index n) { host::gelu_backward(dx, x, dout, n); }
+  static void gelu_backward(Host&, T* dx, const T* x, const T* dout, index n) {
+    const host::Timed timed(host::Op::gelu);
+    host::gelu_backward(dx, x, dout, n);
+  }
   template <class T>
-  static void bias_add(Host&, T* y, const T* b, index N, index C) { host::bias_add(y, b, N, C); }
+  static void bias_add(Host&, T* y, const T* b, index N, index C) {
+    const host::Timed timed(host::Op::elementwise);
+    host::bias_add(y, b, N, C);
+  }
   template <class T>
-  static void bias_backward(Host&, acc<T>* db, const T* dy, index N, index C) { host::bias_backward(db, dy, N, C); }
+  static void bias_backward(Host&, acc<T>* db, const T* dy, index N, index C) {
+    const host::Timed timed(host::Op::elementwise);
+    host::bias_backward(db, dy, N, C);
+  }
 
   // LayerNorm over rows of C: mean and rstd (N) saved for backward. The backward adds dresid (the
   // residual stream's gradient) into dx when it is not null.
   template <class T>
   static void layernorm_forward(Host&, T* out, acc<T>* mean, acc<T>* rstd, const T* x, const T* w, const T* b, index N,
                                 index C, acc<T> eps) {
+    const host::Timed timed(host::Op::layernorm);
     host::layernorm_forward(out, mean, rstd, x, w, b, N, C, eps);
   }
   template <class T>
   static void layernorm_backward(Host&, T* dx, acc<T>* dw, acc<T>* db, const T* dout, const T* x, const T* w,
                                  const acc<T>* mean, const acc<T>* rstd, index N, index C, const T* dresid = nullptr) {
+    const host::Timed timed(host::Op::layernorm);
     host::layernorm_backward(dx, dw, db, dout, x, w, mean, rstd, N, C, dresid);
   }
 
   // Causal attention over H local heads of size hd; probs (B, H, T, T).
   template <class T>
   static void attention_forward(Host&, T* out, T* probs, const T* qkv, index B, index Tn, index H, index hd) {
+    const host::Timed timed(host::Op::attention);
     host::attention_forward(out, probs, qkv, B, Tn, H, hd);
   }
   template <class T>
   static void attention_backward(Host&, T* dqkv, const T* dout, const T* qkv, const T* probs, index B, index Tn,
                                  index H, index hd) {
+    const host::Timed timed(host::Op::attention);
     host::attention_backward(dqkv, dout, qkv, probs, B, Tn, H, hd);
   }
 
@@ -111,19 +142,23 @@ struct Ops<Host> {
   template <class T>
   static void embedding_forward(Host&, T* out, const std::int32_t* tokens, const T* table, index N, index C,
                                 index begin, index end) {
+    const host::Timed timed(host::Op::embedding);
     host::embedding_forward(out, tokens, table, N, C, begin, end);
   }
   template <class T>
   static void embedding_backward(Host&, acc<T>* dtable, const T* dout, const std::int32_t* tokens, index N, index C,
                                  index begin, index end) {
+    const host::Timed timed(host::Op::embedding);
     host::embedding_backward(dtable, dout, tokens, N, C, begin, end);
   }
   template <class T>
   static void position_forward(Host&, T* x, const T* table, index B, index Tl, index C, index t0) {
+    const host::Timed timed(host::Op::embedding);
     host::position_forward(x, table, B, Tl, C, t0);
   }
   template <class T>
   static void position_backward(Host&, acc<T>* dtable, const T* dy, index B, index Tl, index C, index t0) {
+    const host::Timed timed(host::Op::embedding);
     host::position_backward(dtable, dy, B, Tl, C, t0);
   }
 
@@ -131,20 +166,24 @@ struct Ops<Host> {
   // sum over the rows comes back to the host.
   template <class T>
   static void ce_row_max(Host&, acc<T>* rowmax, const T* logits, index N, index V, index valid) {
+    const host::Timed timed(host::Op::cross_entropy);
     host::ce_row_max(rowmax, logits, N, V, valid);
   }
   template <class T>
   static void ce_row_stats(Host&, acc<T>* stats, const T* logits, const acc<T>* rowmax, const std::int32_t* targets,
                            index N, index V, index valid, index begin) {
+    const host::Timed timed(host::Op::cross_entropy);
     host::ce_row_stats(stats, logits, rowmax, targets, N, V, valid, begin);
   }
   template <class S>
   static double ce_loss(Host&, S* sumexp, const S* stats, const S* rowmax, index N) {
+    const host::Timed timed(host::Op::cross_entropy);
     return host::ce_loss(sumexp, stats, rowmax, N);
   }
   template <class T>
   static void ce_backward(Host&, T* dlogits, const T* logits, const acc<T>* rowmax, const acc<T>* sumexp,
                           const std::int32_t* targets, index N, index V, index valid, index begin, acc<T> scale) {
+    const host::Timed timed(host::Op::cross_entropy);
     host::ce_backward(dlogits, logits, rowmax, sumexp, targets, N, V, valid, begin, scale);
   }
 
@@ -153,19 +192,25 @@ struct Ops<Host> {
   template <class P, class S>
   static void adamw(Host&, P* p, const P* g, S* m, S* v, index n, const math::AdamWParams<S>& a, bool decay,
                     double grad_scale) {
+    const host::Timed timed(host::Op::optimizer);
     host::adamw(p, g, m, v, n, a, decay, grad_scale);
   }
   template <class P, class S>
   static void sgd(Host&, P* p, const P* g, S* buf, index n, double lr, double momentum, double weight_decay, bool decay,
                   double grad_scale) {
+    const host::Timed timed(host::Op::optimizer);
     host::sgd(p, g, buf, n, lr, momentum, weight_decay, decay, grad_scale);
   }
   template <class T>
-  static double sum_squares(Host&, const T* x, index n) { return host::sum_squares(x, n); }
+  static double sum_squares(Host&, const T* x, index n) {
+    const host::Timed timed(host::Op::norm);
+    return host::sum_squares(x, n);
+  }
   // Several ranges: each range's sum of squares added in order (the same number as summing the
   // single-range results in order).
   template <class T>
   static double sum_squares_many(Host&, std::span<const std::pair<const T*, index>> pieces) {
+    const host::Timed timed(host::Op::norm);
     double s = 0;
     for (const auto& [p, n] : pieces) s += host::sum_squares(p, n);
     return s;
@@ -173,6 +218,7 @@ struct Ops<Host> {
   // AdamW over several ranges (Piece in optim/optimizer.hpp: p, g, state {m, v}, n, decay).
   template <class Pieces, class S>
   static void adamw_many(Host&, const Pieces& pieces, const math::AdamWParams<S>& a, double grad_scale) {
+    const host::Timed timed(host::Op::optimizer);
     for (const auto& x : pieces) host::adamw(x.p, x.g, x.state[0], x.state[1], x.n, a, x.decay, grad_scale);
   }
 

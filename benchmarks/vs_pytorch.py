@@ -1,0 +1,80 @@
+#!/usr/bin/env python3
+"""weft's host training step beside PyTorch eager, same model, same machine, interleaved runs.
+
+For GPT-2 124M (B=4, T=64) and a small model (4 layers, width 256, 4 heads, T=128, V=256, B=8), on 1
+and 2 threads: weft's benchmarks/train_step (1 thread: one rank; 2 threads: data 2 and tensor 2 ranks,
+the faster counts) and tools/reference/torch_gpt.py (torch.set_num_threads), alternating, --reps
+times each; medians. Prints one JSON object per model and thread count: tokens/s of each, effective
+GFLOP/s (6 N + 12 L C T per token), the ratio weft / PyTorch, and weft's share of the step outside
+GEMMs. Without PyTorch it says so and exits 0.
+
+Usage: benchmarks/vs_pytorch.py [--train-step build/release/benchmarks/train_step] [--reps 3] [--only small]
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+here = os.path.dirname(os.path.abspath(__file__))
+MODELS = {
+    "gpt2-124m": dict(layers=12, width=768, heads=12, seq=64, vocab=50257, batch=4, steps=3),
+    "small": dict(layers=4, width=256, heads=4, seq=128, vocab=256, batch=8, steps=8),
+}
+
+
+def flops_per_token(m):
+    C, L = m["width"], m["layers"]
+    return 6 * (m["vocab"] * C + m["seq"] * C + L * 12 * C * C) + 12 * L * C * m["seq"]
+
+
+def run(cmd):
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.exit(f"vs_pytorch: {' '.join(cmd)} failed:\n{p.stderr[-2000:]}")
+    return json.loads([l for l in p.stdout.splitlines() if l.startswith("{")][-1])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--train-step", default=os.path.join(here, "..", "build", "release", "benchmarks", "train_step"))
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--only", choices=sorted(MODELS))
+    a = ap.parse_args()
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        print("vs_pytorch: PyTorch is not installed (pip install torch); nothing compared")
+        return 0
+    torch_gpt = os.path.join(here, "..", "tools", "reference", "torch_gpt.py")
+    for name, m in MODELS.items():
+        if a.only and name != a.only:
+            continue
+        sizes = [f"--{k}={v}" for k, v in m.items()]
+        for threads in (1, 2):
+            layouts = [("data", 1, "tensor", 1)] if threads == 1 else [("data", 2, "tensor", 1), ("data", 1, "tensor", 2)]
+            weft = {l: [] for l in layouts}
+            torch_s, share = [], {l: [] for l in layouts}
+            for _ in range(a.reps):
+                for l in layouts:
+                    r = run([a.train_step, *sum(([f"--{k}", str(v)] for k, v in m.items()), []), "--data", str(l[1]),
+                             "--tensor", str(l[3])])
+                    weft[l].append(r["tokens_per_s"])
+                    share[l].append(r["share_outside_gemm"])
+                torch_s.append(run([sys.executable, torch_gpt, *sizes, f"--threads={threads}"])["tokens_per_s"])
+            best = max(layouts, key=lambda l: statistics.median(weft[l]))
+            w, t = statistics.median(weft[best]), statistics.median(torch_s)
+            f = flops_per_token(m)
+            print(json.dumps({"bench": "vs_pytorch", "model": name, "threads": threads,
+                              "weft_layout": f"data {best[1]} x tensor {best[3]}",
+                              "weft_tokens_per_s": w, "pytorch_tokens_per_s": t, "ratio": w / t,
+                              "weft_effective_gflops": w * f / 1e9, "pytorch_effective_gflops": t * f / 1e9,
+                              "weft_share_outside_gemm": statistics.median(share[best]),
+                              "weft_all_layouts": {f"data {l[1]} x tensor {l[3]}": statistics.median(weft[l]) for l in layouts},
+                              "reps": a.reps}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
