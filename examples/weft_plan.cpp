@@ -267,8 +267,9 @@ int main(int argc, char** argv) {
       }
     }
     if (!json)
-      std::printf("(ranked by step time among those that fit; peak: the step's peak per GPU, with %.0f MiB of CUDA "
-                  "workspace estimated; no overlap of communication with compute, no pipeline parallelism)\n",
+      std::printf("(ranked by step time among those that fit; peak: the step's peak per GPU, with an estimate of the CUDA "
+                  "workspace: cuBLASLt's %.0f MiB and the attention scores; no overlap of communication with compute, no "
+                  "pipeline parallelism)\n",
                   static_cast<double>(footprint::cuda_workspace(c, {.data_degree = 1, .tensor_degree = 1}, 0)) / (1 << 20));
     return 0;
   } catch (const Error& e) {
