@@ -57,7 +57,7 @@ double host_available_bytes() {
 void check_fits(const Options& o, const nn::GptConfig& cfg, const std::string& device, const Launch& launch) {
   const std::string fix = "use a smaller model, batch or micro-batch, more tensor or pipeline ranks, or a sharded strategy "
                           "(zero1, zero2, fsdp); train_gpt --plan prints the plan";
-  if (const double n = elements_of(o, cfg); n > kMaxPlannedElements)
+  if (const double n = elements_of(o, cfg); n > footprint::kMaxElements)
     throw Error("train_gpt", cat("the configuration holds about ", n, " elements (parameters, activations), more than any machine"),
                 fix);
   double available = -1;
@@ -95,7 +95,7 @@ int print_plan(const Options& o, const nn::GptConfig& cfg, const std::string& de
               static_cast<long long>(cfg.seq), static_cast<long long>(cfg.vocab), o.strategy.c_str(), o.dtype.c_str(), o.data,
               o.pipe, o.tensor, static_cast<long long>(o.batch),
               static_cast<long long>(o.micro_batch > 0 ? o.micro_batch : o.batch));
-  if (const double n = elements_of(o, cfg); n > kMaxPlannedElements) {
+  if (const double n = elements_of(o, cfg); n > footprint::kMaxElements) {
     std::printf("about %.3g elements (parameters, activations): too large to plan, and to fit any machine\n", n);
     return 0;
   }

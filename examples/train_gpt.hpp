@@ -17,6 +17,7 @@
 #include <weft/optim/schedule.hpp>
 #include <weft/pipeline/executor.hpp>
 #include <weft/pipeline/pipelined.hpp>
+#include <weft/plan/memory.hpp>
 #include <weft/nn/describe.hpp>
 #include <weft/train/metrics.hpp>
 #include <weft/version.hpp>
@@ -165,16 +166,11 @@ inline pipeline::Kind schedule_kind(const std::string& name) {
   return pipeline::Kind::one_f_one_b;
 }
 
-// About how many elements the configuration's parameters and one micro-batch's residual stream
-// and logits hold, in double: sizes beyond 1e15 (petabytes) are refused before the plan, whose
-// 64-bit counts they would overflow.
+// footprint::approximate_elements of the run (one micro-batch): sizes beyond footprint::kMaxElements
+// are refused before the plan, whose 64-bit counts they would overflow.
 inline double elements_of(const Options& o, const nn::GptConfig& c) {
-  const double C = static_cast<double>(c.width), L = static_cast<double>(c.layers), T = static_cast<double>(c.seq);
-  const double V = static_cast<double>(c.vocab) + o.tensor, B = static_cast<double>(o.micro_batch > 0 ? o.micro_batch : o.batch);
-  const double H = static_cast<double>(c.heads);
-  return L * (12 * C * C + 13 * C) + (V + T) * C + B * T * (C * L + V) + L * B * H * T * T;  // the last: attention
+  return footprint::approximate_elements(c, static_cast<double>(o.micro_batch > 0 ? o.micro_batch : o.batch), o.tensor);
 }
-inline constexpr double kMaxPlannedElements = 1e15;
 
 inline std::string gib(double bytes) { return cat(std::round(bytes / (1 << 30) * 100) / 100, " GiB"); }
 

@@ -68,18 +68,31 @@ estimate::Rates cluster_rates(const Cluster& k, int tensor, int data) {
   return r;
 }
 
+// The candidates, and why the layouts left out were (one line per reason).
+struct Candidates {
+  std::vector<Candidate> list;
+  std::vector<std::string> skipped;
+
+  void skip(std::string why) {
+    if (std::find(skipped.begin(), skipped.end(), why) == skipped.end()) skipped.push_back(std::move(why));
+  }
+};
+
 template <class Strategy, class P, bool SP, class R>
-void consider(std::vector<Candidate>& out, const char* name, const nn::GptConfig& c, const Cluster& k, std::int64_t batch,
+void consider(Candidates& out, const char* name, const nn::GptConfig& c, const Cluster& k, std::int64_t batch,
               std::int64_t micro_per_gpu, int tensor) {
   using T = typename precision_t<P>::compute;
   const int data = k.gpus / tensor;
   const Spread s{.data_degree = data, .tensor_degree = tensor};
   const std::int64_t micro = micro_per_gpu * data;
-  if (batch % micro != 0) return;
+  const std::string layout = cat("tensor ", tensor, SP ? " with SP" : "", ", data ", data);
+  if (batch % micro != 0)
+    return out.skip(cat(layout, ": the batch of ", batch, " is not a multiple of the micro-batch ", micro, " (", micro_per_gpu,
+                        " per GPU)"));
   try {
     nn::validate(c, s, SP, micro);
-  } catch (const Error&) {
-    return;  // sizes this degree does not divide
+  } catch (const Error& e) {
+    return out.skip(cat(layout, ": ", e.what()));  // sizes this degree does not divide
   }
   const estimate::Work w = estimate::work<Strategy, P, SP, R>(c, s, micro, batch / micro);
   Candidate x;
@@ -93,14 +106,17 @@ void consider(std::vector<Candidate>& out, const char* name, const nn::GptConfig
   x.state_bytes = w.memory.after.total();
   x.time = estimate::seconds(w, cluster_rates<T>(k, tensor, data));
   x.fits = static_cast<double>(x.peak_bytes) <= k.memory_gib * (1 << 30);
-  out.push_back(x);
+  out.list.push_back(x);
 }
 
 template <class P>
-std::vector<Candidate> candidates(const nn::GptConfig& c, const Cluster& k, std::int64_t batch, std::int64_t micro) {
-  std::vector<Candidate> out;
+Candidates candidates(const nn::GptConfig& c, const Cluster& k, std::int64_t batch, std::int64_t micro) {
+  Candidates out;
   for (int tp = 1; tp <= k.gpus_per_node && tp <= k.gpus; tp *= 2) {
-    if (k.gpus % tp != 0) continue;
+    if (k.gpus % tp != 0) {
+      out.skip(cat("tensor ", tp, ": does not divide ", k.gpus, " GPUs"));
+      continue;
+    }
     auto both = [&]<class R>(const char* suffix) {
       const std::string n(suffix);
       consider<optim::Ddp, P, false, R>(out, ("ddp" + n).c_str(), c, k, batch, micro, tp);
@@ -115,7 +131,7 @@ std::vector<Candidate> candidates(const nn::GptConfig& c, const Cluster& k, std:
     both.template operator()<recompute::None>("");
     both.template operator()<recompute::Full>(" +recompute");
   }
-  std::stable_sort(out.begin(), out.end(), [](const Candidate& a, const Candidate& b) {
+  std::stable_sort(out.list.begin(), out.list.end(), [](const Candidate& a, const Candidate& b) {
     if (a.fits != b.fits) return a.fits;
     return a.time.total() < b.time.total();
   });
@@ -218,18 +234,16 @@ int main(int argc, char** argv) {
     c.seq = seq.value_or(c.seq);
     c.vocab = vocab.value_or(c.vocab);
     // Sizes whose element counts would overflow the plan's 64-bit counts are refused first.
-    const double C = static_cast<double>(c.width), L = static_cast<double>(c.layers), Tn = static_cast<double>(c.seq);
-    const double elements = L * 12 * C * C + (static_cast<double>(c.vocab) + Tn) * C +
-                            static_cast<double>(micro) * Tn * (C * L + static_cast<double>(c.vocab)) +
-                            static_cast<double>(micro) * static_cast<double>(c.heads) * Tn * Tn * L;
-    if (elements > 1e15)
+    const double elements = footprint::approximate_elements(c, static_cast<double>(micro), k.gpus_per_node);
+    if (elements > footprint::kMaxElements)
       throw Error("weft-plan", cat("the configuration holds about ", elements, " elements per GPU"),
                   "use a smaller model, sequence or micro-batch");
     if (static_cast<double>(micro) * k.gpus > static_cast<double>(batch))
       throw Error("weft-plan", cat("--micro ", micro, " on ", k.gpus, " GPUs is ", static_cast<double>(micro) * k.gpus,
                                    " sequences per micro-batch, more than the batch of ", batch),
                   "raise --batch or lower --micro or --gpus");
-    const auto list = dtype == "f32" ? candidates<F32>(c, k, batch, micro) : candidates<Bf16Mixed>(c, k, batch, micro);
+    const Candidates found = dtype == "f32" ? candidates<F32>(c, k, batch, micro) : candidates<Bf16Mixed>(c, k, batch, micro);
+    const std::vector<Candidate>& list = found.list;
     const double tokens = static_cast<double>(batch * c.seq), flops = train::flops_per_token(c) * tokens;
     if (!json) {
       std::printf("weft-plan: layers %lld, heads %lld, width %lld, seq %lld, vocab %lld, %s | %d GPUs (%d per node, %.0f GiB, "
@@ -237,11 +251,14 @@ int main(int argc, char** argv) {
                   static_cast<long long>(c.layers), static_cast<long long>(c.heads), static_cast<long long>(c.width),
                   static_cast<long long>(c.seq), static_cast<long long>(c.vocab), dtype.c_str(), k.gpus, k.gpus_per_node,
                   k.memory_gib, k.peak_tflops, static_cast<long long>(batch), static_cast<long long>(micro));
-      if (list.empty()) {
-        std::printf("no candidate: no tensor degree up to %d divides the heads, width and batch; change --gpus or --micro\n",
-                    k.gpus_per_node);
-        return 2;
-      }
+    }
+    if (list.empty()) {  // in text or JSON, the reasons on stderr
+      std::fprintf(stderr, "weft-plan: no candidate: no layout with a tensor degree up to %d fits the sizes; change --gpus, --micro "
+                   "or the model's sizes\n", k.gpus_per_node);
+      for (const std::string& why : found.skipped) std::fprintf(stderr, "  %s\n", why.c_str());
+      return 2;
+    }
+    if (!json) {
       std::printf("%-22s %6s %6s %6s %11s %11s %9s %9s %9s %9s %9s %10s %6s\n", "strategy", "tensor", "data", "accum",
                   "peak GiB", "state GiB", "step ms", "gemm", "attn", "elemwise", "comm", "tokens/s", "MFU");
     }
@@ -271,6 +288,10 @@ int main(int argc, char** argv) {
                   "workspace: cuBLASLt's %.0f MiB and the attention scores; no overlap of communication with compute, no "
                   "pipeline parallelism)\n",
                   static_cast<double>(footprint::cuda_workspace(c, {.data_degree = 1, .tensor_degree = 1}, 0)) / (1 << 20));
+    if (!json && !found.skipped.empty()) {
+      std::printf("left out:\n");
+      for (const std::string& why : found.skipped) std::printf("  %s\n", why.c_str());
+    }
     return 0;
   } catch (const Error& e) {
     std::fprintf(stderr, "%s\n", e.what());

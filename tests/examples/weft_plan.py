@@ -10,7 +10,7 @@
    tensor degrees above the node size are not offered.
 3. A device too small for anything: every candidate marked as not fitting, none dropped.
 4. 1024 GPUs: plans in well under a second per candidate (nothing is allocated).
-5. Bad clusters and options exit 2 naming the problem.
+5. Bad clusters and options exit 2 naming the problem; with no candidate, the reason for each layout.
 """
 import json, os, subprocess, sys, tempfile, time
 
@@ -84,6 +84,9 @@ bad = [
     (["--gpus", "nan"], "not a finite number"),
     (["--micro", "4", "--gpus", "1024", "--batch", "512"], "more than the batch"),
     (["--width", "100000000", "--micro", "64", "--gpus", "1"], "elements per GPU"),
+    # 3 GPUs: tensor 2 does not divide them, and data 3 does not divide the batch of 4; both reasons named
+    (["--gpus", "3", "--batch", "4", "--micro", "1"], "tensor 2: does not divide 3 GPUs"),
+    (["--gpus", "3", "--batch", "4", "--micro", "1", "--json"], "not a multiple of the micro-batch 3"),
 ]
 for args, fragment in bad:
     p = run(*args)

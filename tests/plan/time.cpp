@@ -92,8 +92,16 @@ TEST_CASE("the step time adds its parts, and doubling a rate halves its part") {
   const auto b = estimate::seconds(w, r);
   CHECK(b.total() == doctest::Approx(b.gemm + b.attention + b.elementwise + b.memory + b.tensor_comm + b.data_comm));
   CHECK(b.gemm == doctest::Approx(gemm_flops(w) / 1e9));
-  CHECK(b.tensor_comm > 0);
-  CHECK(b.data_comm > 0);
+  CHECK(b.attention == doctest::Approx(w.attention_flops / 1e9));
+  // Each axis's part: its collectives priced one by one on its link (the formulas checked above),
+  // so a collective counted on the wrong axis, or twice, moves both parts.
+  double tensor = 0, data = 0;
+  for (const estimate::Comm& c : w.comms)
+    (c.axis == Axis::tensor ? tensor : data) +=
+        static_cast<double>(c.count) * collective_seconds(c.collective, c.degree, c.bytes, c.axis == Axis::tensor ? r.tensor : r.data);
+  CHECK(tensor > 0);  // SP's gathers and scatters on the tensor axis
+  CHECK(b.tensor_comm == doctest::Approx(tensor).epsilon(1e-12));
+  CHECK(b.data_comm == doctest::Approx(data).epsilon(1e-12));
   r.gemm_flops = [](const estimate::Gemm&) { return 2e9; };
   CHECK(estimate::seconds(w, r).gemm == doctest::Approx(b.gemm / 2));
 }

@@ -66,6 +66,35 @@ constexpr std::int64_t block_elements(const nn::GptConfig& c, int tp) {
   return 12 * C * C / tp + 7 * C / tp + 6 * C;
 }
 
+// A rank's parameter elements by unit (the list above), before padding: the one place the plan
+// derives them, for the state (persistent), the step's replay (step.hpp) and the time model.
+struct Units {
+  std::int64_t table = 0;      // wte (Vp/tp, C)
+  std::int64_t positions = 0;  // wpe (T, C)
+  std::int64_t block = 0;      // one block
+  std::int64_t head = 0;       // ln_f
+
+  constexpr std::int64_t embedding() const { return table + positions; }  // the unit when one rank holds both ends
+};
+constexpr Units units(const nn::GptConfig& c, const Spread& s) {
+  return {nn::padded_vocab(c.vocab, s.tensor_degree) * c.width / s.tensor_degree, c.seq * c.width,
+          block_elements(c, s.tensor_degree), 2 * c.width};
+}
+
+// About how many elements a configuration's parameters and one micro-batch of `sequences` hold,
+// unsharded, in double (it cannot overflow): parameters, the residual stream and the logits, the
+// attention probabilities. The plan counts in 64 bits, so callers refuse configurations beyond
+// kMaxElements (petabytes) before planning them; `tensor` bounds the vocabulary's padding.
+constexpr double approximate_elements(const nn::GptConfig& c, double sequences, double tensor = 1) {
+  const double C = static_cast<double>(c.width), L = static_cast<double>(c.layers), T = static_cast<double>(c.seq);
+  const double V = static_cast<double>(c.vocab) + tensor, H = static_cast<double>(c.heads);
+  return L * (12 * C * C + 13 * C) + (V + T) * C + sequences * T * (C * L + V) + L * sequences * H * T * T;
+}
+inline constexpr double kMaxElements = 1e15;
+
+// n elements padded to a multiple of the data degree dp (optim/data_parallel.hpp's units).
+constexpr std::int64_t padded(std::int64_t n, std::int64_t dp) { return (n + dp - 1) / dp * dp; }
+
 // The persistent bytes of one rank: a Gpt<P> holding `holds`, under data-parallel Strategy with
 // update rule Rule (AdamW: 2 states), on the degrees of `s`. Sizes must satisfy nn::validate.
 template <class Strategy, PrecisionLike P, class Rule = optim::AdamW>
@@ -77,31 +106,30 @@ constexpr Memory persistent(const nn::GptConfig& c, const Spread& s, Holds holds
   constexpr bool shard_grads = IsShard<typename Strategy::grads>;
   constexpr bool shard_state = IsShard<typename Strategy::state>;
   constexpr bool mixed = !std::same_as<T, G>;
-  const std::int64_t dp = s.data_degree, tp = s.tensor_degree;
-  const std::int64_t vp = nn::padded_vocab(c.vocab, s.tensor_degree);
+  const std::int64_t dp = s.data_degree;
+  const Units u = units(c, s);
   Memory m;
   auto add = [&](std::int64_t elements, std::int64_t count) {
-    const std::int64_t n = (elements + dp - 1) / dp * dp, shard = n / dp;
+    const std::int64_t n = padded(elements, dp), shard = n / dp;
     auto put = [&](Category cat, std::int64_t b) { m.bytes[static_cast<std::size_t>(cat)] += b * count; };
     put(Category::parameters, static_cast<std::int64_t>(sizeof(T)) * (shard_params ? shard : n));
     put(Category::gradients, static_cast<std::int64_t>(sizeof(G)) * (shard_grads ? shard : n));
     put(Category::optimizer_state, static_cast<std::int64_t>(sizeof(S)) * Rule::states * (shard_state ? shard : n));
     if (mixed) put(Category::master_weights, static_cast<std::int64_t>(sizeof(G)) * (shard_state ? shard : n));
   };
-  const std::int64_t table = vp * c.width / tp, positions = c.seq * c.width;
   const bool split_tie = holds.embedding != holds.head;  // the tied table on two ranks: a unit of its own
   if (holds.embedding) {
     if (split_tie) {
-      add(table, 1);
-      add(positions, 1);
+      add(u.table, 1);
+      add(u.positions, 1);
     } else {
-      add(table + positions, 1);
+      add(u.embedding(), 1);
     }
   }
-  add(block_elements(c, s.tensor_degree), holds.blocks);
+  add(u.block, holds.blocks);
   if (holds.head) {
-    add(2 * c.width, 1);
-    if (split_tie) add(table, 1);
+    add(u.head, 1);
+    if (split_tie) add(u.table, 1);
   }
   return m;
 }

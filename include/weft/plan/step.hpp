@@ -105,10 +105,10 @@ class StepReplay {
     probs_ = B / dp * (c.heads / tp) * Tn * Tn * e;
     logits_ = numel<nn::act::Features>({B, Tn, nn::padded_vocab(c.vocab, s.tensor_degree)}) * e;
     rows_ = numel<Rows>({B, Tn}) * sb;
-    const std::int64_t table = nn::padded_vocab(c.vocab, s.tensor_degree) * C / tp;
-    unit_embedding_ = pad(table + c.seq * C);
-    unit_block_ = pad(block_elements(c, s.tensor_degree));
-    unit_head_ = pad(2 * C);
+    const Units u = units(c, s);
+    unit_embedding_ = padded(u.embedding(), dp);
+    unit_block_ = padded(u.block, dp);
+    unit_head_ = padded(u.head, dp);
   }
 
   // One micro-batch's forward and backward (pipeline::forward_backward over every stage).
@@ -164,11 +164,6 @@ class StepReplay {
   constexpr std::int64_t numel(const Shape& global) const {
     return local_shape<L>(global, s_).numel();
   }
-  constexpr std::int64_t pad(std::int64_t n) const {
-    const std::int64_t dp = s_.data_degree;
-    return (n + dp - 1) / dp * dp;
-  }
-
   // redistribute<To>(x) with x in From (comm/redistribute.hpp): the result, counted in x's
   // category, stays allocated; each step's output and scratch are communication buffers, the
   // previous step's output freed after the next one is allocated. Returns the result's bytes.
@@ -388,10 +383,10 @@ class StepReplay {
   // slice where gradients are sharded. Entries in their units' order (nn/gpt.hpp, nn/block.hpp).
   constexpr std::int64_t partial_grads() const {
     const std::int64_t C = c_.width, tp = s_.tensor_degree;
-    const std::int64_t table = nn::padded_vocab(c_.vocab, s_.tensor_degree) * C / tp;
+    const Units u = units(c_, s_);
     const std::int64_t q = 3 * C / tp;
     // (offset, length) of each partial entry
-    const std::array<std::array<std::int64_t, 2>, 1> embedding{{{table, c_.seq * C}}};
+    const std::array<std::array<std::int64_t, 2>, 1> embedding{{{u.table, u.positions}}};
     const std::int64_t ln2_at = 2 * C + q * C + q + C * C / tp + C;
     const std::array<std::array<std::int64_t, 2>, 2> block{{{0, 2 * C}, {ln2_at, 2 * C}}};
     const std::array<std::array<std::int64_t, 2>, 1> head{{{0, 2 * C}}};

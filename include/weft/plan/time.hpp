@@ -143,17 +143,17 @@ Work work(const nn::GptConfig& c, const Spread& s, std::int64_t micro, std::int6
   }
   // The data-parallel protocol, per unit (optim/data_parallel.hpp).
   const std::int64_t e = sizeof(T), g = sizeof(G);
-  const std::int64_t table = nn::padded_vocab(c.vocab, s.tensor_degree) * C / tp;
-  const auto pad = [&](std::int64_t n) { return (n + dp - 1) / dp * dp; };
+  const footprint::Units units = footprint::units(c, s);
+  const auto pad = [&](std::int64_t n) { return footprint::padded(n, dp); };
   struct Unit {
     std::int64_t n, count;
     bool regathered;  // gathered again for the backward (the blocks; the embedding and the head stay gathered)
   };
-  const std::array<Unit, 3> units{{{pad(table + c.seq * C), 1, false},
-                                   {pad(footprint::block_elements(c, s.tensor_degree)), c.layers, true},
-                                   {pad(2 * C), 1, false}}};
+  const std::array<Unit, 3> protocol{{{pad(units.embedding()), 1, false},
+                                      {pad(units.block), c.layers, true},
+                                      {pad(units.head), 1, false}}};
   const auto d = static_cast<int>(dp);
-  for (const Unit& u : units) {
+  for (const Unit& u : protocol) {
     if constexpr (shard_grads) w.comms.push_back({Collective::reduce_scatter, Axis::data, d, u.n * g, u.count * mb});
     else w.comms.push_back({Collective::all_reduce, Axis::data, d, u.n * g, u.count});
     if constexpr (shard_params)
