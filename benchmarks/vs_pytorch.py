@@ -2,9 +2,10 @@
 """weft's host training step beside PyTorch eager, same model, same machine, interleaved runs.
 
 For GPT-2 124M (B=4, T=64) and a small model (4 layers, width 256, 4 heads, T=128, V=256, B=8), on 1
-and 2 threads: weft's benchmarks/train_step (1 thread: one rank; 2 threads: data 2 and tensor 2 ranks,
-the faster counts) and tools/reference/torch_gpt.py (torch.set_num_threads), alternating, --reps
-times each; medians. Prints one JSON object per model and thread count: tokens/s of each, effective
+and 2 threads: weft's benchmarks/train_step (1 thread: one rank; 2 threads: data 2 or tensor 2
+ranks, or one rank with 2 GEMM threads; the fastest counts) and tools/reference/torch_gpt.py
+(torch.set_num_threads), alternating, --reps times each; medians. Prints one JSON object per model
+and thread count: tokens/s of each, effective
 GFLOP/s (6 N + 12 L C T per token), the ratio weft / PyTorch, and weft's share of the step outside
 GEMMs. Without PyTorch it says so and exits 0.
 
@@ -53,25 +54,27 @@ def main():
             continue
         sizes = [f"--{k}={v}" for k, v in m.items()]
         for threads in (1, 2):
-            layouts = [("data", 1, "tensor", 1)] if threads == 1 else [("data", 2, "tensor", 1), ("data", 1, "tensor", 2)]
+            # (data, tensor, GEMM threads): on 2 threads, two thread ranks or one rank with 2 GEMM threads
+            layouts = [(1, 1, 1)] if threads == 1 else [(2, 1, 1), (1, 2, 1), (1, 1, 2)]
             weft = {l: [] for l in layouts}
             torch_s, share = [], {l: [] for l in layouts}
             for _ in range(a.reps):
                 for l in layouts:
-                    r = run([a.train_step, *sum(([f"--{k}", str(v)] for k, v in m.items()), []), "--data", str(l[1]),
-                             "--tensor", str(l[3])])
+                    r = run([a.train_step, *sum(([f"--{k}", str(v)] for k, v in m.items()), []), "--data", str(l[0]),
+                             "--tensor", str(l[1]), "--gemm-threads", str(l[2])])
                     weft[l].append(r["tokens_per_s"])
                     share[l].append(r["share_outside_gemm"])
                 torch_s.append(run([sys.executable, torch_gpt, *sizes, f"--threads={threads}"])["tokens_per_s"])
             best = max(layouts, key=lambda l: statistics.median(weft[l]))
+            label = lambda l: f"data {l[0]} x tensor {l[1]}" + (f", {l[2]} GEMM threads" if l[2] > 1 else "")
             w, t = statistics.median(weft[best]), statistics.median(torch_s)
             f = flops_per_token(m)
             print(json.dumps({"bench": "vs_pytorch", "model": name, "threads": threads,
-                              "weft_layout": f"data {best[1]} x tensor {best[3]}",
+                              "weft_layout": label(best),
                               "weft_tokens_per_s": w, "pytorch_tokens_per_s": t, "ratio": w / t,
                               "weft_effective_gflops": w * f / 1e9, "pytorch_effective_gflops": t * f / 1e9,
                               "weft_share_outside_gemm": statistics.median(share[best]),
-                              "weft_all_layouts": {f"data {l[1]} x tensor {l[3]}": statistics.median(weft[l]) for l in layouts},
+                              "weft_all_layouts": {label(l): statistics.median(weft[l]) for l in layouts},
                               "reps": a.reps}), flush=True)
     return 0
 

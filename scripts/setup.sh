@@ -5,7 +5,7 @@ set -euo pipefail
 
 WEFT_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 WEFT_PACKAGES=(cmake make g++ libeigen3-dev doctest-dev libcli11-dev nlohmann-json3-dev libxxhash-dev
-  openmpi-bin libopenmpi-dev)
+  openmpi-bin libopenmpi-dev libopenblas-pthread-dev)
 
 weft_missing_packages() {
   local missing=()

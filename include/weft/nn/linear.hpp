@@ -112,8 +112,9 @@ class Linear {
     if (has_bias_ && (!std::same_as<Role, RowParallel> || tensor_index_ == 0))
       Ops<D>::bias_add(x.dev(), y.data(), bias.value.data(), N, out_local());
     ctx.x = x.clone(Category::activations);
-    if constexpr (has_gelu) {
-      ctx.pre = y.clone(Category::activations);
+    if constexpr (has_gelu) {  // the pre-activation is saved, and the output is a new buffer (no copy)
+      ctx.pre = std::move(y);
+      y = Tensor<T, Out, D>::empty(x.dev(), ctx.pre.global_shape(), ctx.pre.spread(), Category::activations);
       Ops<D>::gelu_forward(x.dev(), y.data(), ctx.pre.data(), y.numel());
     }
     return y;

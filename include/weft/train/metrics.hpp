@@ -5,9 +5,10 @@
 // with N the parameters in matrices and embeddings, L layers, C width, T sequence length (the
 // second term is the attention scores and their use). MFU = achieved model FLOP/s divided by the
 // GEMM rate all ranks reach together on this machine, measured at start-up with the same element
-// type: the ceiling that matters for a host run, whatever the processor.
+// type (the best of several windows): the ceiling that matters for a host run, whatever the processor.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <vector>
@@ -24,21 +25,29 @@ inline double flops_per_token(const nn::GptConfig& c) {
   return 6.0 * params + 12.0 * L * C * static_cast<double>(c.seq);
 }
 
-// FLOP/s of `ranks` threads each multiplying (n, n) x (n, n) matrices of T at the same time, summed.
+// FLOP/s of `ranks` threads each multiplying (n, n) x (n, n) matrices of T through host::gemm at
+// the same time, summed: each rank's best of `windows` windows of seconds / windows, so that one
+// slow moment (another process, a page fault) does not lower the ceiling.
 template <class T>
-double gemm_rate(int ranks, std::int64_t n = 256, double seconds = 0.3) {
+double gemm_rate(int ranks, std::int64_t n = 512, double seconds = 0.3, int windows = 5) {
   std::vector<double> rate(static_cast<std::size_t>(ranks));
   run_threads(ranks, [&](ThreadComm& c) {
     std::vector<T> a(static_cast<std::size_t>(n * n), T(0.5)), b(a), out(a);
+    host::gemm<T>(host::Trans::no, host::Trans::no, n, n, n, T(1), a.data(), n, b.data(), n, T(0), out.data(), n);
     c.barrier();
-    const auto start = std::chrono::steady_clock::now();
-    std::int64_t reps = 0;
-    do {
-      host::gemm<T>(host::Trans::no, host::Trans::no, n, n, n, T(1), a.data(), n, b.data(), n, T(0), out.data(), n);
-      ++reps;
-    } while (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() < seconds);
-    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    rate[static_cast<std::size_t>(c.rank())] = 2.0 * static_cast<double>(n * n * n * reps) / dt;
+    double best = 0;
+    for (int w = 0; w < windows; ++w) {
+      const auto start = std::chrono::steady_clock::now();
+      std::int64_t reps = 0;
+      double dt = 0;
+      do {
+        host::gemm<T>(host::Trans::no, host::Trans::no, n, n, n, T(1), a.data(), n, b.data(), n, T(0), out.data(), n);
+        ++reps;
+        dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      } while (dt < seconds / windows);
+      best = std::max(best, 2.0 * static_cast<double>(n * n * n * reps) / dt);
+    }
+    rate[static_cast<std::size_t>(c.rank())] = best;
   });
   double total = 0;
   for (double r : rate) total += r;

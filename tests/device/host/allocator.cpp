@@ -40,3 +40,38 @@ TEST_CASE("bad sizes raise Error") {
   Allocation empty = h.allocate(0);
   CHECK(empty.bytes() == 0);
 }
+
+TEST_CASE("released large blocks are reused for the same size, never holding more than the high-water mark") {
+  Host h;
+  const std::int64_t big = 1 << 20;  // cached: at least HostAllocator::kCacheFrom
+  void* first = nullptr;
+  {
+    Allocation a = h.allocate(big, Category::activations);
+    first = a.data();
+  }
+  CHECK(h.memory().total_current == 0);  // the statistics count blocks in use only
+  CHECK(h.allocator.cached() == big);
+  {
+    Allocation again = h.allocate(big - 10, Category::gradients);  // the same rounded size: the same block
+    CHECK(again.data() == first);
+    CHECK(h.allocator.cached() == 0);
+    CHECK(h.memory().current_of(Category::gradients) == big - 10);
+  }
+  // A different size that would take in use + cached past the high water (1 MiB) frees the cache first.
+  {
+    Allocation other = h.allocate(big / 2, Category::activations);
+    CHECK(h.allocator.cached() == 0);
+  }
+  CHECK(h.allocator.cached() == big / 2);
+  {  // within the high water: both kept
+    Allocation x = h.allocate(big / 4, Category::activations);
+    CHECK(h.allocator.cached() == big / 2);
+  }
+  CHECK(h.allocator.cached() == big / 2 + big / 4);
+  // Small blocks are not cached.
+  { Allocation small = h.allocate(1000); }
+  CHECK(h.allocator.cached() == big / 2 + big / 4);
+  h.allocator.empty_cache();
+  CHECK(h.allocator.cached() == 0);
+  CHECK(h.memory().total_peak == big);
+}

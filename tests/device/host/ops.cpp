@@ -131,3 +131,67 @@ TEST_CASE("cross-entropy pieces give log-softmax loss with padded columns masked
   auto loss = [&] { return loss_of(logits, rowmax, stats); };
   CHECK(gradcheck(logits, dlogits, loss).worst <= 1e-6);
 }
+
+// The float paths (Eigen's vectorized tanh and exp, attention on GEMMs) against the double loops.
+namespace {
+std::vector<float> to_float(const V& x) { return {x.begin(), x.end()}; }
+double worst_abs(const std::vector<float>& a, const V& b) {
+  double w = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) w = std::max(w, std::fabs(static_cast<double>(a[i]) - b[i]));
+  return w;
+}
+}  // namespace
+
+TEST_CASE("float gelu: within 1e-6 of the double oracle, and the same bits at any address") {
+  V x(4001);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = -10.0 + 0.005 * static_cast<double>(i);  // both tails and 0
+  for (double far : {-1e30, -1e4, -100.0, 100.0, 1e4, 1e30}) x.push_back(far);  // no overflow into NaN
+  const std::vector<float> xf = to_float(x);
+  V y(x.size()), dy(x.size()), ones(x.size(), 1.0);
+  host::gelu_forward(y.data(), x.data(), static_cast<host::index>(x.size()));
+  host::gelu_backward(dy.data(), x.data(), ones.data(), static_cast<host::index>(x.size()));
+  // The oracle takes the float input: what is left is the float math's error, within 1e-6 of
+  // values up to 10 (a float ulp at 10 is 9.5e-7; std::tanh in float is 4.3e-7 off, 5.5e-7 in the
+  // slope) and relatively beyond.
+  V xd(xf.begin(), xf.end()), yd(x.size()), dyd(x.size());
+  host::gelu_forward(yd.data(), xd.data(), static_cast<host::index>(x.size()));
+  host::gelu_backward(dyd.data(), xd.data(), ones.data(), static_cast<host::index>(x.size()));
+  std::vector<float> yf(x.size()), dyf(x.size()), onesf(x.size(), 1.0f);
+  host::gelu_forward(yf.data(), xf.data(), static_cast<host::index>(x.size()));
+  host::gelu_backward(dyf.data(), xf.data(), onesf.data(), static_cast<host::index>(x.size()));
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const double scale = std::max(1.0, std::fabs(yd[i]));
+    INFO("x = ", xd[i], ": gelu ", yf[i], " vs ", yd[i], ", slope ", dyf[i], " vs ", dyd[i]);
+    CHECK(std::fabs(yf[i] - yd[i]) <= 1e-6 * scale);
+    CHECK(std::fabs(dyf[i] - dyd[i]) <= 1e-6);
+  }
+  // Shifted by one element (another alignment, another chunk boundary): the same bits.
+  std::vector<float> xs(xf.size() + 1), ys(xs.size());
+  std::copy(xf.begin(), xf.end(), xs.begin() + 1);
+  host::gelu_forward(ys.data() + 1, xs.data() + 1, static_cast<host::index>(xf.size()));
+  CHECK(std::equal(yf.begin(), yf.end(), ys.begin() + 1));
+}
+
+TEST_CASE("float attention on GEMMs: the double loops' output, probabilities and gradients to float accuracy") {
+  const host::index B = 2, T = 70, H = 3, hd = 8;  // three blocks of query rows, the last partial
+  const V qkv = normals(B * T * H * 3 * hd, 11), dout = normals(B * T * H * hd, 12);
+  const std::vector<float> qkvf = to_float(qkv), doutf = to_float(dout);
+  const V qkvd(qkvf.begin(), qkvf.end()), doutd(doutf.begin(), doutf.end());  // the oracle on the float inputs
+  V out(B * T * H * hd), probs(B * H * T * T), dqkv(qkv.size());
+  host::attention_forward(out.data(), probs.data(), qkvd.data(), B, T, H, hd);
+  host::attention_backward(dqkv.data(), doutd.data(), qkvd.data(), probs.data(), B, T, H, hd);
+  std::vector<float> outf(out.size()), probsf(probs.size()), dqkvf(dqkv.size());
+  host::attention_forward(outf.data(), probsf.data(), qkvf.data(), B, T, H, hd);
+  host::attention_backward(dqkvf.data(), doutf.data(), qkvf.data(), probsf.data(), B, T, H, hd);
+  // Sums of at most 70 products of unit normals (scores up to ~10): float's 6e-8 relative error
+  // grows to about 1e-6 absolute; 1e-5 leaves room, and a wrong mask or transpose is off by 0.1 or more.
+  CHECK(worst_abs(probsf, probs) <= 1e-5);
+  CHECK(worst_abs(outf, out) <= 1e-5);
+  CHECK(worst_abs(dqkvf, dqkv) <= 1e-5);
+  for (host::index r = 0; r < B * H * T; ++r)
+    for (host::index j = r % T + 1; j < T; ++j) CHECK(probsf[static_cast<std::size_t>(r * T + j)] == 0.0f);
+  // Run again into other buffers: the same bits.
+  std::vector<float> again(dqkvf.size());
+  host::attention_backward(again.data(), doutf.data(), qkvf.data(), probsf.data(), B, T, H, hd);
+  CHECK(again == dqkvf);
+}

@@ -1,14 +1,25 @@
-// Host GEMM through Eigen: C = alpha * op(A) * op(B) + beta * C, row-major, as cuBLAS-style
-// arguments (op = transpose or not, leading dimensions in elements).
+// Host GEMM: C = alpha * op(A) * op(B) + beta * C, row-major, as cuBLAS-style arguments (op =
+// transpose or not, leading dimensions in elements).
 //
 // Shapes: op(A) is (m, k), op(B) is (k, n), C is (m, n). A stored (m, k) with lda >= k, or (k, m)
 // with lda >= m when transposed; likewise B. With beta == 0, C is not read (it may hold NaN).
 // This is the host reference that the CUDA GEMM is tested against, and the compute of the host
-// back end; Eigen picks the blocking and the vector width.
+// back end. It runs on OpenBLAS (a threaded build, set to one thread) when weft was configured with
+// it (WEFT_HOST_GEMM, docs/performance.md: about 1.2x to 1.3x Eigen on a training step's shapes),
+// else on Eigen; either way each element's sum runs in an order fixed by the shapes, so results
+// are bitwise repeatable run to run and rank to rank.
 #pragma once
 
 #include <Eigen/Core>
 #include <cstdint>
+#include <limits>
+
+#ifndef WEFT_HOST_OPENBLAS
+#define WEFT_HOST_OPENBLAS 0
+#endif
+#if WEFT_HOST_OPENBLAS
+#include <cblas.h>
+#endif
 
 #include "weft/core/error.hpp"
 #include "weft/device/ops.hpp"
@@ -16,6 +27,34 @@
 namespace weft::host {
 
 using weft::Trans;
+
+// Which library runs host::gemm (its name for logs and benchmarks).
+// (Configured with OpenBLAS, a serial OpenBLAS found at run time still leaves GEMMs on Eigen.)
+inline constexpr const char* kGemmLibrary = WEFT_HOST_OPENBLAS ? "openblas" : "eigen";
+
+// C = alpha op(A) op(B) + beta C on Eigen, whatever the build uses (benchmarks/gemm compares the
+// two); arguments as host::gemm's, already checked, m, n, k > 0 and alpha != 0.
+template <class T>
+void eigen_gemm(Trans ta, Trans tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha, const T* a, std::int64_t lda,
+                const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc) {
+  using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  using Stride = Eigen::OuterStride<>;
+  using CMap = Eigen::Map<const Mat, Eigen::Unaligned, Stride>;
+  Eigen::Map<Mat, Eigen::Unaligned, Stride> C(c, m, n, Stride(ldc));
+  const CMap A(a, ta == Trans::yes ? k : m, ta == Trans::yes ? m : k, Stride(lda));
+  const CMap B(b, tb == Trans::yes ? n : k, tb == Trans::yes ? k : n, Stride(ldb));
+  auto run = [&](const auto& opA, const auto& opB) {
+    if (beta == T(0)) C.noalias() = alpha * (opA * opB);
+    else {
+      if (beta != T(1)) C *= beta;
+      C.noalias() += alpha * (opA * opB);
+    }
+  };
+  if (ta == Trans::no && tb == Trans::no) run(A, B);
+  else if (ta == Trans::no) run(A, B.transpose());
+  else if (tb == Trans::no) run(A.transpose(), B);
+  else run(A.transpose(), B.transpose());
+}
 
 template <class T>
 void gemm(Trans ta, Trans tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha, const T* a, std::int64_t lda,
@@ -29,29 +68,33 @@ void gemm(Trans ta, Trans tb, std::int64_t m, std::int64_t n, std::int64_t k, T 
                     " (need lda >= ", a_cols, ", ldb >= ", b_cols, ", ldc >= ", n, ")"),
                 "pass non-negative sizes and leading dimensions at least the row length");
   if (m == 0 || n == 0) return;
-
-  using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-  using Stride = Eigen::OuterStride<>;
-  using CMap = Eigen::Map<const Mat, Eigen::Unaligned, Stride>;
-  Eigen::Map<Mat, Eigen::Unaligned, Stride> C(c, m, n, Stride(ldc));
   if (k == 0 || alpha == T(0)) {
+    using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+    Eigen::Map<Mat, Eigen::Unaligned, Eigen::OuterStride<>> C(c, m, n, Eigen::OuterStride<>(ldc));
     if (beta == T(0)) C.setZero();
     else C *= beta;
     return;
   }
-  const CMap A(a, ta == Trans::yes ? k : m, a_cols, Stride(lda));
-  const CMap B(b, tb == Trans::yes ? n : k, b_cols, Stride(ldb));
-  auto run = [&](const auto& opA, const auto& opB) {
-    if (beta == T(0)) C.noalias() = alpha * (opA * opB);
-    else {
-      if (beta != T(1)) C *= beta;
-      C.noalias() += alpha * (opA * opB);
-    }
-  };
-  if (ta == Trans::no && tb == Trans::no) run(A, B);
-  else if (ta == Trans::no) run(A, B.transpose());
-  else if (tb == Trans::no) run(A.transpose(), B);
-  else run(A.transpose(), B.transpose());
+#if WEFT_HOST_OPENBLAS
+  constexpr std::int64_t kInt = std::numeric_limits<int>::max();  // OpenBLAS's LP64 sizes
+  // One thread per call (weft runs one thread per rank; a threaded OpenBLAS would split each call
+  // over every core), and only a threaded build: its buffers are locked, while a serial build's
+  // are shared without locks and concurrent calls from thread ranks corrupt each other's results.
+  static const bool threaded = [] {
+    openblas_set_num_threads(1);
+    return openblas_get_parallel() != 0;
+  }();
+  if (threaded && m <= kInt && n <= kInt && k <= kInt && lda <= kInt && ldb <= kInt && ldc <= kInt) {
+    const auto op = [](Trans t) { return t == Trans::yes ? CblasTrans : CblasNoTrans; };
+    const auto i = [](std::int64_t v) { return static_cast<int>(v); };
+    if constexpr (std::is_same_v<T, float>)
+      cblas_sgemm(CblasRowMajor, op(ta), op(tb), i(m), i(n), i(k), alpha, a, i(lda), b, i(ldb), beta, c, i(ldc));
+    else
+      cblas_dgemm(CblasRowMajor, op(ta), op(tb), i(m), i(n), i(k), alpha, a, i(lda), b, i(ldb), beta, c, i(ldc));
+    return;
+  }
+#endif
+  eigen_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 }  // namespace weft::host

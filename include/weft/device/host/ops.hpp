@@ -1,4 +1,4 @@
-// Host reference ops: the op set every back end implements, in plain loops over row-major buffers.
+// Host reference ops: the op set every back end implements, over row-major buffers.
 //
 // These are the reference the CUDA ops are tested against, and the compute of the host back end,
 // for T = double (finite-difference checks exact to 1e-6 and better), float, and bf16 storage. Each
@@ -6,8 +6,13 @@
 // once (one rounding, where the GPU rounds); parameter gradients, statistics and the optimizer's
 // buffers are in S (core/precision.hpp). For float and double, widen and narrow are the identity.
 // Conventions, as in llm.c: activation gradients are written (=), parameter gradients accumulate
-// (+=) so micro-batches add up; sizes are element counts. Every loop is serial in a fixed order, so
-// results are bitwise repeatable.
+// (+=) so micro-batches add up; sizes are element counts.
+//
+// double runs plain serial loops: the oracle. Float (and bf16, computed in float) takes faster
+// paths with the same maths, checked against double in tests/device/host/ops.cpp: Eigen's
+// vectorized exp (GELU, softmax, cross-entropy), row sums in 16 lanes (detail::lane_sum), the
+// attention core on GEMMs. Every reduction's order is fixed by the sizes alone, so results are
+// bitwise repeatable run to run and rank to rank.
 #pragma once
 
 #include <algorithm>
@@ -17,25 +22,84 @@
 
 #include <vector>
 
+#include <Eigen/Core>
+
 #include "weft/core/dtype.hpp"
 #include "weft/core/philox.hpp"
 #include "weft/core/shape.hpp"
+#include "weft/device/host/gemm.hpp"
 #include "weft/ops/math.hpp"
 
 namespace weft::host {
 
 using index = std::int64_t;
 
+namespace detail {
+
+// sum over i < n of f(i) in kLanes partial sums (lane j takes i = j, j + kLanes, ...), added at the
+// end in a fixed tree: the compiler vectorizes it without reordering anything, and the order
+// depends on n only, so the bits are the same in every run and on every rank. A is the sum's type.
+inline constexpr index kLanes = 16;
+template <class A, class F>
+A lane_sum(index n, F f) {
+  A lane[kLanes] = {};
+  index i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (index j = 0; j < kLanes; ++j) lane[j] += f(i + j);
+  for (index j = 0; i + j < n; ++j) lane[j] += f(i + j);
+  for (index w = kLanes / 2; w > 0; w /= 2)
+    for (index j = 0; j < w; ++j) lane[j] += lane[j + w];
+  return lane[0];
+}
+
+// Elementwise float math on Eigen's packets (its vectorized tanh and exp), in chunks of kChunk
+// elements copied (widened) into aligned buffers, the last chunk padded: every element takes the
+// packet path whatever its address or position, so the same input gives the same bits on every
+// rank and in every run.
+inline constexpr index kChunk = 256;
+using Chunk = Eigen::Array<float, kChunk, 1>;
+using ChunkMap = Eigen::Map<Chunk, Eigen::Aligned64>;
+
+// out[i] = f(a[i], b[i]) (b may be null) for i < n; f takes and returns chunks.
+template <class T, class F>
+void chunked(T* out, const T* a, const T* b, index n, F f) {
+  alignas(64) float ab[kChunk], bb[kChunk], ob[kChunk];
+  for (index at = 0; at < n; at += kChunk) {
+    const index len = std::min(kChunk, n - at);
+    for (index i = 0; i < len; ++i) ab[i] = static_cast<float>(widen(a[at + i]));
+    std::fill(ab + len, ab + kChunk, 0.0f);
+    if (b) {
+      for (index i = 0; i < len; ++i) bb[i] = static_cast<float>(widen(b[at + i]));
+      std::fill(bb + len, bb + kChunk, 0.0f);
+    }
+    ChunkMap o(ob);
+    o = f(ChunkMap(ab), ChunkMap(bb));
+    for (index i = 0; i < len; ++i) out[at + i] = narrow<T>(ob[i]);
+  }
+}
+
+}  // namespace detail
+
+// Row sums: serial in double (the oracle), detail::lane_sum in float.
+template <class S, class F>
+S row_sum(index n, F f) {
+  if constexpr (std::same_as<S, double>) {
+    S s = 0;
+    for (index i = 0; i < n; ++i) s += f(i);
+    return s;
+  } else {
+    return detail::lane_sum<S>(n, f);
+  }
+}
+
 // LayerNorm over the last dim of x (N, C): out = (x - mean) rstd w + b; saves mean, rstd (N) in S.
 template <class T, class S = accumulate_t<T>>
 void layernorm_forward(T* out, S* mean, S* rstd, const T* x, const T* w, const T* b, index N, index C, S eps) {
   for (index n = 0; n < N; ++n) {
     const T* xr = x + n * C;
-    S m = 0;
-    for (index c = 0; c < C; ++c) m += widen(xr[c]);
+    S m = row_sum<S>(C, [&](index c) { return widen(xr[c]); });
     m /= static_cast<S>(C);
-    S v = 0;
-    for (index c = 0; c < C; ++c) v += (widen(xr[c]) - m) * (widen(xr[c]) - m);
+    S v = row_sum<S>(C, [&](index c) { return (widen(xr[c]) - m) * (widen(xr[c]) - m); });
     v /= static_cast<S>(C);
     const S s = S(1) / std::sqrt(v + eps);
     for (index c = 0; c < C; ++c) out[n * C + c] = narrow<T>((widen(xr[c]) - m) * s * widen(w[c]) + widen(b[c]));
@@ -53,13 +117,8 @@ void layernorm_backward(T* dx, S* dw, S* db, const T* dout, const T* x, const T*
   for (index n = 0; n < N; ++n) {
     const T* xr = x + n * C;
     const T* dr = dout + n * C;
-    S mean_d = 0, mean_dn = 0;
-    for (index c = 0; c < C; ++c) {
-      const S norm = (widen(xr[c]) - mean[n]) * rstd[n];
-      const S dnorm = widen(dr[c]) * widen(w[c]);
-      mean_d += dnorm;
-      mean_dn += dnorm * norm;
-    }
+    S mean_d = row_sum<S>(C, [&](index c) { return widen(dr[c]) * widen(w[c]); });
+    S mean_dn = row_sum<S>(C, [&](index c) { return widen(dr[c]) * widen(w[c]) * ((widen(xr[c]) - mean[n]) * rstd[n]); });
     mean_d /= static_cast<S>(C);
     mean_dn /= static_cast<S>(C);
     for (index c = 0; c < C; ++c) {
@@ -73,15 +132,44 @@ void layernorm_backward(T* dx, S* dw, S* db, const T* dout, const T* x, const T*
   }
 }
 
+// out = gelu(x) (math::gelu, the tanh form). double: std::tanh per element (the oracle). float and
+// bf16: in float on Eigen's vectorized exp, through 1 + tanh(u) = 2 s with s = 1 / (1 + E),
+// E = exp(-2u), so gelu(x) = x s; and 1 - tanh(u)^2 = 4 s^2 E in the gradient: both accurate in
+// the tails, where 1 - tanh(u) in float is 0. x is clamped to [-10, 10] inside (gelu is x or 0 there
+// to float precision, slope 1 or 0), so E stays finite: gelu = xc s + max(x - 10, 0).
+namespace detail {
+inline constexpr float kGeluK = 0.7978845608028654f, kGeluC = 0.044715f;
+template <class A>
+Chunk gelu_exp(const A& Xc) {  // E = exp(-2u) at the clamped x
+  return ((-2.0f * kGeluK) * (Xc + kGeluC * Xc * Xc * Xc)).min(80.0f).exp();
+}
+}  // namespace detail
+
 template <class T>
 void gelu_forward(T* out, const T* x, index n) {
-  for (index i = 0; i < n; ++i) out[i] = narrow<T>(math::gelu(widen(x[i])));
+  if constexpr (std::same_as<T, double>) {
+    for (index i = 0; i < n; ++i) out[i] = math::gelu(x[i]);
+  } else {
+    detail::chunked(out, x, static_cast<const T*>(nullptr), n, [&](const auto& X, const auto&) {
+      const detail::Chunk Xc = X.max(-10.0f).min(10.0f);
+      return detail::Chunk(Xc / (1.0f + detail::gelu_exp(Xc)) + (X - 10.0f).max(0.0f));
+    });
+  }
 }
 
-// dx = dout gelu'(x).
+// dx = dout gelu'(x) (math::gelu_grad) = dout (s + 2 x s^2 E du), du = k (1 + 3 c x^2); computed
+// as gelu_forward is.
 template <class T>
 void gelu_backward(T* dx, const T* x, const T* dout, index n) {
-  for (index i = 0; i < n; ++i) dx[i] = narrow<T>(widen(dout[i]) * math::gelu_grad(widen(x[i])));
+  if constexpr (std::same_as<T, double>) {
+    for (index i = 0; i < n; ++i) dx[i] = dout[i] * math::gelu_grad(x[i]);
+  } else {
+    using detail::kGeluK, detail::kGeluC;
+    detail::chunked(dx, x, dout, n, [&](const auto& X, const auto& D) {
+      const detail::Chunk Xc = X.max(-10.0f).min(10.0f), E = detail::gelu_exp(Xc), s = 1.0f / (1.0f + E);
+      return detail::Chunk(D * (s + 2.0f * Xc * s * s * E * (kGeluK * (1.0f + 3.0f * kGeluC * Xc * Xc))));
+    });
+  }
 }
 
 // out += x (the residual add; n elements).
@@ -155,14 +243,110 @@ void position_backward(S* dtable, const T* dy, index B, index Tl, index C, index
       for (index c = 0; c < C; ++c) dtable[(t0 + t) * C + c] += widen(dy[(b * Tl + t) * C + c]);
 }
 
+namespace detail {
+
+// buf[0, n) = exp(x[i] - shift) in float for x in T (float or bf16), on Eigen's packets.
+template <class T>
+void exp_rows(std::vector<float, Eigen::aligned_allocator<float>>& buf, const T* x, index n, float shift) {
+  const index padded = (n + 15) / 16 * 16;
+  if (static_cast<index>(buf.size()) < padded) buf.resize(static_cast<std::size_t>(padded));
+  for (index i = 0; i < n; ++i) buf[static_cast<std::size_t>(i)] = static_cast<float>(widen(x[i]));
+  std::fill(buf.data() + n, buf.data() + padded, shift);
+  Eigen::Map<Eigen::ArrayXf, Eigen::Aligned16> b(buf.data(), padded);
+  b = (b - shift).exp();
+}
+
+// exp(x - shift) over n floats of x in place (through exp_rows).
+inline void exp_shifted(float* x, index n, float shift, std::vector<float, Eigen::aligned_allocator<float>>& buf) {
+  exp_rows(buf, x, n, shift);
+  std::copy(buf.data(), buf.data() + n, x);
+}
+
+// The causal core in float on GEMMs (host::gemm), one (batch, head) at a time, in blocks of kRows
+// query rows: block [i0, i1) needs keys [0, i1) only, so the GEMMs skip most of the masked future
+// (5/8 of the full products at T = 128 with 32-row blocks). The same maths as the loops of
+// attention_forward and attention_backward, with the future masked after the scores (exact zeros
+// in probs and dS, which the products then skip at no error):
+//   forward:  P = softmax(scale q k^T, masked)  (T, T);  out = P v
+//   backward: dP = dout v^T;  dS = P (dP - rowsum(P dP)) scale;  dq = dS k;  dk = dS^T q;  dv = P^T dout
+// Row sums in lanes (lane_sum), GEMMs single-threaded: bitwise repeatable.
+inline constexpr index kRows = 32;
+
+inline void attention_forward_gemm(float* out, float* probs, const float* qkv, index B, index Tn, index H, index hd) {
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const index row = H * 3 * hd, orow = H * hd;  // one token's qkv; one token's output
+  std::vector<float, Eigen::aligned_allocator<float>> buf;
+  for (index b = 0; b < B; ++b)
+    for (index h = 0; h < H; ++h) {
+      const float* q = qkv + b * Tn * row + h * 3 * hd;
+      float* P = probs + (b * H + h) * Tn * Tn;
+      for (index i0 = 0; i0 < Tn; i0 += kRows) {
+        const index i1 = std::min(Tn, i0 + kRows), rows = i1 - i0;
+        gemm<float>(Trans::no, Trans::yes, rows, i1, hd, scale, q + i0 * row, row, q + hd, row, 0.0f, P + i0 * Tn, Tn);
+        for (index i = i0; i < i1; ++i) {
+          float* p = P + i * Tn;
+          float mx = -std::numeric_limits<float>::infinity();
+          for (index j = 0; j <= i; ++j) mx = std::max(mx, p[j]);
+          exp_shifted(p, i + 1, mx, buf);
+          const float inv = 1.0f / lane_sum<float>(i + 1, [&](index j) { return p[j]; });
+          for (index j = 0; j <= i; ++j) p[j] *= inv;
+          std::fill(p + i + 1, p + Tn, 0.0f);
+        }
+        gemm<float>(Trans::no, Trans::no, rows, hd, i1, 1.0f, P + i0 * Tn, Tn, q + 2 * hd, row, 0.0f,
+                    out + (b * Tn + i0) * orow + h * hd, orow);
+      }
+    }
+}
+
+inline void attention_backward_gemm(float* dqkv, const float* dout, const float* qkv, const float* probs, index B,
+                                    index Tn, index H, index hd) {
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const index row = H * 3 * hd, orow = H * hd;
+  std::vector<float> dS(static_cast<std::size_t>(Tn * Tn));
+  for (index b = 0; b < B; ++b)
+    for (index h = 0; h < H; ++h) {
+      const float* q = qkv + b * Tn * row + h * 3 * hd;
+      const float* dO = dout + b * Tn * orow + h * hd;
+      const float* P = probs + (b * H + h) * Tn * Tn;
+      float* dq = dqkv + b * Tn * row + h * 3 * hd;
+      // Row blocks: dS rows [i0, i1) over keys [0, i1) (zero past the diagonal), then dq for them.
+      for (index i0 = 0; i0 < Tn; i0 += kRows) {
+        const index i1 = std::min(Tn, i0 + kRows), rows = i1 - i0;
+        float* d0 = dS.data() + i0 * Tn;
+        gemm<float>(Trans::no, Trans::yes, rows, i1, hd, 1.0f, dO + i0 * orow, orow, q + 2 * hd, row, 0.0f, d0, Tn);  // dP
+        for (index i = i0; i < i1; ++i) {
+          const float* p = P + i * Tn;
+          float* d = dS.data() + i * Tn;
+          const float dot = lane_sum<float>(i + 1, [&](index j) { return p[j] * d[j]; });
+          for (index j = 0; j <= i; ++j) d[j] = p[j] * (d[j] - dot) * scale;
+          std::fill(d + i + 1, d + i1, 0.0f);
+        }
+        gemm<float>(Trans::no, Trans::no, rows, hd, i1, 1.0f, d0, Tn, q + hd, row, 0.0f, dq + i0 * row, row);  // dq = dS k
+      }
+      // Column blocks: keys [j0, j1) gather from queries [j0, T) (the earlier ones do not see them).
+      for (index j0 = 0; j0 < Tn; j0 += kRows) {
+        const index j1 = std::min(Tn, j0 + kRows), cols = j1 - j0, n = Tn - j0;
+        gemm<float>(Trans::yes, Trans::no, cols, hd, n, 1.0f, dS.data() + j0 * Tn + j0, Tn, q + j0 * row, row, 0.0f,
+                    dq + j0 * row + hd, row);  // dk = dS^T q
+        gemm<float>(Trans::yes, Trans::no, cols, hd, n, 1.0f, P + j0 * Tn + j0, Tn, dO + j0 * orow, orow, 0.0f,
+                    dq + j0 * row + 2 * hd, row);  // dv = P^T dout
+      }
+    }
+}
+
+}  // namespace detail
+
 // Causal self-attention core for H heads of size hd.
 //   qkv   (B, T, H, 3, hd)  q, k, v of each head side by side (whole heads stay together when the
 //                           fused QKV projection is sharded over heads)
 //   out   (B, T, H, hd)
 //   probs (B, H, T, T)      softmax(q k^T / sqrt(hd)) with the future masked, saved for backward;
 //                           computed in S, stored in T, and the output reads the stored values
+// The loops below are the reference (double, and bf16 storage); float runs the same maths on GEMMs
+// (detail::attention_forward_gemm).
 template <class T>
 void attention_forward(T* out, T* probs, const T* qkv, index B, index Tn, index H, index hd) {
+  if constexpr (std::same_as<T, float>) return detail::attention_forward_gemm(out, probs, qkv, B, Tn, H, hd);
   using S = accumulate_t<T>;
   const S scale = S(1) / std::sqrt(static_cast<S>(hd));
   const index row = H * 3 * hd;  // one token's qkv
@@ -201,6 +385,7 @@ void attention_forward(T* out, T* probs, const T* qkv, index B, index Tn, index 
 template <class T>
 void attention_backward(T* dqkv_out, const T* dout, const T* qkv, const T* probs, index B, index Tn, index H,
                         index hd) {
+  if constexpr (std::same_as<T, float>) return detail::attention_backward_gemm(dqkv_out, dout, qkv, probs, B, Tn, H, hd);
   using S = accumulate_t<T>;
   const S scale = S(1) / std::sqrt(static_cast<S>(hd));
   const index row = H * 3 * hd;
@@ -293,9 +478,15 @@ void ce_row_max(S* rowmax, const T* logits, index N, index V, index valid) {
 template <class T, class S = accumulate_t<T>>
 void ce_row_stats(S* stats, const T* logits, const S* rowmax, const std::int32_t* targets, index N, index V,
                   index valid, index begin) {
+  std::vector<float, Eigen::aligned_allocator<float>> buf;
   for (index n = 0; n < N; ++n) {
     S s = 0;
-    for (index v = 0; v < valid; ++v) s += std::exp(widen(logits[n * V + v]) - rowmax[n]);
+    if constexpr (std::same_as<S, double>) {
+      for (index v = 0; v < valid; ++v) s += std::exp(widen(logits[n * V + v]) - rowmax[n]);
+    } else {  // Eigen's vectorized exp, then lane sums
+      detail::exp_rows(buf, logits + n * V, valid, rowmax[n]);
+      s = detail::lane_sum<S>(valid, [&](index v) { return buf[static_cast<std::size_t>(v)]; });
+    }
     const index t = targets[n] - begin;
     stats[2 * n] = s;
     stats[2 * n + 1] = (t >= 0 && t < valid) ? widen(logits[n * V + t]) : S(0);
@@ -316,11 +507,22 @@ double ce_loss(S* sumexp, const S* stats, const S* rowmax, index N) {
 template <class T, class S = accumulate_t<T>>
 void ce_backward(T* dlogits, const T* logits, const S* rowmax, const S* sumexp, const std::int32_t* targets, index N,
                  index V, index valid, index begin, S scale) {
+  std::vector<float, Eigen::aligned_allocator<float>> buf;
   for (index n = 0; n < N; ++n) {
     const index t = targets[n] - begin;
-    for (index v = 0; v < V; ++v) {
-      const S p = v < valid ? std::exp(widen(logits[n * V + v]) - rowmax[n]) / sumexp[n] : S(0);
-      dlogits[n * V + v] = narrow<T>(scale * (p - (v == t ? S(1) : S(0))));
+    if constexpr (std::same_as<S, double>) {
+      for (index v = 0; v < V; ++v) {
+        const S p = v < valid ? std::exp(widen(logits[n * V + v]) - rowmax[n]) / sumexp[n] : S(0);
+        dlogits[n * V + v] = narrow<T>(scale * (p - (v == t ? S(1) : S(0))));
+      }
+    } else {
+      detail::exp_rows(buf, logits + n * V, valid, rowmax[n]);
+      const S inv = S(1) / sumexp[n];
+      T* d = dlogits + n * V;
+      for (index v = 0; v < valid; ++v) d[v] = narrow<T>(scale * (buf[static_cast<std::size_t>(v)] * inv));
+      for (index v = valid; v < V; ++v) d[v] = narrow<T>(S(0));
+      if (t >= 0 && t < valid) d[t] = narrow<T>(scale * (buf[static_cast<std::size_t>(t)] * inv - S(1)));
+      else if (t >= valid && t < V) d[t] = narrow<T>(-scale);  // as the loop above: a target in the padding
     }
   }
 }
@@ -349,9 +551,7 @@ void sgd(P* p, const P* g, S* buf, index n, double lr, double momentum, double w
 // Sum of squares of n elements, accumulated in double (the reference for the global gradient norm).
 template <class T>
 double sum_squares(const T* x, index n) {
-  double s = 0;
-  for (index i = 0; i < n; ++i) s += static_cast<double>(x[i]) * static_cast<double>(x[i]);
-  return s;
+  return detail::lane_sum<double>(n, [&](index i) { return static_cast<double>(x[i]) * static_cast<double>(x[i]); });
 }
 
 }  // namespace weft::host
