@@ -25,6 +25,7 @@
 #include <weft/comm/mpi/mpi_comm.hpp>
 #endif
 
+#include <sched.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -215,6 +216,13 @@ int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus, cons
   const std::int64_t accum = o.batch / micro;
   const int ranks = o.data * o.pipe * o.tensor;
   const bool speak = launch.lead();
+  if constexpr (std::same_as<D, Host>) {
+    // A lone thread rank runs its GEMMs on every core the process is given (OpenBLAS; the same bits).
+    cpu_set_t given;
+    const int cores = sched_getaffinity(0, sizeof(given), &given) == 0 ? CPU_COUNT(&given) : 1;
+    if (launch.kind == Launcher::threads && ranks == 1 && cores > 1 && host::set_gemm_threads(cores) && speak)
+      std::printf("one rank: its GEMMs on %d threads\n", cores);
+  }
   if (speak) std::printf("measuring the %s GEMM rate of %d ranks (the MFU ceiling)...\n", D::name, ranks);
   // Every process measures its own ranks at the same time (under MPI one each, started together).
   const int here = launch.kind == Launcher::threads ? ranks : 1;

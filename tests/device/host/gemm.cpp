@@ -2,8 +2,10 @@
 // leading dimensions, beta accumulation and sizes that are not multiples of any block size.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <thread>
 #include <vector>
 
 #include "weft/core/philox.hpp"
@@ -95,4 +97,49 @@ TEST_CASE("gemm rejects bad sizes with the values") {
                        "host::gemm: m 4, n 4, k 4 with lda 3, ldb 4, ldc 4 (need lda >= 4, ldb >= 4, ldc >= 4); pass "
                        "non-negative sizes and leading dimensions at least the row length",
                        Error);
+}
+
+TEST_CASE("host GEMM: repeatable with more GEMM threads, and the same bits from four thread ranks at once") {
+  // Shapes of a training step (an activation times a weight, its input gradient, a weight
+  // gradient); the reference is one thread, one call at a time.
+  struct Case { Trans ta, tb; int m, n, k; };
+  const Case cases[] = {{Trans::no, Trans::yes, 300, 700, 257}, {Trans::no, Trans::no, 300, 257, 700},
+                        {Trans::yes, Trans::no, 700, 257, 300}};
+  for (const Case& c : cases) {
+    const int lda = c.ta == Trans::yes ? c.m : c.k, ldb = c.tb == Trans::yes ? c.k : c.n;
+    const auto size = [](int r, int s) { return static_cast<std::size_t>(r) * static_cast<std::size_t>(s); };
+    const auto run = [&](const std::vector<float>& A, const std::vector<float>& B) {
+      std::vector<float> C(size(c.m, c.n));
+      host::gemm<float>(c.ta, c.tb, c.m, c.n, c.k, 1.0f, A.data(), lda, B.data(), ldb, 0.0f, C.data(), c.n);
+      return C;
+    };
+    // Each rank its own inputs, so that ranks sharing a buffer inside the library would show.
+    std::vector<std::vector<float>> A, B, one;
+    for (std::uint64_t r = 0; r < 4; ++r) {
+      A.push_back(random<float>(size(c.m, c.k), 10 + r));
+      B.push_back(random<float>(size(c.k, c.n), 20 + r));
+      one.push_back(run(A.back(), B.back()));
+    }
+    if (host::set_gemm_threads(4)) {
+      // OpenBLAS on 4 threads: the same bits call after call; within float rounding of one
+      // thread's (long sums are blocked differently: at k = 700 the last place moves).
+      const std::vector<float> four = run(A[0], B[0]);
+      for (int rep = 0; rep < 5; ++rep) CHECK(run(A[0], B[0]) == four);
+      host::set_gemm_threads(1);
+      float scale = 0, diff = 0;
+      for (std::size_t i = 0; i < four.size(); ++i) {
+        scale = std::max(scale, std::fabs(one[0][i]));
+        diff = std::max(diff, std::fabs(four[i] - one[0][i]));
+      }
+      CHECK(diff <= 1e-5f * scale);
+    }
+    std::vector<int> wrong(4, 0);
+    std::vector<std::thread> ranks;
+    for (std::size_t r = 0; r < 4; ++r)
+      ranks.emplace_back([&, r] {
+        for (int rep = 0; rep < 20; ++rep) wrong[r] += run(A[r], B[r]) != one[r];
+      });
+    for (std::thread& t : ranks) t.join();
+    CHECK(wrong == std::vector<int>(4, 0));
+  }
 }

@@ -11,9 +11,15 @@
 // - Every wait has a deadline. It also ends early when (a) any rank has failed, (b) a rank it waits
 //   for has returned from its function, or (c) the ranks form a wait-for cycle (each waits for the
 //   next in a different op): a deadlock that no deadline would resolve.
+// - Before sleeping on the condition variable, a waiter spins (yielding) for up to kSpin on a
+//   generation counter that every notify bumps, then checks again under the lock: the partner of a
+//   small collective usually arrives within microseconds, and a sleep and wake-up cost tens of
+//   them. Only when every rank can have a core: oversubscribed, the spinning would only delay the
+//   rank it waits for.
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -23,6 +29,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -163,7 +170,8 @@ class World {
  public:
   World(int size, Options opts) : size_(size), opts_(opts), waits_(static_cast<std::size_t>(size)),
                                   exited_(static_cast<std::size_t>(size), false),
-                                  last_op_(static_cast<std::size_t>(size)) {}
+                                  last_op_(static_cast<std::size_t>(size)),
+                                  spin_(static_cast<unsigned>(size) <= std::thread::hardware_concurrency()) {}
 
   int size() const { return size_; }
   const Options& options() const { return opts_; }
@@ -200,7 +208,7 @@ class World {
   // reported, so that run_threads names the cause and not its echo.
   void fail_locked(int world_rank, const std::string& why, bool secondary = false) {
     if (!abort_ || (abort_->secondary && !secondary)) abort_ = Failure{world_rank, why, secondary};
-    cv_.notify_all();
+    notify();
   }
   struct Failure {
     int rank;
@@ -215,16 +223,28 @@ class World {
   void exited(int world_rank) {
     std::lock_guard lock(mu_);
     exited_[static_cast<std::size_t>(world_rank)] = true;
+    notify();
+  }
+  // Wakes every waiter; the caller holds mutex() and has changed what they wait on.
+  void notify() {
+    generation_.fetch_add(1, std::memory_order_release);
     cv_.notify_all();
   }
-  void notify() { cv_.notify_all(); }
 
   // Waits until pred() is true, with no deadline and no abort: only for the end of a data movement
   // that every rank has committed to (all arrived), which runs no user code and always finishes.
   // Returning earlier would free a buffer another rank is still reading.
   template <class Pred>
   void wait_committed(std::unique_lock<std::mutex>& lock, Pred pred) {
-    cv_.wait(lock, pred);
+    bool spun = false;
+    while (!pred()) {
+      if (!spun && spin(lock)) {
+        spun = true;
+        continue;
+      }
+      cv_.wait(lock);
+      spun = false;
+    }
   }
 
   // Records the last op a rank completed (cheap: formatted only for a message). Caller holds mu_.
@@ -245,6 +265,7 @@ class World {
       int me;
       ~Clear() { world->waits_[static_cast<std::size_t>(me)].reset(); }
     } clear{this, me};
+    bool spun = false;
     for (;;) {
       if (pred()) return;  // a call that completed stays completed; the next one sees the failure
       if (abort_) throw aborted(where_fn());
@@ -260,6 +281,11 @@ class World {
         fail_locked(me, *cycle);
         throw Error(where_fn(), *cycle, "every rank of a group must make the same sequence of collective calls");
       }
+      if (!spun && spin(lock)) {  // then checked again under the lock, the checks above included
+        spun = true;
+        continue;
+      }
+      spun = false;
       if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && !pred() && !abort_) {
         const std::vector<int> late = waiting_for(w);
         std::string who;
@@ -274,6 +300,21 @@ class World {
   }
 
  private:
+  static constexpr std::chrono::microseconds kSpin{50};
+
+  // Unlocks, yields until the generation moves or kSpin passes, and locks again. Returns whether
+  // it spun at all (the caller then checks its predicate again before sleeping: a change made
+  // while this rank held no lock is seen there, so no wake-up is lost).
+  bool spin(std::unique_lock<std::mutex>& lock) {
+    if (!spin_) return false;
+    const std::uint64_t g = generation_.load(std::memory_order_acquire);
+    lock.unlock();
+    const auto until = Clock::now() + kSpin;
+    while (generation_.load(std::memory_order_acquire) == g && Clock::now() < until) std::this_thread::yield();
+    lock.lock();
+    return true;
+  }
+
   struct LastOp {
     const Group* group = nullptr;  // groups live as long as the world (splits_ and the ranks hold them)
     Op op = Op::barrier;
@@ -344,6 +385,8 @@ class World {
   std::vector<std::optional<Wait>> waits_;
   std::vector<bool> exited_;
   std::vector<LastOp> last_op_;
+  bool spin_ = false;                          // every rank can have a core
+  std::atomic<std::uint64_t> generation_{0};  // bumped by every notify (spin)
   std::uint64_t next_group_id_ = 0;
   std::map<std::tuple<std::uint64_t, std::uint64_t, int>, std::shared_ptr<Group>> splits_;
 };

@@ -28,6 +28,40 @@ namespace weft::host {
 
 using weft::Trans;
 
+namespace detail {
+// Whether OpenBLAS is a threaded build, set to one thread on first use (weft runs one thread per
+// rank; set_gemm_threads gives a lone rank more). Only a threaded build is used: its buffers are
+// locked, while a serial build shares them without locks, and concurrent calls from thread ranks
+// corrupt each other's results.
+inline bool openblas_threaded() {
+#if WEFT_HOST_OPENBLAS
+  static const bool threaded = [] {
+    openblas_set_num_threads(1);
+    return openblas_get_parallel() != 0;
+  }();
+  return threaded;
+#else
+  return false;
+#endif
+}
+}  // namespace detail
+
+// The threads each host GEMM may use (1 unless set), for a process that runs one rank: the cores
+// it has. Thread ranks keep 1: OpenBLAS runs one call at a time on its threads. Results are the
+// same bits call after call for a given count, but may differ from one thread's in the last place
+// (long sums are blocked differently; tests/device/host/gemm.cpp). Returns false where it cannot
+// (GEMMs on Eigen).
+inline bool set_gemm_threads(int n) {
+#if WEFT_HOST_OPENBLAS
+  if (!detail::openblas_threaded()) return false;
+  openblas_set_num_threads(n < 1 ? 1 : n);
+  return true;
+#else
+  (void)n;
+  return false;
+#endif
+}
+
 // Which library runs host::gemm (its name for logs and benchmarks).
 // (Configured with OpenBLAS, a serial OpenBLAS found at run time still leaves GEMMs on Eigen.)
 inline constexpr const char* kGemmLibrary = WEFT_HOST_OPENBLAS ? "openblas" : "eigen";
@@ -77,14 +111,7 @@ void gemm(Trans ta, Trans tb, std::int64_t m, std::int64_t n, std::int64_t k, T 
   }
 #if WEFT_HOST_OPENBLAS
   constexpr std::int64_t kInt = std::numeric_limits<int>::max();  // OpenBLAS's LP64 sizes
-  // One thread per call (weft runs one thread per rank; a threaded OpenBLAS would split each call
-  // over every core), and only a threaded build: its buffers are locked, while a serial build's
-  // are shared without locks and concurrent calls from thread ranks corrupt each other's results.
-  static const bool threaded = [] {
-    openblas_set_num_threads(1);
-    return openblas_get_parallel() != 0;
-  }();
-  if (threaded && m <= kInt && n <= kInt && k <= kInt && lda <= kInt && ldb <= kInt && ldc <= kInt) {
+  if (detail::openblas_threaded() && m <= kInt && n <= kInt && k <= kInt && lda <= kInt && ldb <= kInt && ldc <= kInt) {
     const auto op = [](Trans t) { return t == Trans::yes ? CblasTrans : CblasNoTrans; };
     const auto i = [](std::int64_t v) { return static_cast<int>(v); };
     if constexpr (std::is_same_v<T, float>)
