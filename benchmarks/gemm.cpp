@@ -1,7 +1,8 @@
 // The host GEMM libraries on a training step's own GEMM shapes, one thread each (weft runs one
-// thread per rank): Eigen (host::eigen_gemm) against every CBLAS library given or found at
-// Debian's paths (OpenBLAS, BLIS), each loaded with dlopen so that one binary
-// measures them all in the same run. Per shape, GFLOP/s of each; per library, the step's GEMM
+// thread per rank): Eigen (host::eigen_gemm), weft's host::gemm (which runs one of the others,
+// named by host::gemm_library()) and every CBLAS library given or found at Debian's paths
+// (OpenBLAS, with the kernels OPENBLAS_CORETYPE or its CPU table chooses, and BLIS), each loaded
+// with dlopen so that one binary measures them all in the same run. Per shape, GFLOP/s of each; per library, the step's GEMM
 // seconds (each shape times its count in a step) and the ratio to Eigen. One JSON object per line;
 // this is the measurement behind WEFT_HOST_GEMM's default (docs/performance.md).
 //
@@ -67,7 +68,8 @@ double best_seconds(int reps, F f) {
 
 struct Library {
   std::string name;
-  Sgemm sgemm = nullptr;  // null: Eigen
+  Sgemm sgemm = nullptr;  // null: Eigen, or host::gemm (weft)
+  bool weft = false;
 };
 
 }  // namespace
@@ -95,6 +97,8 @@ int main(int argc, char** argv) {
   setenv("BLIS_NUM_THREADS", "1", 1);  // before BLIS reads it: one thread, as weft runs
   setenv("OMP_NUM_THREADS", "1", 1);
   std::vector<Library> libs{{"eigen", nullptr}};
+  const std::string weft_gemm = host::gemm_library();
+  if (weft_gemm != "eigen") libs.push_back({"weft: " + weft_gemm, nullptr, true});
   for (const std::string& p : paths) {
     void* h = dlopen(p.c_str(), RTLD_NOW | RTLD_LOCAL);
     auto* f = h ? reinterpret_cast<Sgemm>(dlsym(h, "cblas_sgemm")) : nullptr;
@@ -102,8 +106,10 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "gemm: %s has no cblas_sgemm (%s); skipped\n", p.c_str(), h ? "no symbol" : dlerror());
       continue;
     }
+    std::string name = p;
     if (auto* threads = reinterpret_cast<void (*)(int)>(dlsym(h, "openblas_set_num_threads"))) threads(1);
-    libs.push_back({p, f});
+    if (auto* core = reinterpret_cast<char* (*)()>(dlsym(h, "openblas_get_corename"))) name += std::string(" (") + core() + ")";
+    libs.push_back({name, f});
   }
   const auto shapes = model == "small" ? step_shapes(4, 256, 4, 128, 256, 8) : step_shapes(12, 768, 12, 64, 50304, 4);
   std::vector<double> step(libs.size(), 0.0);
@@ -119,7 +125,9 @@ int main(int argc, char** argv) {
     for (std::size_t l = 0; l < libs.size(); ++l) {
       const Sgemm f = libs[l].sgemm;
       const double t = best_seconds(reps, [&] {
-        if (!f)
+        if (libs[l].weft)
+          host::gemm<float>(s.ta, s.tb, s.m, s.n, s.k, 1.0f, a.data(), ac, b.data(), bc, 0.0f, c.data(), s.n);
+        else if (!f)
           host::eigen_gemm<float>(s.ta, s.tb, s.m, s.n, s.k, 1.0f, a.data(), ac, b.data(), bc, 0.0f, c.data(), s.n);
         else
           f(101, s.ta == Trans::yes ? 112 : 111, s.tb == Trans::yes ? 112 : 111, static_cast<int>(s.m), static_cast<int>(s.n),
@@ -134,6 +142,6 @@ int main(int argc, char** argv) {
   for (std::size_t l = 0; l < libs.size(); ++l)
     std::printf("%s\n", nlohmann::json{{"bench", "gemm"}, {"model", model}, {"library", libs[l].name},
                                        {"step_gemm_s", step[l]}, {"speedup_over_eigen", step[0] / step[l]},
-                                       {"weft_uses", host::kGemmLibrary}}.dump().c_str());
+                                       {"weft_uses", weft_gemm}}.dump().c_str());
   return 0;
 }

@@ -160,7 +160,7 @@ int main(int argc, char** argv) {
                               {"effective_gflops", tokens_s * train::flops_per_token(cfg) / 1e9},
                               {"mfu", tokens_s * train::flops_per_token(cfg) / peak},
                               {"gemm_ceiling_gflops", peak / 1e9},  // 512^3 GEMMs, every rank, best of 5 windows
-                              {"gemm_library", host::kGemmLibrary},
+                              {"gemm_library", host::gemm_library()},
                               {"step_gemm_rate_gflops", gemm_flops / gemm_time / 1e9},
                               {"isolated_gemm_s_per_step", gemm_time},
                               {"ops_s_per_step", ops},

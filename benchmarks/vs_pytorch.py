@@ -30,8 +30,22 @@ def flops_per_token(m):
     return 6 * (m["vocab"] * C + m["seq"] * C + L * 12 * C * C) + 12 * L * C * m["seq"]
 
 
-def run(cmd):
+def cpu():
+    """This machine's CPU as /proc/cpuinfo names it, with its family and model numbers."""
+    try:
+        info = dict(l.split(":", 1) for l in open("/proc/cpuinfo").read().split("\n\n")[0].splitlines() if ":" in l)
+        info = {k.strip(): v.strip() for k, v in info.items()}
+        return f"{info.get('model name', '?')} (family {info.get('cpu family', '?')}, model {info.get('model', '?')})"
+    except OSError:
+        return "unknown"
+
+
+def run(cmd, may_refuse=False):
+    """The command's last JSON line; None when may_refuse and it refused its options (exit 2)."""
     p = subprocess.run(cmd, capture_output=True, text=True)
+    if p.returncode == 2 and may_refuse:
+        print(f"vs_pytorch: skipped {' '.join(cmd[-2:])}: {p.stderr.strip()}", file=sys.stderr)
+        return None
     if p.returncode != 0:
         sys.exit(f"vs_pytorch: {' '.join(cmd)} failed:\n{p.stderr[-2000:]}")
     return json.loads([l for l in p.stdout.splitlines() if l.startswith("{")][-1])
@@ -44,7 +58,7 @@ def main():
     ap.add_argument("--only", choices=sorted(MODELS))
     a = ap.parse_args()
     try:
-        import torch  # noqa: F401
+        import torch
     except ImportError:
         print("vs_pytorch: PyTorch is not installed (pip install torch); nothing compared")
         return 0
@@ -58,12 +72,18 @@ def main():
             layouts = [(1, 1, 1)] if threads == 1 else [(2, 1, 1), (1, 2, 1), (1, 1, 2)]
             weft = {l: [] for l in layouts}
             torch_s, share = [], {l: [] for l in layouts}
+            library = None
             for _ in range(a.reps):
-                for l in layouts:
+                for l in list(layouts):
+                    # GEMM threads need OpenBLAS; where GEMMs run on Eigen train_step refuses them.
                     r = run([a.train_step, *sum(([f"--{k}", str(v)] for k, v in m.items()), []), "--data", str(l[0]),
-                             "--tensor", str(l[1]), "--gemm-threads", str(l[2])])
+                             "--tensor", str(l[1]), "--gemm-threads", str(l[2])], may_refuse=l[2] > 1)
+                    if r is None:
+                        layouts.remove(l)
+                        continue
                     weft[l].append(r["tokens_per_s"])
                     share[l].append(r["share_outside_gemm"])
+                    library = r.get("gemm_library", library)
                 torch_s.append(run([sys.executable, torch_gpt, *sizes, f"--threads={threads}"])["tokens_per_s"])
             best = max(layouts, key=lambda l: statistics.median(weft[l]))
             label = lambda l: f"data {l[0]} x tensor {l[1]}" + (f", {l[2]} GEMM threads" if l[2] > 1 else "")
@@ -75,6 +95,7 @@ def main():
                               "weft_effective_gflops": w * f / 1e9, "pytorch_effective_gflops": t * f / 1e9,
                               "weft_share_outside_gemm": statistics.median(share[best]),
                               "weft_all_layouts": {label(l): statistics.median(weft[l]) for l in layouts},
+                              "weft_gemm_library": library, "torch_version": torch.__version__, "cpu": cpu(),
                               "reps": a.reps}), flush=True)
     return 0
 

@@ -223,7 +223,11 @@ int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus, cons
     if (launch.kind == Launcher::threads && ranks == 1 && cores > 1 && host::set_gemm_threads(cores) && speak)
       std::printf("one rank: its GEMMs on %d threads\n", cores);
   }
-  if (speak) std::printf("measuring the %s GEMM rate of %d ranks (the MFU ceiling)...\n", D::name, ranks);
+  if (speak) {
+    std::string library;
+    if constexpr (std::same_as<D, Host>) library = cat(" (", host::gemm_library(), ")");
+    std::printf("measuring the %s GEMM rate%s of %d ranks (the MFU ceiling)...\n", D::name, library.c_str(), ranks);
+  }
   // Every process measures its own ranks at the same time (under MPI one each, started together).
   const int here = launch.kind == Launcher::threads ? ranks : 1;
   if (launch.barrier) launch.barrier();

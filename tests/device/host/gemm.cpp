@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -120,7 +122,10 @@ TEST_CASE("host GEMM: repeatable with more GEMM threads, and the same bits from 
       B.push_back(random<float>(size(c.k, c.n), 20 + r));
       one.push_back(run(A.back(), B.back()));
     }
-    if (host::set_gemm_threads(4)) {
+    // Threads are there exactly when GEMMs run on OpenBLAS (which they do is the next test's).
+    const bool on_openblas = host::gemm_library().starts_with("openblas");
+    CHECK(host::set_gemm_threads(4) == on_openblas);
+    if (on_openblas) {
       // OpenBLAS on 4 threads: the same bits call after call; within float rounding of one
       // thread's (long sums are blocked differently: at k = 700 the last place moves).
       const std::vector<float> four = run(A[0], B[0]);
@@ -141,5 +146,27 @@ TEST_CASE("host GEMM: repeatable with more GEMM threads, and the same bits from 
       });
     for (std::thread& t : ranks) t.join();
     CHECK(wrong == std::vector<int>(4, 0));
+  }
+}
+
+TEST_CASE("host GEMM: OpenBLAS unless it runs AVX2 kernels where Eigen has AVX-512 code") {
+  // tests/CMakeLists.txt runs this case again with OPENBLAS_CORETYPE unset and set to Haswell.
+  const char* before = std::getenv("OPENBLAS_CORETYPE");
+  const std::string set = before ? before : "";
+  const std::string library = host::gemm_library();
+  MESSAGE("host GEMM: ", library, "; OPENBLAS_CORETYPE ", before ? set : "unset");
+  if (!WEFT_HOST_OPENBLAS) {
+    CHECK(library == "eigen");
+  } else if (before == nullptr) {
+    // OpenBLAS's own choice: its AVX-512 kernels on a CPU with AVX-512 (where Eigen may have them
+    // too), otherwise what Eigen has no answer to.
+    CHECK(library.starts_with("openblas ("));
+  } else if (set == "Haswell") {
+#if defined(EIGEN_VECTORIZE_AVX512)
+    // AVX2 kernels against Eigen's AVX-512 code: Eigen, and the message says why.
+    CHECK(library == "eigen (OpenBLAS runs its Haswell kernels (OPENBLAS_CORETYPE=Haswell); Eigen's AVX-512 code is faster)");
+#else
+    CHECK(library == "openblas (Haswell)");
+#endif
   }
 }

@@ -6,10 +6,9 @@
 //
 // Released blocks of kCacheFrom bytes and more are kept, by size, and handed out again for a
 // request of the same rounded size: a training step asks for the same sizes every step, and the C
-// library would give them back to the kernel and fault them in again page by page (a tenth of a
-// small model's host step). The cache never makes the allocator hold more than the most it has had
-// in use at once (in use + cached <= that high-water mark): a miss that would pass it frees cached
-// blocks first. The statistics count blocks in use only; cached() tells the rest, empty_cache()
+// library would give them back to the kernel and fault them in again page by page, every step.
+// The cache never makes the allocator hold more than the most it has had in use at once (in use +
+// cached <= that high-water mark): a miss that would pass it frees cached blocks first. The statistics count blocks in use only; cached() tells the rest, empty_cache()
 // frees it. Under AddressSanitizer cached blocks are poisoned, so a use after release still reports.
 #pragma once
 
@@ -22,11 +21,6 @@
 
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/asan_interface.h>
-#define WEFT_POISON(p, n) ASAN_POISON_MEMORY_REGION(p, n)
-#define WEFT_UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION(p, n)
-#else
-#define WEFT_POISON(p, n) ((void)(p), (void)(n))
-#define WEFT_UNPOISON(p, n) ((void)(p), (void)(n))
 #endif
 
 #include "weft/core/error.hpp"
@@ -46,7 +40,7 @@ class HostAllocator final : public Releaser {
 
   Allocation allocate(std::int64_t bytes, Category c = Category::other) {
     if (bytes < 0) throw Error("HostAllocator", cat("requested ", bytes, " bytes"), "request a size >= 0");
-    const auto rounded = static_cast<std::size_t>((bytes + alignment - 1) / alignment * alignment);
+    const auto rounded = round_up(bytes);
     void* p = rounded >= kCacheFrom ? from_cache(rounded) : nullptr;
     if (!p && rounded > 0) {
       if (in_use_ + rounded + cached_ > std::max(high_water_, in_use_ + rounded)) trim(in_use_ + rounded);
@@ -77,13 +71,33 @@ class HostAllocator final : public Releaser {
   void empty_cache() noexcept { trim(0); }
 
  private:
+  // A request's size in whole alignment units: what it holds in use and what the cache files it under.
+  static std::size_t round_up(std::int64_t bytes) noexcept {
+    return (static_cast<std::size_t>(bytes) + alignment - 1) / alignment * alignment;
+  }
+  // Marks a cached block unusable (and usable again) for AddressSanitizer; nothing without it.
+  static void poison(void* p, std::size_t n) noexcept {
+#if defined(__SANITIZE_ADDRESS__)
+    ASAN_POISON_MEMORY_REGION(p, n);
+#else
+    (void)p, (void)n;
+#endif
+  }
+  static void unpoison(void* p, std::size_t n) noexcept {
+#if defined(__SANITIZE_ADDRESS__)
+    ASAN_UNPOISON_MEMORY_REGION(p, n);
+#else
+    (void)p, (void)n;
+#endif
+  }
+
   void* from_cache(std::size_t rounded) {
     const auto it = cache_.find(rounded);
     if (it == cache_.end() || it->second.empty()) return nullptr;
     void* p = it->second.back();
     it->second.pop_back();
     cached_ -= rounded;
-    WEFT_UNPOISON(p, rounded);
+    unpoison(p, rounded);
     return p;
   }
   // Frees cached blocks until in_use (after a request) + cached <= max(high water, in_use), or
@@ -91,15 +105,14 @@ class HostAllocator final : public Releaser {
   void trim(std::size_t in_use) noexcept {
     for (auto& [size, blocks] : cache_)
       while (!blocks.empty() && (in_use == 0 || in_use + cached_ > std::max(high_water_, in_use))) {
-        WEFT_UNPOISON(blocks.back(), size);
+        unpoison(blocks.back(), size);
         ::operator delete(blocks.back(), std::align_val_t{alignment});
         blocks.pop_back();
         cached_ -= size;
       }
   }
   void release(void* p, std::int64_t bytes, Category c) noexcept override {
-    const auto rounded = static_cast<std::size_t>((bytes + static_cast<std::int64_t>(alignment) - 1) /
-                                                  static_cast<std::int64_t>(alignment) * static_cast<std::int64_t>(alignment));
+    const auto rounded = round_up(bytes);
     in_use_ -= rounded;
     stats_.on_release(bytes, c);
     if (!p) return;
@@ -107,7 +120,7 @@ class HostAllocator final : public Releaser {
       try {
         cache_[rounded].push_back(p);
         cached_ += rounded;
-        WEFT_POISON(p, rounded);
+        poison(p, rounded);
         return;
       } catch (...) {  // no memory for the list: free the block instead
       }

@@ -5,14 +5,24 @@
 // with lda >= m when transposed; likewise B. With beta == 0, C is not read (it may hold NaN).
 // This is the host reference that the CUDA GEMM is tested against, and the compute of the host
 // back end. It runs on OpenBLAS (a threaded build, set to one thread) when weft was configured with
-// it (WEFT_HOST_GEMM, docs/performance.md: about 1.2x to 1.3x Eigen on a training step's shapes),
-// else on Eigen; either way each element's sum runs in an order fixed by the shapes, so results
-// are bitwise repeatable run to run and rank to rank.
+// it (WEFT_HOST_GEMM; docs/performance.md has the measurements), else on Eigen; either way each
+// element's sum runs in an order fixed by the shapes, so results are bitwise repeatable run to run
+// and rank to rank.
+//
+// OpenBLAS picks its kernels when it loads, from OPENBLAS_CORETYPE or its own CPU table. On a CPU
+// with AVX-512, its AVX2 (Haswell) kernels (OPENBLAS_CORETYPE=Haswell, as this project's machines
+// set) run a step's GEMMs at 0.7x Eigen's AVX-512 code, and its AVX-512 ones at 1.35x
+// (docs/performance.md). So where Eigen was compiled for AVX-512 and OpenBLAS runs other kernels,
+// GEMMs stay on Eigen. The choice depends on the build, the CPU and the environment, never on a
+// timing, so every rank of a run makes the same one; gemm_library() names what runs, and why.
 #pragma once
 
 #include <Eigen/Core>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
+#include <string>
+#include <type_traits>
 
 #ifndef WEFT_HOST_OPENBLAS
 #define WEFT_HOST_OPENBLAS 0
@@ -29,21 +39,47 @@ namespace weft::host {
 using weft::Trans;
 
 namespace detail {
-// Whether OpenBLAS is a threaded build, set to one thread on first use (weft runs one thread per
-// rank; set_gemm_threads gives a lone rank more). Only a threaded build is used: its buffers are
-// locked, while a serial build shares them without locks, and concurrent calls from thread ranks
-// corrupt each other's results.
-inline bool openblas_threaded() {
-#if WEFT_HOST_OPENBLAS
-  static const bool threaded = [] {
-    openblas_set_num_threads(1);
-    return openblas_get_parallel() != 0;
-  }();
-  return threaded;
-#else
-  return false;
-#endif
+
+// Whether OpenBLAS's kernels by this name (openblas_get_corename) are its AVX-512 ones.
+inline bool avx512_kernels(const std::string& core) {
+  return core == "SkylakeX" || core == "Cooperlake" || core == "SapphireRapids";
 }
+
+// Whether GEMMs run on OpenBLAS (use), its kernels (core), and why not (why), decided on first use,
+// which sets OpenBLAS to one thread (weft runs one thread per rank; set_gemm_threads gives a lone
+// rank more). Only a threaded build is used: its buffers are locked, while a serial build shares
+// them without locks, and concurrent calls from thread ranks corrupt each other's results.
+struct OpenBlas {
+  bool use = false;
+  std::string core, why;
+};
+inline const OpenBlas& openblas() {
+  static const OpenBlas lib = [] {
+    OpenBlas l;
+#if WEFT_HOST_OPENBLAS
+    openblas_set_num_threads(1);
+    if (const char* name = openblas_get_corename()) l.core = name;
+    if (openblas_get_parallel() == 0) {
+      l.why = "OpenBLAS is a serial build, not safe with thread ranks";
+      return l;
+    }
+#if defined(EIGEN_VECTORIZE_AVX512)
+    if (!avx512_kernels(l.core)) {
+      const char* set = std::getenv("OPENBLAS_CORETYPE");
+      l.why = cat("OpenBLAS runs its ", l.core, " kernels", set && *set ? cat(" (OPENBLAS_CORETYPE=", set, ")") : std::string(),
+                  "; Eigen's AVX-512 code is faster");
+      return l;
+    }
+#endif
+    l.use = true;
+#else
+    l.why = "configured without OpenBLAS";
+#endif
+    return l;
+  }();
+  return lib;
+}
+
 }  // namespace detail
 
 // The threads each host GEMM may use (1 unless set), for a process that runs one rank: the cores
@@ -53,7 +89,7 @@ inline bool openblas_threaded() {
 // (GEMMs on Eigen).
 inline bool set_gemm_threads(int n) {
 #if WEFT_HOST_OPENBLAS
-  if (!detail::openblas_threaded()) return false;
+  if (!detail::openblas().use) return false;
   openblas_set_num_threads(n < 1 ? 1 : n);
   return true;
 #else
@@ -62,9 +98,13 @@ inline bool set_gemm_threads(int n) {
 #endif
 }
 
-// Which library runs host::gemm (its name for logs and benchmarks).
-// (Configured with OpenBLAS, a serial OpenBLAS found at run time still leaves GEMMs on Eigen.)
-inline constexpr const char* kGemmLibrary = WEFT_HOST_OPENBLAS ? "openblas" : "eigen";
+// What runs host::gemm, for logs and benchmarks: "openblas (SkylakeX)" (its kernels), or "eigen",
+// with why where weft was configured with OpenBLAS.
+inline std::string gemm_library() {
+  const detail::OpenBlas& lib = detail::openblas();
+  if (lib.use) return cat("openblas (", lib.core, ")");
+  return WEFT_HOST_OPENBLAS ? cat("eigen (", lib.why, ")") : std::string("eigen");
+}
 
 // C = alpha op(A) op(B) + beta C on Eigen, whatever the build uses (benchmarks/gemm compares the
 // two); arguments as host::gemm's, already checked, m, n, k > 0 and alpha != 0.
@@ -111,7 +151,7 @@ void gemm(Trans ta, Trans tb, std::int64_t m, std::int64_t n, std::int64_t k, T 
   }
 #if WEFT_HOST_OPENBLAS
   constexpr std::int64_t kInt = std::numeric_limits<int>::max();  // OpenBLAS's LP64 sizes
-  if (detail::openblas_threaded() && m <= kInt && n <= kInt && k <= kInt && lda <= kInt && ldb <= kInt && ldc <= kInt) {
+  if (detail::openblas().use && m <= kInt && n <= kInt && k <= kInt && lda <= kInt && ldb <= kInt && ldc <= kInt) {
     const auto op = [](Trans t) { return t == Trans::yes ? CblasTrans : CblasNoTrans; };
     const auto i = [](std::int64_t v) { return static_cast<int>(v); };
     if constexpr (std::is_same_v<T, float>)

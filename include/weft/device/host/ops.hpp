@@ -264,7 +264,7 @@ inline void exp_shifted(float* x, index n, float shift, std::vector<float, Eigen
 
 // The causal core in float on GEMMs (host::gemm), one (batch, head) at a time, in blocks of kRows
 // query rows: block [i0, i1) needs keys [0, i1) only, so the GEMMs skip most of the masked future
-// (5/8 of the full products at T = 128 with 32-row blocks). The same maths as the loops of
+// (counted: 5/8 of the full products at T = 128 with 32-row blocks). The same maths as the loops of
 // attention_forward and attention_backward, with the future masked after the scores (exact zeros
 // in probs and dS, which the products then skip at no error):
 //   forward:  P = softmax(scale q k^T, masked)  (T, T);  out = P v
