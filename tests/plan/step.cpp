@@ -7,6 +7,7 @@
 #include <doctest/doctest.h>
 
 #include <array>
+#include <string>
 #include <vector>
 
 #include "weft/comm/mesh.hpp"
@@ -22,6 +23,12 @@ namespace {
 struct Measured {
   std::array<std::int64_t, kCategories> peak{}, planned{}, after{}, planned_after{};
   std::int64_t total = 0, planned_total = 0;
+  // What each of two steps allocated (bytes per category, blocks), and the plan's: a step
+  // allocates nothing the plan does not call for, the first step and the steady one alike.
+  std::array<std::array<std::int64_t, kCategories>, 2> allocated{};
+  std::array<std::int64_t, 2> allocations{};
+  std::array<std::int64_t, kCategories> planned_allocated{};
+  std::int64_t planned_allocations = 0;
 };
 
 template <class Strategy, class P, bool SP, class R = recompute::None>
@@ -39,33 +46,47 @@ void check(const nn::GptConfig& c, MeshShape shape, std::int64_t micro, std::int
       x[static_cast<std::size_t>(i)] = static_cast<std::int32_t>((i * 7 + mesh.coord().data) % c.vocab);
       y[static_cast<std::size_t>(i)] = static_cast<std::int32_t>((i * 3 + 1) % c.vocab);
     }
-    host.reset_peak();
-    for (std::int64_t m = 0; m < micro_batches; ++m) {
-      auto ctx = gpt.context({x, y, micro, 1.0 / static_cast<double>(micro_batches)});
-      pipeline::forward_backward(gpt, ctx, mesh, dp, m + 1 == micro_batches);
-    }
-    dp.step(1e-3, 1.0);
-    const auto plan = footprint::step<Strategy, P, SP, R>(c, mesh.spread(), micro, micro_batches);
     Measured& r = got[static_cast<std::size_t>(w.rank())];
+    for (std::size_t s = 0; s < 2; ++s) {
+      const MemoryStats before = host.memory();
+      host.reset_peak();
+      for (std::int64_t m = 0; m < micro_batches; ++m) {
+        auto ctx = gpt.context({x, y, micro, 1.0 / static_cast<double>(micro_batches)});
+        pipeline::forward_backward(gpt, ctx, mesh, dp, m + 1 == micro_batches);
+      }
+      dp.step(1e-3, 1.0);
+      for (std::size_t k = 0; k < kCategories; ++k) r.allocated[s][k] = host.memory().allocated[k] - before.allocated[k];
+      r.allocations[s] = host.memory().allocations - before.allocations;
+      if (s > 0) continue;
+      for (std::size_t k = 0; k < kCategories; ++k) {
+        r.peak[k] = host.memory().peak[k];
+        r.after[k] = host.memory().current[k];
+      }
+      r.total = host.memory().total_peak;
+    }
+    const auto plan = footprint::step<Strategy, P, SP, R>(c, mesh.spread(), micro, micro_batches);
     for (std::size_t k = 0; k < kCategories; ++k) {
-      r.peak[k] = host.memory().peak[k];
-      r.after[k] = host.memory().current[k];
       r.planned[k] = plan.peak.bytes[k];
       r.planned_after[k] = plan.after.bytes[k];
+      r.planned_allocated[k] = plan.allocated.bytes[k];
     }
-    r.total = host.memory().total_peak;
     r.planned_total = plan.total;
+    r.planned_allocations = plan.allocations;
   });
   for (int rank = 0; rank < ranks; ++rank) {
     const Measured& r = got[static_cast<std::size_t>(rank)];
     for (std::size_t k = 0; k < kCategories; ++k) {
       INFO(Strategy::name(), SP ? "-sp " : " ", precision_t<P>::name(), " data ", shape.data, " tensor ", shape.tensor,
-           " micro ", micro, " x ", micro_batches, " rank ", rank, " ", name(static_cast<Category>(k)));
+           " micro ", micro, " x ", micro_batches, " rank ", rank, " ", std::string(name(static_cast<Category>(k))));
       CHECK(r.peak[k] == r.planned[k]);
       CHECK(r.after[k] == r.planned_after[k]);
+      CHECK(r.allocated[0][k] == r.planned_allocated[k]);
+      CHECK(r.allocated[1][k] == r.planned_allocated[k]);
     }
     INFO(Strategy::name(), SP ? "-sp" : "", " rank ", rank, " total");
     CHECK(r.total == r.planned_total);
+    CHECK(r.allocations[0] == r.planned_allocations);
+    CHECK(r.allocations[1] == r.planned_allocations);
   }
 }
 

@@ -24,6 +24,11 @@ constexpr const char* name(Category c) {
 struct MemoryStats {
   std::array<std::int64_t, kCategories> current{}, peak{};
   std::int64_t total_current = 0, total_peak = 0;
+  // Every byte and non-empty block allocated since the start, never reset: the difference over a step is what
+  // the step allocated (tests/plan/step.cpp holds it to the plan's, so a step allocates nothing the
+  // plan does not call for).
+  std::array<std::int64_t, kCategories> allocated{};
+  std::int64_t allocations = 0;
 
   std::int64_t current_of(Category c) const { return current[static_cast<std::size_t>(c)]; }
 
@@ -31,6 +36,8 @@ struct MemoryStats {
   void on_allocate(std::int64_t bytes, Category c) {
     const auto i = static_cast<std::size_t>(c);
     current[i] += bytes;
+    allocated[i] += bytes;
+    if (bytes > 0) ++allocations;
     peak[i] = peak[i] > current[i] ? peak[i] : current[i];
     total_current += bytes;
     total_peak = total_peak > total_current ? total_peak : total_current;

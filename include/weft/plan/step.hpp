@@ -45,6 +45,7 @@ class Ledger {
     const auto i = static_cast<std::size_t>(c);
     current_.bytes[i] += bytes;
     allocated_.bytes[i] += bytes;
+    if (bytes > 0) ++allocations_;
     if (current_.bytes[i] > peak_.bytes[i]) peak_.bytes[i] = current_.bytes[i];
     total_ += bytes;
     if (total_ > total_peak_) total_peak_ = total_;
@@ -57,20 +58,23 @@ class Ledger {
   constexpr const Memory& peak() const { return peak_; }
   constexpr std::int64_t total_peak() const { return total_peak_; }
   constexpr const Memory& allocated() const { return allocated_; }  // every byte allocated, summed
+  constexpr std::int64_t allocations() const { return allocations_; }  // and every non-empty block
 
  private:
   Memory current_, peak_, allocated_;
-  std::int64_t total_ = 0, total_peak_ = 0;
+  std::int64_t total_ = 0, total_peak_ = 0, allocations_ = 0;
 };
 
 // A step's plan: the peak of each category (each at its own moment), the peak of their sum, what
 // is held after the step (the persistent state again, when every transient was freed), and the
-// bytes allocated during the step (each buffer written once: the time model's memory traffic).
+// bytes allocated during the step (each buffer written once: the time model's memory traffic)
+// and how many blocks (tests/plan/step.cpp holds the allocator's counts to both).
 struct StepPeak {
   Memory peak;
   std::int64_t total = 0;
   Memory after;
   Memory allocated;
+  std::int64_t allocations = 0;
 };
 
 namespace detail {
@@ -152,10 +156,13 @@ class StepReplay {
       l_->sub(comm, packed * g);
     }
     if constexpr (shard_state && !shard_params) {
-      for (std::int64_t n : {unit_embedding_, unit_block_, unit_head_}) {
+      const auto copy_out = [&](std::int64_t n) {
         l_->add(comm, n / s_.data_degree * e);
         l_->sub(comm, n / s_.data_degree * e);
-      }
+      };
+      copy_out(unit_embedding_);
+      for (std::int64_t b = 0; b < c_.layers; ++b) copy_out(unit_block_);
+      copy_out(unit_head_);
     }
   }
 
@@ -426,7 +433,7 @@ constexpr StepPeak step(const nn::GptConfig& c, const Spread& s, std::int64_t mi
   detail::StepReplay<Strategy, P, SP, R, Rule> replay(c, s, micro_batch, l);
   for (std::int64_t m = 0; m < (micro_batches < 1 ? 1 : micro_batches); ++m) replay.forward_backward();
   replay.optimizer_step();
-  return {l.peak(), l.total_peak(), l.current(), l.allocated()};
+  return {l.peak(), l.total_peak(), l.current(), l.allocated(), l.allocations()};
 }
 
 // What the CUDA back end adds to the replay, an estimate not yet checked on a GPU: cuBLASLt's
