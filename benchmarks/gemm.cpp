@@ -100,7 +100,9 @@ int main(int argc, char** argv) {
   const std::string weft_gemm = host::gemm_library();
   if (weft_gemm != "eigen") libs.push_back({"weft: " + weft_gemm, nullptr, true});
   for (const std::string& p : paths) {
-    void* h = dlopen(p.c_str(), RTLD_NOW | RTLD_LOCAL);
+    // RTLD_DEEPBIND: a library's CBLAS wrapper calls its own sgemm_, not the one of the OpenBLAS
+    // weft links (which would otherwise interpose, and BLIS would measure as OpenBLAS).
+    void* h = dlopen(p.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
     auto* f = h ? reinterpret_cast<Sgemm>(dlsym(h, "cblas_sgemm")) : nullptr;
     if (!f) {
       std::fprintf(stderr, "gemm: %s has no cblas_sgemm (%s); skipped\n", p.c_str(), h ? "no symbol" : dlerror());
