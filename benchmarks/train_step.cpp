@@ -7,7 +7,7 @@
 // runs it beside PyTorch eager.
 //
 //   train_step [--layers L] [--width C] [--heads H] [--vocab V] [--seq T] [--batch B] [--data D] [--tensor N] [--steps S]
-//              [--gemm-threads G]   (one rank whose GEMMs use G threads: host::set_gemm_threads)
+//              [--threads N]   (one rank whose host ops use N threads: host::set_threads)
 #include <weft/weft_host.hpp>
 #include <weft/device/host/profile.hpp>
 
@@ -61,7 +61,7 @@ double gemm_seconds(const std::vector<GemmShape>& shapes, int ranks, double& flo
 
 int main(int argc, char** argv) {
   std::int64_t layers = 2, seq = 128, batch = 4, steps = 3, width = 768, heads = 12, vocab = 50304;
-  int tensor = 1, data = 1, gemm_threads = 1;
+  int tensor = 1, data = 1, op_threads = 1;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
     const auto v = std::stoll(argv[i + 1]);
@@ -74,20 +74,22 @@ int main(int argc, char** argv) {
     else if (a == "--tensor") tensor = static_cast<int>(v);
     else if (a == "--data") data = static_cast<int>(v);
     else if (a == "--steps") steps = v;
-    else if (a == "--gemm-threads") gemm_threads = static_cast<int>(v);
+    else if (a == "--threads") op_threads = static_cast<int>(v);
     else {
       std::fprintf(stderr,
                    "train_step: unknown option %s; use --layers --width --heads --vocab --seq --batch --data --tensor --steps "
-                   "--gemm-threads\n",
+                   "--threads\n",
                    a.c_str());
       return 2;
     }
   }
   const nn::GptConfig cfg{.vocab = vocab, .seq = seq, .layers = layers, .heads = heads, .width = width};
-  if (gemm_threads > 1 && (data * tensor != 1 || !host::set_gemm_threads(gemm_threads))) {
-    std::fprintf(stderr, "train_step: --gemm-threads %d needs one rank (data 1, tensor 1) and GEMMs on OpenBLAS\n", gemm_threads);
+  if (op_threads < 1 || op_threads > 256 || (op_threads > 1 && data * tensor != 1)) {
+    std::fprintf(stderr, "train_step: --threads %d: give 1 to 256, and more than 1 only to one rank (data 1, tensor 1)\n",
+                 op_threads);
     return 2;
   }
+  host::set_threads(op_threads);
   try {
     std::vector<double> step_seconds;
     std::mutex mu;
@@ -154,8 +156,8 @@ int main(int argc, char** argv) {
     const double peak = train::gemm_rate<float>(ranks);
     const nlohmann::json j = {{"bench", "train_step"}, {"impl", "weft"},
                               {"layers", layers}, {"width", width}, {"heads", heads}, {"vocab", vocab}, {"seq", seq},
-                              {"batch", batch}, {"data", data}, {"tensor", tensor}, {"threads", ranks * gemm_threads},
-                              {"gemm_threads", gemm_threads}, {"dtype", "f32"},
+                              {"batch", batch}, {"data", data}, {"tensor", tensor}, {"threads", ranks * op_threads},
+                              {"op_threads", op_threads}, {"dtype", "f32"},
                               {"step_s", step_s}, {"tokens_per_s", tokens_s},
                               {"effective_gflops", tokens_s * train::flops_per_token(cfg) / 1e9},
                               {"mfu", tokens_s * train::flops_per_token(cfg) / peak},

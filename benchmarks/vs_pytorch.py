@@ -3,7 +3,7 @@
 
 For GPT-2 124M (B=4, T=64) and a small model (4 layers, width 256, 4 heads, T=128, V=256, B=8), on 1
 and 2 threads: weft's benchmarks/train_step (1 thread: one rank; 2 threads: data 2 or tensor 2
-ranks, or one rank with 2 GEMM threads; the fastest counts) and tools/reference/torch_gpt.py
+ranks, or one rank on 2 threads; the fastest counts) and tools/reference/torch_gpt.py
 (torch.set_num_threads), alternating, --reps times each; medians. Prints one JSON object per model
 and thread count: tokens/s of each, effective
 GFLOP/s (6 N + 12 L C T per token), the ratio weft / PyTorch, and weft's share of the step outside
@@ -68,16 +68,15 @@ def main():
             continue
         sizes = [f"--{k}={v}" for k, v in m.items()]
         for threads in (1, 2):
-            # (data, tensor, GEMM threads): on 2 threads, two thread ranks or one rank with 2 GEMM threads
+            # (data, tensor, op threads): on 2 threads, two thread ranks or one rank on 2 threads
             layouts = [(1, 1, 1)] if threads == 1 else [(2, 1, 1), (1, 2, 1), (1, 1, 2)]
             weft = {l: [] for l in layouts}
             torch_s, share = [], {l: [] for l in layouts}
             library = None
             for _ in range(a.reps):
                 for l in list(layouts):
-                    # GEMM threads need OpenBLAS; where GEMMs run on Eigen train_step refuses them.
                     r = run([a.train_step, *sum(([f"--{k}", str(v)] for k, v in m.items()), []), "--data", str(l[0]),
-                             "--tensor", str(l[1]), "--gemm-threads", str(l[2])], may_refuse=l[2] > 1)
+                             "--tensor", str(l[1]), "--threads", str(l[2])], may_refuse=l[2] > 1)
                     if r is None:
                         layouts.remove(l)
                         continue
@@ -86,7 +85,7 @@ def main():
                     library = r.get("gemm_library", library)
                 torch_s.append(run([sys.executable, torch_gpt, *sizes, f"--threads={threads}"])["tokens_per_s"])
             best = max(layouts, key=lambda l: statistics.median(weft[l]))
-            label = lambda l: f"data {l[0]} x tensor {l[1]}" + (f", {l[2]} GEMM threads" if l[2] > 1 else "")
+            label = lambda l: f"data {l[0]} x tensor {l[1]}" + (f", {l[2]} threads" if l[2] > 1 else "")
             w, t = statistics.median(weft[best]), statistics.median(torch_s)
             f = flops_per_token(m)
             print(json.dumps({"bench": "vs_pytorch", "model": name, "threads": threads,

@@ -217,11 +217,13 @@ int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus, cons
   const int ranks = o.data * o.pipe * o.tensor;
   const bool speak = launch.lead();
   if constexpr (std::same_as<D, Host>) {
-    // A lone thread rank runs its GEMMs on every core the process is given (OpenBLAS; the same bits).
+    // A lone thread rank runs its host ops on every core the process is given (the same bits).
     cpu_set_t given;
     const int cores = sched_getaffinity(0, sizeof(given), &given) == 0 ? CPU_COUNT(&given) : 1;
-    if (launch.kind == Launcher::threads && ranks == 1 && cores > 1 && host::set_gemm_threads(cores) && speak)
-      std::printf("one rank: its GEMMs on %d threads\n", cores);
+    if (launch.kind == Launcher::threads && ranks == 1 && cores > 1) {
+      host::set_threads(std::min(cores, 256));
+      if (speak) std::printf("one rank: its host ops on %d threads\n", host::threads());
+    }
   }
   if (speak) {
     std::string library;

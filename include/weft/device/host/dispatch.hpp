@@ -6,9 +6,16 @@
 // gradients, statistics and master weights (core/precision.hpp); the Cuda specialization has the
 // same signatures. Each op adds its time to the thread's host::OpTimes when one is set
 // (profile.hpp), by op class.
+//
+// With host::set_threads (a lone rank's cores, device/host/workers.hpp), GEMMs split their rows
+// (gemm.hpp) and the heavy elementwise and row ops split here, over rows, sequences, columns or
+// chunk-aligned ranges: every element is computed as on one thread, so the bits do not depend on
+// the number of threads (tests/device/host/workers.cpp checks each op).
 #pragma once
 
+#include <algorithm>
 #include <cstring>
+#include <iterator>
 #include <span>
 #include <utility>
 #include <vector>
@@ -17,6 +24,7 @@
 #include "weft/device/host/host.hpp"
 #include "weft/device/host/ops.hpp"
 #include "weft/device/host/profile.hpp"
+#include "weft/device/host/workers.hpp"
 #include "weft/device/ops.hpp"
 
 namespace weft {
@@ -87,22 +95,22 @@ struct Ops<Host> {
   template <class T>
   static void add_inplace(Host&, T* out, const T* x, index n) {
     const host::Timed timed(host::Op::elementwise);
-    host::add_inplace(out, x, n);
+    host::split(n, kElements, [&](index lo, index hi) { host::add_inplace(out + lo, x + lo, hi - lo); });
   }
   template <class T>
   static void gelu_forward(Host&, T* out, const T* x, index n) {
     const host::Timed timed(host::Op::gelu);
-    host::gelu_forward(out, x, n);
+    host::split(n, kElements, [&](index lo, index hi) { host::gelu_forward(out + lo, x + lo, hi - lo); });
   }
   template <class T>
   static void gelu_backward(Host&, T* dx, const T* x, const T* dout, index n) {
     const host::Timed timed(host::Op::gelu);
-    host::gelu_backward(dx, x, dout, n);
+    host::split(n, kElements, [&](index lo, index hi) { host::gelu_backward(dx + lo, x + lo, dout + lo, hi - lo); });
   }
   template <class T>
   static void bias_add(Host&, T* y, const T* b, index N, index C) {
     const host::Timed timed(host::Op::elementwise);
-    host::bias_add(y, b, N, C);
+    host::split(N, kRows, [&](index lo, index hi) { host::bias_add(y + lo * C, b, hi - lo, C); });
   }
   template <class T>
   static void bias_backward(Host&, acc<T>* db, const T* dy, index N, index C) {
@@ -116,26 +124,40 @@ struct Ops<Host> {
   static void layernorm_forward(Host&, T* out, acc<T>* mean, acc<T>* rstd, const T* x, const T* w, const T* b, index N,
                                 index C, acc<T> eps) {
     const host::Timed timed(host::Op::layernorm);
-    host::layernorm_forward(out, mean, rstd, x, w, b, N, C, eps);
+    host::split(N, kRows, [&](index lo, index hi) {
+      host::layernorm_forward(out + lo * C, mean + lo, rstd + lo, x + lo * C, w, b, hi - lo, C, eps);
+    });
   }
   template <class T>
   static void layernorm_backward(Host&, T* dx, acc<T>* dw, acc<T>* db, const T* dout, const T* x, const T* w,
                                  const acc<T>* mean, const acc<T>* rstd, index N, index C, const T* dresid = nullptr) {
     const host::Timed timed(host::Op::layernorm);
-    host::layernorm_backward(dx, dw, db, dout, x, w, mean, rstd, N, C, dresid);
+    host::split(N, kRows, [&](index lo, index hi) {
+      host::layernorm_backward_dx(dx, dout, x, w, mean, rstd, lo, hi, C, dresid);
+    });
+    host::split(C, kColumns, [&](index lo, index hi) {
+      host::layernorm_backward_params(dw, db, dout, x, mean, rstd, N, C, lo, hi);
+    });
   }
 
   // Causal attention over H local heads of size hd; probs (B, H, T, T).
   template <class T>
   static void attention_forward(Host&, T* out, T* probs, const T* qkv, index B, index Tn, index H, index hd) {
     const host::Timed timed(host::Op::attention);
-    host::attention_forward(out, probs, qkv, B, Tn, H, hd);
+    const index row = H * 3 * hd, orow = H * hd;  // one token's qkv, one token's output
+    host::split(B, 1, [&](index lo, index hi) {
+      host::attention_forward(out + lo * Tn * orow, probs + lo * H * Tn * Tn, qkv + lo * Tn * row, hi - lo, Tn, H, hd);
+    });
   }
   template <class T>
   static void attention_backward(Host&, T* dqkv, const T* dout, const T* qkv, const T* probs, index B, index Tn,
                                  index H, index hd) {
     const host::Timed timed(host::Op::attention);
-    host::attention_backward(dqkv, dout, qkv, probs, B, Tn, H, hd);
+    const index row = H * 3 * hd, orow = H * hd;
+    host::split(B, 1, [&](index lo, index hi) {
+      host::attention_backward(dqkv + lo * Tn * row, dout + lo * Tn * orow, qkv + lo * Tn * row,
+                               probs + lo * H * Tn * Tn, hi - lo, Tn, H, hd);
+    });
   }
 
   // Embeddings: vocabulary rows [begin, end) held here; positions t0 .. t0 + Tl - 1.
@@ -167,13 +189,15 @@ struct Ops<Host> {
   template <class T>
   static void ce_row_max(Host&, acc<T>* rowmax, const T* logits, index N, index V, index valid) {
     const host::Timed timed(host::Op::cross_entropy);
-    host::ce_row_max(rowmax, logits, N, V, valid);
+    host::split(N, kRows, [&](index lo, index hi) { host::ce_row_max(rowmax + lo, logits + lo * V, hi - lo, V, valid); });
   }
   template <class T>
   static void ce_row_stats(Host&, acc<T>* stats, const T* logits, const acc<T>* rowmax, const std::int32_t* targets,
                            index N, index V, index valid, index begin) {
     const host::Timed timed(host::Op::cross_entropy);
-    host::ce_row_stats(stats, logits, rowmax, targets, N, V, valid, begin);
+    host::split(N, kRows, [&](index lo, index hi) {
+      host::ce_row_stats(stats + 2 * lo, logits + lo * V, rowmax + lo, targets + lo, hi - lo, V, valid, begin);
+    });
   }
   template <class S>
   static double ce_loss(Host&, S* sumexp, const S* stats, const S* rowmax, index N) {
@@ -184,7 +208,10 @@ struct Ops<Host> {
   static void ce_backward(Host&, T* dlogits, const T* logits, const acc<T>* rowmax, const acc<T>* sumexp,
                           const std::int32_t* targets, index N, index V, index valid, index begin, acc<T> scale) {
     const host::Timed timed(host::Op::cross_entropy);
-    host::ce_backward(dlogits, logits, rowmax, sumexp, targets, N, V, valid, begin, scale);
+    host::split(N, kRows, [&](index lo, index hi) {
+      host::ce_backward(dlogits + lo * V, logits + lo * V, rowmax + lo, sumexp + lo, targets + lo, hi - lo, V, valid,
+                        begin, scale);
+    });
   }
 
   // The optimizer's: updates over n elements with the gradient scaled by grad_scale, and the sum
@@ -193,7 +220,9 @@ struct Ops<Host> {
   static void adamw(Host&, P* p, const P* g, S* m, S* v, index n, const math::AdamWParams<S>& a, bool decay,
                     double grad_scale) {
     const host::Timed timed(host::Op::optimizer);
-    host::adamw(p, g, m, v, n, a, decay, grad_scale);
+    host::split(n, kElements, [&](index lo, index hi) {
+      host::adamw(p + lo, g + lo, m + lo, v + lo, hi - lo, a, decay, grad_scale);
+    });
   }
   template <class P, class S>
   static void sgd(Host&, P* p, const P* g, S* buf, index n, double lr, double momentum, double weight_decay, bool decay,
@@ -219,10 +248,32 @@ struct Ops<Host> {
   template <class Pieces, class S>
   static void adamw_many(Host&, const Pieces& pieces, const math::AdamWParams<S>& a, double grad_scale) {
     const host::Timed timed(host::Op::optimizer);
-    for (const auto& x : pieces) host::adamw(x.p, x.g, x.state[0], x.state[1], x.n, a, x.decay, grad_scale);
+    if (host::threads() == 1) {
+      for (const auto& x : pieces) host::adamw(x.p, x.g, x.state[0], x.state[1], x.n, a, x.decay, grad_scale);
+      return;
+    }
+    // Every piece cut into ranges of kElements, the ranges dealt out to the threads.
+    struct Range {
+      std::size_t piece;
+      index lo, hi;
+    };
+    std::vector<Range> ranges;
+    for (std::size_t i = 0; i < std::size(pieces); ++i)
+      for (index lo = 0; lo < pieces[i].n; lo += kElements) ranges.push_back({i, lo, std::min(pieces[i].n, lo + kElements)});
+    host::parallel(static_cast<index>(ranges.size()), [&](index r) {
+      const Range& q = ranges[static_cast<std::size_t>(r)];
+      const auto& x = pieces[q.piece];
+      host::adamw(x.p + q.lo, x.g + q.lo, x.state[0] + q.lo, x.state[1] + q.lo, q.hi - q.lo, a, x.decay, grad_scale);
+    });
   }
 
  private:
+  // The smallest parts worth a thread: elements of elementwise ops (a multiple of the float fast
+  // paths' chunks, host::detail::kChunk, so every chunk starts where it does on one thread), rows
+  // of row ops, columns of column sums.
+  static constexpr index kElements = 16384, kRows = 16, kColumns = 64;
+  static_assert(kElements % host::detail::kChunk == 0);
+
   template <class T>
   static std::vector<float> widened(const T* p, index n) {
     std::vector<float> w(static_cast<std::size_t>(n));

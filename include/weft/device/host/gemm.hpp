@@ -18,6 +18,7 @@
 #pragma once
 
 #include <Eigen/Core>
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <limits>
@@ -32,6 +33,7 @@
 #endif
 
 #include "weft/core/error.hpp"
+#include "weft/device/host/workers.hpp"
 #include "weft/device/ops.hpp"
 
 namespace weft::host {
@@ -46,8 +48,8 @@ inline bool avx512_kernels(const std::string& core) {
 }
 
 // Whether GEMMs run on OpenBLAS (use), its kernels (core), and why not (why), decided on first use,
-// which sets OpenBLAS to one thread (weft runs one thread per rank; set_gemm_threads gives a lone
-// rank more). Only a threaded build is used: its buffers are locked, while a serial build shares
+// which sets OpenBLAS to one thread (weft runs one thread per rank, and a lone rank's GEMMs split
+// their rows over host::set_threads's threads itself). Only a threaded build is used: its buffers are locked, while a serial build shares
 // them without locks, and concurrent calls from thread ranks corrupt each other's results.
 struct OpenBlas {
   bool use = false;
@@ -82,22 +84,6 @@ inline const OpenBlas& openblas() {
 
 }  // namespace detail
 
-// The threads each host GEMM may use (1 unless set), for a process that runs one rank: the cores
-// it has. Thread ranks keep 1: OpenBLAS runs one call at a time on its threads. Results are the
-// same bits call after call for a given count, but may differ from one thread's in the last place
-// (long sums are blocked differently; tests/device/host/gemm.cpp). Returns false where it cannot
-// (GEMMs on Eigen).
-inline bool set_gemm_threads(int n) {
-#if WEFT_HOST_OPENBLAS
-  if (!detail::openblas().use) return false;
-  openblas_set_num_threads(n < 1 ? 1 : n);
-  return true;
-#else
-  (void)n;
-  return false;
-#endif
-}
-
 // What runs host::gemm, for logs and benchmarks: "openblas (SkylakeX)" (its kernels), or "eigen",
 // with why where weft was configured with OpenBLAS.
 inline std::string gemm_library() {
@@ -130,6 +116,34 @@ void eigen_gemm(Trans ta, Trans tb, std::int64_t m, std::int64_t n, std::int64_t
   else run(A.transpose(), B.transpose());
 }
 
+namespace detail {
+// One thread's GEMM, arguments checked, m, n, k > 0 and alpha != 0.
+template <class T>
+void gemm_one(Trans ta, Trans tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha, const T* a, std::int64_t lda,
+              const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc) {
+#if WEFT_HOST_OPENBLAS
+  constexpr std::int64_t kInt = std::numeric_limits<int>::max();  // OpenBLAS's LP64 sizes
+  if (openblas().use && m <= kInt && n <= kInt && k <= kInt && lda <= kInt && ldb <= kInt && ldc <= kInt) {
+    const auto op = [](Trans t) { return t == Trans::yes ? CblasTrans : CblasNoTrans; };
+    const auto i = [](std::int64_t v) { return static_cast<int>(v); };
+    if constexpr (std::is_same_v<T, float>)
+      cblas_sgemm(CblasRowMajor, op(ta), op(tb), i(m), i(n), i(k), alpha, a, i(lda), b, i(ldb), beta, c, i(ldc));
+    else
+      cblas_dgemm(CblasRowMajor, op(ta), op(tb), i(m), i(n), i(k), alpha, a, i(lda), b, i(ldb), beta, c, i(ldc));
+    return;
+  }
+#endif
+  eigen_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+// With host::set_threads's threads, C's rows split into parts of whole kSplitRows blocks, one GEMM
+// each. The libraries compute row blocks of 16, 24 or 48 (Eigen's AVX-512 and AVX2 kernels,
+// OpenBLAS's Cooperlake and Haswell ones) and sum each element over k in blocks set by k alone,
+// so a part starting at a multiple of 48 rows computes its elements exactly as the whole GEMM does:
+// the same bits on any number of threads (tests/device/host/gemm.cpp checks it).
+inline constexpr std::int64_t kSplitRows = 48;
+}  // namespace detail
+
 template <class T>
 void gemm(Trans ta, Trans tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha, const T* a, std::int64_t lda,
           const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc) {
@@ -149,19 +163,12 @@ void gemm(Trans ta, Trans tb, std::int64_t m, std::int64_t n, std::int64_t k, T 
     else C *= beta;
     return;
   }
-#if WEFT_HOST_OPENBLAS
-  constexpr std::int64_t kInt = std::numeric_limits<int>::max();  // OpenBLAS's LP64 sizes
-  if (detail::openblas().use && m <= kInt && n <= kInt && k <= kInt && lda <= kInt && ldb <= kInt && ldc <= kInt) {
-    const auto op = [](Trans t) { return t == Trans::yes ? CblasTrans : CblasNoTrans; };
-    const auto i = [](std::int64_t v) { return static_cast<int>(v); };
-    if constexpr (std::is_same_v<T, float>)
-      cblas_sgemm(CblasRowMajor, op(ta), op(tb), i(m), i(n), i(k), alpha, a, i(lda), b, i(ldb), beta, c, i(ldc));
-    else
-      cblas_dgemm(CblasRowMajor, op(ta), op(tb), i(m), i(n), i(k), alpha, a, i(lda), b, i(ldb), beta, c, i(ldc));
-    return;
-  }
-#endif
-  eigen_gemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  // Whole blocks per part; the last part takes the rows past the last whole block too (a part of a
+  // row or two would go to the libraries' matrix-vector path, which sums in another order).
+  split(m, detail::kSplitRows, [&](std::int64_t lo, std::int64_t hi) {
+    const T* ap = ta == Trans::yes ? a + lo : a + lo * lda;  // op(A)'s rows lo..: A's columns when transposed
+    detail::gemm_one(ta, tb, hi - lo, n, k, alpha, ap, lda, b, ldb, beta, c + lo * ldc, ldc);
+  });
 }
 
 }  // namespace weft::host

@@ -110,11 +110,13 @@ void layernorm_forward(T* out, S* mean, S* rstd, const T* x, const T* w, const T
 
 // dx = rstd (dnorm - mean(dnorm) - norm mean(dnorm norm)) with dnorm = dout w;  dw += sum dout norm;
 // db += sum dout (sums over the N rows). With a residual gradient (not null), dx += dresid: the
-// gradient of x + f(layernorm(x)) in one pass.
+// gradient of x + f(layernorm(x)) in one pass. In two parts, so that each can be split for threads
+// without changing a bit: layernorm_backward_dx over rows [n0, n1), layernorm_backward_params over
+// columns [c0, c1) (each column summed over every row, in order).
 template <class T, class S = accumulate_t<T>>
-void layernorm_backward(T* dx, S* dw, S* db, const T* dout, const T* x, const T* w, const S* mean, const S* rstd,
-                        index N, index C, const T* dresid = nullptr) {
-  for (index n = 0; n < N; ++n) {
+void layernorm_backward_dx(T* dx, const T* dout, const T* x, const T* w, const S* mean, const S* rstd, index n0,
+                           index n1, index C, const T* dresid = nullptr) {
+  for (index n = n0; n < n1; ++n) {
     const T* xr = x + n * C;
     const T* dr = dout + n * C;
     S mean_d = row_sum<S>(C, [&](index c) { return widen(dr[c]) * widen(w[c]); });
@@ -126,10 +128,29 @@ void layernorm_backward(T* dx, S* dw, S* db, const T* dout, const T* x, const T*
       const S dnorm = widen(dr[c]) * widen(w[c]);
       const S g = (dnorm - mean_d - norm * mean_dn) * rstd[n];
       dx[n * C + c] = narrow<T>(dresid ? g + widen(dresid[n * C + c]) : g);
+    }
+  }
+}
+
+template <class T, class S = accumulate_t<T>>
+void layernorm_backward_params(S* dw, S* db, const T* dout, const T* x, const S* mean, const S* rstd, index N,
+                               index C, index c0, index c1) {
+  for (index n = 0; n < N; ++n) {
+    const T* xr = x + n * C;
+    const T* dr = dout + n * C;
+    for (index c = c0; c < c1; ++c) {
+      const S norm = (widen(xr[c]) - mean[n]) * rstd[n];
       dw[c] += widen(dr[c]) * norm;
       db[c] += widen(dr[c]);
     }
   }
+}
+
+template <class T, class S = accumulate_t<T>>
+void layernorm_backward(T* dx, S* dw, S* db, const T* dout, const T* x, const T* w, const S* mean, const S* rstd,
+                        index N, index C, const T* dresid = nullptr) {
+  layernorm_backward_dx(dx, dout, x, w, mean, rstd, index{0}, N, C, dresid);
+  layernorm_backward_params(dw, db, dout, x, mean, rstd, N, C, index{0}, C);
 }
 
 // out = gelu(x) (math::gelu, the tanh form). double: std::tanh per element (the oracle). float and
