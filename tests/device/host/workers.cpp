@@ -1,8 +1,9 @@
 // host::Workers and host::set_threads (device/host/workers.hpp): every part runs once, errors come
 // back, nested and concurrent calls run inline; and every op Ops<Host> splits over threads (GEMM,
-// GELU, LayerNorm, attention, cross-entropy, AdamW, the elementwise adds) gives the same bits on 1,
-// 2 and 3 threads, alone and in a whole GPT forward and backward. Reference: one thread, bitwise
-// (the parts are computed exactly as the whole: any difference is a splitting error).
+// GELU, LayerNorm, attention, cross-entropy, AdamW, the gradient norm's sum of squares, the
+// elementwise adds) gives the same bits on 1, 2 and 3 threads, alone and in a whole GPT forward
+// and backward. Reference: one thread, bitwise (the parts are computed exactly as the whole: any
+// difference is a splitting error).
 #include <doctest/doctest.h>
 
 #include <atomic>
@@ -157,6 +158,19 @@ TEST_CASE("Ops<Host> split over threads: the same bits as one thread, op by op")
       for (const auto* v : {&rowmax, &stats}) dlogits.insert(dlogits.end(), v->begin(), v->end());
       return dlogits;
     });
+  }
+  SUBCASE("the sum of squares of several ranges (the gradient norm): blocks of 16384, summed in order") {
+    const auto x = random(90000, 18), y = random(20000, 19);
+    const std::vector<std::pair<const float*, std::int64_t>> pieces{{x.data(), 90000}, {y.data(), 20000}, {x.data() + 7, 5}};
+    same_bits_on_threads("sum_squares_many", [&] {
+      return O::sum_squares_many(dev, std::span<const std::pair<const float*, std::int64_t>>(pieces));
+    });
+    // Against the sum in double, element by element: the blocks only reorder a sum of squares.
+    double ref = 0;
+    for (const auto& [p, n] : pieces)
+      for (std::int64_t i = 0; i < n; ++i) ref += static_cast<double>(p[i]) * static_cast<double>(p[i]);
+    CHECK(O::sum_squares_many(dev, std::span<const std::pair<const float*, std::int64_t>>(pieces)) ==
+          doctest::Approx(ref).epsilon(1e-12));  // 110005 positive terms in double: reordering moves ~1e-13
   }
   SUBCASE("AdamW, one range and several") {
     const auto g = random(70000, 14);

@@ -235,13 +235,22 @@ struct Ops<Host> {
     const host::Timed timed(host::Op::norm);
     return host::sum_squares(x, n);
   }
-  // Several ranges: each range's sum of squares added in order (the same number as summing the
-  // single-range results in order).
+  // Several ranges, each cut into blocks of kElements from its start: every block's sum of squares
+  // (host::sum_squares), then the blocks' sums added in order, ranges in order. The blocks are
+  // fixed by the sizes alone, so the threads that run them do not change the bits.
   template <class T>
   static double sum_squares_many(Host&, std::span<const std::pair<const T*, index>> pieces) {
     const host::Timed timed(host::Op::norm);
+    std::vector<std::pair<const T*, index>> blocks;
+    for (const auto& [p, n] : pieces)
+      for (index lo = 0; lo < n; lo += kElements) blocks.emplace_back(p + lo, std::min(kElements, n - lo));
+    std::vector<double> sums(blocks.size());
+    host::parallel(static_cast<index>(blocks.size()), [&](index b) {
+      const auto& [p, n] = blocks[static_cast<std::size_t>(b)];
+      sums[static_cast<std::size_t>(b)] = host::sum_squares(p, n);
+    });
     double s = 0;
-    for (const auto& [p, n] : pieces) s += host::sum_squares(p, n);
+    for (double x : sums) s += x;
     return s;
   }
   // AdamW over several ranges (Piece in optim/optimizer.hpp: p, g, state {m, v}, n, decay).

@@ -52,6 +52,19 @@ A lane_sum(index n, F f) {
   return lane[0];
 }
 
+// max over x[0, n) (n >= 1) in kLanes lanes: exact in any order, and vectorized.
+inline float lane_max(index n, const float* x) {
+  float lane[kLanes];
+  std::fill(lane, lane + kLanes, -std::numeric_limits<float>::infinity());
+  index i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (index j = 0; j < kLanes; ++j) lane[j] = lane[j] > x[i + j] ? lane[j] : x[i + j];
+  for (index j = 0; i + j < n; ++j) lane[j] = lane[j] > x[i + j] ? lane[j] : x[i + j];
+  float m = lane[0];
+  for (index j = 1; j < kLanes; ++j) m = m > lane[j] ? m : lane[j];
+  return m;
+}
+
 // Elementwise float math on Eigen's packets (its vectorized tanh and exp), in chunks of kChunk
 // elements copied (widened) into aligned buffers, the last chunk padded: every element takes the
 // packet path whatever its address or position, so the same input gives the same bits on every
@@ -277,12 +290,6 @@ void exp_rows(std::vector<float, Eigen::aligned_allocator<float>>& buf, const T*
   b = (b - shift).exp();
 }
 
-// exp(x - shift) over n floats of x in place (through exp_rows).
-inline void exp_shifted(float* x, index n, float shift, std::vector<float, Eigen::aligned_allocator<float>>& buf) {
-  exp_rows(buf, x, n, shift);
-  std::copy(buf.data(), buf.data() + n, x);
-}
-
 // The causal core in float on GEMMs (host::gemm), one (batch, head) at a time, in blocks of kRows
 // query rows: block [i0, i1) needs keys [0, i1) only, so the GEMMs skip most of the masked future
 // (counted: 5/8 of the full products at T = 128 with 32-row blocks). The same maths as the loops of
@@ -304,13 +311,13 @@ inline void attention_forward_gemm(float* out, float* probs, const float* qkv, i
       for (index i0 = 0; i0 < Tn; i0 += kRows) {
         const index i1 = std::min(Tn, i0 + kRows), rows = i1 - i0;
         gemm<float>(Trans::no, Trans::yes, rows, i1, hd, scale, q + i0 * row, row, q + hd, row, 0.0f, P + i0 * Tn, Tn);
-        for (index i = i0; i < i1; ++i) {
+        for (index i = i0; i < i1; ++i) {  // softmax of row i over keys [0, i]: max, exp, sum, scale
           float* p = P + i * Tn;
-          float mx = -std::numeric_limits<float>::infinity();
-          for (index j = 0; j <= i; ++j) mx = std::max(mx, p[j]);
-          exp_shifted(p, i + 1, mx, buf);
-          const float inv = 1.0f / lane_sum<float>(i + 1, [&](index j) { return p[j]; });
-          for (index j = 0; j <= i; ++j) p[j] *= inv;
+          const float mx = lane_max(i + 1, p);
+          exp_rows(buf, p, i + 1, mx);
+          const float* e = buf.data();
+          const float inv = 1.0f / lane_sum<float>(i + 1, [&](index j) { return e[j]; });
+          for (index j = 0; j <= i; ++j) p[j] = e[j] * inv;
           std::fill(p + i + 1, p + Tn, 0.0f);
         }
         gemm<float>(Trans::no, Trans::no, rows, hd, i1, 1.0f, P + i0 * Tn, Tn, q + 2 * hd, row, 0.0f,
