@@ -134,6 +134,25 @@ TEST_CASE_TEMPLATE("collectives match the serial reference on 1 to 8 ranks", T, 
 }
 
 #ifndef WEFT_TEST_MPI  // 8 and 6 ranks, results gathered across ranks in one process
+TEST_CASE_TEMPLATE("all_reduce of slices of several chunks (each rank passes on 64 KiB at a time)", T, float, double,
+                   bf16) {
+  const std::int64_t count = 70001;  // on 2 to 4 ranks, each rank's slice is 2 to 9 chunks
+  for (int n = 2; n <= 4; ++n) {
+    if (!test::runs(n)) continue;
+    std::vector<int> wrong(static_cast<std::size_t>(n), 0);
+    test::run_ranks(n, [&](test::World& c) {
+      for (ReduceOp op : {ReduceOp::sum, ReduceOp::max}) {
+        std::vector<T> buf(static_cast<std::size_t>(count));
+        for (std::int64_t i = 0; i < count; ++i) buf[static_cast<std::size_t>(i)] = value<T>(c.rank(), i, 99);
+        c.all_reduce(std::span<T>(buf), op);
+        for (std::int64_t i = 0; i < count; ++i)
+          wrong[static_cast<std::size_t>(c.rank())] += !same(buf[static_cast<std::size_t>(i)], reference<T>(n, i, 99, op));
+      }
+    });
+    CHECK_MESSAGE(wrong == std::vector<int>(static_cast<std::size_t>(n), 0), n, " ranks");
+  }
+}
+
 TEST_CASE("all_reduce of bf16 accumulates in float and rounds once") {
   // Rank 0 holds 1, ranks 1..7 hold 2^-9 (a quarter of bf16's spacing at 1). Added in bf16 every
   // partial sum would round back to 1; accumulated in float the sum is 1 + 7 2^-9, which rounds

@@ -16,6 +16,7 @@
 
 #include <cuda_bf16.h>
 
+#include <limits>
 #include <memory>
 
 #include "weft/comm/threads/memory.hpp"
@@ -62,6 +63,11 @@ class CudaMemory final : public Memory {
     if (!bytes) return;
     dev_->copy(dst, src, bytes);
     dev_->synchronize();
+  }
+
+  // A device buffer's slice in one piece: each reduce launches a kernel and each copy waits for it.
+  std::size_t chunk_bytes(const void* buffer) const override {
+    return on_device(buffer) ? std::numeric_limits<std::size_t>::max() / 2 : Memory::chunk_bytes(buffer);
   }
 
   bool reduce(void* out, const void* const* ins, int n, std::int64_t lo, std::int64_t hi, ReduceOp op, DType t,

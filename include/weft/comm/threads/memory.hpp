@@ -11,6 +11,7 @@
 // This header is plain C++20.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 
@@ -27,6 +28,9 @@ class Memory {
   virtual void copy(void* dst, const void* src, std::size_t bytes) {
     if (bytes) std::memcpy(dst, src, bytes);
   }
+  // How many bytes of `buffer` an all-reduce reduces and passes on at a time: a cache-sized chunk
+  // for host memory, so the copies read what the reduction just wrote.
+  virtual std::size_t chunk_bytes(const void* /*buffer*/) const { return std::size_t{64} << 10; }
   // out[i - offset] = op over ranks 0 .. n-1 in order of ins[r][i], for i in [lo, hi), elements of
   // type t (bf16 accumulated in float). Returns false when the buffers are host memory, which the
   // communicator then reduces itself.

@@ -7,9 +7,10 @@
 // order 0, 1, ..., n-1 for every element, whichever thread computes it, so results are bitwise
 // identical across ranks and across runs; bf16 accumulates in float and rounds once.
 //
-// all_reduce is a reduce-scatter followed by an all-gather in place: rank r reduces elements
-// [r*count/n, (r+1)*count/n) into its own buffer, then every rank copies the other chunks from
-// their owners. Counts need not divide by the group size.
+// all_reduce is a reduce-scatter fused with an all-gather, in place: rank r owns elements
+// [r*count/n, (r+1)*count/n), reduces them chunk by chunk into its own buffer and copies each chunk
+// from there into every other rank's buffer while it is still in cache. No other rank touches that
+// slice of any buffer, so no phase separates the two. Counts need not divide by the group size.
 //
 // A collective that fails (bad arguments, a mismatch, a deadline, a failed rank) throws weft::Error
 // on every rank of the world: an error in a collective is fatal to the whole run. Failure can only
@@ -53,16 +54,22 @@ class ThreadComm {
   template <Element T>
   void all_reduce(std::span<T> buf, ReduceOp op = ReduceOp::sum) {
     Desc d{Op::all_reduce, dtype_of<T>, size_of(buf), size_of(buf), op, 0, buf.data(), buf.data()};
-    collective(d, [&](const std::vector<Desc>& all, std::uint64_t seq) {
+    collective(d, [&](const std::vector<Desc>& all, std::uint64_t) {
       const int n = size();
       const std::int64_t count = d.in_count;
       auto lo = [&](int r) { return count * r / n; };
-      reduce_into(buf.data(), inputs<T>(all), lo(me_), lo(me_ + 1), op, 0);
-      barrier_phase(seq, 2, d.op);
-      for (int r = 0; r < n; ++r)
-        if (r != me_ && lo(r + 1) > lo(r))
-          mem_->copy(buf.data() + lo(r), static_cast<const T*>(all[static_cast<std::size_t>(r)].in) + lo(r),
-                      static_cast<std::size_t>(lo(r + 1) - lo(r)) * sizeof(T));
+      // Only this rank reads or writes its slice of any rank's buffer: it reduces a chunk of the
+      // slice into its own buffer and copies it from there, still in cache, into the others'.
+      const std::vector<const T*> ins = inputs<T>(all);
+      const std::int64_t chunk = std::max<std::int64_t>(1, static_cast<std::int64_t>(mem_->chunk_bytes(buf.data()) / sizeof(T)));
+      for (std::int64_t c0 = lo(me_); c0 < lo(me_ + 1); c0 += std::min(chunk, lo(me_ + 1) - c0)) {
+        const std::int64_t c1 = c0 + std::min(chunk, lo(me_ + 1) - c0);
+        reduce_into(buf.data(), ins, c0, c1, op, 0);
+        for (int r = 0; r < n; ++r)
+          if (r != me_)
+            mem_->copy(static_cast<T*>(all[static_cast<std::size_t>(r)].out) + c0, buf.data() + c0,
+                       static_cast<std::size_t>(c1 - c0) * sizeof(T));
+      }
     });
   }
 
@@ -323,10 +330,6 @@ class ThreadComm {
       slot.progress = before;
       throw;
     }
-  }
-  void barrier_phase(std::uint64_t seq, int phase, Op op) {
-    std::unique_lock lock(world_->mutex());
-    reach(lock, seq, phase, op);
   }
 
   // The collective protocol: arrival, check, body(descriptors, seq), departure.

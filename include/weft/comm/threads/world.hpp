@@ -5,8 +5,7 @@
 //   and to check the others'; data moves outside it. With at most a few dozen thread ranks the
 //   contention is negligible, and one lock makes failure propagation and deadlock detection simple:
 //   whoever fails sets `abort_` and wakes everyone.
-// - A rank's progress in a group is one counter, 4 * seq + phase (phase 1 arrived, 2 reduced,
-//   3 departed). A barrier at (seq, phase) waits until every member's counter reaches it, so a fast
+// - A rank's progress in a group is one counter, 4 * seq + phase (phase 1 arrived, 3 departed). A barrier at (seq, phase) waits until every member's counter reaches it, so a fast
 //   rank never overwrites a descriptor a slow rank still reads.
 // - Every wait has a deadline. It also ends early when (a) any rank has failed, (b) a rank it waits
 //   for has returned from its function, or (c) the ranks form a wait-for cycle (each waits for the
