@@ -75,19 +75,14 @@ class HostAllocator final : public Releaser {
   static std::size_t round_up(std::int64_t bytes) noexcept {
     return (static_cast<std::size_t>(bytes) + alignment - 1) / alignment * alignment;
   }
-  // Marks a cached block unusable (and usable again) for AddressSanitizer; nothing without it.
-  static void poison(void* p, std::size_t n) noexcept {
+  // Marks a cached block unusable (usable = false) or usable again for AddressSanitizer; nothing
+  // without it.
+  static void mark(void* p, std::size_t n, bool usable) noexcept {
 #if defined(__SANITIZE_ADDRESS__)
-    ASAN_POISON_MEMORY_REGION(p, n);
+    if (usable) ASAN_UNPOISON_MEMORY_REGION(p, n);
+    else ASAN_POISON_MEMORY_REGION(p, n);
 #else
-    (void)p, (void)n;
-#endif
-  }
-  static void unpoison(void* p, std::size_t n) noexcept {
-#if defined(__SANITIZE_ADDRESS__)
-    ASAN_UNPOISON_MEMORY_REGION(p, n);
-#else
-    (void)p, (void)n;
+    (void)p, (void)n, (void)usable;
 #endif
   }
 
@@ -97,7 +92,7 @@ class HostAllocator final : public Releaser {
     void* p = it->second.back();
     it->second.pop_back();
     cached_ -= rounded;
-    unpoison(p, rounded);
+    mark(p, rounded, true);
     return p;
   }
   // Frees cached blocks until in_use (after a request) + cached <= max(high water, in_use), or
@@ -105,7 +100,7 @@ class HostAllocator final : public Releaser {
   void trim(std::size_t in_use) noexcept {
     for (auto& [size, blocks] : cache_)
       while (!blocks.empty() && (in_use == 0 || in_use + cached_ > std::max(high_water_, in_use))) {
-        unpoison(blocks.back(), size);
+        mark(blocks.back(), size, true);
         ::operator delete(blocks.back(), std::align_val_t{alignment});
         blocks.pop_back();
         cached_ -= size;
@@ -120,7 +115,7 @@ class HostAllocator final : public Releaser {
       try {
         cache_[rounded].push_back(p);
         cached_ += rounded;
-        poison(p, rounded);
+        mark(p, rounded, false);
         return;
       } catch (...) {  // no memory for the list: free the block instead
       }
