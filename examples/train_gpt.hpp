@@ -20,6 +20,7 @@
 #include <weft/plan/memory.hpp>
 #include <weft/nn/describe.hpp>
 #include <weft/train/metrics.hpp>
+#include <weft/train/stop.hpp>
 #include <weft/version.hpp>
 #ifdef WEFT_ENABLE_MPI
 #include <weft/comm/mpi/mpi_comm.hpp>
@@ -27,6 +28,7 @@
 
 #include <sched.h>
 #include <signal.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -125,8 +127,9 @@ struct HeldOut {
 };
 
 // SIGINT, SIGTERM and SIGUSR1: the first asks the run to stop after the current step (every rank at
-// the same step: the flag travels in the step's all-reduce), writing a checkpoint when --save-dir
-// is set; a second ends the process at once. Installed by main. Under mpirun only SIGUSR1 is: mpirun
+// the same step: the flag travels in the step's all-reduce), or part-way through it when steps take
+// over half a second (train/stop.hpp: polled about every 0.25 s, the step abandoned on every rank at
+// the same point), writing a checkpoint when --save-dir is set; a second ends the process at once. Installed by main. Under mpirun only SIGUSR1 is: mpirun
 // answers SIGINT and SIGTERM by sending SIGTERM to every rank and killing the job moments later
 // (mpi::Session turns that SIGTERM into an error on every rank), but forwards SIGUSR1 and lets the
 // job run on, so `kill -USR1 <mpirun>` is the clean stop there.
@@ -135,13 +138,23 @@ inline std::atomic<int>& stop_requested() {
   return signal;
 }
 
+// When the first signal came (CLOCK_MONOTONIC nanoseconds, steady_clock's on Linux).
+inline std::atomic<std::int64_t>& stop_time_ns() {
+  static std::atomic<std::int64_t> ns{0};
+  return ns;
+}
+
 inline void on_stop_signal(int sig) {
   if (stop_requested().exchange(sig) != 0) {
     ::signal(sig, SIG_DFL);
     ::raise(sig);
     return;
   }
-  static const char line[] = "train_gpt: stopping after this step (a second signal stops at once)\n";
+  timespec now{};
+  ::clock_gettime(CLOCK_MONOTONIC, &now);  // async-signal-safe
+  stop_time_ns().store(static_cast<std::int64_t>(now.tv_sec) * 1000000000 + now.tv_nsec);
+  static const char line[] =
+      "train_gpt: stopping after this step, or within a second if it is long (a second signal stops at once)\n";
   (void)!::write(2, line, sizeof line - 1);
 }
 
@@ -304,10 +317,11 @@ int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus, cons
     }
     if (pp && trace) pp->set_trace(trace.get(), world.rank());
     // One micro-batch forward and backward; last: the last one before the step (DDP reduces then).
+    // `protocol`: dp, or dp polled for a stop request (train::Polled).
     auto micro_batch = [&](const std::vector<std::int32_t>& xs, const std::vector<std::int32_t>& ys, double scale,
-                           bool last) {
+                           bool last, auto& protocol) {
       auto ctx = gpt.context({xs, ys, micro, scale});
-      return pipeline::forward_backward(gpt, ctx, mesh, dp, last);
+      return pipeline::forward_backward(gpt, ctx, mesh, protocol, last);
     };
     // The forward alone, keeping nothing for backward (evaluation, sampling).
     auto evaluate_one = [&](const std::vector<std::int32_t>& xs, const std::vector<std::int32_t>& ys) {
@@ -390,10 +404,17 @@ int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus, cons
     const auto start = std::chrono::steady_clock::now();
     std::int64_t step_peak_max = 0;  // the largest step peak of every rank (peak_bytes resets each step)
     bool ended = false;  // stopped by a signal, or diverged: the same step on every rank
+    // A long step is polled for a stop request part-way (train/stop.hpp), spaced by the previous
+    // step's time (the largest rank's, agreed below) and its points.
+    train::StopPoints points;
+    double previous_seconds = -1;
+    std::int64_t last_saved = first_step;  // the step of the newest checkpoint (or where the run began)
     for (std::int64_t step = first_step; step < o.steps; ++step) {
       const auto t0 = std::chrono::steady_clock::now();
       dp.zero_grad();
       dev->reset_peak();  // peak_bytes: this step's (the plan's step peak, weft/plan/step.hpp)
+      points.begin_step(previous_seconds, points.counted());
+      const std::int64_t position = loader.position();  // where an abandoned step's data began
       double loss = 0;
       if (pp) {  // the schedule runs every micro-batch of the step
         std::vector<std::vector<std::int32_t>> xs(static_cast<std::size_t>(accum)), ys(xs.size());
@@ -404,10 +425,47 @@ int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus, cons
         }
         loss = pp->run(mbs, dp);
       } else {
-        for (std::int64_t a = 0; a < accum; ++a) {
-          loader.next(x, y);
-          const pipeline::Trace::Scope traced(trace.get(), world.rank(), "forward+backward", "compute", -1, static_cast<int>(a));
-          loss += micro_batch(x, y, 1.0 / static_cast<double>(accum), a + 1 == accum) / static_cast<double>(accum);
+        train::Polled polled(dp, world, stop_requested(), points);
+        int abandoned = 0;
+        try {
+          for (std::int64_t a = 0; a < accum; ++a) {
+            loader.next(x, y);
+            const pipeline::Trace::Scope traced(trace.get(), world.rank(), "forward+backward", "compute", -1, static_cast<int>(a));
+            loss += micro_batch(x, y, 1.0 / static_cast<double>(accum), a + 1 == accum, polled) / static_cast<double>(accum);
+          }
+        } catch (const train::Abandoned& stop) {
+          abandoned = stop.signal;  // every rank, at the same point
+        }
+        if (abandoned != 0) {
+          dev->synchronize();
+          const double after = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count() -
+                               static_cast<double>(stop_time_ns().load()) * 1e-9;
+          // The weights are step `step`'s: saved with the data position the abandoned step began at,
+          // unless that checkpoint exists (or no step ran).
+          const bool save_now = !o.save_dir.empty() && step > last_saved;
+          with_saver([&](auto& saver) {
+            if (save_now)
+              saver.save(gpt, dp, mesh, {.step = step, .loader_position = position, .seed = o.seed,
+                                         .extra = {{"strategy", o.strategy}, {"dtype", o.dtype}, {"schedule", schedule_json}}});
+          });
+          ended = true;
+          if (world.rank() == 0 || launch.kind != Launcher::threads) {
+            outcome = Outcome::stopped;
+            end_signal = abandoned;
+            end_step = step;
+          }
+          if (lead) {
+            const bool timed = stop_time_ns().load() != 0;  // this process saw the signal itself
+            std::printf("abandoned step %lld on %s%s\n", static_cast<long long>(step + 1), signal_name(abandoned),
+                        timed ? cat(", ", std::round(after * 1000) / 1000, " s after it").c_str() : "");
+            std::fflush(stdout);
+            if (log.is_open()) {
+              nlohmann::json last{{"step", step}, {"stopped", signal_name(abandoned)}, {"abandoned_step", step + 1}};
+              if (timed) last["abandoned_after_s"] = after;
+              log << last.dump() << std::endl;
+            }
+          }
+          break;
         }
       }
       const double lr = schedule.lr(step);
@@ -422,9 +480,11 @@ int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus, cons
       const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       // One all-reduce (max) agrees on the step's peak bytes, a stop signal seen by any rank, and a
       // loss that is not finite: every rank then stops after the same step.
-      std::vector<std::int64_t> agreed{dev->memory().total_peak, stop_requested().load(), std::isfinite(loss) ? 0 : 1};
+      std::vector<std::int64_t> agreed{dev->memory().total_peak, stop_requested().load(), std::isfinite(loss) ? 0 : 1,
+                                       static_cast<std::int64_t>(dt * 1e6)};
       world.all_reduce(std::span<std::int64_t>(agreed), ReduceOp::max);
       const std::int64_t peak_bytes = agreed[0];
+      previous_seconds = static_cast<double>(agreed[3]) * 1e-6;  // the slowest rank's step
       step_peak_max = std::max(step_peak_max, peak_bytes);
       const int stop = static_cast<int>(agreed[1]);
       const bool diverged = agreed[2] != 0;
@@ -438,6 +498,7 @@ int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus, cons
           const auto s0 = std::chrono::steady_clock::now();
           saver.save(gpt, dp, mesh, {.step = step + 1, .loader_position = loader.position(), .seed = o.seed,
                                      .extra = {{"strategy", o.strategy}, {"dtype", o.dtype}, {"schedule", schedule_json}}});
+          last_saved = step + 1;
           const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
           if (lead)
             std::printf("checkpoint: step %lld %s %s (training waited %.2f s)\n", static_cast<long long>(step + 1),

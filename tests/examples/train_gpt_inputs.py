@@ -9,11 +9,13 @@
    for a loaded CI machine, and a hang (a FIFO read, a divisor loop) fails it.
 2. SIGINT, SIGTERM and SIGUSR1 to a running trainer: it finishes the step, writes the last record
    and a line saying why it stopped, saves a checkpoint that resumes at the next step, and exits
-   128 + the signal; a second signal ends it at once (killed by the signal, no final line).
+   128 + the signal; a long step is abandoned part-way within a second, its checkpoint the last
+   finished step's (resumed: the uninterrupted run's losses, bit for bit); a second signal ends it at
+   once (killed by the signal, no final line).
 3. --plan: exits 0 at once, and the step peak it prints is within 5% of the peak bytes the run then
    logs for each step (DDP, and FSDP with SP).
 """
-import json, os, signal, struct, subprocess, sys, tempfile, time
+import json, os, re, signal, struct, subprocess, sys, tempfile, time
 
 bin_ = sys.argv[1]
 work = tempfile.mkdtemp(prefix="weft_inputs_")
@@ -146,8 +148,13 @@ for sig, name in ((signal.SIGINT, "SIGINT"), (signal.SIGTERM, "SIGTERM"), (signa
     lines = text.split("\n")
     records = [json.loads(l) for l in lines if l]  # every line complete JSON
     last_step = records[-2]["step"] if len(records) >= 2 else None
-    ok = (p.returncode == 128 + sig and text.endswith("\n") and records[-1] == {"step": last_step, "stopped": name}
-          and f"stopped by {name} after step {last_step}" in out)
+    # A step this short usually finishes; if the machine is slow enough that steps take over 0.5 s,
+    # the next one is polled and may be abandoned part-way (the final line then says which).
+    final = dict(records[-1])
+    abandoned = final.pop("abandoned_step", None)
+    final.pop("abandoned_after_s", None)
+    ok = (p.returncode == 128 + sig and text.endswith("\n") and final == {"step": last_step, "stopped": name}
+          and abandoned in (None, last_step + 1) and f"stopped by {name} after step {last_step}" in out)
     # The checkpoint is the stopped step's, and a resumed run goes on from the next one (SIGUSR1 takes
     # the same path; its resume is not run again).
     if ok and sig != signal.SIGUSR1:
@@ -164,10 +171,52 @@ for sig, name in ((signal.SIGINT, "SIGINT"), (signal.SIGTERM, "SIGTERM"), (signa
         print(f"{name}: stopped after step {last_step} with exit {p.returncode}, {len(records)} complete log lines, "
               f"the last {records[-1]}" + ("" if sig == signal.SIGUSR1 else f"; its checkpoint resumed at step {last_step + 1}"))
 
-# A second signal ends the run at once: both land in the first step, which takes seconds at this
-# size (about 10 s under ASan), and the process must be gone within 5 s of the second.
+# A long step is abandoned part-way, on every rank at the same point, within a second of the signal
+# (train/stop.hpp: polled about every 0.25 s). Steps of this size take about 2 s under ASan (data 2
+# x tensor 2, 4 micro-batches). The checkpoint is the last finished step's, with the data position
+# the abandoned step began at: resumed, it gives the uninterrupted run's losses to the last bit.
+long_args = ["--width", "128", "--seq", "128", "--batch", "32", "--micro-batch", "8", "--steps", "3", "--eval-every", "0"]
+full = os.path.join(work, "long_full.jsonl")
+subprocess.run([bin_, *long_args, "--log", full], capture_output=True, text=True, env=env, timeout=300)
+reference = [json.loads(l)["loss"] for l in open(full) if '"loss"' in l] if os.path.exists(full) else []
+log = os.path.join(work, "long.jsonl")
+p = subprocess.Popen([bin_, *long_args, "--save-dir", save + "long", "--log", log],
+                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+if wait_for_records(log, 1, p):
+    time.sleep(0.3)  # inside step 2
+    t0 = time.monotonic()
+    p.send_signal(signal.SIGINT)
+    try:
+        out, _ = p.communicate(timeout=60)
+        exited = time.monotonic() - t0
+        text = open(log).read()
+        records = [json.loads(l) for l in text.split("\n") if l]
+        m = re.search(r"abandoned step 2 on SIGINT, ([0-9.]+) s after it", out)
+        after = float(m.group(1)) if m else float("inf")
+        r = subprocess.run([bin_, *long_args, "--save-dir", save + "long", "--resume", "latest", "--log", log + ".resumed"],
+                           capture_output=True, text=True, env=env, timeout=300)
+        resumed = [json.loads(l)["loss"] for l in open(log + ".resumed") if '"loss"' in l] if r.returncode == 0 else []
+        if (p.returncode == 130 and after < 1.0 and text.endswith("\n") and len(records) == 2
+                and {k: records[-1][k] for k in ("step", "stopped", "abandoned_step")} == {"step": 1, "stopped": "SIGINT", "abandoned_step": 2}
+                and "stopped by SIGINT after step 1 of 3" in out and len(reference) == 3 and resumed == reference[1:]):
+            print(f"a long step: abandoned {after:.3f} s after SIGINT (the trainer's clock; "
+                  f"{exited:.2f} s to exit, the checkpoint included); resumed, steps 2 and 3 "
+                  f"equal the uninterrupted run's losses {reference[1:]}")
+        else:
+            failures += 1
+            print(f"FAIL: a long step: exit {p.returncode}, abandoned after {after} s, log {text[-300:]!r}, "
+                  f"printed {out[-500:]!r}; resumed {resumed} against {reference}")
+    except subprocess.TimeoutExpired:
+        p.kill(); failures += 1; print("FAIL: a long step: still running 60 s after SIGINT")
+else:
+    p.kill(); failures += 1; print("FAIL: a long step: the run did not log its first step")
+
+# A second signal ends the run at once: both land in the first step of a pipelined run (whose steps
+# are not polled: they finish, about 4 s each under ASan at this size), and the process must be gone
+# within 5 s of the second.
 log = os.path.join(work, "twice.jsonl")
-p = subprocess.Popen([bin_, "--steps", "100000", "--eval-every", "0", "--width", "128", "--seq", "128", "--log", log],
+p = subprocess.Popen([bin_, "--steps", "100000", "--eval-every", "0", "--width", "128", "--seq", "128", "--batch", "64",
+                      "--micro-batch", "16", "--data", "1", "--tensor", "1", "--pipe", "2", "--log", log],
                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
 header = ""
 for line in p.stdout:  # the header is printed (and flushed) before the first step
@@ -193,7 +242,6 @@ else:
 # The plan against a run: the step peak --plan prints (replayed from the types: weft/plan/step.hpp)
 # against the peak_bytes the run logs for each step (the largest rank's), for DDP and FSDP with SP.
 # The target is 5%; tests/plan/step.cpp checks every category of every layout exactly.
-import re
 for strategy in ("ddp", "fsdp-sp"):  # the replicated and the fully sharded layout; every layout exactly in tests/plan
     args = ["--strategy", strategy, "--steps", "2", "--eval-every", "0", "--dtype", "f32"]
     t0 = time.monotonic()
