@@ -52,7 +52,7 @@ double host_available_bytes() {
 }
 
 // Refuses (exit 2) a configuration whose ranks in this process need more than the device has,
-// from the plan's step peak (exact for one pipe rank on the host; else a lower bound), before
+// from the plan's step peak (exact on the host; on the GPU an estimated workspace on top), before
 // anything is allocated.
 void check_fits(const Options& o, const nn::GptConfig& cfg, const std::string& device, const Launch& launch) {
   const std::string fix = "use a smaller model, batch or micro-batch, more tensor or pipeline ranks, or a sharded strategy "
@@ -110,13 +110,16 @@ int print_plan(const Options& o, const nn::GptConfig& cfg, const std::string& de
                 cat(bound, at(Category::activations)).c_str(), at(Category::communication).c_str(),
                 cat(bound, mib(static_cast<double>(p.total))).c_str());
   }
-  if (plan[0].exact)
+  if (plan[0].exact) {
     std::printf("(per rank: each category's peak during a training step, and the peak of their sum, replayed from the "
-                "types and sizes: the host allocator's counts; persistent state %s; step peak %lld bytes)\n",
-                mib(static_cast<double>(plan[0].state.total())).c_str(), static_cast<long long>(plan[0].total));
-  else if (o.pipe > 1)
-    std::printf("(per rank: the state exact; activations a lower bound: the residual stream per block and the logits; "
-                "pipeline schedules are not replayed)\n");
+                "types and sizes%s: the host allocator's counts; persistent state %s; step peak %lld bytes%s",
+                o.pipe > 1 ? cat(" and the ", o.schedule, " schedule's table").c_str() : "",
+                mib(static_cast<double>(plan[0].state.total())).c_str(), static_cast<long long>(plan[0].total),
+                o.pipe > 1 ? " on pipe rank 0" : "");
+    for (std::size_t r = 1; r < plan.size(); ++r)
+      std::printf("; pipe rank %d: %lld bytes", plan[r].pipe_rank, static_cast<long long>(plan[r].total));
+    std::printf(")\n");
+  }
   else
     std::printf("(per rank: the step replayed as the host allocator counts it, plus an estimate of the CUDA workspace "
                 "(cuBLASLt's, the attention scores) in the step peak; step peak %lld bytes)\n",

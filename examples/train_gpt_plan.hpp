@@ -1,6 +1,7 @@
 // train_gpt's memory plan: per pipe rank, the persistent state (weft/plan/memory.hpp, exact) and the
-// peak of a step (weft/plan/step.hpp: exact for one pipe rank on the host; otherwise the state plus
-// a lower bound of the activations). Host code only: the CUDA translation unit does not include it.
+// peak of a step (weft/plan/step.hpp: replayed, with the pipeline schedule's table when --pipe > 1;
+// exact on the host, plus an estimate of the CUDA workspace on the GPU). Host code only: the CUDA
+// translation unit does not include it.
 #pragma once
 
 #include <weft/plan/host_rates.hpp>
@@ -17,33 +18,27 @@ struct RankPlan {
   footprint::Memory state;  // before the first step
   footprint::Memory peak;   // each category's peak during a step
   std::int64_t total = 0;   // the peak of their sum
-  bool exact = false;       // the step replayed (pipe 1, host); else activations are a lower bound
+  bool exact = false;       // on the host: the allocator's counts; on the GPU, plus an estimated workspace
 };
 
 template <class Strategy, bool SP, class P>
 std::vector<RankPlan> plan_ranks(const Options& o, const nn::GptConfig& c, bool host) {
-  using T = typename precision_t<P>::compute;
   const Spread s{.data_degree = o.data, .tensor_degree = o.tensor};
   const std::int64_t micro = o.micro_batch > 0 ? o.micro_batch : o.batch;
+  // On the GPU: the CUDA back end's workspace on top (an estimate, not replayed).
+  const std::int64_t extra = host ? 0 : footprint::cuda_workspace(c, s, micro);
   std::vector<RankPlan> out;
   if (o.pipe == 1) {
     const auto step = footprint::step<Strategy, P, SP>(c, s, micro, o.batch / micro);
-    // On the GPU: the CUDA back end's workspace on top (an estimate, not replayed).
-    const std::int64_t extra = host ? 0 : footprint::cuda_workspace(c, s, micro);
     out.push_back({0, step.after, step.peak, step.total + extra, host});
     return out;
   }
+  // main checked the partition and the table
+  const pipeline::Table table =
+      pipeline::make_table(schedule_kind(o.schedule), o.pipe, static_cast<int>(o.batch / micro), o.virtual_stages);
   for (int r = 0; r < o.pipe; ++r) {
-    const auto holds = footprint::Holds::even(c, o.pipe, r);  // main checked the partition
-    RankPlan p{r, footprint::persistent<Strategy, P>(c, s, holds), {}, 0, false};
-    // The residual stream each block keeps for the backward, and the logits on the head's rank.
-    const std::int64_t e = sizeof(T), rows = micro / o.data * c.seq;
-    const std::int64_t act = rows * c.width / o.tensor * e * holds.blocks +
-                             (holds.head ? rows * nn::padded_vocab(c.vocab, o.tensor) / o.tensor * e : 0);
-    p.peak = p.state;
-    p.peak.bytes[static_cast<std::size_t>(Category::activations)] += act;
-    p.total = p.state.total() + act;
-    out.push_back(p);
+    const auto step = footprint::pipeline_step<Strategy, P, SP>(c, s, micro, table, r);
+    out.push_back({r, step.after, step.peak, step.total + extra, host});
   }
   return out;
 }

@@ -240,18 +240,23 @@ else:
     p.kill(); failures += 1; print("FAIL: two SIGINTs: no header line")
 
 # The plan against a run: the step peak --plan prints (replayed from the types: weft/plan/step.hpp)
-# against the peak_bytes the run logs for each step (the largest rank's), for DDP and FSDP with SP.
+# against the peak_bytes the run logs for each step (the largest rank's), for DDP and FSDP with SP,
+# and pipelines (ZB-H1 with ZeRO-2; interleaved with FSDP and SP).
 # The target is 5%; tests/plan/step.cpp checks every category of every layout exactly.
-for strategy in ("ddp", "fsdp-sp"):  # the replicated and the fully sharded layout; every layout exactly in tests/plan
-    args = ["--strategy", strategy, "--steps", "2", "--eval-every", "0", "--dtype", "f32"]
+# With --pipe, the plan replays the schedule's table on every pipe rank; the run logs the largest.
+pipelined = ["--pipe", "2", "--data", "1", "--tensor", "2", "--batch", "8", "--micro-batch", "2"]
+for case, (strategy, more) in enumerate((("ddp", []), ("fsdp-sp", []), ("zero2", pipelined + ["--schedule", "zb"]),
+                       ("fsdp-sp", pipelined + ["--schedule", "interleaved", "--virtual-stages", "2", "--layers", "4"]))):
+    args = ["--strategy", strategy, "--steps", "2", "--eval-every", "0", "--dtype", "f32", *more]
+    strategy = " ".join([strategy, *more])
     t0 = time.monotonic()
     p = subprocess.run([bin_, "--plan", *args], capture_output=True, text=True, env=env, timeout=60)
     took = time.monotonic() - t0
-    m = re.search(r"step peak (\d+) bytes", p.stdout)
-    log = os.path.join(work, f"plan_{strategy}.jsonl")
+    totals = [int(x) for x in re.findall(r"(?:step peak|pipe rank \d+:) (\d+) bytes", p.stdout)]
+    log = os.path.join(work, f"plan_{case}.jsonl")
     r = subprocess.run([bin_, *args, "--log", log], capture_output=True, text=True, env=env, timeout=300)
     peaks = [json.loads(l)["peak_bytes"] for l in open(log) if '"peak_bytes"' in l] if r.returncode == 0 else []
-    planned = int(m.group(1)) if m else -1
+    planned = max(totals) if totals else -1
     off = max(abs(x - planned) / planned for x in peaks) if peaks and planned > 0 else float("inf")
     if p.returncode != 0 or took > 20 or off > 0.05:
         failures += 1

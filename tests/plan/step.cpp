@@ -14,6 +14,7 @@
 #include "weft/comm/threads/run.hpp"
 #include "weft/device/host/host.hpp"
 #include "weft/pipeline/executor.hpp"
+#include "weft/pipeline/pipelined.hpp"
 #include "weft/plan/step.hpp"
 
 using namespace weft;
@@ -111,6 +112,105 @@ TEST_CASE("the plan's step peaks equal the allocator's under selective and full 
   check<optim::Zero2, float, false, recompute::Selective>(kSmall, {.data = 1, .tensor = 2}, 2);
   check<optim::Fsdp, float, true, recompute::Full>(kSmall, {.data = 2, .tensor = 2}, 4);
   check<optim::Ddp, double, false, recompute::Full>(kSmall, {.data = 1, .tensor = 1}, 1);
+}
+
+// Pipelines: footprint::pipeline_step against the allocator on every pipe rank, for every schedule
+// and every data strategy; sends, receives, each micro-batch's context and, for ZB-H1, the deferred
+// weight gradients. Exact, as above.
+namespace {
+
+template <class Strategy, class P, bool SP, class R = recompute::None>
+void check_pipeline(const nn::GptConfig& c, MeshShape shape, pipeline::Kind kind, int v, std::int64_t micro, int m) {
+  const int ranks = shape.data * shape.pipe * shape.tensor;
+  const pipeline::Table table = pipeline::make_table(kind, shape.pipe, m, v);
+  std::vector<Measured> got(static_cast<std::size_t>(ranks));
+  std::vector<int> pipe_rank(static_cast<std::size_t>(ranks));
+  run_threads(ranks, [&](ThreadComm& w) {
+    Mesh mesh{w, shape};
+    Host host;
+    using Model = nn::Gpt<P, SP, R>;
+    const auto part = pipeline::Partition::even(shape.pipe, v, c.layers);
+    Model gpt(host, c, mesh.spread(), micro, part.placement(mesh.coord().pipe));
+    auto dp = optim::data_parallel<Strategy>(gpt, optim::AdamW{}, mesh);
+    pipeline::Pipeline<Model, decltype(mesh)> pp(gpt, table, part, mesh);
+    const std::int64_t n = micro / shape.data * c.seq;
+    std::vector<std::int32_t> x(static_cast<std::size_t>(n)), y(x.size());
+    for (std::int64_t i = 0; i < n; ++i) {
+      x[static_cast<std::size_t>(i)] = static_cast<std::int32_t>((i * 7 + mesh.coord().data) % c.vocab);
+      y[static_cast<std::size_t>(i)] = static_cast<std::int32_t>((i * 3 + 1) % c.vocab);
+    }
+    const std::vector<nn::MicroBatch> mbs(static_cast<std::size_t>(m), nn::MicroBatch{x, y, micro, 1.0 / m});
+    Measured& r = got[static_cast<std::size_t>(w.rank())];
+    pipe_rank[static_cast<std::size_t>(w.rank())] = mesh.coord().pipe;
+    for (std::size_t s = 0; s < 2; ++s) {
+      const MemoryStats before = host.memory();
+      host.reset_peak();
+      dp.zero_grad();
+      pp.run(mbs, dp);
+      dp.step(1e-3, 1.0);
+      for (std::size_t k = 0; k < kCategories; ++k) r.allocated[s][k] = host.memory().allocated[k] - before.allocated[k];
+      r.allocations[s] = host.memory().allocations - before.allocations;
+      if (s > 0) continue;
+      for (std::size_t k = 0; k < kCategories; ++k) {
+        r.peak[k] = host.memory().peak[k];
+        r.after[k] = host.memory().current[k];
+      }
+      r.total = host.memory().total_peak;
+    }
+    const auto plan = footprint::pipeline_step<Strategy, P, SP, R>(c, mesh.spread(), micro, table, mesh.coord().pipe);
+    for (std::size_t k = 0; k < kCategories; ++k) {
+      r.planned[k] = plan.peak.bytes[k];
+      r.planned_after[k] = plan.after.bytes[k];
+      r.planned_allocated[k] = plan.allocated.bytes[k];
+    }
+    r.planned_total = plan.total;
+    r.planned_allocations = plan.allocations;
+  });
+  for (int rank = 0; rank < ranks; ++rank) {
+    const Measured& r = got[static_cast<std::size_t>(rank)];
+    INFO(Strategy::name(), SP ? "-sp " : " ", precision_t<P>::name(), " schedule ", static_cast<int>(kind), " pipe ",
+         shape.pipe, " x ", v, " data ", shape.data, " tensor ", shape.tensor, " micro ", micro, " x ", m, " rank ", rank,
+         " (pipe rank ", pipe_rank[static_cast<std::size_t>(rank)], ")");
+    for (std::size_t k = 0; k < kCategories; ++k) {
+      INFO(std::string(name(static_cast<Category>(k))));
+      CHECK(r.peak[k] == r.planned[k]);
+      CHECK(r.after[k] == r.planned_after[k]);
+      CHECK(r.allocated[0][k] == r.planned_allocated[k]);
+      CHECK(r.allocated[1][k] == r.planned_allocated[k]);
+    }
+    CHECK(r.total == r.planned_total);
+    CHECK(r.allocations[0] == r.planned_allocations);
+    CHECK(r.allocations[1] == r.planned_allocations);
+  }
+}
+
+// Four layers: two virtual stages on each of two pipe ranks for the interleaved schedule.
+constexpr nn::GptConfig kPipe{.vocab = 37, .seq = 8, .layers = 4, .heads = 2, .width = 8};
+
+template <class Strategy>
+void check_schedules() {
+  using pipeline::Kind;
+  for (Kind kind : {Kind::gpipe, Kind::one_f_one_b, Kind::interleaved, Kind::zero_bubble_h1})
+    check_pipeline<Strategy, float, false>(kPipe, {.data = 2, .pipe = 2}, kind, kind == Kind::interleaved ? 2 : 1, 2, 4);
+}
+
+}  // namespace
+
+TEST_CASE("the plan's pipeline step peaks equal the allocator's on every pipe rank: DDP") { check_schedules<optim::Ddp>(); }
+TEST_CASE("the plan's pipeline step peaks equal the allocator's on every pipe rank: ZeRO-1") { check_schedules<optim::Zero1>(); }
+TEST_CASE("the plan's pipeline step peaks equal the allocator's on every pipe rank: ZeRO-2") { check_schedules<optim::Zero2>(); }
+TEST_CASE("the plan's pipeline step peaks equal the allocator's on every pipe rank: FSDP") { check_schedules<optim::Fsdp>(); }
+
+TEST_CASE("the plan's pipeline step peaks: tensor and sequence parallel stages, mixed precision, recompute, pipe 3") {
+  using pipeline::Kind;
+  check_pipeline<optim::Fsdp, float, true>(kPipe, {.pipe = 2, .tensor = 2}, Kind::one_f_one_b, 1, 4, 2);
+  check_pipeline<optim::Zero2, Bf16Mixed, true>(kPipe, {.pipe = 2, .tensor = 2}, Kind::zero_bubble_h1, 1, 2, 3);
+  check_pipeline<optim::Ddp, float, false, recompute::Selective>(kPipe, {.pipe = 2}, Kind::interleaved, 2, 1, 4);
+  check_pipeline<optim::Fsdp, float, false, recompute::Full>(kPipe, {.pipe = 2}, Kind::zero_bubble_h1, 1, 1, 4);
+  // Pipe rank 2 keeps two weight passes pending under ZB-H1.
+  constexpr nn::GptConfig three{.vocab = 37, .seq = 8, .layers = 3, .heads = 2, .width = 8};
+  check_pipeline<optim::Fsdp, float, false>(three, {.pipe = 3}, Kind::zero_bubble_h1, 1, 1, 5);
+  check_pipeline<optim::Zero1, float, false>(three, {.pipe = 3}, Kind::one_f_one_b, 1, 1, 5);
 }
 
 // The step's plan is a constant too: GPT-2 124M at B = 8, T = 1024 under FSDP on 8 ranks in bf16

@@ -129,7 +129,7 @@ class DataParallel {
     Unit& unit = units_[u];
     bool moved = false;
     if constexpr (shard_params) {
-      if (!unit.values()) {
+      if (pass != Pass::weight && !unit.values()) {
         unit.value_buffer() = dev().allocate(unit.padded() * static_cast<std::int64_t>(sizeof(T)), Category::parameters);
         data().all_gather(std::span<const T>(slice_values(u), static_cast<std::size_t>(held_[u].shard)),
                           std::span<T>(unit.values(), static_cast<std::size_t>(unit.padded())));
@@ -137,7 +137,7 @@ class DataParallel {
       }
     }
     if constexpr (shard_grads) {
-      if (pass == Pass::backward && !unit.grads()) {
+      if (pass != Pass::forward && !unit.grads()) {
         unit.grad_buffer() = dev().allocate(unit.padded() * static_cast<std::int64_t>(sizeof(G)), Category::gradients);
         unit.zero_grad();
         moved = true;
@@ -149,7 +149,7 @@ class DataParallel {
   // After the last stage of `pass` that uses unit u; last: no micro-batch follows before step().
   void release(std::size_t u, Pass pass, bool last) {
     Unit& unit = units_[u];
-    if (pass == Pass::backward) {
+    if (pass != Pass::forward) {
       if constexpr (shard_grads) {
         const std::int64_t n = held_[u].shard;
         Allocation part = dev().allocate(n * static_cast<std::int64_t>(sizeof(G)), Category::communication);

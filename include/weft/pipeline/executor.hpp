@@ -8,7 +8,8 @@
 //   forward(s, ctx, mesh, mode), backward(s, ctx, mesh)   on a context per micro-batch
 // and a data-parallel strategy provides
 //   acquire(u, pass)          before a stage of this pass uses unit u (FSDP gathers its values, and
-//                             for backward its gradient buffer; DDP does nothing)
+//                             for backward its gradient buffer, which alone the weight pass needs;
+//                             DDP does nothing)
 //   release(u, pass, last)    after the last stage of this pass that uses u (FSDP frees; ZeRO-2 and
 //                             FSDP reduce-scatter the gradients; DDP all-reduces them when `last`,
 //                             the last micro-batch before a step, is true)
@@ -25,7 +26,9 @@
 
 namespace weft::pipeline {
 
-enum class Pass : std::uint8_t { forward, backward };
+// weight: a split backward's weight-gradient pass (ZB-H1), which needs a unit's gradient buffer
+// but not its values.
+enum class Pass : std::uint8_t { forward, backward, weight };
 
 template <class Model, class M>
 concept StagedModel = requires(Model& m, typename Model::Ctx& ctx, M& mesh, std::size_t s) {

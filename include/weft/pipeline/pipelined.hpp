@@ -182,8 +182,10 @@ class Pipeline {
         }
       } else {  // the deferred weight gradients, then the units are done for this micro-batch
         for (auto it = fine.rbegin(); it != fine.rend(); ++it) {
+          // An earlier weight pass may have reduced and freed the gradient buffer (ZeRO-2, FSDP).
+          for (std::size_t u : model_->units_of(*it)) dp.acquire(u, Pass::weight);
           model_->backward_weight(*it, c);
-          for (std::size_t u : model_->units_of(*it)) dp.release(u, Pass::backward, last_use[u] == k);
+          for (std::size_t u : model_->units_of(*it)) dp.release(u, Pass::weight, last_use[u] == k);
         }
       }
       // What the next exchange sends: a forward's output (but the last stage's), a backward's input

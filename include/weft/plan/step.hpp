@@ -19,15 +19,19 @@
 //   Full       the block input alone (xs); the rest is rebuilt in backward
 // plus the head's logits (B/dp, T, Vp/tp) and the LM head's input (xf), which are usually the peak.
 //
-// Scope: one pipe rank holding every stage (pipe degree 1), on a device that reads the tokens where
-// they are (the host). The CUDA back end's attention and GEMM workspaces, and pipeline schedules'
-// in-flight micro-batches, are not replayed.
+// step(): one pipe rank holding every stage (pipe degree 1). pipeline_step(): a pipe rank of a
+// pipeline schedule's table (pipeline/schedule.hpp: GPipe, 1F1B, interleaved, ZB-H1), its micro-
+// batches in flight, the activations and gradients it receives and the sends it keeps until the run
+// ends, and under ZB-H1 the Linear layers' input copies and output gradients kept from each
+// backward to its weight pass. Both on a device that reads the tokens where they are (the host);
+// the CUDA back end's attention and GEMM workspaces are not replayed (cuda_workspace() below).
 #pragma once
 
 #include <cstdint>
 
 #include "weft/layout/plan.hpp"
 #include "weft/nn/block.hpp"
+#include "weft/pipeline/schedule.hpp"
 #include "weft/plan/memory.hpp"
 #include "weft/recompute/policies.hpp"
 
@@ -113,6 +117,8 @@ class StepReplay {
     unit_embedding_ = padded(u.embedding(), dp);
     unit_block_ = padded(u.block, dp);
     unit_head_ = padded(u.head, dp);
+    unit_table_ = padded(u.table, dp);
+    unit_positions_ = padded(u.positions, dp);
   }
 
   // One micro-batch's forward and backward (pipeline::forward_backward over every stage).
@@ -148,10 +154,13 @@ class StepReplay {
   }
 
   // DataParallel::step: the tensor-partial gradients packed into one all-reduce (SP), then under
-  // ZeRO-1/2 each unit's updated slice copied out for the all-gather of values.
-  constexpr void optimizer_step() {
+  // ZeRO-1/2 each unit's updated slice copied out for the all-gather of values. `holds`: what this
+  // rank holds (a pipe rank's stages; all of them by default).
+  constexpr void optimizer_step(Holds holds = {-1, true, true}) {
+    if (holds.blocks < 0) holds = Holds::all(c_);
+    const bool split = holds.embedding != holds.head;  // the tied table a unit of its own, on two ranks
     if (SP && s_.tensor_degree > 1) {
-      const std::int64_t packed = partial_grads();
+      const std::int64_t packed = partial_grads(holds);
       l_->add(comm, packed * g);
       l_->sub(comm, packed * g);
     }
@@ -160,10 +169,108 @@ class StepReplay {
         l_->add(comm, n / s_.data_degree * e);
         l_->sub(comm, n / s_.data_degree * e);
       };
-      copy_out(unit_embedding_);
-      for (std::int64_t b = 0; b < c_.layers; ++b) copy_out(unit_block_);
-      copy_out(unit_head_);
+      if (holds.embedding) {
+        if (split) {
+          copy_out(unit_table_);
+          copy_out(unit_positions_);
+        } else {
+          copy_out(unit_embedding_);
+        }
+      }
+      for (std::int64_t b = 0; b < holds.blocks; ++b) copy_out(unit_block_);
+      if (holds.head) {
+        copy_out(unit_head_);
+        if (split) copy_out(unit_table_);
+      }
     }
+  }
+
+  // pipeline::Pipeline::run on pipe rank r of `t` (the even partition: L / (p V) blocks per
+  // virtual stage, the embedding with stage 0, the head with the last): per action, in the table's
+  // order, a receive allocates the activation or gradient it brings; a forward or backward runs its
+  // stages, each unit acquired before and released after it (released after the weight pass where
+  // the schedule splits it); a sent buffer is kept until every send is delivered at the run's end.
+  constexpr void run_table(const pipeline::Table& t, int r) {
+    const int S = t.stages();
+    const std::int64_t per_stage = c_.layers / S;
+    const bool embedding = r == 0, head = r == (S - 1) % t.p, split = embedding != head;
+    defer_ = t.split_weight;
+    // This rank's units: size and state. Indices: 0 the embedding (or wpe), 1 the table (split),
+    // 2 the head, 3 the head's table copy (split), 4 + k the k-th block of this rank.
+    struct U {
+      std::int64_t n = 0;
+      bool gathered = false, grads = false;
+    };
+    std::vector<U> u(static_cast<std::size_t>(4 + c_.layers / t.p));
+    u[0].n = split ? unit_positions_ : unit_embedding_;
+    u[1].n = unit_table_;
+    u[2].n = unit_head_;
+    u[3].n = unit_table_;
+    for (std::size_t k = 4; k < u.size(); ++k) u[k].n = unit_block_;
+    // The units of a fine stage: kind 0 the embedding, 1 block k (this rank's k-th), 2 the head.
+    const auto units_of = [&](int kind, std::int64_t k, std::size_t* out) -> int {
+      if (kind == 0) {
+        out[0] = 0;
+        out[1] = 1;
+        return split ? 2 : 1;
+      }
+      if (kind == 1) {
+        out[0] = static_cast<std::size_t>(4 + k);
+        return 1;
+      }
+      out[0] = 2;
+      out[1] = split ? 3 : 0;
+      return 2;
+    };
+    // Visits the fine stages of virtual stage st, in forward order (reverse: backward order).
+    const auto fine = [&](int st, bool reverse, auto&& f) {
+      const std::int64_t first_local = static_cast<std::int64_t>(st / t.p) * per_stage;  // this rank's block index
+      const bool has_embedding = st == 0, has_head = st == S - 1;
+      if (!reverse) {
+        if (has_embedding) f(0, 0);
+        for (std::int64_t b = 0; b < per_stage; ++b) f(1, first_local + b);
+        if (has_head) f(2, 0);
+      } else {
+        if (has_head) f(2, 0);
+        for (std::int64_t b = per_stage; b-- > 0;) f(1, first_local + b);
+        if (has_embedding) f(0, 0);
+      }
+    };
+    std::int64_t sent = 0;
+    for (const pipeline::Action& a : t.ranks[static_cast<std::size_t>(r)]) {
+      if (a.what == pipeline::Do::exchange) {
+        if (a.send.present()) ++sent;                // the buffer moves into the send, kept
+        if (a.recv.present()) l_->add(act, xs_);     // c.x: the activation or gradient received
+        continue;
+      }
+      fine(a.stage, a.what != pipeline::Do::forward, [&](int kind, std::int64_t k) {
+        std::size_t ids[2];
+        const int n = units_of(kind, k, ids);
+        const bool backward = a.what != pipeline::Do::forward;
+        const bool values = a.what != pipeline::Do::weight;
+        for (int i = 0; i < n; ++i) acquire(u[ids[i]].n, backward, u[ids[i]].gathered, u[ids[i]].grads, values);
+        if (a.what == pipeline::Do::forward) {
+          if (kind == 0) embedding_forward();
+          if (kind == 1) {
+            block_forward();
+            l_->sub(act, xs_);
+          }
+          if (kind == 2) head_forward();
+        } else if (a.what == pipeline::Do::backward) {
+          if (kind == 0) embedding_backward();
+          if (kind == 1) {
+            block_backward();
+            l_->sub(act, xs_);
+          }
+          if (kind == 2) head_backward();
+        } else if (kind == 1) {
+          block_weight();
+        }
+        if (a.what != pipeline::Do::backward || !t.split_weight)
+          for (int i = 0; i < n; ++i) release(u[ids[i]].n, backward, u[ids[i]].gathered, u[ids[i]].grads);
+      });
+    }
+    l_->sub(act, sent * xs_);  // every send delivered: the buffers freed
   }
 
  private:
@@ -207,9 +314,10 @@ class StepReplay {
     return redistribute<typename Redist::GradOut, typename Redist::GradIn>(c);
   }
 
-  // DataParallel::acquire and release of a unit of n padded elements.
-  constexpr void acquire(std::int64_t n, bool backward, bool& gathered, bool& grads) {
-    if (shard_params && !gathered) {
+  // DataParallel::acquire and release of a unit of n padded elements (values: false for a weight
+  // pass, which needs the gradient buffer alone).
+  constexpr void acquire(std::int64_t n, bool backward, bool& gathered, bool& grads, bool values = true) {
+    if (shard_params && values && !gathered) {
       l_->add(Category::parameters, n * e);
       gathered = true;
     }
@@ -281,6 +389,7 @@ class StepReplay {
     return xf_;
   }
   constexpr std::int64_t attention_backward() {
+    if (defer_) return attention_backward_deferred();
     l_->add(act, core_);  // proj dx (dcore)
     l_->sub(act, core_);  // proj's input copy
     if (!keep_probs) {
@@ -297,6 +406,42 @@ class StepReplay {
     l_->sub(act, core_);  // dcore
     return xf_;
   }
+  // With the weight gradients deferred (ZB-H1): each Linear keeps its input copy and its output
+  // gradient (a copy, or the GELU's dpre moved in) until backward_weight.
+  constexpr std::int64_t attention_backward_deferred() {
+    l_->add(act, core_);  // proj dx (dcore)
+    l_->add(act, xf_);    // proj's dy, kept
+    if (!keep_probs) {
+      l_->add(act, probs_);
+      l_->add(act, core_);
+      l_->sub(act, core_);
+    }
+    l_->add(act, qkv_);  // dqkv
+    l_->add(act, xf_);   // qkv dx
+    l_->add(act, qkv_);  // qkv's dy (dqkv's copy), kept
+    l_->sub(act, qkv_);  // the kept qkv
+    l_->sub(act, probs_);
+    l_->sub(act, qkv_);   // dqkv
+    l_->sub(act, core_);  // dcore
+    return xf_;
+  }
+  constexpr std::int64_t mlp_backward_deferred() {
+    l_->add(act, hidden_);  // proj dx
+    l_->add(act, xf_);      // proj's dy, kept
+    l_->add(act, hidden_);  // GELU's dpre, kept as fc's dy
+    l_->add(act, xf_);      // fc dx
+    l_->sub(act, hidden_);  // pre-activation
+    l_->sub(act, hidden_);  // proj dx
+    return xf_;
+  }
+  // Block::backward_weight: the four Linear contexts (input copies and output gradients).
+  constexpr void block_weight() {
+    l_->sub(act, xf_ + qkv_);     // qkv: x, dy
+    l_->sub(act, core_ + xf_);    // proj: x, dy
+    l_->sub(act, xf_ + hidden_);  // fc: x, dpre
+    l_->sub(act, hidden_ + xf_);  // proj: x, dy
+  }
+
   constexpr std::int64_t mlp_forward() {
     l_->add(act, hidden_);  // fc output
     l_->add(act, xf_);      // fc input copy
@@ -307,6 +452,7 @@ class StepReplay {
     return xf_;
   }
   constexpr std::int64_t mlp_backward() {
+    if (defer_) return mlp_backward_deferred();
     l_->add(act, hidden_);  // proj dx
     l_->sub(act, hidden_);  // proj's input copy
     l_->add(act, hidden_);  // GELU's dpre
@@ -388,7 +534,7 @@ class StepReplay {
   // The gradient elements that are Partial on the tensor axis (SP: LayerNorm weights and biases,
   // the positions) inside this rank's reduction range of each unit: all of the unit, or its data
   // slice where gradients are sharded. Entries in their units' order (nn/gpt.hpp, nn/block.hpp).
-  constexpr std::int64_t partial_grads() const {
+  constexpr std::int64_t partial_grads(Holds holds) const {
     const std::int64_t C = c_.width, tp = s_.tensor_degree;
     const Units u = units(c_, s_);
     const std::int64_t q = 3 * C / tp;
@@ -407,7 +553,12 @@ class StepReplay {
       }
       return n;
     };
-    return in_range(unit_embedding_, embedding) + c_.layers * in_range(unit_block_, block) + in_range(unit_head_, head);
+    const std::array<std::array<std::int64_t, 2>, 1> positions{{{0, u.positions}}};  // the wpe unit, split from the table
+    const bool split = holds.embedding != holds.head;
+    std::int64_t n = holds.blocks * in_range(unit_block_, block);
+    if (holds.embedding) n += split ? in_range(unit_positions_, positions) : in_range(unit_embedding_, embedding);
+    if (holds.head) n += in_range(unit_head_, head);
+    return n;
   }
 
   nn::GptConfig c_;
@@ -415,7 +566,8 @@ class StepReplay {
   Ledger* l_;
   Shape act_;  // (B, T, C), global
   std::int64_t xs_ = 0, xf_ = 0, stats_ = 0, qkv_ = 0, core_ = 0, hidden_ = 0, probs_ = 0, logits_ = 0, rows_ = 0;
-  std::int64_t unit_embedding_ = 0, unit_block_ = 0, unit_head_ = 0;
+  std::int64_t unit_embedding_ = 0, unit_block_ = 0, unit_head_ = 0, unit_table_ = 0, unit_positions_ = 0;
+  bool defer_ = false;  // ZB-H1: the Linear weight gradients deferred to a weight pass
   bool embedding_gathered_ = false, embedding_grads_ = false, head_gathered_ = false, head_grads_ = false;
 };
 
@@ -433,6 +585,25 @@ constexpr StepPeak step(const nn::GptConfig& c, const Spread& s, std::int64_t mi
   detail::StepReplay<Strategy, P, SP, R, Rule> replay(c, s, micro_batch, l);
   for (std::int64_t m = 0; m < (micro_batches < 1 ? 1 : micro_batches); ++m) replay.forward_backward();
   replay.optimizer_step();
+  return {l.peak(), l.total_peak(), l.current(), l.allocated(), l.allocations()};
+}
+
+// The peaks of one training step on pipe rank `rank` of a pipeline (pipeline/pipelined.hpp) running
+// table `t` (any schedule: GPipe, 1F1B, interleaved, ZB-H1) over the even partition, on a data x
+// pipe x tensor mesh: every forward, backward and weight pass of the rank's stages for the table's
+// micro-batches of `micro_batch` sequences, the activations and gradients it receives, the sends it
+// keeps until the end of the run, then the optimizer step over the units it holds. Layers must
+// divide into p V stages (pipeline::Partition::even).
+template <class Strategy, PrecisionLike P, bool SP = false, recompute::Policy R = recompute::None,
+          class Rule = optim::AdamW>
+constexpr StepPeak pipeline_step(const nn::GptConfig& c, const Spread& s, std::int64_t micro_batch,
+                                 const pipeline::Table& t, int rank) {
+  const int S = t.stages();
+  const Holds holds{c.layers / t.p, rank == 0, rank == (S - 1) % t.p};
+  Ledger l(persistent<Strategy, P, Rule>(c, s, holds));
+  detail::StepReplay<Strategy, P, SP, R, Rule> replay(c, s, micro_batch, l);
+  replay.run_table(t, rank);
+  replay.optimizer_step(holds);
   return {l.peak(), l.total_peak(), l.current(), l.allocated(), l.allocations()};
 }
 
