@@ -105,3 +105,59 @@ TEST_CASE("the step time adds its parts, and doubling a rate halves its part") {
   r.gemm_flops = [](const estimate::Gemm&) { return 2e9; };
   CHECK(estimate::seconds(w, r).gemm == doctest::Approx(b.gemm / 2));
 }
+
+namespace {
+estimate::Rates fixed_rates() {
+  estimate::Rates r;
+  r.gemm_flops = [](const estimate::Gemm& g) { return g.m > 16 ? 2e9 : 1e9; };  // shapes differ in rate
+  r.attention_flops = 1e9;
+  r.elements = {.gelu = 1e8, .layernorm = 2e8, .cross_entropy = 1e8, .adamw = 3e8};
+  r.bandwidth = r.first_touch = 1e10;
+  r.tensor = r.data = {.alpha = 1e-5, .beta = 1e-9};
+  return r;
+}
+}  // namespace
+
+TEST_CASE("a pipeline of one rank costs what the step without a pipeline costs (the split is exact)") {
+  // pipeline_seconds separates the model by linearity into per-block and per-micro-batch parts;
+  // one pipe rank running them in order must give back work() + seconds() to rounding, for every
+  // schedule, micro-batch count and strategy.
+  const auto r = fixed_rates();
+  const nn::GptConfig c{.vocab = 37, .seq = 8, .layers = 4, .heads = 2, .width = 8};
+  const Spread s{.data_degree = 2, .tensor_degree = 2};
+  for (int m : {1, 3, 8}) {
+    CAPTURE(m);
+    const double whole = estimate::seconds(estimate::work<optim::Fsdp, F32, true>(c, s, 4, m), r).total();
+    for (pipeline::Kind kind : {pipeline::Kind::gpipe, pipeline::Kind::one_f_one_b, pipeline::Kind::zero_bubble_h1}) {
+      const auto p = estimate::pipeline_seconds<optim::Fsdp, F32, true>(c, s, 4, pipeline::make_table(kind, 1, m), r, r.data);
+      CHECK(p.step == doctest::Approx(whole).epsilon(1e-9));
+      CHECK(p.bubble[0] == doctest::Approx(0.0));
+    }
+    const double ddp = estimate::seconds(estimate::work<optim::Ddp, Bf16Mixed, false>(c, s, 4, m), r).total();
+    const auto p = estimate::pipeline_seconds<optim::Ddp, Bf16Mixed, false>(
+        c, s, 4, pipeline::make_table(pipeline::Kind::one_f_one_b, 1, m), r, r.data);
+    CHECK(p.step == doctest::Approx(ddp).epsilon(1e-9));
+  }
+}
+
+TEST_CASE("a pipeline of two ranks: GPipe's closed form, and messages on the critical path") {
+  // Two stages, costs a (stage 0: two blocks) and b (stage 1: two blocks and the ends) per
+  // forward-and-backward; GPipe with m micro-batches and messages of time d: rank 1's forwards run
+  // back to back once the first activation arrives (b > a here), its backwards follow, and rank 0's
+  // last backward waits for the last gradient:
+  //   end of rank 0 = a/3 + d + m b/3 + m 2b/3 + d + 2a/3 = a + b m + 2 d   (b >= a)
+  const auto r = fixed_rates();
+  const nn::GptConfig c{.vocab = 37, .seq = 8, .layers = 4, .heads = 2, .width = 8};
+  const Spread s{.data_degree = 1, .tensor_degree = 1};
+  const estimate::Link link{.alpha = 1e-4, .beta = 1e-8};
+  for (int m : {1, 4}) {
+    const auto p = estimate::pipeline_seconds<optim::Ddp, F32, false>(c, s, 2, pipeline::make_table(pipeline::Kind::gpipe, 2, m),
+                                                                      r, link);
+    const double a = 2 * p.block, b = 2 * p.block + p.ends, d = p.message;
+    CHECK(p.message == doctest::Approx(1e-4 + 2.0 * 8 * 8 * 4 * 1e-8));  // (2, 8, 8) f32 activations
+    REQUIRE(b >= a);
+    CHECK(p.makespan == doctest::Approx(a + b * m + 2 * d).epsilon(1e-9));
+    const double tied = estimate::collective_seconds(Collective::all_reduce, 2, 37 * 8 * 4, link);
+    CHECK(p.step == doctest::Approx(std::max(p.makespan + p.once[0], a / 3 + d + b * m + p.once[1]) + tied).epsilon(1e-9));
+  }
+}

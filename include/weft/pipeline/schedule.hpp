@@ -338,21 +338,29 @@ struct Costs {
   double forward = 1, backward = 2, weight = 0;  // backward: B + W where the schedule does not split
 };
 
+// Costs per virtual stage (the stages differ: the first holds the embedding, the last the head),
+// and a message's time from its send to its arrival.
+struct StageCosts {
+  std::vector<double> forward, backward, weight;  // per virtual stage
+  double message = 0;
+};
+
 struct Simulation {
   bool completed = false;
   double makespan = 0;
   std::vector<double> busy;        // per rank
   std::vector<int> max_in_flight;  // per rank: forwards done whose backward has not run
   std::vector<std::vector<double>> start;  // per rank and action: when it started (-1: never)
+  std::vector<double> end;         // per rank: when its last action ended
   std::optional<Problem> blocked;  // where the lowest blocked rank stopped, when not completed
   double bubble(int r) const { return makespan > 0 ? 1.0 - busy[static_cast<std::size_t>(r)] / makespan : 0.0; }
 };
 
-// Runs a table with zero message latency and the exchange's semantics: a send is posted when its
-// rank reaches the exchange and never waits; a receive completes once its message has been posted.
-// A deadlock leaves ranks blocked: `blocked` names the one that blocked first (the others wait for
-// it, directly or not), the action and the message it waits for.
-inline Simulation simulate(const Table& t, Costs c) {
+// Runs a table with the exchange's semantics: a send is posted when its rank reaches the exchange
+// and never waits; a receive completes `c.message` after its message was posted. A deadlock leaves
+// ranks blocked: `blocked` names the one that blocked first (the others wait for it, directly or
+// not), the action and the message it waits for.
+inline Simulation simulate(const Table& t, const StageCosts& c) {
   const int p = t.p;
   Simulation sim;
   sim.busy.assign(static_cast<std::size_t>(p), 0.0);
@@ -384,7 +392,8 @@ inline Simulation simulate(const Table& t, Costs c) {
       while (pc[ur] < acts.size()) {
         const Action& x = acts[pc[ur]];
         if (x.what != Do::exchange) {
-          const double cost = x.what == Do::forward ? c.forward : x.what == Do::backward ? c.backward : c.weight;
+          const auto st = static_cast<std::size_t>(x.stage);
+          const double cost = x.what == Do::forward ? c.forward[st] : x.what == Do::backward ? c.backward[st] : c.weight[st];
           sim.start[ur][pc[ur]] = now[ur];
           now[ur] += cost;
           sim.busy[ur] += cost;
@@ -401,13 +410,14 @@ inline Simulation simulate(const Table& t, Costs c) {
         }
         const double from = x.recv.present() ? posted_at(sender[key(x.recv)]) : 0.0;
         if (from < 0) break;  // the message has not been sent yet
-        now[ur] = std::max(now[ur], from);
+        now[ur] = std::max(now[ur], x.recv.present() ? from + c.message : from);
         ++pc[ur];
         progress = true;
       }
     }
   }
   sim.completed = true;
+  sim.end = now;
   double first_block = 0;
   for (int r = 0; r < p; ++r) {
     const auto ur = static_cast<std::size_t>(r);
@@ -424,6 +434,13 @@ inline Simulation simulate(const Table& t, Costs c) {
     }
   }
   return sim;
+}
+
+// The same costs on every stage, and messages that take no time.
+inline Simulation simulate(const Table& t, Costs c) {
+  const auto S = static_cast<std::size_t>(t.stages());
+  return simulate(t, StageCosts{std::vector<double>(S, c.forward), std::vector<double>(S, c.backward),
+                                std::vector<double>(S, c.weight), 0});
 }
 
 inline Costs unit_costs(const Table& t) { return t.split_weight ? Costs{1, 1, 1} : Costs{1, 2, 0}; }

@@ -12,6 +12,11 @@
 //                  reduce-scatter (n-1) alpha + (n-1)/n S beta) or, for all-reduce, a tree
 //                  (2 log2(n) alpha + 2 S beta), whichever is faster, as NCCL picks
 //   overlap        none: weft's executors run collectives and compute one after the other
+//   pipelines      pipeline_seconds(): the pipe-1 model split by linearity into a block's and the
+//                  ends' cost per micro-batch and per step; each virtual stage's forward (a third)
+//                  and backward (two thirds; B and W a third each under ZB-H1) run through the
+//                  schedule's table (pipeline::simulate, messages alpha + bytes beta on the pipe
+//                  link), then each rank's once-a-step part
 //
 // Rates come from a measurement on the machine (examples/plan_rates.hpp on the host) or from a
 // cluster description (weft-plan: peak FLOP/s, HBM bandwidth, intra- and inter-node links).
@@ -25,6 +30,7 @@
 #include <vector>
 
 #include "weft/nn/gpt.hpp"
+#include "weft/pipeline/schedule.hpp"
 #include "weft/plan/step.hpp"
 
 namespace weft::estimate {
@@ -198,6 +204,66 @@ inline Breakdown seconds(const Work& w, const Rates& r) {
     (x.axis == Axis::tensor ? b.tensor_comm : b.data_comm) += t;
   }
   return b;
+}
+
+// A pipelined step on a data x pipe x tensor mesh.
+struct PipelineTime {
+  double step = 0;      // the slowest pipe rank: the schedule, its once-a-step part, the tied all-reduce
+  double makespan = 0;  // the schedule's forwards, backwards and messages (the simulation)
+  double block = 0;     // one block's forward and backward of one micro-batch
+  double ends = 0;      // the embedding's and the head's, of one micro-batch
+  double message = 0;   // one activation or gradient between neighbouring ranks
+  std::vector<double> once;    // per pipe rank: the optimizer, its units' data collectives, the norm
+  std::vector<double> bubble;  // per pipe rank: its idle share of the makespan
+};
+
+// The model's cost is linear in its blocks and its micro-batches (every item of work() is), so four
+// pipe-1 estimates separate a block per micro-batch (block), the embedding and head per micro-batch
+// (ends), a block per step and the rest per step. Virtual stage s costs its blocks, plus the ends
+// on the last stage; rank r's once-a-step part is its blocks', plus the rest where it holds the
+// embedding or the head. Layers must divide into the table's p V stages.
+template <class Strategy, PrecisionLike P, bool SP = false, recompute::Policy R = recompute::None>
+PipelineTime pipeline_seconds(const nn::GptConfig& c, const Spread& s, std::int64_t micro, const pipeline::Table& t,
+                              const Rates& r, const Link& pipe) {
+  using T = typename precision_t<P>::compute;
+  const auto cost = [&](std::int64_t layers, std::int64_t mb) {
+    nn::GptConfig k = c;
+    k.layers = layers;
+    return seconds(work<Strategy, P, SP, R>(k, s, micro, mb), r).total();
+  };
+  const double t11 = cost(1, 1), t12 = cost(1, 2), t21 = cost(2, 1), t22 = cost(2, 2);
+  PipelineTime out;
+  out.block = t22 - t12 - t21 + t11;
+  out.ends = t12 - t11 - out.block;
+  const double block_once = t21 - t11 - out.block, ends_once = t11 - out.block - out.ends - block_once;
+  const int S = t.stages();
+  const std::int64_t per_stage = c.layers / S;
+  const std::int64_t rows = micro / s.data_degree * (SP ? c.seq / s.tensor_degree : c.seq);
+  out.message = pipe.alpha + static_cast<double>(rows * c.width * static_cast<std::int64_t>(sizeof(T))) * pipe.beta;
+  pipeline::StageCosts costs;
+  costs.message = out.message;
+  for (int st = 0; st < S; ++st) {
+    const double pass = static_cast<double>(per_stage) * out.block + (st == S - 1 ? out.ends : 0.0);
+    costs.forward.push_back(pass / 3);
+    costs.backward.push_back(t.split_weight ? pass / 3 : 2 * pass / 3);
+    costs.weight.push_back(t.split_weight ? pass / 3 : 0.0);
+  }
+  const pipeline::Simulation sim = pipeline::simulate(t, costs);
+  out.makespan = sim.makespan;
+  // The tied table's gradient (this rank's slice where gradients are sharded), summed over the
+  // first and last pipe ranks.
+  const std::int64_t table = footprint::padded(footprint::units(c, s).table, s.data_degree);
+  const std::int64_t tied_bytes = (IsShard<typename Strategy::grads> ? table / s.data_degree : table) *
+                                  static_cast<std::int64_t>(sizeof(master_t<T>));
+  const double tied = t.p > 1 ? collective_seconds(Collective::all_reduce, 2, tied_bytes, pipe) : 0.0;
+  for (int rank = 0; rank < t.p; ++rank) {
+    const bool ends = rank == 0 || rank == (S - 1) % t.p;
+    const double once = static_cast<double>(c.layers / t.p) * block_once + (ends ? ends_once : 0.0);
+    out.once.push_back(once);
+    out.bubble.push_back(sim.bubble(rank));
+    out.step = std::max(out.step, sim.end[static_cast<std::size_t>(rank)] + once + tied);
+  }
+  return out;
 }
 
 }  // namespace weft::estimate
