@@ -142,9 +142,20 @@ int print_plan(const Options& o, const nn::GptConfig& cfg, const std::string& de
                 "+ data collectives %.2f (rates measured now on this host with %d ranks running; no overlap)\n",
                 1e3 * t.total(), 1e3 * t.gemm, 1e3 * t.attention, 1e3 * t.elementwise, 1e3 * t.memory, 1e3 * t.tensor_comm,
                 1e3 * t.data_comm, o.data * o.tensor);
+  } else if (device != "cuda") {
+    const estimate::PipelineTime t = plan_pipeline_time(o, cfg);
+    std::string bubbles;
+    for (std::size_t r = 0; r < t.bubble.size(); ++r)
+      bubbles += cat(r ? ", " : "", std::round(1000 * t.bubble[r]) / 10, "%");
+    std::printf("step time: %.2f ms = the %s schedule's forwards, backwards and messages %.2f (idle share per pipe rank: "
+                "%s) + after it %.2f (the optimizer step, the data collectives, the tied table's sum); a block's forward and "
+                "backward %.3f ms per micro-batch, the embedding and head %.3f; rates measured now on this host with %d ranks "
+                "running; no overlap\n",
+                1e3 * t.step, o.schedule.c_str(), 1e3 * t.makespan, bubbles.c_str(),
+                1e3 * (t.step - t.makespan), 1e3 * t.block, 1e3 * t.ends, o.data * o.pipe * o.tensor);
   } else {
-    std::printf("step time: not planned here (%s); weft-plan estimates GPU clusters\n",
-                o.pipe > 1 ? "pipeline schedules are not modelled" : "the GPU's rates are not measured by --plan");
+    std::printf("step time: not planned here (the GPU's rates are not measured by --plan); weft-plan estimates GPU "
+                "clusters\n");
   }
   return 0;
 }

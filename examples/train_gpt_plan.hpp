@@ -70,4 +70,25 @@ inline estimate::Breakdown plan_time(const Options& o, const nn::GptConfig& c) {
   });
 }
 
+// The same for a pipeline (--pipe > 1): the schedule's table run with stage costs from the same
+// model (estimate::pipeline_seconds), the rates measured with every rank of the mesh running, and
+// the thread communicator's data-group link standing in for the pipe's messages.
+inline estimate::PipelineTime plan_pipeline_time(const Options& o, const nn::GptConfig& c) {
+  const Spread s{.data_degree = o.data, .tensor_degree = o.tensor};
+  const std::int64_t micro = o.micro_batch > 0 ? o.micro_batch : o.batch;
+  const int m = static_cast<int>(o.batch / micro);
+  const pipeline::Table table = pipeline::make_table(schedule_kind(o.schedule), o.pipe, m, o.virtual_stages);
+  const MeshShape busy{.data = o.data * o.pipe, .tensor = o.tensor};
+  return with_strategy(o, [&]<class S, bool SP>() {
+    auto run = [&]<class P, class T>() {
+      const estimate::Work w = estimate::work<S, P, SP>(c, s, micro, m);
+      const estimate::Rates r = estimate::host_rates<T>(w, busy, micro / o.data, c.seq, c.heads, c.width);
+      return estimate::pipeline_seconds<S, P, SP>(c, s, micro, table, r, r.data);
+    };
+    if (o.dtype == "f64") return run.template operator()<F64, double>();
+    if (o.dtype == "bf16") return run.template operator()<Bf16Mixed, float>();
+    return run.template operator()<F32, float>();
+  });
+}
+
 }  // namespace train_gpt

@@ -1,7 +1,8 @@
 // weft-plan: the plan of a GPT on any number of GPUs, from a small cluster description, for every
 // strategy this binary was compiled with (DDP, ZeRO-1, ZeRO-2, FSDP, each with and without sequence
-// parallelism, without or with full recompute) and every tensor degree that fits in a node; ranked
-// by step time among those that fit in memory. Nothing is allocated and no GPU is needed.
+// parallelism, without or with full recompute), every tensor degree that fits in a node, and
+// pipelines (1F1B and ZB-H1 over every pipe degree that divides the layers and the GPUs); ranked by
+// step time among those that fit in memory. Nothing is allocated and no GPU is needed.
 //
 //   weft-plan --preset gpt2-124m --gpus 1024 --batch 512 --micro 4
 //   weft-plan --cluster cluster.json --layers 48 --width 6144 --heads 48 --seq 2048 --gpus 4096 --batch 2048
@@ -11,7 +12,11 @@
 // rates derived from the cluster: GEMMs and the attention core at a fraction of the peak FLOP/s,
 // elementwise ops at the HBM bandwidth, tensor-parallel collectives on the intra-node link, data
 // collectives on the inter-node link once the data group leaves the node. No overlap (weft's
-// executors run collectives and compute in turn); no pipeline (not planned yet).
+// executors run collectives and compute in turn). A pipeline's memory is the largest pipe rank's
+// replay of the schedule's table (footprint::pipeline_step), its time estimate::pipeline_seconds
+// with messages on the intra-node link while a pipe group fits in a node (ranks tensor-innermost,
+// then pipe), else the inter-node one; its parts are the pipe-1 parts over the pipe degree, plus
+// `pipeline`: the schedule's idle time, its messages and the ranks' imbalance.
 #include <weft/weft_host.hpp>
 
 #include <algorithm>
@@ -43,7 +48,9 @@ struct Cluster {
 
 struct Candidate {
   std::string strategy;
-  int tensor = 1, data = 1;
+  int tensor = 1, data = 1, pipe = 1;
+  std::string schedule = "-";
+  double pipeline_s = 0;  // a pipeline's step beyond its parts (idle time, messages, imbalance)
   std::int64_t micro = 0, accumulation = 0;
   std::int64_t peak_bytes = 0, state_bytes = 0, workspace_bytes = 0;
   estimate::Breakdown time;
@@ -51,7 +58,7 @@ struct Candidate {
 };
 
 template <class T>
-estimate::Rates cluster_rates(const Cluster& k, int tensor, int data) {
+estimate::Rates cluster_rates(const Cluster& k, int tensor, int data, int pipe = 1) {
   const double peak = k.peak_tflops * 1e12, hbm = k.hbm_gbps * 1e9, e = sizeof(T);
   estimate::Rates r;
   r.gemm_flops = [f = peak * k.gemm_efficiency](const estimate::Gemm&) { return f; };
@@ -64,7 +71,7 @@ estimate::Rates cluster_rates(const Cluster& k, int tensor, int data) {
   r.first_touch = hbm;  // a caching allocator: fresh blocks cost a write, like any other
   const estimate::Link intra{k.intra_us * 1e-6, 1 / (k.intra_gbps * 1e9)}, inter{k.inter_us * 1e-6, 1 / (k.inter_gbps * 1e9)};
   r.tensor = intra;  // tensor groups stay inside a node (the ranks are laid out tensor-innermost)
-  r.data = tensor * data > k.gpus_per_node ? inter : intra;
+  r.data = tensor * pipe * data > k.gpus_per_node ? inter : intra;
   return r;
 }
 
@@ -80,12 +87,12 @@ struct Candidates {
 
 template <class Strategy, class P, bool SP, class R>
 void consider(Candidates& out, const char* name, const nn::GptConfig& c, const Cluster& k, std::int64_t batch,
-              std::int64_t micro_per_gpu, int tensor) {
+              std::int64_t micro_per_gpu, int tensor, int pipe = 1, pipeline::Kind kind = pipeline::Kind::one_f_one_b) {
   using T = typename precision_t<P>::compute;
-  const int data = k.gpus / tensor;
+  const int data = k.gpus / tensor / pipe;
   const Spread s{.data_degree = data, .tensor_degree = tensor};
   const std::int64_t micro = micro_per_gpu * data;
-  const std::string layout = cat("tensor ", tensor, SP ? " with SP" : "", ", data ", data);
+  const std::string layout = cat("tensor ", tensor, SP ? " with SP" : "", pipe > 1 ? cat(", pipe ", pipe) : "", ", data ", data);
   if (batch % micro != 0)
     return out.skip(cat(layout, ": the batch of ", batch, " is not a multiple of the micro-batch ", micro, " (", micro_per_gpu,
                         " per GPU)"));
@@ -99,12 +106,32 @@ void consider(Candidates& out, const char* name, const nn::GptConfig& c, const C
   x.strategy = name;
   x.tensor = tensor;
   x.data = data;
+  x.pipe = pipe;
   x.micro = micro;
   x.accumulation = batch / micro;
   x.workspace_bytes = footprint::cuda_workspace(c, s, micro);
-  x.peak_bytes = w.memory.total + x.workspace_bytes;
-  x.state_bytes = w.memory.after.total();
-  x.time = estimate::seconds(w, cluster_rates<T>(k, tensor, data));
+  const estimate::Rates rates = cluster_rates<T>(k, tensor, data, pipe);
+  x.time = estimate::seconds(w, rates);
+  if (pipe == 1) {
+    x.peak_bytes = w.memory.total + x.workspace_bytes;
+    x.state_bytes = w.memory.after.total();
+  } else {
+    const pipeline::Table table = pipeline::make_table(kind, pipe, static_cast<int>(x.accumulation));
+    x.schedule = kind == pipeline::Kind::zero_bubble_h1 ? "zb" : "1f1b";
+    for (int r = 0; r < pipe; ++r) {  // the largest pipe rank
+      const auto st = footprint::pipeline_step<Strategy, P, SP, R>(c, s, micro, table, r);
+      x.peak_bytes = std::max(x.peak_bytes, st.total + x.workspace_bytes);
+      x.state_bytes = std::max(x.state_bytes, st.after.total());
+    }
+    const estimate::Link intra{k.intra_us * 1e-6, 1 / (k.intra_gbps * 1e9)}, inter{k.inter_us * 1e-6, 1 / (k.inter_gbps * 1e9)};
+    const estimate::PipelineTime pt =
+        estimate::pipeline_seconds<Strategy, P, SP, R>(c, s, micro, table, rates, tensor * pipe > k.gpus_per_node ? inter : intra);
+    // The pipe-1 parts shared over the pipe ranks; the rest is the pipeline's own.
+    for (double* part : {&x.time.gemm, &x.time.attention, &x.time.elementwise, &x.time.memory, &x.time.tensor_comm,
+                         &x.time.data_comm})
+      *part /= pipe;
+    x.pipeline_s = pt.step - x.time.total();
+  }
   x.fits = static_cast<double>(x.peak_bytes) <= k.memory_gib * (1 << 30);
   out.list.push_back(x);
 }
@@ -130,10 +157,31 @@ Candidates candidates(const nn::GptConfig& c, const Cluster& k, std::int64_t bat
     };
     both.template operator()<recompute::None>("");
     both.template operator()<recompute::Full>(" +recompute");
+    // Pipelines: every pipe degree (a power of two) that divides the layers and the GPUs left by
+    // the tensor degree, and whose micro-batch count is at least the pipe degree.
+    for (int pp = 2; pp <= c.layers && tp * pp <= k.gpus; pp *= 2) {
+      if (c.layers % pp != 0 || k.gpus % (tp * pp) != 0) continue;
+      const std::int64_t per_micro = micro * (k.gpus / tp / pp);
+      if (batch % per_micro != 0 || batch / per_micro < pp) {
+        out.skip(cat("tensor ", tp, ", pipe ", pp, ": fewer micro-batches than pipe ranks, or a batch of ", batch,
+                     " that is not a multiple of ", per_micro));
+        continue;
+      }
+      auto piped = [&]<class R>(const char* suffix, pipeline::Kind kind) {
+        const std::string n(suffix);
+        consider<optim::Ddp, P, false, R>(out, ("ddp" + n).c_str(), c, k, batch, micro, tp, pp, kind);
+        consider<optim::Zero1, P, false, R>(out, ("zero1" + n).c_str(), c, k, batch, micro, tp, pp, kind);
+        consider<optim::Zero1, P, true, R>(out, ("zero1-sp" + n).c_str(), c, k, batch, micro, tp, pp, kind);
+        consider<optim::Fsdp, P, false, R>(out, ("fsdp" + n).c_str(), c, k, batch, micro, tp, pp, kind);
+      };
+      piped.template operator()<recompute::None>("", pipeline::Kind::one_f_one_b);
+      piped.template operator()<recompute::None>("", pipeline::Kind::zero_bubble_h1);
+      piped.template operator()<recompute::Full>(" +recompute", pipeline::Kind::one_f_one_b);
+    }
   }
   std::stable_sort(out.list.begin(), out.list.end(), [](const Candidate& a, const Candidate& b) {
     if (a.fits != b.fits) return a.fits;
-    return a.time.total() < b.time.total();
+    return a.time.total() + a.pipeline_s < b.time.total() + b.pipeline_s;
   });
   return out;
 }
@@ -259,16 +307,17 @@ int main(int argc, char** argv) {
       return 2;
     }
     if (!json) {
-      std::printf("%-22s %6s %6s %6s %11s %11s %9s %9s %9s %9s %9s %10s %6s\n", "strategy", "tensor", "data", "accum",
-                  "peak GiB", "state GiB", "step ms", "gemm", "attn", "elemwise", "comm", "tokens/s", "MFU");
+      std::printf("%-22s %6s %10s %6s %6s %11s %11s %9s %9s %9s %9s %9s %9s %10s %6s\n", "strategy", "tensor", "pipe", "data",
+                  "accum", "peak GiB", "state GiB", "step ms", "gemm", "attn", "elemwise", "comm", "pipeline", "tokens/s", "MFU");
     }
     int shown = 0;
     for (const Candidate& x : list) {
       if (shown++ >= show) break;
-      const double t = x.time.total();
+      const double t = x.time.total() + x.pipeline_s;
       const double mfu = flops / t / (k.gpus * k.peak_tflops * 1e12);
       if (json) {
-        const nlohmann::json j{{"strategy", x.strategy}, {"tensor", x.tensor}, {"data", x.data}, {"micro_batch", x.micro},
+        const nlohmann::json j{{"strategy", x.strategy}, {"tensor", x.tensor}, {"data", x.data}, {"pipe", x.pipe},
+                               {"schedule", x.schedule}, {"pipeline_s", x.pipeline_s}, {"micro_batch", x.micro},
                                {"accumulation", x.accumulation}, {"peak_bytes", x.peak_bytes}, {"state_bytes", x.state_bytes},
                                {"workspace_bytes", x.workspace_bytes}, {"fits", x.fits}, {"step_s", t},
                                {"gemm_s", x.time.gemm}, {"attention_s", x.time.attention}, {"elementwise_s", x.time.elementwise},
@@ -276,17 +325,20 @@ int main(int argc, char** argv) {
                                {"data_comm_s", x.time.data_comm}, {"tokens_per_s", tokens / t}, {"mfu", mfu}};
         std::printf("%s\n", j.dump().c_str());
       } else {
-        std::printf("%-22s %6d %6d %6lld %11s %11s %9.1f %9.1f %9.1f %9.1f %9.1f %10.4g %5.1f%%%s\n", x.strategy.c_str(), x.tensor,
-                    x.data, static_cast<long long>(x.accumulation), gib(static_cast<double>(x.peak_bytes)).c_str(),
-                    gib(static_cast<double>(x.state_bytes)).c_str(), 1e3 * t, 1e3 * x.time.gemm, 1e3 * x.time.attention,
-                    1e3 * (x.time.elementwise + x.time.memory), 1e3 * (x.time.tensor_comm + x.time.data_comm), tokens / t,
-                    100 * mfu, x.fits ? "" : "  (does not fit)");
+        const std::string pipe = x.pipe > 1 ? cat(x.pipe, " ", x.schedule) : "1";
+        std::printf("%-22s %6d %10s %6d %6lld %11s %11s %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %10.4g %5.1f%%%s\n", x.strategy.c_str(),
+                    x.tensor, pipe.c_str(), x.data, static_cast<long long>(x.accumulation),
+                    gib(static_cast<double>(x.peak_bytes)).c_str(), gib(static_cast<double>(x.state_bytes)).c_str(), 1e3 * t,
+                    1e3 * x.time.gemm, 1e3 * x.time.attention, 1e3 * (x.time.elementwise + x.time.memory),
+                    1e3 * (x.time.tensor_comm + x.time.data_comm), 1e3 * x.pipeline_s, tokens / t, 100 * mfu,
+                    x.fits ? "" : "  (does not fit)");
       }
     }
     if (!json)
       std::printf("(ranked by step time among those that fit; peak: the step's peak per GPU, with an estimate of the CUDA "
-                  "workspace: cuBLASLt's %.0f MiB and the attention scores; no overlap of communication with compute, no "
-                  "pipeline parallelism)\n",
+                  "workspace: cuBLASLt's %.0f MiB and the attention scores; pipe: degree and schedule, the largest pipe rank's "
+                  "peak; pipeline: the schedule's idle time, messages and imbalance; no overlap of communication with "
+                  "compute)\n",
                   static_cast<double>(footprint::cuda_workspace(c, {.data_degree = 1, .tensor_degree = 1}, 0)) / (1 << 20));
     if (!json && !found.skipped.empty()) {
       std::printf("left out:\n");

@@ -6,8 +6,8 @@
 1. GPT-2 124M on one GPU: DDP's state is 18 bytes per parameter in bf16 (2 + 4 gradient + 4 master +
    8 AdamW), 124,439,808 parameters: a closed form the plan must hit exactly.
 2. On 64 GPUs of 8 per node: FSDP's state is about 1/64 of DDP's (padding aside), every candidate's
-   step time is the sum of its parts, the list is ranked by step time among those that fit, and
-   tensor degrees above the node size are not offered.
+   step time is the sum of its parts, the list is ranked by step time among those that fit,
+   tensor degrees above the node size are not offered, and pipelines of 2 and 4 ranks are.
 3. A device too small for anything: every candidate marked as not fitting, none dropped.
 4. 1024 GPUs: plans in well under a second per candidate (nothing is allocated).
 5. Bad clusters and options exit 2 naming the problem; with no candidate, the reason for each layout.
@@ -42,16 +42,25 @@ check(p.returncode == 0 and len(ddp) == 1 and ddp[0]["state_bytes"] == 18 * 124_
 p = run("--preset", "gpt2-124m", "--gpus", "64", "--gpus-per-node", "8", "--batch", "256", "--micro", "2", "--json",
         "--show", "1000")
 r = rows(p)
-by = {(x["strategy"], x["tensor"]): x for x in r}
+by = {(x["strategy"], x["tensor"]): x for x in r if x["pipe"] == 1}
 d, f = by.get(("ddp", 1)), by.get(("fsdp", 1))
 check(p.returncode == 0 and d and f and 64 * f["state_bytes"] <= d["state_bytes"] * 1.001 + 64 * 64 * 16,
       f"FSDP holds 1/64 of DDP's state: {f and f['state_bytes']} x 64 vs {d and d['state_bytes']}")
-parts = ["gemm_s", "attention_s", "elementwise_s", "memory_s", "tensor_comm_s", "data_comm_s"]
+parts = ["gemm_s", "attention_s", "elementwise_s", "memory_s", "tensor_comm_s", "data_comm_s", "pipeline_s"]
 check(all(abs(sum(x[k] for k in parts) - x["step_s"]) <= 1e-9 * x["step_s"] for x in r), "step time = the sum of its parts")
 fits = [x["step_s"] for x in r if x["fits"]]
 check(fits == sorted(fits) and all(x["fits"] for x in r[:len(fits)]), "ranked by step time, those that fit first")
 check({x["tensor"] for x in r} == {1, 2, 4}, f"tensor degrees 1, 2, 4 (12 heads; 8 does not divide): {sorted({x['tensor'] for x in r})}")
-check(all(x["tensor"] * x["data"] == 64 for x in r), "every candidate uses the 64 GPUs")
+check(all(x["tensor"] * x["pipe"] * x["data"] == 64 for x in r), "every candidate uses the 64 GPUs")
+# Pipelines: every pipe degree that divides the 12 layers and leaves at least as many micro-batches
+# as pipe ranks (256 / (2 x 64 / (tensor x pipe)) >= pipe); a pipe rank holds about 1/pipe of the
+# blocks, plus the embedding or the head.
+piped = {(x["pipe"], x["schedule"]) for x in r if x["pipe"] > 1}
+check({p for p, _ in piped} == {2, 4}, f"pipe degrees 2 and 4 (8 leaves fewer micro-batches than ranks): {sorted(piped)}")
+p4 = [x for x in r if x["strategy"] == "ddp" and x["tensor"] == 1 and x["pipe"] == 4 and x["schedule"] == "1f1b"]
+check(p4 and d and p4[0]["state_bytes"] < d["state_bytes"] / 2 and p4[0]["pipeline_s"] > 0,
+      f"DDP on pipe 4: the largest pipe rank's state under half of one rank's, and a bubble: {p4 and p4[0]['state_bytes']} "
+      f"vs {d and d['state_bytes']}, pipeline {p4 and p4[0]['pipeline_s']} s")
 
 # 3. Nothing fits 1 MiB.
 p = run("--preset", "gpt2-124m", "--gpus", "8", "--batch", "64", "--memory-gib", "0.001", "--json", "--show", "1000")
