@@ -86,6 +86,32 @@ assert saved and saved[-1] == f"step_{last['step']:08d}", saved
 print(f"SIGUSR1 to mpirun: every rank stopped after step {last['step']}, exit {rc}, checkpoint {saved[-1]}")
 PY
 
+# A long step under mpirun: SIGUSR1 during step 2 abandons it on every process at the same point
+# (train/stop.hpp's agreed poll over MPI), within a second; the checkpoint is step 1's.
+long=(--device host --steps 100000 --eval-every 0 --width 128 --seq 128 --batch 32 --micro-batch 8)
+"${mpirun[@]}" -np 4 "$bin" "${long[@]}" --data 2 --tensor 2 --save-dir "$work/abandon" \
+  --log "$work/a.jsonl" >"$work/a.out" 2>&1 &
+job=$!
+for _ in $(seq 1200); do
+  kill -0 "$job" 2>/dev/null || break
+  [ -f "$work/a.jsonl" ] && [ "$(wc -l < "$work/a.jsonl")" -ge 1 ] && break
+  sleep 0.1
+done
+sleep 0.3
+kill -USR1 "$job"
+wait "$job"
+rc=$?
+python3 - "$work/a.jsonl" "$rc" "$work/abandon" "$work/a.out" <<'PY' || { cat "$work/a.out"; exit 1; }
+import json, os, re, sys
+records = [json.loads(l) for l in open(sys.argv[1])]
+last, rc, saved, out = records[-1], int(sys.argv[2]), sorted(os.listdir(sys.argv[3])), open(sys.argv[4]).read()
+m = re.search(r"abandoned step 2 on SIGUSR1, ([0-9.]+) s after it", out)
+assert rc == 138 and last.get("abandoned_step") == 2 and last["step"] == 1 and len(records) == 2, (rc, records)
+assert m and float(m.group(1)) < 1.0, out[-500:]
+assert saved and saved[-1] == "step_00000001", saved
+print(f"a long step under mpirun: abandoned {m.group(1)} s after SIGUSR1 on every process, exit {rc}, checkpoint {saved[-1]}")
+PY
+
 # The wrong number of processes.
 "${mpirun[@]}" -np 2 "$bin" "${common[@]}" --data 2 --tensor 2 >"$work/n.out" 2>&1
 [ $? = 2 ] || fail "2 processes for 4 ranks did not exit with 2"

@@ -119,3 +119,20 @@ TEST_CASE("docs/pipeline.md shows the pictures these tables draw") {
   for (const Table& t : {table<GPipe>(4, 4), table<OneFOneB>(4, 8), table<Interleaved>(4, 8, 2), table<ZeroBubbleH1>(4, 8)})
     CHECK_MESSAGE(doc.find(chart(t)) != std::string::npos, "the doc lacks:\n", chart(t));
 }
+
+TEST_CASE("simulate with stage costs: the slowest stage sets the steady state; wrong sizes are refused") {
+  // 1F1B, p 2, m 8, messages of time 0.5: stage 1 costs 3 per forward and backward pair (1 + 2),
+  // stage 0 half that; rank 1 is busy 8 x 3 = 24 and waits only for its first activation
+  // (stage 0's forward 0.5 plus the message 0.5), so it ends at 25; rank 0's last backward waits for
+  // the last gradient (+ 0.5) and takes 1: it ends at 26.5.
+  const Table t = table<OneFOneB>(2, 8);
+  StageCosts c{{0.5, 1}, {1, 2}, {0, 0}, 0.5};
+  const Simulation sim = simulate(t, c);
+  CHECK(sim.completed);
+  CHECK(sim.end[1] == doctest::Approx(25));
+  CHECK(sim.end[0] == doctest::Approx(26.5));
+  CHECK(sim.makespan == doctest::Approx(26.5));
+  c.forward.pop_back();
+  CHECK_THROWS_WITH_AS(simulate(t, c), doctest::Contains("costs for 1, 2 and 2 stages"), Error);
+}
+

@@ -361,6 +361,12 @@ struct Simulation {
 // ranks blocked: `blocked` names the one that blocked first (the others wait for it, directly or
 // not), the action and the message it waits for.
 inline Simulation simulate(const Table& t, const StageCosts& c) {
+  const auto S = static_cast<std::size_t>(t.stages());
+  if (c.forward.size() != S || c.backward.size() != S || c.weight.size() != S)
+    throw Error("pipeline::simulate",
+                cat("costs for ", c.forward.size(), ", ", c.backward.size(), " and ", c.weight.size(),
+                    " stages (forward, backward, weight) for a table of ", S, " virtual stages"),
+                "give one cost per virtual stage");
   const int p = t.p;
   Simulation sim;
   sim.busy.assign(static_cast<std::size_t>(p), 0.0);
