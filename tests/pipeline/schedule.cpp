@@ -136,3 +136,32 @@ TEST_CASE("simulate with stage costs: the slowest stage sets the steady state; w
   CHECK_THROWS_WITH_AS(simulate(t, c), doctest::Contains("costs for 1, 2 and 2 stages"), Error);
 }
 
+
+TEST_CASE("delivered: a send is freed where a later message from its receiver proves it arrived") {
+  // 1F1B, p 2, m 4. Rank 0's activation i is proved delivered by gradient i (rank 1 ran F(i) before
+  // B(i)); rank 1's gradient i by activation i + 2 (rank 0 posts it after B(i), which needed the
+  // gradient); rank 1's last two gradients only by the run's end.
+  const Table t = table<OneFOneB>(2, 4);
+  for (int r : {0, 1}) {
+    const auto& acts = t.ranks[static_cast<std::size_t>(r)];
+    const std::vector<int> at = delivered(t, r);
+    REQUIRE(at.size() == acts.size());
+    for (std::size_t k = 0; k < acts.size(); ++k) {
+      const Action& x = acts[k];
+      if (x.what != Do::exchange || !x.send.present()) {
+        CHECK(at[k] == -1);
+        continue;
+      }
+      CAPTURE(r);
+      CAPTURE(x.send.micro);
+      const int i = x.send.micro;
+      const Msg proof = r == 0 ? Msg{true, 1, i} : Msg{false, 0, i + 2};
+      if (r == 1 && i + 2 >= 4) {
+        CHECK(at[k] == -1);
+        continue;
+      }
+      REQUIRE(at[k] >= 0);
+      CHECK(acts[static_cast<std::size_t>(at[k])].recv == proof);
+    }
+  }
+}

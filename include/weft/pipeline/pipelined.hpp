@@ -6,8 +6,9 @@
 //                    last; stage s on pipe rank s % p (chunk s / p)
 //   Pipeline         runs one rank's table: forward and backward (and, for ZB-H1, the deferred
 //                    weight gradients) of its stages per micro-batch; exchanges activations and
-//                    gradients with its neighbours (sends posted without waiting, kept alive until
-//                    delivered; receives in table order); tells the data-parallel protocol when
+//                    gradients with its neighbours (sends posted without waiting, each buffer
+//                    kept until a later receive proves it delivered (pipeline::delivered) or the
+//                    run ends; receives in table order); tells the data-parallel protocol when
 //                    each unit is first needed and last used; sums the tied embedding's gradients
 //                    over the first and last pipe ranks; returns the step's mean loss on every rank.
 //
@@ -111,6 +112,7 @@ class Pipeline {
                   "partition the model's layers");
     rank_ = pipe.rank();
     lowest_stage_ = rank_;
+    delivered_ = delivered(table_, rank_);
     // The tied table's two holders (first and last pipe ranks) sum its gradients.
     const int last = part_.rank_of(part_.stages() - 1);
     if (last != 0) tie_.emplace(pipe.split((rank_ == 0 || rank_ == last) ? 0 : 1, rank_, cat(pipe.name(), "/tied")));
@@ -133,15 +135,22 @@ class Pipeline {
           for (std::size_t u : model_->units_of(fs)) last_use[u] = k;
     std::vector<std::optional<Ctx>> ctx(static_cast<std::size_t>(table_.m));
     std::vector<Act> outgoing(static_cast<std::size_t>(table_.m));  // a compute's output, until the next exchange sends it
-    std::vector<std::pair<typename Comm::SendHandle, Act>> sent;
+    // Posted sends (their action index, handle and buffer), each freed once a later receive proves
+    // it arrived (pipeline::delivered), the rest at the end.
+    struct Sent {
+      std::size_t action;
+      typename Comm::SendHandle handle;
+      Act buffer;
+    };
+    std::vector<Sent> sent;
     Comm& pipe = mesh_->comm(Axis::pipe);
     // If this rank fails mid-step, its posted sends are withdrawn before their buffers are freed
     // (a neighbour never reads freed memory; it gets an Error instead).
     struct Withdraw {
       Comm& pipe;
-      std::vector<std::pair<typename Comm::SendHandle, Act>>& sent;
+      std::vector<Sent>& sent;
       ~Withdraw() {
-        for (auto& s : sent) pipe.cancel(s.first);
+        for (auto& s : sent) pipe.cancel(s.handle);
       }
     } withdraw{pipe, sent};
     double loss = 0;
@@ -150,8 +159,8 @@ class Pipeline {
       if (a.what == Do::exchange) {
         if (a.send.present()) {
           Act out = std::move(outgoing[static_cast<std::size_t>(a.send.micro)]);
-          sent.emplace_back(pipe.isend(std::span<const T>(out.data(), static_cast<std::size_t>(out.numel())), a.send_to),
-                            std::move(out));
+          auto h = pipe.isend(std::span<const T>(out.data(), static_cast<std::size_t>(out.numel())), a.send_to);
+          sent.push_back({k, h, std::move(out)});
         }
         if (a.recv.present()) {
           const Trace::Scope wait(trace_, lane_, "recv wait", "wait", a.recv.stage, a.recv.micro);
@@ -159,6 +168,12 @@ class Pipeline {
           c.x = Act::empty(model_->dev(), shape(micro[static_cast<std::size_t>(a.recv.micro)]), mesh_->spread(),
                            Category::activations);
           pipe.recv(std::span<T>(c.x.data(), static_cast<std::size_t>(c.x.numel())), a.recv_from);
+          // The sends this message proves delivered: waiting returns at once; their buffers go.
+          std::erase_if(sent, [&](Sent& x) {
+            if (delivered_[x.action] != static_cast<int>(k)) return false;
+            pipe.wait(x.handle);
+            return true;
+          });
         }
         continue;
       }
@@ -198,7 +213,7 @@ class Pipeline {
     }
     {
       const Trace::Scope wait(trace_, lane_, "send wait", "wait");
-      for (auto& [h, buf] : sent) pipe.wait(h);
+      for (Sent& x : sent) pipe.wait(x.handle);
       sent.clear();  // delivered: nothing to withdraw
     }
     if (tie_) {
@@ -253,6 +268,7 @@ class Pipeline {
   M* mesh_;
   int rank_ = 0;
   int lowest_stage_ = 0;  // this rank's first virtual stage: a micro-batch's last backward here
+  std::vector<int> delivered_;  // per action: where its send is known delivered (pipeline::delivered)
   std::optional<Comm> tie_;
   Trace* trace_ = nullptr;
   int lane_ = 0;

@@ -333,6 +333,44 @@ constexpr bool valid(const Table& t) {
   return detail::scan(t, [](int, int, auto) { return false; });
 }
 
+// When each send of rank r is known to be delivered: for every action index of r, the index of the
+// exchange after whose receive the send posted there has arrived (-1: no later message tells; the
+// run's end waits for it). A message from q posted after q received our send proves the send
+// arrived; messages between two ranks arrive in order, so each receive from q frees a prefix of the
+// sends to q still held. The executor frees send buffers there, and the memory plan counts them so.
+constexpr std::vector<int> delivered(const Table& t, int r) {
+  const int S = t.stages();
+  const auto key = [&](const Msg& x) { return static_cast<std::size_t>(((x.grad ? 1 : 0) * S + x.stage) * t.m + x.micro); };
+  const std::size_t keys = static_cast<std::size_t>(2 * S * t.m);
+  std::vector<int> sent_at(keys, -1), received_at(keys, -1);  // action index on the sending / receiving rank
+  for (const auto& acts : t.ranks)
+    for (int k = 0; k < static_cast<int>(acts.size()); ++k) {
+      const Action& x = acts[static_cast<std::size_t>(k)];
+      if (x.what != Do::exchange) continue;
+      if (x.send.present()) sent_at[key(x.send)] = k;
+      if (x.recv.present()) received_at[key(x.recv)] = k;
+    }
+  const auto& acts = t.ranks[static_cast<std::size_t>(r)];
+  std::vector<int> out(acts.size(), -1);
+  std::vector<std::vector<int>> held(static_cast<std::size_t>(t.p));  // per peer: our sends, in order
+  std::vector<std::size_t> head(static_cast<std::size_t>(t.p), 0);
+  for (int k = 0; k < static_cast<int>(acts.size()); ++k) {
+    const Action& x = acts[static_cast<std::size_t>(k)];
+    if (x.what != Do::exchange) continue;
+    if (x.send.present()) held[static_cast<std::size_t>(x.send_to)].push_back(k);
+    if (!x.recv.present()) continue;
+    const auto q = static_cast<std::size_t>(x.recv_from);
+    const int posted = sent_at[key(x.recv)];  // on q
+    while (head[q] < held[q].size()) {
+      const int j = held[q][head[q]];
+      if (received_at[key(acts[static_cast<std::size_t>(j)].send)] >= posted) break;
+      out[static_cast<std::size_t>(j)] = k;
+      ++head[q];
+    }
+  }
+  return out;
+}
+
 // Costs of one chunk's passes for the simulation.
 struct Costs {
   double forward = 1, backward = 2, weight = 0;  // backward: B + W where the schedule does not split

@@ -21,8 +21,8 @@
 //
 // step(): one pipe rank holding every stage (pipe degree 1). pipeline_step(): a pipe rank of a
 // pipeline schedule's table (pipeline/schedule.hpp: GPipe, 1F1B, interleaved, ZB-H1), its micro-
-// batches in flight, the activations and gradients it receives and the sends it keeps until the run
-// ends, and under ZB-H1 the Linear layers' input copies and output gradients kept from each
+// batches in flight, the activations and gradients it receives, the send buffers it keeps until a
+// receive proves them delivered (pipeline::delivered) or the run ends, and under ZB-H1 the Linear layers' input copies and output gradients kept from each
 // backward to its weight pass. Both on a device that reads the tokens where they are (the host);
 // the CUDA back end's attention and GEMM workspaces are not replayed (cuda_workspace() below).
 #pragma once
@@ -187,9 +187,10 @@ class StepReplay {
 
   // pipeline::Pipeline::run on pipe rank r of `t` (the even partition: L / (p V) blocks per
   // virtual stage, the embedding with stage 0, the head with the last): per action, in the table's
-  // order, a receive allocates the activation or gradient it brings; a forward or backward runs its
-  // stages, each unit acquired before and released after it (released after the weight pass where
-  // the schedule splits it); a sent buffer is kept until every send is delivered at the run's end.
+  // order, a receive allocates the activation or gradient it brings and frees the sends it proves
+  // delivered; a forward or backward runs its stages, each unit acquired before and released after
+  // it (released after the weight pass where the schedule splits it); the other sends are freed at
+  // the run's end.
   constexpr void run_table(const pipeline::Table& t, int r) {
     const int S = t.stages();
     const std::int64_t per_stage = c_.layers / S;
@@ -236,11 +237,24 @@ class StepReplay {
         if (has_embedding) f(0, 0);
       }
     };
-    std::int64_t sent = 0;
-    for (const pipeline::Action& a : t.ranks[static_cast<std::size_t>(r)]) {
+    const std::vector<int> delivered = pipeline::delivered(t, r);
+    std::vector<std::int64_t> freed_at(delivered.size(), 0);  // per action: sends known delivered after its receive
+    std::int64_t held = 0;                                    // sends kept until the end of the run
+    for (std::size_t k = 0; k < delivered.size(); ++k) {
+      const pipeline::Action& x = t.ranks[static_cast<std::size_t>(r)][k];
+      if (x.what != pipeline::Do::exchange || !x.send.present()) continue;
+      if (delivered[k] < 0) ++held;
+      else ++freed_at[static_cast<std::size_t>(delivered[k])];
+    }
+    for (std::size_t k = 0; k < delivered.size(); ++k) {
+      const pipeline::Action& a = t.ranks[static_cast<std::size_t>(r)][k];
       if (a.what == pipeline::Do::exchange) {
-        if (a.send.present()) ++sent;                // the buffer moves into the send, kept
-        if (a.recv.present()) l_->add(act, xs_);     // c.x: the activation or gradient received
+        // A send keeps its buffer (moved in from the context); a receive allocates c.x, then frees
+        // the sends it proves delivered.
+        if (a.recv.present()) {
+          l_->add(act, xs_);
+          l_->sub(act, freed_at[k] * xs_);
+        }
         continue;
       }
       fine(a.stage, a.what != pipeline::Do::forward, [&](int kind, std::int64_t k) {
@@ -270,7 +284,7 @@ class StepReplay {
           for (int i = 0; i < n; ++i) release(u[ids[i]].n, backward, u[ids[i]].gathered, u[ids[i]].grads);
       });
     }
-    l_->sub(act, sent * xs_);  // every send delivered: the buffers freed
+    l_->sub(act, held * xs_);  // the run's end: the remaining sends waited for, their buffers freed
   }
 
  private:
@@ -592,7 +606,7 @@ constexpr StepPeak step(const nn::GptConfig& c, const Spread& s, std::int64_t mi
 // table `t` (any schedule: GPipe, 1F1B, interleaved, ZB-H1) over the even partition, on a data x
 // pipe x tensor mesh: every forward, backward and weight pass of the rank's stages for the table's
 // micro-batches of `micro_batch` sequences, the activations and gradients it receives, the sends it
-// keeps until the end of the run, then the optimizer step over the units it holds. Layers must
+// keeps until they are known delivered, then the optimizer step over the units it holds. Layers must
 // divide into p V stages (pipeline::Partition::even).
 template <class Strategy, PrecisionLike P, bool SP = false, recompute::Policy R = recompute::None,
           class Rule = optim::AdamW>
