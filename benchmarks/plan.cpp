@@ -37,6 +37,29 @@ struct Run {
   std::int64_t peak = 0;
 };
 
+// step() once to warm up, then `steps` times between barriers: this rank's times and peak bytes.
+template <class Step>
+void time_steps(ThreadComm& world, Host& host, Step&& step, std::int64_t steps, std::vector<double>& times,
+                std::int64_t& peak) {
+  step();
+  for (std::int64_t s = 0; s < steps; ++s) {
+    world.barrier();
+    host.reset_peak();
+    const auto t0 = Clock::now();
+    step();
+    world.barrier();
+    times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  peak = host.memory().total_peak;
+}
+
+// Rank 0's median step and the largest rank's peak.
+Run median(std::vector<std::vector<double>> times, const std::vector<std::int64_t>& peaks) {
+  std::vector<double>& t = times[0];
+  std::sort(t.begin(), t.end());
+  return {t[t.size() / 2], *std::max_element(peaks.begin(), peaks.end())};
+}
+
 template <class Strategy, bool SP>
 Run measure(const nn::GptConfig& cfg, MeshShape shape, std::int64_t batch, std::int64_t steps) {
   const int ranks = shape.data * shape.tensor;
@@ -53,26 +76,15 @@ Run measure(const nn::GptConfig& cfg, MeshShape shape, std::int64_t batch, std::
       x[i] = static_cast<std::int32_t>(weft::philox(1, 1, i)[0] % static_cast<std::uint64_t>(cfg.vocab));
       y[i] = static_cast<std::int32_t>(weft::philox(1, 2, i)[0] % static_cast<std::uint64_t>(cfg.vocab));
     }
-    auto step = [&] {
+    const auto r = static_cast<std::size_t>(world.rank());
+    time_steps(world, host, [&] {
       dp.zero_grad();
       auto ctx = gpt.context({x, y, batch});
       pipeline::forward_backward(gpt, ctx, mesh, dp);
       dp.step(1e-4, 1.0);
-    };
-    step();  // warm-up
-    for (std::int64_t s = 0; s < steps; ++s) {
-      world.barrier();
-      host.reset_peak();
-      const auto t0 = Clock::now();
-      step();
-      world.barrier();
-      times[static_cast<std::size_t>(world.rank())].push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-    }
-    peaks[static_cast<std::size_t>(world.rank())] = host.memory().total_peak;
+    }, steps, times[r], peaks[r]);
   });
-  std::vector<double> t = times[0];
-  std::sort(t.begin(), t.end());
-  return {t[t.size() / 2], *std::max_element(peaks.begin(), peaks.end())};
+  return median(std::move(times), peaks);
 }
 
 template <class Strategy, bool SP>
@@ -126,25 +138,14 @@ Run measure_pipeline(const nn::GptConfig& cfg, MeshShape shape, std::int64_t mic
       }
       mbs.push_back({x[k], y[k], micro, 1.0 / table.m});
     }
-    auto step = [&] {
+    const auto r = static_cast<std::size_t>(world.rank());
+    time_steps(world, host, [&] {
       dp.zero_grad();
       pp.run(mbs, dp);
       dp.step(1e-4, 1.0);
-    };
-    step();  // warm-up
-    for (std::int64_t s = 0; s < steps; ++s) {
-      world.barrier();
-      host.reset_peak();
-      const auto t0 = Clock::now();
-      step();
-      world.barrier();
-      times[static_cast<std::size_t>(world.rank())].push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-    }
-    peaks[static_cast<std::size_t>(world.rank())] = host.memory().total_peak;
+    }, steps, times[r], peaks[r]);
   });
-  std::vector<double> t = times[0];
-  std::sort(t.begin(), t.end());
-  return {t[t.size() / 2], *std::max_element(peaks.begin(), peaks.end())};
+  return median(std::move(times), peaks);
 }
 
 template <class Strategy>

@@ -32,6 +32,62 @@ struct Measured {
   std::int64_t planned_allocations = 0;
 };
 
+// Two steps on `host` (each `step()` a training step): what each allocated, and the first's peaks
+// and what it left; then the plan's numbers for the same.
+template <class Step>
+void record(Measured& r, Host& host, Step&& step, const footprint::StepPeak& plan) {
+  for (std::size_t s = 0; s < 2; ++s) {
+    const MemoryStats before = host.memory();
+    host.reset_peak();
+    step();
+    for (std::size_t k = 0; k < kCategories; ++k) r.allocated[s][k] = host.memory().allocated[k] - before.allocated[k];
+    r.allocations[s] = host.memory().allocations - before.allocations;
+    if (s > 0) continue;
+    for (std::size_t k = 0; k < kCategories; ++k) {
+      r.peak[k] = host.memory().peak[k];
+      r.after[k] = host.memory().current[k];
+    }
+    r.total = host.memory().total_peak;
+  }
+  for (std::size_t k = 0; k < kCategories; ++k) {
+    r.planned[k] = plan.peak.bytes[k];
+    r.planned_after[k] = plan.after.bytes[k];
+    r.planned_allocated[k] = plan.allocated.bytes[k];
+  }
+  r.planned_total = plan.total;
+  r.planned_allocations = plan.allocations;
+}
+
+// Every rank's counts equal its plan's, category by category, to the byte.
+void compare(const std::vector<Measured>& got, const std::string& what) {
+  for (std::size_t rank = 0; rank < got.size(); ++rank) {
+    const Measured& r = got[rank];
+    INFO(what, " rank ", rank);
+    for (std::size_t k = 0; k < kCategories; ++k) {
+      INFO(std::string(name(static_cast<Category>(k))));
+      CHECK(r.peak[k] == r.planned[k]);
+      CHECK(r.after[k] == r.planned_after[k]);
+      CHECK(r.allocated[0][k] == r.planned_allocated[k]);
+      CHECK(r.allocated[1][k] == r.planned_allocated[k]);
+    }
+    CHECK(r.total == r.planned_total);
+    CHECK(r.allocations[0] == r.planned_allocations);
+    CHECK(r.allocations[1] == r.planned_allocations);
+  }
+}
+
+// A data rank's tokens and targets: `micro` sequences over the data degree.
+std::pair<std::vector<std::int32_t>, std::vector<std::int32_t>> tokens(const nn::GptConfig& c, std::int64_t micro, int data,
+                                                                       int data_index) {
+  const std::int64_t n = micro / data * c.seq;
+  std::vector<std::int32_t> x(static_cast<std::size_t>(n)), y(x.size());
+  for (std::int64_t i = 0; i < n; ++i) {
+    x[static_cast<std::size_t>(i)] = static_cast<std::int32_t>((i * 7 + data_index) % c.vocab);
+    y[static_cast<std::size_t>(i)] = static_cast<std::int32_t>((i * 3 + 1) % c.vocab);
+  }
+  return {x, y};
+}
+
 template <class Strategy, class P, bool SP, class R = recompute::None>
 void check(const nn::GptConfig& c, MeshShape shape, std::int64_t micro, std::int64_t micro_batches = 1) {
   const int ranks = shape.data * shape.tensor;
@@ -41,54 +97,17 @@ void check(const nn::GptConfig& c, MeshShape shape, std::int64_t micro, std::int
     Host host;
     nn::Gpt<P, SP, R> gpt(host, c, mesh.spread(), micro);
     auto dp = optim::data_parallel<Strategy>(gpt, optim::AdamW{}, mesh);
-    const std::int64_t n = micro / shape.data * c.seq;
-    std::vector<std::int32_t> x(static_cast<std::size_t>(n)), y(x.size());
-    for (std::int64_t i = 0; i < n; ++i) {
-      x[static_cast<std::size_t>(i)] = static_cast<std::int32_t>((i * 7 + mesh.coord().data) % c.vocab);
-      y[static_cast<std::size_t>(i)] = static_cast<std::int32_t>((i * 3 + 1) % c.vocab);
-    }
-    Measured& r = got[static_cast<std::size_t>(w.rank())];
-    for (std::size_t s = 0; s < 2; ++s) {
-      const MemoryStats before = host.memory();
-      host.reset_peak();
+    const auto [x, y] = tokens(c, micro, shape.data, mesh.coord().data);
+    record(got[static_cast<std::size_t>(w.rank())], host, [&] {
       for (std::int64_t m = 0; m < micro_batches; ++m) {
         auto ctx = gpt.context({x, y, micro, 1.0 / static_cast<double>(micro_batches)});
         pipeline::forward_backward(gpt, ctx, mesh, dp, m + 1 == micro_batches);
       }
       dp.step(1e-3, 1.0);
-      for (std::size_t k = 0; k < kCategories; ++k) r.allocated[s][k] = host.memory().allocated[k] - before.allocated[k];
-      r.allocations[s] = host.memory().allocations - before.allocations;
-      if (s > 0) continue;
-      for (std::size_t k = 0; k < kCategories; ++k) {
-        r.peak[k] = host.memory().peak[k];
-        r.after[k] = host.memory().current[k];
-      }
-      r.total = host.memory().total_peak;
-    }
-    const auto plan = footprint::step<Strategy, P, SP, R>(c, mesh.spread(), micro, micro_batches);
-    for (std::size_t k = 0; k < kCategories; ++k) {
-      r.planned[k] = plan.peak.bytes[k];
-      r.planned_after[k] = plan.after.bytes[k];
-      r.planned_allocated[k] = plan.allocated.bytes[k];
-    }
-    r.planned_total = plan.total;
-    r.planned_allocations = plan.allocations;
+    }, footprint::step<Strategy, P, SP, R>(c, mesh.spread(), micro, micro_batches));
   });
-  for (int rank = 0; rank < ranks; ++rank) {
-    const Measured& r = got[static_cast<std::size_t>(rank)];
-    for (std::size_t k = 0; k < kCategories; ++k) {
-      INFO(Strategy::name(), SP ? "-sp " : " ", precision_t<P>::name(), " data ", shape.data, " tensor ", shape.tensor,
-           " micro ", micro, " x ", micro_batches, " rank ", rank, " ", std::string(name(static_cast<Category>(k))));
-      CHECK(r.peak[k] == r.planned[k]);
-      CHECK(r.after[k] == r.planned_after[k]);
-      CHECK(r.allocated[0][k] == r.planned_allocated[k]);
-      CHECK(r.allocated[1][k] == r.planned_allocated[k]);
-    }
-    INFO(Strategy::name(), SP ? "-sp" : "", " rank ", rank, " total");
-    CHECK(r.total == r.planned_total);
-    CHECK(r.allocations[0] == r.planned_allocations);
-    CHECK(r.allocations[1] == r.planned_allocations);
-  }
+  compare(got, cat(Strategy::name(), SP ? "-sp " : " ", precision_t<P>::name(), " data ", shape.data, " tensor ", shape.tensor,
+                   " micro ", micro, " x ", micro_batches));
 }
 
 // Odd vocabulary (padded on the tensor axis), the sequence divisible by the tensor degree for SP.
@@ -124,7 +143,6 @@ void check_pipeline(const nn::GptConfig& c, MeshShape shape, pipeline::Kind kind
   const int ranks = shape.data * shape.pipe * shape.tensor;
   const pipeline::Table table = pipeline::make_table(kind, shape.pipe, m, v);
   std::vector<Measured> got(static_cast<std::size_t>(ranks));
-  std::vector<int> pipe_rank(static_cast<std::size_t>(ranks));
   run_threads(ranks, [&](ThreadComm& w) {
     Mesh mesh{w, shape};
     Host host;
@@ -133,55 +151,16 @@ void check_pipeline(const nn::GptConfig& c, MeshShape shape, pipeline::Kind kind
     Model gpt(host, c, mesh.spread(), micro, part.placement(mesh.coord().pipe));
     auto dp = optim::data_parallel<Strategy>(gpt, optim::AdamW{}, mesh);
     pipeline::Pipeline<Model, decltype(mesh)> pp(gpt, table, part, mesh);
-    const std::int64_t n = micro / shape.data * c.seq;
-    std::vector<std::int32_t> x(static_cast<std::size_t>(n)), y(x.size());
-    for (std::int64_t i = 0; i < n; ++i) {
-      x[static_cast<std::size_t>(i)] = static_cast<std::int32_t>((i * 7 + mesh.coord().data) % c.vocab);
-      y[static_cast<std::size_t>(i)] = static_cast<std::int32_t>((i * 3 + 1) % c.vocab);
-    }
+    const auto [x, y] = tokens(c, micro, shape.data, mesh.coord().data);
     const std::vector<nn::MicroBatch> mbs(static_cast<std::size_t>(m), nn::MicroBatch{x, y, micro, 1.0 / m});
-    Measured& r = got[static_cast<std::size_t>(w.rank())];
-    pipe_rank[static_cast<std::size_t>(w.rank())] = mesh.coord().pipe;
-    for (std::size_t s = 0; s < 2; ++s) {
-      const MemoryStats before = host.memory();
-      host.reset_peak();
+    record(got[static_cast<std::size_t>(w.rank())], host, [&] {
       dp.zero_grad();
       pp.run(mbs, dp);
       dp.step(1e-3, 1.0);
-      for (std::size_t k = 0; k < kCategories; ++k) r.allocated[s][k] = host.memory().allocated[k] - before.allocated[k];
-      r.allocations[s] = host.memory().allocations - before.allocations;
-      if (s > 0) continue;
-      for (std::size_t k = 0; k < kCategories; ++k) {
-        r.peak[k] = host.memory().peak[k];
-        r.after[k] = host.memory().current[k];
-      }
-      r.total = host.memory().total_peak;
-    }
-    const auto plan = footprint::pipeline_step<Strategy, P, SP, R>(c, mesh.spread(), micro, table, mesh.coord().pipe);
-    for (std::size_t k = 0; k < kCategories; ++k) {
-      r.planned[k] = plan.peak.bytes[k];
-      r.planned_after[k] = plan.after.bytes[k];
-      r.planned_allocated[k] = plan.allocated.bytes[k];
-    }
-    r.planned_total = plan.total;
-    r.planned_allocations = plan.allocations;
+    }, footprint::pipeline_step<Strategy, P, SP, R>(c, mesh.spread(), micro, table, mesh.coord().pipe));
   });
-  for (int rank = 0; rank < ranks; ++rank) {
-    const Measured& r = got[static_cast<std::size_t>(rank)];
-    INFO(Strategy::name(), SP ? "-sp " : " ", precision_t<P>::name(), " schedule ", static_cast<int>(kind), " pipe ",
-         shape.pipe, " x ", v, " data ", shape.data, " tensor ", shape.tensor, " micro ", micro, " x ", m, " rank ", rank,
-         " (pipe rank ", pipe_rank[static_cast<std::size_t>(rank)], ")");
-    for (std::size_t k = 0; k < kCategories; ++k) {
-      INFO(std::string(name(static_cast<Category>(k))));
-      CHECK(r.peak[k] == r.planned[k]);
-      CHECK(r.after[k] == r.planned_after[k]);
-      CHECK(r.allocated[0][k] == r.planned_allocated[k]);
-      CHECK(r.allocated[1][k] == r.planned_allocated[k]);
-    }
-    CHECK(r.total == r.planned_total);
-    CHECK(r.allocations[0] == r.planned_allocations);
-    CHECK(r.allocations[1] == r.planned_allocations);
-  }
+  compare(got, cat(Strategy::name(), SP ? "-sp " : " ", precision_t<P>::name(), " schedule ", static_cast<int>(kind), " pipe ",
+                   shape.pipe, " x ", v, " data ", shape.data, " tensor ", shape.tensor, " micro ", micro, " x ", m));
 }
 
 // Four layers: two virtual stages on each of two pipe ranks for the interleaved schedule.
