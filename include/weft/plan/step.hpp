@@ -402,10 +402,12 @@ class StepReplay {
     if (!keep_probs) l_->sub(act, probs_);
     return xf_;
   }
+  // With the weight gradients deferred (ZB-H1), each Linear keeps its input copy and its output
+  // gradient (a copy, or the GELU's dpre moved in) until backward_weight.
   constexpr std::int64_t attention_backward() {
-    if (defer_) return attention_backward_deferred();
     l_->add(act, core_);  // proj dx (dcore)
-    l_->sub(act, core_);  // proj's input copy
+    if (defer_) l_->add(act, xf_);  // proj's dy, kept
+    else l_->sub(act, core_);       // proj's input copy
     if (!keep_probs) {
       l_->add(act, probs_);
       l_->add(act, core_);  // the recomputed core's output, freed at once
@@ -413,49 +415,14 @@ class StepReplay {
     }
     l_->add(act, qkv_);  // dqkv
     l_->add(act, xf_);   // qkv dx
-    l_->sub(act, xf_);   // qkv's input copy
+    if (defer_) l_->add(act, qkv_);  // qkv's dy (dqkv's copy), kept
+    else l_->sub(act, xf_);          // qkv's input copy
     l_->sub(act, qkv_);  // the kept qkv
     l_->sub(act, probs_);
     l_->sub(act, qkv_);   // dqkv
     l_->sub(act, core_);  // dcore
     return xf_;
   }
-  // With the weight gradients deferred (ZB-H1): each Linear keeps its input copy and its output
-  // gradient (a copy, or the GELU's dpre moved in) until backward_weight.
-  constexpr std::int64_t attention_backward_deferred() {
-    l_->add(act, core_);  // proj dx (dcore)
-    l_->add(act, xf_);    // proj's dy, kept
-    if (!keep_probs) {
-      l_->add(act, probs_);
-      l_->add(act, core_);
-      l_->sub(act, core_);
-    }
-    l_->add(act, qkv_);  // dqkv
-    l_->add(act, xf_);   // qkv dx
-    l_->add(act, qkv_);  // qkv's dy (dqkv's copy), kept
-    l_->sub(act, qkv_);  // the kept qkv
-    l_->sub(act, probs_);
-    l_->sub(act, qkv_);   // dqkv
-    l_->sub(act, core_);  // dcore
-    return xf_;
-  }
-  constexpr std::int64_t mlp_backward_deferred() {
-    l_->add(act, hidden_);  // proj dx
-    l_->add(act, xf_);      // proj's dy, kept
-    l_->add(act, hidden_);  // GELU's dpre, kept as fc's dy
-    l_->add(act, xf_);      // fc dx
-    l_->sub(act, hidden_);  // pre-activation
-    l_->sub(act, hidden_);  // proj dx
-    return xf_;
-  }
-  // Block::backward_weight: the four Linear contexts (input copies and output gradients).
-  constexpr void block_weight() {
-    l_->sub(act, xf_ + qkv_);     // qkv: x, dy
-    l_->sub(act, core_ + xf_);    // proj: x, dy
-    l_->sub(act, xf_ + hidden_);  // fc: x, dpre
-    l_->sub(act, hidden_ + xf_);  // proj: x, dy
-  }
-
   constexpr std::int64_t mlp_forward() {
     l_->add(act, hidden_);  // fc output
     l_->add(act, xf_);      // fc input copy
@@ -466,16 +433,23 @@ class StepReplay {
     return xf_;
   }
   constexpr std::int64_t mlp_backward() {
-    if (defer_) return mlp_backward_deferred();
     l_->add(act, hidden_);  // proj dx
-    l_->sub(act, hidden_);  // proj's input copy
-    l_->add(act, hidden_);  // GELU's dpre
+    if (defer_) l_->add(act, xf_);  // proj's dy, kept
+    else l_->sub(act, hidden_);     // proj's input copy
+    l_->add(act, hidden_);  // GELU's dpre (kept as fc's dy when deferred)
     l_->add(act, xf_);      // fc dx
-    l_->sub(act, xf_);      // fc's input copy
-    l_->sub(act, hidden_);  // pre-activation
-    l_->sub(act, hidden_);  // dpre
+    if (!defer_) l_->sub(act, xf_);  // fc's input copy
+    l_->sub(act, hidden_);           // pre-activation
+    if (!defer_) l_->sub(act, hidden_);  // dpre
     l_->sub(act, hidden_);  // proj dx
     return xf_;
+  }
+  // Block::backward_weight: the four Linear contexts (input copies and output gradients).
+  constexpr void block_weight() {
+    l_->sub(act, xf_ + qkv_);     // qkv: x, dy
+    l_->sub(act, core_ + xf_);    // proj: x, dy
+    l_->sub(act, xf_ + hidden_);  // fc: x, dpre
+    l_->sub(act, hidden_ + xf_);  // proj: x, dy
   }
 
   // Block::run_forward: the two branches; the attention branch's output freed at the end.
