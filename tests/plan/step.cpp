@@ -205,3 +205,17 @@ static_assert(kFull.peak.of(Category::activations) * 3 < kKeep.peak.of(Category:
               "full recompute keeps a third or less");
 static_assert(kKeep.after.total() == kFull.after.total(), "recompute does not change the persistent state");
 }  // namespace
+
+// A pipeline's plan is a constant too: GPT-2 124M on 4 pipe ranks, 8 micro-batches of 8 sequences
+// in bf16 with FSDP over 8 data ranks. GPipe keeps all 8 micro-batches in flight on rank 0, 1F1B at
+// most 4 (p - r): checked by the compiler.
+namespace {
+constexpr Spread kPipeEight{.data_degree = 8, .tensor_degree = 1};
+constexpr auto kGpipe = footprint::pipeline_step<optim::Fsdp, Bf16Mixed>(
+    kGpt2, kPipeEight, 64, pipeline::make_table(pipeline::Kind::gpipe, 4, 8), 0);
+constexpr auto k1f1b = footprint::pipeline_step<optim::Fsdp, Bf16Mixed>(
+    kGpt2, kPipeEight, 64, pipeline::make_table(pipeline::Kind::one_f_one_b, 4, 8), 0);
+static_assert(kGpipe.peak.of(Category::activations) > k1f1b.peak.of(Category::activations) * 3 / 2,
+              "GPipe keeps twice the micro-batches 1F1B keeps on the first pipe rank");
+static_assert(kGpipe.after.total() == k1f1b.after.total(), "the schedule does not change the persistent state");
+}  // namespace
