@@ -11,7 +11,9 @@
 // Polling costs one all-reduce of 8 bytes, so the points polled are spaced from the previous step's
 // time and point count (both the same on every rank): about `every` seconds apart. The first step
 // (nothing measured yet) polls at every point. A step shorter than 2 x `every` polls nowhere: it
-// finishes within that, and the step-end agreement stops it.
+// finishes within that, and the step-end agreement stops it. On an NCCL world the poll's
+// all-reduce of a host value also waits for the device's queued work: the spacing keeps that to a
+// few times a second (not yet measured on a GPU).
 //
 // Pipelined steps (pipeline::Pipeline) are not polled: ranks run different tables, and a poll at
 // one rank's action would wait on a neighbour blocked in a receive; they stop at the step's end.
