@@ -129,8 +129,8 @@ struct HeldOut {
 // SIGINT, SIGTERM and SIGUSR1: the first asks the run to stop after the current step (every rank at
 // the same step: the flag travels in the step's all-reduce), or part-way through it when steps take
 // over half a second (train/stop.hpp: polled about every 0.25 s, the step abandoned on every rank at
-// the same point), writing a checkpoint when --save-dir is set; a second ends the process at once. Installed by main. Under mpirun only SIGUSR1 is: mpirun
-// answers SIGINT and SIGTERM by sending SIGTERM to every rank and killing the job moments later
+// the same point), writing a checkpoint when --save-dir is set; a second ends the process at once.
+// Installed by main. Under mpirun only SIGUSR1 is: mpirun answers SIGINT and SIGTERM by sending SIGTERM to every rank and killing the job moments later
 // (mpi::Session turns that SIGTERM into an error on every rank), but forwards SIGUSR1 and lets the
 // job run on, so `kill -USR1 <mpirun>` is the clean stop there.
 inline std::atomic<int>& stop_requested() {
@@ -409,6 +409,33 @@ int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus, cons
     train::StopPoints points;
     double previous_seconds = -1;
     std::int64_t last_saved = first_step;  // the step of the newest checkpoint (or where the run began)
+    // Step `step` + 1 abandoned on every rank: the weights are step `step`'s, saved (unless that
+    // checkpoint exists, or no step ran) with the data position the abandoned step began at.
+    auto end_abandoned = [&](std::int64_t step, std::int64_t position, int signal) {
+      dev->synchronize();
+      const double after = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count() -
+                           static_cast<double>(stop_time_ns().load()) * 1e-9;
+      if (!o.save_dir.empty() && step > last_saved)
+        with_saver([&](auto& saver) {
+          saver.save(gpt, dp, mesh, {.step = step, .loader_position = position, .seed = o.seed,
+                                     .extra = {{"strategy", o.strategy}, {"dtype", o.dtype}, {"schedule", schedule_json}}});
+        });
+      if (world.rank() == 0 || launch.kind != Launcher::threads) {  // one rank per process says how it ended
+        outcome = Outcome::stopped;
+        end_signal = signal;
+        end_step = step;
+      }
+      if (!lead) return;
+      const bool timed = stop_time_ns().load() != 0;  // this process saw the signal itself
+      std::printf("abandoned step %lld on %s%s\n", static_cast<long long>(step + 1), signal_name(signal),
+                  timed ? cat(", ", std::round(after * 1000) / 1000, " s after it").c_str() : "");
+      std::fflush(stdout);
+      if (log.is_open()) {
+        nlohmann::json last{{"step", step}, {"stopped", signal_name(signal)}, {"abandoned_step", step + 1}};
+        if (timed) last["abandoned_after_s"] = after;
+        log << last.dump() << std::endl;
+      }
+    };
     for (std::int64_t step = first_step; step < o.steps; ++step) {
       const auto t0 = std::chrono::steady_clock::now();
       dp.zero_grad();
@@ -437,34 +464,8 @@ int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus, cons
           abandoned = stop.signal;  // every rank, at the same point
         }
         if (abandoned != 0) {
-          dev->synchronize();
-          const double after = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count() -
-                               static_cast<double>(stop_time_ns().load()) * 1e-9;
-          // The weights are step `step`'s: saved with the data position the abandoned step began at,
-          // unless that checkpoint exists (or no step ran).
-          const bool save_now = !o.save_dir.empty() && step > last_saved;
-          with_saver([&](auto& saver) {
-            if (save_now)
-              saver.save(gpt, dp, mesh, {.step = step, .loader_position = position, .seed = o.seed,
-                                         .extra = {{"strategy", o.strategy}, {"dtype", o.dtype}, {"schedule", schedule_json}}});
-          });
+          end_abandoned(step, position, abandoned);
           ended = true;
-          if (world.rank() == 0 || launch.kind != Launcher::threads) {
-            outcome = Outcome::stopped;
-            end_signal = abandoned;
-            end_step = step;
-          }
-          if (lead) {
-            const bool timed = stop_time_ns().load() != 0;  // this process saw the signal itself
-            std::printf("abandoned step %lld on %s%s\n", static_cast<long long>(step + 1), signal_name(abandoned),
-                        timed ? cat(", ", std::round(after * 1000) / 1000, " s after it").c_str() : "");
-            std::fflush(stdout);
-            if (log.is_open()) {
-              nlohmann::json last{{"step", step}, {"stopped", signal_name(abandoned)}, {"abandoned_step", step + 1}};
-              if (timed) last["abandoned_after_s"] = after;
-              log << last.dump() << std::endl;
-            }
-          }
           break;
         }
       }
