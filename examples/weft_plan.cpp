@@ -1,8 +1,8 @@
 // weft-plan: the plan of a GPT on any number of GPUs, from a small cluster description, for every
 // strategy this binary was compiled with (DDP, ZeRO-1, ZeRO-2, FSDP, each with and without sequence
 // parallelism, without or with full recompute), every tensor degree that fits in a node, and
-// pipelines (1F1B and ZB-H1 over every pipe degree that divides the layers and the GPUs); ranked by
-// step time among those that fit in memory. Nothing is allocated and no GPU is needed.
+// pipelines (1F1B, ZB-H1 and interleaved 1F1B with 2 virtual stages over every pipe degree that
+// divides the layers and the GPUs); ranked by step time among those that fit in memory. Nothing is allocated and no GPU is needed.
 //
 //   weft-plan --preset gpt2-124m --gpus 1024 --batch 512 --micro 4
 //   weft-plan --cluster cluster.json --layers 48 --width 6144 --heads 48 --seq 2048 --gpus 4096 --batch 2048
@@ -87,7 +87,8 @@ struct Candidates {
 
 template <class Strategy, class P, bool SP, class R>
 void consider(Candidates& out, const char* name, const nn::GptConfig& c, const Cluster& k, std::int64_t batch,
-              std::int64_t micro_per_gpu, int tensor, int pipe = 1, pipeline::Kind kind = pipeline::Kind::one_f_one_b) {
+              std::int64_t micro_per_gpu, int tensor, int pipe = 1, pipeline::Kind kind = pipeline::Kind::one_f_one_b,
+              int virtual_stages = 1) {
   using T = typename precision_t<P>::compute;
   const int data = k.gpus / tensor / pipe;
   const Spread s{.data_degree = data, .tensor_degree = tensor};
@@ -116,8 +117,10 @@ void consider(Candidates& out, const char* name, const nn::GptConfig& c, const C
     x.peak_bytes = w.memory.total + x.workspace_bytes;
     x.state_bytes = w.memory.after.total();
   } else {
-    const pipeline::Table table = pipeline::make_table(kind, pipe, static_cast<int>(x.accumulation));
-    x.schedule = kind == pipeline::Kind::zero_bubble_h1 ? "zb" : "1f1b";
+    const pipeline::Table table = pipeline::make_table(kind, pipe, static_cast<int>(x.accumulation), virtual_stages);
+    x.schedule = kind == pipeline::Kind::zero_bubble_h1 ? "zb"
+                 : kind == pipeline::Kind::interleaved  ? cat("int", virtual_stages)
+                                                        : "1f1b";
     for (int r = 0; r < pipe; ++r) {  // the largest pipe rank
       const auto st = footprint::pipeline_step<Strategy, P, SP, R>(c, s, micro, table, r);
       x.peak_bytes = std::max(x.peak_bytes, st.total + x.workspace_bytes);
@@ -167,16 +170,20 @@ Candidates candidates(const nn::GptConfig& c, const Cluster& k, std::int64_t bat
                      " that is not a multiple of ", per_micro));
         continue;
       }
-      auto piped = [&]<class R>(const char* suffix, pipeline::Kind kind) {
+      auto piped = [&]<class R>(const char* suffix, pipeline::Kind kind, int v) {
         const std::string n(suffix);
-        consider<optim::Ddp, P, false, R>(out, ("ddp" + n).c_str(), c, k, batch, micro, tp, pp, kind);
-        consider<optim::Zero1, P, false, R>(out, ("zero1" + n).c_str(), c, k, batch, micro, tp, pp, kind);
-        consider<optim::Zero1, P, true, R>(out, ("zero1-sp" + n).c_str(), c, k, batch, micro, tp, pp, kind);
-        consider<optim::Fsdp, P, false, R>(out, ("fsdp" + n).c_str(), c, k, batch, micro, tp, pp, kind);
+        consider<optim::Ddp, P, false, R>(out, ("ddp" + n).c_str(), c, k, batch, micro, tp, pp, kind, v);
+        consider<optim::Zero1, P, false, R>(out, ("zero1" + n).c_str(), c, k, batch, micro, tp, pp, kind, v);
+        consider<optim::Zero1, P, true, R>(out, ("zero1-sp" + n).c_str(), c, k, batch, micro, tp, pp, kind, v);
+        consider<optim::Fsdp, P, false, R>(out, ("fsdp" + n).c_str(), c, k, batch, micro, tp, pp, kind, v);
       };
-      piped.template operator()<recompute::None>("", pipeline::Kind::one_f_one_b);
-      piped.template operator()<recompute::None>("", pipeline::Kind::zero_bubble_h1);
-      piped.template operator()<recompute::Full>(" +recompute", pipeline::Kind::one_f_one_b);
+      piped.template operator()<recompute::None>("", pipeline::Kind::one_f_one_b, 1);
+      piped.template operator()<recompute::None>("", pipeline::Kind::zero_bubble_h1, 1);
+      piped.template operator()<recompute::Full>(" +recompute", pipeline::Kind::one_f_one_b, 1);
+      // Interleaved: two virtual stages per rank, where the layers split into 2 pp stages and the
+      // micro-batches come in whole groups of pp.
+      if (c.layers % (2 * pp) == 0 && batch / per_micro % pp == 0)
+        piped.template operator()<recompute::None>("", pipeline::Kind::interleaved, 2);
     }
   }
   std::stable_sort(out.list.begin(), out.list.end(), [](const Candidate& a, const Candidate& b) {
@@ -337,7 +344,8 @@ int main(int argc, char** argv) {
     if (!json)
       std::printf("(ranked by step time among those that fit; peak: the step's peak per GPU, with an estimate of the CUDA "
                   "workspace: cuBLASLt's %.0f MiB and the attention scores; pipe: degree and schedule, the largest pipe rank's "
-                  "peak; pipeline: the schedule's idle time, messages and imbalance; no overlap of communication with "
+                  "peak (int2: interleaved, 2 virtual stages); pipeline: the schedule's idle time, messages and imbalance; no "
+                  "overlap of communication with "
                   "compute)\n",
                   static_cast<double>(footprint::cuda_workspace(c, {.data_degree = 1, .tensor_degree = 1}, 0)) / (1 << 20));
     if (!json && !found.skipped.empty()) {

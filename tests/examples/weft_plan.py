@@ -57,6 +57,8 @@ check(all(x["tensor"] * x["pipe"] * x["data"] == 64 for x in r), "every candidat
 # blocks, plus the embedding or the head.
 piped = {(x["pipe"], x["schedule"]) for x in r if x["pipe"] > 1}
 check({p for p, _ in piped} == {2, 4}, f"pipe degrees 2 and 4 (8 leaves fewer micro-batches than ranks): {sorted(piped)}")
+# Interleaved with 2 virtual stages where the 12 layers split into 2 x pipe stages: pipe 2, not 4.
+check({p for p, sched in piped if sched == "int2"} == {2}, f"interleaved (int2) on pipe 2 only: {sorted(piped)}")
 p4 = [x for x in r if x["strategy"] == "ddp" and x["tensor"] == 1 and x["pipe"] == 4 and x["schedule"] == "1f1b"]
 check(p4 and d and p4[0]["state_bytes"] < d["state_bytes"] / 2 and p4[0]["pipeline_s"] > 0,
       f"DDP on pipe 4: the largest pipe rank's state under half of one rank's, and a bubble: {p4 and p4[0]['state_bytes']} "
