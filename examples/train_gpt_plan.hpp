@@ -43,14 +43,21 @@ std::vector<RankPlan> plan_ranks(const Options& o, const nn::GptConfig& c, bool 
   return out;
 }
 
+// f.template operator()<Strategy, SP, P, T>() for the options' strategy and precision, T the type
+// whose host rates price it (f32 for bf16).
+template <class F>
+decltype(auto) with_plan_types(const Options& o, F&& f) {
+  return with_strategy(o, [&]<class S, bool SP>() {
+    if (o.dtype == "f64") return f.template operator()<S, SP, F64, double>();
+    if (o.dtype == "bf16") return f.template operator()<S, SP, Bf16Mixed, float>();
+    return f.template operator()<S, SP, F32, float>();
+  });
+}
+
 // The plan of the run the options describe, one entry per pipe rank. Call after elements_of has
 // ruled out sizes whose element counts overflow.
 inline std::vector<RankPlan> plan_of(const Options& o, const nn::GptConfig& c, bool host) {
-  return with_strategy(o, [&]<class S, bool SP>() {
-    if (o.dtype == "f64") return plan_ranks<S, SP, F64>(o, c, host);
-    if (o.dtype == "bf16") return plan_ranks<S, SP, Bf16Mixed>(o, c, host);
-    return plan_ranks<S, SP, F32>(o, c, host);
-  });
+  return with_plan_types(o, [&]<class S, bool SP, class P, class>() { return plan_ranks<S, SP, P>(o, c, host); });
 }
 
 // The step time of a run on host thread ranks (pipe 1), from the plan's work and rates measured now
@@ -59,14 +66,9 @@ inline estimate::Breakdown plan_time(const Options& o, const nn::GptConfig& c) {
   const Spread s{.data_degree = o.data, .tensor_degree = o.tensor};
   const std::int64_t micro = o.micro_batch > 0 ? o.micro_batch : o.batch;
   const MeshShape shape{.data = o.data, .tensor = o.tensor};
-  return with_strategy(o, [&]<class S, bool SP>() {
-    auto run = [&]<class P, class T>() {
-      const estimate::Work w = estimate::work<S, P, SP>(c, s, micro, o.batch / micro);
-      return estimate::seconds(w, estimate::host_rates<T>(w, shape, micro / o.data, c.seq, c.heads, c.width));
-    };
-    if (o.dtype == "f64") return run.template operator()<F64, double>();
-    if (o.dtype == "bf16") return run.template operator()<Bf16Mixed, float>();
-    return run.template operator()<F32, float>();
+  return with_plan_types(o, [&]<class S, bool SP, class P, class T>() {
+    const estimate::Work w = estimate::work<S, P, SP>(c, s, micro, o.batch / micro);
+    return estimate::seconds(w, estimate::host_rates<T>(w, shape, micro / o.data, c.seq, c.heads, c.width));
   });
 }
 
@@ -79,15 +81,10 @@ inline estimate::PipelineTime plan_pipeline_time(const Options& o, const nn::Gpt
   const int m = static_cast<int>(o.batch / micro);
   const pipeline::Table table = pipeline::make_table(schedule_kind(o.schedule), o.pipe, m, o.virtual_stages);
   const MeshShape busy{.data = o.data * o.pipe, .tensor = o.tensor};
-  return with_strategy(o, [&]<class S, bool SP>() {
-    auto run = [&]<class P, class T>() {
-      const estimate::Work w = estimate::work<S, P, SP>(c, s, micro, m);
-      const estimate::Rates r = estimate::host_rates<T>(w, busy, micro / o.data, c.seq, c.heads, c.width);
-      return estimate::pipeline_seconds<S, P, SP>(c, s, micro, table, r, r.data);
-    };
-    if (o.dtype == "f64") return run.template operator()<F64, double>();
-    if (o.dtype == "bf16") return run.template operator()<Bf16Mixed, float>();
-    return run.template operator()<F32, float>();
+  return with_plan_types(o, [&]<class S, bool SP, class P, class T>() {
+    const estimate::Work w = estimate::work<S, P, SP>(c, s, micro, m);
+    const estimate::Rates r = estimate::host_rates<T>(w, busy, micro / o.data, c.seq, c.heads, c.width);
+    return estimate::pipeline_seconds<S, P, SP>(c, s, micro, table, r, r.data);
   });
 }
 
