@@ -1,12 +1,13 @@
 // Stopping a long step part-way, with every rank at the same point.
 //
 // A stop request (a signal handler's flag) is agreed at the end of every step by the trainer's own
-// all-reduce. A step that takes longer than `every` seconds is also polled inside: at points that
-// every rank passes in the same order (before each stage of each micro-batch: the data-parallel
-// protocol's acquire, which the executor calls on every rank alike), one small all-reduce (max) of
-// the flags decides, for all ranks at once, whether to go on. When it says stop, every rank throws
-// Abandoned from the same point; the weights and optimizer state are those of the last finished
-// step (the optimizer step is never interrupted: it runs after the last point).
+// all-reduce. A long step (the previous one took 2 x `every` or more, or none was measured yet) is
+// also polled inside: at points that every rank passes in the same order (before each stage of
+// each micro-batch: the data-parallel protocol's acquire, which the executor calls on every rank
+// alike), one small all-reduce (max) of the flags decides, for all ranks at once, whether to go on.
+// When it says stop, every rank throws Abandoned from the same point; the weights and optimizer
+// state are those of the last finished step (the optimizer step is never interrupted: it runs after
+// the last point).
 //
 // Polling costs one all-reduce of 8 bytes, so the points polled are spaced from the previous step's
 // time and point count (both the same on every rank): about `every` seconds apart. The first step
