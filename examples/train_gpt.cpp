@@ -303,6 +303,7 @@ int main(int argc, char** argv) {
   };
 
   std::string device;  // host or cuda, once resolved
+  std::optional<checkpoint::DirectoryLock> save_lock;  // the lead process's, for the whole run
   try {
     device = resolve_device(o);
     // The ranks first, in floating point: three int degrees multiply past 64 bits.
@@ -397,6 +398,8 @@ int main(int argc, char** argv) {
         if (ec || !std::filesystem::is_directory(o.save_dir))
           throw Error("train_gpt --save-dir", cat("cannot create the directory '", o.save_dir, "'", ec ? cat(": ", ec.message()) : ""),
                       "give a directory that can be created and written");
+        // One trainer per save directory; taking the lock also proves the directory writable.
+        save_lock.emplace(o.save_dir);
       }
     }
   } catch (const Error& e) {
@@ -405,8 +408,24 @@ int main(int argc, char** argv) {
   }
 
   install_stop_handlers(launch.kind == Launcher::mpi);
+  if (launch.lead() && !o.init_from.empty()) remove_stale_init_dirs();  // left by killed runs
   try {
-    if (!o.resume.empty()) (void)checkpoint::resolve(o.resume == "latest" ? o.save_dir : o.resume);  // exit 1 when not a checkpoint
+    if (!o.resume.empty()) {  // exit 1 when not a valid checkpoint; 2 when it is at or past --steps
+      const std::string from = o.resume == "latest" ? o.save_dir : o.resume;
+      const checkpoint::Manifest m = checkpoint::peek(from);
+      if (m.step >= o.steps) {
+        report(Error("train_gpt --resume", cat("the checkpoint ", checkpoint::resolve(from), " is at step ", m.step, ", at or past --steps ", o.steps),
+                     cat("pass --steps above ", m.step, " to train on from it")));
+        return finish(2);
+      }
+      // Checkpoints past the resumed step (a run this one rolls back) are kept: --keep prunes
+      // only the steps up to the ones this run saves (checkpoint/save.hpp).
+      if (launch.lead() && !o.save_dir.empty())
+        for (const auto& [step, name] : checkpoint::complete_checkpoints(o.save_dir))
+          if (step > m.step)
+            std::printf("note: %s/%s is past the resumed step %lld; it is kept (--keep prunes steps up to this run's)\n",
+                        o.save_dir.c_str(), name.c_str(), static_cast<long long>(m.step));
+    }
     Corpus corpus;
     if (!o.data_file.empty()) {
       corpus.file = std::make_unique<data::TokenFile>(o.data_file, cfg.vocab);

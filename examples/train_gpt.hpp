@@ -28,6 +28,7 @@
 
 #include <sched.h>
 #include <signal.h>
+#include <sys/types.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -36,6 +37,8 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <memory>
@@ -43,6 +46,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <utility>
 
 namespace train_gpt {
 
@@ -186,6 +190,14 @@ inline double elements_of(const Options& o, const nn::GptConfig& c) {
   return footprint::approximate_elements(c, static_cast<double>(o.micro_batch > 0 ? o.micro_batch : o.batch), o.tensor);
 }
 
+// `path` made absolute and canonical as far as it exists ("" stays "").
+inline std::string absolute(const std::string& path) {
+  if (path.empty()) return path;
+  std::error_code ec;
+  const auto p = std::filesystem::weakly_canonical(path, ec);
+  return ec ? path : p.string();
+}
+
 inline std::string gib(double bytes) { return cat(std::round(bytes / (1 << 30) * 100) / 100, " GiB"); }
 
 inline std::string mib(double bytes) { return cat(std::round(bytes / (1 << 20) * 10) / 10, " MiB"); }
@@ -219,6 +231,68 @@ struct NoPipeline {
                 "run the pipeline on thread ranks or under mpirun on the host");
   }
 };
+
+// A stream that failed to write (a full device, an I/O error) ends the run: a log that silently
+// lost its records is worse than none.
+inline void check_written(std::ofstream& f, const std::string& path) {
+  if (!f) throw Error("train_gpt --log", cat("writing '", path, "' failed (", std::strerror(errno), ")"),
+                      "free space on its device, or give --log a path elsewhere");
+}
+
+// A temporary directory, removed with everything in it when the object goes. Named
+// weft_init_<pid>_XXXXXX under the temporary directory (TMPDIR, else /tmp), so that the next run
+// can tell one a killed process left (remove_stale_init_dirs).
+struct TempDir {
+  std::string path;
+  TempDir() = default;
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  TempDir(TempDir&& o) noexcept : path(std::exchange(o.path, {})) {}
+  TempDir& operator=(TempDir&& o) noexcept {
+    if (this != &o) {
+      remove();
+      path = std::exchange(o.path, {});
+    }
+    return *this;
+  }
+  ~TempDir() { remove(); }
+  void remove() {
+    std::error_code ec;
+    if (!path.empty()) std::filesystem::remove_all(path, ec);
+    path.clear();
+  }
+  static TempDir make(const std::string& where) {
+    std::error_code ec;
+    const auto base = std::filesystem::temp_directory_path(ec);
+    std::string tmpl = ((ec ? std::filesystem::path("/tmp") : base) / cat("weft_init_", ::getpid(), "_XXXXXX")).string();
+    if (!::mkdtemp(tmpl.data()))
+      throw Error(where, cat("cannot create a temporary directory like ", tmpl, " (", std::strerror(errno), ")"),
+                  "set TMPDIR to a writable directory with room for the model");
+    TempDir t;
+    t.path = tmpl;
+    return t;
+  }
+};
+
+// Removes the weft_init_<pid>_* directories of processes that are gone (a run killed while it held
+// its --init-from copy); returns how many.
+inline int remove_stale_init_dirs() {
+  std::error_code ec;
+  const auto base = std::filesystem::temp_directory_path(ec);
+  if (ec) return 0;
+  int removed = 0;
+  for (const auto& e : std::filesystem::directory_iterator(base, ec)) {
+    const std::string n = e.path().filename().string();
+    if (!n.starts_with("weft_init_") || !e.is_directory() || e.is_symlink()) continue;
+    const std::string pid = n.substr(10, n.find('_', 10) - 10);
+    if (pid.empty() || pid.find_first_not_of("0123456789") != std::string::npos || pid.size() > 9) continue;
+    if (::kill(static_cast<pid_t>(std::stol(pid)), 0) == 0 || errno != ESRCH) continue;  // alive (or not ours to judge)
+    std::error_code rm;
+    std::filesystem::remove_all(e.path(), rm);
+    removed += rm ? 0 : 1;
+  }
+  return removed;
+}
 
 // D: Host or Cuda; P: a precision policy; Strategy: optim::Ddp, Zero1, Zero2 or Fsdp over the data
 // axis. Every rank is a thread (on the GPU they share it, each with its own stream), or a process.
@@ -264,7 +338,7 @@ int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus, cons
   std::ofstream log;
   if (!o.log.empty() && speak) {
     log.open(o.log, o.resume.empty() ? std::ios::trunc : std::ios::app);  // a resumed run appends
-    if (!log) throw Error("train_gpt", cat("cannot write the log file ", o.log), "check the path");
+    if (!log) throw Error("train_gpt --log", cat("cannot write the log file ", o.log, " (", std::strerror(errno), ")"), "check the path");
   }
   double final_loss = 0, final_eval = NAN, total_time = 0;
   enum class Outcome { finished, stopped, diverged } outcome = Outcome::finished;  // written by the lead rank
@@ -283,21 +357,14 @@ int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus, cons
   }
 
   // --init-from: the Hugging Face file as a weft checkpoint of step 0 (weights only), that every
-  // rank loads into its shards.
-  std::string init_dir;
+  // rank loads into its shards, in a temporary directory removed on every way out of this function
+  // (and, when the process was killed, by the next run: remove_stale_init_dirs).
+  TempDir init_dir;
   if (!o.init_from.empty()) {
-    char tmpl[] = "/tmp/weft_init_XXXXXX";
-    if (!::mkdtemp(tmpl)) throw Error("train_gpt --init-from", "cannot create a temporary directory", "check /tmp");
-    init_dir = tmpl;
-    checkpoint::gpt2::import_hf(o.init_from, init_dir, cfg);
+    init_dir = TempDir::make("train_gpt --init-from");
+    checkpoint::gpt2::import_hf(o.init_from, init_dir.path, cfg);
     if (speak) std::printf("initial weights: %s (Hugging Face GPT-2 layout)\n", o.init_from.c_str());
   }
-  struct RemoveDir {
-    std::string dir;
-    ~RemoveDir() {
-      if (!dir.empty()) std::filesystem::remove_all(dir);
-    }
-  } remove_init{init_dir};
 
   run_ranks<D>(launch, ranks, o, [&](auto& world) {
     const auto dev = DeviceSupport<D>::make(world);
@@ -349,8 +416,10 @@ int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus, cons
       fp.add("optimization", cat(o.steps, " steps, lr ", o.lr, " to ", o.min_lr, ", warm-up ", schedule.warmup, ", clip ", o.clip));
       fp.add("data", cat(o.data_file.empty() && o.text.empty() ? "built-in Markov corpus" : o.data_file + o.text,
                          ", eval every ", o.eval_every));
-      fp.add("checkpoints", cat("save to '", o.save_dir, "' every ", o.save_every, ", resume '", o.resume, "', init '",
-                                o.init_from, "'"));
+      // Absolute paths: ranks started in other working directories resolve relative ones elsewhere.
+      fp.add("checkpoints", cat("save to '", absolute(o.save_dir), "' every ", o.save_every, ", resume '",
+                                o.resume.empty() ? std::string() : absolute(checkpoint::resolve(o.resume == "latest" ? o.save_dir : o.resume)),
+                                "', init '", absolute(o.init_from), "'"));
       if (o.pipe == 1) fp.add("collectives of one micro-batch", nn::describe<T, SP>(cfg, micro, mesh.spread()));
       fp.agree(world);
     }
@@ -372,7 +441,7 @@ int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus, cons
 
     // Checkpoints: resume first (any mesh, strategy and precision), then save as the options say.
     std::int64_t first_step = 0;
-    if (!init_dir.empty()) checkpoint::load(init_dir, gpt, dp, mesh, {.optimizer = false});
+    if (!init_dir.path.empty()) checkpoint::load(init_dir.path, gpt, dp, mesh, {.optimizer = false});
     if (!o.resume.empty()) {
       const std::string from = o.resume == "latest" ? o.save_dir : o.resume;
       const auto l0 = std::chrono::steady_clock::now();
@@ -434,6 +503,7 @@ int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus, cons
         nlohmann::json last{{"step", step}, {"stopped", signal_name(signal)}, {"abandoned_step", step + 1}};
         if (timed) last["abandoned_after_s"] = after;
         log << last.dump() << std::endl;
+        check_written(log, o.log);
       }
     };
     for (std::int64_t step = first_step; step < o.steps; ++step) {
@@ -544,12 +614,16 @@ int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus, cons
         log << rec.dump() << "\n";
         if (eval_now) log << nlohmann::json{{"step", step + 1}, {"eval_loss", eval_loss}}.dump() << "\n";
         log.flush();  // whole records, each as soon as it is written (a killed run keeps every finished step)
+        check_written(log, o.log);
       }
       final_loss = loss;
       if (ended) {
         const nlohmann::json last = diverged ? nlohmann::json{{"step", step + 1}, {"diverged", true}, {"loss", cat(loss)}}
                                              : nlohmann::json{{"step", step + 1}, {"stopped", signal_name(stop)}};
-        if (log.is_open()) log << last.dump() << std::endl;
+        if (log.is_open()) {
+          log << last.dump() << std::endl;
+          check_written(log, o.log);
+        }
         break;
       }
       if (eval_now) final_eval = eval_loss;

@@ -4,7 +4,11 @@
 // fails a check (load() verifies everything before it writes into the model).
 #include <doctest/doctest.h>
 
+#include <sys/stat.h>
+
+#include <chrono>
 #include <fstream>
+#include <iterator>
 
 #include "checkpoint/support.hpp"
 
@@ -80,7 +84,7 @@ const std::string kRank1 = "rank_00001.safetensors";
 TEST_CASE("a valid checkpoint opens, and every tensor reads") {
   const checkpoint::Reader r(valid());
   CHECK(r.manifest().step == 1);
-  CHECK(r.manifest().files.size() == 4);
+  CHECK(r.manifest().files().size() == 4);
   CHECK(r.shape("param/wte") == std::vector<std::int64_t>{30, 32});  // the padded rows are not part of it
   CHECK(r.has("exp_avg_sq/h1.mlp.fc.weight"));
   for (const auto& [name, t] : r.manifest().tensors) CHECK(!r.read<float>(name).empty());
@@ -144,18 +148,39 @@ TEST_CASE("corrupt manifests are refused, each with its message") {
   manifest_refused("range", [](auto& j) { j["tensors"]["param/wpe"]["pieces"][0]["count"] = 100000; }, "outside its box of");
   manifest_refused("unlisted", [](auto& j) { j["tensors"]["param/wpe"]["pieces"][0]["file"] = "rank_00009.safetensors"; },
                    "which is not among the files");
-  manifest_refused("missing_piece", [](auto& j) { j["tensors"]["param/wte"]["pieces"].erase(0); }, "tensor param/wte: elements [");
-  manifest_refused("missing_piece", [](auto& j) { j["tensors"]["param/wte"]["pieces"].erase(0); }, "are in no piece");
+  // A piece dropped, or listed twice, or a tensor dropped: the file records what the manifest lacks
+  // (or not what it adds), so the file check refuses it before coverage would.
+  manifest_refused("missing_piece", [](auto& j) { j["tensors"]["param/wte"]["pieces"].erase(0); }, "rank_00000.safetensors): the file records ");
+  manifest_refused("missing_piece", [](auto& j) { j["tensors"]["param/wte"]["pieces"].erase(0); }, "pieces; the manifest places ");
   manifest_refused("twice", [](auto& j) { j["tensors"]["param/wpe"]["pieces"].push_back(j["tensors"]["param/wpe"]["pieces"][0]); },
-                   "are held by two pieces");
-  manifest_refused("no_tensor", [](auto& j) { j["tensors"].erase("param/wpe"); }, "has no tensor param/wpe", "param/wpe");
+                   "pieces; the manifest places ");
+  manifest_refused("no_tensor", [](auto& j) { j["tensors"].erase("param/wpe"); }, "pieces; the manifest places ", "param/wpe");
   manifest_refused("key", [](auto& j) { j["tensors"]["param/wpe"]["pieces"][0]["key"] = "param/elsewhere"; },
-                   "has no tensor param/elsewhere, which the manifest places there for param/wpe", "param/wpe");
-  const auto first = read_manifest(valid())["tensors"]["param/wpe"]["pieces"][0];
-  const std::int64_t n = first["count"].get<std::int64_t>();
+                   "the manifest places a piece of param/wpe under the key param/elsewhere, which the file does not record", "param/wpe");
   manifest_refused("dtype_mismatch", [](auto& j) { j["tensors"]["param/wpe"]["dtype"] = "BF16"; },
-                   cat(first["file"].get<std::string>(), "): holds param/wpe as F32 of ", n, " elements; the manifest expects BF16 of ", n),
-                   "param/wpe");
+                   "the manifest's piece of param/wpe under the key param/wpe differs from the file's record of it in its dtype", "param/wpe");
+}
+
+TEST_CASE("coverage: a tensor's pieces cover it exactly once (checked after the files)") {
+  // On the manifest alone (a load reaches it only once the files agree with the manifest).
+  std::ifstream in(step_dir(valid()) + "/manifest.json");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto check = [&](auto edit, const std::string& expect) {
+    checkpoint::Manifest m = checkpoint::parse(text, "valid");
+    edit(m);
+    std::string got;
+    try {
+      checkpoint::check_coverage(m, "edited");
+    } catch (const Error& e) {
+      got = e.what();
+    }
+    CAPTURE(got);
+    CHECK(got.find(expect) != std::string::npos);
+  };
+  check([](checkpoint::Manifest& m) { m.tensors["param/wte"].pieces.erase(m.tensors["param/wte"].pieces.begin()); }, "tensor param/wte: elements [");
+  check([](checkpoint::Manifest& m) { m.tensors["param/wte"].pieces.erase(m.tensors["param/wte"].pieces.begin()); }, "are in no piece");
+  check([](checkpoint::Manifest& m) { m.tensors["param/wpe"].pieces.push_back(m.tensors["param/wpe"].pieces[0]); }, "are held by two pieces");
+  checkpoint::check_coverage(checkpoint::parse(text, "valid"), "valid");  // and the valid one passes
 }
 
 TEST_CASE("directories without a complete checkpoint are refused") {
@@ -190,6 +215,138 @@ TEST_CASE("a checkpoint of other sizes is refused when loaded into a model") {
     got = e.what();
   }
   CAPTURE(got);
-  CHECK(got.find("tensor param/wte has the shape 30x32; this model's is 30x64") != std::string::npos);
+  CHECK(got.find("was saved from a model with width = 32; this model has width = 64") != std::string::npos);
   fs::remove_all(d);
+}
+
+// Loads trust nothing beyond what the hashes cover: the pieces the manifest places in a file are
+// checked against the file's own records of them (its weft.pieces metadata, covered by its hash).
+TEST_CASE("a manifest that places pieces differently from their files is refused") {
+  // The pieces of two tensors of one shape swapped (each file's records say otherwise): loaded as
+  // is, h0.ln1's weight would get its bias's values.
+  manifest_refused("swapped", [](auto& j) {
+    std::swap(j["tensors"]["param/h0.ln1.weight"]["pieces"], j["tensors"]["param/h0.ln1.bias"]["pieces"]);
+  }, "differs from the file's record of it in its tensor (the file records a piece of param/h0.ln1.");
+  manifest_refused("moved_box", [](nlohmann::json& j) {
+    // wte (30, 32) is Shard<0> over tensor 2: a piece's box starts at row 0 or 15.
+    auto& offset = j["tensors"]["param/wte"]["pieces"][0]["box_offset"];
+    offset[0] = offset[0].get<std::int64_t>() == 0 ? 15 : 0;
+  }, "differs from the file's record of it in its box offset");
+  manifest_refused("unlisted_piece", [](auto& j) {
+    // One piece dropped, and another stretched to keep the coverage whole: still not the file's.
+    auto& p = j["tensors"]["param/wpe"]["pieces"];
+    p.erase(p.size() - 1);
+  }, "pieces; the manifest places");
+}
+
+TEST_CASE("run and optimizer fields out of range are refused") {
+  manifest_refused("run_step_negative", [](auto& j) { j["run"]["step"] = -1; }, "has run.step -1; expected an integer in [0, 9007199254740992]");
+  manifest_refused("run_step_other", [](auto& j) { j["run"]["step"] = 7; }, "has run.step 7 but step 1");
+  manifest_refused("step_huge", [](auto& j) { j["step"] = std::int64_t{1} << 60; }, "has step 1152921504606846976; expected an integer in [0, ");
+  manifest_refused("steps_negative", [](auto& j) { j["optimizer"]["steps"] = -3; }, "has optimizer.steps -3");
+  manifest_refused("skipped_over", [](auto& j) { j["optimizer"]["skipped"] = 2; }, "has optimizer.skipped 2; expected an integer in [0, 1]");
+  manifest_refused("position_negative", [](auto& j) { j["run"]["loader_position"] = -1; }, "has run.loader_position -1");
+  manifest_refused("position_float", [](auto& j) { j["run"]["loader_position"] = 1.5; }, "has run.loader_position 1.5");
+  manifest_refused("seed_negative", [](auto& j) { j["run"]["seed"] = -11; }, "has run.seed -11; expected an integer in [0, 2^64)");
+  manifest_refused("no_rule", [](auto& j) { j["optimizer"].erase("rule"); }, "has a missing or mistyped field");
+}
+
+TEST_CASE("hostile manifests are refused before they are parsed: nesting, size, a FIFO, links") {
+  SUBCASE("a value in run nested a million arrays deep (copying it overflowed the stack)") {
+    const std::string d = copy_of_valid("nested");
+    std::string text = read_manifest(d).dump();
+    const std::string deep = std::string(1000000, '[') + std::string(1000000, ']');
+    text.insert(text.find("\"run\":{") + 7, cat("\"deep\": ", deep, ", "));
+    write_text(step_dir(d) + "/manifest.json", text);
+    refused(d, "nests JSON arrays and objects 33 or more deep, over the limit of 32");
+    fs::remove_all(d);
+  }
+  SUBCASE("larger than the limit (a sparse file: nothing is read)") {
+    const std::string d = copy_of_valid("huge");
+    fs::resize_file(step_dir(d) + "/manifest.json", checkpoint::kMaxManifest + 1);
+    refused(d, cat("is ", checkpoint::kMaxManifest + 1, " bytes, over the limit of ", checkpoint::kMaxManifest));
+    fs::remove_all(d);
+  }
+  SUBCASE("a FIFO in place of the manifest (a read would wait for a writer forever)") {
+    const std::string d = copy_of_valid("fifo");
+    fs::remove(step_dir(d) + "/manifest.json");
+    REQUIRE(::mkfifo((step_dir(d) + "/manifest.json").c_str(), 0644) == 0);
+    refused(d, "manifest.json): is not a regular file");
+    fs::remove_all(d);
+  }
+  SUBCASE("a listed file that is a link, to a valid copy outside the checkpoint") {
+    const std::string d = copy_of_valid("link");
+    const std::string outside = scratch("link_target");
+    fs::rename(step_dir(d) + "/" + kRank1, outside);
+    fs::create_symlink(outside, step_dir(d) + "/" + kRank1);
+    refused(d, "rank_00001.safetensors): is a symbolic link");
+    fs::remove_all(d);
+    fs::remove(outside);
+  }
+  SUBCASE("a manifest that is a link, and a latest pointer that is one") {
+    const std::string d = copy_of_valid("manifest_link");
+    fs::rename(step_dir(d) + "/manifest.json", d + "/elsewhere.json");
+    fs::create_symlink(d + "/elsewhere.json", step_dir(d) + "/manifest.json");
+    refused(step_dir(d), "manifest.json): is a symbolic link");
+    fs::remove(d + "/latest");
+    fs::create_symlink(step_dir(d), d + "/latest");
+    refused(d, "has a latest pointer that is not a regular file");
+    fs::remove_all(d);
+  }
+  SUBCASE("100,000 files listed that do not exist: refused in time linear in the manifest") {
+    const std::string d = copy_of_valid("many_files");
+    auto j = read_manifest(d);
+    for (int i = 0; i < 100000; ++i) j["files"].push_back({{"name", cat("extra_", i)}, {"bytes", 8}, {"xxh3", "0000000000000000"}});
+    write_manifest(d, j);
+    const auto t0 = std::chrono::steady_clock::now();
+    refused(d, "extra_0): is missing");
+    MESSAGE(cat("refused in ", std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), " s"));
+    fs::remove_all(d);
+  }
+}
+
+TEST_CASE("a load names the field of the model record that differs, and says nothing of saves") {
+  const std::string d = copy_of_valid("record");
+  nn::GptConfig c = ckpt_config();
+  c.layers = 1;  // a 2-layer checkpoint: before, a 1-layer model took its first block silently
+  std::string got;
+  try {
+    ckpt_run<float, optim::Zero1>({.data = 2, .tensor = 2}, RunPlan::resumed(d, "", 2), c);
+  } catch (const Error& e) {
+    got = e.what();
+  }
+  CAPTURE(got);
+  CHECK(got.find("was saved from a model with layers = 2; this model has layers = 1") != std::string::npos);
+  CHECK(got.find("the previous checkpoint is unchanged") == std::string::npos);
+  fs::remove_all(d);
+}
+
+TEST_CASE("ranks that load different checkpoints are refused on every rank") {
+  // Rank 1 passes another directory (as a rank started in another working directory resolves a
+  // relative path): every rank refuses, naming both.
+  const std::string a = copy_of_valid("rank_a"), b = copy_of_valid("rank_b");
+  std::mutex mu;
+  std::vector<std::string> messages;
+  run_threads(2, [&](ThreadComm& world) {
+    Host dev;
+    Mesh mesh{world, {.data = 2}};
+    nn::Gpt<float, false, recompute::None, Host> gpt(dev, ckpt_config(), mesh.spread(), 8);
+    auto dp = optim::data_parallel<optim::Ddp>(gpt, optim::AdamW{}, mesh);
+    std::string got;
+    try {
+      checkpoint::load(world.rank() == 0 ? a : b, gpt, dp, mesh);
+    } catch (const Error& e) {
+      got = e.what();
+    }
+    std::lock_guard lock(mu);
+    messages.push_back(got);
+  });
+  REQUIRE(messages.size() == 2);
+  for (const std::string& m : messages) {
+    CAPTURE(m);
+    CHECK(m.find("world rank 1 differs from world rank 0 in checkpoint") != std::string::npos);
+    CHECK(m.find(fs::weakly_canonical(b).string()) != std::string::npos);
+  }
+  fs::remove_all(a);
+  fs::remove_all(b);
 }

@@ -5,6 +5,8 @@
 // kill:
 //   - latest names a complete checkpoint that loads and verifies: step 2, or step 4 when the kill
 //     came after latest moved (while pruning);
+//   - every step directory with a manifest is complete (it opens and verifies): pruning renames a
+//     directory out of the checkpoints' names before it removes a file;
 //   - a partial step 4 (step_00000004.tmp, or step_00000004 without its manifest) is refused;
 //   - a new run resumes from latest and saves step 4 again, over whatever the kill left.
 #include <doctest/doctest.h>
@@ -91,6 +93,10 @@ TEST_CASE("a save killed at 20 points leaves the previous checkpoint usable and 
     const std::int64_t step = latest.manifest().step;
     CHECK((step == 2 || step == 4));
     if (step == 4) ++latest_moved;
+    for (const auto& [s, n] : checkpoint::complete_checkpoints(root)) {
+      CAPTURE(n);
+      CHECK_NOTHROW(checkpoint::Reader(root + "/" + n));  // a manifest means a complete checkpoint
+    }
     // A partial step 4 is refused.
     for (const std::string& partial : {root + "/step_00000004.tmp", root + "/step_00000004"}) {
       if (!fs::exists(partial) || (step == 4 && partial.ends_with("4"))) continue;

@@ -64,5 +64,28 @@ TEST_CASE("GPT-2 export and import round trip, with Hugging Face's names and lay
     got = e.what();
   }
   CHECK(got.find("transformer.wte.weight has the shape 30x32; a GPT-2 of these sizes has 30x64") != std::string::npos);
-  for (const auto& d : {ck, out, back}) std::filesystem::remove_all(d);
+
+  // What the shapes cannot tell: a deeper file into fewer layers (before, the extra blocks were
+  // dropped silently), another head count (c_attn is (C, 3C) for any: before, its columns were
+  // permuted by the wrong heads), a file without its config.json.
+  auto refused = [&](const nn::GptConfig& cfg, const std::string& file, const std::string& expect) {
+    std::string e;
+    try {
+      checkpoint::gpt2::import_hf(file, scratch("gpt2_refused"), cfg);
+    } catch (const Error& err) {
+      e = err.what();
+    }
+    CAPTURE(e);
+    CHECK(e.find(expect) != std::string::npos);
+  };
+  nn::GptConfig shallow = c, fewer_heads = c;
+  shallow.layers = 1;
+  fewer_heads.heads = 2;
+  refused(shallow, out + "/model.safetensors", "has a tensor transformer.h.1.ln_1.weight that a GPT-2 of 1 layers, 4 heads and width 32 does not have");
+  refused(fewer_heads, out + "/model.safetensors", "config.json): has n_head 4; this model has 2");
+  const std::string bare = scratch("gpt2_bare");
+  std::filesystem::create_directories(bare);
+  std::filesystem::copy_file(out + "/model.safetensors", bare + "/model.safetensors");
+  refused(c, bare + "/model.safetensors", "has no config.json beside it");
+  for (const auto& d : {ck, out, back, bare}) std::filesystem::remove_all(d);
 }

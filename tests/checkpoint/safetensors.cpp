@@ -106,6 +106,15 @@ TEST_CASE("safetensors: every validation rule, each an Error naming the file and
   expect_error(raw("json", "{not json", ""), "the header is not valid UTF-8 JSON");
   expect_error(raw("utf8", "{\"\xff\xfe\":1}", ""), "the header is not valid UTF-8 JSON");
   expect_error(raw("array", "[1,2]", ""), "the header is not a JSON object");
+  // Nesting is bounded before the parser sees it (nlohmann_json prints values recursively, as the
+  // message about a 100000-deep dtype did: the stack overflowed); brackets inside strings do not count.
+  expect_error(raw("deep", std::string(100000, '[') + std::string(100000, ']'), ""),
+               "header: nests JSON arrays and objects 9 or more deep, over the limit of 8");
+  expect_error(raw("deep_meta", "{\"__metadata__\": {\"a\": [[[[[[[[[1]]]]]]]]]}}", ""), "nests JSON arrays and objects 9 or more deep");
+  expect_error(raw("deep_dtype", "{\"x\": {\"dtype\": " + std::string(100000, '[') + std::string(100000, ']') + ", \"shape\": [], \"data_offsets\": [0, 0]}}", ""),
+               "nests JSON arrays and objects 9 or more deep");
+  CHECK(read_header(raw("brackets_in_strings", "{\"__metadata__\": {\"a\": \"[[[[[[[[[[[[[[[[\\\"[[[[[[[[\"}}", "")).metadata.at("a") ==
+        "[[[[[[[[[[[[[[[[\"[[[[[[[[");
   expect_error(raw("dup", R"({"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"x":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", d8),
                "the tensor name \"x\" appears twice");
   expect_error(raw("dtype", one("\"Q7\"", "[2]", "[0,8]"), d8), "has dtype \"Q7\"");

@@ -2,6 +2,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "weft/data/loader.hpp"
@@ -76,4 +77,12 @@ TEST_CASE("the loader gives the same global batch for every data degree and rest
   l.next(b, t);
   CHECK(a == b);
   CHECK_THROWS_WITH_AS(Loader<MarkovSource>(m, T, 6, 4, 0), doctest::Contains("global batch 6, data rank 0 of 4"), Error);
+  // A position whose sequence indices (step x batch) overflow 63 bits is refused; the last one that
+  // fits reads (under UBSan an overflow would end the test).
+  const std::int64_t most = std::numeric_limits<std::int64_t>::max() / B - 1;
+  CHECK_THROWS_WITH_AS(l.seek(most + 1), doctest::Contains(cat("use a step in [0, ", most, "]").c_str()), Error);
+  CHECK_THROWS_WITH_AS(l.seek(-1), doctest::Contains("step -1 with a global batch of 8"), Error);
+  l.seek(most);
+  l.next(a, t);
+  CHECK(a.size() == static_cast<std::size_t>(B * T));
 }

@@ -69,8 +69,12 @@ out=$(run --resume "$work/partial/step_00000003.tmp" 2>&1); rc=$?
 [ $rc -ne 0 ] && echo "$out" | grep -q "is an unfinished save" || fail "resume from a .tmp: $rc $out"
 out=$(run --resume "$work/partial" 2>&1); rc=$?
 [ $rc -ne 0 ] && echo "$out" | grep -q "has no manifest.json and no latest pointer" || fail "resume from no checkpoint: $rc $out"
-out=$(run --resume "$work/ck" --heads 2 2>&1); rc=$?
-[ $rc -ne 0 ] && echo "$out" | grep -q "was saved with 4 heads; this model has 2" || fail "resume into other sizes: $rc $out"
+out=$("$bin" --steps 13 --eval-every 6 --batch 8 --layers 1 --width 32 --seq 32 --resume "$work/ck" --heads 2 2>&1); rc=$?
+[ $rc -ne 0 ] && echo "$out" | grep -q "was saved from a model with heads = 4; this model has heads = 2" ||
+  fail "resume into other sizes: $rc $out"
+out=$(run --resume "$work/ck" 2>&1); rc=$?
+[ $rc -eq 2 ] && echo "$out" | grep -q "is at step 12, at or past --steps 12; pass --steps above 12" ||
+  fail "resume at --steps: $rc $out"
 
 # Hugging Face GPT-2: weft-export writes the checkpoint of step 12 with config.json; a run from
 # --init-from that file starts from those weights (its first loss is below a fresh run's first,

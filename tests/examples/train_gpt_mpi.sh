@@ -6,7 +6,7 @@
 # makes every rank refuse to start; SIGUSR1 to mpirun stops every rank cleanly after the same step.
 # usage: train_gpt_mpi.sh TRAIN_GPT MPIRUN [ARGS...]   (MPIRUN without -np)
 set -u
-bin="$1"
+bin=$(realpath "$1")  # absolute: some runs start in other working directories
 shift
 mpirun=("$@")
 work=$(mktemp -d)
@@ -52,6 +52,18 @@ r = [json.loads(l) for l in open(sys.argv[2])]
 assert len(r) == 1 and r[0]["step"] == 3 and r[0]["loss"] == m[2]["loss"], (m[2], r)
 print(f"a checkpoint of 4 MPI processes resumed on threads: step 3 loss {r[0]['loss']!r} as in the MPI run")
 PY
+
+# Ranks started in two working directories, each with a copy of the checkpoint under one relative
+# path: every rank refuses to start, naming the two directories (before, each loaded its own copy).
+mkdir -p "$work/cwd_a" "$work/cwd_b"
+cp -r "$work/ck" "$work/cwd_a/ck" && cp -r "$work/ck" "$work/cwd_b/ck"
+"${mpirun[@]}" -np 2 -wdir "$work/cwd_a" "$bin" "${common[@]}" --data 2 --tensor 2 --resume ck/step_00000002 : \
+  -np 2 -wdir "$work/cwd_b" "$bin" "${common[@]}" --data 2 --tensor 2 --resume ck/step_00000002 >"$work/w.out" 2>&1 &&
+  fail "ranks resuming from different directories started"
+n=$(grep -c "start-up fingerprint: world rank 2 differs from world rank 0 in checkpoints: .*$work/cwd_b/ck/step_00000002" "$work/w.out")
+[ "$n" = 4 ] || { cat "$work/w.out"; fail "expected the refusal naming both directories on 4 ranks, got $n"; }
+grep -q "^step " "$work/w.out" && fail "a step ran with ranks on different checkpoints"
+echo "working directories: all 4 ranks refused to resume from two copies under one relative path"
 
 # One rank with another learning rate: every rank refuses, naming it and the field.
 "${mpirun[@]}" -np 3 "$bin" "${common[@]}" --data 2 --tensor 2 : -np 1 "$bin" "${common[@]}" --data 2 --tensor 2 \

@@ -11,7 +11,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     // The coverage check's work is linear in the pieces' elements, which load() bounds by the
     // verified file sizes; here the declared sizes bound them, so cap them to keep runs fast.
     std::uint64_t bytes = 0;
-    for (const auto& f : m.files) bytes += f.digest.bytes;
+    for (const auto& f : m.files()) bytes += f.digest.bytes;
     if (bytes <= (1u << 20)) weft::checkpoint::check_coverage(m, "fuzz");
   } catch (const weft::Error&) {
   }

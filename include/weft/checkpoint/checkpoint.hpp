@@ -23,16 +23,24 @@
 //      part that waits for the device) and writes its file there, fsynced;
 //   2. the ranks exchange their files' sizes and XXH3 hashes;
 //   3. rank 0 fsyncs the directory, renames it to step_<N>, writes manifest.json into it (a
-//      temporary name, fsync, rename), then moves <root>/latest to it, then removes the oldest
-//      checkpoints beyond `keep`.
-// A save cut at any point leaves `latest` on the previous complete checkpoint; a directory without
-// a manifest is refused by load(). A failure on any rank becomes an Error on every rank.
+//      temporary name, fsync, rename), then moves <root>/latest to it, then removes what `keep`
+//      lets go (save.hpp's pruned(): never the step just written nor latest's target; steps past
+//      it, left by a run this one rolled back from, are kept), each renamed out of the checkpoints'
+//      names before its files go.
+// A save cut at any point leaves `latest` on the previous complete checkpoint, and every directory
+// with a manifest complete; a directory without a manifest is refused by load(). A failure on any
+// rank becomes the same Error on every rank, with its cause. World rank 0 holds the directory's
+// lock (lock.hpp) from its first save: a second trainer there is refused.
 //
 // A load:
-//   1. finds the checkpoint (<root>/latest, or a step directory), parses and validates the manifest
-//      (manifest.hpp), checks that every tensor is covered exactly once;
-//   2. verifies every file's size and hash, the files divided among the ranks, the results shared:
-//      every rank throws the same Error naming the file, expected against actual;
+//   1. finds the checkpoint (<root>/latest, or a step directory), reads the manifest once per
+//      process (its size and nesting bounded before parsing), validates every field (manifest.hpp),
+//      compares the model's configuration record with the checkpoint's, and checks that every rank
+//      reads the same manifest;
+//   2. verifies every file (verify.hpp), the files divided among the ranks, the results shared: a
+//      regular file, no link, of the listed size and hash, whose own piece records (pieces.hpp)
+//      are the pieces the manifest places in it; every rank throws the same Error naming the file;
+//      then checks that every tensor is covered exactly once;
 //   3. fills what this rank holds (Holding: values, master weights, optimizer state) from the byte
 //      ranges of the pieces that overlap it, converting dtypes where the precision changed:
 //      values and master weights come from the saved master weights where there are any (mixed
@@ -41,8 +49,9 @@
 //      the model initialized it: no result reads it.
 //
 // Headers: save.hpp and load.hpp (this one includes both), common.hpp (what they share),
-// manifest.hpp (the format), safetensors.hpp (the files), files.hpp (durable writes, hashes),
-// gpt2.hpp (Hugging Face GPT-2 export and import).
+// manifest.hpp (the format), pieces.hpp (the pieces each file records), verify.hpp (a load's checks,
+// Reader), safetensors.hpp (the files), files.hpp (durable writes, hashes), lock.hpp (one trainer
+// per save directory), gpt2.hpp (Hugging Face GPT-2 export and import).
 #pragma once
 
 #include "weft/checkpoint/load.hpp"

@@ -19,6 +19,7 @@
 #include "weft/checkpoint/safetensors.hpp"
 #include "weft/comm/redistribute.hpp"
 #include "weft/core/bf16.hpp"
+#include "weft/core/json_limits.hpp"
 #include "weft/core/shape.hpp"
 
 namespace weft::checkpoint {
@@ -46,36 +47,56 @@ inline std::string step_name(std::int64_t step) {
   return buf;
 }
 
-// The complete checkpoints under root (a step directory with a manifest), oldest first.
+// The complete checkpoints under root (a step directory, not a link, with a manifest), oldest first.
 inline std::vector<std::pair<std::int64_t, std::string>> complete_checkpoints(const std::string& root) {
   std::vector<std::pair<std::int64_t, std::string>> out;
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator(root, ec)) {
     const std::string n = e.path().filename().string();
-    if (!e.is_directory() || !n.starts_with("step_") || n.size() != 13 || n.find_first_not_of("0123456789", 5) != std::string::npos) continue;
+    if (!e.is_directory() || e.is_symlink() || !n.starts_with("step_") || n.size() != 13 ||
+        n.find_first_not_of("0123456789", 5) != std::string::npos)
+      continue;
     if (std::filesystem::is_regular_file(e.path() / "manifest.json")) out.emplace_back(std::stoll(n.substr(5)), n);
   }
   std::sort(out.begin(), out.end());
   return out;
 }
 
+// The step directory `latest` in root names ("" when there is none), read without following links.
+inline std::string latest_of(const std::string& root) {
+  namespace fs = std::filesystem;
+  const fs::path latest = fs::path(root) / "latest";
+  std::error_code ec;
+  const auto st = fs::symlink_status(latest, ec);
+  if (ec || !fs::is_regular_file(st)) return {};
+  std::ifstream in(latest);
+  std::string name(64, '\0');
+  in.read(name.data(), static_cast<std::streamsize>(name.size()));
+  name.resize(static_cast<std::size_t>(in.gcount()));
+  if (const auto nl = name.find('\n'); nl != std::string::npos) name.resize(nl);
+  return name;
+}
+
 // The step directory a path names: the directory itself when it holds a manifest, else the target
-// of its `latest` pointer.
+// of its `latest` pointer. Inside a checkpoint nothing is followed through a link: `latest` and the
+// directory it names are a regular file and a directory of root.
 inline std::string resolve(const std::string& path) {
   namespace fs = std::filesystem;
   const std::string where = cat("checkpoint(", path, ")");
   std::error_code ec;
   if (!fs::is_directory(path, ec)) throw Error(where, "is not a directory", "pass a checkpoint directory or the directory of a run's checkpoints");
-  if (fs::is_regular_file(fs::path(path) / "manifest.json", ec)) return path;
+  if (fs::exists(fs::symlink_status(fs::path(path) / "manifest.json", ec))) return path;
   const fs::path latest = fs::path(path) / "latest";
-  if (fs::is_regular_file(latest, ec)) {
-    std::ifstream in(latest);
-    std::string name;
-    std::getline(in, name);
+  if (const auto st = fs::symlink_status(latest, ec); fs::exists(st)) {
+    if (!fs::is_regular_file(st))
+      throw Error(where, "has a latest pointer that is not a regular file (a link, or a directory)", "remove it and resume from a step directory");
+    const std::string name = latest_of(path);
     if (!detail::plain_file_name(name) || !name.starts_with("step_"))
-      throw Error(where, cat("its latest pointer holds \"", name.substr(0, 64), "\", not a step directory"), "remove it and resume from a step directory");
+      throw Error(where, cat("its latest pointer holds \"", brief(name), "\", not a step directory"), "remove it and resume from a step directory");
     const fs::path dir = fs::path(path) / name;
-    if (!fs::is_regular_file(dir / "manifest.json", ec))
+    if (fs::is_symlink(fs::symlink_status(dir, ec)))
+      throw Error(where, cat("latest names ", name, ", which is a symbolic link"), "weft saves step directories as directories; resume from one of them");
+    if (!fs::exists(fs::symlink_status(dir / "manifest.json", ec)))  // what it is, read_manifest_text checks
       throw Error(where, cat("latest names ", name, ", which has no manifest.json"), "resume from one of the complete step directories");
     return dir.string();
   }
@@ -119,15 +140,37 @@ inline std::vector<std::int64_t> dims(const Shape& s) {
   return v;
 }
 
-// An Error on every rank when any rank failed: `mine` is this rank's message (empty: it did well).
+// `text` of rank `root`, on every rank (a length, then the bytes).
 template <class C>
-void agree(C& world, const std::string& mine, const std::string& what) {
-  std::array<std::int64_t, 1> failed{mine.empty() ? 0 : world.rank() + 1};
-  world.all_reduce(std::span<std::int64_t>(failed), ReduceOp::max);
-  if (!mine.empty()) throw Error("checkpoint", mine, "see the message; the previous checkpoint is unchanged");
-  if (failed[0] != 0)
-    throw Error("checkpoint", cat(what, " failed on rank ", failed[0] - 1), cat("see rank ", failed[0] - 1, "'s error"));
+std::string share_text(C& world, const std::string& text, int root) {
+  std::array<std::int64_t, 1> len{static_cast<std::int64_t>(text.size())};
+  world.broadcast(std::span<std::int64_t>(len), root);
+  std::vector<std::int32_t> bytes(static_cast<std::size_t>(len[0]));
+  if (world.rank() == root)
+    for (std::size_t i = 0; i < text.size(); ++i) bytes[i] = static_cast<unsigned char>(text[i]);
+  world.broadcast(std::span<std::int32_t>(bytes), root);
+  std::string out(bytes.size(), '\0');
+  for (std::size_t i = 0; i < bytes.size(); ++i) out[i] = static_cast<char>(bytes[i]);
+  return out;
 }
+
+// An Error on every rank when any rank failed, the same on each: the lowest failing rank's message
+// (`mine`: this rank's, empty when it did well), so the cause is printed whichever rank reports it.
+// `what` names the step ("writing a checkpoint file"), `fix` what the caller can do.
+template <class C>
+void agree(C& world, const std::string& mine, const std::string& what, const std::string& fix) {
+  const int n = world.size();
+  std::array<std::int64_t, 1> failed{mine.empty() ? 0 : n - world.rank()};
+  world.all_reduce(std::span<std::int64_t>(failed), ReduceOp::max);
+  if (failed[0] == 0) return;
+  const int who = n - static_cast<int>(failed[0]);
+  const std::string cause = share_text(world, world.rank() == who ? mine : std::string(), who);
+  throw Error("checkpoint", cat(what, " failed on world rank ", who, ": ", cause), fix);
+}
+
+// What a failed save leaves, and what a failed load does.
+inline constexpr const char* kSaveUnchanged = "the previous checkpoint is unchanged";
+inline constexpr const char* kLoadFailed = "nothing usable was loaded: load a complete checkpoint of this model";
 
 template <class F>
 std::string attempt(F&& f) {

@@ -25,27 +25,33 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "weft/checkpoint/checkpoint.hpp"
+#include "weft/core/files.hpp"
+#include "weft/core/json_limits.hpp"
 #include "weft/nn/gpt.hpp"
 
 namespace weft::checkpoint::gpt2 {
 
-// The model sizes a checkpoint's manifest records.
+// The model sizes a checkpoint's manifest records, checked as a model's would be.
 inline nn::GptConfig config_of(const Manifest& m) {
   nn::GptConfig c;
-  try {
-    c.vocab = m.model.at("vocab").get<std::int64_t>();
-    c.seq = m.model.at("seq").get<std::int64_t>();
-    c.layers = m.model.at("layers").get<std::int64_t>();
-    c.heads = m.model.at("heads").get<std::int64_t>();
-    c.width = m.model.at("width").get<std::int64_t>();
-  } catch (const nlohmann::json::exception&) {
-    throw Error("gpt2", "the checkpoint's manifest does not record a GPT's sizes (vocab, seq, layers, heads, width)",
-                "export a checkpoint saved from nn::Gpt");
-  }
+  auto field = [&](const char* k) {
+    const auto it = m.model.find(k);
+    if (it == m.model.end() || !it->is_number_integer())
+      throw Error("gpt2", cat("the checkpoint's manifest records no integer ", k, " for its model"),
+                  "export a checkpoint saved from nn::Gpt (vocab, seq, layers, heads, width)");
+    return it->get<std::int64_t>();
+  };
+  c.vocab = field("vocab");
+  c.seq = field("seq");
+  c.layers = field("layers");
+  c.heads = field("heads");
+  c.width = field("width");
+  nn::validate(c, {}, false, 1);
   return c;
 }
 
@@ -169,7 +175,8 @@ inline void import_hf(const std::string& file, const std::string& dir, const nn:
     if (n.ends_with("attn.proj.weight")) return {C, C};
     return {C};
   };
-  for (const auto& n : detail::names(c.layers)) {
+  const auto names = detail::names(c.layers);
+  for (const auto& n : names) {
     const TensorInfo* t = h.find(n.hf);
     if (!t) throw Error(at, cat("has no tensor ", n.hf), cat("export a GPT-2 of ", c.layers, " layers, or choose the sizes of this file"));
     const auto shape = expect(n.weft), hf = detail::hf_shape(n, shape);
@@ -178,6 +185,43 @@ inline void import_hf(const std::string& file, const std::string& dir, const nn:
                   "pass the sizes of the file (--layers, --heads, --width, --seq, --vocab)");
     if (t->dtype != DType::f32 && t->dtype != DType::bf16 && t->dtype != DType::f64)
       throw Error(at, cat(n.hf, " has dtype ", safetensors_dtype(t->dtype)), "convert it to F32, BF16 or F64");
+  }
+  // Nothing beside them but the buffers transformers may save (the causal masks) and the LM head
+  // tied to wte: a tensor past them (a block of a deeper model, a part of another one) is refused.
+  std::set<std::string> known;
+  for (const auto& n : names) known.insert(n.hf);
+  for (const TensorInfo& t : h.tensors) {
+    if (known.contains(t.name) || t.name.ends_with(".attn.bias") || t.name.ends_with(".attn.masked_bias")) continue;
+    if (t.name == "lm_head.weight" && t.shape == std::vector<std::int64_t>{c.vocab, c.width}) continue;
+    throw Error(at, cat("has a tensor ", brief(t.name), " that a GPT-2 of ", c.layers, " layers, ", c.heads, " heads and width ", c.width,
+                        " does not have"),
+                "pass the sizes of the file (--layers, --heads, --width, --seq, --vocab), or a GPT-2 file");
+  }
+  // The head count is in no tensor's shape (c_attn is (C, 3C) for any): transformers' config.json
+  // beside the file records it, with the other sizes.
+  const auto config = std::filesystem::path(file).parent_path() / "config.json";
+  if (!std::filesystem::is_regular_file(config))
+    throw Error(at, cat("has no config.json beside it (", config.string(), "): the head count of a GPT-2 is not in its tensors"),
+                "put the model's transformers config.json beside the file (weft-export writes one)");
+  nlohmann::json hf;
+  {
+    const std::string text = read_text_file(config.string(), 1 << 20, cat("gpt2::import(", config.string(), ")"));
+    check_json_limits(text, {.max_bytes = 1 << 20, .max_depth = 8}, cat("gpt2::import(", config.string(), ")"));
+    try {
+      hf = nlohmann::json::parse(text);
+    } catch (const nlohmann::json::exception& e) {
+      throw Error(cat("gpt2::import(", config.string(), ")"), cat("is not valid JSON (", brief(e.what(), 200), ")"), "pass transformers' config.json");
+    }
+  }
+  for (const auto& [k, v] : std::vector<std::pair<const char*, std::int64_t>>{
+           {"n_layer", c.layers}, {"n_head", c.heads}, {"n_embd", c.width}, {"n_positions", c.seq}, {"vocab_size", c.vocab}})
+    if (!hf.is_object() || !hf.contains(k) || !hf[k].is_number_integer() || hf[k].get<std::int64_t>() != v)
+      throw Error(cat("gpt2::import(", config.string(), ")"),
+                  cat("has ", k, " ", hf.is_object() && hf.contains(k) ? brief(hf[k].dump()) : std::string("(none)"), "; this model has ", v),
+                  "pass the sizes of the file (--layers, --heads, --width, --seq, --vocab)");
+  for (const auto& n : names) {
+    const TensorInfo* t = h.find(n.hf);
+    const auto shape = expect(n.weft);
     const std::size_t count = t->end - t->begin, es = size_of(t->dtype);
     std::vector<std::byte> raw(count);
     fd.read_all_at(raw.data(), raw.size(), h.data_start + t->begin);
@@ -192,13 +236,13 @@ inline void import_hf(const std::string& file, const std::string& dir, const nn:
   std::filesystem::create_directories(dir);
   Manifest m;
   m.policy = "consolidated";
-  m.model = {{"vocab", c.vocab}, {"seq", c.seq}, {"layers", c.layers}, {"heads", c.heads}, {"width", c.width}};
+  for (const auto& [k, v] : nn::record(c)) m.model[k] = v;
   m.optimizer = {{"rule", "none"}, {"steps", 0}, {"skipped", 0}};
   m.run = {{"step", 0}, {"loader_position", 0}, {"seed", c.seed}, {"imported_from", file}};
   m.strategy = "imported";
   m.precision = "f32";
-  m.files.push_back({"model.safetensors", checkpoint::detail::write_staged(cat(dir, "/model.safetensors"), staged)});
-  checkpoint::detail::add_pieces(m, dir, "model.safetensors");
+  m.add_file({"model.safetensors", checkpoint::detail::write_staged(cat(dir, "/model.safetensors"), staged)});
+  checkpoint::add_pieces(m, dir, "model.safetensors");
   write_atomic(cat(dir, "/manifest.json"), to_json(m).dump(1));
 }
 

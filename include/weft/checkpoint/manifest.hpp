@@ -34,11 +34,13 @@
 #include <string>
 #include <utility>
 #include <type_traits>
+#include <unordered_map>
 #include <vector>
 
 #include "weft/checkpoint/files.hpp"
 #include "weft/checkpoint/safetensors.hpp"
 #include "weft/core/error.hpp"
+#include "weft/core/json_limits.hpp"
 
 namespace weft::checkpoint {
 
@@ -62,20 +64,43 @@ struct FileRecord {
   Digest digest;
 };
 
+// The largest manifest read (its size is checked before it is read), and the deepest nesting in it:
+// a manifest of GPT-2 1.5B saved by 4096 ranks is under 100 MB, with 6 levels (tensors, a tensor,
+// its pieces, a piece, a box) plus what a trainer nests in run.extra.
+inline constexpr std::uint64_t kMaxManifest = 256ull << 20;
+inline constexpr JsonLimits kManifestLimits{.max_bytes = kMaxManifest, .max_depth = 32};
+// The largest step, optimizer step count and data position accepted: 2^53, below which a double
+// (the schedules' arithmetic) holds every integer.
+inline constexpr std::int64_t kMaxStep = std::int64_t{1} << 53;
+
 struct Manifest {
   std::string policy = "sharded";
   std::int64_t step = 0;
   int data = 1, tensor = 1, pipe = 1;
   std::string strategy, precision;
   nlohmann::json model = nlohmann::json::object(), optimizer = nlohmann::json::object(), run = nlohmann::json::object();
-  std::vector<FileRecord> files;
   std::map<std::string, TensorRecord> tensors;
 
-  const FileRecord* file(const std::string& name) const {
-    for (const FileRecord& f : files)
-      if (f.name == name) return &f;
-    return nullptr;
+  const std::vector<FileRecord>& files() const { return files_; }
+  // Adds a file; false (and nothing added) when one of that name is listed already.
+  bool add_file(FileRecord f) {
+    if (!file_at_.emplace(f.name, files_.size()).second) return false;
+    files_.push_back(std::move(f));
+    return true;
   }
+  const FileRecord* file(const std::string& name) const {
+    const auto it = file_at_.find(name);
+    return it == file_at_.end() ? nullptr : &files_[it->second];
+  }
+  // The position of a listed file in files(), or files().size() for one not listed.
+  std::size_t file_index(const std::string& name) const {
+    const auto it = file_at_.find(name);
+    return it == file_at_.end() ? files_.size() : it->second;
+  }
+
+ private:
+  std::vector<FileRecord> files_;
+  std::unordered_map<std::string, std::size_t> file_at_;
 };
 
 inline nlohmann::json to_json(const Manifest& m) {
@@ -83,7 +108,7 @@ inline nlohmann::json to_json(const Manifest& m) {
                    {"mesh", {{"data", m.data}, {"tensor", m.tensor}, {"pipe", m.pipe}}}, {"strategy", m.strategy},
                    {"precision", m.precision}, {"model", m.model}, {"optimizer", m.optimizer}, {"run", m.run}};
   j["files"] = nlohmann::json::array();
-  for (const FileRecord& f : m.files) j["files"].push_back({{"name", f.name}, {"bytes", f.digest.bytes}, {"xxh3", hex64(f.digest.xxh3)}});
+  for (const FileRecord& f : m.files()) j["files"].push_back({{"name", f.name}, {"bytes", f.digest.bytes}, {"xxh3", hex64(f.digest.xxh3)}});
   j["tensors"] = nlohmann::json::object();
   for (const auto& [name, t] : m.tensors) {
     nlohmann::json pieces = nlohmann::json::array();
@@ -136,6 +161,7 @@ T whole_of(const nlohmann::json& j, Check&& check) {
 inline Manifest parse(const std::string& text, const std::string& where) {
   const std::string at = cat("manifest(", where, ")");
   auto bad = [&](const std::string& what) -> void { throw Error(at, what, "save the checkpoint again, or resume from an earlier one"); };
+  check_json_limits(text, kManifestLimits, at);  // before the parser: its memory and recursion follow size and depth
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(text);
@@ -145,42 +171,61 @@ inline Manifest parse(const std::string& text, const std::string& where) {
 
   // An integer field, or a list of them: a float would convert out of range (undefined), so it is refused.
   auto whole_one = [&](const nlohmann::json& v) -> const nlohmann::json& {
-    if (!v.is_number_integer()) bad(cat("has ", v.dump(), " where an integer belongs"));
+    if (!v.is_number_integer()) bad(cat("has ", brief(v.dump()), " where an integer belongs"));
     return v;
+  };
+  // An integer field in [lo, hi].
+  auto ranged = [&](const nlohmann::json& v, const std::string& name, std::int64_t lo, std::int64_t hi) {
+    if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<std::uint64_t>() > static_cast<std::uint64_t>(hi)) ||
+        v.get<std::int64_t>() < lo || v.get<std::int64_t>() > hi)
+      bad(cat("has ", name, " ", brief(v.dump()), "; expected an integer in [", lo, ", ", hi, "]"));
+    return v.get<std::int64_t>();
   };
   Manifest m;
   try {
     if (!j.is_object() || j.value("format", "") != "weft-checkpoint") bad("is not a weft checkpoint manifest (no \"format\": \"weft-checkpoint\")");
     if (!j.contains("version") || !j["version"].is_number_integer() || j["version"].get<int>() != kFormatVersion)
-      bad(cat("has version ", j.contains("version") ? j["version"].dump() : "(none)", "; this weft reads version ", kFormatVersion));
+      bad(cat("has version ", j.contains("version") ? brief(j["version"].dump()) : "(none)", "; this weft reads version ", kFormatVersion));
     m.policy = j.at("policy").get<std::string>();
-    if (m.policy != "sharded" && m.policy != "consolidated") bad(cat("has policy \"", m.policy, "\"; expected sharded or consolidated"));
+    if (m.policy != "sharded" && m.policy != "consolidated") bad(cat("has policy \"", brief(m.policy), "\"; expected sharded or consolidated"));
     m.step = detail::whole_of<std::int64_t>(j.at("step"), whole_one);
     if (m.step < 0) bad(cat("has step ", m.step));
+    ranged(j.at("step"), "step", 0, kMaxStep);
     const auto& mesh = j.at("mesh");
     m.data = detail::whole_of<int>(mesh.at("data"), whole_one);
     m.tensor = detail::whole_of<int>(mesh.at("tensor"), whole_one);
     m.pipe = detail::whole_of<int>(mesh.at("pipe"), whole_one);
-    if (m.data < 1 || m.tensor < 1 || m.pipe < 1) bad(cat("has mesh degrees ", mesh.dump(), "; each must be >= 1"));
+    if (m.data < 1 || m.tensor < 1 || m.pipe < 1) bad(cat("has mesh degrees ", brief(mesh.dump()), "; each must be >= 1"));
     m.strategy = j.at("strategy").get<std::string>();
     m.precision = j.at("precision").get<std::string>();
     m.model = j.at("model");
     m.optimizer = j.at("optimizer");
     m.run = j.at("run");
     if (!m.model.is_object() || !m.optimizer.is_object() || !m.run.is_object()) bad("has a model, optimizer or run field that is not an object");
+    // The run and optimizer state a resume restores: the step twice (the directory's and the run's),
+    // the optimizer's step count and skipped steps, the data position and the seed.
+    (void)m.optimizer.at("rule").get<std::string>();
+    const std::int64_t steps = ranged(m.optimizer.at("steps"), "optimizer.steps", 0, kMaxStep);
+    ranged(m.optimizer.at("skipped"), "optimizer.skipped", 0, steps);
+    if (ranged(m.run.at("step"), "run.step", 0, kMaxStep) != m.step)
+      bad(cat("has run.step ", m.run.at("step").dump(), " but step ", m.step));
+    ranged(m.run.at("loader_position"), "run.loader_position", 0, kMaxStep);
+    if (!m.run.at("seed").is_number_unsigned()) bad(cat("has run.seed ", brief(m.run.at("seed").dump()), "; expected an integer in [0, 2^64)"));
+    if (m.run.contains("extra") && !m.run["extra"].is_object()) bad("has a run.extra that is not an object");
     for (const auto& f : j.at("files")) {
       FileRecord r;
       r.name = f.at("name").get<std::string>();
-      if (!detail::plain_file_name(r.name)) bad(cat("names a file \"", r.name.substr(0, 64), "\" outside its directory"));
+      if (!detail::plain_file_name(r.name)) bad(cat("names a file \"", brief(r.name), "\" outside its directory"));
       r.digest.bytes = detail::whole_of<std::uint64_t>(f.at("bytes"), whole_one);
       const std::string h = f.at("xxh3").get<std::string>();
-      if (h.size() != 16 || h.find_first_not_of("0123456789abcdef") != std::string::npos) bad(cat("has a malformed xxh3 \"", h.substr(0, 32), "\" for ", r.name));
+      if (h.size() != 16 || h.find_first_not_of("0123456789abcdef") != std::string::npos) bad(cat("has a malformed xxh3 \"", brief(h, 32), "\" for ", r.name));
       r.digest.xxh3 = std::stoull(h, nullptr, 16);
-      if (m.file(r.name)) bad(cat("lists the file ", r.name, " twice"));
-      m.files.push_back(std::move(r));
+      const std::string name = r.name;
+      if (!m.add_file(std::move(r))) bad(cat("lists the file ", name, " twice"));
     }
     for (const auto& [name, t] : j.at("tensors").items()) {
       TensorRecord r;
+      const std::string tname = brief(name);
       const std::string dt = t.at("dtype").get<std::string>();
       bool known = false;
       for (DType d : {DType::f64, DType::f32, DType::bf16})
@@ -188,17 +233,17 @@ inline Manifest parse(const std::string& text, const std::string& where) {
           r.dtype = d;
           known = true;
         }
-      if (!known) bad(cat("tensor ", name, " has dtype \"", dt, "\"; expected F64, F32 or BF16"));
+      if (!known) bad(cat("tensor ", tname, " has dtype \"", brief(dt), "\"; expected F64, F32 or BF16"));
       r.global = detail::whole_of<std::vector<std::int64_t>>(t.at("global"), whole_one);
       r.logical = detail::whole_of<std::vector<std::int64_t>>(t.at("logical"), whole_one);
       r.layout = t.at("layout").get<std::string>();
       std::int64_t n = 0;
       if (r.global.empty() || r.global.size() > kMaxRank || !detail::product(r.global, n))
-        bad(cat("tensor ", name, " has a global shape ", t.at("global").dump(), " of no, too many or too large dims"));
-      if (r.logical.size() != r.global.size()) bad(cat("tensor ", name, " has a logical shape of another rank than its global shape"));
+        bad(cat("tensor ", tname, " has a global shape ", brief(t.at("global").dump()), " of no, too many or too large dims"));
+      if (r.logical.size() != r.global.size()) bad(cat("tensor ", tname, " has a logical shape of another rank than its global shape"));
       for (std::size_t d = 0; d < r.global.size(); ++d)
         if (r.logical[d] < 0 || r.logical[d] > r.global[d])
-          bad(cat("tensor ", name, " has a logical shape ", t.at("logical").dump(), " outside its global shape ", t.at("global").dump()));
+          bad(cat("tensor ", tname, " has a logical shape ", brief(t.at("logical").dump()), " outside its global shape ", brief(t.at("global").dump())));
       for (const auto& p : t.at("pieces")) {
         PieceRecord q;
         q.file = p.at("file").get<std::string>();
@@ -207,17 +252,17 @@ inline Manifest parse(const std::string& text, const std::string& where) {
         q.box_extent = detail::whole_of<std::vector<std::int64_t>>(p.at("box_extent"), whole_one);
         q.first = detail::whole_of<std::int64_t>(p.at("first"), whole_one);
         q.count = detail::whole_of<std::int64_t>(p.at("count"), whole_one);
-        if (!m.file(q.file)) bad(cat("tensor ", name, " has a piece in ", q.file.substr(0, 64), ", which is not among the files"));
+        if (!m.file(q.file)) bad(cat("tensor ", tname, " has a piece in ", brief(q.file), ", which is not among the files"));
         if (q.box_offset.size() != r.global.size() || q.box_extent.size() != r.global.size())
-          bad(cat("tensor ", name, " has a piece whose box is not of rank ", r.global.size()));
+          bad(cat("tensor ", tname, " has a piece whose box is not of rank ", r.global.size()));
         for (std::size_t d = 0; d < r.global.size(); ++d)
           if (q.box_offset[d] < 0 || q.box_extent[d] < 0 || q.box_offset[d] > r.global[d] - q.box_extent[d])
-            bad(cat("tensor ", name, " has a piece in ", q.file, " whose box (offset ", p.at("box_offset").dump(), ", extent ",
-                    p.at("box_extent").dump(), ") leaves the global shape ", t.at("global").dump()));
+            bad(cat("tensor ", tname, " has a piece in ", q.file, " whose box (offset ", brief(p.at("box_offset").dump()), ", extent ",
+                    brief(p.at("box_extent").dump()), ") leaves the global shape ", brief(t.at("global").dump())));
         std::int64_t box = 0;
         detail::product(q.box_extent, box);
         if (q.first < 0 || q.count < 1 || q.first > box - q.count)
-          bad(cat("tensor ", name, " has a piece in ", q.file, " of elements [", q.first, ", ", q.first, " + ", q.count,
+          bad(cat("tensor ", tname, " has a piece in ", q.file, " of elements [", q.first, ", ", q.first, " + ", q.count,
                   ") outside its box of ", box));
         r.pieces.push_back(std::move(q));
       }
@@ -225,19 +270,35 @@ inline Manifest parse(const std::string& text, const std::string& where) {
     }
     // The pieces' bytes fit in their files (so that the work of check_coverage, linear in the
     // pieces' rows, is bounded by the files' verified sizes).
-    std::map<std::string, std::uint64_t> used;
+    std::vector<std::uint64_t> used(m.files().size(), 0);
     for (const auto& [name, t] : m.tensors)
       for (const PieceRecord& p : t.pieces) {
-        std::uint64_t& u = used[p.file];
-        const std::uint64_t cap = m.file(p.file)->digest.bytes, es = size_of(t.dtype);
-        if (static_cast<std::uint64_t>(p.count) > (cap - u) / es)
-          bad(cat("places more bytes in ", p.file, " than its ", m.file(p.file)->digest.bytes, " (at tensor ", name, ")"));
-        u += static_cast<std::uint64_t>(p.count) * es;
+        const std::size_t f = m.file_index(p.file);
+        const std::uint64_t cap = m.files()[f].digest.bytes, es = size_of(t.dtype);
+        if (static_cast<std::uint64_t>(p.count) > (cap - used[f]) / es)
+          bad(cat("places more bytes in ", p.file, " than its ", cap, " (at tensor ", brief(name), ")"));
+        used[f] += static_cast<std::uint64_t>(p.count) * es;
       }
   } catch (const nlohmann::json::exception& e) {
-    bad(cat("has a missing or mistyped field (", e.what(), ")"));
+    bad(cat("has a missing or mistyped field (", brief(e.what(), 200), ")"));
   }
   return m;
+}
+
+// The text of `dir`/manifest.json, checked before it is read: a regular file (not a link, not a
+// FIFO that would block the read) of at most kMaxManifest bytes.
+inline std::string read_manifest_text(const std::string& dir) {
+  const std::string path = cat(dir, "/manifest.json"), where = cat("manifest(", path, ")");
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) throw Error(where, cat("cannot be read (", std::strerror(errno), ")"), "resume from a complete checkpoint");
+  if (S_ISLNK(st.st_mode)) throw Error(where, "is a symbolic link", "weft writes the manifest as a regular file; resume from a checkpoint as saved");
+  if (!S_ISREG(st.st_mode)) throw Error(where, "is not a regular file", "resume from a checkpoint as saved");
+  if (static_cast<std::uint64_t>(st.st_size) > kMaxManifest)
+    throw Error(where, cat("is ", st.st_size, " bytes, over the limit of ", kMaxManifest), "this is not a manifest weft writes; resume from another checkpoint");
+  std::string text(static_cast<std::size_t>(st.st_size), '\0');
+  detail::Fd fd(path, O_RDONLY | O_NOFOLLOW);
+  if (!text.empty()) fd.read_all_at(text.data(), text.size(), 0);
+  return text;
 }
 
 // The runs of global row-major indices [begin, end) that elements [first, first + count) of a box's

@@ -29,10 +29,12 @@
 #include <set>
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "weft/core/dtype.hpp"
 #include "weft/core/error.hpp"
+#include "weft/core/json_limits.hpp"
 #include "weft/checkpoint/files.hpp"
 
 namespace weft::checkpoint {
@@ -53,11 +55,15 @@ struct Header {
   std::map<std::string, std::string> metadata;
   std::uint64_t data_start = 0;     // 8 + header length: where the data section begins in the file
   const TensorInfo* find(const std::string& name) const {
-    for (const TensorInfo& t : tensors)
-      if (t.name == name) return &t;
-    return nullptr;
+    const auto it = index.find(name);
+    return it == index.end() ? nullptr : &tensors[it->second];
   }
+  std::unordered_map<std::string, std::size_t> index;  // name -> position in tensors
 };
+
+// The deepest nesting in a header: its object, a tensor's entry, the entry's shape (3); more is
+// refused before parsing (json_limits.hpp).
+inline constexpr JsonLimits kHeaderLimits{.max_bytes = kMaxHeader, .max_depth = 8};
 
 // safetensors' dtype names for weft's element types.
 constexpr const char* safetensors_dtype(DType t) {
@@ -131,6 +137,7 @@ inline Header read_header(const std::string& path) {
 inline Header detail::parse_json_header(const std::string& path, const std::string& text, std::uint64_t file_size) {
   using detail::bad;
   const std::uint64_t n = text.size();
+  check_json_limits(text, kHeaderLimits, cat("safetensors(", path, ") header"));
   // Parse, rejecting a name given twice (nlohmann would keep the last silently).
   std::set<std::string> names;
   std::string duplicate;
@@ -210,6 +217,7 @@ inline Header detail::parse_json_header(const std::string& path, const std::stri
           "store the tensors contiguously, without gaps or overlaps");
     at = t.end;
   }
+  for (std::size_t i = 0; i < h.tensors.size(); ++i) h.index.emplace(h.tensors[i].name, i);
   if (at != data_size)
     bad(path, cat("the tensors' data ends at byte ", at, " but the file holds ", data_size, " bytes of data"),
         "pass a file whose length is the header plus the tensors' data");

@@ -9,6 +9,8 @@
 #include <thread>
 
 #include "weft/checkpoint/common.hpp"
+#include "weft/checkpoint/lock.hpp"
+#include "weft/checkpoint/pieces.hpp"
 #include "weft/core/precision.hpp"
 #include "weft/nn/unit.hpp"
 
@@ -29,16 +31,6 @@ struct SaveOptions {
 };
 
 namespace detail {
-
-// One piece this rank saves: host bytes and where they lie.
-struct Staged {
-  std::string tensor;  // "param/wte"
-  DType dtype = DType::f32;
-  std::vector<std::int64_t> global, logical, box_offset, box_extent;
-  std::string layout;
-  std::int64_t first = 0, count = 0;
-  std::vector<std::byte> bytes;
-};
 
 // Copies this rank's pieces to host memory (waits for the device's queued work).
 template <class Model, class DP, class M>
@@ -82,48 +74,54 @@ inline std::string rank_file(int rank) {
   return buf;
 }
 
-// Writes staged pieces as one file; the pieces' layout goes in its metadata ("weft.pieces").
-inline Digest write_staged(const std::string& path, const std::vector<Staged>& staged) {
-  std::vector<TensorData> tensors;
-  nlohmann::json meta = nlohmann::json::array();
-  for (const Staged& s : staged) {
-    tensors.push_back({s.tensor, s.dtype, {s.count}, s.bytes.data()});
-    meta.push_back({{"tensor", s.tensor}, {"global", s.global}, {"logical", s.logical}, {"layout", s.layout},
-                    {"box_offset", s.box_offset}, {"box_extent", s.box_extent}, {"first", s.first}, {"count", s.count}});
+// Removes step directory `name` of root so that a crash at any moment leaves either the complete
+// checkpoint or a directory no reader takes for one: first renamed (atomically, durably) to
+// <name>.deleting, then its files removed one by one. prepare() clears what a crash left.
+inline void remove_step(const std::string& root, const std::string& name) {
+  namespace fs = std::filesystem;
+  const fs::path from = fs::path(root) / name, to = fs::path(root) / (name + ".deleting");
+  std::error_code ec;
+  fs::remove_all(to, ec);
+  point("prune rename");
+  if (std::rename(from.c_str(), to.c_str()) != 0) detail::sys_fail(cat("checkpoint(", from.string(), ")"), "cannot rename it for removal", errno);
+  sync_directory(root);
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(to)) files.push_back(e.path());
+  for (const fs::path& f : files) {
+    point("prune remove");
+    fs::remove_all(f);
   }
-  return write(path, tensors, {{"weft.pieces", meta.dump()}});
+  fs::remove(to);
 }
 
-// The tensors of a manifest from the pieces' records in each file's metadata.
-inline void add_pieces(Manifest& m, const std::string& dir, const std::string& file) {
-  const Header h = read_header(cat(dir, "/", file));
-  const auto it = h.metadata.find("weft.pieces");
-  if (it == h.metadata.end()) throw Error(cat("checkpoint(", dir, "/", file, ")"), "has no weft.pieces metadata", "save again");
-  for (const auto& p : nlohmann::json::parse(it->second)) {
-    const std::string name = p.at("tensor").get<std::string>();
-    const TensorInfo* info = h.find(name);
-    if (!info) throw Error(cat("checkpoint(", dir, "/", file, ")"), cat("lists a piece ", name, " it does not hold"), "save again");
-    TensorRecord& t = m.tensors[name];
-    t.dtype = info->dtype;
-    t.global = p.at("global").get<std::vector<std::int64_t>>();
-    t.logical = p.at("logical").get<std::vector<std::int64_t>>();
-    t.layout = p.at("layout").get<std::string>();
-    t.pieces.push_back({file, name, p.at("box_offset").get<std::vector<std::int64_t>>(), p.at("box_extent").get<std::vector<std::int64_t>>(),
-                        p.at("first").get<std::int64_t>(), p.at("count").get<std::int64_t>()});
-  }
+// Which complete checkpoints a save of step `step` with `keep` > 0 removes, oldest first: of the
+// checkpoints of this run's line, the steps up to `step`, all but the newest `keep`. Never `step`
+// itself, nor what `latest` names; a later step, left by a run this one rolled back from (a resume
+// from an earlier step), is kept and not counted. (torchtitan's keep_latest_k sorts every step
+// directory by its number and keeps the highest k, so a rolled-back run's new checkpoints, the lowest
+// numbers, are the ones it deletes.)
+inline std::vector<std::string> pruned(const std::vector<std::pair<std::int64_t, std::string>>& complete, std::int64_t step, int keep,
+                                       const std::string& latest) {
+  std::vector<std::string> line;
+  for (const auto& [s, n] : complete)
+    if (s <= step) line.push_back(n);
+  std::vector<std::string> out;
+  const std::string written = step_name(step);
+  for (std::size_t i = 0; i + static_cast<std::size_t>(keep) < line.size(); ++i)
+    if (line[i] != written && line[i] != latest) out.push_back(line[i]);
+  return out;
 }
 
 // Rank 0's part of finishing a save: rename, manifest, latest, pruning.
 inline void publish(const std::string& root, Manifest m, const std::vector<Digest>& digests, bool sharded, int keep) {
-  namespace fs = std::filesystem;
   const std::string name = step_name(m.step), tmp = cat(root, "/", name, ".tmp"), dir = cat(root, "/", name);
   if (sharded) {
     for (std::size_t r = 0; r < digests.size(); ++r) {
-      m.files.push_back({rank_file(static_cast<int>(r)), digests[r]});
+      m.add_file({rank_file(static_cast<int>(r)), digests[r]});
       add_pieces(m, tmp, rank_file(static_cast<int>(r)));
     }
   } else {
-    m.files.push_back({"model.safetensors", digests[0]});
+    m.add_file({"model.safetensors", digests[0]});
     add_pieces(m, tmp, "model.safetensors");
   }
   check_coverage(m, tmp);
@@ -137,33 +135,31 @@ inline void publish(const std::string& root, Manifest m, const std::vector<Diges
   point("latest");
   write_atomic(cat(root, "/latest"), name + "\n");
   if (keep > 0) {
-    auto all = complete_checkpoints(root);
-    for (std::size_t i = 0; i + static_cast<std::size_t>(keep) < all.size(); ++i) {
-      point("prune");
-      fs::remove_all(fs::path(root) / all[i].second);
-    }
+    for (const std::string& old : pruned(complete_checkpoints(root), m.step, keep, latest_of(root))) remove_step(root, old);
     sync_directory(root);
   }
 }
 
-// Before a save of step N: a stale step_N.tmp goes; an existing step_N is replaced, and if latest
-// names it, latest first moves back to the newest other complete checkpoint (or goes).
+// Before a save of step N: stale step_N.tmp and *.deleting directories go; an existing step_N is
+// replaced, and if latest names it, latest first moves back to the newest other complete
+// checkpoint (or goes).
 inline void prepare(const std::string& root, std::int64_t step) {
   namespace fs = std::filesystem;
   fs::create_directories(root);
   const std::string name = step_name(step);
   fs::remove_all(fs::path(root) / (name + ".tmp"));
-  if (fs::exists(fs::path(root) / name)) {
-    std::string latest;
-    if (std::ifstream in(fs::path(root) / "latest"); in) std::getline(in, latest);
-    if (latest == name) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(root, ec))
+    if (const std::string n = e.path().filename().string(); n.starts_with("step_") && n.ends_with(".deleting")) fs::remove_all(e.path());
+  if (fs::exists(fs::symlink_status(fs::path(root) / name))) {
+    if (latest_of(root) == name) {
       std::string other;
       for (const auto& [s, n] : complete_checkpoints(root))
         if (n != name) other = n;
       if (other.empty()) fs::remove(fs::path(root) / "latest");
       else write_atomic(cat(root, "/latest"), other + "\n");
     }
-    fs::remove_all(fs::path(root) / name);
+    remove_step(root, name);
   }
   point("tmp directory");
   fs::create_directories(fs::path(root) / (name + ".tmp"));
@@ -248,13 +244,13 @@ inline std::vector<Staged> consolidate(const std::vector<std::vector<Staged>>& a
   return out;
 }
 
-template <class Model, class DP>
-nlohmann::json model_json(Model& model) {
+// The model's configuration record (its record(): every field that shapes its parameters), which a
+// load compares field by field.
+template <class Model>
+nlohmann::json model_json(const Model& model) {
   nlohmann::json j = nlohmann::json::object();
-  if constexpr (requires { model.config.vocab; }) {
-    const auto& c = model.config;
-    j = {{"vocab", c.vocab}, {"seq", c.seq}, {"layers", c.layers}, {"heads", c.heads}, {"width", c.width}};
-  }
+  if constexpr (requires { model.record(); })
+    for (const auto& [k, v] : model.record()) j[k] = v;
   return j;
 }
 
@@ -281,11 +277,16 @@ class Saver {
   void save(Model& model, DP& dp, M& mesh, const RunState& state) {
     auto& world = mesh.world();
     wait(mesh);
-    std::string err = world.rank() == 0 ? detail::attempt([&] { detail::prepare(root_, state.step); }) : std::string();
-    detail::agree(world, err, "preparing the checkpoint directory");
+    // World rank 0 publishes and prunes: it holds the directory's lock (lock.hpp) from its first save.
+    std::string err = world.rank() == 0 ? detail::attempt([&] {
+      if (!lock_.held()) lock_ = DirectoryLock(root_);
+      detail::prepare(root_, state.step);
+    })
+                                        : std::string();
+    detail::agree(world, err, "preparing the checkpoint directory", detail::kSaveUnchanged);
     std::vector<detail::Staged> staged;
     err = detail::attempt([&] { staged = detail::stage(model, dp, mesh); });
-    detail::agree(world, err, "copying the state to host memory");
+    detail::agree(world, err, "copying the state to host memory", detail::kSaveUnchanged);
 
     manifest_ = Manifest{};
     manifest_.policy = Policy::name;
@@ -295,7 +296,7 @@ class Saver {
     manifest_.pipe = mesh.comm(Axis::pipe).size();
     manifest_.strategy = DP::name();
     manifest_.precision = precision_t<typename Model::value_type>::name();
-    manifest_.model = detail::model_json<Model, DP>(model);
+    manifest_.model = detail::model_json(model);
     manifest_.optimizer = {{"rule", DP::rule_type::name}, {"steps", dp.steps()}, {"skipped", dp.skipped()}};
     manifest_.run = {{"step", state.step}, {"loader_position", state.loader_position}, {"seed", state.seed}, {"extra", state.extra}};
 
@@ -369,7 +370,7 @@ class Saver {
     auto& world = mesh.world();
     if (writer_.joinable()) writer_.join();
     pending_ = false;
-    detail::agree(world, error_, "writing a checkpoint file");
+    detail::agree(world, error_, "writing a checkpoint file", detail::kSaveUnchanged);
     std::array<std::int64_t, 2> mine{static_cast<std::int64_t>(digest_.bytes), std::bit_cast<std::int64_t>(digest_.xxh3)};
     std::vector<std::int64_t> all(2 * static_cast<std::size_t>(world.size()));
     world.all_gather(std::span<const std::int64_t>(mine), std::span<std::int64_t>(all));
@@ -382,10 +383,11 @@ class Saver {
                            std::bit_cast<std::uint64_t>(all[2 * static_cast<std::size_t>(r) + 1])});
       err = detail::attempt([&] { detail::publish(root_, manifest_, digests, std::same_as<Policy, Sharded>, opt_.keep); });
     }
-    detail::agree(world, err, "publishing the checkpoint");
+    detail::agree(world, err, "publishing the checkpoint", detail::kSaveUnchanged);
   }
 
   std::string root_;
+  DirectoryLock lock_;  // world rank 0's, from its first save
   SaveOptions opt_;
   bool async_;
   bool pending_ = false;

@@ -39,7 +39,7 @@ class Fingerprint {
 
   // Collective over `world`. Throws Error on every rank when a rank's fields differ from rank 0's.
   template <Communicator C>
-  void agree(C& world) const {
+  void agree(C& world, const std::string& fix = "start every rank from the same build with the same options (mpirun -np N <one command line>)") const {
     const int n = world.size(), me = world.rank();
     // Rank 0's field count, then its hashes.
     std::vector<std::int64_t> count{static_cast<std::int64_t>(fields_.size())};
@@ -71,7 +71,7 @@ class Fingerprint {
     throw Error("start-up fingerprint",
                 cat("world rank ", who, " differs from world rank 0 in ", name0.empty() ? cat("field ", field) : name0,
                     ": ", quote(value), " on world rank ", who, ", ", quote(value0), " on world rank 0"),
-                "start every rank from the same build with the same options (mpirun -np N <one command line>)");
+                fix);
   }
 
  private:

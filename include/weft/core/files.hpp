@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <string>
 
@@ -33,6 +34,20 @@ inline std::size_t require_regular_file(const std::string& path, const std::stri
     throw Error(where, cat("'", path, "' is ", file_kind(st), ", not a regular file"),
                 cat("give the path of ", what, S_ISFIFO(st.st_mode) ? " (a FIFO is not read: it could wait forever for a writer)" : ""));
   return static_cast<std::size_t>(st.st_size);
+}
+
+// The text of the regular file at `path`, refused (Error(where, ...)) when it is not one or holds
+// more than `max_bytes`.
+inline std::string read_text_file(const std::string& path, std::size_t max_bytes, const std::string& where) {
+  const std::size_t n = require_regular_file(path, where, "a text file");
+  if (n > max_bytes) throw Error(where, cat("'", path, "' is ", n, " bytes, over the limit of ", max_bytes), "pass a smaller file");
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (!f) throw Error(where, cat("cannot open '", path, "': ", std::strerror(errno)), "check its permissions");
+  std::string text(n, '\0');
+  const std::size_t got = n ? std::fread(text.data(), 1, n, f) : 0;
+  std::fclose(f);
+  if (got != n) throw Error(where, cat("read ", got, " of the ", n, " bytes of '", path, "'"), "check the file");
+  return text;
 }
 
 }  // namespace weft

@@ -8,6 +8,7 @@
 
 #include <concepts>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 #include "weft/core/error.hpp"
@@ -52,8 +53,11 @@ class Loader {
   }
 
   std::int64_t position() const { return step_; }
+  // Steps run from 0 to the largest whose sequence indices (step x global batch) fit in 63 bits.
   void seek(std::int64_t step) {
-    if (step < 0) throw Error("Loader::seek", cat("step ", step), "use a step >= 0");
+    const std::int64_t most = std::numeric_limits<std::int64_t>::max() / B_ - 1;
+    if (step < 0 || step > most)
+      throw Error("Loader::seek", cat("step ", step, " with a global batch of ", B_), cat("use a step in [0, ", most, "]"));
     step_ = step;
   }
 

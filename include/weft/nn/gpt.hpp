@@ -30,6 +30,8 @@
 
 #include <optional>
 #include <span>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "weft/core/divisors.hpp"
@@ -48,6 +50,12 @@ struct GptConfig {
   std::uint64_t seed = 1234;
   double init_std = 0.02;     // GPT-2: normal(0, 0.02); residual projections scaled by 1/sqrt(2 layers)
 };
+
+// The fields that shape a GPT's parameters, as a checkpoint records them and a load compares them
+// (the seed and init_std choose the initial values only).
+inline std::vector<std::pair<std::string, std::int64_t>> record(const GptConfig& c) {
+  return {{"vocab", c.vocab}, {"seq", c.seq}, {"layers", c.layers}, {"heads", c.heads}, {"width", c.width}};
+}
 
 // Checks a configuration against the mesh's degrees before anything is allocated.
 inline void validate(const GptConfig& c, const Spread& s, bool sequence_parallel, std::int64_t batch) {
@@ -205,6 +213,8 @@ class Gpt {
   bool tied_copy() const { return tied_copy_; }
   D& dev() const { return *dev_; }
   const Placement& placement() const { return place_; }
+  // The configuration's record (checkpoints save it and compare it on load).
+  std::vector<std::pair<std::string, std::int64_t>> record() const { return nn::record(config); }
 
   // Zero-bubble schedules: defer the blocks' Linear weight gradients to backward_weight().
   void defer_weight(bool on) {
