@@ -18,6 +18,7 @@
 #include "weft/checkpoint/manifest.hpp"
 #include "weft/checkpoint/safetensors.hpp"
 #include "weft/comm/redistribute.hpp"
+#include "weft/comm/share.hpp"
 #include "weft/core/bf16.hpp"
 #include "weft/core/json_limits.hpp"
 #include "weft/core/shape.hpp"
@@ -138,20 +139,6 @@ inline std::vector<std::int64_t> dims(const Shape& s) {
   std::vector<std::int64_t> v(static_cast<std::size_t>(s.rank()));
   for (int d = 0; d < s.rank(); ++d) v[static_cast<std::size_t>(d)] = s[d];
   return v;
-}
-
-// `text` of rank `root`, on every rank (a length, then the bytes).
-template <class C>
-std::string share_text(C& world, const std::string& text, int root) {
-  std::array<std::int64_t, 1> len{static_cast<std::int64_t>(text.size())};
-  world.broadcast(std::span<std::int64_t>(len), root);
-  std::vector<std::int32_t> bytes(static_cast<std::size_t>(len[0]));
-  if (world.rank() == root)
-    for (std::size_t i = 0; i < text.size(); ++i) bytes[i] = static_cast<unsigned char>(text[i]);
-  world.broadcast(std::span<std::int32_t>(bytes), root);
-  std::string out(bytes.size(), '\0');
-  for (std::size_t i = 0; i < bytes.size(); ++i) out[i] = static_cast<char>(bytes[i]);
-  return out;
 }
 
 // An Error on every rank when any rank failed, the same on each: the lowest failing rank's message

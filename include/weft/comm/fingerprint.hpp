@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "weft/comm/communicator.hpp"
+#include "weft/comm/share.hpp"
 #include "weft/core/error.hpp"
 
 namespace weft {
@@ -65,9 +66,9 @@ class Fingerprint {
     const int who = static_cast<int>(n - 1 - key[0] % n);
     if (field == f0 + 1) return;
     // The field's name and both values, from rank 0 and from the rank that differs.
-    const std::string name0 = share(world, me == 0 ? entry(field).first : std::string(), 0);
-    const std::string value0 = share(world, me == 0 ? entry(field).second : std::string(), 0);
-    const std::string value = share(world, me == who ? entry(field).second : std::string(), who);
+    const std::string name0 = share_text(world, me == 0 ? entry(field).first : std::string(), 0);
+    const std::string value0 = share_text(world, me == 0 ? entry(field).second : std::string(), 0);
+    const std::string value = share_text(world, me == who ? entry(field).second : std::string(), who);
     throw Error("start-up fingerprint",
                 cat("world rank ", who, " differs from world rank 0 in ", name0.empty() ? cat("field ", field) : name0,
                     ": ", quote(value), " on world rank ", who, ", ", quote(value0), " on world rank 0"),
@@ -88,19 +89,6 @@ class Fingerprint {
     std::string s = v.size() > most ? v.substr(0, most) + "..." : v;
     std::replace(s.begin(), s.end(), '\n', ' ');
     return cat("'", s, "'");
-  }
-  // `text` on rank `root`, on every rank (a length, then the bytes as i32).
-  template <Communicator C>
-  static std::string share(C& world, const std::string& text, int root) {
-    std::vector<std::int64_t> len{static_cast<std::int64_t>(text.size())};
-    world.broadcast(std::span<std::int64_t>(len), root);
-    std::vector<std::int32_t> bytes(static_cast<std::size_t>(len[0]));
-    if (world.rank() == root)
-      for (std::size_t i = 0; i < text.size(); ++i) bytes[i] = static_cast<unsigned char>(text[i]);
-    world.broadcast(std::span<std::int32_t>(bytes), root);
-    std::string out(bytes.size(), '\0');
-    for (std::size_t i = 0; i < bytes.size(); ++i) out[i] = static_cast<char>(bytes[i]);
-    return out;
   }
 
   std::vector<std::pair<std::string, std::string>> fields_;
