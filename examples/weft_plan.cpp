@@ -25,6 +25,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
+#include <weft/core/files.hpp>
+#include <weft/core/json_limits.hpp>
 #include <weft/plan/step.hpp>
 #include <weft/plan/time.hpp>
 #include <weft/train/metrics.hpp>
@@ -194,11 +196,13 @@ Candidates candidates(const nn::GptConfig& c, const Cluster& k, std::int64_t bat
 }
 
 void read_cluster(const std::string& path, Cluster& k) {
-  std::ifstream in(path);
-  if (!in) throw Error("weft-plan --cluster", cat("cannot read '", path, "'"), "give a readable JSON file");
+  // A regular file (a FIFO would block the read) of at most 1 MiB, nested at most 4 deep (values are
+  // numbers: JSON's printing of a deep value, in an error message, would overflow the stack).
+  const std::string text = read_text_file(path, 1 << 20, "weft-plan --cluster");
+  check_json_limits(text, {.max_bytes = 1 << 20, .max_depth = 4}, cat("weft-plan --cluster '", path, "'"));
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(in);
+    j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     throw Error("weft-plan --cluster", cat("'", path, "' is not JSON: ", e.what()), "write an object of the documented keys");
   }

@@ -259,6 +259,12 @@ TEST_CASE("run and optimizer fields out of range are refused") {
   manifest_refused("position_float", [](auto& j) { j["run"]["loader_position"] = 1.5; }, "has run.loader_position 1.5");
   manifest_refused("seed_negative", [](auto& j) { j["run"]["seed"] = -11; }, "has run.seed -11; expected an integer in [0, 2^64)");
   manifest_refused("no_rule", [](auto& j) { j["optimizer"].erase("rule"); }, "has a missing or mistyped field");
+  // A manifest of another step in a directory named for step 1 (a copy renamed by hand, say).
+  manifest_refused("other_step", [](auto& j) {
+    j["step"] = 4;
+    j["run"]["step"] = 4;
+    j["optimizer"]["steps"] = 4;
+  }, "step_00000001): is named for step 1 but holds the manifest of step 4");
 }
 
 TEST_CASE("hostile manifests are refused before they are parsed: nesting, size, a FIFO, links") {

@@ -147,6 +147,14 @@ shutil.move(os.path.join(link, "rank_00001.safetensors"), outside)
 os.symlink(outside, os.path.join(link, "rank_00001.safetensors"))
 case("a rank file that is a link out of the checkpoint", 1, "rank_00001.safetensors): is a symbolic link",
      [*small, "--steps", "6", "--resume", link])
+renamed = os.path.join(work, "renamed", "step_00000007")
+shutil.copytree(step5, renamed)
+case("step_00000007 holding the manifest of step 5", 1, "is named for step 7 but holds the manifest of step 5",
+     [*small, "--steps", "9", "--resume", renamed])
+neg = copy(step5, "negative_layers")
+edit_manifest(neg, lambda j: j["model"].update(layers=-2))
+case("weft-export of a model record with layers -2", 1, "include one below 1",
+     ["--checkpoint", neg, "--out", os.path.join(work, "z.safetensors")], binary=export)
 lroot = copy(base, "latest_link")
 os.remove(os.path.join(lroot, "latest"))
 os.symlink(os.path.join(lroot, "step_00000010"), os.path.join(lroot, "latest"))

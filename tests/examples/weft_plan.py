@@ -83,8 +83,15 @@ def cluster(name, text):
     path = os.path.join(work, name)
     open(path, "w").write(text)
     return path
+fifo = os.path.join(work, "cluster.fifo")
+os.mkfifo(fifo)
 bad = [
     (["--cluster", os.path.join(work, "missing.json")], "cannot read"),
+    # nested past the limit (before, the message's printing of the value overflowed the stack), and
+    # a FIFO (before, the read waited for a writer forever)
+    (["--cluster", cluster("deep.json", '{"inter_gbps": ' + "[" * 100000 + "]" * 100000 + "}")],
+     "nests JSON arrays and objects 5 or more deep, over the limit of 4"),
+    (["--cluster", fifo], "is a FIFO (named pipe), not a regular file"),
     (["--cluster", cluster("text.json", "gpus per node: 8")], "is not JSON"),
     (["--cluster", cluster("list.json", "[8]")], "is not a JSON object"),
     (["--cluster", cluster("unknown.json", '{"gpus_per_nod": 8}')], "unknown key 'gpus_per_nod'"),

@@ -32,6 +32,21 @@ struct Read {
   std::uint64_t xxh3 = 0;
 };
 
+// The manifest of step directory `dir` from its text (read_manifest_text), parsed, and checked
+// against the directory's name: step_00000005 holds the manifest of step 5 (a directory of another
+// name, "best" say, is taken as it is).
+inline Manifest parse_in(const std::string& dir, const std::string& text) {
+  Manifest m = parse(text, cat(dir, "/manifest.json"));
+  std::filesystem::path p = std::filesystem::path(dir).lexically_normal();
+  if (p.filename().empty()) p = p.parent_path();
+  const std::string n = p.filename().string();
+  if (n.size() == 13 && n.starts_with("step_") && n.find_first_not_of("0123456789", 5) == std::string::npos &&
+      std::stoll(n.substr(5)) != m.step)
+    throw Error(cat("checkpoint(", dir, ")"), cat("is named for step ", std::stoll(n.substr(5)), " but holds the manifest of step ", m.step),
+                "resume from a step directory as it was saved (its name and its manifest agree)");
+  return m;
+}
+
 // The manifest of step directory `dir`, parsed once per process while any caller holds it: thread
 // ranks loading together share one parse (and its memory), keyed by the file's identity (device,
 // inode, size, modification time), so a changed manifest is read again.
@@ -50,7 +65,7 @@ inline std::shared_ptr<const Read> read_shared(const std::string& dir) {
   out->dir = dir;
   const std::string text = read_manifest_text(dir);
   out->xxh3 = XXH3_64bits(text.data(), text.size());
-  out->m = parse(text, path);
+  out->m = parse_in(dir, text);
   for (auto it = cache.begin(); it != cache.end();) it = it->second.expired() ? cache.erase(it) : std::next(it);
   if (!key.empty()) cache[key] = out;
   return out;
@@ -263,7 +278,7 @@ struct Solo {
 // its files not yet verified: what a trainer checks before it builds anything (the step it resumes).
 inline Manifest peek(const std::string& path) {
   const std::string dir = resolve(path);
-  return parse(read_manifest_text(dir), cat(dir, "/manifest.json"));
+  return detail::parse_in(dir, read_manifest_text(dir));
 }
 
 // A checkpoint opened by one process, verified as load() verifies it (manifest, coverage, every
@@ -272,7 +287,7 @@ inline Manifest peek(const std::string& path) {
 class Reader {
  public:
   explicit Reader(const std::string& path) : dir_(resolve(path)) {
-    m_ = parse(read_manifest_text(dir_), cat(dir_, "/manifest.json"));
+    m_ = detail::parse_in(dir_, read_manifest_text(dir_));
     detail::Solo solo;
     detail::verify_files(m_, dir_, solo);
     check_coverage(m_, cat(dir_, "/manifest.json"));  // after the sizes are verified: they bound its work
