@@ -12,8 +12,6 @@
 // checkpoint usable (tests/checkpoint/crash.cpp). Without a hook, point() does nothing.
 #pragma once
 
-#define XXH_INLINE_ALL  // header-only use of xxHash (libxxhash-dev): no library to link
-#include <xxhash.h>
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -30,6 +28,7 @@
 #include <vector>
 
 #include "weft/core/error.hpp"
+#include "weft/core/xxhash.hpp"
 
 namespace weft::checkpoint {
 

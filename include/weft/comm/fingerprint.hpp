@@ -15,10 +15,6 @@
 // This header is plain C++20 (xxHash header-only).
 #pragma once
 
-#ifndef XXH_INLINE_ALL
-#define XXH_INLINE_ALL
-#endif
-#include <xxhash.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -30,6 +26,7 @@
 #include "weft/comm/communicator.hpp"
 #include "weft/comm/share.hpp"
 #include "weft/core/error.hpp"
+#include "weft/core/xxhash.hpp"
 
 namespace weft {
 
