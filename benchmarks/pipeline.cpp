@@ -19,6 +19,7 @@
 
 #include "weft/comm/mesh.hpp"
 #include "weft/comm/threads/run.hpp"
+#include "weft/nn/gpt.hpp"
 #include "weft/pipeline/pipelined.hpp"
 
 using namespace weft;
@@ -46,6 +47,9 @@ struct SleepModel {
   Host* host;
   std::vector<int> unit_list;  // no parameters
 
+  static constexpr bool tied = false;
+  std::int64_t layers() const { return config.layers; }
+  Shape stream_shape(std::int64_t batch) const { return {batch, config.seq, config.width}; }
   std::span<int> units() { return unit_list; }
   std::vector<std::size_t> units_of(std::size_t) const { return {}; }
   Host& dev() const { return *host; }

@@ -16,6 +16,7 @@
 #include "weft/optim/data_parallel.hpp"
 #include "weft/optim/schedule.hpp"
 #include "weft/pipeline/executor.hpp"
+#include "weft/nn/gpt.hpp"
 #include "weft/pipeline/pipelined.hpp"
 
 namespace weft::test {

@@ -67,6 +67,48 @@ TEST_CASE("parameter groups: only Linear matrices are decayed") {
   });
 }
 
+TEST_CASE("parameter groups: the layers declare them, not the names; a model overrides them by name") {
+  // The groups used to be decided by shape and by the names "wte" and "wpe": another model's
+  // embedding table ("tok_embeddings") was decayed, and a Linear matrix named "wte" was not.
+  Host h;
+  nn::Unit<double, Host> u("mixed", h);
+  nn::VocabParallelEmbedding<double> table(h, 16, 8, {}, 1, 7, 0.02);
+  nn::Linear<double, nn::NoParallel> lin(h, 8, 4, {}, 2, 7);
+  u.add("tok_embeddings", table);
+  u.add_param("wte", lin.weight);
+  u.add_param("proj.bias", lin.bias);
+  u.build(1);
+  std::map<std::string, bool> decayed;
+  for (const nn::UnitEntry& e : u.entries()) decayed[e.name] = optim::decays(e);
+  CHECK(decayed == std::map<std::string, bool>{{"tok_embeddings", false}, {"wte", true}, {"proj.bias", false}});
+  CHECK(u.set_decay("tok_embeddings", nn::Decay::yes));
+  CHECK(!u.set_decay("no_such.weight", nn::Decay::yes));
+  CHECK(optim::decays(u.entries()[0]));
+
+  // The override reaches the update: one SGD step with zero gradients and decay wd multiplies a
+  // decayed parameter by exactly 1 - lr wd (lr 0.5, wd 0.25: 0.875, exact in binary) and leaves
+  // the others unchanged.
+  run_threads(1, [](ThreadComm& w) {
+    Mesh mesh{w, {}};
+    Host dev;
+    nn::Gpt<double> gpt(dev, {.vocab = 16, .seq = 4, .layers = 1, .heads = 2, .width = 8}, mesh.spread(), 1);
+    std::size_t found = 0;
+    for (auto& unit : gpt.units()) found += unit.set_decay("wte", nn::Decay::yes);
+    REQUIRE(found == 1);
+    std::map<std::string, std::vector<double>> before;
+    gpt.for_each_param([&](const std::string& n, auto& p) { before[n].assign(p.value.data(), p.value.data() + p.value.numel()); });
+    auto sgd = optim::data_parallel<optim::Ddp>(gpt, optim::Sgd{.momentum = 0, .weight_decay = 0.25}, mesh);
+    gpt.zero_grad();
+    sgd.step(0.5, 0.0);
+    gpt.for_each_param([&](const std::string& n, auto& p) {
+      const bool d = n == "wte" || n == "h0.attn.qkv.weight" || n == "h0.attn.proj.weight" ||
+                     n == "h0.mlp.fc.weight" || n == "h0.mlp.proj.weight";
+      for (std::int64_t i = 0; i < p.value.numel(); ++i)
+        REQUIRE(p.value.data()[i] == (d ? 0.875 : 1.0) * before.at(n)[static_cast<std::size_t>(i)]);
+    });
+  });
+}
+
 namespace {
 
 const nn::GptConfig kConfig{.vocab = 33, .seq = 8, .layers = 2, .heads = 4, .width = 16, .seed = 9, .init_std = 0.1};

@@ -12,6 +12,7 @@
 #include "weft/data/loader.hpp"
 #include "weft/data/synthetic.hpp"
 #include "weft/optim/data_parallel.hpp"
+#include "weft/nn/gpt.hpp"
 #include "weft/pipeline/pipelined.hpp"
 
 using namespace weft;

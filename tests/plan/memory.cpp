@@ -11,6 +11,7 @@
 #include "weft/comm/mesh.hpp"
 #include "weft/comm/threads/run.hpp"
 #include "weft/device/host/host.hpp"
+#include "weft/nn/gpt.hpp"
 #include "weft/pipeline/pipelined.hpp"
 #include "weft/plan/memory.hpp"
 

@@ -14,6 +14,7 @@
 #include "weft/comm/threads/run.hpp"
 #include "weft/device/host/host.hpp"
 #include "weft/pipeline/executor.hpp"
+#include "weft/nn/gpt.hpp"
 #include "weft/pipeline/pipelined.hpp"
 #include "weft/plan/step.hpp"
 

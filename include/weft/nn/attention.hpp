@@ -90,7 +90,10 @@ class CausalSelfAttention {
     qkv.backward_weight(ctx.qkv_ctx);
     proj.backward_weight(ctx.proj_ctx);
   }
-  void defer_weight(bool on) { qkv.defer_weight = proj.defer_weight = on; }
+  void defer_weight(bool on) {
+    qkv.defer_weight(on);
+    proj.defer_weight(on);
+  }
 
   Shape out_shape(const Shape& s) const { return s; }
   static std::string name() { return "CausalSelfAttention"; }
@@ -135,7 +138,10 @@ class Mlp {
     fc.backward_weight(ctx.fc_ctx);
     proj.backward_weight(ctx.proj_ctx);
   }
-  void defer_weight(bool on) { fc.defer_weight = proj.defer_weight = on; }
+  void defer_weight(bool on) {
+    fc.defer_weight(on);
+    proj.defer_weight(on);
+  }
   Shape out_shape(const Shape& s) const { return s; }
   static std::string name() { return "Mlp"; }
 

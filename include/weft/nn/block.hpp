@@ -110,12 +110,12 @@ class Block {
   // gradients for backward_weight(), which adds them and frees the context.
   void defer_weight(bool on) {
     deferring_ = on;
-    std::get<2>(attn.inner.layers).defer_weight(on);
-    std::get<2>(mlp.inner.layers).defer_weight(on);
+    attn.defer_weight(on);
+    mlp.defer_weight(on);
   }
   void backward_weight(Ctx& ctx) {
-    std::get<2>(attn.inner.layers).backward_weight(std::get<2>(ctx.attn));
-    std::get<2>(mlp.inner.layers).backward_weight(std::get<2>(ctx.mlp));
+    attn.backward_weight(ctx.attn);
+    mlp.backward_weight(ctx.mlp);
     ctx = Ctx{};
   }
 

@@ -32,7 +32,7 @@ class VocabParallelEmbedding {
   VocabParallelEmbedding() = default;
   VocabParallelEmbedding(D& dev, std::int64_t padded_vocab, std::int64_t C, const Spread& s, std::uint64_t id,
                          std::uint64_t seed, double init_std)
-      : weight(dev, {padded_vocab, C}, s, id, {Init::normal, init_std}, seed) {}
+      : weight(dev, {padded_vocab, C}, s, id, {Init::normal, init_std}, seed, Decay::no) {}
 
   std::int64_t rows() const { return weight.value.local_shape()[0]; }
   std::int64_t begin() const { return weight.value.spread().tensor_index * rows(); }
@@ -72,7 +72,7 @@ class PositionEmbedding {
   PositionEmbedding() = default;
   PositionEmbedding(D& dev, std::int64_t seq, std::int64_t C, const Spread& s, std::uint64_t id,
                     std::uint64_t seed, double init_std)
-      : weight(dev, {seq, C}, s, id, {Init::normal, init_std}, seed) {}
+      : weight(dev, {seq, C}, s, id, {Init::normal, init_std}, seed, Decay::no) {}
 
   // x (B, T or T/tp, C) += the rows of this rank's positions (in place: nothing to save).
   void forward(Tensor<T, A, D>& x) const {

@@ -33,7 +33,7 @@ class LayerNorm {
 
   LayerNorm() = default;
   LayerNorm(D& dev, std::int64_t C, const Spread& s, std::uint64_t id, std::uint64_t seed)
-      : weight(dev, {C}, s, id, {Init::ones}, seed), bias(dev, {C}, s, id + 1, {Init::zeros}, seed) {}
+      : weight(dev, {C}, s, id, {Init::ones}, seed, Decay::no), bias(dev, {C}, s, id + 1, {Init::zeros}, seed, Decay::no) {}
 
   Tensor<T, A, D> forward(Ctx& ctx, const Tensor<T, A, D>& x) {
     const std::int64_t C = x.local_shape()[2], N = x.numel() / C;

@@ -73,9 +73,9 @@ class Linear {
     Tensor<T, GradOut, D> dy; // the output gradient (after the GELU's), kept for a deferred backward_weight
   };
 
-  // Zero-bubble pipeline schedules split the backward: with defer_weight set, backward() computes
+  // Zero-bubble pipeline schedules split the backward: with defer_weight(true), backward() computes
   // the input gradient only and keeps what backward_weight() needs to add dW and db later.
-  bool defer_weight = false;
+  void defer_weight(bool on) { deferring_ = on; }
 
   Param<T, typename L::weight, typename L::weight, D> weight;
   Param<T, typename L::bias, typename L::bias, D> bias;
@@ -85,8 +85,8 @@ class Linear {
   // layer holds an empty bias parameter and for_each_param skips it.
   Linear(D& dev, std::int64_t in, std::int64_t out, const Spread& s, std::uint64_t id, std::uint64_t seed,
          double init_std = 0.02, bool with_bias = true)
-      : weight(dev, {out, in}, s, id, {Init::normal, init_std}, seed),
-        bias(dev, {with_bias ? out : 0}, s, id + 1, {Init::zeros}, seed),
+      : weight(dev, {out, in}, s, id, {Init::normal, init_std}, seed, Decay::yes),
+        bias(dev, {with_bias ? out : 0}, s, id + 1, {Init::zeros}, seed, Decay::no),
         tensor_index_(s.tensor_index),
         has_bias_(with_bias) {}
 
@@ -135,7 +135,7 @@ class Linear {
     auto dx = Tensor<T, GradIn, D>::empty(x.dev(), x.global_shape(), x.spread(), Category::activations);
     Ops<D>::gemm(x.dev(), Trans::no, Trans::no, N, in_local(), out_local(), S(1), dy, out_local(),
                  weight.value.data(), in_local(), S(0), dx.data(), in_local());
-    if (defer_weight) {
+    if (deferring_) {
       ctx.dy = has_gelu ? std::move(dpre) : dy_in.clone(Category::activations);
       ctx.pre = {};
       return dx;
@@ -145,7 +145,7 @@ class Linear {
     return dx;
   }
 
-  // The deferred weight gradients (defer_weight): dW += dy^T x, db += sum of dy; frees the context.
+  // The deferred weight gradients (defer_weight(true)): dW += dy^T x, db += sum of dy; frees the context.
   void backward_weight(Ctx& ctx) {
     if (ctx.dy.data()) weight_grads(ctx.x, ctx.dy.data(), ctx.x.local_shape()[0] * ctx.x.local_shape()[1]);
     ctx = Ctx{};
@@ -170,6 +170,7 @@ class Linear {
 
  private:
   int tensor_index_ = 0;
+  bool deferring_ = false;
   bool has_bias_ = true;
 };
 

@@ -24,6 +24,12 @@ struct Init {
   double std = 0.02;
 };
 
+// Whether the optimizer's weight decay applies to a parameter, declared by the layer that owns it
+// (GPT-2, nanoGPT and Megatron decay the matrices of Linear layers; not biases, norms or embedding
+// tables). A model may override a declaration by name (Unit::set_decay). There is no default: a
+// layer that adds a parameter says which group it is in.
+enum class Decay : bool { no, yes };
+
 template <Element T, LayoutType L, LayoutType GL = L, class D = Host>
 struct Param {
   static_assert(std::same_as<typename L::data, typename GL::data> && std::same_as<typename L::pipe, typename GL::pipe> &&
@@ -38,12 +44,14 @@ struct Param {
   Tensor<T, L, D> value;
   Tensor<grad_type, GL, D> grad;
   std::uint64_t id = 0;
+  Decay decay = Decay::no;
 
   Param() = default;
-  Param(D& dev, const Shape& global, const Spread& s, std::uint64_t param_id, Init init, std::uint64_t seed)
+  Param(D& dev, const Shape& global, const Spread& s, std::uint64_t param_id, Init init, std::uint64_t seed, Decay d)
       : value(Tensor<T, L, D>::empty(dev, global, s, Category::parameters)),
         grad(Tensor<grad_type, GL, D>::zeros(dev, global, s, Category::gradients)),
-        id(param_id) {
+        id(param_id),
+        decay(d) {
     switch (init.kind) {
       case Init::normal:
         Ops<D>::init_normal(dev, value.data(), global, value.local_shape(), local_box<L>(global, s).offset, seed, param_id,

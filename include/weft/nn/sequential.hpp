@@ -13,7 +13,8 @@
 // A layer provides In, Out, GradIn, GradOut, Ctx, forward(ctx, x[, mesh]), backward(ctx, dy[, mesh]),
 // out_shape(in_shape), name() and for_each_param(prefix, f). Parameters are named by position
 // ("prefix.1.weight"), or by the name a layer is given with Named<"attn", L> ("prefix.attn.qkv.weight").
-// Residual adds no name of its own.
+// Residual adds no name of its own. Both pass a zero-bubble schedule's deferred weight pass
+// (defer_weight, backward_weight) through to every layer that has one (detail::DefersWeight).
 #pragma once
 
 #include <cstdio>
@@ -89,6 +90,22 @@ auto layer_backward(L& layer, Ctx& ctx, const X& dy, M& mesh) {
   else return layer.backward(ctx, dy);
 }
 
+// A layer that can split its backward (zero-bubble schedules): defer_weight(on), and
+// backward_weight(ctx) to add the deferred weight gradients. Layers without weights need neither.
+template <class L>
+concept DefersWeight = requires(L& l, typename L::Ctx& c) {
+  l.defer_weight(true);
+  l.backward_weight(c);
+};
+template <class L>
+void set_defer_weight(L& layer, bool on) {
+  if constexpr (DefersWeight<L>) layer.defer_weight(on);
+}
+template <class L>
+void run_backward_weight(L& layer, typename L::Ctx& ctx) {
+  if constexpr (DefersWeight<L>) layer.backward_weight(ctx);
+}
+
 template <class... Ls> struct first;
 template <class L, class... Ls> struct first<L, Ls...> { using type = L; };
 template <class... Ls> struct last { using type = typename decltype((std::type_identity<Ls>{}, ...))::type; };
@@ -146,7 +163,22 @@ class Sequential {
     std::apply([&](auto&... l) { (f(i++, l), ...); }, layers);
   }
 
+  // Zero-bubble schedules: every layer that can defer its weight gradients (detail::defers_weight)
+  // does so, and backward_weight adds them, layer by layer in order.
+  void defer_weight(bool on) {
+    std::apply([&](auto&... l) { (detail::set_defer_weight(l, on), ...); }, layers);
+  }
+  void backward_weight(Ctx& ctx) { backward_weight_from<0>(ctx); }
+
  private:
+  template <std::size_t I>
+  void backward_weight_from(Ctx& ctx) {
+    if constexpr (I < sizeof...(Layers)) {
+      detail::run_backward_weight(std::get<I>(layers), std::get<I>(ctx));
+      backward_weight_from<I + 1>(ctx);
+    }
+  }
+
   template <std::size_t I>
   using layer_t = std::tuple_element_t<I, std::tuple<Layers...>>;
 
@@ -242,6 +274,9 @@ class Residual {
       return dx;
     }
   }
+  void defer_weight(bool on) { detail::set_defer_weight(inner, on); }
+  void backward_weight(Ctx& ctx) { detail::run_backward_weight(inner, ctx); }
+
   Shape out_shape(const Shape& s) const { return s; }
   static std::string name() { return cat("Residual<", Inner::name(), ">"); }
   template <class F>

@@ -1,4 +1,4 @@
-// The GPT's first and last stages. A stage maps the activation entering it to the one leaving it
+// The first and last stages of GPT-2 (and of other decoders that reuse them). A stage maps the activation entering it to the one leaving it
 // (forward) and back (backward), keeping what its backward needs in a context the caller owns, one
 // per micro-batch in flight; forward with Mode::infer keeps nothing past the stage.
 //
@@ -6,6 +6,7 @@
 //                    wte (Vp, C) Shard<0> on tensor (vocab-parallel), wpe (T, C) Replicate
 //   HeadStage        x (B, T, C) in A -> loss; ln_f (C), the LM head tied to wte (passed in by the
 //                    model, which owns it in the embedding stage), the vocab-parallel cross-entropy
+//   UntiedHeadStage  the same with an LM head table of its own (lm_head (Vp, C) Shard<0>)
 //
 // The stream layout A is (B, T, C) Replicate on tensor, or Shard<1> (B, T/tp, C) under sequence
 // parallelism; Enter brings it to Replicate (all-reduce in backward, or all-gather), Leave brings a
@@ -18,12 +19,9 @@
 #include "weft/nn/block.hpp"
 #include "weft/nn/cross_entropy.hpp"
 #include "weft/nn/embedding.hpp"
+#include "weft/nn/staged_model.hpp"
 
 namespace weft::nn {
-
-// Whether a stage's forward keeps what backward needs (train) or nothing (infer: evaluation,
-// sampling).
-enum class Mode : std::uint8_t { train, infer };
 
 template <Floating T, bool SP, class D = Host>
 class EmbeddingStage {
@@ -64,6 +62,10 @@ class EmbeddingStage {
     out.push_back(detail::pair_row<Leave>("embedding (vocab-parallel) -> stream", act, s, e));
   }
 
+  // The LM head's tied table (HeadStage::Table), and its parameter's name.
+  static std::string tied_name() { return "wte"; }
+  auto& tied_table() { return wte.weight; }
+
   template <class F>
   void for_each_param(const std::string& prefix, F&& f) {
     wte.for_each_param(prefix + "wte", f);
@@ -89,8 +91,9 @@ class HeadStage {
   VocabParallelCrossEntropy<T, D> ce;
 
   HeadStage() = default;
-  HeadStage(D& dev, std::int64_t vocab, std::int64_t C, const Spread& s, std::uint64_t seed)
-      : ln_f(dev, C, s, 8, seed), ce(vocab) {}
+  // ln_f's parameter ids: ln_id and ln_id + 1 (8 and 9 in GPT-2).
+  HeadStage(D& dev, std::int64_t vocab, std::int64_t C, const Spread& s, std::uint64_t seed, std::uint64_t ln_id = 8)
+      : ln_f(dev, C, s, ln_id, seed), ce(vocab) {}
 
   // x (B, T, C) in A -> the mean loss over the global batch. With Mode::infer only the logits are
   // kept (in ctx.ce.logits, for sampling).
@@ -155,6 +158,49 @@ class HeadStage {
   template <class F>
   void for_each_param(const std::string& prefix, F&& f) {
     ln_f.for_each_param(prefix + "ln_f", f);
+  }
+};
+
+// A head with its own LM head table (untied, as in Llama): ln_f, the vocab-parallel LM head
+// (Vp, C) Shard<0> on tensor, and the cross-entropy; the same computation as HeadStage with the
+// table held here, initialized normal(0, init_std) from its own parameter id and weight-decayed as
+// a Linear matrix is.
+template <Floating T, bool SP, class D = Host>
+class UntiedHeadStage {
+  using Core = HeadStage<T, SP, D>;
+
+ public:
+  using A = typename Core::A;
+  using Ctx = typename Core::Ctx;
+
+  Core core;                     // ln_f, the cross-entropy
+  typename Core::Table lm_head;  // (Vp, C) Shard<0>
+
+  UntiedHeadStage() = default;
+  // ids: ln_f's weight and bias are ln_id and ln_id + 1, the table table_id.
+  UntiedHeadStage(D& dev, std::int64_t vocab, std::int64_t padded_vocab, std::int64_t C, const Spread& s,
+                  std::uint64_t seed, std::uint64_t ln_id, std::uint64_t table_id, double init_std)
+      : core(dev, vocab, C, s, seed, ln_id), lm_head(dev, {padded_vocab, C}, s, table_id, {Init::normal, init_std}, seed, Decay::yes) {}
+
+  template <AxisComms M>
+  double forward(Ctx& ctx, const Tensor<T, A, D>& x, std::span<const std::int32_t> targets, M& mesh,
+                 Mode mode = Mode::train) {
+    return core.forward(ctx, x, lm_head, targets, mesh, mode);
+  }
+  template <AxisComms M>
+  Tensor<T, A, D> backward(Ctx& ctx, double grad_scale, M& mesh) {
+    return core.backward(ctx, lm_head, grad_scale, mesh);
+  }
+
+  static void plan_rows(std::vector<PlanRow>& out, std::int64_t vocab, std::int64_t padded_vocab, const Shape& act,
+                        const Spread& s, std::int64_t e) {
+    Core::plan_rows(out, vocab, padded_vocab, act, s, e);
+  }
+
+  template <class F>
+  void for_each_param(const std::string& prefix, F&& f) {
+    core.for_each_param(prefix, f);
+    f(prefix + "lm_head", lm_head);
   }
 };
 

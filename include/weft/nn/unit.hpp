@@ -27,6 +27,7 @@
 #include "weft/core/precision.hpp"
 #include "weft/device/dispatch.hpp"
 #include "weft/layout/layout.hpp"
+#include "weft/nn/param.hpp"
 #include "weft/tensor/tensor.hpp"
 
 namespace weft::nn {
@@ -42,6 +43,8 @@ struct UnitEntry {
   Shape box_offset;                  // where this rank's shard starts in the global tensor
   Shape logical;                     // the part of the global tensor the model uses (wte: the
                                      // unpadded vocabulary's rows); checkpoints save and load it
+  bool decay = false;                // in the optimizer's weight-decayed group (Param::decay,
+                                     // or the model's override: Unit::set_decay)
 };
 
 template <Element T, class D>
@@ -102,6 +105,16 @@ class Unit {
         e.logical = logical;
       }
   }
+  // Overrides the weight-decay group that parameter `name`'s layer declared (a model that decays
+  // its embeddings, or keeps a matrix out of the decayed group). Returns whether the unit holds it.
+  bool set_decay(const std::string& name, Decay d) {
+    for (UnitEntry& e : entries_)
+      if (e.name == name) {
+        e.decay = d == Decay::yes;
+        return true;
+      }
+    return false;
+  }
   std::int64_t numel() const { return numel_; }    // the sum of the entries
   std::int64_t padded() const { return padded_; }  // the buffers' length
 
@@ -149,7 +162,8 @@ class Unit {
     if (p.value.numel() == 0) return;  // an absent bias
     UnitEntry e{n, p.value.global_shape(), p.value.local_shape(), numel_, p.value.numel(), L::name(), GL::name(),
                 IsShard<typename L::tensor>, IsPartial<typename GL::tensor>,
-                local_box<L>(p.value.global_shape(), p.value.spread()).offset, p.value.global_shape()};
+                local_box<L>(p.value.global_shape(), p.value.spread()).offset, p.value.global_shape(),
+                p.decay == Decay::yes};
     entries_.push_back(e);
     slots_.push_back({&p, numel_,
                       [](void* q, T* v) {

@@ -6,8 +6,9 @@
 // State is kept in S = state_t<T>: float for float (and later bf16) parameters, double for double
 // parameters (the host's checking path, so that strategies agree to 1e-12).
 //
-// Parameter groups (as in GPT-2 and nanoGPT): weight decay applies to the matrices of Linear layers;
-// biases, LayerNorm parameters and the embeddings (wte, wpe) are not decayed.
+// Parameter groups: each layer declares whether its parameters are weight-decayed (nn::Decay in
+// nn/param.hpp). weft's layers follow GPT-2 and nanoGPT: the matrices of Linear layers are decayed;
+// biases, LayerNorm parameters and embedding tables (wte, wpe) are not.
 #pragma once
 
 #include <array>
@@ -26,8 +27,9 @@ namespace weft::optim {
 template <class T>
 using state_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
 
-// Whether a parameter is weight-decayed: Linear matrices only.
-inline bool decays(const nn::UnitEntry& e) { return e.global.rank() >= 2 && e.name != "wte" && e.name != "wpe"; }
+// Whether a parameter is weight-decayed: as its layer declared it (nn::Decay), or as the model
+// overrode that (nn::Unit::set_decay). No name or shape decides it.
+inline bool decays(const nn::UnitEntry& e) { return e.decay; }
 
 struct AdamWConfig {
   double lr = 6e-4, beta1 = 0.9, beta2 = 0.95, eps = 1e-8, weight_decay = 0.1;

@@ -22,7 +22,7 @@
 #include <cstddef>
 #include <vector>
 
-#include "weft/nn/stages.hpp"
+#include "weft/nn/staged_model.hpp"
 
 namespace weft::pipeline {
 

@@ -22,7 +22,7 @@
 #include <span>
 #include <vector>
 
-#include "weft/nn/gpt.hpp"
+#include "weft/nn/staged_model.hpp"
 #include "weft/pipeline/executor.hpp"
 #include "weft/pipeline/schedule.hpp"
 #include "weft/pipeline/trace.hpp"
@@ -88,7 +88,23 @@ struct Partition {
   }
 };
 
-template <class Model, AxisComms M>
+// What a Pipeline reads of a model besides its stages (executor.hpp): the number of blocks, the
+// stream's global shape for a micro-batch, and whether its head is tied to the embedding (then the
+// first and last pipe ranks sum the table's gradients). nn::StagedModel satisfies it for any Spec;
+// benchmarks/pipeline.cpp has a model of sleeps that does too.
+template <class Model>
+concept PipelinedModel = requires(Model& m, std::int64_t batch) {
+  typename Model::Ctx;
+  typename Model::value_type;
+  typename Model::device;
+  typename Model::A;
+  { Model::tied } -> std::convertible_to<bool>;
+  { m.layers() } -> std::convertible_to<std::int64_t>;
+  { m.stream_shape(batch) } -> std::same_as<Shape>;
+  m.defer_weight(true);
+};
+
+template <PipelinedModel Model, AxisComms M>
 class Pipeline {
   using Comm = std::remove_cvref_t<decltype(std::declval<M&>().comm(Axis::pipe))>;
   using Ctx = typename Model::Ctx;
@@ -107,15 +123,16 @@ class Pipeline {
                   cat("a table for pipe ", table_.p, " x ", table_.v, ", a partition for pipe ", part_.p, " x ", part_.v,
                       ", on a pipe group of ", pipe.size()),
                   "build the table and the partition for the mesh's pipe degree and the same virtual stages");
-    if (part_.layers != model.config.layers)
-      throw Error("pipeline::Pipeline", cat("a partition of ", part_.layers, " layers for a model of ", model.config.layers),
+    if (part_.layers != model.layers())
+      throw Error("pipeline::Pipeline", cat("a partition of ", part_.layers, " layers for a model of ", model.layers()),
                   "partition the model's layers");
     rank_ = pipe.rank();
     lowest_stage_ = rank_;
     delivered_ = delivered(table_, rank_);
-    // The tied table's two holders (first and last pipe ranks) sum its gradients.
+    // The tied table's two holders (first and last pipe ranks) sum its gradients (a model whose
+    // head has a table of its own has none).
     const int last = part_.rank_of(part_.stages() - 1);
-    if (last != 0) tie_.emplace(pipe.split((rank_ == 0 || rank_ == last) ? 0 : 1, rank_, cat(pipe.name(), "/tied")));
+    if (Model::tied && last != 0) tie_.emplace(pipe.split((rank_ == 0 || rank_ == last) ? 0 : 1, rank_, cat(pipe.name(), "/tied")));
     model.defer_weight(table_.split_weight);
   }
 
@@ -255,7 +272,7 @@ class Pipeline {
   }
 
  private:
-  Shape shape(const nn::MicroBatch& mb) const { return {mb.batch, model_->config.seq, model_->config.width}; }
+  Shape shape(const nn::MicroBatch& mb) const { return model_->stream_shape(mb.batch); }
   Ctx& context(std::vector<std::optional<Ctx>>& ctx, std::span<const nn::MicroBatch> micro, int i) {
     auto& c = ctx[static_cast<std::size_t>(i)];
     if (!c) c.emplace(model_->context(micro[static_cast<std::size_t>(i)]));

@@ -1,0 +1,350 @@
+// StagedModel<Spec>: a language model as a list of stages over flat state, built from the parts a Spec
+// names. GPT-2 is one instance (nn/gpt.hpp); a user's model is another, with nothing of weft edited.
+//
+//   stage 0         Spec::Embedding: tokens -> the stream                  unit "embedding"
+//   stage 1 .. L    Spec::Block, one per layer                             unit Spec::block_name(l)
+//   stage L + 1     Spec::Head: the stream -> the loss                     unit "head"
+//
+// Each stage has forward(ctx, ...) and backward(ctx, ...) over a context per micro-batch that the
+// caller owns (Ctx), and a forward that keeps nothing (Mode::infer). An executor
+// (pipeline/executor.hpp) runs the stages in order and tells a data-parallel strategy which units
+// each stage touches (units_of), so that FSDP can gather a unit just before its stage and DDP can
+// reduce a unit's gradients as soon as its last backward is done. Each unit owns flat buffers for
+// the parameters and gradients of its layers (unit.hpp).
+//
+//   tokens  (B, T) int32                          batch split over data
+//   x       (B, T, C)   the stream between stages, in Spec::A (Replicate, or Shard<1> under SP)
+//
+// A tied head (TiedHead: the head reads the embedding's table, as GPT-2's LM head reads wte) is
+// declared by the parts: the head names the table's type and the embedding the parameter
+// (tied_name(), tied_table()). Where a pipeline puts the two on different ranks, the head's rank
+// holds its own copy of the table, initialized as the embedding's is, and the two copies are one
+// unit of their own on both ranks (named as the parameter), so that their flat buffers and any
+// data-parallel slices line up; the data-parallel protocol sums their gradients (reduce_tied()).
+//
+// The Spec (concept ModelSpec) supplies the types, the configuration (concept ModelConfig: vocab,
+// seq, layers, width, seed), and how to build each part; see nn/gpt.hpp for GPT-2's and
+// docs/layers.md for writing one.
+#pragma once
+
+#include <concepts>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "weft/comm/redistribute.hpp"
+#include "weft/core/error.hpp"
+#include "weft/core/precision.hpp"
+#include "weft/nn/plan_row.hpp"
+#include "weft/nn/unit.hpp"
+
+namespace weft::nn {
+
+// Whether a stage's forward keeps what backward needs (train) or nothing (infer: evaluation,
+// sampling).
+enum class Mode : std::uint8_t { train, infer };
+
+// Which parts of the model a rank holds: a pipeline stage's blocks (any subset of the global block
+// indices: interleaved schedules give a rank several chunks), and whether it holds the embedding
+// stage and the head stage. Parameter ids, and so the weights, are those of the whole model.
+struct Placement {
+  std::vector<bool> blocks;  // blocks[l]: global block l is here
+  bool embedding = true, head = true;
+  static Placement all(std::int64_t layers) { return {std::vector<bool>(static_cast<std::size_t>(layers), true), true, true}; }
+};
+
+// One micro-batch: this data rank's tokens and targets (B/dp, T), owned by the caller.
+struct MicroBatch {
+  std::span<const std::int32_t> tokens, targets;
+  std::int64_t batch = 0;   // B, the global micro-batch
+  double grad_scale = 1.0;  // multiplies every gradient (1/k when accumulating k micro-batches)
+};
+
+// What every part of weft reads from a language model's configuration: the vocabulary, the
+// sequence length T, the number of blocks, the stream's width C, and the seed of the initial
+// values. A model adds its own fields (heads, kv-heads, hidden width, ...).
+template <class C>
+concept ModelConfig = std::copyable<C> && requires(const C& c) {
+  { c.vocab } -> std::convertible_to<std::int64_t>;
+  { c.seq } -> std::convertible_to<std::int64_t>;
+  { c.layers } -> std::convertible_to<std::int64_t>;
+  { c.width } -> std::convertible_to<std::int64_t>;
+  { c.seed } -> std::convertible_to<std::uint64_t>;
+};
+
+// A head that reads the embedding's table (a tied LM head): it names the table's Param type.
+template <class H>
+concept TiedHead = requires { typename H::Table; };
+
+// A model's parts. Spec::make_* build them for the whole model's parameter ids (the same on every
+// mesh); validate() refuses a configuration before anything is allocated; record() lists the
+// fields that shape the parameters (a checkpoint saves them and a load compares them).
+template <class S>
+concept ModelSpec = requires(typename S::device& dev, const typename S::config& c, const Spread& s, std::int64_t l) {
+  typename S::precision;
+  typename S::A;  // the stream's layout between stages
+  requires ModelConfig<typename S::config>;
+  { S::sequence_parallel } -> std::convertible_to<bool>;
+  { S::validate(c, s, l) };
+  { S::record(c) } -> std::convertible_to<std::vector<std::pair<std::string, std::int64_t>>>;
+  { S::make_embedding(dev, c, s) } -> std::same_as<typename S::Embedding>;
+  { S::make_block(dev, c, s, l) } -> std::same_as<typename S::Block>;
+  { S::make_head(dev, c, s) } -> std::same_as<typename S::Head>;
+  { S::block_name(l) } -> std::convertible_to<std::string>;
+  { S::name() } -> std::convertible_to<std::string>;  // where errors are said to come from ("Gpt")
+};
+
+namespace detail {
+struct NoTable {};
+template <class H, bool Tied> struct head_table { using type = NoTable; };
+template <class H> struct head_table<H, true> { using type = typename H::Table; };
+}  // namespace detail
+
+template <ModelSpec Spec>
+class StagedModel {
+ public:
+  using spec = Spec;
+  using config_type = typename Spec::config;
+  using precision = typename Spec::precision;
+  using T = typename precision::compute;  // weights and activations
+  using A = typename Spec::A;
+  using value_type = T;
+  using device = typename Spec::device;
+  using D = device;
+  using Unit = nn::Unit<T, D>;
+  using BlockT = typename Spec::Block;
+  using Embedding = typename Spec::Embedding;
+  using Head = typename Spec::Head;
+  static constexpr bool sequence_parallel = Spec::sequence_parallel;
+  static constexpr bool tied = TiedHead<Head>;
+
+  // Everything one micro-batch in flight keeps between its stages.
+  struct Ctx {
+    MicroBatch in;  // tokens and targets in the device's memory (copied there by context())
+    Allocation ids;  // the device's copy of the tokens, then the targets (devices without host memory)
+    typename Embedding::Ctx embedding;
+    std::vector<typename BlockT::Ctx> blocks;
+    typename Head::Ctx head;
+    Tensor<T, A, D> x;  // (B, T, C) in A: the activation between stages, then its gradient
+    double loss = 0;    // the mean over the global batch, after the head's forward
+  };
+
+  using HeadTable = typename detail::head_table<Head, tied>::type;
+
+  config_type config;
+  Embedding embedding;         // held where placement.embedding
+  std::vector<BlockT> blocks;  // the blocks held here, in global order (all of them by default)
+  Head head;                   // held where placement.head
+  HeadTable head_table;        // a tied head's own copy of the table, where the embedding is elsewhere
+
+  StagedModel(D& dev, const config_type& c, const Spread& s, std::int64_t batch, const Placement& place = Placement{})
+      : config((Spec::validate(c, s, batch), c)),
+        place_(place.blocks.empty() && place.embedding && place.head ? Placement::all(c.layers) : place),
+        dev_(&dev) {
+    if (static_cast<std::int64_t>(place_.blocks.size()) != c.layers)
+      throw Error(Spec::name(), cat("a placement of ", place_.blocks.size(), " blocks for a model of ", c.layers),
+                  "give the placement one entry per block");
+    if (place_.embedding) embedding = Spec::make_embedding(dev, c, s);
+    block_at_.assign(static_cast<std::size_t>(c.layers), -1);
+    blocks.reserve(static_cast<std::size_t>(c.layers));
+    for (std::int64_t l = 0; l < c.layers; ++l) {
+      if (!place_.blocks[static_cast<std::size_t>(l)]) continue;
+      block_at_[static_cast<std::size_t>(l)] = static_cast<int>(blocks.size());
+      blocks.push_back(Spec::make_block(dev, c, s, l));
+    }
+    if (place_.head) head = Spec::make_head(dev, c, s);
+    const bool split_tie = tied && place_.embedding != place_.head;  // the tied table lives on two ranks
+    if constexpr (tied)
+      if (place_.head && !place_.embedding) head_table = Spec::make_head_table(dev, c, s);  // the same draws
+    // The units record the Params' addresses: from here on the model stays where it is.
+    stage_units_.assign(static_cast<std::size_t>(c.layers) + 2, {});
+    units_.reserve(blocks.size() + 3);
+    if (place_.embedding) {
+      if (split_tie) {
+        tied_ = units_.size();
+        units_.emplace_back(tied_name(), dev);
+        units_.emplace_back("embedding", dev);
+        Unit& table = units_[*tied_];
+        Unit& rest = units_.back();
+        embedding.for_each_param("", [&](const std::string& n, auto& p) {
+          if (n == tied_name()) table.add_param(n, p);
+          else rest.add_param(n, p);
+        });
+        stage_units_[0].push_back(*tied_ + 1);
+        stage_units_[0].push_back(*tied_);
+      } else {
+        stage_units_[0].push_back(units_.size());
+        units_.emplace_back("embedding", dev).add("", embedding);
+      }
+    }
+    for (std::int64_t l = 0; l < c.layers; ++l)
+      if (const int b = block_at_[static_cast<std::size_t>(l)]; b >= 0) {
+        stage_units_[static_cast<std::size_t>(l) + 1].push_back(units_.size());
+        const std::string name = Spec::block_name(l);
+        units_.emplace_back(name, dev).add(name, blocks[static_cast<std::size_t>(b)]);
+      }
+    if (place_.head) {
+      auto& hs = stage_units_[static_cast<std::size_t>(c.layers) + 1];
+      hs.push_back(units_.size());
+      units_.emplace_back("head", dev).add("", head);
+      if constexpr (tied) {
+        if (split_tie) {
+          tied_ = units_.size();
+          tied_copy_ = true;
+          units_.emplace_back(tied_name(), dev).add_param(tied_name(), head_table);
+        }
+        hs.push_back(tied_ ? *tied_ : 0);  // the head uses the tied table
+      }
+    }
+    data_degree_ = s.data_degree;
+    for (Unit& u : units_) {
+      if constexpr (requires { Spec::finish(u, c); }) Spec::finish(u, c);  // logical shapes, decay overrides
+      u.build(s.data_degree);
+    }
+  }
+  StagedModel(const StagedModel&) = delete;
+  StagedModel& operator=(const StagedModel&) = delete;
+
+  // The name of a tied head's table ("wte").
+  static std::string tied_name() {
+    if constexpr (tied) return Embedding::tied_name();
+    else return {};
+  }
+
+  // Stages, and the units each one reads and writes. Stage 0 is the embedding, 1 .. L the blocks,
+  // L + 1 the head; a rank runs only the stages it holds (holds()).
+  std::size_t stages() const { return static_cast<std::size_t>(config.layers) + 2; }
+  std::int64_t layers() const { return config.layers; }
+  bool holds(std::size_t stage) const {
+    if (stage == 0) return place_.embedding;
+    if (stage + 1 == stages()) return place_.head;
+    return block_at_[stage - 1] >= 0;
+  }
+  std::span<Unit> units() { return units_; }
+  std::vector<std::size_t> units_of(std::size_t stage) const { return stage_units_[stage]; }
+  // The unit that holds the tied table where it is held on two ranks, and whether this rank's is
+  // the head's copy (counted once in the gradient norm: on the embedding's rank).
+  std::optional<std::size_t> tied_unit() const { return tied_; }
+  bool tied_copy() const { return tied_copy_; }
+  D& dev() const { return *dev_; }
+  const Placement& placement() const { return place_; }
+  // The configuration's record (checkpoints save it and compare it on load).
+  std::vector<std::pair<std::string, std::int64_t>> record() const { return Spec::record(config); }
+  // The global shape of the stream between stages for a micro-batch of `batch` sequences.
+  Shape stream_shape(std::int64_t batch) const { return {batch, config.seq, config.width}; }
+
+  // Zero-bubble schedules: defer the blocks' weight gradients to backward_weight().
+  void defer_weight(bool on) {
+    for (BlockT& b : blocks) b.defer_weight(on);
+  }
+  void backward_weight(std::size_t stage, Ctx& ctx) {
+    if (stage >= 1 && stage + 1 < stages()) block(stage - 1).backward_weight(ctx.blocks[stage - 1]);
+  }
+
+  // A context for one micro-batch (tokens and targets in host memory); checks the tokens first and
+  // copies them to the device where it has its own memory.
+  Ctx context(const MicroBatch& in) const {
+    check_tokens(in);
+    Ctx ctx;
+    ctx.in = in;
+    if constexpr (!D::host_memory) {
+      D& dev = *dev_;
+      const std::size_t n = in.tokens.size();
+      ctx.ids = dev.allocate(static_cast<std::int64_t>(2 * n * sizeof(std::int32_t)), Category::activations);
+      auto* ids = static_cast<std::int32_t*>(ctx.ids.data());
+      dev.from_host(ids, in.tokens.data(), n * sizeof(std::int32_t));
+      dev.from_host(ids + n, in.targets.data(), n * sizeof(std::int32_t));
+      ctx.in.tokens = {ids, n};
+      ctx.in.targets = {ids + n, n};
+    }
+    ctx.blocks.resize(static_cast<std::size_t>(config.layers));
+    return ctx;
+  }
+
+  template <AxisComms M>
+  void forward(std::size_t stage, Ctx& ctx, M& mesh, Mode mode = Mode::train) {
+    if (stage == 0) {
+      ctx.x = embedding.forward(ctx.embedding, ctx.in.tokens, ctx.in.batch, config.seq, mesh);
+    } else if (stage + 1 < stages()) {
+      BlockT& b = block(stage - 1);
+      ctx.x = mode == Mode::train ? b.forward(ctx.blocks[stage - 1], ctx.x, mesh) : b.infer(ctx.x, mesh);
+    } else {
+      if constexpr (tied) ctx.loss = head.forward(ctx.head, ctx.x, table(), ctx.in.targets, mesh, mode);
+      else ctx.loss = head.forward(ctx.head, ctx.x, ctx.in.targets, mesh, mode);
+      ctx.x = {};
+    }
+  }
+
+  template <AxisComms M>
+  void backward(std::size_t stage, Ctx& ctx, M& mesh) {
+    if (stage + 1 == stages()) {
+      if constexpr (tied) ctx.x = head.backward(ctx.head, table(), ctx.in.grad_scale, mesh);
+      else ctx.x = head.backward(ctx.head, ctx.in.grad_scale, mesh);
+    } else if (stage > 0) {
+      ctx.x = block(stage - 1).backward(ctx.blocks[stage - 1], ctx.x, mesh);
+    } else {
+      embedding.backward(ctx.embedding, ctx.x, mesh);
+      ctx.x = {};
+    }
+  }
+
+  // The plan for config c, a global batch and degrees s, from the types alone (describe.hpp).
+  static std::vector<PlanRow> plan_rows(const config_type& c, std::int64_t batch, const Spread& s) {
+    Spec::validate(c, s, batch);
+    return Spec::plan_rows(c, batch, s);
+  }
+
+  // f(name, param) for every parameter, in a fixed order (the same for every strategy).
+  // (Parameters of the parts this rank holds; the head's copy of the tied table is not listed.)
+  template <class F>
+  void for_each_param(F&& f) {
+    if (place_.embedding) embedding.for_each_param("", f);
+    for (std::int64_t l = 0; l < config.layers; ++l)
+      if (const int b = block_at_[static_cast<std::size_t>(l)]; b >= 0)
+        blocks[static_cast<std::size_t>(b)].for_each_param(Spec::block_name(l), f);
+    if (place_.head) head.for_each_param("", f);
+  }
+
+  void zero_grad() {
+    for (Unit& u : units_) u.zero_grad();
+  }
+
+ private:
+  BlockT& block(std::size_t l) {
+    const int b = block_at_[l];
+    if (b < 0) throw Error(Spec::name(), cat("block ", l, " is not held by this rank"), "run only the stages this rank holds");
+    return blocks[static_cast<std::size_t>(b)];
+  }
+  auto& table() {
+    if constexpr (tied) return place_.embedding ? embedding.tied_table() : head_table;
+    else return head_table;
+  }
+
+  void check_tokens(const MicroBatch& in) const {
+    const std::int64_t N = in.batch / data_degree_ * config.seq;
+    if (static_cast<std::int64_t>(in.tokens.size()) != N || static_cast<std::int64_t>(in.targets.size()) != N)
+      throw Error(cat(Spec::name(), "::context"),
+                  cat(in.tokens.size(), " tokens and ", in.targets.size(), " targets for a local batch of ", N, " positions"),
+                  "pass (batch / data degree) x seq tokens and targets");
+    for (std::int64_t i = 0; i < N; ++i) {
+      const auto t = in.tokens[static_cast<std::size_t>(i)], y = in.targets[static_cast<std::size_t>(i)];
+      if (t < 0 || t >= config.vocab || y < 0 || y >= config.vocab)
+        throw Error(cat(Spec::name(), "::context"),
+                    cat("token ", t, " or target ", y, " at position ", i, " is outside the vocabulary of ", config.vocab),
+                    "pass ids in [0, vocab)");
+    }
+  }
+
+  Placement place_;
+  D* dev_;
+  std::vector<int> block_at_;                          // global block -> index in blocks, or -1
+  std::vector<std::vector<std::size_t>> stage_units_;  // per stage: the units it uses
+  std::optional<std::size_t> tied_;
+  bool tied_copy_ = false;
+  int data_degree_ = 1;
+  std::vector<Unit> units_;
+};
+
+}  // namespace weft::nn
