@@ -23,7 +23,7 @@
 #include "weft/data/loader.hpp"
 #include "weft/data/synthetic.hpp"
 #include "weft/device/cuda/dispatch.cuh"
-#include "weft/nn/gpt.hpp"
+#include "weft/models/gpt2/model.hpp"
 #include "weft/optim/data_parallel.hpp"
 #include "weft/pipeline/executor.hpp"
 #include "weft/train/cuda_metrics.cuh"
@@ -33,7 +33,7 @@ using namespace weft;
 
 namespace {
 
-using Model = nn::Gpt<Bf16Mixed, false, recompute::None, Cuda>;
+using Model = gpt2::Model<Bf16Mixed, false, recompute::None, Cuda>;
 
 struct Result {
   std::int64_t batch = 0;
@@ -45,7 +45,7 @@ struct Result {
 
 // Runs `steps` timed steps (after one warm-up and one profiled) at micro-batch B; nullopt when the
 // model or its activations do not fit.
-std::optional<Result> run(const nn::GptConfig& cfg, std::int64_t B, int steps) {
+std::optional<Result> run(const gpt2::Config& cfg, std::int64_t B, int steps) {
   std::optional<Result> out;
   run_threads(1, [&](ThreadComm& world) {
     Cuda dev(0);
@@ -93,7 +93,7 @@ std::optional<Result> run(const nn::GptConfig& cfg, std::int64_t B, int steps) {
 int main(int argc, char** argv) {
   int steps = 5;
   std::vector<std::int64_t> batches{32, 16, 8, 4};
-  nn::GptConfig cfg{.vocab = 50257, .seq = 1024, .layers = 12, .heads = 12, .width = 768};
+  gpt2::Config cfg{.vocab = 50257, .seq = 1024, .layers = 12, .heads = 12, .width = 768};
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--steps") && i + 1 < argc) steps = std::atoi(argv[++i]);
     else if (!std::strcmp(argv[i], "--batch") && i + 1 < argc) batches = {std::atoll(argv[++i])};

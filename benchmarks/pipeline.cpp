@@ -19,7 +19,7 @@
 
 #include "weft/comm/mesh.hpp"
 #include "weft/comm/threads/run.hpp"
-#include "weft/nn/gpt.hpp"
+#include "weft/models/gpt2/model.hpp"
 #include "weft/pipeline/pipelined.hpp"
 
 using namespace weft;

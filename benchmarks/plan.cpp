@@ -20,7 +20,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-#include <weft/nn/gpt.hpp>
+#include <weft/models/gpt2/model.hpp>
 #include <weft/optim/data_parallel.hpp>
 #include <weft/pipeline/executor.hpp>
 #include <weft/pipeline/pipelined.hpp>
@@ -61,14 +61,14 @@ Run median(std::vector<std::vector<double>> times, const std::vector<std::int64_
 }
 
 template <class Strategy, bool SP>
-Run measure(const nn::GptConfig& cfg, MeshShape shape, std::int64_t batch, std::int64_t steps) {
+Run measure(const gpt2::Config& cfg, MeshShape shape, std::int64_t batch, std::int64_t steps) {
   const int ranks = shape.data * shape.tensor;
   std::vector<std::vector<double>> times(static_cast<std::size_t>(ranks));
   std::vector<std::int64_t> peaks(static_cast<std::size_t>(ranks));
   run_threads(ranks, [&](ThreadComm& world) {
     Mesh mesh{world, shape};
     Host host;
-    nn::Gpt<float, SP> gpt(host, cfg, mesh.spread(), batch);
+    gpt2::Model<float, SP> gpt(host, cfg, mesh.spread(), batch);
     auto dp = optim::data_parallel<Strategy>(gpt, optim::AdamW{}, mesh);
     const std::size_t n = static_cast<std::size_t>(batch / shape.data * cfg.seq);
     std::vector<std::int32_t> x(n), y(n);
@@ -88,7 +88,7 @@ Run measure(const nn::GptConfig& cfg, MeshShape shape, std::int64_t batch, std::
 }
 
 template <class Strategy, bool SP>
-nlohmann::json compare(const char* name, const nn::GptConfig& cfg, MeshShape shape, std::int64_t batch, std::int64_t steps,
+nlohmann::json compare(const char* name, const gpt2::Config& cfg, MeshShape shape, std::int64_t batch, std::int64_t steps,
                        estimate::Rates& rates, bool& measured_rates) {
   const Spread s{.data_degree = shape.data, .tensor_degree = shape.tensor};
   const estimate::Work w = estimate::work<Strategy, F32, SP>(cfg, s, batch);
@@ -115,7 +115,7 @@ nlohmann::json compare(const char* name, const nn::GptConfig& cfg, MeshShape sha
 // A pipelined step: m micro-batches of micro sequences through `table` on data x pipe x tensor
 // thread ranks; the median of `steps` steps after one warm-up, and the largest rank's peak.
 template <class Strategy>
-Run measure_pipeline(const nn::GptConfig& cfg, MeshShape shape, std::int64_t micro, const pipeline::Table& table,
+Run measure_pipeline(const gpt2::Config& cfg, MeshShape shape, std::int64_t micro, const pipeline::Table& table,
                      std::int64_t steps) {
   const int ranks = shape.data * shape.pipe * shape.tensor;
   std::vector<std::vector<double>> times(static_cast<std::size_t>(ranks));
@@ -123,7 +123,7 @@ Run measure_pipeline(const nn::GptConfig& cfg, MeshShape shape, std::int64_t mic
   run_threads(ranks, [&](ThreadComm& world) {
     Mesh mesh{world, shape};
     Host host;
-    using Model = nn::Gpt<float, false>;
+    using Model = gpt2::Model<float, false>;
     const auto part = pipeline::Partition::even(shape.pipe, table.v, cfg.layers);
     Model gpt(host, cfg, mesh.spread(), micro, part.placement(mesh.coord().pipe));
     auto dp = optim::data_parallel<Strategy>(gpt, optim::AdamW{}, mesh);
@@ -149,7 +149,7 @@ Run measure_pipeline(const nn::GptConfig& cfg, MeshShape shape, std::int64_t mic
 }
 
 template <class Strategy>
-nlohmann::json compare_pipeline(const char* name, const nn::GptConfig& cfg, MeshShape shape, std::int64_t batch, int m,
+nlohmann::json compare_pipeline(const char* name, const gpt2::Config& cfg, MeshShape shape, std::int64_t batch, int m,
                                 pipeline::Kind kind, int v, std::int64_t steps, estimate::Rates& rates, bool& measured_rates) {
   const Spread s{.data_degree = shape.data, .tensor_degree = shape.tensor};
   const std::int64_t micro = batch / m;
@@ -190,7 +190,7 @@ nlohmann::json compare_pipeline(const char* name, const nn::GptConfig& cfg, Mesh
 }  // namespace
 
 int main(int argc, char** argv) {
-  nn::GptConfig cfg{.vocab = 512, .seq = 64, .layers = 2, .heads = 4, .width = 128};
+  gpt2::Config cfg{.vocab = 512, .seq = 64, .layers = 2, .heads = 4, .width = 128};
   std::int64_t batch = 8, steps = 15;
   int micro_batches = 4;
   MeshShape shape{.data = 2, .tensor = 2};

@@ -18,7 +18,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-#include <weft/nn/gpt.hpp>
+#include <weft/models/gpt2/model.hpp>
 #include <weft/optim/data_parallel.hpp>
 #include <weft/pipeline/executor.hpp>
 #include <weft/train/metrics.hpp>
@@ -83,7 +83,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  const nn::GptConfig cfg{.vocab = vocab, .seq = seq, .layers = layers, .heads = heads, .width = width};
+  const gpt2::Config cfg{.vocab = vocab, .seq = seq, .layers = layers, .heads = heads, .width = width};
   if (op_threads < 1 || op_threads > 256 || (op_threads > 1 && data * tensor != 1)) {
     std::fprintf(stderr, "train_step: --threads %d: give 1 to 256, and more than 1 only to one rank (data 1, tensor 1)\n",
                  op_threads);
@@ -98,7 +98,7 @@ int main(int argc, char** argv) {
     run_threads(ranks, [&](ThreadComm& world) {
       Mesh mesh{world, {.data = data, .tensor = tensor}};
       Host host;
-      nn::Gpt<float> gpt(host, cfg, mesh.spread(), batch);
+      gpt2::Model<float> gpt(host, cfg, mesh.spread(), batch);
       auto opt = optim::data_parallel<optim::Ddp>(gpt, optim::AdamW{}, mesh);
       const std::size_t n = static_cast<std::size_t>(batch / data * seq);
       std::vector<std::int32_t> x(n), y(n);

@@ -27,7 +27,7 @@ struct Result {
 // One forward and backward of the GPT on the ranks of `comm` (tensor degree: its size); every rank
 // returns the loss and the full (gathered) gradients.
 template <bool SP, class Comm>
-Result train_step(Comm& comm, const nn::GptConfig& c, std::int64_t batch) {
+Result train_step(Comm& comm, const gpt2::Config& c, std::int64_t batch) {
   Result out;
   std::vector<std::int32_t> tokens(static_cast<std::size_t>(batch * c.seq)), targets(tokens.size());
   for (std::size_t i = 0; i < tokens.size(); ++i) {  // a repeating pattern to predict
@@ -36,7 +36,7 @@ Result train_step(Comm& comm, const nn::GptConfig& c, std::int64_t batch) {
   }
   Mesh mesh{comm, {.tensor = comm.size()}};
   Host host;
-  nn::Gpt<double, SP, recompute::Selective> gpt(host, c, mesh.spread(), batch);
+  gpt2::Model<double, SP, recompute::Selective> gpt(host, c, mesh.spread(), batch);
   auto ctx = gpt.context({tokens, targets, batch});  // one micro-batch in flight
   out.loss = pipeline::forward_backward(gpt, ctx, mesh);  // the stages, forward then backward
   gpt.for_each_param([&](const std::string& name, auto& p) {
@@ -62,7 +62,7 @@ double worst_gradient_error(const Result& a, const Result& ref) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  nn::GptConfig c{.vocab = 96, .seq = 32, .layers = 2, .heads = 4, .width = 64};
+  gpt2::Config c{.vocab = 96, .seq = 32, .layers = 2, .heads = 4, .width = 64};
   std::int64_t batch = 4;
   std::string launcher = "auto";
   CLI::App app{"weft: a tensor-parallel GPT on 1 and 4 ranks (threads, or processes under mpirun)"};
@@ -76,8 +76,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"threads", "mpi", "auto"}));
   if (const auto stop = examples::parse(app, argc, argv)) return *stop;
   try {  // sizes that the layouts cannot split: refused before any rank starts
-    nn::validate(c, {}, false, batch);
-    nn::validate(c, {.tensor_degree = 4}, true, batch);
+    gpt2::validate(c, {}, false, batch);
+    gpt2::validate(c, {.tensor_degree = 4}, true, batch);
   } catch (const Error& e) {
     std::fprintf(stderr, "%s\n", e.what());
     return 2;
@@ -86,8 +86,8 @@ int main(int argc, char** argv) {
   return examples::run_ranks(argc, argv, launcher, 4, [&](auto& world) {
     const bool print = world.rank() == 0;
     if (print) {
-      std::printf("%s\n", nn::describe<double, false>(c, batch, {}).c_str());
-      std::printf("%s\n", nn::describe<double, true>(c, batch, {.tensor_degree = 4}).c_str());
+      std::printf("%s\n", nn::describe<gpt2::Model<double, false>>(c, batch, {}).c_str());
+      std::printf("%s\n", nn::describe<gpt2::Model<double, true>>(c, batch, {.tensor_degree = 4}).c_str());
     }
     auto alone = world.split(world.rank(), 0, "alone");  // this rank by itself: the 1-rank reference
     const Result one = train_step<false>(alone, c, batch);

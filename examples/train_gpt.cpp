@@ -33,7 +33,7 @@ namespace train_gpt {
 #ifdef WEFT_ENABLE_CUDA
 int cuda_devices();
 std::int64_t cuda_free_bytes(int gpu);
-int train_on_cuda(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus, const Launch& launch);
+int train_on_cuda(const Options& o, const gpt2::Config& cfg, const Corpus& corpus, const Launch& launch);
 #endif
 
 }  // namespace train_gpt
@@ -54,7 +54,7 @@ double host_available_bytes() {
 // Refuses (exit 2) a configuration whose ranks in this process need more than the device has,
 // from the plan's step peak (exact on the host; on the GPU an estimated workspace on top), before
 // anything is allocated.
-void check_fits(const Options& o, const nn::GptConfig& cfg, const std::string& device, const Launch& launch) {
+void check_fits(const Options& o, const gpt2::Config& cfg, const std::string& device, const Launch& launch) {
   const std::string fix = "use a smaller model, batch or micro-batch, more tensor or pipeline ranks, or a sharded strategy "
                           "(zero1, zero2, fsdp); train_gpt --plan prints the plan";
   if (const double n = elements_of(o, cfg); n > footprint::kMaxElements)
@@ -88,7 +88,7 @@ void check_fits(const Options& o, const nn::GptConfig& cfg, const std::string& d
 }
 
 // --plan: what each rank holds and a step computes, from the types and sizes alone.
-int print_plan(const Options& o, const nn::GptConfig& cfg, const std::string& device) {
+int print_plan(const Options& o, const gpt2::Config& cfg, const std::string& device) {
   std::printf("plan: layers %lld, heads %lld, width %lld, seq %lld, vocab %lld | %s, %s | data %d x pipe %d x tensor %d | "
               "batch %lld, micro-batch %lld\n",
               static_cast<long long>(cfg.layers), static_cast<long long>(cfg.heads), static_cast<long long>(cfg.width),
@@ -131,7 +131,7 @@ int print_plan(const Options& o, const nn::GptConfig& cfg, const std::string& de
     const std::int64_t micro = o.micro_batch > 0 ? o.micro_batch : o.batch;
     const Spread s{.data_degree = o.data, .tensor_degree = o.tensor};
     const bool sp = o.strategy.ends_with("-sp");
-    auto describe = [&]<class T>() { return sp ? nn::describe<T, true>(cfg, micro, s) : nn::describe<T, false>(cfg, micro, s); };
+    auto describe = [&]<class T>() { return sp ? nn::describe<gpt2::Model<T, true>>(cfg, micro, s) : nn::describe<gpt2::Model<T, false>>(cfg, micro, s); };
     const std::string table = o.dtype == "f64" ? describe.operator()<double>()
                               : o.dtype == "bf16" ? describe.operator()<bf16>() : describe.operator()<float>();
     std::printf("collectives of one micro-batch (tensor axis; the data axis adds the strategy's):\n%s", table.c_str());
@@ -188,7 +188,7 @@ std::string resolve_device(const Options& o) {
 }
 
 // device: resolve_device(o), resolved once by main.
-int dispatch(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus, const Launch& launch, const std::string& device) {
+int dispatch(const Options& o, const gpt2::Config& cfg, const Corpus& corpus, const Launch& launch, const std::string& device) {
   check_strategy(o.strategy);
   if (device == "cuda") {
 #ifdef WEFT_ENABLE_CUDA
@@ -207,7 +207,7 @@ int dispatch(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus, c
 int main(int argc, char** argv) {
   Options o;
   CLI::App app{"weft train_gpt: a tensor- and data-parallel GPT on thread ranks, on the host or one GPU"};
-  app.add_option("--preset", o.preset, "model size: tiny, small, gpt2-124m")->check(CLI::IsMember({"tiny", "small", "gpt2-124m"}));
+  app.add_option("--preset", o.preset, "model size: tiny, small, gpt2-124m, gpt2-1.5b")->check(CLI::IsMember(gpt2::preset_names()));
   app.add_option("--layers", o.layers, "override the preset's layers")->check(at_least(1));
   app.add_option("--heads", o.heads, "override the preset's heads")->check(at_least(1));
   app.add_option("--width", o.width, "override the preset's width")->check(at_least(1));
@@ -263,10 +263,7 @@ int main(int argc, char** argv) {
   app.add_option("--sample", o.sample, "after training on --text, print N sampled bytes")->check(at_least(0));
   if (const auto stop = examples::parse(app, argc, argv)) return *stop;
 
-  nn::GptConfig cfg;
-  if (o.preset == "tiny") cfg = {.vocab = 64, .seq = 64, .layers = 2, .heads = 4, .width = 64};
-  if (o.preset == "small") cfg = {.vocab = 256, .seq = 128, .layers = 4, .heads = 4, .width = 128};
-  if (o.preset == "gpt2-124m") cfg = {.vocab = 50257, .seq = 1024, .layers = 12, .heads = 12, .width = 768};
+  gpt2::Config cfg = gpt2::preset(o.preset);
   if (!o.text.empty() && !o.vocab) cfg.vocab = data::ByteTokenizer::vocab;
   if (o.layers) cfg.layers = *o.layers;
   if (o.heads) cfg.heads = *o.heads;
@@ -353,7 +350,7 @@ int main(int argc, char** argv) {
     if (o.batch % micro != 0)
       throw Error("train_gpt", cat("batch ", o.batch, " is not a multiple of the micro-batch ", micro),
                   "use a micro-batch that divides the batch");
-    nn::validate(cfg, {.data_degree = o.data, .tensor_degree = o.tensor}, o.strategy.ends_with("-sp"), micro);
+    gpt2::validate(cfg, {.data_degree = o.data, .tensor_degree = o.tensor}, o.strategy.ends_with("-sp"), micro);
     (void)optim::Schedule::warmup_cosine(o.lr, o.warmup.value_or(o.steps / 20), o.steps, o.min_lr);
     validate(MeshShape{.data = o.data, .pipe = o.pipe, .tensor = o.tensor}, o.data * o.pipe * o.tensor);
     if (o.pipe > 1 || o.virtual_stages > 1) {  // the partition and the schedule's table, checked now

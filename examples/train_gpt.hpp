@@ -6,13 +6,13 @@
 
 #include <weft/core/precision.hpp>
 #include <weft/checkpoint/checkpoint.hpp>
-#include <weft/checkpoint/gpt2.hpp>
+#include <weft/models/gpt2/hf.hpp>
 #include <weft/comm/fingerprint.hpp>
 #include <weft/comm/launch.hpp>
 #include <weft/data/corpus.hpp>
 #include <weft/data/loader.hpp>
 #include <weft/data/synthetic.hpp>
-#include <weft/nn/gpt.hpp>
+#include <weft/models/gpt2/model.hpp>
 #include <weft/optim/data_parallel.hpp>
 #include <weft/optim/schedule.hpp>
 #include <weft/pipeline/executor.hpp>
@@ -186,7 +186,7 @@ inline pipeline::Kind schedule_kind(const std::string& name) {
 
 // footprint::approximate_elements of the run (one micro-batch): sizes beyond footprint::kMaxElements
 // are refused before the plan, whose 64-bit counts they would overflow.
-inline double elements_of(const Options& o, const nn::GptConfig& c) {
+inline double elements_of(const Options& o, const gpt2::Config& c) {
   return footprint::approximate_elements(c, static_cast<double>(o.micro_batch > 0 ? o.micro_batch : o.batch), o.tensor);
 }
 
@@ -297,7 +297,7 @@ inline int remove_stale_init_dirs() {
 // D: Host or Cuda; P: a precision policy; Strategy: optim::Ddp, Zero1, Zero2 or Fsdp over the data
 // axis. Every rank is a thread (on the GPU they share it, each with its own stream), or a process.
 template <class D, class P, bool SP, class Strategy>
-int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus, const Launch& launch) {
+int train(const Options& o, const gpt2::Config& cfg, const Corpus& corpus, const Launch& launch) {
   using T = typename precision_t<P>::compute;
   const std::int64_t micro = o.micro_batch > 0 ? o.micro_batch : o.batch;
   const std::int64_t accum = o.batch / micro;
@@ -362,14 +362,14 @@ int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus, cons
   TempDir init_dir;
   if (!o.init_from.empty()) {
     init_dir = TempDir::make("train_gpt --init-from");
-    checkpoint::gpt2::import_hf(o.init_from, init_dir.path, cfg);
+    gpt2::import_hf(o.init_from, init_dir.path, cfg);
     if (speak) std::printf("initial weights: %s (Hugging Face GPT-2 layout)\n", o.init_from.c_str());
   }
 
   run_ranks<D>(launch, ranks, o, [&](auto& world) {
     const auto dev = DeviceSupport<D>::make(world);
     Mesh mesh{world, {.data = o.data, .pipe = o.pipe, .tensor = o.tensor}};
-    using Model = nn::Gpt<P, SP, recompute::None, D>;
+    using Model = gpt2::Model<P, SP, recompute::None, D>;
     // With --pipe > 1 this rank holds its stages' blocks only, and a schedule's table runs them.
     const auto part = pipeline::Partition::even(o.pipe, o.virtual_stages, cfg.layers);
     Model gpt(*dev, cfg, mesh.spread(), micro, part.placement(mesh.coord().pipe));
@@ -420,7 +420,7 @@ int train(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus, cons
       fp.add("checkpoints", cat("save to '", absolute(o.save_dir), "' every ", o.save_every, ", resume '",
                                 o.resume.empty() ? std::string() : absolute(checkpoint::resolve(o.resume == "latest" ? o.save_dir : o.resume)),
                                 "', init '", absolute(o.init_from), "'"));
-      if (o.pipe == 1) fp.add("collectives of one micro-batch", nn::describe<T, SP>(cfg, micro, mesh.spread()));
+      if (o.pipe == 1) fp.add("collectives of one micro-batch", nn::describe<gpt2::Model<T, SP>>(cfg, micro, mesh.spread()));
       fp.agree(world);
     }
     data::Loader<Corpus> loader(corpus, cfg.seq, micro, o.data, mesh.coord().data);

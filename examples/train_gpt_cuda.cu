@@ -76,7 +76,7 @@ struct DeviceSupport<Cuda> {
 int cuda_devices() { return weft::cuda::device_count(); }
 std::int64_t cuda_free_bytes(int gpu) { return weft::cuda::free_bytes(gpu % std::max(1, weft::cuda::device_count())); }
 
-int train_on_cuda(const Options& o, const nn::GptConfig& cfg, const Corpus& corpus, const Launch& launch) {
+int train_on_cuda(const Options& o, const gpt2::Config& cfg, const Corpus& corpus, const Launch& launch) {
   return with_strategy(o, [&]<class S, bool SP>() {
     if (o.dtype == "bf16") return train<Cuda, Bf16Mixed, SP, S>(o, cfg, corpus, launch);
     return train<Cuda, F32, SP, S>(o, cfg, corpus, launch);

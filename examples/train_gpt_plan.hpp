@@ -22,7 +22,7 @@ struct RankPlan {
 };
 
 template <class Strategy, bool SP, class P>
-std::vector<RankPlan> plan_ranks(const Options& o, const nn::GptConfig& c, bool host) {
+std::vector<RankPlan> plan_ranks(const Options& o, const gpt2::Config& c, bool host) {
   const Spread s{.data_degree = o.data, .tensor_degree = o.tensor};
   const std::int64_t micro = o.micro_batch > 0 ? o.micro_batch : o.batch;
   // On the GPU: the CUDA back end's workspace on top (an estimate, not replayed).
@@ -56,13 +56,13 @@ decltype(auto) with_plan_types(const Options& o, F&& f) {
 
 // The plan of the run the options describe, one entry per pipe rank. Call after elements_of has
 // ruled out sizes whose element counts overflow.
-inline std::vector<RankPlan> plan_of(const Options& o, const nn::GptConfig& c, bool host) {
+inline std::vector<RankPlan> plan_of(const Options& o, const gpt2::Config& c, bool host) {
   return with_plan_types(o, [&]<class S, bool SP, class P, class>() { return plan_ranks<S, SP, P>(o, c, host); });
 }
 
 // The step time of a run on host thread ranks (pipe 1), from the plan's work and rates measured now
 // on this machine with every rank running (weft/plan/host_rates.hpp; f32 rates for bf16).
-inline estimate::Breakdown plan_time(const Options& o, const nn::GptConfig& c) {
+inline estimate::Breakdown plan_time(const Options& o, const gpt2::Config& c) {
   const Spread s{.data_degree = o.data, .tensor_degree = o.tensor};
   const std::int64_t micro = o.micro_batch > 0 ? o.micro_batch : o.batch;
   const MeshShape shape{.data = o.data, .tensor = o.tensor};
@@ -75,7 +75,7 @@ inline estimate::Breakdown plan_time(const Options& o, const nn::GptConfig& c) {
 // The same for a pipeline (--pipe > 1): the schedule's table run with stage costs from the same
 // model (estimate::pipeline_seconds), the rates measured with every rank of the mesh running, and
 // the thread communicator's data-group link standing in for the pipe's messages.
-inline estimate::PipelineTime plan_pipeline_time(const Options& o, const nn::GptConfig& c) {
+inline estimate::PipelineTime plan_pipeline_time(const Options& o, const gpt2::Config& c) {
   const Spread s{.data_degree = o.data, .tensor_degree = o.tensor};
   const std::int64_t micro = o.micro_batch > 0 ? o.micro_batch : o.batch;
   const int m = static_cast<int>(o.batch / micro);

@@ -9,8 +9,8 @@
 // on one host rank in f32.
 #include <weft/weft_host.hpp>
 
-#include <weft/checkpoint/gpt2.hpp>
-#include <weft/nn/gpt.hpp>
+#include <weft/models/gpt2/hf.hpp>
+#include <weft/models/gpt2/model.hpp>
 #include <weft/optim/data_parallel.hpp>
 #include <weft/pipeline/executor.hpp>
 
@@ -48,13 +48,13 @@ std::vector<std::int32_t> parse_tokens(const std::string& text, std::int64_t voc
 
 void write_logits(const std::string& checkpoint, const std::string& path, const std::vector<std::int32_t>& ids) {
   const checkpoint::Reader r(checkpoint);
-  nn::GptConfig c = checkpoint::gpt2::config_of(r.manifest());
+  gpt2::Config c = gpt2::config_of(r.manifest());
   const std::int64_t n = static_cast<std::int64_t>(ids.size());
   std::vector<float> logits;
   run_threads(1, [&](ThreadComm& world) {
     Host dev;
     Mesh mesh{world, {}};
-    nn::Gpt<float> gpt(dev, c, mesh.spread(), 1);
+    gpt2::Model<float> gpt(dev, c, mesh.spread(), 1);
     auto dp = optim::data_parallel<optim::Ddp>(gpt, optim::AdamW{}, mesh);
     checkpoint::load(checkpoint, gpt, dp, mesh, {.optimizer = false});
     // Causal: the first n positions' logits do not depend on what follows; pad with token 0.
@@ -86,9 +86,9 @@ int main(int argc, char** argv) {
   try {
     if (logits.empty() != tokens.empty())
       throw Error("weft-export", "--tokens without --logits, or --logits without --tokens", "give both, or neither");
-    checkpoint::gpt2::export_hf(checkpoint, out);
+    gpt2::export_hf(checkpoint, out);
     const checkpoint::Reader r(checkpoint);
-    const auto c = checkpoint::gpt2::config_of(r.manifest());
+    const auto c = gpt2::config_of(r.manifest());
     std::printf("exported step %lld of %s (layers %lld, heads %lld, width %lld, seq %lld, vocab %lld) to %s\n",
                 static_cast<long long>(r.manifest().step), r.dir().c_str(), static_cast<long long>(c.layers),
                 static_cast<long long>(c.heads), static_cast<long long>(c.width), static_cast<long long>(c.seq),

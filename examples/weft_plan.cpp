@@ -88,7 +88,7 @@ struct Candidates {
 };
 
 template <class Strategy, class P, bool SP, class R>
-void consider(Candidates& out, const char* name, const nn::GptConfig& c, const Cluster& k, std::int64_t batch,
+void consider(Candidates& out, const char* name, const gpt2::Config& c, const Cluster& k, std::int64_t batch,
               std::int64_t micro_per_gpu, int tensor, int pipe = 1, pipeline::Kind kind = pipeline::Kind::one_f_one_b,
               int virtual_stages = 1) {
   using T = typename precision_t<P>::compute;
@@ -100,7 +100,7 @@ void consider(Candidates& out, const char* name, const nn::GptConfig& c, const C
     return out.skip(cat(layout, ": the batch of ", batch, " is not a multiple of the micro-batch ", micro, " (", micro_per_gpu,
                         " per GPU)"));
   try {
-    nn::validate(c, s, SP, micro);
+    gpt2::validate(c, s, SP, micro);
   } catch (const Error& e) {
     return out.skip(cat(layout, ": ", e.what()));  // sizes this degree does not divide
   }
@@ -142,7 +142,7 @@ void consider(Candidates& out, const char* name, const nn::GptConfig& c, const C
 }
 
 template <class P>
-Candidates candidates(const nn::GptConfig& c, const Cluster& k, std::int64_t batch, std::int64_t micro) {
+Candidates candidates(const gpt2::Config& c, const Cluster& k, std::int64_t batch, std::int64_t micro) {
   Candidates out;
   for (int tp = 1; tp <= k.gpus_per_node && tp <= k.gpus; tp *= 2) {
     if (k.gpus % tp != 0) {
@@ -254,8 +254,7 @@ int main(int argc, char** argv) {
   int show = 12;
   bool json = false;
   Cluster k;
-  app.add_option("--preset", preset, "model: tiny, small, gpt2-124m, gpt2-1.5b")
-      ->check(CLI::IsMember({"tiny", "small", "gpt2-124m", "gpt2-1.5b"}));
+  app.add_option("--preset", preset, "model: tiny, small, gpt2-124m, gpt2-1.5b")->check(CLI::IsMember(gpt2::preset_names()));
   app.add_option("--layers", layers, "override the preset's layers")->check(at_least(1));
   app.add_option("--heads", heads, "override the preset's heads")->check(at_least(1));
   app.add_option("--width", width, "override the preset's width")->check(at_least(1));
@@ -283,10 +282,7 @@ int main(int argc, char** argv) {
       if (app.count("--memory-gib")) k.memory_gib = given.memory_gib;
       if (app.count("--peak-tflops")) k.peak_tflops = given.peak_tflops;
     }
-    nn::GptConfig c{.vocab = 50257, .seq = 1024, .layers = 12, .heads = 12, .width = 768};
-    if (preset == "tiny") c = {.vocab = 64, .seq = 64, .layers = 2, .heads = 4, .width = 64};
-    if (preset == "small") c = {.vocab = 256, .seq = 128, .layers = 4, .heads = 4, .width = 128};
-    if (preset == "gpt2-1.5b") c = {.vocab = 50257, .seq = 1024, .layers = 48, .heads = 25, .width = 1600};
+    gpt2::Config c = gpt2::preset(preset);
     c.layers = layers.value_or(c.layers);
     c.heads = heads.value_or(c.heads);
     c.width = width.value_or(c.width);

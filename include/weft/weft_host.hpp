@@ -23,7 +23,7 @@
 #include "weft/layout/plan.hpp"
 #include "weft/comm/redistribute.hpp"
 #include "weft/nn/describe.hpp"
-#include "weft/nn/gpt.hpp"
+#include "weft/models/gpt2/model.hpp"
 #include "weft/nn/sequential.hpp"
 #include "weft/pipeline/executor.hpp"
 #include "weft/optim/data_parallel.hpp"

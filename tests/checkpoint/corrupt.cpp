@@ -208,7 +208,7 @@ TEST_CASE("a checkpoint of other sizes is refused when loaded into a model, nami
   // Resumes a copy of the valid checkpoint into a model of other sizes; the Error's text.
   auto resumed = [](const std::string& name, auto change) {
     const std::string d = copy_of_valid(name);
-    nn::GptConfig c = ckpt_config();
+    gpt2::Config c = ckpt_config();
     change(c);
     std::string got;
     try {
@@ -219,11 +219,11 @@ TEST_CASE("a checkpoint of other sizes is refused when loaded into a model, nami
     fs::remove_all(d);
     return got;
   };
-  const std::string wider = resumed("other_sizes", [](nn::GptConfig& c) { c.width = 64; });
+  const std::string wider = resumed("other_sizes", [](gpt2::Config& c) { c.width = 64; });
   CAPTURE(wider);
   CHECK(wider.find("was saved from a model with width = 32; this model has width = 64") != std::string::npos);
   // A 2-layer checkpoint into one layer: before, the model took the first block silently.
-  const std::string shallower = resumed("record", [](nn::GptConfig& c) { c.layers = 1; });
+  const std::string shallower = resumed("record", [](gpt2::Config& c) { c.layers = 1; });
   CAPTURE(shallower);
   CHECK(shallower.find("was saved from a model with layers = 2; this model has layers = 1") != std::string::npos);
   CHECK(shallower.find("the previous checkpoint is unchanged") == std::string::npos);  // a save's wording
@@ -330,7 +330,7 @@ TEST_CASE("ranks that load different checkpoints are refused on every rank") {
   run_threads(2, [&](ThreadComm& world) {
     Host dev;
     Mesh mesh{world, {.data = 2}};
-    nn::Gpt<float, false, recompute::None, Host> gpt(dev, ckpt_config(), mesh.spread(), 8);
+    gpt2::Model<float, false, recompute::None, Host> gpt(dev, ckpt_config(), mesh.spread(), 8);
     auto dp = optim::data_parallel<optim::Ddp>(gpt, optim::AdamW{}, mesh);
     std::string got;
     try {

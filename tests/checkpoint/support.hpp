@@ -16,13 +16,13 @@
 #include "weft/optim/data_parallel.hpp"
 #include "weft/optim/schedule.hpp"
 #include "weft/pipeline/executor.hpp"
-#include "weft/nn/gpt.hpp"
+#include "weft/models/gpt2/model.hpp"
 #include "weft/pipeline/pipelined.hpp"
 
 namespace weft::test {
 
 // vocab 30 is not a multiple of 4: tensor degrees 4 pad wte; heads 4 allow tensor 4; seq 16 allows SP.
-inline nn::GptConfig ckpt_config() { return {.vocab = 30, .seq = 16, .layers = 2, .heads = 4, .width = 32, .seed = 11}; }
+inline gpt2::Config ckpt_config() { return {.vocab = 30, .seq = 16, .layers = 2, .heads = 4, .width = 32, .seed = 11}; }
 
 inline std::string scratch(const std::string& name) {
   const auto p = std::filesystem::temp_directory_path() / cat("weft_ckpt_", ::getpid(), "_", name);
@@ -52,7 +52,7 @@ struct RunPlan {
 // Runs `plan` under precision P, data strategy S and sequence parallelism SP on mesh `m`, saving
 // with policy Policy; returns rank 0's losses of the steps it trained.
 template <class P, class S, bool SP = false, class Policy = checkpoint::Sharded>
-std::vector<double> ckpt_run(MeshDegrees m, const RunPlan& plan, const nn::GptConfig& c = ckpt_config(), std::int64_t batch = 8) {
+std::vector<double> ckpt_run(MeshDegrees m, const RunPlan& plan, const gpt2::Config& c = ckpt_config(), std::int64_t batch = 8) {
   std::vector<double> losses;
   std::mutex mu;
   const data::MarkovSource corpus(c.vocab, 3);
@@ -60,7 +60,7 @@ std::vector<double> ckpt_run(MeshDegrees m, const RunPlan& plan, const nn::GptCo
   run_threads(m.data * m.tensor * m.pipe, [&](ThreadComm& world) {
     Host dev;
     Mesh mesh{world, {.data = m.data, .pipe = m.pipe, .tensor = m.tensor}};
-    using Model = nn::Gpt<P, SP, recompute::None, Host>;
+    using Model = gpt2::Model<P, SP, recompute::None, Host>;
     const auto part = pipeline::Partition::even(m.pipe, 1, c.layers);
     Model gpt(dev, c, mesh.spread(), batch, part.placement(mesh.coord().pipe));
     auto dp = optim::data_parallel<S>(gpt, optim::AdamW{}, mesh);

@@ -36,9 +36,9 @@ TEST_CASE("NCCL communicator, world of one GPU: collectives on device and host b
 
   // A Mesh over NCCL trains the tiny GPT exactly as one thread rank does (same kernels, no sums
   // across ranks): bitwise the same losses.
-  const nn::GptConfig c = test::markov_config();
+  const gpt2::Config c = test::markov_config();
   Mesh mesh{world, {}};
-  nn::Gpt<F32, false, recompute::None, Cuda> gpt(d, c, mesh.spread(), 8);
+  gpt2::Model<F32, false, recompute::None, Cuda> gpt(d, c, mesh.spread(), 8);
   auto dp = optim::data_parallel<optim::Ddp>(gpt, optim::AdamW{}, mesh);
   const data::MarkovSource corpus(c.vocab, 3);
   data::Loader<data::MarkovSource> loader(corpus, c.seq, 8, 1, 0);

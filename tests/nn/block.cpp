@@ -8,7 +8,7 @@
 #include "weft/comm/mesh.hpp"
 #include "weft/comm/threads/run.hpp"
 #include "support/gpt_step.hpp"
-#include "weft/nn/gpt.hpp"
+#include "weft/models/gpt2/model.hpp"
 #include "weft/optim/data_parallel.hpp"
 
 using namespace weft;
@@ -80,8 +80,8 @@ TEST_CASE("with SP the LayerNorm and position gradients are Partial until the st
   run_threads(4, [&](ThreadComm& world) {
     Mesh mesh{world, {.tensor = 4}};
     Host h;
-    const GptConfig c{.vocab = 32, .seq = 8, .layers = 2, .heads = 4, .width = 16};
-    Gpt<double, true> gpt(h, c, mesh.spread(), 2);
+    const gpt2::Config c{.vocab = 32, .seq = 8, .layers = 2, .heads = 4, .width = 16};
+    gpt2::Model<double, true> gpt(h, c, mesh.spread(), 2);
     std::vector<std::int32_t> tokens(16), targets(16);
     for (std::size_t i = 0; i < 16; ++i) {
       tokens[i] = static_cast<std::int32_t>(i * 3 % 32);
@@ -122,34 +122,34 @@ TEST_CASE("with SP the LayerNorm and position gradients are Partial until the st
 
 TEST_CASE("bad configurations are refused before allocation with the values and the valid choices") {
   const Spread tp4{.tensor_degree = 4};
-  CHECK_THROWS_WITH_AS(validate(GptConfig{.heads = 6, .width = 36}, tp4, false, 2),
+  CHECK_THROWS_WITH_AS(gpt2::validate(gpt2::Config{.heads = 6, .width = 36}, tp4, false, 2),
                        "Gpt: tensor degree 4 does not divide 6 heads; use a tensor degree that divides the heads, such as "
                        "1, 2, 3, 6",
                        Error);
-  CHECK_THROWS_WITH_AS(validate(GptConfig{.heads = 5, .width = 32}, {}, false, 2),
+  CHECK_THROWS_WITH_AS(gpt2::validate(gpt2::Config{.heads = 5, .width = 32}, {}, false, 2),
                        "Gpt: width 32 is not divisible by 5 heads; use a head count that divides the width, such as 1, 2, "
                        "4, 8, 16, 32",
                        Error);
-  CHECK_THROWS_WITH_AS(validate(GptConfig{.seq = 10, .heads = 4}, tp4, true, 2),
+  CHECK_THROWS_WITH_AS(gpt2::validate(gpt2::Config{.seq = 10, .heads = 4}, tp4, true, 2),
                        "Gpt: sequence parallelism needs the tensor degree 4 to divide the sequence length 10; use a "
                        "tensor degree that divides the sequence length, such as 1, 2, 5, 10, or a sequence length that it "
                        "divides",
                        Error);
-  CHECK_NOTHROW(validate(GptConfig{.seq = 10, .heads = 4}, tp4, false, 2));  // fine without SP
-  CHECK_THROWS_WITH_AS(validate(GptConfig{}, {.data_degree = 4}, false, 6),
+  CHECK_NOTHROW(gpt2::validate(gpt2::Config{.seq = 10, .heads = 4}, tp4, false, 2));  // fine without SP
+  CHECK_THROWS_WITH_AS(gpt2::validate(gpt2::Config{}, {.data_degree = 4}, false, 6),
                        "Gpt: data degree 4 does not divide the batch of 6; use a batch that is a multiple of 4", Error);
-  CHECK_THROWS_WITH_AS(validate(GptConfig{.layers = 0}, {}, false, 2), doctest::Contains("include one below 1"), Error);
+  CHECK_THROWS_WITH_AS(gpt2::validate(gpt2::Config{.layers = 0}, {}, false, 2), doctest::Contains("include one below 1"), Error);
   // Sizes near 2^62 are refused at once (no loop over their divisors), with the nearest few.
-  CHECK_THROWS_WITH_AS(validate(GptConfig{.heads = 3, .width = std::int64_t{1} << 62}, {}, false, 2),
+  CHECK_THROWS_WITH_AS(gpt2::validate(gpt2::Config{.heads = 3, .width = std::int64_t{1} << 62}, {}, false, 2),
                        doctest::Contains("such as 1, 2, 4, 8, 16, 32, 64, 128"), Error);
-  CHECK_THROWS_WITH_AS(validate(GptConfig{.seq = (std::int64_t{1} << 62) - 1, .heads = 4}, tp4, true, 2),
+  CHECK_THROWS_WITH_AS(gpt2::validate(gpt2::Config{.seq = (std::int64_t{1} << 62) - 1, .heads = 4}, tp4, true, 2),
                        doctest::Contains("such as 1, 3, 1537228672809129301, 4611686018427387903"), Error);
   // The vocabulary need not divide: it is padded, and the padding is masked (see the equivalence tests).
   CHECK(padded_vocab(65, 4) == 68);
-  CHECK_NOTHROW(validate(GptConfig{.vocab = 65}, tp4, false, 2));
+  CHECK_NOTHROW(gpt2::validate(gpt2::Config{.vocab = 65}, tp4, false, 2));
   // Through the constructor: the Error comes before any parameter is allocated.
   Host h;
-  CHECK_THROWS_AS((Gpt<double>(h, GptConfig{.heads = 6, .width = 36}, tp4, 2)), Error);
+  CHECK_THROWS_AS((gpt2::Model<double>(h, gpt2::Config{.heads = 6, .width = 36}, tp4, 2)), Error);
   CHECK(h.memory().total_peak == 0);
 }
 
@@ -157,7 +157,7 @@ TEST_CASE("bad tokens are refused with the position and the vocabulary") {
   run_threads(1, [](ThreadComm& world) {
     Mesh mesh{world, {}};
     Host h;
-    Gpt<double> gpt(h, GptConfig{.vocab = 10, .seq = 4, .layers = 1, .heads = 2, .width = 8}, mesh.spread(), 1);
+    gpt2::Model<double> gpt(h, gpt2::Config{.vocab = 10, .seq = 4, .layers = 1, .heads = 2, .width = 8}, mesh.spread(), 1);
     std::vector<std::int32_t> ok{1, 2, 3, 4}, bad{1, 2, 10, 4};
     CHECK_THROWS_WITH_AS(test::forward_backward(gpt, bad, ok, 1, mesh),
                          "Gpt::context: token 10 or target 3 at position 2 is outside the vocabulary of 10; "

@@ -14,7 +14,7 @@ namespace {
 template <bool SP, class R>
 threads::Counters planned(int tp) {
   threads::Counters c;
-  for (const PlanRow& row : describe_rows<double, SP, R>(test::tiny_config(), 2, {.tensor_degree = tp}))
+  for (const PlanRow& row : describe_rows<gpt2::Model<double, SP, R>>(test::tiny_config(), 2, {.tensor_degree = tp}))
     for (const auto* steps : {&row.forward, &row.backward})
       for (const PlanStep& st : *steps) {
         if (!communicates(st.collective) || st.axis != Axis::tensor) continue;
@@ -54,8 +54,8 @@ TEST_CASE("the plan's per-step rows equal what the data-parallel step runs on th
   for (int tp : {2, 4}) {
     for (bool sp : {false, true}) {
       std::uint64_t planned_calls = 0, planned_bytes = 0;
-      const auto rows = sp ? describe_rows<double, true>(test::tiny_config(), 2, {.tensor_degree = tp})
-                           : describe_rows<double, false>(test::tiny_config(), 2, {.tensor_degree = tp});
+      const auto rows = sp ? describe_rows<gpt2::Model<double, true>>(test::tiny_config(), 2, {.tensor_degree = tp})
+                           : describe_rows<gpt2::Model<double, false>>(test::tiny_config(), 2, {.tensor_degree = tp});
       for (const PlanRow& row : rows)
         for (const PlanStep& st : row.step) {
           REQUIRE(st.collective == Collective::all_reduce);
@@ -79,10 +79,10 @@ TEST_CASE("the plan's per-step rows equal what the data-parallel step runs on th
           ran = mesh.tensor().counters() - before;
         };
         if (sp) {
-          Gpt<double, true> gpt(h, test::tiny_config(), mesh.spread(), 2);
+          gpt2::Model<double, true> gpt(h, test::tiny_config(), mesh.spread(), 2);
           step(gpt);
         } else {
-          Gpt<double, false> gpt(h, test::tiny_config(), mesh.spread(), 2);
+          gpt2::Model<double, false> gpt(h, test::tiny_config(), mesh.spread(), 2);
           step(gpt);
         }
       });
@@ -96,7 +96,7 @@ TEST_CASE("the plan's per-step rows equal what the data-parallel step runs on th
 }
 
 TEST_CASE("describe prints every layer with its layouts and collectives") {
-  const std::string d = describe<double, false>(test::tiny_config(), 2, {.tensor_degree = 2});
+  const std::string d = describe<gpt2::Model<double, false>>(test::tiny_config(), 2, {.tensor_degree = 2});
   CHECK(d.find("h1.mlp.fc (ColumnParallel, GELU)") != std::string::npos);
   CHECK(d.find("all_reduce(tensor) 8192 B") != std::string::npos);  // (2, 16, 32) doubles
   CHECK(d.find("LM head (tied, vocab-parallel: 33 of 65 rows)") != std::string::npos);

@@ -12,7 +12,7 @@
 #include "support/gradcheck.hpp"
 #include "weft/comm/mesh.hpp"
 #include "weft/comm/threads/run.hpp"
-#include "weft/nn/gpt.hpp"
+#include "weft/models/gpt2/model.hpp"
 
 namespace weft::test {
 
@@ -23,11 +23,11 @@ struct GptRun {
 };
 
 // vocab 65 is not a multiple of 2 or 4: the tensor-parallel runs pad it.
-inline nn::GptConfig tiny_config() {
+inline gpt2::Config tiny_config() {
   return {.vocab = 65, .seq = 16, .layers = 2, .heads = 4, .width = 32, .seed = 42, .init_std = 0.1};
 }
 
-inline void tiny_batch(std::int64_t batch, const nn::GptConfig& c, std::vector<std::int32_t>& tokens,
+inline void tiny_batch(std::int64_t batch, const gpt2::Config& c, std::vector<std::int32_t>& tokens,
                        std::vector<std::int32_t>& targets) {
   tokens.resize(static_cast<std::size_t>(batch * c.seq));
   targets.resize(tokens.size());
@@ -58,7 +58,7 @@ std::vector<double> host_doubles(const X& t, std::int64_t n) {
 }
 
 template <class P, bool SP, class Recompute, class D = Host>
-GptRun run_gpt(int tensor, const nn::GptConfig& c = tiny_config(), std::int64_t batch = 2) {
+GptRun run_gpt(int tensor, const gpt2::Config& c = tiny_config(), std::int64_t batch = 2) {
   GptRun out;
   std::mutex mu;
   std::vector<std::int32_t> tokens, targets;
@@ -66,7 +66,7 @@ GptRun run_gpt(int tensor, const nn::GptConfig& c = tiny_config(), std::int64_t 
   run_threads(tensor, [&](ThreadComm& world) {
     auto dev = rank_device<D>(world);
     Mesh mesh{world, {.tensor = tensor}};
-    nn::Gpt<P, SP, Recompute, D> gpt(*dev, c, mesh.spread(), batch);
+    gpt2::Model<P, SP, Recompute, D> gpt(*dev, c, mesh.spread(), batch);
     const threads::Counters before = mesh.tensor().counters();
     const double loss = test::forward_backward(gpt, tokens, targets, batch, mesh);
     const threads::Counters ran = mesh.tensor().counters() - before;

@@ -72,7 +72,7 @@ TEST_CASE("the tiny GPT on the GPU in f32: loss and every gradient within 1e-5 o
   // The host f32 run at one rank is the reference; the GPU sums in other orders (float, ~1e-7
   // relative per sum), amplified through softmax and LayerNorm: 1e-5, the tolerance the host's own
   // tensor-parallel runs meet.
-  nn::GptConfig c = test::tiny_config();  // width 32, heads 4: head size 8
+  gpt2::Config c = test::tiny_config();  // width 32, heads 4: head size 8
   const auto ref = test::run_gpt<float, false, recompute::None, Host>(1, c);
   for (int tp : {1, 2, 4}) {
     std::string where;

@@ -9,7 +9,7 @@
 #include "support/gradcheck.hpp"
 #include "weft/comm/mesh.hpp"
 #include "weft/comm/threads/run.hpp"
-#include "weft/nn/gpt.hpp"
+#include "weft/models/gpt2/model.hpp"
 
 using namespace weft;
 using namespace weft::nn;
@@ -174,8 +174,8 @@ TEST_CASE("Gpt: every parameter gradient matches finite differences") {
     Host h;
     // Weights of scale 0.5 keep the residual stream O(1): with GPT-2's 0.02 the LayerNorms divide by
     // a standard deviation of ~0.02 and a step of 1e-4 is no longer small (third derivatives ~ 1e5).
-    const GptConfig cfg{.vocab = 23, .seq = 6, .layers = 2, .heads = 2, .width = 8, .seed = 5, .init_std = 0.5};
-    Gpt<double> gpt(h, cfg, mesh.spread(), 2);
+    const gpt2::Config cfg{.vocab = 23, .seq = 6, .layers = 2, .heads = 2, .width = 8, .seed = 5, .init_std = 0.5};
+    gpt2::Model<double> gpt(h, cfg, mesh.spread(), 2);
     std::vector<std::int32_t> tokens(12), targets(12);
     for (std::size_t i = 0; i < tokens.size(); ++i) {
       tokens[i] = static_cast<std::int32_t>((i * 7 + 3) % 23);

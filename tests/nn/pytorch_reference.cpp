@@ -16,7 +16,7 @@
 #include "support/gradcheck.hpp"
 #include "weft/comm/mesh.hpp"
 #include "weft/comm/threads/run.hpp"
-#include "weft/nn/gpt.hpp"
+#include "weft/models/gpt2/model.hpp"
 
 using namespace weft;
 
@@ -67,7 +67,7 @@ Run run(int tp) {
   run_threads(tp, [&](ThreadComm& world) {
     Mesh mesh{world, {.tensor = tp}};
     Host h;
-    nn::Gpt<double, SP> gpt(h, {.vocab = kV, .seq = kT, .layers = 2, .heads = 4, .width = 32}, mesh.spread(), kB);
+    gpt2::Model<double, SP> gpt(h, {.vocab = kV, .seq = kT, .layers = 2, .heads = 4, .width = 32}, mesh.spread(), kB);
     int index = 0;
     gpt.for_each_param([&](const std::string& name, auto& p) {
       const bool one = name.find("ln") != std::string::npos && name.ends_with(".weight");

@@ -1,6 +1,6 @@
 // nn::StagedModel with a Spec written outside weft's model: GPT-2's parts with an untied LM head (its
 // own table, as Llama's), declared in a dozen lines below. Through the same executor, Pipeline and
-// data-parallel protocol as nn::Gpt, with no code of weft's edited: one step's loss and every
+// data-parallel protocol as gpt2::Model, with no code of weft's edited: one step's loss and every
 // gradient, and 3 AdamW steps, at tensor 2 (with and without SP), pipe 2 under 1F1B and ZB-H1, and
 // data 2 under each strategy, equal one rank within 1e-12 relative in double. The untied table's
 // weight decay, its logical rows, and the record are the Spec's.
@@ -15,7 +15,7 @@
 #include "weft/comm/threads/run.hpp"
 #include "weft/data/loader.hpp"
 #include "weft/data/synthetic.hpp"
-#include "weft/nn/gpt.hpp"
+#include "weft/models/gpt2/model.hpp"
 #include "weft/optim/data_parallel.hpp"
 #include "weft/pipeline/pipelined.hpp"
 
@@ -26,25 +26,25 @@ namespace {
 
 // The user's model: GPT-2's embedding and blocks, an untied head (parameter id 2 for its table).
 template <class P, bool SP>
-struct UntiedSpec : nn::GptSpec<P, SP> {
-  using Base = nn::GptSpec<P, SP>;
+struct UntiedSpec : gpt2::Spec<P, SP> {
+  using Base = gpt2::Spec<P, SP>;
   using T = typename Base::T;
   using Head = nn::UntiedHeadStage<T, SP>;
   static std::string name() { return "UntiedGpt"; }
-  static Head make_head(Host& dev, const nn::GptConfig& c, const Spread& s) {
+  static Head make_head(Host& dev, const gpt2::Config& c, const Spread& s) {
     return Head(dev, c.vocab, nn::padded_vocab(c.vocab, s.tensor_degree), c.width, s, c.seed, 8, 2, c.init_std);
   }
-  static void finish(nn::Unit<T, Host>& u, const nn::GptConfig& c) {
+  static void finish(nn::Unit<T, Host>& u, const gpt2::Config& c) {
     Base::finish(u, c);
     u.set_logical("lm_head", {c.vocab, c.width});  // the padded vocabulary's rows
   }
 };
 template <class P, bool SP = false>
 using Untied = nn::StagedModel<UntiedSpec<P, SP>>;
-static_assert(!Untied<double>::tied && nn::Gpt<double>::tied);
+static_assert(!Untied<double>::tied && gpt2::Model<double>::tied);
 
 // 4 layers; vocabulary 33 (padded under tensor 2).
-const nn::GptConfig kConfig{.vocab = 33, .seq = 8, .layers = 4, .heads = 2, .width = 16, .seed = 3, .init_std = 0.1};
+const gpt2::Config kConfig{.vocab = 33, .seq = 8, .layers = 4, .heads = 2, .width = 16, .seed = 3, .init_std = 0.1};
 constexpr std::int64_t kMicro = 4;  // global micro-batch (sequences)
 constexpr int kM = 4;               // micro-batches per step
 
@@ -205,7 +205,7 @@ TEST_CASE("a model from parts: its head's table is its own unit entry, decayed a
           CHECK(!optim::decays(e));
         }
     CHECK(found);
-    CHECK(model.record() == nn::record(kConfig));
+    CHECK(model.record() == gpt2::record(kConfig));
     // Errors name the model the Spec names.
     std::vector<std::int32_t> bad(static_cast<std::size_t>(kMicro * kConfig.seq), 40);
     CHECK_THROWS_WITH_AS(model.context({bad, bad, kMicro}), doctest::Contains("UntiedGpt::context: token 40"), Error);

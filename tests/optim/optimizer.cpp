@@ -14,7 +14,7 @@
 #include "weft/comm/threads/run.hpp"
 #include "weft/data/loader.hpp"
 #include "weft/data/synthetic.hpp"
-#include "weft/nn/gpt.hpp"
+#include "weft/models/gpt2/model.hpp"
 #include "weft/optim/data_parallel.hpp"
 #include "weft/optim/schedule.hpp"
 
@@ -57,7 +57,7 @@ TEST_CASE("parameter groups: only Linear matrices are decayed") {
   run_threads(1, [](ThreadComm& w) {
     Mesh mesh{w, {}};
     Host h;
-    nn::Gpt<double> gpt(h, {.vocab = 16, .seq = 4, .layers = 1, .heads = 2, .width = 8}, mesh.spread(), 1);
+    gpt2::Model<double> gpt(h, {.vocab = 16, .seq = 4, .layers = 1, .heads = 2, .width = 8}, mesh.spread(), 1);
     std::vector<std::string> decayed;
     for (auto& u : gpt.units())
       for (const nn::UnitEntry& e : u.entries())
@@ -91,7 +91,7 @@ TEST_CASE("parameter groups: the layers declare them, not the names; a model ove
   run_threads(1, [](ThreadComm& w) {
     Mesh mesh{w, {}};
     Host dev;
-    nn::Gpt<double> gpt(dev, {.vocab = 16, .seq = 4, .layers = 1, .heads = 2, .width = 8}, mesh.spread(), 1);
+    gpt2::Model<double> gpt(dev, {.vocab = 16, .seq = 4, .layers = 1, .heads = 2, .width = 8}, mesh.spread(), 1);
     std::size_t found = 0;
     for (auto& unit : gpt.units()) found += unit.set_decay("wte", nn::Decay::yes);
     REQUIRE(found == 1);
@@ -111,7 +111,7 @@ TEST_CASE("parameter groups: the layers declare them, not the names; a model ove
 
 namespace {
 
-const nn::GptConfig kConfig{.vocab = 33, .seq = 8, .layers = 2, .heads = 4, .width = 16, .seed = 9, .init_std = 0.1};
+const gpt2::Config kConfig{.vocab = 33, .seq = 8, .layers = 2, .heads = 4, .width = 16, .seed = 9, .init_std = 0.1};
 constexpr std::int64_t kBatch = 4;
 
 struct Trained {
@@ -129,7 +129,7 @@ Trained train(int data, int tensor, std::int64_t* state_bytes = nullptr, std::in
   run_threads(data * tensor, [&](ThreadComm& world) {
     Mesh mesh{world, {.data = data, .tensor = tensor}};
     Host h;
-    nn::Gpt<double, SP> gpt(h, kConfig, mesh.spread(), kBatch);
+    gpt2::Model<double, SP> gpt(h, kConfig, mesh.spread(), kBatch);
     const std::int64_t before = h.memory().current_of(Category::optimizer_state);
     auto dp = optim::data_parallel<Strategy>(gpt, optim::AdamW{.config = {.lr = 1e-2}}, mesh);
     if (param_now && world.rank() == 0) *param_now = h.memory().current_of(Category::parameters);
@@ -171,7 +171,7 @@ UnitSizes unit_sizes() {
   run_threads(1, [&](ThreadComm& w) {
     Mesh mesh{w, {}};
     Host h;
-    nn::Gpt<double> gpt(h, kConfig, mesh.spread(), kBatch);
+    gpt2::Model<double> gpt(h, kConfig, mesh.spread(), kBatch);
     const auto count = [](std::int64_t& n) { return [&n](const std::string&, auto& p) { n += p.value.numel(); }; };
     gpt.blocks[0].for_each_param("h0", count(n.block));
     gpt.embedding.for_each_param("", count(n.embedding));
@@ -302,7 +302,7 @@ TEST_CASE("ZeRO-2 holds gradients for 1/dp of the parameters at rest and one uni
   run_threads(dp, [&](ThreadComm& w) {
     Mesh mesh{w, {.data = dp}};
     Host h;
-    nn::Gpt<double> gpt(h, kConfig, mesh.spread(), kBatch);
+    gpt2::Model<double> gpt(h, kConfig, mesh.spread(), kBatch);
     auto z = optim::data_parallel<optim::Zero2>(gpt, optim::AdamW{.config = {.lr = 1e-2}}, mesh);
     const std::int64_t now = h.memory().current_of(Category::gradients);
     h.allocator.reset_peak();
@@ -331,7 +331,7 @@ TEST_CASE("SGD with momentum matches its closed form and clipping brings the nor
   run_threads(2, [](ThreadComm& w) {
     Mesh mesh{w, {.tensor = 2}};
     Host h;
-    nn::Gpt<double> gpt(h, {.vocab = 16, .seq = 4, .layers = 1, .heads = 2, .width = 8}, mesh.spread(), 1);
+    gpt2::Model<double> gpt(h, {.vocab = 16, .seq = 4, .layers = 1, .heads = 2, .width = 8}, mesh.spread(), 1);
     const auto set_grads = [&](double g) {
       gpt.for_each_param([&](const std::string&, auto& p) {
         for (std::int64_t i = 0; i < p.grad.numel(); ++i) p.grad[i] = g;

@@ -12,7 +12,7 @@
 #include "weft/core/precision.hpp"
 #include "weft/data/loader.hpp"
 #include "weft/data/synthetic.hpp"
-#include "weft/nn/gpt.hpp"
+#include "weft/models/gpt2/model.hpp"
 #include "weft/optim/data_parallel.hpp"
 #include "weft/optim/schedule.hpp"
 #include "support/train_markov.hpp"
@@ -21,7 +21,7 @@ using namespace weft;
 
 static_assert(std::same_as<precision_t<float>, F32> && std::same_as<precision_t<double>, F64>);
 static_assert(std::same_as<Bf16Mixed::compute, bf16> && std::same_as<Bf16Mixed::master, float> && Bf16Mixed::mixed);
-static_assert(std::same_as<nn::Gpt<Bf16Mixed>::value_type, bf16>);
+static_assert(std::same_as<gpt2::Model<Bf16Mixed>::value_type, bf16>);
 static_assert(std::same_as<nn::Param<bf16, Replicated>::grad_type, float>);  // gradients accumulate in f32
 
 TEST_CASE("precision policies name themselves") {
@@ -69,7 +69,7 @@ TEST_CASE("bf16 ops on the host equal the f32 op on the widened inputs, rounded 
 }
 
 namespace {
-const nn::GptConfig kConfig = test::markov_config();
+const gpt2::Config kConfig = test::markov_config();
 constexpr std::int64_t kBatch = 8;
 }  // namespace
 
@@ -95,10 +95,10 @@ TEST_CASE("a non-finite gradient norm skips the step on every rank, for every st
   // carries them to every rank, the norm is NaN everywhere, and every rank skips the update.
   auto check = [&]<class Strategy, class P>() {
     run_threads(2, [&](ThreadComm& world) {
-      using T = typename nn::Gpt<P>::value_type;
+      using T = typename gpt2::Model<P>::value_type;
       Mesh mesh{world, {.data = 2}};
       Host h;
-      nn::Gpt<P> gpt(h, kConfig, mesh.spread(), kBatch);
+      gpt2::Model<P> gpt(h, kConfig, mesh.spread(), kBatch);
       auto dp = optim::data_parallel<Strategy>(gpt, optim::AdamW{}, mesh);
       const data::MarkovSource corpus(kConfig.vocab, 3);
       data::Loader<data::MarkovSource> loader(corpus, kConfig.seq, kBatch, 2, mesh.coord().data);

@@ -13,7 +13,7 @@
 #include "weft/data/loader.hpp"
 #include "weft/data/synthetic.hpp"
 #include "weft/optim/data_parallel.hpp"
-#include "weft/nn/gpt.hpp"
+#include "weft/models/gpt2/model.hpp"
 #include "weft/pipeline/pipelined.hpp"
 
 using namespace weft;
@@ -22,7 +22,7 @@ using namespace weft::pipeline;
 namespace {
 
 // 8 layers split over p x V virtual stages; vocabulary 33 (padded under tensor 2).
-const nn::GptConfig kConfig{.vocab = 33, .seq = 8, .layers = 8, .heads = 2, .width = 16, .seed = 3, .init_std = 0.1};
+const gpt2::Config kConfig{.vocab = 33, .seq = 8, .layers = 8, .heads = 2, .width = 16, .seed = 3, .init_std = 0.1};
 constexpr std::int64_t kMicro = 4;  // global micro-batch (sequences)
 constexpr int kM = 4;               // micro-batches per step
 
@@ -42,9 +42,9 @@ Run run(int pipe, int v, int tensor, int data, int steps) {
     Host h;
     Mesh mesh{world, {.data = data, .pipe = pipe, .tensor = tensor}};
     const Partition part = Partition::even(pipe, v, kConfig.layers);
-    nn::Gpt<T, SP> gpt(h, kConfig, mesh.spread(), kMicro, part.placement(mesh.coord().pipe));
+    gpt2::Model<T, SP> gpt(h, kConfig, mesh.spread(), kMicro, part.placement(mesh.coord().pipe));
     auto dp = optim::data_parallel<Strategy>(gpt, optim::AdamW{.config = {.lr = 1e-2}}, mesh);
-    std::optional<Pipeline<nn::Gpt<T, SP>, decltype(mesh)>> pp;
+    std::optional<Pipeline<gpt2::Model<T, SP>, decltype(mesh)>> pp;
     if (pipe > 1) pp.emplace(gpt, table<Sched>(pipe, kM, v), part, mesh);
     data::Loader<data::MarkovSource> loader(corpus, kConfig.seq, kMicro, data, mesh.coord().data);
     std::vector<std::vector<std::int32_t>> x(kM), y(kM);
@@ -188,7 +188,7 @@ TEST_CASE("recompute policies compose with the schedules: ZB-H1 with Full and 1F
       Host h;
       Mesh mesh{world, {.pipe = pipe}};
       const Partition part = Partition::even(pipe, 1, kConfig.layers);
-      using Model = nn::Gpt<double, false, R>;
+      using Model = gpt2::Model<double, false, R>;
       Model gpt(h, kConfig, mesh.spread(), kMicro, part.placement(mesh.coord().pipe));
       auto dp = optim::data_parallel<optim::Ddp>(gpt, optim::AdamW{}, mesh);
       data::Loader<data::MarkovSource> loader(corpus, kConfig.seq, kMicro, 1, 0);
@@ -234,9 +234,9 @@ TEST_CASE("a rank that fails mid-schedule makes every rank raise within the dead
       Host h;
       Mesh mesh{world, {.pipe = 2}};
       const Partition part = Partition::even(2, 1, kConfig.layers);
-      nn::Gpt<double> gpt(h, kConfig, mesh.spread(), kMicro, part.placement(mesh.coord().pipe));
+      gpt2::Model<double> gpt(h, kConfig, mesh.spread(), kMicro, part.placement(mesh.coord().pipe));
       auto dp = optim::data_parallel<optim::Ddp>(gpt, optim::AdamW{}, mesh);
-      Pipeline<nn::Gpt<double>, decltype(mesh)> pp(gpt, table<OneFOneB>(2, kM), part, mesh);
+      Pipeline<gpt2::Model<double>, decltype(mesh)> pp(gpt, table<OneFOneB>(2, kM), part, mesh);
       std::vector<std::vector<std::int32_t>> x(kM, std::vector<std::int32_t>(static_cast<std::size_t>(kMicro * kConfig.seq), 1));
       if (world.rank() == 1) x[2][0] = 999;
       std::vector<nn::MicroBatch> mbs;

@@ -12,14 +12,14 @@
 #include "weft/data/loader.hpp"
 #include "weft/data/synthetic.hpp"
 #include "weft/optim/data_parallel.hpp"
-#include "weft/nn/gpt.hpp"
+#include "weft/models/gpt2/model.hpp"
 #include "weft/pipeline/pipelined.hpp"
 
 using namespace weft;
 using namespace weft::pipeline;
 
 TEST_CASE("a 1F1B step's trace follows each rank's table") {
-  const nn::GptConfig cfg{.vocab = 16, .seq = 8, .layers = 2, .heads = 2, .width = 16, .seed = 1};
+  const gpt2::Config cfg{.vocab = 16, .seq = 8, .layers = 2, .heads = 2, .width = 16, .seed = 1};
   constexpr int p = 2, m = 4;
   const Table t = table<OneFOneB>(p, m);
   Trace trace(p);
@@ -28,9 +28,9 @@ TEST_CASE("a 1F1B step's trace follows each rank's table") {
     Host h;
     Mesh mesh{world, {.pipe = p}};
     const Partition part = Partition::even(p, 1, cfg.layers);
-    nn::Gpt<double> gpt(h, cfg, mesh.spread(), 2, part.placement(mesh.coord().pipe));
+    gpt2::Model<double> gpt(h, cfg, mesh.spread(), 2, part.placement(mesh.coord().pipe));
     auto dp = optim::data_parallel<optim::Ddp>(gpt, optim::AdamW{}, mesh);
-    Pipeline<nn::Gpt<double>, decltype(mesh)> pp(gpt, t, part, mesh);
+    Pipeline<gpt2::Model<double>, decltype(mesh)> pp(gpt, t, part, mesh);
     pp.set_trace(&trace, mesh.coord().pipe);
     data::Loader<data::MarkovSource> loader(corpus, cfg.seq, 2, 1, 0);
     std::vector<std::vector<std::int32_t>> x(m), y(m);

@@ -11,7 +11,7 @@
 #include "weft/comm/mesh.hpp"
 #include "weft/comm/threads/run.hpp"
 #include "weft/device/host/host.hpp"
-#include "weft/nn/gpt.hpp"
+#include "weft/models/gpt2/model.hpp"
 #include "weft/pipeline/pipelined.hpp"
 #include "weft/plan/memory.hpp"
 
@@ -24,7 +24,7 @@ constexpr std::array kPersistent{Category::parameters, Category::gradients, Cate
 
 // Every rank's measured and planned bytes, per persistent category.
 template <class Strategy, class P>
-void check(const nn::GptConfig& c, MeshShape shape, int virtual_stages = 1) {
+void check(const gpt2::Config& c, MeshShape shape, int virtual_stages = 1) {
   const int ranks = shape.data * shape.pipe * shape.tensor;
   std::vector<std::array<std::int64_t, 4>> measured(static_cast<std::size_t>(ranks)), planned(measured);
   std::vector<char> even_matches(static_cast<std::size_t>(ranks), 0);
@@ -32,7 +32,7 @@ void check(const nn::GptConfig& c, MeshShape shape, int virtual_stages = 1) {
     Mesh mesh{w, shape};
     Host host;
     const auto place = pipeline::Partition::even(shape.pipe, virtual_stages, c.layers).placement(mesh.coord().pipe);
-    nn::Gpt<P> gpt(host, c, mesh.spread(), 2 * shape.data, place);
+    gpt2::Model<P> gpt(host, c, mesh.spread(), 2 * shape.data, place);
     auto dp = optim::data_parallel<Strategy>(gpt, optim::AdamW{}, mesh);
     const footprint::Holds holds = footprint::Holds::of(place);
     const footprint::Holds even = footprint::Holds::even(c, shape.pipe, mesh.coord().pipe);  // what train_gpt plans with
@@ -57,7 +57,7 @@ void check(const nn::GptConfig& c, MeshShape shape, int virtual_stages = 1) {
 template <class Strategy>
 void check_all() {
   // Odd sizes, so that the padding to the data degree and of the vocabulary to the tensor degree count.
-  const nn::GptConfig c{.vocab = 37, .seq = 6, .layers = 3, .heads = 2, .width = 10};
+  const gpt2::Config c{.vocab = 37, .seq = 6, .layers = 3, .heads = 2, .width = 10};
   check<Strategy, double>(c, {.data = 1, .tensor = 1});
   check<Strategy, float>(c, {.data = 2, .tensor = 2});
   check<Strategy, Bf16Mixed>(c, {.data = 4, .tensor = 1});
@@ -76,7 +76,7 @@ TEST_CASE("the plan's persistent bytes equal the allocators' counts: FSDP") { ch
 // With sizes known at compile time the plan is a constant: a configuration can be checked against a
 // memory budget by the compiler (tests/plan/compile_fail/budget.cpp shows the refusal).
 namespace {
-constexpr nn::GptConfig kGpt2{.vocab = 50257, .seq = 1024, .layers = 12, .heads = 12, .width = 768};
+constexpr gpt2::Config kGpt2{.vocab = 50257, .seq = 1024, .layers = 12, .heads = 12, .width = 768};
 constexpr Spread kEight{.data_degree = 8, .tensor_degree = 1};
 constexpr std::int64_t kFsdpBytes = footprint::persistent<optim::Fsdp, Bf16Mixed>(kGpt2, kEight, footprint::Holds::all(kGpt2)).total();
 constexpr std::int64_t kDdpBytes = footprint::persistent<optim::Ddp, Bf16Mixed>(kGpt2, kEight, footprint::Holds::all(kGpt2)).total();

@@ -14,7 +14,7 @@
 #include "weft/comm/threads/run.hpp"
 #include "weft/device/host/host.hpp"
 #include "weft/pipeline/executor.hpp"
-#include "weft/nn/gpt.hpp"
+#include "weft/models/gpt2/model.hpp"
 #include "weft/pipeline/pipelined.hpp"
 #include "weft/plan/step.hpp"
 
@@ -78,7 +78,7 @@ void compare(const std::vector<Measured>& got, const std::string& what) {
 }
 
 // A data rank's tokens and targets: `micro` sequences over the data degree.
-std::pair<std::vector<std::int32_t>, std::vector<std::int32_t>> tokens(const nn::GptConfig& c, std::int64_t micro, int data,
+std::pair<std::vector<std::int32_t>, std::vector<std::int32_t>> tokens(const gpt2::Config& c, std::int64_t micro, int data,
                                                                        int data_index) {
   const std::int64_t n = micro / data * c.seq;
   std::vector<std::int32_t> x(static_cast<std::size_t>(n)), y(x.size());
@@ -90,13 +90,13 @@ std::pair<std::vector<std::int32_t>, std::vector<std::int32_t>> tokens(const nn:
 }
 
 template <class Strategy, class P, bool SP, class R = recompute::None>
-void check(const nn::GptConfig& c, MeshShape shape, std::int64_t micro, std::int64_t micro_batches = 1) {
+void check(const gpt2::Config& c, MeshShape shape, std::int64_t micro, std::int64_t micro_batches = 1) {
   const int ranks = shape.data * shape.tensor;
   std::vector<Measured> got(static_cast<std::size_t>(ranks));
   run_threads(ranks, [&](ThreadComm& w) {
     Mesh mesh{w, shape};
     Host host;
-    nn::Gpt<P, SP, R> gpt(host, c, mesh.spread(), micro);
+    gpt2::Model<P, SP, R> gpt(host, c, mesh.spread(), micro);
     auto dp = optim::data_parallel<Strategy>(gpt, optim::AdamW{}, mesh);
     const auto [x, y] = tokens(c, micro, shape.data, mesh.coord().data);
     record(got[static_cast<std::size_t>(w.rank())], host, [&] {
@@ -112,7 +112,7 @@ void check(const nn::GptConfig& c, MeshShape shape, std::int64_t micro, std::int
 }
 
 // Odd vocabulary (padded on the tensor axis), the sequence divisible by the tensor degree for SP.
-constexpr nn::GptConfig kSmall{.vocab = 37, .seq = 8, .layers = 2, .heads = 2, .width = 8};
+constexpr gpt2::Config kSmall{.vocab = 37, .seq = 8, .layers = 2, .heads = 2, .width = 8};
 
 template <class Strategy>
 void check_strategy() {
@@ -140,14 +140,14 @@ TEST_CASE("the plan's step peaks equal the allocator's under selective and full 
 namespace {
 
 template <class Strategy, class P, bool SP, class R = recompute::None>
-void check_pipeline(const nn::GptConfig& c, MeshShape shape, pipeline::Kind kind, int v, std::int64_t micro, int m) {
+void check_pipeline(const gpt2::Config& c, MeshShape shape, pipeline::Kind kind, int v, std::int64_t micro, int m) {
   const int ranks = shape.data * shape.pipe * shape.tensor;
   const pipeline::Table table = pipeline::make_table(kind, shape.pipe, m, v);
   std::vector<Measured> got(static_cast<std::size_t>(ranks));
   run_threads(ranks, [&](ThreadComm& w) {
     Mesh mesh{w, shape};
     Host host;
-    using Model = nn::Gpt<P, SP, R>;
+    using Model = gpt2::Model<P, SP, R>;
     const auto part = pipeline::Partition::even(shape.pipe, v, c.layers);
     Model gpt(host, c, mesh.spread(), micro, part.placement(mesh.coord().pipe));
     auto dp = optim::data_parallel<Strategy>(gpt, optim::AdamW{}, mesh);
@@ -165,7 +165,7 @@ void check_pipeline(const nn::GptConfig& c, MeshShape shape, pipeline::Kind kind
 }
 
 // Four layers: two virtual stages on each of two pipe ranks for the interleaved schedule.
-constexpr nn::GptConfig kPipe{.vocab = 37, .seq = 8, .layers = 4, .heads = 2, .width = 8};
+constexpr gpt2::Config kPipe{.vocab = 37, .seq = 8, .layers = 4, .heads = 2, .width = 8};
 
 template <class Strategy>
 void check_schedules() {
@@ -188,7 +188,7 @@ TEST_CASE("the plan's pipeline step peaks: tensor and sequence parallel stages, 
   check_pipeline<optim::Ddp, float, false, recompute::Selective>(kPipe, {.pipe = 2}, Kind::interleaved, 2, 1, 4);
   check_pipeline<optim::Fsdp, float, false, recompute::Full>(kPipe, {.pipe = 2}, Kind::zero_bubble_h1, 1, 1, 4);
   // Pipe rank 2 keeps two weight passes pending under ZB-H1.
-  constexpr nn::GptConfig three{.vocab = 37, .seq = 8, .layers = 3, .heads = 2, .width = 8};
+  constexpr gpt2::Config three{.vocab = 37, .seq = 8, .layers = 3, .heads = 2, .width = 8};
   check_pipeline<optim::Fsdp, float, false>(three, {.pipe = 3}, Kind::zero_bubble_h1, 1, 1, 5);
   check_pipeline<optim::Zero1, float, false>(three, {.pipe = 3}, Kind::one_f_one_b, 1, 1, 5);
 }
@@ -196,7 +196,7 @@ TEST_CASE("the plan's pipeline step peaks: tensor and sequence parallel stages, 
 // The step's plan is a constant too: GPT-2 124M at B = 8, T = 1024 under FSDP on 8 ranks in bf16
 // keeps its activations (not its state) as the largest part, and recompute trades them away.
 namespace {
-constexpr nn::GptConfig kGpt2{.vocab = 50257, .seq = 1024, .layers = 12, .heads = 12, .width = 768};
+constexpr gpt2::Config kGpt2{.vocab = 50257, .seq = 1024, .layers = 12, .heads = 12, .width = 768};
 constexpr Spread kEight{.data_degree = 8, .tensor_degree = 1};
 constexpr auto kKeep = footprint::step<optim::Fsdp, Bf16Mixed, false, recompute::None>(kGpt2, kEight, 64);
 constexpr auto kFull = footprint::step<optim::Fsdp, Bf16Mixed, false, recompute::Full>(kGpt2, kEight, 64);

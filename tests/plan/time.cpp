@@ -29,7 +29,7 @@ TEST_CASE("collectives cost what the ring and tree formulas say") {
 }
 
 namespace {
-constexpr nn::GptConfig kCfg{.vocab = 96, .seq = 16, .layers = 3, .heads = 4, .width = 32};
+constexpr gpt2::Config kCfg{.vocab = 96, .seq = 16, .layers = 3, .heads = 4, .width = 32};
 
 double gemm_flops(const estimate::Work& w) {
   double f = 0;
@@ -123,7 +123,7 @@ TEST_CASE("a pipeline of one rank costs what the step without a pipeline costs (
   // one pipe rank running them in order must give back work() + seconds() to rounding, for every
   // schedule, micro-batch count and strategy.
   const auto r = fixed_rates();
-  const nn::GptConfig c{.vocab = 37, .seq = 8, .layers = 4, .heads = 2, .width = 8};
+  const gpt2::Config c{.vocab = 37, .seq = 8, .layers = 4, .heads = 2, .width = 8};
   const Spread s{.data_degree = 2, .tensor_degree = 2};
   for (int m : {1, 3, 8}) {
     CAPTURE(m);
@@ -147,7 +147,7 @@ TEST_CASE("a pipeline of two ranks: GPipe's closed form, and messages on the cri
   // last backward waits for the last gradient:
   //   end of rank 0 = a/3 + d + m b/3 + m 2b/3 + d + 2a/3 = a + b m + 2 d   (b >= a)
   const auto r = fixed_rates();
-  const nn::GptConfig c{.vocab = 37, .seq = 8, .layers = 4, .heads = 2, .width = 8};
+  const gpt2::Config c{.vocab = 37, .seq = 8, .layers = 4, .heads = 2, .width = 8};
   const Spread s{.data_degree = 1, .tensor_degree = 1};
   const estimate::Link link{.alpha = 1e-4, .beta = 1e-8};
   for (int m : {1, 4}) {

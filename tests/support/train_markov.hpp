@@ -15,10 +15,10 @@
 
 namespace weft::test {
 
-inline nn::GptConfig markov_config() { return {.vocab = 32, .seq = 16, .layers = 2, .heads = 2, .width = 32, .seed = 5}; }
+inline gpt2::Config markov_config() { return {.vocab = 32, .seq = 16, .layers = 2, .heads = 2, .width = 32, .seed = 5}; }
 
 template <class P, class Strategy = optim::Ddp, bool SP = false, class D = Host>
-std::vector<double> train_markov(int steps, int data, int tensor = 1, const nn::GptConfig& c = markov_config(),
+std::vector<double> train_markov(int steps, int data, int tensor = 1, const gpt2::Config& c = markov_config(),
                                  std::int64_t batch = 8) {
   std::vector<double> losses;
   std::mutex mu;
@@ -27,7 +27,7 @@ std::vector<double> train_markov(int steps, int data, int tensor = 1, const nn::
   run_threads(data * tensor, [&](ThreadComm& world) {
     auto dev = rank_device<D>(world);
     Mesh mesh{world, {.data = data, .tensor = tensor}};
-    nn::Gpt<P, SP, recompute::None, D> gpt(*dev, c, mesh.spread(), batch);
+    gpt2::Model<P, SP, recompute::None, D> gpt(*dev, c, mesh.spread(), batch);
     auto dp = optim::data_parallel<Strategy>(gpt, optim::AdamW{}, mesh);
     data::Loader<data::MarkovSource> loader(corpus, c.seq, batch, data, mesh.coord().data);
     std::vector<std::int32_t> x, y;

@@ -6,7 +6,7 @@
 //   weft::Fingerprint f;
 //   f.add("weft version", weft::version);
 //   f.add("strategy", "zero1");
-//   f.add("collectives of one step", nn::describe<float, false>(cfg, batch, mesh.spread()));
+//   f.add("collectives of one step", nn::describe<gpt2::Model<float>>(cfg, batch, mesh.spread()));
 //   f.agree(world);  // collective; throws Error on every rank when any rank differs
 //
 // Fields are compared by their XXH3-64 hash (one broadcast of rank 0's hashes and two all-reduces);

@@ -1,4 +1,4 @@
-// describe(): the plan of a Gpt for given sizes and degrees, computed from its types without
+// describe<Model>(): the plan of a model (nn::StagedModel) for given sizes and degrees, computed from its types without
 // running it: each layer's input and output layouts and the collectives it runs forward and
 // backward, with bytes per rank (the buffer each collective is called with, as the communicators
 // count it: all_gather its output, the others their input).
@@ -8,16 +8,15 @@
 #include <string>
 #include <vector>
 
-#include "weft/nn/gpt.hpp"
 #include "weft/nn/plan_row.hpp"
 
 namespace weft::nn {
 
-// The rows of a Gpt<T, SP, Recompute>'s plan for `c`, a global batch and the degrees in `s`: each
-// stage's rows, in stage order (Gpt::plan_rows).
-template <Floating T, bool SP, recompute::Policy Recompute = recompute::None>
-std::vector<PlanRow> describe_rows(const GptConfig& c, std::int64_t batch, const Spread& s) {
-  return Gpt<T, SP, Recompute>::plan_rows(c, batch, s);
+// The rows of a Model's plan for `c`, a global batch and the degrees in `s`: each stage's rows, in
+// stage order (Model::plan_rows, from its Spec).
+template <class Model>
+std::vector<PlanRow> describe_rows(const typename Model::config_type& c, std::int64_t batch, const Spread& s) {
+  return Model::plan_rows(c, batch, s);
 }
 
 inline std::string format_steps(const std::vector<PlanStep>& steps) {
@@ -30,17 +29,22 @@ inline std::string format_steps(const std::vector<PlanStep>& steps) {
   return r;
 }
 
-// The plan as a table, one row per layer or boundary.
-template <Floating T, bool SP, recompute::Policy Recompute = recompute::None>
-std::string describe(const GptConfig& c, std::int64_t batch, const Spread& s) {
+// The plan as a table, one row per layer or boundary, under a line naming the model and its record.
+template <class Model>
+std::string describe(const typename Model::config_type& c, std::int64_t batch, const Spread& s) {
   std::ostringstream os;
-  os << "Gpt: vocab " << c.vocab << ", seq " << c.seq << ", layers " << c.layers << ", heads " << c.heads << ", width "
-     << c.width << "; batch " << batch << "; data " << s.data_degree << " x tensor " << s.tensor_degree
-     << (SP ? ", sequence parallel" : "") << "\n";
+  os << Model::spec::name() << ":";
+  const char* sep = " ";
+  for (const auto& [k, v] : Model::spec::record(c)) {
+    os << sep << k << " " << v;
+    sep = ", ";
+  }
+  os << "; batch " << batch << "; data " << s.data_degree << " x tensor " << s.tensor_degree
+     << (Model::sequence_parallel ? ", sequence parallel" : "") << "\n";
   char line[512];
   std::snprintf(line, sizeof line, "  %-46s %-28s %-28s %-44s %s\n", "layer", "in", "out", "forward", "backward");
   os << line;
-  for (const PlanRow& r : describe_rows<T, SP, Recompute>(c, batch, s)) {
+  for (const PlanRow& r : describe_rows<Model>(c, batch, s)) {
     std::snprintf(line, sizeof line, "  %-46s %-28s %-28s %-44s %s\n", r.layer.c_str(), r.in.c_str(), r.out.c_str(),
                   format_steps(r.forward).c_str(), format_steps(r.step.empty() ? r.backward : r.step).c_str());
     os << line;

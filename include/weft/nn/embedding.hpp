@@ -20,6 +20,11 @@
 
 namespace weft::nn {
 
+// The vocabulary padded to a multiple of the tensor degree.
+constexpr std::int64_t padded_vocab(std::int64_t vocab, int tensor_degree) {
+  return (vocab + tensor_degree - 1) / tensor_degree * tensor_degree;
+}
+
 template <Floating T, class D = Host>
 class VocabParallelEmbedding {
  public:

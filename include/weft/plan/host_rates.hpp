@@ -80,7 +80,7 @@ Link measure_link(MeshShape shape, Axis axis, std::int64_t typical_bytes) {
 
 }  // namespace detail
 
-// Rates of this host for `w` (a step of Gpt<P> with the given degrees and local batch rows N),
+// Rates of this host for `w` (a step of gpt2::Model<P> with the given degrees and local batch rows N),
 // measured with every rank of the mesh running.
 template <class T>
 Rates host_rates(const Work& w, MeshShape shape, std::int64_t local_batch, std::int64_t seq, std::int64_t heads,

@@ -26,7 +26,7 @@
 #include <cstdint>
 
 #include "weft/device/allocation.hpp"
-#include "weft/nn/gpt.hpp"
+#include "weft/models/gpt2/model.hpp"
 #include "weft/optim/data_parallel.hpp"
 #include "weft/optim/optimizer.hpp"
 
@@ -38,10 +38,10 @@ struct Holds {
   std::int64_t blocks = 0;
   bool embedding = true, head = true;
 
-  static constexpr Holds all(const nn::GptConfig& c) { return {c.layers, true, true}; }
+  static constexpr Holds all(const gpt2::Config& c) { return {c.layers, true, true}; }
   // Pipe rank r of pipeline::Partition::even (layers divisible by pipe x virtual stages): its
   // share of the blocks, the embedding on rank 0, the head on the last.
-  static constexpr Holds even(const nn::GptConfig& c, int pipe, int r) { return {c.layers / pipe, r == 0, r == pipe - 1}; }
+  static constexpr Holds even(const gpt2::Config& c, int pipe, int r) { return {c.layers / pipe, r == 0, r == pipe - 1}; }
   static Holds of(const nn::Placement& p) {
     std::int64_t n = 0;
     for (bool b : p.blocks) n += b ? 1 : 0;
@@ -61,7 +61,7 @@ struct Memory {
 };
 
 // Local elements of one block on a tensor rank (before padding).
-constexpr std::int64_t block_elements(const nn::GptConfig& c, int tp) {
+constexpr std::int64_t block_elements(const gpt2::Config& c, int tp) {
   const std::int64_t C = c.width;
   return 12 * C * C / tp + 7 * C / tp + 6 * C;
 }
@@ -76,7 +76,7 @@ struct Units {
 
   constexpr std::int64_t embedding() const { return table + positions; }  // the unit when one rank holds both ends
 };
-constexpr Units units(const nn::GptConfig& c, const Spread& s) {
+constexpr Units units(const gpt2::Config& c, const Spread& s) {
   return {nn::padded_vocab(c.vocab, s.tensor_degree) * c.width / s.tensor_degree, c.seq * c.width,
           block_elements(c, s.tensor_degree), 2 * c.width};
 }
@@ -85,7 +85,7 @@ constexpr Units units(const nn::GptConfig& c, const Spread& s) {
 // unsharded, in double (it cannot overflow): parameters, the residual stream and the logits, the
 // attention probabilities. The plan counts in 64 bits, so callers refuse configurations beyond
 // kMaxElements (petabytes) before planning them; `tensor` bounds the vocabulary's padding.
-constexpr double approximate_elements(const nn::GptConfig& c, double sequences, double tensor = 1) {
+constexpr double approximate_elements(const gpt2::Config& c, double sequences, double tensor = 1) {
   const double C = static_cast<double>(c.width), L = static_cast<double>(c.layers), T = static_cast<double>(c.seq);
   const double V = static_cast<double>(c.vocab) + tensor, H = static_cast<double>(c.heads);
   return L * (12 * C * C + 13 * C) + (V + T) * C + sequences * T * (C * L + V) + L * sequences * H * T * T;
@@ -95,10 +95,10 @@ inline constexpr double kMaxElements = 1e15;
 // n elements padded to a multiple of the data degree dp (optim/data_parallel.hpp's units).
 constexpr std::int64_t padded(std::int64_t n, std::int64_t dp) { return (n + dp - 1) / dp * dp; }
 
-// The persistent bytes of one rank: a Gpt<P> holding `holds`, under data-parallel Strategy with
+// The persistent bytes of one rank: a gpt2::Model<P> holding `holds`, under data-parallel Strategy with
 // update rule Rule (AdamW: 2 states), on the degrees of `s`. Sizes must satisfy nn::validate.
 template <class Strategy, PrecisionLike P, class Rule = optim::AdamW>
-constexpr Memory persistent(const nn::GptConfig& c, const Spread& s, Holds holds) {
+constexpr Memory persistent(const gpt2::Config& c, const Spread& s, Holds holds) {
   using T = typename precision_t<P>::compute;
   using G = master_t<T>;
   using S = optim::state_t<T>;
@@ -138,7 +138,7 @@ constexpr Memory persistent(const nn::GptConfig& c, const Spread& s, Holds holds
 //   static_assert(footprint::fits<optim::Fsdp, Bf16Mixed>(cfg, spread, footprint::Holds::all(cfg), 80LL << 30),
 //                 "the model's state does not fit 80 GiB per GPU");
 template <class Strategy, PrecisionLike P, class Rule = optim::AdamW>
-constexpr bool fits(const nn::GptConfig& c, const Spread& s, Holds holds, std::int64_t budget) {
+constexpr bool fits(const gpt2::Config& c, const Spread& s, Holds holds, std::int64_t budget) {
   return persistent<Strategy, P, Rule>(c, s, holds).total() <= budget;
 }
 

@@ -100,7 +100,7 @@ class StepReplay {
   static constexpr Category act = Category::activations, comm = Category::communication;
 
  public:
-  constexpr StepReplay(const nn::GptConfig& c, const Spread& s, std::int64_t micro, Ledger& l)
+  constexpr StepReplay(const gpt2::Config& c, const Spread& s, std::int64_t micro, Ledger& l)
       : c_(c), s_(s), l_(&l), act_{micro, c.seq, c.width} {
     const std::int64_t C = c.width, dp = s.data_degree, tp = s.tensor_degree;
     const std::int64_t B = micro, Tn = c.seq;
@@ -549,7 +549,7 @@ class StepReplay {
     return n;
   }
 
-  nn::GptConfig c_;
+  gpt2::Config c_;
   Spread s_;
   Ledger* l_;
   Shape act_;  // (B, T, C), global
@@ -563,12 +563,12 @@ class StepReplay {
 
 // The peaks of one training step on a rank of a data x tensor mesh (pipe degree 1): `micro_batches`
 // forward-backward passes of `micro_batch` sequences (global, over the data ranks) each, then the
-// optimizer step, for a Gpt<P, SP, R> under data-parallel Strategy with update rule Rule. Starts
+// optimizer step, for a gpt2::Model<P, SP, R> under data-parallel Strategy with update rule Rule. Starts
 // from the persistent state (persistent()); s.data_index picks the rank's data slice, which
 // matters only for the SP gradients packed in the optimizer step.
 template <class Strategy, PrecisionLike P, bool SP = false, recompute::Policy R = recompute::None,
           class Rule = optim::AdamW>
-constexpr StepPeak step(const nn::GptConfig& c, const Spread& s, std::int64_t micro_batch, std::int64_t micro_batches = 1) {
+constexpr StepPeak step(const gpt2::Config& c, const Spread& s, std::int64_t micro_batch, std::int64_t micro_batches = 1) {
   Ledger l(persistent<Strategy, P, Rule>(c, s, Holds::all(c)));
   detail::StepReplay<Strategy, P, SP, R, Rule> replay(c, s, micro_batch, l);
   for (std::int64_t m = 0; m < (micro_batches < 1 ? 1 : micro_batches); ++m) replay.forward_backward();
@@ -584,7 +584,7 @@ constexpr StepPeak step(const nn::GptConfig& c, const Spread& s, std::int64_t mi
 // divide into p V stages (pipeline::Partition::even).
 template <class Strategy, PrecisionLike P, bool SP = false, recompute::Policy R = recompute::None,
           class Rule = optim::AdamW>
-constexpr StepPeak pipeline_step(const nn::GptConfig& c, const Spread& s, std::int64_t micro_batch,
+constexpr StepPeak pipeline_step(const gpt2::Config& c, const Spread& s, std::int64_t micro_batch,
                                  const pipeline::Table& t, int rank) {
   const int S = t.stages();
   const Holds holds{c.layers / t.p, rank == 0, rank == (S - 1) % t.p};
@@ -598,7 +598,7 @@ constexpr StepPeak pipeline_step(const nn::GptConfig& c, const Spread& s, std::i
 // What the CUDA back end adds to the replay, an estimate not yet checked on a GPU: cuBLASLt's
 // workspace (32 MiB per rank, held from the start: device/cuda/gemm.cuh) and the attention core's
 // f32 scores, (B/dp, H/tp, T, T) in the forward and again in the backward, one at a time.
-constexpr std::int64_t cuda_workspace(const nn::GptConfig& c, const Spread& s, std::int64_t micro_batch) {
+constexpr std::int64_t cuda_workspace(const gpt2::Config& c, const Spread& s, std::int64_t micro_batch) {
   return (std::int64_t{32} << 20) + micro_batch / s.data_degree * (c.heads / s.tensor_degree) * c.seq * c.seq * 4;
 }
 

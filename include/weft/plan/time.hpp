@@ -29,7 +29,7 @@
 #include <functional>
 #include <vector>
 
-#include "weft/nn/gpt.hpp"
+#include "weft/models/gpt2/model.hpp"
 #include "weft/pipeline/schedule.hpp"
 #include "weft/plan/step.hpp"
 
@@ -78,7 +78,7 @@ struct Elementwise {
 };
 
 // What one rank of a data x tensor mesh (pipe 1) runs in a step of `micro_batches` micro-batches of
-// `micro` sequences (global), for a Gpt<P, SP, R> under data-parallel Strategy.
+// `micro` sequences (global), for a gpt2::Model<P, SP, R> under data-parallel Strategy.
 struct Work {
   std::vector<Gemm> gemms;
   double attention_flops = 0;       // the causal core, forward and backward (and recomputed forwards)
@@ -89,7 +89,7 @@ struct Work {
 };
 
 template <class Strategy, PrecisionLike P, bool SP = false, recompute::Policy R = recompute::None>
-Work work(const nn::GptConfig& c, const Spread& s, std::int64_t micro, std::int64_t micro_batches = 1) {
+Work work(const gpt2::Config& c, const Spread& s, std::int64_t micro, std::int64_t micro_batches = 1) {
   using T = typename precision_t<P>::compute;
   using G = master_t<T>;
   constexpr bool full = std::same_as<R, recompute::Full>, selective = std::same_as<R, recompute::Selective>;
@@ -142,7 +142,7 @@ Work work(const nn::GptConfig& c, const Spread& s, std::int64_t micro, std::int6
       return;
     w.comms.push_back({st.collective, st.axis, st.degree, std::max(st.bytes_in, st.bytes_out), count});
   };
-  for (const nn::PlanRow& row : nn::Gpt<P, SP, R>::plan_rows(c, micro, s)) {
+  for (const nn::PlanRow& row : gpt2::Model<P, SP, R>::plan_rows(c, micro, s)) {
     for (const PlanStep& st : row.forward) add(st, mb);
     for (const PlanStep& st : row.backward) add(st, mb);
     for (const PlanStep& st : row.step) add(st, 1);
@@ -223,11 +223,11 @@ struct PipelineTime {
 // on the last stage; rank r's once-a-step part is its blocks', plus the rest where it holds the
 // embedding or the head. Layers must divide into the table's p V stages.
 template <class Strategy, PrecisionLike P, bool SP = false, recompute::Policy R = recompute::None>
-PipelineTime pipeline_seconds(const nn::GptConfig& c, const Spread& s, std::int64_t micro, const pipeline::Table& t,
+PipelineTime pipeline_seconds(const gpt2::Config& c, const Spread& s, std::int64_t micro, const pipeline::Table& t,
                               const Rates& r, const Link& pipe) {
   using T = typename precision_t<P>::compute;
   const auto cost = [&](std::int64_t layers, std::int64_t mb) {
-    nn::GptConfig k = c;
+    gpt2::Config k = c;
     k.layers = layers;
     return seconds(work<Strategy, P, SP, R>(k, s, micro, mb), r).total();
   };

@@ -15,11 +15,11 @@
 
 #include "weft/comm/threads/run.hpp"
 #include "weft/device/host/gemm.hpp"
-#include "weft/nn/gpt.hpp"
+#include "weft/models/gpt2/model.hpp"
 
 namespace weft::train {
 
-inline double flops_per_token(const nn::GptConfig& c) {
+inline double flops_per_token(const gpt2::Config& c) {
   const double C = static_cast<double>(c.width), L = static_cast<double>(c.layers);
   const double params = static_cast<double>(c.vocab) * C + static_cast<double>(c.seq) * C + L * 12.0 * C * C;
   return 6.0 * params + 12.0 * L * C * static_cast<double>(c.seq);

@@ -193,7 +193,7 @@ TEST_CASE("Ops<Host> split over threads: the same bits as one thread, op by op")
 TEST_CASE("a GPT forward and backward on one rank: the same loss, values and gradients on 1, 2 and 3 threads") {
   // Batch 16 of 16 tokens: 256 rows, so the GEMMs (blocks of 48 rows), GELU (16384 elements per
   // part), LayerNorm, attention and cross-entropy all split.
-  const nn::GptConfig c = test::tiny_config();
+  const gpt2::Config c = test::tiny_config();
   same_bits_on_threads("gpt", [&] {
     const auto run = test::run_gpt<float, false, recompute::None>(1, c, 16);
     std::vector<double> all{run.loss};

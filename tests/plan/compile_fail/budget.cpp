@@ -6,7 +6,7 @@
 using namespace weft;
 
 namespace {
-constexpr nn::GptConfig kGpt2{.vocab = 50257, .seq = 1024, .layers = 12, .heads = 12, .width = 768};
+constexpr gpt2::Config kGpt2{.vocab = 50257, .seq = 1024, .layers = 12, .heads = 12, .width = 768};
 constexpr Spread kEight{.data_degree = 8, .tensor_degree = 1};
 constexpr std::int64_t kBudget = std::int64_t{1} << 30;
 static_assert(footprint::fits<optim::Fsdp, Bf16Mixed>(kGpt2, kEight, footprint::Holds::all(kGpt2), kBudget),

@@ -1,7 +1,7 @@
 // Hugging Face GPT-2 names and layouts: export a weft checkpoint as a safetensors file that
 // transformers.GPT2LMHeadModel loads, and import such a file as a run's initial weights.
 //
-//   weft (nn/gpt.hpp)                      Hugging Face (GPT2LMHeadModel)
+//   weft (model.hpp)                       Hugging Face (GPT2LMHeadModel)
 //   wte (V, C)                             transformer.wte.weight (V, C)      (lm_head is tied to it)
 //   wpe (T, C)                             transformer.wpe.weight (T, C)      n_positions = T
 //   h<l>.ln1.{weight,bias} (C)             transformer.h.<l>.ln_1.{weight,bias}
@@ -32,18 +32,18 @@
 #include "weft/checkpoint/checkpoint.hpp"
 #include "weft/core/files.hpp"
 #include "weft/core/json_limits.hpp"
-#include "weft/nn/gpt.hpp"
+#include "weft/models/gpt2/config.hpp"
 
-namespace weft::checkpoint::gpt2 {
+namespace weft::gpt2 {
 
 // The model sizes a checkpoint's manifest records, checked as a model's would be.
-inline nn::GptConfig config_of(const Manifest& m) {
-  nn::GptConfig c;
+inline Config config_of(const checkpoint::Manifest& m) {
+  Config c;
   auto field = [&](const char* k) {
     const auto it = m.model.find(k);
     if (it == m.model.end() || !it->is_number_integer())
       throw Error("gpt2", cat("the checkpoint's manifest records no integer ", k, " for its model"),
-                  "export a checkpoint saved from nn::Gpt (vocab, seq, layers, heads, width)");
+                  "export a checkpoint saved from gpt2::Model (vocab, seq, layers, heads, width)");
     return it->get<std::int64_t>();
   };
   c.vocab = field("vocab");
@@ -51,12 +51,12 @@ inline nn::GptConfig config_of(const Manifest& m) {
   c.layers = field("layers");
   c.heads = field("heads");
   c.width = field("width");
-  nn::validate(c, {}, false, 1);
+  gpt2::validate(c, {}, false, 1);
   return c;
 }
 
 // transformers' config.json for these sizes.
-inline nlohmann::json hf_config(const nn::GptConfig& c) {
+inline nlohmann::json hf_config(const Config& c) {
   return {{"architectures", {"GPT2LMHeadModel"}}, {"model_type", "gpt2"}, {"vocab_size", c.vocab}, {"n_positions", c.seq},
           {"n_ctx", c.seq}, {"n_embd", c.width}, {"n_layer", c.layers}, {"n_head", c.heads}, {"activation_function", "gelu_new"},
           {"layer_norm_epsilon", 1e-5}, {"bos_token_id", c.vocab - 1}, {"eos_token_id", c.vocab - 1}, {"resid_pdrop", 0.0}, {"embd_pdrop", 0.0}, {"attn_pdrop", 0.0}, {"tie_word_embeddings", true}};
@@ -106,7 +106,7 @@ inline std::vector<Named> names(std::int64_t layers) {
 }
 
 // weft's layout of a tensor -> Hugging Face's (shape in weft's order).
-inline std::vector<float> to_hf(const Named& n, const std::vector<float>& v, const std::vector<std::int64_t>& shape, const nn::GptConfig& c) {
+inline std::vector<float> to_hf(const Named& n, const std::vector<float>& v, const std::vector<std::int64_t>& shape, const Config& c) {
   std::vector<float> x = v;
   if (n.qkv) {  // permute weft's rows into Hugging Face's ({q,k,v}, head, hd) order
     const std::int64_t rows = 3 * c.width, cols = shape.size() == 2 ? shape[1] : 1;
@@ -118,7 +118,7 @@ inline std::vector<float> to_hf(const Named& n, const std::vector<float>& v, con
 }
 
 // Hugging Face's layout -> weft's (shape in weft's order).
-inline std::vector<float> from_hf(const Named& n, const std::vector<float>& v, const std::vector<std::int64_t>& shape, const nn::GptConfig& c) {
+inline std::vector<float> from_hf(const Named& n, const std::vector<float>& v, const std::vector<std::int64_t>& shape, const Config& c) {
   std::vector<float> x = n.transposed ? transpose(v, shape[1], shape[0]) : v;
   if (n.qkv) {
     std::vector<float> y(x.size());
@@ -138,8 +138,9 @@ inline std::vector<std::int64_t> hf_shape(const Named& n, const std::vector<std:
 // Writes the parameters of the checkpoint at `checkpoint` (any mesh, strategy, precision) as a
 // Hugging Face GPT-2 safetensors file (f32) at `out`, and transformers' config.json beside it.
 inline void export_hf(const std::string& checkpoint, const std::string& out) {
+  using namespace weft::checkpoint;
   const Reader r(checkpoint);
-  const nn::GptConfig c = config_of(r.manifest());
+  const Config c = config_of(r.manifest());
   std::vector<std::vector<float>> data;
   std::vector<TensorData> tensors;
   const auto names = detail::names(c.layers);
@@ -158,7 +159,8 @@ inline void export_hf(const std::string& checkpoint, const std::string& out) {
 // Reads a Hugging Face GPT-2 safetensors file (F32, BF16 or F64) and writes it as a weft checkpoint
 // of step 0 (parameters only, consolidated) at `dir`, for a model of sizes c; load it with
 // load(dir, model, dp, mesh, {.optimizer = false}). Every tensor is checked against c's shape.
-inline void import_hf(const std::string& file, const std::string& dir, const nn::GptConfig& c) {
+inline void import_hf(const std::string& file, const std::string& dir, const Config& c) {
+  using namespace weft::checkpoint;
   const Header h = read_header(file);
   const auto at = cat("gpt2::import(", file, ")");
   checkpoint::detail::Fd fd(file, O_RDONLY);
@@ -236,7 +238,7 @@ inline void import_hf(const std::string& file, const std::string& dir, const nn:
   std::filesystem::create_directories(dir);
   Manifest m;
   m.policy = "consolidated";
-  for (const auto& [k, v] : nn::record(c)) m.model[k] = v;
+  for (const auto& [k, v] : gpt2::record(c)) m.model[k] = v;
   m.optimizer = {{"rule", "none"}, {"steps", 0}, {"skipped", 0}};
   m.run = {{"step", 0}, {"loader_position", 0}, {"seed", c.seed}, {"imported_from", file}};
   m.strategy = "imported";
@@ -246,4 +248,4 @@ inline void import_hf(const std::string& file, const std::string& dir, const nn:
   write_atomic(cat(dir, "/manifest.json"), to_json(m).dump(1));
 }
 
-}  // namespace weft::checkpoint::gpt2
+}  // namespace weft::gpt2

@@ -1,4 +1,4 @@
-// Hugging Face GPT-2 export and import (checkpoint/gpt2.hpp): a checkpoint of a tensor-parallel
+// Hugging Face GPT-2 export and import (models/gpt2/hf.hpp): a checkpoint of a tensor-parallel
 // ZeRO-1 run exported and imported back gives its parameters bit for bit; the exported file has
 // GPT-2's names, shapes and layouts (Conv1D weights transposed, c_attn's columns ordered q|k|v then
 // head); a run initialized from the import trains exactly as one loading the checkpoint's weights.
@@ -6,17 +6,17 @@
 #include <doctest/doctest.h>
 
 #include "checkpoint/support.hpp"
-#include "weft/checkpoint/gpt2.hpp"
+#include "weft/models/gpt2/hf.hpp"
 
 using namespace weft;
 using namespace weft::test;
 
 TEST_CASE("GPT-2 export and import round trip, with Hugging Face's names and layouts") {
-  const nn::GptConfig c = ckpt_config();  // vocab 30, seq 16, 2 layers, 4 heads, width 32
+  const gpt2::Config c = ckpt_config();  // vocab 30, seq 16, 2 layers, 4 heads, width 32
   const std::string ck = scratch("gpt2_ck"), out = scratch("gpt2_export"), back = scratch("gpt2_import");
   ckpt_run<float, optim::Zero1>({.data = 2, .tensor = 2}, RunPlan::fresh(ck, 3));
   std::filesystem::create_directories(out);
-  checkpoint::gpt2::export_hf(ck, out + "/model.safetensors");
+  gpt2::export_hf(ck, out + "/model.safetensors");
   CHECK(std::filesystem::exists(out + "/config.json"));
 
   // Names, shapes, layouts.
@@ -44,7 +44,7 @@ TEST_CASE("GPT-2 export and import round trip, with Hugging Face's names and lay
   CHECK(checked == 3 * 4 * 3 * 7);
 
   // Import: the same parameters, bit for bit.
-  checkpoint::gpt2::import_hf(out + "/model.safetensors", back, c);
+  gpt2::import_hf(out + "/model.safetensors", back, c);
   CHECK(compare_checkpoints(ck, back, false) == "");
 
   // A run from the imported weights trains as one from the checkpoint's weights.
@@ -55,11 +55,11 @@ TEST_CASE("GPT-2 export and import round trip, with Hugging Face's names and lay
   CHECK(a == b);
 
   // A file of other sizes is refused, naming the tensor and both shapes.
-  nn::GptConfig wider = c;
+  gpt2::Config wider = c;
   wider.width = 64;
   std::string got;
   try {
-    checkpoint::gpt2::import_hf(out + "/model.safetensors", scratch("gpt2_wider"), wider);
+    gpt2::import_hf(out + "/model.safetensors", scratch("gpt2_wider"), wider);
   } catch (const Error& e) {
     got = e.what();
   }
@@ -68,17 +68,17 @@ TEST_CASE("GPT-2 export and import round trip, with Hugging Face's names and lay
   // What the shapes cannot tell: a deeper file into fewer layers (before, the extra blocks were
   // dropped silently), another head count (c_attn is (C, 3C) for any: before, its columns were
   // permuted by the wrong heads), a file without its config.json.
-  auto refused = [&](const nn::GptConfig& cfg, const std::string& file, const std::string& expect) {
+  auto refused = [&](const gpt2::Config& cfg, const std::string& file, const std::string& expect) {
     std::string e;
     try {
-      checkpoint::gpt2::import_hf(file, scratch("gpt2_refused"), cfg);
+      gpt2::import_hf(file, scratch("gpt2_refused"), cfg);
     } catch (const Error& err) {
       e = err.what();
     }
     CAPTURE(e);
     CHECK(e.find(expect) != std::string::npos);
   };
-  nn::GptConfig shallow = c, fewer_heads = c;
+  gpt2::Config shallow = c, fewer_heads = c;
   shallow.layers = 1;
   fewer_heads.heads = 2;
   refused(shallow, out + "/model.safetensors", "has a tensor transformer.h.1.ln_1.weight that a GPT-2 of 1 layers, 4 heads and width 32 does not have");
