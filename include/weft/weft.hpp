@@ -1,6 +1,6 @@
 // weft: everything. The host build always; with WEFT_ENABLE_CUDA (defined by the weft::cuda target)
-// the Cuda device too, and in CUDA translation units (nvcc) Ops<Cuda> (the CUDA op set, attention
-// and cuBLASLt GEMMs), thread ranks sharing a GPU, and the NCCL communicator.
+// the Cuda device too, and in CUDA translation units (nvcc) the op families' Cuda specializations
+// (ops/*.cuh: the CUDA kernels, attention and cuBLASLt GEMMs), thread ranks sharing a GPU, and the NCCL communicator.
 #pragma once
 
 #include "weft/weft_host.hpp"

@@ -14,7 +14,7 @@
 #include "weft/data/loader.hpp"
 #include "weft/data/synthetic.hpp"
 #include "weft/data/token_file.hpp"
-#include "weft/device/host/dispatch.hpp"
+#include "weft/device/dispatch.hpp"
 #include "weft/device/host/gemm.hpp"
 #include "weft/device/host/host.hpp"
 #include "weft/device/host/ops.hpp"

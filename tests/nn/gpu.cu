@@ -38,8 +38,8 @@ std::pair<double, double> attention_error(std::int64_t Tn, std::int64_t hd) {
   d.from_host(gq.data(), qkv.data(), qkv.size() * sizeof(T));
   d.from_host(gd.data(), dout.data(), dout.size() * sizeof(T));
   auto* q = static_cast<T*>(gq.data());
-  Ops<Cuda>::attention_forward(d, static_cast<T*>(go.data()), static_cast<T*>(gp.data()), q, B, Tn, H, hd);
-  Ops<Cuda>::attention_backward(d, static_cast<T*>(gdq.data()), static_cast<const T*>(gd.data()), q,
+  ops::Attention<Cuda>::forward(d, static_cast<T*>(go.data()), static_cast<T*>(gp.data()), q, B, Tn, H, hd);
+  ops::Attention<Cuda>::backward(d, static_cast<T*>(gdq.data()), static_cast<const T*>(gd.data()), q,
                                 static_cast<const T*>(gp.data()), B, Tn, H, hd);
   std::vector<T> out(dout.size()), dq(qkv.size());
   d.to_host(out.data(), go.data(), out.size() * sizeof(T));

@@ -149,7 +149,7 @@ double worst_values(const Run& got, const Run& ref) {
 }
 
 template <class Model, class Sched, class Strategy = optim::Ddp>
-void compare(const Run& ref, int pipe, int tensor, int data, const char* what) {
+void compare(const Run& ref, int pipe, int tensor, int data, const std::string& what) {
   const Run got = run<Model, Sched, Strategy>(pipe, tensor, data, 3);
   REQUIRE(got.losses.size() == ref.losses.size());
   for (std::size_t i = 0; i < ref.losses.size(); ++i)

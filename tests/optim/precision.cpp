@@ -36,11 +36,11 @@ TEST_CASE("host bf16 GEMM: f32 arithmetic on the bf16 operands, rounded once int
   std::vector<float> af(a.size()), bf(b.size()), cf(c.size()), acc(c.size(), 0.5f);
   for (std::size_t i = 0; i < a.size(); ++i) af[i] = static_cast<float>(a[i] = bf16(std::sin(0.37f * static_cast<float>(i))));
   for (std::size_t i = 0; i < b.size(); ++i) bf[i] = static_cast<float>(b[i] = bf16(std::cos(0.11f * static_cast<float>(i))));
-  Ops<Host>::gemm(h, Trans::no, Trans::no, m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f, c.data(), n);
-  Ops<Host>::gemm(h, Trans::no, Trans::no, m, n, k, 1.0f, af.data(), k, bf.data(), n, 0.0f, cf.data(), n);
+  ops::Gemm<Host>::run(h, Trans::no, Trans::no, m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f, c.data(), n);
+  ops::Gemm<Host>::run(h, Trans::no, Trans::no, m, n, k, 1.0f, af.data(), k, bf.data(), n, 0.0f, cf.data(), n);
   for (std::size_t i = 0; i < c.size(); ++i) CHECK(c[i] == bf16(cf[i]));  // the f32 product, rounded once: bitwise
   // dW-style accumulation into an f32 buffer: C += A^T-free product in f32, no rounding to bf16.
-  Ops<Host>::gemm(h, Trans::no, Trans::no, m, n, k, 1.0f, a.data(), k, b.data(), n, 1.0f, acc.data(), n);
+  ops::Gemm<Host>::run(h, Trans::no, Trans::no, m, n, k, 1.0f, a.data(), k, b.data(), n, 1.0f, acc.data(), n);
   for (std::size_t i = 0; i < c.size(); ++i) CHECK(acc[i] == cf[i] + 0.5f);
 }
 
@@ -55,16 +55,16 @@ TEST_CASE("bf16 ops on the host equal the f32 op on the widened inputs, rounded 
     wf[i] = static_cast<float>(w[i] = bf16(1.0f + 0.01f * static_cast<float>(i)));
     bfl[i] = static_cast<float>(b[i] = bf16(0.02f * static_cast<float>(i)));
   }
-  Ops<Host>::layernorm_forward(h, out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C, 1e-5f);
-  Ops<Host>::layernorm_forward(h, outf.data(), meanf.data(), rstdf.data(), xf.data(), wf.data(), bfl.data(), N, C, 1e-5f);
+  ops::LayerNorm<Host>::forward(h, out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C, 1e-5f);
+  ops::LayerNorm<Host>::forward(h, outf.data(), meanf.data(), rstdf.data(), xf.data(), wf.data(), bfl.data(), N, C, 1e-5f);
   for (std::size_t i = 0; i < x.size(); ++i) CHECK(out[i] == bf16(outf[i]));
   CHECK(mean == meanf);  // statistics stay f32
   CHECK(rstd == rstdf);
 
   std::vector<bf16> g(x.size());
   std::vector<float> gf(x.size());
-  Ops<Host>::gelu_forward(h, g.data(), x.data(), N * C);
-  Ops<Host>::gelu_forward(h, gf.data(), xf.data(), N * C);
+  ops::Gelu<Host>::forward(h, g.data(), x.data(), N * C);
+  ops::Gelu<Host>::forward(h, gf.data(), xf.data(), N * C);
   for (std::size_t i = 0; i < x.size(); ++i) CHECK(g[i] == bf16(gf[i]));
 }
 

@@ -60,7 +60,7 @@ class CausalSelfAttention {
     ctx.qkv = qkv.forward(ctx.qkv_ctx, x);
     Allocation probs = probs_buffer(x.dev(), B, Tn);
     auto y = Tensor<T, act::Features, D>::empty(x.dev(), x.global_shape(), x.spread(), Category::activations);
-    Ops<D>::attention_forward(x.dev(), y.data(), static_cast<T*>(probs.data()), ctx.qkv.data(), B, Tn, Hl, head_dim);
+    ops::Attention<D>::forward(x.dev(), y.data(), static_cast<T*>(probs.data()), ctx.qkv.data(), B, Tn, Hl, head_dim);
     if (keep_probs) ctx.probs = std::move(probs);
     return proj.forward(ctx.proj_ctx, y);
   }
@@ -73,11 +73,11 @@ class CausalSelfAttention {
       ctx.probs = probs_buffer(dy.dev(), B, Tn);
       auto scratch = Tensor<T, act::Features, D>::empty(dy.dev(), dcore.global_shape(), dy.spread(),
                                                         Category::activations);
-      Ops<D>::attention_forward(dy.dev(), scratch.data(), static_cast<T*>(ctx.probs.data()), ctx.qkv.data(), B, Tn, Hl, head_dim);
+      ops::Attention<D>::forward(dy.dev(), scratch.data(), static_cast<T*>(ctx.probs.data()), ctx.qkv.data(), B, Tn, Hl, head_dim);
     }
     auto dqkv = Tensor<T, act::Features, D>::empty(dy.dev(), ctx.qkv.global_shape(), dy.spread(),
                                                    Category::activations);
-    Ops<D>::attention_backward(dy.dev(), dqkv.data(), dcore.data(), ctx.qkv.data(), static_cast<const T*>(ctx.probs.data()), B,
+    ops::Attention<D>::backward(dy.dev(), dqkv.data(), dcore.data(), ctx.qkv.data(), static_cast<const T*>(ctx.probs.data()), B,
                              Tn, Hl, head_dim);
     auto dx = qkv.backward(ctx.qkv_ctx, dqkv);
     ctx.qkv = {};  // the projections' contexts stay where their weight gradients are deferred

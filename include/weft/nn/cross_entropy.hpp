@@ -53,12 +53,12 @@ class VocabParallelCrossEntropy {
     const std::int64_t valid = std::clamp<std::int64_t>(vocab - begin, 0, Vl);
     auto rowmax = Tensor<S, Rows, D>::empty(dev, {g[0], g[1]}, s, Category::activations);
     auto stats = Tensor<S, RowStats, D>::empty(dev, {g[0], g[1], 2}, s, Category::activations);
-    Ops<D>::ce_row_max(dev, rowmax.data(), logits.data(), N, Vl, valid);
+    ops::CrossEntropy<D>::row_max(dev, rowmax.data(), logits.data(), N, Vl, valid);
     mesh.comm(Axis::tensor).all_reduce(rowmax.span(), ReduceOp::max);
-    Ops<D>::ce_row_stats(dev, stats.data(), logits.data(), rowmax.data(), targets.data(), N, Vl, valid, begin);
+    ops::CrossEntropy<D>::row_stats(dev, stats.data(), logits.data(), rowmax.data(), targets.data(), N, Vl, valid, begin);
     mesh.comm(Axis::tensor).all_reduce(stats.span(), ReduceOp::sum);
     auto sumexp = Tensor<S, Rows, D>::empty(dev, {g[0], g[1]}, s, Category::activations);
-    std::array<double, 1> total{Ops<D>::ce_loss(dev, sumexp.data(), stats.data(), rowmax.data(), N)};
+    std::array<double, 1> total{ops::CrossEntropy<D>::loss(dev, sumexp.data(), stats.data(), rowmax.data(), N)};
     mesh.comm(Axis::data).all_reduce(std::span<double>(total));
     ctx.logits = std::move(logits);
     ctx.rowmax = std::move(rowmax);
@@ -74,7 +74,7 @@ class VocabParallelCrossEntropy {
     const Shape g = d.global_shape();
     const std::int64_t Vl = d.local_shape()[2], N = d.numel() / Vl, begin = d.spread().tensor_index * Vl;
     const std::int64_t valid = std::clamp<std::int64_t>(vocab - begin, 0, Vl);
-    Ops<D>::ce_backward(d.dev(), d.data(), d.data(), ctx.rowmax.data(), ctx.sumexp.data(), ctx.targets.data(), N, Vl,
+    ops::CrossEntropy<D>::backward(d.dev(), d.data(), d.data(), ctx.rowmax.data(), ctx.sumexp.data(), ctx.targets.data(), N, Vl,
                         valid, begin, static_cast<S>(scale / static_cast<double>(g[0] * g[1])));
     ctx = Ctx{};
     return d;

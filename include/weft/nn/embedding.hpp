@@ -49,7 +49,7 @@ class VocabParallelEmbedding {
     const std::int64_t C = weight.value.local_shape()[1];
     auto out = Tensor<T, act::Partial, D>::empty(weight.value.dev(), {batch, seq, C}, weight.value.spread(),
                                                  Category::activations);
-    Ops<D>::embedding_forward(out.dev(), out.data(), tokens.data(), weight.value.data(), out.numel() / C, C, begin(),
+    ops::Embedding<D>::forward(out.dev(), out.data(), tokens.data(), weight.value.data(), out.numel() / C, C, begin(),
                             begin() + rows());
     ctx.tokens = tokens;
     return out;
@@ -58,7 +58,7 @@ class VocabParallelEmbedding {
   // dy (B, T, C) Replicate: accumulates into this rank's rows.
   void backward(Ctx& ctx, const Tensor<T, act::Replicated, D>& dy) {
     const std::int64_t C = weight.value.local_shape()[1];
-    Ops<D>::embedding_backward(dy.dev(), weight.grad.data(), dy.data(), ctx.tokens.data(), dy.numel() / C, C, begin(),
+    ops::Embedding<D>::backward(dy.dev(), weight.grad.data(), dy.data(), ctx.tokens.data(), dy.numel() / C, C, begin(),
                              begin() + rows());
     ctx = Ctx{};
   }
@@ -81,12 +81,12 @@ class PositionEmbedding {
 
   // x (B, T or T/tp, C) += the rows of this rank's positions (in place: nothing to save).
   void forward(Tensor<T, A, D>& x) const {
-    Ops<D>::position_forward(x.dev(), x.data(), weight.value.data(), x.local_shape()[0], x.local_shape()[1],
+    ops::Position<D>::forward(x.dev(), x.data(), weight.value.data(), x.local_shape()[0], x.local_shape()[1],
                                 x.local_shape()[2], first_position(x));
   }
   // Accumulates dy's rows into the gradient of this rank's positions.
   void backward(const Tensor<T, A, D>& dy) {
-    Ops<D>::position_backward(dy.dev(), weight.grad.data(), dy.data(), dy.local_shape()[0], dy.local_shape()[1],
+    ops::Position<D>::backward(dy.dev(), weight.grad.data(), dy.data(), dy.local_shape()[0], dy.local_shape()[1],
                                  dy.local_shape()[2], first_position(dy));
   }
 

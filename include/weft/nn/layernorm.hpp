@@ -40,7 +40,7 @@ class LayerNorm {
     auto y = Tensor<T, A, D>::empty(x.dev(), x.global_shape(), x.spread(), Category::activations);
     ctx.stats = x.dev().allocate(2 * N * static_cast<std::int64_t>(sizeof(S)), Category::activations);
     S* stats = static_cast<S*>(ctx.stats.data());
-    Ops<D>::layernorm_forward(x.dev(), y.data(), stats, stats + N, x.data(), weight.value.data(), bias.value.data(), N, C, eps);
+    ops::LayerNorm<D>::forward(x.dev(), y.data(), stats, stats + N, x.data(), weight.value.data(), bias.value.data(), N, C, eps);
     ctx.x = x.clone(Category::activations);
     return y;
   }
@@ -52,7 +52,7 @@ class LayerNorm {
     const std::int64_t C = dy.local_shape()[2], N = dy.numel() / C;
     auto dx = Tensor<T, A, D>::empty(dy.dev(), dy.global_shape(), dy.spread(), Category::activations);
     const S* stats = static_cast<const S*>(ctx.stats.data());
-    Ops<D>::layernorm_backward(dy.dev(), dx.data(), weight.grad.data(), bias.grad.data(), dy.data(), ctx.x.data(),
+    ops::LayerNorm<D>::backward(dy.dev(), dx.data(), weight.grad.data(), bias.grad.data(), dy.data(), ctx.x.data(),
                                weight.value.data(), stats, stats + N, N, C, dresid ? dresid->data() : nullptr);
     ctx = Ctx{};
     return dx;

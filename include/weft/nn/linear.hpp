@@ -107,15 +107,15 @@ class Linear {
     const std::int64_t N = x.local_shape()[0] * x.local_shape()[1];
     auto y = Tensor<T, Out, D>::empty(x.dev(), {g[0], g[1], weight.value.global_shape()[0]}, x.spread(),
                                          Category::activations);
-    Ops<D>::gemm(x.dev(), Trans::no, Trans::yes, N, out_local(), in_local(), S(1), x.data(), in_local(),
+    ops::Gemm<D>::run(x.dev(), Trans::no, Trans::yes, N, out_local(), in_local(), S(1), x.data(), in_local(),
                  weight.value.data(), in_local(), S(0), y.data(), out_local());
     if (has_bias_ && (!std::same_as<Role, RowParallel> || tensor_index_ == 0))
-      Ops<D>::bias_add(x.dev(), y.data(), bias.value.data(), N, out_local());
+      ops::Bias<D>::add(x.dev(), y.data(), bias.value.data(), N, out_local());
     ctx.x = x.clone(Category::activations);
     if constexpr (has_gelu) {  // the pre-activation is saved, and the output is a new buffer (no copy)
       ctx.pre = std::move(y);
       y = Tensor<T, Out, D>::empty(x.dev(), ctx.pre.global_shape(), ctx.pre.spread(), Category::activations);
-      Ops<D>::gelu_forward(x.dev(), y.data(), ctx.pre.data(), y.numel());
+      ops::Gelu<D>::forward(x.dev(), y.data(), ctx.pre.data(), y.numel());
     }
     return y;
   }
@@ -128,12 +128,12 @@ class Linear {
     Tensor<T, GradOut, D> dpre;
     if constexpr (has_gelu) {
       dpre = Tensor<T, GradOut, D>::empty(dy_in.dev(), dy_in.global_shape(), dy_in.spread(), Category::activations);
-      Ops<D>::gelu_backward(dy_in.dev(), dpre.data(), ctx.pre.data(), dy_in.data(), dpre.numel());
+      ops::Gelu<D>::backward(dy_in.dev(), dpre.data(), ctx.pre.data(), dy_in.data(), dpre.numel());
       dy = dpre.data();
     }
     // dx (N, in) = dy W;  then (now, or in backward_weight) dW (out, in) += dy^T x, db += sum of dy.
     auto dx = Tensor<T, GradIn, D>::empty(x.dev(), x.global_shape(), x.spread(), Category::activations);
-    Ops<D>::gemm(x.dev(), Trans::no, Trans::no, N, in_local(), out_local(), S(1), dy, out_local(),
+    ops::Gemm<D>::run(x.dev(), Trans::no, Trans::no, N, in_local(), out_local(), S(1), dy, out_local(),
                  weight.value.data(), in_local(), S(0), dx.data(), in_local());
     if (deferring_) {
       ctx.dy = has_gelu ? std::move(dpre) : dy_in.clone(Category::activations);
@@ -160,9 +160,9 @@ class Linear {
 
  private:
   void weight_grads(const Tensor<T, In, D>& x, const T* dy, std::int64_t N) {
-    Ops<D>::gemm(x.dev(), Trans::yes, Trans::no, out_local(), in_local(), N, S(1), dy, out_local(), x.data(),
+    ops::Gemm<D>::run(x.dev(), Trans::yes, Trans::no, out_local(), in_local(), N, S(1), dy, out_local(), x.data(),
                  in_local(), S(1), weight.grad.data(), in_local());
-    if (has_bias_) Ops<D>::bias_backward(x.dev(), bias.grad.data(), dy, N, out_local());
+    if (has_bias_) ops::Bias<D>::backward(x.dev(), bias.grad.data(), dy, N, out_local());
   }
 
  public:

@@ -54,11 +54,11 @@ struct Param {
         decay(d) {
     switch (init.kind) {
       case Init::normal:
-        Ops<D>::init_normal(dev, value.data(), global, value.local_shape(), local_box<L>(global, s).offset, seed, param_id,
+        ops::Init<D>::normal(dev, value.data(), global, value.local_shape(), local_box<L>(global, s).offset, seed, param_id,
                             init.std);
         break;
-      case Init::zeros: Ops<D>::fill(dev, value.data(), value.numel(), T(0)); break;
-      case Init::ones: Ops<D>::fill(dev, value.data(), value.numel(), T(1)); break;
+      case Init::zeros: ops::Memory<D>::fill(dev, value.data(), value.numel(), T(0)); break;
+      case Init::ones: ops::Memory<D>::fill(dev, value.data(), value.numel(), T(1)); break;
     }
   }
 

@@ -217,7 +217,7 @@ class Sequential {
         return first.backward(std::get<0>(ctx), dy, dresid);  // fused
       } else {
         auto dx = detail::layer_backward(first, std::get<0>(ctx), dy, mesh);
-        if (dresid) Ops<D>::add_inplace(dx.dev(), dx.data(), dresid->data(), dx.numel());
+        if (dresid) ops::Memory<D>::add(dx.dev(), dx.data(), dresid->data(), dx.numel());
         return dx;
       }
     } else {
@@ -259,7 +259,7 @@ class Residual {
   template <Element T, class D, AxisComms M>
   Tensor<T, Out, D> forward(Ctx& ctx, const Tensor<T, In, D>& x, M& mesh) {
     auto y = detail::layer_forward(inner, ctx, x, mesh);
-    Ops<D>::add_inplace(y.dev(), y.data(), x.data(), y.numel());
+    ops::Memory<D>::add(y.dev(), y.data(), x.data(), y.numel());
     return y;
   }
   // dx = dy + the inner layers' input gradient; the add is fused into the first inner layer's
@@ -270,7 +270,7 @@ class Residual {
       return inner.backward(ctx, dy, mesh, dy);
     } else {
       auto dx = detail::layer_backward(inner, ctx, dy, mesh);
-      Ops<D>::add_inplace(dx.dev(), dx.data(), dy.data(), dx.numel());
+      ops::Memory<D>::add(dx.dev(), dx.data(), dy.data(), dx.numel());
       return dx;
     }
   }

@@ -106,7 +106,7 @@ class HeadStage {
     auto logits = Tensor<T, act::Features, D>::empty(
         xr.dev(), {xr.global_shape()[0], xr.global_shape()[1], table.value.global_shape()[0]}, xr.spread(),
         Category::activations);                                       // (B, T, Vp) Shard<-1>
-    Ops<D>::gemm(xr.dev(), Trans::no, Trans::yes, N, Vl, C, S(1), xr.data(), C, table.value.data(), C, S(0),
+    ops::Gemm<D>::run(xr.dev(), Trans::no, Trans::yes, N, Vl, C, S(1), xr.data(), C, table.value.data(), C, S(0),
                  logits.data(), Vl);
     const double loss = ce.forward(ctx.ce, std::move(logits), targets, mesh);
     if (mode == Mode::train) {
@@ -126,10 +126,10 @@ class HeadStage {
     const Tensor<T, act::Replicated, D>& xr = ctx.xr;
     const std::int64_t C = xr.local_shape()[2], N = xr.numel() / C, Vl = dlogits.local_shape()[2];
     // dW (Vl, C) += dlogits^T xr;  dxr (N, C) = dlogits W: a Partial sum over the vocabulary shards.
-    Ops<D>::gemm(xr.dev(), Trans::yes, Trans::no, Vl, C, N, S(1), dlogits.data(), Vl, xr.data(), C, S(1),
+    ops::Gemm<D>::run(xr.dev(), Trans::yes, Trans::no, Vl, C, N, S(1), dlogits.data(), Vl, xr.data(), C, S(1),
                  table.grad.data(), C);
     auto dxr = Tensor<T, act::Partial, D>::empty(xr.dev(), xr.global_shape(), xr.spread(), Category::activations);
-    Ops<D>::gemm(xr.dev(), Trans::no, Trans::no, N, C, Vl, S(1), dlogits.data(), Vl, table.value.data(), C, S(0),
+    ops::Gemm<D>::run(xr.dev(), Trans::no, Trans::no, N, C, Vl, S(1), dlogits.data(), Vl, table.value.data(), C, S(0),
                  dxr.data(), C);
     dlogits = {};
     ctx.xr = {};

@@ -81,7 +81,7 @@ class Unit {
     grads_ = dev_->allocate(padded_ * static_cast<std::int64_t>(sizeof(G)), Category::gradients);
     T* v = static_cast<T*>(values_.data());
     for (Slot& s : slots_) s.adopt(s.param, v + s.offset);
-    Ops<D>::zero(*dev_, v + numel_, padded_ - numel_);
+    ops::Memory<D>::zero(*dev_, v + numel_, padded_ - numel_);
     zero_grad();
     built_ = true;
     rebind();
@@ -130,7 +130,7 @@ class Unit {
   }
 
   void zero_grad() {
-    if (grads()) Ops<D>::zero(*dev_, grads(), padded_);
+    if (grads()) ops::Memory<D>::zero(*dev_, grads(), padded_);
   }
 
   // f(entry, values, grads): every parameter as spans of this rank's shard (empty spans where the
@@ -170,7 +170,7 @@ class Unit {
                         P& pp = *static_cast<P*>(q);
                         const Shape g = pp.value.global_shape();
                         const Spread s = pp.value.spread();
-                        Ops<D>::copy(pp.value.dev(), v, pp.value.data(), pp.value.numel());
+                        ops::Memory<D>::copy(pp.value.dev(), v, pp.value.data(), pp.value.numel());
                         pp.value = Value::view(pp.value.dev(), v, g, s);
                         pp.grad = Grad::view(pp.grad.dev(), nullptr, g, s);
                       },

@@ -98,19 +98,19 @@ class DataParallel {
       h.shard = u.padded() / dp_;
       const std::int64_t n = shard_state ? h.shard : u.padded();
       h.state = dev().allocate(Rule::states * n * static_cast<std::int64_t>(sizeof(S)), Category::optimizer_state);
-      Ops<D>::zero(dev(), static_cast<S*>(h.state.data()), Rule::states * n);
+      ops::Memory<D>::zero(dev(), static_cast<S*>(h.state.data()), Rule::states * n);
       if constexpr (shard_grads) {
         h.grad_slice = dev().allocate(h.shard * static_cast<std::int64_t>(sizeof(G)), Category::gradients);
-        Ops<D>::zero(dev(), static_cast<G*>(h.grad_slice.data()), h.shard);
+        ops::Memory<D>::zero(dev(), static_cast<G*>(h.grad_slice.data()), h.shard);
         u.grad_buffer().reset();
       }
       if constexpr (mixed) {  // the f32 master weights of the range this rank updates
         h.master = dev().allocate(n * static_cast<std::int64_t>(sizeof(G)), Category::master_weights);
-        Ops<D>::convert(dev(), static_cast<G*>(h.master.data()), u.values() + (shard_state ? index_ * h.shard : 0), n);
+        ops::Memory<D>::convert(dev(), static_cast<G*>(h.master.data()), u.values() + (shard_state ? index_ * h.shard : 0), n);
       }
       if constexpr (shard_params) {
         h.value_slice = dev().allocate(h.shard * static_cast<std::int64_t>(sizeof(T)), Category::parameters);
-        Ops<D>::copy(dev(), slice_values(i), u.values() + index_ * h.shard, h.shard);
+        ops::Memory<D>::copy(dev(), slice_values(i), u.values() + index_ * h.shard, h.shard);
         u.value_buffer().reset();
       }
       u.rebind();
@@ -120,7 +120,7 @@ class DataParallel {
   void zero_grad() {
     for (std::size_t i = 0; i < units_.size(); ++i) {
       units_[i].zero_grad();
-      if (held_[i].grad_slice.data()) Ops<D>::zero(dev(), static_cast<G*>(held_[i].grad_slice.data()), held_[i].shard);
+      if (held_[i].grad_slice.data()) ops::Memory<D>::zero(dev(), static_cast<G*>(held_[i].grad_slice.data()), held_[i].shard);
     }
   }
 
@@ -156,7 +156,7 @@ class DataParallel {
         G* mine = static_cast<G*>(part.data());
         data().reduce_scatter(std::span<const G>(unit.grads(), static_cast<std::size_t>(unit.padded())),
                               std::span<G>(mine, static_cast<std::size_t>(n)));
-        Ops<D>::add_inplace(dev(), static_cast<G*>(held_[u].grad_slice.data()), static_cast<const G*>(mine), n);
+        ops::Memory<D>::add(dev(), static_cast<G*>(held_[u].grad_slice.data()), static_cast<const G*>(mine), n);
         unit.grad_buffer().reset();
       } else if (last && dp_ > 1) {
         data().all_reduce(std::span<G>(unit.grads(), static_cast<std::size_t>(unit.padded())));
@@ -181,7 +181,7 @@ class DataParallel {
         if (e.tensor_sharded || tensor_index_ == 0) counted.emplace_back(g + (a - lo), n);
       });
     }
-    std::array<double, 1> sq{Ops<D>::sum_squares_many(dev(), std::span<const std::pair<const G*, std::int64_t>>(counted))};
+    std::array<double, 1> sq{ops::Norm<D>::sum_squares_many(dev(), std::span<const std::pair<const G*, std::int64_t>>(counted))};
     mesh_->comm(Axis::tensor).all_reduce(std::span<double>(sq));
     data().all_reduce(std::span<double>(sq));
     if (mesh_->comm(Axis::pipe).size() > 1) mesh_->comm(Axis::pipe).all_reduce(std::span<double>(sq));
@@ -212,13 +212,13 @@ class DataParallel {
     for (std::size_t u = 0; u < units_.size(); ++u) {
       const auto [lo, n] = update_range(u);
       T* p = values_from(u, lo);
-      if constexpr (mixed) Ops<D>::convert(dev(), p, static_cast<const G*>(held_[u].master.data()), n);  // one rounding per step
+      if constexpr (mixed) ops::Memory<D>::convert(dev(), p, static_cast<const G*>(held_[u].master.data()), n);  // one rounding per step
       if constexpr (shard_params) {  // values gathered before this update are stale now
         units_[u].value_buffer().reset();
         units_[u].rebind();
       } else if constexpr (shard_state) {  // every data rank's values get every updated slice
         Allocation part = dev().allocate(n * static_cast<std::int64_t>(sizeof(T)), Category::communication);
-        Ops<D>::copy(dev(), static_cast<T*>(part.data()), p, n);
+        ops::Memory<D>::copy(dev(), static_cast<T*>(part.data()), p, n);
         data().all_gather(std::span<const T>(static_cast<const T*>(part.data()), static_cast<std::size_t>(n)),
                           std::span<T>(units_[u].values(), static_cast<std::size_t>(units_[u].padded())));
       }
@@ -362,13 +362,13 @@ class DataParallel {
     Allocation packed = dev().allocate(total * static_cast<std::int64_t>(sizeof(G)), Category::communication);
     G* at = static_cast<G*>(packed.data());
     for (auto [p, n] : pieces) {
-      Ops<D>::copy(dev(), at, p, n);
+      ops::Memory<D>::copy(dev(), at, p, n);
       at += n;
     }
     mesh_->comm(Axis::tensor).all_reduce(std::span<G>(static_cast<G*>(packed.data()), static_cast<std::size_t>(total)));
     const G* from = static_cast<const G*>(packed.data());
     for (auto [p, n] : pieces) {
-      Ops<D>::copy(dev(), p, from, n);
+      ops::Memory<D>::copy(dev(), p, from, n);
       from += n;
     }
   }

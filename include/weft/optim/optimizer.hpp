@@ -1,5 +1,5 @@
 // Update rules (AdamW with decoupled weight decay, SGD with momentum) and parameter groups. A rule
-// holds its hyper-parameters and runs its device operation (Ops<D>::adamw, Ops<D>::sgd) on a range
+// holds its hyper-parameters and runs its device operation (ops::Update<D>::adamw, ops::Update<D>::sgd) on a range
 // of a unit's flat buffers: the data-parallel protocol (data_parallel.hpp) calls it on whatever
 // range a rank updates, the same operation for DDP, ZeRO and FSDP.
 //
@@ -65,12 +65,12 @@ struct AdamW {
   template <class D, class T, class S>
   void update(D& dev, T* p, const T* g, std::array<S*, 2> state, std::int64_t n, double grad_scale, double lr,
               std::int64_t t, bool decay) const {
-    Ops<D>::adamw(dev, p, g, state[0], state[1], n, adamw_params<S>(config, lr, t), decay, grad_scale);
+    ops::Update<D>::adamw(dev, p, g, state[0], state[1], n, adamw_params<S>(config, lr, t), decay, grad_scale);
   }
   // Every range of a step at once (one launch on a GPU; the same per-element results).
   template <class D, class T, class S>
   void update_many(D& dev, std::span<const Piece<T, S, 2>> pieces, double grad_scale, double lr, std::int64_t t) const {
-    Ops<D>::adamw_many(dev, pieces, adamw_params<S>(config, lr, t), grad_scale);
+    ops::Update<D>::adamw_many(dev, pieces, adamw_params<S>(config, lr, t), grad_scale);
   }
 };
 
@@ -84,7 +84,7 @@ struct Sgd {
   template <class D, class T, class S>
   void update(D& dev, T* p, const T* g, std::array<S*, 1> state, std::int64_t n, double grad_scale, double lr,
               std::int64_t, bool decay) const {
-    Ops<D>::sgd(dev, p, g, state[0], n, lr, momentum, weight_decay, decay, grad_scale);
+    ops::Update<D>::sgd(dev, p, g, state[0], n, lr, momentum, weight_decay, decay, grad_scale);
   }
 };
 

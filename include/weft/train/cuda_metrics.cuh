@@ -18,9 +18,9 @@ template <class T>
 double cuda_gemm_rate(Cuda& d, std::int64_t n = 4096, double seconds = 0.3) {
   Allocation a = d.allocate(n * n * static_cast<std::int64_t>(sizeof(T)));
   Allocation c = d.allocate(n * n * static_cast<std::int64_t>(sizeof(T)));
-  Ops<Cuda>::fill(d, static_cast<T*>(a.data()), n * n, T(0.5f));
+  ops::Memory<Cuda>::fill(d, static_cast<T*>(a.data()), n * n, T(0.5f));
   auto once = [&] {
-    Ops<Cuda>::gemm(d, Trans::no, Trans::no, n, n, n, 1.0f, static_cast<const T*>(a.data()), n,
+    ops::Gemm<Cuda>::run(d, Trans::no, Trans::no, n, n, n, 1.0f, static_cast<const T*>(a.data()), n,
                     static_cast<const T*>(a.data()), n, 0.0f, static_cast<T*>(c.data()), n);
   };
   once();  // the heuristic and the workspace, outside the timing

@@ -1,5 +1,5 @@
 // host::Workers and host::set_threads (device/host/workers.hpp): every part runs once, errors come
-// back, nested and concurrent calls run inline; and every op Ops<Host> splits over threads (GEMM,
+// back, nested and concurrent calls run inline; and every host op that splits over threads (GEMM,
 // GELU, LayerNorm, attention, cross-entropy, AdamW, the gradient norm's sum of squares, the
 // elementwise adds) gives the same bits on 1, 2 and 3 threads, alone and in a whole GPT forward
 // and backward. Reference: one thread, bitwise (the parts are computed exactly as the whole: any
@@ -14,7 +14,7 @@
 
 #include "nn/equivalence.hpp"
 #include "weft/core/philox.hpp"
-#include "weft/device/host/dispatch.hpp"
+#include "weft/device/dispatch.hpp"
 #include "weft/device/host/workers.hpp"
 #include "weft/optim/optimizer.hpp"
 
@@ -90,9 +90,8 @@ TEST_CASE("host::set_threads and split: parts of whole units, the last taking th
   CHECK_THROWS_WITH_AS(host::Workers(0), "host::Workers: threads 0; give between 1 and 1024 threads", Error);
 }
 
-TEST_CASE("Ops<Host> split over threads: the same bits as one thread, op by op") {
+TEST_CASE("the host's op families split over threads: the same bits as one thread, op by op") {
   Host dev;
-  using O = Ops<Host>;
   SUBCASE("GEMM: rows in blocks of 48, transposed or not, the last part with a partial block") {
     for (auto [ta, tb, m, n, k] : {std::tuple{Trans::no, Trans::yes, 290, 70, 33}, {Trans::yes, Trans::no, 197, 64, 50},
                                    {Trans::yes, Trans::yes, 145, 31, 17}}) {
@@ -100,7 +99,7 @@ TEST_CASE("Ops<Host> split over threads: the same bits as one thread, op by op")
       const std::int64_t lda = ta == Trans::yes ? m : k, ldb = tb == Trans::yes ? k : n;
       same_bits_on_threads("gemm", [&] {
         auto C = random(static_cast<std::size_t>(m * n), 3);  // beta 0.5: C read and scaled per part
-        O::gemm<float, float>(dev, ta, tb, m, n, k, 1.5f, A.data(), lda, B.data(), ldb, 0.5f, C.data(), n);
+        ops::Gemm<Host>::run<float, float>(dev, ta, tb, m, n, k, 1.5f, A.data(), lda, B.data(), ldb, 0.5f, C.data(), n);
         return C;
       });
     }
@@ -109,9 +108,9 @@ TEST_CASE("Ops<Host> split over threads: the same bits as one thread, op by op")
     const auto x = random(50000, 4, 3.0f), d = random(50000, 5);
     same_bits_on_threads("gelu", [&] {
       std::vector<float> y(x.size()), dx(x.size()), r = d;
-      O::gelu_forward(dev, y.data(), x.data(), 50000);
-      O::gelu_backward(dev, dx.data(), x.data(), d.data(), 50000);
-      O::add_inplace(dev, r.data(), x.data(), 50000);
+      ops::Gelu<Host>::forward(dev, y.data(), x.data(), 50000);
+      ops::Gelu<Host>::backward(dev, dx.data(), x.data(), d.data(), 50000);
+      ops::Memory<Host>::add(dev, r.data(), x.data(), 50000);
       y.insert(y.end(), dx.begin(), dx.end());
       y.insert(y.end(), r.begin(), r.end());
       return y;
@@ -122,10 +121,10 @@ TEST_CASE("Ops<Host> split over threads: the same bits as one thread, op by op")
     const auto x = random(N * C, 6), w = random(C, 7), b = random(C, 8), dy = random(N * C, 9), res = random(N * C, 10);
     same_bits_on_threads("layernorm", [&] {
       std::vector<float> y(x.size()), mean(N), rstd(N), dx(x.size()), dw(C, 0.25f), db(C, -0.5f), yb = x;
-      O::layernorm_forward(dev, y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C, 1e-5f);
-      O::layernorm_backward(dev, dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), mean.data(),
+      ops::LayerNorm<Host>::forward(dev, y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C, 1e-5f);
+      ops::LayerNorm<Host>::backward(dev, dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), mean.data(),
                             rstd.data(), N, C, res.data());
-      O::bias_add(dev, yb.data(), b.data(), N, C);
+      ops::Bias<Host>::add(dev, yb.data(), b.data(), N, C);
       for (const auto* v : {&mean, &rstd, &dx, &dw, &db, &yb}) y.insert(y.end(), v->begin(), v->end());
       return y;
     });
@@ -135,8 +134,8 @@ TEST_CASE("Ops<Host> split over threads: the same bits as one thread, op by op")
     const auto qkv = random(B * T * H * 3 * hd, 11), dout = random(B * T * H * hd, 12);
     same_bits_on_threads("attention", [&] {
       std::vector<float> out(dout.size()), probs(B * H * T * T), dqkv(qkv.size());
-      O::attention_forward(dev, out.data(), probs.data(), qkv.data(), B, T, H, hd);
-      O::attention_backward(dev, dqkv.data(), dout.data(), qkv.data(), probs.data(), B, T, H, hd);
+      ops::Attention<Host>::forward(dev, out.data(), probs.data(), qkv.data(), B, T, H, hd);
+      ops::Attention<Host>::backward(dev, dqkv.data(), dout.data(), qkv.data(), probs.data(), B, T, H, hd);
       out.insert(out.end(), probs.begin(), probs.end());
       out.insert(out.end(), dqkv.begin(), dqkv.end());
       return out;
@@ -149,10 +148,10 @@ TEST_CASE("Ops<Host> split over threads: the same bits as one thread, op by op")
     for (std::int64_t n = 0; n < N; ++n) targets[static_cast<std::size_t>(n)] = static_cast<std::int32_t>((n * 7) % valid);
     same_bits_on_threads("cross-entropy", [&] {
       std::vector<float> rowmax(N), stats(2 * N), sumexp(N), dlogits(logits.size());
-      O::ce_row_max(dev, rowmax.data(), logits.data(), N, V, valid);
-      O::ce_row_stats(dev, stats.data(), logits.data(), rowmax.data(), targets.data(), N, V, valid, 0);
-      const double loss = O::ce_loss(dev, sumexp.data(), stats.data(), rowmax.data(), N);
-      O::ce_backward(dev, dlogits.data(), logits.data(), rowmax.data(), sumexp.data(), targets.data(), N, V, valid, 0,
+      ops::CrossEntropy<Host>::row_max(dev, rowmax.data(), logits.data(), N, V, valid);
+      ops::CrossEntropy<Host>::row_stats(dev, stats.data(), logits.data(), rowmax.data(), targets.data(), N, V, valid, 0);
+      const double loss = ops::CrossEntropy<Host>::loss(dev, sumexp.data(), stats.data(), rowmax.data(), N);
+      ops::CrossEntropy<Host>::backward(dev, dlogits.data(), logits.data(), rowmax.data(), sumexp.data(), targets.data(), N, V, valid, 0,
                      1.0f / static_cast<float>(N));
       dlogits.push_back(static_cast<float>(loss));
       for (const auto* v : {&rowmax, &stats}) dlogits.insert(dlogits.end(), v->begin(), v->end());
@@ -163,13 +162,13 @@ TEST_CASE("Ops<Host> split over threads: the same bits as one thread, op by op")
     const auto x = random(90000, 18), y = random(20000, 19);
     const std::vector<std::pair<const float*, std::int64_t>> pieces{{x.data(), 90000}, {y.data(), 20000}, {x.data() + 7, 5}};
     same_bits_on_threads("sum_squares_many", [&] {
-      return O::sum_squares_many(dev, std::span<const std::pair<const float*, std::int64_t>>(pieces));
+      return ops::Norm<Host>::sum_squares_many(dev, std::span<const std::pair<const float*, std::int64_t>>(pieces));
     });
     // Against the sum in double, element by element: the blocks only reorder a sum of squares.
     double ref = 0;
     for (const auto& [p, n] : pieces)
       for (std::int64_t i = 0; i < n; ++i) ref += static_cast<double>(p[i]) * static_cast<double>(p[i]);
-    CHECK(O::sum_squares_many(dev, std::span<const std::pair<const float*, std::int64_t>>(pieces)) ==
+    CHECK(ops::Norm<Host>::sum_squares_many(dev, std::span<const std::pair<const float*, std::int64_t>>(pieces)) ==
           doctest::Approx(ref).epsilon(1e-12));  // 110005 positive terms in double: reordering moves ~1e-13
   }
   SUBCASE("AdamW, one range and several") {
@@ -178,11 +177,11 @@ TEST_CASE("Ops<Host> split over threads: the same bits as one thread, op by op")
                                      .bc1 = 0.1f, .bc2 = 0.05f};
     same_bits_on_threads("adamw", [&] {
       auto p = random(70000, 15), m = random(70000, 16, 0.01f), v = random(70000, 17, 0.0f);
-      O::adamw(dev, p.data(), g.data(), m.data(), v.data(), 40000, a, true, 0.5);
+      ops::Update<Host>::adamw(dev, p.data(), g.data(), m.data(), v.data(), 40000, a, true, 0.5);
       using Piece = optim::Piece<float, float, 2>;
       const std::vector<Piece> pieces{{p.data() + 40000, g.data(), {m.data() + 40000, v.data() + 40000}, 20000, true},
                                       {p.data() + 60000, g.data() + 1, {m.data() + 60000, v.data() + 60000}, 10000, false}};
-      O::adamw_many(dev, std::span<const Piece>(pieces), a, 0.5);
+      ops::Update<Host>::adamw_many(dev, std::span<const Piece>(pieces), a, 0.5);
       p.insert(p.end(), m.begin(), m.end());
       p.insert(p.end(), v.begin(), v.end());
       return p;

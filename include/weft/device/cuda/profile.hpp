@@ -1,5 +1,5 @@
 // Per-op GPU time by kind, for benchmarks: while a Profile is attached to a Cuda device
-// (dev.profile = &p), Ops<Cuda> records a pair of CUDA events on the device's stream around every
+// (dev.profile = &p), every op family's Cuda specialization (ops/*.cuh) records a pair of CUDA events on the device's stream around every
 // operation it runs, and collect() sums the elapsed times per kind. The events cost a few
 // microseconds per op; detach (nullptr) for undisturbed timing.
 #pragma once
@@ -62,6 +62,19 @@ class Profile {
   std::vector<std::pair<cudaEvent_t, cudaEvent_t>> events_;
   std::vector<OpKind> kinds_;
   std::size_t used_ = 0;
+};
+
+// Times one op where a benchmark attached a Profile to the device (the op families' calls).
+struct Timed {
+  Cuda& d;
+  Timed(Cuda& dev, OpKind k) : d(dev) {
+    if (d.profile) d.profile->begin(k);
+  }
+  ~Timed() {
+    if (d.profile) d.profile->end();
+  }
+  Timed(const Timed&) = delete;
+  Timed& operator=(const Timed&) = delete;
 };
 
 }  // namespace weft::cuda

@@ -34,7 +34,7 @@
 
 #include "weft/core/error.hpp"
 #include "weft/device/host/workers.hpp"
-#include "weft/device/ops.hpp"
+#include "weft/ops/trans.hpp"
 
 namespace weft::host {
 

@@ -1,0 +1,31 @@
+// ops::Attention on the Cuda device (see attention.hpp for the family and the host's).
+//
+// Include only from .cu translation units (device/cuda/dispatch.cuh includes every family).
+#pragma once
+
+#include <cstdint>
+
+#include "weft/device/cuda/attention.cuh"
+#include "weft/device/cuda/ops_train.cuh"
+#include "weft/device/cuda/profile.hpp"
+#include "weft/ops/attention.hpp"
+
+namespace weft::ops {
+
+template <>
+struct Attention<Cuda> {
+  template <class T>
+  static void forward(Cuda& d, T* out, T* probs, const T* qkv, index B, index Tn, index H, index hd) {
+    const cuda::Timed timed(d, cuda::OpKind::attention);
+    cuda::attention_forward(d, out, probs, qkv, B, Tn, H, hd);
+  }
+
+  template <class T>
+  static void backward(Cuda& d, T* dqkv, const T* dout, const T* qkv, const T* probs, index B, index Tn, index H,
+                       index hd) {
+    const cuda::Timed timed(d, cuda::OpKind::attention);
+    cuda::attention_backward(d, dqkv, dout, qkv, probs, B, Tn, H, hd);
+  }
+};
+
+}  // namespace weft::ops

@@ -1,0 +1,58 @@
+// Op families: how layers and optimizers reach a device's kernels, and how a
+// user adds an op.
+//
+// An op family is a class template over the device, declared once and
+// specialized for each device that implements it, with static functions taking
+// the device first, then row-major buffers and element counts:
+//
+//   template <class D> struct LayerNorm;                      //
+//   ops/layernorm.hpp template <> struct LayerNorm<Host> { static void
+//   forward(Host&, ...); ... };   (same file) template <> struct
+//   LayerNorm<Cuda> { static void forward(Cuda&, ...); ... };   (layernorm.cuh)
+//
+// A layer calls ops::LayerNorm<D>::forward(dev, ...) and nothing below it: no
+// Eigen, no host:: or cuda:: function. weft's families, one file per family
+// with the host's specialization in the .hpp and the Cuda device's in the .cuh
+// beside it:
+//
+//   gemm            Gemm (cuBLASLt on the GPU)
+//   memory          Memory (zero, copy, convert, fill, add), Init (normal
+//   draws) gelu, bias      Gelu, Bias layernorm       LayerNorm attention
+//   Attention (causal, GPT-2's fused-qkv layout) embedding       Embedding
+//   (vocab-parallel lookup), Position (learned positions) cross_entropy
+//   CrossEntropy (vocab-parallel) update          Update (AdamW, SGD), Norm
+//   (sums of squares for the global norm)
+//
+// A user's op is written the same way, in the user's own headers
+// (tests/ops/family.cpp and examples/03_custom_model.* do), and called the same
+// way; nothing in weft is edited. A device without a specialization is a
+// compile error at the call (an incomplete type), caught by ImplementedOn where
+// a layer wants a clearer message.
+//
+// Conventions, as in llm.c: activation gradients are written (=), parameter
+// gradients accumulate
+// (+=) so that micro-batches add up. T is the compute type and acc<T> =
+// accumulate_t<T> that of parameter gradients, statistics and master weights
+// (core/precision.hpp).
+//
+// This header is plain C++20.
+#pragma once
+
+#include <concepts>
+#include <cstdint>
+
+#include "weft/core/precision.hpp"
+#include "weft/ops/trans.hpp"
+
+namespace weft::ops {
+
+using index = std::int64_t;
+template <class T> using acc = accumulate_t<T>;
+
+// Whether family F has a specialization for device D visible here.
+template <template <class> class F, class D>
+concept ImplementedOn = requires {
+  sizeof(F<D>);
+};
+
+} // namespace weft::ops

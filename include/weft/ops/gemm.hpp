@@ -1,0 +1,61 @@
+// ops::Gemm: C (m, n) = alpha op(A) op(B) + beta C, accumulated in acc<T>.
+//
+// An op family: the primary template is declared here and specialized per device, the host's
+// below and the Cuda device's in gemm.cuh beside this file (ops/family.hpp says how a family is
+// written; a user adds one the same way, in their own code). Layers call
+// ops::Gemm<D>::name(dev, ...).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "weft/core/precision.hpp"
+#include "weft/device/host/gemm.hpp"
+#include "weft/device/host/host.hpp"
+#include "weft/device/host/ops.hpp"
+#include "weft/device/host/profile.hpp"
+#include "weft/device/host/workers.hpp"
+#include "weft/ops/family.hpp"
+
+namespace weft::ops {
+
+template <class D>
+struct Gemm;
+
+template <>
+struct Gemm<Host> {
+  // C (m, n) = alpha op(A) op(B) + beta C (see host::gemm): A and B in T, C in T or in acc<T> (the
+  // parameter gradients of bf16 compute), accumulated in acc<T> and rounded once into C.
+  template <class T, class C>
+  static void run(Host&, Trans ta, Trans tb, index m, index n, index k, acc<T> alpha, const T* a, index lda, const T* b,
+                  index ldb, acc<T> beta, C* c, index ldc) {
+    static_assert(std::same_as<C, T> || std::same_as<C, acc<T>>, "ops::Gemm<Host>: C must be T or accumulate_t<T>");
+    const host::Timed timed(host::Op::gemm);
+    if constexpr (std::same_as<T, acc<T>>) {
+      host::gemm<T>(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    } else {  // bf16 operands: widen, multiply in float, round once where C is bf16
+      auto extent = [](index rows, index ld, index cols) { return rows > 0 && cols > 0 ? (rows - 1) * ld + cols : 0; };
+      const std::vector<float> wa = widened(a, ta == Trans::yes ? extent(k, lda, m) : extent(m, lda, k));
+      const std::vector<float> wb = widened(b, tb == Trans::yes ? extent(n, ldb, k) : extent(k, ldb, n));
+      if constexpr (std::same_as<C, float>) {
+        host::gemm<float>(ta, tb, m, n, k, alpha, wa.data(), lda, wb.data(), ldb, beta, c, ldc);
+      } else {
+        std::vector<float> wc = widened(c, beta == 0.0f ? 0 : extent(m, ldc, n));
+        wc.resize(static_cast<std::size_t>(m * ldc));
+        host::gemm<float>(ta, tb, m, n, k, alpha, wa.data(), lda, wb.data(), ldb, beta, wc.data(), ldc);
+        for (index i = 0; i < m; ++i)
+          for (index j = 0; j < n; ++j) c[i * ldc + j] = bf16(wc[static_cast<std::size_t>(i * ldc + j)]);
+      }
+    }
+  }
+
+ private:
+  template <class T>
+  static std::vector<float> widened(const T* p, index n) {
+    std::vector<float> w(static_cast<std::size_t>(n));
+    for (index i = 0; i < n; ++i) w[static_cast<std::size_t>(i)] = static_cast<float>(p[i]);
+    return w;
+  }
+};
+
+}  // namespace weft::ops

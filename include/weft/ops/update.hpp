@@ -1,0 +1,106 @@
+// ops::Update and ops::Norm: the optimizer's AdamW and SGD updates over ranges of a unit's buffers (one range, or many
+// in one call), with the gradient scaled by grad_scale; the sum of squares behind the global norm.
+//
+// An op family: the primary template is declared here and specialized per device, the host's
+// below and the Cuda device's in update.cuh beside this file (ops/family.hpp says how a family is
+// written; a user adds one the same way, in their own code). Layers call
+// ops::Update<D>::name(dev, ...).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <iterator>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "weft/core/precision.hpp"
+#include "weft/device/host/host.hpp"
+#include "weft/device/host/ops.hpp"
+#include "weft/device/host/profile.hpp"
+#include "weft/device/host/workers.hpp"
+#include "weft/ops/family.hpp"
+#include "weft/ops/math.hpp"
+
+namespace weft::ops {
+
+template <class D>
+struct Update;
+
+template <class D>
+struct Norm;
+
+template <>
+struct Update<Host> {
+  // One range of n elements, the gradient scaled by grad_scale.
+  template <class P, class S>
+  static void adamw(Host&, P* p, const P* g, S* m, S* v, index n, const math::AdamWParams<S>& a, bool decay,
+                    double grad_scale) {
+    const host::Timed timed(host::Op::optimizer);
+    host::split(n, host::kElements, [&](index lo, index hi) {
+      host::adamw(p + lo, g + lo, m + lo, v + lo, hi - lo, a, decay, grad_scale);
+    });
+  }
+
+  template <class P, class S>
+  static void sgd(Host&, P* p, const P* g, S* buf, index n, double lr, double momentum, double weight_decay, bool decay,
+                  double grad_scale) {
+    const host::Timed timed(host::Op::optimizer);
+    host::sgd(p, g, buf, n, lr, momentum, weight_decay, decay, grad_scale);
+  }
+
+  // AdamW over several ranges (Piece in optim/optimizer.hpp: p, g, state {m, v}, n, decay).
+  template <class Pieces, class S>
+  static void adamw_many(Host&, const Pieces& pieces, const math::AdamWParams<S>& a, double grad_scale) {
+    const host::Timed timed(host::Op::optimizer);
+    if (host::threads() == 1) {
+      for (const auto& x : pieces) host::adamw(x.p, x.g, x.state[0], x.state[1], x.n, a, x.decay, grad_scale);
+      return;
+    }
+    // Every piece cut into ranges of host::kElements, the ranges dealt out to the threads.
+    struct Range {
+      std::size_t piece;
+      index lo, hi;
+    };
+    std::vector<Range> ranges;
+    for (std::size_t i = 0; i < std::size(pieces); ++i)
+      for (index lo = 0; lo < pieces[i].n; lo += host::kElements)
+        ranges.push_back({i, lo, std::min(pieces[i].n, lo + host::kElements)});
+    host::parallel(static_cast<index>(ranges.size()), [&](index r) {
+      const Range& q = ranges[static_cast<std::size_t>(r)];
+      const auto& x = pieces[q.piece];
+      host::adamw(x.p + q.lo, x.g + q.lo, x.state[0] + q.lo, x.state[1] + q.lo, q.hi - q.lo, a, x.decay, grad_scale);
+    });
+  }
+};
+
+template <>
+struct Norm<Host> {
+  // The sum of squares (in double) behind the global norm.
+  template <class T>
+  static double sum_squares(Host&, const T* x, index n) {
+    const host::Timed timed(host::Op::norm);
+    return host::sum_squares(x, n);
+  }
+
+  // Several ranges, each cut into blocks of host::kElements from its start: every block's sum of squares
+  // (host::sum_squares), then the blocks' sums added in order, ranges in order. The blocks are
+  // fixed by the sizes alone, so the threads that run them do not change the bits.
+  template <class T>
+  static double sum_squares_many(Host&, std::span<const std::pair<const T*, index>> pieces) {
+    const host::Timed timed(host::Op::norm);
+    std::vector<std::pair<const T*, index>> blocks;
+    for (const auto& [p, n] : pieces)
+      for (index lo = 0; lo < n; lo += host::kElements) blocks.emplace_back(p + lo, std::min(host::kElements, n - lo));
+    std::vector<double> sums(blocks.size());
+    host::parallel(static_cast<index>(blocks.size()), [&](index b) {
+      const auto& [p, n] = blocks[static_cast<std::size_t>(b)];
+      sums[static_cast<std::size_t>(b)] = host::sum_squares(p, n);
+    });
+    double s = 0;
+    for (double x : sums) s += x;
+    return s;
+  }
+};
+
+}  // namespace weft::ops
