@@ -11,6 +11,7 @@
 #include <optional>
 
 #include "support/gradcheck.hpp"
+#include "support/train_steps.hpp"
 #include "weft/comm/mesh.hpp"
 #include "weft/comm/threads/run.hpp"
 #include "weft/data/loader.hpp"
@@ -48,91 +49,12 @@ const gpt2::Config kConfig{.vocab = 33, .seq = 8, .layers = 4, .heads = 2, .widt
 constexpr std::int64_t kMicro = 4;  // global micro-batch (sequences)
 constexpr int kM = 4;               // micro-batches per step
 
-struct Run {
-  std::vector<double> losses;
-  std::map<std::string, std::vector<double>> grads, values;  // after the first step (DDP); after the last
-};
+using Run = test::StepsRun;
 
-// `steps` AdamW steps with clipping at 1 over kM micro-batches each; pipe 1 runs the micro-batches
-// through the plain executor.
+// `steps` AdamW steps over kM micro-batches each (support/train_steps.hpp).
 template <class Model, class Sched, class Strategy = optim::Ddp>
 Run run(int pipe, int tensor, int data, int steps) {
-  Run out;
-  std::mutex mu;
-  const data::MarkovSource corpus(kConfig.vocab, 5);
-  run_threads(pipe * tensor * data, [&](ThreadComm& world) {
-    Host h;
-    Mesh mesh{world, {.data = data, .pipe = pipe, .tensor = tensor}};
-    const Partition part = Partition::even(pipe, 1, kConfig.layers);
-    Model model(h, kConfig, mesh.spread(), kMicro, part.placement(mesh.coord().pipe));
-    auto dp = optim::data_parallel<Strategy>(model, optim::AdamW{.config = {.lr = 1e-2}}, mesh);
-    std::optional<Pipeline<Model, decltype(mesh)>> pp;
-    if (pipe > 1) pp.emplace(model, table<Sched>(pipe, kM), part, mesh);
-    data::Loader<data::MarkovSource> loader(corpus, kConfig.seq, kMicro, data, mesh.coord().data);
-    std::vector<std::vector<std::int32_t>> x(kM), y(kM);
-    const bool lead = mesh.coord().tensor == 0 && mesh.coord().data == 0;
-    auto gather = [&](std::map<std::string, std::vector<double>>& into, bool grads) {
-      model.for_each_param([&](const std::string& name, auto& p) {
-        const auto t = grads ? redistribute<Replicated>(p.grad, mesh) : redistribute<Replicated>(p.value, mesh);
-        std::vector<double> g(t.data(), t.data() + t.numel());
-        if (!lead) return;
-        if (name == "wte" || name == "lm_head") g.resize(static_cast<std::size_t>(kConfig.vocab * kConfig.width));
-        std::lock_guard lock(mu);
-        into[name] = g;
-      });
-    };
-    for (int step = 0; step < steps; ++step) {
-      dp.zero_grad();
-      std::vector<nn::MicroBatch> mbs;
-      for (int i = 0; i < kM; ++i) {
-        loader.next(x[static_cast<std::size_t>(i)], y[static_cast<std::size_t>(i)]);
-        mbs.push_back({x[static_cast<std::size_t>(i)], y[static_cast<std::size_t>(i)], kMicro, 1.0 / kM});
-      }
-      double loss = 0;
-      if (pp) {
-        loss = pp->run(mbs, dp);
-      } else {
-        for (int i = 0; i < kM; ++i) {
-          auto ctx = model.context(mbs[static_cast<std::size_t>(i)]);
-          loss += pipeline::forward_backward(model, ctx, mesh, dp, i + 1 == kM) / kM;
-        }
-      }
-      if (step == 0 && std::same_as<Strategy, optim::Ddp>) {
-        dp.gather_values();
-        gather(out.grads, true);
-      }
-      dp.step(1e-2, 1.0);
-      if (world.rank() == 0) {
-        std::lock_guard lock(mu);
-        out.losses.push_back(loss);
-      }
-    }
-    dp.gather_values();
-    gather(out.values, false);
-  });
-  return out;
-}
-
-// The worst relative error over tensors (max |difference| over max |reference| of each).
-double worst(const std::map<std::string, std::vector<double>>& a, const std::map<std::string, std::vector<double>>& ref,
-             std::string& where) {
-  if (a.size() != ref.size()) {
-    where = cat(a.size(), " tensors against ", ref.size());
-    return 1e300;
-  }
-  double w = 0;
-  for (const auto& [name, r] : ref) {
-    const auto it = a.find(name);
-    if (it == a.end() || it->second.size() != r.size()) {
-      where = name + " missing or of another size";
-      return 1e300;
-    }
-    if (const double e = test::rel_error(it->second, r); e > w) {
-      w = e;
-      where = name;
-    }
-  }
-  return w;
+  return test::train_steps<Model, Sched, Strategy>(kConfig, kMicro, kM, pipe, 1, tensor, data, steps);
 }
 
 // The global parameter vector's error: max |difference| over max |parameter| (the attention's key
@@ -156,7 +78,7 @@ void compare(const Run& ref, int pipe, int tensor, int data, const std::string& 
     CHECK_MESSAGE(std::abs(got.losses[i] - ref.losses[i]) <= 1e-12 * std::abs(ref.losses[i]), what, " step ", i);
   std::string where;
   if (std::same_as<Strategy, optim::Ddp>) {
-    const double e = worst(got.grads, ref.grads, where);
+    const double e = test::worst_tensor(got.grads, ref.grads, where);
     CHECK_MESSAGE(e <= 1e-12, what, ": gradient of ", where, " off by ", e);
     MESSAGE(what, ": worst gradient error ", e, " (", where, ")");
   }

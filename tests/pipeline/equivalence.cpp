@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "support/gradcheck.hpp"
+#include "support/train_steps.hpp"
 #include "weft/comm/mesh.hpp"
 #include "weft/comm/threads/run.hpp"
 #include "weft/data/loader.hpp"
@@ -26,98 +27,18 @@ const gpt2::Config kConfig{.vocab = 33, .seq = 8, .layers = 8, .heads = 2, .widt
 constexpr std::int64_t kMicro = 4;  // global micro-batch (sequences)
 constexpr int kM = 4;               // micro-batches per step
 
-struct Run {
-  std::vector<double> losses;
-  std::map<std::string, std::vector<double>> grads, values;  // after the first step; after the last
-};
+using Run = test::StepsRun;
 
-// `steps` steps of AdamW with clipping at 1 over m micro-batches each; pipe 1 runs the same
-// micro-batches one after another through the plain executor (the reference).
+// `steps` steps of AdamW with clipping at 1 over kM micro-batches each (support/train_steps.hpp);
+// pipe 1 runs the same micro-batches one after another through the plain executor (the reference).
 template <class Sched, class T, class Strategy = optim::Ddp, bool SP = false>
 Run run(int pipe, int v, int tensor, int data, int steps) {
-  Run out;
-  std::mutex mu;
-  const data::MarkovSource corpus(kConfig.vocab, 5);
-  run_threads(pipe * tensor * data, [&](ThreadComm& world) {
-    Host h;
-    Mesh mesh{world, {.data = data, .pipe = pipe, .tensor = tensor}};
-    const Partition part = Partition::even(pipe, v, kConfig.layers);
-    gpt2::Model<T, SP> gpt(h, kConfig, mesh.spread(), kMicro, part.placement(mesh.coord().pipe));
-    auto dp = optim::data_parallel<Strategy>(gpt, optim::AdamW{.config = {.lr = 1e-2}}, mesh);
-    std::optional<Pipeline<gpt2::Model<T, SP>, decltype(mesh)>> pp;
-    if (pipe > 1) pp.emplace(gpt, table<Sched>(pipe, kM, v), part, mesh);
-    data::Loader<data::MarkovSource> loader(corpus, kConfig.seq, kMicro, data, mesh.coord().data);
-    std::vector<std::vector<std::int32_t>> x(kM), y(kM);
-    const bool lead = mesh.coord().tensor == 0 && mesh.coord().data == 0;
-    auto gather = [&](std::map<std::string, std::vector<double>>& into, bool grads) {
-      gpt.for_each_param([&](const std::string& name, auto& p) {
-        std::vector<double> g;
-        if (grads) {
-          const auto t = redistribute<Replicated>(p.grad, mesh);
-          g.assign(t.data(), t.data() + t.numel());
-        } else {
-          const auto t = redistribute<Replicated>(p.value, mesh);
-          g.assign(t.data(), t.data() + t.numel());
-        }
-        if (!lead) return;
-        if (name == "wte") g.resize(static_cast<std::size_t>(kConfig.vocab * kConfig.width));
-        std::lock_guard lock(mu);
-        into[name] = g;
-      });
-    };
-    for (int step = 0; step < steps; ++step) {
-      dp.zero_grad();
-      std::vector<nn::MicroBatch> mbs;
-      for (int i = 0; i < kM; ++i) {
-        loader.next(x[static_cast<std::size_t>(i)], y[static_cast<std::size_t>(i)]);
-        mbs.push_back({x[static_cast<std::size_t>(i)], y[static_cast<std::size_t>(i)], kMicro, 1.0 / kM});
-      }
-      double loss = 0;
-      if (pp) {
-        loss = pp->run(mbs, dp);
-      } else {
-        for (int i = 0; i < kM; ++i) {
-          auto ctx = gpt.context(mbs[static_cast<std::size_t>(i)]);
-          loss += pipeline::forward_backward(gpt, ctx, mesh, dp, i + 1 == kM) / kM;
-        }
-      }
-      if (step == 0) {
-        dp.gather_values();
-        // Gradients as the step sees them (DDP keeps them whole; reduced over data and the tied pair).
-        if constexpr (std::same_as<Strategy, optim::Ddp>) gather(out.grads, true);
-      }
-      dp.step(1e-2, 1.0);
-      if (world.rank() == 0) {
-        std::lock_guard lock(mu);
-        out.losses.push_back(loss);
-      }
-    }
-    dp.gather_values();
-    gather(out.values, false);
-  });
-  return out;
+  return test::train_steps<gpt2::Model<T, SP>, Sched, Strategy>(kConfig, kMicro, kM, pipe, v, tensor, data, steps);
 }
 
 double worst(const std::map<std::string, std::vector<double>>& a, const std::map<std::string, std::vector<double>>& ref,
              std::string& where) {
-  double w = 0;
-  if (a.size() != ref.size()) {
-    where = cat(a.size(), " parameters against ", ref.size());
-    return 1e300;
-  }
-  for (const auto& [name, r] : ref) {
-    const auto it = a.find(name);
-    if (it == a.end() || it->second.size() != r.size()) {
-      where = name + " missing or of another size";
-      return 1e300;
-    }
-    const double e = test::rel_error(it->second, r);
-    if (e > w) {
-      w = e;
-      where = name;
-    }
-  }
-  return w;
+  return test::worst_tensor(a, ref, where);
 }
 
 template <class Sched, class T>

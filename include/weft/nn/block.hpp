@@ -19,6 +19,7 @@
 #include "weft/nn/layernorm.hpp"
 #include "weft/nn/plan_row.hpp"
 #include "weft/nn/sequential.hpp"
+#include "weft/recompute/checkpointed.hpp"
 #include "weft/recompute/policies.hpp"
 
 namespace weft::nn {
@@ -30,12 +31,17 @@ struct stream {
   using leave = std::conditional_t<SP, ScatterToSequence, ReduceFromTensor>; // Partial -> stream
 };
 
+// The block itself; Block (below) applies the recompute policy to it. Recompute reaches the
+// attention (Selective: the probabilities are rebuilt from qkv) and the plan rows (Full: each
+// branch's forward collectives again in backward).
 template <Floating T, bool SP, recompute::Policy Recompute = recompute::None, class D = Host>
-class Block {
+class PreNormBlock {
  public:
   using A = typename stream<SP>::layout;
   using Enter = typename stream<SP>::enter;
   using Leave = typename stream<SP>::leave;
+  using value_type = T;
+  using device = D;
   using In = A;
   using Out = A;
   using GradIn = A;
@@ -51,7 +57,6 @@ class Block {
   using MlpBranch = Residual<Sequential<Named<"ln2", Ln>, Enter, Named<"mlp", MlpT>, Leave>>;
 
   struct Ctx {
-    Tensor<T, A, D> x;  // the block input (Full recompute keeps only this)
     typename AttnBranch::Ctx attn;
     typename MlpBranch::Ctx mlp;
   };
@@ -60,7 +65,7 @@ class Block {
   MlpBranch mlp;
 
   // id: first parameter id of this block (it uses id .. id + 11).
-  Block(D& dev, std::int64_t C, std::int64_t H, std::int64_t layers, const Spread& s, std::uint64_t id,
+  PreNormBlock(D& dev, std::int64_t C, std::int64_t H, std::int64_t layers, const Spread& s, std::uint64_t id,
         std::uint64_t seed, double init_std = 0.02)
       : attn(typename AttnBranch::inner_type(
             Named<"ln1", Ln>(Ln(dev, C, s, id, seed)), Enter{},
@@ -75,31 +80,19 @@ class Block {
 
   template <AxisComms M>
   Tensor<T, A, D> forward(Ctx& ctx, const Tensor<T, A, D>& x, M& mesh) {
-    if constexpr (std::same_as<Recompute, recompute::Full>) {
-      Ctx scratch;
-      auto y = run_forward(scratch, x, mesh);
-      ctx = Ctx{};
-      ctx.x = x.clone(Category::activations);
-      return y;
-    } else {
-      return run_forward(ctx, x, mesh);
-    }
+    auto x2 = attn.forward(ctx.attn, x, mesh);  // x + attn(ln1(x))
+    return mlp.forward(ctx.mlp, x2, mesh);      // x2 + mlp(ln2(x2))
   }
 
   // Forward that keeps nothing (evaluation): the block's saved tensors die with a scratch context.
   template <AxisComms M>
   Tensor<T, A, D> infer(const Tensor<T, A, D>& x, M& mesh) {
     Ctx scratch;
-    return run_forward(scratch, x, mesh);
+    return forward(scratch, x, mesh);
   }
 
   template <AxisComms M>
   Tensor<T, A, D> backward(Ctx& ctx, const Tensor<T, A, D>& dout, M& mesh) {
-    if constexpr (std::same_as<Recompute, recompute::Full>) {
-      Tensor<T, A, D> x = std::move(ctx.x);
-      ctx = Ctx{};
-      run_forward(ctx, x, mesh);
-    }
     auto dx2 = mlp.backward(ctx.mlp, dout, mesh);  // Leave, mlp, Enter, ln2, + dout
     auto dx = attn.backward(ctx.attn, dx2, mesh);  // Leave, attn, Enter, ln1, + dx2
     if (!deferring_) ctx = Ctx{};
@@ -120,7 +113,7 @@ class Block {
   }
 
   Shape out_shape(const Shape& s) const { return s; }
-  static std::string name() { return "Block"; }
+  static std::string name() { return "Block"; }  // (PreNormBlock)
 
   // This block's rows of the model's plan (describe.hpp): act is the global (B, T, C), e the bytes
   // of an element. Full recompute repeats each branch's forward collectives in its backward.
@@ -154,12 +147,11 @@ class Block {
 
  private:
   bool deferring_ = false;
-
-  template <AxisComms M>
-  Tensor<T, A, D> run_forward(Ctx& ctx, const Tensor<T, A, D>& x, M& mesh) {
-    auto x2 = attn.forward(ctx.attn, x, mesh);  // x + attn(ln1(x))
-    return mlp.forward(ctx.mlp, x2, mesh);      // x2 + mlp(ln2(x2))
-  }
 };
+
+// Block<T, SequenceParallel, Recompute>: the pre-LayerNorm block under its recompute policy (Full:
+// recompute::Checkpointed, the same for every block; recompute/checkpointed.hpp).
+template <Floating T, bool SP, recompute::Policy Recompute = recompute::None, class D = Host>
+using Block = recompute::apply_t<Recompute, PreNormBlock<T, SP, Recompute, D>>;
 
 }  // namespace weft::nn
