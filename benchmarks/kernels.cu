@@ -15,6 +15,11 @@
 #include <vector>
 
 #include "weft/device/cuda/gemm.cuh"
+#include "weft/device/cuda/kernels/cross_entropy.cuh"
+#include "weft/device/cuda/kernels/elementwise.cuh"
+#include "weft/device/cuda/kernels/embedding.cuh"
+#include "weft/device/cuda/kernels/layernorm.cuh"
+#include "weft/device/cuda/kernels/update.cuh"
 
 using weft::Allocation;
 using weft::bf16;

@@ -23,6 +23,7 @@
 #include "weft/layout/plan.hpp"
 #include "weft/comm/redistribute.hpp"
 #include "weft/nn/describe.hpp"
+#include "weft/nn/elementwise.hpp"
 #include "weft/models/gpt2/model.hpp"
 #include "weft/nn/sequential.hpp"
 #include "weft/pipeline/executor.hpp"

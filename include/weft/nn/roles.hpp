@@ -42,4 +42,14 @@ struct None {};
 struct Gelu {};  // y = gelu(x W^T + b)
 }  // namespace epilogue
 
+// The four layouts of a layer that keeps its input's layout (a norm, an elementwise op): derive
+// from SameLayout<A>.
+template <LayoutType A>
+struct SameLayout {
+  using In = A;
+  using Out = A;
+  using GradIn = A;
+  using GradOut = A;
+};
+
 }  // namespace weft::nn

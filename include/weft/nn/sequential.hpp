@@ -13,7 +13,8 @@
 // A layer provides In, Out, GradIn, GradOut, Ctx, forward(ctx, x[, mesh]), backward(ctx, dy[, mesh]),
 // out_shape(in_shape), name() and for_each_param(prefix, f). Parameters are named by position
 // ("prefix.1.weight"), or by the name a layer is given with Named<"attn", L> ("prefix.attn.qkv.weight").
-// Residual adds no name of its own. Both pass a zero-bubble schedule's deferred weight pass
+// Residual adds no name of its own, inside a Sequential too (a block written as
+// Sequential<Residual<...>, Residual<...>> names its parameters by the names inside the branches). Both pass a zero-bubble schedule's deferred weight pass
 // (defer_weight, backward_weight) through to every layer that has one (detail::DefersWeight).
 #pragma once
 
@@ -53,6 +54,7 @@ namespace detail {
 
 template <class T> inline constexpr bool is_named = false;
 template <Label N, class L> inline constexpr bool is_named<Named<N, L>> = true;
+template <class T> inline constexpr bool is_residual = false;
 
 template <class P>
 constexpr bool is_feature_shard() {
@@ -153,7 +155,8 @@ class Sequential {
   template <class F>
   void for_each_param(const std::string& prefix, F&& f) {
     for_each_layer([&](std::size_t i, auto& l) {
-      if constexpr (detail::is_named<std::remove_cvref_t<decltype(l)>>) l.for_each_param(prefix, f);  // adds its name
+      using L = std::remove_cvref_t<decltype(l)>;
+      if constexpr (detail::is_named<L> || detail::is_residual<L>) l.for_each_param(prefix, f);  // its own names
       else l.for_each_param(cat(prefix, ".", i), f);
     });
   }
@@ -284,5 +287,9 @@ class Residual {
     inner.for_each_param(prefix, f);
   }
 };
+
+namespace detail {
+template <class Inner> inline constexpr bool is_residual<Residual<Inner>> = true;
+}  // namespace detail
 
 }  // namespace weft::nn

@@ -1,12 +1,14 @@
 // StagedModel<Spec>: a language model as a list of stages over flat state, built from the parts a Spec
-// names. GPT-2 is one instance (nn/gpt.hpp); a user's model is another, with nothing of weft edited.
+// names. GPT-2 is one instance (models/gpt2/model.hpp); a user's model is another, with nothing of
+// weft edited (examples/03_custom_model.hpp).
 //
 //   stage 0         Spec::Embedding: tokens -> the stream                  unit "embedding"
 //   stage 1 .. L    Spec::Block, one per layer                             unit Spec::block_name(l)
 //   stage L + 1     Spec::Head: the stream -> the loss                     unit "head"
 //
 // Each stage has forward(ctx, ...) and backward(ctx, ...) over a context per micro-batch that the
-// caller owns (Ctx), and a forward that keeps nothing (Mode::infer). An executor
+// caller owns (Ctx), and a forward that keeps nothing (Mode::infer: a block's infer(x, mesh), or its
+// forward into a scratch context where it has none, as a Sequential block). An executor
 // (pipeline/executor.hpp) runs the stages in order and tells a data-parallel strategy which units
 // each stage touches (units_of), so that FSDP can gather a unit just before its stage and DDP can
 // reduce a unit's gradients as soon as its last backward is done. Each unit owns flat buffers for
@@ -23,8 +25,8 @@
 // data-parallel slices line up; the data-parallel protocol sums their gradients (reduce_tied()).
 //
 // The Spec (concept ModelSpec) supplies the types, the configuration (concept ModelConfig: vocab,
-// seq, layers, width, seed), and how to build each part; see nn/gpt.hpp for GPT-2's and
-// docs/layers.md for writing one.
+// seq, layers, width, seed), and how to build each part; see models/gpt2/model.hpp for GPT-2's
+// and docs/layers.md for writing one.
 #pragma once
 
 #include <concepts>
@@ -269,7 +271,14 @@ class StagedModel {
       ctx.x = embedding.forward(ctx.embedding, ctx.in.tokens, ctx.in.batch, config.seq, mesh);
     } else if (stage + 1 < stages()) {
       BlockT& b = block(stage - 1);
-      ctx.x = mode == Mode::train ? b.forward(ctx.blocks[stage - 1], ctx.x, mesh) : b.infer(ctx.x, mesh);
+      if (mode == Mode::train) {
+        ctx.x = b.forward(ctx.blocks[stage - 1], ctx.x, mesh);
+      } else if constexpr (requires { b.infer(ctx.x, mesh); }) {
+        ctx.x = b.infer(ctx.x, mesh);
+      } else {  // a block without its own infer (a Sequential): a scratch context, freed here
+        typename BlockT::Ctx scratch;
+        ctx.x = b.forward(scratch, ctx.x, mesh);
+      }
     } else {
       if constexpr (tied) ctx.loss = head.forward(ctx.head, ctx.x, table(), ctx.in.targets, mesh, mode);
       else ctx.loss = head.forward(ctx.head, ctx.x, ctx.in.targets, mesh, mode);

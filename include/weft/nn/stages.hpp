@@ -73,7 +73,9 @@ class EmbeddingStage {
   }
 };
 
-template <Floating T, bool SP, class D = Host>
+// Norm: the final norm's layer over the stream (LayerNorm by default; any layer with the same
+// constructor (dev, C, spread, first id, seed), forward(ctx, x) and backward(ctx, dy)).
+template <Floating T, bool SP, class D = Host, class Norm = LayerNorm<T, typename stream<SP>::layout, D>>
 class HeadStage {
  public:
   using A = typename stream<SP>::layout;
@@ -82,12 +84,12 @@ class HeadStage {
   using S = master_t<T>;
 
   struct Ctx {
-    typename LayerNorm<T, A, D>::Ctx ln_f;
+    typename Norm::Ctx ln_f;
     Tensor<T, act::Replicated, D> xr;  // (B, T, C) Replicate: the LM head's input, for dW
     typename VocabParallelCrossEntropy<T, D>::Ctx ce;  // logits (B, T, Vp) Shard<-1> in ce.logits
   };
 
-  LayerNorm<T, A, D> ln_f;
+  Norm ln_f;
   VocabParallelCrossEntropy<T, D> ce;
 
   HeadStage() = default;
@@ -100,7 +102,7 @@ class HeadStage {
   template <AxisComms M>
   double forward(Ctx& ctx, const Tensor<T, A, D>& x, const Table& table, std::span<const std::int32_t> targets,
                  M& mesh, Mode mode = Mode::train) {
-    typename LayerNorm<T, A, D>::Ctx ln_scratch;
+    typename Norm::Ctx ln_scratch;
     auto xr = Enter::forward(ln_f.forward(mode == Mode::train ? ctx.ln_f : ln_scratch, x), mesh);  // Replicate
     const std::int64_t C = xr.local_shape()[2], N = xr.numel() / C, Vl = table.value.local_shape()[0];
     auto logits = Tensor<T, act::Features, D>::empty(
@@ -165,9 +167,9 @@ class HeadStage {
 // (Vp, C) Shard<0> on tensor, and the cross-entropy; the same computation as HeadStage with the
 // table held here, initialized normal(0, init_std) from its own parameter id and weight-decayed as
 // a Linear matrix is.
-template <Floating T, bool SP, class D = Host>
+template <Floating T, bool SP, class D = Host, class Norm = LayerNorm<T, typename stream<SP>::layout, D>>
 class UntiedHeadStage {
-  using Core = HeadStage<T, SP, D>;
+  using Core = HeadStage<T, SP, D, Norm>;
 
  public:
   using A = typename Core::A;

@@ -160,6 +160,10 @@ class Unit {
     using L = typename P::layout;
     using GL = typename P::grad_layout;
     if (p.value.numel() == 0) return;  // an absent bias
+    for (const UnitEntry& e : entries_)
+      if (e.name == n)
+        throw Error(cat("Unit ", name_), cat("two parameters named ", n),
+                    "name the layers apart (Named<\"...\", L> inside a Sequential)");
     UnitEntry e{n, p.value.global_shape(), p.value.local_shape(), numel_, p.value.numel(), L::name(), GL::name(),
                 IsShard<typename L::tensor>, IsPartial<typename GL::tensor>,
                 local_box<L>(p.value.global_shape(), p.value.spread()).offset, p.value.global_shape(),

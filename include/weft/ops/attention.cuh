@@ -5,8 +5,7 @@
 
 #include <cstdint>
 
-#include "weft/device/cuda/attention.cuh"
-#include "weft/device/cuda/ops_train.cuh"
+#include "weft/device/cuda/kernels/attention.cuh"
 #include "weft/device/cuda/profile.hpp"
 #include "weft/ops/attention.hpp"
 

@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "weft/device/cuda/ops_train.cuh"
+#include "weft/device/cuda/kernels/bias.cuh"
 #include "weft/device/cuda/profile.hpp"
 #include "weft/ops/bias.hpp"
 

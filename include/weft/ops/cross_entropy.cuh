@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "weft/device/cuda/ops_train.cuh"
+#include "weft/device/cuda/kernels/cross_entropy.cuh"
 #include "weft/device/cuda/profile.hpp"
 #include "weft/ops/cross_entropy.hpp"
 

@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "weft/device/cuda/ops_train.cuh"
+#include "weft/device/cuda/kernels/embedding.cuh"
 #include "weft/device/cuda/profile.hpp"
 #include "weft/ops/embedding.hpp"
 

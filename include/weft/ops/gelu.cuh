@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-#include "weft/device/cuda/ops_train.cuh"
+#include "weft/device/cuda/kernels/elementwise.cuh"
 #include "weft/device/cuda/profile.hpp"
 #include "weft/ops/gelu.hpp"
 

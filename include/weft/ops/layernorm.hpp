@@ -4,7 +4,7 @@
 // An op family: the primary template is declared here and specialized per device, the host's
 // below and the Cuda device's in layernorm.cuh beside this file (ops/family.hpp says how a family is
 // written; a user adds one the same way, in their own code). Layers call
-// ops::LayerNorm<D>::name(dev, ...).
+// ops::LayerNorm<D>::forward(dev, ...).
 #pragma once
 
 #include <cstdint>

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "weft/device/cuda/ops_train.cuh"
+#include "weft/device/cuda/kernels/elementwise.cuh"
 #include "weft/device/cuda/profile.hpp"
 #include "weft/ops/memory.hpp"
 

@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-#include "weft/device/cuda/ops_train.cuh"
+#include "weft/device/cuda/kernels/update.cuh"
 #include "weft/device/cuda/profile.hpp"
 #include "weft/ops/update.hpp"
 

@@ -8,7 +8,7 @@
 // counts for every strategy). Activations, communication buffers and the transient gathers of
 // sharded strategies during a step are not planned yet.
 //
-// A rank's units (nn/gpt.hpp), each padded to a multiple of the data degree:
+// A rank's units (nn/staged_model.hpp, GPT-2's in models/gpt2/model.hpp), each padded to a multiple of the data degree:
 //   embedding  wte (Vp/tp, C) and wpe (T, C); on two units ("wte", "embedding") when a pipeline
 //              puts the head on another rank, which then holds its own "wte" copy
 //   h<l>       a block: qkv (3C/tp, C) + 3C/tp, proj (C, C/tp) + C, fc (4C/tp, C) + 4C/tp,

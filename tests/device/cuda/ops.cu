@@ -4,7 +4,12 @@
 #include <doctest/doctest.h>
 
 #include "support.cuh"
-#include "weft/device/cuda/ops.cuh"
+#include "weft/device/cuda/kernels/bias.cuh"
+#include "weft/device/cuda/kernels/cross_entropy.cuh"
+#include "weft/device/cuda/kernels/elementwise.cuh"
+#include "weft/device/cuda/kernels/embedding.cuh"
+#include "weft/device/cuda/kernels/layernorm.cuh"
+#include "weft/device/cuda/kernels/update.cuh"
 #include "weft/device/host/ops.hpp"
 
 using namespace weft;

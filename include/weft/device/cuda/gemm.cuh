@@ -15,7 +15,7 @@
 #include <map>
 #include <tuple>
 
-#include "weft/device/cuda/ops.cuh"
+#include "weft/device/cuda/kernels/common.cuh"
 #include "weft/device/host/gemm.hpp"
 
 namespace weft::cuda {

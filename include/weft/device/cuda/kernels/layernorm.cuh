@@ -1,80 +1,12 @@
-// CUDA ops: the op set of device/host/ops.hpp on a GPU, for float and bf16 activations (math in
-// float). Each kernel is a small config, its arguments and its body; each launcher checks sizes and
-// the launch. The per-element math (GELU, AdamW) is weft/ops/math.hpp, shared with the host.
+// CUDA kernels: LayerNorm forward (optionally with the residual add) and backward.
 //
-// Determinism: no float atomics anywhere. Row reductions use fixed trees (warp shuffles, CUB block
-// reductions); column reductions (LayerNorm parameter gradients) go through per-block partial sums
-// added in block order; the embedding backward sorts tokens (stable radix sort) and each run of equal
-// tokens is summed by one thread per channel in position order; the gradient norm sums per-chunk
-// partials in chunk order. Two runs give the same bits.
-//
-// Include only from .cu translation units.
+// Kernels and their launchers (the conventions and determinism notes are in common.cuh); the op
+// families in include/weft/ops/*.cuh call them. Include only from .cu translation units.
 #pragma once
 
-#include "weft/device/cuda/ops_common.cuh"
-#include "weft/device/cuda/ops_loss_optim.cuh"
+#include "weft/device/cuda/kernels/common.cuh"
 
 namespace weft::cuda {
-
-// ---- GELU ------------------------------------------------------------------------------------
-// out[i] = f(a[i], b[i]) over n elements: 16-byte packs, then the tail; a scalar kernel where the
-// buffers are not 16-byte aligned.
-
-struct GeluForward {
-  __device__ float operator()(float x, float) const { return math::gelu(x); }
-};
-struct GeluBackward {
-  __device__ float operator()(float x, float dout) const { return dout * math::gelu_grad(x); }
-};
-
-template <class T, class F>
-__global__ void map2_vec_kernel(T* out, const T* a, const T* b, index n, F f) {
-  constexpr int W = detail::Pack<T>::W;
-  const index packs = n / W, stride = static_cast<index>(gridDim.x) * blockDim.x;
-  const index tid = blockIdx.x * static_cast<index>(blockDim.x) + threadIdx.x;
-  for (index p = tid; p < packs; p += stride) {
-    const detail::Pack<T> x = detail::load_pack(a + p * W);
-    detail::Pack<T> y = x;
-    if (b) y = detail::load_pack(b + p * W);
-    detail::Pack<T> r;
-#pragma unroll
-    for (int k = 0; k < W; ++k) r.v[k] = detail::from_f<T>(f(detail::to_f(x.v[k]), b ? detail::to_f(y.v[k]) : 0.0f));
-    detail::store_pack(out + p * W, r);
-  }
-  for (index i = packs * W + tid; i < n; i += stride)
-    out[i] = detail::from_f<T>(f(detail::to_f(a[i]), b ? detail::to_f(b[i]) : 0.0f));
-}
-
-template <class T, class F>
-__global__ void map2_kernel(T* out, const T* a, const T* b, index n, F f) {
-  for (index i = blockIdx.x * static_cast<index>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<index>(gridDim.x) * blockDim.x)
-    out[i] = detail::from_f<T>(f(detail::to_f(a[i]), b ? detail::to_f(b[i]) : 0.0f));
-}
-
-template <class T, class F>
-void map2(Cuda& d, T* out, const T* a, const T* b, index n, F f, const char* op) {
-  constexpr unsigned threads = 256;
-  if (n == 0) return;
-  if (detail::all_aligned16(out, a) && (!b || detail::aligned16(b)))
-    map2_vec_kernel<<<detail::blocks_for(n / (16 / sizeof(T)) + 1, threads, 132 * 16), threads, 0, d.stream()>>>(
-        detail::dev(out), detail::dev(a), detail::dev(b), n, f);
-  else
-    map2_kernel<<<detail::blocks_for(n, threads), threads, 0, d.stream()>>>(detail::dev(out), detail::dev(a),
-                                                                           detail::dev(b), n, f);
-  check_launch(op);
-}
-
-template <Activation T>
-void gelu_forward(Cuda& d, T* out, const T* x, index n) {
-  map2(d, out, x, static_cast<const T*>(nullptr), n, GeluForward{}, "gelu_forward");
-}
-
-// dx = dout gelu'(x).
-template <Activation T>
-void gelu_backward(Cuda& d, T* dx, const T* x, const T* dout, index n) {
-  map2(d, dx, x, dout, n, GeluBackward{}, "gelu_backward");
-}
 
 // ---- LayerNorm -------------------------------------------------------------------------------
 // Forward, one warp per row: optionally adds a residual first (resid_out = x + residual, the
@@ -296,103 +228,6 @@ void layernorm_backward(Cuda& d, T* dx, G* dw, G* db, const T* dout, const T* x,
   layernorm_backward_finish_kernel<<<detail::blocks_for(C, 256), 256, 0, d.stream()>>>(
       detail::dev(dw), detail::dev(db), static_cast<const float*>(partial.data()), chunks, C);
   check_launch("layernorm_backward (finish)");
-}
-
-// ---- Embedding (vocab-parallel) -------------------------------------------------------------
-
-template <class T>
-__global__ void embedding_forward_kernel(T* out, const std::int32_t* tokens, const T* table, index N, index C,
-                                         index begin, index end) {
-  for (index i = blockIdx.x * static_cast<index>(blockDim.x) + threadIdx.x; i < N * C;
-       i += static_cast<index>(gridDim.x) * blockDim.x) {
-    const index n = i / C, c = i % C, t = tokens[n];
-    out[i] = (t >= begin && t < end) ? table[(t - begin) * C + c] : detail::from_f<T>(0.0f);
-  }
-}
-
-// The same a 16-byte pack at a time (C a multiple of the pack width, aligned buffers).
-template <class T>
-__global__ void embedding_forward_vec_kernel(T* out, const std::int32_t* tokens, const T* table, index N, index C,
-                                             index begin, index end) {
-  constexpr int W = detail::Pack<T>::W;
-  const index packs_per_row = C / W;
-  for (index i = blockIdx.x * static_cast<index>(blockDim.x) + threadIdx.x; i < N * packs_per_row;
-       i += static_cast<index>(gridDim.x) * blockDim.x) {
-    const index n = i / packs_per_row, c = (i % packs_per_row) * W, t = tokens[n];
-    detail::Pack<T> r;
-    if (t >= begin && t < end) {
-      r = detail::load_pack(table + (t - begin) * C + c);
-    } else {
-#pragma unroll
-      for (int k = 0; k < W; ++k) r.v[k] = detail::from_f<T>(0.0f);
-    }
-    detail::store_pack(out + n * C + c, r);
-  }
-}
-
-template <Activation T>
-void embedding_forward(Cuda& d, T* out, const std::int32_t* tokens, const T* table, index N, index C, index begin,
-                       index end) {
-  if (N * C == 0) return;
-  constexpr index W = 16 / sizeof(T);
-  if (C % W == 0 && detail::all_aligned16(out, table))
-    embedding_forward_vec_kernel<<<detail::blocks_for(N * C / W, 256), 256, 0, d.stream()>>>(
-        detail::dev(out), tokens, detail::dev(table), N, C, begin, end);
-  else
-    embedding_forward_kernel<<<detail::blocks_for(N * C, 256), 256, 0, d.stream()>>>(detail::dev(out), tokens,
-                                                                                      detail::dev(table), N, C, begin, end);
-  check_launch("embedding_forward");
-}
-
-// One block per sorted position i; only the first of each run of equal tokens works: its threads
-// (one per channel) sum the run's rows in position order into the token's row (G: float or T).
-template <class G, class T>
-__global__ void embedding_backward_kernel(G* dtable, const T* dout, const std::int32_t* sorted_tokens,
-                                          const std::int32_t* positions, index N, index C, index begin, index end) {
-  const index i = blockIdx.x;
-  const std::int32_t t = sorted_tokens[i];
-  if ((i > 0 && sorted_tokens[i - 1] == t) || t < begin || t >= end) return;
-  for (index c = threadIdx.x; c < C; c += blockDim.x) {
-    float acc = 0;
-    for (index j = i; j < N && sorted_tokens[j] == t; ++j) acc += detail::to_f(dout[positions[j] * C + c]);
-    G* row = dtable + (t - begin) * C;
-    row[c] = detail::from_f<G>(detail::to_f(row[c]) + acc);
-  }
-}
-
-template <int = 0>
-__global__ void iota_kernel(std::int32_t* p, index n) {
-  for (index i = blockIdx.x * static_cast<index>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<index>(gridDim.x) * blockDim.x)
-    p[i] = static_cast<std::int32_t>(i);
-}
-
-// dtable += rows of dout for tokens in [begin, end); deterministic (no atomics).
-template <Activation T, Activation G>
-void embedding_backward(Cuda& d, G* dtable, const T* dout, const std::int32_t* tokens, index N, index C, index begin,
-                        index end) {
-  detail::require(N >= 0 && N < (index{1} << 31), "embedding_backward", cat("N ", N, " tokens"));
-  if (N == 0) return;
-  const auto bytes = static_cast<index>(N * sizeof(std::int32_t));
-  Allocation keys = d.allocate(bytes, Category::communication), vals = d.allocate(bytes, Category::communication),
-             pos = d.allocate(bytes, Category::communication);
-  iota_kernel<><<<detail::blocks_for(N, 256), 256, 0, d.stream()>>>(static_cast<std::int32_t*>(pos.data()), N);
-  check_launch("embedding_backward (iota)");
-  std::size_t temp_bytes = 0;
-  const int n = static_cast<int>(N);
-  check(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, tokens, static_cast<std::int32_t*>(keys.data()),
-                                        static_cast<const std::int32_t*>(pos.data()),
-                                        static_cast<std::int32_t*>(vals.data()), n, 0, 32, d.stream()),
-        "embedding_backward (sort size)");
-  Allocation temp = d.allocate(static_cast<index>(temp_bytes), Category::communication);
-  check(cub::DeviceRadixSort::SortPairs(temp.data(), temp_bytes, tokens, static_cast<std::int32_t*>(keys.data()),
-                                        static_cast<const std::int32_t*>(pos.data()),
-                                        static_cast<std::int32_t*>(vals.data()), n, 0, 32, d.stream()),
-        "embedding_backward (sort)");
-  embedding_backward_kernel<<<static_cast<unsigned>(N), 256, 0, d.stream()>>>(
-      detail::dev(dtable), detail::dev(dout), static_cast<const std::int32_t*>(keys.data()),
-      static_cast<const std::int32_t*>(vals.data()), N, C, begin, end);
-  check_launch("embedding_backward");
 }
 
 }  // namespace weft::cuda

@@ -17,10 +17,10 @@
 // The f32 scratch S (B, H, T, T) lives only inside a call. Every sum runs in a fixed order, so
 // results are bitwise repeatable.
 //
-// Include only from .cu translation units (through dispatch.cuh).
+// Include only from .cu translation units (the op family ops/attention.cuh calls it).
 #pragma once
 
-#include "weft/device/cuda/ops_common.cuh"
+#include "weft/device/cuda/kernels/common.cuh"
 
 namespace weft::cuda {
 

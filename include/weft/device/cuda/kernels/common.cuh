@@ -1,6 +1,17 @@
-// What every CUDA op file shares: the element types (float, bf16 as __nv_bfloat16), 16-byte packs,
-// launch sizing and size checks. The op files are ops.cuh (GELU, LayerNorm, embeddings) and
-// ops_loss_optim.cuh (cross-entropy, AdamW, gradient norm); include ops.cuh, which includes both.
+// CUDA kernels: what every kernel file of this folder shares (the element types, float and bf16 as
+// __nv_bfloat16; 16-byte packs; launch sizing and size checks). One file per op family, as the
+// families in include/weft/ops/ call them: elementwise (GELU, conversion, fill, the residual add),
+// layernorm, bias, columns (column sums), embedding (and learned positions), attention,
+// cross_entropy (and the loss sum), update (AdamW, SGD, the gradient norm). Each serves float and
+// bf16 activations (math in float) with the host kernels' signatures (device/host/ops.hpp); each
+// kernel is a small config, its arguments and its body; each launcher checks sizes and the launch.
+// The per-element math (GELU, AdamW) is weft/ops/math.hpp, shared with the host.
+//
+// Determinism: no float atomics anywhere. Row reductions use fixed trees (warp shuffles, CUB block
+// reductions); column reductions (LayerNorm parameter gradients, bias and position gradients) go
+// through per-block partial sums added in block order; the embedding backward sorts tokens (stable
+// radix sort) and each run of equal tokens is summed by one thread per channel in position order;
+// the gradient norm and the loss sum partials in a fixed order. Two runs give the same bits.
 //
 // Include only from .cu translation units.
 #pragma once
