@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "weft/comm/mesh.hpp"
-#include "weft/comm/threads/cuda_memory.cuh"
+#include "weft/comm/gpu/thread_memory.cuh"
 #include "weft/comm/threads/run.hpp"
 #include "weft/data/loader.hpp"
 #include "weft/data/synthetic.hpp"
@@ -118,7 +118,7 @@ int main(int argc, char** argv) {
     const auto r = run(cfg, B, steps);
     if (!r) continue;
     const double tokens_s = static_cast<double>(B * cfg.seq) / r->step_s;
-    const double flops = train::flops_per_token(cfg) * tokens_s;
+    const double flops = gpt2::flops_per_token(cfg) * tokens_s;
     const double kernels = r->kernel_ms[0] + r->kernel_ms[1] + r->kernel_ms[2];
     nlohmann::json j{{"bench", "gpt2"}, {"layers", cfg.layers}, {"seq", cfg.seq}, {"dtype", "bf16"}, {"micro_batch", B},
                      {"step_ms", 1e3 * r->step_s}, {"tokens_per_s", tokens_s}, {"model_tflops", flops / 1e12},

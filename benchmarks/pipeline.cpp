@@ -34,7 +34,7 @@ struct SleepModel {
   };
   using value_type = float;
   using device = Host;
-  using A = nn::act::Replicated;
+  using A = nn::act::Full;
   struct Ctx {
     Tensor<float, A, Host> x;
     double loss = 0;

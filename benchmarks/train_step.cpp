@@ -159,8 +159,8 @@ int main(int argc, char** argv) {
                               {"batch", batch}, {"data", data}, {"tensor", tensor}, {"threads", ranks * op_threads},
                               {"op_threads", op_threads}, {"dtype", "f32"},
                               {"step_s", step_s}, {"tokens_per_s", tokens_s},
-                              {"effective_gflops", tokens_s * train::flops_per_token(cfg) / 1e9},
-                              {"mfu", tokens_s * train::flops_per_token(cfg) / peak},
+                              {"effective_gflops", tokens_s * gpt2::flops_per_token(cfg) / 1e9},
+                              {"mfu", tokens_s * gpt2::flops_per_token(cfg) / peak},
                               {"gemm_ceiling_gflops", peak / 1e9},  // 512^3 GEMMs, every rank, best of 5 windows
                               {"gemm_library", host::gemm_library()},
                               {"step_gemm_rate_gflops", gemm_flops / gemm_time / 1e9},

@@ -1,49 +1,12 @@
-// Command lines of the examples: CLI11 with weft's exit statuses (docs/training.md), and range
-// checks whose messages read well.
+// Command lines of the examples: weft's (train/command_line.hpp), by their short names.
 #pragma once
 
-#include <CLI/CLI.hpp>
-
-#include <cmath>
-#include <cstdlib>
-#include <functional>
-#include <optional>
-#include <string>
-
-#include <weft/core/error.hpp>
+#include <weft/train/command_line.hpp>
 
 namespace examples {
-
-// Parses argv into app. Returns the exit status when the program should stop now: 0 after --help,
-// 2 for a bad option (CLI11 has printed why); nullopt to go on.
-inline std::optional<int> parse(CLI::App& app, int argc, char** argv) {
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    app.exit(e);
-    return 2;
-  }
-  return std::nullopt;
-}
-
-// Range checks for numeric options: NaN and infinities are refused (NaN passes every comparison, so
-// CLI11's own range checks let it through), and the messages print the bound as written.
-inline CLI::Validator number_check(std::function<bool(double)> ok, std::string rule) {
-  return CLI::Validator(
-      [ok, rule](std::string& s) -> std::string {
-        char* end = nullptr;
-        const double v = std::strtod(s.c_str(), &end);
-        if (s.empty() || end != s.c_str() + s.size()) return weft::cat("'", s, "' is not a number");
-        if (!std::isfinite(v)) return weft::cat(s, " is not a finite number");
-        if (!ok(v)) return weft::cat(s, " is out of range: use a number ", rule);
-        return "";
-      },
-      weft::cat("NUMBER ", rule));
-}
-inline CLI::Validator at_least(double lo) { return number_check([lo](double v) { return v >= lo; }, weft::cat(">= ", lo)); }
-inline CLI::Validator above(double lo) { return number_check([lo](double v) { return v > lo; }, weft::cat("> ", lo)); }
-inline CLI::Validator at_most(double hi) { return number_check([hi](double v) { return v <= hi; }, weft::cat("<= ", hi)); }
-
+using weft::cli::above;
+using weft::cli::at_least;
+using weft::cli::at_most;
+using weft::cli::number_check;
+using weft::cli::parse;
 }  // namespace examples

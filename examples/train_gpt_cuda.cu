@@ -1,86 +1,9 @@
-// train_gpt's GPU half (nvcc): every strategy, in f32 and bf16 mixed precision, with the ranks as
-// threads sharing one GPU (each its own stream; collectives move device memory), or one rank per
-// process and GPU under mpirun or an env launcher (torchrun, srun), NCCL between them. Built into
-// train_gpt in CUDA builds; train_gpt.cpp calls it for --device cuda.
-#include <nvtx3/nvToolsExt.h>
-
-#ifndef WEFT_NO_NCCL  // scripts/gpu-check on a machine without NCCL: thread ranks only
-#include "weft/comm/nccl/bootstrap.cuh"
-#endif
-#include "weft/comm/threads/cuda_memory.cuh"
-#include "weft/device/cuda/dispatch.cuh"
-#include "weft/train/cuda_metrics.cuh"
+// train_gpt's GPU half (nvcc): the training loop for GPT-2 on the GPU (weft/train/devices.cuh),
+// every strategy in f32 and bf16 mixed precision. Built into train_gpt in CUDA builds; the command
+// line (weft/train/main.hpp) calls it for --device cuda.
+#include "weft/train/devices.cuh"
 
 #include "train_gpt.hpp"
 
-namespace train_gpt {
-
-template <>
-struct DeviceSupport<Cuda> {
-  // Thread ranks: each its own Cuda (stream) on GPU 0, and the communicator moves device memory.
-  static std::shared_ptr<Cuda> make(ThreadComm& world) {
-    auto d = std::make_shared<Cuda>(0);
-    world.set_memory(std::make_shared<threads::CudaMemory>(*d));
-    return d;
-  }
-#ifndef WEFT_NO_NCCL
-  // A process's rank: the NCCL world's device (its stream orders the collectives after the compute).
-  static std::shared_ptr<Cuda> make(nccl::NcclComm& world) { return {std::shared_ptr<Cuda>{}, &world.device()}; }
-#endif
-
-  // Threads sharing GPU 0, or this process's rank on its GPU (the launcher's local rank modulo the
-  // GPUs), in an NCCL world bootstrapped over MPI or over the env launcher's TCP store.
-  template <class Body>
-  static void run_ranks(const Launch& l, int ranks, const Options& o, Body&& body) {
-    if (l.kind == Launcher::threads) {
-      run_threads(ranks, std::forward<Body>(body), {.deadline = deadline_of(o)});
-      return;
-    }
-#ifdef WEFT_NO_NCCL
-    throw Error(cat("train_gpt --launcher ", name(l.kind)), "this binary was built without NCCL",
-                "install NCCL and rebuild, or use --launcher threads");
-#else
-    Cuda dev(nccl::device_for(l.gpu));
-    if (l.kind == Launcher::env) {
-      auto world = nccl::world_from_env(dev, env_ranks(), deadline_of(o));
-      body(world);  // a rank that throws exits; the others' next collective ends at the deadline
-      return;
-    }
-#ifdef WEFT_ENABLE_MPI
-    auto host = mpi::MpiComm::world({.deadline = deadline_of(o)});
-    auto world = nccl::world_from_mpi(dev, host);
-    mpi::run(host, [&](mpi::MpiComm&) { body(world); });
-#else
-    throw Error("train_gpt --launcher mpi", "this binary was built without MPI", "install libopenmpi-dev and rebuild");
-#endif
-#endif
-  }
-
-  // cuBLASLt on (4096, 4096) x (4096, 4096) in T for about 0.3 s: the GEMM ceiling of this GPU.
-  template <class T>
-  static double gemm_ceiling(int, int gpu) {
-    Cuda d(gpu % weft::cuda::device_count());
-    return train::cuda_gemm_rate<T>(d);
-  }
-  // The trace's ranges as NVTX ranges, for Nsight Systems.
-  static void ranges(pipeline::Trace& t) {
-    t.push = [](const char* n) { nvtxRangePushA(n); };
-    t.pop = [] { nvtxRangePop(); };
-  }
-  template <class T>
-  static std::optional<std::pair<std::string, double>> dense_peak() {
-    return train::datasheet_peak(std::same_as<T, bf16>);
-  }
-};
-
-int cuda_devices() { return weft::cuda::device_count(); }
-std::int64_t cuda_free_bytes(int gpu) { return weft::cuda::free_bytes(gpu % std::max(1, weft::cuda::device_count())); }
-
-int train_on_cuda(const Options& o, const gpt2::Config& cfg, const Corpus& corpus, const Launch& launch) {
-  return with_strategy(o, [&]<class S, bool SP>() {
-    if (o.dtype == "bf16") return train<Cuda, Bf16Mixed, SP, S>(o, cfg, corpus, launch);
-    return train<Cuda, F32, SP, S>(o, cfg, corpus, launch);
-  });
-}
-
-}  // namespace train_gpt
+template int weft::train::train_on_cuda<weft::gpt2::Family>(const weft::train::Options&, const weft::gpt2::Config&,
+                                                            const weft::train::Corpus&, const weft::train::Launch&);

@@ -299,7 +299,7 @@ int main(int argc, char** argv) {
                   "raise --batch or lower --micro or --gpus");
     const Candidates found = dtype == "f32" ? candidates<F32>(c, k, batch, micro) : candidates<Bf16Mixed>(c, k, batch, micro);
     const std::vector<Candidate>& list = found.list;
-    const double tokens = static_cast<double>(batch * c.seq), flops = train::flops_per_token(c) * tokens;
+    const double tokens = static_cast<double>(batch * c.seq), flops = gpt2::flops_per_token(c) * tokens;
     if (!json) {
       std::printf("weft-plan: layers %lld, heads %lld, width %lld, seq %lld, vocab %lld, %s | %d GPUs (%d per node, %.0f GiB, "
                   "%.0f TFLOP/s) | batch %lld, %lld per GPU per micro-batch\n",

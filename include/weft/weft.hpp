@@ -9,7 +9,7 @@
 #include "weft/device/cuda/device.hpp"
 #if defined(__CUDACC__)
 #include "weft/comm/nccl/nccl_comm.cuh"
-#include "weft/comm/threads/cuda_memory.cuh"
+#include "weft/comm/gpu/thread_memory.cuh"
 #include "weft/device/cuda/dispatch.cuh"
 #include "weft/device/cuda/profile.hpp"
 #endif

@@ -1,4 +1,5 @@
-// Training runs that save and resume checkpoints, for the checkpoint tests: a tiny GPT on the Markov
+// Training runs that save and resume checkpoints, for the checkpoint tests: a tiny model (GPT-2 by
+// default; any StagedModel whose config is a gpt2::Config, as the custom example's) on the Markov
 // corpus under a strategy, a precision and a mesh (data x pipe x tensor thread ranks), AdamW with
 // warm-up and cosine decay over `total` steps, clipping at 1.
 #pragma once
@@ -49,9 +50,13 @@ struct RunPlan {
   }
 };
 
-// Runs `plan` under precision P, data strategy S and sequence parallelism SP on mesh `m`, saving
-// with policy Policy; returns rank 0's losses of the steps it trained.
-template <class P, class S, bool SP = false, class Policy = checkpoint::Sharded>
+// GPT-2 on the host, as ckpt_run's Model takes it.
+template <class P, bool SP>
+using Gpt2 = gpt2::Model<P, SP, recompute::None, Host>;
+
+// Runs `plan` for Model<P, SP> under data strategy S on mesh `m`, saving with policy Policy;
+// returns rank 0's losses of the steps it trained.
+template <class P, class S, bool SP = false, class Policy = checkpoint::Sharded, template <class, bool> class M = Gpt2>
 std::vector<double> ckpt_run(MeshDegrees m, const RunPlan& plan, const gpt2::Config& c = ckpt_config(), std::int64_t batch = 8) {
   std::vector<double> losses;
   std::mutex mu;
@@ -60,7 +65,7 @@ std::vector<double> ckpt_run(MeshDegrees m, const RunPlan& plan, const gpt2::Con
   run_threads(m.data * m.tensor * m.pipe, [&](ThreadComm& world) {
     Host dev;
     Mesh mesh{world, {.data = m.data, .pipe = m.pipe, .tensor = m.tensor}};
-    using Model = gpt2::Model<P, SP, recompute::None, Host>;
+    using Model = M<P, SP>;
     const auto part = pipeline::Partition::even(m.pipe, 1, c.layers);
     Model gpt(dev, c, mesh.spread(), batch, part.placement(mesh.coord().pipe));
     auto dp = optim::data_parallel<S>(gpt, optim::AdamW{}, mesh);

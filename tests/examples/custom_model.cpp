@@ -10,8 +10,10 @@
 
 #include "03_custom_model.hpp"
 #include "support/gradcheck.hpp"
+#include "checkpoint/support.hpp"
 #include "support/train_steps.hpp"
 #include "weft/checkpoint/checkpoint.hpp"
+#include "weft/train/flops.hpp"
 
 using namespace weft;
 using namespace weft::pipeline;
@@ -54,9 +56,9 @@ void check_gradients(Layer& layer, X& x, Host& h, const Spread& s) {
 TEST_CASE("the custom model's layers match finite differences in double") {
   Host h;
   const Spread s{};
-  auto x = Tensor<double, nn::act::Replicated, Host>::empty(h, {2, 3, 8}, s);
+  auto x = Tensor<double, nn::act::Full, Host>::empty(h, {2, 3, 8}, s);
   for (std::int64_t i = 0; i < x.numel(); ++i) x[i] = weft::normal(4, 0, static_cast<std::uint64_t>(i));
-  custom::RmsNormLayer<double, nn::act::Replicated> norm(h, 8, s, 5, 9);
+  custom::RmsNormLayer<double, nn::act::Full> norm(h, 8, s, 5, 9);
   for (std::int64_t i = 0; i < 8; ++i) norm.weight.value[i] = 1 + 0.1 * weft::normal(5, 1, static_cast<std::uint64_t>(i));
   check_gradients(norm, x, h, s);
   auto f = Tensor<double, nn::act::Features, Host>::empty(h, {2, 3, 8}, s);
@@ -103,63 +105,22 @@ TEST_CASE("the custom model at tensor 2 (with and without SP), pipe 2 (1F1B, ZB-
 }
 
 namespace {
-
-// Steps [from, until) of the model on a mesh, loading `resume` first and saving to `save` after.
-template <bool SP, class Strategy>
-std::vector<double> steps(int data, int tensor, int pipe, const std::string& resume, const std::string& save, int until) {
-  std::vector<double> losses;
-  std::mutex mu;
-  const data::MarkovSource corpus(kConfig.vocab, 5);
-  run_threads(data * tensor * pipe, [&](ThreadComm& world) {
-    Host h;
-    Mesh mesh{world, {.data = data, .pipe = pipe, .tensor = tensor}};
-    const Partition part = Partition::even(pipe, 1, kConfig.layers);
-    using Model = custom::Model<double, SP>;
-    Model model(h, kConfig, mesh.spread(), kMicro, part.placement(mesh.coord().pipe));
-    auto dp = optim::data_parallel<Strategy>(model, optim::AdamW{.config = {.lr = 1e-2}}, mesh);
-    data::Loader<data::MarkovSource> loader(corpus, kConfig.seq, kMicro, data, mesh.coord().data);
-    std::int64_t step = 0;
-    if (!resume.empty()) {
-      const auto st = checkpoint::load(resume, model, dp, mesh);
-      step = st.step;
-      loader.seek(st.loader_position);
-    }
-    std::optional<Pipeline<Model, decltype(mesh)>> pp;
-    if (pipe > 1) pp.emplace(model, table<OneFOneB>(pipe, 1), part, mesh);
-    std::vector<std::int32_t> x, y;
-    for (; step < until; ++step) {
-      loader.next(x, y);
-      dp.zero_grad();
-      double loss = 0;
-      if (pp) {
-        loss = pp->run(std::vector<nn::MicroBatch>{{x, y, kMicro, 1.0}}, dp);
-      } else {
-        auto ctx = model.context({x, y, kMicro});
-        loss = pipeline::forward_backward(model, ctx, mesh, dp);
-      }
-      dp.step(1e-2, 1.0);
-      if (world.rank() != 0) continue;
-      std::lock_guard lock(mu);
-      losses.push_back(loss);
-    }
-    if (!save.empty()) {
-      checkpoint::Saver<checkpoint::Sharded> saver(save, {});
-      saver.save(model, dp, mesh, {.step = step, .loader_position = loader.position(), .seed = kConfig.seed});
-    }
-  });
-  return losses;
-}
-
+template <class P, bool SP>
+using Custom = custom::Model<P, SP, Host>;
 }  // namespace
 
 TEST_CASE("the custom model's checkpoint saved on data 2 x tensor 2 (SP, ZeRO-1) resumes on pipe 2 (DDP) exactly") {
-  const auto dir = (std::filesystem::temp_directory_path() / cat("weft_custom_", ::getpid())).string();
-  std::filesystem::remove_all(dir);
-  const auto whole = steps<false, optim::Ddp>(1, 1, 1, "", "", 6);
-  const auto first = steps<true, optim::Zero1>(2, 2, 1, "", dir, 3);
+  using test::ckpt_run;
+  using test::RunPlan;
+  const auto dir = test::scratch("custom");
+  // The checkpoint tests' run (tests/checkpoint/support.hpp) with the custom model in double.
+  const auto whole = ckpt_run<double, optim::Ddp, false, checkpoint::Sharded, Custom>({}, RunPlan::fresh("", 6), kConfig, kMicro);
+  const auto first = ckpt_run<double, optim::Zero1, true, checkpoint::Sharded, Custom>({.data = 2, .tensor = 2},
+                                                                                   RunPlan::fresh(dir, 3), kConfig, kMicro);
   const auto step = dir + "/step_00000003";
   REQUIRE(std::filesystem::exists(step + "/manifest.json"));
-  const auto rest = steps<false, optim::Ddp>(1, 1, 2, step, "", 6);
+  const auto rest = ckpt_run<double, optim::Ddp, false, checkpoint::Sharded, Custom>({.pipe = 2}, RunPlan::resumed(step, "", 6),
+                                                                                  kConfig, kMicro);
   REQUIRE(first.size() == 3);
   REQUIRE(rest.size() == 3);
   // 1e-12: the same steps on other meshes (other sums' orders); the resume itself is exact (the
@@ -177,4 +138,18 @@ TEST_CASE("the custom model's checkpoint saved on data 2 x tensor 2 (SP, ZeRO-1)
     CHECK_THROWS_WITH_AS(checkpoint::load(step, gpt, dp, mesh), doctest::Contains("relu2_mlp"), Error);
   });
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("the custom model's FLOPs per token from its declared parameters: an untied head counted, norms not") {
+  // 6 (wte V C + wpe T C + lm_head V C + 12 C^2 a block) + 12 L C T; RMSNorm weights are vectors.
+  const double C = 16, V = 33, T = 8, L = 4;
+  const double want = 6 * (V * C + T * C + V * C + 12 * L * C * C) + 12 * L * C * T;
+  for (const int pipe : {1, 2})
+    run_threads(pipe, [&](ThreadComm& world) {
+      Host h;
+      Mesh mesh{world, {.pipe = pipe}};
+      const auto part = Partition::even(pipe, 1, kConfig.layers);
+      custom::Model<double> model(h, kConfig, mesh.spread(), kMicro, part.placement(mesh.coord().pipe));
+      CHECK(train::declared_flops_per_token(model, mesh) == want);
+    });
 }

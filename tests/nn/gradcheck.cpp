@@ -90,7 +90,7 @@ TEST_CASE("Linear without a bias has no bias parameter and the same gradients ot
   };
   Linear<double, RowParallel>::Ctx ctx;
   lin.forward(ctx, x);
-  auto dy = Tensor<double, act::Replicated, Host>::empty(h, {2, 3, 5}, {});
+  auto dy = Tensor<double, act::Full, Host>::empty(h, {2, 3, 5}, {});
   for (std::int64_t i = 0; i < dy.numel(); ++i) dy[i] = R[static_cast<std::size_t>(i)];
   const auto dx = copy(lin.backward(ctx, dy));
   std::map<std::string, double> report;
@@ -110,42 +110,42 @@ TEST_CASE("LayerNorm attention Mlp and Block: gradients match finite differences
   std::map<std::string, double> report;
 
   SUBCASE("LayerNorm") {
-    LayerNorm<double, act::Replicated> ln(h, 8, {}, 1, 7);
+    LayerNorm<double, act::Full> ln(h, 8, {}, 1, 7);
     for (std::int64_t i = 0; i < 8; ++i) ln.weight.value[i] = 1.0 + 0.1 * static_cast<double>(i);
-    auto x = random_act<act::Replicated>(h, g, 5);
+    auto x = random_act<act::Full>(h, g, 5);
     auto loss = [&] {
-      LayerNorm<double, act::Replicated>::Ctx c;
+      LayerNorm<double, act::Full>::Ctx c;
       return test::dot(copy(ln.forward(c, x)), R);
     };
-    LayerNorm<double, act::Replicated>::Ctx c;
+    LayerNorm<double, act::Full>::Ctx c;
     ln.forward(c, x);
-    const auto dx = copy(ln.backward(c, dy_of.operator()<act::Replicated>()));
+    const auto dx = copy(ln.backward(c, dy_of.operator()<act::Full>()));
     CHECK(check_params(ln, loss, report) <= 1e-6);
     CHECK(gradcheck(all(x), std::span<const double>(dx), loss).worst <= 1e-6);
   }
   SUBCASE("CausalSelfAttention") {
     CausalSelfAttention<double> attn(h, 8, 2, {}, 1, 7, 0.3, 0.3);
-    auto x = random_act<act::Replicated>(h, g, 6);
+    auto x = random_act<act::Full>(h, g, 6);
     auto loss = [&] {
       CausalSelfAttention<double>::Ctx c;
       return test::dot(copy(attn.forward(c, x)), R);
     };
     CausalSelfAttention<double>::Ctx c;
     attn.forward(c, x);
-    const auto dx = copy(attn.backward(c, dy_of.operator()<act::Replicated>()));
+    const auto dx = copy(attn.backward(c, dy_of.operator()<act::Full>()));
     CHECK(check_params(attn, loss, report) <= 1e-6);
     CHECK(gradcheck(all(x), std::span<const double>(dx), loss).worst <= 1e-6);
   }
   SUBCASE("Mlp") {
     Mlp<double> mlp(h, 8, {}, 1, 7, 0.3, 0.3);
-    auto x = random_act<act::Replicated>(h, g, 7);
+    auto x = random_act<act::Full>(h, g, 7);
     auto loss = [&] {
       Mlp<double>::Ctx c;
       return test::dot(copy(mlp.forward(c, x)), R);
     };
     Mlp<double>::Ctx c;
     mlp.forward(c, x);
-    const auto dx = copy(mlp.backward(c, dy_of.operator()<act::Replicated>()));
+    const auto dx = copy(mlp.backward(c, dy_of.operator()<act::Full>()));
     CHECK(check_params(mlp, loss, report) <= 1e-6);
     CHECK(gradcheck(all(x), std::span<const double>(dx), loss).worst <= 1e-6);
   }
@@ -153,14 +153,14 @@ TEST_CASE("LayerNorm attention Mlp and Block: gradients match finite differences
     run_threads(1, [&](ThreadComm& w) {
       Mesh mesh{w, {}};
       Block<double, false> block(h, 8, 2, 2, {}, 16, 7, 0.3);
-      auto x = random_act<act::Replicated>(h, g, 8);
+      auto x = random_act<act::Full>(h, g, 8);
       auto loss = [&] {
         Block<double, false>::Ctx c;
         return test::dot(copy(block.forward(c, x, mesh)), R);
       };
       Block<double, false>::Ctx c;
       block.forward(c, x, mesh);
-      const auto dx = copy(block.backward(c, dy_of.operator()<act::Replicated>(), mesh));
+      const auto dx = copy(block.backward(c, dy_of.operator()<act::Full>(), mesh));
       CHECK(check_params(block, loss, report) <= 1e-6);
       CHECK(gradcheck(all(x), std::span<const double>(dx), loss).worst <= 1e-6);
     });

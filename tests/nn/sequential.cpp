@@ -39,7 +39,7 @@ Result run(int tp) {
     Mesh mesh{world, {.tensor = tp}};
     Host h;
     Net net = make(h, mesh.spread());
-    auto x = Tensor<double, act::Replicated, Host>::empty(h, {2, 3, 8}, mesh.spread());
+    auto x = Tensor<double, act::Full, Host>::empty(h, {2, 3, 8}, mesh.spread());
     for (std::int64_t i = 0; i < x.numel(); ++i) x[i] = weft::normal(4, 0, static_cast<std::uint64_t>(i));
     Net::Ctx ctx;
     const auto c0 = mesh.tensor().counters();
@@ -85,7 +85,7 @@ TEST_CASE("Residual adds the input and its gradient and the composite matches fi
     Mesh mesh{world, {}};
     Host h;
     Residual<Net> res(make(h, mesh.spread()));
-    auto x = Tensor<double, act::Replicated, Host>::empty(h, {2, 3, 8}, mesh.spread());
+    auto x = Tensor<double, act::Full, Host>::empty(h, {2, 3, 8}, mesh.spread());
     for (std::int64_t i = 0; i < x.numel(); ++i) x[i] = weft::normal(5, 0, static_cast<std::uint64_t>(i));
     const auto R = test::normals(static_cast<std::size_t>(x.numel()), 6);
     auto loss = [&] {
@@ -95,7 +95,7 @@ TEST_CASE("Residual adds the input and its gradient and the composite matches fi
     };
     Residual<Net>::Ctx c;
     res.forward(c, x, mesh);
-    auto dy = Tensor<double, act::Replicated, Host>::empty(h, x.global_shape(), mesh.spread());
+    auto dy = Tensor<double, act::Full, Host>::empty(h, x.global_shape(), mesh.spread());
     for (std::int64_t i = 0; i < dy.numel(); ++i) dy[i] = R[static_cast<std::size_t>(i)];
     auto dx = res.backward(c, dy, mesh);
     const std::vector<double> dxv(dx.data(), dx.data() + dx.numel());

@@ -84,8 +84,8 @@ Mlp make(Host& h, const Spread& s) {
              ReduceFromTensor{});
 }
 
-Tensor<double, act::Replicated, Host> input(Host& h, const Spread& s) {
-  auto x = Tensor<double, act::Replicated, Host>::empty(h, {2, 3, 8}, s);
+Tensor<double, act::Full, Host> input(Host& h, const Spread& s) {
+  auto x = Tensor<double, act::Full, Host>::empty(h, {2, 3, 8}, s);
   for (std::int64_t i = 0; i < x.numel(); ++i) x[i] = weft::normal(4, 0, static_cast<std::uint64_t>(i));
   return x;
 }
@@ -113,7 +113,7 @@ TEST_CASE("a user's op family, called by a user's layer inside weft's Sequential
     for (std::int64_t i = 0; i < pre.numel(); ++i) (pre.data()[i] < 0 ? negative : positive) += 1;
     REQUIRE(negative > 0);
     REQUIRE(positive > 0);
-    auto dy = Tensor<double, act::Replicated, Host>::empty(h, x.global_shape(), mesh.spread());
+    auto dy = Tensor<double, act::Full, Host>::empty(h, x.global_shape(), mesh.spread());
     for (std::int64_t i = 0; i < dy.numel(); ++i) dy[i] = R[static_cast<std::size_t>(i)];
     auto dx = mlp.backward(c, dy, mesh);
     const std::vector<double> dxv(dx.data(), dx.data() + dx.numel());

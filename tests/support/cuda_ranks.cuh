@@ -3,7 +3,7 @@
 // test (exit 77) where there is no GPU.
 #pragma once
 
-#include "weft/comm/threads/cuda_memory.cuh"
+#include "weft/comm/gpu/thread_memory.cuh"
 #include "weft/device/cuda/dispatch.cuh"
 
 #include "device/cuda/support.cuh"

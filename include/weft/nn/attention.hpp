@@ -25,9 +25,9 @@ class CausalSelfAttention {
   static constexpr bool keep_probs = !std::same_as<Recompute, recompute::Selective>;
 
  public:
-  using In = act::Replicated;
+  using In = act::Full;
   using Out = act::Partial;
-  using GradOut = act::Replicated;
+  using GradOut = act::Full;
   using GradIn = act::Partial;
 
   struct Ctx {
@@ -55,7 +55,7 @@ class CausalSelfAttention {
 
  public:
 
-  Tensor<T, act::Partial, D> forward(Ctx& ctx, const Tensor<T, act::Replicated, D>& x) {
+  Tensor<T, act::Partial, D> forward(Ctx& ctx, const Tensor<T, act::Full, D>& x) {
     const std::int64_t B = x.local_shape()[0], Tn = x.local_shape()[1], Hl = local_heads();
     ctx.qkv = qkv.forward(ctx.qkv_ctx, x);
     Allocation probs = probs_buffer(x.dev(), B, Tn);
@@ -66,7 +66,7 @@ class CausalSelfAttention {
   }
 
   // dy (B, T, C) Replicate -> dx (B, T, C) Partial.
-  Tensor<T, act::Partial, D> backward(Ctx& ctx, const Tensor<T, act::Replicated, D>& dy) {
+  Tensor<T, act::Partial, D> backward(Ctx& ctx, const Tensor<T, act::Full, D>& dy) {
     const std::int64_t B = dy.local_shape()[0], Tn = dy.local_shape()[1], Hl = local_heads();
     auto dcore = proj.backward(ctx.proj_ctx, dy);  // (B, T, C/tp) Shard<-1>
     if (!ctx.probs.data()) {  // Selective recompute: rebuild the probabilities from the saved qkv
@@ -109,9 +109,9 @@ class CausalSelfAttention {
 template <Floating T, class D = Host>
 class Mlp {
  public:
-  using In = act::Replicated;
+  using In = act::Full;
   using Out = act::Partial;
-  using GradOut = act::Replicated;
+  using GradOut = act::Full;
   using GradIn = act::Partial;
 
   struct Ctx {
@@ -126,11 +126,11 @@ class Mlp {
   Mlp(D& dev, std::int64_t C, const Spread& s, std::uint64_t id, std::uint64_t seed, double std, double proj_std)
       : fc(dev, C, 4 * C, s, id, seed, std), proj(dev, 4 * C, C, s, id + 2, seed, proj_std) {}
 
-  Tensor<T, act::Partial, D> forward(Ctx& ctx, const Tensor<T, act::Replicated, D>& x) {
+  Tensor<T, act::Partial, D> forward(Ctx& ctx, const Tensor<T, act::Full, D>& x) {
     auto h = fc.forward(ctx.fc_ctx, x);  // (B, T, 4C/tp) Shard<-1>
     return proj.forward(ctx.proj_ctx, h);
   }
-  Tensor<T, act::Partial, D> backward(Ctx& ctx, const Tensor<T, act::Replicated, D>& dy) {
+  Tensor<T, act::Partial, D> backward(Ctx& ctx, const Tensor<T, act::Full, D>& dy) {
     auto dh = proj.backward(ctx.proj_ctx, dy);
     return fc.backward(ctx.fc_ctx, dh);
   }

@@ -26,7 +26,7 @@ namespace weft::nn {
 
 template <bool SP>
 struct stream {
-  using layout = std::conditional_t<SP, act::Sequence, act::Replicated>;
+  using layout = std::conditional_t<SP, act::Sequence, act::Full>;
   using enter = std::conditional_t<SP, GatherFromSequence, CopyToTensor>;    // stream -> Replicate
   using leave = std::conditional_t<SP, ScatterToSequence, ReduceFromTensor>; // Partial -> stream
 };

@@ -52,9 +52,9 @@ struct Redistribute {
   void for_each_param(const std::string&, F&&) {}
 };
 
-using CopyToTensor = Redistribute<act::Replicated, act::Replicated, act::Partial, act::Replicated>;
-using ReduceFromTensor = Redistribute<act::Partial, act::Replicated, act::Replicated, act::Replicated>;
-using GatherFromSequence = Redistribute<act::Sequence, act::Replicated, act::Partial, act::Sequence>;
-using ScatterToSequence = Redistribute<act::Partial, act::Sequence, act::Sequence, act::Replicated>;
+using CopyToTensor = Redistribute<act::Full, act::Full, act::Partial, act::Full>;
+using ReduceFromTensor = Redistribute<act::Partial, act::Full, act::Full, act::Full>;
+using GatherFromSequence = Redistribute<act::Sequence, act::Full, act::Partial, act::Sequence>;
+using ScatterToSequence = Redistribute<act::Partial, act::Sequence, act::Sequence, act::Full>;
 
 }  // namespace weft::nn

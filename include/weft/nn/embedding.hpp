@@ -7,7 +7,7 @@
 // order (deterministic). Vp is the vocabulary padded to a multiple of the tensor degree.
 //
 // PositionEmbedding: a learned (T, C) table, Replicate, added to the residual stream in layout A
-// (Replicated, or Sequence: rank r adds positions [r T/tp, (r+1) T/tp)). Under Sequence its gradient
+// (act::Full, or act::Sequence: rank r adds positions [r T/tp, (r+1) T/tp)). Under Sequence its gradient
 // is a partial sum over sequence slices: Partial on the tensor axis, reduced once per step.
 #pragma once
 
@@ -56,7 +56,7 @@ class VocabParallelEmbedding {
   }
 
   // dy (B, T, C) Replicate: accumulates into this rank's rows.
-  void backward(Ctx& ctx, const Tensor<T, act::Replicated, D>& dy) {
+  void backward(Ctx& ctx, const Tensor<T, act::Full, D>& dy) {
     const std::int64_t C = weight.value.local_shape()[1];
     ops::Embedding<D>::backward(dy.dev(), weight.grad.data(), dy.data(), ctx.tokens.data(), dy.numel() / C, C, begin(),
                              begin() + rows());

@@ -27,7 +27,7 @@ template <class Role> struct linear_layouts;
 template <> struct linear_layouts<ColumnParallel> {
   using weight = Layout<Replicate, Shard<0>>;
   using bias = Layout<Replicate, Shard<0>>;
-  using in = act::Replicated;
+  using in = act::Full;
   using out = act::Features;
   using grad_out = act::Features;
   using grad_in = act::Partial;  // dx = dy W_local: each tensor rank holds an addend
@@ -37,16 +37,16 @@ template <> struct linear_layouts<RowParallel> {
   using bias = Replicated;
   using in = act::Features;
   using out = act::Partial;
-  using grad_out = act::Replicated;
+  using grad_out = act::Full;
   using grad_in = act::Features;
 };
 template <> struct linear_layouts<NoParallel> {
   using weight = Replicated;
   using bias = Replicated;
-  using in = act::Replicated;
-  using out = act::Replicated;
-  using grad_out = act::Replicated;
-  using grad_in = act::Replicated;
+  using in = act::Full;
+  using out = act::Full;
+  using grad_out = act::Full;
+  using grad_in = act::Full;
 };
 
 template <Floating T, LinearRole Role, class Epilogue = epilogue::None, class D = Host>

@@ -24,7 +24,7 @@ template <class R>
 concept LinearRole = std::same_as<R, ColumnParallel> || std::same_as<R, RowParallel> || std::same_as<R, NoParallel>;
 
 namespace act {
-using Replicated = Layout<Shard<0>, Replicate>;  // (B/dp, T, C)
+using Full = Layout<Shard<0>, Replicate>;        // (B/dp, T, C): the whole sequence and features on every tensor rank
 using Features = Layout<Shard<0>, Shard<-1>>;    // (B/dp, T, C/tp)
 using Partial = Layout<Shard<0>, weft::Partial>; // (B/dp, T, C), summed over tensor ranks
 using Sequence = Layout<Shard<0>, Shard<1>>;     // (B/dp, T/tp, C)

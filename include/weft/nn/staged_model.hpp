@@ -326,9 +326,11 @@ class StagedModel {
     if (b < 0) throw Error(Spec::name(), cat("block ", l, " is not held by this rank"), "run only the stages this rank holds");
     return blocks[static_cast<std::size_t>(b)];
   }
-  auto& table() {
-    if constexpr (tied) return place_.embedding ? embedding.tied_table() : head_table;
-    else return head_table;
+  // The tied head's table: the embedding's where this rank holds it, else the head's copy.
+  auto& table()
+    requires tied
+  {
+    return place_.embedding ? embedding.tied_table() : head_table;
   }
 
   void check_tokens(const MicroBatch& in) const {

@@ -85,7 +85,7 @@ class HeadStage {
 
   struct Ctx {
     typename Norm::Ctx ln_f;
-    Tensor<T, act::Replicated, D> xr;  // (B, T, C) Replicate: the LM head's input, for dW
+    Tensor<T, act::Full, D> xr;  // (B, T, C) Replicate: the LM head's input, for dW
     typename VocabParallelCrossEntropy<T, D>::Ctx ce;  // logits (B, T, Vp) Shard<-1> in ce.logits
   };
 
@@ -125,7 +125,7 @@ class HeadStage {
   template <AxisComms M>
   Tensor<T, A, D> backward(Ctx& ctx, Table& table, double grad_scale, M& mesh) {
     auto dlogits = ce.backward(ctx.ce, grad_scale);  // (B, T, Vp) Shard<-1>
-    const Tensor<T, act::Replicated, D>& xr = ctx.xr;
+    const Tensor<T, act::Full, D>& xr = ctx.xr;
     const std::int64_t C = xr.local_shape()[2], N = xr.numel() / C, Vl = dlogits.local_shape()[2];
     // dW (Vl, C) += dlogits^T xr;  dxr (N, C) = dlogits W: a Partial sum over the vocabulary shards.
     ops::Gemm<D>::run(xr.dev(), Trans::yes, Trans::no, Vl, C, N, S(1), dlogits.data(), Vl, xr.data(), C, S(1),
@@ -148,7 +148,7 @@ class HeadStage {
     out.push_back({"ln_f", A::name(), A::name(), {}, {}});
     out.push_back(detail::pair_row<Enter>("ln_f -> LM head", act, s, e));
     out.push_back({cat("LM head (tied, vocab-parallel: ", padded_vocab / s.tensor_degree, " of ", vocab, " rows)"),
-                   act::Replicated::name(), act::Features::name(), {}, {}});
+                   act::Full::name(), act::Features::name(), {}, {}});
     out.push_back({"cross-entropy (row max, then sum exp + target)", act::Features::name(), "loss",
                    {detail::reduction(Axis::tensor, s.tensor_degree, rows * e),
                     detail::reduction(Axis::tensor, s.tensor_degree, 2 * rows * e)},

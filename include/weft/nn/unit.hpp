@@ -21,6 +21,7 @@
 #include <cstring>
 #include <string>
 #include <type_traits>
+#include <unordered_set>
 #include <vector>
 
 #include "weft/core/error.hpp"
@@ -160,10 +161,9 @@ class Unit {
     using L = typename P::layout;
     using GL = typename P::grad_layout;
     if (p.value.numel() == 0) return;  // an absent bias
-    for (const UnitEntry& e : entries_)
-      if (e.name == n)
-        throw Error(cat("Unit ", name_), cat("two parameters named ", n),
-                    "name the layers apart (Named<\"...\", L> inside a Sequential)");
+    if (!names_.insert(n).second)
+      throw Error(cat("Unit ", name_), cat("two parameters named ", n),
+                  "name the layers apart (Named<\"...\", L> inside a Sequential)");
     UnitEntry e{n, p.value.global_shape(), p.value.local_shape(), numel_, p.value.numel(), L::name(), GL::name(),
                 IsShard<typename L::tensor>, IsPartial<typename GL::tensor>,
                 local_box<L>(p.value.global_shape(), p.value.spread()).offset, p.value.global_shape(),
@@ -189,6 +189,7 @@ class Unit {
   std::string name_;
   D* dev_;
   std::vector<UnitEntry> entries_;
+  std::unordered_set<std::string> names_;  // the entries' names, each once
   std::vector<Slot> slots_;
   std::int64_t numel_ = 0, padded_ = 0;
   bool built_ = false;

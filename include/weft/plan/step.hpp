@@ -62,7 +62,7 @@ class StepReplay {
     const std::int64_t C = c.width, dp = s.data_degree, tp = s.tensor_degree;
     const std::int64_t B = micro, Tn = c.seq;
     xs_ = numel<A>(act_) * e;
-    xf_ = numel<nn::act::Replicated>(act_) * e;
+    xf_ = numel<nn::act::Full>(act_) * e;
     stats_ = 2 * (numel<A>(act_) / C) * sb;
     qkv_ = numel<nn::act::Features>({B, Tn, 3 * C}) * e;
     core_ = numel<nn::act::Features>({B, Tn, C}) * e;

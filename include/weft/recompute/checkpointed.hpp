@@ -52,8 +52,7 @@ class Checkpointed : public L {
   auto backward(Ctx& ctx, const DY& dy, M& mesh) {
     {
       X x = std::move(ctx.x);  // freed before the backward: the rebuilt context holds its own copies
-      ctx = Ctx{};
-      L::forward(ctx.inner, x, mesh);  // the forward again, its output dropped
+      L::forward(ctx.inner, x, mesh);  // the forward again, its output dropped (inner is empty: forward kept only x)
     }
     return L::backward(ctx.inner, dy, mesh);
   }

@@ -1,9 +1,7 @@
-// Training metrics: model FLOPs per token, and the host GEMM rate that MFU is measured against.
+// Training metrics: the host GEMM rate that MFU is measured against.
 //
-// FLOPs per token of a training step (forward and backward), as in the PaLM paper's appendix:
-//   6 N + 12 L C T
-// with N the parameters in matrices and embeddings, L layers, C width, T sequence length (the
-// second term is the attention scores and their use). MFU = achieved model FLOP/s divided by the
+// A model says its FLOPs per token (the trainer's family: flops_per_token, as gpt2::flops_per_token
+// does for GPT-2). MFU = achieved model FLOP/s divided by the
 // GEMM rate all ranks reach together on this machine, measured at start-up with the same element
 // type (the best of several windows): the ceiling that matters for a host run, whatever the processor.
 #pragma once
@@ -15,15 +13,8 @@
 
 #include "weft/comm/threads/run.hpp"
 #include "weft/device/host/gemm.hpp"
-#include "weft/models/gpt2/model.hpp"
 
 namespace weft::train {
-
-inline double flops_per_token(const gpt2::Config& c) {
-  const double C = static_cast<double>(c.width), L = static_cast<double>(c.layers);
-  const double params = static_cast<double>(c.vocab) * C + static_cast<double>(c.seq) * C + L * 12.0 * C * C;
-  return 6.0 * params + 12.0 * L * C * static_cast<double>(c.seq);
-}
 
 // FLOP/s of `ranks` threads each multiplying (n, n) x (n, n) matrices of T through host::gemm at
 // the same time, summed: each rank's best of `windows` windows of seconds / windows, so that one

@@ -1,5 +1,5 @@
 // How a thread rank's collectives touch its buffers: the host's memory by default, or a device's
-// (ranks that share one GPU, comm/threads/cuda_memory.cuh).
+// (ranks that share one GPU, comm/gpu/thread_memory.cuh).
 //
 // Thread ranks move data by reading each other's buffers directly. For host buffers that is memcpy
 // and a loop; for buffers on a GPU that all ranks share (one process, one context), it is a device

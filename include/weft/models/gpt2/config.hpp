@@ -63,4 +63,14 @@ inline Config preset(std::string_view name) {
   throw Error("gpt2::preset", cat("no preset named \"", name, "\""), "use tiny, small, gpt2-124m or gpt2-1.5b");
 }
 
+// Model FLOPs per token of a training step (forward and backward), as in the PaLM paper's appendix:
+//   6 N + 12 L C T
+// with N the parameters in matrices and embeddings (wte, wpe, 12 C^2 per block), L layers, C width,
+// T sequence length (the second term is the attention scores and their use).
+inline double flops_per_token(const Config& c) {
+  const double C = static_cast<double>(c.width), L = static_cast<double>(c.layers);
+  const double params = static_cast<double>(c.vocab) * C + static_cast<double>(c.seq) * C + L * 12.0 * C * C;
+  return 6.0 * params + 12.0 * L * C * static_cast<double>(c.seq);
+}
+
 }  // namespace weft::gpt2

@@ -1,0 +1,4 @@
+// train_gpt's loop in f32, every strategy (examples/train_gpt.hpp).
+#include "train_gpt.hpp"
+
+WEFT_TRAIN_GPT_HOST(, weft::F32)

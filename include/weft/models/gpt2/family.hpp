@@ -1,0 +1,45 @@
+// GPT-2 for the trainer (concept train::Family, train/family.hpp): the model over the precision,
+// the sequence parallelism and the device, the presets, the FLOPs per token, the Hugging Face
+// import (--init-from), and the plan (--plan and the check that a run fits; defined in
+// models/gpt2/run_plan.hpp, which only the command line's translation unit includes).
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "weft/core/precision.hpp"
+#include "weft/models/gpt2/config.hpp"
+#include "weft/models/gpt2/hf.hpp"
+#include "weft/models/gpt2/model.hpp"
+#include "weft/plan/memory.hpp"
+#include "weft/train/options.hpp"
+
+namespace weft::gpt2 {
+
+// One pipe rank's plan of a run: the persistent state and the peak of a step.
+struct RankPlan {
+  int pipe_rank = 0;
+  footprint::Memory state;  // before the first step
+  footprint::Memory peak;   // each category's peak during a step
+  std::int64_t total = 0;   // the peak of their sum
+  bool exact = false;       // on the host: the allocator's counts; on the GPU, plus an estimated workspace
+};
+
+struct Family {
+  template <class P, bool SP, class D>
+  using model = Model<P, SP, recompute::None, D>;
+  static std::string name() { return "gpt2"; }
+  static std::vector<std::string> preset_names() { return gpt2::preset_names(); }
+  static Config preset(std::string_view n) { return gpt2::preset(n); }
+  static double flops_per_token(const Config& c) { return gpt2::flops_per_token(c); }
+  static std::string summary(const Config& c) {
+    return cat("layers ", c.layers, ", heads ", c.heads, ", width ", c.width, ", seq ", c.seq, ", vocab ", c.vocab);
+  }
+  static void import_hf(const std::string& file, const std::string& dir, const Config& c) { gpt2::import_hf(file, dir, c); }
+  // models/gpt2/run_plan.hpp
+  static std::vector<RankPlan> plan(const train::Options& o, const Config& c, bool host);
+  static int print_plan(const train::Options& o, const Config& c, const std::string& device);
+};
+
+}  // namespace weft::gpt2

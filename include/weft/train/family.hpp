@@ -1,0 +1,82 @@
+// A model family for the trainer (concept train::Family): a model template over the precision, the
+// sequence parallelism and the device, and its presets. The loop
+// (train/loop.hpp), the command line (train/main.hpp) and the checkpoints read nothing else of the
+// model; GPT-2's family is models/gpt2/train.hpp, a user's is a dozen lines
+// (examples/03_custom_model_train.cpp).
+//
+//   struct MyFamily {
+//     template <class P, bool SP, class D> using model = nn::StagedModel<MySpec<P, SP, D>>;
+//     static std::string name() { return "mine"; }                       // --model mine
+//     static std::vector<std::string> preset_names() { return {"tiny"}; }
+//     static MyConfig preset(std::string_view name);                      // name is one of them
+//   };
+//
+// Optional members, found by requires-expressions:
+//   summary(cfg) -> std::string              the run's header line (default: the record's fields)
+//   flops_per_token(cfg) -> double           for MFU (default: from the parameters the layers declare,
+//                                            train/flops.hpp)
+//   import_hf(file, dir, cfg)                --init-from: a Hugging Face file as a weft checkpoint in dir
+//   strategies, host_precisions, cuda_precisions (train::List<...>): what the binary compiles
+//                                            (default: every strategy; f32, bf16 and f64 on the host)
+//   plan(o, cfg, host) / print_plan(o, cfg, device) / approximate_elements(o, cfg): train/main.hpp
+//                                            checks the run fits and prints --plan with them
+#pragma once
+
+#include <concepts>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "weft/core/precision.hpp"
+#include "weft/device/host/host.hpp"
+#include "weft/nn/staged_model.hpp"
+#include "weft/optim/data_parallel.hpp"
+
+namespace weft::train {
+
+// A list of types: the strategies or precisions a family compiles.
+template <class... Ts>
+struct List {};
+
+template <class F>
+concept Family = requires(std::string_view name) {
+  typename F::template model<F32, false, Host>;
+  typename F::template model<F32, true, Host>;
+  { F::name() } -> std::convertible_to<std::string>;
+  { F::preset_names() } -> std::convertible_to<std::vector<std::string>>;
+  { F::preset(name) } -> std::same_as<typename F::template model<F32, false, Host>::config_type>;
+};
+
+template <Family F>
+using config_t = typename F::template model<F32, false, Host>::config_type;
+
+template <Family F, class P, bool SP, class D>
+using model_t = typename F::template model<P, SP, D>;
+
+namespace detail {
+template <class F> struct strategies_of { using type = List<optim::Ddp, optim::Zero1, optim::Zero2, optim::Fsdp>; };
+template <class F> requires requires { typename F::strategies; } struct strategies_of<F> { using type = typename F::strategies; };
+template <class F> struct host_precisions_of { using type = List<F32, Bf16Mixed, F64>; };
+template <class F> requires requires { typename F::host_precisions; } struct host_precisions_of<F> { using type = typename F::host_precisions; };
+template <class F> struct cuda_precisions_of { using type = List<F32, Bf16Mixed>; };
+template <class F> requires requires { typename F::cuda_precisions; } struct cuda_precisions_of<F> { using type = typename F::cuda_precisions; };
+}  // namespace detail
+
+template <Family F> using strategies_t = typename detail::strategies_of<F>::type;
+template <Family F> using host_precisions_t = typename detail::host_precisions_of<F>::type;
+template <Family F> using cuda_precisions_t = typename detail::cuda_precisions_of<F>::type;
+
+// The run's header line: the family's summary, or the fields of its record.
+template <Family F>
+std::string summary(const config_t<F>& c) {
+  if constexpr (requires { { F::summary(c) } -> std::convertible_to<std::string>; }) {
+    return F::summary(c);
+  } else {
+    std::string out;
+    for (const auto& [k, v] : model_t<F, F32, false, Host>::spec::record(c)) out += cat(out.empty() ? "" : ", ", k, " ", v);
+    return out;
+  }
+}
+
+}  // namespace weft::train
