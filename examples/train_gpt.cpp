@@ -9,12 +9,14 @@
 //
 // A thin command line over weft's trainer (weft/train/main.hpp) with GPT-2's family
 // (weft/models/gpt2/family.hpp): --model gpt2. Run-time choices (device, strategy, dtype) cross into
-// types in one place, train::dispatch; the loop's instantiations are compiled one precision per
-// translation unit (train_gpt.hpp), and its GPU half in train_gpt_cuda.cu.
+// types in one place, train::dispatch; the loop's instantiations are compiled in two units, this
+// one (without sequence parallelism) and train_gpt_sp.cpp (train_gpt.hpp), and its GPU half in train_gpt_cuda.cu.
 #include "train_gpt.hpp"
 
 #include <weft/models/gpt2/run_plan.hpp>
 #include <weft/train/main.hpp>
+
+WEFT_TRAIN_GPT_HOST(, false)  // the loop without sequence parallelism; with it: train_gpt_sp.cpp
 
 int main(int argc, char** argv) {
   return weft::train::main<weft::gpt2::Family>(

@@ -488,14 +488,14 @@ int train(const Options& o, const config_t<F>& cfg, const Corpus& corpus, const 
 
 }  // namespace weft::train
 
-// Explicit instantiations of the loop for one strategy and precision of a family, with and without
-// sequence parallelism: `template` in the translation unit that compiles them (several units, so
-// that a trainer builds on every core: examples/train_gpt_f32.cpp ...), `extern template` in the
-// others.
-#define WEFT_TRAIN_INSTANTIATE(EXTERN, F, D, P, S)                                                            \
-  EXTERN template int weft::train::train<F, D, P, false, S>(const weft::train::Options&,                       \
-                                                            const weft::train::config_t<F>&,                   \
-                                                            const weft::train::Corpus&, const weft::train::Launch&); \
-  EXTERN template int weft::train::train<F, D, P, true, S>(const weft::train::Options&,                        \
-                                                           const weft::train::config_t<F>&,                    \
-                                                           const weft::train::Corpus&, const weft::train::Launch&);
+// Explicit instantiations of the loop: `template` in the translation unit that compiles them
+// (several units, so that a trainer builds on every core: examples/train_gpt.hpp), `extern
+// template` in the others. WEFT_TRAIN_INSTANTIATE_ONE names one (precision, SP, strategy);
+// WEFT_TRAIN_INSTANTIATE both SP choices.
+#define WEFT_TRAIN_INSTANTIATE_ONE(EXTERN, F, D, P, SP, S)                                                  \
+  EXTERN template int weft::train::train<F, D, P, SP, S>(const weft::train::Options&,                        \
+                                                         const weft::train::config_t<F>&,                    \
+                                                         const weft::train::Corpus&, const weft::train::Launch&);
+#define WEFT_TRAIN_INSTANTIATE(EXTERN, F, D, P, S)      \
+  WEFT_TRAIN_INSTANTIATE_ONE(EXTERN, F, D, P, false, S) \
+  WEFT_TRAIN_INSTANTIATE_ONE(EXTERN, F, D, P, true, S)

@@ -1,4 +1,0 @@
-// train_gpt's loop in f32, every strategy (examples/train_gpt.hpp).
-#include "train_gpt.hpp"
-
-WEFT_TRAIN_GPT_HOST(, weft::F32)
