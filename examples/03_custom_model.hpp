@@ -58,6 +58,15 @@ struct ReluSquared<Host> {
   }
 };
 
+// The plan (weft/plan/measure.hpp) runs the model on the Meta device, which counts and computes nothing.
+template <class D>
+struct RmsNorm<Meta<D>> {
+  template <class... A> static void forward(Meta<D>&, A&&...) {}
+  template <class... A> static void backward(Meta<D>&, A&&...) {}
+};
+template <class D>
+struct ReluSquared<Meta<D>> : RmsNorm<Meta<D>> {};
+
 // ---- layers (the protocol of nn/sequential.hpp) -----------------------------------------------------
 // RMSNorm over the stream A (Replicate, or Shard<1> under SP: then w's gradient is Partial on tensor).
 template <class T, class A, class D = Host>

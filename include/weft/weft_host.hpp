@@ -18,6 +18,7 @@
 #include "weft/device/host/gemm.hpp"
 #include "weft/device/host/host.hpp"
 #include "weft/device/host/ops.hpp"
+#include "weft/device/meta/ops.hpp"
 #include "weft/layout/layout.hpp"
 #include "weft/layout/placement.hpp"
 #include "weft/layout/plan.hpp"

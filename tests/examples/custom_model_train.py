@@ -11,8 +11,11 @@ library, checked by what it computes:
 2. A checkpoint written at step 3 of a run on data 2 x tensor 2 (SP) resumes on pipe 2 under DDP:
    the losses of steps 4 to 6 equal the unbroken one-rank run's within 1e-12.
 3. What the binary does not compile or have is refused before anything is built (exit 2, the
-   message naming the choices): a strategy it does not compile, a preset it does not have, and
-   --plan (the plan replays GPT-2 only so far).
+   message naming the choices): a strategy it does not compile, a preset it does not have, a
+   precision it does not compile, and sizes whose measured plan (4.) needs more than the host has.
+4. --plan (the step measured on the Meta device, weft/train/plan.hpp) prints each pipe rank's step
+   peak, equal to the byte to the peak_bytes the run then logs for each step (the largest rank's):
+   data 2 x tensor 2 with SP, pipe 2 under ZB-H1, data 2 in f64.
 """
 import json, os, subprocess, sys, tempfile
 
@@ -54,11 +57,27 @@ if one:
 for args, message in ((["--strategy", "fsdp"], "strategy 'fsdp' is not available; use one of: ddp, ddp-sp, zero1, zero1-sp"),
                       (["--preset", "gpt2-124m"], "--preset"),
                       (["--dtype", "bf16"], "precision 'bf16' is not compiled for the model family 'custom'; use one of: f32, f64"),
-                      (["--plan"], "custom_model_train --plan: the model family 'custom' has no plan")):
+                      (["--width", "16384", "--layers", "48", "--heads", "16", "--seq", "1024", "--batch", "64"],
+                       "the plan needs ")):
     p = subprocess.run([bin_, *args], capture_output=True, text=True, env=env, timeout=60)
     ok = p.returncode == 2 and message in p.stdout + p.stderr
     print(f"{' '.join(args)}: exit {p.returncode}{'' if ok else ' (FAIL)'}")
     if not ok: failures.append(f"{args}: exit {p.returncode}, wanted 2 and '{message}':\n{p.stdout}{p.stderr}")
+
+import re
+for case, args in enumerate((["--data", "2", "--tensor", "2", "--strategy", "zero1-sp"],
+                             ["--pipe", "2", "--schedule", "zb", "--batch", "8", "--micro-batch", "2"],
+                             ["--data", "2", "--strategy", "ddp", "--dtype", "f64", "--batch", "8", "--micro-batch", "2"])):
+    p = subprocess.run([bin_, "--plan", *args], capture_output=True, text=True, env=env, timeout=60)
+    totals = [int(x) for x in re.findall(r"(?:step peak|pipe rank \d+:) (\d+) bytes", p.stdout)]
+    log = os.path.join(work, f"plan_{case}.jsonl")
+    r = subprocess.run([bin_, *args, "--steps", "2", "--eval-every", "0", "--log", log], capture_output=True, text=True,
+                       env=env, timeout=300)
+    peaks = [json.loads(l)["peak_bytes"] for l in open(log) if '"peak_bytes"' in l] if r.returncode == 0 else []
+    planned = max(totals) if totals else -1
+    ok = p.returncode == 0 and peaks and all(x == planned for x in peaks)
+    print(f"--plan {' '.join(args)}: step peak {planned} bytes, the run's {peaks}{'' if ok else ' (FAIL)'}")
+    if not ok: failures.append(f"--plan {args}: exit {p.returncode}, planned {planned}, measured {peaks}\n{p.stdout}{p.stderr}")
 
 if failures:
     print("FAIL:\n" + "\n".join(failures))

@@ -35,6 +35,7 @@
 #include "weft/train/init_dir.hpp"
 #include "weft/train/loop.hpp"
 #include "weft/train/options.hpp"
+#include "weft/train/plan.hpp"
 #include "weft/train/signals.hpp"
 #include "weft/train/strategies.hpp"
 #ifdef WEFT_ENABLE_CUDA
@@ -97,49 +98,54 @@ void check_compiled(const Options& o) {
 }
 
 // Refuses (exit 2) a configuration whose ranks in this process need more than the device has,
-// from the family's plan of the step peak (exact on the host; on the GPU an estimated workspace on
-// top), before anything is allocated. A family without a plan is not checked.
+// from the plan of the step peak, before anything is allocated: the family's own plan, or the step
+// measured on the Meta device (train/plan.hpp; exact on the host, without the CUDA back end's
+// workspaces on the GPU).
 template <Family F>
 void check_fits(const Options& o, const config_t<F>& cfg, const std::string& device, const Launch& launch) {
+  const std::string fix = cat("use a smaller model, batch or micro-batch, more tensor or pipeline ranks, or a sharded strategy "
+                              "(zero1, zero2, fsdp); ", o.program, " --plan prints the plan");
+  const bool host = device != "cuda";
+  std::vector<RankPlan> plan;
   if constexpr (requires { F::plan(o, cfg, true); }) {
-    const std::string fix = cat("use a smaller model, batch or micro-batch, more tensor or pipeline ranks, or a sharded strategy "
-                                "(zero1, zero2, fsdp); ", o.program, " --plan prints the plan");
-    const auto plan = F::plan(o, cfg, device != "cuda");  // refuses sizes past what a plan counts
-    double available = -1;
-    std::string what;
-    if (device == "cuda") {
-#ifdef WEFT_ENABLE_CUDA
-      available = static_cast<double>(weft::cuda::free_bytes(launch.gpu % std::max(1, weft::cuda::device_count())));
-      what = cat("GPU ", launch.gpu, " has ", gib(available), " free");
-#endif
-    } else {
-      available = host_available_bytes();
-      what = cat("the host has ", gib(available), " available (MemAvailable)");
-    }
-    if (available < 0) return;
-    // Every rank of this process: threads, all of them; a process, its own pipe rank's.
-    const bool threads = launch.kind == Launcher::threads;
-    double need = 0;
-    if (!threads) need = static_cast<double>(plan[static_cast<std::size_t>((launch.process / o.tensor) % o.pipe)].total);
-    else
-      for (const auto& p : plan) need += static_cast<double>(p.total) * o.data * o.tensor;
-    const int here = threads ? o.ranks() : 1;
-    if (need > available)
-      throw Error(o.where(),
-                  cat("the plan needs ", plan[0].exact ? "" : "at least ", gib(need), " for the ", here,
-                      here == 1 ? " rank" : " ranks", " of this process (the peak of a training step), but ", what),
-                  fix);
+    for (const auto& p : F::plan(o, cfg, host))  // refuses sizes past what a plan counts
+      plan.push_back({p.pipe_rank, p.state, p.peak, p.total, p.exact});
+  } else {
+    plan = measured_plan<F>(o, cfg, host);
   }
+  double available = -1;
+  std::string what;
+  if (device == "cuda") {
+#ifdef WEFT_ENABLE_CUDA
+    available = static_cast<double>(weft::cuda::free_bytes(launch.gpu % std::max(1, weft::cuda::device_count())));
+    what = cat("GPU ", launch.gpu, " has ", gib(available), " free");
+#endif
+  } else {
+    available = host_available_bytes();
+    what = cat("the host has ", gib(available), " available (MemAvailable)");
+  }
+  if (available < 0) return;
+  // Every rank of this process: threads, all of them; a process, its own pipe rank's.
+  const bool threads = launch.kind == Launcher::threads;
+  double need = 0;
+  if (!threads) need = static_cast<double>(plan[static_cast<std::size_t>((launch.process / o.tensor) % o.pipe)].total);
+  else
+    for (const auto& p : plan) need += static_cast<double>(p.total) * o.data * o.tensor;
+  const int here = threads ? o.ranks() : 1;
+  if (need > available)
+    throw Error(o.where(),
+                cat("the plan needs ", plan[0].exact ? "" : "at least ", gib(need), " for the ", here,
+                    here == 1 ? " rank" : " ranks", " of this process (the peak of a training step), but ", what),
+                fix);
 }
 
-// --plan: the family's, or a refusal naming what is missing.
+// --plan: the family's, or the step measured on the Meta device (train/plan.hpp).
 template <Family F>
 int print_plan(const Options& o, const config_t<F>& cfg, const std::string& device) {
   if constexpr (requires { F::print_plan(o, cfg, device); }) {
     return F::print_plan(o, cfg, device);
   } else {
-    throw Error(o.where("--plan"), cat("the model family '", F::name(), "' has no plan"),
-                "the plan replays GPT-2's layers only so far: plan a --model gpt2 of the same sizes for an estimate");
+    return print_measured_plan<F>(o, cfg, device);
   }
 }
 

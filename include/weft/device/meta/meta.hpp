@@ -1,0 +1,74 @@
+// weft::Meta<D>: a device that allocates nothing and computes nothing, and counts every block the
+// code asks of it as D's allocator counts it (MemoryStats, by category). The plan for any model
+// (plan/measure.hpp) runs a real training step of the real model on it, so what it reports is what
+// the model's code allocates, whatever its layers are, without the memory or the arithmetic.
+//
+// Blocks have addresses that are never dereferenced (one past a page-aligned, unmapped range), so a
+// layer that touches device memory directly instead of through an op faults at once rather than
+// counting wrong. Ops reach it through each family's Meta specialization (device/meta/ops.hpp for
+// weft's; a user's family adds its own in three lines, docs/layers.md). Copies to the host write
+// zeros: a loss or a norm read back on Meta is 0.
+//
+// host_memory is D's, so code that branches on it (token ids copied to a GPU) takes D's path. The
+// ops' own workspaces are D's and not counted here (the CUDA back end's cuBLASLt and attention
+// scratch: footprint::cuda_workspace estimates them).
+//
+// This header is plain C++20.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "weft/core/error.hpp"
+#include "weft/device/allocation.hpp"
+
+namespace weft {
+
+class MetaAllocator final : public Releaser {
+ public:
+  MetaAllocator() = default;
+  MetaAllocator(const MetaAllocator&) = delete;
+  MetaAllocator& operator=(const MetaAllocator&) = delete;
+
+  Allocation allocate(std::int64_t bytes, Category c = Category::other) {
+    if (bytes < 0) throw Error("MetaAllocator", cat("requested ", bytes, " bytes"), "request a size >= 0");
+    stats_.on_allocate(bytes, c);
+    return Allocation::adopt(this, bytes > 0 ? address() : nullptr, bytes, c);
+  }
+  const MemoryStats& stats() const { return stats_; }
+  void reset_peak() { stats_.reset_peak(); }
+
+ private:
+  // Every block starts at the same fake address: nothing reads or writes through it.
+  static void* address() { return reinterpret_cast<void*>(std::uintptr_t{1} << 44); }
+  void release(void*, std::int64_t bytes, Category c) noexcept override { stats_.on_release(bytes, c); }
+  MemoryStats stats_;
+};
+
+template <class D>
+struct Meta {
+  static constexpr const char* name = "meta";
+  static constexpr bool host_memory = D::host_memory;  // take D's paths
+  using stands_for = D;
+  MetaAllocator allocator;
+
+  Allocation allocate(std::int64_t bytes, Category c = Category::other) { return allocator.allocate(bytes, c); }
+  const MemoryStats& memory() const { return allocator.stats(); }
+  void reset_peak() { allocator.reset_peak(); }
+
+  void zero(void*, std::size_t) {}
+  void copy(void*, const void*, std::size_t) {}
+  void copy_2d(void*, std::size_t, const void*, std::size_t, std::size_t, std::size_t) {}
+  void to_host(void* dst, const void*, std::size_t bytes) {
+    if (bytes) std::memset(dst, 0, bytes);  // dst is host memory
+  }
+  void from_host(void*, const void*, std::size_t) {}
+  void synchronize() {}
+};
+
+template <class D>
+inline constexpr bool is_meta = false;
+template <class D>
+inline constexpr bool is_meta<Meta<D>> = true;
+
+}  // namespace weft

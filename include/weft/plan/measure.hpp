@@ -1,0 +1,125 @@
+// weft::footprint::measure: the plan of a training step for any model (nn::StagedModel), measured by
+// running the step's real code on the Meta device (device/meta/meta.hpp) over a communicator that
+// moves no data (comm/meta.hpp). Every tensor the model's layers, the redistributions, the
+// data-parallel protocol and the pipeline allocate is counted as the host allocator counts it, in
+// the same order, so the result is exact for any model made of any layers: tests/plan/measure.cpp
+// holds it to the allocator's counts of the custom decoder (examples/03_custom_model.hpp) and to
+// GPT-2's constexpr replay (plan/step.hpp) to the byte. Its cost is the code's control flow, not its
+// arithmetic: every rank of the mesh is a thread that allocates nothing.
+//
+//   template <class D> using Mine = nn::StagedModel<MySpec<F32, false, D>>;
+//   const auto ranks = footprint::measure<Mine, optim::Fsdp>(cfg, {.mesh = {.data = 8}, .micro_batch = 16});
+//   ranks[r].step.total  // rank r's peak bytes during a step; .state its persistent bytes
+//
+// measure_rank runs the same step for one rank on any device and communicator: on Host, the
+// allocator's own counts (what the test compares with).
+//
+// What a step is: zero_grad, the micro-batches' forward and backward (pipeline::forward_backward,
+// or with mesh.pipe > 1 the schedule's table through pipeline::Pipeline on the even partition), then
+// the optimizer step, as train::train runs it. The first step is measured: it is the one that
+// allocates lazily made buffers, and tests/plan/step.cpp shows later ones allocate the same.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "weft/comm/mesh.hpp"
+#include "weft/comm/meta.hpp"
+#include "weft/comm/threads/run.hpp"
+#include "weft/device/meta/ops.hpp"
+#include "weft/nn/staged_model.hpp"
+#include "weft/optim/data_parallel.hpp"
+#include "weft/optim/optimizer.hpp"
+#include "weft/pipeline/executor.hpp"
+#include "weft/pipeline/pipelined.hpp"
+#include "weft/pipeline/schedule.hpp"
+#include "weft/plan/ledger.hpp"
+#include "weft/plan/memory.hpp"
+
+namespace weft::footprint {
+
+// The run a step is planned for.
+struct Run {
+  MeshShape mesh;
+  std::int64_t micro_batch = 1;    // sequences per micro-batch, global (over the data ranks)
+  std::int64_t micro_batches = 1;  // per optimizer step
+  pipeline::Kind schedule = pipeline::Kind::one_f_one_b;  // with mesh.pipe > 1
+  int virtual_stages = 1;
+};
+
+// One rank's plan: its coordinates, the bytes it holds once the model and the protocol are built,
+// and the first step's peaks (StepPeak: each category's, their sum's, what is left, what was
+// allocated).
+struct RankStep {
+  int rank = 0;
+  MeshCoord coord;
+  Memory state;
+  StepPeak step;
+};
+
+namespace detail {
+inline Memory of_current(const MemoryStats& m) {
+  Memory out;
+  for (std::size_t k = 0; k < kCategories; ++k) out.bytes[k] = m.current[k];
+  return out;
+}
+}  // namespace detail
+
+// One training step of a Model on this rank of `world` (device `dev`, the model's device), from a
+// fresh model and protocol; returns what the device's allocator counted. Throws the model's own
+// errors for sizes it refuses.
+template <class Model, class Strategy, class Rule = optim::AdamW, class D, class C>
+RankStep measure_rank(D& dev, C& world, const typename Model::config_type& c, const Run& run, Rule rule = {}) {
+  Mesh mesh{world, run.mesh};
+  const std::int64_t micro = run.micro_batch, m = run.micro_batches < 1 ? 1 : run.micro_batches;
+  const auto part = pipeline::Partition::even(run.mesh.pipe, run.virtual_stages, c.layers);
+  Model model(dev, c, mesh.spread(), micro, part.placement(mesh.coord().pipe));
+  auto dp = optim::data_parallel<Strategy>(model, rule, mesh);
+  std::optional<pipeline::Pipeline<Model, decltype(mesh)>> pp;
+  if (run.mesh.pipe > 1)
+    pp.emplace(model, pipeline::make_table(run.schedule, run.mesh.pipe, static_cast<int>(m), run.virtual_stages), part, mesh);
+  // Tokens 0 (a valid id of any vocabulary): the counts do not depend on the values.
+  const std::vector<std::int32_t> x(static_cast<std::size_t>(micro / run.mesh.data * c.seq), 0), y(x);
+  RankStep out{world.rank(), mesh.coord(), detail::of_current(dev.memory()), {}};
+  const MemoryStats before = dev.memory();
+  dev.reset_peak();
+  dp.zero_grad();
+  if (pp) {
+    const std::vector<nn::MicroBatch> mbs(static_cast<std::size_t>(m), nn::MicroBatch{x, y, micro, 1.0 / static_cast<double>(m)});
+    pp->run(mbs, dp);
+  } else {
+    for (std::int64_t k = 0; k < m; ++k) {
+      auto ctx = model.context({x, y, micro, 1.0 / static_cast<double>(m)});
+      pipeline::forward_backward(model, ctx, mesh, dp, k + 1 == m);
+    }
+  }
+  dp.step(1e-3, 1.0);
+  const MemoryStats& after = dev.memory();
+  for (std::size_t k = 0; k < kCategories; ++k) {
+    out.step.peak.bytes[k] = after.peak[k];
+    out.step.after.bytes[k] = after.current[k];
+    out.step.allocated.bytes[k] = after.allocated[k] - before.allocated[k];
+  }
+  out.step.total = after.total_peak;
+  out.step.allocations = after.allocations - before.allocations;
+  return out;
+}
+
+// Every rank's plan of one step of ModelOn<Meta<Host>> (ModelOn: the model over its device) under
+// Strategy and Rule, by world rank: the host allocator's counts, without its memory. Up to 1024
+// ranks (run_threads' limit).
+template <template <class> class ModelOn, class Strategy, class Rule = optim::AdamW>
+std::vector<RankStep> measure(const typename ModelOn<Meta<Host>>::config_type& c, const Run& run, Rule rule = {}) {
+  using Model = ModelOn<Meta<Host>>;
+  const int ranks = run.mesh.data * run.mesh.pipe * run.mesh.tensor;
+  std::vector<RankStep> out(static_cast<std::size_t>(ranks > 0 ? ranks : 0));
+  run_threads(ranks, [&](ThreadComm& w) {
+    Meta<Host> dev;
+    MetaComm<ThreadComm> world(w);
+    out[static_cast<std::size_t>(w.rank())] = measure_rank<Model, Strategy>(dev, world, c, run, rule);
+  });
+  return out;
+}
+
+}  // namespace weft::footprint

@@ -1,0 +1,119 @@
+// The trainer's plan of a run for any model family (train::Family): each pipe rank's persistent state
+// and the peaks of a training step, measured by running the step on the Meta device
+// (plan/measure.hpp: exact, the host allocator's counts), for the check that a run fits and for
+// --plan. A family with a plan of its own (Family::plan, Family::print_plan; GPT-2's constexpr
+// replay in models/gpt2/run_plan.hpp) uses that one instead.
+#pragma once
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "weft/plan/measure.hpp"
+#include "weft/train/devices.hpp"
+#include "weft/train/family.hpp"
+#include "weft/train/flops.hpp"
+#include "weft/train/loop.hpp"  // schedule_kind
+#include "weft/train/options.hpp"
+#include "weft/train/strategies.hpp"
+
+namespace weft::train {
+
+// One pipe rank's plan of a run: the persistent state and the peak of a step (of its data and
+// tensor ranks, the one with the largest peak).
+struct RankPlan {
+  int pipe_rank = 0;
+  footprint::Memory state;  // before the first step
+  footprint::Memory peak;   // each category's peak during a step
+  std::int64_t total = 0;   // the peak of their sum
+  bool exact = false;       // on the host: the allocator's counts; on the GPU, the host's counts without its workspaces
+};
+
+namespace detail {
+template <Family F, class P, bool SP>
+struct MetaModel {
+  template <class D>
+  using on = model_t<F, P, SP, D>;
+};
+}  // namespace detail
+
+// The measured plan of the run the options describe, one entry per pipe rank. `host`: on the
+// host (exact); otherwise on the GPU, where the CUDA back end's workspaces come on top, not counted.
+template <Family F>
+std::vector<RankPlan> measured_plan(const Options& o, const config_t<F>& cfg, bool host) {
+  const std::int64_t micro = o.micro_batch > 0 ? o.micro_batch : o.batch;
+  const footprint::Run run{.mesh = {.data = o.data, .pipe = o.pipe, .tensor = o.tensor},
+                           .micro_batch = micro,
+                           .micro_batches = o.batch / micro,
+                           .schedule = schedule_kind(o.schedule),
+                           .virtual_stages = o.virtual_stages};
+  const std::vector<footprint::RankStep> ranks = with_strategy(strategies_t<F>{}, o.strategy, [&]<class S, bool SP>() {
+    return with_precision(host_precisions_t<F>{}, o.dtype, [&]<class P>() {
+      return footprint::measure<detail::MetaModel<F, P, SP>::template on, S>(cfg, run);
+    });
+  });
+  std::vector<RankPlan> out(static_cast<std::size_t>(o.pipe));
+  for (int r = 0; r < o.pipe; ++r) out[static_cast<std::size_t>(r)].pipe_rank = r;
+  for (const footprint::RankStep& r : ranks) {
+    RankPlan& p = out[static_cast<std::size_t>(r.coord.pipe)];
+    if (r.step.total < p.total) continue;
+    p = {r.coord.pipe, r.state, r.step.peak, r.step.total, host};
+  }
+  return out;
+}
+
+// FLOPs per token of the configuration: the family's, or from the declared parameters of the model
+// built on the Meta device on one rank (nothing allocated).
+template <Family F>
+double plan_flops_per_token(const config_t<F>& cfg) {
+  if constexpr (requires { F::flops_per_token(cfg); }) {
+    return F::flops_per_token(cfg);
+  } else {
+    double f = 0;
+    run_threads(1, [&](ThreadComm& w) {
+      Meta<Host> dev;
+      MetaComm<ThreadComm> world(w);
+      Mesh mesh{world, {}};
+      model_t<F, F32, false, Meta<Host>> m(dev, cfg, mesh.spread(), 1);
+      f = declared_flops_per_token(m, mesh);
+    });
+    return f;
+  }
+}
+
+// --plan for a family without a plan of its own: the measured table per pipe rank and the FLOPs.
+template <Family F>
+int print_measured_plan(const Options& o, const config_t<F>& cfg, const std::string& device) {
+  const std::int64_t micro = o.micro_batch > 0 ? o.micro_batch : o.batch;
+  std::printf("plan: %s: %s | %s, %s | data %d x pipe %d x tensor %d | batch %lld, micro-batch %lld\n", F::name().c_str(),
+              summary<F>(cfg).c_str(), o.strategy.c_str(), o.dtype.c_str(), o.data, o.pipe, o.tensor,
+              static_cast<long long>(o.batch), static_cast<long long>(micro));
+  const bool host = device != "cuda";
+  const std::vector<RankPlan> plan = measured_plan<F>(o, cfg, host);
+  const char* bound = host ? "" : ">= ";
+  std::printf("%-10s %12s %12s %12s %12s %14s %14s %14s\n", "pipe rank", "parameters", "gradients", "master", "optimizer",
+              "activations", "communication", "step peak");
+  for (const RankPlan& p : plan) {
+    const auto at = [&](Category c) { return mib(static_cast<double>(p.peak.of(c))); };
+    std::printf("%-10d %12s %12s %12s %12s %14s %14s %14s\n", p.pipe_rank, at(Category::parameters).c_str(),
+                at(Category::gradients).c_str(), at(Category::master_weights).c_str(), at(Category::optimizer_state).c_str(),
+                cat(bound, at(Category::activations)).c_str(), at(Category::communication).c_str(),
+                cat(bound, mib(static_cast<double>(p.total))).c_str());
+  }
+  std::printf("(per rank: each category's peak during a training step, and the peak of their sum, measured by running the "
+              "step%s on the Meta device: %s; persistent state %s; step peak %lld bytes%s",
+              o.pipe > 1 ? cat(" and the ", o.schedule, " schedule").c_str() : "",
+              host ? "the host allocator's counts" : "the host allocator's counts, without the CUDA back end's workspaces",
+              mib(static_cast<double>(plan[0].state.total())).c_str(), static_cast<long long>(plan[0].total),
+              o.pipe > 1 ? " on pipe rank 0" : "");
+  for (std::size_t r = 1; r < plan.size(); ++r)
+    std::printf("; pipe rank %d: %lld bytes", plan[r].pipe_rank, static_cast<long long>(plan[r].total));
+  std::printf(")\n");
+  const double flops = plan_flops_per_token<F>(cfg) * static_cast<double>(o.batch * cfg.seq);
+  std::printf("FLOPs per step: %.4g (%lld tokens)\n", flops, static_cast<long long>(o.batch * cfg.seq));
+  std::printf("step time: not planned for this family (the time model prices GPT-2's layers only)\n");
+  return 0;
+}
+
+}  // namespace weft::train

@@ -1,0 +1,129 @@
+// footprint::measure (a step of any model run on the Meta device) against the two references it
+// must equal to the byte: the host allocator's counts of the same step of the custom decoder
+// (examples/03_custom_model.hpp, layers and ops weft does not ship), and GPT-2's constexpr replay
+// (plan/step.hpp, itself held to the allocator by tests/plan/step.cpp). Exact: the Meta device
+// counts the blocks the code asks for, so any difference is a block counted wrong.
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+#include "03_custom_model.hpp"
+#include "weft/plan/measure.hpp"
+#include "weft/plan/step.hpp"
+
+using namespace weft;
+
+namespace {
+
+void same(const footprint::StepPeak& got, const footprint::StepPeak& want, const std::string& what) {
+  INFO(what);
+  for (std::size_t k = 0; k < kCategories; ++k) {
+    INFO(name(static_cast<Category>(k)));
+    CHECK(got.peak.bytes[k] == want.peak.bytes[k]);
+    CHECK(got.after.bytes[k] == want.after.bytes[k]);
+    CHECK(got.allocated.bytes[k] == want.allocated.bytes[k]);
+  }
+  CHECK(got.total == want.total);
+  CHECK(got.allocations == want.allocations);
+}
+
+template <class P, bool SP>
+struct Custom {
+  template <class D>
+  using on = custom::Model<P, SP, D>;
+};
+
+// The custom decoder: every rank's measured plan against the same step on Host thread ranks.
+template <class P, bool SP, class Strategy>
+void check_custom(const footprint::Run& run) {
+  const gpt2::Config c{.vocab = 33, .seq = 8, .layers = 4, .heads = 2, .width = 16, .seed = 3, .init_std = 0.1};
+  const int ranks = run.mesh.data * run.mesh.pipe * run.mesh.tensor;
+  std::vector<footprint::RankStep> host(static_cast<std::size_t>(ranks));
+  run_threads(ranks, [&](ThreadComm& w) {
+    Host dev;
+    host[static_cast<std::size_t>(w.rank())] = footprint::measure_rank<custom::Model<P, SP, Host>, Strategy>(dev, w, c, run);
+  });
+  const auto meta = footprint::measure<Custom<P, SP>::template on, Strategy>(c, run);
+  REQUIRE(meta.size() == host.size());
+  for (std::size_t r = 0; r < host.size(); ++r) {
+    const std::string what = cat(Strategy::name(), SP ? "-sp " : " ", precision_t<P>::name(), " data ", run.mesh.data, " pipe ",
+                                 run.mesh.pipe, " tensor ", run.mesh.tensor, " schedule ", static_cast<int>(run.schedule),
+                                 " rank ", r);
+    same(meta[r].step, host[r].step, what);
+    for (std::size_t k = 0; k < kCategories; ++k) CHECK_MESSAGE(meta[r].state.bytes[k] == host[r].state.bytes[k], what);
+    CHECK(meta[r].coord.pipe == host[r].coord.pipe);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("the measured plan of the custom decoder equals the host allocator's counts on every rank") {
+  using pipeline::Kind;
+  check_custom<float, false, optim::Ddp>({.mesh = {.data = 2}, .micro_batch = 2, .micro_batches = 2});
+  check_custom<float, true, optim::Zero1>({.mesh = {.data = 2, .tensor = 2}, .micro_batch = 4});
+  check_custom<float, true, optim::Fsdp>({.mesh = {.data = 2, .tensor = 2}, .micro_batch = 2});
+  check_custom<double, false, optim::Zero2>({.mesh = {.data = 2}, .micro_batch = 2});
+  check_custom<float, false, optim::Ddp>({.mesh = {.pipe = 2}, .micro_batch = 1, .micro_batches = 4, .schedule = Kind::one_f_one_b});
+  check_custom<float, false, optim::Ddp>({.mesh = {.pipe = 2}, .micro_batch = 1, .micro_batches = 4, .schedule = Kind::zero_bubble_h1});
+  check_custom<float, true, optim::Fsdp>(
+      {.mesh = {.data = 2, .pipe = 2, .tensor = 2}, .micro_batch = 2, .micro_batches = 4, .schedule = Kind::interleaved, .virtual_stages = 2});
+}
+
+namespace {
+
+template <class D>
+using Gpt = gpt2::Model<float, true, recompute::None, D>;
+template <class D>
+using GptBf16Full = gpt2::Model<Bf16Mixed, false, recompute::Full, D>;
+template <class D>
+using GptSelective = gpt2::Model<float, false, recompute::Selective, D>;
+
+constexpr gpt2::Config kSmall{.vocab = 37, .seq = 8, .layers = 4, .heads = 2, .width = 8};
+
+template <template <class> class M, class Strategy, class P, bool SP, class R>
+void check_gpt2(const footprint::Run& run) {
+  const auto meta = footprint::measure<M, Strategy>(kSmall, run);
+  for (const footprint::RankStep& r : meta) {
+    const Spread s{.data_degree = run.mesh.data, .tensor_degree = run.mesh.tensor, .data_index = r.coord.data,
+                   .tensor_index = r.coord.tensor};
+    const footprint::StepPeak want =
+        run.mesh.pipe == 1
+            ? footprint::step<Strategy, P, SP, R>(kSmall, s, run.micro_batch, run.micro_batches)
+            : footprint::pipeline_step<Strategy, P, SP, R>(
+                  kSmall, s, run.micro_batch,
+                  pipeline::make_table(run.schedule, run.mesh.pipe, static_cast<int>(run.micro_batches), run.virtual_stages),
+                  r.coord.pipe);
+    same(r.step, want, cat("GPT-2 ", Strategy::name(), " rank ", r.rank));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("the measured plan of GPT-2 equals its constexpr replay: every strategy, SP, recompute, pipelines") {
+  using pipeline::Kind;
+  check_gpt2<Gpt, optim::Ddp, float, true, recompute::None>({.mesh = {.data = 2, .tensor = 2}, .micro_batch = 4});
+  check_gpt2<Gpt, optim::Zero1, float, true, recompute::None>({.mesh = {.data = 2, .tensor = 2}, .micro_batch = 2, .micro_batches = 2});
+  check_gpt2<Gpt, optim::Zero2, float, true, recompute::None>({.mesh = {.data = 2, .tensor = 2}, .micro_batch = 4});
+  check_gpt2<Gpt, optim::Fsdp, float, true, recompute::None>({.mesh = {.data = 2, .tensor = 2}, .micro_batch = 2});
+  check_gpt2<GptBf16Full, optim::Fsdp, Bf16Mixed, false, recompute::Full>({.mesh = {.data = 2}, .micro_batch = 2, .micro_batches = 2});
+  check_gpt2<GptSelective, optim::Zero2, float, false, recompute::Selective>({.mesh = {.tensor = 2}, .micro_batch = 2});
+  check_gpt2<Gpt, optim::Fsdp, float, true, recompute::None>(
+      {.mesh = {.pipe = 2, .tensor = 2}, .micro_batch = 4, .micro_batches = 2, .schedule = Kind::one_f_one_b});
+  check_gpt2<Gpt, optim::Zero2, float, true, recompute::None>(
+      {.mesh = {.data = 2, .pipe = 2}, .micro_batch = 2, .micro_batches = 4, .schedule = Kind::zero_bubble_h1});
+  check_gpt2<GptSelective, optim::Ddp, float, false, recompute::Selective>(
+      {.mesh = {.pipe = 2}, .micro_batch = 1, .micro_batches = 4, .schedule = Kind::interleaved, .virtual_stages = 2});
+}
+
+TEST_CASE("the measured plan of a large model costs no memory, and refuses sizes the model refuses") {
+  // GPT-2 1.5B's shapes at 8 sequences of 1024 on 8 data ranks: a step's control flow, no memory.
+  const gpt2::Config xl{.vocab = 50257, .seq = 1024, .layers = 48, .heads = 25, .width = 1600};
+  const auto plan = footprint::measure<Gpt, optim::Fsdp>(xl, {.mesh = {.data = 8}, .micro_batch = 8});
+  const Spread s{.data_degree = 8};
+  same(plan[0].step, footprint::step<optim::Fsdp, float, true>(xl, s, 8), "GPT-2 1.5B, FSDP-SP, data 8");
+  CHECK(plan[0].step.total > (std::int64_t{1} << 30));  // more than a GiB per rank, planned on a few MiB
+  // 25 heads on tensor 4: GPT-2's own check refuses, naming the values, on every rank.
+  const auto refused = [&] { return footprint::measure<Gpt, optim::Fsdp>(xl, {.mesh = {.tensor = 4}, .micro_batch = 8}); };
+  CHECK_THROWS_WITH_AS(refused(), doctest::Contains("tensor degree 4 does not divide 25 heads"), Error);
+}
