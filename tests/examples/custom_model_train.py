@@ -15,7 +15,7 @@ library, checked by what it computes:
    precision it does not compile, and sizes whose measured plan (4.) needs more than the host has.
 4. --plan (the step measured on the Meta device, weft/train/plan.hpp) prints each pipe rank's step
    peak, equal to the byte to the peak_bytes the run then logs for each step (the largest rank's):
-   data 2 x tensor 2 with SP, pipe 2 under ZB-H1, data 2 in f64.
+   data 2 x tensor 2 with SP, pipe 2 under ZB-H1, data 2 in f64; and the step's collectives per axis.
 """
 import json, os, subprocess, sys, tempfile
 
@@ -76,6 +76,10 @@ for case, args in enumerate((["--data", "2", "--tensor", "2", "--strategy", "zer
     peaks = [json.loads(l)["peak_bytes"] for l in open(log) if '"peak_bytes"' in l] if r.returncode == 0 else []
     planned = max(totals) if totals else -1
     ok = p.returncode == 0 and peaks and all(x == planned for x in peaks)
+    # The step's collectives as the Meta communicator counted them (tests/plan/measure.cpp holds them
+    # to the thread communicator's): SP's reduce-scatters on the tensor axis, the pipe's sends.
+    wanted = {0: "tensor reduce_scatter", 1: "pipe send", 2: "data all_reduce"}[case]
+    ok = ok and re.search(r"collectives of a step on pipe rank 0 \(.*\): .*" + wanted + r" \d+ calls \d+ bytes", p.stdout)
     print(f"--plan {' '.join(args)}: step peak {planned} bytes, the run's {peaks}{'' if ok else ' (FAIL)'}")
     if not ok: failures.append(f"--plan {args}: exit {p.returncode}, planned {planned}, measured {peaks}\n{p.stdout}{p.stderr}")
 

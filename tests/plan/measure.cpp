@@ -1,6 +1,7 @@
 // footprint::measure (a step of any model run on the Meta device) against the two references it
 // must equal to the byte: the host allocator's counts of the same step of the custom decoder
-// (examples/03_custom_model.hpp, layers and ops weft does not ship), and GPT-2's constexpr replay
+// (examples/03_custom_model.hpp, layers and ops weft does not ship), with the thread
+// communicator's counts of each axis's collectives, and GPT-2's constexpr replay
 // (plan/step.hpp, itself held to the allocator by tests/plan/step.cpp). Exact: the Meta device
 // counts the blocks the code asks for, so any difference is a block counted wrong.
 #include <doctest/doctest.h>
@@ -53,6 +54,18 @@ void check_custom(const footprint::Run& run) {
     same(meta[r].step, host[r].step, what);
     for (std::size_t k = 0; k < kCategories; ++k) CHECK_MESSAGE(meta[r].state.bytes[k] == host[r].state.bytes[k], what);
     CHECK(meta[r].coord.pipe == host[r].coord.pipe);
+    // What the step asked of each axis, as the thread communicator counted it.
+    for (Axis a : kAxes)
+      for (std::size_t op = 0; op < threads::kOps; ++op) {
+        const auto i = static_cast<std::size_t>(a);
+        INFO(what, " axis ", name(a), " ", threads::name(static_cast<threads::Op>(op)));
+        CHECK(meta[r].collectives[i].calls[op] == host[r].collectives[i].calls[op]);
+        CHECK(meta[r].collectives[i].bytes[op] == host[r].collectives[i].bytes[op]);
+      }
+    std::uint64_t calls = 0;
+    for (const auto& c : host[r].collectives)
+      for (std::uint64_t n : c.calls) calls += n;
+    CHECK(calls > 0);  // every run here has collectives to count
   }
 }
 

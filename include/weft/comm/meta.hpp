@@ -5,6 +5,11 @@
 // step's code on Meta devices over MetaComm<ThreadComm>: the only calls that wait for the other ranks
 // are the splits that build the groups.
 //
+// It counts what it is asked as the thread communicator counts it (threads::Counters: calls and
+// bytes per operation on each group; an all-gather by its output, the rest by their input, a send
+// when it is posted), so a step measured on it reports its collectives per mesh axis, and
+// tests/plan/measure.cpp holds the counts equal to the thread communicator's.
+//
 // This header is plain C++20.
 #pragma once
 
@@ -13,6 +18,7 @@
 #include <utility>
 
 #include "weft/comm/communicator.hpp"
+#include "weft/comm/threads/world.hpp"
 
 namespace weft {
 
@@ -27,21 +33,35 @@ class MetaComm {
   int size() const { return inner_.size(); }
   std::string name() const { return inner_.name(); }
 
-  template <class T> void all_reduce(std::span<T>, ReduceOp = ReduceOp::sum) {}
-  template <class T> void reduce_scatter(std::span<const T>, std::span<T>, ReduceOp = ReduceOp::sum) {}
-  template <class T> void all_gather(std::span<const T>, std::span<T>) {}
-  template <class T> void all_to_all(std::span<const T>, std::span<T>) {}
-  template <class T> void broadcast(std::span<T>, int) {}
-  template <class T> void send(std::span<const T>, int) {}
-  template <class T> void recv(std::span<T>, int) {}
-  template <class T> SendHandle isend(std::span<const T>, int) { return {}; }
+  template <class T> void all_reduce(std::span<T> b, ReduceOp = ReduceOp::sum) { count(Op::all_reduce, b.size_bytes()); }
+  template <class T> void reduce_scatter(std::span<const T> in, std::span<T>, ReduceOp = ReduceOp::sum) {
+    count(Op::reduce_scatter, in.size_bytes());
+  }
+  template <class T> void all_gather(std::span<const T>, std::span<T> out) { count(Op::all_gather, out.size_bytes()); }
+  template <class T> void all_to_all(std::span<const T> in, std::span<T>) { count(Op::all_to_all, in.size_bytes()); }
+  template <class T> void broadcast(std::span<T> b, int) { count(Op::broadcast, b.size_bytes()); }
+  template <class T> void send(std::span<const T> b, int) { count(Op::send, b.size_bytes()); }
+  template <class T> void recv(std::span<T> b, int) { count(Op::recv, b.size_bytes()); }
+  template <class T> SendHandle isend(std::span<const T> b, int) {
+    count(Op::send, b.size_bytes());
+    return {};
+  }
   void wait(const SendHandle&) {}
   void cancel(const SendHandle&) noexcept {}
-  void barrier() {}
+  void barrier() { count(Op::barrier, 0); }
   MetaComm split(int color, int key, const std::string& name = {}) { return MetaComm(inner_.split(color, key, name)); }
 
+  // What this rank has been asked on this group so far (subtract two snapshots to count a region).
+  const threads::Counters& counters() const { return counters_; }
+
  private:
+  using Op = threads::Op;
+  void count(Op op, std::size_t bytes) {
+    counters_.calls[static_cast<std::size_t>(op)] += 1;
+    counters_.bytes[static_cast<std::size_t>(op)] += bytes;
+  }
   C inner_;
+  threads::Counters counters_;
 };
 
 }  // namespace weft

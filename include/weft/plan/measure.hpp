@@ -20,6 +20,7 @@
 // allocates lazily made buffers, and tests/plan/step.cpp shows later ones allocate the same.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <vector>
@@ -49,13 +50,15 @@ struct Run {
 };
 
 // One rank's plan: its coordinates, the bytes it holds once the model and the protocol are built,
-// and the first step's peaks (StepPeak: each category's, their sum's, what is left, what was
-// allocated).
+// the first step's peaks (StepPeak: each category's, their sum's, what is left, what was
+// allocated), and what the step asked of each axis group of the mesh, indexed by Axis (calls and
+// bytes per operation, threads::Counters; zero on a communicator that does not count).
 struct RankStep {
   int rank = 0;
   MeshCoord coord;
   Memory state;
   StepPeak step;
+  std::array<threads::Counters, 3> collectives{};
 };
 
 namespace detail {
@@ -81,7 +84,11 @@ RankStep measure_rank(D& dev, C& world, const typename Model::config_type& c, co
     pp.emplace(model, pipeline::make_table(run.schedule, run.mesh.pipe, static_cast<int>(m), run.virtual_stages), part, mesh);
   // Tokens 0 (a valid id of any vocabulary): the counts do not depend on the values.
   const std::vector<std::int32_t> x(static_cast<std::size_t>(micro / run.mesh.data * c.seq), 0), y(x);
-  RankStep out{world.rank(), mesh.coord(), detail::of_current(dev.memory()), {}};
+  RankStep out{world.rank(), mesh.coord(), detail::of_current(dev.memory()), {}, {}};
+  constexpr bool counted = requires { mesh.comm(Axis::data).counters(); };
+  std::array<threads::Counters, 3> comm_before{};
+  if constexpr (counted)
+    for (Axis a : kAxes) comm_before[static_cast<std::size_t>(a)] = mesh.comm(a).counters();
   const MemoryStats before = dev.memory();
   dev.reset_peak();
   dp.zero_grad();
@@ -103,6 +110,9 @@ RankStep measure_rank(D& dev, C& world, const typename Model::config_type& c, co
   }
   out.step.total = after.total_peak;
   out.step.allocations = after.allocations - before.allocations;
+  if constexpr (counted)
+    for (Axis a : kAxes)
+      out.collectives[static_cast<std::size_t>(a)] = mesh.comm(a).counters() - comm_before[static_cast<std::size_t>(a)];
   return out;
 }
 

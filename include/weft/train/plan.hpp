@@ -6,6 +6,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -28,6 +29,7 @@ struct RankPlan {
   footprint::Memory peak;   // each category's peak during a step
   std::int64_t total = 0;   // the peak of their sum
   bool exact = false;       // on the host: the allocator's counts; on the GPU, the host's counts without its workspaces
+  std::array<threads::Counters, 3> collectives{};  // a step's, per mesh axis (measured plans only)
 };
 
 namespace detail {
@@ -58,7 +60,7 @@ std::vector<RankPlan> measured_plan(const Options& o, const config_t<F>& cfg, bo
   for (const footprint::RankStep& r : ranks) {
     RankPlan& p = out[static_cast<std::size_t>(r.coord.pipe)];
     if (r.step.total < p.total) continue;
-    p = {r.coord.pipe, r.state, r.step.peak, r.step.total, host};
+    p = {r.coord.pipe, r.state, r.step.peak, r.step.total, host, r.collectives};
   }
   return out;
 }
@@ -110,6 +112,19 @@ int print_measured_plan(const Options& o, const config_t<F>& cfg, const std::str
   for (std::size_t r = 1; r < plan.size(); ++r)
     std::printf("; pipe rank %d: %lld bytes", plan[r].pipe_rank, static_cast<long long>(plan[r].total));
   std::printf(")\n");
+  for (const RankPlan& p : plan) {
+    std::string line;
+    for (Axis a : kAxes) {
+      if ((a == Axis::data ? o.data : a == Axis::pipe ? o.pipe : o.tensor) == 1) continue;  // a group of one moves nothing
+      const threads::Counters& c = p.collectives[static_cast<std::size_t>(a)];
+      for (std::size_t op = 0; op < threads::kOps; ++op)
+        if (c.calls[op] > 0 && c.bytes[op] > 0)
+          line += cat(line.empty() ? "" : ", ", name(a), " ", threads::name(static_cast<threads::Op>(op)), " ", c.calls[op], " calls ",
+                      c.bytes[op], " bytes");
+    }
+    std::printf("collectives of a step on pipe rank %d (this rank's, per axis of degree > 1): %s\n", p.pipe_rank,
+                line.empty() ? "none" : line.c_str());
+  }
   const double flops = plan_flops_per_token<F>(cfg) * static_cast<double>(o.batch * cfg.seq);
   std::printf("FLOPs per step: %.4g (%lld tokens)\n", flops, static_cast<long long>(o.batch * cfg.seq));
   std::printf("step time: not planned for this family (the time model prices GPT-2's layers only)\n");
