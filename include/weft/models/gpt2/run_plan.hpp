@@ -56,9 +56,9 @@ std::vector<RankPlan> plan_ranks(const train::Options& o, const Config& c, bool 
 template <class F>
 decltype(auto) with_plan_types(const train::Options& o, F&& f) {
   return train::with_strategy(train::strategies_t<Family>{}, o.strategy, [&]<class S, bool SP>() {
-    if (o.dtype == "f64") return f.template operator()<S, SP, F64, double>();
-    if (o.dtype == "bf16") return f.template operator()<S, SP, Bf16Mixed, float>();
-    return f.template operator()<S, SP, F32, float>();
+    return train::with_precision(train::host_precisions_t<Family>{}, o.dtype, [&]<class P>() {
+      return f.template operator()<S, SP, P, std::conditional_t<std::same_as<P, F64>, double, float>>();
+    });
   });
 }
 
