@@ -15,7 +15,8 @@ library, checked by what it computes:
    precision it does not compile, and sizes whose measured plan (4.) needs more than the host has.
 4. --plan (the step measured on the Meta device, weft/train/plan.hpp) prints each pipe rank's step
    peak, equal to the byte to the peak_bytes the run then logs for each step (the largest rank's):
-   data 2 x tensor 2 with SP, pipe 2 under ZB-H1, data 2 in f64; and the step's collectives per axis.
+   data 2 x tensor 2 with SP, pipe 2 under ZB-H1, data 2 in f64; the step's collectives per axis;
+   and without a pipeline the step time, the measured work at this host's rates.
 """
 import json, os, subprocess, sys, tempfile
 
@@ -80,6 +81,13 @@ for case, args in enumerate((["--data", "2", "--tensor", "2", "--strategy", "zer
     # to the thread communicator's): SP's reduce-scatters on the tensor axis, the pipe's sends.
     wanted = {0: "tensor reduce_scatter", 1: "pipe send", 2: "data all_reduce"}[case]
     ok = ok and re.search(r"collectives of a step on pipe rank 0 \(.*\): .*" + wanted + r" \d+ calls \d+ bytes", p.stdout)
+    # With --pipe 1, the step time of the measured work at this host's rates (tests/plan/measure.cpp
+    # holds the work to GPT-2's closed forms): a positive total, the sum of its parts.
+    if case != 1:
+        t = re.search(r"step time: ([\d.]+) ms = GEMMs ([\d.]+) \+ attention ([\d.]+) \+ elementwise ([\d.]+) \+ memory "
+                      r"([\d.]+) \+ tensor collectives ([\d.]+) \+ data collectives ([\d.]+)", p.stdout)
+        parts = [float(x) for x in t.groups()] if t else []
+        ok = ok and parts and parts[0] > 0 and abs(parts[0] - sum(parts[1:])) <= 0.01 * 6
     print(f"--plan {' '.join(args)}: step peak {planned} bytes, the run's {peaks}{'' if ok else ' (FAIL)'}")
     if not ok: failures.append(f"--plan {args}: exit {p.returncode}, planned {planned}, measured {peaks}\n{p.stdout}{p.stderr}")
 

@@ -6,11 +6,14 @@
 // counts the blocks the code asks for, so any difference is a block counted wrong.
 #include <doctest/doctest.h>
 
+#include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "03_custom_model.hpp"
 #include "weft/plan/measure.hpp"
+#include "weft/plan/measure_time.hpp"
 #include "weft/plan/step.hpp"
 
 using namespace weft;
@@ -139,4 +142,54 @@ TEST_CASE("the measured plan of a large model costs no memory, and refuses sizes
   // 25 heads on tensor 4: GPT-2's own check refuses, naming the values, on every rank.
   const auto refused = [&] { return footprint::measure<Gpt, optim::Fsdp>(xl, {.mesh = {.tensor = 4}, .micro_batch = 8}); };
   CHECK_THROWS_WITH_AS(refused(), doctest::Contains("tensor degree 4 does not divide 25 heads"), Error);
+}
+
+// The time model's Work from the measured step against GPT-2's closed forms (estimate::work): each
+// GEMM shape with its count, the attention core's FLOPs, each elementwise op's elements, the bytes
+// allocated, each collective call (kind, axis, degree, bytes) with its count. Exact: integers, and
+// halves of integers.
+namespace {
+
+template <template <class> class M, class Strategy, class P, bool SP, class R>
+void check_work(const footprint::Run& run) {
+  const auto meta = footprint::measure<M, Strategy>(kSmall, run);
+  const footprint::RankStep& r = meta[0];
+  const Spread s{.data_degree = run.mesh.data, .tensor_degree = run.mesh.tensor};
+  const estimate::Work got = estimate::work_of(r, run.mesh);
+  const estimate::Work want = estimate::work<Strategy, P, SP, R>(kSmall, s, run.micro_batch, run.micro_batches);
+  INFO(cat(Strategy::name(), SP ? "-sp" : "", " data ", run.mesh.data, " tensor ", run.mesh.tensor, " micro ", run.micro_batch,
+           " x ", run.micro_batches));
+  using GemmKey = std::tuple<std::int64_t, std::int64_t, std::int64_t, bool, bool>;
+  std::map<GemmKey, std::int64_t> g, wg;
+  for (const auto& x : got.gemms) g[{x.m, x.n, x.k, x.ta, x.tb}] += x.count;
+  for (const auto& x : want.gemms)
+    if (x.count > 0) wg[{x.m, x.n, x.k, x.ta, x.tb}] += x.count;
+  CHECK(g == wg);
+  CHECK(got.attention_flops == want.attention_flops);
+  CHECK(got.elementwise.gelu == want.elementwise.gelu);
+  CHECK(got.elementwise.layernorm == want.elementwise.layernorm);
+  CHECK(got.elementwise.cross_entropy == want.elementwise.cross_entropy);
+  CHECK(got.elementwise.adamw == want.elementwise.adamw);
+  CHECK(got.allocated_bytes == want.allocated_bytes);
+  using CommKey = std::tuple<int, int, int, std::int64_t>;
+  std::map<CommKey, std::int64_t> c, wc;
+  for (const auto& x : got.comms)
+    if (x.degree > 1) c[{static_cast<int>(x.collective), static_cast<int>(x.axis), x.degree, x.bytes}] += x.count;
+  for (const auto& x : want.comms)
+    if (x.degree > 1 && x.count > 0) wc[{static_cast<int>(x.collective), static_cast<int>(x.axis), x.degree, x.bytes}] += x.count;
+  CHECK(c == wc);
+  if (c != wc) {
+    for (const auto& [k, n] : c) MESSAGE("measured ", std::get<0>(k), " axis ", std::get<1>(k), " bytes ", std::get<3>(k), " x ", n);
+    for (const auto& [k, n] : wc) MESSAGE("closed form ", std::get<0>(k), " axis ", std::get<1>(k), " bytes ", std::get<3>(k), " x ", n);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("the time model's work measured on the Meta device equals GPT-2's closed forms") {
+  check_work<Gpt, optim::Ddp, float, true, recompute::None>({.mesh = {.data = 2, .tensor = 2}, .micro_batch = 4});
+  check_work<Gpt, optim::Fsdp, float, true, recompute::None>({.mesh = {.data = 2, .tensor = 2}, .micro_batch = 2, .micro_batches = 2});
+  check_work<Gpt, optim::Zero1, float, true, recompute::None>({.mesh = {.data = 2, .tensor = 2}, .micro_batch = 2});
+  check_work<GptBf16Full, optim::Zero2, Bf16Mixed, false, recompute::Full>({.mesh = {.data = 2}, .micro_batch = 2, .micro_batches = 2});
+  check_work<GptSelective, optim::Zero2, float, false, recompute::Selective>({.mesh = {.tensor = 2}, .micro_batch = 2});
 }

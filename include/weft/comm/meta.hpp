@@ -13,6 +13,8 @@
 // This header is plain C++20.
 #pragma once
 
+#include <cstdint>
+#include <map>
 #include <span>
 #include <string>
 #include <utility>
@@ -53,15 +55,20 @@ class MetaComm {
 
   // What this rank has been asked on this group so far (subtract two snapshots to count a region).
   const threads::Counters& counters() const { return counters_; }
+  // The same call by call: how many of each (operation, bytes), for the time model's alpha-beta
+  // costs, which are not linear in the bytes.
+  const std::map<std::pair<threads::Op, std::uint64_t>, std::int64_t>& calls() const { return calls_; }
 
  private:
   using Op = threads::Op;
   void count(Op op, std::size_t bytes) {
     counters_.calls[static_cast<std::size_t>(op)] += 1;
     counters_.bytes[static_cast<std::size_t>(op)] += bytes;
+    ++calls_[{op, static_cast<std::uint64_t>(bytes)}];
   }
   C inner_;
   threads::Counters counters_;
+  std::map<std::pair<threads::Op, std::uint64_t>, std::int64_t> calls_;
 };
 
 }  // namespace weft

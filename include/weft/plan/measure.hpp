@@ -22,7 +22,9 @@
 
 #include <array>
 #include <cstdint>
+#include <map>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "weft/comm/mesh.hpp"
@@ -59,6 +61,10 @@ struct RankStep {
   Memory state;
   StepPeak step;
   std::array<threads::Counters, 3> collectives{};
+  // On the Meta device, for the time model (plan/measure_time.hpp): what the step asked of weft's
+  // ops, and of each axis call by call (operation, bytes) -> count.
+  MetaWork ops;
+  std::array<std::map<std::pair<threads::Op, std::uint64_t>, std::int64_t>, 3> calls{};
 };
 
 namespace detail {
@@ -84,11 +90,16 @@ RankStep measure_rank(D& dev, C& world, const typename Model::config_type& c, co
     pp.emplace(model, pipeline::make_table(run.schedule, run.mesh.pipe, static_cast<int>(m), run.virtual_stages), part, mesh);
   // Tokens 0 (a valid id of any vocabulary): the counts do not depend on the values.
   const std::vector<std::int32_t> x(static_cast<std::size_t>(micro / run.mesh.data * c.seq), 0), y(x);
-  RankStep out{world.rank(), mesh.coord(), detail::of_current(dev.memory()), {}, {}};
+  RankStep out{world.rank(), mesh.coord(), detail::of_current(dev.memory()), {}, {}, {}, {}};
   constexpr bool counted = requires { mesh.comm(Axis::data).counters(); };
   std::array<threads::Counters, 3> comm_before{};
   if constexpr (counted)
     for (Axis a : kAxes) comm_before[static_cast<std::size_t>(a)] = mesh.comm(a).counters();
+  constexpr bool logged = requires { mesh.comm(Axis::data).calls(); };
+  std::array<std::map<std::pair<threads::Op, std::uint64_t>, std::int64_t>, 3> calls_before{};
+  if constexpr (logged)
+    for (Axis a : kAxes) calls_before[static_cast<std::size_t>(a)] = mesh.comm(a).calls();
+  if constexpr (is_meta<D>) dev.work = {};
   const MemoryStats before = dev.memory();
   dev.reset_peak();
   dp.zero_grad();
@@ -113,6 +124,16 @@ RankStep measure_rank(D& dev, C& world, const typename Model::config_type& c, co
   if constexpr (counted)
     for (Axis a : kAxes)
       out.collectives[static_cast<std::size_t>(a)] = mesh.comm(a).counters() - comm_before[static_cast<std::size_t>(a)];
+  if constexpr (logged)
+    for (Axis a : kAxes) {
+      auto& got = out.calls[static_cast<std::size_t>(a)];
+      for (const auto& [key, n] : mesh.comm(a).calls()) {
+        const auto it = calls_before[static_cast<std::size_t>(a)].find(key);
+        const std::int64_t d = n - (it == calls_before[static_cast<std::size_t>(a)].end() ? 0 : it->second);
+        if (d > 0) got[key] = d;
+      }
+    }
+  if constexpr (is_meta<D>) out.ops = dev.work;
   return out;
 }
 

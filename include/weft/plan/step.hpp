@@ -244,6 +244,36 @@ class StepReplay {
     l_->sub(act, held * xs_);  // the run's end: the remaining sends waited for, their buffers freed
   }
 
+  // The gradient elements that are Partial on the tensor axis (SP: LayerNorm weights and biases,
+  // the positions) inside this rank's reduction range of each unit: all of the unit, or its data
+  // slice where gradients are sharded. Entries in their units' order (models/gpt2/model.hpp, nn/block.hpp).
+  constexpr std::int64_t partial_grads(Holds holds) const {
+    const std::int64_t C = c_.width, tp = s_.tensor_degree;
+    const Units u = units(c_, s_);
+    const std::int64_t q = 3 * C / tp;
+    // (offset, length) of each partial entry
+    const std::array<std::array<std::int64_t, 2>, 1> embedding{{{u.table, u.positions}}};
+    const std::int64_t ln2_at = 2 * C + q * C + q + C * C / tp + C;
+    const std::array<std::array<std::int64_t, 2>, 2> block{{{0, 2 * C}, {ln2_at, 2 * C}}};
+    const std::array<std::array<std::int64_t, 2>, 1> head{{{0, 2 * C}}};
+    const auto in_range = [&](std::int64_t padded, const auto& entries) {
+      const std::int64_t shard = padded / s_.data_degree;
+      const std::int64_t lo = shard_grads ? s_.data_index * shard : 0, hi = shard_grads ? lo + shard : padded;
+      std::int64_t n = 0;
+      for (const auto& [at, len] : entries) {
+        const std::int64_t a = at > lo ? at : lo, b = at + len < hi ? at + len : hi;
+        if (a < b) n += b - a;
+      }
+      return n;
+    };
+    const std::array<std::array<std::int64_t, 2>, 1> positions{{{0, u.positions}}};  // the wpe unit, split from the table
+    const bool split = holds.embedding != holds.head;
+    std::int64_t n = holds.blocks * in_range(unit_block_, block);
+    if (holds.embedding) n += split ? in_range(unit_positions_, positions) : in_range(unit_embedding_, embedding);
+    if (holds.head) n += in_range(unit_head_, head);
+    return n;
+  }
+
  private:
   template <LayoutType L>
   constexpr std::int64_t numel(const Shape& global) const {
@@ -474,36 +504,6 @@ class StepReplay {
     layernorm_backward();
     l_->sub(act, entered);
     l_->sub(act, xf_);  // dxr
-  }
-
-  // The gradient elements that are Partial on the tensor axis (SP: LayerNorm weights and biases,
-  // the positions) inside this rank's reduction range of each unit: all of the unit, or its data
-  // slice where gradients are sharded. Entries in their units' order (models/gpt2/model.hpp, nn/block.hpp).
-  constexpr std::int64_t partial_grads(Holds holds) const {
-    const std::int64_t C = c_.width, tp = s_.tensor_degree;
-    const Units u = units(c_, s_);
-    const std::int64_t q = 3 * C / tp;
-    // (offset, length) of each partial entry
-    const std::array<std::array<std::int64_t, 2>, 1> embedding{{{u.table, u.positions}}};
-    const std::int64_t ln2_at = 2 * C + q * C + q + C * C / tp + C;
-    const std::array<std::array<std::int64_t, 2>, 2> block{{{0, 2 * C}, {ln2_at, 2 * C}}};
-    const std::array<std::array<std::int64_t, 2>, 1> head{{{0, 2 * C}}};
-    const auto in_range = [&](std::int64_t padded, const auto& entries) {
-      const std::int64_t shard = padded / s_.data_degree;
-      const std::int64_t lo = shard_grads ? s_.data_index * shard : 0, hi = shard_grads ? lo + shard : padded;
-      std::int64_t n = 0;
-      for (const auto& [at, len] : entries) {
-        const std::int64_t a = at > lo ? at : lo, b = at + len < hi ? at + len : hi;
-        if (a < b) n += b - a;
-      }
-      return n;
-    };
-    const std::array<std::array<std::int64_t, 2>, 1> positions{{{0, u.positions}}};  // the wpe unit, split from the table
-    const bool split = holds.embedding != holds.head;
-    std::int64_t n = holds.blocks * in_range(unit_block_, block);
-    if (holds.embedding) n += split ? in_range(unit_positions_, positions) : in_range(unit_embedding_, embedding);
-    if (holds.head) n += in_range(unit_head_, head);
-    return n;
   }
 
   gpt2::Config c_;

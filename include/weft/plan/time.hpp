@@ -145,7 +145,15 @@ Work work(const gpt2::Config& c, const Spread& s, std::int64_t micro, std::int64
   for (const nn::PlanRow& row : gpt2::Model<P, SP, R>::plan_rows(c, micro, s)) {
     for (const PlanStep& st : row.forward) add(st, mb);
     for (const PlanStep& st : row.backward) add(st, mb);
-    for (const PlanStep& st : row.step) add(st, 1);
+  }
+  // Under SP the gradients Partial on tensor (the LayerNorms', the positions'), packed into one
+  // all-reduce per step: of this rank's reduction range where gradients are sharded (ZeRO-2, FSDP),
+  // as the memory replay counts it.
+  if (SP && tp > 1) {
+    footprint::Ledger scratch{footprint::Memory{}};
+    const footprint::detail::StepReplay<Strategy, P, SP, R, optim::AdamW> replay(c, s, micro, scratch);
+    w.comms.push_back({Collective::all_reduce, Axis::tensor, static_cast<int>(tp),
+                       replay.partial_grads(footprint::Holds::all(c)) * static_cast<std::int64_t>(sizeof(G)), 1});
   }
   // The data-parallel protocol, per unit (optim/data_parallel.hpp).
   const std::int64_t e = sizeof(T), g = sizeof(G);

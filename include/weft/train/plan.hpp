@@ -11,7 +11,9 @@
 #include <string>
 #include <vector>
 
+#include "weft/plan/host_rates.hpp"
 #include "weft/plan/measure.hpp"
+#include "weft/plan/measure_time.hpp"
 #include "weft/train/devices.hpp"
 #include "weft/train/family.hpp"
 #include "weft/train/flops.hpp"
@@ -40,29 +42,45 @@ struct MetaModel {
 };
 }  // namespace detail
 
-// The measured plan of the run the options describe, one entry per pipe rank. `host`: on the
-// host (exact); otherwise on the GPU, where the CUDA back end's workspaces come on top, not counted.
-template <Family F>
-std::vector<RankPlan> measured_plan(const Options& o, const config_t<F>& cfg, bool host) {
+// The run the options describe, for the plan.
+inline footprint::Run planned_run(const Options& o) {
   const std::int64_t micro = o.micro_batch > 0 ? o.micro_batch : o.batch;
-  const footprint::Run run{.mesh = {.data = o.data, .pipe = o.pipe, .tensor = o.tensor},
-                           .micro_batch = micro,
-                           .micro_batches = o.batch / micro,
-                           .schedule = schedule_kind(o.schedule),
-                           .virtual_stages = o.virtual_stages};
-  const std::vector<footprint::RankStep> ranks = with_strategy(strategies_t<F>{}, o.strategy, [&]<class S, bool SP>() {
+  return {.mesh = {.data = o.data, .pipe = o.pipe, .tensor = o.tensor},
+          .micro_batch = micro,
+          .micro_batches = o.batch / micro,
+          .schedule = schedule_kind(o.schedule),
+          .virtual_stages = o.virtual_stages};
+}
+
+// Every rank's step measured on the Meta device, by world rank.
+template <Family F>
+std::vector<footprint::RankStep> measured_ranks(const Options& o, const config_t<F>& cfg) {
+  const footprint::Run run = planned_run(o);
+  return with_strategy(strategies_t<F>{}, o.strategy, [&]<class S, bool SP>() {
     return with_precision(host_precisions_t<F>{}, o.dtype, [&]<class P>() {
       return footprint::measure<detail::MetaModel<F, P, SP>::template on, S>(cfg, run);
     });
   });
-  std::vector<RankPlan> out(static_cast<std::size_t>(o.pipe));
-  for (int r = 0; r < o.pipe; ++r) out[static_cast<std::size_t>(r)].pipe_rank = r;
+}
+
+// One entry per pipe rank: of its data and tensor ranks, the one with the largest step peak.
+// `host`: on the host (exact); otherwise on the GPU, where the CUDA back end's workspaces come on
+// top, not counted.
+inline std::vector<RankPlan> plan_of(const std::vector<footprint::RankStep>& ranks, int pipe, bool host) {
+  std::vector<RankPlan> out(static_cast<std::size_t>(pipe));
+  for (int r = 0; r < pipe; ++r) out[static_cast<std::size_t>(r)].pipe_rank = r;
   for (const footprint::RankStep& r : ranks) {
     RankPlan& p = out[static_cast<std::size_t>(r.coord.pipe)];
     if (r.step.total < p.total) continue;
     p = {r.coord.pipe, r.state, r.step.peak, r.step.total, host, r.collectives};
   }
   return out;
+}
+
+// The measured plan of the run the options describe, one entry per pipe rank.
+template <Family F>
+std::vector<RankPlan> measured_plan(const Options& o, const config_t<F>& cfg, bool host) {
+  return plan_of(measured_ranks<F>(o, cfg), o.pipe, host);
 }
 
 // FLOPs per token of the configuration: the family's, or from the declared parameters of the model
@@ -92,7 +110,8 @@ int print_measured_plan(const Options& o, const config_t<F>& cfg, const std::str
               summary<F>(cfg).c_str(), o.strategy.c_str(), o.dtype.c_str(), o.data, o.pipe, o.tensor,
               static_cast<long long>(o.batch), static_cast<long long>(micro));
   const bool host = device != "cuda";
-  const std::vector<RankPlan> plan = measured_plan<F>(o, cfg, host);
+  const std::vector<footprint::RankStep> ranks = measured_ranks<F>(o, cfg);
+  const std::vector<RankPlan> plan = plan_of(ranks, o.pipe, host);
   const char* bound = host ? "" : ">= ";
   std::printf("%-10s %12s %12s %12s %12s %14s %14s %14s\n", "pipe rank", "parameters", "gradients", "master", "optimizer",
               "activations", "communication", "step peak");
@@ -127,7 +146,25 @@ int print_measured_plan(const Options& o, const config_t<F>& cfg, const std::str
   }
   const double flops = plan_flops_per_token<F>(cfg) * static_cast<double>(o.batch * cfg.seq);
   std::printf("FLOPs per step: %.4g (%lld tokens)\n", flops, static_cast<long long>(o.batch * cfg.seq));
-  std::printf("step time: not planned for this family (the time model prices GPT-2's layers only)\n");
+  // The step time (pipe 1, on the host): the measured step's work (estimate::work_of) at the rates
+  // of this host, measured now with every rank running; the attention core's rate needs the heads.
+  if constexpr (requires { cfg.heads; }) {
+    if (o.pipe == 1 && host) {
+      const estimate::Work w = estimate::work_of(ranks[0], planned_run(o).mesh);
+      const MeshShape shape{.data = o.data, .tensor = o.tensor};
+      const auto time = [&]<class T>() {
+        return estimate::seconds(w, estimate::host_rates<T>(w, shape, micro / o.data, cfg.seq, cfg.heads, cfg.width));
+      };
+      const estimate::Breakdown t = o.dtype == "f64" ? time.template operator()<double>() : time.template operator()<float>();
+      std::printf("step time: %.2f ms = GEMMs %.2f + attention %.2f + elementwise %.2f + memory %.2f + tensor collectives "
+                  "%.2f + data collectives %.2f (the measured step's work at rates measured now on this host with %d ranks "
+                  "running; no overlap; the family's own ops not priced)\n",
+                  1e3 * t.total(), 1e3 * t.gemm, 1e3 * t.attention, 1e3 * t.elementwise, 1e3 * t.memory, 1e3 * t.tensor_comm,
+                  1e3 * t.data_comm, o.data * o.tensor);
+      return 0;
+    }
+  }
+  std::printf("step time: planned on the host with --pipe 1 only\n");
   return 0;
 }
 

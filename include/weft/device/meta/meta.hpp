@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "weft/core/error.hpp"
 #include "weft/device/allocation.hpp"
@@ -45,12 +46,37 @@ class MetaAllocator final : public Releaser {
   MemoryStats stats_;
 };
 
+// What the ops were asked for, for the time model (estimate::work_of, plan/measure_time.hpp): each
+// GEMM shape and how often, the causal attention core's FLOPs, and the elements through the ops the
+// time model prices per element (forward and backward together count one element, so each counts
+// half; a recomputed forward counts its half again).
+struct MetaWork {
+  struct Gemm {
+    std::int64_t m = 0, n = 0, k = 0;
+    bool ta = false, tb = false;
+    std::int64_t count = 0;
+  };
+  std::vector<Gemm> gemms;  // distinct shapes, in the order first asked
+  double attention_flops = 0;
+  double gelu = 0, layernorm = 0, cross_entropy = 0, adamw = 0;
+
+  void gemm(std::int64_t m, std::int64_t n, std::int64_t k, bool ta, bool tb) {
+    for (Gemm& g : gemms)
+      if (g.m == m && g.n == n && g.k == k && g.ta == ta && g.tb == tb) {
+        ++g.count;
+        return;
+      }
+    gemms.push_back({m, n, k, ta, tb, 1});
+  }
+};
+
 template <class D>
 struct Meta {
   static constexpr const char* name = "meta";
   static constexpr bool host_memory = D::host_memory;  // take D's paths
   using stands_for = D;
   MetaAllocator allocator;
+  MetaWork work;  // what weft's ops were asked (device/meta/ops.hpp); a user's op adds nothing
 
   Allocation allocate(std::int64_t bytes, Category c = Category::other) { return allocator.allocate(bytes, c); }
   const MemoryStats& memory() const { return allocator.stats(); }
