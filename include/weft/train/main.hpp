@@ -108,8 +108,7 @@ void check_fits(const Options& o, const config_t<F>& cfg, const std::string& dev
   const bool host = device != "cuda";
   std::vector<RankPlan> plan;
   if constexpr (requires { F::plan(o, cfg, true); }) {
-    for (const auto& p : F::plan(o, cfg, host))  // refuses sizes past what a plan counts
-      plan.push_back({p.pipe_rank, p.state, p.peak, p.total, p.exact});
+    plan = F::plan(o, cfg, host);  // refuses sizes past what a plan counts
   } else {
     plan = measured_plan<F>(o, cfg, host);
   }

@@ -19,20 +19,10 @@
 #include "weft/train/flops.hpp"
 #include "weft/train/loop.hpp"  // schedule_kind
 #include "weft/train/options.hpp"
+#include "weft/train/rank_plan.hpp"
 #include "weft/train/strategies.hpp"
 
 namespace weft::train {
-
-// One pipe rank's plan of a run: the persistent state and the peak of a step (of its data and
-// tensor ranks, the one with the largest peak).
-struct RankPlan {
-  int pipe_rank = 0;
-  footprint::Memory state;  // before the first step
-  footprint::Memory peak;   // each category's peak during a step
-  std::int64_t total = 0;   // the peak of their sum
-  bool exact = false;       // on the host: the allocator's counts; on the GPU, the host's counts without its workspaces
-  std::array<threads::Counters, 3> collectives{};  // a step's, per mesh axis (measured plans only)
-};
 
 namespace detail {
 template <Family F, class P, bool SP>

@@ -14,17 +14,12 @@
 #include "weft/models/gpt2/model.hpp"
 #include "weft/plan/memory.hpp"
 #include "weft/train/options.hpp"
+#include "weft/train/rank_plan.hpp"
 
 namespace weft::gpt2 {
 
-// One pipe rank's plan of a run: the persistent state and the peak of a step.
-struct RankPlan {
-  int pipe_rank = 0;
-  footprint::Memory state;  // before the first step
-  footprint::Memory peak;   // each category's peak during a step
-  std::int64_t total = 0;   // the peak of their sum
-  bool exact = false;       // on the host: the allocator's counts; on the GPU, plus an estimated workspace
-};
+// One pipe rank's plan of a run (the persistent state, the peak of a step).
+using RankPlan = train::RankPlan;
 
 struct Family {
   template <class P, bool SP, class D>
