@@ -81,6 +81,10 @@ for case, args in enumerate((["--data", "2", "--tensor", "2", "--strategy", "zer
     # to the thread communicator's): SP's reduce-scatters on the tensor axis, the pipe's sends.
     wanted = {0: "tensor reduce_scatter", 1: "pipe send", 2: "data all_reduce"}[case]
     ok = ok and re.search(r"collectives of a step on pipe rank 0 \(.*\): .*" + wanted + r" \d+ calls \d+ bytes", p.stdout)
+    # With tensor 2, each stage's collectives of a micro-batch (tests/plan/measure.cpp holds them to
+    # GPT-2's describe rows): the blocks alike, SP's gathers and scatters in each.
+    if case == 0:
+        ok = ok and re.search(r"layers\.0 \(and every block\) +forward: .*all_gather 2 calls \d+ bytes", p.stdout)
     # With --pipe 1, the step time of the measured work at this host's rates (tests/plan/measure.cpp
     # holds the work to GPT-2's closed forms): a positive total, the sum of its parts.
     if case != 1:

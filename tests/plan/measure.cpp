@@ -90,6 +90,11 @@ namespace {
 
 template <class D>
 using Gpt = gpt2::Model<float, true, recompute::None, D>;
+template <bool SP>
+struct GptOn {
+  template <class D>
+  using on = gpt2::Model<float, SP, recompute::None, D>;
+};
 template <class D>
 using GptBf16Full = gpt2::Model<Bf16Mixed, false, recompute::Full, D>;
 template <class D>
@@ -192,4 +197,74 @@ TEST_CASE("the time model's work measured on the Meta device equals GPT-2's clos
   check_work<Gpt, optim::Zero1, float, true, recompute::None>({.mesh = {.data = 2, .tensor = 2}, .micro_batch = 2});
   check_work<GptBf16Full, optim::Zero2, Bf16Mixed, false, recompute::Full>({.mesh = {.data = 2}, .micro_batch = 2, .micro_batches = 2});
   check_work<GptSelective, optim::Zero2, float, false, recompute::Selective>({.mesh = {.tensor = 2}, .micro_batch = 2});
+}
+
+// Each stage's collectives for one micro-batch on the tensor axis, measured, against the rows GPT-2's
+// stages give describe (plan_rows): per stage, forward and backward, the calls and bytes of each
+// operation (an all-gather counted by its output, the rest by their input, as the communicators
+// count them). With and without SP, on tensor 2 and on data 2 x tensor 2.
+namespace {
+
+threads::Op op_of(Collective c) {
+  switch (c) {
+    case Collective::all_reduce: return threads::Op::all_reduce;
+    case Collective::reduce_scatter: return threads::Op::reduce_scatter;
+    case Collective::all_gather: return threads::Op::all_gather;
+    default: return threads::Op::all_to_all;
+  }
+}
+
+threads::Counters tensor_counts(const std::vector<nn::PlanRow>& rows, bool forward) {
+  threads::Counters c;
+  for (const nn::PlanRow& row : rows)
+    for (const PlanStep& st : forward ? row.forward : row.backward) {
+      if (st.axis != Axis::tensor || st.degree < 2) continue;
+      if (st.collective != Collective::all_reduce && st.collective != Collective::reduce_scatter &&
+          st.collective != Collective::all_gather && st.collective != Collective::all_to_all)
+        continue;
+      const auto op = static_cast<std::size_t>(op_of(st.collective));
+      c.calls[op] += 1;
+      c.bytes[op] += static_cast<std::uint64_t>(st.collective == Collective::all_gather ? st.bytes_out : st.bytes_in);
+    }
+  return c;
+}
+
+template <bool SP>
+void check_stages(MeshShape shape, std::int64_t micro) {
+  using M = gpt2::Model<float, SP, recompute::None, Host>;
+  const auto got = footprint::stage_collectives<GptOn<SP>::template on>(kSmall, shape, micro);
+  const Spread s{.data_degree = shape.data, .tensor_degree = shape.tensor};
+  const Shape act{micro, kSmall.seq, kSmall.width};
+  const std::int64_t e = sizeof(float);
+  REQUIRE(got.size() == static_cast<std::size_t>(kSmall.layers + 2));
+  std::uint64_t total = 0;
+  for (std::size_t st = 0; st < got.size(); ++st) {
+    std::vector<nn::PlanRow> rows;
+    if (st == 0) M::Embedding::plan_rows(rows, act, s, e);
+    else if (st + 1 == got.size()) M::Head::plan_rows(rows, kSmall.vocab, nn::padded_vocab(kSmall.vocab, shape.tensor), act, s, e);
+    else M::BlockT::plan_rows(rows, cat("h", st - 1), act, s, e);
+    const auto& t = got[st];
+    const std::string what = cat(SP ? "SP " : "", "data ", shape.data, " tensor ", shape.tensor, " stage ", t.stage);
+    INFO(what);
+    const auto i = static_cast<std::size_t>(Axis::tensor);
+    const threads::Counters fw = tensor_counts(rows, true), bw = tensor_counts(rows, false);
+    for (std::size_t op = 0; op < threads::kOps; ++op) {
+      INFO(threads::name(static_cast<threads::Op>(op)));
+      CHECK(t.forward[i].calls[op] == fw.calls[op]);
+      CHECK(t.forward[i].bytes[op] == fw.bytes[op]);
+      CHECK(t.backward[i].calls[op] == bw.calls[op]);
+      CHECK(t.backward[i].bytes[op] == bw.bytes[op]);
+      total += t.forward[i].calls[op] + t.backward[i].calls[op];
+    }
+  }
+  CHECK(got[1].stage == "h0");
+  CHECK(total > 0);
+}
+
+}  // namespace
+
+TEST_CASE("each stage's measured collectives equal the rows GPT-2 gives describe") {
+  check_stages<false>({.tensor = 2}, 2);
+  check_stages<true>({.tensor = 2}, 2);
+  check_stages<true>({.data = 2, .tensor = 2}, 4);
 }

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -149,6 +150,60 @@ std::vector<RankStep> measure(const typename ModelOn<Meta<Host>>::config_type& c
     Meta<Host> dev;
     MetaComm<ThreadComm> world(w);
     out[static_cast<std::size_t>(w.rank())] = measure_rank<Model, Strategy>(dev, world, c, run, rule);
+  });
+  return out;
+}
+
+// One stage's collectives for one micro-batch, forward and backward, on each axis group (indexed
+// by Axis): what describe's table gives GPT-2 from its plan_rows, for any model, as the thread
+// communicator counts them.
+struct StageCollectives {
+  std::string stage;  // "embedding", Spec::block_name(l), "head"
+  std::array<threads::Counters, 3> forward{}, backward{};
+};
+
+// Every stage of ModelOn<Meta<Host>> on rank 0 of a data x tensor mesh (pipe 1), for one micro-batch
+// of `micro_batch` sequences (global), its stages run one by one (pipeline::LocalGradients: the
+// data-parallel protocol's collectives are not the model's).
+template <template <class> class ModelOn>
+std::vector<StageCollectives> stage_collectives(const typename ModelOn<Meta<Host>>::config_type& c, MeshShape shape,
+                                                std::int64_t micro_batch) {
+  using Model = ModelOn<Meta<Host>>;
+  shape.pipe = 1;
+  std::vector<StageCollectives> out;
+  run_threads(shape.data * shape.tensor, [&](ThreadComm& w) {
+    Meta<Host> dev;
+    MetaComm<ThreadComm> world(w);
+    Mesh mesh{world, shape};
+    Model model(dev, c, mesh.spread(), micro_batch);
+    const std::vector<std::int32_t> x(static_cast<std::size_t>(micro_batch / shape.data * c.seq), 0), y(x);
+    auto ctx = model.context({x, y, micro_batch});
+    const std::size_t stages = model.stages();
+    std::vector<StageCollectives> got(stages);
+    const auto snapshot = [&] {
+      std::array<threads::Counters, 3> now{};
+      for (Axis a : kAxes) now[static_cast<std::size_t>(a)] = mesh.comm(a).counters();
+      return now;
+    };
+    const auto since = [&](const std::array<threads::Counters, 3>& before) {
+      std::array<threads::Counters, 3> d = snapshot();
+      for (std::size_t i = 0; i < d.size(); ++i) d[i] = d[i] - before[i];
+      return d;
+    };
+    for (std::size_t st = 0; st < stages; ++st) {
+      got[st].stage = st == 0 ? std::string("embedding")
+                      : st + 1 == stages ? std::string("head")
+                                         : std::string(Model::spec::block_name(static_cast<std::int64_t>(st - 1)));
+      const auto before = snapshot();
+      model.forward(st, ctx, mesh, nn::Mode::train);
+      got[st].forward = since(before);
+    }
+    for (std::size_t st = stages; st-- > 0;) {
+      const auto before = snapshot();
+      model.backward(st, ctx, mesh);
+      got[st].backward = since(before);
+    }
+    if (w.rank() == 0) out = std::move(got);
   });
   return out;
 }

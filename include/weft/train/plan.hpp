@@ -134,6 +134,36 @@ int print_measured_plan(const Options& o, const config_t<F>& cfg, const std::str
     std::printf("collectives of a step on pipe rank %d (this rank's, per axis of degree > 1): %s\n", p.pipe_rank,
                 line.empty() ? "none" : line.c_str());
   }
+  // Each stage's collectives of one micro-batch on the tensor axis (describe's table, measured);
+  // blocks that all ask the same are printed once.
+  if (o.tensor > 1 && o.pipe == 1) {
+    const auto stages = with_strategy(strategies_t<F>{}, o.strategy, [&]<class S, bool SP>() {
+      return footprint::stage_collectives<detail::MetaModel<F, F32, SP>::template on>(
+          cfg, {.data = o.data, .tensor = o.tensor}, micro);
+    });
+    const auto t = static_cast<std::size_t>(Axis::tensor);
+    const auto line = [&](const threads::Counters& c) {
+      std::string out;
+      for (std::size_t op = 0; op < threads::kOps; ++op)
+        if (c.calls[op] > 0)
+          out += cat(out.empty() ? "" : ", ", threads::name(static_cast<threads::Op>(op)), " ", c.calls[op], " calls ", c.bytes[op],
+                     " bytes");
+      return out.empty() ? std::string("none") : out;
+    };
+    const auto same = [&](const footprint::StageCollectives& a, const footprint::StageCollectives& b) {
+      return a.forward[t].calls == b.forward[t].calls && a.forward[t].bytes == b.forward[t].bytes &&
+             a.backward[t].calls == b.backward[t].calls && a.backward[t].bytes == b.backward[t].bytes;
+    };
+    bool uniform = stages.size() > 2;
+    for (std::size_t st = 2; st + 1 < stages.size(); ++st) uniform = uniform && same(stages[st], stages[1]);
+    std::printf("collectives of one micro-batch on the tensor axis, by stage (f32; measured):\n");
+    for (std::size_t st = 0; st < stages.size(); ++st) {
+      if (uniform && st > 1 && st + 1 < stages.size()) continue;
+      const std::string name = uniform && st == 1 ? cat(stages[st].stage, " (and every block)") : stages[st].stage;
+      std::printf("  %-24s forward: %s; backward: %s\n", name.c_str(), line(stages[st].forward[t]).c_str(),
+                  line(stages[st].backward[t]).c_str());
+    }
+  }
   const double flops = plan_flops_per_token<F>(cfg) * static_cast<double>(o.batch * cfg.seq);
   std::printf("FLOPs per step: %.4g (%lld tokens)\n", flops, static_cast<long long>(o.batch * cfg.seq));
   // The step time (pipe 1, on the host): the measured step's work (estimate::work_of) at the rates
