@@ -3,9 +3,9 @@
 // (plan/measure.hpp) runs a real training step of the real model on it, so what it reports is what
 // the model's code allocates, whatever its layers are, without the memory or the arithmetic.
 //
-// Blocks have addresses that are never dereferenced (one past a page-aligned, unmapped range), so a
-// layer that touches device memory directly instead of through an op faults at once rather than
-// counting wrong. Ops reach it through each family's Meta specialization (device/meta/ops.hpp for
+// Blocks have addresses that are never dereferenced (distinct, in a range nothing maps), so a layer
+// that touches device memory directly instead of through an op faults at once rather than counting
+// wrong. Ops reach it through each family's Meta specialization (device/meta/ops.hpp for
 // weft's; a user's family adds its own in three lines, docs/layers.md). Copies to the host write
 // zeros: a loss or a norm read back on Meta is 0.
 //
@@ -34,16 +34,24 @@ class MetaAllocator final : public Releaser {
   Allocation allocate(std::int64_t bytes, Category c = Category::other) {
     if (bytes < 0) throw Error("MetaAllocator", cat("requested ", bytes, " bytes"), "request a size >= 0");
     stats_.on_allocate(bytes, c);
-    return Allocation::adopt(this, bytes > 0 ? address() : nullptr, bytes, c);
+    return Allocation::adopt(this, bytes > 0 ? address(bytes) : nullptr, bytes, c);
   }
   const MemoryStats& stats() const { return stats_; }
   void reset_peak() { stats_.reset_peak(); }
 
  private:
-  // Every block starts at the same fake address: nothing reads or writes through it.
-  static void* address() { return reinterpret_cast<void*>(std::uintptr_t{1} << 44); }
+  // A fake address of its own for each block (64-byte aligned, a gap between blocks, reused only
+  // after 2^45 bytes), so code that compares addresses sees distinct buffers as on D; nothing
+  // reads or writes through it. [2^45, 2^46): above AddressSanitizer's shadow, below where
+  // Linux maps executables and libraries.
+  void* address(std::int64_t bytes) {
+    const std::uintptr_t at = (std::uintptr_t{1} << 45) + next_;
+    next_ = (next_ + (static_cast<std::uintptr_t>(bytes) + 127) / 64 * 64) % (std::uintptr_t{1} << 45);
+    return reinterpret_cast<void*>(at);
+  }
   void release(void*, std::int64_t bytes, Category c) noexcept override { stats_.on_release(bytes, c); }
   MemoryStats stats_;
+  std::uintptr_t next_ = 0;
 };
 
 // What the ops were asked for, for the time model (estimate::work_of, plan/measure_time.hpp): each
