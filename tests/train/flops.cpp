@@ -10,6 +10,7 @@
 #include "weft/comm/threads/run.hpp"
 #include "weft/models/gpt2/model.hpp"
 #include "weft/pipeline/pipelined.hpp"
+#include "weft/train/family.hpp"
 #include "weft/train/flops.hpp"
 
 using namespace weft;
@@ -31,3 +32,13 @@ TEST_CASE("FLOPs per token from the declared parameters equal GPT-2's closed for
     for (double g : got) CHECK_MESSAGE(g == want, "data ", m.data, " x pipe ", m.pipe, " x tensor ", m.tensor, ": ", g, " against ", want);
   }
 }
+
+// A family is planned on the Meta device unless it opts out (its ops have no Meta specializations).
+namespace {
+struct WithoutMetaOps {
+  static constexpr bool measured_plan = false;
+};
+struct Plain {};
+}  // namespace
+static_assert(!train::measurable<WithoutMetaOps>, "measured_plan = false opts out of the measured plan");
+static_assert(train::measurable<Plain>, "a family is planned on the Meta device by default");

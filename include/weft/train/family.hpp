@@ -20,6 +20,10 @@
 //                                            (default: every strategy; f32, bf16 and f64 on the host)
 //   plan(o, cfg, host) / print_plan(o, cfg, device) / approximate_elements(o, cfg): train/main.hpp
 //                                            checks the run fits and prints --plan with them
+//                                            (default: the step measured on the Meta device,
+//                                            train/plan.hpp, which needs a Meta specialization of
+//                                            every op family the model uses)
+//   measured_plan = false                    no plan: the fits check skipped, --plan refused
 #pragma once
 
 #include <concepts>
@@ -66,6 +70,13 @@ template <class F> requires requires { typename F::cuda_precisions; } struct cud
 template <Family F> using strategies_t = typename detail::strategies_of<F>::type;
 template <Family F> using host_precisions_t = typename detail::host_precisions_of<F>::type;
 template <Family F> using cuda_precisions_t = typename detail::cuda_precisions_of<F>::type;
+
+// Whether the family is planned by measuring its step on the Meta device (train/plan.hpp): unless
+// it sets `static constexpr bool measured_plan = false` (its op families have no Meta
+// specializations, so its model does not compile on Meta; then the fits check is skipped and
+// --plan refused).
+template <class F>
+concept measurable = !requires { F::measured_plan; } || F::measured_plan;
 
 // The run's header line: the family's summary, or the fields of its record.
 template <Family F>

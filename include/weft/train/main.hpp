@@ -109,8 +109,10 @@ void check_fits(const Options& o, const config_t<F>& cfg, const std::string& dev
   std::vector<RankPlan> plan;
   if constexpr (requires { F::plan(o, cfg, true); }) {
     plan = F::plan(o, cfg, host);  // refuses sizes past what a plan counts
-  } else {
+  } else if constexpr (measurable<F>) {
     plan = measured_plan<F>(o, cfg, host);
+  } else {
+    return;  // the family opted out of the measured plan: not checked
   }
   double available = -1;
   std::string what;
@@ -143,8 +145,11 @@ template <Family F>
 int print_plan(const Options& o, const config_t<F>& cfg, const std::string& device) {
   if constexpr (requires { F::print_plan(o, cfg, device); }) {
     return F::print_plan(o, cfg, device);
-  } else {
+  } else if constexpr (measurable<F>) {
     return print_measured_plan<F>(o, cfg, device);
+  } else {
+    throw Error(o.where("--plan"), cat("the model family '", F::name(), "' has no plan (it sets measured_plan = false)"),
+                "give its op families Meta specializations (docs/layers.md, \"Writing an op\") and drop measured_plan");
   }
 }
 
