@@ -110,6 +110,7 @@ void check_fits(const Options& o, const config_t<F>& cfg, const std::string& dev
   if constexpr (requires { F::plan(o, cfg, true); }) {
     plan = F::plan(o, cfg, host);  // refuses sizes past what a plan counts
   } else if constexpr (measurable<F>) {
+    if (o.ranks() > kMaxMeasuredRanks) return;  // a thread per rank: past that, not checked
     plan = measured_plan<F>(o, cfg, host);
   } else {
     return;  // the family opted out of the measured plan: not checked

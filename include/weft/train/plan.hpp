@@ -42,9 +42,18 @@ inline footprint::Run planned_run(const Options& o) {
           .virtual_stages = o.virtual_stages};
 }
 
+// The most ranks a measured plan runs (one thread each, run_threads' limit).
+inline constexpr int kMaxMeasuredRanks = 1024;
+
 // Every rank's step measured on the Meta device, by world rank.
 template <Family F>
 std::vector<footprint::RankStep> measured_ranks(const Options& o, const config_t<F>& cfg) {
+  if (o.ranks() > kMaxMeasuredRanks)
+    throw Error(o.where("--plan"),
+                cat("the plan of a family without its own runs a thread per rank, and ", o.ranks(), " ranks are more than ",
+                    kMaxMeasuredRanks),
+                cat("plan a mesh of at most ", kMaxMeasuredRanks, " ranks (the same tensor and pipe degrees, fewer data ranks: "
+                    "the state per rank falls with sharded strategies, so it is an upper bound for them)"));
   const footprint::Run run = planned_run(o);
   return with_strategy(strategies_t<F>{}, o.strategy, [&]<class S, bool SP>() {
     return with_precision(host_precisions_t<F>{}, o.dtype, [&]<class P>() {
