@@ -1,8 +1,6 @@
 // Trains the decoder of 03_custom_model.hpp (RMSNorm, a ReLU-squared MLP, an untied head: a model
 // weft does not ship) on 4 thread ranks, data 2 x tensor 2 with sequence parallelism under ZeRO-1,
-// and prints each step's loss. (tests/examples/custom_model.cpp checks it against one rank.)
-//
-//   custom_model [--steps N]
+// and prints each step's loss: custom_model [--steps N] (tests/examples/custom_model.cpp checks it).
 #include "03_custom_model.hpp"
 
 #include <cstdio>

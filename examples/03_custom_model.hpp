@@ -14,8 +14,7 @@ using namespace weft;
 // ---- ops (ops/family.hpp): one family each, specialized per device -------------------------------
 // y = x rstd w per row of C, rstd = 1 / sqrt(mean(x^2) + eps); backward: dx = rstd (g - xh mean(xh g))
 // with xh = x rstd, g = w dy; dw += sum over rows of xh dy.
-template <class D>
-struct RmsNorm;
+template <class D> struct RmsNorm;
 template <>
 struct RmsNorm<Host> {
   template <class T, class S>
@@ -44,8 +43,7 @@ struct RmsNorm<Host> {
   }
 };
 
-template <class D>
-struct ReluSquared;  // y = relu(x)^2; dx = 2 relu(x) dy
+template <class D> struct ReluSquared;  // y = relu(x)^2; dx = 2 relu(x) dy
 template <>
 struct ReluSquared<Host> {
   template <class T>
@@ -58,14 +56,9 @@ struct ReluSquared<Host> {
   }
 };
 
-// The plan (weft/plan/measure.hpp) runs the model on the Meta device, which counts and computes nothing.
-template <class D>
-struct RmsNorm<Meta<D>> {
-  template <class... A> static void forward(Meta<D>&, A&&...) {}
-  template <class... A> static void backward(Meta<D>&, A&&...) {}
-};
-template <class D>
-struct ReluSquared<Meta<D>> : RmsNorm<Meta<D>> {};
+// The plan (weft/plan/measure.hpp) runs the model on the Meta device, whose ops do nothing.
+template <class D> struct RmsNorm<Meta<D>> : ops::MetaPass<D> {};
+template <class D> struct ReluSquared<Meta<D>> : ops::MetaPass<D> {};
 
 // ---- layers (the protocol of nn/sequential.hpp) -----------------------------------------------------
 // RMSNorm over the stream A (Replicate, or Shard<1> under SP: then w's gradient is Partial on tensor).

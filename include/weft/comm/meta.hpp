@@ -53,21 +53,23 @@ class MetaComm {
   void barrier() { count(Op::barrier, 0); }
   MetaComm split(int color, int key, const std::string& name = {}) { return MetaComm(inner_.split(color, key, name)); }
 
-  // What this rank has been asked on this group so far (subtract two snapshots to count a region).
-  const threads::Counters& counters() const { return counters_; }
-  // The same call by call: how many of each (operation, bytes), for the time model's alpha-beta
-  // costs, which are not linear in the bytes.
+  // What this rank has been asked on this group so far, call by call: how many of each
+  // (operation, bytes), for the time model's alpha-beta costs, which are not linear in the bytes.
   const std::map<std::pair<threads::Op, std::uint64_t>, std::int64_t>& calls() const { return calls_; }
+  // The same summed per operation (subtract two snapshots to count a region).
+  threads::Counters counters() const {
+    threads::Counters c;
+    for (const auto& [key, n] : calls_) {
+      c.calls[static_cast<std::size_t>(key.first)] += static_cast<std::uint64_t>(n);
+      c.bytes[static_cast<std::size_t>(key.first)] += key.second * static_cast<std::uint64_t>(n);
+    }
+    return c;
+  }
 
  private:
   using Op = threads::Op;
-  void count(Op op, std::size_t bytes) {
-    counters_.calls[static_cast<std::size_t>(op)] += 1;
-    counters_.bytes[static_cast<std::size_t>(op)] += bytes;
-    ++calls_[{op, static_cast<std::uint64_t>(bytes)}];
-  }
+  void count(Op op, std::size_t bytes) { ++calls_[{op, static_cast<std::uint64_t>(bytes)}]; }
   C inner_;
-  threads::Counters counters_;
   std::map<std::pair<threads::Op, std::uint64_t>, std::int64_t> calls_;
 };
 

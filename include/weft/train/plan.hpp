@@ -82,6 +82,30 @@ std::vector<RankPlan> measured_plan(const Options& o, const config_t<F>& cfg, bo
   return plan_of(measured_ranks<F>(o, cfg), o.pipe, host);
 }
 
+// --plan's table: each pipe rank's peak per category and of their sum (">=" where not exact).
+inline void print_rank_table(const std::vector<RankPlan>& plan) {
+  const char* bound = plan[0].exact ? "" : ">= ";
+  std::printf("%-10s %12s %12s %12s %12s %14s %14s %14s\n", "pipe rank", "parameters", "gradients", "master", "optimizer",
+              "activations", "communication", "step peak");
+  for (const RankPlan& p : plan) {
+    const auto at = [&](Category c) { return mib(static_cast<double>(p.peak.of(c))); };
+    std::printf("%-10d %12s %12s %12s %12s %14s %14s %14s\n", p.pipe_rank, at(Category::parameters).c_str(),
+                at(Category::gradients).c_str(), at(Category::master_weights).c_str(), at(Category::optimizer_state).c_str(),
+                cat(bound, at(Category::activations)).c_str(), at(Category::communication).c_str(),
+                cat(bound, mib(static_cast<double>(p.total))).c_str());
+  }
+}
+
+// Each operation of `c` that was called: "<prefix>all_reduce 3 calls 24 bytes, ..." ("" if none).
+inline std::string counted_calls(const threads::Counters& c, const std::string& prefix = {}) {
+  std::string out;
+  for (std::size_t op = 0; op < threads::kOps; ++op)
+    if (c.calls[op] > 0)
+      out += cat(out.empty() ? "" : ", ", prefix, threads::name(static_cast<threads::Op>(op)), " ", c.calls[op], " calls ",
+                 c.bytes[op], " bytes");
+  return out;
+}
+
 // FLOPs per token of the configuration: the family's, or from the declared parameters of the model
 // built on the Meta device on one rank (nothing allocated).
 template <Family F>
@@ -111,16 +135,7 @@ int print_measured_plan(const Options& o, const config_t<F>& cfg, const std::str
   const bool host = device != "cuda";
   const std::vector<footprint::RankStep> ranks = measured_ranks<F>(o, cfg);
   const std::vector<RankPlan> plan = plan_of(ranks, o.pipe, host);
-  const char* bound = host ? "" : ">= ";
-  std::printf("%-10s %12s %12s %12s %12s %14s %14s %14s\n", "pipe rank", "parameters", "gradients", "master", "optimizer",
-              "activations", "communication", "step peak");
-  for (const RankPlan& p : plan) {
-    const auto at = [&](Category c) { return mib(static_cast<double>(p.peak.of(c))); };
-    std::printf("%-10d %12s %12s %12s %12s %14s %14s %14s\n", p.pipe_rank, at(Category::parameters).c_str(),
-                at(Category::gradients).c_str(), at(Category::master_weights).c_str(), at(Category::optimizer_state).c_str(),
-                cat(bound, at(Category::activations)).c_str(), at(Category::communication).c_str(),
-                cat(bound, mib(static_cast<double>(p.total))).c_str());
-  }
+  print_rank_table(plan);
   std::printf("(per rank: each category's peak during a training step, and the peak of their sum, measured by running the "
               "step%s on the Meta device: %s; persistent state %s; step peak %lld bytes%s",
               o.pipe > 1 ? cat(" and the ", o.schedule, " schedule").c_str() : "",
@@ -134,11 +149,8 @@ int print_measured_plan(const Options& o, const config_t<F>& cfg, const std::str
     std::string line;
     for (Axis a : kAxes) {
       if ((a == Axis::data ? o.data : a == Axis::pipe ? o.pipe : o.tensor) == 1) continue;  // a group of one moves nothing
-      const threads::Counters& c = p.collectives[static_cast<std::size_t>(a)];
-      for (std::size_t op = 0; op < threads::kOps; ++op)
-        if (c.calls[op] > 0 && c.bytes[op] > 0)
-          line += cat(line.empty() ? "" : ", ", name(a), " ", threads::name(static_cast<threads::Op>(op)), " ", c.calls[op], " calls ",
-                      c.bytes[op], " bytes");
+      const std::string axis = counted_calls(p.collectives[static_cast<std::size_t>(a)], cat(name(a), " "));
+      if (!axis.empty()) line += cat(line.empty() ? "" : ", ", axis);
     }
     std::printf("collectives of a step on pipe rank %d (this rank's, per axis of degree > 1): %s\n", p.pipe_rank,
                 line.empty() ? "none" : line.c_str());
@@ -147,16 +159,14 @@ int print_measured_plan(const Options& o, const config_t<F>& cfg, const std::str
   // blocks that all ask the same are printed once.
   if (o.tensor > 1 && o.pipe == 1) {
     const auto stages = with_strategy(strategies_t<F>{}, o.strategy, [&]<class S, bool SP>() {
-      return footprint::stage_collectives<detail::MetaModel<F, F32, SP>::template on>(
-          cfg, {.data = o.data, .tensor = o.tensor}, micro);
+      return with_precision(host_precisions_t<F>{}, o.dtype, [&]<class P>() {
+        return footprint::stage_collectives<detail::MetaModel<F, P, SP>::template on>(cfg, {.data = o.data, .tensor = o.tensor},
+                                                                                       micro);
+      });
     });
     const auto t = static_cast<std::size_t>(Axis::tensor);
     const auto line = [&](const threads::Counters& c) {
-      std::string out;
-      for (std::size_t op = 0; op < threads::kOps; ++op)
-        if (c.calls[op] > 0)
-          out += cat(out.empty() ? "" : ", ", threads::name(static_cast<threads::Op>(op)), " ", c.calls[op], " calls ", c.bytes[op],
-                     " bytes");
+      const std::string out = counted_calls(c);
       return out.empty() ? std::string("none") : out;
     };
     const auto same = [&](const footprint::StageCollectives& a, const footprint::StageCollectives& b) {
@@ -165,7 +175,7 @@ int print_measured_plan(const Options& o, const config_t<F>& cfg, const std::str
     };
     bool uniform = stages.size() > 2;
     for (std::size_t st = 2; st + 1 < stages.size(); ++st) uniform = uniform && same(stages[st], stages[1]);
-    std::printf("collectives of one micro-batch on the tensor axis, by stage (f32; measured):\n");
+    std::printf("collectives of one micro-batch on the tensor axis, by stage (measured):\n");
     for (std::size_t st = 0; st < stages.size(); ++st) {
       if (uniform && st > 1 && st + 1 < stages.size()) continue;
       const std::string name = uniform && st == 1 ? cat(stages[st].stage, " (and every block)") : stages[st].stage;

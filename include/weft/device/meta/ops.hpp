@@ -4,10 +4,10 @@
 // shapes; the attention core's FLOPs; elements through GELU, LayerNorm, the cross-entropy and
 // AdamW). A user's op family gets its own the same way, beside its host one:
 //
-//   template <class D> struct RmsNorm<weft::Meta<D>> {
-//     template <class... A> static void forward(weft::Meta<D>&, A&&...) {}
-//     template <class... A> static void backward(weft::Meta<D>&, A&&...) {}
-//   };
+//   template <class D> struct RmsNorm<weft::Meta<D>> : weft::ops::MetaPass<D> {};
+//
+// (MetaPass: a forward and a backward that take anything and do nothing; a family with other
+// functions names them the same way, as Memory's and CrossEntropy's below.)
 //
 // Plain C++20; it includes the host's families, whose primary templates it specializes.
 #pragma once
@@ -16,6 +16,13 @@
 #include "weft/device/meta/meta.hpp"
 
 namespace weft::ops {
+
+// A forward and a backward that do nothing: the Meta specialization of an op family with those two.
+template <class D>
+struct MetaPass {
+  template <class... A> static void forward(Meta<D>&, A&&...) {}
+  template <class... A> static void backward(Meta<D>&, A&&...) {}
+};
 
 template <class D>
 struct Gemm<Meta<D>> {
@@ -77,15 +84,9 @@ struct Attention<Meta<D>> {
   }
 };
 template <class D>
-struct Embedding<Meta<D>> {
-  template <class... A> static void forward(Meta<D>&, A&&...) {}
-  template <class... A> static void backward(Meta<D>&, A&&...) {}
-};
+struct Embedding<Meta<D>> : MetaPass<D> {};
 template <class D>
-struct Position<Meta<D>> {
-  template <class... A> static void forward(Meta<D>&, A&&...) {}
-  template <class... A> static void backward(Meta<D>&, A&&...) {}
-};
+struct Position<Meta<D>> : MetaPass<D> {};
 template <class D>
 struct CrossEntropy<Meta<D>> {
   template <class S, class T>

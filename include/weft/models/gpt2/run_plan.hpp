@@ -19,6 +19,7 @@
 #include "weft/plan/time.hpp"
 #include "weft/train/devices.hpp"
 #include "weft/train/loop.hpp"
+#include "weft/train/plan.hpp"
 #include "weft/train/strategies.hpp"
 
 namespace weft::gpt2 {
@@ -117,16 +118,7 @@ inline int Family::print_plan(const train::Options& o, const Config& cfg, const 
     return 0;
   }
   const std::vector<RankPlan> plan = plan_of(o, cfg, device != "cuda");
-  const char* bound = plan[0].exact ? "" : ">= ";
-  std::printf("%-10s %12s %12s %12s %12s %14s %14s %14s\n", "pipe rank", "parameters", "gradients", "master", "optimizer",
-              "activations", "communication", "step peak");
-  for (const RankPlan& p : plan) {
-    const auto at = [&](Category c) { return train::mib(static_cast<double>(p.peak.of(c))); };
-    std::printf("%-10d %12s %12s %12s %12s %14s %14s %14s\n", p.pipe_rank, at(Category::parameters).c_str(),
-                at(Category::gradients).c_str(), at(Category::master_weights).c_str(), at(Category::optimizer_state).c_str(),
-                cat(bound, at(Category::activations)).c_str(), at(Category::communication).c_str(),
-                cat(bound, train::mib(static_cast<double>(p.total))).c_str());
-  }
+  train::print_rank_table(plan);
   if (plan[0].exact) {
     std::printf("(per rank: each category's peak during a training step, and the peak of their sum, replayed from the "
                 "types and sizes%s: the host allocator's counts; persistent state %s; step peak %lld bytes%s",
