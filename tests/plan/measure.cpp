@@ -6,6 +6,7 @@
 // counts the blocks the code asks for, so any difference is a block counted wrong.
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <map>
 #include <string>
 #include <tuple>
@@ -14,7 +15,9 @@
 #include "03_custom_model.hpp"
 #include "weft/plan/measure.hpp"
 #include "weft/plan/measure_time.hpp"
+#include "weft/models/gpt2/cluster_plan.hpp"
 #include "weft/plan/step.hpp"
+#include "weft/train/cluster_plan.hpp"
 
 using namespace weft;
 
@@ -30,6 +33,44 @@ void same(const footprint::StepPeak& got, const footprint::StepPeak& want, const
   }
   CHECK(got.total == want.total);
   CHECK(got.allocations == want.allocations);
+}
+
+// Two measurements of one rank: equal in everything measured (peaks, state, each axis's calls
+// call by call, the ops' work).
+void same_rank(const footprint::RankStep& got, const footprint::RankStep& want, const std::string& what) {
+  same(got.step, want.step, what);
+  INFO(what);
+  CHECK(got.rank == want.rank);
+  CHECK(got.coord.data == want.coord.data);
+  CHECK(got.coord.pipe == want.coord.pipe);
+  CHECK(got.coord.tensor == want.coord.tensor);
+  for (std::size_t k = 0; k < kCategories; ++k) CHECK(got.state.bytes[k] == want.state.bytes[k]);
+  for (std::size_t a = 0; a < got.calls.size(); ++a) CHECK(got.calls[a] == want.calls[a]);
+  CHECK(got.tie_calls == want.tie_calls);
+  REQUIRE(got.ops.gemms.size() == want.ops.gemms.size());
+  for (std::size_t g = 0; g < got.ops.gemms.size(); ++g) {
+    const auto &x = got.ops.gemms[g], &y = want.ops.gemms[g];
+    CHECK(std::tie(x.m, x.n, x.k, x.ta, x.tb, x.count) == std::tie(y.m, y.n, y.k, y.ta, y.tb, y.count));
+  }
+  CHECK(got.ops.attention_flops == want.ops.attention_flops);
+  CHECK(got.ops.gelu == want.ops.gelu);
+  CHECK(got.ops.layernorm == want.ops.layernorm);
+  CHECK(got.ops.cross_entropy == want.ops.cross_entropy);
+  CHECK(got.ops.adamw == want.ops.adamw);
+}
+
+// measure_alone on every rank equals the rank of measure (all ranks as threads), and the bounding
+// ranks' largest peak per pipe rank equals the largest of all that pipe rank's ranks.
+template <template <class> class M, class Strategy, class C>
+void check_alone(const C& c, const footprint::Run& run, const std::vector<footprint::RankStep>& all) {
+  const std::string what = cat(Strategy::name(), " data ", run.mesh.data, " pipe ", run.mesh.pipe, " tensor ", run.mesh.tensor);
+  for (const footprint::RankStep& r : all)
+    same_rank(footprint::measure_alone<M, Strategy>(c, run, r.rank), r, cat(what, " rank ", r.rank, " alone"));
+  std::vector<std::int64_t> most(static_cast<std::size_t>(run.mesh.pipe), 0), bound(most);
+  for (const footprint::RankStep& r : all) most[static_cast<std::size_t>(r.coord.pipe)] = std::max(most[static_cast<std::size_t>(r.coord.pipe)], r.step.total);
+  for (const footprint::RankStep& r : footprint::measure_bounding<M, Strategy>(c, run))
+    bound[static_cast<std::size_t>(r.coord.pipe)] = std::max(bound[static_cast<std::size_t>(r.coord.pipe)], r.step.total);
+  CHECK_MESSAGE(bound == most, what);
 }
 
 template <class P, bool SP>
@@ -70,6 +111,7 @@ void check_custom(const footprint::Run& run) {
       for (std::uint64_t n : c.calls) calls += n;
     CHECK(calls > 0);  // every run here has collectives to count
   }
+  check_alone<Custom<P, SP>::template on, Strategy>(c, run, meta);
 }
 
 }  // namespace
@@ -117,6 +159,7 @@ void check_gpt2(const footprint::Run& run) {
                   r.coord.pipe);
     same(r.step, want, cat("GPT-2 ", Strategy::name(), " rank ", r.rank));
   }
+  check_alone<M, Strategy>(kSmall, run, meta);
 }
 
 }  // namespace
@@ -147,6 +190,33 @@ TEST_CASE("the measured plan of a large model costs no memory, and refuses sizes
   // 25 heads on tensor 4: GPT-2's own check refuses, naming the values, on every rank.
   const auto refused = [&] { return footprint::measure<Gpt, optim::Fsdp>(xl, {.mesh = {.tensor = 4}, .micro_batch = 8}); };
   CHECK_THROWS_WITH_AS(refused(), doctest::Contains("tensor degree 4 does not divide 25 heads"), Error);
+}
+
+TEST_CASE("one rank measured alone plans a mesh of thousands of ranks: GPT-2 against its constexpr replay") {
+  using pipeline::Kind;
+  const gpt2::Config c{.vocab = 50257, .seq = 1024, .layers = 8, .heads = 16, .width = 1024};
+  // 4096 ranks: data 256 x pipe 4 x tensor 4, ZeRO-2 with SP under ZB-H1, 8 micro-batches; the
+  // bounding ranks of each pipe rank against the replay of that pipe rank.
+  const footprint::Run run{.mesh = {.data = 256, .pipe = 4, .tensor = 4}, .micro_batch = 256, .micro_batches = 8,
+                           .schedule = Kind::zero_bubble_h1};
+  const auto ranks = footprint::measure_bounding<Gpt, optim::Zero2>(c, run);
+  CHECK(ranks.size() == 8);  // per pipe rank: data 0 tensor 0, and data 255 tensor 3
+  const pipeline::Table table = pipeline::make_table(run.schedule, 4, 8);
+  for (const footprint::RankStep& r : ranks) {
+    const Spread s{.data_degree = 256, .tensor_degree = 4, .data_index = r.coord.data, .tensor_index = r.coord.tensor};
+    same(r.step, footprint::pipeline_step<optim::Zero2, float, true>(c, s, 256, table, r.coord.pipe), cat("rank ", r.rank));
+  }
+  const std::vector<int> bounding{0, 4, 8, 12, 4083, 4087, 4091, 4095};
+  CHECK(footprint::bounding_ranks({.data = 256, .pipe = 4, .tensor = 4}) == bounding);
+  // A rank outside the mesh, and a rank's own split (no other rank answers), are refused.
+  const auto outside = [&] { return footprint::measure_alone<Gpt, optim::Zero2>(c, run, 4096); };
+  CHECK_THROWS_WITH_AS(outside(), doctest::Contains("rank 4096 of a world of 4096"), Error);
+  StandIn alone(3, 8);
+  CHECK_THROWS_WITH_AS(alone.split(0, 3), doctest::Contains("cannot split by color"), Error);
+  const std::vector<int> others{0, 1, 2}, mine{1, 3, 5};
+  CHECK_THROWS_WITH_AS(alone.group(others, "g"), doctest::Contains("rank 3 of 'world' is not among the 3 members"), Error);
+  CHECK(alone.group(mine, "g").rank() == 1);
+  CHECK(alone.group(mine, "g").size() == 3);
 }
 
 // The time model's Work from the measured step against GPT-2's closed forms (estimate::work): each
@@ -267,4 +337,46 @@ TEST_CASE("each stage's measured collectives equal the rows GPT-2 gives describe
   check_stages<false>({.tensor = 2}, 2);
   check_stages<true>({.tensor = 2}, 2);
   check_stages<true>({.data = 2, .tensor = 2}, 4);
+}
+
+// weft-plan's measured cost of a layout (train::measured_cost: the bounding ranks measured alone,
+// their work at the cluster's rates, a pipeline from four pipe-1 steps) against GPT-2's closed-form
+// cost (models/gpt2/cluster_plan.hpp) of the same layout: the peak and state to the byte (the closed
+// form adds its CUDA workspace estimate, which the measurement leaves out), each part of the time to
+// 1e-12 relative (the same terms summed in another order).
+namespace {
+
+template <class Strategy>
+void check_cluster_cost(const train::Layout& x) {
+  train::Cluster k;
+  k.gpus = x.tensor * x.data * x.pipe;
+  k.gpus_per_node = 2;  // data and pipe links leave the node on the larger meshes
+  const train::Candidate closed = gpt2::detail::cluster_cost<Strategy, float, true, recompute::None>(kSmall, x, k);
+  const train::Candidate measured = train::measured_cost<Gpt, Strategy, float>(kSmall, x, k);
+  INFO(x.name(), " ", x.describe(), " schedule ", x.schedule_name());
+  CHECK(measured.peak_bytes == closed.peak_bytes - closed.workspace_bytes);
+  CHECK(measured.state_bytes == closed.state_bytes);
+  const auto near = [&](double a, double b) { return std::abs(a - b) <= 1e-12 * closed.step_seconds(); };
+  CHECK(near(measured.time.gemm, closed.time.gemm));
+  CHECK(near(measured.time.attention, closed.time.attention));
+  CHECK(near(measured.time.elementwise, closed.time.elementwise));
+  CHECK(near(measured.time.memory, closed.time.memory));
+  CHECK(near(measured.time.tensor_comm, closed.time.tensor_comm));
+  CHECK(near(measured.time.data_comm, closed.time.data_comm));
+  CHECK(near(measured.pipeline_s, closed.pipeline_s));
+  CHECK(closed.step_seconds() > 0);
+  if (x.pipe > 1) CHECK(closed.pipeline_s > 0);  // a bubble, messages and the tied all-reduce
+}
+
+}  // namespace
+
+TEST_CASE("weft-plan's measured cost of a layout equals GPT-2's closed forms") {
+  using pipeline::Kind;
+  check_cluster_cost<optim::Fsdp>({.strategy = "fsdp-sp", .tensor = 2, .data = 2, .micro = 4, .accumulation = 2});
+  check_cluster_cost<optim::Zero2>({.strategy = "zero2-sp", .tensor = 1, .data = 2, .pipe = 2, .schedule = Kind::zero_bubble_h1,
+                                    .micro = 2, .accumulation = 4});
+  check_cluster_cost<optim::Fsdp>({.strategy = "fsdp-sp", .tensor = 2, .data = 1, .pipe = 2, .schedule = Kind::one_f_one_b,
+                                   .micro = 2, .accumulation = 2});
+  check_cluster_cost<optim::Ddp>({.strategy = "ddp-sp", .tensor = 1, .data = 1, .pipe = 2, .schedule = Kind::interleaved,
+                                  .virtual_stages = 2, .micro = 1, .accumulation = 4});
 }

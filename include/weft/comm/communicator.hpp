@@ -16,6 +16,9 @@
 //   split(color, key)              collective: ranks with the same color form a new group, ordered
 //                                  by key (MPI_Comm_split)
 //
+// weft::subgroup forms the groups of a mesh and a pipeline: split on a communicator whose ranks are
+// all there, group(members) on one that stands in for a single rank (comm/meta.hpp, StandIn).
+//
 // This header is plain C++20.
 #pragma once
 
@@ -23,6 +26,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "weft/core/dtype.hpp"
 
@@ -53,5 +57,16 @@ concept Communicator = requires(C& c, const C& cc, std::span<float> f, std::span
   c.barrier();
   { c.split(r, r) } -> std::same_as<C>;
 };
+
+// A group of c's ranks, collective over c as split is: split(color, key, name), or where C forms a
+// group from its members without the other ranks (StandIn), group(members, name). `members` are
+// the group's ranks in c, in the order of their keys: what split would form for this rank.
+template <class C>
+C subgroup(C& c, int color, int key, const std::vector<int>& members, const std::string& name) {
+  if constexpr (requires { { c.group(members, name) } -> std::same_as<C>; })
+    return c.group(members, name);
+  else
+    return c.split(color, key, name);
+}
 
 }  // namespace weft

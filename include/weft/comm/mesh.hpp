@@ -51,12 +51,23 @@ class Mesh {
     coord_.pipe = (r / shape_.tensor) % shape_.pipe;
     coord_.data = r / (shape_.tensor * shape_.pipe);
     // Each split is collective over the world; every rank makes the same three calls in order.
-    tensor_.emplace_back(world.split(coord_.data * shape_.pipe + coord_.pipe, coord_.tensor,
-                                     cat("tensor[d", coord_.data, ",p", coord_.pipe, "]")));
-    data_.emplace_back(world.split(coord_.pipe * shape_.tensor + coord_.tensor, coord_.data,
-                                   cat("data[p", coord_.pipe, ",t", coord_.tensor, "]")));
-    pipe_.emplace_back(world.split(coord_.data * shape_.tensor + coord_.tensor, coord_.pipe,
-                                   cat("pipe[d", coord_.data, ",t", coord_.tensor, "]")));
+    // The members of this rank's group on an axis: the world ranks that differ only on that axis.
+    const auto members = [&](Axis a) {
+      const int n = a == Axis::data ? shape_.data : a == Axis::pipe ? shape_.pipe : shape_.tensor;
+      std::vector<int> m;
+      for (int i = 0; i < n; ++i) {
+        MeshCoord x = coord_;
+        (a == Axis::data ? x.data : a == Axis::pipe ? x.pipe : x.tensor) = i;
+        m.push_back((x.data * shape_.pipe + x.pipe) * shape_.tensor + x.tensor);
+      }
+      return m;
+    };
+    tensor_.emplace_back(subgroup(world, coord_.data * shape_.pipe + coord_.pipe, coord_.tensor, members(Axis::tensor),
+                                  cat("tensor[d", coord_.data, ",p", coord_.pipe, "]")));
+    data_.emplace_back(subgroup(world, coord_.pipe * shape_.tensor + coord_.tensor, coord_.data, members(Axis::data),
+                                cat("data[p", coord_.pipe, ",t", coord_.tensor, "]")));
+    pipe_.emplace_back(subgroup(world, coord_.data * shape_.tensor + coord_.tensor, coord_.pipe, members(Axis::pipe),
+                                cat("pipe[d", coord_.data, ",t", coord_.tensor, "]")));
   }
 
   C& world() { return world_; }

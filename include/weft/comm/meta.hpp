@@ -10,6 +10,11 @@
 // when it is posted), so a step measured on it reports its collectives per mesh axis, and
 // tests/plan/measure.cpp holds the counts equal to the thread communicator's.
 //
+// StandIn: one rank of a world whose other ranks are not there, for MetaComm<StandIn>, so one
+// rank's step is measured alone (footprint::measure_alone) on meshes of any size. Its groups form
+// from the members their caller names (weft::subgroup: the Mesh's axis groups, a pipeline's tie
+// group), since no other rank answers a split.
+//
 // This header is plain C++20.
 #pragma once
 
@@ -18,11 +23,40 @@
 #include <span>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "weft/comm/communicator.hpp"
+#include "weft/core/error.hpp"
 #include "weft/comm/threads/world.hpp"
 
 namespace weft {
+
+class StandIn {
+ public:
+  StandIn(int rank, int size, std::string name = "world") : rank_(rank), size_(size), name_(std::move(name)) {
+    if (size < 1 || rank < 0 || rank >= size)
+      throw Error("StandIn", cat("rank ", rank, " of a world of ", size), "give a rank from 0 to size - 1 of a size >= 1");
+  }
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  std::string name() const { return name_; }
+
+  // This rank's group of `members` (ranks of this group, in the group's order).
+  StandIn group(const std::vector<int>& members, const std::string& name) const {
+    for (std::size_t i = 0; i < members.size(); ++i)
+      if (members[i] == rank_) return StandIn(static_cast<int>(i), static_cast<int>(members.size()), name);
+    throw Error(cat("StandIn::group '", name, "'"), cat("rank ", rank_, " of '", name_, "' is not among the ", members.size(), " members"),
+                "list this rank's own group");
+  }
+  [[noreturn]] StandIn split(int color, int, const std::string& name = {}) const {
+    throw Error(cat("StandIn::split '", name, "'"), cat("a rank measured alone cannot split by color (", color, "): no other rank answers"),
+                "form the group with weft::subgroup, naming its members");
+  }
+
+ private:
+  int rank_, size_;
+  std::string name_;
+};
 
 template <class C>
 class MetaComm {
@@ -52,6 +86,11 @@ class MetaComm {
   void cancel(const SendHandle&) noexcept {}
   void barrier() { count(Op::barrier, 0); }
   MetaComm split(int color, int key, const std::string& name = {}) { return MetaComm(inner_.split(color, key, name)); }
+  MetaComm group(const std::vector<int>& members, const std::string& name)
+    requires requires(C& c, const std::vector<int>& m, const std::string& n) { c.group(m, n); }
+  {
+    return MetaComm(inner_.group(members, name));
+  }
 
   // What this rank has been asked on this group so far, call by call: how many of each
   // (operation, bytes), for the time model's alpha-beta costs, which are not linear in the bytes.

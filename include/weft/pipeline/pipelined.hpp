@@ -132,9 +132,20 @@ class Pipeline {
     // The tied table's two holders (first and last pipe ranks) sum its gradients (a model whose
     // head has a table of its own has none).
     const int last = part_.rank_of(part_.stages() - 1);
-    if (Model::tied && last != 0) tie_.emplace(pipe.split((rank_ == 0 || rank_ == last) ? 0 : 1, rank_, cat(pipe.name(), "/tied")));
+    if (Model::tied && last != 0) {
+      const bool holder = rank_ == 0 || rank_ == last;
+      std::vector<int> members;  // this rank's group: the two holders, or every other pipe rank
+      for (int r = 0; r < pipe.size(); ++r)
+        if ((r == 0 || r == last) == holder) members.push_back(r);
+      tie_.emplace(subgroup(pipe, holder ? 0 : 1, rank_, members, cat(pipe.name(), "/tied")));
+    }
     model.defer_weight(table_.split_weight);
   }
+
+  // The tied table's group of the first and last pipe ranks (every other pipe rank's group of the
+  // rest), where the model ties its embedding and head across pipe ranks: what it was asked is the
+  // plan's (plan/measure.hpp counts it on the pipe axis).
+  const std::optional<Comm>& tie_group() const { return tie_; }
 
   // One optimizer step's forwards and backwards over m micro-batches (the table's m), gradients
   // left for dp.step(); returns the mean loss of the micro-batches on every rank.

@@ -12,7 +12,9 @@
 //   ranks[r].step.total  // rank r's peak bytes during a step; .state its persistent bytes
 //
 // measure_rank runs the same step for one rank on any device and communicator: on Host, the
-// allocator's own counts (what the test compares with).
+// allocator's own counts (what the test compares with). measure_alone runs it for one rank of a
+// mesh of any size with no other rank there (MetaComm<StandIn>), and measure_bounding for the few
+// ranks whose plans bound every rank's: what planning a cluster of thousands of GPUs needs.
 //
 // What a step is: zero_grad, the micro-batches' forward and backward (pipeline::forward_backward,
 // or with mesh.pipe > 1 the schedule's table through pipeline::Pipeline on the even partition), then
@@ -20,6 +22,7 @@
 // allocates lazily made buffers, and tests/plan/step.cpp shows later ones allocate the same.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <map>
@@ -55,7 +58,8 @@ struct Run {
 // One rank's plan: its coordinates, the bytes it holds once the model and the protocol are built,
 // the first step's peaks (StepPeak: each category's, their sum's, what is left, what was
 // allocated), and what the step asked of each axis group of the mesh, indexed by Axis (calls and
-// bytes per operation, threads::Counters; zero on a communicator that does not count).
+// bytes per operation, threads::Counters; zero on a communicator that does not count; the pipe
+// axis with a pipeline's tie group, the tied table's gradient all-reduce).
 struct RankStep {
   int rank = 0;
   MeshCoord coord;
@@ -66,6 +70,8 @@ struct RankStep {
   // ops, and of each axis call by call (operation, bytes) -> count.
   MetaWork ops;
   std::array<std::map<std::pair<threads::Op, std::uint64_t>, std::int64_t>, 3> calls{};
+  // Of the pipe axis's calls, those on the pipeline's tie group (the tied table's gradient).
+  std::map<std::pair<threads::Op, std::uint64_t>, std::int64_t> tie_calls;
 };
 
 namespace detail {
@@ -91,7 +97,7 @@ RankStep measure_rank(D& dev, C& world, const typename Model::config_type& c, co
     pp.emplace(model, pipeline::make_table(run.schedule, run.mesh.pipe, static_cast<int>(m), run.virtual_stages), part, mesh);
   // Tokens 0 (a valid id of any vocabulary): the counts do not depend on the values.
   const std::vector<std::int32_t> x(static_cast<std::size_t>(micro / run.mesh.data * c.seq), 0), y(x);
-  RankStep out{world.rank(), mesh.coord(), detail::of_current(dev.memory()), {}, {}, {}, {}};
+  RankStep out{world.rank(), mesh.coord(), detail::of_current(dev.memory()), {}, {}, {}, {}, {}};
   constexpr bool counted = requires { mesh.comm(Axis::data).counters(); };
   std::array<threads::Counters, 3> comm_before{};
   if constexpr (counted)
@@ -100,6 +106,16 @@ RankStep measure_rank(D& dev, C& world, const typename Model::config_type& c, co
   std::array<std::map<std::pair<threads::Op, std::uint64_t>, std::int64_t>, 3> calls_before{};
   if constexpr (logged)
     for (Axis a : kAxes) calls_before[static_cast<std::size_t>(a)] = mesh.comm(a).calls();
+  // The pipeline's tie group is part of the pipe axis.
+  const bool tie = pp && pp->tie_group();
+  threads::Counters tie_before{};
+  std::map<std::pair<threads::Op, std::uint64_t>, std::int64_t> tie_calls_before;
+  if constexpr (counted) {
+    if (tie) tie_before = pp->tie_group()->counters();
+  }
+  if constexpr (logged) {
+    if (tie) tie_calls_before = pp->tie_group()->calls();
+  }
   if constexpr (is_meta<D>) dev.work = {};
   const MemoryStats before = dev.memory();
   dev.reset_peak();
@@ -134,6 +150,19 @@ RankStep measure_rank(D& dev, C& world, const typename Model::config_type& c, co
         if (d > 0) got[key] = d;
       }
     }
+  if (tie) {
+    const auto p = static_cast<std::size_t>(Axis::pipe);
+    if constexpr (counted) out.collectives[p] = out.collectives[p] + (pp->tie_group()->counters() - tie_before);
+    if constexpr (logged)
+      for (const auto& [key, n] : pp->tie_group()->calls()) {
+        const auto it = tie_calls_before.find(key);
+        const std::int64_t d = n - (it == tie_calls_before.end() ? 0 : it->second);
+        if (d > 0) {
+          out.calls[p][key] += d;
+          out.tie_calls[key] += d;
+        }
+      }
+  }
   if constexpr (is_meta<D>) out.ops = dev.work;
   return out;
 }
@@ -151,6 +180,41 @@ std::vector<RankStep> measure(const typename ModelOn<Meta<Host>>::config_type& c
     MetaComm<ThreadComm> world(w);
     out[static_cast<std::size_t>(w.rank())] = measure_rank<Model, Strategy>(dev, world, c, run, rule);
   });
+  return out;
+}
+
+// One rank's plan of one step of ModelOn<Meta<Host>>, measured alone: the rank's groups stand in for
+// the others (comm/meta.hpp), so any mesh is measured in the time of one rank's step. Equal to
+// measure(c, run)[rank] (tests/plan/measure.cpp).
+template <template <class> class ModelOn, class Strategy, class Rule = optim::AdamW>
+RankStep measure_alone(const typename ModelOn<Meta<Host>>::config_type& c, const Run& run, int rank, Rule rule = {}) {
+  validate(run.mesh, run.mesh.data * run.mesh.pipe * run.mesh.tensor);
+  Meta<Host> dev;
+  MetaComm<StandIn> world(StandIn(rank, run.mesh.data * run.mesh.pipe * run.mesh.tensor));
+  return measure_rank<ModelOn<Meta<Host>>, Strategy>(dev, world, c, run, rule);
+}
+
+// The ranks measure_bounding measures: on each pipe rank, the first and the last of its data x
+// tensor ranks (world ranks, ascending). Ranks that differ only in their data and tensor indices
+// hold shards of equal shapes (weft pads a shard to the group's equal share), so their plans are
+// equal; the last is measured besides the first to hold that to account, not to trust it.
+inline std::vector<int> bounding_ranks(const MeshShape& s) {
+  std::vector<int> out;
+  for (int p = 0; p < s.pipe; ++p) {
+    out.push_back(p * s.tensor);                                                  // data 0, tensor 0
+    const int last = ((s.data - 1) * s.pipe + p) * s.tensor + s.tensor - 1;       // the last data and tensor index
+    if (last != out.back()) out.push_back(last);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// The bounding ranks' plans, each measured alone: the largest of them per pipe rank is the mesh's
+// (tests/plan/measure.cpp holds it to every rank's on the meshes it measures both ways).
+template <template <class> class ModelOn, class Strategy, class Rule = optim::AdamW>
+std::vector<RankStep> measure_bounding(const typename ModelOn<Meta<Host>>::config_type& c, const Run& run, Rule rule = {}) {
+  std::vector<RankStep> out;
+  for (int r : bounding_ranks(run.mesh)) out.push_back(measure_alone<ModelOn, Strategy>(c, run, r, rule));
   return out;
 }
 

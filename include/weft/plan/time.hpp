@@ -225,29 +225,24 @@ struct PipelineTime {
   std::vector<double> bubble;  // per pipe rank: its idle share of the makespan
 };
 
-// The model's cost is linear in its blocks and its micro-batches (every item of work() is), so four
-// pipe-1 estimates separate a block per micro-batch (block), the embedding and head per micro-batch
-// (ends), a block per step and the rest per step. Virtual stage s costs its blocks, plus the ends
-// on the last stage; rank r's once-a-step part is its blocks', plus the rest where it holds the
-// embedding or the head. Layers must divide into the table's p V stages.
-template <class Strategy, PrecisionLike P, bool SP = false, recompute::Policy R = recompute::None>
-PipelineTime pipeline_seconds(const gpt2::Config& c, const Spread& s, std::int64_t micro, const pipeline::Table& t,
-                              const Rates& r, const Link& pipe) {
-  using T = typename precision_t<P>::compute;
-  const auto cost = [&](std::int64_t layers, std::int64_t mb) {
-    gpt2::Config k = c;
-    k.layers = layers;
-    return seconds(work<Strategy, P, SP, R>(k, s, micro, mb), r).total();
-  };
+// A pipelined step from its pipe-1 cost: `cost(layers, micro_batches)` is the seconds of a pipe-1
+// step of the same model with that many layers and micro-batches (of the run's size). The model's
+// cost is linear in its blocks and its micro-batches, so four pipe-1 costs separate a block per
+// micro-batch (block), the embedding and head per micro-batch (ends), a block per step and the
+// rest per step. Virtual stage s costs its blocks, plus the ends on the last stage; rank r's
+// once-a-step part is its blocks', plus the rest where it holds the embedding or the head. Layers
+// must divide into the table's p V stages. `message`: one activation's seconds between neighbours;
+// `tied`: the tied table's gradient all-reduce over the first and last pipe ranks (0: none).
+template <class Cost>
+PipelineTime pipeline_seconds_of(Cost&& cost, std::int64_t layers, const pipeline::Table& t, double message, double tied) {
   const double t11 = cost(1, 1), t12 = cost(1, 2), t21 = cost(2, 1), t22 = cost(2, 2);
   PipelineTime out;
   out.block = t22 - t12 - t21 + t11;
   out.ends = t12 - t11 - out.block;
   const double block_once = t21 - t11 - out.block, ends_once = t11 - out.block - out.ends - block_once;
   const int S = t.stages();
-  const std::int64_t per_stage = c.layers / S;
-  const std::int64_t rows = micro / s.data_degree * (SP ? c.seq / s.tensor_degree : c.seq);
-  out.message = pipe.alpha + static_cast<double>(rows * c.width * static_cast<std::int64_t>(sizeof(T))) * pipe.beta;
+  const std::int64_t per_stage = layers / S;
+  out.message = message;
   pipeline::StageCosts costs;
   costs.message = out.message;
   for (int st = 0; st < S; ++st) {
@@ -258,20 +253,35 @@ PipelineTime pipeline_seconds(const gpt2::Config& c, const Spread& s, std::int64
   }
   const pipeline::Simulation sim = pipeline::simulate(t, costs);
   out.makespan = sim.makespan;
+  for (int rank = 0; rank < t.p; ++rank) {
+    const bool ends = rank == 0 || rank == (S - 1) % t.p;
+    const double once = static_cast<double>(layers / t.p) * block_once + (ends ? ends_once : 0.0);
+    out.once.push_back(once);
+    out.bubble.push_back(sim.bubble(rank));
+    out.step = std::max(out.step, sim.end[static_cast<std::size_t>(rank)] + once + tied);
+  }
+  return out;
+}
+
+// GPT-2's pipelined step from its closed forms (work()).
+template <class Strategy, PrecisionLike P, bool SP = false, recompute::Policy R = recompute::None>
+PipelineTime pipeline_seconds(const gpt2::Config& c, const Spread& s, std::int64_t micro, const pipeline::Table& t,
+                              const Rates& r, const Link& pipe) {
+  using T = typename precision_t<P>::compute;
+  const auto cost = [&](std::int64_t layers, std::int64_t mb) {
+    gpt2::Config k = c;
+    k.layers = layers;
+    return seconds(work<Strategy, P, SP, R>(k, s, micro, mb), r).total();
+  };
+  const std::int64_t rows = micro / s.data_degree * (SP ? c.seq / s.tensor_degree : c.seq);
+  const double message = pipe.alpha + static_cast<double>(rows * c.width * static_cast<std::int64_t>(sizeof(T))) * pipe.beta;
   // The tied table's gradient (this rank's slice where gradients are sharded), summed over the
   // first and last pipe ranks.
   const std::int64_t table = footprint::padded(footprint::units(c, s).table, s.data_degree);
   const std::int64_t tied_bytes = (IsShard<typename Strategy::grads> ? table / s.data_degree : table) *
                                   static_cast<std::int64_t>(sizeof(master_t<T>));
   const double tied = t.p > 1 ? collective_seconds(Collective::all_reduce, 2, tied_bytes, pipe) : 0.0;
-  for (int rank = 0; rank < t.p; ++rank) {
-    const bool ends = rank == 0 || rank == (S - 1) % t.p;
-    const double once = static_cast<double>(c.layers / t.p) * block_once + (ends ? ends_once : 0.0);
-    out.once.push_back(once);
-    out.bubble.push_back(sim.bubble(rank));
-    out.step = std::max(out.step, sim.end[static_cast<std::size_t>(rank)] + once + tied);
-  }
-  return out;
+  return pipeline_seconds_of(cost, c.layers, t, message, tied);
 }
 
 }  // namespace weft::estimate

@@ -17,6 +17,7 @@
 #include "weft/train/devices.hpp"
 #include "weft/train/family.hpp"
 #include "weft/train/flops.hpp"
+#include "weft/train/plan_flops.hpp"
 #include "weft/train/loop.hpp"  // schedule_kind
 #include "weft/train/options.hpp"
 #include "weft/train/rank_plan.hpp"
@@ -104,25 +105,6 @@ inline std::string counted_calls(const threads::Counters& c, const std::string& 
       out += cat(out.empty() ? "" : ", ", prefix, threads::name(static_cast<threads::Op>(op)), " ", c.calls[op], " calls ",
                  c.bytes[op], " bytes");
   return out;
-}
-
-// FLOPs per token of the configuration: the family's, or from the declared parameters of the model
-// built on the Meta device on one rank (nothing allocated).
-template <Family F>
-double plan_flops_per_token(const config_t<F>& cfg) {
-  if constexpr (requires { F::flops_per_token(cfg); }) {
-    return F::flops_per_token(cfg);
-  } else {
-    double f = 0;
-    run_threads(1, [&](ThreadComm& w) {
-      Meta<Host> dev;
-      MetaComm<ThreadComm> world(w);
-      Mesh mesh{world, {}};
-      model_t<F, F32, false, Meta<Host>> m(dev, cfg, mesh.spread(), 1);
-      f = declared_flops_per_token(m, mesh);
-    });
-    return f;
-  }
 }
 
 // --plan for a family without a plan of its own: the measured table per pipe rank and the FLOPs.

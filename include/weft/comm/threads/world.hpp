@@ -77,6 +77,14 @@ struct Counters {
     }
     return d;
   }
+  Counters operator+(const Counters& o) const {
+    Counters d;
+    for (std::size_t i = 0; i < kOps; ++i) {
+      d.calls[i] = calls[i] + o.calls[i];
+      d.bytes[i] = bytes[i] + o.bytes[i];
+    }
+    return d;
+  }
 };
 
 // What a rank asked of a collective; every member must ask the same.

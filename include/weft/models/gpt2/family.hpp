@@ -13,8 +13,15 @@
 #include "weft/models/gpt2/hf.hpp"
 #include "weft/models/gpt2/model.hpp"
 #include "weft/plan/memory.hpp"
+#include "weft/train/family.hpp"
 #include "weft/train/options.hpp"
 #include "weft/train/rank_plan.hpp"
+
+namespace weft::train {
+struct Layout;
+struct Cluster;
+struct Candidate;
+}  // namespace weft::train
 
 namespace weft::gpt2 {
 
@@ -24,6 +31,8 @@ using RankPlan = train::RankPlan;
 struct Family {
   template <class P, bool SP, class D>
   using model = Model<P, SP, recompute::None, D>;
+  template <class P, bool SP, class R, class D>
+  using recomputed = Model<P, SP, R, D>;
   static std::string name() { return "gpt2"; }
   static std::vector<std::string> preset_names() { return gpt2::preset_names(); }
   static Config preset(std::string_view n) { return gpt2::preset(n); }
@@ -35,6 +44,11 @@ struct Family {
   // models/gpt2/run_plan.hpp
   static std::vector<RankPlan> plan(const train::Options& o, const Config& c, bool host);
   static int print_plan(const train::Options& o, const Config& c, const std::string& device);
+  // weft-plan's cost of a layout on a cluster, in bf16 or f32 (models/gpt2/cluster_plan.hpp)
+  using cluster_precisions = train::List<Bf16Mixed, F32>;
+  static train::Candidate cluster_cost(const Config& c, const train::Layout& x, const train::Cluster& k, const std::string& dtype);
+  static std::string cluster_preset() { return "gpt2-124m"; }
+  static std::string cluster_peak_note(const Config& c);
 };
 
 }  // namespace weft::gpt2

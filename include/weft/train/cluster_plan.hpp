@@ -1,0 +1,345 @@
+// weft-plan for any model family (train::Family): the plan of a model on a cluster of any number of
+// GPUs, for every layout of train/cluster.hpp, ranked by step time among those that fit. A family
+// costs a layout by its own closed forms (Family::cluster_cost: GPT-2's, models/gpt2/cluster_plan.hpp)
+// or, by default, by the step measured on the Meta device: the bounding ranks of the mesh, each run
+// alone (plan/measure.hpp measure_bounding: exact, the host allocator's counts, on meshes of any
+// size), their work priced at the cluster's rates (plan/measure_time.hpp), and a pipeline's time
+// from four pipe-1 steps (estimate::pipeline_seconds_of). A user's planner is one line:
+//
+//   int main(int argc, char** argv) { return weft::train::plan_main<MyFamily>(argc, argv, "my_plan"); }
+//
+// What the measured cost leaves out, where the family has no closed forms: the CUDA back end's
+// workspaces (the peak is the host allocator's) and the family's own ops in the step time (the
+// Meta device prices weft's).
+#pragma once
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "weft/core/files.hpp"
+#include "weft/core/json_limits.hpp"
+#include "weft/plan/measure.hpp"
+#include "weft/plan/measure_time.hpp"
+#include "weft/plan/memory.hpp"
+#include "weft/train/cluster.hpp"
+#include "weft/train/command_line.hpp"
+#include "weft/train/family.hpp"
+#include "weft/train/plan_flops.hpp"
+#include "weft/train/strategies.hpp"
+
+namespace weft::train {
+
+namespace detail {
+template <class F> struct cluster_precisions_of { using type = host_precisions_t<F>; };
+template <class F> requires requires { typename F::cluster_precisions; } struct cluster_precisions_of<F> {
+  using type = typename F::cluster_precisions;
+};
+template <Family F, class P, bool SP, class R>
+struct MetaRecomputed {
+  template <class D>
+  using on = typename F::template recomputed<P, SP, R, D>;
+};
+template <Family F, class P, bool SP>
+struct MetaOn {
+  template <class D>
+  using on = model_t<F, P, SP, D>;
+};
+}  // namespace detail
+
+// The precisions weft-plan offers for a family: Family::cluster_precisions, or those it compiles.
+template <Family F> using cluster_precisions_t = typename detail::cluster_precisions_of<F>::type;
+
+// Whether the family plans full recompute: a `recomputed<P, SP, R, D>` model over the policy.
+template <class F>
+concept plans_recompute = requires { typename F::template recomputed<F32, false, recompute::Full, Host>; };
+
+// The cost of a layout from the step of ModelOn measured on the Meta device.
+template <template <class> class ModelOn, class Strategy, class T>
+Candidate measured_cost(const typename ModelOn<Meta<Host>>::config_type& c, const Layout& x, const Cluster& k) {
+  const footprint::Run run{.mesh = {.data = x.data, .pipe = x.pipe, .tensor = x.tensor}, .micro_batch = x.micro,
+                           .micro_batches = x.accumulation, .schedule = x.schedule, .virtual_stages = x.virtual_stages};
+  const estimate::Rates rates = cluster_rates<T>(k, x.tensor, x.data, x.pipe);
+  Candidate out;
+  const std::vector<footprint::RankStep> ranks = footprint::measure_bounding<ModelOn, Strategy>(c, run);
+  for (const footprint::RankStep& r : ranks) {
+    out.peak_bytes = std::max(out.peak_bytes, r.step.total);
+    out.state_bytes = std::max(out.state_bytes, r.step.after.total());
+  }
+  // The whole model on the data x tensor mesh of the layout, on its first rank.
+  const MeshShape flat{.data = x.data, .tensor = x.tensor};
+  const auto pipe1 = [&](const typename ModelOn<Meta<Host>>::config_type& cfg, std::int64_t micro_batches) {
+    const footprint::Run r{.mesh = flat, .micro_batch = x.micro, .micro_batches = micro_batches};
+    return estimate::seconds(estimate::work_of(footprint::measure_alone<ModelOn, Strategy>(cfg, r, 0), flat), rates);
+  };
+  if (x.pipe == 1) {
+    out.time = estimate::seconds(estimate::work_of(ranks[0], run.mesh), rates);
+    return out;
+  }
+  const auto cost = [&](std::int64_t layers, std::int64_t micro_batches) {
+    auto cfg = c;
+    cfg.layers = layers;
+    return pipe1(cfg, micro_batches).total();
+  };
+  // One activation between pipe neighbours: the largest send of the first pipe rank's step; the
+  // tied table's gradient all-reduce between the first and the last pipe rank (its tie group's
+  // calls). The pipe axis's all-reduces of a scalar (the loss, the gradient norm) are not priced,
+  // as GPT-2's closed forms do not price them.
+  const estimate::Link link = k.pipe_link(x.tensor, x.pipe);
+  std::uint64_t message = 0;
+  double tied = 0;
+  for (const auto& [call, n] : ranks[0].calls[static_cast<std::size_t>(Axis::pipe)])
+    if (call.first == threads::Op::send) message = std::max(message, call.second);
+  for (const auto& [call, n] : ranks[0].tie_calls)
+    if (call.first == threads::Op::all_reduce)
+      tied += static_cast<double>(n) * estimate::collective_seconds(Collective::all_reduce, 2,
+                                                                    static_cast<std::int64_t>(call.second), link);
+  const pipeline::Table table = pipeline::make_table(x.schedule, x.pipe, static_cast<int>(x.accumulation), x.virtual_stages);
+  const estimate::PipelineTime pt =
+      estimate::pipeline_seconds_of(cost, c.layers, table, link.alpha + static_cast<double>(message) * link.beta, tied);
+  share_over_pipe(out, pipe1(c, x.accumulation), pt, x.pipe);
+  return out;
+}
+
+// The family's cost of a layout in precision `dtype`: its own, or the measured one.
+template <Family F>
+Candidate cluster_cost(const config_t<F>& c, const Layout& x, const Cluster& k, const std::string& dtype) {
+  if constexpr (requires { { F::cluster_cost(c, x, k, dtype) } -> std::same_as<Candidate>; }) {
+    return F::cluster_cost(c, x, k, dtype);
+  } else {
+    return with_strategy(strategies_t<F>{}, x.strategy, [&]<class S, bool SP>() {
+      return with_precision(cluster_precisions_t<F>{}, dtype, [&]<class P>() {
+        using T = typename precision_t<P>::compute;
+        if constexpr (plans_recompute<F>) {
+          if (x.recompute) return measured_cost<detail::MetaRecomputed<F, P, SP, recompute::Full>::template on, S, T>(c, x, k);
+        }
+        return measured_cost<detail::MetaOn<F, P, SP>::template on, S, T>(c, x, k);
+      });
+    });
+  }
+}
+
+// Every layout of the run, costed by the family and ranked.
+template <Family F>
+Candidates plan_cluster(const config_t<F>& c, const Cluster& k, std::int64_t batch, std::int64_t micro_per_gpu,
+                        const std::string& dtype) {
+  const Space space{.strategies = strategy_names(strategies_t<F>{}), .recompute = plans_recompute<F>, .layers = c.layers};
+  return search(space, k, batch, micro_per_gpu, [&](const Layout& x) { return cluster_cost<F>(c, x, k, dtype); });
+}
+
+// A cluster description (JSON, the keys of Cluster but gpus) into k.
+inline void read_cluster(const std::string& path, Cluster& k, const std::string& program) {
+  // A regular file (a FIFO would block the read) of at most 1 MiB, nested at most 4 deep (values are
+  // numbers: JSON's printing of a deep value, in an error message, would overflow the stack).
+  const std::string where = cat(program, " --cluster");
+  const std::string text = read_text_file(path, 1 << 20, where);
+  check_json_limits(text, {.max_bytes = 1 << 20, .max_depth = 4}, cat(where, " '", path, "'"));
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(where, cat("'", path, "' is not JSON: ", e.what()), "write an object of the documented keys");
+  }
+  if (!j.is_object()) throw Error(where, cat("'", path, "' is not a JSON object"), "write {\"gpus_per_node\": 8, ...}");
+  auto number = [&](const char* key, double& v, double lo) {
+    if (!j.contains(key)) return;
+    if (!j[key].is_number() || !std::isfinite(j[key].get<double>()) || j[key].get<double>() < lo)
+      throw Error(where, cat("'", path, "': ", key, " is ", j[key].dump()), cat("give a number >= ", lo));
+    v = j[key].get<double>();
+  };
+  if (j.contains("gpus_per_node")) {
+    const auto& g = j["gpus_per_node"];
+    if (!g.is_number_integer() || g.get<std::int64_t>() < 1 || g.get<std::int64_t>() > 1024)
+      throw Error(where, cat("'", path, "': gpus_per_node is ", g.dump()), "give a whole number from 1 to 1024");
+    k.gpus_per_node = g.get<int>();
+  }
+  number("memory_gib", k.memory_gib, 0);
+  number("peak_tflops", k.peak_tflops, 1e-6);
+  number("hbm_gbps", k.hbm_gbps, 1e-6);
+  number("intra_gbps", k.intra_gbps, 1e-6);
+  number("intra_us", k.intra_us, 0);
+  number("inter_gbps", k.inter_gbps, 1e-6);
+  number("inter_us", k.inter_us, 0);
+  number("gemm_efficiency", k.gemm_efficiency, 1e-6);
+  number("attention_efficiency", k.attention_efficiency, 1e-6);
+  for (const auto& [key, v] : j.items()) {
+    static const std::vector<std::string> known{"gpus_per_node", "memory_gib", "peak_tflops", "hbm_gbps",
+                                                "intra_gbps", "intra_us", "inter_gbps", "inter_us",
+                                                "gemm_efficiency", "attention_efficiency"};
+    if (std::find(known.begin(), known.end(), key) == known.end())
+      throw Error(where, cat("'", path, "': unknown key '", key, "'"),
+                  "use gpus_per_node, memory_gib, peak_tflops, hbm_gbps, intra_gbps, intra_us, inter_gbps, inter_us, "
+                  "gemm_efficiency, attention_efficiency");
+  }
+}
+
+namespace detail {
+
+inline std::string gib(double b) { return cat(std::round(b / (1 << 30) * 100) / 100); }
+
+// What plan_main was asked.
+struct PlanOptions {
+  std::string model, preset, cluster_file, dtype;
+  std::optional<std::int64_t> layers, heads, width, seq, vocab;
+  std::int64_t batch = 512, micro = 1;
+  int show = 12;
+  bool json = false;
+};
+
+template <Family F>
+int plan_family(const PlanOptions& given, Cluster k, const std::string& program) {
+  PlanOptions o = given;
+  const auto names = F::preset_names();
+  if (o.preset.empty()) {  // the family's preset for clusters, or its first
+    if constexpr (requires { { F::cluster_preset() } -> std::convertible_to<std::string>; }) o.preset = F::cluster_preset();
+    else o.preset = names.front();
+  }
+  if (std::find(names.begin(), names.end(), o.preset) == names.end())
+    throw Error(cat(program, " --preset"), cat("the model family '", F::name(), "' has no preset '", o.preset, "'"),
+                cat("use one of: ", join(names)));
+  const auto dtypes = dtype_names(cluster_precisions_t<F>{});
+  const std::string dtype = !o.dtype.empty() ? o.dtype
+                            : std::find(dtypes.begin(), dtypes.end(), "bf16") != dtypes.end() ? std::string("bf16")
+                                                                                               : dtypes.front();
+  if (std::find(dtypes.begin(), dtypes.end(), dtype) == dtypes.end())
+    throw Error(cat(program, " --dtype"), cat("precision '", dtype, "' is not planned for the model family '", F::name(), "'"),
+                cat("use one of: ", join(dtypes)));
+  config_t<F> c = F::preset(o.preset);
+  if (o.layers) c.layers = *o.layers;
+  if (o.heads) {
+    if constexpr (requires { c.heads = *o.heads; }) c.heads = *o.heads;
+    else throw Error(cat(program, " --heads"), cat("the model family '", F::name(), "' has no heads to set"), "leave out --heads");
+  }
+  if (o.width) c.width = *o.width;
+  if (o.seq) c.seq = *o.seq;
+  if (o.vocab) c.vocab = *o.vocab;
+  // Sizes whose element counts would overflow the plan's 64-bit counts are refused first.
+  if constexpr (requires { footprint::approximate_elements(c, 1.0, 1.0); }) {
+    const double elements = footprint::approximate_elements(c, static_cast<double>(o.micro), k.gpus_per_node);
+    if (elements > footprint::kMaxElements)
+      throw Error(program, cat("the configuration holds about ", elements, " elements per GPU"),
+                  "use a smaller model, sequence or micro-batch");
+  }
+  if (static_cast<double>(o.micro) * k.gpus > static_cast<double>(o.batch))
+    throw Error(program, cat("--micro ", o.micro, " on ", k.gpus, " GPUs is ", static_cast<double>(o.micro) * k.gpus,
+                             " sequences per micro-batch, more than the batch of ", o.batch),
+                "raise --batch or lower --micro or --gpus");
+  const Candidates found = plan_cluster<F>(c, k, o.batch, o.micro, dtype);
+  const std::vector<Candidate>& list = found.list;
+  const double tokens = static_cast<double>(o.batch * c.seq);
+  const double flops = plan_flops_per_token<F>(c) * tokens;
+  if (!o.json)
+    std::printf("%s: %s%s, %s | %d GPUs (%d per node, %.0f GiB, %.0f TFLOP/s) | batch %lld, %lld per GPU per micro-batch\n",
+                program.c_str(), cat(F::name(), ": ").c_str(), summary<F>(c).c_str(), dtype.c_str(),
+                k.gpus, k.gpus_per_node, k.memory_gib, k.peak_tflops, static_cast<long long>(o.batch),
+                static_cast<long long>(o.micro));
+  if (list.empty()) {  // in text or JSON, the reasons on stderr
+    std::fprintf(stderr, "%s: no candidate: no layout with a tensor degree up to %d fits the sizes; change --gpus, --micro "
+                 "or the model's sizes\n", program.c_str(), k.gpus_per_node);
+    for (const std::string& why : found.skipped) std::fprintf(stderr, "  %s\n", why.c_str());
+    return 2;
+  }
+  if (!o.json)
+    std::printf("%-22s %6s %10s %6s %6s %11s %11s %9s %9s %9s %9s %9s %9s %10s %6s\n", "strategy", "tensor", "pipe", "data",
+                "accum", "peak GiB", "state GiB", "step ms", "gemm", "attn", "elemwise", "comm", "pipeline", "tokens/s", "MFU");
+  int shown = 0;
+  for (const Candidate& x : list) {
+    if (shown++ >= o.show) break;
+    const Layout& l = x.layout;
+    const double t = x.step_seconds();
+    const double mfu = flops / t / (k.gpus * k.peak_tflops * 1e12);
+    if (o.json) {
+      const nlohmann::json j{{"strategy", l.name()}, {"tensor", l.tensor}, {"data", l.data}, {"pipe", l.pipe},
+                             {"schedule", l.schedule_name()}, {"pipeline_s", x.pipeline_s}, {"micro_batch", l.micro},
+                             {"accumulation", l.accumulation}, {"peak_bytes", x.peak_bytes}, {"state_bytes", x.state_bytes},
+                             {"workspace_bytes", x.workspace_bytes}, {"fits", x.fits}, {"step_s", t},
+                             {"gemm_s", x.time.gemm}, {"attention_s", x.time.attention}, {"elementwise_s", x.time.elementwise},
+                             {"memory_s", x.time.memory}, {"tensor_comm_s", x.time.tensor_comm},
+                             {"data_comm_s", x.time.data_comm}, {"tokens_per_s", tokens / t}, {"mfu", mfu}};
+      std::printf("%s\n", j.dump().c_str());
+    } else {
+      const std::string pipe = l.pipe > 1 ? cat(l.pipe, " ", l.schedule_name()) : "1";
+      std::printf("%-22s %6d %10s %6d %6lld %11s %11s %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %10.4g %5.1f%%%s\n", l.name().c_str(),
+                  l.tensor, pipe.c_str(), l.data, static_cast<long long>(l.accumulation),
+                  gib(static_cast<double>(x.peak_bytes)).c_str(), gib(static_cast<double>(x.state_bytes)).c_str(), 1e3 * t,
+                  1e3 * x.time.gemm, 1e3 * x.time.attention, 1e3 * (x.time.elementwise + x.time.memory),
+                  1e3 * (x.time.tensor_comm + x.time.data_comm), 1e3 * x.pipeline_s, tokens / t, 100 * mfu,
+                  x.fits ? "" : "  (does not fit)");
+    }
+  }
+  if (!o.json) {
+    std::string peak;
+    if constexpr (requires { { F::cluster_peak_note(c) } -> std::convertible_to<std::string>; }) peak = F::cluster_peak_note(c);
+    else peak = "the step's peak per GPU measured on the Meta device (the host allocator's counts, without the CUDA back end's workspaces)";
+    constexpr bool own = requires(const config_t<F>& cc, const Layout& l, const Cluster& kk, const std::string& d) {
+      F::cluster_cost(cc, l, kk, d);
+    };
+    std::printf("(ranked by step time among those that fit; peak: %s; pipe: degree and schedule, the largest pipe rank's "
+                "peak (int2: interleaved, 2 virtual stages); pipeline: the schedule's idle time, messages and imbalance; no "
+                "overlap of communication with compute%s)\n",
+                peak.c_str(), own ? "" : "; the family's own ops not priced");
+    if (!found.skipped.empty()) {
+      std::printf("left out:\n");
+      for (const std::string& why : found.skipped) std::printf("  %s\n", why.c_str());
+    }
+  }
+  return 0;
+}
+
+template <Family F, Family... Rest, class Fn>
+int with_plan_family(const std::string& name, Fn&& f) {
+  if (name.empty() || name == F::name()) return f.template operator()<F>();
+  if constexpr (sizeof...(Rest) > 0) return with_plan_family<Rest...>(name, f);
+  else return 2;  // the command line checked the name
+}
+
+}  // namespace detail
+
+// weft-plan's command line over the families First, Rest... (--model; the first by default).
+template <Family First, Family... Rest>
+int plan_main(int argc, char** argv, const std::string& program) {
+  detail::PlanOptions o;
+  Cluster k;
+  const std::vector<std::string> models{First::name(), Rest::name()...};
+  CLI::App app{cat(program, ": memory and step time of a model on a cluster, for every compiled strategy and layout")};
+  app.add_option("--model", o.model, "model family")->check(CLI::IsMember(models));
+  app.add_option("--preset", o.preset, "the family's preset (default: its cluster preset, gpt2-124m for GPT-2)");
+  app.add_option("--layers", o.layers, "override the preset's layers")->check(cli::at_least(1));
+  app.add_option("--heads", o.heads, "override the preset's heads")->check(cli::at_least(1));
+  app.add_option("--width", o.width, "override the preset's width")->check(cli::at_least(1));
+  app.add_option("--seq", o.seq, "override the preset's sequence length")->check(cli::at_least(1));
+  app.add_option("--vocab", o.vocab, "override the preset's vocabulary")->check(cli::at_least(1));
+  app.add_option("--dtype", o.dtype, "bf16 (mixed, f32 master), f32, ...: the family's (default bf16 where it has it)");
+  app.add_option("--gpus", k.gpus, "GPUs in all")->check(cli::at_least(1))->check(cli::at_most(1 << 20));
+  app.add_option("--batch", o.batch, "global batch, in sequences")->check(cli::at_least(1));
+  app.add_option("--micro", o.micro, "sequences per GPU per micro-batch")->check(cli::at_least(1));
+  app.add_option("--cluster", o.cluster_file, "JSON: gpus_per_node, memory_gib, peak_tflops, hbm_gbps, intra_gbps, intra_us, "
+                                              "inter_gbps, inter_us, gemm_efficiency, attention_efficiency (defaults: 8 x H200 "
+                                              "nodes, NVLink, 400 Gb/s InfiniBand per GPU)");
+  app.add_option("--gpus-per-node", k.gpus_per_node, "overrides the cluster's")->check(cli::at_least(1))->check(cli::at_most(1024));
+  app.add_option("--memory-gib", k.memory_gib, "device memory, overrides the cluster's")->check(cli::above(0));
+  app.add_option("--peak-tflops", k.peak_tflops, "dense peak, overrides the cluster's")->check(cli::above(0));
+  app.add_option("--show", o.show, "candidates to print")->check(cli::at_least(1));
+  app.add_flag("--json", o.json, "one JSON object per candidate instead of the table");
+  if (const auto rc = cli::parse(app, argc, argv)) return *rc;
+  try {
+    if (!o.cluster_file.empty()) {
+      const Cluster given = k;
+      read_cluster(o.cluster_file, k, program);
+      // Options given on the command line win over the file.
+      if (app.count("--gpus-per-node")) k.gpus_per_node = given.gpus_per_node;
+      if (app.count("--memory-gib")) k.memory_gib = given.memory_gib;
+      if (app.count("--peak-tflops")) k.peak_tflops = given.peak_tflops;
+    }
+    return detail::with_plan_family<First, Rest...>(o.model, [&]<class F>() { return detail::plan_family<F>(o, k, program); });
+  } catch (const Error& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 2;
+  }
+}
+
+}  // namespace weft::train
