@@ -1,5 +1,5 @@
 // The search of weft-plan for any model family: the cluster (train::Cluster: GPUs, memory, peak
-// FLOP/s, bandwidths and links), the layouts worth planning on it (train::layouts: every tensor
+// FLOP/s, bandwidths and links), the layouts worth planning on it (train::search: every tensor
 // degree up to a node, every compiled strategy with and without SP, with and without full
 // recompute where the family has it, and pipelines under 1F1B, ZB-H1 and interleaved 1F1B), and
 // what one layout costs (train::Candidate: the step's peak per GPU and its time). How a layout is

@@ -2,7 +2,7 @@
 // from the constexpr replay (plan/step.hpp, with the pipeline schedule's table for the largest pipe
 // rank), plus the CUDA back end's workspace estimate, and the step time from the closed forms
 // (plan/time.hpp) at the cluster's rates. Closed forms, so a layout of any size costs microseconds;
-// tests/train/cluster_plan.cpp holds them to the step measured on the Meta device. The definition of
+// tests/plan/measure.cpp holds them to the step measured on the Meta device. The definition of
 // gpt2::Family::cluster_cost; only weft-plan's translation unit includes it.
 #pragma once
 
@@ -50,7 +50,7 @@ train::Candidate cluster_cost(const Config& c, const train::Layout& x, const tra
 
 inline train::Candidate Family::cluster_cost(const Config& c, const train::Layout& x, const train::Cluster& k,
                                              const std::string& dtype) {
-  return train::with_strategy(train::List<optim::Ddp, optim::Zero1, optim::Zero2, optim::Fsdp>{}, x.strategy,
+  return train::with_strategy(train::strategies_t<Family>{}, x.strategy,
                               [&]<class S, bool SP>() {
     return train::with_precision(cluster_precisions{}, dtype, [&]<class P>() {
       return x.recompute ? detail::cluster_cost<S, P, SP, recompute::Full>(c, x, k)
