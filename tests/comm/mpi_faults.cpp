@@ -4,7 +4,10 @@
 //   stall     the rank sleeps for ten deadlines before its 5th step
 //   mismatch  the rank calls all_gather where the others call all_reduce in the 5th step
 // Every other rank must print a weft::Error naming the rank, the operation and its sequence number
-// and exit non-zero within the deadline plus a few seconds.
+// and exit non-zero within the deadline plus a few seconds. The failing rank prints the moment of
+// its fault ("mpi_faults: fault at MS") and every rank the moment it caught its error
+// ("mpi_faults: error at MS"), both in milliseconds of the system clock, which the processes of one
+// machine share: the script bounds the time from the fault to the last report, not mpirun's start-up.
 #include <signal.h>
 
 #include <chrono>
@@ -19,6 +22,16 @@
 #include "weft/comm/mpi/session.hpp"
 
 using namespace weft;
+
+namespace {
+long long now_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+void say(const char* what) {
+  std::fprintf(stderr, "mpi_faults: %s at %lld\n", what, now_ms());
+  std::fflush(stderr);
+}
+}  // namespace
 
 int main(int argc, char** argv) {
   mpi::Session session(argc, argv);
@@ -35,6 +48,7 @@ int main(int argc, char** argv) {
     std::vector<float> act(4096, 1.0f), grad(8192, 0.5f), out(2 * 4096);
     for (int step = 1; step <= 8; ++step) {
       if (step == 5 && world.rank() == bad) {
+        say("fault");
         if (mode == "kill") ::raise(SIGKILL);
         if (mode == "stall") std::this_thread::sleep_for(10 * deadline);
       }
@@ -49,6 +63,7 @@ int main(int argc, char** argv) {
     if (world.rank() == 0) std::printf("mpi_faults: all steps ran\n");
     return session.finish(0);
   } catch (const std::exception& e) {
+    say("error");
     std::fprintf(stderr, "weft error: %s\n", e.what());
     return session.finish(1);
   }

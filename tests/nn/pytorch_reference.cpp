@@ -49,15 +49,15 @@ double weight(int index, bool one, std::int64_t i) {
   return one ? 1.0 + s : s;
 }
 
-struct Run {
+struct TorchRun {
   double loss = 0;
   std::vector<double> logits;
   std::map<std::string, std::vector<double>> grads;
 };
 
 template <bool SP>
-Run run(int tp) {
-  Run out;
+TorchRun torch_run(int tp) {
+  TorchRun out;
   std::mutex mu;
   std::vector<std::int32_t> x(kB * kT), y(kB * kT);
   for (std::int64_t i = 0; i < kB * kT; ++i) {
@@ -93,7 +93,7 @@ Run run(int tp) {
 TEST_CASE("Gpt matches PyTorch: loss logits and every gradient within 1e-12") {
   const auto ref = read_reference();
   REQUIRE(ref.at("loss").size() == 1);
-  const Run r = run<false>(1);
+  const TorchRun r = torch_run<false>(1);
   CHECK(std::fabs(r.loss - ref.at("loss")[0]) <= 1e-12 * ref.at("loss")[0]);
   CHECK(test::rel_error(r.logits, ref.at("logits")) <= 1e-12);
   double worst = 0;
@@ -109,7 +109,7 @@ TEST_CASE("Gpt matches PyTorch: loss logits and every gradient within 1e-12") {
 TEST_CASE("Gpt matches PyTorch under tensor parallelism and sequence parallelism") {
   const auto ref = read_reference();
   for (int tp : {2, 4}) {
-    for (const Run& r : {run<false>(tp), run<true>(tp)}) {
+    for (const TorchRun& r : {torch_run<false>(tp), torch_run<true>(tp)}) {
       CHECK(std::fabs(r.loss - ref.at("loss")[0]) <= 1e-12 * ref.at("loss")[0]);
       for (const auto& [name, g] : r.grads) CHECK_MESSAGE(test::rel_error(g, ref.at(name)) <= 1e-12, name, " at tp ", tp);
     }

@@ -111,7 +111,7 @@ TEST_CASE("parameter groups: the layers declare them, not the names; a model ove
 
 namespace {
 
-const gpt2::Config kConfig{.vocab = 33, .seq = 8, .layers = 2, .heads = 4, .width = 16, .seed = 9, .init_std = 0.1};
+const gpt2::Config kOptimConfig{.vocab = 33, .seq = 8, .layers = 2, .heads = 4, .width = 16, .seed = 9, .init_std = 0.1};
 constexpr std::int64_t kBatch = 4;
 
 struct Trained {
@@ -121,21 +121,21 @@ struct Trained {
 
 // 5 steps of AdamW with clipping on the Markov corpus, gathering the global parameters at the end.
 template <bool SP, class Strategy = optim::Ddp>
-Trained train(int data, int tensor, std::int64_t* state_bytes = nullptr, std::int64_t* param_peak = nullptr,
+Trained train_run(int data, int tensor, std::int64_t* state_bytes = nullptr, std::int64_t* param_peak = nullptr,
               std::int64_t* param_now = nullptr) {
   Trained out;
   std::mutex mu;
-  const data::MarkovSource corpus(kConfig.vocab, 4);
+  const data::MarkovSource corpus(kOptimConfig.vocab, 4);
   run_threads(data * tensor, [&](ThreadComm& world) {
     Mesh mesh{world, {.data = data, .tensor = tensor}};
     Host h;
-    gpt2::Model<double, SP> gpt(h, kConfig, mesh.spread(), kBatch);
+    gpt2::Model<double, SP> gpt(h, kOptimConfig, mesh.spread(), kBatch);
     const std::int64_t before = h.memory().current_of(Category::optimizer_state);
     auto dp = optim::data_parallel<Strategy>(gpt, optim::AdamW{.config = {.lr = 1e-2}}, mesh);
     if (param_now && world.rank() == 0) *param_now = h.memory().current_of(Category::parameters);
     h.allocator.reset_peak();
     if (state_bytes && world.rank() == 0) *state_bytes = h.memory().current_of(Category::optimizer_state) - before;
-    data::Loader<data::MarkovSource> loader(corpus, kConfig.seq, kBatch, data, mesh.coord().data);
+    data::Loader<data::MarkovSource> loader(corpus, kOptimConfig.seq, kBatch, data, mesh.coord().data);
     std::vector<std::int32_t> x, y;
     for (int step = 0; step < 5; ++step) {
       loader.next(x, y);
@@ -155,7 +155,7 @@ Trained train(int data, int tensor, std::int64_t* state_bytes = nullptr, std::in
       const auto v = redistribute<Replicated>(p.value, mesh);
       if (world.rank() != 0) return;
       std::lock_guard lock(mu);
-      out.params[name].assign(v.data(), v.data() + (name == "wte" ? kConfig.vocab * kConfig.width : v.numel()));
+      out.params[name].assign(v.data(), v.data() + (name == "wte" ? kOptimConfig.vocab * kOptimConfig.width : v.numel()));
     });
   });
   return out;
@@ -171,7 +171,7 @@ UnitSizes unit_sizes() {
   run_threads(1, [&](ThreadComm& w) {
     Mesh mesh{w, {}};
     Host h;
-    gpt2::Model<double> gpt(h, kConfig, mesh.spread(), kBatch);
+    gpt2::Model<double> gpt(h, kOptimConfig, mesh.spread(), kBatch);
     const auto count = [](std::int64_t& n) { return [&n](const std::string&, auto& p) { n += p.value.numel(); }; };
     gpt.blocks[0].for_each_param("h0", count(n.block));
     gpt.embedding.for_each_param("", count(n.embedding));
@@ -183,10 +183,10 @@ UnitSizes unit_sizes() {
 }  // namespace
 
 TEST_CASE("DDP (alone and with tensor parallelism) trains like one rank: 5 AdamW steps within 1e-12") {
-  const Trained ref = train<false>(1, 1);
+  const Trained ref = train_run<false>(1, 1);
   CHECK(ref.losses.back() < ref.losses.front());  // it learns
   for (auto [dp, tp] : {std::pair{2, 1}, {4, 1}, {2, 2}}) {
-    for (const Trained& t : {train<false>(dp, tp), train<true>(dp, tp)}) {
+    for (const Trained& t : {train_run<false>(dp, tp), train_run<true>(dp, tp)}) {
       double worst = 0;
       for (std::size_t s = 0; s < ref.losses.size(); ++s) {
         worst = std::max(worst, std::fabs(t.losses[s] - ref.losses[s]) / ref.losses[s]);
@@ -212,12 +212,12 @@ TEST_CASE("DDP (alone and with tensor parallelism) trains like one rank: 5 AdamW
 }
 
 TEST_CASE("ZeRO-1 and ZeRO-2 train like one rank and keep about 1/dp of the optimizer state") {
-  const Trained ref = train<false>(1, 1);
+  const Trained ref = train_run<false>(1, 1);
   std::int64_t full_state = 0;
-  train<false>(1, 1, &full_state);
+  train_run<false>(1, 1, &full_state);
   for (auto [dp, tp] : {std::pair{2, 1}, {4, 1}, {2, 2}}) {
     std::int64_t s1 = 0, s2 = 0;
-    const Trained z1 = train<false, optim::Zero1>(dp, tp, &s1), z2 = train<true, optim::Zero2>(dp, tp, &s2);
+    const Trained z1 = train_run<false, optim::Zero1>(dp, tp, &s1), z2 = train_run<true, optim::Zero2>(dp, tp, &s2);
     CHECK(z2.losses.size() == 5);
     for (const Trained* t : {&z1, &z2}) {
       double diff = 0, scale = 0;
@@ -242,9 +242,9 @@ TEST_CASE("ZeRO-1 and ZeRO-2 train like one rank and keep about 1/dp of the opti
 }
 
 TEST_CASE("FSDP trains like one rank and holds about 1/dp of the parameters plus one gathered block") {
-  const Trained ref = train<false>(1, 1);
+  const Trained ref = train_run<false>(1, 1);
   for (auto [dp, tp] : {std::pair{2, 1}, {4, 1}, {2, 2}}) {
-    for (const Trained& t : {train<false, optim::Fsdp>(dp, tp), train<true, optim::Fsdp>(dp, tp)}) {
+    for (const Trained& t : {train_run<false, optim::Fsdp>(dp, tp), train_run<true, optim::Fsdp>(dp, tp)}) {
       double diff = 0, scale = 0;
       for (const auto& [name, v] : ref.params)
         for (std::size_t i = 0; i < v.size(); ++i) {
@@ -263,14 +263,14 @@ TEST_CASE("FSDP trains like one rank and holds about 1/dp of the parameters plus
   const auto slice = [&](std::int64_t k) { return (k + dp - 1) / dp; };
   const std::int64_t sb = slice(n.block), se = slice(n.embedding), sh = slice(n.head);
   std::int64_t peak = 0, now = 0;
-  train<false, optim::Fsdp>(dp, 1, nullptr, &peak, &now);
+  train_run<false, optim::Fsdp>(dp, 1, nullptr, &peak, &now);
   // At rest: the slices. During a step: the slices, the embedding unit gathered (the tied table is
   // used by the first and the last stage, so it stays from the embedding's forward to its backward),
   // and one block gathered (larger than the head unit, gathered alone beside the embedding).
-  CHECK(now == (kConfig.layers * sb + se + sh) * 8);
-  CHECK(peak == (kConfig.layers * sb + se + sh) * 8 + se * dp * 8 + sb * dp * 8);
+  CHECK(now == (kOptimConfig.layers * sb + se + sh) * 8);
+  CHECK(peak == (kOptimConfig.layers * sb + se + sh) * 8 + se * dp * 8 + sb * dp * 8);
   MESSAGE("FSDP data 4: parameters ", now, " bytes at rest, peak ", peak, " in a step (one rank: ",
-          (kConfig.layers * n.block + n.embedding + n.head) * 8, ")");
+          (kOptimConfig.layers * n.block + n.embedding + n.head) * 8, ")");
 }
 
 TEST_CASE("optimizer state per rank equals its formula for every strategy") {
@@ -279,12 +279,12 @@ TEST_CASE("optimizer state per rank equals its formula for every strategy") {
   const UnitSizes n = unit_sizes();
   for (int dp : {2, 4}) {
     const auto slice = [&](std::int64_t k) { return (k + dp - 1) / dp; };
-    const std::int64_t slices = kConfig.layers * slice(n.block) + slice(n.embedding) + slice(n.head);
+    const std::int64_t slices = kOptimConfig.layers * slice(n.block) + slice(n.embedding) + slice(n.head);
     std::int64_t ddp = 0, z1 = 0, z2 = 0, fsdp = 0;
-    train<false, optim::Ddp>(dp, 1, &ddp);
-    train<false, optim::Zero1>(dp, 1, &z1);
-    train<false, optim::Zero2>(dp, 1, &z2);
-    train<false, optim::Fsdp>(dp, 1, &fsdp);
+    train_run<false, optim::Ddp>(dp, 1, &ddp);
+    train_run<false, optim::Zero1>(dp, 1, &z1);
+    train_run<false, optim::Zero2>(dp, 1, &z2);
+    train_run<false, optim::Fsdp>(dp, 1, &fsdp);
     CHECK(ddp == 2 * slices * dp * 8);
     CHECK(z1 == 2 * slices * 8);
     CHECK(z2 == 2 * slices * 8);
@@ -302,12 +302,12 @@ TEST_CASE("ZeRO-2 holds gradients for 1/dp of the parameters at rest and one uni
   run_threads(dp, [&](ThreadComm& w) {
     Mesh mesh{w, {.data = dp}};
     Host h;
-    gpt2::Model<double> gpt(h, kConfig, mesh.spread(), kBatch);
+    gpt2::Model<double> gpt(h, kOptimConfig, mesh.spread(), kBatch);
     auto z = optim::data_parallel<optim::Zero2>(gpt, optim::AdamW{.config = {.lr = 1e-2}}, mesh);
     const std::int64_t now = h.memory().current_of(Category::gradients);
     h.allocator.reset_peak();
-    const data::MarkovSource corpus(kConfig.vocab, 4);
-    data::Loader<data::MarkovSource> loader(corpus, kConfig.seq, kBatch, dp, mesh.coord().data);
+    const data::MarkovSource corpus(kOptimConfig.vocab, 4);
+    data::Loader<data::MarkovSource> loader(corpus, kOptimConfig.seq, kBatch, dp, mesh.coord().data);
     std::vector<std::int32_t> x, y;
     loader.next(x, y);
     z.zero_grad();
@@ -321,10 +321,10 @@ TEST_CASE("ZeRO-2 holds gradients for 1/dp of the parameters at rest and one uni
   });
   // The embedding unit's full gradient lives from the head's backward to the embedding's; a block's
   // during its own backward.
-  CHECK(grads_now == (kConfig.layers * sb + se + sh) * 8);
-  CHECK(grads_peak == (kConfig.layers * sb + se + sh) * 8 + se * dp * 8 + sb * dp * 8);
+  CHECK(grads_now == (kOptimConfig.layers * sb + se + sh) * 8);
+  CHECK(grads_peak == (kOptimConfig.layers * sb + se + sh) * 8 + se * dp * 8 + sb * dp * 8);
   MESSAGE("ZeRO-2 data 4: gradients ", grads_now, " bytes at rest, peak ", grads_peak, " (one rank: ",
-          (kConfig.layers * n.block + n.embedding + n.head) * 8, ")");
+          (kOptimConfig.layers * n.block + n.embedding + n.head) * 8, ")");
 }
 
 TEST_CASE("SGD with momentum matches its closed form and clipping brings the norm to the limit") {

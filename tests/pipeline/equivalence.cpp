@@ -23,7 +23,7 @@ using namespace weft::pipeline;
 namespace {
 
 // 8 layers split over p x V virtual stages; vocabulary 33 (padded under tensor 2).
-const gpt2::Config kConfig{.vocab = 33, .seq = 8, .layers = 8, .heads = 2, .width = 16, .seed = 3, .init_std = 0.1};
+const gpt2::Config kPipeConfig{.vocab = 33, .seq = 8, .layers = 8, .heads = 2, .width = 16, .seed = 3, .init_std = 0.1};
 constexpr std::int64_t kMicro = 4;  // global micro-batch (sequences)
 constexpr int kM = 4;               // micro-batches per step
 
@@ -33,7 +33,7 @@ using Run = test::StepsRun;
 // pipe 1 runs the same micro-batches one after another through the plain executor (the reference).
 template <class Sched, class T, class Strategy = optim::Ddp, bool SP = false>
 Run run(int pipe, int v, int tensor, int data, int steps) {
-  return test::train_steps<gpt2::Model<T, SP>, Sched, Strategy>(kConfig, kMicro, kM, pipe, v, tensor, data, steps);
+  return test::train_steps<gpt2::Model<T, SP>, Sched, Strategy>(kPipeConfig, kMicro, kM, pipe, v, tensor, data, steps);
 }
 
 double worst(const std::map<std::string, std::vector<double>>& a, const std::map<std::string, std::vector<double>>& ref,
@@ -104,15 +104,15 @@ TEST_CASE("recompute policies compose with the schedules: ZB-H1 with Full and 1F
   auto one = [&]<class Sched, class R>(int pipe) {
     std::map<std::string, std::vector<double>> out;
     std::mutex mu;
-    const data::MarkovSource corpus(kConfig.vocab, 5);
+    const data::MarkovSource corpus(kPipeConfig.vocab, 5);
     run_threads(pipe, [&](ThreadComm& world) {
       Host h;
       Mesh mesh{world, {.pipe = pipe}};
-      const Partition part = Partition::even(pipe, 1, kConfig.layers);
+      const Partition part = Partition::even(pipe, 1, kPipeConfig.layers);
       using Model = gpt2::Model<double, false, R>;
-      Model gpt(h, kConfig, mesh.spread(), kMicro, part.placement(mesh.coord().pipe));
+      Model gpt(h, kPipeConfig, mesh.spread(), kMicro, part.placement(mesh.coord().pipe));
       auto dp = optim::data_parallel<optim::Ddp>(gpt, optim::AdamW{}, mesh);
-      data::Loader<data::MarkovSource> loader(corpus, kConfig.seq, kMicro, 1, 0);
+      data::Loader<data::MarkovSource> loader(corpus, kPipeConfig.seq, kMicro, 1, 0);
       std::vector<std::vector<std::int32_t>> x(kM), y(kM);
       std::vector<nn::MicroBatch> mbs;
       for (int i = 0; i < kM; ++i) {
@@ -130,7 +130,7 @@ TEST_CASE("recompute policies compose with the schedules: ZB-H1 with Full and 1F
       }
       gpt.for_each_param([&](const std::string& name, auto& p) {
         std::lock_guard lock(mu);
-        out[name].assign(p.grad.data(), p.grad.data() + (name == "wte" ? kConfig.vocab * kConfig.width : p.grad.numel()));
+        out[name].assign(p.grad.data(), p.grad.data() + (name == "wte" ? kPipeConfig.vocab * kPipeConfig.width : p.grad.numel()));
       });
     });
     return out;
@@ -154,11 +154,11 @@ TEST_CASE("a rank that fails mid-schedule makes every rank raise within the dead
     run_threads(2, [&](ThreadComm& world) {
       Host h;
       Mesh mesh{world, {.pipe = 2}};
-      const Partition part = Partition::even(2, 1, kConfig.layers);
-      gpt2::Model<double> gpt(h, kConfig, mesh.spread(), kMicro, part.placement(mesh.coord().pipe));
+      const Partition part = Partition::even(2, 1, kPipeConfig.layers);
+      gpt2::Model<double> gpt(h, kPipeConfig, mesh.spread(), kMicro, part.placement(mesh.coord().pipe));
       auto dp = optim::data_parallel<optim::Ddp>(gpt, optim::AdamW{}, mesh);
       Pipeline<gpt2::Model<double>, decltype(mesh)> pp(gpt, table<OneFOneB>(2, kM), part, mesh);
-      std::vector<std::vector<std::int32_t>> x(kM, std::vector<std::int32_t>(static_cast<std::size_t>(kMicro * kConfig.seq), 1));
+      std::vector<std::vector<std::int32_t>> x(kM, std::vector<std::int32_t>(static_cast<std::size_t>(kMicro * kPipeConfig.seq), 1));
       if (world.rank() == 1) x[2][0] = 999;
       std::vector<nn::MicroBatch> mbs;
       for (int i = 0; i < kM; ++i) mbs.push_back({x[static_cast<std::size_t>(i)], x[static_cast<std::size_t>(i)], kMicro, 1.0 / kM});

@@ -196,10 +196,10 @@ TEST_CASE("the plan's pipeline step peaks: tensor and sequence parallel stages, 
 // The step's plan is a constant too: GPT-2 124M at B = 8, T = 1024 under FSDP on 8 ranks in bf16
 // keeps its activations (not its state) as the largest part, and recompute trades them away.
 namespace {
-constexpr gpt2::Config kGpt2{.vocab = 50257, .seq = 1024, .layers = 12, .heads = 12, .width = 768};
-constexpr Spread kEight{.data_degree = 8, .tensor_degree = 1};
-constexpr auto kKeep = footprint::step<optim::Fsdp, Bf16Mixed, false, recompute::None>(kGpt2, kEight, 64);
-constexpr auto kFull = footprint::step<optim::Fsdp, Bf16Mixed, false, recompute::Full>(kGpt2, kEight, 64);
+constexpr gpt2::Config kGpt2Step{.vocab = 50257, .seq = 1024, .layers = 12, .heads = 12, .width = 768};
+constexpr Spread kEightStep{.data_degree = 8, .tensor_degree = 1};
+constexpr auto kKeep = footprint::step<optim::Fsdp, Bf16Mixed, false, recompute::None>(kGpt2Step, kEightStep, 64);
+constexpr auto kFull = footprint::step<optim::Fsdp, Bf16Mixed, false, recompute::Full>(kGpt2Step, kEightStep, 64);
 static_assert(kKeep.peak.of(Category::activations) > 4 * kKeep.after.total(),
               "at 8 sequences of 1024 per rank, activations dominate the state");
 static_assert(kFull.peak.of(Category::activations) * 3 < kKeep.peak.of(Category::activations),
@@ -213,9 +213,9 @@ static_assert(kKeep.after.total() == kFull.after.total(), "recompute does not ch
 namespace {
 constexpr Spread kPipeEight{.data_degree = 8, .tensor_degree = 1};
 constexpr auto kGpipe = footprint::pipeline_step<optim::Fsdp, Bf16Mixed>(
-    kGpt2, kPipeEight, 64, pipeline::make_table(pipeline::Kind::gpipe, 4, 8), 0);
+    kGpt2Step, kPipeEight, 64, pipeline::make_table(pipeline::Kind::gpipe, 4, 8), 0);
 constexpr auto k1f1b = footprint::pipeline_step<optim::Fsdp, Bf16Mixed>(
-    kGpt2, kPipeEight, 64, pipeline::make_table(pipeline::Kind::one_f_one_b, 4, 8), 0);
+    kGpt2Step, kPipeEight, 64, pipeline::make_table(pipeline::Kind::one_f_one_b, 4, 8), 0);
 static_assert(kGpipe.peak.of(Category::activations) > k1f1b.peak.of(Category::activations) * 3 / 2,
               "GPipe keeps twice the micro-batches 1F1B keeps on the first pipe rank");
 static_assert(kGpipe.after.total() == k1f1b.after.total(), "the schedule does not change the persistent state");

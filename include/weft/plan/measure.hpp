@@ -80,6 +80,19 @@ inline Memory of_current(const MemoryStats& m) {
   for (std::size_t k = 0; k < kCategories; ++k) out.bytes[k] = m.current[k];
   return out;
 }
+
+using CallLog = std::map<std::pair<threads::Op, std::uint64_t>, std::int64_t>;
+
+// The calls of `now` that were not in `before` (a communicator's call log, taken twice).
+inline CallLog calls_since(const CallLog& now, const CallLog& before) {
+  CallLog out;
+  for (const auto& [key, n] : now) {
+    const auto it = before.find(key);
+    const std::int64_t d = n - (it == before.end() ? 0 : it->second);
+    if (d > 0) out[key] = d;
+  }
+  return out;
+}
 }  // namespace detail
 
 // One training step of a Model on this rank of `world` (device `dev`, the model's device), from a
@@ -103,13 +116,13 @@ RankStep measure_rank(D& dev, C& world, const typename Model::config_type& c, co
   if constexpr (counted)
     for (Axis a : kAxes) comm_before[static_cast<std::size_t>(a)] = mesh.comm(a).counters();
   constexpr bool logged = requires { mesh.comm(Axis::data).calls(); };
-  std::array<std::map<std::pair<threads::Op, std::uint64_t>, std::int64_t>, 3> calls_before{};
+  std::array<detail::CallLog, 3> calls_before{};
   if constexpr (logged)
     for (Axis a : kAxes) calls_before[static_cast<std::size_t>(a)] = mesh.comm(a).calls();
   // The pipeline's tie group is part of the pipe axis.
   const bool tie = pp && pp->tie_group();
   threads::Counters tie_before{};
-  std::map<std::pair<threads::Op, std::uint64_t>, std::int64_t> tie_calls_before;
+  detail::CallLog tie_calls_before;
   if constexpr (counted) {
     if (tie) tie_before = pp->tie_group()->counters();
   }
@@ -142,26 +155,15 @@ RankStep measure_rank(D& dev, C& world, const typename Model::config_type& c, co
     for (Axis a : kAxes)
       out.collectives[static_cast<std::size_t>(a)] = mesh.comm(a).counters() - comm_before[static_cast<std::size_t>(a)];
   if constexpr (logged)
-    for (Axis a : kAxes) {
-      auto& got = out.calls[static_cast<std::size_t>(a)];
-      for (const auto& [key, n] : mesh.comm(a).calls()) {
-        const auto it = calls_before[static_cast<std::size_t>(a)].find(key);
-        const std::int64_t d = n - (it == calls_before[static_cast<std::size_t>(a)].end() ? 0 : it->second);
-        if (d > 0) got[key] = d;
-      }
-    }
+    for (Axis a : kAxes)
+      out.calls[static_cast<std::size_t>(a)] = detail::calls_since(mesh.comm(a).calls(), calls_before[static_cast<std::size_t>(a)]);
   if (tie) {
     const auto p = static_cast<std::size_t>(Axis::pipe);
     if constexpr (counted) out.collectives[p] = out.collectives[p] + (pp->tie_group()->counters() - tie_before);
-    if constexpr (logged)
-      for (const auto& [key, n] : pp->tie_group()->calls()) {
-        const auto it = tie_calls_before.find(key);
-        const std::int64_t d = n - (it == tie_calls_before.end() ? 0 : it->second);
-        if (d > 0) {
-          out.calls[p][key] += d;
-          out.tie_calls[key] += d;
-        }
-      }
+    if constexpr (logged) {
+      out.tie_calls = detail::calls_since(pp->tie_group()->calls(), tie_calls_before);
+      for (const auto& [key, n] : out.tie_calls) out.calls[p][key] += n;
+    }
   }
   if constexpr (is_meta<D>) out.ops = dev.work;
   return out;

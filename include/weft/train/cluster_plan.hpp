@@ -44,11 +44,6 @@ struct MetaRecomputed {
   template <class D>
   using on = typename F::template recomputed<P, SP, R, D>;
 };
-template <Family F, class P, bool SP>
-struct MetaOn {
-  template <class D>
-  using on = model_t<F, P, SP, D>;
-};
 }  // namespace detail
 
 // The precisions weft-plan offers for a family: Family::cluster_precisions, or those it compiles.
@@ -117,7 +112,7 @@ Candidate cluster_cost(const config_t<F>& c, const Layout& x, const Cluster& k, 
         if constexpr (plans_recompute<F>) {
           if (x.recompute) return measured_cost<detail::MetaRecomputed<F, P, SP, recompute::Full>::template on, S, T>(c, x, k);
         }
-        return measured_cost<detail::MetaOn<F, P, SP>::template on, S, T>(c, x, k);
+        return measured_cost<ModelOn<F, P, SP>::template on, S, T>(c, x, k);
       });
     });
   }
@@ -184,7 +179,7 @@ inline std::string gib(double b) { return cat(std::round(b / (1 << 30) * 100) / 
 // What plan_main was asked.
 struct PlanOptions {
   std::string model, preset, cluster_file, dtype;
-  std::optional<std::int64_t> layers, heads, width, seq, vocab;
+  Sizes sizes;
   std::int64_t batch = 512, micro = 1;
   int show = 12;
   bool json = false;
@@ -193,14 +188,10 @@ struct PlanOptions {
 template <Family F>
 int plan_family(const PlanOptions& given, Cluster k, const std::string& program) {
   PlanOptions o = given;
-  const auto names = F::preset_names();
   if (o.preset.empty()) {  // the family's preset for clusters, or its first
     if constexpr (requires { { F::cluster_preset() } -> std::convertible_to<std::string>; }) o.preset = F::cluster_preset();
-    else o.preset = names.front();
+    else o.preset = F::preset_names().front();
   }
-  if (std::find(names.begin(), names.end(), o.preset) == names.end())
-    throw Error(cat(program, " --preset"), cat("the model family '", F::name(), "' has no preset '", o.preset, "'"),
-                cat("use one of: ", join(names)));
   const auto dtypes = dtype_names(cluster_precisions_t<F>{});
   const std::string dtype = !o.dtype.empty() ? o.dtype
                             : std::find(dtypes.begin(), dtypes.end(), "bf16") != dtypes.end() ? std::string("bf16")
@@ -208,15 +199,7 @@ int plan_family(const PlanOptions& given, Cluster k, const std::string& program)
   if (std::find(dtypes.begin(), dtypes.end(), dtype) == dtypes.end())
     throw Error(cat(program, " --dtype"), cat("precision '", dtype, "' is not planned for the model family '", F::name(), "'"),
                 cat("use one of: ", join(dtypes)));
-  config_t<F> c = F::preset(o.preset);
-  if (o.layers) c.layers = *o.layers;
-  if (o.heads) {
-    if constexpr (requires { c.heads = *o.heads; }) c.heads = *o.heads;
-    else throw Error(cat(program, " --heads"), cat("the model family '", F::name(), "' has no heads to set"), "leave out --heads");
-  }
-  if (o.width) c.width = *o.width;
-  if (o.seq) c.seq = *o.seq;
-  if (o.vocab) c.vocab = *o.vocab;
+  const config_t<F> c = preset_config<F>(program, o.preset, o.sizes);
   // Sizes whose element counts would overflow the plan's 64-bit counts are refused first.
   if constexpr (requires { footprint::approximate_elements(c, 1.0, 1.0); }) {
     const double elements = footprint::approximate_elements(c, static_cast<double>(o.micro), k.gpus_per_node);
@@ -290,13 +273,6 @@ int plan_family(const PlanOptions& given, Cluster k, const std::string& program)
   return 0;
 }
 
-template <Family F, Family... Rest, class Fn>
-int with_plan_family(const std::string& name, Fn&& f) {
-  if (name.empty() || name == F::name()) return f.template operator()<F>();
-  if constexpr (sizeof...(Rest) > 0) return with_plan_family<Rest...>(name, f);
-  else return 2;  // the command line checked the name
-}
-
 }  // namespace detail
 
 // weft-plan's command line over the families First, Rest... (--model; the first by default).
@@ -308,11 +284,7 @@ int plan_main(int argc, char** argv, const std::string& program) {
   CLI::App app{cat(program, ": memory and step time of a model on a cluster, for every compiled strategy and layout")};
   app.add_option("--model", o.model, "model family")->check(CLI::IsMember(models));
   app.add_option("--preset", o.preset, "the family's preset (default: its cluster preset, gpt2-124m for GPT-2)");
-  app.add_option("--layers", o.layers, "override the preset's layers")->check(cli::at_least(1));
-  app.add_option("--heads", o.heads, "override the preset's heads")->check(cli::at_least(1));
-  app.add_option("--width", o.width, "override the preset's width")->check(cli::at_least(1));
-  app.add_option("--seq", o.seq, "override the preset's sequence length")->check(cli::at_least(1));
-  app.add_option("--vocab", o.vocab, "override the preset's vocabulary")->check(cli::at_least(1));
+  cli::add_sizes(app, o.sizes);
   app.add_option("--dtype", o.dtype, "bf16 (mixed, f32 master), f32, ...: the family's (default bf16 where it has it)");
   app.add_option("--gpus", k.gpus, "GPUs in all")->check(cli::at_least(1))->check(cli::at_most(1 << 20));
   app.add_option("--batch", o.batch, "global batch, in sequences")->check(cli::at_least(1));
@@ -335,7 +307,7 @@ int plan_main(int argc, char** argv, const std::string& program) {
       if (app.count("--memory-gib")) k.memory_gib = given.memory_gib;
       if (app.count("--peak-tflops")) k.peak_tflops = given.peak_tflops;
     }
-    return detail::with_plan_family<First, Rest...>(o.model, [&]<class F>() { return detail::plan_family<F>(o, k, program); });
+    return with_family<First, Rest...>(o.model, cat(program, " --model"), [&]<class F>() { return detail::plan_family<F>(o, k, program); });
   } catch (const Error& e) {
     std::fprintf(stderr, "%s\n", e.what());
     return 2;

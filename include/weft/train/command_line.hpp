@@ -11,6 +11,7 @@
 #include <string>
 
 #include "weft/core/error.hpp"
+#include "weft/train/options.hpp"
 
 namespace weft::cli {
 
@@ -45,5 +46,14 @@ inline CLI::Validator number_check(std::function<bool(double)> ok, std::string r
 inline CLI::Validator at_least(double lo) { return number_check([lo](double v) { return v >= lo; }, weft::cat(">= ", lo)); }
 inline CLI::Validator above(double lo) { return number_check([lo](double v) { return v > lo; }, weft::cat("> ", lo)); }
 inline CLI::Validator at_most(double hi) { return number_check([hi](double v) { return v <= hi; }, weft::cat("<= ", hi)); }
+
+// --layers, --heads, --width, --seq and --vocab: the sizes over a model family's preset.
+inline void add_sizes(CLI::App& app, train::Sizes& s) {
+  app.add_option("--layers", s.layers, "override the preset's layers")->check(at_least(1));
+  app.add_option("--heads", s.heads, "override the preset's heads")->check(at_least(1));
+  app.add_option("--width", s.width, "override the preset's width")->check(at_least(1));
+  app.add_option("--seq", s.seq, "override the preset's sequence length")->check(at_least(1));
+  app.add_option("--vocab", s.vocab, "override the preset's vocabulary")->check(at_least(1));
+}
 
 }  // namespace weft::cli

@@ -26,16 +26,20 @@
 //   measured_plan = false                    no plan: the fits check skipped, --plan refused
 #pragma once
 
+#include <algorithm>
 #include <concepts>
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
+#include "weft/core/error.hpp"
 #include "weft/core/precision.hpp"
 #include "weft/device/host/host.hpp"
 #include "weft/nn/staged_model.hpp"
 #include "weft/optim/data_parallel.hpp"
+#include "weft/train/options.hpp"
 
 namespace weft::train {
 
@@ -70,6 +74,43 @@ template <class F> requires requires { typename F::cuda_precisions; } struct cud
 template <Family F> using strategies_t = typename detail::strategies_of<F>::type;
 template <Family F> using host_precisions_t = typename detail::host_precisions_of<F>::type;
 template <Family F> using cuda_precisions_t = typename detail::cuda_precisions_of<F>::type;
+
+// The family's model over any device, as footprint::measure and the planners take it
+// (ModelOn<F, P, SP>::on<D>).
+template <Family F, class P, bool SP>
+struct ModelOn {
+  template <class D>
+  using on = model_t<F, P, SP, D>;
+};
+
+// The family's preset `preset` with `sizes` over it. Errors name `program` and the option: a preset
+// the family does not have, or --heads for a family whose config has none.
+template <Family F>
+config_t<F> preset_config(const std::string& program, const std::string& preset, const Sizes& sizes) {
+  const auto names = F::preset_names();
+  if (std::find(names.begin(), names.end(), preset) == names.end())
+    throw Error(cat(program, " --preset"), cat("the model family '", F::name(), "' has no preset '", preset, "'"),
+                cat("use one of: ", join(names)));
+  config_t<F> c = F::preset(preset);
+  if (sizes.layers) c.layers = *sizes.layers;
+  if (sizes.heads) {
+    if constexpr (requires { c.heads = *sizes.heads; }) c.heads = *sizes.heads;
+    else throw Error(cat(program, " --heads"), cat("the model family '", F::name(), "' has no heads to set"), "leave out --heads");
+  }
+  if (sizes.width) c.width = *sizes.width;
+  if (sizes.seq) c.seq = *sizes.seq;
+  if (sizes.vocab) c.vocab = *sizes.vocab;
+  return c;
+}
+
+// f.template operator()<F>() for the family named `name`, or for the first when `name` is empty;
+// `where` names the option in the error for a name that is none of them.
+template <Family F, Family... Rest, class Fn>
+int with_family(const std::string& name, const std::string& where, Fn&& f) {
+  if (name.empty() || name == F::name()) return f.template operator()<F>();
+  if constexpr (sizeof...(Rest) > 0) return with_family<Rest...>(name, where, std::forward<Fn>(f));
+  else throw Error(where, cat("no model family '", name, "'"), "see --help");
+}
 
 // Whether the family is planned by measuring its step on the Meta device (train/plan.hpp): unless
 // it sets `static constexpr bool measured_plan = false` (its op families have no Meta

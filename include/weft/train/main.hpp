@@ -67,20 +67,9 @@ inline double host_available_bytes() {
 // The family's preset with the options' overrides.
 template <Family F>
 config_t<F> configure(const Options& o) {
-  const auto names = F::preset_names();
-  if (std::find(names.begin(), names.end(), o.preset) == names.end())
-    throw Error(o.where("--preset"), cat("the model family '", F::name(), "' has no preset '", o.preset, "'"),
-                cat("use one of: ", join(names)));
-  config_t<F> cfg = F::preset(o.preset);
-  if (!o.text.empty() && !o.vocab) cfg.vocab = data::ByteTokenizer::vocab;
-  if (o.layers) cfg.layers = *o.layers;
-  if (o.heads) {
-    if constexpr (requires { cfg.heads = *o.heads; }) cfg.heads = *o.heads;
-    else throw Error(o.where("--heads"), cat("the model family '", F::name(), "' has no heads to set"), "leave out --heads");
-  }
-  if (o.width) cfg.width = *o.width;
-  if (o.seq) cfg.seq = *o.seq;
-  if (o.vocab) cfg.vocab = *o.vocab;
+  Sizes sizes = o.sizes;
+  if (!o.text.empty() && !sizes.vocab) sizes.vocab = data::ByteTokenizer::vocab;
+  config_t<F> cfg = preset_config<F>(o.program, o.preset, sizes);
   cfg.seed = o.seed;
   return cfg;
 }
@@ -185,14 +174,6 @@ int dispatch(const Options& o, const config_t<F>& cfg, const Corpus& corpus, con
   });
 }
 
-// f.template operator()<F>() for the family named `name` (checked by the command line).
-template <Family F, Family... Rest, class Fn>
-int with_family(const std::string& name, Fn&& f) {
-  if (name == F::name()) return f.template operator()<F>();
-  if constexpr (sizeof...(Rest) > 0) return with_family<Rest...>(name, std::forward<Fn>(f));
-  else throw Error("train --model", cat("no model family '", name, "'"), "see --help");
-}
-
 // The whole program: parses argv, checks every option, and trains. `program` names the binary in
 // errors; `about` heads --help.
 template <Family First, Family... Rest>
@@ -210,11 +191,7 @@ int main(int argc, char** argv, const std::string& program, const std::string& a
       if (std::find(presets.begin(), presets.end(), n) == presets.end()) presets.push_back(n);
   app.add_option("--model", o.model, cat("model family: ", join(models), " (default: ", models[0], ")"))->check(CLI::IsMember(models));
   app.add_option("--preset", o.preset, cat("model size: ", join(presets), " (of the family's presets)"))->check(CLI::IsMember(presets));
-  app.add_option("--layers", o.layers, "override the preset's layers")->check(at_least(1));
-  app.add_option("--heads", o.heads, "override the preset's heads")->check(at_least(1));
-  app.add_option("--width", o.width, "override the preset's width")->check(at_least(1));
-  app.add_option("--seq", o.seq, "override the preset's sequence length")->check(at_least(1));
-  app.add_option("--vocab", o.vocab, "override the preset's vocabulary")->check(at_least(1));
+  cli::add_sizes(app, o.sizes);
   app.add_option("--data", o.data, "data-parallel degree")->check(at_least(1));
   app.add_option("--tensor", o.tensor, "tensor-parallel degree")->check(at_least(1));
   app.add_option("--pipe", o.pipe, "pipeline-parallel degree (the layers split evenly over pipe x virtual stages)")
@@ -294,7 +271,7 @@ int main(int argc, char** argv, const std::string& program, const std::string& a
     else std::fprintf(stderr, "%s (world rank %d): %s\n", o.program.c_str(), launch.process, e.what());
   };
 
-  return with_family<First, Rest...>(o.model, [&]<class F>() -> int {
+  return with_family<First, Rest...>(o.model, o.where("--model"), [&]<class F>() -> int {
     std::string device;  // host or cuda, once resolved
     std::optional<checkpoint::DirectoryLock> save_lock;  // the lead process's, for the whole run
     config_t<F> cfg;

@@ -13,11 +13,17 @@
 
 namespace weft::train {
 
+// The sizes a command line sets over a model family's preset (--layers, --heads, --width, --seq,
+// --vocab); train::preset_config (train/family.hpp) applies them.
+struct Sizes {
+  std::optional<std::int64_t> layers, heads, width, seq, vocab;
+};
+
 struct Options {
   std::string program = "train";  // the binary's name, where errors come from ("train_gpt")
   std::string model;              // the model family (--model); empty: the binary's first
   std::string preset = "tiny";
-  std::optional<std::int64_t> layers, heads, width, seq, vocab;
+  Sizes sizes;
   int data = 2, tensor = 2, pipe = 1, virtual_stages = 1;
   std::string schedule = "1f1b";
   std::string strategy = "ddp";

@@ -25,14 +25,6 @@
 
 namespace weft::train {
 
-namespace detail {
-template <Family F, class P, bool SP>
-struct MetaModel {
-  template <class D>
-  using on = model_t<F, P, SP, D>;
-};
-}  // namespace detail
-
 // The run the options describe, for the plan.
 inline footprint::Run planned_run(const Options& o) {
   const std::int64_t micro = o.micro_batch > 0 ? o.micro_batch : o.batch;
@@ -58,7 +50,7 @@ std::vector<footprint::RankStep> measured_ranks(const Options& o, const config_t
   const footprint::Run run = planned_run(o);
   return with_strategy(strategies_t<F>{}, o.strategy, [&]<class S, bool SP>() {
     return with_precision(host_precisions_t<F>{}, o.dtype, [&]<class P>() {
-      return footprint::measure<detail::MetaModel<F, P, SP>::template on, S>(cfg, run);
+      return footprint::measure<ModelOn<F, P, SP>::template on, S>(cfg, run);
     });
   });
 }
@@ -142,7 +134,7 @@ int print_measured_plan(const Options& o, const config_t<F>& cfg, const std::str
   if (o.tensor > 1 && o.pipe == 1) {
     const auto stages = with_strategy(strategies_t<F>{}, o.strategy, [&]<class S, bool SP>() {
       return with_precision(host_precisions_t<F>{}, o.dtype, [&]<class P>() {
-        return footprint::stage_collectives<detail::MetaModel<F, P, SP>::template on>(cfg, {.data = o.data, .tensor = o.tensor},
+        return footprint::stage_collectives<ModelOn<F, P, SP>::template on>(cfg, {.data = o.data, .tensor = o.tensor},
                                                                                        micro);
       });
     });
