@@ -9,8 +9,9 @@
 //   Selective  None - B H T^2 / tp   (recomputed from qkv in backward)
 //   Full       B Ts C                the block input only
 //
-// The test asserts the measurement within 10% of the formula (it is exact today: every saved buffer
-// is one the formula names), and that gradients do not depend on the policy (equivalence tests).
+// The test asserts the measurement equals the formula to the byte (every saved buffer is one the
+// formula names, so one more kept buffer fails it), and that gradients do not depend on the policy
+// (equivalence tests).
 #include <doctest/doctest.h>
 
 #include <mutex>
@@ -72,8 +73,8 @@ template <bool SP, class Policy>
 void check(int tp, const char* name) {
   const Measured m = measure<SP, Policy>(tp);
   const double f = formula<Policy>(tp, SP);
-  CHECK_MESSAGE(std::fabs(static_cast<double>(m.held) - f) <= 0.1 * f, std::string(name), " tp ", tp, " SP ", SP, ": measured ",
-                m.held, " bytes, formula ", f);
+  CHECK_MESSAGE(static_cast<double>(m.held) == f, std::string(name), " tp ", tp, " SP ", SP, ": measured ", m.held,
+                " bytes, formula ", f);
   MESSAGE(std::string(name), " tp ", tp, (SP ? " SP" : "   "), ": kept ", m.held, " bytes (formula ", f, "), peak in backward ",
           m.peak, " bytes");
 }

@@ -209,14 +209,26 @@ static_assert(kKeep.after.total() == kFull.after.total(), "recompute does not ch
 
 // A pipeline's plan is a constant too: GPT-2 124M on 4 pipe ranks, 8 micro-batches of 8 sequences
 // in bf16 with FSDP over 8 data ranks. GPipe keeps all 8 micro-batches in flight on rank 0, 1F1B at
-// most 4 (p - r): checked by the compiler.
+// most 4 (p - r): checked by the compiler, exactly. A micro-batch in flight adds kEach to rank 0's
+// activation peak (the peak with 2 micro-batches less the peak with 1), so GPipe's peak is the one
+// micro-batch peak plus 7 x kEach and 1F1B's plus 3 x kEach (a 1F1B that kept one more in flight
+// would still pass the old bound, GPipe's peak above 1.5 x 1F1B's).
 namespace {
 constexpr Spread kPipeEight{.data_degree = 8, .tensor_degree = 1};
+constexpr std::int64_t pipe_activations(pipeline::Kind k, int m) {
+  return footprint::pipeline_step<optim::Fsdp, Bf16Mixed>(kGpt2Step, kPipeEight, 64, pipeline::make_table(k, 4, m), 0)
+      .peak.of(Category::activations);
+}
 constexpr auto kGpipe = footprint::pipeline_step<optim::Fsdp, Bf16Mixed>(
     kGpt2Step, kPipeEight, 64, pipeline::make_table(pipeline::Kind::gpipe, 4, 8), 0);
 constexpr auto k1f1b = footprint::pipeline_step<optim::Fsdp, Bf16Mixed>(
     kGpt2Step, kPipeEight, 64, pipeline::make_table(pipeline::Kind::one_f_one_b, 4, 8), 0);
-static_assert(kGpipe.peak.of(Category::activations) > k1f1b.peak.of(Category::activations) * 3 / 2,
-              "GPipe keeps twice the micro-batches 1F1B keeps on the first pipe rank");
+constexpr std::int64_t kOneInFlight = pipe_activations(pipeline::Kind::gpipe, 1);
+constexpr std::int64_t kEach = pipe_activations(pipeline::Kind::gpipe, 2) - kOneInFlight;
+static_assert(kEach > 0, "a second micro-batch in flight adds activations");
+static_assert(kGpipe.peak.of(Category::activations) == kOneInFlight + 7 * kEach,
+              "GPipe keeps all 8 micro-batches in flight on the first pipe rank");
+static_assert(k1f1b.peak.of(Category::activations) == kOneInFlight + 3 * kEach,
+              "1F1B keeps p = 4 micro-batches in flight on the first pipe rank");
 static_assert(kGpipe.after.total() == k1f1b.after.total(), "the schedule does not change the persistent state");
 }  // namespace
