@@ -133,6 +133,11 @@ TEST_CASE("corrupt manifests are refused, each with its message") {
   manifest_refused("version", [](auto& j) { j["version"] = 2; }, "has version 2; this weft reads version 1");
   manifest_refused("no_tensors", [](auto& j) { j.erase("tensors"); }, "has a missing or mistyped field");
   manifest_refused("step", [](auto& j) { j["step"] = -1; }, "has step -1");
+  // A float where an integer belongs would convert out of range (undefined behaviour the manifest
+  // fuzzer found, f844497): refused, in a scalar field and in a list of them.
+  manifest_refused("float_step", [](auto& j) { j["step"] = 7.7e43; }, "has 7.7e+43 where an integer belongs");
+  manifest_refused("float_dim", [](auto& j) { j["tensors"].begin().value()["global"][0] = 7.7e43; },
+                   "has 7.7e+43 where an integer belongs");
   manifest_refused("mesh", [](auto& j) { j["mesh"]["tensor"] = 0; }, "each must be >= 1");
   manifest_refused("policy", [](auto& j) { j["policy"] = "scattered"; }, "has policy \"scattered\"");
   manifest_refused("xxh3", [](auto& j) { j["files"][0]["xxh3"] = "xyz"; }, "has a malformed xxh3 \"xyz\"");

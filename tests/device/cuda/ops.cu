@@ -17,7 +17,7 @@ using namespace weft::test;
 using V = std::vector<double>;
 
 TEST_CASE("Cuda device: a clear Error where there is no GPU and accounting where there is one") {
-  if (weft::cuda::device_count() == 0) {
+  if (weft::cuda::probe().absent) {
     CHECK_THROWS_WITH_AS(Cuda(), "Cuda: no CUDA device is visible (no GPU, or no driver); run on a machine with an "
                                  "NVIDIA GPU, or use the Host device",
                          Error);

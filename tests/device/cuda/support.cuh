@@ -17,8 +17,16 @@
 
 namespace weft::test {
 
+// The GPU, or an exit: 77 (skipped) where this machine has none, 1 (failed) where it has one that
+// the CUDA runtime cannot use (a broken or mismatched driver must not pass as "no GPU").
 inline Cuda& gpu() {
-  if (cuda::device_count() == 0) {
+  const cuda::Probe found = cuda::probe();
+  if (found.count == 0 && !found.absent) {
+    std::printf("FAILED: this machine has an NVIDIA driver but no usable CUDA device: %s\n", found.why.c_str());
+    std::fflush(stdout);
+    std::exit(1);
+  }
+  if (found.count == 0) {
     std::printf("SKIPPED: no CUDA device on this machine\n");
     std::fflush(stdout);
     std::exit(77);

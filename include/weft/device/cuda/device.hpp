@@ -10,7 +10,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <filesystem>
 #include <memory>
+#include <string>
+#include <system_error>
 
 #include "weft/device/allocation.hpp"
 #include "weft/device/cuda/check.hpp"
@@ -21,15 +24,35 @@ namespace cuda {
 
 class Profile;  // profile.hpp
 
-// The number of usable CUDA devices (0 when there is no driver or no GPU).
-inline int device_count() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    (void)cudaGetLastError();  // clear the sticky "no device" error
-    return 0;
-  }
-  return n;
+// Whether this machine has an NVIDIA kernel driver loaded (a GPU machine, whatever the runtime says).
+inline bool nvidia_driver_loaded() {
+  std::error_code ec;
+  return std::filesystem::exists("/proc/driver/nvidia/version", ec) || std::filesystem::exists("/dev/nvidiactl", ec);
 }
+
+// What the CUDA runtime finds on this machine. `count` usable devices, or none: then `absent` when
+// there is no GPU to use (cudaErrorNoDevice, or no NVIDIA driver at all, which the runtime reports as
+// an insufficient driver), and otherwise `why` says how a GPU machine fails (a driver too old for
+// this toolkit or not matching its kernel module, a device the runtime cannot open). The tests skip
+// where a GPU is absent and fail where it fails: "no GPU" and "a GPU that fails" differ.
+struct Probe {
+  int count = 0;
+  bool absent = false;
+  std::string why;  // the runtime's error where it failed
+};
+
+inline Probe probe() {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e == cudaSuccess) return {n, n == 0, {}};
+  (void)cudaGetLastError();  // clear the sticky error
+  const bool absent = e == cudaErrorNoDevice || (e == cudaErrorInsufficientDriver && !nvidia_driver_loaded());
+  return {0, absent, cat("cudaGetDeviceCount: ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")")};
+}
+
+// The number of usable CUDA devices (0 when there is no GPU, no driver, or a GPU that fails:
+// probe() tells those apart).
+inline int device_count() { return probe().count; }
 
 // Free bytes on `device` now (cudaMemGetInfo), or -1 when it cannot be read.
 inline std::int64_t free_bytes(int device) {
@@ -89,7 +112,11 @@ class Cuda {
   static constexpr bool host_memory = false;  // buffers are read on the host through to_host()
 
   explicit Cuda(int device = 0) {
-    const int n = cuda::device_count();
+    const cuda::Probe found = cuda::probe();
+    const int n = found.count;
+    if (n == 0 && !found.absent)
+      throw Error("Cuda", cat("the NVIDIA driver is loaded but the CUDA runtime finds no usable device: ", found.why),
+                  "check nvidia-smi, and that the driver supports this CUDA toolkit");
     if (n == 0)
       throw Error("Cuda", "no CUDA device is visible (no GPU, or no driver)",
                   "run on a machine with an NVIDIA GPU, or use the Host device");
