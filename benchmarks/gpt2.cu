@@ -107,9 +107,14 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (weft::cuda::device_count() == 0) {
-    std::fprintf(stderr, "gpt2: no CUDA device on this machine\n");
-    return 77;
+  // Skip (77) only where there is no GPU; a GPU machine whose runtime fails is a failure, named.
+  if (const weft::cuda::Probe found = weft::cuda::probe(); found.count == 0) {
+    if (found.absent) {
+      std::fprintf(stderr, "gpt2: no CUDA device on this machine\n");
+      return 77;
+    }
+    std::fprintf(stderr, "gpt2: this machine has an NVIDIA driver but no usable CUDA device: %s\n", found.why.c_str());
+    return 1;
   }
   Cuda probe(0);
   const double ceiling = train::cuda_gemm_rate<bf16>(probe, 8192);

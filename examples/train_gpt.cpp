@@ -9,14 +9,14 @@
 //
 // A thin command line over weft's trainer (weft/train/main.hpp) with GPT-2's family
 // (weft/models/gpt2/family.hpp): --model gpt2. Run-time choices (device, strategy, dtype) cross into
-// types in one place, train::dispatch; the loop's instantiations are compiled in two units, this
-// one (without sequence parallelism) and train_gpt_sp.cpp (train_gpt.hpp), and its GPU half in train_gpt_cuda.cu.
-#include "train_gpt.hpp"
-
+// types in one place, train::dispatch; the loop's host instantiations are compiled in two units
+// that build side by side, this one (without sequence parallelism) and train_gpt_sp.cpp (with it),
+// and its GPU half in train_gpt_cuda.cu.
+#include <weft/models/gpt2/family.hpp>
 #include <weft/models/gpt2/run_plan.hpp>
 #include <weft/train/main.hpp>
 
-WEFT_TRAIN_GPT_HOST(, false)  // the loop without sequence parallelism; with it: train_gpt_sp.cpp
+WEFT_TRAIN_HOST(extern, weft::gpt2::Family, true)  // in train_gpt_sp.cpp
 
 int main(int argc, char** argv) {
   return weft::train::main<weft::gpt2::Family>(

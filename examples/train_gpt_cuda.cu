@@ -3,7 +3,7 @@
 // line (weft/train/main.hpp) calls it for --device cuda.
 #include "weft/train/devices.cuh"
 
-#include "train_gpt.hpp"
+#include "weft/models/gpt2/family.hpp"
 
 template int weft::train::train_on_cuda<weft::gpt2::Family>(const weft::train::Options&, const weft::gpt2::Config&,
                                                             const weft::train::Corpus&, const weft::train::Launch&);

@@ -1,4 +1,7 @@
-// train_gpt's loop with sequence parallelism, every precision and strategy (examples/train_gpt.hpp).
-#include "train_gpt.hpp"
+// train_gpt's loop with sequence parallelism, every precision and strategy of GPT-2's family: a
+// translation unit of its own, so that the trainer builds on two cores (train_gpt.cpp declares it
+// extern).
+#include <weft/models/gpt2/family.hpp>
+#include <weft/train/loop.hpp>
 
-WEFT_TRAIN_GPT_HOST(, true)
+WEFT_TRAIN_HOST(, weft::gpt2::Family, true)

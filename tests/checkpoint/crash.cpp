@@ -1,10 +1,10 @@
 // Crash safety: a child process resumes from a checkpoint of step 2, trains to step 4 and saves
 // (keeping 1), and kills itself with SIGKILL at the k-th durable step of that save (files.hpp's
-// point hook), for 20 values of k spread over every step of the protocol: rank files' bytes and
-// fsyncs, the directory's fsync and rename, the manifest, latest, the pruning of step 2. After each
-// kill:
-//   - latest names a complete checkpoint that loads and verifies: step 2, or step 4 when the kill
-//     came after latest moved (while pruning);
+// point hook): at every step of the protocol's end (the directory's fsync and rename, the manifest,
+// latest, the pruning of step 2), at the first step of each kind, and at 8 spread over the rank
+// files' bytes and fsyncs. After each kill:
+//   - latest names a complete checkpoint that loads and verifies: step 2, or step 4 exactly when
+//     the kill came after latest's rename (while pruning);
 //   - every step directory with a manifest is complete (it opens and verifies): pruning renames a
 //     directory out of the checkpoints' names before it removes a file;
 //   - a partial step 4 (step_00000004.tmp, or step_00000004 without its manifest) is refused;
@@ -13,6 +13,7 @@
 
 #include <atomic>
 #include <csignal>
+#include <set>
 #include <sys/wait.h>
 
 #include "checkpoint/support.hpp"
@@ -43,7 +44,7 @@ void resume_and_save(const std::string& root) {
 
 }  // namespace
 
-TEST_CASE("a save killed at 20 points leaves the previous checkpoint usable and the partial one refused") {
+TEST_CASE("a save killed at every kind of durable step leaves the previous checkpoint usable and the partial one refused") {
   const std::string base = scratch("crash_base");
   ckpt_run<float, optim::Zero2>({.data = 2}, RunPlan::fresh(base, 2));
 
@@ -54,16 +55,34 @@ TEST_CASE("a save killed at 20 points leaves the previous checkpoint usable and 
   resume_and_save(counting);
   checkpoint::set_point_hook(nullptr);
   const int total = g_points.load();
-  MESSAGE(cat("one save has ", total, " durable steps: ", join(std::vector<std::string>(g_names.end() - 12, g_names.end()), ", "),
+  const std::vector<std::string> names = g_names;  // names[k - 1]: the k-th durable step
+  MESSAGE(cat("one save has ", total, " durable steps: ", join(std::vector<std::string>(names.end() - 14, names.end()), ", "),
               " at its end"));
-  REQUIRE(total >= 20);
+  // The protocol's end, in order: the directory made durable and renamed, the manifest, latest, the
+  // pruning of step 2 (a rename out of the checkpoints' names, then its files).
+  REQUIRE(total >= 14);
+  CHECK(std::vector<std::string>(names.end() - 14, names.end()) ==
+        std::vector<std::string>{"directory fsync", "directory rename", "manifest", "file bytes", "file fsync",
+                                 "text written", "latest", "file bytes", "file fsync", "text written", "prune rename",
+                                 "prune remove", "prune remove", "prune remove"});
+  // latest names step 4 once the rename after its text is written has run: a kill at a later point.
+  const int latest_renamed = total - 4;  // the "text written" after "latest"
   fs::remove_all(counting);
 
-  // The last 12 points (the directory, manifest, latest and pruning) and 8 spread over the files.
-  std::vector<int> kills;
-  for (int i = 0; i < 8; ++i) kills.push_back(1 + i * (total - 12) / 8);
-  for (int k = total - 11; k <= total; ++k) kills.push_back(k);
-  REQUIRE(kills.size() == 20);
+  // Every point of the protocol's end, the first point of each kind, and 8 spread over the rank files.
+  std::set<int> chosen;
+  for (int i = 0; i < 8; ++i) chosen.insert(1 + i * (total - 14) / 8);
+  for (int k = total - 13; k <= total; ++k) chosen.insert(k);
+  std::set<std::string> kinds;
+  for (int k = 1; k <= total; ++k)
+    if (kinds.insert(names[static_cast<std::size_t>(k - 1)]).second) chosen.insert(k);
+  const std::vector<int> kills(chosen.begin(), chosen.end());
+  std::set<std::string> killed_kinds;
+  for (const int k : kills) killed_kinds.insert(names[static_cast<std::size_t>(k - 1)]);
+  CHECK(killed_kinds == kinds);  // each kind of durable step is killed at least once
+  CHECK(kinds.size() >= 9);
+  int expect_moved = 0;
+  for (const int k : kills) expect_moved += k > latest_renamed ? 1 : 0;
 
   int latest_moved = 0;
   for (const int k : kills) {
@@ -91,7 +110,7 @@ TEST_CASE("a save killed at 20 points leaves the previous checkpoint usable and 
     // latest: a complete, verified checkpoint of step 2 or 4.
     const checkpoint::Reader latest(root);
     const std::int64_t step = latest.manifest().step;
-    CHECK((step == 2 || step == 4));
+    CHECK(step == (k > latest_renamed ? 4 : 2));
     if (step == 4) ++latest_moved;
     for (const auto& [s, n] : checkpoint::complete_checkpoints(root)) {
       CAPTURE(n);
@@ -117,7 +136,7 @@ TEST_CASE("a save killed at 20 points leaves the previous checkpoint usable and 
     fs::remove_all(root);
   }
   MESSAGE(cat(kills.size(), " kills; latest had moved to step 4 after ", latest_moved, " of them (kills while pruning)"));
-  CHECK(latest_moved >= 1);
-  CHECK(latest_moved < 20);
+  CHECK(latest_moved == expect_moved);
+  CHECK(latest_moved == 4);  // the kills at prune rename and its three removes
   fs::remove_all(base);
 }

@@ -85,6 +85,10 @@ for case, args in enumerate((["--data", "2", "--tensor", "2", "--strategy", "zer
     # GPT-2's describe rows): the blocks alike, SP's gathers and scatters in each.
     if case == 0:
         ok = ok and re.search(r"layers\.0 \(and every block\) +forward: .*all_gather 2 calls \d+ bytes", p.stdout)
+        # describe's table, walked over the layers (tests/plan/measure.cpp holds it to the measured
+        # collectives): each block's RowParallel layer, and its partial sum scattered back to the stream.
+        ok = ok and all(re.search(rf"layers\.{l}\.down \(Linear<RowParallel>\)", p.stdout) for l in (0, 1))
+        ok = ok and re.search(r"layers\.1: down -> out \(Redistribute<.*reduce_scatter\(tensor\) \d+ B", p.stdout)
     # With --pipe 1, the step time of the measured work at this host's rates (tests/plan/measure.cpp
     # holds the work to GPT-2's closed forms): a positive total, the sum of its parts.
     if case != 1:

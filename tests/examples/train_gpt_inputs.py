@@ -124,9 +124,12 @@ print(f"{len(cases) - failures} of {len(cases)} bad invocations refused as expec
 
 # Signals. A step of this size takes a fraction of a second; the run would take minutes.
 save = os.path.join(work, "ckpt")
+# A constant learning rate (no warm-up, the cosine's floor at the peak), so that a run's losses do not
+# depend on its --steps: a resumed run of a few steps is compared with an uninterrupted one.
+signal_args = ["--eval-every", "0", "--width", "64", "--seq", "64", "--warmup", "0", "--lr", "3e-3", "--min-lr", "3e-3"]
 def start(log, *more):
-    return subprocess.Popen([bin_, "--steps", "100000", "--eval-every", "0", "--width", "64", "--seq", "64",
-                             "--log", log, *more], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    return subprocess.Popen([bin_, "--steps", "100000", *signal_args, "--log", log, *more],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
 def wait_for_records(log, n, p):
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and p.poll() is None:
@@ -155,21 +158,29 @@ for sig, name in ((signal.SIGINT, "SIGINT"), (signal.SIGTERM, "SIGTERM"), (signa
     final.pop("abandoned_after_s", None)
     ok = (p.returncode == 128 + sig and text.endswith("\n") and final == {"step": last_step, "stopped": name}
           and abandoned in (None, last_step + 1) and f"stopped by {name} after step {last_step}" in out)
-    # The checkpoint is the stopped step's, and a resumed run goes on from the next one (SIGUSR1 takes
-    # the same path; its resume is not run again).
+    # The checkpoint is the stopped step's, and a resumed run goes on from the next one with the
+    # uninterrupted run's losses, bit for bit (the weights, the optimizer's moments and the data
+    # position all restored; SIGUSR1 takes the same path, its resume is not run again).
     if ok and sig != signal.SIGUSR1:
-        log2 = os.path.join(work, f"{name}_resumed.jsonl")
-        r = subprocess.run([bin_, "--steps", str(last_step + 2), "--eval-every", "0", "--width", "64", "--seq", "64",
+        log2, log3 = os.path.join(work, f"{name}_resumed.jsonl"), os.path.join(work, f"{name}_whole.jsonl")
+        r = subprocess.run([bin_, "--steps", str(last_step + 2), *signal_args,
                             "--save-dir", save + name, "--resume", "latest", "--log", log2],
                            capture_output=True, text=True, env=env, timeout=300)
-        resumed = [json.loads(l)["step"] for l in open(log2) if '"loss"' in l] if r.returncode == 0 else []
-        ok = resumed[-2:] == [last_step + 1, last_step + 2] and f"at step {last_step}" in r.stdout
+        w = subprocess.run([bin_, "--steps", str(last_step + 2), *signal_args, "--log", log3],
+                           capture_output=True, text=True, env=env, timeout=300)
+        resumed = [json.loads(l) for l in open(log2) if '"loss"' in l] if r.returncode == 0 else []
+        whole = [json.loads(l) for l in open(log3) if '"loss"' in l] if w.returncode == 0 else []
+        ok = ([x["step"] for x in resumed] == [last_step + 1, last_step + 2] and f"at step {last_step}" in r.stdout
+              and len(whole) == last_step + 2 and [x["loss"] for x in resumed] == [x["loss"] for x in whole[-2:]]
+              and [x["loss"] for x in records if "loss" in x] == [x["loss"] for x in whole[:last_step]])
     if not ok:
         failures += 1
         print(f"FAIL: {name}: exit {p.returncode}, log ends {text[-300:]!r}; printed {out[-500:]!r}")
     else:
         print(f"{name}: stopped after step {last_step} with exit {p.returncode}, {len(records)} complete log lines, "
-              f"the last {records[-1]}" + ("" if sig == signal.SIGUSR1 else f"; its checkpoint resumed at step {last_step + 1}"))
+              f"the last {records[-1]}" + ("" if sig == signal.SIGUSR1 else
+                                          f"; its checkpoint resumed at step {last_step + 1} with the uninterrupted "
+                                          f"run's losses {[x['loss'] for x in resumed]}"))
 
 # A long step is abandoned part-way, on every rank at the same point, within a second of the signal
 # (train/stop.hpp: polled about every 0.25 s). Steps of this size take about 2 s under ASan (data 2

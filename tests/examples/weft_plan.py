@@ -45,9 +45,10 @@ p = run("--preset", "gpt2-124m", "--gpus", "64", "--gpus-per-node", "8", "--batc
 r = rows(p)
 by = {(x["strategy"], x["tensor"]): x for x in r if x["pipe"] == 1}
 d, f = by.get(("ddp", 1)), by.get(("fsdp", 1))
-# Two-sided: 64 shards hold every element (never less than DDP's state in all) and pad each of the 14
-# units (12 blocks, the embedding, the final norm) by under 64 elements of 18 bytes per rank.
-check(p.returncode == 0 and d and f and d["state_bytes"] <= 64 * f["state_bytes"] <= d["state_bytes"] + 14 * 64 * 18 * 64,
+# Two-sided: 64 shards hold every element (never less than DDP's state in all), and each of GPT-2's 15
+# units (the tied table, the positions, 12 blocks, the final norm: nn/staged_model.hpp) is padded to a
+# multiple of 64 elements, so by at most 63 elements of 18 bytes in all.
+check(p.returncode == 0 and d and f and d["state_bytes"] <= 64 * f["state_bytes"] <= d["state_bytes"] + 15 * 63 * 18,
       f"FSDP holds 1/64 of DDP's state: {f and f['state_bytes']} x 64 vs {d and d['state_bytes']}")
 # The step time is the parts' sum plus the pipeline's share (the schedule's idle time, messages and
 # imbalance): without a pipeline that share must be 0, so the parts alone make the step; with one it

@@ -299,36 +299,96 @@ threads::Counters tensor_counts(const std::vector<nn::PlanRow>& rows, bool forwa
   return c;
 }
 
-template <bool SP>
-void check_stages(MeshShape shape, std::int64_t micro) {
-  using M = gpt2::Model<float, SP, recompute::None, Host>;
-  const auto got = footprint::stage_collectives<GptOn<SP>::template on>(kSmall, shape, micro);
+// One stage's measured tensor-axis collectives against its rows; adds the calls to `total`.
+void same_stage(const footprint::StageCollectives& t, const std::vector<nn::PlanRow>& rows, const std::string& what,
+                std::uint64_t& total) {
+  INFO(what);
+  const auto i = static_cast<std::size_t>(Axis::tensor);
+  const threads::Counters fw = tensor_counts(rows, true), bw = tensor_counts(rows, false);
+  for (std::size_t op = 0; op < threads::kOps; ++op) {
+    INFO(threads::name(static_cast<threads::Op>(op)));
+    CHECK(t.forward[i].calls[op] == fw.calls[op]);
+    CHECK(t.forward[i].bytes[op] == fw.bytes[op]);
+    CHECK(t.backward[i].calls[op] == bw.calls[op]);
+    CHECK(t.backward[i].bytes[op] == bw.bytes[op]);
+    total += t.forward[i].calls[op] + t.backward[i].calls[op];
+  }
+}
+
+// Every stage's measured collectives against its rows: the embedding's and the head's plan_rows,
+// block l's from block_rows(rows, l, act, s, e).
+template <class M, class C, class BlockRows>
+void same_stages(const std::vector<footprint::StageCollectives>& got, const C& c, MeshShape shape, std::int64_t micro,
+                 const std::string& what, BlockRows&& block_rows) {
   const Spread s{.data_degree = shape.data, .tensor_degree = shape.tensor};
-  const Shape act{micro, kSmall.seq, kSmall.width};
+  const Shape act{micro, c.seq, c.width};
   const std::int64_t e = sizeof(float);
-  REQUIRE(got.size() == static_cast<std::size_t>(kSmall.layers + 2));
+  REQUIRE(got.size() == static_cast<std::size_t>(c.layers + 2));
   std::uint64_t total = 0;
   for (std::size_t st = 0; st < got.size(); ++st) {
     std::vector<nn::PlanRow> rows;
     if (st == 0) M::Embedding::plan_rows(rows, act, s, e);
-    else if (st + 1 == got.size()) M::Head::plan_rows(rows, kSmall.vocab, nn::padded_vocab(kSmall.vocab, shape.tensor), act, s, e);
-    else M::BlockT::plan_rows(rows, cat("h", st - 1), act, s, e);
-    const auto& t = got[st];
-    const std::string what = cat(SP ? "SP " : "", "data ", shape.data, " tensor ", shape.tensor, " stage ", t.stage);
-    INFO(what);
-    const auto i = static_cast<std::size_t>(Axis::tensor);
-    const threads::Counters fw = tensor_counts(rows, true), bw = tensor_counts(rows, false);
-    for (std::size_t op = 0; op < threads::kOps; ++op) {
-      INFO(threads::name(static_cast<threads::Op>(op)));
-      CHECK(t.forward[i].calls[op] == fw.calls[op]);
-      CHECK(t.forward[i].bytes[op] == fw.bytes[op]);
-      CHECK(t.backward[i].calls[op] == bw.calls[op]);
-      CHECK(t.backward[i].bytes[op] == bw.bytes[op]);
-      total += t.forward[i].calls[op] + t.backward[i].calls[op];
-    }
+    else if (st + 1 == got.size()) M::Head::plan_rows(rows, c.vocab, nn::padded_vocab(c.vocab, shape.tensor), act, s, e);
+    else block_rows(rows, static_cast<std::int64_t>(st) - 1, act, s, e);
+    same_stage(got[st], rows, cat(what, "data ", shape.data, " tensor ", shape.tensor, " stage ", got[st].stage), total);
   }
-  CHECK(got[1].stage == "h0");
   CHECK(total > 0);
+}
+
+template <bool SP>
+void check_stages(MeshShape shape, std::int64_t micro) {
+  using M = gpt2::Model<float, SP, recompute::None, Host>;
+  const auto got = footprint::stage_collectives<GptOn<SP>::template on>(kSmall, shape, micro);
+  same_stages<M>(got, kSmall, shape, micro, SP ? "SP " : "", [](auto& rows, std::int64_t l, auto&... rest) {
+    M::BlockT::plan_rows(rows, cat("h", l), rest...);
+  });
+  CHECK(got[1].stage == "h0");
+}
+
+// The custom decoder writes no rows: describe walks its layers (nn/plan_walk.hpp: Named, Sequential,
+// Residual, the redistributions in its Sequentials), each block's rows against the block's
+// measured collectives; and the whole step's tensor-axis calls (measure: one optimizer step of
+// DDP) against all its rows, forward, backward and the step's, plus the gradient norm's all-reduce
+// of one double.
+constexpr gpt2::Config kCustomSmall{.vocab = 33, .seq = 8, .layers = 3, .heads = 2, .width = 16, .seed = 3, .init_std = 0.1};
+
+template <bool SP>
+void check_walked(MeshShape shape, std::int64_t micro) {
+  using M = custom::Model<float, SP, Meta<Host>>;
+  const auto& c = kCustomSmall;
+  const auto got = footprint::stage_collectives<Custom<float, SP>::template on>(c, shape, micro);
+  const Spread s{.data_degree = shape.data, .tensor_degree = shape.tensor};
+  Meta<Host> dev;
+  M model(dev, c, s, micro);
+  same_stages<M>(got, c, shape, micro, SP ? "custom SP " : "custom ", [&](auto& rows, std::int64_t l, auto&... rest) {
+    nn::layer_plan_rows(rows, M::spec::block_name(l), model.blocks[static_cast<std::size_t>(l)], rest...);
+  });
+
+  const std::vector<nn::PlanRow> rows = nn::walked_plan_rows(model, micro, s);
+  threads::Counters planned = tensor_counts(rows, true) + tensor_counts(rows, false);
+  for (const nn::PlanRow& row : rows)
+    for (const PlanStep& st : row.step) {
+      REQUIRE(st.collective == Collective::all_reduce);
+      planned.calls[static_cast<std::size_t>(threads::Op::all_reduce)] += 1;
+      planned.bytes[static_cast<std::size_t>(threads::Op::all_reduce)] += static_cast<std::uint64_t>(st.bytes_in);
+    }
+  const auto ar = static_cast<std::size_t>(threads::Op::all_reduce);
+  planned.calls[ar] += 1;  // the gradient norm
+  planned.bytes[ar] += 8;
+  const auto step = footprint::measure<Custom<float, SP>::template on, optim::Ddp>(
+      c, {.mesh = shape, .micro_batch = micro, .micro_batches = 1});
+  const auto t = static_cast<std::size_t>(Axis::tensor);
+  for (std::size_t op = 0; op < threads::kOps; ++op) {
+    INFO("custom step ", SP ? "SP " : "", "data ", shape.data, " tensor ", shape.tensor, " ", threads::name(static_cast<threads::Op>(op)));
+    CHECK(step[0].collectives[t].calls[op] == planned.calls[op]);
+    CHECK(step[0].collectives[t].bytes[op] == planned.bytes[op]);
+  }
+  // Under SP the norms' weights and the learned positions are Partial on tensor: 2 C per block, C for
+  // the head's norm, T C for the positions.
+  std::int64_t step_bytes = 0;
+  for (const nn::PlanRow& row : rows)
+    for (const PlanStep& st : row.step) step_bytes += st.bytes_in;
+  CHECK(step_bytes == (SP && shape.tensor > 1 ? ((2 * c.layers + 1) * c.width + c.seq * c.width) * 4 : 0));
 }
 
 }  // namespace
@@ -337,6 +397,31 @@ TEST_CASE("each stage's measured collectives equal the rows GPT-2 gives describe
   check_stages<false>({.tensor = 2}, 2);
   check_stages<true>({.tensor = 2}, 2);
   check_stages<true>({.data = 2, .tensor = 2}, 4);
+}
+
+TEST_CASE("describe's rows walked over the custom decoder's layers equal each stage's measured collectives and the step's") {
+  check_walked<false>({.tensor = 2}, 2);
+  check_walked<true>({.tensor = 2}, 2);
+  check_walked<true>({.data = 2, .tensor = 2}, 4);
+
+  // Full recompute (recompute::Checkpointed) re-runs each row's forward collectives in its backward.
+  using M = custom::Model<float, true, Meta<Host>>;
+  Meta<Host> dev;
+  const Spread s{.tensor_degree = 2};
+  M model(dev, kCustomSmall, s, 2);
+  const Shape act{2, kCustomSmall.seq, kCustomSmall.width};
+  std::vector<nn::PlanRow> plain, full;
+  nn::layer_plan_rows(plain, "b", model.blocks[0], act, s, 4);
+  nn::layer_plan_rows(full, "b", recompute::Checkpointed<typename M::BlockT, float, Meta<Host>>(std::move(model.blocks[0])), act, s, 4);
+  REQUIRE(full.size() == plain.size());
+  std::size_t moved = 0;
+  for (std::size_t i = 0; i < full.size(); ++i) {
+    INFO(full[i].layer);
+    CHECK(full[i].forward.size() == plain[i].forward.size());
+    CHECK(full[i].backward.size() == plain[i].forward.size() + plain[i].backward.size());
+    moved += plain[i].forward.size();
+  }
+  CHECK(moved == 4);  // SP: each branch's gather in and scatter out
 }
 
 // weft-plan's measured cost of a layout (train::measured_cost: the bounding ranks measured alone,

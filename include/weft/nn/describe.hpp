@@ -1,7 +1,9 @@
-// describe<Model>(): the plan of a model (nn::StagedModel) for given sizes and degrees, computed from its types without
+// describe<Model>(): the plan of a model (nn::StagedModel) for given sizes and degrees, computed without
 // running it: each layer's input and output layouts and the collectives it runs forward and
 // backward, with bytes per rank (the buffer each collective is called with, as the communicators
-// count it: all_gather its output, the others their input).
+// count it: all_gather its output, the others their input). From the types alone where the Spec
+// writes plan_rows (GPT-2); for any other model, describe(model, batch, s) walks a built model's
+// layers (plan_walk.hpp; build it on the Meta device to allocate nothing).
 #pragma once
 
 #include <sstream>
@@ -9,8 +11,15 @@
 #include <vector>
 
 #include "weft/nn/plan_row.hpp"
+#include "weft/nn/plan_walk.hpp"
 
 namespace weft::nn {
+
+// A model whose Spec writes its rows from the types (GPT-2's).
+template <class Model>
+concept SpecPlanRows = requires(const typename Model::config_type& c, std::int64_t batch, const Spread& s) {
+  { Model::spec::plan_rows(c, batch, s) } -> std::same_as<std::vector<PlanRow>>;
+};
 
 // The rows of a Model's plan for `c`, a global batch and the degrees in `s`: each stage's rows, in
 // stage order (Model::plan_rows, from its Spec).
@@ -29,9 +38,11 @@ inline std::string format_steps(const std::vector<PlanStep>& steps) {
   return r;
 }
 
-// The plan as a table, one row per layer or boundary, under a line naming the model and its record.
+namespace detail {
+// The table, one row per layer or boundary, under a line naming the model and its record.
 template <class Model>
-std::string describe(const typename Model::config_type& c, std::int64_t batch, const Spread& s) {
+std::string format_plan(const typename Model::config_type& c, std::int64_t batch, const Spread& s,
+                        const std::vector<PlanRow>& rows) {
   std::ostringstream os;
   os << Model::spec::name() << ":";
   const char* sep = " ";
@@ -44,12 +55,30 @@ std::string describe(const typename Model::config_type& c, std::int64_t batch, c
   char line[512];
   std::snprintf(line, sizeof line, "  %-46s %-28s %-28s %-44s %s\n", "layer", "in", "out", "forward", "backward");
   os << line;
-  for (const PlanRow& r : describe_rows<Model>(c, batch, s)) {
+  for (const PlanRow& r : rows) {
     std::snprintf(line, sizeof line, "  %-46s %-28s %-28s %-44s %s\n", r.layer.c_str(), r.in.c_str(), r.out.c_str(),
                   format_steps(r.forward).c_str(), format_steps(r.step.empty() ? r.backward : r.step).c_str());
     os << line;
   }
   return os.str();
+}
+}  // namespace detail
+
+// The plan as a table, from the types (a Spec with plan_rows).
+template <class Model>
+std::string describe(const typename Model::config_type& c, std::int64_t batch, const Spread& s) {
+  return detail::format_plan<Model>(c, batch, s, describe_rows<Model>(c, batch, s));
+}
+
+// The plan of a built model as a table: its Spec's rows where it writes them, else its layers'
+// (walked_plan_rows). The model is built whole, for the degrees in s.
+template <class Model>
+  requires SpecPlanRows<Model> || WalkablePlan<Model>
+std::string describe(Model& model, std::int64_t batch, const Spread& s) {
+  if constexpr (SpecPlanRows<Model>)
+    return describe<Model>(model.config, batch, s);
+  else
+    return detail::format_plan<Model>(model.config, batch, s, walked_plan_rows(model, batch, s));
 }
 
 }  // namespace weft::nn

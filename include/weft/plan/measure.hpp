@@ -55,6 +55,11 @@ struct Run {
   int virtual_stages = 1;
 };
 
+namespace detail {
+// A communicator's call log: (operation, bytes) -> how many calls.
+using CallLog = std::map<std::pair<threads::Op, std::uint64_t>, std::int64_t>;
+}  // namespace detail
+
 // One rank's plan: its coordinates, the bytes it holds once the model and the protocol are built,
 // the first step's peaks (StepPeak: each category's, their sum's, what is left, what was
 // allocated), and what the step asked of each axis group of the mesh, indexed by Axis (calls and
@@ -69,9 +74,9 @@ struct RankStep {
   // On the Meta device, for the time model (plan/measure_time.hpp): what the step asked of weft's
   // ops, and of each axis call by call (operation, bytes) -> count.
   MetaWork ops;
-  std::array<std::map<std::pair<threads::Op, std::uint64_t>, std::int64_t>, 3> calls{};
+  std::array<detail::CallLog, 3> calls{};
   // Of the pipe axis's calls, those on the pipeline's tie group (the tied table's gradient).
-  std::map<std::pair<threads::Op, std::uint64_t>, std::int64_t> tie_calls;
+  detail::CallLog tie_calls;
 };
 
 namespace detail {
@@ -80,8 +85,6 @@ inline Memory of_current(const MemoryStats& m) {
   for (std::size_t k = 0; k < kCategories; ++k) out.bytes[k] = m.current[k];
   return out;
 }
-
-using CallLog = std::map<std::pair<threads::Op, std::uint64_t>, std::int64_t>;
 
 // The calls of `now` that were not in `before` (a communicator's call log, taken twice).
 inline CallLog calls_since(const CallLog& now, const CallLog& before) {

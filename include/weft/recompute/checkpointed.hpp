@@ -9,8 +9,9 @@
 //              context, then its backward. A zero-bubble schedule's deferred weight pass uses the
 //              context that backward rebuilt.
 //
-// The layer names its element type and device (value_type, device) and its input layout (In), and
-// has forward(ctx, x, mesh), backward(ctx, dy, mesh) and infer(x, mesh). Gradients are bitwise
+// The layer names its element type and device (value_type, device; or give them: Checkpointed<L, T, D>,
+// apply_t<Policy, L, T, D>, for a layer that names none, as a Sequential) and its input layout (In),
+// and has forward(ctx, x, mesh) and backward(ctx, dy, mesh). Gradients are bitwise
 // those of None: the recomputation runs the same code on the same input.
 #pragma once
 
@@ -24,10 +25,8 @@
 
 namespace weft::recompute {
 
-template <class L>
+template <class L, class T = typename L::value_type, class D = typename L::device>
 class Checkpointed : public L {
-  using T = typename L::value_type;
-  using D = typename L::device;
   using X = Tensor<T, typename L::In, D>;
 
  public:
@@ -64,7 +63,14 @@ class Checkpointed : public L {
   }
 };
 
-template <Policy R, class L>
-using apply_t = std::conditional_t<std::same_as<R, Full>, Checkpointed<L>, L>;
+namespace detail {
+template <Policy R, class L, class T, class D> struct apply { using type = L; };
+template <class L, class T, class D> struct apply<Full, L, T, D> { using type = Checkpointed<L, T, D>; };
+template <class L> struct value_of { using type = typename L::value_type; };
+template <class L> struct device_of { using type = typename L::device; };
+}  // namespace detail
+
+template <Policy R, class L, class T = typename detail::value_of<L>::type, class D = typename detail::device_of<L>::type>
+using apply_t = typename detail::apply<R, L, T, D>::type;
 
 }  // namespace weft::recompute

@@ -52,6 +52,7 @@
 #include "weft/train/options.hpp"
 #include "weft/train/signals.hpp"
 #include "weft/train/stop.hpp"
+#include "weft/train/strategies.hpp"
 #include "weft/version.hpp"
 
 namespace weft::train {
@@ -209,9 +210,9 @@ int train(const Options& o, const config_t<F>& cfg, const Corpus& corpus, const 
       fp.add("checkpoints", cat("save to '", absolute(o.save_dir), "' every ", o.save_every, ", resume '",
                                 o.resume.empty() ? std::string() : absolute(checkpoint::resolve(o.resume == "latest" ? o.save_dir : o.resume)),
                                 "', init '", absolute(o.init_from), "'"));
-      using Described = model_t<F, T, SP, Host>;
-      if constexpr (requires { Described::spec::plan_rows(cfg, micro, mesh.spread()); })
-        if (o.pipe == 1) fp.add("collectives of one micro-batch", nn::describe<Described>(cfg, micro, mesh.spread()));
+      // describe's table (from the types, or walked over this rank's model where the family writes no rows).
+      if constexpr (nn::SpecPlanRows<Model> || nn::WalkablePlan<Model>)
+        if (o.pipe == 1) fp.add("collectives of one micro-batch", nn::describe(gpt, micro, mesh.spread()));
       fp.agree(world);
     }
     data::Loader<Corpus> loader(corpus, cfg.seq, micro, o.data, mesh.coord().data);
@@ -486,12 +487,35 @@ int train(const Options& o, const config_t<F>& cfg, const Corpus& corpus, const 
   return 0;
 }
 
+// The loop on the host for one choice of sequence parallelism, with the options' strategy and
+// precision picked from the family's lists (train/main.hpp calls it). A trainer binary may compile
+// each choice in a translation unit of its own, so that it builds on two cores (WEFT_TRAIN_HOST).
+template <Family F, bool SP>
+int train_on_host(const Options& o, const config_t<F>& cfg, const Corpus& corpus, const Launch& launch) {
+  return with_base_strategy(strategies_t<F>{}, o.strategy, [&]<class S>() {
+    return with_precision(host_precisions_t<F>{}, o.dtype,
+                          [&]<class P>() { return train<F, Host, P, SP, S>(o, cfg, corpus, launch); });
+  });
+}
+
 }  // namespace weft::train
 
-// Explicit instantiations of the loop: `template` in the translation unit that compiles them
-// (several units, so that a trainer builds on every core: examples/train_gpt.hpp), `extern
-// template` in the others. WEFT_TRAIN_INSTANTIATE_ONE names one (precision, SP, strategy);
-// WEFT_TRAIN_INSTANTIATE both SP choices.
+// Explicit instantiations of the loop, `template` in the translation unit that compiles them and
+// `extern template` in the others. WEFT_TRAIN_HOST(EXTERN, F, SP): the host loop of family F for one
+// choice of sequence parallelism, every strategy and precision of the family. A trainer in two units
+// (examples/train_gpt.cpp and train_gpt_sp.cpp; worth it where each holds many instantiations, as
+// GPT-2's 12 each: each unit compiles the model's layers again):
+//
+//   // trainer.cpp, beside main:                 // trainer_sp.cpp:
+//   WEFT_TRAIN_HOST(extern, my::Family, true)    #include <weft/train/loop.hpp>
+//                                                WEFT_TRAIN_HOST(, my::Family, true)
+//
+// WEFT_TRAIN_INSTANTIATE_ONE names one (device, precision, SP, strategy); WEFT_TRAIN_INSTANTIATE
+// both SP choices.
+#define WEFT_TRAIN_HOST(EXTERN, F, SP)                                                                       \
+  EXTERN template int weft::train::train_on_host<F, SP>(const weft::train::Options&,                        \
+                                                        const weft::train::config_t<F>&,                    \
+                                                        const weft::train::Corpus&, const weft::train::Launch&);
 #define WEFT_TRAIN_INSTANTIATE_ONE(EXTERN, F, D, P, SP, S)                                                  \
   EXTERN template int weft::train::train<F, D, P, SP, S>(const weft::train::Options&,                        \
                                                          const weft::train::config_t<F>&,                    \

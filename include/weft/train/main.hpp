@@ -8,7 +8,7 @@
 // --heads, --seq, --vocab override the preset), checked before anything is built: a bad option
 // exits 2 with a weft::Error naming it, a run that fails exits 1, a diverged one 3, a stopped one
 // 128 + the signal. The loop's instantiations (one per strategy, precision and sequence parallelism)
-// are compiled where the binary says (WEFT_TRAIN_INSTANTIATE in train/loop.hpp); a CUDA build's
+// are compiled where the binary says (WEFT_TRAIN_HOST in train/loop.hpp; by default beside main); a CUDA build's
 // GPU half defines train_on_cuda<F> (train/devices.cuh).
 #pragma once
 
@@ -169,9 +169,8 @@ int dispatch(const Options& o, const config_t<F>& cfg, const Corpus& corpus, con
     return train_on_cuda<F>(o, cfg, corpus, launch);
 #endif
   }
-  return with_strategy(strategies_t<F>{}, o.strategy, [&]<class S, bool SP>() {
-    return with_precision(host_precisions_t<F>{}, o.dtype, [&]<class P>() { return train<F, Host, P, SP, S>(o, cfg, corpus, launch); });
-  });
+  return sequence_parallel_name(o.strategy) ? train_on_host<F, true>(o, cfg, corpus, launch)
+                                            : train_on_host<F, false>(o, cfg, corpus, launch);
 }
 
 // The whole program: parses argv, checks every option, and trains. `program` names the binary in

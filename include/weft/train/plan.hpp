@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "weft/nn/describe.hpp"
 #include "weft/plan/host_rates.hpp"
 #include "weft/plan/measure.hpp"
 #include "weft/plan/measure_time.hpp"
@@ -99,6 +100,27 @@ inline std::string counted_calls(const threads::Counters& c, const std::string& 
   return out;
 }
 
+// describe's table of the run's model, per layer (nn/describe.hpp: the family's rows, or its layers'
+// walked), the model built whole on the Meta device (it allocates nothing).
+template <Family F>
+std::string described_plan(const Options& o, const config_t<F>& cfg) {
+  const std::int64_t micro = o.micro_batch > 0 ? o.micro_batch : o.batch;
+  const Spread s{.data_degree = o.data, .tensor_degree = o.tensor};
+  const auto of = [&]<bool SP>() {
+    return with_precision(host_precisions_t<F>{}, o.dtype, [&]<class P>() {
+      using M = typename ModelOn<F, P, SP>::template on<Meta<Host>>;
+      if constexpr (nn::SpecPlanRows<M> || nn::WalkablePlan<M>) {
+        Meta<Host> dev;
+        M model(dev, cfg, s, micro);
+        return nn::describe(model, micro, s);
+      } else {
+        return std::string("describe: the model's stages give no plan rows (nn/plan_walk.hpp)\n");
+      }
+    });
+  };
+  return sequence_parallel_name(o.strategy) ? of.template operator()<true>() : of.template operator()<false>();
+}
+
 // --plan for a family without a plan of its own: the measured table per pipe rank and the FLOPs.
 template <Family F>
 int print_measured_plan(const Options& o, const config_t<F>& cfg, const std::string& device) {
@@ -157,6 +179,7 @@ int print_measured_plan(const Options& o, const config_t<F>& cfg, const std::str
                   line(stages[st].backward[t]).c_str());
     }
   }
+  if (o.pipe == 1) std::printf("%s", described_plan<F>(o, cfg).c_str());
   const double flops = plan_flops_per_token<F>(cfg) * static_cast<double>(o.batch * cfg.seq);
   std::printf("FLOPs per step: %.4g (%lld tokens)\n", flops, static_cast<long long>(o.batch * cfg.seq));
   // The step time (pipe 1, on the host): the measured step's work (estimate::work_of) at the rates

@@ -39,18 +39,27 @@ std::vector<std::string> dtype_names(List<P...>) {
   return {dtype_name<P>()...};
 }
 
-// f.template operator()<Strategy, SP>() for the strategy `name` of the list (checked by the caller:
-// an unknown name throws).
+// Whether the strategy `name` runs with sequence parallelism ("zero1-sp").
+inline bool sequence_parallel_name(const std::string& name) { return name.ends_with("-sp"); }
+
+// f.template operator()<Strategy>() for the strategy `name` of the list, with or without its "-sp"
+// (the caller has chosen SP; an unknown name throws).
 template <class... S, class F>
-auto with_strategy(List<S...> list, const std::string& name, F&& f) {
-  using R = decltype(f.template operator()<std::tuple_element_t<0, std::tuple<S...>>, false>());
+auto with_base_strategy(List<S...> list, const std::string& name, F&& f) {
+  using R = decltype(f.template operator()<std::tuple_element_t<0, std::tuple<S...>>>());
   std::optional<R> out;
-  const bool sp = name.ends_with("-sp");
-  const std::string base = sp ? name.substr(0, name.size() - 3) : name;
-  (void)((base == strategy_name<S>() ? (out.emplace(sp ? f.template operator()<S, true>() : f.template operator()<S, false>()), true)
-                                     : false) || ...);
+  const std::string base = sequence_parallel_name(name) ? name.substr(0, name.size() - 3) : name;
+  (void)((base == strategy_name<S>() ? (out.emplace(f.template operator()<S>()), true) : false) || ...);
   if (!out) throw Error("train --strategy", cat("strategy '", name, "' is not available"), cat("use one of: ", join(strategy_names(list))));
   return std::move(*out);
+}
+
+// f.template operator()<Strategy, SP>() for the strategy `name` of the list (an unknown name throws).
+template <class... S, class F>
+auto with_strategy(List<S...> list, const std::string& name, F&& f) {
+  if (sequence_parallel_name(name))
+    return with_base_strategy(list, name, [&]<class St>() { return f.template operator()<St, true>(); });
+  return with_base_strategy(list, name, [&]<class St>() { return f.template operator()<St, false>(); });
 }
 
 // f.template operator()<P>() for the precision `name` of the list.

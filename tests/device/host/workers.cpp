@@ -7,7 +7,11 @@
 #include <doctest/doctest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
+#include <mutex>
+#include <set>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -49,6 +53,21 @@ TEST_CASE("host::Workers: every part once, errors rethrown, nested and concurren
     std::vector<std::atomic<int>> hits(static_cast<std::size_t>(parts));
     w.run(parts, [&](std::int64_t p) { ++hits[static_cast<std::size_t>(p)]; });
     for (std::int64_t p = 0; p < parts; ++p) CHECK(hits[static_cast<std::size_t>(p)] == 1);
+  }
+  // The parts run on the helpers too, not all on the caller: three parts that each wait (up to 10 s)
+  // until three threads are inside one. A Workers that ran every part inline would fail here (one
+  // thread), not hang.
+  {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::set<std::thread::id> ids;
+    w.run(3, [&](std::int64_t) {
+      std::unique_lock lock(mu);
+      ids.insert(std::this_thread::get_id());
+      cv.notify_all();
+      cv.wait_for(lock, std::chrono::seconds(10), [&] { return ids.size() >= 3; });
+    });
+    CHECK(ids.size() == 3);
   }
   // A part that throws: the error comes back to the caller, once the others have ended.
   std::atomic<int> ran{0};
