@@ -79,7 +79,7 @@ check(p.returncode == 0 and len(r) >= 8 and all(x["tensor"] * x["pipe"] * x["dat
 # 4. Refusals.
 for args, message in ((["--dtype", "bf16"], "precision 'bf16' is not planned for the model family 'custom'; use one of: f32, f64"),
                       (["--preset", "huge"], "the model family 'custom' has no preset 'huge'; use one of: tiny"),
-                      (["--model", "gpt2"], "--model"),
+                      (["--model", "gpt2"], "--model: gpt2 not in {custom}"),
                       (["--gpus", "1024", "--batch", "8"], "more than the batch")):
     p = subprocess.run([plan, *args], capture_output=True, text=True, env=env, timeout=60)
     check(p.returncode == 2 and message in p.stdout + p.stderr, f"{' '.join(args)}: exit {p.returncode}, '{message}'")

@@ -56,7 +56,7 @@ if one:
         compare("saved at 3 on data 2 x tensor 2 (ddp-sp), resumed on pipe 2", rest, one, [4, 5, 6])
 
 for args, message in ((["--strategy", "fsdp"], "strategy 'fsdp' is not available; use one of: ddp, ddp-sp, zero1, zero1-sp"),
-                      (["--preset", "gpt2-124m"], "--preset"),
+                      (["--preset", "gpt2-124m"], "--preset: gpt2-124m not in {tiny}"),
                       (["--dtype", "bf16"], "precision 'bf16' is not compiled for the model family 'custom'; use one of: f32, f64"),
                       (["--width", "16384", "--layers", "48", "--heads", "16", "--seq", "1024", "--batch", "64"],
                        "the plan needs ")):

@@ -112,7 +112,7 @@ bad = [
     (["--cluster", cluster("negative.json", '{"inter_gbps": -5}')], "inter_gbps is -5"),
     (["--cluster", cluster("string.json", '{"peak_tflops": "fast"}')], "peak_tflops is \"fast\""),
     (["--cluster", cluster("half.json", '{"gpus_per_node": 8.5}')], "gpus_per_node is 8.5"),
-    (["--gpus", "0"], "--gpus"),
+    (["--gpus", "0"], "--gpus: 0 is out of range: use a number >= 1"),
     (["--gpus", "nan"], "not a finite number"),
     (["--micro", "4", "--gpus", "1024", "--batch", "512"], "more than the batch"),
     (["--width", "100000000", "--micro", "64", "--gpus", "1"], "elements per GPU"),
