@@ -1,5 +1,5 @@
 // Training runs that save and resume checkpoints, for the checkpoint tests: a tiny model (GPT-2 by
-// default; any StagedModel whose config is a gpt2::Config, as the custom example's) on the Markov
+// default; any StagedModel, with its own config) on the Markov
 // corpus under a strategy, a precision and a mesh (data x pipe x tensor thread ranks), AdamW with
 // warm-up and cosine decay over `total` steps, clipping at 1.
 #pragma once
@@ -56,8 +56,9 @@ using Gpt2 = gpt2::Model<P, SP, recompute::None, Host>;
 
 // Runs `plan` for Model<P, SP> under data strategy S on mesh `m`, saving with policy Policy;
 // returns rank 0's losses of the steps it trained.
-template <class P, class S, bool SP = false, class Policy = checkpoint::Sharded, template <class, bool> class M = Gpt2>
-std::vector<double> ckpt_run(MeshDegrees m, const RunPlan& plan, const gpt2::Config& c = ckpt_config(), std::int64_t batch = 8) {
+template <class P, class S, bool SP = false, class Policy = checkpoint::Sharded, template <class, bool> class M = Gpt2,
+          class Config = gpt2::Config>
+std::vector<double> ckpt_run(MeshDegrees m, const RunPlan& plan, const Config& c = ckpt_config(), std::int64_t batch = 8) {
   std::vector<double> losses;
   std::mutex mu;
   const data::MarkovSource corpus(c.vocab, 3);

@@ -300,17 +300,23 @@ void exp_rows(std::vector<float, Eigen::aligned_allocator<float>>& buf, const T*
 // Row sums in lanes (lane_sum), GEMMs single-threaded: bitwise repeatable.
 inline constexpr index kRows = 32;
 
-inline void attention_forward_gemm(float* out, float* probs, const float* qkv, index B, index Tn, index H, index hd) {
+// Where head h's q and its group's k (v follows k) start in a token's qkv row of (H/g, g + 2, hd).
+constexpr index attention_q(index h, index hd, index g) { return ((h / g) * (g + 2) + h % g) * hd; }
+constexpr index attention_k(index h, index hd, index g) { return ((h / g) * (g + 2) + g) * hd; }
+
+inline void attention_forward_gemm(float* out, float* probs, const float* qkv, index B, index Tn, index H, index hd,
+                                   index g) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  const index row = H * 3 * hd, orow = H * hd;  // one token's qkv; one token's output
+  const index row = (H / g) * (g + 2) * hd, orow = H * hd;  // one token's qkv; one token's output
   std::vector<float, Eigen::aligned_allocator<float>> buf;
   for (index b = 0; b < B; ++b)
     for (index h = 0; h < H; ++h) {
-      const float* q = qkv + b * Tn * row + h * 3 * hd;
+      const float* q = qkv + b * Tn * row + attention_q(h, hd, g);
+      const float* k = qkv + b * Tn * row + attention_k(h, hd, g);
       float* P = probs + (b * H + h) * Tn * Tn;
       for (index i0 = 0; i0 < Tn; i0 += kRows) {
         const index i1 = std::min(Tn, i0 + kRows), rows = i1 - i0;
-        gemm<float>(Trans::no, Trans::yes, rows, i1, hd, scale, q + i0 * row, row, q + hd, row, 0.0f, P + i0 * Tn, Tn);
+        gemm<float>(Trans::no, Trans::yes, rows, i1, hd, scale, q + i0 * row, row, k, row, 0.0f, P + i0 * Tn, Tn);
         for (index i = i0; i < i1; ++i) {  // softmax of row i over keys [0, i]: max, exp, sum, scale
           float* p = P + i * Tn;
           const float mx = lane_max(i + 1, p);
@@ -320,28 +326,31 @@ inline void attention_forward_gemm(float* out, float* probs, const float* qkv, i
           for (index j = 0; j <= i; ++j) p[j] = e[j] * inv;
           std::fill(p + i + 1, p + Tn, 0.0f);
         }
-        gemm<float>(Trans::no, Trans::no, rows, hd, i1, 1.0f, P + i0 * Tn, Tn, q + 2 * hd, row, 0.0f,
+        gemm<float>(Trans::no, Trans::no, rows, hd, i1, 1.0f, P + i0 * Tn, Tn, k + hd, row, 0.0f,
                     out + (b * Tn + i0) * orow + h * hd, orow);
       }
     }
 }
 
 inline void attention_backward_gemm(float* dqkv, const float* dout, const float* qkv, const float* probs, index B,
-                                    index Tn, index H, index hd) {
+                                    index Tn, index H, index hd, index g) {
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  const index row = H * 3 * hd, orow = H * hd;
+  const index row = (H / g) * (g + 2) * hd, orow = H * hd;
   std::vector<float> dS(static_cast<std::size_t>(Tn * Tn));
   for (index b = 0; b < B; ++b)
     for (index h = 0; h < H; ++h) {
-      const float* q = qkv + b * Tn * row + h * 3 * hd;
+      const float* q = qkv + b * Tn * row + attention_q(h, hd, g);
+      const float* k = qkv + b * Tn * row + attention_k(h, hd, g);
       const float* dO = dout + b * Tn * orow + h * hd;
       const float* P = probs + (b * H + h) * Tn * Tn;
-      float* dq = dqkv + b * Tn * row + h * 3 * hd;
+      float* dq = dqkv + b * Tn * row + attention_q(h, hd, g);
+      float* dk = dqkv + b * Tn * row + attention_k(h, hd, g);
+      const float beta = h % g == 0 ? 0.0f : 1.0f;  // a group's later heads add to its k and v gradients
       // Row blocks: dS rows [i0, i1) over keys [0, i1) (zero past the diagonal), then dq for them.
       for (index i0 = 0; i0 < Tn; i0 += kRows) {
         const index i1 = std::min(Tn, i0 + kRows), rows = i1 - i0;
         float* d0 = dS.data() + i0 * Tn;
-        gemm<float>(Trans::no, Trans::yes, rows, i1, hd, 1.0f, dO + i0 * orow, orow, q + 2 * hd, row, 0.0f, d0, Tn);  // dP
+        gemm<float>(Trans::no, Trans::yes, rows, i1, hd, 1.0f, dO + i0 * orow, orow, k + hd, row, 0.0f, d0, Tn);  // dP
         for (index i = i0; i < i1; ++i) {
           const float* p = P + i * Tn;
           float* d = dS.data() + i * Tn;
@@ -349,44 +358,47 @@ inline void attention_backward_gemm(float* dqkv, const float* dout, const float*
           for (index j = 0; j <= i; ++j) d[j] = p[j] * (d[j] - dot) * scale;
           std::fill(d + i + 1, d + i1, 0.0f);
         }
-        gemm<float>(Trans::no, Trans::no, rows, hd, i1, 1.0f, d0, Tn, q + hd, row, 0.0f, dq + i0 * row, row);  // dq = dS k
+        gemm<float>(Trans::no, Trans::no, rows, hd, i1, 1.0f, d0, Tn, k, row, 0.0f, dq + i0 * row, row);  // dq = dS k
       }
       // Column blocks: keys [j0, j1) gather from queries [j0, T) (the earlier ones do not see them).
       for (index j0 = 0; j0 < Tn; j0 += kRows) {
         const index j1 = std::min(Tn, j0 + kRows), cols = j1 - j0, n = Tn - j0;
-        gemm<float>(Trans::yes, Trans::no, cols, hd, n, 1.0f, dS.data() + j0 * Tn + j0, Tn, q + j0 * row, row, 0.0f,
-                    dq + j0 * row + hd, row);  // dk = dS^T q
-        gemm<float>(Trans::yes, Trans::no, cols, hd, n, 1.0f, P + j0 * Tn + j0, Tn, dO + j0 * orow, orow, 0.0f,
-                    dq + j0 * row + 2 * hd, row);  // dv = P^T dout
+        gemm<float>(Trans::yes, Trans::no, cols, hd, n, 1.0f, dS.data() + j0 * Tn + j0, Tn, q + j0 * row, row, beta,
+                    dk + j0 * row, row);  // dk = dS^T q
+        gemm<float>(Trans::yes, Trans::no, cols, hd, n, 1.0f, P + j0 * Tn + j0, Tn, dO + j0 * orow, orow, beta,
+                    dk + j0 * row + hd, row);  // dv = P^T dout
       }
     }
 }
 
 }  // namespace detail
 
-// Causal self-attention core for H heads of size hd.
-//   qkv   (B, T, H, 3, hd)  q, k, v of each head side by side (whole heads stay together when the
-//                           fused QKV projection is sharded over heads)
-//   out   (B, T, H, hd)
-//   probs (B, H, T, T)      softmax(q k^T / sqrt(hd)) with the future masked, saved for backward;
-//                           computed in S, stored in T, and the output reads the stored values
+// Causal self-attention core for H heads of size hd in groups of g that share their keys and values
+// (grouped-query attention: H / g key-value heads; g = 1 is multi-head attention, GPT-2's).
+//   qkv   (B, T, H/g, g + 2, hd)  a group's g queries, its key and its value side by side (whole
+//                                 groups stay together when the fused QKV projection is sharded);
+//                                 for g = 1, (B, T, H, 3, hd)
+//   out   (B, T, H, hd)           head h reads the keys and values of group h / g
+//   probs (B, H, T, T)            softmax(q k^T / sqrt(hd)) with the future masked, saved for backward;
+//                                 computed in S, stored in T, and the output reads the stored values
 // The loops below are the reference (double, and bf16 storage); float runs the same maths on GEMMs
 // (detail::attention_forward_gemm).
 template <class T>
-void attention_forward(T* out, T* probs, const T* qkv, index B, index Tn, index H, index hd) {
-  if constexpr (std::same_as<T, float>) return detail::attention_forward_gemm(out, probs, qkv, B, Tn, H, hd);
+void attention_forward(T* out, T* probs, const T* qkv, index B, index Tn, index H, index hd, index g = 1) {
+  if constexpr (std::same_as<T, float>) return detail::attention_forward_gemm(out, probs, qkv, B, Tn, H, hd, g);
   using S = accumulate_t<T>;
   const S scale = S(1) / std::sqrt(static_cast<S>(hd));
-  const index row = H * 3 * hd;  // one token's qkv
+  const index row = (H / g) * (g + 2) * hd;  // one token's qkv
   std::vector<S> p(static_cast<std::size_t>(Tn)), o(static_cast<std::size_t>(hd));
   for (index b = 0; b < B; ++b)
     for (index h = 0; h < H; ++h) {
       T* P = probs + (b * H + h) * Tn * Tn;
+      const index qo = detail::attention_q(h, hd, g), ko = detail::attention_k(h, hd, g);
       for (index i = 0; i < Tn; ++i) {
-        const T* q = qkv + (b * Tn + i) * row + h * 3 * hd;
+        const T* q = qkv + (b * Tn + i) * row + qo;
         S mx = -std::numeric_limits<S>::infinity();
         for (index j = 0; j <= i; ++j) {
-          const T* k = qkv + (b * Tn + j) * row + h * 3 * hd + hd;
+          const T* k = qkv + (b * Tn + j) * row + ko;
           S s = 0;
           for (index d = 0; d < hd; ++d) s += widen(q[d]) * widen(k[d]);
           p[j] = s * scale;
@@ -398,7 +410,7 @@ void attention_forward(T* out, T* probs, const T* qkv, index B, index Tn, index 
         for (index j = i + 1; j < Tn; ++j) P[i * Tn + j] = narrow<T>(S(0));
         std::fill(o.begin(), o.end(), S(0));
         for (index j = 0; j <= i; ++j) {
-          const T* v = qkv + (b * Tn + j) * row + h * 3 * hd + 2 * hd;
+          const T* v = qkv + (b * Tn + j) * row + ko + hd;
           const S pij = widen(P[i * Tn + j]);
           for (index d = 0; d < hd; ++d) o[d] += pij * widen(v[d]);
         }
@@ -408,15 +420,16 @@ void attention_forward(T* out, T* probs, const T* qkv, index B, index Tn, index 
     }
 }
 
-// dqkv (B, T, H, 3, hd) = gradient of the attention core, from dout (B, T, H, hd) and saved probs;
-// accumulated in S and written once.
+// dqkv (B, T, H/g, g + 2, hd) = gradient of the attention core, from dout (B, T, H, hd) and saved
+// probs; accumulated in S (a group's keys and values over its g heads) and written once.
 template <class T>
 void attention_backward(T* dqkv_out, const T* dout, const T* qkv, const T* probs, index B, index Tn, index H,
-                        index hd) {
-  if constexpr (std::same_as<T, float>) return detail::attention_backward_gemm(dqkv_out, dout, qkv, probs, B, Tn, H, hd);
+                        index hd, index g = 1) {
+  if constexpr (std::same_as<T, float>)
+    return detail::attention_backward_gemm(dqkv_out, dout, qkv, probs, B, Tn, H, hd, g);
   using S = accumulate_t<T>;
   const S scale = S(1) / std::sqrt(static_cast<S>(hd));
-  const index row = H * 3 * hd;
+  const index row = (H / g) * (g + 2) * hd;
   std::vector<S> scratch;
   S* dqkv;
   if constexpr (std::same_as<T, S>) {
@@ -429,22 +442,23 @@ void attention_backward(T* dqkv_out, const T* dout, const T* qkv, const T* probs
   for (index b = 0; b < B; ++b)
     for (index h = 0; h < H; ++h) {
       const T* P = probs + (b * H + h) * Tn * Tn;
+      const index qo = detail::attention_q(h, hd, g), ko = detail::attention_k(h, hd, g);
       for (index i = 0; i < Tn; ++i) {
         const T* dout_i = dout + ((b * Tn + i) * H + h) * hd;
-        const T* q = qkv + (b * Tn + i) * row + h * 3 * hd;
-        S* dq = dqkv + (b * Tn + i) * row + h * 3 * hd;
+        const T* q = qkv + (b * Tn + i) * row + qo;
+        S* dq = dqkv + (b * Tn + i) * row + qo;
         // dP_ij = dout_i . v_j; dv_j += P_ij dout_i; dS_ij = P_ij (dP_ij - sum_j P_ij dP_ij).
         S dot = 0;
         for (index j = 0; j <= i; ++j) {
-          const T* v = qkv + (b * Tn + j) * row + h * 3 * hd + 2 * hd;
+          const T* v = qkv + (b * Tn + j) * row + ko + hd;
           S dp = 0;
           for (index d = 0; d < hd; ++d) dp += widen(dout_i[d]) * widen(v[d]);
           dot += widen(P[i * Tn + j]) * dp;
         }
         for (index j = 0; j <= i; ++j) {
-          const T* k = qkv + (b * Tn + j) * row + h * 3 * hd + hd;
+          const T* k = qkv + (b * Tn + j) * row + ko;
           const T* v = k + hd;
-          S* dk = dqkv + (b * Tn + j) * row + h * 3 * hd + hd;
+          S* dk = dqkv + (b * Tn + j) * row + ko;
           S* dv = dk + hd;
           S dp = 0;
           for (index d = 0; d < hd; ++d) dp += widen(dout_i[d]) * widen(v[d]);

@@ -71,11 +71,11 @@ struct LayerNorm<Meta<D>> {
 template <class D>
 struct Attention<Meta<D>> {
   template <class T>
-  static void forward(Meta<D>& d, T*, T*, const T*, index B, index Tn, index H, index hd) {
+  static void forward(Meta<D>& d, T*, T*, const T*, index B, index Tn, index H, index hd, index = 1) {
     d.work.attention_flops += core(B, Tn, H, hd);
   }
   template <class T>
-  static void backward(Meta<D>& d, T*, const T*, const T*, const T*, index B, index Tn, index H, index hd) {
+  static void backward(Meta<D>& d, T*, const T*, const T*, const T*, index B, index Tn, index H, index hd, index = 1) {
     d.work.attention_flops += 2 * core(B, Tn, H, hd);
   }
   static double core(index B, index Tn, index H, index hd) {

@@ -1,0 +1,396 @@
+// Hugging Face Llama (transformers' LlamaForCausalLM) in and out: import a model directory as a
+// weft checkpoint of its weights, export a weft checkpoint as such a directory.
+//
+//   weft (model.hpp)                       Hugging Face
+//   wte (V, C)                             model.embed_tokens.weight
+//   layers.<l>.attn_norm.weight (C)        model.layers.<l>.input_layernorm.weight
+//   layers.<l>.attn.qkv.weight             model.layers.<l>.self_attn.{q,k,v}_proj.weight, (H hd, C),
+//     (KV (g + 2) hd, C), rows                (KV hd, C), (KV hd, C): rows of head h of q go to group
+//     (group, {q_0 .. q_{g-1}, k, v}, hd)     h / g, slot h % g; rows of kv head j to group j
+//   layers.<l>.attn.proj.weight (C, C)     model.layers.<l>.self_attn.o_proj.weight
+//   layers.<l>.mlp_norm.weight (C)         model.layers.<l>.post_attention_layernorm.weight
+//   layers.<l>.gate_up.weight (2F, C),     model.layers.<l>.mlp.{gate,up}_proj.weight (F, C) each:
+//     rows (F, {gate, up})                    gate row f is weft's row 2f, up row f is 2f + 1
+//   layers.<l>.down.weight (C, F)          model.layers.<l>.mlp.down_proj.weight
+//   ln_f.weight (C)                        model.norm.weight
+//   lm_head (V, C)                         lm_head.weight (absent where tie_word_embeddings)
+//
+// weft's rotary embedding is transformers' (rotate_half over the two halves of each head), so q and
+// k rows keep their order within a head. config.json gives the sizes, rms_norm_eps and the rotary
+// parameters, under "rope_parameters" (transformers 5) or "rope_theta" and "rope_scaling" (4.x).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "weft/checkpoint/checkpoint.hpp"
+#include "weft/core/files.hpp"
+#include "weft/core/json_limits.hpp"
+#include "weft/models/llama/config.hpp"
+
+namespace weft::llama {
+
+namespace hf_detail {
+
+inline nlohmann::json read_json(const std::string& path, const std::string& at) {
+  const std::string text = read_text_file(path, 1 << 24, at);
+  check_json_limits(text, {.max_bytes = 1 << 24, .max_depth = 16}, at);
+  try {
+    return nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(at, cat("is not valid JSON (", brief(e.what(), 200), ")"), "pass transformers' files");
+  }
+}
+
+// One weft tensor and the Hugging Face tensors it is made of.
+struct Named {
+  std::string weft;
+  std::vector<std::string> hf;
+  enum class Kind { plain, qkv, gate_up } kind = Kind::plain;
+};
+
+inline std::vector<Named> names(const Config& c) {
+  std::vector<Named> n{{"wte", {"model.embed_tokens.weight"}}};
+  for (std::int64_t l = 0; l < c.layers; ++l) {
+    const std::string w = cat("layers.", l, "."), h = cat("model.layers.", l, ".");
+    n.push_back({w + "attn_norm.weight", {h + "input_layernorm.weight"}});
+    n.push_back({w + "attn.qkv.weight",
+                 {h + "self_attn.q_proj.weight", h + "self_attn.k_proj.weight", h + "self_attn.v_proj.weight"},
+                 Named::Kind::qkv});
+    n.push_back({w + "attn.proj.weight", {h + "self_attn.o_proj.weight"}});
+    n.push_back({w + "mlp_norm.weight", {h + "post_attention_layernorm.weight"}});
+    n.push_back({w + "gate_up.weight", {h + "mlp.gate_proj.weight", h + "mlp.up_proj.weight"}, Named::Kind::gate_up});
+    n.push_back({w + "down.weight", {h + "mlp.down_proj.weight"}});
+  }
+  n.push_back({"ln_f.weight", {"model.norm.weight"}});
+  if (!c.tied) n.push_back({"lm_head", {"lm_head.weight"}});
+  return n;
+}
+
+// The shapes: weft's tensor, and each Hugging Face part.
+inline std::vector<std::int64_t> weft_shape(const Named& n, const Config& c) {
+  const std::int64_t C = c.width, hd = c.head_dim(), g = c.heads / c.kv_heads;
+  if (n.weft == "wte" || n.weft == "lm_head") return {c.vocab, C};
+  if (n.kind == Named::Kind::qkv) return {c.kv_heads * (g + 2) * hd, C};
+  if (n.kind == Named::Kind::gate_up) return {2 * c.hidden, C};
+  if (n.weft.ends_with("attn.proj.weight")) return {C, C};
+  if (n.weft.ends_with("down.weight")) return {C, c.hidden};
+  return {C};
+}
+inline std::vector<std::vector<std::int64_t>> hf_shapes(const Named& n, const Config& c) {
+  const std::int64_t C = c.width, hd = c.head_dim();
+  if (n.kind == Named::Kind::qkv) return {{c.heads * hd, C}, {c.kv_heads * hd, C}, {c.kv_heads * hd, C}};
+  if (n.kind == Named::Kind::gate_up) return {{c.hidden, C}, {c.hidden, C}};
+  return {weft_shape(n, c)};
+}
+
+// Where row r of weft's tensor comes from: (part, row of that part).
+inline std::pair<std::size_t, std::int64_t> source_row(const Named& n, const Config& c, std::int64_t r) {
+  if (n.kind == Named::Kind::gate_up) return {static_cast<std::size_t>(r % 2), r / 2};
+  if (n.kind == Named::Kind::qkv) {
+    const std::int64_t hd = c.head_dim(), g = c.heads / c.kv_heads;
+    const std::int64_t grp = r / ((g + 2) * hd), slot = (r / hd) % (g + 2), d = r % hd;
+    if (slot < g) return {0, (grp * g + slot) * hd + d};
+    return {slot == g ? 1u : 2u, grp * hd + d};
+  }
+  return {0, r};
+}
+
+// A model directory's tensors: model.safetensors, or the files model.safetensors.index.json names.
+class Files {
+ public:
+  explicit Files(const std::string& dir) : at_(cat("llama::import(", dir, ")")) {
+    const auto single = std::filesystem::path(dir) / "model.safetensors";
+    const auto index = std::filesystem::path(dir) / "model.safetensors.index.json";
+    std::vector<std::string> files;
+    if (std::filesystem::is_regular_file(index)) {
+      const auto j = read_json(index.string(), cat("llama::import(", index.string(), ")"));
+      if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+        throw Error(cat("llama::import(", index.string(), ")"), "has no weight_map object", "pass transformers' index file");
+      std::set<std::string> seen;
+      for (const auto& [name, file] : j["weight_map"].items()) {
+        if (!file.is_string() || file.get<std::string>().find('/') != std::string::npos)
+          throw Error(cat("llama::import(", index.string(), ")"), cat("maps ", brief(name), " to ", brief(file.dump())),
+                      "name a file in the same directory");
+        if (seen.insert(file.get<std::string>()).second) files.push_back(file.get<std::string>());
+      }
+    } else if (std::filesystem::is_regular_file(single)) {
+      files.push_back("model.safetensors");
+    } else {
+      throw Error(at_, "has neither model.safetensors nor model.safetensors.index.json",
+                  "pass a directory that transformers' save_pretrained wrote");
+    }
+    for (const auto& f : files) {
+      const std::string path = (std::filesystem::path(dir) / f).string();
+      headers_.push_back({path, checkpoint::read_header(path)});
+      for (const auto& t : headers_.back().second.tensors)
+        if (!where_.emplace(t.name, headers_.size() - 1).second)
+          throw Error(at_, cat("has the tensor ", brief(t.name), " in two files"), "pass a consistent checkpoint");
+    }
+  }
+  const checkpoint::TensorInfo* find(const std::string& name) const {
+    const auto it = where_.find(name);
+    return it == where_.end() ? nullptr : headers_[it->second].second.find(name);
+  }
+  std::vector<std::string> names() const {
+    std::vector<std::string> out;
+    for (const auto& [n, f] : where_) out.push_back(n);
+    return out;
+  }
+  std::vector<double> read(const std::string& name) const {
+    const auto& [path, h] = headers_[where_.at(name)];
+    const checkpoint::TensorInfo* t = h.find(name);
+    checkpoint::detail::Fd fd(path, O_RDONLY);
+    const std::size_t bytes = t->end - t->begin, es = size_of(t->dtype);
+    std::vector<std::byte> raw(bytes);
+    fd.read_all_at(raw.data(), raw.size(), h.data_start + t->begin);
+    std::vector<double> v(bytes / es);
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = checkpoint::detail::convert_element<double>(t->dtype, raw.data() + i * es);
+    return v;
+  }
+  const std::string& at() const { return at_; }
+
+ private:
+  std::string at_;
+  std::vector<std::pair<std::string, checkpoint::Header>> headers_;
+  std::map<std::string, std::size_t> where_;
+};
+
+}  // namespace hf_detail
+
+// The configuration a transformers config.json describes; seq (the length to train on) and seed are
+// the caller's (config.json's max_position_embeddings bounds the positions the model was trained
+// for, not the length of a run).
+inline Config config_from_hf(const nlohmann::json& j, const std::string& at, Config base = {}) {
+  if (!j.is_object()) throw Error(at, "is not a JSON object", "pass transformers' config.json");
+  auto integer = [&](const char* k, std::optional<std::int64_t> dflt = {}) -> std::int64_t {
+    if (!j.contains(k) || j[k].is_null()) {
+      if (dflt) return *dflt;
+      throw Error(at, cat("has no ", k), "pass a LlamaForCausalLM config.json");
+    }
+    if (!j[k].is_number_integer()) throw Error(at, cat("has ", k, " ", brief(j[k].dump()), ", not an integer"), "fix config.json");
+    return j[k].get<std::int64_t>();
+  };
+  auto real = [&](const nlohmann::json& o, const char* k, std::optional<double> dflt = {}) -> double {
+    if (!o.contains(k) || o[k].is_null()) {
+      if (dflt) return *dflt;
+      throw Error(at, cat("has no ", k), "pass a LlamaForCausalLM config.json");
+    }
+    if (!o[k].is_number()) throw Error(at, cat("has ", k, " ", brief(o[k].dump()), ", not a number"), "fix config.json");
+    return o[k].get<double>();
+  };
+  if (j.contains("model_type") && j["model_type"] != "llama")
+    throw Error(at, cat("describes a model of type ", brief(j["model_type"].dump())), "pass a Llama (model_type \"llama\")");
+  if (j.contains("hidden_act") && j["hidden_act"] != "silu")
+    throw Error(at, cat("has hidden_act ", brief(j["hidden_act"].dump()), "; weft's Llama MLP is SwiGLU"), "use \"silu\"");
+  for (const char* k : {"attention_bias", "mlp_bias"})
+    if (j.contains(k) && j[k] == true) throw Error(at, cat("has ", k, " true; weft's Llama has no biases"), "use a model without biases");
+  Config c = base;
+  c.vocab = integer("vocab_size");
+  c.width = integer("hidden_size");
+  c.hidden = integer("intermediate_size");
+  c.layers = integer("num_hidden_layers");
+  c.heads = integer("num_attention_heads");
+  c.kv_heads = integer("num_key_value_heads", c.heads);
+  if (c.heads >= 1 && integer("head_dim", c.width / c.heads) != c.width / c.heads)
+    throw Error(at, cat("has head_dim ", integer("head_dim"), " for width ", c.width, " over ", c.heads, " heads"),
+                "use a model whose head size is hidden_size / num_attention_heads");
+  c.norm_eps = real(j, "rms_norm_eps", 1e-6);
+  c.tied = j.contains("tie_word_embeddings") && j["tie_word_embeddings"] == true;
+  // transformers 5: rope_parameters {rope_type, rope_theta, ...}; 4.x: rope_theta, rope_scaling.
+  const nlohmann::json* rope = nullptr;
+  if (j.contains("rope_parameters") && j["rope_parameters"].is_object()) rope = &j["rope_parameters"];
+  else if (j.contains("rope_scaling") && j["rope_scaling"].is_object()) rope = &j["rope_scaling"];
+  c.rope = {};
+  c.rope.theta = rope && rope->contains("rope_theta") ? real(*rope, "rope_theta") : real(j, "rope_theta", 10000.0);
+  std::string type = "default";
+  if (rope) {
+    const char* key = rope->contains("rope_type") ? "rope_type" : "type";
+    if (rope->contains(key)) {
+      if (!(*rope)[key].is_string()) throw Error(at, cat("has ", key, " ", brief((*rope)[key].dump())), "fix config.json");
+      type = (*rope)[key].get<std::string>();
+    }
+  }
+  if (type == "llama3") {
+    c.rope.factor = real(*rope, "factor");
+    c.rope.low_freq_factor = real(*rope, "low_freq_factor");
+    c.rope.high_freq_factor = real(*rope, "high_freq_factor");
+    c.rope.original_max_positions = real(*rope, "original_max_position_embeddings");
+  } else if (type != "default") {
+    throw Error(at, cat("has the rotary scaling \"", brief(type), "\""), "use a model with no scaling or the \"llama3\" scaling");
+  }
+  validate(c, {}, false, 1);
+  return c;
+}
+
+// transformers' config.json for c (both the 5.x and the 4.x keys for the rotary parameters).
+// max_position_embeddings: the sequence trained on, or with the llama3 scaling the original context
+// times the factor (the context the scaling extends to), whichever is longer.
+inline nlohmann::json hf_config(const Config& c) {
+  const auto max_positions = std::max<std::int64_t>(
+      c.seq, c.rope.factor > 0 ? static_cast<std::int64_t>(c.rope.original_max_positions * c.rope.factor) : 0);
+  nlohmann::json rope = {{"rope_type", c.rope.factor > 0 ? "llama3" : "default"}, {"rope_theta", c.rope.theta}};
+  if (c.rope.factor > 0) {
+    rope["factor"] = c.rope.factor;
+    rope["low_freq_factor"] = c.rope.low_freq_factor;
+    rope["high_freq_factor"] = c.rope.high_freq_factor;
+    rope["original_max_position_embeddings"] = static_cast<std::int64_t>(c.rope.original_max_positions);
+  }
+  return {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"}, {"vocab_size", c.vocab},
+          {"hidden_size", c.width}, {"intermediate_size", c.hidden}, {"num_hidden_layers", c.layers},
+          {"num_attention_heads", c.heads}, {"num_key_value_heads", c.kv_heads}, {"head_dim", c.head_dim()},
+          {"hidden_act", "silu"}, {"max_position_embeddings", max_positions},
+          {"rms_norm_eps", c.norm_eps}, {"rope_parameters", rope}, {"tie_word_embeddings", c.tied},
+          {"attention_bias", false}, {"mlp_bias", false}, {"dtype", "float32"}};
+}
+
+// The configuration a checkpoint's manifest records (record() above), checked as a model's would be.
+inline Config config_of(const checkpoint::Manifest& m) {
+  auto field = [&](const char* k) {
+    const auto it = m.model.find(k);
+    if (it == m.model.end() || !it->is_number_integer())
+      throw Error("llama", cat("the checkpoint's manifest records no integer ", k, " for its model"),
+                  "export a checkpoint saved from llama::Model");
+    return it->get<std::int64_t>();
+  };
+  Config c;
+  c.vocab = field("vocab");
+  c.seq = field("seq");
+  c.layers = field("layers");
+  c.heads = field("heads");
+  c.kv_heads = field("kv_heads");
+  c.width = field("width");
+  c.hidden = field("hidden");
+  c.tied = field("tied") != 0;
+  c.rope.theta = static_cast<double>(field("rope_theta_x1e6")) / 1e6;
+  c.rope.factor = static_cast<double>(field("rope_factor_x1e6")) / 1e6;
+  c.rope.low_freq_factor = static_cast<double>(field("rope_low_freq_factor_x1e6")) / 1e6;
+  c.rope.high_freq_factor = static_cast<double>(field("rope_high_freq_factor_x1e6")) / 1e6;
+  c.rope.original_max_positions = static_cast<double>(field("rope_original_max_positions"));
+  c.norm_eps = static_cast<double>(field("norm_eps_x1e12")) / 1e12;
+  validate(c, {}, false, 1);
+  return c;
+}
+
+// Reads a transformers Llama directory (config.json and model.safetensors, or the sharded form with
+// model.safetensors.index.json; F64, F32 or BF16) and writes its weights as a weft checkpoint of
+// step 0 (consolidated, f64: every source dtype exactly) at `out`; returns the configuration, with
+// seq and seed from `base`. Load it with checkpoint::load(out, model, dp, mesh, {.optimizer =
+// false}): each rank reads only its own shards. A missing or extra tensor, a shape that disagrees
+// with config.json, or a dtype weft cannot read is refused by name.
+inline Config import_hf(const std::string& dir, const std::string& out, const Config& base = {}) {
+  using namespace weft::checkpoint;
+  const auto cfg_path = (std::filesystem::path(dir) / "config.json").string();
+  if (!std::filesystem::is_regular_file(cfg_path))
+    throw Error(cat("llama::import(", dir, ")"), "has no config.json", "pass a directory that transformers' save_pretrained wrote");
+  const Config c = config_from_hf(hf_detail::read_json(cfg_path, cat("llama::import(", cfg_path, ")")),
+                                  cat("llama::import(", cfg_path, ")"), base);
+  const hf_detail::Files files(dir);
+  const auto names = hf_detail::names(c);
+  std::set<std::string> known;
+  for (const auto& n : names) {
+    const auto shapes = hf_detail::hf_shapes(n, c);
+    for (std::size_t p = 0; p < n.hf.size(); ++p) {
+      known.insert(n.hf[p]);
+      const TensorInfo* t = files.find(n.hf[p]);
+      if (!t) throw Error(files.at(), cat("has no tensor ", n.hf[p]), "pass the whole model that config.json describes");
+      if (t->shape != shapes[p])
+        throw Error(files.at(), cat(n.hf[p], " has the shape ", join(t->shape, "x"), "; config.json's sizes give ", join(shapes[p], "x")),
+                    "pass a config.json that matches the weights");
+      if (t->dtype != DType::f32 && t->dtype != DType::bf16 && t->dtype != DType::f64)
+        throw Error(files.at(), cat(n.hf[p], " has dtype ", safetensors_dtype(t->dtype)), "convert it to F32, BF16 or F64");
+    }
+  }
+  for (const auto& name : files.names())
+    if (!known.contains(name) && !name.ends_with("rotary_emb.inv_freq"))
+      throw Error(files.at(), cat("has a tensor ", brief(name), " that a Llama of ", c.layers, " layers", c.tied ? " with a tied head" : "",
+                                  " does not have"),
+                  "pass a LlamaForCausalLM whose config.json describes every tensor");
+  std::vector<checkpoint::detail::Staged> staged;
+  for (const auto& n : names) {
+    std::vector<std::vector<double>> parts;
+    for (const auto& h : n.hf) parts.push_back(files.read(h));
+    const auto shape = hf_detail::weft_shape(n, c);
+    const std::int64_t cols = shape.size() == 2 ? shape[1] : 1, rows = shape[0];
+    std::vector<double> w(static_cast<std::size_t>(rows * cols));
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const auto [p, src] = hf_detail::source_row(n, c, r);
+      std::copy_n(parts[p].begin() + src * cols, cols, w.begin() + r * cols);
+    }
+    checkpoint::detail::Staged s{"param/" + n.weft, DType::f64, shape, shape, std::vector<std::int64_t>(shape.size(), 0), shape, "imported", 0,
+                     static_cast<std::int64_t>(w.size()), std::vector<std::byte>(w.size() * sizeof(double))};
+    std::memcpy(s.bytes.data(), w.data(), s.bytes.size());
+    staged.push_back(std::move(s));
+  }
+  std::filesystem::create_directories(out);
+  Manifest m;
+  m.policy = "consolidated";
+  for (const auto& [k, v] : record(c)) m.model[k] = v;
+  m.optimizer = {{"rule", "none"}, {"steps", 0}, {"skipped", 0}};
+  m.run = {{"step", 0}, {"loader_position", 0}, {"seed", c.seed}, {"imported_from", dir}};
+  m.strategy = "imported";
+  m.precision = "f64";
+  m.add_file({"model.safetensors", checkpoint::detail::write_staged(cat(out, "/model.safetensors"), staged)});
+  add_pieces(m, out, "model.safetensors");
+  write_atomic(cat(out, "/manifest.json"), to_json(m).dump(1));
+  return c;
+}
+
+// Writes the parameters of the checkpoint at `checkpoint` (any mesh, strategy, precision) as a
+// transformers Llama directory at `out`: config.json and model.safetensors in `dtype` (F32, or F64
+// for an exact round trip), loadable by LlamaForCausalLM.from_pretrained.
+inline void export_hf(const std::string& checkpoint, const std::string& out, DType dtype = DType::f32) {
+  using namespace weft::checkpoint;
+  if (dtype != DType::f32 && dtype != DType::f64)
+    throw Error("llama::export", cat("cannot write dtype ", safetensors_dtype(dtype)), "use F32 or F64");
+  const Reader r(checkpoint);
+  const Config c = config_of(r.manifest());
+  std::vector<std::vector<double>> data;
+  std::vector<std::vector<float>> data32;
+  std::vector<TensorData> tensors;
+  const auto names = hf_detail::names(c);
+  std::size_t count = 0;
+  for (const auto& n : names) count += n.hf.size();
+  data.reserve(count);
+  data32.reserve(count);
+  for (const auto& n : names) {
+    const std::string src = r.has("master/" + n.weft) ? "master/" + n.weft : "param/" + n.weft;
+    const auto w = r.read<double>(src);
+    const auto shape = hf_detail::weft_shape(n, c), rshape = r.shape(src);
+    if (rshape != shape)
+      throw Error(cat("llama::export(", checkpoint, ")"), cat(src, " has the shape ", join(rshape, "x"), "; its record gives ", join(shape, "x")),
+                  "export a checkpoint saved by llama::Model");
+    const auto shapes = hf_detail::hf_shapes(n, c);
+    const std::int64_t cols = shape.size() == 2 ? shape[1] : 1;
+    std::vector<std::vector<double>> parts;
+    for (const auto& s : shapes) parts.emplace_back(static_cast<std::size_t>(s[0] * cols));
+    for (std::int64_t row = 0; row < shape[0]; ++row) {
+      const auto [p, dst] = hf_detail::source_row(n, c, row);
+      std::copy_n(w.begin() + row * cols, cols, parts[p].begin() + dst * cols);
+    }
+    for (std::size_t p = 0; p < parts.size(); ++p) {
+      if (dtype == DType::f64) {
+        data.push_back(std::move(parts[p]));
+        tensors.push_back({n.hf[p], DType::f64, shapes[p], data.back().data()});
+      } else {
+        data32.emplace_back(parts[p].begin(), parts[p].end());
+        tensors.push_back({n.hf[p], DType::f32, shapes[p], data32.back().data()});
+      }
+    }
+  }
+  std::filesystem::create_directories(out);
+  write(cat(out, "/model.safetensors"), tensors, {{"format", "pt"}});
+  auto cfg = hf_config(c);
+  cfg["dtype"] = dtype == DType::f64 ? "float64" : "float32";
+  write_atomic(cat(out, "/config.json"), cfg.dump(2) + "\n");
+}
+
+}  // namespace weft::llama

@@ -1,0 +1,135 @@
+// GroupedQueryAttention: Llama's attention. A fused QKV projection without bias (ColumnParallel:
+// whole key-value groups per tensor rank), rotary position embeddings on the queries and keys,
+// causal softmax attention in which each group's g = heads / kv_heads queries share its key and
+// value, and the output projection without bias (RowParallel: out is Partial). kv_heads = heads is
+// multi-head attention; kv_heads = 1 is multi-query attention.
+//
+// The QKV weight ((KV (g + 2) hd), C) orders its output features (group, {q_0 .. q_{g-1}, k, v}, hd),
+// so that a contiguous shard of rows holds whole groups (Hugging Face's q_proj, k_proj and v_proj
+// are interleaved into it by models/llama/hf.hpp); the tensor degree must divide kv_heads.
+//
+//   x     (B, T, C)                  Replicate
+//   qkv   (B, T, KV (g + 2) hd / tp)  Shard<-1> = (B, T, KV/tp, g + 2, hd), q and k rotated in place
+//   probs (B, H/tp, T, T)            per rank; kept, or recomputed in backward (Recompute = Selective)
+//   y     (B, T, H hd / tp)          Shard<-1>
+//   out   (B, T, C)                  Partial
+#pragma once
+
+#include <algorithm>
+#include <string>
+
+#include "weft/core/divisors.hpp"
+#include "weft/core/error.hpp"
+#include "weft/device/dispatch.hpp"
+#include "weft/nn/linear.hpp"
+#include "weft/ops/rotary.hpp"
+#include "weft/recompute/policies.hpp"
+
+namespace weft::nn {
+
+template <Floating T, recompute::Policy Recompute = recompute::None, class D = Host>
+class GroupedQueryAttention {
+  static constexpr bool keep_probs = !std::same_as<Recompute, recompute::Selective>;
+
+ public:
+  using In = act::Full;
+  using Out = act::Partial;
+  using GradOut = act::Full;
+  using GradIn = act::Partial;
+
+  struct Ctx {
+    typename Linear<T, ColumnParallel, epilogue::None, D>::Ctx qkv_ctx;
+    typename Linear<T, RowParallel, epilogue::None, D>::Ctx proj_ctx;
+    Tensor<T, act::Features, D> qkv;  // rotated
+    Allocation probs;  // (B, H/tp, T, T); empty when the core is recomputed in backward
+  };
+
+  Linear<T, ColumnParallel, epilogue::None, D> qkv;
+  Linear<T, RowParallel, epilogue::None, D> proj;
+  std::int64_t heads = 0, kv_heads = 0, head_dim = 0;
+  ops::Rope rope;
+
+  GroupedQueryAttention() = default;
+  // C the width, H heads and KV key-value heads of C / H each; parameter ids id (qkv) and id + 2 (proj).
+  GroupedQueryAttention(D& dev, std::int64_t C, std::int64_t H, std::int64_t KV, const ops::Rope& r, const Spread& s,
+                        std::uint64_t id, std::uint64_t seed, double std, double proj_std)
+      : qkv(dev, C, KV * (H / std::max<std::int64_t>(KV, 1) + 2) * check(C, H, KV, s), s, id, seed, std, false),
+        proj(dev, C, C, s, id + 2, seed, proj_std, false),
+        heads(H),
+        kv_heads(KV),
+        head_dim(C / H),
+        rope(r) {}
+
+  std::int64_t group() const { return heads / kv_heads; }
+  std::int64_t local_groups() const { return qkv.out_local() / ((group() + 2) * head_dim); }
+  std::int64_t local_heads() const { return local_groups() * group(); }
+
+ private:
+  static std::int64_t check(std::int64_t C, std::int64_t H, std::int64_t KV, const Spread& s) {
+    if (H < 1 || KV < 1 || C % H != 0 || H % KV != 0 || (C / H) % 2 != 0)
+      throw Error("GroupedQueryAttention", cat("width ", C, ", ", H, " heads and ", KV, " key-value heads"),
+                  "use heads that divide the width into an even head size, and key-value heads that divide the heads");
+    if (KV % s.tensor_degree != 0)
+      throw Error("GroupedQueryAttention", cat("tensor degree ", s.tensor_degree, " does not divide ", KV, " key-value heads"),
+                  cat("use a tensor degree that divides the key-value heads, such as ", list_divisors(KV, s.tensor_degree)));
+    return C / H;
+  }
+  Allocation probs_buffer(D& dev, std::int64_t B, std::int64_t Tn) const {
+    return dev.allocate(B * local_heads() * Tn * Tn * static_cast<std::int64_t>(sizeof(T)), Category::activations);
+  }
+  Shape core_shape(const Shape& x) const { return {x[0], x[1], heads * head_dim}; }  // (B, T, H hd) global
+
+ public:
+  Tensor<T, act::Partial, D> forward(Ctx& ctx, const Tensor<T, act::Full, D>& x) {
+    const std::int64_t B = x.local_shape()[0], Tn = x.local_shape()[1];
+    ctx.qkv = qkv.forward(ctx.qkv_ctx, x);
+    ops::Rotary<D>::forward(x.dev(), ctx.qkv.data(), B, Tn, local_groups(), group(), head_dim, rope);
+    Allocation probs = probs_buffer(x.dev(), B, Tn);
+    auto y = Tensor<T, act::Features, D>::empty(x.dev(), core_shape(x.global_shape()), x.spread(), Category::activations);
+    ops::Attention<D>::forward(x.dev(), y.data(), static_cast<T*>(probs.data()), ctx.qkv.data(), B, Tn, local_heads(),
+                               head_dim, group());
+    if (keep_probs) ctx.probs = std::move(probs);
+    return proj.forward(ctx.proj_ctx, y);
+  }
+
+  // dy (B, T, C) Replicate -> dx (B, T, C) Partial.
+  Tensor<T, act::Partial, D> backward(Ctx& ctx, const Tensor<T, act::Full, D>& dy) {
+    const std::int64_t B = dy.local_shape()[0], Tn = dy.local_shape()[1];
+    auto dcore = proj.backward(ctx.proj_ctx, dy);  // (B, T, H hd / tp) Shard<-1>
+    if (!ctx.probs.data()) {  // Selective recompute: rebuild the probabilities from the saved (rotated) qkv
+      ctx.probs = probs_buffer(dy.dev(), B, Tn);
+      auto scratch = Tensor<T, act::Features, D>::empty(dy.dev(), dcore.global_shape(), dy.spread(), Category::activations);
+      ops::Attention<D>::forward(dy.dev(), scratch.data(), static_cast<T*>(ctx.probs.data()), ctx.qkv.data(), B, Tn,
+                                 local_heads(), head_dim, group());
+    }
+    auto dqkv = Tensor<T, act::Features, D>::empty(dy.dev(), ctx.qkv.global_shape(), dy.spread(), Category::activations);
+    ops::Attention<D>::backward(dy.dev(), dqkv.data(), dcore.data(), ctx.qkv.data(),
+                                static_cast<const T*>(ctx.probs.data()), B, Tn, local_heads(), head_dim, group());
+    ops::Rotary<D>::backward(dy.dev(), dqkv.data(), B, Tn, local_groups(), group(), head_dim, rope);
+    auto dx = qkv.backward(ctx.qkv_ctx, dqkv);
+    ctx.qkv = {};  // the projections' contexts stay where their weight gradients are deferred
+    ctx.probs.reset();
+    return dx;
+  }
+
+  // The deferred weight gradients of both projections (Linear::defer_weight).
+  void backward_weight(Ctx& ctx) {
+    qkv.backward_weight(ctx.qkv_ctx);
+    proj.backward_weight(ctx.proj_ctx);
+  }
+  void defer_weight(bool on) {
+    qkv.defer_weight(on);
+    proj.defer_weight(on);
+  }
+
+  Shape out_shape(const Shape& s) const { return s; }
+  static std::string name() { return "GroupedQueryAttention"; }
+
+  template <class F>
+  void for_each_param(const std::string& prefix, F&& f) {
+    qkv.for_each_param(prefix + ".qkv", f);
+    proj.for_each_param(prefix + ".proj", f);
+  }
+};
+
+}  // namespace weft::nn

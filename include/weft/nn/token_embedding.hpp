@@ -1,0 +1,61 @@
+// TokenEmbeddingStage: the first stage of a decoder whose positions live inside its attention
+// (rotary, as Llama's): the vocab-parallel token table alone, without learned positions.
+//
+//   tokens (B/dp, T) int32 -> x (B, T, C) in the stream layout A (Replicate, or Shard<1> under SP)
+//   wte (Vp, C) Shard<0> on tensor (vocab-parallel): each rank looks up its rows (Partial), and
+//   Leave (all-reduce, or reduce-scatter under SP) sums them into the stream
+#pragma once
+
+#include <span>
+#include <string>
+#include <vector>
+
+#include "weft/nn/block.hpp"
+#include "weft/nn/embedding.hpp"
+#include "weft/nn/plan_row.hpp"
+
+namespace weft::nn {
+
+template <Floating T, bool SP, class D = Host>
+class TokenEmbeddingStage {
+ public:
+  using A = typename stream<SP>::layout;
+  using Leave = typename stream<SP>::leave;
+
+  struct Ctx {
+    typename VocabParallelEmbedding<T, D>::Ctx wte;
+  };
+
+  VocabParallelEmbedding<T, D> wte;  // (Vp, C); a tied head reads it too
+
+  TokenEmbeddingStage() = default;
+  // The table's parameter id is 0.
+  TokenEmbeddingStage(D& dev, std::int64_t padded_vocab, std::int64_t C, const Spread& s, std::uint64_t seed,
+                      double init_std)
+      : wte(dev, padded_vocab, C, s, 0, seed, init_std) {}
+
+  template <AxisComms M>
+  Tensor<T, A, D> forward(Ctx& ctx, std::span<const std::int32_t> tokens, std::int64_t batch, std::int64_t seq,
+                          M& mesh) {
+    return Leave::forward(wte.forward(ctx.wte, tokens, batch, seq), mesh);
+  }
+
+  template <AxisComms M>
+  void backward(Ctx& ctx, const Tensor<T, A, D>& dx, M& mesh) {
+    wte.backward(ctx.wte, Leave::backward(dx, mesh));  // (B, T, C) Replicate
+  }
+
+  static void plan_rows(std::vector<PlanRow>& out, const Shape& act, const Spread& s, std::int64_t e) {
+    out.push_back(detail::pair_row<Leave>("embedding (vocab-parallel) -> stream", act, s, e));
+  }
+
+  static std::string tied_name() { return "wte"; }
+  auto& tied_table() { return wte.weight; }
+
+  template <class F>
+  void for_each_param(const std::string& prefix, F&& f) {
+    wte.for_each_param(prefix + "wte", f);
+  }
+};
+
+}  // namespace weft::nn

@@ -1,0 +1,100 @@
+// ops::Rotary: rotary position embeddings (Su et al., 2021) in the convention of Hugging Face's
+// LlamaForCausalLM, applied in place to the queries and keys of a fused qkv activation.
+//
+//   qkv (B, T, G, g + 2, hd)   G local key-value groups, each g queries, a key and a value (the
+//                              layout of ops::Attention); the g queries and the key are rotated
+//   position p = pos0 + t; frequency i < hd/2: f_i (rope_inv_freq below); a = p f_i
+//   forward:   (x_i, x_{i+hd/2}) -> (x_i cos a - x_{i+hd/2} sin a, x_{i+hd/2} cos a + x_i sin a)
+//   backward:  the transpose, a rotation by -a, on the gradient in place
+//
+// The angles and their sines are computed in double and used in acc<T> (f32 under bf16 mixed
+// precision, double in a double model). An op family (ops/family.hpp): the host's here, the Meta
+// device's below, the Cuda device's in rotary.cuh.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <numbers>
+#include <vector>
+
+#include "weft/core/precision.hpp"
+#include "weft/device/host/host.hpp"
+#include "weft/device/host/profile.hpp"
+#include "weft/device/host/workers.hpp"
+#include "weft/device/meta/ops.hpp"
+#include "weft/ops/family.hpp"
+
+namespace weft::ops {
+
+// The rotary frequencies: f_i = theta^(-2i/hd), and with Llama 3.1's "llama3" scaling (factor > 0)
+// the long wavelengths (beyond original_max / low_freq_factor) divided by factor, the short ones
+// (below original_max / high_freq_factor) kept, and those between interpolated smoothly, as
+// transformers' _compute_llama3_parameters does.
+struct Rope {
+  double theta = 10000.0;
+  double factor = 0;  // 0: no scaling
+  double low_freq_factor = 1.0, high_freq_factor = 4.0;
+  double original_max_positions = 8192;
+};
+
+inline double rope_inv_freq(index i, index hd, const Rope& r) {
+  const double f = 1.0 / std::pow(r.theta, static_cast<double>(2 * i) / static_cast<double>(hd));
+  if (r.factor <= 0) return f;
+  const double wavelen = 2 * std::numbers::pi / f;
+  const double low = r.original_max_positions / r.low_freq_factor, high = r.original_max_positions / r.high_freq_factor;
+  if (wavelen > low) return f / r.factor;
+  if (wavelen < high) return f;
+  const double smooth = (r.original_max_positions / wavelen - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
+  return (1 - smooth) * f / r.factor + smooth * f;
+}
+
+template <class D>
+struct Rotary;
+
+template <>
+struct Rotary<Host> {
+  template <class T>
+  static void forward(Host&, T* qkv, index B, index Tn, index G, index g, index hd, const Rope& r, index pos0 = 0) {
+    rotate(qkv, B, Tn, G, g, hd, r, pos0, 1.0);
+  }
+  template <class T>
+  static void backward(Host&, T* dqkv, index B, index Tn, index G, index g, index hd, const Rope& r, index pos0 = 0) {
+    rotate(dqkv, B, Tn, G, g, hd, r, pos0, -1.0);
+  }
+
+ private:
+  template <class T>
+  static void rotate(T* qkv, index B, index Tn, index G, index g, index hd, const Rope& r, index pos0, double sign) {
+    using S = acc<T>;
+    const host::Timed timed(host::Op::elementwise);
+    const index half = hd / 2, row = G * (g + 2) * hd;
+    std::vector<S> cs(static_cast<std::size_t>(Tn * hd));  // (T, half, {cos, sin})
+    for (index i = 0; i < half; ++i) {
+      const double f = rope_inv_freq(i, hd, r);
+      for (index t = 0; t < Tn; ++t) {
+        const double a = static_cast<double>(pos0 + t) * f;
+        cs[static_cast<std::size_t>(t * hd + 2 * i)] = static_cast<S>(std::cos(a));
+        cs[static_cast<std::size_t>(t * hd + 2 * i + 1)] = static_cast<S>(sign * std::sin(a));
+      }
+    }
+    host::split(B * Tn, host::kRows, [&](index lo, index hi) {
+      for (index n = lo; n < hi; ++n) {
+        const S* c = cs.data() + (n % Tn) * hd;
+        for (index grp = 0; grp < G; ++grp)
+          for (index h = 0; h <= g; ++h) {  // the g queries and the key
+            T* x = qkv + n * row + (grp * (g + 2) + h) * hd;
+            for (index i = 0; i < half; ++i) {
+              const S a = widen(x[i]), b = widen(x[i + half]), co = c[2 * i], si = c[2 * i + 1];
+              x[i] = narrow<T>(a * co - b * si);
+              x[i + half] = narrow<T>(b * co + a * si);
+            }
+          }
+      }
+    });
+  }
+};
+
+template <class D>
+struct Rotary<Meta<D>> : MetaPass<D> {};
+
+}  // namespace weft::ops

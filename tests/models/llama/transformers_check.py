@@ -1,0 +1,50 @@
+#!/usr/bin/env python3
+"""Llama against transformers, regenerated: where PyTorch and transformers are installed, writes a
+fresh reference (tools/reference/llama_reference.py: a random LlamaForCausalLM in float64), runs
+weft's check against it (the llama test binary's transformers case: logits, loss and every gradient
+within 1e-10 in f64, the export's exact round trip), then loads weft's f32 export of it with
+LlamaForCausalLM.from_pretrained and compares its logits with the reference's (1e-5 of the
+largest: the export is f32). Where they are not installed it says so and is skipped (exit 77).
+
+Usage: transformers_check.py LLAMA_TEST_BINARY
+"""
+import os
+import subprocess
+import sys
+import tempfile
+
+try:
+    import torch
+    from safetensors.torch import load_file
+    from transformers import LlamaForCausalLM
+except ImportError as e:  # noqa: BLE001
+    print(f"skipped: PyTorch, transformers and safetensors are needed ({e}); "
+          "tests/fixtures/llama_hf is checked by the llama tests without them")
+    sys.exit(77)
+
+
+def main():
+    binary = sys.argv[1]
+    here = os.path.dirname(os.path.abspath(__file__))
+    script = os.path.join(here, "..", "..", "..", "tools", "reference", "llama_reference.py")
+    with tempfile.TemporaryDirectory() as d:
+        ref, export = os.path.join(d, "ref"), os.path.join(d, "export")
+        subprocess.run([sys.executable, script, "--out", ref, "--seed", "11"], check=True)
+        env = dict(os.environ, WEFT_LLAMA_REFERENCE=ref, WEFT_LLAMA_EXPORT_TO=export)
+        subprocess.run([binary, "-tc=*imported from transformers*"], check=True, env=env)
+        model = LlamaForCausalLM.from_pretrained(export)
+        model.eval()
+        r = load_file(os.path.join(ref, "reference.safetensors"))
+        with torch.no_grad():
+            logits = model(input_ids=r["tokens"]).logits.double()
+        want = r["logits"]
+        err = ((logits - want).abs().max() / want.abs().max()).item()
+        print(f"weft's export through LlamaForCausalLM.from_pretrained (f32): logits within {err:.3g} of the largest")
+        if not err <= 1e-5:
+            print("FAIL: the exported model computes other logits")
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
