@@ -50,10 +50,10 @@ StepsRun train_steps(const typename Model::config_type& c, std::int64_t micro, i
         std::vector<double> g;
         if (grads) {
           const auto t = redistribute<Replicated>(p.grad, mesh);
-          g.assign(t.data(), t.data() + t.numel());
+          for (std::int64_t i = 0; i < t.numel(); ++i) g.push_back(static_cast<double>(widen(t.data()[i])));
         } else {
           const auto t = redistribute<Replicated>(p.value, mesh);
-          g.assign(t.data(), t.data() + t.numel());
+          for (std::int64_t i = 0; i < t.numel(); ++i) g.push_back(static_cast<double>(widen(t.data()[i])));
         }
         if (!lead) return;
         if (name == "wte" || name == "lm_head") g.resize(static_cast<std::size_t>(c.vocab * c.width));
