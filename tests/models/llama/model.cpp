@@ -298,8 +298,8 @@ TEST_CASE("Llama in bf16 mixed precision trains as f32 does: 300 host steps end 
     for (std::size_t i = l.size() - 20; i < l.size(); ++i) s += l[i];
     return s / 20;
   };
-  const auto f32 = test::train_steps<llama::Model<float>, OneFOneB, optim::Ddp>(c, 8, 1, 1, 1, 1, 1, 300);
-  const auto b16 = test::train_steps<llama::Model<Precision<bf16, float>>, OneFOneB, optim::Ddp>(c, 8, 1, 1, 1, 1, 1, 300);
+  const auto f32 = test::train_steps<llama::Model<float>, OneFOneB, optim::Ddp>(c, 4, 1, 1, 1, 1, 1, 300);
+  const auto b16 = test::train_steps<llama::Model<Precision<bf16, float>>, OneFOneB, optim::Ddp>(c, 4, 1, 1, 1, 1, 1, 300);
   REQUIRE(f32.losses.size() == 300);
   CHECK(tail(f32.losses) < f32.losses[0] - 1.0);  // it learned: the corpus's entropy is far below ln 64
   CHECK(std::abs(tail(b16.losses) - tail(f32.losses)) <= 0.05);
