@@ -7,18 +7,33 @@
 //   train_gpt --text book.txt --sample 200      byte-level GPT on a text, then 200 sampled bytes
 //   train_gpt --help                            every option
 //
+//   train_gpt --model llama                     Llama (llama-tiny: GQA, rotary, SwiGLU) the same way
+//
 // A thin command line over weft's trainer (weft/train/main.hpp) with GPT-2's family
-// (weft/models/gpt2/family.hpp): --model gpt2. Run-time choices (device, strategy, dtype) cross into
+// (weft/models/gpt2/family.hpp, --model gpt2) and Llama's (weft/models/llama/family.hpp, --model
+// llama; its loop in train_gpt_llama.cpp). Run-time choices (device, strategy, dtype) cross into
 // types in one place, train::dispatch; the loop's host instantiations are compiled in two units
 // that build side by side, this one (without sequence parallelism) and train_gpt_sp.cpp (with it),
 // and its GPU half in train_gpt_cuda.cu.
 #include <weft/models/gpt2/family.hpp>
 #include <weft/models/gpt2/run_plan.hpp>
 #include <weft/train/main.hpp>
+#ifdef WEFT_TRAIN_GPT_LLAMA
+#include <weft/models/llama/family.hpp>
+#endif
 
 WEFT_TRAIN_HOST(extern, weft::gpt2::Family, true)  // in train_gpt_sp.cpp
+#ifdef WEFT_TRAIN_GPT_LLAMA
+WEFT_TRAIN_HOST(extern, weft::llama::Family, false)  // in train_gpt_llama.cpp
+WEFT_TRAIN_HOST(extern, weft::llama::Family, true)
+#endif
 
 int main(int argc, char** argv) {
-  return weft::train::main<weft::gpt2::Family>(
-      argc, argv, "train_gpt", "weft train_gpt: a tensor- and data-parallel GPT on thread ranks, on the host or one GPU");
+  constexpr const char* about = "weft train_gpt: a tensor-, sequence-, pipeline- and data-parallel GPT (or Llama) on thread "
+                                "ranks or processes, on the host or GPUs";
+#ifdef WEFT_TRAIN_GPT_LLAMA
+  return weft::train::main<weft::gpt2::Family, weft::llama::Family>(argc, argv, "train_gpt", about);
+#else
+  return weft::train::main<weft::gpt2::Family>(argc, argv, "train_gpt", about);
+#endif
 }

@@ -54,6 +54,8 @@ inline void add_sizes(CLI::App& app, train::Sizes& s) {
   app.add_option("--width", s.width, "override the preset's width")->check(at_least(1));
   app.add_option("--seq", s.seq, "override the preset's sequence length")->check(at_least(1));
   app.add_option("--vocab", s.vocab, "override the preset's vocabulary")->check(at_least(1));
+  app.add_option("--kv-heads", s.kv_heads, "override the preset's key-value heads (llama)")->check(at_least(1));
+  app.add_option("--hidden", s.hidden, "override the preset's MLP hidden width (llama)")->check(at_least(1));
 }
 
 }  // namespace weft::cli

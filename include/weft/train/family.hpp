@@ -24,6 +24,7 @@
 //                                            train/plan.hpp, which needs a Meta specialization of
 //                                            every op family the model uses)
 //   measured_plan = false                    no plan: the fits check skipped, --plan refused
+//   gpu = false                              no GPU path: --device cuda refused, auto the host
 #pragma once
 
 #include <algorithm>
@@ -75,6 +76,13 @@ template <Family F> using strategies_t = typename detail::strategies_of<F>::type
 template <Family F> using host_precisions_t = typename detail::host_precisions_of<F>::type;
 template <Family F> using cuda_precisions_t = typename detail::cuda_precisions_of<F>::type;
 
+// Whether the trainer runs the family on the GPU (unless it sets `static constexpr bool gpu = false`).
+template <class F>
+inline constexpr bool on_gpu = [] {
+  if constexpr (requires { F::gpu; }) return static_cast<bool>(F::gpu);
+  else return true;
+}();
+
 // The family's model over any device, as footprint::measure and the planners take it
 // (ModelOn<F, P, SP>::on<D>).
 template <Family F, class P, bool SP>
@@ -96,6 +104,16 @@ config_t<F> preset_config(const std::string& program, const std::string& preset,
   if (sizes.heads) {
     if constexpr (requires { c.heads = *sizes.heads; }) c.heads = *sizes.heads;
     else throw Error(cat(program, " --heads"), cat("the model family '", F::name(), "' has no heads to set"), "leave out --heads");
+  }
+  if (sizes.kv_heads) {
+    if constexpr (requires { c.kv_heads = *sizes.kv_heads; }) c.kv_heads = *sizes.kv_heads;
+    else throw Error(cat(program, " --kv-heads"), cat("the model family '", F::name(), "' has no key-value heads to set"),
+                     "leave out --kv-heads");
+  }
+  if (sizes.hidden) {
+    if constexpr (requires { c.hidden = *sizes.hidden; }) c.hidden = *sizes.hidden;
+    else throw Error(cat(program, " --hidden"), cat("the model family '", F::name(), "' has no hidden width to set"),
+                     "leave out --hidden");
   }
   if (sizes.width) c.width = *sizes.width;
   if (sizes.seq) c.seq = *sizes.seq;

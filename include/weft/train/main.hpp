@@ -166,7 +166,7 @@ template <Family F>
 int dispatch(const Options& o, const config_t<F>& cfg, const Corpus& corpus, const Launch& launch, const std::string& device) {
   if (device == "cuda") {
 #ifdef WEFT_ENABLE_CUDA
-    return train_on_cuda<F>(o, cfg, corpus, launch);
+    if constexpr (on_gpu<F>) return train_on_cuda<F>(o, cfg, corpus, launch);
 #endif
   }
   return sequence_parallel_name(o.strategy) ? train_on_host<F, true>(o, cfg, corpus, launch)
@@ -225,7 +225,7 @@ int main(int argc, char** argv, const std::string& program, const std::string& a
   app.add_flag("--async-save", o.async_save, "write checkpoint files beside the next steps");
   app.add_option("--save-policy", o.save_policy, "sharded (a file per rank) or consolidated (one file, rank 0)")
       ->check(CLI::IsMember({"sharded", "consolidated"}));
-  app.add_option("--init-from", o.init_from, "initial weights from a Hugging Face GPT-2 safetensors file (weft-export writes one)");
+  app.add_option("--init-from", o.init_from, "initial weights from Hugging Face: a GPT-2 safetensors file (weft-export writes one), a Llama model directory (config.json, model.safetensors)");
   app.add_option("--resume", o.resume,
                  "resume from a checkpoint: 'latest' (of --save-dir), a directory with a latest pointer, or a step "
                  "directory; any mesh, strategy and precision");
@@ -277,6 +277,12 @@ int main(int argc, char** argv, const std::string& program, const std::string& a
     try {
       cfg = configure<F>(o);
       device = resolve_device(o);
+      if (device == "cuda" && !on_gpu<F>) {  // a family without a GPU path: auto means the host
+        if (o.device == "auto") device = "host";
+        else
+          throw Error(o.where("--device cuda"), cat("the model family '", F::name(), "' has no GPU path yet"),
+                      "train it on the host (--device host)");
+      }
       // The ranks first, in floating point: three int degrees multiply past 64 bits.
       const double world = 1.0 * o.data * o.pipe * o.tensor;
       char world_text[64];

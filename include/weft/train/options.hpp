@@ -16,7 +16,7 @@ namespace weft::train {
 // The sizes a command line sets over a model family's preset (--layers, --heads, --width, --seq,
 // --vocab); train::preset_config (train/family.hpp) applies them.
 struct Sizes {
-  std::optional<std::int64_t> layers, heads, width, seq, vocab;
+  std::optional<std::int64_t> layers, heads, width, seq, vocab, kv_heads, hidden;
 };
 
 struct Options {

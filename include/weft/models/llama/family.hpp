@@ -1,0 +1,57 @@
+// Llama for the trainer (concept train::Family, train/family.hpp): train_gpt --model llama. The
+// model over the precision, the sequence parallelism and the device; the presets ("tiny" is
+// llama-tiny, the trainer's default); the FLOPs per token; --init-from a transformers model
+// directory. The plan (--plan, and the check that a run fits) is the step measured on the Meta
+// device. The trainer compiles every strategy in f32 and bf16 (f64 is the tests' precision), on
+// the host: grouped-query attention has no CUDA kernel yet (gpu = false).
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "weft/core/precision.hpp"
+#include "weft/models/llama/config.hpp"
+#include "weft/models/llama/hf.hpp"
+#include "weft/models/llama/model.hpp"
+#include "weft/train/family.hpp"
+
+namespace weft::llama {
+
+struct Family {
+  template <class P, bool SP, class D>
+  using model = Model<P, SP, recompute::None, D>;
+  using host_precisions = train::List<F32, Bf16Mixed>;
+  static constexpr bool gpu = false;
+
+  static std::string name() { return "llama"; }
+  static std::vector<std::string> preset_names() {
+    return {"tiny", "llama-tiny", "llama-3.2-1b", "llama-3.1-8b", "llama-3.1-70b"};
+  }
+  // The trainer's Llama has an untied head: Llama 3.2 1B's sizes are planned and trained with one
+  // (the summary says so); llama::Model<..., Tied = true> ties it in a program of its own.
+  static Config preset(std::string_view n) {
+    Config c = llama::preset(n == "tiny" ? "llama-tiny" : n);
+    c.tied = false;
+    return c;
+  }
+  static double flops_per_token(const Config& c) { return llama::flops_per_token(c); }
+  static std::string summary(const Config& c) {
+    return cat("layers ", c.layers, ", heads ", c.heads, " (", c.kv_heads, " key-value), width ", c.width, ", hidden ", c.hidden,
+               ", seq ", c.seq, ", vocab ", c.vocab, ", rope theta ", c.rope.theta,
+               c.rope.factor > 0 ? cat(" (llama3 scaling x", c.rope.factor, ")") : std::string(), ", head untied");
+  }
+  // --init-from DIR: a transformers LlamaForCausalLM directory, whose config.json must describe the
+  // run's model (every field of the record; the first that differs is named).
+  static void import_hf(const std::string& from, const std::string& dir, const Config& c) {
+    const Config got = llama::import_hf(from, dir, c);
+    const auto want = record(c), have = record(got);
+    for (std::size_t i = 0; i < want.size(); ++i)
+      if (want[i] != have[i])
+        throw Error(cat("llama::import(", from, ")"),
+                    cat("its config.json has ", have[i].first, " ", have[i].second, "; the run's model has ", want[i].second),
+                    "choose the preset and sizes of the model in the directory (--layers, --width, --heads, --kv-heads, --hidden, --vocab)");
+  }
+};
+
+}  // namespace weft::llama
