@@ -5,23 +5,26 @@
 // specialized for each device that implements it, with static functions taking
 // the device first, then row-major buffers and element counts:
 //
-//   template <class D> struct LayerNorm;                      //
-//   ops/layernorm.hpp template <> struct LayerNorm<Host> { static void
-//   forward(Host&, ...); ... };   (same file) template <> struct
-//   LayerNorm<Cuda> { static void forward(Cuda&, ...); ... };   (layernorm.cuh)
+//   template <class D> struct LayerNorm;                                       // ops/layernorm.hpp
+//   template <> struct LayerNorm<Host> { static void forward(Host&, ...); ... };  // (same file)
+//   template <> struct LayerNorm<Cuda> { static void forward(Cuda&, ...); ... };  // layernorm.cuh
 //
-// A layer calls ops::LayerNorm<D>::forward(dev, ...) and nothing below it: no
-// Eigen, no host:: or cuda:: function. weft's families, one file per family
-// with the host's specialization in the .hpp and the Cuda device's in the .cuh
-// beside it:
+// A layer calls ops::LayerNorm<D>::forward(dev, ...) and nothing below it: no Eigen, no host:: or
+// cuda:: function. weft's families, one file per family with the host's specialization in the .hpp
+// and the Cuda device's in the .cuh beside it:
 //
-//   gemm            Gemm (cuBLASLt on the GPU)
-//   memory          Memory (zero, copy, convert, fill, add), Init (normal
-//   draws) gelu, bias      Gelu, Bias layernorm       LayerNorm attention
-//   Attention (causal, GPT-2's fused-qkv layout) embedding       Embedding
-//   (vocab-parallel lookup), Position (learned positions) cross_entropy
-//   CrossEntropy (vocab-parallel) update          Update (AdamW, SGD), Norm
-//   (sums of squares for the global norm)
+//   gemm           Gemm (cuBLASLt on the GPU)
+//   memory         Memory (zero, copy, convert, fill, add), Init (normal draws)
+//   gelu, bias     Gelu, Bias
+//   layernorm      LayerNorm
+//   rmsnorm        RmsNorm (Llama's)
+//   attention      Attention (causal, fused qkv in groups of heads sharing a key and value: GPT-2's
+//                  multi-head attention is groups of one, Llama's grouped-query attention larger)
+//   rotary         Rotary (rotary positions, the llama3 scaling; in place on q and k)
+//   swiglu         SwiGlu (Llama's gated MLP unit)
+//   embedding      Embedding (vocab-parallel lookup), Position (learned positions)
+//   cross_entropy  CrossEntropy (vocab-parallel)
+//   update         Update (AdamW, SGD), Norm (sums of squares for the global norm)
 //
 // A user's op is written the same way, in the user's own headers
 // (tests/ops/family.cpp and examples/03_custom_model.* do), and called the same
