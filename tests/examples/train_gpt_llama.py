@@ -6,7 +6,8 @@ computes:
 
 1. llama-tiny on the built-in Markov corpus, data 2 x tensor 2 (the tensor degree divides its 2
    key-value heads): the held-out loss ends near the corpus's entropy rate (within 0.25 nats after
-   200 steps), in f32 and in bf16 mixed precision (which ends within 0.05 nats of f32).
+   120 steps, in f32); bf16 mixed precision's losses follow f32's (the mean of steps 31 to 40
+   within 0.05 nats; tests/models/llama holds 300 steps to the same bound).
 2. The same 4 steps on one rank, on data 2 x tensor 2 with SP under ZeRO-1 and on pipe 2 under
    ZB-H1: every logged loss within 2e-5 of one rank's (f32 sums in other orders; the f64 tests in
    tests/models/llama hold the layouts to 1e-12).
@@ -36,13 +37,18 @@ def held_out(out):
     m = re.search(r"held-out loss ([\d.]+) \(floor ([\d.]+);", out)
     return (float(m.group(1)), float(m.group(2))) if m else (None, None)
 
-train = ["--steps", "200", "--eval-every", "200", "--batch", "8", "--lr", "3e-3"]
+train = ["--steps", "120", "--eval-every", "120", "--batch", "8", "--lr", "3e-3"]
 _, out32 = run("f32", train)
-_, out16 = run("bf16", [*train, "--dtype", "bf16"])
-(l32, floor), (l16, _) = held_out(out32), held_out(out16)
-print(f"llama-tiny, 200 steps: held-out f32 {l32}, bf16 {l16}, floor {floor}")
+l32, floor = held_out(out32)
+print(f"llama-tiny, 120 steps: held-out f32 {l32}, floor {floor}")
 if l32 is None or not l32 - floor <= 0.25: failures.append(f"f32 ended at {l32}, floor {floor}:\n{out32}")
-if l16 is None or l32 is None or not abs(l16 - l32) <= 0.05: failures.append(f"bf16 ended at {l16} against f32 {l32}")
+brief = ["--steps", "40", "--eval-every", "0", "--batch", "8", "--lr", "3e-3"]
+a32, _ = run("f32_40", brief)
+a16, _ = run("bf16_40", [*brief, "--dtype", "bf16"])
+tail = lambda l: sum(l[s] for s in range(31, 41)) / 10 if len(l) == 40 else None
+t32, t16 = tail(a32), tail(a16)
+print(f"40 steps, mean of the last 10 losses: f32 {t32}, bf16 {t16}")
+if t32 is None or t16 is None or not abs(t16 - t32) <= 0.05: failures.append(f"bf16 at {t16} against f32 at {t32}")
 
 short = ["--steps", "4", "--batch", "8", "--micro-batch", "4", "--eval-every", "0", "--seq", "32", "--seed", "3"]
 one, _ = run("one", [*short, "--data", "1", "--tensor", "1"])
