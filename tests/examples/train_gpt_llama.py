@@ -70,6 +70,15 @@ ok = ok and re.search(r"layers\.0\.attn \(GroupedQueryAttention\)", p.stdout) an
 print(f"--plan {' '.join(args)}: step peak {max(totals) if totals else None} bytes, the run's {peaks}{'' if ok else ' (FAIL)'}")
 if not ok: failures.append(f"--plan: exit {p.returncode}, planned {totals}, measured {peaks}\n{p.stdout}{p.stderr}")
 
+# Llama 3.1 8B's sizes (vocabulary 128256, seq 8192) plan without a corpus: 4 pipe ranks' peaks.
+p = subprocess.run([bin_, "--model", "llama", "--preset", "llama-3.1-8b", "--plan", "--data", "8", "--tensor", "8", "--pipe", "4",
+                    "--strategy", "zero1-sp", "--batch", "64", "--micro-batch", "8", "--dtype", "bf16"],
+                   capture_output=True, text=True, env=env, timeout=300)
+ranks = re.findall(r"pipe rank \d+: (\d+) bytes", p.stdout)
+ok = p.returncode == 0 and "vocab 128256" in p.stdout and len(ranks) == 3
+print(f"--plan llama-3.1-8b on data 8 x pipe 4 x tensor 8: exit {p.returncode}{'' if ok else ' (FAIL)'}")
+if not ok: failures.append(f"--plan llama-3.1-8b: exit {p.returncode}\n{p.stdout}{p.stderr}")
+
 fixture = os.path.join(here, "..", "fixtures", "llama_hf")
 for args, message in ((["--tensor", "4", "--data", "1"], "tensor degree 4 does not divide 2 key-value heads"),
                       (["--dtype", "f64"], "precision 'f64' is not compiled for the model family 'llama'; use one of: f32, bf16"),

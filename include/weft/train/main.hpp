@@ -344,9 +344,6 @@ int main(int argc, char** argv, const std::string& program, const std::string& a
         if (o.sample > 0)
           throw Error(o.where(), "--sample with --pipe", "sample from a run without pipeline parallelism");
       }
-      if (o.data_file.empty() && o.text.empty() && cfg.vocab > 65536)
-        throw Error(o.where(), cat("vocabulary ", cfg.vocab, " with the built-in Markov corpus"),
-                    "use at most 65536 tokens, or train on a --data-file");
       if (!o.text.empty() && cfg.vocab < 256)
         throw Error(o.where(), cat("vocabulary ", cfg.vocab, " with --text"), "byte-level text needs a vocabulary of 256");
       if (o.sample > 0 && o.text.empty())
@@ -360,6 +357,10 @@ int main(int argc, char** argv, const std::string& program, const std::string& a
       if ((o.save_every > 0 || o.keep > 0 || o.async_save) && o.save_dir.empty())
         throw Error(o.where(), "--save-every, --keep or --async-save without --save-dir", "give --save-dir");
       if (plan_only) return finish(launch.lead() ? print_plan<F>(o, cfg, device) : 0);
+      // Training reads a corpus (--plan reads none: a Llama 3 vocabulary plans without a data file).
+      if (o.data_file.empty() && o.text.empty() && cfg.vocab > 65536)
+        throw Error(o.where(), cat("vocabulary ", cfg.vocab, " with the built-in Markov corpus"),
+                    "use at most 65536 tokens, or train on a --data-file");
       check_fits<F>(o, cfg, device, launch);
       // Where the run writes: checked now (by the printing process), not after the GEMM measurement.
       if (launch.lead()) {
