@@ -115,15 +115,6 @@ inline Config preset(std::string_view name) {
               "use llama-tiny, llama-3.2-1b, llama-3.1-8b or llama-3.1-70b");
 }
 
-// The parameters: the table (and an untied head's), per block the norms (2 C), q and o (2 C^2), k and
-// v (2 C KV hd), the MLP (3 C F); the final norm.
-inline double parameters(const Config& c) {
-  const double C = static_cast<double>(c.width), F = static_cast<double>(c.hidden);
-  const double kv = static_cast<double>(c.kv_heads * c.head_dim());
-  const double block = 2 * C + 2 * C * C + 2 * C * kv + 3 * C * F;
-  return static_cast<double>(c.vocab) * C * (c.tied ? 1 : 2) + static_cast<double>(c.layers) * block + C;
-}
-
 // Model FLOPs per token of a training step (forward and backward), as in the PaLM paper's appendix
 // and as weft counts any model (train/flops.hpp): 6 N + 12 L C T, with N the parameters in matrices
 // and tables (a tied table once; norm weights left out) and the second term the attention scores
