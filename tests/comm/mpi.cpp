@@ -77,7 +77,7 @@ TEST_CASE_TEMPLATE("MPI reductions are bitwise those of the thread back end (ran
   }
 }
 
-TEST_CASE("MPI: a rank that stalls past the deadline is named on every process within the deadline plus 1 s") {
+TEST_CASE("MPI: a rank that stalls past the deadline is named on every process at the deadline") {
   REQUIRE(test::processes() == 4);
   const auto d = 300ms;
   double earliest = 1e9, worst = 0;
@@ -104,7 +104,8 @@ TEST_CASE("MPI: a rank that stalls past the deadline is named on every process w
                   o.message);
     earliest = std::min(earliest, o.seconds);
     worst = std::max(worst, o.seconds);
-    CHECK(o.seconds < 0.3 + 1.0);
+    // The deadline, then a grace of min(deadline, 1 s) for the other ranks' notices (mpi/world.hpp).
+    CHECK(o.seconds < 0.3 + 0.3 + test::kSchedulingMargin);
   }
   if (!test::holds_rank(1)) {
     CHECK(earliest >= 0.29);  // nobody gave up before the deadline
@@ -114,6 +115,7 @@ TEST_CASE("MPI: a rank that stalls past the deadline is named on every process w
 
 TEST_CASE("MPI: a rank that throws: every other process raises Error naming it the op and its number at once") {
   REQUIRE(test::processes() == 4);
+  double worst = 0;
   for (int iter = 0; iter < 20; ++iter) {
     auto [out, top] = test::run_faulty(4, 60s, [](test::World& c, Clock::time_point& start) {
       std::vector<float> v(100, 1.0f);
@@ -130,10 +132,12 @@ TEST_CASE("MPI: a rank that throws: every other process raises Error naming it t
     CHECK_MESSAGE(o.message.find("all_reduce #3 on world{0,1,2,3}") != std::string::npos, o.message);
     CHECK_MESSAGE(o.message.find("aborted because world rank 2 failed: boom in the forward pass") != std::string::npos,
                   o.message);
-    CHECK(o.seconds < 1.0);
+    worst = std::max(worst, o.seconds);
+    CHECK(o.seconds < test::kSchedulingMargin);  // at once: the 60 s deadline is not waited for
     CHECK(top == "run_threads: world rank 2 failed: boom in the forward pass; fix the first failure; the other ranks "
                  "stopped because of it");
   }
+  if (!test::holds_rank(2)) MESSAGE("throw: this process raised its Error after at most ", worst, " s");
 }
 
 TEST_CASE("MPI: sends in flight to one peer arrive in the order they were posted") {

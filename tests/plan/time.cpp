@@ -116,7 +116,41 @@ estimate::Rates fixed_rates() {
   r.tensor = r.data = {.alpha = 1e-5, .beta = 1e-9};
   return r;
 }
+
+// Rates under which only the GEMMs and the attention core take time (1 GFLOP/s each; every other
+// part at 1e300 per second), so a block's and the ends' seconds have closed forms that do not come
+// from work(): for the tiny model below on one rank with micro-batches of 2 sequences of 8 tokens,
+//   a block: 6 x 16 tokens x 12 C^2 (the four matrices) + 3 x 2 x 2 x heads 2 x T (T + 1) x hd 4
+//            (the attention core, forward once and backward twice) = 73728 + 3456 FLOPs,
+//   the ends: the head's GEMM, 6 x 16 tokens x C x vocab 37 = 28416 FLOPs (the embedding is a
+//            gather, the norm and the loss elementwise: free here).
+estimate::Rates gemm_only_rates() {
+  estimate::Rates r;
+  r.gemm_flops = [](const estimate::Gemm&) { return 1e9; };
+  r.attention_flops = 1e9;
+  r.elements = {.gelu = 1e300, .layernorm = 1e300, .cross_entropy = 1e300, .adamw = 1e300};
+  r.bandwidth = r.first_touch = 1e300;
+  r.tensor = r.data = {.alpha = 1e-5, .beta = 1e-9};
+  return r;
+}
+constexpr gpt2::Config kTiny{.vocab = 37, .seq = 8, .layers = 4, .heads = 2, .width = 8};
+constexpr double kBlockSeconds = (6.0 * 16 * 12 * 8 * 8 + 3.0 * 2 * 2 * 2 * 8 * 9 * 4) / 1e9;
+constexpr double kEndsSeconds = 6.0 * 16 * 8 * 37 / 1e9;
 }  // namespace
+
+TEST_CASE("a pipeline's stage costs against closed forms that do not come from work()") {
+  const auto r = gemm_only_rates();
+  const Spread one{.data_degree = 1, .tensor_degree = 1};
+  for (int m : {1, 3}) {
+    CAPTURE(m);
+    // One pipe rank: m micro-batches of 4 blocks and the ends, nothing else on the clock.
+    const auto p1 = estimate::pipeline_seconds<optim::Ddp, F32, false>(kTiny, one, 2, pipeline::make_table(pipeline::Kind::one_f_one_b, 1, m),
+                                                                       r, r.data);
+    CHECK(p1.block == doctest::Approx(kBlockSeconds).epsilon(1e-12));
+    CHECK(p1.ends == doctest::Approx(kEndsSeconds).epsilon(1e-12));
+    CHECK(p1.step == doctest::Approx(m * (4 * kBlockSeconds + kEndsSeconds)).epsilon(1e-12));
+  }
+}
 
 TEST_CASE("a pipeline of one rank costs what the step without a pipeline costs (the split is exact)") {
   // pipeline_seconds separates the model by linearity into per-block and per-micro-batch parts;
@@ -159,5 +193,18 @@ TEST_CASE("a pipeline of two ranks: GPipe's closed form, and messages on the cri
     CHECK(p.makespan == doctest::Approx(a + b * m + 2 * d).epsilon(1e-9));
     const double tied = estimate::collective_seconds(Collective::all_reduce, 2, 37 * 8 * 4, link);
     CHECK(p.step == doctest::Approx(std::max(p.makespan + p.once[0], a / 3 + d + b * m + p.once[1]) + tied).epsilon(1e-9));
+  }
+  // The same closed form with a and b from the block's and the ends' FLOPs (gemm_only_rates), not
+  // from the function's own fields; nothing but the schedule, the messages and the tied all-reduce
+  // adds to them (the optimizer is free at these rates).
+  const auto g = gemm_only_rates();
+  const double a = 2 * kBlockSeconds, b = 2 * kBlockSeconds + kEndsSeconds, d = 1e-4 + 2.0 * 8 * 8 * 4 * 1e-8;
+  const double tied = 2 * 1e-4 + 37 * 8 * 4 * 1e-8;  // ring all-reduce on 2 ranks: 2 alpha + 2 (1/2) S beta
+  for (int m : {1, 4}) {
+    CAPTURE(m);
+    const auto p = estimate::pipeline_seconds<optim::Ddp, F32, false>(c, s, 2, pipeline::make_table(pipeline::Kind::gpipe, 2, m),
+                                                                      g, link);
+    CHECK(p.makespan == doctest::Approx(a + b * m + 2 * d).epsilon(1e-12));
+    CHECK(p.step == doctest::Approx(a + b * m + 2 * d + tied).epsilon(1e-12));
   }
 }

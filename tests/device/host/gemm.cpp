@@ -161,3 +161,19 @@ TEST_CASE("host GEMM: OpenBLAS unless it runs AVX2 kernels where Eigen has AVX-5
 #endif
   }
 }
+
+TEST_CASE("host GEMM: a serial OpenBLAS build found at run time leaves GEMMs on Eigen") {
+  // tests/CMakeLists.txt runs this case again with Debian's serial build (libopenblas0-serial) first
+  // on the library path and WEFT_TEST_OPENBLAS=serial: that build shares its packing buffers between
+  // callers without locks, and thread ranks calling it at once corrupted each other's results.
+  const char* expect = std::getenv("WEFT_TEST_OPENBLAS");
+  const std::string library = host::gemm_library();
+  MESSAGE("host GEMM: ", library, "; WEFT_TEST_OPENBLAS ", std::string(expect ? expect : "unset"));
+  if (!WEFT_HOST_OPENBLAS) {
+    CHECK(library == "eigen");
+  } else if (expect && std::string(expect) == "serial") {
+    CHECK(library == "eigen (OpenBLAS is a serial build, not safe with thread ranks)");
+  } else {
+    CHECK(library.find("serial build") == std::string::npos);  // the build's own (threaded) OpenBLAS
+  }
+}
