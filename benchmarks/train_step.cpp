@@ -8,6 +8,8 @@
 //
 //   train_step [--layers L] [--width C] [--heads H] [--vocab V] [--seq T] [--batch B] [--data D] [--tensor N] [--steps S]
 //              [--threads N]   (one rank whose host ops use N threads: host::set_threads)
+//              [--model llama --kv-heads K --hidden F]   (Llama's blocks: RMSNorm, rotary, GQA, SwiGLU, an
+//                                                         untied head; models/llama)
 #include <weft/weft_host.hpp>
 #include <weft/device/host/profile.hpp>
 
@@ -19,6 +21,7 @@
 #include <string>
 #include <vector>
 #include <weft/models/gpt2/model.hpp>
+#include <weft/models/llama/model.hpp>
 #include <weft/optim/data_parallel.hpp>
 #include <weft/pipeline/executor.hpp>
 #include <weft/train/metrics.hpp>
@@ -60,12 +63,19 @@ double gemm_seconds(const std::vector<GemmShape>& shapes, int ranks, double& flo
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::int64_t layers = 2, seq = 128, batch = 4, steps = 3, width = 768, heads = 12, vocab = 50304;
+  std::int64_t layers = 2, seq = 128, batch = 4, steps = 3, width = 768, heads = 12, vocab = 50304, kv_heads = 0, hidden = 0;
   int tensor = 1, data = 1, op_threads = 1;
+  std::string model = "gpt2";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
+    if (a == "--model") {
+      model = argv[i + 1];
+      continue;
+    }
     const auto v = std::stoll(argv[i + 1]);
     if (a == "--layers") layers = v;
+    else if (a == "--kv-heads") kv_heads = v;
+    else if (a == "--hidden") hidden = v;
     else if (a == "--seq") seq = v;
     else if (a == "--batch") batch = v;
     else if (a == "--width") width = v;
@@ -77,13 +87,22 @@ int main(int argc, char** argv) {
     else if (a == "--threads") op_threads = static_cast<int>(v);
     else {
       std::fprintf(stderr,
-                   "train_step: unknown option %s; use --layers --width --heads --vocab --seq --batch --data --tensor --steps "
-                   "--threads\n",
+                   "train_step: unknown option %s; use --model --layers --width --heads --kv-heads --hidden --vocab --seq "
+                   "--batch --data --tensor --steps --threads\n",
                    a.c_str());
       return 2;
     }
   }
+  if (model != "gpt2" && model != "llama") {
+    std::fprintf(stderr, "train_step: --model %s: use gpt2 or llama\n", model.c_str());
+    return 2;
+  }
+  const bool is_llama = model == "llama";
   const gpt2::Config cfg{.vocab = vocab, .seq = seq, .layers = layers, .heads = heads, .width = width};
+  const llama::Config lcfg{.vocab = vocab, .seq = seq, .layers = layers, .heads = heads,
+                           .kv_heads = kv_heads > 0 ? kv_heads : heads, .width = width,
+                           .hidden = hidden > 0 ? hidden : 4 * width, .rope = {.theta = 500000}};
+  const double flops_per_token = is_llama ? llama::flops_per_token(lcfg) : gpt2::flops_per_token(cfg);
   if (op_threads < 1 || op_threads > 256 || (op_threads > 1 && data * tensor != 1)) {
     std::fprintf(stderr, "train_step: --threads %d: give 1 to 256, and more than 1 only to one rank (data 1, tensor 1)\n",
                  op_threads);
@@ -95,10 +114,8 @@ int main(int argc, char** argv) {
     std::mutex mu;
     const int ranks = data * tensor;
     std::vector<host::OpTimes> op_times(static_cast<std::size_t>(ranks));  // each rank's, over the timed steps
-    run_threads(ranks, [&](ThreadComm& world) {
-      Mesh mesh{world, {.data = data, .tensor = tensor}};
-      Host host;
-      gpt2::Model<float> gpt(host, cfg, mesh.spread(), batch);
+    // One rank's steps of `gpt` (GPT-2's or Llama's model, as --model says).
+    const auto rank_steps = [&](ThreadComm& world, Mesh<ThreadComm>& mesh, auto& gpt) {
       auto opt = optim::data_parallel<optim::Ddp>(gpt, optim::AdamW{}, mesh);
       const std::size_t n = static_cast<std::size_t>(batch / data * seq);
       std::vector<std::int32_t> x(n), y(n);
@@ -126,15 +143,34 @@ int main(int argc, char** argv) {
         }
       }
       host::profile(nullptr);
+    };
+    run_threads(ranks, [&](ThreadComm& world) {
+      Mesh mesh{world, {.data = data, .tensor = tensor}};
+      Host host;
+      if (is_llama) {
+        llama::validate(lcfg, mesh.spread(), false, batch);
+        llama::Model<float> m(host, lcfg, mesh.spread(), batch);
+        rank_steps(world, mesh, m);
+      } else {
+        gpt2::Model<float> m(host, cfg, mesh.spread(), batch);
+        rank_steps(world, mesh, m);
+      }
     });
     std::sort(step_seconds.begin(), step_seconds.end());
     const double step_s = step_seconds[step_seconds.size() / 2];  // the median
-    // The GEMMs of one step on each rank: per layer qkv, proj, fc, mlp proj (forward, then two per
-    // backward: input and weight gradients), and the tied LM head (forward, two backward).
+    // The GEMMs of one step on each rank: per layer qkv, proj, fc, mlp proj (Llama: qkv with its
+    // key-value heads, o, gate_up, down; forward, then two per backward: input and weight
+    // gradients), and the LM head (forward, two backward).
     const std::int64_t N = batch / data * seq, C = width, V = (vocab + tensor - 1) / tensor;
     std::vector<GemmShape> shapes;
-    for (auto [out, in] : {std::pair{3 * C / tensor, C}, {C, C / tensor}, {4 * C / tensor, C}, {C, 4 * C / tensor}})
-      shapes.push_back({N, out, in, static_cast<int>(3 * layers)});
+    if (is_llama) {
+      const std::int64_t qkv = C + 2 * lcfg.kv_heads * lcfg.head_dim(), F = lcfg.hidden;
+      for (auto [out, in] : {std::pair{qkv / tensor, C}, {C, C / tensor}, {2 * F / tensor, C}, {C, F / tensor}})
+        shapes.push_back({N, out, in, static_cast<int>(3 * layers)});
+    } else {
+      for (auto [out, in] : {std::pair{3 * C / tensor, C}, {C, C / tensor}, {4 * C / tensor, C}, {C, 4 * C / tensor}})
+        shapes.push_back({N, out, in, static_cast<int>(3 * layers)});
+    }
     shapes.push_back({N, V, C, 3});
     double gemm_flops = 0;
     const double gemm_time = gemm_seconds(shapes, ranks, gemm_flops);
@@ -154,13 +190,14 @@ int main(int argc, char** argv) {
     for (double t : step_seconds) mean_step += t / static_cast<double>(step_seconds.size());
     ops["outside_ops"] = std::max(0.0, mean_step - in_ops);  // collectives, allocation, the framework
     const double peak = train::gemm_rate<float>(ranks);
-    const nlohmann::json j = {{"bench", "train_step"}, {"impl", "weft"},
+    const nlohmann::json j = {{"bench", "train_step"}, {"impl", "weft"}, {"model", model},
                               {"layers", layers}, {"width", width}, {"heads", heads}, {"vocab", vocab}, {"seq", seq},
+                              {"kv_heads", is_llama ? lcfg.kv_heads : heads}, {"hidden", is_llama ? lcfg.hidden : 4 * width},
                               {"batch", batch}, {"data", data}, {"tensor", tensor}, {"threads", ranks * op_threads},
                               {"op_threads", op_threads}, {"dtype", "f32"},
                               {"step_s", step_s}, {"tokens_per_s", tokens_s},
-                              {"effective_gflops", tokens_s * gpt2::flops_per_token(cfg) / 1e9},
-                              {"mfu", tokens_s * gpt2::flops_per_token(cfg) / peak},
+                              {"effective_gflops", tokens_s * flops_per_token / 1e9},
+                              {"mfu", tokens_s * flops_per_token / peak},
                               {"gemm_ceiling_gflops", peak / 1e9},  // 512^3 GEMMs, every rank, best of 5 windows
                               {"gemm_library", host::gemm_library()},
                               {"step_gemm_rate_gflops", gemm_flops / gemm_time / 1e9},

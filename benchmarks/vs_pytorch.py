@@ -1,15 +1,17 @@
 #!/usr/bin/env python3
 """weft's host training step beside PyTorch eager, same model, same machine, interleaved runs.
 
-For GPT-2 124M (B=4, T=64) and a small model (4 layers, width 256, 4 heads, T=128, V=256, B=8), on 1
-and 2 threads: weft's benchmarks/train_step (1 thread: one rank; 2 threads: data 2 or tensor 2
-ranks, or one rank on 2 threads; the fastest counts) and tools/reference/torch_gpt.py
-(torch.set_num_threads), alternating, --reps times each; medians. Prints one JSON object per model
+For GPT-2 124M (B=4, T=64) and a small model (4 layers, width 256, 4 heads, T=128, V=256, B=8), and
+two Llamas (llama-small: 4 layers, width 256, 8 heads in 2 key-value groups, SwiGLU of 688, T=128,
+V=256, B=8; llama-wide: 2 layers, width 768, 12 heads in 4 groups, SwiGLU of 2048, T=64, V=32000,
+B=4), on 1 and 2 threads: weft's benchmarks/train_step (1 thread: one rank; 2 threads: data 2 or
+tensor 2 ranks, or one rank on 2 threads; the fastest counts) and tools/reference/torch_gpt.py or
+torch_llama.py (torch.set_num_threads), alternating, --reps times each; medians. Prints one JSON object per model
 and thread count: tokens/s of each, effective
 GFLOP/s (6 N + 12 L C T per token), the ratio weft / PyTorch, and weft's share of the step outside
 GEMMs. Without PyTorch it says so and exits 0.
 
-Usage: benchmarks/vs_pytorch.py [--train-step build/release/benchmarks/train_step] [--reps 3] [--only small]
+Usage: benchmarks/vs_pytorch.py [--train-step build/release/benchmarks/train_step] [--reps 3] [--only llama-small]
 """
 import argparse
 import json
@@ -22,12 +24,20 @@ here = os.path.dirname(os.path.abspath(__file__))
 MODELS = {
     "gpt2-124m": dict(layers=12, width=768, heads=12, seq=64, vocab=50257, batch=4, steps=3),
     "small": dict(layers=4, width=256, heads=4, seq=128, vocab=256, batch=8, steps=8),
+    "llama-small": dict(model="llama", layers=4, width=256, heads=8, kv_heads=2, hidden=688, seq=128, vocab=256, batch=8,
+                        steps=8),
+    "llama-wide": dict(model="llama", layers=2, width=768, heads=12, kv_heads=4, hidden=2048, seq=64, vocab=32000, batch=4,
+                       steps=3),
 }
 
 
 def flops_per_token(m):
-    C, L = m["width"], m["layers"]
-    return 6 * (m["vocab"] * C + m["seq"] * C + L * 12 * C * C) + 12 * L * C * m["seq"]
+    """weft's own counts (gpt2::flops_per_token, llama::flops_per_token): the same number for both sides."""
+    C, L, T = m["width"], m["layers"], m["seq"]
+    if m.get("model") == "llama":
+        kv = m["kv_heads"] * C // m["heads"]
+        return 6 * (L * (2 * C * C + 2 * C * kv + 3 * C * m["hidden"]) + 2 * m["vocab"] * C) + 12 * L * C * T
+    return 6 * (m["vocab"] * C + T * C + L * 12 * C * C) + 12 * L * C * T
 
 
 def cpu():
@@ -62,11 +72,12 @@ def main():
     except ImportError:
         print("vs_pytorch: PyTorch is not installed (pip install torch); nothing compared")
         return 0
-    torch_gpt = os.path.join(here, "..", "tools", "reference", "torch_gpt.py")
     for name, m in MODELS.items():
         if a.only and name != a.only:
             continue
-        sizes = [f"--{k}={v}" for k, v in m.items()]
+        reference = os.path.join(here, "..", "tools", "reference",
+                                 "torch_llama.py" if m.get("model") == "llama" else "torch_gpt.py")
+        sizes = [f"--{k.replace('_', '-')}={v}" for k, v in m.items() if k != "model"]
         for threads in (1, 2):
             # (data, tensor, op threads): on 2 threads, two thread ranks or one rank on 2 threads
             layouts = [(1, 1, 1)] if threads == 1 else [(2, 1, 1), (1, 2, 1), (1, 1, 2)]
@@ -75,7 +86,7 @@ def main():
             library = None
             for _ in range(a.reps):
                 for l in list(layouts):
-                    r = run([a.train_step, *sum(([f"--{k}", str(v)] for k, v in m.items()), []), "--data", str(l[0]),
+                    r = run([a.train_step, *sum(([f"--{k.replace('_', '-')}", str(v)] for k, v in m.items()), []), "--data", str(l[0]),
                              "--tensor", str(l[1]), "--threads", str(l[2])], may_refuse=l[2] > 1)
                     if r is None:
                         layouts.remove(l)
@@ -83,7 +94,7 @@ def main():
                     weft[l].append(r["tokens_per_s"])
                     share[l].append(r["share_outside_gemm"])
                     library = r.get("gemm_library", library)
-                torch_s.append(run([sys.executable, torch_gpt, *sizes, f"--threads={threads}"])["tokens_per_s"])
+                torch_s.append(run([sys.executable, reference, *sizes, f"--threads={threads}"])["tokens_per_s"])
             best = max(layouts, key=lambda l: statistics.median(weft[l]))
             label = lambda l: f"data {l[0]} x tensor {l[1]}" + (f", {l[2]} threads" if l[2] > 1 else "")
             w, t = statistics.median(weft[best]), statistics.median(torch_s)

@@ -4,7 +4,8 @@
   weft_plan.py WEFT_PLAN
 
 1. GPT-2 124M on one GPU: DDP's state is 18 bytes per parameter in bf16 (2 + 4 gradient + 4 master +
-   8 AdamW), 124,439,808 parameters: a closed form the plan must hit exactly.
+   8 AdamW), 124,439,808 parameters: a closed form the plan must hit exactly; and its GEMM and
+   attention seconds are their FLOPs at the cluster's rates.
 2. On 64 GPUs of 8 per node: FSDP's state is 1/64 of DDP's (padding aside, bounded both ways), the
    step time is the sum of its parts without a pipeline and has a bubble with one, a pipe rank's
    state is its layers' 18 bytes per parameter exactly, the list is ranked by step time among those that fit,
@@ -12,6 +13,7 @@
 3. A device too small for anything: every candidate marked as not fitting, none dropped.
 4. 1024 GPUs: plans in well under a second per candidate (nothing is allocated).
 5. Bad clusters and options exit 2 naming the problem; with no candidate, the reason for each layout.
+6. --model llama: Llama 3.1 8B's state and compute parts against closed forms, measured on the Meta device.
 """
 import json, os, subprocess, sys, tempfile, time
 
@@ -38,6 +40,16 @@ r = rows(p)
 ddp = [x for x in r if x["strategy"] == "ddp" and x["tensor"] == 1]
 check(p.returncode == 0 and len(ddp) == 1 and ddp[0]["state_bytes"] == 18 * 124_439_808,
       f"GPT-2 124M DDP bf16 state = 18 B/parameter: {ddp[0]['state_bytes'] if ddp else p.stderr}")
+# Its compute parts from FLOP counts written here, at the default cluster's rates (989 TFLOP/s dense
+# bf16; GEMMs at 0.7 of it, the attention core at 0.3): 8 x 1024 tokens, 6 FLOPs per matrix element
+# per token (the 12 blocks' 12 C^2 and the 50257 x 768 head), and the causal core's 2 T (T + 1) hd
+# per sequence and head, forward once and backward twice.
+tokens, C = 8 * 1024, 768
+gemm_s = 6 * tokens * (12 * 12 * C * C + 50257 * C) / (989e12 * 0.7)
+attention_s = 3 * 2 * 1024 * 1025 * 64 * 8 * 12 * 12 / (989e12 * 0.3)
+check(ddp and abs(ddp[0]["gemm_s"] - gemm_s) <= 1e-9 * gemm_s and abs(ddp[0]["attention_s"] - attention_s) <= 1e-9 * attention_s,
+      f"GPT-2 124M's GEMM and attention seconds from their FLOPs: {gemm_s:.6g} and {attention_s:.6g} s, planned "
+      f"{ddp and ddp[0]['gemm_s']} and {ddp and ddp[0]['attention_s']}")
 
 # 2. 64 GPUs.
 p = run("--preset", "gpt2-124m", "--gpus", "64", "--gpus-per-node", "8", "--batch", "256", "--micro", "2", "--json",
@@ -123,5 +135,27 @@ bad = [
 for args, fragment in bad:
     p = run(*args)
     check(p.returncode == 2 and fragment in p.stdout + p.stderr, f"{' '.join(args)} -> exit {p.returncode}, '{fragment}'")
+
+# 6. Llama (--model llama), planned from its step measured on the Meta device. Llama 3.1 8B at T = 1024
+# on 8 GPUs: DDP's state is 18 bytes per parameter (8,030,261,248 with the untied head: the
+# embedding and the head 128256 x 4096 each, 32 blocks of 2 C^2 + 2 C kv + 3 C F + 2 C, the final
+# norm), and its GEMM and attention seconds are their FLOPs at the cluster's rates: 6 per matrix
+# element per token (the blocks' matrices and the head; the embedding is a gather) and the causal
+# core of 32 query heads of 128.
+C, L, kv, F, V, T = 4096, 32, 8 * 128, 14336, 128256, 1024
+params = 2 * V * C + L * (2 * C * C + 2 * C * kv + 3 * C * F + 2 * C) + C
+p = run("--model", "llama", "--preset", "llama-3.1-8b", "--seq", str(T), "--gpus", "8", "--batch", "8", "--micro", "1",
+        "--json", "--show", "1000", timeout=240)
+r = rows(p)
+d = [x for x in r if x["strategy"] == "ddp" and x["tensor"] == 1 and x["pipe"] == 1]
+gemm_s = 6 * T * (L * (2 * C * C + 2 * C * kv + 3 * C * F) + V * C) / (989e12 * 0.7)
+attention_s = 3 * 2 * T * (T + 1) * 128 * 32 * L / (989e12 * 0.3)
+check(p.returncode == 0 and len(d) == 1 and d[0]["state_bytes"] == 18 * params
+      and abs(d[0]["gemm_s"] - gemm_s) <= 1e-9 * gemm_s and abs(d[0]["attention_s"] - attention_s) <= 1e-9 * attention_s,
+      f"Llama 3.1 8B DDP bf16 on 8 GPUs: state 18 B x {params} = {18 * params}, GEMMs {gemm_s:.6g} s, attention "
+      f"{attention_s:.6g} s; planned {d and (d[0]['state_bytes'], d[0]['gemm_s'], d[0]['attention_s'])} {p.stderr[-300:]}")
+check({x["tensor"] for x in r} == {1, 2, 4, 8}, f"Llama's tensor degrees divide its 8 key-value heads: {sorted({x['tensor'] for x in r})}")
+p = run("--model", "llama", "--preset", "gpt2-124m")
+check(p.returncode == 2 and "gpt2-124m" in p.stdout + p.stderr, "--model llama with a GPT-2 preset is refused")
 
 sys.exit(1 if failures else 0)

@@ -125,12 +125,10 @@ estimate::Rates fixed_rates() {
 //   the ends: the head's GEMM, 6 x 16 tokens x C x vocab 37 = 28416 FLOPs (the embedding is a
 //            gather, the norm and the loss elementwise: free here).
 estimate::Rates gemm_only_rates() {
-  estimate::Rates r;
-  r.gemm_flops = [](const estimate::Gemm&) { return 1e9; };
-  r.attention_flops = 1e9;
+  estimate::Rates r = fixed_rates();
+  r.gemm_flops = [](const estimate::Gemm&) { return 1e9; };  // one rate for every shape
   r.elements = {.gelu = 1e300, .layernorm = 1e300, .cross_entropy = 1e300, .adamw = 1e300};
   r.bandwidth = r.first_touch = 1e300;
-  r.tensor = r.data = {.alpha = 1e-5, .beta = 1e-9};
   return r;
 }
 constexpr gpt2::Config kTiny{.vocab = 37, .seq = 8, .layers = 4, .heads = 2, .width = 8};

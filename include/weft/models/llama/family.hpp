@@ -3,7 +3,8 @@
 // llama-tiny, the trainer's default); the FLOPs per token; --init-from a transformers model
 // directory. The plan (--plan, and the check that a run fits) is the step measured on the Meta
 // device. The trainer compiles every strategy in f32 and bf16 (f64 is the tests' precision), on
-// the host: grouped-query attention has no CUDA kernel yet (gpu = false).
+// the host (gpu = false: Llama's CUDA ops, grouped-query attention included, are compiled and
+// tested against the host where a GPU runs, but no GPU trainer loop is built for it yet).
 #pragma once
 
 #include <string>
@@ -35,6 +36,7 @@ struct Family {
     c.tied = false;
     return c;
   }
+  static std::string cluster_preset() { return "llama-3.1-8b"; }  // weft-plan --model llama's default
   static double flops_per_token(const Config& c) { return llama::flops_per_token(c); }
   static std::string summary(const Config& c) {
     return cat("layers ", c.layers, ", heads ", c.heads, " (", c.kv_heads, " key-value), width ", c.width, ", hidden ", c.hidden,

@@ -1,19 +1,22 @@
 // Causal self-attention on the GPU, forward and backward, head size a template parameter, the
 // T x T scores materialized (the first version the design allows; a flash-style kernel replaces
-// it later behind the same signature). Layouts, as on the host (host::attention_forward):
+// it later behind the same signature). Layouts, as on the host (host::attention_forward), with g
+// heads per key-value group (GPT-2: g = 1; grouped-query attention: g > 1) and KV = H / g groups:
 //
-//   qkv   (B, T, H, 3, hd)   q, k, v of each head side by side
+//   qkv   (B, T, KV, g + 2, hd)   each group's g queries, then its key and its value
 //   out   (B, T, H, hd)
 //   probs (B, H, T, T)       softmax(q k^T / sqrt(hd)), future masked to 0, in T (the activation
 //                            type: rounded once, as the host does); kept for backward
-//   dqkv  (B, T, H, 3, hd)   every element written once (no accumulation, no atomics)
+//   dqkv  (B, T, KV, g + 2, hd)   every element written once (no accumulation, no atomics)
 //
 // Three kernels do all of it:
 //   scores   S[i, j] = scale X_i . Y_j for j <= i   (32 x 32 output tiles, rows of X and Y in shared
 //            memory)                                   forward: X = q, Y = k;  backward: X = dout, Y = v
 //   softmax  one block per row, max and sum in f32 (CUB block reductions, fixed order)
-//   mix      out_i = sum_j M(i, j) X_j over the causal range (M or its transpose; 32 x 32 tiles)
-//            forward: out = P v;  backward: dq = dS k, dk = dS^T q, dv = P^T dout
+//   mix      out_i = sum over the heads summed, sum_j M(i, j) X_j over the causal range (M or its
+//            transpose; 32 x 32 tiles)
+//            forward: out = P v;  backward: dq = dS k, and for each group dk = sum over its g heads
+//            of dS^T q, dv = sum of P^T dout (heads in order: a fixed order, no atomics)
 // The f32 scratch S (B, H, T, T) lives only inside a call. Every sum runs in a fixed order, so
 // results are bitwise repeatable.
 //
@@ -24,9 +27,12 @@
 
 namespace weft::cuda {
 
-// Where row i of head h of a (B, T, ...) activation starts: base + (b T + i) row + h head + off.
+// Where row i of head h of a (B, T, ...) activation starts: base + (b T + i) row + at(h), with the
+// heads in groups of g: at(h) = (h / g) group + (h % g) head + off. A query of a grouped qkv row is
+// {row, (g + 2) hd, hd, (h % g) hd, g}; its group's key {row, (g + 2) hd, 0, g hd, g}.
 struct HeadRows {
-  index row, head, off;
+  index row, group, head, off, g = 1;
+  __host__ __device__ index at(index h) const { return (h / g) * group + (h % g) * head + off; }
 };
 
 template <int HD, class T>
@@ -40,8 +46,8 @@ __global__ void attention_scores_kernel(float* S, const T* X, HeadRows xr, const
   for (int e = tid; e < 32 * HD; e += 1024) {
     const int r = e / HD, c = e % HD;
     const index i = i0 + r, j = j0 + r;
-    xs[r][c] = i < Tn ? detail::to_f(X[(b * Tn + i) * xr.row + h * xr.head + xr.off + c]) : 0.0f;
-    ys[r][c] = j < Tn ? detail::to_f(Y[(b * Tn + j) * yr.row + h * yr.head + yr.off + c]) : 0.0f;
+    xs[r][c] = i < Tn ? detail::to_f(X[(b * Tn + i) * xr.row + xr.at(h) + c]) : 0.0f;
+    ys[r][c] = j < Tn ? detail::to_f(Y[(b * Tn + j) * yr.row + yr.at(h) + c]) : 0.0f;
   }
   __syncthreads();
   const index i = i0 + threadIdx.y, j = j0 + threadIdx.x;
@@ -96,75 +102,102 @@ __global__ void attention_softmax_backward_kernel(float* dP, const T* P, index T
   for (index j = threadIdx.x; j < Tn; j += Threads) d[j] = j <= i ? detail::to_f(p[j]) * (d[j] - dot) * scale : 0.0f;
 }
 
-// out_i[d] = sum_j M(i, j) X_j[d] over the causal range: M(i, j) = M[i, j] for j <= i, or, with
-// `transposed`, M[j, i] for j >= i. Block (32 d, 32 i); grid (ceil(HD / 32), ceil(T / 32), B H).
+// out_i[d] = sum over heads h = o sum, ..., o sum + sum - 1 of sum_j M_h(i, j) X_j[d] (X at head h)
+// over the causal range: M_h(i, j) = M[b, h, i, j] for j <= i, or, with `transposed`, M[b, h, j, i]
+// for j >= i; the output at index o of `orow`. sum = 1: one head each (out, dq); sum = g: a group's
+// key or value gradient over its heads, in order. Block (32 d, 32 i); grid (ceil(HD / 32),
+// ceil(T / 32), B H / sum).
 template <int HD, class MT, class T>
 __global__ void attention_mix_kernel(T* out, HeadRows orow, const MT* M, bool transposed, const T* X, HeadRows xr,
-                                     index Tn, int H) {
+                                     index Tn, int H, int sum) {
   __shared__ float ms[32][33], xs[32][33];
-  const index bh = blockIdx.z, b = bh / H, h = bh % H;
+  const index outs = H / sum, bo = blockIdx.z, b = bo / outs, o = bo % outs;
   const index i0 = static_cast<index>(blockIdx.y) * 32;
   const int tx = threadIdx.x, ty = threadIdx.y;
   const index d = static_cast<index>(blockIdx.x) * 32 + tx;
   const index i = i0 + ty;
   const index jbeg = transposed ? i0 : 0, jend = transposed ? Tn : (i0 + 32 < Tn ? i0 + 32 : Tn);
   float acc = 0;
-  for (index j0 = jbeg; j0 < jend; j0 += 32) {
-    if (!transposed) {  // ms[ty][tx] = M[i0 + ty, j0 + tx]
-      const index mi = i0 + ty, mj = j0 + tx;
-      ms[ty][tx] = (mi < Tn && mj <= mi) ? detail::to_f(M[(bh * Tn + mi) * Tn + mj]) : 0.0f;
-    } else {  // ms[tx][ty] = M[j0 + ty, i0 + tx]: coalesced along the row of M
-      const index mj = j0 + ty, mi = i0 + tx;
-      ms[tx][ty] = (mj < Tn && mi < Tn && mj >= mi) ? detail::to_f(M[(bh * Tn + mj) * Tn + mi]) : 0.0f;
-    }
-    const index xj = j0 + ty;
-    xs[ty][tx] = (xj < Tn && d < HD) ? detail::to_f(X[(b * Tn + xj) * xr.row + h * xr.head + xr.off + d]) : 0.0f;
-    __syncthreads();
+  for (int s = 0; s < sum; ++s) {
+    const index h = o * sum + s, bh = b * H + h;
+    for (index j0 = jbeg; j0 < jend; j0 += 32) {
+      if (!transposed) {  // ms[ty][tx] = M[i0 + ty, j0 + tx]
+        const index mi = i0 + ty, mj = j0 + tx;
+        ms[ty][tx] = (mi < Tn && mj <= mi) ? detail::to_f(M[(bh * Tn + mi) * Tn + mj]) : 0.0f;
+      } else {  // ms[tx][ty] = M[j0 + ty, i0 + tx]: coalesced along the row of M
+        const index mj = j0 + ty, mi = i0 + tx;
+        ms[tx][ty] = (mj < Tn && mi < Tn && mj >= mi) ? detail::to_f(M[(bh * Tn + mj) * Tn + mi]) : 0.0f;
+      }
+      const index xj = j0 + ty;
+      xs[ty][tx] = (xj < Tn && d < HD) ? detail::to_f(X[(b * Tn + xj) * xr.row + xr.at(h) + d]) : 0.0f;
+      __syncthreads();
 #pragma unroll 8
-    for (int k = 0; k < 32; ++k) acc += ms[ty][k] * xs[k][tx];
-    __syncthreads();
+      for (int k = 0; k < 32; ++k) acc += ms[ty][k] * xs[k][tx];
+      __syncthreads();
+    }
   }
-  if (i < Tn && d < HD) out[(b * Tn + i) * orow.row + h * orow.head + orow.off + d] = detail::from_f<T>(acc);
+  if (i < Tn && d < HD) out[(b * Tn + i) * orow.row + orow.at(o) + d] = detail::from_f<T>(acc);
 }
 
 namespace detail {
 
+// The rows of a grouped qkv activation (g heads per group, H heads) and of the (B, T, H, hd) output:
+// each head's query, its group's key and value, and the keys and values indexed by group.
+template <int HD>
+struct QkvRows {
+  index H, g;
+  index row() const { return H / g * (g + 2) * HD; }
+  HeadRows q() const { return {row(), (g + 2) * HD, HD, 0, g}; }
+  HeadRows k() const { return {row(), (g + 2) * HD, 0, g * HD, g}; }
+  HeadRows v() const { return {row(), (g + 2) * HD, 0, (g + 1) * HD, g}; }
+  HeadRows k_of_group() const { return {row(), (g + 2) * HD, 0, g * HD, 1}; }
+  HeadRows v_of_group() const { return {row(), (g + 2) * HD, 0, (g + 1) * HD, 1}; }
+  HeadRows out() const { return {H * HD, HD, 0, 0, 1}; }
+};
+
 template <int HD, class T>
-void attention_forward_hd(Cuda& d, T* out, T* probs, const T* qkv, index B, index Tn, index H) {
+void attention_forward_hd(Cuda& d, T* out, T* probs, const T* qkv, index B, index Tn, index H, index g) {
   using DT = dev_t<T>;
-  const HeadRows q{H * 3 * HD, 3 * HD, 0}, k{H * 3 * HD, 3 * HD, HD}, v{H * 3 * HD, 3 * HD, 2 * HD}, o{H * HD, HD, 0};
+  const QkvRows<HD> r{H, g};
   const unsigned tiles = static_cast<unsigned>((Tn + 31) / 32), bh = static_cast<unsigned>(B * H);
   Allocation S = d.allocate(B * H * Tn * Tn * static_cast<index>(sizeof(float)), Category::activations);
   auto* s = static_cast<float*>(S.data());
   attention_scores_kernel<HD><<<dim3(tiles, tiles, bh), dim3(32, 32), 0, d.stream()>>>(
-      s, dev(qkv), q, dev(qkv), k, Tn, static_cast<int>(H), 1.0f / sqrtf(static_cast<float>(HD)));
+      s, dev(qkv), r.q(), dev(qkv), r.k(), Tn, static_cast<int>(H), 1.0f / sqrtf(static_cast<float>(HD)));
   check_launch("attention_forward (scores)");
   attention_softmax_kernel<DT, 256><<<static_cast<unsigned>(B * H * Tn), 256, 0, d.stream()>>>(dev(probs), s, Tn);
   check_launch("attention_forward (softmax)");
   attention_mix_kernel<HD><<<dim3((HD + 31) / 32, tiles, bh), dim3(32, 32), 0, d.stream()>>>(
-      dev(out), o, dev(static_cast<const T*>(probs)), false, dev(qkv), v, Tn, static_cast<int>(H));
+      dev(out), r.out(), dev(static_cast<const T*>(probs)), false, dev(qkv), r.v(), Tn, static_cast<int>(H), 1);
   check_launch("attention_forward (P v)");
 }
 
 template <int HD, class T>
-void attention_backward_hd(Cuda& d, T* dqkv, const T* dout, const T* qkv, const T* probs, index B, index Tn, index H) {
-  const HeadRows q{H * 3 * HD, 3 * HD, 0}, k{H * 3 * HD, 3 * HD, HD}, v{H * 3 * HD, 3 * HD, 2 * HD}, o{H * HD, HD, 0};
-  const unsigned tiles = static_cast<unsigned>((Tn + 31) / 32), bh = static_cast<unsigned>(B * H);
-  const dim3 mix_grid((HD + 31) / 32, tiles, bh), block(32, 32);
+void attention_backward_hd(Cuda& d, T* dqkv, const T* dout, const T* qkv, const T* probs, index B, index Tn, index H,
+                           index g) {
+  const QkvRows<HD> r{H, g};
+  const unsigned tiles = static_cast<unsigned>((Tn + 31) / 32), bh = static_cast<unsigned>(B * H),
+                 groups = static_cast<unsigned>(B * (H / g));
+  const dim3 block(32, 32);
   Allocation dP = d.allocate(B * H * Tn * Tn * static_cast<index>(sizeof(float)), Category::activations);
   auto* dp = static_cast<float*>(dP.data());
-  const int h = static_cast<int>(H);
-  attention_scores_kernel<HD><<<dim3(tiles, tiles, bh), block, 0, d.stream()>>>(dp, dev(dout), o, dev(qkv), v, Tn, h, 1.0f);
+  const int h = static_cast<int>(H), gs = static_cast<int>(g);
+  attention_scores_kernel<HD><<<dim3(tiles, tiles, bh), block, 0, d.stream()>>>(dp, dev(dout), r.out(), dev(qkv), r.v(), Tn,
+                                                                                 h, 1.0f);
   check_launch("attention_backward (dP)");
   attention_softmax_backward_kernel<dev_t<T>, 256><<<static_cast<unsigned>(B * H * Tn), 256, 0, d.stream()>>>(
       dp, dev(probs), Tn, 1.0f / sqrtf(static_cast<float>(HD)));
   check_launch("attention_backward (dS)");
   const float* ds = dp;
-  attention_mix_kernel<HD><<<mix_grid, block, 0, d.stream()>>>(dev(dqkv), q, ds, false, dev(qkv), k, Tn, h);
+  const unsigned hd_tiles = (HD + 31) / 32;
+  attention_mix_kernel<HD><<<dim3(hd_tiles, tiles, bh), block, 0, d.stream()>>>(dev(dqkv), r.q(), ds, false, dev(qkv),
+                                                                                 r.k(), Tn, h, 1);
   check_launch("attention_backward (dq)");
-  attention_mix_kernel<HD><<<mix_grid, block, 0, d.stream()>>>(dev(dqkv), k, ds, true, dev(qkv), q, Tn, h);
+  attention_mix_kernel<HD><<<dim3(hd_tiles, tiles, groups), block, 0, d.stream()>>>(dev(dqkv), r.k_of_group(), ds, true,
+                                                                                     dev(qkv), r.q(), Tn, h, gs);
   check_launch("attention_backward (dk)");
-  attention_mix_kernel<HD><<<mix_grid, block, 0, d.stream()>>>(dev(dqkv), v, dev(probs), true, dev(dout), o, Tn, h);
+  attention_mix_kernel<HD><<<dim3(hd_tiles, tiles, groups), block, 0, d.stream()>>>(
+      dev(dqkv), r.v_of_group(), dev(probs), true, dev(dout), r.out(), Tn, h, gs);
   check_launch("attention_backward (dv)");
 }
 
@@ -186,20 +219,22 @@ void with_head_size(index hd, const char* op, F&& f) {
 }  // namespace detail
 
 template <Activation T>
-void attention_forward(Cuda& d, T* out, T* probs, const T* qkv, index B, index Tn, index H, index hd) {
-  detail::require(B >= 0 && Tn >= 0 && H >= 0, "attention_forward", cat("B ", B, ", T ", Tn, ", H ", H));
+void attention_forward(Cuda& d, T* out, T* probs, const T* qkv, index B, index Tn, index H, index hd, index g = 1) {
+  detail::require(B >= 0 && Tn >= 0 && H >= 0 && g >= 1 && H % g == 0, "attention_forward",
+                  cat("B ", B, ", T ", Tn, ", H ", H, ", heads per group ", g));
   if (B * Tn * H == 0) return;
   detail::with_head_size(hd, "attention_forward",
-                         [&](auto HD) { detail::attention_forward_hd<decltype(HD)::value>(d, out, probs, qkv, B, Tn, H); });
+                         [&](auto HD) { detail::attention_forward_hd<decltype(HD)::value>(d, out, probs, qkv, B, Tn, H, g); });
 }
 
 template <Activation T>
 void attention_backward(Cuda& d, T* dqkv, const T* dout, const T* qkv, const T* probs, index B, index Tn, index H,
-                        index hd) {
-  detail::require(B >= 0 && Tn >= 0 && H >= 0, "attention_backward", cat("B ", B, ", T ", Tn, ", H ", H));
+                        index hd, index g = 1) {
+  detail::require(B >= 0 && Tn >= 0 && H >= 0 && g >= 1 && H % g == 0, "attention_backward",
+                  cat("B ", B, ", T ", Tn, ", H ", H, ", heads per group ", g));
   if (B * Tn * H == 0) return;
   detail::with_head_size(hd, "attention_backward", [&](auto HD) {
-    detail::attention_backward_hd<decltype(HD)::value>(d, dqkv, dout, qkv, probs, B, Tn, H);
+    detail::attention_backward_hd<decltype(HD)::value>(d, dqkv, dout, qkv, probs, B, Tn, H, g);
   });
 }
 

@@ -1,0 +1,122 @@
+#!/usr/bin/env python3
+"""PyTorch eager training steps of weft's Llama (the side-by-side benchmark's reference).
+
+The same architecture as weft's llama::Model (pre-RMSNorm blocks, rotary positions with theta
+500000 on q and k, grouped-query attention with --kv-heads key-value heads, a SwiGLU MLP of
+--hidden units, no biases, an untied LM head), written plainly in eager PyTorch with
+scaled_dot_product_attention (causal; key-value heads expanded to the query heads), f32, AdamW
+(foreach, the default; --fused for the fused one), gradient clipping at 1.0. Prints one JSON
+object: the median step time and tokens/s over --steps steps after 2 warm-up steps, on --threads
+threads (torch.set_num_threads).
+
+Usage: torch_llama.py --layers 4 --width 256 --heads 8 --kv-heads 2 --hidden 688 --seq 128 --vocab 256 --batch 8
+"""
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+
+def rms_norm(x, w, eps=1e-5):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def rotate(x, cos, sin):  # x (B, heads, T, hd): the halves rotated, as transformers' rotate_half
+    a, b = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-b, a), dim=-1) * sin
+
+
+class Block(torch.nn.Module):
+    def __init__(self, C, H, KV, Fh):
+        super().__init__()
+        self.H, self.KV, self.hd = H, KV, C // H
+        self.norm1 = torch.nn.Parameter(torch.ones(C))
+        self.norm2 = torch.nn.Parameter(torch.ones(C))
+        self.q = torch.nn.Linear(C, C, bias=False)
+        self.kv = torch.nn.Linear(C, 2 * KV * self.hd, bias=False)
+        self.o = torch.nn.Linear(C, C, bias=False)
+        self.gate_up = torch.nn.Linear(C, 2 * Fh, bias=False)
+        self.down = torch.nn.Linear(Fh, C, bias=False)
+
+    def forward(self, x, cos, sin):
+        B, T, C = x.shape
+        h = rms_norm(x, self.norm1)
+        q = self.q(h).view(B, T, self.H, self.hd).transpose(1, 2)
+        k, v = self.kv(h).view(B, T, 2, self.KV, self.hd).permute(2, 0, 3, 1, 4)
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        rep = self.H // self.KV
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.o(y.transpose(1, 2).reshape(B, T, C))
+        gate, up = self.gate_up(rms_norm(x, self.norm2)).chunk(2, dim=-1)
+        return x + self.down(F.silu(gate) * up)
+
+
+class Llama(torch.nn.Module):
+    def __init__(self, V, T, L, H, KV, C, Fh, theta=500000.0):
+        super().__init__()
+        self.wte = torch.nn.Embedding(V, C)
+        self.blocks = torch.nn.ModuleList(Block(C, H, KV, Fh) for _ in range(L))
+        self.norm = torch.nn.Parameter(torch.ones(C))
+        self.head = torch.nn.Linear(C, V, bias=False)
+        hd = C // H
+        inv = 1.0 / theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd)
+        angles = torch.outer(torch.arange(T, dtype=torch.float64), inv)
+        angles = torch.cat((angles, angles), dim=-1)
+        self.register_buffer("cos", angles.cos().float(), persistent=False)
+        self.register_buffer("sin", angles.sin().float(), persistent=False)
+
+    def forward(self, idx, targets):
+        x = self.wte(idx)
+        for b in self.blocks:
+            x = b(x, self.cos, self.sin)
+        logits = self.head(rms_norm(x, self.norm))
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    for name, default in (("layers", 4), ("width", 256), ("heads", 8), ("kv-heads", 2), ("hidden", 688), ("seq", 128),
+                          ("vocab", 256), ("batch", 8), ("threads", 1), ("steps", 5)):
+        ap.add_argument(f"--{name}", type=int, default=default)
+    ap.add_argument("--fused", action="store_true", help="fused AdamW")
+    a = ap.parse_args()
+    if (min(a.layers, a.width, a.heads, a.kv_heads, a.hidden, a.seq, a.vocab, a.batch, a.threads, a.steps) < 1
+            or a.width % a.heads or a.heads % a.kv_heads or (a.width // a.heads) % 2):
+        sys.exit("torch_llama.py: sizes must be >= 1, the width a multiple of the heads (an even head size), "
+                 "the heads a multiple of the key-value heads")
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(0)
+    model = Llama(a.vocab, a.seq, a.layers, a.heads, a.kv_heads, a.width, a.hidden)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1, fused=a.fused or None)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randint(0, a.vocab, (a.batch, a.seq), generator=g)
+    y = torch.randint(0, a.vocab, (a.batch, a.seq), generator=g)
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss = model(x, y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+
+    for _ in range(2):
+        step()
+    times = []
+    for _ in range(a.steps):
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    s = statistics.median(times)
+    print(json.dumps({"impl": "pytorch" + (" fused" if a.fused else ""), "torch": torch.__version__, "threads": a.threads,
+                      "model": "llama", "layers": a.layers, "width": a.width, "heads": a.heads, "kv_heads": a.kv_heads,
+                      "hidden": a.hidden, "seq": a.seq, "vocab": a.vocab, "batch": a.batch, "step_s": s,
+                      "tokens_per_s": a.batch * a.seq / s}))
+
+
+if __name__ == "__main__":
+    main()
