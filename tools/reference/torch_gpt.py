@@ -11,13 +11,12 @@ threads (torch.set_num_threads).
 Usage: torch_gpt.py --layers 12 --width 768 --heads 12 --seq 64 --vocab 50257 --batch 4 --threads 2
 """
 import argparse
-import json
-import statistics
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
+
+from torch_steps import timed_steps
 
 
 class Block(torch.nn.Module):
@@ -67,30 +66,7 @@ def main():
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     model = Gpt(a.vocab, a.seq, a.layers, a.heads, a.width)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1, fused=a.fused or None)
-    g = torch.Generator().manual_seed(1)
-    x = torch.randint(0, a.vocab, (a.batch, a.seq), generator=g)
-    y = torch.randint(0, a.vocab, (a.batch, a.seq), generator=g)
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        loss = model(x, y)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-
-    for _ in range(2):
-        step()
-    times = []
-    for _ in range(a.steps):
-        t0 = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
-    s = statistics.median(times)
-    print(json.dumps({"impl": "pytorch" + (" fused" if a.fused else ""), "torch": torch.__version__, "threads": a.threads,
-                      "layers": a.layers, "width": a.width, "heads": a.heads, "seq": a.seq, "vocab": a.vocab,
-                      "batch": a.batch, "step_s": s, "tokens_per_s": a.batch * a.seq / s}))
-
+    timed_steps(model, a, {"layers": a.layers, "width": a.width, "heads": a.heads, "seq": a.seq, "vocab": a.vocab})
 
 if __name__ == "__main__":
     main()

@@ -12,13 +12,12 @@ threads (torch.set_num_threads).
 Usage: torch_llama.py --layers 4 --width 256 --heads 8 --kv-heads 2 --hidden 688 --seq 128 --vocab 256 --batch 8
 """
 import argparse
-import json
-import statistics
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
+
+from torch_steps import timed_steps
 
 
 def rms_norm(x, w, eps=1e-5):
@@ -92,31 +91,8 @@ def main():
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     model = Llama(a.vocab, a.seq, a.layers, a.heads, a.kv_heads, a.width, a.hidden)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.1, fused=a.fused or None)
-    g = torch.Generator().manual_seed(1)
-    x = torch.randint(0, a.vocab, (a.batch, a.seq), generator=g)
-    y = torch.randint(0, a.vocab, (a.batch, a.seq), generator=g)
-
-    def step():
-        opt.zero_grad(set_to_none=True)
-        loss = model(x, y)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-
-    for _ in range(2):
-        step()
-    times = []
-    for _ in range(a.steps):
-        t0 = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
-    s = statistics.median(times)
-    print(json.dumps({"impl": "pytorch" + (" fused" if a.fused else ""), "torch": torch.__version__, "threads": a.threads,
-                      "model": "llama", "layers": a.layers, "width": a.width, "heads": a.heads, "kv_heads": a.kv_heads,
-                      "hidden": a.hidden, "seq": a.seq, "vocab": a.vocab, "batch": a.batch, "step_s": s,
-                      "tokens_per_s": a.batch * a.seq / s}))
-
+    timed_steps(model, a, {"model": "llama", "layers": a.layers, "width": a.width, "heads": a.heads, "kv_heads": a.kv_heads,
+                           "hidden": a.hidden, "seq": a.seq, "vocab": a.vocab})
 
 if __name__ == "__main__":
     main()
