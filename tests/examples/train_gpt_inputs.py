@@ -130,6 +130,14 @@ signal_args = ["--eval-every", "0", "--width", "64", "--seq", "64", "--warmup", 
 def start(log, *more):
     return subprocess.Popen([bin_, "--steps", "100000", *signal_args, "--log", log, *more],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+def read_until(p, text):
+    """The lines p prints up to and including the first that holds `text` ("" after it, if none does)."""
+    seen = []
+    for line in p.stdout:
+        seen.append(line)
+        if text in line:
+            return "".join(seen), line
+    return "".join(seen), ""
 def wait_for_records(log, n, p):
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and p.poll() is None:
@@ -203,14 +211,10 @@ if wait_for_records(log, 1, p):
     step1 = long_tokens / json.loads(open(log).readline())["tokens_per_s"]
     t0 = time.monotonic()
     p.send_signal(signal.SIGINT)
-    seen, abandoned_at = [], None
-    for line in p.stdout:  # read until the trainer says it abandoned the step (or exits)
-        seen.append(line)
-        if line.startswith("abandoned step"):
-            abandoned_at = time.monotonic() - t0
-            break
+    seen, line = read_until(p, "abandoned step")  # (or the exit)
+    abandoned_at = time.monotonic() - t0 if line else None
     try:
-        out = "".join(seen) + p.communicate(timeout=60)[0]
+        out = seen + p.communicate(timeout=60)[0]
         exited = time.monotonic() - t0
         text = open(log).read()
         records = [json.loads(l) for l in text.split("\n") if l]
@@ -247,14 +251,9 @@ log = os.path.join(work, "twice.jsonl")
 p = subprocess.Popen([bin_, "--steps", "100000", "--eval-every", "0", "--width", "128", "--seq", "128", "--batch", "64",
                       "--micro-batch", "16", "--data", "1", "--tensor", "1", "--pipe", "2", "--log", log],
                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-def read_until(prefix_or_text):
-    for line in p.stdout:
-        if prefix_or_text in line:
-            return line
-    return ""
-if read_until("train_gpt:"):
+if read_until(p, "train_gpt:")[1]:
     p.send_signal(signal.SIGINT)
-    if read_until("stopping after this step"):
+    if read_until(p, "stopping after this step")[1]:
         t0 = time.monotonic(); p.send_signal(signal.SIGINT)
         try:
             p.communicate(timeout=30)
