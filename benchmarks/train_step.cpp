@@ -3,7 +3,8 @@
 // on data x tensor thread ranks: the median step's tokens/s, effective GFLOP/s (6 N + 12 L C T per
 // token) and MFU, next to the Eigen GEMM rate of the same GEMM shapes measured alone in the same
 // run; the step broken down by op class (host::OpTimes, measured inside the step on every rank) and
-// the share of the step outside GEMMs. One JSON object per line. benchmarks/vs_pytorch.py
+// the share of the step outside GEMMs; the FLOPs per token counted, and the vector instructions it
+// was compiled for ("simd"). One JSON object per line. benchmarks/vs_pytorch.py
 // runs it beside PyTorch eager.
 //
 //   train_step [--layers L] [--width C] [--heads H] [--vocab V] [--seq T] [--batch B] [--data D] [--tensor N] [--steps S]
@@ -58,6 +59,20 @@ double gemm_seconds(const std::vector<GemmShape>& shapes, int ranks, double& flo
     flops += 2.0 * static_cast<double>(s.m * s.n * s.k) * s.count * ranks;
   }
   return total;
+}
+
+// The widest vector instructions this binary was compiled for (-march): weft's own ops use these;
+// the GEMM library picks its kernels at run time (gemm_library names them).
+const char* simd() {
+#if defined(__AVX512F__)
+  return "avx512";
+#elif defined(__AVX2__)
+  return "avx2";
+#elif defined(__AVX__)
+  return "avx";
+#else
+  return "sse";
+#endif
 }
 
 }  // namespace
@@ -196,10 +211,12 @@ int main(int argc, char** argv) {
                               {"batch", batch}, {"data", data}, {"tensor", tensor}, {"threads", ranks * op_threads},
                               {"op_threads", op_threads}, {"dtype", "f32"},
                               {"step_s", step_s}, {"tokens_per_s", tokens_s},
+                              {"flops_per_token", flops_per_token},
                               {"effective_gflops", tokens_s * flops_per_token / 1e9},
                               {"mfu", tokens_s * flops_per_token / peak},
                               {"gemm_ceiling_gflops", peak / 1e9},  // 512^3 GEMMs, every rank, best of 5 windows
                               {"gemm_library", host::gemm_library()},
+                              {"simd", simd()},
                               {"step_gemm_rate_gflops", gemm_flops / gemm_time / 1e9},
                               {"isolated_gemm_s_per_step", gemm_time},
                               {"ops_s_per_step", ops},

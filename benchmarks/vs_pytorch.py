@@ -7,11 +7,19 @@ V=256, B=8; llama-wide: 2 layers, width 768, 12 heads in 4 groups, SwiGLU of 204
 B=4), on 1 and 2 threads: weft's benchmarks/train_step (1 thread: one rank; 2 threads: data 2 or
 tensor 2 ranks, or one rank on 2 threads; the fastest counts) and tools/reference/torch_gpt.py or
 torch_llama.py (torch.set_num_threads), alternating, --reps times each; medians. Prints one JSON object per model
-and thread count: tokens/s of each, effective
-GFLOP/s (6 N + 12 L C T per token), the ratio weft / PyTorch, and weft's share of the step outside
-GEMMs. Without PyTorch it says so and exits 0.
+and thread count: tokens/s of each, effective GFLOP/s (the FLOPs per token weft counts, train_step's
+"flops_per_token": 6 N + 12 L C T for GPT-2, the same for both sides), the ratio weft / PyTorch,
+and weft's share of the step outside GEMMs. Without PyTorch it says so and exits 0.
 
-Usage: benchmarks/vs_pytorch.py [--train-step build/release/benchmarks/train_step] [--reps 3] [--only llama-small]
+--avx2 compares both sides on AVX2 code only, on a machine that also has AVX-512: PyTorch with
+ATEN_CPU_CAPABILITY=avx2, MKL_ENABLE_INSTRUCTIONS=AVX2 and DNNL_MAX_CPU_ISA=AVX2; OpenBLAS with
+OPENBLAS_CORETYPE=Haswell; and weft's own ops from a train_step compiled without AVX-512 (refused
+otherwise), for example:
+  cmake --preset release -B build/release-avx2 -DCMAKE_CXX_FLAGS=-march=x86-64-v3 -DWEFT_ENABLE_CUDA=OFF
+  cmake --build build/release-avx2 --target train_step
+  benchmarks/vs_pytorch.py --avx2 --train-step build/release-avx2/benchmarks/train_step
+
+Usage: benchmarks/vs_pytorch.py [--train-step build/release/benchmarks/train_step] [--reps 3] [--only llama-small] [--avx2]
 """
 import argparse
 import json
@@ -29,15 +37,6 @@ MODELS = {
     "llama-wide": dict(model="llama", layers=2, width=768, heads=12, kv_heads=4, hidden=2048, seq=64, vocab=32000, batch=4,
                        steps=3),
 }
-
-
-def flops_per_token(m):
-    """weft's own counts (gpt2::flops_per_token, llama::flops_per_token): the same number for both sides."""
-    C, L, T = m["width"], m["layers"], m["seq"]
-    if m.get("model") == "llama":
-        kv = m["kv_heads"] * C // m["heads"]
-        return 6 * (L * (2 * C * C + 2 * C * kv + 3 * C * m["hidden"]) + 2 * m["vocab"] * C) + 12 * L * C * T
-    return 6 * (m["vocab"] * C + T * C + L * 12 * C * C) + 12 * L * C * T
 
 
 def cpu():
@@ -66,7 +65,11 @@ def main():
     ap.add_argument("--train-step", default=os.path.join(here, "..", "build", "release", "benchmarks", "train_step"))
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--only", choices=sorted(MODELS))
+    ap.add_argument("--avx2", action="store_true", help="both sides on AVX2 code only (see above)")
     a = ap.parse_args()
+    if a.avx2:  # read when the libraries load: set before importing torch and before any run
+        os.environ.update(ATEN_CPU_CAPABILITY="avx2", MKL_ENABLE_INSTRUCTIONS="AVX2", DNNL_MAX_CPU_ISA="AVX2",
+                          OPENBLAS_CORETYPE="Haswell")
     try:
         import torch
     except ImportError:
@@ -83,7 +86,7 @@ def main():
             layouts = [(1, 1, 1)] if threads == 1 else [(2, 1, 1), (1, 2, 1), (1, 1, 2)]
             weft = {l: [] for l in layouts}
             torch_s, share = [], {l: [] for l in layouts}
-            library = None
+            library = simd = flops = None
             for _ in range(a.reps):
                 for l in list(layouts):
                     r = run([a.train_step, *sum(([f"--{k.replace('_', '-')}", str(v)] for k, v in m.items()), []), "--data", str(l[0]),
@@ -93,19 +96,24 @@ def main():
                         continue
                     weft[l].append(r["tokens_per_s"])
                     share[l].append(r["share_outside_gemm"])
-                    library = r.get("gemm_library", library)
+                    library, simd, flops = r["gemm_library"], r["simd"], r["flops_per_token"]
+                    if a.avx2 and simd != "avx2":
+                        sys.exit(f"vs_pytorch: --avx2 needs a train_step compiled for AVX2 without AVX-512; "
+                                 f"{a.train_step} was compiled for {simd} (build one as the usage above says)")
                 torch_s.append(run([sys.executable, reference, *sizes, f"--threads={threads}"])["tokens_per_s"])
             best = max(layouts, key=lambda l: statistics.median(weft[l]))
             label = lambda l: f"data {l[0]} x tensor {l[1]}" + (f", {l[2]} threads" if l[2] > 1 else "")
             w, t = statistics.median(weft[best]), statistics.median(torch_s)
-            f = flops_per_token(m)
+            f = flops
             print(json.dumps({"bench": "vs_pytorch", "model": name, "threads": threads,
                               "weft_layout": label(best),
                               "weft_tokens_per_s": w, "pytorch_tokens_per_s": t, "ratio": w / t,
                               "weft_effective_gflops": w * f / 1e9, "pytorch_effective_gflops": t * f / 1e9,
                               "weft_share_outside_gemm": statistics.median(share[best]),
                               "weft_all_layouts": {label(l): statistics.median(weft[l]) for l in layouts},
-                              "weft_gemm_library": library, "torch_version": torch.__version__, "cpu": cpu(),
+                              "weft_gemm_library": library, "weft_simd": simd,
+                              "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+                              "torch_version": torch.__version__, "cpu": cpu(),
                               "reps": a.reps}), flush=True)
     return 0
 

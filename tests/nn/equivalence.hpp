@@ -1,5 +1,6 @@
-// Runs a tiny Gpt under a strategy and tensor degree, and gathers the loss and every global
-// parameter value and gradient on the calling thread, for comparisons across strategies.
+// Runs a tiny Gpt (or any staged model: run_model) under a strategy and tensor degree, and gathers
+// the loss and every global parameter value and gradient on the calling thread, for comparisons
+// across strategies.
 #pragma once
 
 #include <map>
@@ -27,7 +28,8 @@ inline gpt2::Config tiny_config() {
   return {.vocab = 65, .seq = 16, .layers = 2, .heads = 4, .width = 32, .seed = 42, .init_std = 0.1};
 }
 
-inline void tiny_batch(std::int64_t batch, const gpt2::Config& c, std::vector<std::int32_t>& tokens,
+template <class Config>
+void tiny_batch(std::int64_t batch, const Config& c, std::vector<std::int32_t>& tokens,
                        std::vector<std::int32_t>& targets) {
   tokens.resize(static_cast<std::size_t>(batch * c.seq));
   targets.resize(tokens.size());
@@ -57,8 +59,11 @@ std::vector<double> host_doubles(const X& t, std::int64_t n) {
   return out;
 }
 
-template <class P, bool SP, class Recompute, class D = Host>
-GptRun run_gpt(int tensor, const gpt2::Config& c = tiny_config(), std::int64_t batch = 2) {
+// One forward and backward of any staged model (its device's ranks: rank_device) on `tensor`
+// thread ranks; the vocabulary tables ("wte", "lm_head") cut to the real vocabulary's rows.
+template <class Model>
+GptRun run_model(int tensor, const typename Model::config_type& c, std::int64_t batch = 2) {
+  using D = typename Model::device;
   GptRun out;
   std::mutex mu;
   std::vector<std::int32_t> tokens, targets;
@@ -66,15 +71,15 @@ GptRun run_gpt(int tensor, const gpt2::Config& c = tiny_config(), std::int64_t b
   run_threads(tensor, [&](ThreadComm& world) {
     auto dev = rank_device<D>(world);
     Mesh mesh{world, {.tensor = tensor}};
-    gpt2::Model<P, SP, Recompute, D> gpt(*dev, c, mesh.spread(), batch);
+    Model model(*dev, c, mesh.spread(), batch);
     const threads::Counters before = mesh.tensor().counters();
-    const double loss = test::forward_backward(gpt, tokens, targets, batch, mesh);
+    const double loss = test::forward_backward(model, tokens, targets, batch, mesh);
     const threads::Counters ran = mesh.tensor().counters() - before;
-    gpt.for_each_param([&](const std::string& name, auto& p) {
+    model.for_each_param([&](const std::string& name, auto& p) {
       const auto v = redistribute<Replicated>(p.value, mesh);
       const auto g = redistribute<Replicated>(p.grad, mesh);
       if (world.rank() != 0) return;
-      const std::int64_t n = name == "wte" ? c.vocab * c.width : v.numel();  // drop padding rows
+      const std::int64_t n = name == "wte" || name == "lm_head" ? c.vocab * c.width : v.numel();  // drop padding rows
       std::lock_guard lock(mu);
       out.values[name] = host_doubles(v, n);
       out.grads[name] = host_doubles(g, n);
@@ -88,6 +93,10 @@ GptRun run_gpt(int tensor, const gpt2::Config& c = tiny_config(), std::int64_t b
   return out;
 }
 
+template <class P, bool SP, class Recompute, class D = Host>
+GptRun run_gpt(int tensor, const gpt2::Config& c = tiny_config(), std::int64_t batch = 2) {
+  return run_model<gpt2::Model<P, SP, Recompute, D>>(tensor, c, batch);
+}
 
 // The worst relative error over the loss and every gradient; sizes must match.
 inline double worst_error(const GptRun& a, const GptRun& ref, std::string* where = nullptr) {

@@ -1,5 +1,5 @@
-// The training stack on the GPU against the host: attention, the tiny GPT's loss and every gradient
-// under tensor and sequence parallelism (thread ranks sharing the GPU), every data strategy, bf16
+// The training stack on the GPU against the host: attention, the tiny GPT's and the tiny Llama's loss
+// and every gradient under tensor and sequence parallelism (thread ranks sharing the GPU), every data strategy, bf16
 // mixed-precision training. Written once over the device type; every
 // case exits 77 (skipped) where there is no GPU. Built by nvcc in every CUDA build, so CI compiles
 // the whole stack for Cuda.
@@ -10,6 +10,7 @@
 
 #include "support/cuda_ranks.cuh"
 #include "support/train_markov.hpp"
+#include "weft/models/llama/model.hpp"
 
 using namespace weft;
 
@@ -94,6 +95,26 @@ TEST_CASE("the tiny GPT on the GPU in f32: loss and every gradient within 1e-5 o
     const double e = test::worst_error(test::run_gpt<float, false, recompute::None, Cuda>(tp, c), ref, &where);
     CHECK_MESSAGE(e <= 1e-5, "tp ", tp, " without SP: ", where, " off by ", e);
     const double es = test::worst_error(test::run_gpt<float, true, recompute::Selective, Cuda>(tp, c), ref, &where);
+    CHECK_MESSAGE(es <= 1e-5, "tp ", tp, " with SP: ", where, " off by ", es);
+  }
+}
+
+TEST_CASE("the tiny Llama on the GPU in f32: loss and every gradient within 1e-5 of the host, tensor 1 and 2, with and without SP") {
+  (void)test::gpu();
+  // RMSNorm, rotary (llama3 scaling, all three frequency bands), grouped-query attention (4 heads
+  // over 2 key-value heads: tensor 2 holds a group each) and SwiGLU through Ops<Cuda>; the host's
+  // f32 run at one rank is the reference, 1e-5 as for the GPT above.
+  const llama::Config c{.vocab = 65, .seq = 16, .layers = 2, .heads = 4, .kv_heads = 2, .width = 32, .hidden = 48,
+                        .rope = {.theta = 500, .factor = 4, .low_freq_factor = 1, .high_freq_factor = 4,
+                                 .original_max_positions = 64},
+                        .norm_eps = 1e-5, .seed = 3, .init_std = 0.2};
+  const auto ref = test::run_model<llama::Model<float, false, recompute::None, Host>>(1, c);
+  REQUIRE(ref.grads.count("lm_head") == 1);
+  for (int tp : {1, 2}) {
+    std::string where;
+    const double e = test::worst_error(test::run_model<llama::Model<float, false, recompute::None, Cuda>>(tp, c), ref, &where);
+    CHECK_MESSAGE(e <= 1e-5, "tp ", tp, " without SP: ", where, " off by ", e);
+    const double es = test::worst_error(test::run_model<llama::Model<float, true, recompute::Selective, Cuda>>(tp, c), ref, &where);
     CHECK_MESSAGE(es <= 1e-5, "tp ", tp, " with SP: ", where, " off by ", es);
   }
 }

@@ -120,24 +120,40 @@ inline void sync_directory(const std::string& dir) {
   d.sync();
 }
 
+// A file written in order, hashed as it goes; finish() fsyncs it and returns its digest.
+class SyncedFile {
+ public:
+  explicit SyncedFile(const std::string& path) : f_(path, O_WRONLY | O_CREAT | O_TRUNC), st_(XXH3_createState()) {
+    XXH3_64bits_reset(st_);
+  }
+  SyncedFile(const SyncedFile&) = delete;
+  SyncedFile& operator=(const SyncedFile&) = delete;
+  ~SyncedFile() { XXH3_freeState(st_); }
+  void write(std::span<const std::byte> p) {
+    point("file bytes");
+    f_.write_all(p.data(), p.size());
+    XXH3_64bits_update(st_, p.data(), p.size());
+    d_.bytes += p.size();
+  }
+  Digest finish() {
+    d_.xxh3 = XXH3_64bits_digest(st_);
+    point("file fsync");
+    f_.sync();
+    f_.close();
+    return d_;
+  }
+
+ private:
+  detail::Fd f_;
+  XXH3_state_t* st_;
+  Digest d_;
+};
+
 // Writes a file from pieces, fsyncs it, and returns its digest (hashed from the bytes written).
 inline Digest write_synced(const std::string& path, std::span<const std::span<const std::byte>> pieces) {
-  detail::Fd f(path, O_WRONLY | O_CREAT | O_TRUNC);
-  XXH3_state_t* st = XXH3_createState();
-  XXH3_64bits_reset(st);
-  Digest d;
-  for (const auto& p : pieces) {
-    point("file bytes");
-    f.write_all(p.data(), p.size());
-    XXH3_64bits_update(st, p.data(), p.size());
-    d.bytes += p.size();
-  }
-  d.xxh3 = XXH3_64bits_digest(st);
-  XXH3_freeState(st);
-  point("file fsync");
-  f.sync();
-  f.close();
-  return d;
+  SyncedFile f(path);
+  for (const auto& p : pieces) f.write(p);
+  return f.finish();
 }
 
 // A small text file written atomically: path.tmp, fsync, rename, fsync of the directory.

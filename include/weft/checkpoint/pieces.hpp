@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -33,16 +34,22 @@ struct Staged {
   std::vector<std::byte> bytes;
 };
 
-// Writes staged pieces as one file; the pieces' layout goes in its metadata ("weft.pieces").
-inline Digest write_staged(const std::string& path, const std::vector<Staged>& staged) {
+// Writes staged pieces as one file; the pieces' layout goes in its metadata ("weft.pieces"). Piece
+// i's bytes come from bytes_of(i, n) (write_streamed), so a writer that makes them one at a time
+// (an import) holds one piece, not the file; by default from the pieces' own bytes.
+template <class BytesOf>
+Digest write_staged(const std::string& path, const std::vector<Staged>& staged, BytesOf bytes_of) {
   std::vector<TensorData> tensors;
   nlohmann::json meta = nlohmann::json::array();
   for (const Staged& s : staged) {
-    tensors.push_back({s.tensor, s.dtype, {s.count}, s.bytes.data()});
+    tensors.push_back({s.tensor, s.dtype, {s.count}, nullptr});
     meta.push_back({{"tensor", s.tensor}, {"global", s.global}, {"logical", s.logical}, {"layout", s.layout},
                     {"box_offset", s.box_offset}, {"box_extent", s.box_extent}, {"first", s.first}, {"count", s.count}});
   }
-  return write(path, tensors, {{"weft.pieces", meta.dump()}});
+  return write_streamed(path, std::span<const TensorData>(tensors), {{"weft.pieces", meta.dump()}}, bytes_of);
+}
+inline Digest write_staged(const std::string& path, const std::vector<Staged>& staged) {
+  return write_staged(path, staged, [&](std::size_t i, std::uint64_t) { return std::span<const std::byte>(staged[i].bytes); });
 }
 
 }  // namespace detail

@@ -242,10 +242,14 @@ struct TensorData {
   const void* data = nullptr;
 };
 
-// Writes a safetensors file: the header (padded with spaces to a multiple of 8 bytes), then each
-// tensor's bytes in the order given; fsyncs it and returns its size and hash (files.hpp).
-inline Digest write(const std::string& path, std::span<const TensorData> tensors,
-                    const std::map<std::string, std::string>& metadata = {}) {
+// Writes a safetensors file whose tensors' bytes may be made one at a time, so that a writer need
+// hold only one tensor: the header (padded with spaces to a multiple of 8 bytes) from the names,
+// dtypes and shapes of `tensors` (their data unused), then for each tensor i in order the bytes
+// that bytes_of(i, n) returns (n = shape x dtype size of them; valid until the next call). fsyncs the file
+// and returns its size and hash (files.hpp).
+template <class BytesOf>
+Digest write_streamed(const std::string& path, std::span<const TensorData> tensors, const std::map<std::string, std::string>& metadata,
+                      BytesOf bytes_of) {
   nlohmann::json doc = nlohmann::json::object();
   if (!metadata.empty()) doc["__metadata__"] = metadata;
   std::uint64_t at = 0;
@@ -270,10 +274,27 @@ inline Digest write(const std::string& path, std::span<const TensorData> tensors
   std::array<unsigned char, 8> len{};
   std::uint64_t n = text.size();
   for (std::size_t i = 0; i < 8; ++i, n >>= 8) len[i] = static_cast<unsigned char>(n & 0xff);
-  std::vector<std::span<const std::byte>> pieces{std::as_bytes(std::span(len)), std::as_bytes(std::span(text))};
-  for (std::size_t i = 0; i < tensors.size(); ++i)
-    if (sizes[i]) pieces.emplace_back(static_cast<const std::byte*>(tensors[i].data), sizes[i]);
-  return write_synced(path, pieces);
+  SyncedFile f(path);
+  f.write(std::as_bytes(std::span(len)));
+  f.write(std::as_bytes(std::span(text)));
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    if (!sizes[i]) continue;
+    const std::span<const std::byte> b = bytes_of(i, sizes[i]);
+    if (b.size() != sizes[i])
+      detail::bad(path, cat("tensor \"", tensors[i].name, "\" came with ", b.size(), " bytes; its dtype and shape need ", sizes[i]),
+                  "give each tensor the bytes of its shape");
+    f.write(b);
+  }
+  return f.finish();
+}
+
+// Writes a safetensors file of tensors held in memory (write_streamed, each tensor's bytes from its
+// data).
+inline Digest write(const std::string& path, std::span<const TensorData> tensors,
+                    const std::map<std::string, std::string>& metadata = {}) {
+  return write_streamed(path, tensors, metadata, [&](std::size_t i, std::uint64_t bytes) {
+    return std::span<const std::byte>(static_cast<const std::byte*>(tensors[i].data), static_cast<std::size_t>(bytes));
+  });
 }
 
 }  // namespace weft::checkpoint

@@ -31,7 +31,7 @@ struct RmsNorm<Host> {
   template <class T>
   static void forward(Host&, T* y, acc<T>* rstd, const T* x, const T* w, index N, index C, acc<T> eps) {
     using S = acc<T>;
-    const host::Timed timed(host::Op::layernorm);
+    const host::Timed timed(host::Op::rmsnorm);
     host::split(N, host::kRows, [&](index lo, index hi) {
       for (index n = lo; n < hi; ++n) {
         const T* xr = x + n * C;
@@ -48,7 +48,7 @@ struct RmsNorm<Host> {
   static void backward(Host&, T* dx, acc<T>* dw, const T* dy, const T* x, const T* w, const acc<T>* rstd, index N,
                        index C, const T* dresid = nullptr) {
     using S = acc<T>;
-    const host::Timed timed(host::Op::layernorm);
+    const host::Timed timed(host::Op::rmsnorm);
     host::split(N, host::kRows, [&](index lo, index hi) {
       for (index n = lo; n < hi; ++n) {
         const T *xr = x + n * C, *dr = dy + n * C;

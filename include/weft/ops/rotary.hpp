@@ -63,30 +63,57 @@ struct Rotary<Host> {
   }
 
  private:
+  // The angles' cosines and sines for positions pos0 .. pos0 + Tn - 1, (Tn, hd/2) each, computed in
+  // double and rounded to S once; kept by the calling thread until it asks for other positions,
+  // sizes or frequencies (a run asks for the same ones every layer and step).
+  template <class S>
+  struct Table {
+    index Tn = -1, hd = -1, pos0 = -1;
+    Rope rope{};
+    std::vector<S> cos, sin;
+  };
+  template <class S>
+  static const Table<S>& table(index Tn, index hd, const Rope& r, index pos0) {
+    thread_local Table<S> t;
+    const auto same = [&](const Rope& o) {
+      return o.theta == r.theta && o.factor == r.factor && o.low_freq_factor == r.low_freq_factor &&
+             o.high_freq_factor == r.high_freq_factor && o.original_max_positions == r.original_max_positions;
+    };
+    if (t.Tn == Tn && t.hd == hd && t.pos0 == pos0 && same(t.rope)) return t;
+    const index half = hd / 2;
+    t.cos.assign(static_cast<std::size_t>(Tn * half), S(0));
+    t.sin.assign(static_cast<std::size_t>(Tn * half), S(0));
+    for (index i = 0; i < half; ++i) {
+      const double f = rope_inv_freq(i, hd, r);
+      for (index p = 0; p < Tn; ++p) {
+        const double a = static_cast<double>(pos0 + p) * f;
+        t.cos[static_cast<std::size_t>(p * half + i)] = static_cast<S>(std::cos(a));
+        t.sin[static_cast<std::size_t>(p * half + i)] = static_cast<S>(std::sin(a));
+      }
+    }
+    t.Tn = Tn, t.hd = hd, t.pos0 = pos0, t.rope = r;
+    return t;
+  }
+
   template <class T>
   static void rotate(T* qkv, index B, index Tn, index G, index g, index hd, const Rope& r, index pos0, double sign) {
     using S = acc<T>;
-    const host::Timed timed(host::Op::elementwise);
+    const host::Timed timed(host::Op::rotary);
     const index half = hd / 2, row = G * (g + 2) * hd;
-    std::vector<S> cs(static_cast<std::size_t>(Tn * hd));  // (T, half, {cos, sin})
-    for (index i = 0; i < half; ++i) {
-      const double f = rope_inv_freq(i, hd, r);
-      for (index t = 0; t < Tn; ++t) {
-        const double a = static_cast<double>(pos0 + t) * f;
-        cs[static_cast<std::size_t>(t * hd + 2 * i)] = static_cast<S>(std::cos(a));
-        cs[static_cast<std::size_t>(t * hd + 2 * i + 1)] = static_cast<S>(sign * std::sin(a));
-      }
-    }
+    const Table<S>& tab = table<S>(Tn, hd, r, pos0);
+    const S sg = static_cast<S>(sign);  // the backward rotates by -a: sin(-a) = -sin(a), exactly
     host::split(B * Tn, host::kRows, [&](index lo, index hi) {
       for (index n = lo; n < hi; ++n) {
-        const S* c = cs.data() + (n % Tn) * hd;
+        const S* __restrict co = tab.cos.data() + (n % Tn) * half;
+        const S* __restrict si = tab.sin.data() + (n % Tn) * half;
         for (index grp = 0; grp < G; ++grp)
           for (index h = 0; h <= g; ++h) {  // the g queries and the key
-            T* x = qkv + n * row + (grp * (g + 2) + h) * hd;
+            T* __restrict x0 = qkv + n * row + (grp * (g + 2) + h) * hd;  // the first half
+            T* __restrict x1 = x0 + half;                                  // the second
             for (index i = 0; i < half; ++i) {
-              const S a = widen(x[i]), b = widen(x[i + half]), co = c[2 * i], si = c[2 * i + 1];
-              x[i] = narrow<T>(a * co - b * si);
-              x[i + half] = narrow<T>(b * co + a * si);
+              const S a = widen(x0[i]), b = widen(x1[i]), s = sg * si[i];
+              x0[i] = narrow<T>(a * co[i] - b * s);
+              x1[i] = narrow<T>(b * co[i] + a * s);
             }
           }
       }

@@ -7,6 +7,9 @@
 
 #include "support/gradcheck.hpp"
 #include "weft/device/host/ops.hpp"
+#include "weft/ops/rmsnorm.hpp"
+#include "weft/ops/rotary.hpp"
+#include "weft/ops/swiglu.hpp"
 
 using namespace weft;
 using test::gradcheck;
@@ -194,4 +197,83 @@ TEST_CASE("float attention on GEMMs: the double loops' output, probabilities and
   std::vector<float> again(dqkvf.size());
   host::attention_backward(again.data(), doutf.data(), qkvf.data(), probsf.data(), B, T, H, hd);
   CHECK(again == dqkvf);
+}
+
+// Llama's ops (ops/swiglu.hpp, ops/rotary.hpp, ops/rmsnorm.hpp): the float paths (SwiGLU on Eigen's
+// vectorized exp, the rotation on a cached table, RMSNorm on lane sums) against the double loops
+// on the same float inputs.
+TEST_CASE("float SwiGLU: within 1e-6 of the double oracle (relative beyond 1), tails included, the same bits at any offset") {
+  Host dev;
+  V a;  // (gate, up) pairs: gates over [-20, 20] and far out, ups over [-3, 3]
+  for (int i = 0; i <= 4000; ++i) a.insert(a.end(), {-20.0 + 0.01 * i, -3.0 + 0.0015 * i});
+  for (double far : {-1e30, -1e4, -100.0, -87.0, 87.0, 100.0, 1e4}) a.insert(a.end(), {far, 0.75});
+  const host::index n = static_cast<host::index>(a.size() / 2);
+  const V dy = normals(static_cast<std::size_t>(n), 31);
+  const std::vector<float> af = to_float(a), dyf = to_float(dy);
+  const V ad(af.begin(), af.end()), dyd(dyf.begin(), dyf.end());
+  V y(n), da(a.size());
+  ops::SwiGlu<Host>::forward(dev, y.data(), ad.data(), n);
+  ops::SwiGlu<Host>::backward(dev, da.data(), ad.data(), dyd.data(), n);
+  std::vector<float> yf(n), daf(a.size());
+  ops::SwiGlu<Host>::forward(dev, yf.data(), af.data(), n);
+  ops::SwiGlu<Host>::backward(dev, daf.data(), af.data(), dyf.data(), n);
+  // A handful of float roundings (the exp within 2 ulp, a division, three products): under 1e-6
+  // relative; at g = -20 the gate's slope is 4e-8, where an error in 1 - sigmoid would show.
+  for (host::index i = 0; i < n; ++i) {
+    const auto k = static_cast<std::size_t>(i);
+    INFO("gate ", ad[2 * k], ", up ", ad[2 * k + 1], ": y ", yf[k], " vs ", y[k], "; dgate ", daf[2 * k], " vs ", da[2 * k],
+         "; dup ", daf[2 * k + 1], " vs ", da[2 * k + 1]);
+    CHECK(std::isfinite(yf[k]));
+    CHECK(std::fabs(yf[k] - y[k]) <= 1e-6 * std::max(1.0, std::fabs(y[k])));
+    CHECK(std::fabs(daf[2 * k] - da[2 * k]) <= 1e-6 * std::max(1.0, std::fabs(da[2 * k])));
+    CHECK(std::fabs(daf[2 * k + 1] - da[2 * k + 1]) <= 1e-6 * std::max(1.0, std::fabs(da[2 * k + 1])));
+  }
+  // From one element in (another alignment, other chunk boundaries): the same bits.
+  std::vector<float> ys(n - 1);
+  ops::SwiGlu<Host>::forward(dev, ys.data(), af.data() + 2, n - 1);
+  CHECK(std::equal(ys.begin(), ys.end(), yf.begin() + 1));
+}
+
+TEST_CASE("float rotary and RMSNorm: the double loops on the same inputs, to float accuracy") {
+  Host dev;
+  const host::index B = 2, T = 37, G = 2, g = 3, hd = 16, N = B * T, C = 40;
+  const ops::Rope rope{.theta = 500000.0, .factor = 8.0, .original_max_positions = 16};  // all three bands at hd 16
+  const auto sz = [](host::index k) { return static_cast<std::size_t>(k); };
+  const V qkv = normals(sz(N * G * (g + 2) * hd), 32), x = normals(sz(N * C), 33), w = normals(sz(C), 34),
+          dy = normals(sz(N * C), 35), res = normals(sz(N * C), 36);
+  const std::vector<float> qkvf = to_float(qkv), xf = to_float(x), wf = to_float(w), dyf = to_float(dy), resf = to_float(res);
+  const V qkvd(qkvf.begin(), qkvf.end()), xd(xf.begin(), xf.end()), wd(wf.begin(), wf.end()), dyd(dyf.begin(), dyf.end()),
+      resd(resf.begin(), resf.end());
+  SUBCASE("rotary at positions 5 .. 41, forward then backward (back to the input)") {
+    V r = qkvd;
+    std::vector<float> rf = qkvf;
+    ops::Rotary<Host>::forward(dev, r.data(), B, T, G, g, hd, rope, 5);
+    ops::Rotary<Host>::forward(dev, rf.data(), B, T, G, g, hd, rope, 5);
+    // Two products and a sum of unit normals, angles rounded to float: a few 1e-7.
+    CHECK(worst_abs(rf, r) <= 1e-6);
+    CHECK(worst_abs(rf, qkvd) > 0.1);  // it rotated something
+    ops::Rotary<Host>::backward(dev, rf.data(), B, T, G, g, hd, rope, 5);
+    CHECK(worst_abs(rf, qkvd) <= 1e-6);  // the rotation's transpose is its inverse
+    // Positions 0 .. 36 next (the cached table must not be reused): the double oracle at 0.
+    V r0 = qkvd;
+    std::vector<float> r0f = qkvf;
+    ops::Rotary<Host>::forward(dev, r0.data(), B, T, G, g, hd, rope, 0);
+    ops::Rotary<Host>::forward(dev, r0f.data(), B, T, G, g, hd, rope, 0);
+    CHECK(worst_abs(r0f, r0) <= 1e-6);
+    CHECK(worst_abs(r0f, r) > 0.1);
+  }
+  SUBCASE("RMSNorm forward and backward with the residual gradient") {
+    V y(N * C), rstd(N), dx(N * C), dw(C, 0.0);
+    ops::RmsNorm<Host>::forward(dev, y.data(), rstd.data(), xd.data(), wd.data(), N, C, 1e-5);
+    ops::RmsNorm<Host>::backward(dev, dx.data(), dw.data(), dyd.data(), xd.data(), wd.data(), rstd.data(), N, C, resd.data());
+    std::vector<float> yf(N * C), rstdf(N), dxf(N * C), dwf(C, 0.0f);
+    ops::RmsNorm<Host>::forward(dev, yf.data(), rstdf.data(), xf.data(), wf.data(), N, C, 1e-5f);
+    ops::RmsNorm<Host>::backward(dev, dxf.data(), dwf.data(), dyf.data(), xf.data(), wf.data(), rstdf.data(), N, C,
+                                 resf.data());
+    // Sums of 40 (rows) and 74 (the weight's gradient) terms of unit size: float error about 1e-6.
+    CHECK(worst_abs(yf, y) <= 1e-5);
+    CHECK(worst_abs(rstdf, rstd) <= 1e-5);
+    CHECK(worst_abs(dxf, dx) <= 1e-5);
+    CHECK(worst_abs(dwf, dw) <= 1e-5);
+  }
 }

@@ -1,8 +1,8 @@
 // host::Workers and host::set_threads (device/host/workers.hpp): every part runs once, errors come
 // back, nested and concurrent calls run inline; and every host op that splits over threads (GEMM,
-// GELU, LayerNorm, attention, cross-entropy, AdamW, the gradient norm's sum of squares, the
-// elementwise adds) gives the same bits on 1, 2 and 3 threads, alone and in a whole GPT forward
-// and backward. Reference: one thread, bitwise (the parts are computed exactly as the whole: any
+// GELU, LayerNorm, attention, cross-entropy, Llama's SwiGLU, rotary and RMSNorm, AdamW, the
+// gradient norm's sum of squares, the elementwise adds) gives the same bits on 1, 2 and 3 threads,
+// alone and in a whole GPT forward and backward. Reference: one thread, bitwise (the parts are computed exactly as the whole: any
 // difference is a splitting error).
 #include <doctest/doctest.h>
 
@@ -20,6 +20,9 @@
 #include "weft/core/philox.hpp"
 #include "weft/device/dispatch.hpp"
 #include "weft/device/host/workers.hpp"
+#include "weft/ops/rmsnorm.hpp"
+#include "weft/ops/rotary.hpp"
+#include "weft/ops/swiglu.hpp"
 #include "weft/optim/optimizer.hpp"
 
 using namespace weft;
@@ -145,6 +148,22 @@ TEST_CASE("the host's op families split over threads: the same bits as one threa
                             rstd.data(), N, C, res.data());
       ops::Bias<Host>::add(dev, yb.data(), b.data(), N, C);
       for (const auto* v : {&mean, &rstd, &dx, &dw, &db, &yb}) y.insert(y.end(), v->begin(), v->end());
+      return y;
+    });
+  }
+  SUBCASE("Llama's ops: SwiGLU (elements), rotary and RMSNorm (rows; the weight's gradient by columns)") {
+    const std::int64_t N = 100, C = 200, n = 40000, B = 4, T = 25, G = 2, g = 2, hd = 8;
+    const auto a = random(2 * n, 20, 3.0f), d = random(n, 21), x = random(N * C, 22), w = random(C, 23),
+               dy = random(N * C, 24), res = random(N * C, 25), qkv = random(B * T * G * (g + 2) * hd, 26);
+    const ops::Rope rope{.theta = 10000.0, .factor = 8.0, .original_max_positions = 8};
+    same_bits_on_threads("llama ops", [&] {
+      std::vector<float> y(n), da(2 * n), yn(N * C), rstd(N), dx(N * C), dw(C, 0.25f), r = qkv;
+      ops::SwiGlu<Host>::forward(dev, y.data(), a.data(), n);
+      ops::SwiGlu<Host>::backward(dev, da.data(), a.data(), d.data(), n);
+      ops::RmsNorm<Host>::forward(dev, yn.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f);
+      ops::RmsNorm<Host>::backward(dev, dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), N, C, res.data());
+      ops::Rotary<Host>::forward(dev, r.data(), B, T, G, g, hd, rope, 3);
+      for (const auto* v : {&da, &yn, &rstd, &dx, &dw, &r}) y.insert(y.end(), v->begin(), v->end());
       return y;
     });
   }

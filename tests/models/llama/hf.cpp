@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <set>
 
 #include "support/gpt_step.hpp"
 #include "weft/checkpoint/checkpoint.hpp"
@@ -179,7 +180,31 @@ TEST_CASE("Llama imported from transformers gives its logits, loss and gradients
   const auto again = scratch("again");
   const llama::Config c2 = llama::import_hf(out, again, {.seq = 16, .seed = 5});
   CHECK(llama::record(c2) == llama::record(c));
-  if (const char* to = std::getenv("WEFT_LLAMA_EXPORT_TO"); to && *to) llama::export_hf(ckpt, to, DType::f32);
+  // Sharded as save_pretrained shards (files of at most 20000 bytes here; the model's F64 weights
+  // take several, the 15616-byte embedding table alone in one), streamed one tensor at a time, into
+  // the directory of the single-file export (whose model.safetensors it replaces): the same tensors,
+  // bit for bit, read through the index.
+  llama::export_hf(ckpt, out, DType::f64, 20000);
+  CHECK(!std::filesystem::exists(out + "/model.safetensors"));
+  const auto index = llama::hf_detail::read_json(out + "/model.safetensors.index.json", "test");
+  std::set<std::string> shards;
+  std::uint64_t total = 0;
+  for (const auto& [name, file] : index["weight_map"].items()) {
+    shards.insert(file.get<std::string>());
+    const auto* t = exported.find(name);  // the single file's header (read before): the tensor's size
+    REQUIRE(t);
+    total += t->end - t->begin;
+  }
+  CHECK(index["metadata"]["total_size"].get<std::uint64_t>() == total);
+  for (const auto& f : shards) CHECK(std::filesystem::file_size(out + "/" + f) <= 20000 + 4096);  // the header beside
+  CHECK(shards.size() >= 4);
+  const llama::hf_detail::Files sharded(out);
+  for (const auto& n : llama::hf_detail::names(c))
+    for (const auto& name : n.hf) CHECK_MESSAGE(sharded.read(name) == original.read(name), name);
+  if (const char* to = std::getenv("WEFT_LLAMA_EXPORT_TO"); to && *to) {  // for transformers_check.py
+    llama::export_hf(ckpt, cat(to, "/one-file"), DType::f32);
+    llama::export_hf(ckpt, cat(to, "/sharded"), DType::f32, 20000);
+  }
   for (const auto& d : {ckpt, out, again}) std::filesystem::remove_all(d);
 }
 

@@ -10,12 +10,15 @@
 
 namespace weft::host {
 
-enum class Op : std::uint8_t { gemm, attention, gelu, layernorm, cross_entropy, optimizer, norm, embedding, elementwise, memory };
-inline constexpr std::size_t kOps = 10;
+enum class Op : std::uint8_t {
+  gemm, attention, gelu, layernorm, cross_entropy, optimizer, norm, embedding, elementwise, memory, rmsnorm, rotary, swiglu
+};
+inline constexpr std::size_t kOps = 13;
 
 constexpr const char* name(Op op) {
   constexpr const char* names[] = {"gemm",      "attention", "gelu",      "layernorm",   "cross_entropy",
-                                   "optimizer", "grad_norm", "embedding", "elementwise", "memory"};
+                                   "optimizer", "grad_norm", "embedding", "elementwise", "memory",
+                                   "rmsnorm",   "rotary",    "swiglu"};
   return names[static_cast<std::size_t>(op)];
 }
 

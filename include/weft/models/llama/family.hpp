@@ -3,8 +3,8 @@
 // llama-tiny, the trainer's default); the FLOPs per token; --init-from a transformers model
 // directory. The plan (--plan, and the check that a run fits) is the step measured on the Meta
 // device. The trainer compiles every strategy in f32 and bf16 (f64 is the tests' precision), on
-// the host (gpu = false: Llama's CUDA ops, grouped-query attention included, are compiled and
-// tested against the host where a GPU runs, but no GPU trainer loop is built for it yet).
+// the host and, in CUDA builds, on the GPU (examples/train_gpt_llama_cuda.cu; a binary that
+// registers this family under WEFT_ENABLE_CUDA instantiates train::train_on_cuda for it).
 #pragma once
 
 #include <string>
@@ -23,7 +23,6 @@ struct Family {
   template <class P, bool SP, class D>
   using model = Model<P, SP, recompute::None, D>;
   using host_precisions = train::List<F32, Bf16Mixed>;
-  static constexpr bool gpu = false;
 
   static std::string name() { return "llama"; }
   static std::vector<std::string> preset_names() {

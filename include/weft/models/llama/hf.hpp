@@ -28,6 +28,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -285,7 +286,8 @@ inline Config config_of(const checkpoint::Manifest& m) {
 // step 0 (consolidated, f64: every source dtype exactly) at `out`; returns the configuration, with
 // seq and seed from `base`. Load it with checkpoint::load(out, model, dp, mesh, {.optimizer =
 // false}): each rank reads only its own shards. A missing or extra tensor, a shape that disagrees
-// with config.json, or a dtype weft cannot read is refused by name.
+// with config.json, or a dtype weft cannot read is refused by name, before anything is written. The
+// weights are streamed: one tensor is in memory at a time, never the model.
 inline Config import_hf(const std::string& dir, const std::string& out, const Config& base = {}) {
   using namespace weft::checkpoint;
   const auto cfg_path = (std::filesystem::path(dir) / "config.json").string();
@@ -314,22 +316,30 @@ inline Config import_hf(const std::string& dir, const std::string& out, const Co
       throw Error(files.at(), cat("has a tensor ", brief(name), " that a Llama of ", c.layers, " layers", c.tied ? " with a tied head" : "",
                                   " does not have"),
                   "pass a LlamaForCausalLM whose config.json describes every tensor");
+  // One piece per tensor, consolidated, in f64; its bytes made when the file reaches it (one weft
+  // tensor in memory at a time).
   std::vector<checkpoint::detail::Staged> staged;
   for (const auto& n : names) {
+    const auto shape = hf_detail::weft_shape(n, c);
+    std::int64_t count = 1;
+    for (std::int64_t d : shape) count *= d;
+    staged.push_back({"param/" + n.weft, DType::f64, shape, shape, std::vector<std::int64_t>(shape.size(), 0), shape, "imported", 0,
+                      count, {}});
+  }
+  std::vector<double> w;
+  auto bytes_of = [&](std::size_t i, std::uint64_t) {
+    const auto& n = names[i];
     std::vector<std::vector<double>> parts;
     for (const auto& h : n.hf) parts.push_back(files.read(h));
-    const auto shape = hf_detail::weft_shape(n, c);
+    const auto& shape = staged[i].global;
     const std::int64_t cols = shape.size() == 2 ? shape[1] : 1, rows = shape[0];
-    std::vector<double> w(static_cast<std::size_t>(rows * cols));
+    w.resize(static_cast<std::size_t>(rows * cols));
     for (std::int64_t r = 0; r < rows; ++r) {
       const auto [p, src] = hf_detail::source_row(n, c, r);
       std::copy_n(parts[p].begin() + src * cols, cols, w.begin() + r * cols);
     }
-    checkpoint::detail::Staged s{"param/" + n.weft, DType::f64, shape, shape, std::vector<std::int64_t>(shape.size(), 0), shape, "imported", 0,
-                     static_cast<std::int64_t>(w.size()), std::vector<std::byte>(w.size() * sizeof(double))};
-    std::memcpy(s.bytes.data(), w.data(), s.bytes.size());
-    staged.push_back(std::move(s));
-  }
+    return std::as_bytes(std::span<const double>(w));
+  };
   std::filesystem::create_directories(out);
   Manifest m;
   m.policy = "consolidated";
@@ -338,56 +348,122 @@ inline Config import_hf(const std::string& dir, const std::string& out, const Co
   m.run = {{"step", 0}, {"loader_position", 0}, {"seed", c.seed}, {"imported_from", dir}};
   m.strategy = "imported";
   m.precision = "f64";
-  m.add_file({"model.safetensors", checkpoint::detail::write_staged(cat(out, "/model.safetensors"), staged)});
+  m.add_file({"model.safetensors", checkpoint::detail::write_staged(cat(out, "/model.safetensors"), staged, bytes_of)});
   add_pieces(m, out, "model.safetensors");
   write_atomic(cat(out, "/manifest.json"), to_json(m).dump(1));
   return c;
 }
 
 // Writes the parameters of the checkpoint at `checkpoint` (any mesh, strategy, precision) as a
-// transformers Llama directory at `out`: config.json and model.safetensors in `dtype` (F32, or F64
-// for an exact round trip), loadable by LlamaForCausalLM.from_pretrained.
-inline void export_hf(const std::string& checkpoint, const std::string& out, DType dtype = DType::f32) {
+// transformers Llama directory at `out`, loadable by LlamaForCausalLM.from_pretrained: config.json,
+// and the weights in `dtype` (F32, or F64 for an exact round trip) as save_pretrained writes them:
+// up to max_shard_bytes of them in model.safetensors; more split, in order, into files
+// model-0000k-of-0000n.safetensors of at most max_shard_bytes each (a larger tensor alone in its
+// file), with model.safetensors.index.json naming each tensor's file. The weights are streamed: one
+// weft tensor is in memory at a time (in double), never the model. Files of either form left in
+// `out` by an earlier export are replaced.
+inline void export_hf(const std::string& checkpoint, const std::string& out, DType dtype = DType::f32,
+                      std::uint64_t max_shard_bytes = 5'000'000'000) {
   using namespace weft::checkpoint;
+  const std::string at = cat("llama::export(", checkpoint, ")");
   if (dtype != DType::f32 && dtype != DType::f64)
     throw Error("llama::export", cat("cannot write dtype ", safetensors_dtype(dtype)), "use F32 or F64");
+  if (max_shard_bytes == 0) throw Error("llama::export", "a largest file of 0 bytes", "pass max_shard_bytes > 0");
   const Reader r(checkpoint);
   const Config c = config_of(r.manifest());
-  std::vector<std::vector<double>> data;
-  std::vector<std::vector<float>> data32;
-  std::vector<TensorData> tensors;
   const auto names = hf_detail::names(c);
-  std::size_t count = 0;
-  for (const auto& n : names) count += n.hf.size();
-  data.reserve(count);
-  data32.reserve(count);
-  for (const auto& n : names) {
-    const std::string src = r.has("master/" + n.weft) ? "master/" + n.weft : "param/" + n.weft;
-    const auto w = r.read<double>(src);
-    const auto shape = hf_detail::weft_shape(n, c), rshape = r.shape(src);
+  // Every Hugging Face tensor in order: which weft tensor and part it comes from. Shapes are
+  // checked for the whole model before anything is written.
+  struct Piece {
+    std::size_t weft, part;
+    TensorData t;
+    std::uint64_t bytes;
+  };
+  std::vector<Piece> pieces;
+  std::vector<std::string> sources;
+  std::uint64_t total = 0;
+  for (std::size_t k = 0; k < names.size(); ++k) {
+    const auto& n = names[k];
+    sources.push_back(r.has("master/" + n.weft) ? "master/" + n.weft : "param/" + n.weft);
+    const auto shape = hf_detail::weft_shape(n, c), rshape = r.shape(sources.back());
     if (rshape != shape)
-      throw Error(cat("llama::export(", checkpoint, ")"), cat(src, " has the shape ", join(rshape, "x"), "; its record gives ", join(shape, "x")),
+      throw Error(at, cat(sources.back(), " has the shape ", join(rshape, "x"), "; its record gives ", join(shape, "x")),
                   "export a checkpoint saved by llama::Model");
     const auto shapes = hf_detail::hf_shapes(n, c);
-    const std::int64_t cols = shape.size() == 2 ? shape[1] : 1;
-    std::vector<std::vector<double>> parts;
-    for (const auto& s : shapes) parts.emplace_back(static_cast<std::size_t>(s[0] * cols));
-    for (std::int64_t row = 0; row < shape[0]; ++row) {
-      const auto [p, dst] = hf_detail::source_row(n, c, row);
-      std::copy_n(w.begin() + row * cols, cols, parts[p].begin() + dst * cols);
-    }
-    for (std::size_t p = 0; p < parts.size(); ++p) {
-      if (dtype == DType::f64) {
-        data.push_back(std::move(parts[p]));
-        tensors.push_back({n.hf[p], DType::f64, shapes[p], data.back().data()});
-      } else {
-        data32.emplace_back(parts[p].begin(), parts[p].end());
-        tensors.push_back({n.hf[p], DType::f32, shapes[p], data32.back().data()});
-      }
+    for (std::size_t p = 0; p < shapes.size(); ++p) {
+      std::uint64_t bytes = size_of(dtype);
+      for (std::int64_t d : shapes[p]) bytes *= static_cast<std::uint64_t>(d);
+      pieces.push_back({k, p, {n.hf[p], dtype, shapes[p], nullptr}, bytes});
+      total += bytes;
     }
   }
+  // The files: pieces in order, a new file where the next piece would pass max_shard_bytes.
+  std::vector<std::vector<std::size_t>> files;
+  std::uint64_t filled = 0;
+  for (std::size_t i = 0; i < pieces.size(); ++i) {
+    if (files.empty() || (filled > 0 && filled + pieces[i].bytes > max_shard_bytes)) {
+      files.emplace_back();
+      filled = 0;
+    }
+    files.back().push_back(i);
+    filled += pieces[i].bytes;
+  }
+  // A piece's bytes: the rows of its weft tensor (read once for all its parts) that it holds.
+  std::size_t loaded = names.size();
+  std::vector<double> w;
+  std::vector<std::byte> buf;
+  auto bytes_of = [&](const Piece& pc) {
+    if (pc.weft != loaded) {
+      w = r.read<double>(sources[pc.weft]);
+      loaded = pc.weft;
+    }
+    const auto& n = names[pc.weft];
+    const auto shape = hf_detail::weft_shape(n, c);
+    const std::int64_t cols = shape.size() == 2 ? shape[1] : 1;
+    buf.resize(static_cast<std::size_t>(pc.bytes));
+    for (std::int64_t row = 0; row < shape[0]; ++row) {
+      const auto [p, dst] = hf_detail::source_row(n, c, row);
+      if (p != pc.part) continue;
+      const double* from = w.data() + row * cols;
+      if (dtype == DType::f64) {
+        std::memcpy(buf.data() + dst * cols * 8, from, static_cast<std::size_t>(cols) * 8);
+      } else {
+        for (std::int64_t j = 0; j < cols; ++j) {
+          const float v = static_cast<float>(from[j]);
+          std::memcpy(buf.data() + (dst * cols + j) * 4, &v, 4);
+        }
+      }
+    }
+    return std::span<const std::byte>(buf);
+  };
   std::filesystem::create_directories(out);
-  write(cat(out, "/model.safetensors"), tensors, {{"format", "pt"}});
+  for (const auto& e : std::filesystem::directory_iterator(out)) {  // an earlier export's weights
+    const std::string f = e.path().filename().string();
+    const bool shard = f.starts_with("model-") && f.ends_with(".safetensors") && f.find("-of-") != std::string::npos;
+    if (shard || f == "model.safetensors" || f == "model.safetensors.index.json") std::filesystem::remove(e.path());
+  }
+  auto write_file = [&](const std::string& name, const std::vector<std::size_t>& which) {
+    std::vector<TensorData> ts;
+    for (std::size_t i : which) ts.push_back(pieces[i].t);
+    write_streamed(cat(out, "/", name), std::span<const TensorData>(ts), {{"format", "pt"}},
+                   [&](std::size_t i, std::uint64_t) { return bytes_of(pieces[which[i]]); });
+  };
+  if (files.size() == 1) {
+    write_file("model.safetensors", files[0]);
+  } else {
+    nlohmann::json map = nlohmann::json::object();
+    for (std::size_t f = 0; f < files.size(); ++f) {
+      const auto five = [](std::size_t k) {  // at least five digits, as save_pretrained writes them
+        const std::string d = std::to_string(k);
+        return std::string(d.size() < 5 ? 5 - d.size() : 0, '0') + d;
+      };
+      const std::string name = cat("model-", five(f + 1), "-of-", five(files.size()), ".safetensors");
+      write_file(name, files[f]);
+      for (std::size_t i : files[f]) map[pieces[i].t.name] = name;
+    }
+    write_atomic(cat(out, "/model.safetensors.index.json"),
+                 nlohmann::json{{"metadata", {{"total_size", total}}}, {"weight_map", map}}.dump(2) + "\n");
+  }
   auto cfg = hf_config(c);
   cfg["dtype"] = dtype == DType::f64 ? "float64" : "float32";
   write_atomic(cat(out, "/config.json"), cfg.dump(2) + "\n");

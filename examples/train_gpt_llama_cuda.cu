@@ -1,0 +1,10 @@
+// train_gpt's GPU half for the Llama family (nvcc): the training loop on the GPU
+// (weft/train/devices.cuh), every strategy in f32 and bf16 mixed precision, in a unit of its own so
+// that it builds beside GPT-2's. Built into train_gpt in CUDA builds with WEFT_TRAIN_GPT_LLAMA; the
+// command line (weft/train/main.hpp) calls it for --model llama --device cuda.
+#include "weft/train/devices.cuh"
+
+#include "weft/models/llama/family.hpp"
+
+template int weft::train::train_on_cuda<weft::llama::Family>(const weft::train::Options&, const weft::llama::Config&,
+                                                             const weft::train::Corpus&, const weft::train::Launch&);
