@@ -1,9 +1,13 @@
-// weft-export: a weft checkpoint (any mesh, strategy and precision) as a Hugging Face GPT-2
-// safetensors file with its config.json, loadable by transformers.GPT2LMHeadModel; optionally the
-// logits weft computes from it for given tokens, for tools/reference/hf_compare.py.
+// weft-export: a weft checkpoint (any mesh, strategy and precision) in Hugging Face's form. A GPT-2
+// checkpoint as a safetensors file with its config.json beside it, loadable by
+// transformers.GPT2LMHeadModel; a Llama checkpoint (train_gpt --model llama; told apart by its
+// record's kv_heads) as a LlamaForCausalLM directory (llama::export_hf: F32 or F64, sharded past
+// --max-shard-bytes as save_pretrained shards). Optionally the logits weft computes from it for
+// given tokens, for tools/reference/hf_compare.py and the Llama trainer's test.
 //
 //   weft-export --checkpoint runs/a --out export/model.safetensors
 //   weft-export --checkpoint runs/a --out export/model.safetensors --tokens 1,2,3 --logits export/logits.f32
+//   weft-export --checkpoint runs/llama --out export/llama [--dtype f64] [--max-shard-bytes 2000000000]
 //
 // The logits file is float32, little-endian, (tokens, vocab) row-major: the forward of one sequence
 // on one host rank in f32.
@@ -11,6 +15,8 @@
 
 #include <weft/models/gpt2/hf.hpp>
 #include <weft/models/gpt2/model.hpp>
+#include <weft/models/llama/hf.hpp>
+#include <weft/models/llama/model.hpp>
 #include <weft/optim/data_parallel.hpp>
 #include <weft/pipeline/executor.hpp>
 
@@ -46,22 +52,23 @@ std::vector<std::int32_t> parse_tokens(const std::string& text, std::int64_t voc
   return out;
 }
 
-void write_logits(const std::string& checkpoint, const std::string& path, const std::vector<std::int32_t>& ids) {
-  const checkpoint::Reader r(checkpoint);
-  gpt2::Config c = gpt2::config_of(r.manifest());
+// The model a checkpoint's logits come from: GPT-2's or Llama's, by its record.
+template <class Model>
+void write_logits(const std::string& checkpoint, const std::string& path, const std::vector<std::int32_t>& ids,
+                  const typename Model::config_type& c) {
   const std::int64_t n = static_cast<std::int64_t>(ids.size());
   std::vector<float> logits;
   run_threads(1, [&](ThreadComm& world) {
     Host dev;
     Mesh mesh{world, {}};
-    gpt2::Model<float> gpt(dev, c, mesh.spread(), 1);
-    auto dp = optim::data_parallel<optim::Ddp>(gpt, optim::AdamW{}, mesh);
-    checkpoint::load(checkpoint, gpt, dp, mesh, {.optimizer = false});
+    Model model(dev, c, mesh.spread(), 1);
+    auto dp = optim::data_parallel<optim::Ddp>(model, optim::AdamW{}, mesh);
+    checkpoint::load(checkpoint, model, dp, mesh, {.optimizer = false});
     // Causal: the first n positions' logits do not depend on what follows; pad with token 0.
     std::vector<std::int32_t> tokens(static_cast<std::size_t>(c.seq), 0), targets(tokens.size(), 0);
     std::copy(ids.begin(), ids.end(), tokens.begin());
-    auto ctx = gpt.context({tokens, targets, 1});
-    pipeline::forward(gpt, ctx, mesh, dp, nn::Mode::infer);
+    auto ctx = model.context({tokens, targets, 1});
+    pipeline::forward(model, ctx, mesh, dp, nn::Mode::infer);
     const auto all = ctx.head.ce.logits.to_host();  // (1, T, Vp)
     const std::int64_t vp = all.size() / static_cast<std::size_t>(c.seq);
     for (std::int64_t t = 0; t < n; ++t)
@@ -76,24 +83,49 @@ void write_logits(const std::string& checkpoint, const std::string& path, const 
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"weft-export: a weft checkpoint as a Hugging Face GPT-2 safetensors file"};
-  std::string checkpoint, out, tokens, logits;
+  CLI::App app{"weft-export: a weft checkpoint (GPT-2 or Llama) in Hugging Face's form"};
+  std::string checkpoint, out, tokens, logits, dtype = "f32";
+  std::uint64_t max_shard_bytes = 5'000'000'000;
   app.add_option("--checkpoint", checkpoint, "a checkpoint: a step directory, or a directory with latest")->required();
-  app.add_option("--out", out, "the safetensors file to write (config.json goes beside it)")->required();
+  app.add_option("--out", out, "GPT-2: the safetensors file to write (config.json goes beside it); Llama: the directory")
+      ->required();
+  app.add_option("--dtype", dtype, "Llama: the weights' dtype, f32 or f64 (exact)")->check(CLI::IsMember({"f32", "f64"}));
+  app.add_option("--max-shard-bytes", max_shard_bytes, "Llama: the largest weights file; more are sharded (default 5 GB)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--tokens", tokens, "comma-separated token ids to compute logits for");
   app.add_option("--logits", logits, "where to write the logits of --tokens (f32, tokens x vocab)");
   if (const auto stop = examples::parse(app, argc, argv)) return *stop;
   try {
     if (logits.empty() != tokens.empty())
       throw Error("weft-export", "--tokens without --logits, or --logits without --tokens", "give both, or neither");
-    gpt2::export_hf(checkpoint, out);
     const checkpoint::Reader r(checkpoint);
+    if (r.manifest().model.contains("kv_heads")) {  // Llama's record
+      const auto c = llama::config_of(r.manifest());
+      llama::export_hf(checkpoint, out, dtype == "f64" ? DType::f64 : DType::f32, max_shard_bytes);
+      std::printf("exported step %lld of %s (llama: layers %lld, heads %lld over %lld key-value heads, width %lld, hidden %lld, "
+                  "seq %lld, vocab %lld%s) to %s in %s\n",
+                  static_cast<long long>(r.manifest().step), r.dir().c_str(), static_cast<long long>(c.layers),
+                  static_cast<long long>(c.heads), static_cast<long long>(c.kv_heads), static_cast<long long>(c.width),
+                  static_cast<long long>(c.hidden), static_cast<long long>(c.seq), static_cast<long long>(c.vocab),
+                  c.tied ? ", head tied" : "", out.c_str(), dtype.c_str());
+      if (!logits.empty()) {
+        if (c.tied)
+          throw Error("weft-export --logits", "the checkpoint's Llama ties its head, and weft-export computes untied Llamas only",
+                      "load the exported directory with transformers instead");
+        write_logits<llama::Model<float>>(checkpoint, logits, parse_tokens(tokens, c.vocab, c.seq), c);
+      }
+      return 0;
+    }
+    if (dtype != "f32" || app.count("--max-shard-bytes"))
+      throw Error("weft-export", "--dtype and --max-shard-bytes are for Llama checkpoints; this one is GPT-2's",
+                  "leave them out (GPT-2 is exported in F32, as one file)");
+    gpt2::export_hf(checkpoint, out);
     const auto c = gpt2::config_of(r.manifest());
     std::printf("exported step %lld of %s (layers %lld, heads %lld, width %lld, seq %lld, vocab %lld) to %s\n",
                 static_cast<long long>(r.manifest().step), r.dir().c_str(), static_cast<long long>(c.layers),
                 static_cast<long long>(c.heads), static_cast<long long>(c.width), static_cast<long long>(c.seq),
                 static_cast<long long>(c.vocab), out.c_str());
-    if (!logits.empty()) write_logits(checkpoint, logits, parse_tokens(tokens, c.vocab, c.seq));
+    if (!logits.empty()) write_logits<gpt2::Model<float>>(checkpoint, logits, parse_tokens(tokens, c.vocab, c.seq), c);
   } catch (const Error& e) {
     std::fprintf(stderr, "%s\n", e.what());
     return 1;

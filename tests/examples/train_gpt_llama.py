@@ -2,7 +2,7 @@
 """train_gpt --model llama (the Llama family through weft's trainer library), checked by what it
 computes:
 
-  train_gpt_llama.py TRAIN_GPT
+  train_gpt_llama.py TRAIN_GPT [WEFT_EXPORT]
 
 1. llama-tiny on the built-in Markov corpus, data 2 x tensor 2 (the tensor degree divides its 2
    key-value heads): the held-out loss ends near the corpus's entropy rate (within 0.25 nats after
@@ -16,6 +16,11 @@ computes:
 4. Refused before anything is built (exit 2, naming the values): a tensor degree that does not
    divide the key-value heads, a precision the family does not compile, --init-from a transformers
    directory whose config.json describes another model (tests/fixtures/llama_hf: its rotary base).
+5. With WEFT_EXPORT: a checkpoint saved on data 2 x tensor 2 through weft-export into a
+   LlamaForCausalLM directory, sharded (files of at most 200000 bytes), with weft's logits for 8
+   tokens; where PyTorch and transformers are installed, from_pretrained loads it and computes
+   those logits (within 1e-5 of the largest: f32 sums in other orders). The export imported again
+   by train_gpt --init-from, whose config.json must match the run's model field by field.
 """
 import json, os, re, subprocess, sys, tempfile
 
@@ -88,6 +93,40 @@ for args, message in ((["--tensor", "4", "--data", "1"], "tensor degree 4 does n
     ok = p.returncode in (1, 2) and message in p.stdout + p.stderr
     print(f"{' '.join(args)}: exit {p.returncode}{'' if ok else ' (FAIL)'}")
     if not ok: failures.append(f"{args}: exit {p.returncode}, wanted '{message}':\n{p.stdout}{p.stderr}")
+
+if len(sys.argv) > 2:
+    export_bin, ck, hf = sys.argv[2], os.path.join(work, "ck"), os.path.join(work, "hf")
+    run("save", [*short, "--data", "2", "--tensor", "2", "--save-dir", ck])
+    logits_file, ids = os.path.join(work, "logits.f32"), [1, 5, 2, 7, 3, 0, 4, 6]
+    p = subprocess.run([export_bin, "--checkpoint", ck, "--out", hf, "--max-shard-bytes", "200000",
+                        "--tokens", ",".join(map(str, ids)), "--logits", logits_file],
+                       capture_output=True, text=True, env=env, timeout=300)
+    shards = sorted(f for f in os.listdir(hf) if f.endswith(".safetensors")) if os.path.isdir(hf) else []
+    ok = p.returncode == 0 and len(shards) > 1 and os.path.exists(os.path.join(hf, "model.safetensors.index.json"))
+    print(f"weft-export of the llama checkpoint: exit {p.returncode}, {len(shards)} safetensors files{'' if ok else ' (FAIL)'}")
+    if not ok: failures.append(f"weft-export: exit {p.returncode}, files {shards}\n{p.stdout}{p.stderr}")
+    p = subprocess.run([bin_, "--model", "llama", "--init-from", hf, "--seq", "32", "--steps", "1", "--eval-every", "0",
+                        "--batch", "8"], capture_output=True, text=True, env=env, timeout=300)
+    print(f"train_gpt --init-from the export: exit {p.returncode}")
+    if p.returncode != 0: failures.append(f"--init-from the export: exit {p.returncode}\n{p.stdout}{p.stderr}")
+    try:
+        import struct
+        import torch
+        from transformers import LlamaForCausalLM
+    except ImportError as e:
+        print(f"the export through transformers: skipped ({e})")
+    else:
+        if ok:
+            model = LlamaForCausalLM.from_pretrained(hf)
+            model.eval()
+            with torch.no_grad():
+                theirs = model(input_ids=torch.tensor([ids])).logits[0].double()
+            raw = open(logits_file, "rb").read()
+            ours = torch.tensor(struct.unpack(f"<{len(raw) // 4}f", raw), dtype=torch.float64).reshape(len(ids), -1)
+            err = ((theirs - ours).abs().max() / ours.abs().max()).item()
+            print(f"the trainer's checkpoint through weft-export and LlamaForCausalLM.from_pretrained: logits within {err:.3g} "
+                  "of weft's (relative to the largest)")
+            if not err <= 1e-5: failures.append(f"transformers' logits off weft's by {err}")
 
 if failures:
     print("FAIL:\n" + "\n".join(failures))
