@@ -52,6 +52,9 @@ TEST_CASE_TEMPLATE("rotary forward and backward over grouped queries and keys", 
     weft::cuda::rotary(d, gx.data(), B, Tn, G, g, hd, rope, 3, -1.0);  // back to the input
     CHECK(rel_error(gx.get(d), widen(x)) <= tolerance<T>(1.6e-2));  // bf16: two roundings
   }
+  DeviceVec<T> big(d, random<T>(3 * 514, 10));  // one token, a group of one query: a head of 514, over the kernel's 512
+  CHECK_THROWS_WITH_AS(weft::cuda::rotary(d, big.data(), 1, 1, 1, 1, 514, rope, 0, 1.0),
+                       doctest::Contains("head size 514 is over 512"), weft::Error);
 }
 
 TEST_CASE_TEMPLATE("swiglu forward and backward", T, float, bf16) {

@@ -7,7 +7,6 @@
 #pragma once
 
 #include <cmath>
-#include <vector>
 
 #include "weft/device/cuda/kernels/common.cuh"
 #include "weft/ops/rotary.hpp"
@@ -84,16 +83,25 @@ void rmsnorm_backward(Cuda& d, T* dx, G* dw, const T* dy, const T* x, const T* w
 }
 
 // ---- Rotary: one thread per rotated pair ------------------------------------------------------------
-// qkv (B, T, G, g + 2, hd): the g queries and the key of each group rotated by the angles of
-// cs (T, hd/2, {cos, sin}) (sin negated for the backward).
+// qkv (B, T, G, g + 2, hd): the g queries and the key of each group rotated by the angles
+// (pos0 + t) f_i, f_i the frequencies (ops::rope_inv_freq, computed on the host, passed by value),
+// each angle's cosine and sine taken in double and rounded to float, as the host's table is (sin
+// negated for the backward). Nothing is allocated or copied per call.
+inline constexpr index kMaxRopePairs = 256;  // head sizes up to 512 (kernel parameters: 2 KiB)
+struct RopeFreqs {
+  double f[kMaxRopePairs];
+};
+
 template <class T>
-__global__ void rotary_kernel(T* qkv, const float* cs, index B, index Tn, index G, index g, index hd) {
+__global__ void rotary_kernel(T* qkv, RopeFreqs freqs, index B, index Tn, index G, index g, index hd, index pos0, double sign) {
   const index half = hd / 2, per_token = G * (g + 1) * half;
   for (index i = blockIdx.x * static_cast<index>(blockDim.x) + threadIdx.x; i < B * Tn * per_token;
        i += static_cast<index>(gridDim.x) * blockDim.x) {
     const index n = i / per_token, r = i % per_token, pair = r % half, slot = (r / half) % (g + 1), grp = r / (half * (g + 1));
     T* x = qkv + n * G * (g + 2) * hd + (grp * (g + 2) + slot) * hd;
-    const float co = cs[((n % Tn) * half + pair) * 2], si = cs[((n % Tn) * half + pair) * 2 + 1];
+    double sd, cd;
+    sincos(static_cast<double>(pos0 + n % Tn) * freqs.f[pair], &sd, &cd);
+    const float co = static_cast<float>(cd), si = static_cast<float>(sign * sd);
     const float a = detail::to_f(x[pair]), b = detail::to_f(x[pair + half]);
     x[pair] = detail::from_f<T>(a * co - b * si);
     x[pair + half] = detail::from_f<T>(b * co + a * si);
@@ -103,21 +111,14 @@ __global__ void rotary_kernel(T* qkv, const float* cs, index B, index Tn, index 
 template <Activation T>
 void rotary(Cuda& d, T* qkv, index B, index Tn, index G, index g, index hd, const ops::Rope& rope, index pos0, double sign) {
   detail::require(hd > 0 && hd % 2 == 0 && g >= 1 && G >= 0, "rotary", cat("head size ", hd, ", group ", g));
+  if (hd / 2 > kMaxRopePairs)
+    throw Error("cuda::rotary", cat("head size ", hd, " is over ", 2 * kMaxRopePairs, ", the most the kernel takes frequencies for"),
+                "use heads of at most 512 (raise cuda::kMaxRopePairs for more)");
   const index half = hd / 2, n = B * Tn * G * (g + 1) * half;
   if (n == 0) return;
-  std::vector<float> cs(static_cast<std::size_t>(Tn * hd));  // the angles in double, as the host's
-  for (index i = 0; i < half; ++i) {
-    const double f = ops::rope_inv_freq(i, hd, rope);
-    for (index t = 0; t < Tn; ++t) {
-      const double a = static_cast<double>(pos0 + t) * f;
-      cs[static_cast<std::size_t>((t * half + i) * 2)] = static_cast<float>(std::cos(a));
-      cs[static_cast<std::size_t>((t * half + i) * 2 + 1)] = static_cast<float>(sign * std::sin(a));
-    }
-  }
-  Allocation table = d.allocate(static_cast<index>(cs.size() * sizeof(float)), Category::other);
-  d.from_host(table.data(), cs.data(), cs.size() * sizeof(float));
-  rotary_kernel<<<detail::blocks_for(n, 256), 256, 0, d.stream()>>>(detail::dev(qkv), static_cast<const float*>(table.data()),
-                                                                     B, Tn, G, g, hd);
+  RopeFreqs freqs{};
+  for (index i = 0; i < half; ++i) freqs.f[i] = ops::rope_inv_freq(i, hd, rope);
+  rotary_kernel<<<detail::blocks_for(n, 256), 256, 0, d.stream()>>>(detail::dev(qkv), freqs, B, Tn, G, g, hd, pos0, sign);
   check_launch("rotary");
 }
 
