@@ -1,0 +1,48 @@
+// context::Chunks: which tokens of a sequence a rank of the context axis holds.
+//
+// The sequence of T tokens is cut into 2c equal chunks for c context ranks; rank r holds chunks r and
+// 2c - 1 - r, in that order (its T / c local rows: the first half from chunk r, the second from
+// chunk 2c - 1 - r). Under a causal mask a query at position p sees p + 1 keys, so an early chunk
+// paired with its mirror gives every rank the same attention work: rank r's queries see
+//   sum over its positions of (p + 1) = (T / 2c)^2 (2c) + T / 2c       (the same for every r)
+// keys in all (the load balance Megatron-Core and Llama 3 use). Positions (learned or rotary)
+// follow the chunks: a rank's local row t is the token at position(rank, t).
+//
+// This header is plain C++20.
+#pragma once
+
+#include <cstdint>
+
+#include "weft/core/error.hpp"
+
+namespace weft::context {
+
+using index = std::int64_t;
+
+struct Chunks {
+  index seq = 0;   // T, the whole sequence
+  int degree = 1;  // c, the context ranks
+
+  // The chunks of a sequence of `seq` tokens over `degree` ranks; refused, naming both, unless the
+  // 2c chunks are equal and not empty.
+  static Chunks of(index seq, int degree) {
+    if (degree < 1) throw Error("context::Chunks", cat("a context degree of ", degree), "use a degree of 1 or more");
+    if (seq <= 0 || seq % (2 * static_cast<index>(degree)) != 0)
+      throw Error("context::Chunks",
+                  cat("a sequence of ", seq, " tokens does not split into 2 x ", degree, " = ", 2 * degree,
+                      " equal chunks (each context rank holds two)"),
+                  cat("use a sequence length that is a multiple of ", 2 * degree, ", or another context degree"));
+    return {seq, degree};
+  }
+
+  index chunk() const { return seq / (2 * static_cast<index>(degree)); }  // T / 2c tokens
+  index local() const { return 2 * chunk(); }                             // T / c rows per rank
+
+  // The position in the sequence of rank `rank`'s local row t (0 <= t < local()).
+  index position(int rank, index t) const {
+    const index h = chunk();
+    return t < h ? static_cast<index>(rank) * h + t : (2 * static_cast<index>(degree) - 1 - rank) * h + (t - h);
+  }
+};
+
+}  // namespace weft::context

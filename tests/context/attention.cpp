@@ -1,0 +1,150 @@
+// Context parallelism's attention (weft/context/attention.hpp) against one rank's causal attention
+// (host::attention_forward and attention_backward over the whole sequence), on 2 and 4 thread
+// ranks, both attention types, multi-head and grouped heads; and the chunks' positions and balance
+// (weft/context/chunks.hpp).
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "support/ranks.hpp"
+#include "weft/context/attention.hpp"
+#include "weft/core/philox.hpp"
+#include "weft/device/host/ops.hpp"
+
+using namespace weft;
+using Index = std::int64_t;
+
+namespace {
+
+template <class T>
+std::vector<T> random(std::size_t n, std::uint64_t seed) {
+  std::vector<T> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<T>(normal(seed, 0, i));
+  return v;
+}
+
+// The rows of `full` (B, T, width) at rank r's positions: its local (B, T/c, width).
+template <class T>
+std::vector<T> rows_of(const std::vector<T>& full, const context::Chunks& ch, int r, Index B, Index width) {
+  std::vector<T> local(static_cast<std::size_t>(B * ch.local() * width));
+  for (Index b = 0; b < B; ++b)
+    for (Index t = 0; t < ch.local(); ++t)
+      std::copy_n(full.begin() + (b * ch.seq + ch.position(r, t)) * width, width, local.begin() + (b * ch.local() + t) * width);
+  return local;
+}
+
+// The largest difference between `got` and the rows of `want` at rank r's positions, relative to
+// the largest element of want.
+template <class T>
+double rel_rows(const std::vector<T>& got, const std::vector<T>& want, const context::Chunks& ch, int r, Index B,
+                Index width) {
+  const std::vector<T> expected = rows_of(want, ch, r, B, width);
+  double err = 0, scale = 0;
+  for (const T& w : want) scale = std::max(scale, std::abs(static_cast<double>(w)));
+  for (std::size_t i = 0; i < got.size(); ++i) err = std::max(err, std::abs(static_cast<double>(got[i]) - static_cast<double>(expected[i])));
+  return err / scale;
+}
+
+template <class A, class T>
+void check(int c, Index H, Index g, double tolerance) {
+  const Index B = 2, T_ = 8 * 4, hd = 8, G = H / g, row = G * (g + 2) * hd;
+  const auto ch = context::Chunks::of(T_, c);
+  const auto qkv = random<T>(static_cast<std::size_t>(B * T_ * row), 11);
+  const auto dout = random<T>(static_cast<std::size_t>(B * T_ * H * hd), 12);
+  // One rank over the whole sequence: the reference.
+  std::vector<T> out(static_cast<std::size_t>(B * T_ * H * hd)), probs(static_cast<std::size_t>(B * H * T_ * T_)),
+      dqkv(qkv.size());
+  host::attention_forward(out.data(), probs.data(), qkv.data(), B, T_, H, hd, g);
+  host::attention_backward(dqkv.data(), dout.data(), qkv.data(), probs.data(), B, T_, H, hd, g);
+
+  std::vector<double> out_err(static_cast<std::size_t>(c)), grad_err(static_cast<std::size_t>(c));
+  test::run_ranks(c, [&](test::World& world) {
+    const int r = world.rank();
+    const Index Tl = ch.local();
+    const auto q = rows_of(qkv, ch, r, B, row), dy = rows_of(dout, ch, r, B, H * hd);
+    std::vector<T> y(static_cast<std::size_t>(B * Tl * H * hd)), dq(q.size());
+    std::vector<T> lse(static_cast<std::size_t>(B * H * Tl));
+    A::forward(world, ch, y.data(), lse.data(), q.data(), B, Tl, H, hd, g);
+    A::backward(world, ch, dq.data(), dy.data(), y.data(), lse.data(), q.data(), B, Tl, H, hd, g);
+    out_err[static_cast<std::size_t>(r)] = rel_rows(y, out, ch, r, B, H * hd);
+    grad_err[static_cast<std::size_t>(r)] = rel_rows(dq, dqkv, ch, r, B, row);
+  });
+  for (int r = 0; r < c; ++r) {
+    INFO(std::string(A::name), ", context ", c, ", ", H, " heads in groups of ", g, ", rank ", r);
+    CHECK(out_err[static_cast<std::size_t>(r)] <= tolerance);
+    CHECK(grad_err[static_cast<std::size_t>(r)] <= tolerance);
+  }
+  MESSAGE(std::string(A::name), " context ", c, " g ", g, ": output ", *std::max_element(out_err.begin(), out_err.end()), ", dqkv ",
+          *std::max_element(grad_err.begin(), grad_err.end()));
+}
+
+}  // namespace
+
+TEST_CASE("context chunks: a permutation of the sequence, the same causal work on every rank, bad sizes refused") {
+  for (int c : {1, 2, 3, 4}) {
+    const auto ch = context::Chunks::of(48, c);
+    std::vector<Index> seen;
+    for (int r = 0; r < c; ++r) {
+      Index work = 0;
+      for (Index t = 0; t < ch.local(); ++t) {
+        seen.push_back(ch.position(r, t));
+        work += ch.position(r, t) + 1;  // a query at position p sees p + 1 keys
+      }
+      const Index h = ch.chunk();
+      CHECK(work == 2 * c * h * h + h);  // the closed form of chunks.hpp, the same for every rank
+    }
+    std::sort(seen.begin(), seen.end());
+    std::vector<Index> all(48);
+    std::iota(all.begin(), all.end(), 0);
+    CHECK(seen == all);
+  }
+  const auto ch = context::Chunks::of(16, 2);  // chunks of 4: rank 0 holds 0-3 and 12-15, rank 1 4-11
+  CHECK(ch.position(0, 4) == 12);
+  CHECK(ch.position(1, 0) == 4);
+  CHECK(ch.position(1, 7) == 11);
+  CHECK_THROWS_WITH_AS(context::Chunks::of(30, 4), doctest::Contains("a sequence of 30 tokens does not split into 2 x 4 = 8 equal chunks"),
+                       Error);
+  CHECK_THROWS_WITH_AS(context::Chunks::of(16, 0), doctest::Contains("a context degree of 0"), Error);
+}
+
+TEST_CASE_TEMPLATE("context attention equals one rank's in double (1e-12): ring and all-gather, context 2 and 4, grouped heads",
+                   A, context::Ring, context::AllGather) {
+  // Double: the blocks' log-sum-exp merge and the one-rank softmax differ by rounding alone
+  // (about 1e-16 per operation over 32 keys).
+  for (int c : {2, 4})
+    for (Index g : {1, 2}) check<A, double>(c, 4, g, 1e-12);
+}
+
+TEST_CASE_TEMPLATE("context attention equals one rank's in f32 (1e-5)", A, context::Ring, context::AllGather) {
+  // f32: sums of 32 keys and 8 dimensions in other orders and exp/log of the merge, each about 1e-7
+  // relative; 1e-5 of the largest element leaves a margin of 10 and is far below a wrong mask or
+  // merge (order 1e-1).
+  check<A, float>(4, 4, 2, 1e-5);
+}
+
+TEST_CASE("context attention refuses chunks that do not match the group or the rows") {
+  std::vector<std::string> wrong_degree(2), wrong_rows(2);
+  test::run_ranks(2, [&](test::World& world) {
+    const auto r = static_cast<std::size_t>(world.rank());
+    std::vector<double> qkv(16 * 3 * 8), out(16 * 8), lse(16);
+    try {  // chunks made for 4 ranks, used on 2
+      context::Ring::forward(world, context::Chunks::of(16, 4), out.data(), lse.data(), qkv.data(), 1, 4, 1, 8);
+    } catch (const Error& e) {
+      wrong_degree[r] = e.what();
+    }
+    try {  // 4 rows where T 16 over 2 ranks gives 8
+      context::AllGather::forward(world, context::Chunks::of(16, 2), out.data(), lse.data(), qkv.data(), 1, 4, 1, 8);
+    } catch (const Error& e) {
+      wrong_rows[r] = e.what();
+    }
+  });
+  for (std::size_t r = 0; r < 2; ++r) {
+    CHECK(wrong_degree[r].find("context::Ring::forward: chunks of a context degree 4 on a communicator of 2 ranks") != std::string::npos);
+    CHECK(wrong_rows[r].find("4 local rows where the chunks give each rank 8") != std::string::npos);
+  }
+}
