@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
+#include "support/gradcheck.hpp"
 #include "support/ranks.hpp"
 #include "weft/context/attention.hpp"
-#include "weft/core/philox.hpp"
 #include "weft/device/host/ops.hpp"
 
 using namespace weft;
@@ -23,9 +23,8 @@ namespace {
 
 template <class T>
 std::vector<T> random(std::size_t n, std::uint64_t seed) {
-  std::vector<T> v(n);
-  for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<T>(normal(seed, 0, i));
-  return v;
+  const std::vector<double> x = test::normals(n, seed);
+  return std::vector<T>(x.begin(), x.end());
 }
 
 // The rows of `full` (B, T, width) at rank r's positions: its local (B, T/c, width).

@@ -30,6 +30,7 @@
 #include <concepts>
 #include <limits>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "weft/comm/communicator.hpp"
@@ -180,6 +181,18 @@ void ring_shift(C& comm, std::span<const E> mine, std::span<E> theirs) {
   }
 }
 
+// The running output (zeros, in S) and log-sum-exp (minus infinity) that a forward merges blocks
+// into, and the output's narrowing at the end.
+template <class S>
+std::vector<S> start_merge(S* lse, index B, index Tl, index H, index hd) {
+  std::fill(lse, lse + B * H * Tl, -std::numeric_limits<S>::infinity());
+  return std::vector<S>(static_cast<std::size_t>(B * Tl * H * hd), S(0));
+}
+template <class T, class S>
+void finish_merge(T* out, const std::vector<S>& o) {
+  for (std::size_t i = 0; i < o.size(); ++i) out[i] = narrow<T>(o[i]);
+}
+
 inline void require(const Chunks& ch, int ranks, index Tl, index H, index g, const char* where) {
   if (ch.degree != ranks)
     throw Error(where, cat("chunks of a context degree ", ch.degree, " on a communicator of ", ranks, " ranks"),
@@ -189,6 +202,21 @@ inline void require(const Chunks& ch, int ranks, index Tl, index H, index g, con
                 "pass the rank's T / c rows");
   if (g < 1 || H % g != 0) throw Error(where, cat(H, " heads in groups of ", g), "use a group size that divides the heads");
 }
+
+// What each call starts from: the checks, this rank and the group's size, one block's elements and
+// this rank's own keys and values packed as a block.
+template <class T>
+struct Local {
+  int r, c;
+  std::size_t block;
+  std::vector<T> kv;
+  Local(const Chunks& ch, int rank, int size, const T* qkv, index B, index Tl, index H, index hd, index g, const char* where)
+      : r(rank), c(size), block(static_cast<std::size_t>(B * Tl * (H / (g < 1 ? 1 : g)) * 2 * hd)) {
+    require(ch, size, Tl, H, g, where);
+    kv.resize(block);
+    pack_kv(kv.data(), qkv, B, Tl, H, hd, g);
+  }
+};
 
 }  // namespace detail
 
@@ -201,13 +229,10 @@ struct Ring {
   template <Communicator C, class T, class S = accumulate_t<T>>
   static void forward(C& comm, const Chunks& ch, T* out, S* lse, const T* qkv, index B, index Tl, index H, index hd,
                       index g = 1) {
-    detail::require(ch, comm.size(), Tl, H, g, "context::Ring::forward");
-    const int r = comm.rank(), c = comm.size();
-    const std::size_t block = static_cast<std::size_t>(B * Tl * (H / g) * 2 * hd);
-    std::vector<T> cur(block), next(block);
-    detail::pack_kv(cur.data(), qkv, B, Tl, H, hd, g);
-    std::vector<S> o(static_cast<std::size_t>(B * Tl * H * hd), S(0));
-    std::fill(lse, lse + B * H * Tl, -std::numeric_limits<S>::infinity());
+    detail::Local<T> me(ch, comm.rank(), comm.size(), qkv, B, Tl, H, hd, g, "context::Ring::forward");
+    const int r = me.r, c = me.c;
+    std::vector<T> cur = std::move(me.kv), next(me.block);
+    std::vector<S> o = detail::start_merge(lse, B, Tl, H, hd);
     for (int step = 0; step < c; ++step) {
       const int src = (r - step + c) % c;  // whose keys and values this rank holds now
       detail::block_forward(o.data(), lse, qkv, cur.data(), B, Tl, H, hd, g, [&](index i) { return ch.position(r, i); },
@@ -217,21 +242,18 @@ struct Ring {
         std::swap(cur, next);
       }
     }
-    for (std::size_t i = 0; i < o.size(); ++i) out[i] = narrow<T>(o[i]);
+    detail::finish_merge(out, o);
   }
 
   // dqkv (B, Tl, H/g, g + 2, hd) of this rank's rows from dout and what forward returned.
   template <Communicator C, class T, class S = accumulate_t<T>>
   static void backward(C& comm, const Chunks& ch, T* dqkv, const T* dout, const T* out, const S* lse, const T* qkv,
                        index B, index Tl, index H, index hd, index g = 1) {
-    detail::require(ch, comm.size(), Tl, H, g, "context::Ring::backward");
-    const int r = comm.rank(), c = comm.size();
-    const index G = H / g;
-    const std::size_t block = static_cast<std::size_t>(B * Tl * G * 2 * hd);
-    std::vector<T> cur(block), next(block);
-    std::vector<S> dcur(block, S(0)), dnext(block), dq(static_cast<std::size_t>(B * Tl * G * (g + 2) * hd), S(0)),
+    detail::Local<T> me(ch, comm.rank(), comm.size(), qkv, B, Tl, H, hd, g, "context::Ring::backward");
+    const int r = me.r, c = me.c;
+    std::vector<T> cur = std::move(me.kv), next(me.block);
+    std::vector<S> dcur(me.block, S(0)), dnext(me.block), dq(static_cast<std::size_t>(B * Tl * (H / g) * (g + 2) * hd), S(0)),
         D(static_cast<std::size_t>(B * H * Tl));
-    detail::pack_kv(cur.data(), qkv, B, Tl, H, hd, g);
     detail::row_dots(D.data(), dout, out, B, Tl, H, hd);
     for (int step = 0; step < c; ++step) {
       const int src = (r - step + c) % c;
@@ -257,32 +279,28 @@ struct AllGather {
   template <Communicator C, class T, class S = accumulate_t<T>>
   static void forward(C& comm, const Chunks& ch, T* out, S* lse, const T* qkv, index B, index Tl, index H, index hd,
                       index g = 1) {
-    detail::require(ch, comm.size(), Tl, H, g, "context::AllGather::forward");
-    const int r = comm.rank(), c = comm.size();
-    const std::size_t block = static_cast<std::size_t>(B * Tl * (H / g) * 2 * hd);
-    std::vector<T> mine(block), all(block * static_cast<std::size_t>(c));
-    detail::pack_kv(mine.data(), qkv, B, Tl, H, hd, g);
-    comm.all_gather(std::span<const T>(mine), std::span<T>(all));  // rank k's block at k * block
-    std::vector<S> o(static_cast<std::size_t>(B * Tl * H * hd), S(0));
-    std::fill(lse, lse + B * H * Tl, -std::numeric_limits<S>::infinity());
+    detail::Local<T> me(ch, comm.rank(), comm.size(), qkv, B, Tl, H, hd, g, "context::AllGather::forward");
+    const int r = me.r, c = me.c;
+    const std::size_t block = me.block;
+    std::vector<T> all(block * static_cast<std::size_t>(c));
+    comm.all_gather(std::span<const T>(me.kv), std::span<T>(all));  // rank k's block at k * block
+    std::vector<S> o = detail::start_merge(lse, B, Tl, H, hd);
     for (int src = 0; src < c; ++src)
       detail::block_forward(o.data(), lse, qkv, all.data() + static_cast<std::size_t>(src) * block, B, Tl, H, hd, g,
                             [&](index i) { return ch.position(r, i); }, [&](index j) { return ch.position(src, j); });
-    for (std::size_t i = 0; i < o.size(); ++i) out[i] = narrow<T>(o[i]);
+    detail::finish_merge(out, o);
   }
 
   template <Communicator C, class T, class S = accumulate_t<T>>
   static void backward(C& comm, const Chunks& ch, T* dqkv, const T* dout, const T* out, const S* lse, const T* qkv,
                        index B, index Tl, index H, index hd, index g = 1) {
-    detail::require(ch, comm.size(), Tl, H, g, "context::AllGather::backward");
-    const int r = comm.rank(), c = comm.size();
-    const index G = H / g;
-    const std::size_t block = static_cast<std::size_t>(B * Tl * G * 2 * hd);
-    std::vector<T> mine(block), all(block * static_cast<std::size_t>(c));
-    detail::pack_kv(mine.data(), qkv, B, Tl, H, hd, g);
-    comm.all_gather(std::span<const T>(mine), std::span<T>(all));  // again: the forward kept none
+    detail::Local<T> me(ch, comm.rank(), comm.size(), qkv, B, Tl, H, hd, g, "context::AllGather::backward");
+    const int r = me.r, c = me.c;
+    const std::size_t block = me.block;
+    std::vector<T> all(block * static_cast<std::size_t>(c));
+    comm.all_gather(std::span<const T>(me.kv), std::span<T>(all));  // again: the forward kept none
     std::vector<S> dall(block * static_cast<std::size_t>(c), S(0)), dmine(block),
-        dq(static_cast<std::size_t>(B * Tl * G * (g + 2) * hd), S(0)), D(static_cast<std::size_t>(B * H * Tl));
+        dq(static_cast<std::size_t>(B * Tl * (H / g) * (g + 2) * hd), S(0)), D(static_cast<std::size_t>(B * H * Tl));
     detail::row_dots(D.data(), dout, out, B, Tl, H, hd);
     for (int src = 0; src < c; ++src)
       detail::block_backward(dq.data(), dall.data() + static_cast<std::size_t>(src) * block, qkv,
