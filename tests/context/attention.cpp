@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <numeric>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -82,7 +83,87 @@ void check(int c, Index H, Index g, double tolerance) {
           *std::max_element(grad_err.begin(), grad_err.end()));
 }
 
+// The context group with a count of the bytes this rank receives from the others: what a send
+// delivers to its peer, and for a collective what its bandwidth-optimal (ring) algorithm brings
+// in, (c - 1) / c of an all-gather's output and (c - 1) chunks of a reduce-scatter's.
+struct Counting {
+  test::World* group;
+  std::int64_t received = 0;
+  int rank() const { return group->rank(); }
+  int size() const { return group->size(); }
+  std::string name() const { return group->name(); }
+  template <class T>
+  void all_reduce(std::span<T> buf, ReduceOp op) {
+    received += 2 * static_cast<std::int64_t>(buf.size_bytes()) * (size() - 1) / size();
+    group->all_reduce(buf, op);
+  }
+  template <class T>
+  void reduce_scatter(std::span<const T> in, std::span<T> out, ReduceOp op) {
+    received += static_cast<std::int64_t>(out.size_bytes()) * (size() - 1);
+    group->reduce_scatter(in, out, op);
+  }
+  template <class T>
+  void all_gather(std::span<const T> in, std::span<T> out) {
+    received += static_cast<std::int64_t>(out.size_bytes() - in.size_bytes());
+    group->all_gather(in, out);
+  }
+  template <class T>
+  void all_to_all(std::span<const T> in, std::span<T> out) {
+    received += static_cast<std::int64_t>(out.size_bytes()) * (size() - 1) / size();
+    group->all_to_all(in, out);
+  }
+  template <class T>
+  void broadcast(std::span<T> buf, int root) {
+    if (rank() != root) received += static_cast<std::int64_t>(buf.size_bytes());
+    group->broadcast(buf, root);
+  }
+  template <class T>
+  void send(std::span<const T> buf, int peer) {
+    group->send(buf, peer);
+  }
+  template <class T>
+  void recv(std::span<T> buf, int peer) {
+    received += static_cast<std::int64_t>(buf.size_bytes());
+    group->recv(buf, peer);
+  }
+  void barrier() { group->barrier(); }
+  Counting split(int, int) {
+    throw Error("Counting::split", "a counted group is not split", "count the groups the split makes instead");
+  }
+};
+static_assert(Communicator<Counting>);
+
 }  // namespace
+
+TEST_CASE_TEMPLATE("context attention moves the bytes of its closed form", A, context::Ring, context::AllGather) {
+  // A block: the keys and values of one rank, B (T/c) (H/g) 2 hd elements. Per rank, received:
+  //   Ring       forward (c - 1) blocks;  backward (c - 1) blocks and c gradient blocks
+  //   AllGather  forward (c - 1) blocks;  backward (c - 1) blocks and (c - 1) gradient blocks
+  // (the gradient blocks in S = double here, as the blocks).
+  const Index B = 2, T_ = 32, H = 4, g = 2, hd = 8, row = (H / g) * (g + 2) * hd;
+  for (int c : {2, 4}) {
+    const auto ch = context::Chunks::of(T_, c);
+    const Index Tl = ch.local();
+    const std::int64_t block = B * Tl * (H / g) * 2 * hd * static_cast<std::int64_t>(sizeof(double));
+    std::vector<std::int64_t> forward(static_cast<std::size_t>(c)), backward(static_cast<std::size_t>(c));
+    test::run_ranks(c, [&](test::World& world) {
+      Counting counted{&world};
+      const auto x = random<double>(static_cast<std::size_t>(B * Tl * row), 20 + static_cast<std::uint64_t>(world.rank()));
+      const auto dy = random<double>(static_cast<std::size_t>(B * Tl * H * hd), 30 + static_cast<std::uint64_t>(world.rank()));
+      std::vector<double> y(dy.size()), lse(static_cast<std::size_t>(B * H * Tl)), dx(x.size());
+      A::forward(counted, ch, y.data(), lse.data(), x.data(), B, Tl, H, hd, g);
+      forward[static_cast<std::size_t>(world.rank())] = counted.received;
+      A::backward(counted, ch, dx.data(), dy.data(), y.data(), lse.data(), x.data(), B, Tl, H, hd, g);
+      backward[static_cast<std::size_t>(world.rank())] = counted.received - forward[static_cast<std::size_t>(world.rank())];
+    });
+    const std::int64_t gradients = std::same_as<A, context::Ring> ? c : c - 1;
+    for (int r = 0; r < c; ++r) {
+      INFO(std::string(A::name), ", context ", c, ", rank ", r);
+      CHECK(forward[static_cast<std::size_t>(r)] == (c - 1) * block);
+      CHECK(backward[static_cast<std::size_t>(r)] == (c - 1) * block + gradients * block);
+    }
+  }
+}
 
 TEST_CASE("context chunks: a permutation of the sequence, the same causal work on every rank, bad sizes refused") {
   for (int c : {1, 2, 3, 4}) {
