@@ -42,9 +42,8 @@ namespace weft::context {
 
 namespace detail {
 
-// Where head h's query and its group's key sit in a token's qkv row (ops::Attention's layout).
+// Where head h's query sits in a token's qkv row (ops::Attention's layout).
 constexpr index q_at(index h, index hd, index g) { return ((h / g) * (g + 2) + h % g) * hd; }
-constexpr index k_at(index h, index hd, index g) { return ((h / g) * (g + 2) + g) * hd; }
 
 // kv (B, Tl, H/g, 2, hd): the keys and values of this rank's rows, the block that travels.
 template <class T>
