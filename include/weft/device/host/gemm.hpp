@@ -172,3 +172,22 @@ void gemm(Trans ta, Trans tb, std::int64_t m, std::int64_t n, std::int64_t k, T 
 }
 
 }  // namespace weft::host
+
+// Separate compilation, for builds that want it: Eigen's GEMM is the heaviest code a unit that calls
+// a GEMM compiles (about 13% of a model test's or a trainer unit's compile at -O0 with the
+// sanitizers), and every such unit compiles it again. A build that defines WEFT_HOST_GEMM_COMPILED=1
+// declares eigen_gemm's two instantiations here and compiles them once, in the one unit that
+// includes weft/device/host/gemm_instances.hpp. With CMake, link weft::host_gemm, which does both
+// (weft's own tests, examples and benchmarks do); an installed weft's user adds the definition and
+// that one unit. Header-only use is unchanged: without the definition each unit instantiates them.
+#define WEFT_HOST_GEMM_INSTANCES(EXTERN)                                                                    \
+  EXTERN template void weft::host::eigen_gemm<float>(weft::Trans, weft::Trans, std::int64_t, std::int64_t,   \
+                                                     std::int64_t, float, const float*, std::int64_t,       \
+                                                     const float*, std::int64_t, float, float*, std::int64_t); \
+  EXTERN template void weft::host::eigen_gemm<double>(weft::Trans, weft::Trans, std::int64_t, std::int64_t,  \
+                                                      std::int64_t, double, const double*, std::int64_t,    \
+                                                      const double*, std::int64_t, double, double*,         \
+                                                      std::int64_t);
+#if defined(WEFT_HOST_GEMM_COMPILED) && WEFT_HOST_GEMM_COMPILED
+WEFT_HOST_GEMM_INSTANCES(extern)
+#endif
