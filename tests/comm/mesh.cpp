@@ -83,7 +83,7 @@ TEST_CASE("Mesh: context sits between pipe and tensor in the rank order; its gro
                        Error);
 
   std::mutex mu;
-  std::vector<std::vector<int>> tensor(8), context(8), data(8);
+  std::vector<std::vector<int>> tensor(8), context(8), data(8), data_context(8);
   std::vector<std::string> names(8);
   run_threads(8, [&](ThreadComm& w) {
     Mesh mesh{w, {.data = 2, .context = 2, .tensor = 2}};
@@ -103,7 +103,12 @@ TEST_CASE("Mesh: context sits between pipe and tensor in the rank order; its gro
     context[r] = mesh.context().members();
     data[r] = mesh.data().members();
     names[r] = cat(mesh.tensor().name(), " ", mesh.context().name(), " ", mesh.data().name(), " ", mesh.pipe().name());
+    data_context[r] = mesh.data_context().members();
+    CHECK(mesh.data_context().rank() == mesh.coord().data * 2 + mesh.coord().context);
   });
+  // Rank 5's data x context group: the ranks with tensor index 1, data-major.
+  CHECK(data_context[5] == std::vector<int>{1, 3, 5, 7});
+  CHECK(data_context[2] == std::vector<int>{0, 2, 4, 6});
   // Rank 5 = (data 1, context 0, tensor 1).
   CHECK(tensor[5] == std::vector<int>{4, 5});
   CHECK(context[5] == std::vector<int>{5, 7});
@@ -116,6 +121,7 @@ TEST_CASE("Mesh: context sits between pipe and tensor in the rank order; its gro
     Mesh mesh{w, {.data = 2, .tensor = 2}};
     CHECK(mesh.context().size() == 1);
     CHECK(mesh.context().members() == std::vector<int>{w.rank()});
+    CHECK(&mesh.data_context() == &mesh.data());
     if (w.rank() == 3) CHECK(cat(mesh.tensor().name(), " ", mesh.data().name()) == "tensor[d1,p0]{2,3} data[p0,t1]{1,3}");
   });
 }

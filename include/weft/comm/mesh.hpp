@@ -105,6 +105,21 @@ class Mesh {
     // (context last, so that the groups of a mesh without context parallelism come as they did).
     for (Axis a : {Axis::tensor, Axis::data, Axis::pipe, Axis::context})
       comms_[static_cast<std::size_t>(a)].emplace_back(subgroup(world, color(a), index(coord_, a), members(a), group_name(a)));
+    // With context parallelism, a fifth: the ranks that differ on data or context (the group that
+    // reduces parameter gradients, as Megatron folds context ranks into the data-parallel group).
+    if (shape_.context > 1) {
+      std::vector<int> m;
+      for (int d = 0; d < shape_.data; ++d)
+        for (int c = 0; c < shape_.context; ++c) {
+          MeshCoord x = coord_;
+          x.data = d;
+          x.context = c;
+          m.push_back(world_rank(shape_, x));
+        }
+      data_context_.emplace_back(subgroup(world, coord_.pipe * shape_.tensor + coord_.tensor,
+                                          coord_.data * shape_.context + coord_.context, m,
+                                          cat("data_context[p", coord_.pipe, ",t", coord_.tensor, "]")));
+    }
   }
 
   C& world() { return world_; }
@@ -113,6 +128,9 @@ class Mesh {
   C& context() { return comm(Axis::context); }
   C& tensor() { return comm(Axis::tensor); }
   C& comm(Axis a) { return comms_[static_cast<std::size_t>(a)].front(); }
+  // The data x context ranks of this rank (data-major: rank d * context + c), which hold the same
+  // parameters and reduce their gradients together; the data group where context is 1.
+  C& data_context() { return data_context_.empty() ? data() : data_context_.front(); }
 
   const MeshShape& shape() const { return shape_; }
   const MeshCoord& coord() const { return coord_; }
@@ -130,6 +148,7 @@ class Mesh {
   MeshCoord coord_;
   // Per axis (kAxes order), one element each; vectors because C need not be default-constructible.
   std::array<std::vector<C>, kAxes.size()> comms_;
+  std::vector<C> data_context_;
 };
 
 }  // namespace weft
