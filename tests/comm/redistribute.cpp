@@ -261,3 +261,71 @@ TEST_CASE("redistribute over three axes: a tensor sharded over pipe and tensor g
     for (std::int64_t i = 0; i < back.numel(); ++i) REQUIRE(back[i] == x[i]);
   });
 }
+
+TEST_CASE("redistribute over the context axis: every pair of context and tensor placements gives the same global tensor") {
+  // Placements on context (dim 0, dim -1, Replicate, Partial) against the tensor and data axes;
+  // StageLocal on pipe as ever.
+  using SLoc = StageLocal;
+  using Ctx = List<Layout<R, R, SLoc, R>, Layout<R, R, SLoc, S0>, Layout<R, R, SLoc, SL>, Layout<R, R, SLoc, P>,
+                   Layout<R, S0, SLoc, SL>, Layout<R, SL, SLoc, S0>, Layout<R, P, SLoc, S0>, Layout<R, S0, SLoc, P>,
+                   Layout<S0, R, SLoc, SL>, Layout<P, R, SLoc, P>, Layout<SL, P, SLoc, S0>>;
+  struct Shape3 {
+    int data, context, tensor;
+  };
+  for (const auto m : {Shape3{1, 2, 1}, Shape3{1, 4, 1}, Shape3{1, 2, 2}, Shape3{2, 2, 1}}) {
+    CAPTURE(m.data);
+    CAPTURE(m.context);
+    CAPTURE(m.tensor);
+    std::atomic<int> pairs{0}, context_calls{0};
+    std::mutex mu;
+    std::vector<std::string> failures;
+    test::run_ranks(m.data * m.context * m.tensor, [&](test::World& world) {
+      Mesh mesh{world, {.data = m.data, .context = m.context, .tensor = m.tensor}};
+      Host host;
+      const Spread s = mesh.spread();
+      const std::vector<double> X = global_values(11);
+      for_each(Ctx{}, [&]<class From>() {
+        for_each(Ctx{}, [&]<class To>() {
+          if constexpr (forward_ok<From, To>) {
+            const auto x = test::distribute<From>(host, X, kGlobal, s);
+            const threads::Counters before = mesh.context().counters();
+            const auto y = redistribute<To>(x, mesh);
+            const threads::Counters ran = mesh.context().counters() - before;
+            std::vector<double> local(X.size(), 0.0);
+            test::accumulate_global(y, local);
+            world.all_reduce(std::span<double>(local));
+            const double copies = test::replicas<To>(s);
+            bool ok = y.local_shape() == local_shape<To>(kGlobal, s);
+            for (std::size_t g = 0; g < X.size(); ++g) ok = ok && local[g] == X[g] * copies;
+            if constexpr (!has_partial<To>)
+              for (std::int64_t i = 0; i < y.numel(); ++i) ok = ok && y[i] == X[static_cast<std::size_t>(y.global_index(i))];
+            // The context group runs the plan's context step, if it communicates, with its bytes.
+            threads::Counters want;
+            for (const PlanStep& st : plan<From, To>(kGlobal, s, sizeof(double)))
+              if (st.axis == Axis::context && communicates(st.collective)) {
+                const auto op = static_cast<std::size_t>(op_of(st.collective));
+                want.calls[op] += 1;
+                want.bytes[op] += static_cast<std::uint64_t>(st.collective == Collective::all_gather ? st.bytes_out : st.bytes_in);
+              }
+            ok = ok && ran.calls == want.calls && ran.bytes == want.bytes;
+            if (!ok) {
+              std::lock_guard lock(mu);
+              failures.push_back(From::name() + " -> " + To::name());
+            }
+            if (world.rank() == 0) {
+              ++pairs;
+              for (auto n : ran.calls) context_calls += static_cast<int>(n);
+            }
+          }
+        });
+      });
+    });
+    CHECK_MESSAGE(failures.empty(), "wrong results for ", join(failures, "; "));
+    // 11 x 11 pairs less those that take Shard -> Partial on an axis or find no valid order; at
+    // least one collective on the context group in all.
+    if (test::holds_rank(0)) {
+      CHECK(pairs.load() > 60);
+      CHECK(context_calls.load() > 0);
+    }
+  }
+}

@@ -14,7 +14,9 @@ static_assert(Placement<Replicate> && Placement<Shard<-1>> && Placement<Partial>
 static_assert(is_sharded_on<Layout<Shard<0>, Replicate>, Axis::data>);
 static_assert(!is_sharded_on<Layout<Shard<0>, Replicate>, Axis::tensor>);
 static_assert(is_partial_on<TensorPartial, Axis::tensor> && is_replicated_on<TensorPartial, Axis::data>);
-static_assert(std::is_same_v<dual_layout<Layout<Replicate, Shard<2>>>, Layout<Partial, Shard<2>>>);
+// The dual of a layout that context parallelism does not split is Partial on context (the addends
+// of the context ranks, which hold the same value).
+static_assert(std::is_same_v<dual_layout<Layout<Replicate, Shard<2>>>, Layout<Partial, Shard<2>, StageLocal, Partial>>);
 static_assert(std::is_same_v<dual_layout<dual_layout<Layout<Partial, Shard<1>>>>, Layout<Partial, Shard<1>>>);
 
 // The collective for each (From, To) on one axis: DESIGN.md's table.
@@ -48,8 +50,47 @@ static_assert(Transition<Layout<Replicate, Shard<0>, Replicate>, Layout<Replicat
               Axis::pipe);
 static_assert(Transition<Replicated, Layout<Replicate, Shard<0>, Replicate>>::crosses_stages);
 static_assert(!Transition<Replicated, Layout<Replicate, Shard<0>, Replicate>>::possible);
-static_assert(std::is_same_v<dual_layout<Layout<Replicate, Shard<2>, Replicate>>, Layout<Partial, Shard<2>, Partial>>);
+static_assert(std::is_same_v<dual_layout<Layout<Replicate, Shard<2>, Replicate>>, Layout<Partial, Shard<2>, Partial, Partial>>);
 static_assert(std::is_same_v<placement_on<Replicated, Axis::pipe>, StageLocal>);
+
+// Four axes: context is one more placement, defaulted to Replicate (a layout written without it is
+// whole on every context rank), between pipe and tensor in mesh order.
+using ContextSeq = Layout<Shard<0>, Replicate, StageLocal, Shard<1>>;  // (B/dp, T/cp, C): context parallelism
+using ContextSeqTp = Layout<Shard<0>, Shard<2>, StageLocal, Shard<1>>; // and C split over tensor
+static_assert(std::is_same_v<placement_on<Replicated, Axis::context>, Replicate>);
+static_assert(is_sharded_on<ContextSeq, Axis::context> && !is_sharded_on<ContextSeq, Axis::tensor>);
+static_assert(kAxes[2] == Axis::context && kAxes.size() == 4);
+static_assert(collective_on<ContextSeq, DataSharded<0>, Axis::context> == Collective::all_gather);
+static_assert(collective_on<DataSharded<0>, ContextSeq, Axis::context> == Collective::slice);
+static_assert(collective_on<Layout<Replicate, Replicate, StageLocal, Partial>, Replicated, Axis::context> == Collective::all_reduce);
+static_assert(Transition<ContextSeqTp, DataSharded<0>>::steps[0].collective == Collective::all_gather);
+static_assert(Transition<ContextSeqTp, DataSharded<0>>::steps[0].axis == Axis::context);  // mesh order among equals
+static_assert(Transition<ContextSeqTp, DataSharded<0>>::steps[1].axis == Axis::tensor);
+// The sequence moving from the tensor axis (sequence parallelism) to context: the slice first.
+static_assert(Transition<Layout<Shard<0>, Shard<1>>, ContextSeq>::possible);
+static_assert(Transition<Layout<Shard<0>, Shard<1>>, ContextSeq>::steps[0].axis == Axis::tensor);
+static_assert(!has_partial<ContextSeq> && has_partial<Layout<Replicate, Replicate, StageLocal, Partial>>);
+
+TEST_CASE("the context axis: local shapes, boxes, names") {
+  const Spread s{.data_degree = 2, .tensor_degree = 2, .data_index = 1, .tensor_index = 1, .context_degree = 4, .context_index = 3};
+  CHECK(s.degree(Axis::context) == 4);
+  CHECK(s.index(Axis::context) == 3);
+  CHECK(local_shape<ContextSeq>({4, 64, 8}, s) == Shape{2, 16, 8});
+  CHECK(local_shape<ContextSeqTp>({4, 64, 8}, s) == Shape{2, 16, 4});
+  const Box b = local_box<ContextSeqTp>({4, 64, 8}, s);
+  CHECK(b.offset == Shape{2, 48, 4});
+  CHECK(b.extent == Shape{2, 16, 4});
+  CHECK_THROWS_WITH_AS(local_shape<ContextSeq>({4, 30, 8}, s),
+                       "Layout<Shard<0>, Replicate, StageLocal, Shard<1>>: dim 1 of shape (4, 30, 8) has extent 30, not "
+                       "divisible by the context degree 4; choose a degree that divides the extent, or pad the tensor",
+                       Error);
+  // One dim on two axes, spelled apart so that only the run-time check sees it.
+  CHECK_THROWS_WITH_AS((local_shape<Layout<Replicate, Shard<-2>, StageLocal, Shard<1>>>({4, 64, 8}, s)),
+                       doctest::Contains("the context and tensor axes both shard dim 1"), Error);
+  CHECK(ContextSeq::name() == "Layout<Shard<0>, Replicate, StageLocal, Shard<1>>");
+  CHECK(Layout<Replicate, Replicate, Replicate, Partial>::name() == "Layout<Replicate, Replicate, Replicate, Partial>");
+  CHECK(Layout<Shard<0>, Replicate>::name() == "Layout<Shard<0>, Replicate>");  // unchanged without context
+}
 
 TEST_CASE("local_shape divides each sharded dim by its axis degree") {
   const Spread s{.data_degree = 2, .tensor_degree = 3};

@@ -18,7 +18,9 @@ template <class... Ts> struct List {};
 
 // The layout that places elements like L but treats Partial as full extent (where an element sits).
 template <Placement P> using position_of = std::conditional_t<IsPartial<P>, Replicate, P>;
-template <LayoutType L> using positions = Layout<position_of<typename L::data>, position_of<typename L::tensor>>;
+template <LayoutType L>
+using positions = Layout<position_of<typename L::data>, position_of<typename L::tensor>, position_of<typename L::pipe>,
+                         position_of<typename L::context>>;
 
 inline double dyadic(std::uint64_t seed, std::uint64_t stream, std::uint64_t i) {
   return static_cast<double>(static_cast<std::int64_t>(weft::philox(seed, stream, i)[0] % 2001) - 1000) / 64.0;
@@ -51,6 +53,7 @@ Tensor<double, L, D> distribute(D& dev, const std::vector<double>& X, const Shap
     double v = X[static_cast<std::size_t>(g)];
     if constexpr (IsPartial<typename L::data>) v = addend(v, g, s.data_index, s.data_degree, 101);
     if constexpr (IsPartial<typename L::tensor>) v = addend(v, g, s.tensor_index, s.tensor_degree, 202);
+    if constexpr (IsPartial<typename L::context>) v = addend(v, g, s.context_index, s.context_degree, 303);
     t[i] = v;
   }
   return t;
@@ -65,7 +68,8 @@ void accumulate_global(const Tensor<double, L, D>& t, std::vector<double>& sum) 
 
 template <LayoutType L>
 int replicas(const Spread& s) {
-  return (IsReplicate<typename L::data> ? s.data_degree : 1) * (IsReplicate<typename L::tensor> ? s.tensor_degree : 1);
+  return (IsReplicate<typename L::data> ? s.data_degree : 1) * (IsReplicate<typename L::tensor> ? s.tensor_degree : 1) *
+         (IsReplicate<typename L::pipe> ? s.pipe_degree : 1) * (IsReplicate<typename L::context> ? s.context_degree : 1);
 }
 
 }  // namespace weft::test

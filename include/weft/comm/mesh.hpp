@@ -1,11 +1,17 @@
-// Mesh: the ranks of a world arranged as data x pipe x tensor, with a communicator per axis group.
+// Mesh: the ranks of a world arranged as data x pipe x context x tensor, with a communicator per
+// axis group.
 //
-// World rank = (data * pipe_degree + pipe) * tensor_degree + tensor: tensor is the fastest-varying
-// axis, as in Megatron, so a tensor group is a block of consecutive ranks (one node's GPUs, where
-// the bandwidth is). The axis group of an axis is the set of ranks that differ only on that axis.
-// Degrees are run-time values, validated here before anything is allocated.
+// World rank = ((data * pipe_degree + pipe) * context_degree + context) * tensor_degree + tensor:
+// tensor is the fastest-varying axis, as in Megatron, so a tensor group is a block of consecutive
+// ranks (one node's GPUs, where the bandwidth is); context (context parallelism's ring or gather of
+// keys and values, docs/context.md) comes next, as in Megatron's tp-cp-dp-pp order, then pipe, then
+// data, the slowest. The axis group of an axis is the set of ranks that differ only on that axis.
+// Degrees are run-time values, validated here before anything is allocated. Without context
+// parallelism (context 1) ranks, groups and their names are what they were before the axis; each
+// rank's context group is then the rank alone.
 #pragma once
 
+#include <array>
 #include <string>
 #include <vector>
 
@@ -19,26 +25,44 @@ namespace weft {
 struct MeshShape {
   int data = 1;
   int pipe = 1;
+  int context = 1;
   int tensor = 1;
 };
 
 struct MeshCoord {
-  int data = 0, pipe = 0, tensor = 0;
+  int data = 0, pipe = 0, context = 0, tensor = 0;
 };
 
-// Checks `s` against a world of `world_size` ranks; throws Error naming the values otherwise.
+// Checks `s` against a world of `world_size` ranks; throws Error naming the values otherwise (the
+// context degree named where it is not 1).
 inline void validate(const MeshShape& s, int world_size) {
-  if (s.data < 1 || s.pipe < 1 || s.tensor < 1)
-    throw Error("Mesh", cat("degrees data ", s.data, ", pipe ", s.pipe, ", tensor ", s.tensor, " include one below 1"),
+  const std::string context = s.context == 1 ? std::string() : cat(" x context ", s.context);
+  if (s.data < 1 || s.pipe < 1 || s.context < 1 || s.tensor < 1)
+    throw Error("Mesh", cat("degrees data ", s.data, ", pipe ", s.pipe, s.context == 1 ? std::string() : cat(", context ", s.context),
+                            ", tensor ", s.tensor, " include one below 1"),
                 "use degrees >= 1");
-  const bool overflows = 1.0 * s.data * s.pipe * s.tensor > 9.0e18;  // each degree is an int: up to 2^93
-  const long long product = overflows ? 0 : 1LL * s.data * s.pipe * s.tensor;
+  const double approx = 1.0 * s.data * s.pipe * s.context * s.tensor;
+  const bool overflows = approx > 9.0e18;  // each degree is an int: up to 2^124
+  const long long product = overflows ? 0 : 1LL * s.data * s.pipe * s.context * s.tensor;
   if (overflows || product != world_size)
     throw Error("Mesh",
-                cat("data ", s.data, " x pipe ", s.pipe, " x tensor ", s.tensor, " = ",
-                    overflows ? cat(1.0 * s.data * s.pipe * s.tensor) : cat(product), " ranks, but the world has ", world_size),
+                cat("data ", s.data, " x pipe ", s.pipe, context, " x tensor ", s.tensor, " = ",
+                    overflows ? cat(approx) : cat(product), " ranks, but the world has ", world_size),
                 cat("choose degrees whose product is ", world_size, " (each one of ", list_divisors(world_size, s.tensor, 12),
                     world_size > 1024 ? ", ..." : "", ")"));
+}
+
+// The world rank at coordinate x of a mesh of shape s.
+constexpr int world_rank(const MeshShape& s, const MeshCoord& x) {
+  return ((x.data * s.pipe + x.pipe) * s.context + x.context) * s.tensor + x.tensor;
+}
+
+// The coordinate of world rank r on a mesh of shape s.
+constexpr MeshCoord mesh_coord(const MeshShape& s, int r) {
+  return {.data = r / (s.tensor * s.context * s.pipe),
+          .pipe = (r / (s.tensor * s.context)) % s.pipe,
+          .context = (r / s.tensor) % s.context,
+          .tensor = r % s.tensor};
 }
 
 template <Communicator C>
@@ -46,35 +70,67 @@ class Mesh {
  public:
   Mesh(C& world, MeshShape shape) : world_(world), shape_(shape) {
     validate(shape_, world.size());
-    const int r = world.rank();
-    coord_.tensor = r % shape_.tensor;
-    coord_.pipe = (r / shape_.tensor) % shape_.pipe;
-    coord_.data = r / (shape_.tensor * shape_.pipe);
-    // Each split is collective over the world; every rank makes the same three calls in order.
-    // The members of this rank's group on an axis: the world ranks that differ only on that axis.
+    coord_ = mesh_coord(shape_, world.rank());
+    const auto degree = [&](Axis a) { return spread().degree(a); };
+    const auto index = [&](const MeshCoord& x, Axis a) {
+      return a == Axis::data ? x.data : a == Axis::pipe ? x.pipe : a == Axis::context ? x.context : x.tensor;
+    };
+    // The members of this rank's group on an axis: the world ranks that differ only on that axis,
+    // in the order of their index on it.
     const auto members = [&](Axis a) {
-      const int n = a == Axis::data ? shape_.data : a == Axis::pipe ? shape_.pipe : shape_.tensor;
       std::vector<int> m;
-      for (int i = 0; i < n; ++i) {
+      for (int i = 0; i < degree(a); ++i) {
         MeshCoord x = coord_;
-        (a == Axis::data ? x.data : a == Axis::pipe ? x.pipe : x.tensor) = i;
-        m.push_back((x.data * shape_.pipe + x.pipe) * shape_.tensor + x.tensor);
+        (a == Axis::data ? x.data : a == Axis::pipe ? x.pipe : a == Axis::context ? x.context : x.tensor) = i;
+        m.push_back(world_rank(shape_, x));
       }
       return m;
     };
-    tensor_.emplace_back(subgroup(world, coord_.data * shape_.pipe + coord_.pipe, coord_.tensor, members(Axis::tensor),
-                                  cat("tensor[d", coord_.data, ",p", coord_.pipe, "]")));
-    data_.emplace_back(subgroup(world, coord_.pipe * shape_.tensor + coord_.tensor, coord_.data, members(Axis::data),
-                                cat("data[p", coord_.pipe, ",t", coord_.tensor, "]")));
-    pipe_.emplace_back(subgroup(world, coord_.data * shape_.tensor + coord_.tensor, coord_.pipe, members(Axis::pipe),
-                                cat("pipe[d", coord_.data, ",t", coord_.tensor, "]")));
+    // A group's color: this rank's coordinate on the other axes, as one number (mixed radix); its
+    // name: those coordinates ("tensor[d0,p1]"; a context index only where context > 1).
+    const auto color = [&](Axis a) {
+      int c = 0;
+      for (Axis b : kAxes)
+        if (b != a) c = c * degree(b) + index(coord_, b);
+      return c;
+    };
+    const auto group_name = [&](Axis a) {
+      std::string n = cat(name(a), "[");
+      for (Axis b : kAxes)
+        if (b != a && (b != Axis::context || shape_.context > 1))
+          n += cat(n.back() == '[' ? "" : ",", name(b)[0], index(coord_, b));
+      return n + "]";
+    };
+    // Each split is collective over the world; every rank makes the same four calls in this order
+    // (context last, so that the groups of a mesh without context parallelism come as they did).
+    for (Axis a : {Axis::tensor, Axis::data, Axis::pipe, Axis::context})
+      comms_[static_cast<std::size_t>(a)].emplace_back(subgroup(world, color(a), index(coord_, a), members(a), group_name(a)));
+    // With context parallelism, a fifth: the ranks that differ on data or context (the group that
+    // reduces parameter gradients, as Megatron folds context ranks into the data-parallel group).
+    if (shape_.context > 1) {
+      std::vector<int> m;
+      for (int d = 0; d < shape_.data; ++d)
+        for (int c = 0; c < shape_.context; ++c) {
+          MeshCoord x = coord_;
+          x.data = d;
+          x.context = c;
+          m.push_back(world_rank(shape_, x));
+        }
+      data_context_.emplace_back(subgroup(world, coord_.pipe * shape_.tensor + coord_.tensor,
+                                          coord_.data * shape_.context + coord_.context, m,
+                                          cat("data_context[p", coord_.pipe, ",t", coord_.tensor, "]")));
+    }
   }
 
   C& world() { return world_; }
-  C& data() { return data_.front(); }
-  C& pipe() { return pipe_.front(); }
-  C& tensor() { return tensor_.front(); }
-  C& comm(Axis a) { return a == Axis::data ? data() : a == Axis::pipe ? pipe() : tensor(); }
+  C& data() { return comm(Axis::data); }
+  C& pipe() { return comm(Axis::pipe); }
+  C& context() { return comm(Axis::context); }
+  C& tensor() { return comm(Axis::tensor); }
+  C& comm(Axis a) { return comms_[static_cast<std::size_t>(a)].front(); }
+  // The data x context ranks of this rank (data-major: rank d * context + c), which hold the same
+  // parameters and reduce their gradients together; the data group where context is 1.
+  C& data_context() { return data_context_.empty() ? data() : data_context_.front(); }
 
   const MeshShape& shape() const { return shape_; }
   const MeshCoord& coord() const { return coord_; }
@@ -82,15 +138,17 @@ class Mesh {
   // The run-time side of a tensor layout on this mesh: every axis's degree and this rank's index.
   Spread spread() const {
     return {.data_degree = shape_.data, .tensor_degree = shape_.tensor, .data_index = coord_.data,
-            .tensor_index = coord_.tensor, .pipe_degree = shape_.pipe, .pipe_index = coord_.pipe};
+            .tensor_index = coord_.tensor, .pipe_degree = shape_.pipe, .pipe_index = coord_.pipe,
+            .context_degree = shape_.context, .context_index = coord_.context};
   }
 
  private:
   C& world_;
   MeshShape shape_;
   MeshCoord coord_;
-  // One element each; vectors because C need not be default-constructible.
-  std::vector<C> data_, pipe_, tensor_;
+  // Per axis (kAxes order), one element each; vectors because C need not be default-constructible.
+  std::array<std::vector<C>, kAxes.size()> comms_;
+  std::vector<C> data_context_;
 };
 
 }  // namespace weft

@@ -1,8 +1,17 @@
-// Layout<DataP, TensorP, PipeP = StageLocal>: how a tensor is spread over the mesh's axes, one
-// placement per axis. The algebra below is generic over the axis list (kAxes: data, pipe, tensor,
-// in mesh order); a new axis (context, expert) is one more enumerator, Spread field pair and
-// defaulted placement. A tensor inside a pipeline stage belongs to that stage (StageLocal on pipe),
-// which the default spells: Layout<Shard<0>, Shard<1>> means what it always meant.
+// Layout<DataP, TensorP, PipeP = StageLocal, ContextP = Replicate>: how a tensor is spread over the
+// mesh's axes, one placement per axis. The algebra below is generic over the axis list (kAxes: data,
+// pipe, context, tensor, in mesh order); a new axis (expert) is one more enumerator, Spread field
+// pair and defaulted placement. A tensor inside a pipeline stage belongs to that stage (StageLocal
+// on pipe), and a tensor that context parallelism does not split is whole on every context rank
+// (Replicate on context), which the defaults spell: Layout<Shard<0>, Shard<1>> means what it always
+// meant.
+//
+// The context axis (context parallelism, docs/context.md) shards activations over the sequence:
+// Shard<1> on context for a (B, T, C) activation. Its ranks hold the sequence in the load-balanced
+// order of context::Chunks (rank r the chunks r and 2c - 1 - r of 2c), so the global tensor that
+// the layout describes is the sequence in that order, and Shard<1> of it is each rank's pair of
+// chunks, contiguous. Parameters are Replicate on context; their gradients are reduced over the
+// data and context ranks together by the data-parallel protocol, as over data alone without it.
 //
 // Requires: every argument is a placement, and no two axes shard the same dim. Nested sharding of
 // one dim over two axes would make the shard order (which axis is outer) part of the layout; weft
@@ -26,15 +35,18 @@
 
 namespace weft {
 
-enum class Axis : std::uint8_t { data, pipe, tensor };
+enum class Axis : std::uint8_t { data, pipe, context, tensor };
 
-// Every mesh axis, in mesh order (the world rank is (data * pipe + pipe_index) * tensor + tensor_index).
-inline constexpr std::array<Axis, 3> kAxes{Axis::data, Axis::pipe, Axis::tensor};
+// Every mesh axis, in mesh order, slowest first: the world rank is
+// ((data_index * pipe + pipe_index) * context + context_index) * tensor + tensor_index, so a tensor
+// group is the fastest (neighbouring ranks, as in Megatron's tp-cp-dp-pp order), then context.
+inline constexpr std::array<Axis, 4> kAxes{Axis::data, Axis::pipe, Axis::context, Axis::tensor};
 
 constexpr const char* name(Axis a) {
   switch (a) {
     case Axis::data: return "data";
     case Axis::pipe: return "pipe";
+    case Axis::context: return "context";
     case Axis::tensor: return "tensor";
   }
   return "?";
@@ -45,11 +57,14 @@ struct Spread {
   int data_degree = 1, tensor_degree = 1;
   int data_index = 0, tensor_index = 0;
   int pipe_degree = 1, pipe_index = 0;
+  int context_degree = 1, context_index = 0;
 
   constexpr int degree(Axis a) const {
-    return a == Axis::data ? data_degree : a == Axis::pipe ? pipe_degree : tensor_degree;
+    return a == Axis::data ? data_degree : a == Axis::pipe ? pipe_degree : a == Axis::context ? context_degree : tensor_degree;
   }
-  constexpr int index(Axis a) const { return a == Axis::data ? data_index : a == Axis::pipe ? pipe_index : tensor_index; }
+  constexpr int index(Axis a) const {
+    return a == Axis::data ? data_index : a == Axis::pipe ? pipe_index : a == Axis::context ? context_index : tensor_index;
+  }
 };
 
 namespace detail {
@@ -57,7 +72,7 @@ template <class A, class B>
 inline constexpr bool same_shard_dim = IsShard<A> && IsShard<B> && requires { requires A::dim == B::dim; };
 }  // namespace detail
 
-template <class DataP, class TensorP, class PipeP = StageLocal>
+template <class DataP, class TensorP, class PipeP = StageLocal, class ContextP = Replicate>
 struct Layout {
   static_assert(Placement<DataP>,
                 "Layout: the data-axis placement is not a placement; use Replicate, Shard<d> or Partial");
@@ -65,30 +80,44 @@ struct Layout {
                 "Layout: the tensor-axis placement is not a placement; use Replicate, Shard<d> or Partial");
   static_assert(Placement<PipeP>,
                 "Layout: the pipe-axis placement is not a placement; use Replicate, Shard<d> or Partial");
+  static_assert(Placement<ContextP> && !IsStageLocal<ContextP>,
+                "Layout: the context-axis placement is not a placement; use Replicate, Shard<d> or Partial");
   static_assert(!detail::same_shard_dim<DataP, TensorP>,
                 "Layout: the data and tensor axes shard the same dim; shard different dims (nested "
                 "sharding of one dim is not a weft layout)");
   static_assert(!detail::same_shard_dim<DataP, PipeP> && !detail::same_shard_dim<PipeP, TensorP>,
                 "Layout: the pipe axis shards the same dim as another axis; shard different dims (nested "
                 "sharding of one dim is not a weft layout)");
+  static_assert(!detail::same_shard_dim<ContextP, DataP> && !detail::same_shard_dim<ContextP, TensorP> &&
+                    !detail::same_shard_dim<ContextP, PipeP>,
+                "Layout: the context axis shards the same dim as another axis; shard different dims (under "
+                "context parallelism the sequence is split over context, so sequence parallelism's Shard<1> "
+                "moves off the tensor axis)");
 
   using data = DataP;
   using tensor = TensorP;
   using pipe = PipeP;
+  using context = ContextP;
 
   // The placement on axis A.
   template <Axis A>
-  using on = std::conditional_t<A == Axis::data, DataP, std::conditional_t<A == Axis::pipe, PipeP, TensorP>>;
+  using on = std::conditional_t<
+      A == Axis::data, DataP,
+      std::conditional_t<A == Axis::pipe, PipeP, std::conditional_t<A == Axis::context, ContextP, TensorP>>>;
 
+  // As written, defaults left out: "Layout<Shard<0>, Replicate>", "Layout<Shard<0>, Replicate,
+  // StageLocal, Shard<1>>".
   static std::string name() {
+    const bool context = !IsReplicate<ContextP>;
     return cat("Layout<", DataP::name(), ", ", TensorP::name(),
-               IsStageLocal<PipeP> ? std::string() : cat(", ", PipeP::name()), ">");
+               IsStageLocal<PipeP> && !context ? std::string() : cat(", ", PipeP::name()),
+               context ? cat(", ", ContextP::name()) : std::string(), ">");
   }
 };
 
 namespace detail {
 template <class T> inline constexpr bool is_layout = false;
-template <class D, class T, class P> inline constexpr bool is_layout<Layout<D, T, P>> = true;
+template <class D, class T, class P, class C> inline constexpr bool is_layout<Layout<D, T, P, C>> = true;
 }  // namespace detail
 
 template <class L> concept LayoutType = detail::is_layout<L>;
@@ -114,14 +143,15 @@ using TensorPartial = Layout<Replicate, Partial>;
 // The layout of a gradient: dual placement on each axis.
 template <LayoutType L>
 using dual_layout = Layout<dual_placement_t<typename L::data>, dual_placement_t<typename L::tensor>,
-                           dual_placement_t<typename L::pipe>>;
+                           dual_placement_t<typename L::pipe>, dual_placement_t<typename L::context>>;
 
 // Compile-time queries.
 template <LayoutType L, Axis A> inline constexpr bool is_sharded_on = IsShard<placement_on<L, A>>;
 template <LayoutType L, Axis A> inline constexpr bool is_partial_on = IsPartial<placement_on<L, A>>;
 template <LayoutType L, Axis A> inline constexpr bool is_replicated_on = IsReplicate<placement_on<L, A>>;
 template <LayoutType L>
-inline constexpr bool has_partial = IsPartial<typename L::data> || IsPartial<typename L::pipe> || IsPartial<typename L::tensor>;
+inline constexpr bool has_partial = IsPartial<typename L::data> || IsPartial<typename L::pipe> ||
+                                    IsPartial<typename L::context> || IsPartial<typename L::tensor>;
 
 // The dim that placement P shards in a tensor of `global` shape, or -1 when P does not shard.
 template <Placement P>

@@ -70,11 +70,11 @@ struct RankStep {
   MeshCoord coord;
   Memory state;
   StepPeak step;
-  std::array<threads::Counters, 3> collectives{};
+  std::array<threads::Counters, kAxes.size()> collectives{};
   // On the Meta device, for the time model (plan/measure_time.hpp): what the step asked of weft's
   // ops, and of each axis call by call (operation, bytes) -> count.
   MetaWork ops;
-  std::array<detail::CallLog, 3> calls{};
+  std::array<detail::CallLog, kAxes.size()> calls{};
   // Of the pipe axis's calls, those on the pipeline's tie group (the tied table's gradient).
   detail::CallLog tie_calls;
 };
@@ -115,11 +115,11 @@ RankStep measure_rank(D& dev, C& world, const typename Model::config_type& c, co
   const std::vector<std::int32_t> x(static_cast<std::size_t>(micro / run.mesh.data * c.seq), 0), y(x);
   RankStep out{world.rank(), mesh.coord(), detail::of_current(dev.memory()), {}, {}, {}, {}, {}};
   constexpr bool counted = requires { mesh.comm(Axis::data).counters(); };
-  std::array<threads::Counters, 3> comm_before{};
+  std::array<threads::Counters, kAxes.size()> comm_before{};
   if constexpr (counted)
     for (Axis a : kAxes) comm_before[static_cast<std::size_t>(a)] = mesh.comm(a).counters();
   constexpr bool logged = requires { mesh.comm(Axis::data).calls(); };
-  std::array<detail::CallLog, 3> calls_before{};
+  std::array<detail::CallLog, kAxes.size()> calls_before{};
   if constexpr (logged)
     for (Axis a : kAxes) calls_before[static_cast<std::size_t>(a)] = mesh.comm(a).calls();
   // The pipeline's tie group is part of the pipe axis.
@@ -228,7 +228,7 @@ std::vector<RankStep> measure_bounding(const typename ModelOn<Meta<Host>>::confi
 // communicator counts them.
 struct StageCollectives {
   std::string stage;  // "embedding", Spec::block_name(l), "head"
-  std::array<threads::Counters, 3> forward{}, backward{};
+  std::array<threads::Counters, kAxes.size()> forward{}, backward{};
 };
 
 // Every stage of ModelOn<Meta<Host>> on rank 0 of a data x tensor mesh (pipe 1), for one micro-batch
@@ -250,12 +250,12 @@ std::vector<StageCollectives> stage_collectives(const typename ModelOn<Meta<Host
     const std::size_t stages = model.stages();
     std::vector<StageCollectives> got(stages);
     const auto snapshot = [&] {
-      std::array<threads::Counters, 3> now{};
+      std::array<threads::Counters, kAxes.size()> now{};
       for (Axis a : kAxes) now[static_cast<std::size_t>(a)] = mesh.comm(a).counters();
       return now;
     };
-    const auto since = [&](const std::array<threads::Counters, 3>& before) {
-      std::array<threads::Counters, 3> d = snapshot();
+    const auto since = [&](const std::array<threads::Counters, kAxes.size()>& before) {
+      std::array<threads::Counters, kAxes.size()> d = snapshot();
       for (std::size_t i = 0; i < d.size(); ++i) d[i] = d[i] - before[i];
       return d;
     };

@@ -144,7 +144,8 @@ int print_measured_plan(const Options& o, const config_t<F>& cfg, const std::str
   for (const RankPlan& p : plan) {
     std::string line;
     for (Axis a : kAxes) {
-      if ((a == Axis::data ? o.data : a == Axis::pipe ? o.pipe : o.tensor) == 1) continue;  // a group of one moves nothing
+      // A group of one moves nothing (the trainer runs without context parallelism: context 1).
+      if ((a == Axis::data ? o.data : a == Axis::pipe ? o.pipe : a == Axis::context ? 1 : o.tensor) == 1) continue;
       const std::string axis = counted_calls(p.collectives[static_cast<std::size_t>(a)], cat(name(a), " "));
       if (!axis.empty()) line += cat(line.empty() ? "" : ", ", axis);
     }

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "weft/comm/threads/world.hpp"
+#include "weft/layout/layout.hpp"
 #include "weft/plan/memory.hpp"
 
 namespace weft::train {
@@ -19,7 +20,7 @@ struct RankPlan {
   footprint::Memory peak;   // each category's peak during a step
   std::int64_t total = 0;   // the peak of their sum
   bool exact = false;       // on the host: the allocator's counts; on the GPU, without (or with an estimate of) its workspaces
-  std::array<threads::Counters, 3> collectives{};  // a step's, per mesh axis (measured plans only)
+  std::array<threads::Counters, kAxes.size()> collectives{};  // a step's, per mesh axis (measured plans only)
 };
 
 }  // namespace weft::train

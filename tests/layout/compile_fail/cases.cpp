@@ -21,6 +21,10 @@ using T = Tensor<float, L, Host>;
   [[maybe_unused]] auto n = Layout<Replicate, double>::name();
 #elif defined(WEFT_CF_SAME_DIM_TWICE)
   [[maybe_unused]] auto n = Layout<Shard<1>, Shard<1>>::name();
+#elif defined(WEFT_CF_CONTEXT_SAME_DIM)
+  [[maybe_unused]] auto n = Layout<Shard<0>, Shard<1>, StageLocal, Shard<1>>::name();
+#elif defined(WEFT_CF_CONTEXT_STAGE_LOCAL)
+  [[maybe_unused]] auto n = Layout<Replicate, Replicate, StageLocal, StageLocal>::name();
 #elif defined(WEFT_CF_SHARD_TO_PARTIAL)
   auto x = T<Layout<Replicate, Shard<0>>>::empty(h, {8, 8}, s);
   auto y = redistribute<Layout<Replicate, Partial>>(x, mesh);
@@ -40,7 +44,7 @@ using T = Tensor<float, L, Host>;
   auto x = T<Layout<Shard<0>, Shard<1>>>::empty(h, {8, 8}, s);
   auto y = redistribute<Layout<Replicate, Partial>>(redistribute<Replicated>(x, mesh), mesh);
   auto z = redistribute_adjoint<Layout<Replicate, Shard<0>>, Replicated>(
-      T<Layout<Partial, Partial>>::empty(h, {8, 8}, s), mesh);
+      T<dual_layout<Replicated>>::empty(h, {8, 8}, s), mesh);
   [[maybe_unused]] auto p = plan<Layout<Shard<0>, Shard<1>>, Layout<Shard<1>, Replicate>>({8, 8}, s, 4);
 #endif
 }
