@@ -68,7 +68,7 @@ TEST_CASE("axis groups reduce independently") {
   });
 }
 
-TEST_CASE("Mesh: context sits between pipe and tensor in the rank order; its group is the ranks that differ on it") {
+TEST_CASE("Mesh: context sits between pipe and tensor in the rank order, its group the ranks that differ on it") {
   // Closed forms first: rank = ((data * pipe + p) * context + c) * tensor + t.
   const MeshShape s{.data = 2, .pipe = 2, .context = 2, .tensor = 2};
   for (int r = 0; r < 16; ++r) CHECK(world_rank(s, mesh_coord(s, r)) == r);
