@@ -13,16 +13,17 @@
 // (weft/models/gpt2/family.hpp, --model gpt2) and Llama's (weft/models/llama/family.hpp, --model
 // llama; its loop in train_gpt_llama.cpp). Run-time choices (device, strategy, dtype) cross into
 // types in one place, train::dispatch; the loop's host instantiations are compiled in two units
-// that build side by side, this one (without sequence parallelism) and train_gpt_sp.cpp (with it),
-// and its GPU half in train_gpt_cuda.cu.
-#include <weft/models/gpt2/family.hpp>
+// that build side by side, this one (without sequence parallelism) and train_gpt_sp.cpp (with it,
+// and the host GEMM's Eigen code), and its GPU half in train_gpt_cuda.cu. GPT-2's family type is
+// train_gpt_family.hpp's (scripts/demo leaves f64 out).
+#include "train_gpt_family.hpp"
 #include <weft/models/gpt2/run_plan.hpp>
 #include <weft/train/main.hpp>
 #ifdef WEFT_TRAIN_GPT_LLAMA
 #include <weft/models/llama/family.hpp>
 #endif
 
-WEFT_TRAIN_HOST(extern, weft::gpt2::Family, true)  // in train_gpt_sp.cpp
+WEFT_TRAIN_HOST(extern, TrainGpt2, true)  // in train_gpt_sp.cpp
 #ifdef WEFT_TRAIN_GPT_LLAMA
 WEFT_TRAIN_HOST(extern, weft::llama::Family, false)  // in train_gpt_llama.cpp
 WEFT_TRAIN_HOST(extern, weft::llama::Family, true)
@@ -32,8 +33,8 @@ int main(int argc, char** argv) {
   constexpr const char* about = "weft train_gpt: a tensor-, sequence-, pipeline- and data-parallel GPT (or Llama) on thread "
                                 "ranks or processes, on the host or GPUs";
 #ifdef WEFT_TRAIN_GPT_LLAMA
-  return weft::train::main<weft::gpt2::Family, weft::llama::Family>(argc, argv, "train_gpt", about);
+  return weft::train::main<TrainGpt2, weft::llama::Family>(argc, argv, "train_gpt", about);
 #else
-  return weft::train::main<weft::gpt2::Family>(argc, argv, "train_gpt", about);
+  return weft::train::main<TrainGpt2>(argc, argv, "train_gpt", about);
 #endif
 }

@@ -3,7 +3,7 @@
 // line (weft/train/main.hpp) calls it for --device cuda.
 #include "weft/train/devices.cuh"
 
-#include "weft/models/gpt2/family.hpp"
+#include "train_gpt_family.hpp"
 
-template int weft::train::train_on_cuda<weft::gpt2::Family>(const weft::train::Options&, const weft::gpt2::Config&,
-                                                            const weft::train::Corpus&, const weft::train::Launch&);
+template int weft::train::train_on_cuda<TrainGpt2>(const weft::train::Options&, const weft::gpt2::Config&,
+                                                   const weft::train::Corpus&, const weft::train::Launch&);

@@ -1,0 +1,15 @@
+// train_gpt's GPT-2 family, the same type in each of its units: weft's gpt2::Family, or, where the
+// build defines WEFT_TRAIN_GPT_NO_F64 (CMake: WEFT_TRAIN_GPT_F64=OFF, as scripts/demo builds it),
+// the same family without the host's f64, a third fewer loops to compile for a first run
+// (--dtype f64 then says that it is not compiled, and names what is).
+#pragma once
+
+#include "weft/models/gpt2/family.hpp"
+
+#ifdef WEFT_TRAIN_GPT_NO_F64
+struct TrainGpt2 : weft::gpt2::Family {
+  using host_precisions = weft::train::List<weft::F32, weft::Bf16Mixed>;
+};
+#else
+using TrainGpt2 = weft::gpt2::Family;
+#endif
