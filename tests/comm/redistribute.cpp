@@ -50,6 +50,22 @@ std::vector<double> global_values(std::uint64_t seed) {
   return X;
 }
 
+// Whether y, redistributed from the global tensor X, holds X: its local shape, every rank's part
+// summed at its global positions (X times the replica count; collective over the world), and, with
+// no Partial axis, each rank's part equal to X at its positions.
+template <class To, class W>
+bool holds_global(const Tensor<double, To, Host>& y, const std::vector<double>& X, const Spread& s, W& world) {
+  std::vector<double> local(X.size(), 0.0);
+  test::accumulate_global(y, local);
+  world.all_reduce(std::span<double>(local));
+  const double copies = test::replicas<To>(s);
+  bool ok = y.local_shape() == local_shape<To>(kGlobal, s);
+  for (std::size_t g = 0; g < X.size(); ++g) ok = ok && local[g] == X[g] * copies;
+  if constexpr (!has_partial<To>)
+    for (std::int64_t i = 0; i < y.numel(); ++i) ok = ok && y[i] == X[static_cast<std::size_t>(y.global_index(i))];
+  return ok;
+}
+
 }  // namespace
 
 TEST_CASE("redistribute: every (From To) pair gives the same global tensor exactly") {
@@ -69,19 +85,7 @@ TEST_CASE("redistribute: every (From To) pair gives the same global tensor exact
           if constexpr (forward_ok<From, To>) {
             const auto x = test::distribute<From>(host, X, kGlobal, s);
             const auto y = redistribute<To>(x, mesh);
-            // Gather every rank's part of y and check the sum against X times the replica count.
-            std::vector<double> local(X.size(), 0.0);
-            test::accumulate_global(y, local);
-            world.all_reduce(std::span<double>(local));
-            const double copies = test::replicas<To>(s);
-            bool ok = y.local_shape() == local_shape<To>(kGlobal, s);
-            for (std::size_t g = 0; g < X.size(); ++g) ok = ok && local[g] == X[g] * copies;
-            // Replicas hold identical values: each rank's local part equals X at its positions
-            // when no axis is Partial.
-            if constexpr (!IsPartial<typename To::data> && !IsPartial<typename To::tensor>)
-              for (std::int64_t i = 0; i < y.numel(); ++i)
-                ok = ok && y[i] == X[static_cast<std::size_t>(y.global_index(i))];
-            if (!ok) {
+            if (!holds_global(y, X, s, world)) {
               std::lock_guard lock(mu);
               failures.push_back(From::name() + " -> " + To::name());
             }
@@ -291,14 +295,7 @@ TEST_CASE("redistribute over the context axis: every pair of context and tensor 
             const threads::Counters before = mesh.context().counters();
             const auto y = redistribute<To>(x, mesh);
             const threads::Counters ran = mesh.context().counters() - before;
-            std::vector<double> local(X.size(), 0.0);
-            test::accumulate_global(y, local);
-            world.all_reduce(std::span<double>(local));
-            const double copies = test::replicas<To>(s);
-            bool ok = y.local_shape() == local_shape<To>(kGlobal, s);
-            for (std::size_t g = 0; g < X.size(); ++g) ok = ok && local[g] == X[g] * copies;
-            if constexpr (!has_partial<To>)
-              for (std::int64_t i = 0; i < y.numel(); ++i) ok = ok && y[i] == X[static_cast<std::size_t>(y.global_index(i))];
+            bool ok = holds_global(y, X, s, world);
             // The context group runs the plan's context step, if it communicates, with its bytes.
             threads::Counters want;
             for (const PlanStep& st : plan<From, To>(kGlobal, s, sizeof(double)))
