@@ -10,8 +10,9 @@
 // Shard<1> on context for a (B, T, C) activation. Its ranks hold the sequence in the load-balanced
 // order of context::Chunks (rank r the chunks r and 2c - 1 - r of 2c), so the global tensor that
 // the layout describes is the sequence in that order, and Shard<1> of it is each rank's pair of
-// chunks, contiguous. Parameters are Replicate on context; their gradients are reduced over the
-// data and context ranks together by the data-parallel protocol, as over data alone without it.
+// chunks, contiguous. Parameters are Replicate on context; their gradients are to be reduced over
+// the data and context ranks together (Mesh::data_context); the data-parallel protocol does not do
+// that yet (docs/context.md).
 //
 // Requires: every argument is a placement, and no two axes shard the same dim. Nested sharding of
 // one dim over two axes would make the shard order (which axis is outer) part of the layout; weft
