@@ -313,4 +313,12 @@ struct AllGather {
 template <class A>
 concept Kind = std::same_as<A, Ring> || std::same_as<A, AllGather>;
 
+// No context parallelism: a layer's choice (nn::GroupedQueryAttention's Cx) where the sequence is
+// whole on every rank.
+struct None {
+  static constexpr const char* name = "none";
+};
+template <class A>
+concept Choice = std::same_as<A, None> || Kind<A>;
+
 }  // namespace weft::context

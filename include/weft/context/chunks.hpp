@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "weft/core/error.hpp"
+#include "weft/ops/positions.hpp"
 
 namespace weft::context {
 
@@ -42,6 +43,11 @@ struct Chunks {
   index position(int rank, index t) const {
     const index h = chunk();
     return t < h ? static_cast<index>(rank) * h + t : (2 * static_cast<index>(degree) - 1 - rank) * h + (t - h);
+  }
+  // The same as the two runs of positions that rotary and learned position embeddings take.
+  ops::Positions positions(int rank) const {
+    const index h = chunk();
+    return {static_cast<index>(rank) * h, h, (2 * static_cast<index>(degree) - 1 - rank) * h};
   }
 };
 

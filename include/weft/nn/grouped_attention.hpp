@@ -13,11 +13,21 @@
 //   probs (B, H/tp, T, T)            per rank; kept, or recomputed in backward (Recompute = Selective)
 //   y     (B, T, H hd / tp)          Shard<-1>
 //   out   (B, T, C)                  Partial
+//
+// With context parallelism (Cx = context::Ring or context::AllGather, docs/context.md) the
+// sequence is sharded over the context axis in every layout above (Shard<1> on context): each rank
+// holds its T / c rows, the two chunks of context::Chunks. The projections run on those rows as on
+// any rows; the rotation turns each row by its own position (Chunks::positions); the attention runs
+// over the mesh's context group, Cx's way. What backward keeps is the attention's output y and
+// each query row's log-sum-exp (B, H/tp, T/c), never the (T/c, T) probabilities, under every
+// recompute policy. The host only, so far.
 #pragma once
 
 #include <algorithm>
 #include <string>
 
+#include "weft/comm/redistribute.hpp"
+#include "weft/context/attention.hpp"
 #include "weft/core/divisors.hpp"
 #include "weft/core/error.hpp"
 #include "weft/device/dispatch.hpp"
@@ -27,21 +37,28 @@
 
 namespace weft::nn {
 
-template <Floating T, recompute::Policy Recompute = recompute::None, class D = Host>
+template <Floating T, recompute::Policy Recompute = recompute::None, class D = Host, context::Choice Cx = context::None>
 class GroupedQueryAttention {
   static constexpr bool keep_probs = !std::same_as<Recompute, recompute::Selective>;
+  static constexpr bool cp = context::Kind<Cx>;  // the sequence sharded over the context axis
+  static_assert(!cp || std::same_as<D, Host>,
+                "GroupedQueryAttention: context parallelism (Cx) runs on the host only so far; use context::None on this device");
+  using Seq = std::conditional_t<cp, Shard<1>, Replicate>;  // the sequence's placement on the context axis
+  using S = accumulate_t<T>;
 
  public:
-  using In = act::Full;
-  using Out = act::Partial;
-  using GradOut = act::Full;
-  using GradIn = act::Partial;
+  using In = Layout<Shard<0>, Replicate, StageLocal, Seq>;             // act::Full without context parallelism
+  using Out = Layout<Shard<0>, weft::Partial, StageLocal, Seq>;        // act::Partial
+  using GradOut = In;
+  using GradIn = Out;
 
   struct Ctx {
     typename Linear<T, ColumnParallel, epilogue::None, D>::Ctx qkv_ctx;
     typename Linear<T, RowParallel, epilogue::None, D>::Ctx proj_ctx;
     Tensor<T, act::Features, D> qkv;  // rotated
     Allocation probs;  // (B, H/tp, T, T); empty when the core is recomputed in backward
+    Tensor<T, act::Features, D> core;  // context parallelism: y (B, T/c, H hd / tp), the attention's output
+    Allocation lse;                    // context parallelism: (B, H/tp, T/c) in S
   };
 
   Linear<T, ColumnParallel, epilogue::None, D> qkv;
@@ -78,9 +95,23 @@ class GroupedQueryAttention {
     return dev.allocate(B * local_heads() * Tn * Tn * static_cast<std::int64_t>(sizeof(T)), Category::activations);
   }
   Shape core_shape(const Shape& x) const { return {x[0], x[1], heads * head_dim}; }  // (B, T, H hd) global
+  // Context parallelism: (B, T/c, C), the global shape under which the layers this one calls see
+  // this rank's rows (whole on the context axis); and the chunks, checked against the group.
+  static Shape local_rows(const Shape& x, std::int64_t Tl) { return {x[0], Tl, x[2]}; }
+  template <Communicator G>
+  static context::Chunks chunks(G& cg, const Shape& x, const Spread& s, const char* call) {
+    if (cg.size() != s.context_degree || cg.rank() != s.context_index)
+      throw Error(cat("GroupedQueryAttention::", call),
+                  cat("a context group of ", cg.size(), " ranks (this one ", cg.rank(), ") for an activation spread over ",
+                      s.context_degree, " (this rank's index ", s.context_index, ")"),
+                  "pass the mesh whose context axis the activation is sharded over");
+    return context::Chunks::of(x[1], cg.size());
+  }
 
  public:
-  Tensor<T, act::Partial, D> forward(Ctx& ctx, const Tensor<T, act::Full, D>& x) {
+  Tensor<T, act::Partial, D> forward(Ctx& ctx, const Tensor<T, act::Full, D>& x)
+    requires(!cp)
+  {
     const std::int64_t B = x.local_shape()[0], Tn = x.local_shape()[1];
     ctx.qkv = qkv.forward(ctx.qkv_ctx, x);
     ops::Rotary<D>::forward(x.dev(), ctx.qkv.data(), B, Tn, local_groups(), group(), head_dim, rope);
@@ -93,7 +124,9 @@ class GroupedQueryAttention {
   }
 
   // dy (B, T, C) Replicate -> dx (B, T, C) Partial.
-  Tensor<T, act::Partial, D> backward(Ctx& ctx, const Tensor<T, act::Full, D>& dy) {
+  Tensor<T, act::Partial, D> backward(Ctx& ctx, const Tensor<T, act::Full, D>& dy)
+    requires(!cp)
+  {
     const std::int64_t B = dy.local_shape()[0], Tn = dy.local_shape()[1];
     auto dcore = proj.backward(ctx.proj_ctx, dy);  // (B, T, H hd / tp) Shard<-1>
     if (!ctx.probs.data()) {  // Selective recompute: rebuild the probabilities from the saved (rotated) qkv
@@ -112,6 +145,49 @@ class GroupedQueryAttention {
     return dx;
   }
 
+  // Context parallelism: x (B, T/c, C), this rank's chunks; out (B, T/c, C) Partial over tensor.
+  template <AxisComms M>
+  Tensor<T, Out, D> forward(Ctx& ctx, const Tensor<T, In, D>& x, M& mesh)
+    requires cp
+  {
+    auto& cg = mesh.comm(Axis::context);  // the context group
+    const context::Chunks ch = chunks(cg, x.global_shape(), x.spread(), "forward");
+    const std::int64_t B = x.local_shape()[0], Tl = x.local_shape()[1];
+    const Shape rows = local_rows(x.global_shape(), Tl);  // the layers below see the rank's rows as a sequence
+    ctx.qkv = qkv.forward(ctx.qkv_ctx, Tensor<T, act::Full, D>::view(x.dev(), const_cast<T*>(x.data()), rows, x.spread()));
+    ops::Rotary<D>::forward(x.dev(), ctx.qkv.data(), B, Tl, local_groups(), group(), head_dim, rope,
+                            ch.positions(cg.rank()));
+    auto y = Tensor<T, act::Features, D>::empty(x.dev(), core_shape(rows), x.spread(), Category::activations);
+    ctx.lse = x.dev().allocate(B * local_heads() * Tl * static_cast<std::int64_t>(sizeof(S)), Category::activations);
+    Cx::forward(cg, ch, y.data(), static_cast<S*>(ctx.lse.data()), ctx.qkv.data(), B, Tl, local_heads(), head_dim,
+                group());
+    auto out = proj.forward(ctx.proj_ctx, y);
+    ctx.core = std::move(y);
+    return Tensor<T, Out, D>::relabel(std::move(out), x.global_shape());
+  }
+
+  // Context parallelism: dy (B, T/c, C) Replicate over tensor -> dx (B, T/c, C) Partial.
+  template <AxisComms M>
+  Tensor<T, GradIn, D> backward(Ctx& ctx, const Tensor<T, GradOut, D>& dy, M& mesh)
+    requires cp
+  {
+    auto& cg = mesh.comm(Axis::context);  // the context group
+    const context::Chunks ch = chunks(cg, dy.global_shape(), dy.spread(), "backward");
+    const std::int64_t B = dy.local_shape()[0], Tl = dy.local_shape()[1];
+    const Shape rows = local_rows(dy.global_shape(), Tl);
+    auto dcore = proj.backward(ctx.proj_ctx, Tensor<T, act::Full, D>::view(dy.dev(), const_cast<T*>(dy.data()), rows, dy.spread()));
+    auto dqkv = Tensor<T, act::Features, D>::empty(dy.dev(), ctx.qkv.global_shape(), dy.spread(), Category::activations);
+    Cx::backward(cg, ch, dqkv.data(), dcore.data(), ctx.core.data(), static_cast<const S*>(ctx.lse.data()), ctx.qkv.data(),
+                 B, Tl, local_heads(), head_dim, group());
+    ops::Rotary<D>::backward(dy.dev(), dqkv.data(), B, Tl, local_groups(), group(), head_dim, rope,
+                             ch.positions(cg.rank()));
+    auto dx = qkv.backward(ctx.qkv_ctx, dqkv);
+    ctx.qkv = {};
+    ctx.core = {};
+    ctx.lse.reset();
+    return Tensor<T, GradIn, D>::relabel(std::move(dx), dy.global_shape());
+  }
+
   // The deferred weight gradients of both projections (Linear::defer_weight).
   void backward_weight(Ctx& ctx) {
     qkv.backward_weight(ctx.qkv_ctx);
@@ -123,7 +199,10 @@ class GroupedQueryAttention {
   }
 
   Shape out_shape(const Shape& s) const { return s; }
-  static std::string name() { return "GroupedQueryAttention"; }
+  static std::string name() {
+    if constexpr (cp) return cat("GroupedQueryAttention<context ", Cx::name, ">");
+    else return "GroupedQueryAttention";
+  }
 
   template <class F>
   void for_each_param(const std::string& prefix, F&& f) {

@@ -31,15 +31,15 @@ struct Embedding<Cuda> {
 template <>
 struct Position<Cuda> {
   template <class T>
-  static void forward(Cuda& d, T* x, const T* table, index B, index Tl, index C, index t0) {
+  static void forward(Cuda& d, T* x, const T* table, index B, index Tl, index C, Positions pos) {
     const cuda::Timed timed(d, cuda::OpKind::other);
-    cuda::position_forward(d, x, table, B, Tl, C, t0);
+    cuda::position_forward(d, x, table, B, Tl, C, pos);
   }
 
   template <class T>
-  static void backward(Cuda& d, acc<T>* dtable, const T* dy, index B, index Tl, index C, index t0) {
+  static void backward(Cuda& d, acc<T>* dtable, const T* dy, index B, index Tl, index C, Positions pos) {
     const cuda::Timed timed(d, cuda::OpKind::other);
-    cuda::position_backward(d, dtable, dy, B, Tl, C, t0);
+    cuda::position_backward(d, dtable, dy, B, Tl, C, pos);
   }
 };
 

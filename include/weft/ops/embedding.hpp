@@ -15,6 +15,7 @@
 #include "weft/device/host/profile.hpp"
 #include "weft/device/host/workers.hpp"
 #include "weft/ops/family.hpp"
+#include "weft/ops/positions.hpp"
 
 namespace weft::ops {
 
@@ -26,7 +27,7 @@ struct Position;
 
 template <>
 struct Embedding<Host> {
-  // Embeddings: vocabulary rows [begin, end) held here; positions t0 .. t0 + Tl - 1.
+  // Embeddings: vocabulary rows [begin, end) held here.
   template <class T>
   static void forward(Host&, T* out, const std::int32_t* tokens, const T* table, index N, index C, index begin,
                       index end) {
@@ -42,18 +43,20 @@ struct Embedding<Host> {
   }
 };
 
+// Learned positions: x (B, Tl, C) += the table's rows at the positions of its Tl rows (ops::Positions:
+// t0 .. t0 + Tl - 1 for a sequence-parallel rank's slice, or a context rank's two chunks).
 template <>
 struct Position<Host> {
   template <class T>
-  static void forward(Host&, T* x, const T* table, index B, index Tl, index C, index t0) {
+  static void forward(Host&, T* x, const T* table, index B, index Tl, index C, Positions pos) {
     const host::Timed timed(host::Op::embedding);
-    host::position_forward(x, table, B, Tl, C, t0);
+    host::position_forward(x, table, B, Tl, C, pos);
   }
 
   template <class T>
-  static void backward(Host&, acc<T>* dtable, const T* dy, index B, index Tl, index C, index t0) {
+  static void backward(Host&, acc<T>* dtable, const T* dy, index B, index Tl, index C, Positions pos) {
     const host::Timed timed(host::Op::embedding);
-    host::position_backward(dtable, dy, B, Tl, C, t0);
+    host::position_backward(dtable, dy, B, Tl, C, pos);
   }
 };
 

@@ -12,14 +12,14 @@ namespace weft::ops {
 template <>
 struct Rotary<Cuda> {
   template <class T>
-  static void forward(Cuda& d, T* qkv, index B, index Tn, index G, index g, index hd, const Rope& r, index pos0 = 0) {
+  static void forward(Cuda& d, T* qkv, index B, index Tn, index G, index g, index hd, const Rope& r, Positions pos = {}) {
     const cuda::Timed timed(d, cuda::OpKind::other);
-    cuda::rotary(d, qkv, B, Tn, G, g, hd, r, pos0, 1.0);
+    cuda::rotary(d, qkv, B, Tn, G, g, hd, r, pos, 1.0);
   }
   template <class T>
-  static void backward(Cuda& d, T* dqkv, index B, index Tn, index G, index g, index hd, const Rope& r, index pos0 = 0) {
+  static void backward(Cuda& d, T* dqkv, index B, index Tn, index G, index g, index hd, const Rope& r, Positions pos = {}) {
     const cuda::Timed timed(d, cuda::OpKind::other);
-    cuda::rotary(d, dqkv, B, Tn, G, g, hd, r, pos0, -1.0);
+    cuda::rotary(d, dqkv, B, Tn, G, g, hd, r, pos, -1.0);
   }
 };
 

@@ -3,7 +3,8 @@
 //
 //   qkv (B, T, G, g + 2, hd)   G local key-value groups, each g queries, a key and a value (the
 //                              layout of ops::Attention); the g queries and the key are rotated
-//   position p = pos0 + t; frequency i < hd/2: f_i (rope_inv_freq below); a = p f_i
+//   position p of row t: pos.at(t) (ops::Positions: pos0 + t, or a context rank's two chunks);
+//   frequency i < hd/2: f_i (rope_inv_freq below); a = p f_i
 //   forward:   (x_i, x_{i+hd/2}) -> (x_i cos a - x_{i+hd/2} sin a, x_{i+hd/2} cos a + x_i sin a)
 //   backward:  the transpose, a rotation by -a, on the gradient in place
 //
@@ -23,6 +24,7 @@
 #include "weft/device/host/workers.hpp"
 #include "weft/device/meta/ops.hpp"
 #include "weft/ops/family.hpp"
+#include "weft/ops/positions.hpp"
 
 namespace weft::ops {
 
@@ -54,53 +56,54 @@ struct Rotary;
 template <>
 struct Rotary<Host> {
   template <class T>
-  static void forward(Host&, T* qkv, index B, index Tn, index G, index g, index hd, const Rope& r, index pos0 = 0) {
-    rotate(qkv, B, Tn, G, g, hd, r, pos0, 1.0);
+  static void forward(Host&, T* qkv, index B, index Tn, index G, index g, index hd, const Rope& r, Positions pos = {}) {
+    rotate(qkv, B, Tn, G, g, hd, r, pos, 1.0);
   }
   template <class T>
-  static void backward(Host&, T* dqkv, index B, index Tn, index G, index g, index hd, const Rope& r, index pos0 = 0) {
-    rotate(dqkv, B, Tn, G, g, hd, r, pos0, -1.0);
+  static void backward(Host&, T* dqkv, index B, index Tn, index G, index g, index hd, const Rope& r, Positions pos = {}) {
+    rotate(dqkv, B, Tn, G, g, hd, r, pos, -1.0);
   }
 
  private:
-  // The angles' cosines and sines for positions pos0 .. pos0 + Tn - 1, (Tn, hd/2) each, computed in
+  // The angles' cosines and sines for the positions of rows 0 .. Tn - 1, (Tn, hd/2) each, computed in
   // double and rounded to S once; kept by the calling thread until it asks for other positions,
   // sizes or frequencies (a run asks for the same ones every layer and step).
   template <class S>
   struct Table {
-    index Tn = -1, hd = -1, pos0 = -1;
+    index Tn = -1, hd = -1;
+    Positions pos{-1};
     Rope rope{};
     std::vector<S> cos, sin;
   };
   template <class S>
-  static const Table<S>& table(index Tn, index hd, const Rope& r, index pos0) {
+  static const Table<S>& table(index Tn, index hd, const Rope& r, Positions pos) {
     thread_local Table<S> t;
     const auto same = [&](const Rope& o) {
       return o.theta == r.theta && o.factor == r.factor && o.low_freq_factor == r.low_freq_factor &&
              o.high_freq_factor == r.high_freq_factor && o.original_max_positions == r.original_max_positions;
     };
-    if (t.Tn == Tn && t.hd == hd && t.pos0 == pos0 && same(t.rope)) return t;
+    if (t.Tn == Tn && t.hd == hd && t.pos == pos && same(t.rope)) return t;
     const index half = hd / 2;
     t.cos.assign(static_cast<std::size_t>(Tn * half), S(0));
     t.sin.assign(static_cast<std::size_t>(Tn * half), S(0));
     for (index i = 0; i < half; ++i) {
       const double f = rope_inv_freq(i, hd, r);
       for (index p = 0; p < Tn; ++p) {
-        const double a = static_cast<double>(pos0 + p) * f;
+        const double a = static_cast<double>(pos.at(p)) * f;
         t.cos[static_cast<std::size_t>(p * half + i)] = static_cast<S>(std::cos(a));
         t.sin[static_cast<std::size_t>(p * half + i)] = static_cast<S>(std::sin(a));
       }
     }
-    t.Tn = Tn, t.hd = hd, t.pos0 = pos0, t.rope = r;
+    t.Tn = Tn, t.hd = hd, t.pos = pos, t.rope = r;
     return t;
   }
 
   template <class T>
-  static void rotate(T* qkv, index B, index Tn, index G, index g, index hd, const Rope& r, index pos0, double sign) {
+  static void rotate(T* qkv, index B, index Tn, index G, index g, index hd, const Rope& r, Positions pos, double sign) {
     using S = acc<T>;
     const host::Timed timed(host::Op::rotary);
     const index half = hd / 2, row = G * (g + 2) * hd;
-    const Table<S>& tab = table<S>(Tn, hd, r, pos0);
+    const Table<S>& tab = table<S>(Tn, hd, r, pos);
     const S sg = static_cast<S>(sign);  // the backward rotates by -a: sin(-a) = -sin(a), exactly
     host::split(B * Tn, host::kRows, [&](index lo, index hi) {
       for (index n = lo; n < hi; ++n) {

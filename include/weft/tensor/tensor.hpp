@@ -11,6 +11,7 @@
 #pragma once
 
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "weft/core/dtype.hpp"
@@ -48,6 +49,23 @@ class Tensor {
     t.device_ = &dev;
     t.data_ = data;
     return t;
+  }
+
+  // The local elements of t, and its storage, under this tensor's layout and the global shape
+  // `global`: for the same elements seen under another layout where they have the same local shape,
+  // as a layer that computes token by token does with its context rank's rows (the sequence sharded
+  // over the context axis in its caller's layout, whole in the layers it calls; nn/grouped_attention.hpp).
+  template <LayoutType From>
+  static Tensor relabel(Tensor<T, From, D>&& t, const Shape& global) {
+    Tensor r(global, t.spread_);
+    if (r.local_ != t.local_)
+      throw Error("Tensor::relabel", cat("local shape ", t.local_, " under ", From::name(), " is ", r.local_, " under ", L::name(),
+                                         " (global ", global, ")"),
+                  "relabel only between layouts and global shapes with the same local shape");
+    r.device_ = t.device_;
+    r.storage_ = std::move(t.storage_);
+    r.data_ = std::exchange(t.data_, nullptr);
+    return r;
   }
 
   // Re-points a view at other memory of the same size (nullptr: at nothing), as a unit's flat
@@ -120,6 +138,9 @@ class Tensor {
   D* device_ = nullptr;
   Allocation storage_;
   T* data_ = nullptr;
+
+  template <Element, LayoutType, class>
+  friend class Tensor;
 };
 
 }  // namespace weft

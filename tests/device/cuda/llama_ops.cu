@@ -44,13 +44,16 @@ TEST_CASE_TEMPLATE("rotary forward and backward over grouped queries and keys", 
                                  {2, 37, 2, 4, 64}, {3, 130, 1, 8, 128}}) {
     const std::size_t n = static_cast<std::size_t>(B * Tn * G * (g + 2) * hd);
     const auto x = random<T>(n, 9);
-    DeviceVec<T> gx(d, x);
-    weft::cuda::rotary(d, gx.data(), B, Tn, G, g, hd, rope, 3, 1.0);
-    V r = widen(x);
-    ops::Rotary<Host>::forward(h, r.data(), B, Tn, G, g, hd, rope, 3);
-    CHECK(rel_error(gx.get(d), r) <= tolerance<T>(8e-3));
-    weft::cuda::rotary(d, gx.data(), B, Tn, G, g, hd, rope, 3, -1.0);  // back to the input
-    CHECK(rel_error(gx.get(d), widen(x)) <= tolerance<T>(1.6e-2));  // bf16: two roundings
+    // From position 3, and as a context rank's two chunks (the second half of the rows from 200).
+    for (const ops::Positions pos : {ops::Positions(3), ops::Positions(Tn / 2, Tn / 2, 200)}) {
+      DeviceVec<T> gx(d, x);
+      weft::cuda::rotary(d, gx.data(), B, Tn, G, g, hd, rope, pos, 1.0);
+      V r = widen(x);
+      ops::Rotary<Host>::forward(h, r.data(), B, Tn, G, g, hd, rope, pos);
+      CHECK(rel_error(gx.get(d), r) <= tolerance<T>(8e-3));
+      weft::cuda::rotary(d, gx.data(), B, Tn, G, g, hd, rope, pos, -1.0);  // back to the input
+      CHECK(rel_error(gx.get(d), widen(x)) <= tolerance<T>(1.6e-2));  // bf16: two roundings
+    }
   }
   DeviceVec<T> big(d, random<T>(3 * 514, 10));  // one token, a group of one query: a head of 514, over the kernel's 512
   CHECK_THROWS_WITH_AS(weft::cuda::rotary(d, big.data(), 1, 1, 1, 1, 514, rope, 0, 1.0),

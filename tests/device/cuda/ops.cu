@@ -149,6 +149,28 @@ TEST_CASE_TEMPLATE("vocab-parallel embedding forward and backward", T, float, bf
   }
 }
 
+TEST_CASE_TEMPLATE("learned positions forward and backward: one run of positions, and a context rank's two chunks", T, float, bf16) {
+  Cuda& d = gpu();
+  const std::int64_t B = 3, Tl = 24, C = 40, P = 96;  // a table of 96 positions
+  // t0 = 10 (a sequence-parallel slice), and context::Chunks::of(96, 4).positions(1): chunks 1 and 6 of 8.
+  for (const ops::Positions pos : {ops::Positions(10), ops::Positions(12, 12, 72)}) {
+    CAPTURE(pos.p0);
+    const auto x = random<T>(static_cast<std::size_t>(B * Tl * C), 15), table = random<T>(static_cast<std::size_t>(P * C), 16);
+    const auto dy = random<T>(x.size(), 17);
+    const auto start = random<float>(table.size(), 18);  // dtable accumulates onto this
+    DeviceVec<T> gx(d, x), gtable(d, table), gdy(d, dy);
+    DeviceVec<float> dtable(d, start);
+    weft::cuda::position_forward(d, gx.data(), gtable.data(), B, Tl, C, pos);
+    weft::cuda::position_backward(d, dtable.data(), gdy.data(), B, Tl, C, pos);
+    V rx = widen(x), rdt = widen(start);
+    const V td = widen(table), dd = widen(dy);
+    host::position_forward(rx.data(), td.data(), B, Tl, C, pos);
+    host::position_backward(rdt.data(), dd.data(), B, Tl, C, pos);
+    CHECK(rel_error(gx.get(d), rx) <= tolerance<T>(8e-3));  // bf16: one rounding of the sum
+    CHECK(rel_error(dtable.get(d), rdt) <= 1e-5);          // float sums of 3 rows
+  }
+}
+
 TEST_CASE_TEMPLATE("vocab-parallel cross-entropy: row statistics and the in-place gradient", T, float, bf16) {
   Cuda& d = gpu();
   for (auto [N, Vn] : {std::pair<std::int64_t, std::int64_t>{1, 10}, {17, 1000}, {64, 12576}}) {

@@ -29,6 +29,7 @@
 #include "weft/core/shape.hpp"
 #include "weft/device/host/gemm.hpp"
 #include "weft/ops/math.hpp"
+#include "weft/ops/positions.hpp"
 
 namespace weft::host {
 
@@ -258,23 +259,24 @@ void bias_backward(S* db, const T* dy, index N, index C) {
     for (index c = 0; c < C; ++c) db[c] += widen(dy[n * C + c]);
 }
 
-// Learned positions: x (B, Tl, C) += table rows t0 .. t0 + Tl - 1 (this rank's positions).
+// Learned positions: x (B, Tl, C) += the table's rows at this rank's positions (ops::Positions:
+// t0 .. t0 + Tl - 1, or a context rank's two chunks).
 template <class T>
-void position_forward(T* x, const T* table, index B, index Tl, index C, index t0) {
+void position_forward(T* x, const T* table, index B, index Tl, index C, ops::Positions pos) {
   for (index b = 0; b < B; ++b)
     for (index t = 0; t < Tl; ++t)
       for (index c = 0; c < C; ++c) {
         T& e = x[(b * Tl + t) * C + c];
-        e = narrow<T>(widen(e) + widen(table[(t0 + t) * C + c]));
+        e = narrow<T>(widen(e) + widen(table[pos.at(t) * C + c]));
       }
 }
 
-// dtable rows t0 .. t0 + Tl - 1 += dy (B, Tl, C), summed over the batch in order.
+// dtable's rows at the positions += dy (B, Tl, C), summed over the batch in order.
 template <class T, class S = accumulate_t<T>>
-void position_backward(S* dtable, const T* dy, index B, index Tl, index C, index t0) {
+void position_backward(S* dtable, const T* dy, index B, index Tl, index C, ops::Positions pos) {
   for (index b = 0; b < B; ++b)
     for (index t = 0; t < Tl; ++t)
-      for (index c = 0; c < C; ++c) dtable[(t0 + t) * C + c] += widen(dy[(b * Tl + t) * C + c]);
+      for (index c = 0; c < C; ++c) dtable[pos.at(t) * C + c] += widen(dy[(b * Tl + t) * C + c]);
 }
 
 namespace detail {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include "weft/device/cuda/kernels/columns.cuh"
+#include "weft/ops/positions.hpp"
 
 namespace weft::cuda {
 
@@ -107,28 +108,30 @@ void embedding_backward(Cuda& d, G* dtable, const T* dout, const std::int32_t* t
 
 // ---- Learned positions -----------------------------------------------------------------------
 template <class T>
-__global__ void position_forward_kernel(T* x, const T* table, index B, index Tl, index C, index t0) {
+__global__ void position_forward_kernel(T* x, const T* table, index B, index Tl, index C, ops::Positions pos) {
   for (index i = blockIdx.x * static_cast<index>(blockDim.x) + threadIdx.x; i < B * Tl * C;
        i += static_cast<index>(gridDim.x) * blockDim.x) {
-    const index tc = i % (Tl * C);
-    x[i] = detail::from_f<T>(detail::to_f(x[i]) + detail::to_f(table[t0 * C + tc]));
+    const index t = (i / C) % Tl, p = t < pos.split ? pos.p0 + t : pos.p1 + (t - pos.split);
+    x[i] = detail::from_f<T>(detail::to_f(x[i]) + detail::to_f(table[p * C + i % C]));
   }
 }
 
-// x (B, Tl, C) += table rows t0 .. t0 + Tl - 1.
+// x (B, Tl, C) += the table's rows at the positions of the Tl rows (ops::Positions).
 template <Activation T>
-void position_forward(Cuda& d, T* x, const T* table, index B, index Tl, index C, index t0) {
+void position_forward(Cuda& d, T* x, const T* table, index B, index Tl, index C, ops::Positions pos) {
   if (B * Tl * C == 0) return;
   position_forward_kernel<<<detail::blocks_for(B * Tl * C, 256), 256, 0, d.stream()>>>(detail::dev(x), detail::dev(table),
-                                                                                        B, Tl, C, t0);
+                                                                                        B, Tl, C, pos);
   check_launch("position_forward");
 }
 
-// dtable rows t0 .. t0 + Tl - 1 += dy (B, Tl, C) summed over the batch: a column sum of B rows of
-// Tl C.
+// dtable's rows at the positions += dy (B, Tl, C) summed over the batch: a column sum of B rows of
+// Tl C per run of positions.
 template <Activation T, Activation G>
-void position_backward(Cuda& d, G* dtable, const T* dy, index B, index Tl, index C, index t0) {
-  column_sum_add(d, dtable + t0 * C, dy, B, Tl * C, "position_backward");
+void position_backward(Cuda& d, G* dtable, const T* dy, index B, index Tl, index C, ops::Positions pos) {
+  const index first = pos.split < Tl ? pos.split : Tl;
+  column_sum_add(d, dtable + pos.p0 * C, dy, B, first * C, "position_backward", Tl * C);
+  if (first < Tl) column_sum_add(d, dtable + pos.p1 * C, dy + first * C, B, (Tl - first) * C, "position_backward", Tl * C);
 }
 
 }  // namespace weft::cuda
