@@ -1,6 +1,7 @@
 // Context parallelism in a layer (weft/nn/grouped_attention.hpp with Cx = context::Ring or
-// context::AllGather): the output, the input's gradient and every parameter's gradient on context
-// 2 and 4, alone and beside tensor 2, against the same layer on one rank over the whole sequence;
+// context::AllGather) and in a Llama block (its other layers on the rank's rows, nn::TokenWise):
+// the output, the input's gradient and every parameter's gradient on context 2 and 4, alone and
+// beside tensor 2, against the same layer or block on one rank over the whole sequence;
 // and the rotation and learned positions at a context rank's positions (weft/ops/positions.hpp).
 #include <doctest/doctest.h>
 
@@ -17,6 +18,7 @@
 #include "weft/comm/mesh.hpp"
 #include "weft/context/chunks.hpp"
 #include "weft/device/host/ops.hpp"
+#include "weft/models/llama/model.hpp"
 #include "weft/nn/grouped_attention.hpp"
 
 using namespace weft;
@@ -152,6 +154,104 @@ TEST_CASE("grouped-query attention with the sequence over context 2 and 4 (alone
           "output, input gradient and every weight gradient within 1e-12 in double") {
   SUBCASE("ring") { check_layer<context::Ring>(); }
   SUBCASE("all-gather") { check_layer<context::AllGather>(); }
+}
+
+namespace {
+
+// A Llama block (llama::Spec::make_layer: RMSNorm, grouped attention with rotary positions, the
+// SwiGLU MLP, both residuals) on one rank over the whole sequence, and with context parallelism.
+const llama::Config kLlama{.vocab = 33, .seq = kT, .layers = 1, .heads = 4, .kv_heads = 2, .width = kC, .hidden = 24,
+                           .rope = kRope, .norm_eps = 1e-5, .seed = 3, .init_std = 0.2};
+
+template <class Cx, class Recompute>
+using LlamaBlock = llama::Spec<double, false, Recompute, Host, false, Cx>;
+
+Reference block_reference() {
+  Reference ref{test::normals(static_cast<std::size_t>(kB * kT * kC), 31), test::normals(static_cast<std::size_t>(kB * kT * kC), 32), {}, {}, {}};
+  run_threads(1, [&](ThreadComm& world) {
+    Mesh mesh{world, {}};
+    Host h;
+    auto layer = LlamaBlock<context::None, recompute::None>::make_layer(h, kLlama, mesh.spread(), 0);
+    auto x = Tensor<double, nn::act::Full, Host>::empty(h, {kB, kT, kC}, mesh.spread());
+    auto dy = Tensor<double, nn::act::Full, Host>::empty(h, {kB, kT, kC}, mesh.spread());
+    std::copy(ref.x.begin(), ref.x.end(), x.data());
+    std::copy(ref.dy.begin(), ref.dy.end(), dy.data());
+    typename decltype(layer)::Ctx ctx;
+    auto y = layer.forward(ctx, x, mesh);
+    auto dx = layer.backward(ctx, dy, mesh);
+    ref.y.assign(y.data(), y.data() + y.numel());
+    ref.dx.assign(dx.data(), dx.data() + dx.numel());
+    layer.for_each_param("layers.0", [&](const std::string& n, auto& p) { ref.grads[n].assign(p.grad.data(), p.grad.data() + p.grad.numel()); });
+  });
+  return ref;
+}
+
+template <class Cx, class Recompute>
+Errors block_context_parallel(const Reference& ref, int c, int tp) {
+  std::vector<Errors> per(static_cast<std::size_t>(c * tp));
+  std::vector<std::size_t> params(static_cast<std::size_t>(c * tp));
+  run_threads(c * tp, [&](ThreadComm& world) {
+    Mesh mesh{world, {.context = c, .tensor = tp}};
+    const Spread s = mesh.spread();
+    const int r = s.context_index;
+    const auto ch = context::Chunks::of(kT, c);
+    Host h;
+    using Spec = LlamaBlock<Cx, Recompute>;
+    auto layer = Spec::make_layer(h, kLlama, s, 0);
+    using Layer = decltype(layer);
+    auto x = Tensor<double, typename Layer::In, Host>::empty(h, {kB, kT, kC}, s);
+    auto dy = Tensor<double, typename Layer::GradOut, Host>::empty(h, {kB, kT, kC}, s);
+    take_rows(x, ref.x, ch, r, kC);
+    take_rows(dy, ref.dy, ch, r, kC);
+    typename Layer::Ctx ctx;
+    auto y = layer.forward(ctx, x, mesh);    // Replicate over tensor: the stream
+    auto dx = layer.backward(ctx, dy, mesh);  // Replicate over tensor (Megatron's convention)
+    Errors e{row_error(y.span(), ref.y, ch, r, kC), row_error(dx.span(), ref.dx, ch, r, kC), 0, {}};
+    layer.for_each_param("layers.0", [&](const std::string& n, auto& p) {
+      mesh.context().all_reduce(p.grad.span(), ReduceOp::sum);  // the data x context reduction's context part
+      const std::vector<double>& want = ref.grads.at(n);
+      double err = 0;
+      for (Index i = 0; i < p.grad.numel(); ++i)
+        err = std::max(err, std::abs(p.grad[i] - want[static_cast<std::size_t>(p.grad.global_index(i))]));
+      err /= largest(want);
+      if (err >= e.grad) e.grad = err, e.worst_param = n;
+      ++params[static_cast<std::size_t>(world.rank())];
+    });
+    per[static_cast<std::size_t>(world.rank())] = e;
+  });
+  for (std::size_t n : params) CHECK(n == ref.grads.size());  // the same parameters, by the same names
+  Errors worst;
+  for (const Errors& e : per) {
+    worst.y = std::max(worst.y, e.y / largest(ref.y));
+    worst.dx = std::max(worst.dx, e.dx / largest(ref.dx));
+    if (e.grad >= worst.grad) worst.grad = e.grad, worst.worst_param = e.worst_param;
+  }
+  return worst;
+}
+
+template <class Cx, class Recompute>
+void check_block(const Reference& ref) {
+  for (int c : {2, 4})
+    for (int tp : {1, 2}) {
+      const Errors e = block_context_parallel<Cx, Recompute>(ref, c, tp);
+      INFO(std::string(Cx::name), ", context ", c, " x tensor ", tp);
+      // 1e-12 of the largest element: double, the same sums in other orders.
+      CHECK(e.y <= 1e-12);
+      CHECK(e.dx <= 1e-12);
+      CHECK_MESSAGE(e.grad <= 1e-12, "worst parameter: ", e.worst_param);
+      MESSAGE("Llama block, ", std::string(Cx::name), " context ", c, " tensor ", tp, ": y ", e.y, ", dx ", e.dx, ", gradients ",
+              e.grad, " (", e.worst_param, ")");
+    }
+}
+
+}  // namespace
+
+TEST_CASE("a Llama block with the sequence over context 2 and 4 (alone and beside tensor 2) equals one rank: output, "
+          "input gradient and every weight gradient within 1e-12 in double") {
+  const Reference ref = block_reference();
+  REQUIRE(ref.grads.size() == 6);  // attn_norm, qkv, proj, mlp_norm, gate_up, down
+  SUBCASE("ring") { check_block<context::Ring, recompute::None>(ref); }
+  SUBCASE("all-gather, the block recomputed in backward (recompute::Full)") { check_block<context::AllGather, recompute::Full>(ref); }
 }
 
 TEST_CASE("the rotation at a context rank's positions equals the whole sequence's rotation at those rows") {

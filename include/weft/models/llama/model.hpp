@@ -16,7 +16,15 @@
 //
 // Tensor parallelism shards the heads by key-value group (the tensor degree divides kv_heads) and
 // the MLP by pairs of hidden features; every schedule, strategy, recompute policy and checkpoint
-// layout applies as to any StagedModel. Parameter ids: wte 0, the head's table 2 and norm 8, block l
+// layout applies as to any StagedModel.
+//
+// Context parallelism (Cx = context::Ring or context::AllGather; docs/context.md): the stream is
+// sharded over the sequence on the context axis, each rank holding its T / c rows (two chunks);
+// the attention runs over the context group, Cx's way, and every other layer of a block on the
+// rank's rows (nn::TokenWise). So far the block: make_layer builds it and tests/context/layer.cpp
+// holds it to one rank; the model's stages (the embedding's rows, the loss over the context group)
+// and the data-parallel reduction over data x context ranks are still to come, and a Model with Cx
+// does not compile. Parameter ids: wte 0, the head's table 2 and norm 8, block l
 // from 16 + 16 l (attn_norm +0, qkv +1, proj +3, mlp_norm +5, gate_up +6, down +8).
 #pragma once
 
@@ -25,6 +33,7 @@
 #include <utility>
 #include <vector>
 
+#include "weft/context/attention.hpp"
 #include "weft/core/precision.hpp"
 #include "weft/models/llama/config.hpp"
 #include "weft/nn/grouped_attention.hpp"
@@ -33,14 +42,18 @@
 #include "weft/nn/stages.hpp"
 #include "weft/nn/staged_model.hpp"
 #include "weft/nn/swiglu.hpp"
+#include "weft/nn/token_wise.hpp"
 #include "weft/nn/token_embedding.hpp"
 #include "weft/recompute/checkpointed.hpp"
 
 namespace weft::llama {
 
 template <PrecisionLike P, bool SP = false, recompute::Policy Recompute = recompute::None, class D = Host,
-          bool Tied = false>
+          bool Tied = false, context::Choice Cx = context::None>
 struct Spec {
+  static constexpr bool cp = context::Kind<Cx>;  // the sequence sharded over the context axis
+  static_assert(!(cp && SP), "llama::Spec: context parallelism with sequence parallelism is not supported yet (both shard "
+                             "the sequence); use one of them");
   using precision = precision_t<P>;
   using T = typename precision::compute;
   using config = Config;
@@ -48,13 +61,21 @@ struct Spec {
   using St = nn::stream<SP>;
   using A = typename St::layout;
   using Norm = nn::RmsNorm<T, A, D>;
-  using Attn = nn::GroupedQueryAttention<T, Recompute, D>;
+  using Attn = nn::GroupedQueryAttention<T, Recompute, D, Cx>;
   using GateUp = nn::Linear<T, nn::ColumnParallel, nn::epilogue::None, D>;
   using Down = nn::Linear<T, nn::RowParallel, nn::epilogue::None, D>;
-  using AttnInner =
-      nn::Sequential<nn::Named<"attn_norm", Norm>, typename St::enter, nn::Named<"attn", Attn>, typename St::leave>;
-  using MlpInner = nn::Sequential<nn::Named<"mlp_norm", Norm>, typename St::enter, nn::Named<"gate_up", GateUp>,
-                                  nn::SwiGlu<T, D>, nn::Named<"down", Down>, typename St::leave>;
+  // Around the attention, the tensor-axis pairs; under context parallelism on the rank's rows
+  // (the sequence Shard<1> on context), and the token-wise layers on them (nn::TokenWise).
+  using Rows = Layout<Shard<0>, Replicate, StageLocal, Shard<1>>;
+  using RowsPartial = Layout<Shard<0>, weft::Partial, StageLocal, Shard<1>>;
+  using Enter = std::conditional_t<cp, nn::Redistribute<Rows, Rows, RowsPartial, Rows>, typename St::enter>;
+  using Leave = std::conditional_t<cp, nn::Redistribute<RowsPartial, Rows, Rows, Rows>, typename St::leave>;
+  template <class L>
+  using on_rows = std::conditional_t<cp, nn::TokenWise<L>, L>;
+  using AttnInner = nn::Sequential<on_rows<nn::Named<"attn_norm", Norm>>, Enter, nn::Named<"attn", Attn>, Leave>;
+  using Mlp = nn::Sequential<nn::Named<"mlp_norm", Norm>, typename St::enter, nn::Named<"gate_up", GateUp>, nn::SwiGlu<T, D>,
+                             nn::Named<"down", Down>, typename St::leave>;
+  using MlpInner = on_rows<Mlp>;
   using Layer = nn::Sequential<nn::Residual<AttnInner>, nn::Residual<MlpInner>>;
   using Embedding = nn::TokenEmbeddingStage<T, SP, D>;
   using Block = recompute::apply_t<Recompute, Layer, T, D>;
@@ -72,19 +93,21 @@ struct Spec {
   static std::string block_name(std::int64_t l) { return cat("layers.", l); }
 
   static Embedding make_embedding(D& dev, const Config& c, const Spread& s) {
+    static_assert(!cp, "llama::Model: context parallelism reaches the blocks only so far (make_layer); the embedding "
+                       "and head stages and the reduction over data x context ranks are not written yet");
     return Embedding(dev, nn::padded_vocab(c.vocab, s.tensor_degree), c.width, s, c.seed, c.init_std);
   }
   static Layer make_layer(D& dev, const Config& c, const Spread& s, std::int64_t l) {
     const auto id = static_cast<std::uint64_t>(16 + 16 * l);
     const double sd = c.init_std;
     return Layer(nn::Residual<AttnInner>(AttnInner(
-                     nn::Named<"attn_norm", Norm>(Norm(dev, c.width, s, id, c.seed, c.norm_eps)), {},
-                     nn::Named<"attn", Attn>(Attn(dev, c.width, c.heads, c.kv_heads, c.rope, s, id + 1, c.seed, sd, sd)),
+                     on_rows<nn::Named<"attn_norm", Norm>>(nn::Named<"attn_norm", Norm>(Norm(dev, c.width, s, id, c.seed, c.norm_eps))),
+                     {}, nn::Named<"attn", Attn>(Attn(dev, c.width, c.heads, c.kv_heads, c.rope, s, id + 1, c.seed, sd, sd)),
                      {})),
-                 nn::Residual<MlpInner>(MlpInner(
+                 nn::Residual<MlpInner>(MlpInner(Mlp(
                      nn::Named<"mlp_norm", Norm>(Norm(dev, c.width, s, id + 5, c.seed, c.norm_eps)), {},
                      nn::Named<"gate_up", GateUp>(GateUp(dev, c.width, 2 * c.hidden, s, id + 6, c.seed, sd, false)), {},
-                     nn::Named<"down", Down>(Down(dev, c.hidden, c.width, s, id + 8, c.seed, sd, false)), {})));
+                     nn::Named<"down", Down>(Down(dev, c.hidden, c.width, s, id + 8, c.seed, sd, false)), {}))));
   }
   static Block make_block(D& dev, const Config& c, const Spread& s, std::int64_t l) {
     if constexpr (std::same_as<Block, Layer>) return make_layer(dev, c, s, l);
