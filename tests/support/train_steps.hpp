@@ -1,4 +1,5 @@
-// A few optimizer steps of any staged model on a mesh (data x pipe x tensor thread ranks), with
+// A few optimizer steps of any staged model on a mesh (data x pipe x context x tensor thread ranks;
+// every context rank of a data rank reads the same sequences), with
 // the loss of each step, every global gradient after the first (DDP only: other strategies keep
 // slices) and every global parameter after the last, gathered on the calling thread; pipe 1 runs
 // the same micro-batches one after another through the plain executor (the reference). The
@@ -30,13 +31,13 @@ struct StepsRun {
 // a Markov corpus, under schedule Sched on a pipe of `pipe` ranks with v virtual stages each.
 template <class Model, class Sched, class Strategy = optim::Ddp>
 StepsRun train_steps(const typename Model::config_type& c, std::int64_t micro, int m, int pipe, int v, int tensor,
-                     int data, int steps) {
+                     int data, int steps, int context = 1) {
   StepsRun out;
   std::mutex mu;
   const data::MarkovSource corpus(c.vocab, 5);
-  run_threads(pipe * tensor * data, [&](ThreadComm& world) {
+  run_threads(pipe * tensor * data * context, [&](ThreadComm& world) {
     Host h;
-    Mesh mesh{world, {.data = data, .pipe = pipe, .tensor = tensor}};
+    Mesh mesh{world, {.data = data, .pipe = pipe, .context = context, .tensor = tensor}};
     const pipeline::Partition part = pipeline::Partition::even(pipe, v, c.layers);
     Model model(h, c, mesh.spread(), micro, part.placement(mesh.coord().pipe));
     auto dp = optim::data_parallel<Strategy>(model, optim::AdamW{.config = {.lr = 1e-2}}, mesh);
@@ -44,7 +45,7 @@ StepsRun train_steps(const typename Model::config_type& c, std::int64_t micro, i
     if (pipe > 1) pp.emplace(model, pipeline::table<Sched>(pipe, m, v), part, mesh);
     data::Loader<data::MarkovSource> loader(corpus, c.seq, micro, data, mesh.coord().data);
     std::vector<std::vector<std::int32_t>> x(static_cast<std::size_t>(m)), y(static_cast<std::size_t>(m));
-    const bool lead = mesh.coord().tensor == 0 && mesh.coord().data == 0;
+    const bool lead = mesh.coord().tensor == 0 && mesh.coord().data == 0 && mesh.coord().context == 0;
     auto gather = [&](std::map<std::string, std::vector<double>>& into, bool grads) {
       model.for_each_param([&](const std::string& name, auto& p) {
         std::vector<double> g;

@@ -275,6 +275,7 @@ class Saver {
 
   template <class Model, class DP, CheckpointMesh M>
   void save(Model& model, DP& dp, M& mesh, const RunState& state) {
+    refuse_context(mesh, "checkpoint::save");
     auto& world = mesh.world();
     wait(mesh);
     // World rank 0 publishes and prunes: it holds the directory's lock (lock.hpp) from its first save.

@@ -12,6 +12,8 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
+#include <vector>
 
 #include "weft/core/error.hpp"
 #include "weft/ops/positions.hpp"
@@ -44,6 +46,21 @@ struct Chunks {
     const index h = chunk();
     return t < h ? static_cast<index>(rank) * h + t : (2 * static_cast<index>(degree) - 1 - rank) * h + (t - h);
   }
+  // Rank `rank`'s rows of a (B, T) array (tokens, targets): (B, T / c), each sequence's local rows in
+  // order. The model's first and last stages take them from the whole sequences every context rank
+  // of a data rank reads (the loader is the same as without context parallelism).
+  template <class V>
+  std::vector<V> rows(std::span<const V> all, int rank) const {
+    if (static_cast<index>(all.size()) % seq != 0)
+      throw Error("context::Chunks::rows", cat(all.size(), " values are not whole sequences of ", seq),
+                  "pass (batch, seq) tokens or targets");
+    const index B = static_cast<index>(all.size()) / seq, Tl = local();
+    std::vector<V> out(static_cast<std::size_t>(B * Tl));
+    for (index b = 0; b < B; ++b)
+      for (index t = 0; t < Tl; ++t) out[static_cast<std::size_t>(b * Tl + t)] = all[static_cast<std::size_t>(b * seq + position(rank, t))];
+    return out;
+  }
+
   // The same as the two runs of positions that rotary and learned position embeddings take.
   ops::Positions positions(int rank) const {
     const index h = chunk();

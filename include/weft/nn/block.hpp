@@ -24,11 +24,17 @@
 
 namespace weft::nn {
 
-template <bool SP>
+// The stream between a model's stages and blocks, and the tensor-axis pairs around a branch. Under
+// context parallelism (CP: the sequence Shard<1> on the context axis, docs/context.md) the stream is a
+// context rank's rows, and the pairs keep them so (sequence parallelism, which shards the sequence
+// over the tensor axis, is not combined with it yet).
+template <bool SP, bool CP = false>
 struct stream {
-  using layout = std::conditional_t<SP, act::Sequence, act::Full>;
-  using enter = std::conditional_t<SP, GatherFromSequence, CopyToTensor>;    // stream -> Replicate
-  using leave = std::conditional_t<SP, ScatterToSequence, ReduceFromTensor>; // Partial -> stream
+  static_assert(!(SP && CP), "nn::stream: sequence parallelism with context parallelism is not supported yet (both "
+                             "shard the sequence); use one of them");
+  using layout = std::conditional_t<CP, act::Rows, std::conditional_t<SP, act::Sequence, act::Full>>;
+  using enter = std::conditional_t<CP, CopyToTensorRows, std::conditional_t<SP, GatherFromSequence, CopyToTensor>>;
+  using leave = std::conditional_t<CP, ReduceFromTensorRows, std::conditional_t<SP, ScatterToSequence, ReduceFromTensor>>;
 };
 
 // The block itself; Block (below) applies the recompute policy to it. Recompute reaches the

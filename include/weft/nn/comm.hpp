@@ -56,5 +56,8 @@ using CopyToTensor = Redistribute<act::Full, act::Full, act::Partial, act::Full>
 using ReduceFromTensor = Redistribute<act::Partial, act::Full, act::Full, act::Full>;
 using GatherFromSequence = Redistribute<act::Sequence, act::Full, act::Partial, act::Sequence>;
 using ScatterToSequence = Redistribute<act::Partial, act::Sequence, act::Sequence, act::Full>;
+// The first two on a context rank's rows (context parallelism): the same tensor-axis collectives.
+using CopyToTensorRows = Redistribute<act::Rows, act::Rows, act::RowsPartial, act::Rows>;
+using ReduceFromTensorRows = Redistribute<act::RowsPartial, act::Rows, act::Rows, act::Rows>;
 
 }  // namespace weft::nn

@@ -39,6 +39,9 @@ class VocabParallelCrossEntropy {
   };
 
   std::int64_t vocab = 0;  // the real vocabulary (columns beyond it are padding)
+  // Context parallelism: the logits are a context rank's rows (T / c of the T positions, in their
+  // global shape); the loss sums over the context group too and is the mean over the whole B T.
+  bool context_rows = false;
 
   VocabParallelCrossEntropy() = default;
   explicit VocabParallelCrossEntropy(std::int64_t v) : vocab(v) {}
@@ -60,11 +63,12 @@ class VocabParallelCrossEntropy {
     auto sumexp = Tensor<S, Rows, D>::empty(dev, {g[0], g[1]}, s, Category::activations);
     std::array<double, 1> total{ops::CrossEntropy<D>::loss(dev, sumexp.data(), stats.data(), rowmax.data(), N)};
     mesh.comm(Axis::data).all_reduce(std::span<double>(total));
+    if (context_rows) mesh.comm(Axis::context).all_reduce(std::span<double>(total));
     ctx.logits = std::move(logits);
     ctx.rowmax = std::move(rowmax);
     ctx.sumexp = std::move(sumexp);
     ctx.targets = targets;
-    return total[0] / static_cast<double>(g[0] * g[1]);
+    return total[0] / positions(s, g);
   }
 
   // dlogits (B, T, Vp) Shard<-1> = scale / (B T) (softmax - onehot), in place of the kept logits.
@@ -75,12 +79,18 @@ class VocabParallelCrossEntropy {
     const std::int64_t Vl = d.local_shape()[2], N = d.numel() / Vl, begin = d.spread().tensor_index * Vl;
     const std::int64_t valid = std::clamp<std::int64_t>(vocab - begin, 0, Vl);
     ops::CrossEntropy<D>::backward(d.dev(), d.data(), d.data(), ctx.rowmax.data(), ctx.sumexp.data(), ctx.targets.data(), N, Vl,
-                        valid, begin, static_cast<S>(scale / static_cast<double>(g[0] * g[1])));
+                        valid, begin, static_cast<S>(scale / positions(d.spread(), g)));
     ctx = Ctx{};
     return d;
   }
 
   static std::string name() { return "VocabParallelCrossEntropy"; }
+
+ private:
+  // B T: the positions the mean is over.
+  double positions(const Spread& s, const Shape& g) const {
+    return static_cast<double>(g[0] * g[1]) * (context_rows ? s.context_degree : 1);
+  }
 };
 
 }  // namespace weft::nn

@@ -28,6 +28,9 @@ using Full = Layout<Shard<0>, Replicate>;        // (B/dp, T, C): the whole sequ
 using Features = Layout<Shard<0>, Shard<-1>>;    // (B/dp, T, C/tp)
 using Partial = Layout<Shard<0>, weft::Partial>; // (B/dp, T, C), summed over tensor ranks
 using Sequence = Layout<Shard<0>, Shard<1>>;     // (B/dp, T/tp, C)
+// Context parallelism: a context rank's rows of the sequence (B/dp, T/c, C), docs/context.md.
+using Rows = Layout<Shard<0>, Replicate, StageLocal, Shard<1>>;
+using RowsPartial = Layout<Shard<0>, weft::Partial, StageLocal, Shard<1>>;
 }  // namespace act
 
 // The gradient layout of a parameter that is Replicate over the tensor axis and applied to

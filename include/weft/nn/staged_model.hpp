@@ -203,7 +203,7 @@ class StagedModel {
     data_degree_ = s.data_degree;
     for (Unit& u : units_) {
       if constexpr (requires { Spec::finish(u, c); }) Spec::finish(u, c);  // logical shapes, decay overrides
-      u.build(s.data_degree);
+      u.build(s.data_degree * s.context_degree);  // slices for the ranks that reduce gradients together
     }
   }
   StagedModel(const StagedModel&) = delete;

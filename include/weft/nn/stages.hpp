@@ -15,6 +15,7 @@
 
 #include <span>
 
+#include "weft/context/attention.hpp"
 #include "weft/device/dispatch.hpp"
 #include "weft/nn/block.hpp"
 #include "weft/nn/cross_entropy.hpp"
@@ -75,10 +76,19 @@ class EmbeddingStage {
 
 // Norm: the final norm's layer over the stream (LayerNorm by default; any layer with the same
 // constructor (dev, C, spread, first id, seed), forward(ctx, x) and backward(ctx, dy)).
-template <Floating T, bool SP, class D = Host, class Norm = LayerNorm<T, typename stream<SP>::layout, D>>
+//
+// With context parallelism (Cx = context::Ring or context::AllGather) the stream is a context rank's
+// rows (T / c): the stage runs on them as on a sequence of their own, with the targets at their
+// positions (context::Chunks::rows), and the loss sums over the context group as over the data group
+// (VocabParallelCrossEntropy::context_rows).
+template <Floating T, bool SP, class D = Host, class Norm = LayerNorm<T, typename stream<SP>::layout, D>,
+          context::Choice Cx = context::None>
 class HeadStage {
+  static constexpr bool cp = context::Kind<Cx>;
+  using Rows = typename stream<SP>::layout;  // the norm's layout, on the rows
+
  public:
-  using A = typename stream<SP>::layout;
+  using A = typename stream<SP, cp>::layout;
   using Enter = typename stream<SP>::enter;
   using Table = Param<T, Layout<Replicate, Shard<0>>, Layout<Replicate, Shard<0>>, D>;  // the tied wte, (Vp, C)
   using S = master_t<T>;
@@ -87,6 +97,7 @@ class HeadStage {
     typename Norm::Ctx ln_f;
     Tensor<T, act::Full, D> xr;  // (B, T, C) Replicate: the LM head's input, for dW
     typename VocabParallelCrossEntropy<T, D>::Ctx ce;  // logits (B, T, Vp) Shard<-1> in ce.logits
+    std::vector<std::int32_t> rows;  // context parallelism: the targets of this rank's rows (B/dp, T/c)
   };
 
   Norm ln_f;
@@ -95,13 +106,46 @@ class HeadStage {
   HeadStage() = default;
   // ln_f's parameter ids: ln_id and ln_id + 1 (8 and 9 in GPT-2).
   HeadStage(D& dev, std::int64_t vocab, std::int64_t C, const Spread& s, std::uint64_t seed, std::uint64_t ln_id = 8)
-      : ln_f(dev, C, s, ln_id, seed), ce(vocab) {}
+      : ln_f(dev, C, s, ln_id, seed), ce(vocab) {
+    ce.context_rows = cp;
+  }
 
   // x (B, T, C) in A -> the mean loss over the global batch. With Mode::infer only the logits are
   // kept (in ctx.ce.logits, for sampling).
   template <AxisComms M>
   double forward(Ctx& ctx, const Tensor<T, A, D>& x, const Table& table, std::span<const std::int32_t> targets,
                  M& mesh, Mode mode = Mode::train) {
+    if constexpr (!cp) {
+      return forward_rows(ctx, x, table, targets, mesh, mode);
+    } else {
+      static_assert(D::host_memory, "HeadStage: context parallelism takes its rows in host memory so far");
+      auto& cg = mesh.comm(Axis::context);
+      ctx.rows = context::Chunks::of(x.global_shape()[1], cg.size()).rows(targets, cg.rank());
+      Shape g = x.global_shape();
+      g[1] = x.local_shape()[1];
+      return forward_rows(ctx, Tensor<T, Rows, D>::view(x.dev(), const_cast<T*>(x.data()), g, x.spread()), table, ctx.rows,
+                          mesh, mode);
+    }
+  }
+
+  // -> dx (B, T, C) in A; accumulates the table's and ln_f's gradients. grad_scale multiplies
+  // every gradient (1/k when accumulating k micro-batches).
+  template <AxisComms M>
+  Tensor<T, A, D> backward(Ctx& ctx, Table& table, double grad_scale, M& mesh) {
+    if constexpr (!cp) {
+      return backward_rows(ctx, table, grad_scale, mesh);
+    } else {
+      auto dx = backward_rows(ctx, table, grad_scale, mesh);  // (B, T/c, C): the rows
+      Shape g = dx.global_shape();
+      g[1] *= dx.spread().context_degree;
+      return Tensor<T, A, D>::relabel(std::move(dx), g);
+    }
+  }
+
+ private:
+  template <AxisComms M>
+  double forward_rows(Ctx& ctx, const Tensor<T, Rows, D>& x, const Table& table, std::span<const std::int32_t> targets,
+                      M& mesh, Mode mode) {
     typename Norm::Ctx ln_scratch;
     auto xr = Enter::forward(ln_f.forward(mode == Mode::train ? ctx.ln_f : ln_scratch, x), mesh);  // Replicate
     const std::int64_t C = xr.local_shape()[2], N = xr.numel() / C, Vl = table.value.local_shape()[0];
@@ -120,10 +164,8 @@ class HeadStage {
     return loss;
   }
 
-  // -> dx (B, T, C) in A; accumulates the table's and ln_f's gradients. grad_scale multiplies
-  // every gradient (1/k when accumulating k micro-batches).
   template <AxisComms M>
-  Tensor<T, A, D> backward(Ctx& ctx, Table& table, double grad_scale, M& mesh) {
+  Tensor<T, Rows, D> backward_rows(Ctx& ctx, Table& table, double grad_scale, M& mesh) {
     auto dlogits = ce.backward(ctx.ce, grad_scale);  // (B, T, Vp) Shard<-1>
     const Tensor<T, act::Full, D>& xr = ctx.xr;
     const std::int64_t C = xr.local_shape()[2], N = xr.numel() / C, Vl = dlogits.local_shape()[2];
@@ -139,6 +181,8 @@ class HeadStage {
     ctx = Ctx{};
     return dx;
   }
+
+ public:
 
   // The stage's rows of the model's plan (describe.hpp): act the global (B, T, C), padded_vocab the
   // LM head's rows, e the bytes of an element.
@@ -167,9 +211,10 @@ class HeadStage {
 // (Vp, C) Shard<0> on tensor, and the cross-entropy; the same computation as HeadStage with the
 // table held here, initialized normal(0, init_std) from its own parameter id and weight-decayed as
 // a Linear matrix is.
-template <Floating T, bool SP, class D = Host, class Norm = LayerNorm<T, typename stream<SP>::layout, D>>
+template <Floating T, bool SP, class D = Host, class Norm = LayerNorm<T, typename stream<SP>::layout, D>,
+          context::Choice Cx = context::None>
 class UntiedHeadStage {
-  using Core = HeadStage<T, SP, D, Norm>;
+  using Core = HeadStage<T, SP, D, Norm, Cx>;
 
  public:
   using A = typename Core::A;

@@ -4,26 +4,35 @@
 //   tokens (B/dp, T) int32 -> x (B, T, C) in the stream layout A (Replicate, or Shard<1> under SP)
 //   wte (Vp, C) Shard<0> on tensor (vocab-parallel): each rank looks up its rows (Partial), and
 //   Leave (all-reduce, or reduce-scatter under SP) sums them into the stream
+//
+// With context parallelism (Cx = context::Ring or context::AllGather) the stream is the context
+// rank's rows (T / c, two chunks): the stage looks up the tokens at those rows' positions, taken
+// from the whole sequences (context::Chunks::rows), and keeps them for its backward.
 #pragma once
 
 #include <span>
 #include <string>
 #include <vector>
 
+#include "weft/context/attention.hpp"
 #include "weft/nn/block.hpp"
 #include "weft/nn/embedding.hpp"
 #include "weft/nn/plan_row.hpp"
 
 namespace weft::nn {
 
-template <Floating T, bool SP, class D = Host>
+template <Floating T, bool SP, class D = Host, context::Choice Cx = context::None>
 class TokenEmbeddingStage {
+  static constexpr bool cp = context::Kind<Cx>;
+  using Rows = typename stream<SP>::layout;  // the table's output on the rows it looked up
+
  public:
-  using A = typename stream<SP>::layout;
+  using A = typename stream<SP, cp>::layout;
   using Leave = typename stream<SP>::leave;
 
   struct Ctx {
     typename VocabParallelEmbedding<T, D>::Ctx wte;
+    std::vector<std::int32_t> rows;  // context parallelism: the tokens of this rank's rows (B/dp, T/c)
   };
 
   VocabParallelEmbedding<T, D> wte;  // (Vp, C); a tied head reads it too
@@ -37,12 +46,30 @@ class TokenEmbeddingStage {
   template <AxisComms M>
   Tensor<T, A, D> forward(Ctx& ctx, std::span<const std::int32_t> tokens, std::int64_t batch, std::int64_t seq,
                           M& mesh) {
-    return Leave::forward(wte.forward(ctx.wte, tokens, batch, seq), mesh);
+    if constexpr (!cp) {
+      return Leave::forward(wte.forward(ctx.wte, tokens, batch, seq), mesh);
+    } else {
+      static_assert(D::host_memory, "TokenEmbeddingStage: context parallelism takes its rows in host memory so far");
+      auto& cg = mesh.comm(Axis::context);
+      const auto ch = context::Chunks::of(seq, cg.size());
+      ctx.rows = ch.rows(tokens, cg.rank());
+      auto x = Leave::forward(wte.forward(ctx.wte, ctx.rows, batch, ch.local()), mesh);  // (B, T/c, C)
+      Shape g = x.global_shape();
+      g[1] = seq;
+      return Tensor<T, A, D>::relabel(std::move(x), g);  // the rows of (B, T, C)
+    }
   }
 
   template <AxisComms M>
   void backward(Ctx& ctx, const Tensor<T, A, D>& dx, M& mesh) {
-    wte.backward(ctx.wte, Leave::backward(dx, mesh));  // (B, T, C) Replicate
+    if constexpr (!cp) {
+      wte.backward(ctx.wte, Leave::backward(dx, mesh));  // (B, T, C) Replicate
+    } else {
+      Shape g = dx.global_shape();
+      g[1] = dx.local_shape()[1];
+      wte.backward(ctx.wte, Leave::backward(Tensor<T, Rows, D>::view(dx.dev(), const_cast<T*>(dx.data()), g, dx.spread()), mesh));
+      ctx.rows = {};
+    }
   }
 
   static void plan_rows(std::vector<PlanRow>& out, const Shape& act, const Spread& s, std::int64_t e) {

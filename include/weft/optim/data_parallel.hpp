@@ -83,7 +83,7 @@ class DataParallel {
  public:
   using rule_type = Rule;
   DataParallel(std::span<Unit> units, Rule rule, M& mesh) : units_(units), rule_(rule), mesh_(&mesh) {
-    auto& data = mesh.comm(Axis::data);
+    auto& data = gradient_group(mesh);
     dp_ = data.size();
     index_ = data.rank();
     tensor_degree_ = mesh.comm(Axis::tensor).size();
@@ -312,7 +312,14 @@ class DataParallel {
   };
 
   D& dev() { return units_[0].dev(); }
-  auto& data() { return mesh_->comm(Axis::data); }
+  auto& data() { return gradient_group(*mesh_); }
+  // The ranks that hold the same parameters and reduce their gradients together, and among which a
+  // sharded strategy slices them: the data group, with the context ranks folded in where the mesh
+  // has a context axis (Mesh::data_context; Megatron's data-parallel group with context ranks).
+  static auto& gradient_group(M& mesh) {
+    if constexpr (requires { mesh.data_context(); }) return mesh.data_context();
+    else return mesh.comm(Axis::data);
+  }
 
   // The elements of unit u this rank updates: its slice, or the whole unit.
   std::pair<std::int64_t, std::int64_t> update_range(std::size_t u) const {

@@ -58,18 +58,16 @@ struct Spec {
   using T = typename precision::compute;
   using config = Config;
   using device = D;
-  using St = nn::stream<SP>;
-  using A = typename St::layout;
-  using Norm = nn::RmsNorm<T, A, D>;
+  using St = nn::stream<SP>;  // the layers' own layouts (on a context rank's rows under Cx)
+  using A = typename nn::stream<SP, cp>::layout;  // the stream between stages and blocks
+  using Norm = nn::RmsNorm<T, typename St::layout, D>;
   using Attn = nn::GroupedQueryAttention<T, Recompute, D, Cx>;
   using GateUp = nn::Linear<T, nn::ColumnParallel, nn::epilogue::None, D>;
   using Down = nn::Linear<T, nn::RowParallel, nn::epilogue::None, D>;
-  // Around the attention, the tensor-axis pairs; under context parallelism on the rank's rows
-  // (the sequence Shard<1> on context), and the token-wise layers on them (nn::TokenWise).
-  using Rows = Layout<Shard<0>, Replicate, StageLocal, Shard<1>>;
-  using RowsPartial = Layout<Shard<0>, weft::Partial, StageLocal, Shard<1>>;
-  using Enter = std::conditional_t<cp, nn::Redistribute<Rows, Rows, RowsPartial, Rows>, typename St::enter>;
-  using Leave = std::conditional_t<cp, nn::Redistribute<RowsPartial, Rows, Rows, Rows>, typename St::leave>;
+  // Around the attention, the tensor-axis pairs, on the rank's rows under context parallelism; the
+  // token-wise layers on those rows (nn::TokenWise).
+  using Enter = typename nn::stream<SP, cp>::enter;
+  using Leave = typename nn::stream<SP, cp>::leave;
   template <class L>
   using on_rows = std::conditional_t<cp, nn::TokenWise<L>, L>;
   using AttnInner = nn::Sequential<on_rows<nn::Named<"attn_norm", Norm>>, Enter, nn::Named<"attn", Attn>, Leave>;
@@ -77,9 +75,9 @@ struct Spec {
                              nn::Named<"down", Down>, typename St::leave>;
   using MlpInner = on_rows<Mlp>;
   using Layer = nn::Sequential<nn::Residual<AttnInner>, nn::Residual<MlpInner>>;
-  using Embedding = nn::TokenEmbeddingStage<T, SP, D>;
+  using Embedding = nn::TokenEmbeddingStage<T, SP, D, Cx>;
   using Block = recompute::apply_t<Recompute, Layer, T, D>;
-  using Head = std::conditional_t<Tied, nn::HeadStage<T, SP, D, Norm>, nn::UntiedHeadStage<T, SP, D, Norm>>;
+  using Head = std::conditional_t<Tied, nn::HeadStage<T, SP, D, Norm, Cx>, nn::UntiedHeadStage<T, SP, D, Norm, Cx>>;
   static constexpr bool sequence_parallel = SP;
 
   static std::string name() { return "Llama"; }
@@ -93,8 +91,6 @@ struct Spec {
   static std::string block_name(std::int64_t l) { return cat("layers.", l); }
 
   static Embedding make_embedding(D& dev, const Config& c, const Spread& s) {
-    static_assert(!cp, "llama::Model: context parallelism reaches the blocks only so far (make_layer); the embedding "
-                       "and head stages and the reduction over data x context ranks are not written yet");
     return Embedding(dev, nn::padded_vocab(c.vocab, s.tensor_degree), c.width, s, c.seed, c.init_std);
   }
   static Layer make_layer(D& dev, const Config& c, const Spread& s, std::int64_t l) {
@@ -139,7 +135,7 @@ struct Spec {
 };
 
 template <PrecisionLike P, bool SP = false, recompute::Policy Recompute = recompute::None, class D = Host,
-          bool Tied = false>
-using Model = nn::StagedModel<Spec<P, SP, Recompute, D, Tied>>;
+          bool Tied = false, context::Choice Cx = context::None>
+using Model = nn::StagedModel<Spec<P, SP, Recompute, D, Tied, Cx>>;
 
 }  // namespace weft::llama
