@@ -10,31 +10,41 @@
 //   probs (B, H/tp, T, T)    per rank; kept, or recomputed in backward (Recompute = Selective)
 //   y     (B, T, C/tp)       Shard<-1>
 //   out   (B, T, C)          Partial
+//
+// With context parallelism (Cx = context::Ring or context::AllGather, docs/context.md) the sequence
+// is sharded over the context axis in every layout above: each rank holds its T / c rows, and the
+// attention runs over the mesh's context group (nn/context_attention.hpp). The host only, so far.
 #pragma once
 
 #include <cmath>
 
 #include "weft/device/dispatch.hpp"
+#include "weft/nn/context_attention.hpp"
 #include "weft/nn/linear.hpp"
 #include "weft/recompute/policies.hpp"
 
 namespace weft::nn {
 
-template <Floating T, recompute::Policy Recompute = recompute::None, class D = Host>
+template <Floating T, recompute::Policy Recompute = recompute::None, class D = Host, context::Choice Cx = context::None>
 class CausalSelfAttention {
   static constexpr bool keep_probs = !std::same_as<Recompute, recompute::Selective>;
+  static constexpr bool cp = context::Kind<Cx>;  // the sequence sharded over the context axis
+  static_assert(!cp || std::same_as<D, Host>,
+                "CausalSelfAttention: context parallelism (Cx) runs on the host only so far; use context::None on this device");
 
  public:
-  using In = act::Full;
-  using Out = act::Partial;
-  using GradOut = act::Full;
-  using GradIn = act::Partial;
+  using In = std::conditional_t<cp, act::Rows, act::Full>;
+  using Out = std::conditional_t<cp, act::RowsPartial, act::Partial>;
+  using GradOut = In;
+  using GradIn = Out;
 
   struct Ctx {
     typename Linear<T, ColumnParallel, epilogue::None, D>::Ctx qkv_ctx;
     typename Linear<T, RowParallel, epilogue::None, D>::Ctx proj_ctx;
     Tensor<T, act::Features, D> qkv;
     Allocation probs;  // (B, H/tp, T, T); empty when the core is recomputed in backward
+    Tensor<T, act::Features, D> core;  // context parallelism: y (B, T/c, C/tp), the attention's output
+    Allocation lse;                    // context parallelism: (B, H/tp, T/c) in accumulate_t<T>
   };
 
   Linear<T, ColumnParallel, epilogue::None, D> qkv;
@@ -49,13 +59,17 @@ class CausalSelfAttention {
   std::int64_t local_heads() const { return qkv.out_local() / (3 * head_dim); }
 
  private:
+  // GPT-2's positions are learned and added in the embedding: nothing turns the queries and keys.
+  static constexpr auto no_rotation = [](T*, std::int64_t, std::int64_t, ops::Positions, int) {};
   Allocation probs_buffer(D& dev, std::int64_t B, std::int64_t Tn) const {
     return dev.allocate(B * local_heads() * Tn * Tn * static_cast<std::int64_t>(sizeof(T)), Category::activations);
   }
 
  public:
 
-  Tensor<T, act::Partial, D> forward(Ctx& ctx, const Tensor<T, act::Full, D>& x) {
+  Tensor<T, act::Partial, D> forward(Ctx& ctx, const Tensor<T, act::Full, D>& x)
+    requires(!cp)
+  {
     const std::int64_t B = x.local_shape()[0], Tn = x.local_shape()[1], Hl = local_heads();
     ctx.qkv = qkv.forward(ctx.qkv_ctx, x);
     Allocation probs = probs_buffer(x.dev(), B, Tn);
@@ -66,7 +80,9 @@ class CausalSelfAttention {
   }
 
   // dy (B, T, C) Replicate -> dx (B, T, C) Partial.
-  Tensor<T, act::Partial, D> backward(Ctx& ctx, const Tensor<T, act::Full, D>& dy) {
+  Tensor<T, act::Partial, D> backward(Ctx& ctx, const Tensor<T, act::Full, D>& dy)
+    requires(!cp)
+  {
     const std::int64_t B = dy.local_shape()[0], Tn = dy.local_shape()[1], Hl = local_heads();
     auto dcore = proj.backward(ctx.proj_ctx, dy);  // (B, T, C/tp) Shard<-1>
     if (!ctx.probs.data()) {  // Selective recompute: rebuild the probabilities from the saved qkv
@@ -85,6 +101,23 @@ class CausalSelfAttention {
     return dx;
   }
 
+  // Context parallelism: x (B, T, C) this rank's rows (nn/context_attention.hpp); out Partial over
+  // tensor. Heads of (q, k, v) each: groups of one query.
+  template <AxisComms M>
+  Tensor<T, Out, D> forward(Ctx& ctx, const Tensor<T, In, D>& x, M& mesh)
+    requires cp
+  {
+    return detail::ContextAttention<Cx>::template forward<Out>(*this, ctx, x, mesh, local_heads(), head_dim, 1, no_rotation,
+                                                             "CausalSelfAttention::forward");
+  }
+  template <AxisComms M>
+  Tensor<T, GradIn, D> backward(Ctx& ctx, const Tensor<T, GradOut, D>& dy, M& mesh)
+    requires cp
+  {
+    return detail::ContextAttention<Cx>::template backward<GradIn>(*this, ctx, dy, mesh, local_heads(), head_dim, 1, no_rotation,
+                                                                 "CausalSelfAttention::backward");
+  }
+
   // The deferred weight gradients of both projections (Linear::defer_weight).
   void backward_weight(Ctx& ctx) {
     qkv.backward_weight(ctx.qkv_ctx);
@@ -96,7 +129,10 @@ class CausalSelfAttention {
   }
 
   Shape out_shape(const Shape& s) const { return s; }
-  static std::string name() { return "CausalSelfAttention"; }
+  static std::string name() {
+    if constexpr (cp) return cat("CausalSelfAttention<context ", Cx::name, ">");
+    else return "CausalSelfAttention";
+  }
 
   template <class F>
   void for_each_param(const std::string& prefix, F&& f) {

@@ -19,6 +19,7 @@
 #include "weft/nn/layernorm.hpp"
 #include "weft/nn/plan_row.hpp"
 #include "weft/nn/sequential.hpp"
+#include "weft/nn/token_wise.hpp"
 #include "weft/recompute/checkpointed.hpp"
 #include "weft/recompute/policies.hpp"
 
@@ -40,12 +41,22 @@ struct stream {
 // The block itself; Block (below) applies the recompute policy to it. Recompute reaches the
 // attention (Selective: the probabilities are rebuilt from qkv) and the plan rows (Full: each
 // branch's forward collectives again in backward).
-template <Floating T, bool SP, recompute::Policy Recompute = recompute::None, class D = Host>
+//
+// With context parallelism (Cx = context::Ring or context::AllGather) the stream is a context rank's
+// rows (Shard<1> on context): the attention runs over the context group, and the norms and the MLP
+// on the rank's rows (TokenWise).
+template <Floating T, bool SP, recompute::Policy Recompute = recompute::None, class D = Host,
+          context::Choice Cx = context::None>
 class PreNormBlock {
+  static constexpr bool cp = context::Kind<Cx>;
+  using St = stream<SP>;  // the layers' own layouts (on a context rank's rows under Cx)
+  template <class L>
+  using on_rows = std::conditional_t<cp, TokenWise<L>, L>;
+
  public:
-  using A = typename stream<SP>::layout;
-  using Enter = typename stream<SP>::enter;
-  using Leave = typename stream<SP>::leave;
+  using A = typename stream<SP, cp>::layout;
+  using Enter = typename stream<SP, cp>::enter;
+  using Leave = typename stream<SP, cp>::leave;
   using value_type = T;
   using device = D;
   using In = A;
@@ -56,11 +67,12 @@ class PreNormBlock {
   // The two branches as typed compositions: Sequential checks every boundary's layouts at compile
   // time (ln -> Enter -> the Replicate-in, Partial-out layer -> Leave back to A), and Residual that
   // each branch returns to its input layout.
-  using Ln = LayerNorm<T, A, D>;
-  using Attn = CausalSelfAttention<T, Recompute, D>;
+  using Ln = LayerNorm<T, typename St::layout, D>;
+  using Attn = CausalSelfAttention<T, Recompute, D, Cx>;
   using MlpT = Mlp<T, D>;
-  using AttnBranch = Residual<Sequential<Named<"ln1", Ln>, Enter, Named<"attn", Attn>, Leave>>;
-  using MlpBranch = Residual<Sequential<Named<"ln2", Ln>, Enter, Named<"mlp", MlpT>, Leave>>;
+  using AttnBranch = Residual<Sequential<on_rows<Named<"ln1", Ln>>, Enter, Named<"attn", Attn>, Leave>>;
+  using MlpInner = Sequential<Named<"ln2", Ln>, typename St::enter, Named<"mlp", MlpT>, typename St::leave>;
+  using MlpBranch = Residual<on_rows<MlpInner>>;
 
   struct Ctx {
     typename AttnBranch::Ctx attn;
@@ -74,15 +86,15 @@ class PreNormBlock {
   PreNormBlock(D& dev, std::int64_t C, std::int64_t H, std::int64_t layers, const Spread& s, std::uint64_t id,
         std::uint64_t seed, double init_std = 0.02)
       : attn(typename AttnBranch::inner_type(
-            Named<"ln1", Ln>(Ln(dev, C, s, id, seed)), Enter{},
+            on_rows<Named<"ln1", Ln>>(Named<"ln1", Ln>(Ln(dev, C, s, id, seed))), Enter{},
             Named<"attn", Attn>(
                 Attn(dev, C, H, s, id + 4, seed, init_std, init_std / std::sqrt(2.0 * static_cast<double>(layers)))),
             Leave{})),
-        mlp(typename MlpBranch::inner_type(
-            Named<"ln2", Ln>(Ln(dev, C, s, id + 2, seed)), Enter{},
+        mlp(typename MlpBranch::inner_type(MlpInner(
+            Named<"ln2", Ln>(Ln(dev, C, s, id + 2, seed)), {},
             Named<"mlp", MlpT>(
                 MlpT(dev, C, s, id + 8, seed, init_std, init_std / std::sqrt(2.0 * static_cast<double>(layers)))),
-            Leave{})) {}
+            {}))) {}
 
   template <AxisComms M>
   Tensor<T, A, D> forward(Ctx& ctx, const Tensor<T, A, D>& x, M& mesh) {
@@ -157,7 +169,8 @@ class PreNormBlock {
 
 // Block<T, SequenceParallel, Recompute>: the pre-LayerNorm block under its recompute policy (Full:
 // recompute::Checkpointed, the same for every block; recompute/checkpointed.hpp).
-template <Floating T, bool SP, recompute::Policy Recompute = recompute::None, class D = Host>
-using Block = recompute::apply_t<Recompute, PreNormBlock<T, SP, Recompute, D>>;
+template <Floating T, bool SP, recompute::Policy Recompute = recompute::None, class D = Host,
+          context::Choice Cx = context::None>
+using Block = recompute::apply_t<Recompute, PreNormBlock<T, SP, Recompute, D, Cx>>;
 
 }  // namespace weft::nn

@@ -14,6 +14,7 @@
 #include <string>
 #include <span>
 
+#include "weft/context/chunks.hpp"
 #include "weft/device/dispatch.hpp"
 #include "weft/nn/param.hpp"
 #include "weft/nn/roles.hpp"
@@ -79,15 +80,15 @@ class PositionEmbedding {
                     std::uint64_t seed, double init_std)
       : weight(dev, {seq, C}, s, id, {Init::normal, init_std}, seed, Decay::no) {}
 
-  // x (B, T or T/tp, C) += the rows of this rank's positions (in place: nothing to save).
+  // x (B, T, T/tp or T/c, C) += the rows of this rank's positions (in place: nothing to save).
   void forward(Tensor<T, A, D>& x) const {
     ops::Position<D>::forward(x.dev(), x.data(), weight.value.data(), x.local_shape()[0], x.local_shape()[1],
-                                x.local_shape()[2], first_position(x));
+                                x.local_shape()[2], positions(x));
   }
   // Accumulates dy's rows into the gradient of this rank's positions.
   void backward(const Tensor<T, A, D>& dy) {
     ops::Position<D>::backward(dy.dev(), weight.grad.data(), dy.data(), dy.local_shape()[0], dy.local_shape()[1],
-                                 dy.local_shape()[2], first_position(dy));
+                                 dy.local_shape()[2], positions(dy));
   }
 
   template <class F>
@@ -96,9 +97,12 @@ class PositionEmbedding {
   }
 
  private:
-  // The first position this rank holds: its slice of the sequence under Shard<1>, else 0.
-  static std::int64_t first_position(const Tensor<T, A, D>& x) {
-    return IsShard<typename A::tensor> ? x.spread().tensor_index * x.local_shape()[1] : 0;
+  // The positions this rank holds: a context rank's two chunks where the context axis shards the
+  // sequence (context::Chunks), its slice under sequence parallelism's Shard<1>, else 0 .. T - 1.
+  static ops::Positions positions(const Tensor<T, A, D>& x) {
+    if constexpr (IsShard<typename A::context>)
+      return context::Chunks::of(x.global_shape()[1], x.spread().context_degree).positions(x.spread().context_index);
+    else return IsShard<typename A::tensor> ? x.spread().tensor_index * x.local_shape()[1] : 0;
   }
 };
 

@@ -26,11 +26,11 @@
 #include <algorithm>
 #include <string>
 
-#include "weft/comm/redistribute.hpp"
 #include "weft/context/attention.hpp"
 #include "weft/core/divisors.hpp"
 #include "weft/core/error.hpp"
 #include "weft/device/dispatch.hpp"
+#include "weft/nn/context_attention.hpp"
 #include "weft/nn/linear.hpp"
 #include "weft/ops/rotary.hpp"
 #include "weft/recompute/policies.hpp"
@@ -44,7 +44,6 @@ class GroupedQueryAttention {
   static_assert(!cp || std::same_as<D, Host>,
                 "GroupedQueryAttention: context parallelism (Cx) runs on the host only so far; use context::None on this device");
   using Seq = std::conditional_t<cp, Shard<1>, Replicate>;  // the sequence's placement on the context axis
-  using S = accumulate_t<T>;
 
  public:
   using In = Layout<Shard<0>, Replicate, StageLocal, Seq>;             // act::Full without context parallelism
@@ -95,17 +94,12 @@ class GroupedQueryAttention {
     return dev.allocate(B * local_heads() * Tn * Tn * static_cast<std::int64_t>(sizeof(T)), Category::activations);
   }
   Shape core_shape(const Shape& x) const { return {x[0], x[1], heads * head_dim}; }  // (B, T, H hd) global
-  // Context parallelism: (B, T/c, C), the global shape under which the layers this one calls see
-  // this rank's rows (whole on the context axis); and the chunks, checked against the group.
-  static Shape local_rows(const Shape& x, std::int64_t Tl) { return {x[0], Tl, x[2]}; }
-  template <Communicator G>
-  static context::Chunks chunks(G& cg, const Shape& x, const Spread& s, const char* call) {
-    if (cg.size() != s.context_degree || cg.rank() != s.context_index)
-      throw Error(cat("GroupedQueryAttention::", call),
-                  cat("a context group of ", cg.size(), " ranks (this one ", cg.rank(), ") for an activation spread over ",
-                      s.context_degree, " (this rank's index ", s.context_index, ")"),
-                  "pass the mesh whose context axis the activation is sharded over");
-    return context::Chunks::of(x[1], cg.size());
+  // The rotation at a context rank's rows' positions, forward (sign 1) or back (-1).
+  auto rotation(D& dev) const {
+    return [this, &dev](T* qkv, std::int64_t B, std::int64_t Tl, ops::Positions pos, int sign) {
+      if (sign > 0) ops::Rotary<D>::forward(dev, qkv, B, Tl, local_groups(), group(), head_dim, rope, pos);
+      else ops::Rotary<D>::backward(dev, qkv, B, Tl, local_groups(), group(), head_dim, rope, pos);
+    };
   }
 
  public:
@@ -145,47 +139,20 @@ class GroupedQueryAttention {
     return dx;
   }
 
-  // Context parallelism: x (B, T/c, C), this rank's chunks; out (B, T/c, C) Partial over tensor.
+  // Context parallelism: x (B, T, C) this rank's rows (nn/context_attention.hpp); out Partial over tensor.
   template <AxisComms M>
   Tensor<T, Out, D> forward(Ctx& ctx, const Tensor<T, In, D>& x, M& mesh)
     requires cp
   {
-    auto& cg = mesh.comm(Axis::context);  // the context group
-    const context::Chunks ch = chunks(cg, x.global_shape(), x.spread(), "forward");
-    const std::int64_t B = x.local_shape()[0], Tl = x.local_shape()[1];
-    const Shape rows = local_rows(x.global_shape(), Tl);  // the layers below see the rank's rows as a sequence
-    ctx.qkv = qkv.forward(ctx.qkv_ctx, Tensor<T, act::Full, D>::view(x.dev(), const_cast<T*>(x.data()), rows, x.spread()));
-    ops::Rotary<D>::forward(x.dev(), ctx.qkv.data(), B, Tl, local_groups(), group(), head_dim, rope,
-                            ch.positions(cg.rank()));
-    auto y = Tensor<T, act::Features, D>::empty(x.dev(), core_shape(rows), x.spread(), Category::activations);
-    ctx.lse = x.dev().allocate(B * local_heads() * Tl * static_cast<std::int64_t>(sizeof(S)), Category::activations);
-    Cx::forward(cg, ch, y.data(), static_cast<S*>(ctx.lse.data()), ctx.qkv.data(), B, Tl, local_heads(), head_dim,
-                group());
-    auto out = proj.forward(ctx.proj_ctx, y);
-    ctx.core = std::move(y);
-    return Tensor<T, Out, D>::relabel(std::move(out), x.global_shape());
+    return detail::ContextAttention<Cx>::template forward<Out>(*this, ctx, x, mesh, local_heads(), head_dim, group(), rotation(x.dev()),
+                                                             "GroupedQueryAttention::forward");
   }
-
-  // Context parallelism: dy (B, T/c, C) Replicate over tensor -> dx (B, T/c, C) Partial.
   template <AxisComms M>
   Tensor<T, GradIn, D> backward(Ctx& ctx, const Tensor<T, GradOut, D>& dy, M& mesh)
     requires cp
   {
-    auto& cg = mesh.comm(Axis::context);  // the context group
-    const context::Chunks ch = chunks(cg, dy.global_shape(), dy.spread(), "backward");
-    const std::int64_t B = dy.local_shape()[0], Tl = dy.local_shape()[1];
-    const Shape rows = local_rows(dy.global_shape(), Tl);
-    auto dcore = proj.backward(ctx.proj_ctx, Tensor<T, act::Full, D>::view(dy.dev(), const_cast<T*>(dy.data()), rows, dy.spread()));
-    auto dqkv = Tensor<T, act::Features, D>::empty(dy.dev(), ctx.qkv.global_shape(), dy.spread(), Category::activations);
-    Cx::backward(cg, ch, dqkv.data(), dcore.data(), ctx.core.data(), static_cast<const S*>(ctx.lse.data()), ctx.qkv.data(),
-                 B, Tl, local_heads(), head_dim, group());
-    ops::Rotary<D>::backward(dy.dev(), dqkv.data(), B, Tl, local_groups(), group(), head_dim, rope,
-                             ch.positions(cg.rank()));
-    auto dx = qkv.backward(ctx.qkv_ctx, dqkv);
-    ctx.qkv = {};
-    ctx.core = {};
-    ctx.lse.reset();
-    return Tensor<T, GradIn, D>::relabel(std::move(dx), dy.global_shape());
+    return detail::ContextAttention<Cx>::template backward<GradIn>(*this, ctx, dy, mesh, local_heads(), head_dim, group(),
+                                                                 rotation(dy.dev()), "GroupedQueryAttention::backward");
   }
 
   // The deferred weight gradients of both projections (Linear::defer_weight).

@@ -24,14 +24,18 @@
 
 namespace weft::nn {
 
-template <Floating T, bool SP, class D = Host>
+template <Floating T, bool SP, class D = Host, context::Choice Cx = context::None>
 class EmbeddingStage {
+  static constexpr bool cp = context::Kind<Cx>;
+  using Rows = typename stream<SP>::layout;  // the table's output on the rows it looked up
+
  public:
-  using A = typename stream<SP>::layout;
+  using A = typename stream<SP, cp>::layout;
   using Leave = typename stream<SP>::leave;
 
   struct Ctx {
     typename VocabParallelEmbedding<T, D>::Ctx wte;
+    std::vector<std::int32_t> rows;  // context parallelism: the tokens of this rank's rows (B/dp, T/c)
   };
 
   VocabParallelEmbedding<T, D> wte;  // (Vp, C), also the LM head
@@ -43,19 +47,40 @@ class EmbeddingStage {
       : wte(dev, padded_vocab, C, s, 0, seed, init_std), wpe(dev, seq, C, s, 1, seed, init_std / 2) {}
 
   // tokens (B/dp, T) -> x (B, T, C) in A: the vocab-parallel lookup is Partial; the position rows
-  // are added after the reduction.
+  // are added after the reduction. Under context parallelism the tokens and positions are those of
+  // the context rank's rows (context::Chunks).
   template <AxisComms M>
   Tensor<T, A, D> forward(Ctx& ctx, std::span<const std::int32_t> tokens, std::int64_t batch, std::int64_t seq,
                              M& mesh) {
-    auto x = Leave::forward(wte.forward(ctx.wte, tokens, batch, seq), mesh);
-    wpe.forward(x);
-    return x;
+    if constexpr (!cp) {
+      auto x = Leave::forward(wte.forward(ctx.wte, tokens, batch, seq), mesh);
+      wpe.forward(x);
+      return x;
+    } else {
+      static_assert(D::host_memory, "EmbeddingStage: context parallelism takes its rows in host memory so far");
+      auto& cg = mesh.comm(Axis::context);
+      const auto ch = context::Chunks::of(seq, cg.size());
+      ctx.rows = ch.rows(tokens, cg.rank());
+      auto r = Leave::forward(wte.forward(ctx.wte, ctx.rows, batch, ch.local()), mesh);  // (B, T/c, C)
+      Shape g = r.global_shape();
+      g[1] = seq;
+      auto x = Tensor<T, A, D>::relabel(std::move(r), g);  // the rows of (B, T, C)
+      wpe.forward(x);
+      return x;
+    }
   }
 
   template <AxisComms M>
   void backward(Ctx& ctx, const Tensor<T, A, D>& dx, M& mesh) {
     wpe.backward(dx);  // under SP each rank adds its own positions: Partial on tensor
-    wte.backward(ctx.wte, Leave::backward(dx, mesh));  // (B, T, C) Replicate
+    if constexpr (!cp) {
+      wte.backward(ctx.wte, Leave::backward(dx, mesh));  // (B, T, C) Replicate
+    } else {
+      Shape g = dx.global_shape();
+      g[1] = dx.local_shape()[1];
+      wte.backward(ctx.wte, Leave::backward(Tensor<T, Rows, D>::view(dx.dev(), const_cast<T*>(dx.data()), g, dx.spread()), mesh));
+      ctx.rows = {};
+    }
   }
 
   // The stage's rows of the model's plan (describe.hpp).

@@ -40,16 +40,22 @@ namespace weft::gpt2 {
 // GPT-2's parts for nn::StagedModel (staged_model.hpp): the stage types, how each is built with GPT-2's
 // parameter ids (the embedding 0 and 1, ln_f 8, block l from 16 + 16 l), the unit names ("h<l>"),
 // the padded vocabulary's logical rows, and the plan's rows.
-template <PrecisionLike P, bool SP = false, recompute::Policy Recompute = recompute::None, class D = Host>
+//
+// Context parallelism (Cx = context::Ring or context::AllGather; docs/context.md): the stream is a
+// context rank's rows of the sequence (two chunks), its positions those rows' positions; the
+// attention runs over the context group, every other layer on the rows. The host only, so far.
+template <PrecisionLike P, bool SP = false, recompute::Policy Recompute = recompute::None, class D = Host,
+          context::Choice Cx = context::None>
 struct Spec {
+  static constexpr bool cp = context::Kind<Cx>;
   using precision = precision_t<P>;
   using T = typename precision::compute;
   using config = Config;
   using device = D;
-  using A = typename nn::stream<SP>::layout;
-  using Embedding = nn::EmbeddingStage<T, SP, D>;
-  using Block = nn::Block<T, SP, Recompute, D>;
-  using Head = nn::HeadStage<T, SP, D>;
+  using A = typename nn::stream<SP, cp>::layout;
+  using Embedding = nn::EmbeddingStage<T, SP, D, Cx>;
+  using Block = nn::Block<T, SP, Recompute, D, Cx>;
+  using Head = nn::HeadStage<T, SP, D, nn::LayerNorm<T, typename nn::stream<SP>::layout, D>, Cx>;
   static constexpr bool sequence_parallel = SP;
 
   static std::string name() { return "Gpt"; }
@@ -91,7 +97,8 @@ struct Spec {
   }
 };
 
-template <PrecisionLike P, bool SP = false, recompute::Policy Recompute = recompute::None, class D = Host>
-using Model = nn::StagedModel<Spec<P, SP, Recompute, D>>;
+template <PrecisionLike P, bool SP = false, recompute::Policy Recompute = recompute::None, class D = Host,
+          context::Choice Cx = context::None>
+using Model = nn::StagedModel<Spec<P, SP, Recompute, D, Cx>>;
 
 }  // namespace weft::gpt2

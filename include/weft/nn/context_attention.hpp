@@ -1,0 +1,89 @@
+// The context-parallel path of the attention layers (CausalSelfAttention, GroupedQueryAttention
+// with Cx = context::Ring or context::AllGather), written once.
+//
+// x (B, T, C) is a context rank's T / c rows (Shard<1> on context: the chunks of context::Chunks).
+// The projections run on those rows as on a sequence of their own; `rotate` turns the queries and
+// keys at the rows' positions (Llama's rotary; nothing for GPT-2, whose positions were added in
+// the embedding); the attention runs over the mesh's context group, Cx's way. What backward keeps
+// is the attention's output and each query row's log-sum-exp (B, H/tp, T/c), never the (T/c, T)
+// probabilities: the layer's Ctx has qkv_ctx, proj_ctx, qkv, core and lse for it.
+#pragma once
+
+#include <cstdint>
+#include <utility>
+
+#include "weft/comm/redistribute.hpp"
+#include "weft/context/attention.hpp"
+#include "weft/core/error.hpp"
+#include "weft/nn/roles.hpp"
+#include "weft/tensor/tensor.hpp"
+
+namespace weft::nn::detail {
+
+template <context::Kind Cx>
+struct ContextAttention {
+  // The global shape under which the layers this one calls see the rank's rows: (B, T/c, C), whole
+  // on the context axis.
+  static Shape local_rows(const Shape& x, std::int64_t Tl) { return {x[0], Tl, x[2]}; }
+
+  // The chunks of x's sequence over the context group, the group checked against x's spread.
+  template <Communicator G>
+  static context::Chunks chunks(G& cg, const Shape& x, const Spread& s, const std::string& where) {
+    if (cg.size() != s.context_degree || cg.rank() != s.context_index)
+      throw Error(where,
+                  cat("a context group of ", cg.size(), " ranks (this one ", cg.rank(), ") for an activation spread over ",
+                      s.context_degree, " (this rank's index ", s.context_index, ")"),
+                  "pass the mesh whose context axis the activation is sharded over");
+    return context::Chunks::of(x[1], cg.size());
+  }
+
+  // layer.qkv (ColumnParallel) -> rotate -> attention over the context group -> layer.proj
+  // (RowParallel): out (B, T, C) Partial over tensor, the rank's rows. H the local heads of size hd
+  // in groups of g sharing a key and a value.
+  template <class Out, class Layer, class Ctx, class X, AxisComms M, class Rotate>
+  static auto forward(Layer& layer, Ctx& ctx, const X& x, M& mesh, std::int64_t H, std::int64_t hd, std::int64_t g,
+                      Rotate&& rotate, const std::string& where) {
+    using T = typename X::value_type;
+    using D = typename X::device;
+    using S = accumulate_t<T>;
+    auto& cg = mesh.comm(Axis::context);
+    const context::Chunks ch = chunks(cg, x.global_shape(), x.spread(), where);
+    const std::int64_t B = x.local_shape()[0], Tl = x.local_shape()[1];
+    const Shape rows = local_rows(x.global_shape(), Tl);
+    ctx.qkv = layer.qkv.forward(ctx.qkv_ctx, Tensor<T, act::Full, D>::view(x.dev(), const_cast<T*>(x.data()), rows, x.spread()));
+    rotate(ctx.qkv.data(), B, Tl, ch.positions(cg.rank()), 1);
+    auto y = Tensor<T, act::Features, D>::empty(x.dev(), {rows[0], rows[1], H * hd * x.spread().tensor_degree}, x.spread(),
+                                                Category::activations);
+    ctx.lse = x.dev().allocate(B * H * Tl * static_cast<std::int64_t>(sizeof(S)), Category::activations);
+    Cx::forward(cg, ch, y.data(), static_cast<S*>(ctx.lse.data()), ctx.qkv.data(), B, Tl, H, hd, g);
+    auto out = layer.proj.forward(ctx.proj_ctx, y);
+    ctx.core = std::move(y);
+    return Tensor<T, Out, D>::relabel(std::move(out), x.global_shape());
+  }
+
+  // dy (B, T, C) Replicate over tensor, the rank's rows -> dx Partial over tensor.
+  template <class GradIn, class Layer, class Ctx, class DY, AxisComms M, class Rotate>
+  static auto backward(Layer& layer, Ctx& ctx, const DY& dy, M& mesh, std::int64_t H, std::int64_t hd, std::int64_t g,
+                       Rotate&& rotate, const std::string& where) {
+    using T = typename DY::value_type;
+    using D = typename DY::device;
+    using S = accumulate_t<T>;
+    auto& cg = mesh.comm(Axis::context);
+    const context::Chunks ch = chunks(cg, dy.global_shape(), dy.spread(), where);
+    const std::int64_t B = dy.local_shape()[0], Tl = dy.local_shape()[1];
+    const Shape rows = local_rows(dy.global_shape(), Tl);
+    auto dcore =
+        layer.proj.backward(ctx.proj_ctx, Tensor<T, act::Full, D>::view(dy.dev(), const_cast<T*>(dy.data()), rows, dy.spread()));
+    auto dqkv = Tensor<T, act::Features, D>::empty(dy.dev(), ctx.qkv.global_shape(), dy.spread(), Category::activations);
+    Cx::backward(cg, ch, dqkv.data(), dcore.data(), ctx.core.data(), static_cast<const S*>(ctx.lse.data()), ctx.qkv.data(), B, Tl,
+                 H, hd, g);
+    rotate(dqkv.data(), B, Tl, ch.positions(cg.rank()), -1);
+    auto dx = layer.qkv.backward(ctx.qkv_ctx, dqkv);
+    ctx.qkv = {};  // the projections' contexts stay where their weight gradients are deferred
+    ctx.core = {};
+    ctx.lse.reset();
+    return Tensor<T, GradIn, D>::relabel(std::move(dx), dy.global_shape());
+  }
+};
+
+}  // namespace weft::nn::detail
