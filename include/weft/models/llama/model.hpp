@@ -20,11 +20,9 @@
 //
 // Context parallelism (Cx = context::Ring or context::AllGather; docs/context.md): the stream is
 // sharded over the sequence on the context axis, each rank holding its T / c rows (two chunks);
-// the attention runs over the context group, Cx's way, and every other layer of a block on the
-// rank's rows (nn::TokenWise). So far the block: make_layer builds it and tests/context/layer.cpp
-// holds it to one rank; the model's stages (the embedding's rows, the loss over the context group)
-// and the data-parallel reduction over data x context ranks are still to come, and a Model with Cx
-// does not compile. Parameter ids: wte 0, the head's table 2 and norm 8, block l
+// the attention runs over the context group, Cx's way, every other layer of a block on the rank's
+// rows (nn::TokenWise), the embedding and the loss on the rows' tokens and targets. The host only,
+// so far; tests/context/ holds the block and the model to one rank. Parameter ids: wte 0, the head's table 2 and norm 8, block l
 // from 16 + 16 l (attn_norm +0, qkv +1, proj +3, mlp_norm +5, gate_up +6, down +8).
 #pragma once
 
