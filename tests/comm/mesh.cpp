@@ -79,7 +79,7 @@ TEST_CASE("Mesh: context sits between pipe and tensor in the rank order, its gro
   CHECK(mesh_coord(s, 13).tensor == 1);
   CHECK_THROWS_WITH_AS(validate({.data = 2, .context = 3, .tensor = 2}, 8),
                        doctest::Contains("data 2 x pipe 1 x context 3 x tensor 2 = 12 ranks, but the world has 8"), Error);
-  CHECK_THROWS_WITH_AS(validate({.context = 0}, 1), doctest::Contains("degrees data 1, pipe 1, context 0, tensor 1 include one below 1"),
+  CHECK_THROWS_WITH_AS(validate({.context = 0}, 1), doctest::Contains("degrees data 1 x pipe 1 x context 0 x tensor 1 include one below 1"),
                        Error);
 
   std::mutex mu;

@@ -31,6 +31,10 @@ struct MeshShape {
 
 struct MeshCoord {
   int data = 0, pipe = 0, context = 0, tensor = 0;
+
+  // The index on axis a.
+  constexpr int& at(Axis a) { return a == Axis::data ? data : a == Axis::pipe ? pipe : a == Axis::context ? context : tensor; }
+  constexpr int at(Axis a) const { return const_cast<MeshCoord&>(*this).at(a); }
 };
 
 // Checks `s` against a world of `world_size` ranks; throws Error naming the values otherwise (the
@@ -38,8 +42,7 @@ struct MeshCoord {
 inline void validate(const MeshShape& s, int world_size) {
   const std::string context = s.context == 1 ? std::string() : cat(" x context ", s.context);
   if (s.data < 1 || s.pipe < 1 || s.context < 1 || s.tensor < 1)
-    throw Error("Mesh", cat("degrees data ", s.data, ", pipe ", s.pipe, s.context == 1 ? std::string() : cat(", context ", s.context),
-                            ", tensor ", s.tensor, " include one below 1"),
+    throw Error("Mesh", cat("degrees data ", s.data, " x pipe ", s.pipe, context, " x tensor ", s.tensor, " include one below 1"),
                 "use degrees >= 1");
   const double approx = 1.0 * s.data * s.pipe * s.context * s.tensor;
   const bool overflows = approx > 9.0e18;  // each degree is an int: up to 2^124
@@ -72,16 +75,14 @@ class Mesh {
     validate(shape_, world.size());
     coord_ = mesh_coord(shape_, world.rank());
     const auto degree = [&](Axis a) { return spread().degree(a); };
-    const auto index = [&](const MeshCoord& x, Axis a) {
-      return a == Axis::data ? x.data : a == Axis::pipe ? x.pipe : a == Axis::context ? x.context : x.tensor;
-    };
+    const auto index = [](const MeshCoord& x, Axis a) { return x.at(a); };
     // The members of this rank's group on an axis: the world ranks that differ only on that axis,
     // in the order of their index on it.
     const auto members = [&](Axis a) {
       std::vector<int> m;
       for (int i = 0; i < degree(a); ++i) {
         MeshCoord x = coord_;
-        (a == Axis::data ? x.data : a == Axis::pipe ? x.pipe : a == Axis::context ? x.context : x.tensor) = i;
+        x.at(a) = i;
         m.push_back(world_rank(shape_, x));
       }
       return m;
