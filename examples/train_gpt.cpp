@@ -19,21 +19,18 @@
 #include "train_gpt_family.hpp"
 #include <weft/models/gpt2/run_plan.hpp>
 #include <weft/train/main.hpp>
-#ifdef WEFT_TRAIN_GPT_LLAMA
-#include <weft/models/llama/family.hpp>
-#endif
 
 WEFT_TRAIN_HOST(extern, TrainGpt2, true)  // in train_gpt_sp.cpp
 #ifdef WEFT_TRAIN_GPT_LLAMA
-WEFT_TRAIN_HOST(extern, weft::llama::Family, false)  // in train_gpt_llama.cpp
-WEFT_TRAIN_HOST(extern, weft::llama::Family, true)
+WEFT_TRAIN_HOST(extern, TrainLlama, false)  // in train_gpt_llama.cpp
+WEFT_TRAIN_HOST(extern, TrainLlama, true)
 #endif
 
 int main(int argc, char** argv) {
   constexpr const char* about = "weft train_gpt: a tensor-, sequence-, pipeline- and data-parallel GPT (or Llama) on thread "
                                 "ranks or processes, on the host or GPUs";
 #ifdef WEFT_TRAIN_GPT_LLAMA
-  return weft::train::main<TrainGpt2, weft::llama::Family>(argc, argv, "train_gpt", about);
+  return weft::train::main<TrainGpt2, TrainLlama>(argc, argv, "train_gpt", about);
 #else
   return weft::train::main<TrainGpt2>(argc, argv, "train_gpt", about);
 #endif

@@ -4,7 +4,7 @@
 // command line (weft/train/main.hpp) calls it for --model llama --device cuda.
 #include "weft/train/devices.cuh"
 
-#include "weft/models/llama/family.hpp"
+#include "train_gpt_family.hpp"
 
-template int weft::train::train_on_cuda<weft::llama::Family>(const weft::train::Options&, const weft::llama::Config&,
-                                                             const weft::train::Corpus&, const weft::train::Launch&);
+template int weft::train::train_on_cuda<TrainLlama>(const weft::train::Options&, const weft::llama::Config&,
+                                                    const weft::train::Corpus&, const weft::train::Launch&);

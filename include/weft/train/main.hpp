@@ -280,7 +280,7 @@ int main(int argc, char** argv, const std::string& program, const std::string& a
       if (device == "cuda" && !on_gpu<F>) {  // a family without a GPU path: auto means the host
         if (o.device == "auto") device = "host";
         else
-          throw Error(o.where("--device cuda"), cat("the model family '", F::name(), "' has no GPU path yet"),
+          throw Error(o.where("--device cuda"), cat("the model family '", F::name(), "' has no GPU path in this binary"),
                       "train it on the host (--device host)");
       }
       // The ranks first, in floating point: three int degrees multiply past 64 bits.
