@@ -27,6 +27,8 @@ struct MeshShape {
   int pipe = 1;
   int context = 1;
   int tensor = 1;
+
+  constexpr int ranks() const { return data * pipe * context * tensor; }  // the world's size
 };
 
 struct MeshCoord {

@@ -23,12 +23,16 @@
 // blocks forward, gathers them again backward (the forward keeps nothing) and reduce-scatters the c
 // gradient blocks. The ring's send and receive are ordered by rank parity so that blocking sends
 // cannot deadlock; overlapping them with the block's compute (posted sends) is for the GPU version.
+// The buffers each call works in come from a Buffers source (below), so that the layers count them
+// on their device's allocator: per rank, Ring holds 2 blocks forward and 2 blocks and 2 gradient
+// blocks backward; AllGather c + 1 blocks forward and (c + 1) blocks and gradient blocks backward.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <concepts>
 #include <limits>
+#include <memory>
 #include <span>
 #include <utility>
 #include <vector>
@@ -37,6 +41,7 @@
 #include "weft/context/chunks.hpp"
 #include "weft/core/dtype.hpp"
 #include "weft/core/error.hpp"
+#include "weft/device/allocation.hpp"
 
 namespace weft::context {
 
@@ -180,16 +185,15 @@ void ring_shift(C& comm, std::span<const E> mine, std::span<E> theirs) {
   }
 }
 
-// The running output (zeros, in S) and log-sum-exp (minus infinity) that a forward merges blocks
-// into, and the output's narrowing at the end.
+// Zeros o (in S) and sets lse to minus infinity: what a forward merges blocks into.
 template <class S>
-std::vector<S> start_merge(S* lse, index B, index Tl, index H, index hd) {
+void start_merge(S* o, S* lse, index B, index Tl, index H, index hd) {
   std::fill(lse, lse + B * H * Tl, -std::numeric_limits<S>::infinity());
-  return std::vector<S>(static_cast<std::size_t>(B * Tl * H * hd), S(0));
+  std::fill(o, o + B * Tl * H * hd, S(0));
 }
 template <class T, class S>
-void finish_merge(T* out, const std::vector<S>& o) {
-  for (std::size_t i = 0; i < o.size(); ++i) out[i] = narrow<T>(o[i]);
+void finish_merge(T* out, const S* o, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) out[i] = narrow<T>(o[i]);
 }
 
 inline void require(const Chunks& ch, int ranks, index Tl, index H, index g, const char* where) {
@@ -202,113 +206,201 @@ inline void require(const Chunks& ch, int ranks, index Tl, index H, index g, con
   if (g < 1 || H % g != 0) throw Error(where, cat(H, " heads in groups of ", g), "use a group size that divides the heads");
 }
 
-// What each call starts from: the checks, this rank and the group's size, one block's elements and
-// this rank's own keys and values packed as a block.
-template <class T>
-struct Local {
+// The sizes every call works with, after the checks: one key-value block (what travels), the
+// output and the qkv rows in elements, and the log-sum-exp rows.
+struct Sizes {
   int r, c;
-  std::size_t block;
-  std::vector<T> kv;
-  Local(const Chunks& ch, int rank, int size, const T* qkv, index B, index Tl, index H, index hd, index g, const char* where)
-      : r(rank), c(size), block(static_cast<std::size_t>(B * Tl * (H / (g < 1 ? 1 : g)) * 2 * hd)) {
+  std::size_t block, out, rows, qkv;
+  Sizes(const Chunks& ch, int rank, int size, index B, index Tl, index H, index hd, index g, const char* where) : r(rank), c(size) {
     require(ch, size, Tl, H, g, where);
-    kv.resize(block);
-    pack_kv(kv.data(), qkv, B, Tl, H, hd, g);
+    block = static_cast<std::size_t>(B * Tl * (H / g) * 2 * hd);
+    out = static_cast<std::size_t>(B * Tl * H * hd);
+    rows = static_cast<std::size_t>(B * H * Tl);
+    qkv = static_cast<std::size_t>(B * Tl * (H / g) * (g + 2) * hd);
   }
 };
 
 }  // namespace detail
 
-// The attention types (one policy per type): how keys and values reach the local queries.
+// Where a call's buffers come from (the travelling key-value blocks and their gradients:
+// Category::communication; the S accumulators of the output and the gradients:
+// Category::activations), and whether it computes. A call takes each buffer once and the source
+// keeps them until it is destroyed, so the caller decides how long they live. HostBuffers keeps
+// std::vectors of its own (the default); nn/context_attention.hpp takes them from the layer's device
+// allocator, so the host allocator and the plan (the Meta device, where compute is false: the same
+// buffers and collectives without the arithmetic) count them.
+template <class W>
+concept Buffers = requires(W& w, std::size_t n) {
+  { w.template take<float>(n, Category::activations) } -> std::same_as<float*>;
+  { W::compute } -> std::convertible_to<bool>;
+};
+
+class HostBuffers {
+ public:
+  static constexpr bool compute = true;
+  template <class E>
+  E* take(std::size_t n, Category) {
+    auto p = std::make_shared<E[]>(n);
+    held_.push_back(p);
+    return p.get();
+  }
+
+ private:
+  std::vector<std::shared_ptr<void>> held_;
+};
+
+// The attention types (one policy per type): how keys and values reach the local queries. Each
+// call has a second form without `w` that takes its buffers from a HostBuffers of its own.
 struct Ring {
   static constexpr const char* name = "ring";
 
   // out (B, Tl, H, hd) and lse (B, H, Tl) of this rank's rows; comm is the context group, whose
   // rank r holds the chunks ch gives r.
-  template <Communicator C, class T, class S = accumulate_t<T>>
-  static void forward(C& comm, const Chunks& ch, T* out, S* lse, const T* qkv, index B, index Tl, index H, index hd,
-                      index g = 1) {
-    detail::Local<T> me(ch, comm.rank(), comm.size(), qkv, B, Tl, H, hd, g, "context::Ring::forward");
-    const int r = me.r, c = me.c;
-    std::vector<T> cur = std::move(me.kv), next(me.block);
-    std::vector<S> o = detail::start_merge(lse, B, Tl, H, hd);
+  template <Communicator C, class T, class S, Buffers W>
+  static void forward(C& comm, const Chunks& ch, T* out, S* lse, const T* qkv, index B, index Tl, index H, index hd, index g,
+                      W& w) {
+    const detail::Sizes z(ch, comm.rank(), comm.size(), B, Tl, H, hd, g, "context::Ring::forward");
+    const int r = z.r, c = z.c;
+    T* cur = w.template take<T>(z.block, Category::communication);
+    T* next = c > 1 ? w.template take<T>(z.block, Category::communication) : nullptr;
+    S* o = w.template take<S>(z.out, Category::activations);
+    if constexpr (W::compute) {
+      detail::pack_kv(cur, qkv, B, Tl, H, hd, g);
+      detail::start_merge(o, lse, B, Tl, H, hd);
+    }
     for (int step = 0; step < c; ++step) {
       const int src = (r - step + c) % c;  // whose keys and values this rank holds now
-      detail::block_forward(o.data(), lse, qkv, cur.data(), B, Tl, H, hd, g, [&](index i) { return ch.position(r, i); },
-                            [&](index j) { return ch.position(src, j); });
+      if constexpr (W::compute)
+        detail::block_forward(o, lse, qkv, cur, B, Tl, H, hd, g, [&](index i) { return ch.position(r, i); },
+                              [&](index j) { return ch.position(src, j); });
       if (step + 1 < c) {
-        detail::ring_shift(comm, std::span<const T>(cur), std::span<T>(next));
+        detail::ring_shift(comm, std::span<const T>(cur, z.block), std::span<T>(next, z.block));
         std::swap(cur, next);
       }
     }
-    detail::finish_merge(out, o);
+    if constexpr (W::compute) detail::finish_merge(out, o, z.out);
+  }
+  template <Communicator C, class T, class S = accumulate_t<T>>
+  static void forward(C& comm, const Chunks& ch, T* out, S* lse, const T* qkv, index B, index Tl, index H, index hd,
+                      index g = 1) {
+    HostBuffers w;
+    forward(comm, ch, out, lse, qkv, B, Tl, H, hd, g, w);
   }
 
   // dqkv (B, Tl, H/g, g + 2, hd) of this rank's rows from dout and what forward returned.
-  template <Communicator C, class T, class S = accumulate_t<T>>
+  template <Communicator C, class T, class S, Buffers W>
   static void backward(C& comm, const Chunks& ch, T* dqkv, const T* dout, const T* out, const S* lse, const T* qkv,
-                       index B, index Tl, index H, index hd, index g = 1) {
-    detail::Local<T> me(ch, comm.rank(), comm.size(), qkv, B, Tl, H, hd, g, "context::Ring::backward");
-    const int r = me.r, c = me.c;
-    std::vector<T> cur = std::move(me.kv), next(me.block);
-    std::vector<S> dcur(me.block, S(0)), dnext(me.block), dq(static_cast<std::size_t>(B * Tl * (H / g) * (g + 2) * hd), S(0)),
-        D(static_cast<std::size_t>(B * H * Tl));
-    detail::row_dots(D.data(), dout, out, B, Tl, H, hd);
+                       index B, index Tl, index H, index hd, index g, W& w) {
+    const detail::Sizes z(ch, comm.rank(), comm.size(), B, Tl, H, hd, g, "context::Ring::backward");
+    const int r = z.r, c = z.c;
+    T* cur = w.template take<T>(z.block, Category::communication);
+    T* next = c > 1 ? w.template take<T>(z.block, Category::communication) : nullptr;
+    S* dcur = w.template take<S>(z.block, Category::communication);
+    S* dnext = c > 1 ? w.template take<S>(z.block, Category::communication) : nullptr;
+    S* dq = w.template take<S>(z.qkv, Category::activations);
+    S* D = w.template take<S>(z.rows, Category::activations);
+    if constexpr (W::compute) {
+      detail::pack_kv(cur, qkv, B, Tl, H, hd, g);
+      std::fill(dcur, dcur + z.block, S(0));
+      std::fill(dq, dq + z.qkv, S(0));
+      detail::row_dots(D, dout, out, B, Tl, H, hd);
+    }
     for (int step = 0; step < c; ++step) {
       const int src = (r - step + c) % c;
-      detail::block_backward(dq.data(), dcur.data(), qkv, cur.data(), dout, D.data(), lse, B, Tl, H, hd, g,
-                             [&](index i) { return ch.position(r, i); }, [&](index j) { return ch.position(src, j); });
+      if constexpr (W::compute)
+        detail::block_backward(dq, dcur, qkv, cur, dout, D, lse, B, Tl, H, hd, g, [&](index i) { return ch.position(r, i); },
+                               [&](index j) { return ch.position(src, j); });
       if (c == 1) break;
       // The block and its gradient travel on together; after the last step (where rank r holds rank
       // r + 1's block) the gradient goes once more, home to the rank whose keys and values they are.
       if (step + 1 < c) {
-        detail::ring_shift(comm, std::span<const T>(cur), std::span<T>(next));
+        detail::ring_shift(comm, std::span<const T>(cur, z.block), std::span<T>(next, z.block));
         std::swap(cur, next);
       }
-      detail::ring_shift(comm, std::span<const S>(dcur), std::span<S>(dnext));
+      detail::ring_shift(comm, std::span<const S>(dcur, z.block), std::span<S>(dnext, z.block));
       std::swap(dcur, dnext);
     }
-    detail::write_dqkv(dqkv, dq.data(), dcur.data(), B, Tl, H, hd, g);
+    if constexpr (W::compute) detail::write_dqkv(dqkv, dq, dcur, B, Tl, H, hd, g);
+  }
+  template <Communicator C, class T, class S = accumulate_t<T>>
+  static void backward(C& comm, const Chunks& ch, T* dqkv, const T* dout, const T* out, const S* lse, const T* qkv,
+                       index B, index Tl, index H, index hd, index g = 1) {
+    HostBuffers w;
+    backward(comm, ch, dqkv, dout, out, lse, qkv, B, Tl, H, hd, g, w);
   }
 };
 
 struct AllGather {
   static constexpr const char* name = "all-gather";
 
+  template <Communicator C, class T, class S, Buffers W>
+  static void forward(C& comm, const Chunks& ch, T* out, S* lse, const T* qkv, index B, index Tl, index H, index hd, index g,
+                      W& w) {
+    const detail::Sizes z(ch, comm.rank(), comm.size(), B, Tl, H, hd, g, "context::AllGather::forward");
+    const int r = z.r, c = z.c;
+    const std::size_t all_n = z.block * static_cast<std::size_t>(c);
+    T* mine = w.template take<T>(z.block, Category::communication);
+    T* all = w.template take<T>(all_n, Category::communication);
+    S* o = w.template take<S>(z.out, Category::activations);
+    if constexpr (W::compute) detail::pack_kv(mine, qkv, B, Tl, H, hd, g);
+    comm.all_gather(std::span<const T>(mine, z.block), std::span<T>(all, all_n));  // rank k's block at k * block
+    if constexpr (W::compute) {
+      detail::start_merge(o, lse, B, Tl, H, hd);
+      for (int src = 0; src < c; ++src)
+        detail::block_forward(o, lse, qkv, all + static_cast<std::size_t>(src) * z.block, B, Tl, H, hd, g,
+                              [&](index i) { return ch.position(r, i); }, [&](index j) { return ch.position(src, j); });
+      detail::finish_merge(out, o, z.out);
+    }
+  }
   template <Communicator C, class T, class S = accumulate_t<T>>
   static void forward(C& comm, const Chunks& ch, T* out, S* lse, const T* qkv, index B, index Tl, index H, index hd,
                       index g = 1) {
-    detail::Local<T> me(ch, comm.rank(), comm.size(), qkv, B, Tl, H, hd, g, "context::AllGather::forward");
-    const int r = me.r, c = me.c;
-    const std::size_t block = me.block;
-    std::vector<T> all(block * static_cast<std::size_t>(c));
-    comm.all_gather(std::span<const T>(me.kv), std::span<T>(all));  // rank k's block at k * block
-    std::vector<S> o = detail::start_merge(lse, B, Tl, H, hd);
-    for (int src = 0; src < c; ++src)
-      detail::block_forward(o.data(), lse, qkv, all.data() + static_cast<std::size_t>(src) * block, B, Tl, H, hd, g,
-                            [&](index i) { return ch.position(r, i); }, [&](index j) { return ch.position(src, j); });
-    detail::finish_merge(out, o);
+    HostBuffers w;
+    forward(comm, ch, out, lse, qkv, B, Tl, H, hd, g, w);
   }
 
+  template <Communicator C, class T, class S, Buffers W>
+  static void backward(C& comm, const Chunks& ch, T* dqkv, const T* dout, const T* out, const S* lse, const T* qkv,
+                       index B, index Tl, index H, index hd, index g, W& w) {
+    const detail::Sizes z(ch, comm.rank(), comm.size(), B, Tl, H, hd, g, "context::AllGather::backward");
+    const int r = z.r, c = z.c;
+    const std::size_t all_n = z.block * static_cast<std::size_t>(c);
+    T* mine = w.template take<T>(z.block, Category::communication);
+    T* all = w.template take<T>(all_n, Category::communication);
+    S* dall = w.template take<S>(all_n, Category::communication);
+    S* dmine = w.template take<S>(z.block, Category::communication);
+    S* dq = w.template take<S>(z.qkv, Category::activations);
+    S* D = w.template take<S>(z.rows, Category::activations);
+    if constexpr (W::compute) detail::pack_kv(mine, qkv, B, Tl, H, hd, g);
+    comm.all_gather(std::span<const T>(mine, z.block), std::span<T>(all, all_n));  // again: the forward kept none
+    if constexpr (W::compute) {
+      std::fill(dall, dall + all_n, S(0));
+      std::fill(dq, dq + z.qkv, S(0));
+      detail::row_dots(D, dout, out, B, Tl, H, hd);
+      for (int src = 0; src < c; ++src)
+        detail::block_backward(dq, dall + static_cast<std::size_t>(src) * z.block, qkv, all + static_cast<std::size_t>(src) * z.block,
+                               dout, D, lse, B, Tl, H, hd, g, [&](index i) { return ch.position(r, i); },
+                               [&](index j) { return ch.position(src, j); });
+    }
+    comm.reduce_scatter(std::span<const S>(dall, all_n), std::span<S>(dmine, z.block), ReduceOp::sum);
+    if constexpr (W::compute) detail::write_dqkv(dqkv, dq, dmine, B, Tl, H, hd, g);
+  }
   template <Communicator C, class T, class S = accumulate_t<T>>
   static void backward(C& comm, const Chunks& ch, T* dqkv, const T* dout, const T* out, const S* lse, const T* qkv,
                        index B, index Tl, index H, index hd, index g = 1) {
-    detail::Local<T> me(ch, comm.rank(), comm.size(), qkv, B, Tl, H, hd, g, "context::AllGather::backward");
-    const int r = me.r, c = me.c;
-    const std::size_t block = me.block;
-    std::vector<T> all(block * static_cast<std::size_t>(c));
-    comm.all_gather(std::span<const T>(me.kv), std::span<T>(all));  // again: the forward kept none
-    std::vector<S> dall(block * static_cast<std::size_t>(c), S(0)), dmine(block),
-        dq(static_cast<std::size_t>(B * Tl * (H / g) * (g + 2) * hd), S(0)), D(static_cast<std::size_t>(B * H * Tl));
-    detail::row_dots(D.data(), dout, out, B, Tl, H, hd);
-    for (int src = 0; src < c; ++src)
-      detail::block_backward(dq.data(), dall.data() + static_cast<std::size_t>(src) * block, qkv,
-                             all.data() + static_cast<std::size_t>(src) * block, dout, D.data(), lse, B, Tl, H, hd, g,
-                             [&](index i) { return ch.position(r, i); }, [&](index j) { return ch.position(src, j); });
-    comm.reduce_scatter(std::span<const S>(dall), std::span<S>(dmine), ReduceOp::sum);
-    detail::write_dqkv(dqkv, dq.data(), dmine.data(), B, Tl, H, hd, g);
+    HostBuffers w;
+    backward(comm, ch, dqkv, dout, out, lse, qkv, B, Tl, H, hd, g, w);
   }
 };
+
+// The causal attention FLOPs of rank r's queries over the whole sequence (QK^T and PV over the
+// pairs its rows see: 4 B H hd pairs forward, twice that backward, as ops::Attention's count), for
+// the time model on the Meta device.
+inline double forward_flops(const Chunks& ch, int r, index B, index H, index hd) {
+  double pairs = 0;
+  for (index t = 0; t < ch.local(); ++t) pairs += static_cast<double>(ch.position(r, t) + 1);
+  return 4.0 * static_cast<double>(B) * static_cast<double>(H) * static_cast<double>(hd) * pairs;
+}
 
 template <class A>
 concept Kind = std::same_as<A, Ring> || std::same_as<A, AllGather>;

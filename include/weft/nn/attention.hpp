@@ -29,8 +29,9 @@ template <Floating T, recompute::Policy Recompute = recompute::None, class D = H
 class CausalSelfAttention {
   static constexpr bool keep_probs = !std::same_as<Recompute, recompute::Selective>;
   static constexpr bool cp = context::Kind<Cx>;  // the sequence sharded over the context axis
-  static_assert(!cp || std::same_as<D, Host>,
-                "CausalSelfAttention: context parallelism (Cx) runs on the host only so far; use context::None on this device");
+  static_assert(!cp || std::same_as<D, Host> || std::same_as<D, Meta<Host>>,
+                "CausalSelfAttention: context parallelism (Cx) runs on the host (and its plan, Meta<Host>) only so far; "
+                "use context::None on this device");
 
  public:
   using In = std::conditional_t<cp, act::Rows, act::Full>;

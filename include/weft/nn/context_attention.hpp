@@ -6,19 +6,41 @@
 // keys at the rows' positions (Llama's rotary; nothing for GPT-2, whose positions were added in
 // the embedding); the attention runs over the mesh's context group, Cx's way. What backward keeps
 // is the attention's output and each query row's log-sum-exp (B, H/tp, T/c), never the (T/c, T)
-// probabilities: the layer's Ctx has qkv_ctx, proj_ctx, qkv, core and lse for it.
+// probabilities: the layer's Ctx has qkv_ctx, proj_ctx, qkv, core and lse for it. The attention's
+// buffers (the travelling key-value blocks, the accumulators) come from the layer's device, for the
+// length of the call, so the allocator counts them; on the Meta device (the plan) the same buffers
+// and collectives run without the arithmetic, and the rank's attention FLOPs are noted.
 #pragma once
 
 #include <cstdint>
 #include <utility>
+#include <vector>
 
 #include "weft/comm/redistribute.hpp"
 #include "weft/context/attention.hpp"
 #include "weft/core/error.hpp"
+#include "weft/device/meta/meta.hpp"
 #include "weft/nn/roles.hpp"
 #include "weft/tensor/tensor.hpp"
 
 namespace weft::nn::detail {
+
+// The attention's buffers from a device's allocator, held until this is destroyed.
+template <class D>
+class DeviceBuffers {
+ public:
+  static constexpr bool compute = !is_meta<D>;
+  explicit DeviceBuffers(D& dev) : dev_(&dev) {}
+  template <class E>
+  E* take(std::size_t n, Category c) {
+    held_.push_back(dev_->allocate(static_cast<std::int64_t>(n * sizeof(E)), c));
+    return static_cast<E*>(held_.back().data());
+  }
+
+ private:
+  D* dev_;
+  std::vector<Allocation> held_;
+};
 
 template <context::Kind Cx>
 struct ContextAttention {
@@ -55,7 +77,11 @@ struct ContextAttention {
     auto y = Tensor<T, act::Features, D>::empty(x.dev(), {rows[0], rows[1], H * hd * x.spread().tensor_degree}, x.spread(),
                                                 Category::activations);
     ctx.lse = x.dev().allocate(B * H * Tl * static_cast<std::int64_t>(sizeof(S)), Category::activations);
-    Cx::forward(cg, ch, y.data(), static_cast<S*>(ctx.lse.data()), ctx.qkv.data(), B, Tl, H, hd, g);
+    {
+      DeviceBuffers<D> work(x.dev());
+      Cx::forward(cg, ch, y.data(), static_cast<S*>(ctx.lse.data()), ctx.qkv.data(), B, Tl, H, hd, g, work);
+    }
+    if constexpr (is_meta<D>) x.dev().work.attention_flops += context::forward_flops(ch, cg.rank(), B, H, hd);
     auto out = layer.proj.forward(ctx.proj_ctx, y);
     ctx.core = std::move(y);
     return Tensor<T, Out, D>::relabel(std::move(out), x.global_shape());
@@ -75,8 +101,12 @@ struct ContextAttention {
     auto dcore =
         layer.proj.backward(ctx.proj_ctx, Tensor<T, act::Full, D>::view(dy.dev(), const_cast<T*>(dy.data()), rows, dy.spread()));
     auto dqkv = Tensor<T, act::Features, D>::empty(dy.dev(), ctx.qkv.global_shape(), dy.spread(), Category::activations);
-    Cx::backward(cg, ch, dqkv.data(), dcore.data(), ctx.core.data(), static_cast<const S*>(ctx.lse.data()), ctx.qkv.data(), B, Tl,
-                 H, hd, g);
+    {
+      DeviceBuffers<D> work(dy.dev());
+      Cx::backward(cg, ch, dqkv.data(), dcore.data(), ctx.core.data(), static_cast<const S*>(ctx.lse.data()), ctx.qkv.data(), B,
+                   Tl, H, hd, g, work);
+    }
+    if constexpr (is_meta<D>) dy.dev().work.attention_flops += 2 * context::forward_flops(ch, cg.rank(), B, H, hd);
     rotate(dqkv.data(), B, Tl, ch.positions(cg.rank()), -1);
     auto dx = layer.qkv.backward(ctx.qkv_ctx, dqkv);
     ctx.qkv = {};  // the projections' contexts stay where their weight gradients are deferred

@@ -41,8 +41,9 @@ template <Floating T, recompute::Policy Recompute = recompute::None, class D = H
 class GroupedQueryAttention {
   static constexpr bool keep_probs = !std::same_as<Recompute, recompute::Selective>;
   static constexpr bool cp = context::Kind<Cx>;  // the sequence sharded over the context axis
-  static_assert(!cp || std::same_as<D, Host>,
-                "GroupedQueryAttention: context parallelism (Cx) runs on the host only so far; use context::None on this device");
+  static_assert(!cp || std::same_as<D, Host> || std::same_as<D, Meta<Host>>,
+                "GroupedQueryAttention: context parallelism (Cx) runs on the host (and its plan, Meta<Host>) only so far; "
+                "use context::None on this device");
   using Seq = std::conditional_t<cp, Shard<1>, Replicate>;  // the sequence's placement on the context axis
 
  public:

@@ -64,7 +64,8 @@ using CallLog = std::map<std::pair<threads::Op, std::uint64_t>, std::int64_t>;
 // the first step's peaks (StepPeak: each category's, their sum's, what is left, what was
 // allocated), and what the step asked of each axis group of the mesh, indexed by Axis (calls and
 // bytes per operation, threads::Counters; zero on a communicator that does not count; the pipe
-// axis with a pipeline's tie group, the tied table's gradient all-reduce).
+// axis with a pipeline's tie group, the tied table's gradient all-reduce; the data axis with the
+// data x context group, which reduces the gradients under context parallelism).
 struct RankStep {
   int rank = 0;
   MeshCoord coord;
@@ -132,6 +133,16 @@ RankStep measure_rank(D& dev, C& world, const typename Model::config_type& c, co
   if constexpr (logged) {
     if (tie) tie_calls_before = pp->tie_group()->calls();
   }
+  // With context parallelism the gradients reduce over the data x context group: counted on the data axis.
+  const bool folded = run.mesh.context > 1;
+  threads::Counters folded_before{};
+  detail::CallLog folded_calls_before;
+  if constexpr (counted) {
+    if (folded) folded_before = mesh.data_context().counters();
+  }
+  if constexpr (logged) {
+    if (folded) folded_calls_before = mesh.data_context().calls();
+  }
   if constexpr (is_meta<D>) dev.work = {};
   const MemoryStats before = dev.memory();
   dev.reset_peak();
@@ -168,6 +179,12 @@ RankStep measure_rank(D& dev, C& world, const typename Model::config_type& c, co
       for (const auto& [key, n] : out.tie_calls) out.calls[p][key] += n;
     }
   }
+  if (folded) {
+    const auto d = static_cast<std::size_t>(Axis::data);
+    if constexpr (counted) out.collectives[d] = out.collectives[d] + (mesh.data_context().counters() - folded_before);
+    if constexpr (logged)
+      for (const auto& [key, n] : detail::calls_since(mesh.data_context().calls(), folded_calls_before)) out.calls[d][key] += n;
+  }
   if constexpr (is_meta<D>) out.ops = dev.work;
   return out;
 }
@@ -178,7 +195,7 @@ RankStep measure_rank(D& dev, C& world, const typename Model::config_type& c, co
 template <template <class> class ModelOn, class Strategy, class Rule = optim::AdamW>
 std::vector<RankStep> measure(const typename ModelOn<Meta<Host>>::config_type& c, const Run& run, Rule rule = {}) {
   using Model = ModelOn<Meta<Host>>;
-  const int ranks = run.mesh.data * run.mesh.pipe * run.mesh.tensor;
+  const int ranks = run.mesh.ranks();
   std::vector<RankStep> out(static_cast<std::size_t>(ranks > 0 ? ranks : 0));
   run_threads(ranks, [&](ThreadComm& w) {
     Meta<Host> dev;
@@ -193,21 +210,22 @@ std::vector<RankStep> measure(const typename ModelOn<Meta<Host>>::config_type& c
 // measure(c, run)[rank] (tests/plan/measure.cpp).
 template <template <class> class ModelOn, class Strategy, class Rule = optim::AdamW>
 RankStep measure_alone(const typename ModelOn<Meta<Host>>::config_type& c, const Run& run, int rank, Rule rule = {}) {
-  validate(run.mesh, run.mesh.data * run.mesh.pipe * run.mesh.tensor);
+  validate(run.mesh, run.mesh.ranks());
   Meta<Host> dev;
-  MetaComm<StandIn> world(StandIn(rank, run.mesh.data * run.mesh.pipe * run.mesh.tensor));
+  MetaComm<StandIn> world(StandIn(rank, run.mesh.ranks()));
   return measure_rank<ModelOn<Meta<Host>>, Strategy>(dev, world, c, run, rule);
 }
 
 // The ranks measure_bounding measures: on each pipe rank, the first and the last of its data x
-// tensor ranks (world ranks, ascending). Ranks that differ only in their data and tensor indices
-// hold shards of equal shapes (weft pads a shard to the group's equal share), so their plans are
-// equal; the last is measured besides the first to hold that to account, not to trust it.
+// context x tensor ranks (world ranks, ascending). Ranks that differ only in their data, context and
+// tensor indices hold shards of equal shapes (weft pads a shard to the group's equal share; context
+// ranks hold T / c rows each), so their plans are equal; the last is measured besides the first to
+// hold that to account, not to trust it.
 inline std::vector<int> bounding_ranks(const MeshShape& s) {
   std::vector<int> out;
   for (int p = 0; p < s.pipe; ++p) {
-    out.push_back(p * s.tensor);                                                  // data 0, tensor 0
-    const int last = ((s.data - 1) * s.pipe + p) * s.tensor + s.tensor - 1;       // the last data and tensor index
+    out.push_back(world_rank(s, {.pipe = p}));  // data, context and tensor index 0
+    const int last = world_rank(s, {.data = s.data - 1, .pipe = p, .context = s.context - 1, .tensor = s.tensor - 1});
     if (last != out.back()) out.push_back(last);
   }
   std::sort(out.begin(), out.end());
@@ -240,7 +258,7 @@ std::vector<StageCollectives> stage_collectives(const typename ModelOn<Meta<Host
   using Model = ModelOn<Meta<Host>>;
   shape.pipe = 1;
   std::vector<StageCollectives> out;
-  run_threads(shape.data * shape.tensor, [&](ThreadComm& w) {
+  run_threads(shape.ranks(), [&](ThreadComm& w) {
     Meta<Host> dev;
     MetaComm<ThreadComm> world(w);
     Mesh mesh{world, shape};
