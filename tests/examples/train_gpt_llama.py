@@ -8,14 +8,18 @@ computes:
    key-value heads): the held-out loss ends near the corpus's entropy rate (within 0.25 nats after
    120 steps, in f32); bf16 mixed precision's losses follow f32's (the mean of steps 31 to 40
    within 0.05 nats; tests/models/llama holds 300 steps to the same bound).
-2. The same 4 steps on one rank, on data 2 x tensor 2 with SP under ZeRO-1 and on pipe 2 under
-   ZB-H1: every logged loss within 2e-5 of one rank's (f32 sums in other orders; the f64 tests in
-   tests/models/llama hold the layouts to 1e-12).
-3. --plan prints the step peak that the run then logs, to the byte (data 2 x tensor 2 with SP), and
-   describe's rows walked over Llama's layers (the grouped attention, the SwiGLU MLP).
+2. The same 4 steps on one rank, on data 2 x tensor 2 with SP under ZeRO-1, on pipe 2 under ZB-H1,
+   on context 2 (ring attention) and on data 2 x context 2 (all-gather attention, FSDP): every
+   logged loss within 2e-5 of one rank's (f32 sums in other orders; the f64 tests in
+   tests/models/llama and tests/context hold the layouts to 1e-12).
+3. --plan prints the step peak that the run then logs, to the byte (data 2 x tensor 2 with SP;
+   tensor 2 and context 2 x tensor 2), and describe's rows walked over Llama's layers (the grouped
+   attention, the SwiGLU MLP; the attention over the context axis, whose sends --plan counts).
 4. Refused before anything is built (exit 2, naming the values): a tensor degree that does not
    divide the key-value heads, a precision the family does not compile, --init-from a transformers
-   directory whose config.json describes another model (tests/fixtures/llama_hf: its rotary base).
+   directory whose config.json describes another model (tests/fixtures/llama_hf: its rotary base);
+   and with --context: a sequence its chunks do not divide, sequence parallelism, checkpoints, bf16,
+   --attention without --context, a family without context-parallel attention (gpt2).
 5. With WEFT_EXPORT: a checkpoint saved on data 2 x tensor 2 through weft-export into a
    LlamaForCausalLM directory, sharded (files of at most 200000 bytes), with weft's logits for 8
    tokens; where PyTorch and transformers are installed, from_pretrained loads it and computes
@@ -58,22 +62,38 @@ if t32 is None or t16 is None or not abs(t16 - t32) <= 0.05: failures.append(f"b
 short = ["--steps", "4", "--batch", "8", "--micro-batch", "4", "--eval-every", "0", "--seq", "32", "--seed", "3"]
 one, _ = run("one", [*short, "--data", "1", "--tensor", "1"])
 for name, args in (("data 2 x tensor 2, zero1-sp", ["--data", "2", "--tensor", "2", "--strategy", "zero1-sp"]),
-                   ("pipe 2, zb", ["--data", "1", "--tensor", "1", "--pipe", "2", "--schedule", "zb"])):
+                   ("pipe 2, zb", ["--data", "1", "--tensor", "1", "--pipe", "2", "--schedule", "zb"]),
+                   ("context 2, ring", ["--data", "1", "--tensor", "1", "--context", "2"]),
+                   ("data 2 x context 2, all-gather, fsdp",
+                    ["--data", "2", "--tensor", "1", "--context", "2", "--attention", "all-gather", "--strategy", "fsdp"])):
     got, _ = run(name.replace(" ", "_"), [*short, *args])
     worst = max((abs(got.get(s, float("inf")) - one[s]) for s in one), default=float("inf"))
     print(f"{name}: losses within {worst:.3g} of one rank's")
     if not (one and worst <= 2e-5): failures.append(f"{name}: {got} against {one}")
 
-args = ["--data", "2", "--tensor", "2", "--strategy", "zero1-sp", "--batch", "8", "--micro-batch", "4"]
-p = subprocess.run([bin_, "--model", "llama", "--plan", *args], capture_output=True, text=True, env=env, timeout=120)
-totals = [int(x) for x in re.findall(r"(?:step peak|pipe rank \d+:) (\d+) bytes", p.stdout)]
-peaks_log, _ = run("plan", [*args, "--steps", "2", "--eval-every", "0"])
-log = os.path.join(work, "plan.jsonl")
-peaks = [json.loads(l)["peak_bytes"] for l in open(log) if '"peak_bytes"' in l] if os.path.exists(log) else []
-ok = p.returncode == 0 and totals and peaks and all(x == max(totals) for x in peaks)
-ok = ok and re.search(r"layers\.0\.attn \(GroupedQueryAttention\)", p.stdout) and re.search(r"layers\.1\.gate_up", p.stdout)
-print(f"--plan {' '.join(args)}: step peak {max(totals) if totals else None} bytes, the run's {peaks}{'' if ok else ' (FAIL)'}")
-if not ok: failures.append(f"--plan: exit {p.returncode}, planned {totals}, measured {peaks}\n{p.stdout}{p.stderr}")
+def plan_equals_run(name, args, rows):
+    """--plan's step peak equals the peak the same run logs, to the byte; describe's rows appear."""
+    p = subprocess.run([bin_, "--model", "llama", "--plan", *args], capture_output=True, text=True, env=env, timeout=120)
+    totals = [int(x) for x in re.findall(r"(?:step peak|pipe rank \d+:) (\d+) bytes", p.stdout)]
+    run(name, [*args, "--steps", "2", "--eval-every", "0"])
+    log = os.path.join(work, name + ".jsonl")
+    peaks = [json.loads(l)["peak_bytes"] for l in open(log) if '"peak_bytes"' in l] if os.path.exists(log) else []
+    ok = p.returncode == 0 and totals and peaks and all(x == max(totals) for x in peaks)
+    ok = ok and all(re.search(r, p.stdout) for r in rows)
+    print(f"--plan {' '.join(args)}: step peak {max(totals) if totals else None} bytes, the run's {peaks}{'' if ok else ' (FAIL)'}")
+    if not ok: failures.append(f"--plan {args}: exit {p.returncode}, planned {totals}, measured {peaks}\n{p.stdout}{p.stderr}")
+    return p.stdout
+
+plan_equals_run("plan", ["--data", "2", "--tensor", "2", "--strategy", "zero1-sp", "--batch", "8", "--micro-batch", "4"],
+                [r"layers\.0\.attn \(GroupedQueryAttention\)", r"layers\.1\.gate_up"])
+# Context 2 x tensor 2: the attention's blocks travel on the context axis, the gradients reduce
+# over data x context; a rank's activations are half those of tensor 2 alone at the same batch.
+ctx_args = ["--data", "1", "--tensor", "2", "--batch", "4", "--micro-batch", "2", "--seq", "32"]
+whole = plan_equals_run("plan_tensor", ctx_args, [])
+halved = plan_equals_run("plan_context", [*ctx_args, "--context", "2"],
+                         [r"layers\.0\.attn \(GroupedQueryAttention<context ring>\)", r"context send \d+ calls"])
+act = lambda out: [float(m) for m in re.findall(r"^\d+\s+\S+ \S+\s+\S+ \S+\s+\S+ \S+\s+\S+ \S+\s+(\S+) MiB", out, re.M)]
+print(f"activations per rank (MiB): tensor 2 {act(whole)}, context 2 x tensor 2 {act(halved)}")
 
 # Llama 3.1 8B's sizes (vocabulary 128256, seq 8192) plan without a corpus: 4 pipe ranks' peaks.
 p = subprocess.run([bin_, "--model", "llama", "--preset", "llama-3.1-8b", "--plan", "--data", "8", "--tensor", "8", "--pipe", "4",
@@ -88,8 +108,18 @@ fixture = os.path.join(here, "..", "fixtures", "llama_hf")
 for args, message in ((["--tensor", "4", "--data", "1"], "tensor degree 4 does not divide 2 key-value heads"),
                       (["--dtype", "f64"], "precision 'f64' is not compiled for the model family 'llama'; use one of: f32, bf16"),
                       (["--init-from", fixture, "--vocab", "61", "--width", "32", "--hidden", "48", "--steps", "1"],
-                       "its config.json has rope_theta_x1e6 500000000; the run's model has 10000000000")):
-    p = subprocess.run([bin_, "--model", "llama", *args], capture_output=True, text=True, env=env, timeout=120)
+                       "its config.json has rope_theta_x1e6 500000000; the run's model has 10000000000"),
+                      (["--context", "2", "--seq", "30"],
+                       "--context 2: a sequence of 30 tokens does not split into 2 x 2 = 4 equal chunks (each context rank holds "
+                       "two); use --seq a multiple of 4, or another --context"),
+                      (["--context", "2", "--strategy", "ddp-sp"], "sequence parallelism with context parallelism"),
+                      (["--context", "2", "--save-dir", os.path.join(work, "cp_ck")],
+                       "--save-dir: checkpoints of context-parallel runs are not written or read yet"),
+                      (["--context", "2", "--dtype", "bf16"], "precision 'bf16' is not compiled for the model family 'llama'; use one of: f32"),
+                      (["--attention", "all-gather"], "--attention all-gather without --context"),
+                      (["--model", "gpt2", "--context", "2"], "the model family 'gpt2' has no context-parallel attention")):
+    model = [] if "--model" in args else ["--model", "llama"]
+    p = subprocess.run([bin_, *model, *args], capture_output=True, text=True, env=env, timeout=120)
     ok = p.returncode in (1, 2) and message in p.stdout + p.stderr
     print(f"{' '.join(args)}: exit {p.returncode}{'' if ok else ' (FAIL)'}")
     if not ok: failures.append(f"{args}: exit {p.returncode}, wanted '{message}':\n{p.stdout}{p.stderr}")

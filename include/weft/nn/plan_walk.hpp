@@ -8,6 +8,7 @@
 //                                                         unnamed, its neighbours'), and a row for
 //                                                         each redistribution Sequential inserts
 //   Residual<Inner>                                       Inner's (the add moves nothing)
+//   TokenWise<L> (context parallelism)                    L's, on a context rank's T / c rows
 //   recompute::Checkpointed<L> (Full)                     L's, each row's forward collectives again
 //                                                         in its backward (the forward is re-run)
 //   Redistribute<...> (CopyToTensor, ...)                 its forward and backward collectives
@@ -31,6 +32,7 @@
 #include "weft/nn/plan_row.hpp"
 #include "weft/nn/sequential.hpp"
 #include "weft/nn/staged_model.hpp"
+#include "weft/nn/token_wise.hpp"
 #include "weft/recompute/checkpointed.hpp"
 
 namespace weft::nn {
@@ -44,6 +46,9 @@ template <class L, class T, class D> inline constexpr bool is_checkpointed<recom
 template <class T> inline constexpr bool is_redistribute = false;
 template <LayoutType F, LayoutType To, LayoutType GT, LayoutType GF>
 inline constexpr bool is_redistribute<Redistribute<F, To, GT, GF>> = true;
+
+template <class T> inline constexpr bool is_token_wise = false;
+template <class L> inline constexpr bool is_token_wise<TokenWise<L>> = true;
 
 template <class L> struct named_base;
 template <Label N, class L> struct named_base<Named<N, L>> { using type = L; };
@@ -67,7 +72,8 @@ namespace detail {
 // A layer's name in a row: its Named label, else its type's name.
 template <class L>
 std::string label_of() {
-  if constexpr (is_named<L>) return L::label();
+  if constexpr (is_token_wise<L>) return label_of<typename L::inner_type>();
+  else if constexpr (is_named<L>) return L::label();
   else return L::name();
 }
 
@@ -106,6 +112,12 @@ Shape layer_plan_rows(std::vector<PlanRow>& out, const std::string& name, const 
   if constexpr (detail::WritesPlanRows<L>) {
     L::plan_rows(out, name, in, s, e);
     return layer.out_shape(in);
+  } else if constexpr (detail::is_token_wise<L>) {  // L on a context rank's T / c rows, as a sequence of its own
+    Shape rows = in;
+    rows[1] = in[1] / s.context_degree;
+    Shape y = layer_plan_rows(out, name, layer.inner, rows, s, e);
+    y[1] = in[1];
+    return y;
   } else if constexpr (detail::is_named<L>) {
     using Base = typename detail::named_base<L>::type;
     return layer_plan_rows(out, cat(name, ".", L::label()), static_cast<const Base&>(layer), in, s, e);

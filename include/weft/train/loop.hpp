@@ -81,7 +81,7 @@ int train(const Options& o, const config_t<F>& cfg, const Corpus& corpus, const 
   using T = typename precision_t<P>::compute;
   const std::int64_t micro = o.micro_batch > 0 ? o.micro_batch : o.batch;
   const std::int64_t accum = o.batch / micro;
-  const int ranks = o.data * o.pipe * o.tensor;
+  const int ranks = o.ranks();
   const bool speak = launch.lead();
   if constexpr (std::same_as<D, Host>) {
     // A lone thread rank runs its host ops on every core the process is given (the same bits).
@@ -106,9 +106,10 @@ int train(const Options& o, const config_t<F>& cfg, const Corpus& corpus, const 
   double flops_token = 0;
   if constexpr (requires { F::flops_per_token(cfg); }) flops_token = F::flops_per_token(cfg);
   if (speak)
-    std::printf("%s: %s | %s %s on %s | data %d x tensor %d | batch %lld (micro %lld x %lld) | %lld steps | GEMM %.1f GFLOP/s\n",
+    std::printf("%s: %s | %s %s on %s | %s%s | batch %lld (micro %lld x %lld) | %lld steps | GEMM %.1f GFLOP/s\n",
               o.program.c_str(), summary<F>(cfg).c_str(),
-              o.strategy.c_str(), precision_t<P>::name().c_str(), D::name, o.data, o.tensor,
+              o.strategy.c_str(), precision_t<P>::name().c_str(), D::name, o.mesh_text().c_str(),
+              o.context > 1 ? cat(" (", o.attention, " attention)").c_str() : "",
               static_cast<long long>(o.batch), static_cast<long long>(micro), static_cast<long long>(accum),
               static_cast<long long>(o.steps), peak / 1e9);
   if (dense && speak)
@@ -155,7 +156,7 @@ int train(const Options& o, const config_t<F>& cfg, const Corpus& corpus, const 
 
   run_ranks<D>(launch, ranks, o, [&](auto& world) {
     const auto dev = DeviceSupport<D>::make(world);
-    Mesh mesh{world, {.data = o.data, .pipe = o.pipe, .tensor = o.tensor}};
+    Mesh mesh{world, o.mesh()};
     using Model = model_t<F, P, SP, D>;
     // With --pipe > 1 this rank holds its stages' blocks only, and a schedule's table runs them.
     const auto part = pipeline::Partition::even(o.pipe, o.virtual_stages, cfg.layers);
@@ -200,8 +201,8 @@ int train(const Options& o, const config_t<F>& cfg, const Corpus& corpus, const 
       fp.add("device and precision", cat(D::name, " ", precision_t<P>::name()));
       fp.add("strategy", o.strategy);
       fp.add("model", cat(F::name(), ": ", summary<F>(cfg), ", seed ", cfg.seed));
-      fp.add("mesh", cat("data ", o.data, " x pipe ", o.pipe, " x tensor ", o.tensor, ", ", o.virtual_stages,
-                         " virtual stages, schedule ", o.schedule));
+      fp.add("mesh", cat(o.mesh_text(), ", ", o.virtual_stages, " virtual stages, schedule ", o.schedule,
+                         o.context > 1 ? cat(", ", o.attention, " attention") : std::string()));
       fp.add("batch", cat(o.batch, " in micro-batches of ", micro));
       fp.add("optimization", cat(o.steps, " steps, lr ", o.lr, " to ", o.min_lr, ", warm-up ", schedule.warmup, ", clip ", o.clip));
       fp.add("data", cat(o.data_file.empty() && o.text.empty() ? "built-in Markov corpus" : o.data_file + o.text,

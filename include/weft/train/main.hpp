@@ -25,6 +25,7 @@
 #include "weft/checkpoint/checkpoint.hpp"
 #include "weft/comm/launch.hpp"
 #include "weft/comm/mesh.hpp"
+#include "weft/context/attention.hpp"
 #include "weft/data/corpus.hpp"
 #include "weft/optim/schedule.hpp"
 #include "weft/pipeline/pipelined.hpp"
@@ -119,9 +120,9 @@ void check_fits(const Options& o, const config_t<F>& cfg, const std::string& dev
   // Every rank of this process: threads, all of them; a process, its own pipe rank's.
   const bool threads = launch.kind == Launcher::threads;
   double need = 0;
-  if (!threads) need = static_cast<double>(plan[static_cast<std::size_t>((launch.process / o.tensor) % o.pipe)].total);
+  if (!threads) need = static_cast<double>(plan[static_cast<std::size_t>(mesh_coord(o.mesh(), launch.process).pipe)].total);
   else
-    for (const auto& p : plan) need += static_cast<double>(p.total) * o.data * o.tensor;
+    for (const auto& p : plan) need += static_cast<double>(p.total) * o.data * o.context * o.tensor;
   const int here = threads ? o.ranks() : 1;
   if (need > available)
     throw Error(o.where(),
@@ -161,16 +162,75 @@ inline std::string resolve_device(const Options& o) {
   return o.device;
 }
 
+// A family whose model shards the sequence over the context axis (F::with_context<Cx>'s, which the
+// trainer takes in F's place under --context): it has no sequence parallelism and no GPU path.
+template <class F>
+concept context_parallel = requires { typename F::attention; };
+template <class F>
+concept has_context = requires { typename F::template with_context<context::Ring>; };
+
+// f.template operator()<G>() for the family a run trains: F, or under --context > 1 F's
+// context-parallel family for --attention (F without one: f<F>, whose checks refuse --context).
+template <Family F, class Fn>
+int with_context_family(const Options& o, Fn&& f) {
+  if constexpr (has_context<F>) {
+    if (o.context > 1) {
+      if (o.attention == "all-gather") return f.template operator()<typename F::template with_context<context::AllGather>>();
+      return f.template operator()<typename F::template with_context<context::Ring>>();
+    }
+  }
+  return f.template operator()<F>();
+}
+
+// --context and --attention against the family and the other options (exit 2, naming the values).
+template <Family F>
+void check_context(const Options& o, const config_t<F>& cfg, const std::string& device) {
+  if (o.context == 1) {
+    if (o.attention != "ring")
+      throw Error(o.where(), cat("--attention ", o.attention, " without --context"),
+                  "the attention type shards the sequence over context ranks: give --context >= 2");
+    return;
+  }
+  if constexpr (!context_parallel<F>) {
+    throw Error(o.where(cat("--context ", o.context)), cat("the model family '", F::name(), "' has no context-parallel attention"),
+                "leave out --context, or train a family that has one (--model llama)");
+  } else {
+    if (sequence_parallel_name(o.strategy))
+      throw Error(o.where(cat("--context ", o.context)),
+                  cat("--strategy ", o.strategy, ": sequence parallelism with context parallelism (both shard the sequence)"),
+                  cat("use --strategy ", o.strategy.substr(0, o.strategy.size() - 3), " with --context"));
+    if (device == "cuda")
+      throw Error(o.where(cat("--context ", o.context)), "context parallelism on the GPU (its attention runs on the host so far)",
+                  "use --device host with --context");
+    if (cfg.seq % (2 * static_cast<std::int64_t>(o.context)) != 0)
+      throw Error(o.where(cat("--context ", o.context)),
+                  cat("a sequence of ", cfg.seq, " tokens does not split into 2 x ", o.context, " = ", 2 * o.context,
+                      " equal chunks (each context rank holds two)"),
+                  cat("use --seq a multiple of ", 2 * o.context, ", or another --context"));
+    if (!o.save_dir.empty() || !o.resume.empty() || !o.init_from.empty())
+      throw Error(o.where(cat("--context ", o.context)),
+                  cat(!o.save_dir.empty() ? "--save-dir" : !o.resume.empty() ? "--resume" : "--init-from",
+                      ": checkpoints of context-parallel runs are not written or read yet"),
+                  "save, resume and import on a run without --context");
+    if (o.sample > 0)
+      throw Error(o.where(cat("--context ", o.context)), "--sample with --context", "sample from a run without --context");
+  }
+}
+
 // Run-time choices into types: the loop for the options' device, strategy and precision.
 template <Family F>
 int dispatch(const Options& o, const config_t<F>& cfg, const Corpus& corpus, const Launch& launch, const std::string& device) {
-  if (device == "cuda") {
+  if constexpr (context_parallel<F>) {
+    return train_on_host<F, false>(o, cfg, corpus, launch);  // check_context refused the GPU and "-sp"
+  } else {
+    if (device == "cuda") {
 #ifdef WEFT_ENABLE_CUDA
-    if constexpr (on_gpu<F>) return train_on_cuda<F>(o, cfg, corpus, launch);
+      if constexpr (on_gpu<F>) return train_on_cuda<F>(o, cfg, corpus, launch);
 #endif
+    }
+    return sequence_parallel_name(o.strategy) ? train_on_host<F, true>(o, cfg, corpus, launch)
+                                              : train_on_host<F, false>(o, cfg, corpus, launch);
   }
-  return sequence_parallel_name(o.strategy) ? train_on_host<F, true>(o, cfg, corpus, launch)
-                                            : train_on_host<F, false>(o, cfg, corpus, launch);
 }
 
 // The whole program: parses argv, checks every option, and trains. `program` names the binary in
@@ -199,6 +259,12 @@ int main(int argc, char** argv, const std::string& program, const std::string& a
       ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved", "zb"}));
   app.add_option("--virtual-stages", o.virtual_stages, "virtual stages per pipe rank (interleaved: >= 2)")
       ->check(at_least(1));
+  app.add_option("--context", o.context,
+                 "context-parallel degree: each rank holds 2 of the sequence's 2N chunks (docs/context.md; host, f32)")
+      ->check(at_least(1));
+  app.add_option("--attention", o.attention,
+                 "with --context: ring (keys and values passed around the context ranks) or all-gather (gathered once)")
+      ->check(CLI::IsMember({"ring", "all-gather"}));
   app.add_option("--strategy", o.strategy,
                  cat(join(strategy_names(strategies_t<First>{})), " (-sp: with sequence parallelism)"));
   app.add_option("--batch", o.batch, "global batch, in sequences")->check(at_least(1));
@@ -270,29 +336,29 @@ int main(int argc, char** argv, const std::string& program, const std::string& a
     else std::fprintf(stderr, "%s (world rank %d): %s\n", o.program.c_str(), launch.process, e.what());
   };
 
-  return with_family<First, Rest...>(o.model, o.where("--model"), [&]<class F>() -> int {
+  return with_family<First, Rest...>(o.model, o.where("--model"), [&]<class Named>() -> int {
+   return with_context_family<Named>(o, [&]<class F>() -> int {
     std::string device;  // host or cuda, once resolved
     std::optional<checkpoint::DirectoryLock> save_lock;  // the lead process's, for the whole run
     config_t<F> cfg;
     try {
       cfg = configure<F>(o);
       device = resolve_device(o);
+      check_context<F>(o, cfg, device);
       if (device == "cuda" && !on_gpu<F>) {  // a family without a GPU path: auto means the host
         if (o.device == "auto") device = "host";
         else
           throw Error(o.where("--device cuda"), cat("the model family '", F::name(), "' has no GPU path in this binary"),
                       "train it on the host (--device host)");
       }
-      // The ranks first, in floating point: three int degrees multiply past 64 bits.
-      const double world = 1.0 * o.data * o.pipe * o.tensor;
+      // The ranks first, in floating point: four int degrees multiply past 64 bits.
+      const double world = 1.0 * o.data * o.pipe * o.context * o.tensor;
       char world_text[64];
       std::snprintf(world_text, sizeof world_text, "%.0f", world);
       if (world > (1 << 20))
-        throw Error(o.where(), cat("data ", o.data, " x pipe ", o.pipe, " x tensor ", o.tensor, " = ", world_text, " ranks"),
-                    "use at most 2^20 = 1048576 ranks");
+        throw Error(o.where(), cat(o.mesh_text(), " = ", world_text, " ranks"), "use at most 2^20 = 1048576 ranks");
       if (launch.kind == Launcher::threads && world > 1024)
-        throw Error(o.where("--launcher threads"),
-                    cat("data ", o.data, " x pipe ", o.pipe, " x tensor ", o.tensor, " = ", world_text, " thread ranks in one process"),
+        throw Error(o.where("--launcher threads"), cat(o.mesh_text(), " = ", world_text, " thread ranks in one process"),
                     "use at most 1024 thread ranks, or one process per rank (mpirun, docs/launch.md)");
       if (launch.kind == Launcher::env) {  // torchrun, srun: one GPU per process
         if (device != "cuda")
@@ -310,12 +376,12 @@ int main(int argc, char** argv, const std::string& program, const std::string& a
           throw Error(o.where("--launcher mpi"), "this binary was built without MPI",
                       "install Debian's libopenmpi-dev and rebuild (CMake finds MPI and builds weft::mpi)");
   #endif
-        const int ranks = o.data * o.pipe * o.tensor;
+        const int ranks = o.ranks();
         const bool mpi = launch.kind == Launcher::mpi;
         if (launch.processes != ranks)
           throw Error(o.where(cat("--launcher ", name(launch.kind))),
-                      cat(mpi ? "mpirun started " : "WORLD_SIZE is ", launch.processes, mpi ? " processes" : "", " but data ",
-                          o.data, " x pipe ", o.pipe, " x tensor ", o.tensor, " = ", ranks, " ranks"),
+                      cat(mpi ? "mpirun started " : "WORLD_SIZE is ", launch.processes, mpi ? " processes" : "", " but ",
+                          o.mesh_text(), " = ", ranks, " ranks"),
                       cat(mpi ? cat("run mpirun -np ", ranks) : cat("start ", ranks, " processes"),
                           ", or choose degrees whose product is ", launch.processes));
         if (o.pipe > 1 && device == "cuda")
@@ -330,11 +396,11 @@ int main(int argc, char** argv, const std::string& program, const std::string& a
       if (o.batch % micro != 0)
         throw Error(o.where(), cat("batch ", o.batch, " is not a multiple of the micro-batch ", micro),
                     "use a micro-batch that divides the batch");
-      const Spread spread{.data_degree = o.data, .tensor_degree = o.tensor};
+      const Spread spread{.data_degree = o.data, .tensor_degree = o.tensor, .context_degree = o.context};
       if (o.strategy.ends_with("-sp")) model_t<F, F32, true, Host>::spec::validate(cfg, spread, micro);
       else model_t<F, F32, false, Host>::spec::validate(cfg, spread, micro);
       (void)optim::Schedule::warmup_cosine(o.lr, o.warmup.value_or(o.steps / 20), o.steps, o.min_lr);
-      validate(MeshShape{.data = o.data, .pipe = o.pipe, .tensor = o.tensor}, o.data * o.pipe * o.tensor);
+      validate(o.mesh(), o.ranks());
       if (o.pipe > 1 || o.virtual_stages > 1) {  // the partition and the schedule's table, checked now
         (void)pipeline::Partition::even(o.pipe, o.virtual_stages, cfg.layers);
         (void)pipeline::make_table(schedule_kind(o.schedule), o.pipe, static_cast<int>(o.batch / micro), o.virtual_stages);
@@ -415,6 +481,7 @@ int main(int argc, char** argv, const std::string& program, const std::string& a
       report(e);
       return finish(1);
     }
+   });
   });
 }
 

@@ -10,6 +10,8 @@
 #include <string>
 
 #include "weft/comm/launch.hpp"
+#include "weft/comm/mesh.hpp"
+#include "weft/core/error.hpp"
 
 namespace weft::train {
 
@@ -25,6 +27,8 @@ struct Options {
   std::string preset = "tiny";
   Sizes sizes;
   int data = 2, tensor = 2, pipe = 1, virtual_stages = 1;
+  int context = 1;                 // --context: the sequence sharded over this many ranks
+  std::string attention = "ring";  // --attention: ring or all-gather, with --context > 1
   std::string schedule = "1f1b";
   std::string strategy = "ddp";
   std::int64_t batch = 16, micro_batch = 0, steps = 600, eval_every = 100, sample = 0;
@@ -40,7 +44,12 @@ struct Options {
   double deadline = 60;  // seconds any collective waits for the other ranks
 
   std::int64_t micro() const { return micro_batch > 0 ? micro_batch : batch; }  // the global micro-batch
-  int ranks() const { return data * pipe * tensor; }
+  int ranks() const { return data * pipe * context * tensor; }
+  MeshShape mesh() const { return {.data = data, .pipe = pipe, .context = context, .tensor = tensor}; }
+  // "data 2 x pipe 1 x tensor 2" (" x context 2" before tensor where context > 1).
+  std::string mesh_text() const {
+    return cat("data ", data, " x pipe ", pipe, context > 1 ? cat(" x context ", context) : std::string(), " x tensor ", tensor);
+  }
   // "<program> <option>": where an error about an option comes from.
   std::string where(const std::string& option = {}) const { return option.empty() ? program : program + " " + option; }
 };

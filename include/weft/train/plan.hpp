@@ -29,7 +29,7 @@ namespace weft::train {
 // The run the options describe, for the plan.
 inline footprint::Run planned_run(const Options& o) {
   const std::int64_t micro = o.micro_batch > 0 ? o.micro_batch : o.batch;
-  return {.mesh = {.data = o.data, .pipe = o.pipe, .tensor = o.tensor},
+  return {.mesh = o.mesh(),
           .micro_batch = micro,
           .micro_batches = o.batch / micro,
           .schedule = schedule_kind(o.schedule),
@@ -105,7 +105,7 @@ inline std::string counted_calls(const threads::Counters& c, const std::string& 
 template <Family F>
 std::string described_plan(const Options& o, const config_t<F>& cfg) {
   const std::int64_t micro = o.micro_batch > 0 ? o.micro_batch : o.batch;
-  const Spread s{.data_degree = o.data, .tensor_degree = o.tensor};
+  const Spread s{.data_degree = o.data, .tensor_degree = o.tensor, .context_degree = o.context};
   const auto of = [&]<bool SP>() {
     return with_precision(host_precisions_t<F>{}, o.dtype, [&]<class P>() {
       using M = typename ModelOn<F, P, SP>::template on<Meta<Host>>;
@@ -125,9 +125,10 @@ std::string described_plan(const Options& o, const config_t<F>& cfg) {
 template <Family F>
 int print_measured_plan(const Options& o, const config_t<F>& cfg, const std::string& device) {
   const std::int64_t micro = o.micro_batch > 0 ? o.micro_batch : o.batch;
-  std::printf("plan: %s: %s | %s, %s | data %d x pipe %d x tensor %d | batch %lld, micro-batch %lld\n", F::name().c_str(),
-              summary<F>(cfg).c_str(), o.strategy.c_str(), o.dtype.c_str(), o.data, o.pipe, o.tensor,
-              static_cast<long long>(o.batch), static_cast<long long>(micro));
+  std::printf("plan: %s: %s | %s, %s | %s%s | batch %lld, micro-batch %lld\n", F::name().c_str(), summary<F>(cfg).c_str(),
+              o.strategy.c_str(), o.dtype.c_str(), o.mesh_text().c_str(),
+              o.context > 1 ? cat(" (", o.attention, " attention)").c_str() : "", static_cast<long long>(o.batch),
+              static_cast<long long>(micro));
   const bool host = device != "cuda";
   const std::vector<footprint::RankStep> ranks = measured_ranks<F>(o, cfg);
   const std::vector<RankPlan> plan = plan_of(ranks, o.pipe, host);
@@ -144,8 +145,9 @@ int print_measured_plan(const Options& o, const config_t<F>& cfg, const std::str
   for (const RankPlan& p : plan) {
     std::string line;
     for (Axis a : kAxes) {
-      // A group of one moves nothing (the trainer runs without context parallelism: context 1).
-      if ((a == Axis::data ? o.data : a == Axis::pipe ? o.pipe : a == Axis::context ? 1 : o.tensor) == 1) continue;
+      // A group of one moves nothing (the data axis holds the data x context group's reductions).
+      const int group = a == Axis::data ? o.data * o.context : a == Axis::pipe ? o.pipe : a == Axis::context ? o.context : o.tensor;
+      if (group == 1) continue;
       const std::string axis = counted_calls(p.collectives[static_cast<std::size_t>(a)], cat(name(a), " "));
       if (!axis.empty()) line += cat(line.empty() ? "" : ", ", axis);
     }
@@ -157,8 +159,8 @@ int print_measured_plan(const Options& o, const config_t<F>& cfg, const std::str
   if (o.tensor > 1 && o.pipe == 1) {
     const auto stages = with_strategy(strategies_t<F>{}, o.strategy, [&]<class S, bool SP>() {
       return with_precision(host_precisions_t<F>{}, o.dtype, [&]<class P>() {
-        return footprint::stage_collectives<ModelOn<F, P, SP>::template on>(cfg, {.data = o.data, .tensor = o.tensor},
-                                                                                       micro);
+        return footprint::stage_collectives<ModelOn<F, P, SP>::template on>(
+            cfg, {.data = o.data, .context = o.context, .tensor = o.tensor}, micro);
       });
     });
     const auto t = static_cast<std::size_t>(Axis::tensor);
@@ -186,7 +188,7 @@ int print_measured_plan(const Options& o, const config_t<F>& cfg, const std::str
   // The step time (pipe 1, on the host): the measured step's work (estimate::work_of) at the rates
   // of this host, measured now with every rank running; the attention core's rate needs the heads.
   if constexpr (requires { cfg.heads; }) {
-    if (o.pipe == 1 && host) {
+    if (o.pipe == 1 && o.context == 1 && host) {
       const estimate::Work w = estimate::work_of(ranks[0], planned_run(o).mesh);
       const MeshShape shape{.data = o.data, .tensor = o.tensor};
       const auto time = [&]<class T>() {
@@ -201,7 +203,7 @@ int print_measured_plan(const Options& o, const config_t<F>& cfg, const std::str
       return 0;
     }
   }
-  std::printf("step time: planned on the host with --pipe 1 only\n");
+  std::printf("step time: planned on the host with --pipe 1 and without --context only\n");
   return 0;
 }
 

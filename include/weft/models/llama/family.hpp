@@ -4,7 +4,8 @@
 // directory. The plan (--plan, and the check that a run fits) is the step measured on the Meta
 // device. The trainer compiles every strategy in f32 and bf16 (f64 is the tests' precision), on
 // the host and, in CUDA builds, on the GPU (examples/train_gpt_llama_cuda.cu; a binary that
-// registers this family under WEFT_ENABLE_CUDA instantiates train::train_on_cuda for it).
+// registers this family under WEFT_ENABLE_CUDA instantiates train::train_on_cuda for it). With
+// --context, ContextFamily<Cx> (below): f32 on the host (examples/train_gpt_context.cpp).
 #pragma once
 
 #include <string>
@@ -19,10 +20,17 @@
 
 namespace weft::llama {
 
+template <context::Kind Cx>
+struct ContextFamily;
+
 struct Family {
   template <class P, bool SP, class D>
   using model = Model<P, SP, recompute::None, D>;
   using host_precisions = train::List<F32, Bf16Mixed>;
+  // train_gpt --context N --attention ring|all-gather: the family whose model shards the sequence
+  // over the context axis, Cx's way (train/main.hpp trains it in this one's place).
+  template <context::Kind Cx>
+  using with_context = ContextFamily<Cx>;
 
   static std::string name() { return "llama"; }
   static std::vector<std::string> preset_names() {
@@ -53,6 +61,18 @@ struct Family {
                     cat("its config.json has ", have[i].first, " ", have[i].second, "; the run's model has ", want[i].second),
                     "choose the preset and sizes of the model in the directory (--layers, --width, --heads, --kv-heads, --hidden, --vocab)");
   }
+};
+
+// Llama with the sequence over the context axis (docs/context.md): the host, f32, every data
+// strategy; the model takes no sequence parallelism (the trainer refuses "-sp" with --context
+// before this is built, so the SP choice names the same model).
+template <context::Kind Cx>
+struct ContextFamily : Family {
+  using attention = Cx;
+  template <class P, bool SP, class D>
+  using model = Model<P, false, recompute::None, D, false, Cx>;
+  using host_precisions = train::List<F32>;
+  static constexpr bool gpu = false;
 };
 
 }  // namespace weft::llama
