@@ -86,7 +86,8 @@ void report(const char* attention, const llama::Config& cfg, int c, const Result
   const bool ring = std::strcmp(attention, "ring") == 0, none = std::strcmp(attention, "none") == 0;
   const auto bytes = [&](threads::Op op) { return static_cast<double>(r.context.bytes_of(op)); };
   const double counted = bytes(threads::Op::send) + bytes(threads::Op::all_gather) + bytes(threads::Op::reduce_scatter);
-  const double predicted = none ? 0 : ring ? L * (3.0 * c - 2) * block : L * 3.0 * c * block;
+  // (Ring on one rank sends nothing: its block never leaves.)
+  const double predicted = none || (ring && c == 1) ? 0 : ring ? L * (3.0 * c - 2) * block : L * 3.0 * c * block;
   const double wire = bytes(threads::Op::send) + (bytes(threads::Op::all_gather) + bytes(threads::Op::reduce_scatter)) * (c - 1) / c;
   nlohmann::json j{{"bench", "context"},
                    {"seq", cfg.seq},
