@@ -24,9 +24,9 @@ struct Config {
   std::string precision = "f32";
 };
 
-template <class P, class S, bool SP = false, class Policy = checkpoint::Sharded>
+template <class P, class S, bool SP = false, class Policy = checkpoint::Sharded, template <class, bool> class M = Gpt2>
 Config config(const std::string& name, MeshDegrees m) {
-  return {name, m, [](MeshDegrees mm, const RunPlan& p) { return ckpt_run<P, S, SP, Policy>(mm, p); },
+  return {name, m, [](MeshDegrees mm, const RunPlan& p) { return ckpt_run<P, S, SP, Policy, M>(mm, p); },
           std::same_as<precision_t<P>, Bf16Mixed>, precision_t<P>::name()};
 }
 

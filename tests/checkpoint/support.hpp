@@ -32,7 +32,7 @@ inline std::string scratch(const std::string& name) {
 }
 
 struct MeshDegrees {
-  int data = 1, tensor = 1, pipe = 1;
+  int data = 1, tensor = 1, pipe = 1, context = 1;
 };
 
 // What a run does: load from `resume` (empty: start fresh; load_optimizer false: the weights only),
@@ -63,9 +63,9 @@ std::vector<double> ckpt_run(MeshDegrees m, const RunPlan& plan, const Config& c
   std::mutex mu;
   const data::MarkovSource corpus(c.vocab, 3);
   const auto schedule = optim::Schedule::warmup_cosine(3e-3, 2, plan.total, 3e-4);
-  run_threads(m.data * m.tensor * m.pipe, [&](ThreadComm& world) {
+  run_threads(m.data * m.tensor * m.pipe * m.context, [&](ThreadComm& world) {
     Host dev;
-    Mesh mesh{world, {.data = m.data, .pipe = m.pipe, .tensor = m.tensor}};
+    Mesh mesh{world, {.data = m.data, .pipe = m.pipe, .context = m.context, .tensor = m.tensor}};
     using Model = M<P, SP>;
     const auto part = pipeline::Partition::even(m.pipe, 1, c.layers);
     Model gpt(dev, c, mesh.spread(), batch, part.placement(mesh.coord().pipe));

@@ -86,6 +86,36 @@ struct Errors {
   std::string worst_param;
 };
 
+// Each context rank's weight gradients sum over its own rows: the context group's sum (the context
+// part of the data-parallel reduction over data x context ranks) is the whole sequence's. Returns
+// how many parameters the layer has.
+template <class Layer, AxisComms M>
+std::size_t add_grad_errors(Layer& layer, const std::string& prefix, M& mesh, const Reference& ref, Errors& e) {
+  std::size_t params = 0;
+  layer.for_each_param(prefix, [&](const std::string& n, auto& p) {
+    mesh.context().all_reduce(p.grad.span(), ReduceOp::sum);
+    const std::vector<double>& want = ref.grads.at(n);
+    double err = 0;
+    for (Index i = 0; i < p.grad.numel(); ++i)
+      err = std::max(err, std::abs(p.grad[i] - want[static_cast<std::size_t>(p.grad.global_index(i))]));
+    err /= largest(want);
+    if (err >= e.grad) e.grad = err, e.worst_param = n;
+    ++params;
+  });
+  return params;
+}
+
+// The worst of every rank's errors, the outputs' and input gradients' relative to the largest element.
+Errors worst_of(const std::vector<Errors>& per, const Reference& ref) {
+  Errors worst;
+  for (const Errors& e : per) {
+    worst.y = std::max(worst.y, e.y / largest(ref.y));
+    worst.dx = std::max(worst.dx, e.dx / largest(ref.dx));
+    if (e.grad >= worst.grad) worst.grad = e.grad, worst.worst_param = e.worst_param;
+  }
+  return worst;
+}
+
 template <class Cx>
 Errors context_parallel(const Reference& ref, Index kv, int c, int tp) {
   std::vector<Errors> per(static_cast<std::size_t>(c * tp));
@@ -108,26 +138,10 @@ Errors context_parallel(const Reference& ref, Index kv, int c, int tp) {
     auto dx = attn.backward(ctx, dy, mesh);
     mesh.tensor().all_reduce(dx.span(), ReduceOp::sum);
     Errors e{row_error(y.span(), ref.y, ch, r, kC), row_error(dx.span(), ref.dx, ch, r, kC), 0, {}};
-    // Each context rank's weight gradient sums over its own rows: the context group's sum is the
-    // whole sequence's (what the data-parallel reduction over data x context ranks will do).
-    attn.for_each_param("attn", [&](const std::string& n, auto& p) {
-      mesh.context().all_reduce(p.grad.span(), ReduceOp::sum);
-      const std::vector<double>& want = ref.grads.at(n);
-      double err = 0;
-      for (Index i = 0; i < p.grad.numel(); ++i)
-        err = std::max(err, std::abs(p.grad[i] - want[static_cast<std::size_t>(p.grad.global_index(i))]));
-      err /= largest(want);
-      if (err >= e.grad) e.grad = err, e.worst_param = n;
-    });
+    add_grad_errors(attn, "attn", mesh, ref, e);
     per[static_cast<std::size_t>(world.rank())] = e;
   });
-  Errors worst;
-  for (const Errors& e : per) {
-    worst.y = std::max(worst.y, e.y / largest(ref.y));
-    worst.dx = std::max(worst.dx, e.dx / largest(ref.dx));
-    if (e.grad >= worst.grad) worst.grad = e.grad, worst.worst_param = e.worst_param;
-  }
-  return worst;
+  return worst_of(per, ref);
 }
 
 template <class Cx>
@@ -207,26 +221,11 @@ Errors block_context_parallel(const Reference& ref, int c, int tp) {
     auto y = layer.forward(ctx, x, mesh);    // Replicate over tensor: the stream
     auto dx = layer.backward(ctx, dy, mesh);  // Replicate over tensor (Megatron's convention)
     Errors e{row_error(y.span(), ref.y, ch, r, kC), row_error(dx.span(), ref.dx, ch, r, kC), 0, {}};
-    layer.for_each_param("layers.0", [&](const std::string& n, auto& p) {
-      mesh.context().all_reduce(p.grad.span(), ReduceOp::sum);  // the data x context reduction's context part
-      const std::vector<double>& want = ref.grads.at(n);
-      double err = 0;
-      for (Index i = 0; i < p.grad.numel(); ++i)
-        err = std::max(err, std::abs(p.grad[i] - want[static_cast<std::size_t>(p.grad.global_index(i))]));
-      err /= largest(want);
-      if (err >= e.grad) e.grad = err, e.worst_param = n;
-      ++params[static_cast<std::size_t>(world.rank())];
-    });
+    params[static_cast<std::size_t>(world.rank())] = add_grad_errors(layer, "layers.0", mesh, ref, e);
     per[static_cast<std::size_t>(world.rank())] = e;
   });
   for (std::size_t n : params) CHECK(n == ref.grads.size());  // the same parameters, by the same names
-  Errors worst;
-  for (const Errors& e : per) {
-    worst.y = std::max(worst.y, e.y / largest(ref.y));
-    worst.dx = std::max(worst.dx, e.dx / largest(ref.dx));
-    if (e.grad >= worst.grad) worst.grad = e.grad, worst.worst_param = e.worst_param;
-  }
-  return worst;
+  return worst_of(per, ref);
 }
 
 template <class Cx, class Recompute>

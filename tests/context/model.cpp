@@ -69,3 +69,24 @@ TEST_CASE("Llama with the sequence over context 2 and 4, alone and beside tensor
   SUBCASE("ring") { check_model<context::Ring>(ref); }
   SUBCASE("all-gather") { check_model<context::AllGather>(ref); }
 }
+
+TEST_CASE("Llama in f32 with the sequence over context 2 beside tensor 2 equals one rank within 1e-5: losses and gradients") {
+  // f32 sums in other orders (the blocks' log-sum-exp merge, the context group's sums): 1e-5 of the
+  // loss and of each gradient tensor's largest element, as tests/context/attention.cpp bounds the
+  // attention alone.
+  const auto f32 = [](int tensor, int context, auto cx) {
+    using Cx = decltype(cx);
+    return test::train_steps<llama::Model<float, false, recompute::None, Host, false, Cx>, OneFOneB>(kConfig, kMicro, kM, 1, 1,
+                                                                                                     tensor, 1, 1, context);
+  };
+  const auto ref = f32(1, 1, context::None{});
+  for (const auto& [got, kind] : {std::pair{f32(2, 2, context::Ring{}), "ring"}, std::pair{f32(2, 2, context::AllGather{}), "all-gather"}}) {
+    REQUIRE(got.losses.size() == 1);
+    CHECK(std::abs(got.losses[0] - ref.losses[0]) <= 1e-5 * std::abs(ref.losses[0]));
+    std::string where;
+    const double e = test::worst_tensor(got.grads, ref.grads, where);
+    CHECK_MESSAGE(e <= 1e-5, kind, ": gradient of ", where, " off by ", e);
+    MESSAGE(std::string(kind), ", f32, context 2 x tensor 2: loss off by ", std::abs(got.losses[0] - ref.losses[0]) / std::abs(ref.losses[0]),
+            " (relative), gradients within ", e, " (", where, ")");
+  }
+}

@@ -12,14 +12,15 @@ computes:
    on context 2 (ring attention) and on data 2 x context 2 (all-gather attention, FSDP): every
    logged loss within 2e-5 of one rank's (f32 sums in other orders; the f64 tests in
    tests/models/llama and tests/context hold the layouts to 1e-12).
+   A checkpoint saved on context 2 x tensor 2 resumes on data 2: steps 3 and 4 the same way.
 3. --plan prints the step peak that the run then logs, to the byte (data 2 x tensor 2 with SP;
    tensor 2 and context 2 x tensor 2), and describe's rows walked over Llama's layers (the grouped
    attention, the SwiGLU MLP; the attention over the context axis, whose sends --plan counts).
 4. Refused before anything is built (exit 2, naming the values): a tensor degree that does not
    divide the key-value heads, a precision the family does not compile, --init-from a transformers
    directory whose config.json describes another model (tests/fixtures/llama_hf: its rotary base);
-   and with --context: a sequence its chunks do not divide, sequence parallelism, checkpoints, bf16,
-   --attention without --context, a family without context-parallel attention (gpt2).
+   and with --context: a sequence its chunks do not divide, sequence parallelism, bf16, --attention
+   without --context, a family without context-parallel attention (gpt2).
 5. With WEFT_EXPORT: a checkpoint saved on data 2 x tensor 2 through weft-export into a
    LlamaForCausalLM directory, sharded (files of at most 200000 bytes), with weft's logits for 8
    tokens; where PyTorch and transformers are installed, from_pretrained loads it and computes
@@ -71,6 +72,17 @@ for name, args in (("data 2 x tensor 2, zero1-sp", ["--data", "2", "--tensor", "
     print(f"{name}: losses within {worst:.3g} of one rank's")
     if not (one and worst <= 2e-5): failures.append(f"{name}: {got} against {one}")
 
+# A checkpoint of a context-parallel run resumes on a mesh without a context axis: 4 steps on data 1
+# x context 2 x tensor 2 (all-gather, ZeRO-1) saving at step 2, then steps 3 and 4 from it on data
+# 2: their losses within 2e-5 of the uninterrupted run's on one rank.
+cp_ck = os.path.join(work, "cp_ck")
+run("cp_save", [*short, "--data", "1", "--tensor", "2", "--context", "2", "--attention", "all-gather", "--strategy", "zero1",
+                "--save-dir", cp_ck, "--save-every", "2"])
+resumed, _ = run("cp_resume", [*short, "--data", "2", "--tensor", "1", "--resume", os.path.join(cp_ck, "step_00000002")])
+worst = max((abs(resumed[s] - one[s]) for s in (3, 4) if s in resumed), default=float("inf"))
+print(f"saved on context 2 x tensor 2, resumed on data 2: steps {sorted(resumed)} within {worst:.3g} of one rank's")
+if not (one and sorted(resumed) == [3, 4] and worst <= 2e-5): failures.append(f"context checkpoint: {resumed} against {one}")
+
 def plan_equals_run(name, args, rows):
     """--plan's step peak equals the peak the same run logs, to the byte; describe's rows appear."""
     p = subprocess.run([bin_, "--model", "llama", "--plan", *args], capture_output=True, text=True, env=env, timeout=120)
@@ -113,8 +125,6 @@ for args, message in ((["--tensor", "4", "--data", "1"], "tensor degree 4 does n
                        "--context 2: a sequence of 30 tokens does not split into 2 x 2 = 4 equal chunks (each context rank holds "
                        "two); use --seq a multiple of 4, or another --context"),
                       (["--context", "2", "--strategy", "ddp-sp"], "sequence parallelism with context parallelism"),
-                      (["--context", "2", "--save-dir", os.path.join(work, "cp_ck")],
-                       "--save-dir: checkpoints of context-parallel runs are not written or read yet"),
                       (["--context", "2", "--dtype", "bf16"], "precision 'bf16' is not compiled for the model family 'llama'; use one of: f32"),
                       (["--attention", "all-gather"], "--attention all-gather without --context"),
                       (["--model", "gpt2", "--context", "2"], "the model family 'gpt2' has no context-parallel attention")):

@@ -42,15 +42,6 @@ concept CheckpointMesh = AxisComms<M> && requires(M& m) {
   m.spread();
 };
 
-// Checkpoints do not record a context axis yet (context parallelism, docs/context.md): a mesh with
-// one is refused on every rank alike, before anything is read or written.
-template <CheckpointMesh M>
-void refuse_context(M& mesh, const char* where) {
-  if (const int c = mesh.spread().context_degree; c > 1)
-    throw Error(where, cat("a mesh with context ", c, ": checkpoints of context-parallel runs are not written yet"),
-                "save and load on a mesh without a context axis (context 1)");
-}
-
 inline std::string step_name(std::int64_t step) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "step_%08lld", static_cast<long long>(step));

@@ -20,7 +20,6 @@ template <class Model, class DP, CheckpointMesh M>
 RunState load(const std::string& path, Model& model, DP& dp, M& mesh, LoadOptions opt = {}) {
   using T = typename Model::value_type;
   using G = master_t<T>;
-  refuse_context(mesh, "checkpoint::load");
   auto& world = mesh.world();
   std::shared_ptr<const detail::Read> read;
   std::string err = detail::attempt([&] {

@@ -77,6 +77,7 @@ struct Manifest {
   std::string policy = "sharded";
   std::int64_t step = 0;
   int data = 1, tensor = 1, pipe = 1;
+  int context = 1;  // written where > 1 (context parallelism: parameters whole on it, sliced over data x context)
   std::string strategy, precision;
   nlohmann::json model = nlohmann::json::object(), optimizer = nlohmann::json::object(), run = nlohmann::json::object();
   std::map<std::string, TensorRecord> tensors;
@@ -107,6 +108,7 @@ inline nlohmann::json to_json(const Manifest& m) {
   nlohmann::json j{{"format", "weft-checkpoint"}, {"version", kFormatVersion}, {"policy", m.policy}, {"step", m.step},
                    {"mesh", {{"data", m.data}, {"tensor", m.tensor}, {"pipe", m.pipe}}}, {"strategy", m.strategy},
                    {"precision", m.precision}, {"model", m.model}, {"optimizer", m.optimizer}, {"run", m.run}};
+  if (m.context > 1) j["mesh"]["context"] = m.context;
   j["files"] = nlohmann::json::array();
   for (const FileRecord& f : m.files()) j["files"].push_back({{"name", f.name}, {"bytes", f.digest.bytes}, {"xxh3", hex64(f.digest.xxh3)}});
   j["tensors"] = nlohmann::json::object();
@@ -195,7 +197,9 @@ inline Manifest parse(const std::string& text, const std::string& where) {
     m.data = detail::whole_of<int>(mesh.at("data"), whole_one);
     m.tensor = detail::whole_of<int>(mesh.at("tensor"), whole_one);
     m.pipe = detail::whole_of<int>(mesh.at("pipe"), whole_one);
-    if (m.data < 1 || m.tensor < 1 || m.pipe < 1) bad(cat("has mesh degrees ", brief(mesh.dump()), "; each must be >= 1"));
+    m.context = mesh.contains("context") ? detail::whole_of<int>(mesh.at("context"), whole_one) : 1;
+    if (m.data < 1 || m.tensor < 1 || m.pipe < 1 || m.context < 1)
+      bad(cat("has mesh degrees ", brief(mesh.dump()), "; each must be >= 1"));
     m.strategy = j.at("strategy").get<std::string>();
     m.precision = j.at("precision").get<std::string>();
     m.model = j.at("model");

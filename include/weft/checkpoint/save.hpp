@@ -275,7 +275,6 @@ class Saver {
 
   template <class Model, class DP, CheckpointMesh M>
   void save(Model& model, DP& dp, M& mesh, const RunState& state) {
-    refuse_context(mesh, "checkpoint::save");
     auto& world = mesh.world();
     wait(mesh);
     // World rank 0 publishes and prunes: it holds the directory's lock (lock.hpp) from its first save.
@@ -295,6 +294,7 @@ class Saver {
     manifest_.data = mesh.comm(Axis::data).size();
     manifest_.tensor = mesh.comm(Axis::tensor).size();
     manifest_.pipe = mesh.comm(Axis::pipe).size();
+    manifest_.context = mesh.comm(Axis::context).size();
     manifest_.strategy = DP::name();
     manifest_.precision = precision_t<typename Model::value_type>::name();
     manifest_.model = detail::model_json(model);

@@ -49,7 +49,7 @@ template <Floating T, bool SP, recompute::Policy Recompute = recompute::None, cl
           context::Choice Cx = context::None>
 class PreNormBlock {
   static constexpr bool cp = context::Kind<Cx>;
-  using St = stream<SP>;  // the layers' own layouts (on a context rank's rows under Cx)
+  using Local = stream<SP>;  // the layers' own layouts (on a context rank's rows under Cx)
   template <class L>
   using on_rows = std::conditional_t<cp, TokenWise<L>, L>;
 
@@ -67,11 +67,11 @@ class PreNormBlock {
   // The two branches as typed compositions: Sequential checks every boundary's layouts at compile
   // time (ln -> Enter -> the Replicate-in, Partial-out layer -> Leave back to A), and Residual that
   // each branch returns to its input layout.
-  using Ln = LayerNorm<T, typename St::layout, D>;
+  using Ln = LayerNorm<T, typename Local::layout, D>;
   using Attn = CausalSelfAttention<T, Recompute, D, Cx>;
   using MlpT = Mlp<T, D>;
   using AttnBranch = Residual<Sequential<on_rows<Named<"ln1", Ln>>, Enter, Named<"attn", Attn>, Leave>>;
-  using MlpInner = Sequential<Named<"ln2", Ln>, typename St::enter, Named<"mlp", MlpT>, typename St::leave>;
+  using MlpInner = Sequential<Named<"ln2", Ln>, typename Local::enter, Named<"mlp", MlpT>, typename Local::leave>;
   using MlpBranch = Residual<on_rows<MlpInner>>;
 
   struct Ctx {

@@ -44,19 +44,27 @@ class DeviceBuffers {
 
 template <context::Kind Cx>
 struct ContextAttention {
-  // The global shape under which the layers this one calls see the rank's rows: (B, T/c, C), whole
-  // on the context axis.
-  static Shape local_rows(const Shape& x, std::int64_t Tl) { return {x[0], Tl, x[2]}; }
-
-  // The chunks of x's sequence over the context group, the group checked against x's spread.
-  template <Communicator G>
-  static context::Chunks chunks(G& cg, const Shape& x, const Spread& s, const std::string& where) {
+  // What forward and backward start from: the chunks of x's sequence over the context group (the
+  // group checked against x's spread), this rank's index, its B and T/c rows, and the global shape
+  // under which the layers this one calls see those rows, (B, T/c, C), whole on the context axis.
+  struct Local {
+    context::Chunks ch;
+    int rank;
+    std::int64_t B, Tl;
+    Shape rows;
+    ops::Positions positions() const { return ch.positions(rank); }
+  };
+  template <Communicator G, class X>
+  static Local local(G& cg, const X& x, const std::string& where) {
+    const Spread& s = x.spread();
     if (cg.size() != s.context_degree || cg.rank() != s.context_index)
       throw Error(where,
                   cat("a context group of ", cg.size(), " ranks (this one ", cg.rank(), ") for an activation spread over ",
                       s.context_degree, " (this rank's index ", s.context_index, ")"),
                   "pass the mesh whose context axis the activation is sharded over");
-    return context::Chunks::of(x[1], cg.size());
+    const Shape& g = x.global_shape();
+    const std::int64_t B = x.local_shape()[0], Tl = x.local_shape()[1];
+    return {context::Chunks::of(g[1], cg.size()), cg.rank(), B, Tl, Shape{g[0], Tl, g[2]}};
   }
 
   // layer.qkv (ColumnParallel) -> rotate -> attention over the context group -> layer.proj
@@ -69,19 +77,17 @@ struct ContextAttention {
     using D = typename X::device;
     using S = accumulate_t<T>;
     auto& cg = mesh.comm(Axis::context);
-    const context::Chunks ch = chunks(cg, x.global_shape(), x.spread(), where);
-    const std::int64_t B = x.local_shape()[0], Tl = x.local_shape()[1];
-    const Shape rows = local_rows(x.global_shape(), Tl);
-    ctx.qkv = layer.qkv.forward(ctx.qkv_ctx, Tensor<T, act::Full, D>::view(x.dev(), const_cast<T*>(x.data()), rows, x.spread()));
-    rotate(ctx.qkv.data(), B, Tl, ch.positions(cg.rank()), 1);
-    auto y = Tensor<T, act::Features, D>::empty(x.dev(), {rows[0], rows[1], H * hd * x.spread().tensor_degree}, x.spread(),
+    const Local r = local(cg, x, where);
+    ctx.qkv = layer.qkv.forward(ctx.qkv_ctx, Tensor<T, act::Full, D>::view(x.dev(), const_cast<T*>(x.data()), r.rows, x.spread()));
+    rotate(ctx.qkv.data(), r.B, r.Tl, r.positions(), 1);
+    auto y = Tensor<T, act::Features, D>::empty(x.dev(), {r.rows[0], r.rows[1], H * hd * x.spread().tensor_degree}, x.spread(),
                                                 Category::activations);
-    ctx.lse = x.dev().allocate(B * H * Tl * static_cast<std::int64_t>(sizeof(S)), Category::activations);
+    ctx.lse = x.dev().allocate(r.B * H * r.Tl * static_cast<std::int64_t>(sizeof(S)), Category::activations);
     {
       DeviceBuffers<D> work(x.dev());
-      Cx::forward(cg, ch, y.data(), static_cast<S*>(ctx.lse.data()), ctx.qkv.data(), B, Tl, H, hd, g, work);
+      Cx::forward(cg, r.ch, y.data(), static_cast<S*>(ctx.lse.data()), ctx.qkv.data(), r.B, r.Tl, H, hd, g, work);
     }
-    if constexpr (is_meta<D>) x.dev().work.attention_flops += context::forward_flops(ch, cg.rank(), B, H, hd);
+    if constexpr (is_meta<D>) x.dev().work.attention_flops += context::forward_flops(r.ch, r.rank, r.B, H, hd);
     auto out = layer.proj.forward(ctx.proj_ctx, y);
     ctx.core = std::move(y);
     return Tensor<T, Out, D>::relabel(std::move(out), x.global_shape());
@@ -95,19 +101,17 @@ struct ContextAttention {
     using D = typename DY::device;
     using S = accumulate_t<T>;
     auto& cg = mesh.comm(Axis::context);
-    const context::Chunks ch = chunks(cg, dy.global_shape(), dy.spread(), where);
-    const std::int64_t B = dy.local_shape()[0], Tl = dy.local_shape()[1];
-    const Shape rows = local_rows(dy.global_shape(), Tl);
+    const Local r = local(cg, dy, where);
     auto dcore =
-        layer.proj.backward(ctx.proj_ctx, Tensor<T, act::Full, D>::view(dy.dev(), const_cast<T*>(dy.data()), rows, dy.spread()));
+        layer.proj.backward(ctx.proj_ctx, Tensor<T, act::Full, D>::view(dy.dev(), const_cast<T*>(dy.data()), r.rows, dy.spread()));
     auto dqkv = Tensor<T, act::Features, D>::empty(dy.dev(), ctx.qkv.global_shape(), dy.spread(), Category::activations);
     {
       DeviceBuffers<D> work(dy.dev());
-      Cx::backward(cg, ch, dqkv.data(), dcore.data(), ctx.core.data(), static_cast<const S*>(ctx.lse.data()), ctx.qkv.data(), B,
-                   Tl, H, hd, g, work);
+      Cx::backward(cg, r.ch, dqkv.data(), dcore.data(), ctx.core.data(), static_cast<const S*>(ctx.lse.data()), ctx.qkv.data(),
+                   r.B, r.Tl, H, hd, g, work);
     }
-    if constexpr (is_meta<D>) dy.dev().work.attention_flops += 2 * context::forward_flops(ch, cg.rank(), B, H, hd);
-    rotate(dqkv.data(), B, Tl, ch.positions(cg.rank()), -1);
+    if constexpr (is_meta<D>) dy.dev().work.attention_flops += 2 * context::forward_flops(r.ch, r.rank, r.B, H, hd);
+    rotate(dqkv.data(), r.B, r.Tl, r.positions(), -1);
     auto dx = layer.qkv.backward(ctx.qkv_ctx, dqkv);
     ctx.qkv = {};  // the projections' contexts stay where their weight gradients are deferred
     ctx.core = {};

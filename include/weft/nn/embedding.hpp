@@ -11,9 +11,11 @@
 // is a partial sum over sequence slices: Partial on the tensor axis, reduced once per step.
 #pragma once
 
-#include <string>
 #include <span>
+#include <string>
+#include <vector>
 
+#include "weft/comm/redistribute.hpp"
 #include "weft/context/chunks.hpp"
 #include "weft/device/dispatch.hpp"
 #include "weft/nn/param.hpp"
@@ -105,5 +107,33 @@ class PositionEmbedding {
     else return IsShard<typename A::tensor> ? x.spread().tensor_index * x.local_shape()[1] : 0;
   }
 };
+
+// The first stages' lookup of a context rank's rows (context parallelism, docs/context.md): the
+// tokens at the rows' positions (context::Chunks::rows of the whole sequences), kept in `rows` for
+// the backward; the table's output brought to the stream by Leave (B, T/c, C) and relabelled as the
+// rows of (B, T, C) in layout A (the same storage).
+template <LayoutType A, class Leave, Floating T, class D, AxisComms M>
+Tensor<T, A, D> lookup_rows(VocabParallelEmbedding<T, D>& wte, typename VocabParallelEmbedding<T, D>::Ctx& ctx,
+                            std::vector<std::int32_t>& rows, std::span<const std::int32_t> tokens, std::int64_t batch,
+                            std::int64_t seq, M& mesh) {
+  static_assert(D::host_memory, "nn::lookup_rows: context parallelism takes its rows in host memory so far");
+  auto& cg = mesh.comm(Axis::context);
+  const auto ch = context::Chunks::of(seq, cg.size());
+  rows = ch.rows(tokens, cg.rank());
+  auto x = Leave::forward(wte.forward(ctx, rows, batch, ch.local()), mesh);
+  Shape g = x.global_shape();
+  g[1] = seq;
+  return Tensor<T, A, D>::relabel(std::move(x), g);
+}
+
+// Its backward: dx (the rows of (B, T, C) in A) seen as (B, T/c, C) in Leave's output layout.
+template <class Leave, Floating T, class D, LayoutType A, AxisComms M>
+void lookup_rows_backward(VocabParallelEmbedding<T, D>& wte, typename VocabParallelEmbedding<T, D>::Ctx& ctx,
+                          std::vector<std::int32_t>& rows, const Tensor<T, A, D>& dx, M& mesh) {
+  Shape g = dx.global_shape();
+  g[1] = dx.local_shape()[1];
+  wte.backward(ctx, Leave::backward(Tensor<T, typename Leave::Out, D>::view(dx.dev(), const_cast<T*>(dx.data()), g, dx.spread()), mesh));
+  rows = {};
+}
 
 }  // namespace weft::nn

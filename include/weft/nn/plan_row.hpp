@@ -36,6 +36,14 @@ PlanRow pair_row(std::string name, const Shape& g, const Spread& s, std::int64_t
   return r;
 }
 
+// The global shape a layer that runs on a context rank's rows sees, (B, T/c, C), under context
+// parallelism (CP); else act.
+template <bool CP>
+Shape context_rows(const Shape& act, const Spread& s) {
+  if constexpr (CP) return {act[0], act[1] / s.context_degree, act[2]};
+  else return act;
+}
+
 template <class Layer>
 PlanRow local_row(std::string name) {
   return {std::move(name), Layer::In::name(), Layer::Out::name(), {}, {}};

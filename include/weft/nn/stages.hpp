@@ -27,7 +27,6 @@ namespace weft::nn {
 template <Floating T, bool SP, class D = Host, context::Choice Cx = context::None>
 class EmbeddingStage {
   static constexpr bool cp = context::Kind<Cx>;
-  using Rows = typename stream<SP>::layout;  // the table's output on the rows it looked up
 
  public:
   using A = typename stream<SP, cp>::layout;
@@ -52,40 +51,24 @@ class EmbeddingStage {
   template <AxisComms M>
   Tensor<T, A, D> forward(Ctx& ctx, std::span<const std::int32_t> tokens, std::int64_t batch, std::int64_t seq,
                              M& mesh) {
-    if constexpr (!cp) {
-      auto x = Leave::forward(wte.forward(ctx.wte, tokens, batch, seq), mesh);
-      wpe.forward(x);
-      return x;
-    } else {
-      static_assert(D::host_memory, "EmbeddingStage: context parallelism takes its rows in host memory so far");
-      auto& cg = mesh.comm(Axis::context);
-      const auto ch = context::Chunks::of(seq, cg.size());
-      ctx.rows = ch.rows(tokens, cg.rank());
-      auto r = Leave::forward(wte.forward(ctx.wte, ctx.rows, batch, ch.local()), mesh);  // (B, T/c, C)
-      Shape g = r.global_shape();
-      g[1] = seq;
-      auto x = Tensor<T, A, D>::relabel(std::move(r), g);  // the rows of (B, T, C)
-      wpe.forward(x);
-      return x;
-    }
+    auto x = [&] {
+      if constexpr (!cp) return Leave::forward(wte.forward(ctx.wte, tokens, batch, seq), mesh);
+      else return lookup_rows<A, Leave>(wte, ctx.wte, ctx.rows, tokens, batch, seq, mesh);
+    }();
+    wpe.forward(x);
+    return x;
   }
 
   template <AxisComms M>
   void backward(Ctx& ctx, const Tensor<T, A, D>& dx, M& mesh) {
     wpe.backward(dx);  // under SP each rank adds its own positions: Partial on tensor
-    if constexpr (!cp) {
-      wte.backward(ctx.wte, Leave::backward(dx, mesh));  // (B, T, C) Replicate
-    } else {
-      Shape g = dx.global_shape();
-      g[1] = dx.local_shape()[1];
-      wte.backward(ctx.wte, Leave::backward(Tensor<T, Rows, D>::view(dx.dev(), const_cast<T*>(dx.data()), g, dx.spread()), mesh));
-      ctx.rows = {};
-    }
+    if constexpr (!cp) wte.backward(ctx.wte, Leave::backward(dx, mesh));  // (B, T, C) Replicate
+    else lookup_rows_backward<Leave>(wte, ctx.wte, ctx.rows, dx, mesh);
   }
 
-  // The stage's rows of the model's plan (describe.hpp).
+  // The stage's rows of the model's plan (describe.hpp): act the global (B, T, C).
   static void plan_rows(std::vector<PlanRow>& out, const Shape& act, const Spread& s, std::int64_t e) {
-    out.push_back(detail::pair_row<Leave>("embedding (vocab-parallel) -> stream", act, s, e));
+    out.push_back(detail::pair_row<Leave>("embedding (vocab-parallel) -> stream", detail::context_rows<cp>(act, s), s, e));
   }
 
   // The LM head's tied table (HeadStage::Table), and its parameter's name.
@@ -110,7 +93,7 @@ template <Floating T, bool SP, class D = Host, class Norm = LayerNorm<T, typenam
           context::Choice Cx = context::None>
 class HeadStage {
   static constexpr bool cp = context::Kind<Cx>;
-  using Rows = typename stream<SP>::layout;  // the norm's layout, on the rows
+  using Local = typename stream<SP>::layout;  // the norm's layout (on a context rank's rows under Cx)
 
  public:
   using A = typename stream<SP, cp>::layout;
@@ -148,7 +131,7 @@ class HeadStage {
       ctx.rows = context::Chunks::of(x.global_shape()[1], cg.size()).rows(targets, cg.rank());
       Shape g = x.global_shape();
       g[1] = x.local_shape()[1];
-      return forward_rows(ctx, Tensor<T, Rows, D>::view(x.dev(), const_cast<T*>(x.data()), g, x.spread()), table, ctx.rows,
+      return forward_rows(ctx, Tensor<T, Local, D>::view(x.dev(), const_cast<T*>(x.data()), g, x.spread()), table, ctx.rows,
                           mesh, mode);
     }
   }
@@ -169,7 +152,7 @@ class HeadStage {
 
  private:
   template <AxisComms M>
-  double forward_rows(Ctx& ctx, const Tensor<T, Rows, D>& x, const Table& table, std::span<const std::int32_t> targets,
+  double forward_rows(Ctx& ctx, const Tensor<T, Local, D>& x, const Table& table, std::span<const std::int32_t> targets,
                       M& mesh, Mode mode) {
     typename Norm::Ctx ln_scratch;
     auto xr = Enter::forward(ln_f.forward(mode == Mode::train ? ctx.ln_f : ln_scratch, x), mesh);  // Replicate
@@ -190,7 +173,7 @@ class HeadStage {
   }
 
   template <AxisComms M>
-  Tensor<T, Rows, D> backward_rows(Ctx& ctx, Table& table, double grad_scale, M& mesh) {
+  Tensor<T, Local, D> backward_rows(Ctx& ctx, Table& table, double grad_scale, M& mesh) {
     auto dlogits = ce.backward(ctx.ce, grad_scale);  // (B, T, Vp) Shard<-1>
     const Tensor<T, act::Full, D>& xr = ctx.xr;
     const std::int64_t C = xr.local_shape()[2], N = xr.numel() / C, Vl = dlogits.local_shape()[2];
@@ -213,9 +196,10 @@ class HeadStage {
   // LM head's rows, e the bytes of an element.
   static void plan_rows(std::vector<PlanRow>& out, std::int64_t vocab, std::int64_t padded_vocab, const Shape& act,
                         const Spread& s, std::int64_t e) {
-    const std::int64_t rows = act[0] / s.data_degree * act[1];  // local (B, T) positions
+    const Shape local = detail::context_rows<cp>(act, s);   // the rows the norm and the head see
+    const std::int64_t rows = local[0] / s.data_degree * local[1];  // local (B, T) positions
     out.push_back({"ln_f", A::name(), A::name(), {}, {}});
-    out.push_back(detail::pair_row<Enter>("ln_f -> LM head", act, s, e));
+    out.push_back(detail::pair_row<Enter>("ln_f -> LM head", local, s, e));
     out.push_back({cat("LM head (tied, vocab-parallel: ", padded_vocab / s.tensor_degree, " of ", vocab, " rows)"),
                    act::Full::name(), act::Features::name(), {}, {}});
     out.push_back({"cross-entropy (row max, then sum exp + target)", act::Features::name(), "loss",
@@ -224,6 +208,8 @@ class HeadStage {
                    {}});
     out.push_back({"loss (mean over the global batch)", "loss", "loss", {detail::reduction(Axis::data, s.data_degree, 8)},
                    {}});
+    if constexpr (cp)  // each context rank's rows' sum, before the mean
+      out.back().forward.insert(out.back().forward.begin(), detail::reduction(Axis::context, s.context_degree, 8));
   }
 
   template <class F>

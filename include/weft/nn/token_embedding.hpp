@@ -24,7 +24,6 @@ namespace weft::nn {
 template <Floating T, bool SP, class D = Host, context::Choice Cx = context::None>
 class TokenEmbeddingStage {
   static constexpr bool cp = context::Kind<Cx>;
-  using Rows = typename stream<SP>::layout;  // the table's output on the rows it looked up
 
  public:
   using A = typename stream<SP, cp>::layout;
@@ -46,34 +45,18 @@ class TokenEmbeddingStage {
   template <AxisComms M>
   Tensor<T, A, D> forward(Ctx& ctx, std::span<const std::int32_t> tokens, std::int64_t batch, std::int64_t seq,
                           M& mesh) {
-    if constexpr (!cp) {
-      return Leave::forward(wte.forward(ctx.wte, tokens, batch, seq), mesh);
-    } else {
-      static_assert(D::host_memory, "TokenEmbeddingStage: context parallelism takes its rows in host memory so far");
-      auto& cg = mesh.comm(Axis::context);
-      const auto ch = context::Chunks::of(seq, cg.size());
-      ctx.rows = ch.rows(tokens, cg.rank());
-      auto x = Leave::forward(wte.forward(ctx.wte, ctx.rows, batch, ch.local()), mesh);  // (B, T/c, C)
-      Shape g = x.global_shape();
-      g[1] = seq;
-      return Tensor<T, A, D>::relabel(std::move(x), g);  // the rows of (B, T, C)
-    }
+    if constexpr (!cp) return Leave::forward(wte.forward(ctx.wte, tokens, batch, seq), mesh);
+    else return lookup_rows<A, Leave>(wte, ctx.wte, ctx.rows, tokens, batch, seq, mesh);
   }
 
   template <AxisComms M>
   void backward(Ctx& ctx, const Tensor<T, A, D>& dx, M& mesh) {
-    if constexpr (!cp) {
-      wte.backward(ctx.wte, Leave::backward(dx, mesh));  // (B, T, C) Replicate
-    } else {
-      Shape g = dx.global_shape();
-      g[1] = dx.local_shape()[1];
-      wte.backward(ctx.wte, Leave::backward(Tensor<T, Rows, D>::view(dx.dev(), const_cast<T*>(dx.data()), g, dx.spread()), mesh));
-      ctx.rows = {};
-    }
+    if constexpr (!cp) wte.backward(ctx.wte, Leave::backward(dx, mesh));  // (B, T, C) Replicate
+    else lookup_rows_backward<Leave>(wte, ctx.wte, ctx.rows, dx, mesh);
   }
 
   static void plan_rows(std::vector<PlanRow>& out, const Shape& act, const Spread& s, std::int64_t e) {
-    out.push_back(detail::pair_row<Leave>("embedding (vocab-parallel) -> stream", act, s, e));
+    out.push_back(detail::pair_row<Leave>("embedding (vocab-parallel) -> stream", detail::context_rows<cp>(act, s), s, e));
   }
 
   static std::string tied_name() { return "wte"; }

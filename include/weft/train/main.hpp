@@ -207,11 +207,6 @@ void check_context(const Options& o, const config_t<F>& cfg, const std::string& 
                   cat("a sequence of ", cfg.seq, " tokens does not split into 2 x ", o.context, " = ", 2 * o.context,
                       " equal chunks (each context rank holds two)"),
                   cat("use --seq a multiple of ", 2 * o.context, ", or another --context"));
-    if (!o.save_dir.empty() || !o.resume.empty() || !o.init_from.empty())
-      throw Error(o.where(cat("--context ", o.context)),
-                  cat(!o.save_dir.empty() ? "--save-dir" : !o.resume.empty() ? "--resume" : "--init-from",
-                      ": checkpoints of context-parallel runs are not written or read yet"),
-                  "save, resume and import on a run without --context");
     if (o.sample > 0)
       throw Error(o.where(cat("--context ", o.context)), "--sample with --context", "sample from a run without --context");
   }

@@ -56,9 +56,9 @@ struct Spec {
   using T = typename precision::compute;
   using config = Config;
   using device = D;
-  using St = nn::stream<SP>;  // the layers' own layouts (on a context rank's rows under Cx)
+  using Local = nn::stream<SP>;  // the layers' own layouts (on a context rank's rows under Cx)
   using A = typename nn::stream<SP, cp>::layout;  // the stream between stages and blocks
-  using Norm = nn::RmsNorm<T, typename St::layout, D>;
+  using Norm = nn::RmsNorm<T, typename Local::layout, D>;
   using Attn = nn::GroupedQueryAttention<T, Recompute, D, Cx>;
   using GateUp = nn::Linear<T, nn::ColumnParallel, nn::epilogue::None, D>;
   using Down = nn::Linear<T, nn::RowParallel, nn::epilogue::None, D>;
@@ -69,8 +69,8 @@ struct Spec {
   template <class L>
   using on_rows = std::conditional_t<cp, nn::TokenWise<L>, L>;
   using AttnInner = nn::Sequential<on_rows<nn::Named<"attn_norm", Norm>>, Enter, nn::Named<"attn", Attn>, Leave>;
-  using Mlp = nn::Sequential<nn::Named<"mlp_norm", Norm>, typename St::enter, nn::Named<"gate_up", GateUp>, nn::SwiGlu<T, D>,
-                             nn::Named<"down", Down>, typename St::leave>;
+  using Mlp = nn::Sequential<nn::Named<"mlp_norm", Norm>, typename Local::enter, nn::Named<"gate_up", GateUp>, nn::SwiGlu<T, D>,
+                             nn::Named<"down", Down>, typename Local::leave>;
   using MlpInner = on_rows<Mlp>;
   using Layer = nn::Sequential<nn::Residual<AttnInner>, nn::Residual<MlpInner>>;
   using Embedding = nn::TokenEmbeddingStage<T, SP, D, Cx>;
