@@ -9,8 +9,9 @@ computes:
    120 steps, in f32); bf16 mixed precision's losses follow f32's (the mean of steps 31 to 40
    within 0.05 nats; tests/models/llama holds 300 steps to the same bound).
 2. The same 4 steps on one rank, on data 2 x tensor 2 with SP under ZeRO-1, on pipe 2 under ZB-H1,
-   on context 2 (ring attention) and on data 2 x context 2 (all-gather attention, FSDP): every
-   logged loss within 2e-5 of one rank's (f32 sums in other orders; the f64 tests in
+   on context 2 (ring attention), on data 2 x context 2 (all-gather attention, FSDP), on pipe 2
+   (ZB-H1) x context 2 and, with 4 layers, on pipe 2 (interleaved) x context 2: every logged loss
+   within 2e-5 of one rank's (f32 sums in other orders; the f64 tests in
    tests/models/llama and tests/context hold the layouts to 1e-12).
    A checkpoint saved on context 2 x tensor 2 resumes on data 2: steps 3 and 4 the same way.
 3. --plan prints the step peak that the run then logs, to the byte (data 2 x tensor 2 with SP;
@@ -66,11 +67,20 @@ for name, args in (("data 2 x tensor 2, zero1-sp", ["--data", "2", "--tensor", "
                    ("pipe 2, zb", ["--data", "1", "--tensor", "1", "--pipe", "2", "--schedule", "zb"]),
                    ("context 2, ring", ["--data", "1", "--tensor", "1", "--context", "2"]),
                    ("data 2 x context 2, all-gather, fsdp",
-                    ["--data", "2", "--tensor", "1", "--context", "2", "--attention", "all-gather", "--strategy", "fsdp"])):
+                    ["--data", "2", "--tensor", "1", "--context", "2", "--attention", "all-gather", "--strategy", "fsdp"]),
+                   ("pipe 2 x context 2, zb", ["--data", "1", "--tensor", "1", "--pipe", "2", "--schedule", "zb", "--context", "2"])):
     got, _ = run(name.replace(" ", "_"), [*short, *args])
     worst = max((abs(got.get(s, float("inf")) - one[s]) for s in one), default=float("inf"))
     print(f"{name}: losses within {worst:.3g} of one rank's")
     if not (one and worst <= 2e-5): failures.append(f"{name}: {got} against {one}")
+
+# Interleaved 1F1B beside context 2 (4 layers: 2 virtual stages of one layer on each pipe rank).
+one4, _ = run("one_layers4", [*short, "--data", "1", "--tensor", "1", "--layers", "4"])
+got, _ = run("interleaved_context", [*short, "--data", "1", "--tensor", "1", "--layers", "4", "--pipe", "2", "--schedule",
+                                     "interleaved", "--virtual-stages", "2", "--context", "2", "--attention", "all-gather"])
+worst = max((abs(got.get(s, float("inf")) - one4[s]) for s in one4), default=float("inf"))
+print(f"pipe 2 (interleaved, 2 virtual stages) x context 2, all-gather: losses within {worst:.3g} of one rank's")
+if not (one4 and worst <= 2e-5): failures.append(f"interleaved x context 2: {got} against {one4}")
 
 # A checkpoint of a context-parallel run resumes on a mesh without a context axis: 4 steps on data 1
 # x context 2 x tensor 2 (all-gather, ZeRO-1) saving at step 2, then steps 3 and 4 from it on data

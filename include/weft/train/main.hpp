@@ -331,8 +331,8 @@ int main(int argc, char** argv, const std::string& program, const std::string& a
     else std::fprintf(stderr, "%s (world rank %d): %s\n", o.program.c_str(), launch.process, e.what());
   };
 
-  return with_family<First, Rest...>(o.model, o.where("--model"), [&]<class Named>() -> int {
-   return with_context_family<Named>(o, [&]<class F>() -> int {
+  // The run of family F (the named family, or its context-parallel one under --context).
+  const auto run = [&]<class F>() -> int {
     std::string device;  // host or cuda, once resolved
     std::optional<checkpoint::DirectoryLock> save_lock;  // the lead process's, for the whole run
     config_t<F> cfg;
@@ -476,8 +476,9 @@ int main(int argc, char** argv, const std::string& program, const std::string& a
       report(e);
       return finish(1);
     }
-   });
-  });
+  };
+  return with_family<First, Rest...>(o.model, o.where("--model"),
+                                     [&]<class Named>() -> int { return with_context_family<Named>(o, run); });
 }
 
 }  // namespace weft::train
