@@ -249,10 +249,31 @@ class HostBuffers {
   std::vector<std::shared_ptr<void>> held_;
 };
 
+namespace detail {
+// The calls without a buffer source, for an attention type A: A's, with a HostBuffers of their own.
+template <class A>
+struct HostCalls {
+  template <Communicator C, class T, class S = accumulate_t<T>>
+  static void forward(C& comm, const Chunks& ch, T* out, S* lse, const T* qkv, index B, index Tl, index H, index hd,
+                      index g = 1) {
+    HostBuffers w;
+    A::forward(comm, ch, out, lse, qkv, B, Tl, H, hd, g, w);
+  }
+  template <Communicator C, class T, class S = accumulate_t<T>>
+  static void backward(C& comm, const Chunks& ch, T* dqkv, const T* dout, const T* out, const S* lse, const T* qkv,
+                       index B, index Tl, index H, index hd, index g = 1) {
+    HostBuffers w;
+    A::backward(comm, ch, dqkv, dout, out, lse, qkv, B, Tl, H, hd, g, w);
+  }
+};
+}  // namespace detail
+
 // The attention types (one policy per type): how keys and values reach the local queries. Each
 // call has a second form without `w` that takes its buffers from a HostBuffers of its own.
-struct Ring {
+struct Ring : detail::HostCalls<Ring> {
   static constexpr const char* name = "ring";
+  using HostCalls::backward;
+  using HostCalls::forward;
 
   // out (B, Tl, H, hd) and lse (B, H, Tl) of this rank's rows; comm is the context group, whose
   // rank r holds the chunks ch gives r.
@@ -279,12 +300,6 @@ struct Ring {
       }
     }
     if constexpr (W::compute) detail::finish_merge(out, o, z.out);
-  }
-  template <Communicator C, class T, class S = accumulate_t<T>>
-  static void forward(C& comm, const Chunks& ch, T* out, S* lse, const T* qkv, index B, index Tl, index H, index hd,
-                      index g = 1) {
-    HostBuffers w;
-    forward(comm, ch, out, lse, qkv, B, Tl, H, hd, g, w);
   }
 
   // dqkv (B, Tl, H/g, g + 2, hd) of this rank's rows from dout and what forward returned.
@@ -322,16 +337,12 @@ struct Ring {
     }
     if constexpr (W::compute) detail::write_dqkv(dqkv, dq, dcur, B, Tl, H, hd, g);
   }
-  template <Communicator C, class T, class S = accumulate_t<T>>
-  static void backward(C& comm, const Chunks& ch, T* dqkv, const T* dout, const T* out, const S* lse, const T* qkv,
-                       index B, index Tl, index H, index hd, index g = 1) {
-    HostBuffers w;
-    backward(comm, ch, dqkv, dout, out, lse, qkv, B, Tl, H, hd, g, w);
-  }
 };
 
-struct AllGather {
+struct AllGather : detail::HostCalls<AllGather> {
   static constexpr const char* name = "all-gather";
+  using HostCalls::backward;
+  using HostCalls::forward;
 
   template <Communicator C, class T, class S, Buffers W>
   static void forward(C& comm, const Chunks& ch, T* out, S* lse, const T* qkv, index B, index Tl, index H, index hd, index g,
@@ -351,12 +362,6 @@ struct AllGather {
                               [&](index i) { return ch.position(r, i); }, [&](index j) { return ch.position(src, j); });
       detail::finish_merge(out, o, z.out);
     }
-  }
-  template <Communicator C, class T, class S = accumulate_t<T>>
-  static void forward(C& comm, const Chunks& ch, T* out, S* lse, const T* qkv, index B, index Tl, index H, index hd,
-                      index g = 1) {
-    HostBuffers w;
-    forward(comm, ch, out, lse, qkv, B, Tl, H, hd, g, w);
   }
 
   template <Communicator C, class T, class S, Buffers W>
@@ -384,12 +389,6 @@ struct AllGather {
     }
     comm.reduce_scatter(std::span<const S>(dall, all_n), std::span<S>(dmine, z.block), ReduceOp::sum);
     if constexpr (W::compute) detail::write_dqkv(dqkv, dq, dmine, B, Tl, H, hd, g);
-  }
-  template <Communicator C, class T, class S = accumulate_t<T>>
-  static void backward(C& comm, const Chunks& ch, T* dqkv, const T* dout, const T* out, const S* lse, const T* qkv,
-                       index B, index Tl, index H, index hd, index g = 1) {
-    HostBuffers w;
-    backward(comm, ch, dqkv, dout, out, lse, qkv, B, Tl, H, hd, g, w);
   }
 };
 
