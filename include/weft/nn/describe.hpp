@@ -50,8 +50,9 @@ std::string format_plan(const typename Model::config_type& c, std::int64_t batch
     os << sep << k << " " << v;
     sep = ", ";
   }
-  os << "; batch " << batch << "; data " << s.data_degree << " x tensor " << s.tensor_degree
-     << (Model::sequence_parallel ? ", sequence parallel" : "") << "\n";
+  os << "; batch " << batch << "; data " << s.data_degree;
+  if (s.context_degree > 1) os << " x context " << s.context_degree;  // the attention's own collectives are not rows yet
+  os << " x tensor " << s.tensor_degree << (Model::sequence_parallel ? ", sequence parallel" : "") << "\n";
   char line[512];
   std::snprintf(line, sizeof line, "  %-46s %-28s %-28s %-44s %s\n", "layer", "in", "out", "forward", "backward");
   os << line;
