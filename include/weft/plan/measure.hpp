@@ -97,6 +97,32 @@ inline CallLog calls_since(const CallLog& now, const CallLog& before) {
   }
   return out;
 }
+
+// A group's counts before the step, for a group counted on an axis besides the axis's own (a
+// pipeline's tie group on pipe; the data x context group on data).
+struct GroupCounts {
+  threads::Counters counters{};
+  CallLog calls;
+  template <class G>
+  static GroupCounts of(G& g) {
+    GroupCounts c;
+    if constexpr (requires { g.counters(); }) c.counters = g.counters();
+    if constexpr (requires { g.calls(); }) c.calls = g.calls();
+    return c;
+  }
+  // Adds what g was asked since onto axis a of out; returns those calls.
+  template <class G>
+  CallLog add_since(G& g, Axis a, RankStep& out) const {
+    const auto i = static_cast<std::size_t>(a);
+    CallLog added;
+    if constexpr (requires { g.counters(); }) out.collectives[i] = out.collectives[i] + (g.counters() - counters);
+    if constexpr (requires { g.calls(); }) {
+      added = calls_since(g.calls(), calls);
+      for (const auto& [key, n] : added) out.calls[i][key] += n;
+    }
+    return added;
+  }
+};
 }  // namespace detail
 
 // One training step of a Model on this rank of `world` (device `dev`, the model's device), from a
@@ -123,26 +149,11 @@ RankStep measure_rank(D& dev, C& world, const typename Model::config_type& c, co
   std::array<detail::CallLog, kAxes.size()> calls_before{};
   if constexpr (logged)
     for (Axis a : kAxes) calls_before[static_cast<std::size_t>(a)] = mesh.comm(a).calls();
-  // The pipeline's tie group is part of the pipe axis.
-  const bool tie = pp && pp->tie_group();
-  threads::Counters tie_before{};
-  detail::CallLog tie_calls_before;
-  if constexpr (counted) {
-    if (tie) tie_before = pp->tie_group()->counters();
-  }
-  if constexpr (logged) {
-    if (tie) tie_calls_before = pp->tie_group()->calls();
-  }
-  // With context parallelism the gradients reduce over the data x context group: counted on the data axis.
-  const bool folded = run.mesh.context > 1;
-  threads::Counters folded_before{};
-  detail::CallLog folded_calls_before;
-  if constexpr (counted) {
-    if (folded) folded_before = mesh.data_context().counters();
-  }
-  if constexpr (logged) {
-    if (folded) folded_calls_before = mesh.data_context().calls();
-  }
+  // The pipeline's tie group is part of the pipe axis; with context parallelism the gradients reduce
+  // over the data x context group, counted on the data axis.
+  std::optional<detail::GroupCounts> tie_before, folded_before;
+  if (pp && pp->tie_group()) tie_before = detail::GroupCounts::of(*pp->tie_group());
+  if (run.mesh.context > 1) folded_before = detail::GroupCounts::of(mesh.data_context());
   if constexpr (is_meta<D>) dev.work = {};
   const MemoryStats before = dev.memory();
   dev.reset_peak();
@@ -171,20 +182,8 @@ RankStep measure_rank(D& dev, C& world, const typename Model::config_type& c, co
   if constexpr (logged)
     for (Axis a : kAxes)
       out.calls[static_cast<std::size_t>(a)] = detail::calls_since(mesh.comm(a).calls(), calls_before[static_cast<std::size_t>(a)]);
-  if (tie) {
-    const auto p = static_cast<std::size_t>(Axis::pipe);
-    if constexpr (counted) out.collectives[p] = out.collectives[p] + (pp->tie_group()->counters() - tie_before);
-    if constexpr (logged) {
-      out.tie_calls = detail::calls_since(pp->tie_group()->calls(), tie_calls_before);
-      for (const auto& [key, n] : out.tie_calls) out.calls[p][key] += n;
-    }
-  }
-  if (folded) {
-    const auto d = static_cast<std::size_t>(Axis::data);
-    if constexpr (counted) out.collectives[d] = out.collectives[d] + (mesh.data_context().counters() - folded_before);
-    if constexpr (logged)
-      for (const auto& [key, n] : detail::calls_since(mesh.data_context().calls(), folded_calls_before)) out.calls[d][key] += n;
-  }
+  if (tie_before) out.tie_calls = tie_before->add_since(*pp->tie_group(), Axis::pipe, out);
+  if (folded_before) folded_before->add_since(mesh.data_context(), Axis::data, out);
   if constexpr (is_meta<D>) out.ops = dev.work;
   return out;
 }
