@@ -12,7 +12,8 @@
 //
 // A thin command line over weft's trainer (weft/train/main.hpp) with GPT-2's family
 // (weft/models/gpt2/family.hpp, --model gpt2) and Llama's (weft/models/llama/family.hpp, --model
-// llama; its loop in train_gpt_llama.cpp, with context parallelism in train_gpt_context.cpp). Run-time choices (device, strategy, dtype) cross into
+// llama; its loop in train_gpt_llama.cpp, with context parallelism in train_gpt_context.cpp and, with
+// sequence parallelism as well, train_gpt_context_sp.cpp). Run-time choices (device, strategy, dtype) cross into
 // types in one place, train::dispatch; the loop's host instantiations are compiled in two units
 // that build side by side, this one (without sequence parallelism) and train_gpt_sp.cpp (with it,
 // and the host GEMM's Eigen code), and its GPU half in train_gpt_cuda.cu. GPT-2's family type is
@@ -27,6 +28,8 @@ WEFT_TRAIN_HOST(extern, TrainLlama, false)  // in train_gpt_llama.cpp
 WEFT_TRAIN_HOST(extern, TrainLlama, true)
 WEFT_TRAIN_HOST(extern, weft::llama::ContextFamily<weft::context::Ring>, false)  // in train_gpt_context.cpp
 WEFT_TRAIN_HOST(extern, weft::llama::ContextFamily<weft::context::AllGather>, false)
+WEFT_TRAIN_HOST(extern, weft::llama::ContextFamily<weft::context::Ring>, true)  // in train_gpt_context_sp.cpp
+WEFT_TRAIN_HOST(extern, weft::llama::ContextFamily<weft::context::AllGather>, true)
 #endif
 
 int main(int argc, char** argv) {

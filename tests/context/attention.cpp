@@ -182,6 +182,13 @@ TEST_CASE("context chunks: a permutation of the sequence, the same causal work o
     std::vector<Index> all(48);
     std::iota(all.begin(), all.end(), 0);
     CHECK(seen == all);
+    // Any window of a rank's rows (sequence parallelism's slice of them, which can straddle the two
+    // chunks) has the positions of those rows.
+    for (int r = 0; r < c; ++r)
+      for (Index first = 0; first < ch.local(); ++first) {
+        const ops::Positions p = ch.positions(r).from(first);
+        for (Index t = 0; first + t < ch.local(); ++t) CHECK(p.at(t) == ch.position(r, first + t));
+      }
   }
   const auto ch = context::Chunks::of(16, 2);  // chunks of 4: rank 0 holds 0-3 and 12-15, rank 1 4-11
   CHECK(ch.position(0, 4) == 12);

@@ -1,7 +1,8 @@
 // Context parallelism through a whole model (llama::Model with Cx = context::Ring or
 // context::AllGather): the embedding and head stages on a context rank's rows, the loss over the
 // context group, the gradients reduced over data x context ranks. Three AdamW steps on context 2
-// and 4, and context 2 beside tensor 2, data 2 (DDP, ZeRO-1) or pipe 2 (1F1B), equal one rank.
+// and 4, and context 2 beside tensor 2 (with and without sequence parallelism), data 2 (DDP, ZeRO-1)
+// or pipe 2 (1F1B), equal one rank.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -24,9 +25,9 @@ const llama::Config kConfig{.vocab = 33, .seq = 16, .layers = 2, .heads = 4, .kv
 constexpr std::int64_t kMicro = 4;
 constexpr int kM = 2;
 
-template <class Cx, class Strategy = optim::Ddp>
+template <class Cx, class Strategy = optim::Ddp, bool SP = false>
 test::StepsRun run(int pipe, int tensor, int data, int context) {
-  return test::train_steps<llama::Model<double, false, recompute::None, Host, false, Cx>, OneFOneB, Strategy>(
+  return test::train_steps<llama::Model<double, SP, recompute::None, Host, false, Cx>, OneFOneB, Strategy>(
       kConfig, kMicro, kM, pipe, 1, tensor, data, 3, context);
 }
 
@@ -53,6 +54,7 @@ void check_model(const test::StepsRun& ref) {
   compare(run<Cx>(1, 1, 1, 2), ref, kind + ", context 2", true);
   compare(run<Cx>(1, 1, 1, 4), ref, kind + ", context 4", true);
   compare(run<Cx>(1, 2, 1, 2), ref, kind + ", context 2 x tensor 2", true);
+  compare(run<Cx, optim::Ddp, true>(1, 2, 1, 2), ref, kind + ", context 2 x tensor 2 with sequence parallelism", true);
   compare(run<Cx>(1, 1, 2, 2), ref, kind + ", data 2 x context 2, DDP", true);
   compare(run<Cx, optim::Zero1>(1, 1, 2, 2), ref, kind + ", data 2 x context 2, ZeRO-1", false);
   compare(run<Cx>(2, 1, 1, 2), ref, kind + ", pipe 2 (1F1B) x context 2", true);
@@ -60,7 +62,7 @@ void check_model(const test::StepsRun& ref) {
 
 }  // namespace
 
-TEST_CASE("Llama with the sequence over context 2 and 4, alone and beside tensor 2, data 2 or pipe 2, equals one rank "
+TEST_CASE("Llama with the sequence over context 2 and 4, alone and beside tensor 2 (SP or not), data 2 or pipe 2, equals one rank "
           "within 1e-12 in double: every loss, gradient and parameter") {
   const auto ref = run<context::None>(1, 1, 1, 1);
   REQUIRE(ref.losses.size() == 3);

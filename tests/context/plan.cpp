@@ -8,7 +8,9 @@
 #include <vector>
 
 #include "weft/comm/threads/run.hpp"
+#include "weft/models/gpt2/model.hpp"
 #include "weft/models/llama/model.hpp"
+#include "weft/nn/describe.hpp"
 #include "weft/plan/measure.hpp"
 
 using namespace weft;
@@ -20,10 +22,15 @@ namespace {
 const llama::Config kConfig{.vocab = 33, .seq = 32, .layers = 2, .heads = 4, .kv_heads = 2, .width = 16, .hidden = 24,
                             .rope = {.theta = 500}, .norm_eps = 1e-5, .seed = 3, .init_std = 0.2};
 
-template <class Cx>
+template <class Cx, bool SP = false>
 struct Llama {
   template <class D>
-  using on = llama::Model<float, false, recompute::None, D, false, Cx>;
+  using on = llama::Model<float, SP, recompute::None, D, false, Cx>;
+};
+
+struct Gpt2Ring {
+  template <class D>
+  using on = gpt2::Model<float, false, recompute::None, D, context::Ring>;
 };
 
 std::string what_of(const footprint::Run& run) {
@@ -32,19 +39,20 @@ std::string what_of(const footprint::Run& run) {
 
 // Every rank's measured plan against the same step's counts on Host thread ranks: each category's
 // peak, what is left, what was allocated, the persistent state, and each axis's collectives.
-template <class Cx, class Strategy>
+template <class Cx, class Strategy, bool SP = false>
 void check_exact(const footprint::Run& run) {
+  using Model = Llama<Cx, SP>;
   const int ranks = run.mesh.ranks();
   std::vector<footprint::RankStep> host(static_cast<std::size_t>(ranks));
   run_threads(ranks, [&](ThreadComm& w) {
     Host dev;
     host[static_cast<std::size_t>(w.rank())] =
-        footprint::measure_rank<typename Llama<Cx>::template on<Host>, Strategy>(dev, w, kConfig, run);
+        footprint::measure_rank<typename Model::template on<Host>, Strategy>(dev, w, kConfig, run);
   });
-  const auto meta = footprint::measure<Llama<Cx>::template on, Strategy>(kConfig, run);
+  const auto meta = footprint::measure<Model::template on, Strategy>(kConfig, run);
   REQUIRE(meta.size() == host.size());
   for (std::size_t r = 0; r < host.size(); ++r) {
-    INFO(Cx::name, " ", Strategy::name(), " ", what_of(run), " rank ", r);
+    INFO(Cx::name, " ", Strategy::name(), " ", what_of(run), SP ? " SP" : "", " rank ", r);
     for (std::size_t k = 0; k < kCategories; ++k) {
       INFO(name(static_cast<Category>(k)));
       CHECK(meta[r].step.peak.bytes[k] == host[r].step.peak.bytes[k]);
@@ -68,12 +76,63 @@ void check_exact(const footprint::Run& run) {
   }
   // One rank alone (its groups standing in for the others) equals the rank measured among all.
   for (const footprint::RankStep& r : meta) {
-    const footprint::RankStep alone = footprint::measure_alone<Llama<Cx>::template on, Strategy>(kConfig, run, r.rank);
+    const footprint::RankStep alone = footprint::measure_alone<Model::template on, Strategy>(kConfig, run, r.rank);
     INFO(Cx::name, " ", what_of(run), " rank ", r.rank, " alone");
     CHECK(alone.step.total == r.step.total);
     CHECK(alone.step.peak.bytes == r.step.peak.bytes);
     for (std::size_t a = 0; a < r.calls.size(); ++a) CHECK(alone.calls[a] == r.calls[a]);
   }
+}
+
+// describe's rows: their steps on the context axis (the attention's passes or gathers, the loss's
+// sum), forward and backward, counted as the communicators count them.
+threads::Counters context_counts(const std::vector<nn::PlanRow>& rows) {
+  threads::Counters planned;
+  const auto add = [&](threads::Op op, std::int64_t bytes) {
+    planned.calls[static_cast<std::size_t>(op)] += 1;
+    planned.bytes[static_cast<std::size_t>(op)] += static_cast<std::uint64_t>(bytes);
+  };
+  for (const nn::PlanRow& row : rows)
+    for (const auto* steps : {&row.forward, &row.backward})
+      for (const PlanStep& st : *steps) {
+        if (st.axis != Axis::context) continue;
+        switch (st.collective) {
+          case Collective::send_recv: add(threads::Op::send, st.bytes_in); add(threads::Op::recv, st.bytes_in); break;
+          case Collective::all_gather: add(threads::Op::all_gather, st.bytes_out); break;
+          case Collective::reduce_scatter: add(threads::Op::reduce_scatter, st.bytes_in); break;
+          case Collective::all_reduce: add(threads::Op::all_reduce, st.bytes_in); break;
+          default: FAIL("a ", name(st.collective), " step on the context axis in ", row.layer);
+        }
+      }
+  return planned;
+}
+
+// ... equal what one micro-batch's step measures there, on every rank.
+void same_counts(const std::vector<footprint::RankStep>& measured, const threads::Counters& planned, const std::string& what) {
+  const auto c = static_cast<std::size_t>(Axis::context);
+  for (const footprint::RankStep& r : measured)
+    for (std::size_t op = 0; op < threads::kOps; ++op) {
+      INFO(what, " rank ", r.rank, " ", threads::name(static_cast<threads::Op>(op)));
+      CHECK(r.collectives[c].calls[op] == planned.calls[op]);
+      CHECK(r.collectives[c].bytes[op] == planned.bytes[op]);
+    }
+}
+
+// Llama's rows walked over its layers (nn/plan_walk.hpp), against the measured step.
+template <class Cx, bool SP = false>
+void check_walked(const footprint::Run& run) {
+  using M = typename Llama<Cx, SP>::template on<Meta<Host>>;
+  const Spread s{.data_degree = run.mesh.data, .tensor_degree = run.mesh.tensor, .context_degree = run.mesh.context};
+  Meta<Host> dev;
+  M model(dev, kConfig, s, run.micro_batch);
+  const std::vector<nn::PlanRow> rows = nn::walked_plan_rows(model, run.micro_batch, s);
+  std::string table;
+  for (const nn::PlanRow& row : rows)
+    if (row.layer.find("GroupedQueryAttention") != std::string::npos)
+      table += cat(row.layer, ": ", nn::format_steps(row.forward), " | ", nn::format_steps(row.backward), "\n");
+  const std::string what = cat(Cx::name, SP ? " SP, " : ", ", what_of(run));
+  MESSAGE(cat(what, ": describe's attention rows\n", table));
+  same_counts(footprint::measure<Llama<Cx, SP>::template on, optim::Ddp>(kConfig, run), context_counts(rows), what);
 }
 
 std::uint64_t axis_bytes(const footprint::RankStep& r, Axis a, threads::Op op) {
@@ -92,10 +151,28 @@ TEST_CASE("the measured plan of a context-parallel Llama step equals the host al
     check_exact<context::Ring, optim::Ddp>(
         {.mesh = {.pipe = 2, .context = 2}, .micro_batch = 1, .micro_batches = 4, .schedule = Kind::one_f_one_b});
   }
+  SUBCASE("sequence parallelism inside context parallelism") {  // the rows split again over tensor
+    check_exact<context::Ring, optim::Ddp, true>({.mesh = {.context = 2, .tensor = 2}, .micro_batch = 1});
+    check_exact<context::AllGather, optim::Zero2, true>({.mesh = {.data = 2, .context = 2, .tensor = 2}, .micro_batch = 2});
+  }
   SUBCASE("all-gather, FSDP") {
     check_exact<context::AllGather, optim::Fsdp>({.mesh = {.data = 2, .context = 2}, .micro_batch = 2});
     check_exact<context::AllGather, optim::Fsdp>({.mesh = {.context = 2, .tensor = 2}, .micro_batch = 1, .micro_batches = 2});
   }
+}
+
+TEST_CASE("describe's rows of a context-parallel Llama carry the attention's collectives on the context axis, as a step "
+          "counts them") {
+  check_walked<context::Ring>({.mesh = {.context = 2}, .micro_batch = 2});
+  check_walked<context::Ring>({.mesh = {.context = 4, .tensor = 2}, .micro_batch = 1});
+  check_walked<context::AllGather>({.mesh = {.data = 2, .context = 2}, .micro_batch = 2});
+  check_walked<context::AllGather, true>({.mesh = {.context = 2, .tensor = 2}, .micro_batch = 1});
+  // GPT-2 writes its rows from the types (its blocks' plan_rows, given the head count).
+  const gpt2::Config g{.vocab = 33, .seq = 32, .layers = 2, .heads = 4, .width = 16, .seed = 5, .init_std = 0.2};
+  const footprint::Run run{.mesh = {.context = 4, .tensor = 2}, .micro_batch = 1};
+  const Spread s{.tensor_degree = 2, .context_degree = 4};
+  same_counts(footprint::measure<Gpt2Ring::template on, optim::Ddp>(g, run),
+              context_counts(nn::describe_rows<Gpt2Ring::on<Host>>(g, 1, s)), "GPT-2 ring, context 4 x tensor 2");
 }
 
 TEST_CASE("a context rank's activations fall by the context degree; the attention's bytes on the context axis equal their "

@@ -13,15 +13,17 @@ computes:
    (ZB-H1) x context 2 and, with 4 layers, on pipe 2 (interleaved) x context 2: every logged loss
    within 2e-5 of one rank's (f32 sums in other orders; the f64 tests in
    tests/models/llama and tests/context hold the layouts to 1e-12).
-   A checkpoint saved on context 2 x tensor 2 resumes on data 2: steps 3 and 4 the same way.
+   A checkpoint saved on context 2 x tensor 2 with sequence parallelism inside it (ZeRO-1) resumes on
+   data 2: all 4 steps of the first run and steps 3 and 4 of the second the same way.
 3. --plan prints the step peak that the run then logs, to the byte (data 2 x tensor 2 with SP;
    tensor 2 and context 2 x tensor 2), and describe's rows walked over Llama's layers (the grouped
    attention, the SwiGLU MLP; the attention over the context axis, whose sends --plan counts).
 4. Refused before anything is built (exit 2, naming the values): a tensor degree that does not
    divide the key-value heads, a precision the family does not compile, --init-from a transformers
    directory whose config.json describes another model (tests/fixtures/llama_hf: its rotary base);
-   and with --context: a sequence its chunks do not divide, sequence parallelism, bf16, --attention
-   without --context, a family without context-parallel attention (gpt2).
+   and with --context: a sequence its chunks do not divide, sequence parallelism whose tensor degree
+   does not divide a context rank's rows, bf16, --attention without --context, a family without
+   context-parallel attention (gpt2).
 5. With WEFT_EXPORT: a checkpoint saved on data 2 x tensor 2 through weft-export into a
    LlamaForCausalLM directory, sharded (files of at most 200000 bytes), with weft's logits for 8
    tokens; where PyTorch and transformers are installed, from_pretrained loads it and computes
@@ -83,12 +85,16 @@ print(f"pipe 2 (interleaved, 2 virtual stages) x context 2, all-gather: losses w
 if not (one4 and worst <= 2e-5): failures.append(f"interleaved x context 2: {got} against {one4}")
 
 # A checkpoint of a context-parallel run resumes on a mesh without a context axis: 4 steps on data 1
-# x context 2 x tensor 2 (all-gather, ZeRO-1) saving at step 2, then steps 3 and 4 from it on data
-# 2: their losses within 2e-5 of the uninterrupted run's on one rank.
+# x context 2 x tensor 2 (all-gather, ZeRO-1, sequence parallelism inside each context rank's rows)
+# saving at step 2, then steps 3 and 4 from it on data 2: the losses of both within 2e-5 of the
+# uninterrupted run's on one rank.
 cp_ck = os.path.join(work, "cp_ck")
-run("cp_save", [*short, "--data", "1", "--tensor", "2", "--context", "2", "--attention", "all-gather", "--strategy", "zero1",
+saved, _ = run("cp_save", [*short, "--data", "1", "--tensor", "2", "--context", "2", "--attention", "all-gather", "--strategy", "zero1-sp",
                 "--save-dir", cp_ck, "--save-every", "2"])
 resumed, _ = run("cp_resume", [*short, "--data", "2", "--tensor", "1", "--resume", os.path.join(cp_ck, "step_00000002")])
+worst_sp = max((abs(saved.get(s, float("inf")) - one[s]) for s in one), default=float("inf"))
+print(f"context 2 x tensor 2 with sequence parallelism, all-gather, zero1-sp: losses within {worst_sp:.3g} of one rank's")
+if not (one and worst_sp <= 2e-5): failures.append(f"context 2 x tensor 2, zero1-sp: {saved} against {one}")
 worst = max((abs(resumed[s] - one[s]) for s in (3, 4) if s in resumed), default=float("inf"))
 print(f"saved on context 2 x tensor 2, resumed on data 2: steps {sorted(resumed)} within {worst:.3g} of one rank's")
 if not (one and sorted(resumed) == [3, 4] and worst <= 2e-5): failures.append(f"context checkpoint: {resumed} against {one}")
@@ -134,7 +140,10 @@ for args, message in ((["--tensor", "4", "--data", "1"], "tensor degree 4 does n
                       (["--context", "2", "--seq", "30"],
                        "--context 2: a sequence of 30 tokens does not split into 2 x 2 = 4 equal chunks (each context rank holds "
                        "two); use --seq a multiple of 4, or another --context"),
-                      (["--context", "2", "--strategy", "ddp-sp"], "sequence parallelism with context parallelism"),
+                      (["--context", "2", "--strategy", "ddp-sp", "--data", "1", "--tensor", "4", "--heads", "4", "--kv-heads", "4",
+                        "--seq", "4"],
+                       "sequence parallelism inside context parallelism needs the tensor degree 4 to divide each context rank's 2 "
+                       "rows (a sequence of 4 over 2 context ranks)"),
                       (["--context", "2", "--dtype", "bf16"], "precision 'bf16' is not compiled for the model family 'llama'; use one of: f32"),
                       (["--attention", "all-gather"], "--attention all-gather without --context"),
                       (["--model", "gpt2", "--context", "2"], "the model family 'gpt2' has no context-parallel attention")):

@@ -85,11 +85,45 @@ TEST_CASE("the context axis: local shapes, boxes, names") {
                        "divisible by the context degree 4; choose a degree that divides the extent, or pad the tensor",
                        Error);
   // One dim on two axes, spelled apart so that only the run-time check sees it.
-  CHECK_THROWS_WITH_AS((local_shape<Layout<Replicate, Shard<-2>, StageLocal, Shard<1>>>({4, 64, 8}, s)),
-                       doctest::Contains("the context and tensor axes both shard dim 1"), Error);
+  CHECK_THROWS_WITH_AS((local_shape<Layout<Shard<-2>, Replicate, StageLocal, Shard<1>>>({4, 64, 8}, s)),
+                       doctest::Contains("the data and context axes both shard dim 1"), Error);
   CHECK(ContextSeq::name() == "Layout<Shard<0>, Replicate, StageLocal, Shard<1>>");
   CHECK(Layout<Replicate, Replicate, Replicate, Partial>::name() == "Layout<Replicate, Replicate, Replicate, Partial>");
   CHECK(Layout<Shard<0>, Replicate>::name() == "Layout<Shard<0>, Replicate>");  // unchanged without context
+}
+
+// Sequence parallelism inside context parallelism: context and tensor both shard the sequence,
+// context outer. Redistributions on the tensor axis alone (the rank's rows gathered or scattered)
+// are possible; one that moves the context axis with the rows split over tensor anywhere on its way
+// is refused (it goes through Rows, explicitly).
+using RowsSp = Layout<Shard<0>, Shard<1>, StageLocal, Shard<1>>;
+static_assert(Transition<RowsSp, ContextSeq>::possible);
+static_assert(Transition<RowsSp, ContextSeq>::steps[0].collective == Collective::all_gather);
+static_assert(Transition<RowsSp, ContextSeq>::steps[0].axis == Axis::tensor);
+static_assert(Transition<Layout<Shard<0>, Partial, StageLocal, Shard<1>>, RowsSp>::possible);
+static_assert(!Transition<RowsSp, Layout<Shard<0>, Shard<1>>>::possible);
+static_assert(!Transition<RowsSp, DataSharded<0>>::possible);
+
+TEST_CASE("context and tensor nest on one dim: local shapes and boxes tile the sequence, context outer") {
+  // 2 context x 3 tensor ranks over a sequence of 12: context rank c holds rows 6c .. 6c + 5 (its
+  // chunks, in the layout's order), tensor rank t of it rows 6c + 2t .. 6c + 2t + 1.
+  std::vector<int> covered(12, 0);
+  for (int c = 0; c < 2; ++c)
+    for (int t = 0; t < 3; ++t) {
+      const Spread s{.tensor_degree = 3, .tensor_index = t, .context_degree = 2, .context_index = c};
+      CHECK(local_shape<RowsSp>({2, 12, 4}, s) == Shape{2, 2, 4});
+      const Box b = local_box<RowsSp>({2, 12, 4}, s);
+      CHECK(b.offset == Shape{0, 6 * c + 2 * t, 0});
+      for (std::int64_t i = 0; i < b.extent[1]; ++i) ++covered[static_cast<std::size_t>(b.offset[1] + i)];
+    }
+  for (int n : covered) CHECK(n == 1);
+  // The tensor degree must divide a context rank's rows, not only the sequence.
+  CHECK_THROWS_WITH_AS(local_shape<RowsSp>({2, 12, 4}, {.tensor_degree = 4, .context_degree = 2}),
+                       doctest::Contains("extent 6 on each context rank, not divisible by the tensor degree 4"), Error);
+  const Plan p = plan<RowsSp, ContextSeq>({2, 12, 4}, {.tensor_degree = 3, .context_degree = 2}, 8);
+  REQUIRE(p.count == 1);
+  CHECK(p.steps[0].local_in == Shape{2, 2, 4});
+  CHECK(p.steps[0].local_out == Shape{2, 6, 4});
 }
 
 TEST_CASE("local_shape divides each sharded dim by its axis degree") {

@@ -119,6 +119,8 @@ Allocation run_step(const StepKind& k, D& dev, C& comm, const T* in, const Shape
       }
       break;
     }
+    case Collective::send_recv:  // never a step of a Transition (a row of describe only)
+      throw Error("redistribute", "a send_recv step", "redistribution steps are collectives between layouts");
     case Collective::all_to_all: {
       // Send chunk j along the new shard dim b to rank j; what rank j sends back is its block along
       // the old shard dim a, which lands at position j along a.

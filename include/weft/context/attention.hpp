@@ -1,4 +1,6 @@
-// Causal attention with the sequence sharded over the context axis, on the host, two ways as types:
+// Causal attention with the sequence sharded over the context axis, two ways as types, on any device
+// with ops::ContextBlock (ops/context_block.hpp: the host's; context_block.cuh: the Cuda device's),
+// the device of the call's buffer source:
 //
 //   context::Ring       keys and values passed around the ring of c ranks (c - 1 steps); each step
 //                       attends the local queries to the block it holds, and the partial results
@@ -16,13 +18,14 @@
 //                                   the backward needs instead of the (T/c, T) probabilities
 // The causal mask is by position in the sequence (Chunks::position), so a block whose keys all lie
 // after a query contributes nothing to it. Sums run in S = accumulate_t<T>; in double both types
-// equal one rank's ops::Attention to rounding (tests/context/attention.cpp: 1e-12).
+// equal one rank's ops::Attention to rounding (tests/context/attention.cpp: 1e-12); on the GPU in
+// float, the host's in double to 1e-5 (tests/device/cuda/context.cu, where a GPU is).
 //
 // Communication per rank, a block being B (T/c) (H/g) 2 hd elements: Ring sends and receives c - 1
 // blocks forward, and c - 1 blocks and c gradient blocks (in S) backward; AllGather gathers c - 1
 // blocks forward, gathers them again backward (the forward keeps nothing) and reduce-scatters the c
 // gradient blocks. The ring's send and receive are ordered by rank parity so that blocking sends
-// cannot deadlock; overlapping them with the block's compute (posted sends) is for the GPU version.
+// cannot deadlock; overlapping them with the block's compute (posted sends) is not done yet.
 // The buffers each call works in come from a Buffers source (below), so that the layers count them
 // on their device's allocator: per rank, Ring holds 2 blocks forward and 2 blocks and 2 gradient
 // blocks backward; AllGather c + 1 blocks forward and (c + 1) blocks and gradient blocks backward.
@@ -42,134 +45,12 @@
 #include "weft/core/dtype.hpp"
 #include "weft/core/error.hpp"
 #include "weft/device/allocation.hpp"
+#include "weft/layout/plan.hpp"
+#include "weft/ops/context_block.hpp"
 
 namespace weft::context {
 
 namespace detail {
-
-// Where head h's query sits in a token's qkv row (ops::Attention's layout).
-constexpr index q_at(index h, index hd, index g) { return ((h / g) * (g + 2) + h % g) * hd; }
-
-// kv (B, Tl, H/g, 2, hd): the keys and values of this rank's rows, the block that travels.
-template <class T>
-void pack_kv(T* kv, const T* qkv, index B, index Tl, index H, index hd, index g) {
-  const index G = H / g, row = G * (g + 2) * hd;
-  for (index n = 0; n < B * Tl; ++n)
-    for (index grp = 0; grp < G; ++grp)
-      std::copy_n(qkv + n * row + (grp * (g + 2) + g) * hd, 2 * hd, kv + (n * G + grp) * 2 * hd);
-}
-
-// One block: the local queries (positions qpos) against the keys and values of kv (positions kpos),
-// merged into the running (o, lse) by log-sum-exp. o (B, Tl, H, hd) and lse (B, H, Tl) in S.
-template <class T, class S, class QPos, class KPos>
-void block_forward(S* o, S* lse, const T* qkv, const T* kv, index B, index Tl, index H, index hd, index g,
-                   QPos qpos, KPos kpos) {
-  const index G = H / g, row = G * (g + 2) * hd;
-  const S scale = S(1) / std::sqrt(static_cast<S>(hd));
-  std::vector<S> s(static_cast<std::size_t>(Tl)), ob(static_cast<std::size_t>(hd));
-  for (index b = 0; b < B; ++b)
-    for (index h = 0; h < H; ++h)
-      for (index i = 0; i < Tl; ++i) {
-        const T* q = qkv + (b * Tl + i) * row + q_at(h, hd, g);
-        const index p = qpos(i);
-        S mx = -std::numeric_limits<S>::infinity();
-        for (index j = 0; j < Tl; ++j) {
-          if (kpos(j) > p) continue;
-          const T* k = kv + ((b * Tl + j) * G + h / g) * 2 * hd;
-          S dot = 0;
-          for (index d = 0; d < hd; ++d) dot += widen(q[d]) * widen(k[d]);
-          s[static_cast<std::size_t>(j)] = dot * scale;
-          mx = std::max(mx, s[static_cast<std::size_t>(j)]);
-        }
-        if (mx == -std::numeric_limits<S>::infinity()) continue;  // every key of the block is in the future
-        S sum = 0;
-        for (index j = 0; j < Tl; ++j)
-          if (kpos(j) <= p) sum += std::exp(s[static_cast<std::size_t>(j)] - mx);
-        const S lb = mx + std::log(sum);
-        std::fill(ob.begin(), ob.end(), S(0));
-        for (index j = 0; j < Tl; ++j) {
-          if (kpos(j) > p) continue;
-          const S pij = std::exp(s[static_cast<std::size_t>(j)] - lb);
-          const T* v = kv + ((b * Tl + j) * G + h / g) * 2 * hd + hd;
-          for (index d = 0; d < hd; ++d) ob[static_cast<std::size_t>(d)] += pij * widen(v[d]);
-        }
-        S& l = lse[(b * H + h) * Tl + i];
-        S* oi = o + ((b * Tl + i) * H + h) * hd;
-        if (l == -std::numeric_limits<S>::infinity()) {
-          std::copy(ob.begin(), ob.end(), oi);
-          l = lb;
-          continue;
-        }
-        const S top = std::max(l, lb), merged = top + std::log(std::exp(l - top) + std::exp(lb - top));
-        const S wa = std::exp(l - merged), wb = std::exp(lb - merged);
-        for (index d = 0; d < hd; ++d) oi[d] = oi[d] * wa + ob[static_cast<std::size_t>(d)] * wb;
-        l = merged;
-      }
-}
-
-// One block's gradients: P_ij = exp(scale q_i k_j - lse_i), dS_ij = P_ij (dout_i v_j - D_i) scale
-// with D_i = dout_i out_i; dq_i += dS_ij k_j (dq in the qkv row layout, in S), dk_j += dS_ij q_i and
-// dv_j += P_ij dout_i (dkv in the kv layout, in S).
-template <class T, class S, class QPos, class KPos>
-void block_backward(S* dq, S* dkv, const T* qkv, const T* kv, const T* dout, const S* D, const S* lse, index B,
-                    index Tl, index H, index hd, index g, QPos qpos, KPos kpos) {
-  const index G = H / g, row = G * (g + 2) * hd;
-  const S scale = S(1) / std::sqrt(static_cast<S>(hd));
-  for (index b = 0; b < B; ++b)
-    for (index h = 0; h < H; ++h)
-      for (index i = 0; i < Tl; ++i) {
-        const index p = qpos(i);
-        const T* q = qkv + (b * Tl + i) * row + q_at(h, hd, g);
-        const T* dout_i = dout + ((b * Tl + i) * H + h) * hd;
-        S* dq_i = dq + (b * Tl + i) * row + q_at(h, hd, g);
-        const S l = lse[(b * H + h) * Tl + i], Di = D[(b * H + h) * Tl + i];
-        for (index j = 0; j < Tl; ++j) {
-          if (kpos(j) > p) continue;
-          const T* k = kv + ((b * Tl + j) * G + h / g) * 2 * hd;
-          const T* v = k + hd;
-          S* dk = dkv + ((b * Tl + j) * G + h / g) * 2 * hd;
-          S* dv = dk + hd;
-          S dot = 0, dp = 0;
-          for (index d = 0; d < hd; ++d) {
-            dot += widen(q[d]) * widen(k[d]);
-            dp += widen(dout_i[d]) * widen(v[d]);
-          }
-          const S pij = std::exp(dot * scale - l), ds = pij * (dp - Di) * scale;
-          for (index d = 0; d < hd; ++d) {
-            dq_i[d] += ds * widen(k[d]);
-            dk[d] += ds * widen(q[d]);
-            dv[d] += pij * widen(dout_i[d]);
-          }
-        }
-      }
-}
-
-// D (B, H, Tl) = rowsum(dout * out) per head, in S.
-template <class T, class S>
-void row_dots(S* D, const T* dout, const T* out, index B, index Tl, index H, index hd) {
-  for (index b = 0; b < B; ++b)
-    for (index h = 0; h < H; ++h)
-      for (index i = 0; i < Tl; ++i) {
-        const T* a = dout + ((b * Tl + i) * H + h) * hd;
-        const T* c = out + ((b * Tl + i) * H + h) * hd;
-        S sum = 0;
-        for (index d = 0; d < hd; ++d) sum += widen(a[d]) * widen(c[d]);
-        D[(b * H + h) * Tl + i] = sum;
-      }
-}
-
-// dqkv (T) from dq (the query slots, S) and this rank's own key-value gradients dkv (S).
-template <class T, class S>
-void write_dqkv(T* dqkv, const S* dq, const S* dkv, index B, index Tl, index H, index hd, index g) {
-  const index G = H / g, row = G * (g + 2) * hd;
-  for (index n = 0; n < B * Tl; ++n)
-    for (index grp = 0; grp < G; ++grp) {
-      for (index d = 0; d < g * hd; ++d)
-        dqkv[n * row + grp * (g + 2) * hd + d] = narrow<T>(dq[n * row + grp * (g + 2) * hd + d]);
-      for (index d = 0; d < 2 * hd; ++d)
-        dqkv[n * row + (grp * (g + 2) + g) * hd + d] = narrow<T>(dkv[(n * G + grp) * 2 * hd + d]);
-    }
-}
 
 // Passes `mine` to the next rank of the ring and receives the previous rank's into `theirs`; even
 // ranks send first, odd ranks receive first, so blocking sends always find their receiver.
@@ -183,17 +64,6 @@ void ring_shift(C& comm, std::span<const E> mine, std::span<E> theirs) {
     comm.recv(theirs, prev);
     comm.send(mine, next);
   }
-}
-
-// Zeros o (in S) and sets lse to minus infinity: what a forward merges blocks into.
-template <class S>
-void start_merge(S* o, S* lse, index B, index Tl, index H, index hd) {
-  std::fill(lse, lse + B * H * Tl, -std::numeric_limits<S>::infinity());
-  std::fill(o, o + B * Tl * H * hd, S(0));
-}
-template <class T, class S>
-void finish_merge(T* out, const S* o, std::size_t n) {
-  for (std::size_t i = 0; i < n; ++i) out[i] = narrow<T>(o[i]);
 }
 
 inline void require(const Chunks& ch, int ranks, index Tl, index H, index g, const char* where) {
@@ -233,11 +103,14 @@ template <class W>
 concept Buffers = requires(W& w, std::size_t n) {
   { w.template take<float>(n, Category::activations) } -> std::same_as<float*>;
   { W::compute } -> std::convertible_to<bool>;
+  { w.device() } -> std::same_as<typename W::device_type&>;  // whose ops::ContextBlock computes
 };
 
 class HostBuffers {
  public:
   static constexpr bool compute = true;
+  using device_type = Host;
+  Host& device() { return dev_; }
   template <class E>
   E* take(std::size_t n, Category) {
     auto p = std::make_shared<E[]>(n);
@@ -246,6 +119,7 @@ class HostBuffers {
   }
 
  private:
+  Host dev_;
   std::vector<std::shared_ptr<void>> held_;
 };
 
@@ -266,14 +140,43 @@ struct HostCalls {
     A::backward(comm, ch, dqkv, dout, out, lse, qkv, B, Tl, H, hd, g, w);
   }
 };
+
+// One step of describe's rows (nn::PlanRow) on the context axis of c ranks: in and out the local
+// shapes, each of `bytes` bytes an element.
+inline PlanStep plan_step(Collective col, int c, const Shape& in, const Shape& out, std::int64_t bytes) {
+  PlanStep st;
+  st.collective = col;
+  st.axis = Axis::context;
+  st.degree = c;
+  st.local_in = in;
+  st.local_out = out;
+  st.bytes_in = in.numel() * bytes;
+  st.bytes_out = out.numel() * bytes;
+  st.wire_bytes = ring_wire_bytes(col, c, st.bytes_in, st.bytes_out);
+  return st;
+}
+inline Shape gathered(const Shape& kv, int c) {  // c blocks (B, T/c, H/g, 2, hd) side by side
+  return {c, kv[0], kv[1], kv[2], kv[3], kv[4]};
+}
 }  // namespace detail
 
 // The attention types (one policy per type): how keys and values reach the local queries. Each
-// call has a second form without `w` that takes its buffers from a HostBuffers of its own.
+// call has a second form without `w` that takes its buffers from a HostBuffers of its own. Each
+// also says what one call moves on the context axis, as steps of describe's rows (plan): kv the
+// local key-value block (B, T/c, H/g, 2, hd), e and es the bytes of an element of T and of S
+// (the gradient blocks' type); nothing on one rank.
 struct Ring : detail::HostCalls<Ring> {
   static constexpr const char* name = "ring";
   using HostCalls::backward;
   using HostCalls::forward;
+
+  // c - 1 blocks passed on forward; c - 1 blocks and c gradient blocks backward.
+  static void plan(std::vector<PlanStep>& forward, std::vector<PlanStep>& backward, const Shape& kv, int c, std::int64_t e,
+                   std::int64_t es) {
+    for (int i = 0; i + 1 < c; ++i) forward.push_back(detail::plan_step(Collective::send_recv, c, kv, kv, e));
+    for (int i = 0; i + 1 < c; ++i) backward.push_back(detail::plan_step(Collective::send_recv, c, kv, kv, e));
+    for (int i = 0; c > 1 && i < c; ++i) backward.push_back(detail::plan_step(Collective::send_recv, c, kv, kv, es));
+  }
 
   // out (B, Tl, H, hd) and lse (B, H, Tl) of this rank's rows; comm is the context group, whose
   // rank r holds the chunks ch gives r.
@@ -282,24 +185,24 @@ struct Ring : detail::HostCalls<Ring> {
                       W& w) {
     const detail::Sizes z(ch, comm.rank(), comm.size(), B, Tl, H, hd, g, "context::Ring::forward");
     const int r = z.r, c = z.c;
+    [[maybe_unused]] auto& dev = w.device();
+    using Ops [[maybe_unused]] = ops::ContextBlock<typename W::device_type>;
     T* cur = w.template take<T>(z.block, Category::communication);
     T* next = c > 1 ? w.template take<T>(z.block, Category::communication) : nullptr;
     S* o = w.template take<S>(z.out, Category::activations);
     if constexpr (W::compute) {
-      detail::pack_kv(cur, qkv, B, Tl, H, hd, g);
-      detail::start_merge(o, lse, B, Tl, H, hd);
+      Ops::pack_kv(dev, cur, qkv, B, Tl, H, hd, g);
+      Ops::start(dev, o, lse, B, Tl, H, hd);
     }
     for (int step = 0; step < c; ++step) {
       const int src = (r - step + c) % c;  // whose keys and values this rank holds now
-      if constexpr (W::compute)
-        detail::block_forward(o, lse, qkv, cur, B, Tl, H, hd, g, [&](index i) { return ch.position(r, i); },
-                              [&](index j) { return ch.position(src, j); });
+      if constexpr (W::compute) Ops::forward(dev, o, lse, qkv, cur, B, Tl, H, hd, g, ch.positions(r), ch.positions(src));
       if (step + 1 < c) {
         detail::ring_shift(comm, std::span<const T>(cur, z.block), std::span<T>(next, z.block));
         std::swap(cur, next);
       }
     }
-    if constexpr (W::compute) detail::finish_merge(out, o, z.out);
+    if constexpr (W::compute) Ops::finish(dev, out, o, static_cast<index>(z.out));
   }
 
   // dqkv (B, Tl, H/g, g + 2, hd) of this rank's rows from dout and what forward returned.
@@ -308,6 +211,8 @@ struct Ring : detail::HostCalls<Ring> {
                        index B, index Tl, index H, index hd, index g, W& w) {
     const detail::Sizes z(ch, comm.rank(), comm.size(), B, Tl, H, hd, g, "context::Ring::backward");
     const int r = z.r, c = z.c;
+    [[maybe_unused]] auto& dev = w.device();
+    using Ops [[maybe_unused]] = ops::ContextBlock<typename W::device_type>;
     T* cur = w.template take<T>(z.block, Category::communication);
     T* next = c > 1 ? w.template take<T>(z.block, Category::communication) : nullptr;
     S* dcur = w.template take<S>(z.block, Category::communication);
@@ -315,16 +220,15 @@ struct Ring : detail::HostCalls<Ring> {
     S* dq = w.template take<S>(z.qkv, Category::activations);
     S* D = w.template take<S>(z.rows, Category::activations);
     if constexpr (W::compute) {
-      detail::pack_kv(cur, qkv, B, Tl, H, hd, g);
-      std::fill(dcur, dcur + z.block, S(0));
-      std::fill(dq, dq + z.qkv, S(0));
-      detail::row_dots(D, dout, out, B, Tl, H, hd);
+      Ops::pack_kv(dev, cur, qkv, B, Tl, H, hd, g);
+      dev.zero(dcur, z.block * sizeof(S));
+      dev.zero(dq, z.qkv * sizeof(S));
+      Ops::row_dots(dev, D, dout, out, B, Tl, H, hd);
     }
     for (int step = 0; step < c; ++step) {
       const int src = (r - step + c) % c;
       if constexpr (W::compute)
-        detail::block_backward(dq, dcur, qkv, cur, dout, D, lse, B, Tl, H, hd, g, [&](index i) { return ch.position(r, i); },
-                               [&](index j) { return ch.position(src, j); });
+        Ops::backward(dev, dq, dcur, qkv, cur, dout, D, lse, B, Tl, H, hd, g, ch.positions(r), ch.positions(src));
       if (c == 1) break;
       // The block and its gradient travel on together; after the last step (where rank r holds rank
       // r + 1's block) the gradient goes once more, home to the rank whose keys and values they are.
@@ -335,7 +239,7 @@ struct Ring : detail::HostCalls<Ring> {
       detail::ring_shift(comm, std::span<const S>(dcur, z.block), std::span<S>(dnext, z.block));
       std::swap(dcur, dnext);
     }
-    if constexpr (W::compute) detail::write_dqkv(dqkv, dq, dcur, B, Tl, H, hd, g);
+    if constexpr (W::compute) Ops::write_dqkv(dev, dqkv, dq, dcur, B, Tl, H, hd, g);
   }
 };
 
@@ -344,23 +248,35 @@ struct AllGather : detail::HostCalls<AllGather> {
   using HostCalls::backward;
   using HostCalls::forward;
 
+  // The blocks gathered forward and again backward; their gradients reduce-scattered.
+  static void plan(std::vector<PlanStep>& forward, std::vector<PlanStep>& backward, const Shape& kv, int c, std::int64_t e,
+                   std::int64_t es) {
+    if (c <= 1) return;
+    const Shape all = detail::gathered(kv, c);
+    forward.push_back(detail::plan_step(Collective::all_gather, c, kv, all, e));
+    backward.push_back(detail::plan_step(Collective::all_gather, c, kv, all, e));
+    backward.push_back(detail::plan_step(Collective::reduce_scatter, c, all, kv, es));
+  }
+
   template <Communicator C, class T, class S, Buffers W>
   static void forward(C& comm, const Chunks& ch, T* out, S* lse, const T* qkv, index B, index Tl, index H, index hd, index g,
                       W& w) {
     const detail::Sizes z(ch, comm.rank(), comm.size(), B, Tl, H, hd, g, "context::AllGather::forward");
     const int r = z.r, c = z.c;
+    [[maybe_unused]] auto& dev = w.device();
+    using Ops [[maybe_unused]] = ops::ContextBlock<typename W::device_type>;
     const std::size_t all_n = z.block * static_cast<std::size_t>(c);
     T* mine = w.template take<T>(z.block, Category::communication);
     T* all = w.template take<T>(all_n, Category::communication);
     S* o = w.template take<S>(z.out, Category::activations);
-    if constexpr (W::compute) detail::pack_kv(mine, qkv, B, Tl, H, hd, g);
+    if constexpr (W::compute) Ops::pack_kv(dev, mine, qkv, B, Tl, H, hd, g);
     comm.all_gather(std::span<const T>(mine, z.block), std::span<T>(all, all_n));  // rank k's block at k * block
     if constexpr (W::compute) {
-      detail::start_merge(o, lse, B, Tl, H, hd);
+      Ops::start(dev, o, lse, B, Tl, H, hd);
       for (int src = 0; src < c; ++src)
-        detail::block_forward(o, lse, qkv, all + static_cast<std::size_t>(src) * z.block, B, Tl, H, hd, g,
-                              [&](index i) { return ch.position(r, i); }, [&](index j) { return ch.position(src, j); });
-      detail::finish_merge(out, o, z.out);
+        Ops::forward(dev, o, lse, qkv, all + static_cast<std::size_t>(src) * z.block, B, Tl, H, hd, g, ch.positions(r),
+                     ch.positions(src));
+      Ops::finish(dev, out, o, static_cast<index>(z.out));
     }
   }
 
@@ -369,6 +285,8 @@ struct AllGather : detail::HostCalls<AllGather> {
                        index B, index Tl, index H, index hd, index g, W& w) {
     const detail::Sizes z(ch, comm.rank(), comm.size(), B, Tl, H, hd, g, "context::AllGather::backward");
     const int r = z.r, c = z.c;
+    [[maybe_unused]] auto& dev = w.device();
+    using Ops [[maybe_unused]] = ops::ContextBlock<typename W::device_type>;
     const std::size_t all_n = z.block * static_cast<std::size_t>(c);
     T* mine = w.template take<T>(z.block, Category::communication);
     T* all = w.template take<T>(all_n, Category::communication);
@@ -376,19 +294,18 @@ struct AllGather : detail::HostCalls<AllGather> {
     S* dmine = w.template take<S>(z.block, Category::communication);
     S* dq = w.template take<S>(z.qkv, Category::activations);
     S* D = w.template take<S>(z.rows, Category::activations);
-    if constexpr (W::compute) detail::pack_kv(mine, qkv, B, Tl, H, hd, g);
+    if constexpr (W::compute) Ops::pack_kv(dev, mine, qkv, B, Tl, H, hd, g);
     comm.all_gather(std::span<const T>(mine, z.block), std::span<T>(all, all_n));  // again: the forward kept none
     if constexpr (W::compute) {
-      std::fill(dall, dall + all_n, S(0));
-      std::fill(dq, dq + z.qkv, S(0));
-      detail::row_dots(D, dout, out, B, Tl, H, hd);
+      dev.zero(dall, all_n * sizeof(S));
+      dev.zero(dq, z.qkv * sizeof(S));
+      Ops::row_dots(dev, D, dout, out, B, Tl, H, hd);
       for (int src = 0; src < c; ++src)
-        detail::block_backward(dq, dall + static_cast<std::size_t>(src) * z.block, qkv, all + static_cast<std::size_t>(src) * z.block,
-                               dout, D, lse, B, Tl, H, hd, g, [&](index i) { return ch.position(r, i); },
-                               [&](index j) { return ch.position(src, j); });
+        Ops::backward(dev, dq, dall + static_cast<std::size_t>(src) * z.block, qkv, all + static_cast<std::size_t>(src) * z.block,
+                      dout, D, lse, B, Tl, H, hd, g, ch.positions(r), ch.positions(src));
     }
     comm.reduce_scatter(std::span<const S>(dall, all_n), std::span<S>(dmine, z.block), ReduceOp::sum);
-    if constexpr (W::compute) detail::write_dqkv(dqkv, dq, dmine, B, Tl, H, hd, g);
+    if constexpr (W::compute) Ops::write_dqkv(dev, dqkv, dq, dmine, B, Tl, H, hd, g);
   }
 };
 

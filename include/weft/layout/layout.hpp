@@ -10,15 +10,19 @@
 // Shard<1> on context for a (B, T, C) activation. Its ranks hold the sequence in the load-balanced
 // order of context::Chunks (rank r the chunks r and 2c - 1 - r of 2c), so the global tensor that
 // the layout describes is the sequence in that order, and Shard<1> of it is each rank's pair of
-// chunks, contiguous. Parameters are Replicate on context; their gradients are to be reduced over
-// the data and context ranks together (Mesh::data_context); the data-parallel protocol does not do
-// that yet (docs/context.md).
+// chunks, contiguous. Parameters are Replicate on context; their gradients are reduced over the
+// data and context ranks together (Mesh::data_context), by the data-parallel protocol.
 //
-// Requires: every argument is a placement, and no two axes shard the same dim. Nested sharding of
-// one dim over two axes would make the shard order (which axis is outer) part of the layout; weft
-// keeps layouts per-axis independent instead, which is what makes each redistribution a product of
-// one collective per axis. Negative and positive spellings of one dim are compared at run time
-// (local_shape), where the rank is known.
+// Requires: every argument is a placement, and no two axes shard the same dim, with one exception:
+// the context and tensor axes may both shard one dim, nested, the context axis outer. That is
+// sequence parallelism inside context parallelism: a context rank's rows (T / c) are split again
+// into tp contiguous slices over its tensor group, local (B/dp, T/(c tp), C) (local_shape,
+// local_box). Other nestings would make the shard order part of the layout; weft keeps layouts
+// per-axis independent instead, which is what makes each redistribution a product of one
+// collective per axis, and no redistribution passes through a nested layout (Transition refuses
+// it): the layers move between the nested layout and a context rank's rows by relabelling
+// (nn::TokenWise), where the tensor-axis collective runs on the rows alone. Negative and positive
+// spellings of one dim are compared at run time (local_shape), where the rank is known.
 //
 // Example, a (B, T, C) activation under Megatron sequence parallelism on a data x tensor mesh:
 //   Layout<Shard<0>, Shard<1>>  // batch split over data, sequence over tensor: local (B/dp, T/tp, C)
@@ -89,11 +93,9 @@ struct Layout {
   static_assert(!detail::same_shard_dim<DataP, PipeP> && !detail::same_shard_dim<PipeP, TensorP>,
                 "Layout: the pipe axis shards the same dim as another axis; shard different dims (nested "
                 "sharding of one dim is not a weft layout)");
-  static_assert(!detail::same_shard_dim<ContextP, DataP> && !detail::same_shard_dim<ContextP, TensorP> &&
-                    !detail::same_shard_dim<ContextP, PipeP>,
-                "Layout: the context axis shards the same dim as another axis; shard different dims (under "
-                "context parallelism the sequence is split over context, so sequence parallelism's Shard<1> "
-                "moves off the tensor axis)");
+  static_assert(!detail::same_shard_dim<ContextP, DataP> && !detail::same_shard_dim<ContextP, PipeP>,
+                "Layout: the context axis shards the same dim as the data or pipe axis; shard different dims "
+                "(only the tensor axis may shard a context-sharded dim again, inside each context rank's rows)");
 
   using data = DataP;
   using tensor = TensorP;
@@ -162,10 +164,12 @@ constexpr int sharded_dim(const Shape& global) {
 }
 
 // Local shape of a tensor of `global` shape under layout L on the degrees in `s`.
-// Requires: every sharded extent divisible by its axis degree, and no two axes shard the same dim.
+// Requires: every sharded extent divisible by its axis degree (a dim that context and tensor both
+// shard: by their product), and no two axes shard the same dim but context then tensor.
 // Guarantees: the local shards of all ranks tile the global tensor exactly once.
 // Example: local_shape<Layout<Shard<0>, Shard<-1>>>({8, 6}, {.data_degree = 2, .tensor_degree = 3})
-//          == (4, 2).
+//          == (4, 2); local_shape<Layout<Shard<0>, Shard<1>, StageLocal, Shard<1>>>({2, 16, 4},
+//          {.context_degree = 2, .tensor_degree = 2}) == (2, 4, 4).
 template <LayoutType L>
 constexpr Shape local_shape(const Shape& global, const Spread& s) {
   Shape local = global;
@@ -175,18 +179,19 @@ constexpr Shape local_shape(const Shape& global, const Spread& s) {
     constexpr Axis A = decltype(a)::value;
     const int d = sharded_dim<placement_on<L, A>>(global);
     for (std::size_t j = 0; j < k; ++j)
-      if (d >= 0 && dims[j] == d)
+      if (d >= 0 && dims[j] == d && !(kAxes[j] == Axis::context && A == Axis::tensor))
         throw Error(L::name(), cat("the ", name(kAxes[j]), " and ", name(A), " axes both shard dim ", d, " of a tensor of shape ", global),
                     "shard different dims");
     dims[k++] = d;
     if (d < 0) return;
     const int degree = s.degree(A);
-    if (degree <= 0 || global[d] % degree != 0)
+    if (degree <= 0 || local[d] % degree != 0)
       throw Error(L::name(),
-                  cat("dim ", d, " of shape ", global, " has extent ", global[d], ", not divisible by the ", name(A),
-                      " degree ", degree),
+                  cat("dim ", d, " of shape ", global, " has extent ", local[d],
+                      local[d] == global[d] ? std::string() : cat(" on each ", name(Axis::context), " rank"),
+                      ", not divisible by the ", name(A), " degree ", degree),
                   "choose a degree that divides the extent, or pad the tensor");
-    local[d] = global[d] / degree;
+    local[d] /= degree;
   });
   return local;
 }
@@ -205,11 +210,14 @@ struct Box {
 template <LayoutType L>
 constexpr Box local_box(const Shape& global, const Spread& s) {
   Box b{global, local_shape<L>(global, s)};
+  Shape block = global;  // the extent of the box an axis splits: a nested dim's outer shard
   for (int d = 0; d < global.rank(); ++d) b.offset[d] = 0;
   for_each_axis([&](auto a) {
     constexpr Axis A = decltype(a)::value;
     const int d = sharded_dim<placement_on<L, A>>(global);
-    if (d >= 0) b.offset[d] = s.index(A) * b.extent[d];
+    if (d < 0) return;
+    block[d] /= s.degree(A);
+    b.offset[d] += s.index(A) * block[d];
   });
   return b;
 }

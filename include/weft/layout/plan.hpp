@@ -38,6 +38,8 @@ enum class Collective : std::uint8_t {
   all_to_all,      // Shard<a> -> Shard<b>
   all_reduce,      // Partial -> Replicate
   reduce_scatter,  // Partial -> Shard
+  send_recv,       // not a redistribution: a block sent to the next rank of a ring and one received
+                   // from the previous (context::Ring's attention; a row of describe, never a step)
 };
 
 constexpr const char* name(Collective c) {
@@ -50,6 +52,7 @@ constexpr const char* name(Collective c) {
     case Collective::all_to_all: return "all_to_all";
     case Collective::all_reduce: return "all_reduce";
     case Collective::reduce_scatter: return "reduce_scatter";
+    case Collective::send_recv: return "send_recv";
   }
   return "?";
 }
@@ -58,7 +61,7 @@ inline std::ostream& operator<<(std::ostream& os, Collective c) { return os << n
 // True when the step moves data between ranks.
 constexpr bool communicates(Collective c) {
   return c == Collective::all_gather || c == Collective::all_to_all || c == Collective::all_reduce ||
-         c == Collective::reduce_scatter;
+         c == Collective::reduce_scatter || c == Collective::send_recv;
 }
 
 // The step on one axis from placement From to placement To (embed included: it is the adjoint of
@@ -132,16 +135,28 @@ struct Transition {
   }
   static constexpr Steps kinds = per_axis();
 
-  // Whether every layout on the way (after each step of `order`) shards each dim on one axis only.
-  // Dims are compared as written (Shard<1> vs Shard<1>), as the Layout static_assert does.
+  // Whether every layout on the way (From, and the layout after each step of `order`) shards each
+  // dim on one axis only, or nests a dim in the one way a Layout may (context outer, tensor inner:
+  // sequence parallelism inside context parallelism) while the context placement stays as it is.
+  // The tensor-axis step then works on a context rank's rows alone, which its local buffer is; a
+  // context-axis step under a nested tensor shard would interleave the wrong slices. Dims are
+  // compared as written (Shard<1> vs Shard<1>), as the Layout static_assert does.
+  static constexpr bool nests(std::size_t i, std::size_t j) {
+    return kAxes[i] == Axis::context && kAxes[j] == Axis::tensor && kinds[i].collective == Collective::none;
+  }
+  static constexpr bool apart(const std::array<int, n>& dims) {
+    for (std::size_t i = 0; i < n; ++i)
+      for (std::size_t j = i + 1; j < n; ++j)
+        if (dims[i] != kNoDim && dims[i] == dims[j] && !nests(i, j)) return false;
+    return true;
+  }
   static constexpr bool valid(const std::array<std::size_t, n>& order) {
     std::array<int, n> dims{};
     for (std::size_t i = 0; i < n; ++i) dims[i] = kinds[i].from_dim;
+    if (!apart(dims)) return false;
     for (std::size_t k = 0; k < n; ++k) {
       dims[order[k]] = kinds[order[k]].to_dim;
-      for (std::size_t i = 0; i < n; ++i)
-        for (std::size_t j = i + 1; j < n; ++j)
-          if (dims[i] != kNoDim && dims[i] == dims[j]) return false;
+      if (!apart(dims)) return false;
     }
     return true;
   }
@@ -222,9 +237,10 @@ struct Plan {
 // Bytes each rank sends for collective c on n ranks, with `in` and `out` the local bytes before and
 // after (ring algorithms, the convention of nccl-tests' bus bandwidth):
 //   all_reduce 2 (n-1)/n S, all_gather (n-1)/n S_out, reduce_scatter (n-1)/n S_in,
-//   all_to_all (n-1)/n S.
+//   all_to_all (n-1)/n S, send_recv S (the block sent).
 constexpr std::int64_t ring_wire_bytes(Collective c, int n, std::int64_t in, std::int64_t out) {
   switch (c) {
+    case Collective::send_recv: return in;
     case Collective::all_reduce: return 2 * (n - 1) * in / n;
     case Collective::all_gather: return (n - 1) * out / n;
     case Collective::reduce_scatter: return (n - 1) * in / n;

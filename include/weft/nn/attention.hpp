@@ -13,7 +13,8 @@
 //
 // With context parallelism (Cx = context::Ring or context::AllGather, docs/context.md) the sequence
 // is sharded over the context axis in every layout above: each rank holds its T / c rows, and the
-// attention runs over the mesh's context group (nn/context_attention.hpp). The host only, so far.
+// attention runs over the mesh's context group (nn/context_attention.hpp). On the host, and compiled
+// for the Cuda device (ops::ContextBlock).
 #pragma once
 
 #include <cmath>
@@ -29,9 +30,10 @@ template <Floating T, recompute::Policy Recompute = recompute::None, class D = H
 class CausalSelfAttention {
   static constexpr bool keep_probs = !std::same_as<Recompute, recompute::Selective>;
   static constexpr bool cp = context::Kind<Cx>;  // the sequence sharded over the context axis
-  static_assert(!cp || std::same_as<D, Host> || std::same_as<D, Meta<Host>>,
-                "CausalSelfAttention: context parallelism (Cx) runs on the host (and its plan, Meta<Host>) only so far; "
-                "use context::None on this device");
+  static_assert(!cp || is_meta<D> || ops::ImplementedOn<ops::ContextBlock, D>,
+                "CausalSelfAttention: context parallelism (Cx) needs ops::ContextBlock on this device (ops/context_block.hpp; "
+                "the Cuda device's in ops/context_block.cuh, which device/cuda/dispatch.cuh includes); include it, or "
+                "use context::None");
 
  public:
   using In = std::conditional_t<cp, act::Rows, act::Full>;
@@ -127,6 +129,15 @@ class CausalSelfAttention {
   void defer_weight(bool on) {
     qkv.defer_weight(on);
     proj.defer_weight(on);
+  }
+
+  // describe's row (nn/plan_walk.hpp), with context parallelism: the keys and values of the rank's
+  // rows over the context axis, Cx's way. act the global (B, T, C).
+  void plan_rows(std::vector<PlanRow>& out, const std::string& row, const Shape& act, const Spread& s, std::int64_t e) const
+    requires cp
+  {
+    out.push_back(detail::ContextAttention<Cx>::template plan_row<T, CausalSelfAttention>(
+        cat(row, " (", name(), ")"), act, s, e, heads / s.tensor_degree, head_dim));
   }
 
   Shape out_shape(const Shape& s) const { return s; }

@@ -27,15 +27,16 @@ namespace weft::nn {
 
 // The stream between a model's stages and blocks, and the tensor-axis pairs around a branch. Under
 // context parallelism (CP: the sequence Shard<1> on the context axis, docs/context.md) the stream is a
-// context rank's rows, and the pairs keep them so (sequence parallelism, which shards the sequence
-// over the tensor axis, is not combined with it yet).
+// context rank's rows, and the pairs keep them so; with sequence parallelism as well, the rows are
+// split again over the tensor group (act::RowsSequence) and the pairs gather and scatter them.
 template <bool SP, bool CP = false>
 struct stream {
-  static_assert(!(SP && CP), "nn::stream: sequence parallelism with context parallelism is not supported yet (both "
-                             "shard the sequence); use one of them");
-  using layout = std::conditional_t<CP, act::Rows, std::conditional_t<SP, act::Sequence, act::Full>>;
-  using enter = std::conditional_t<CP, CopyToTensorRows, std::conditional_t<SP, GatherFromSequence, CopyToTensor>>;
-  using leave = std::conditional_t<CP, ReduceFromTensorRows, std::conditional_t<SP, ScatterToSequence, ReduceFromTensor>>;
+  using layout = std::conditional_t<CP, std::conditional_t<SP, act::RowsSequence, act::Rows>,
+                                    std::conditional_t<SP, act::Sequence, act::Full>>;
+  using enter = std::conditional_t<CP, std::conditional_t<SP, GatherFromSequenceRows, CopyToTensorRows>,
+                                   std::conditional_t<SP, GatherFromSequence, CopyToTensor>>;
+  using leave = std::conditional_t<CP, std::conditional_t<SP, ScatterToSequenceRows, ReduceFromTensorRows>,
+                                   std::conditional_t<SP, ScatterToSequence, ReduceFromTensor>>;
 };
 
 // The block itself; Block (below) applies the recompute policy to it. Recompute reaches the
@@ -134,9 +135,10 @@ class PreNormBlock {
   static std::string name() { return "Block"; }  // (PreNormBlock)
 
   // This block's rows of the model's plan (describe.hpp): act is the global (B, T, C), e the bytes
-  // of an element. Full recompute repeats each branch's forward collectives in its backward.
+  // of an element. Full recompute repeats each branch's forward collectives in its backward. With
+  // context parallelism and the head count, the attention's own collectives on the context axis.
   static void plan_rows(std::vector<PlanRow>& out, const std::string& prefix, const Shape& act, const Spread& s,
-                        std::int64_t e) {
+                        std::int64_t e, std::int64_t heads = 0) {
     const std::string p = prefix + ".";
     for (const char* branch : {"attn", "mlp"}) {
       const bool attn_branch = branch[0] == 'a';
@@ -144,7 +146,13 @@ class PreNormBlock {
       out.push_back(detail::pair_row<Enter>(p + branch + " enter", act, s, e));
       if (attn_branch) {
         out.push_back(detail::local_row<Linear<T, ColumnParallel>>(p + "attn.qkv (ColumnParallel)"));
-        out.push_back({p + "attn.core (causal, local heads)", act::Features::name(), act::Features::name(), {}, {}});
+        out.push_back({p + (cp ? cat("attn.core (causal, local heads, over context: ", Cx::name, ")") : "attn.core (causal, local heads)"),
+                       act::Features::name(), act::Features::name(), {}, {}});
+        if constexpr (cp)
+          if (heads > 0)  // the keys and values of the rank's rows: (B/dp, T/c, H/tp, 2, hd)
+            Cx::plan(out.back().forward, out.back().backward,
+                     {act[0] / s.data_degree, act[1] / s.context_degree, heads / s.tensor_degree, 2, act[2] / heads},
+                     s.context_degree, e, static_cast<std::int64_t>(sizeof(accumulate_t<T>)));
         out.push_back(detail::local_row<Linear<T, RowParallel>>(p + "attn.proj (RowParallel)"));
       } else {
         out.push_back(detail::local_row<Linear<T, ColumnParallel, epilogue::Gelu>>(p + "mlp.fc (ColumnParallel, GELU)"));

@@ -56,8 +56,11 @@ using CopyToTensor = Redistribute<act::Full, act::Full, act::Partial, act::Full>
 using ReduceFromTensor = Redistribute<act::Partial, act::Full, act::Full, act::Full>;
 using GatherFromSequence = Redistribute<act::Sequence, act::Full, act::Partial, act::Sequence>;
 using ScatterToSequence = Redistribute<act::Partial, act::Sequence, act::Sequence, act::Full>;
-// The first two on a context rank's rows (context parallelism): the same tensor-axis collectives.
+// The four on a context rank's rows (context parallelism): the same tensor-axis collectives, over
+// the rows alone (with sequence parallelism, the rank's rows split over its tensor group).
 using CopyToTensorRows = Redistribute<act::Rows, act::Rows, act::RowsPartial, act::Rows>;
 using ReduceFromTensorRows = Redistribute<act::RowsPartial, act::Rows, act::Rows, act::Rows>;
+using GatherFromSequenceRows = Redistribute<act::RowsSequence, act::Rows, act::RowsPartial, act::RowsSequence>;
+using ScatterToSequenceRows = Redistribute<act::RowsPartial, act::RowsSequence, act::RowsSequence, act::Rows>;
 
 }  // namespace weft::nn

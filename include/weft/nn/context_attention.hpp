@@ -20,17 +20,21 @@
 #include "weft/context/attention.hpp"
 #include "weft/core/error.hpp"
 #include "weft/device/meta/meta.hpp"
+#include "weft/nn/plan_row.hpp"
 #include "weft/nn/roles.hpp"
 #include "weft/tensor/tensor.hpp"
 
 namespace weft::nn::detail {
 
-// The attention's buffers from a device's allocator, held until this is destroyed.
+// The attention's buffers from a device's allocator, held until this is destroyed; the device's
+// ops::ContextBlock computes in them (none on the Meta device).
 template <class D>
 class DeviceBuffers {
  public:
   static constexpr bool compute = !is_meta<D>;
+  using device_type = D;
   explicit DeviceBuffers(D& dev) : dev_(&dev) {}
+  D& device() { return *dev_; }
   template <class E>
   E* take(std::size_t n, Category c) {
     held_.push_back(dev_->allocate(static_cast<std::int64_t>(n * sizeof(E)), c));
@@ -65,6 +69,18 @@ struct ContextAttention {
     const Shape& g = x.global_shape();
     const std::int64_t B = x.local_shape()[0], Tl = x.local_shape()[1];
     return {context::Chunks::of(g[1], cg.size()), cg.rank(), B, Tl, Shape{g[0], Tl, g[2]}};
+  }
+
+  // describe's row of the layer (nn/plan_walk.hpp) with Cx's collectives on the context axis: act
+  // the global (B, T, C); G the key-value groups on a tensor rank of heads of hd; e the bytes of T.
+  template <class T, class Layer>
+  static PlanRow plan_row(std::string name, const Shape& act, const Spread& s, std::int64_t e, std::int64_t G,
+                          std::int64_t hd) {
+    using S = accumulate_t<T>;
+    PlanRow r{std::move(name), Layer::In::name(), Layer::Out::name(), {}, {}};
+    Cx::plan(r.forward, r.backward, {act[0] / s.data_degree, act[1] / s.context_degree, G, 2, hd}, s.context_degree, e,
+             static_cast<std::int64_t>(sizeof(S)));
+    return r;
   }
 
   // layer.qkv (ColumnParallel) -> rotate -> attention over the context group -> layer.proj

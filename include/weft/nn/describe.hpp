@@ -28,12 +28,20 @@ std::vector<PlanRow> describe_rows(const typename Model::config_type& c, std::in
   return Model::plan_rows(c, batch, s);
 }
 
+// "all_gather(tensor) 4096 B, send_recv(context) 2048 B x3": each step by the bytes its
+// communicator call counts, a run of equal steps (a ring's passes) once with its count.
 inline std::string format_steps(const std::vector<PlanStep>& steps) {
   if (steps.empty()) return "-";
+  const auto counted = [](const PlanStep& st) { return st.collective == Collective::all_gather ? st.bytes_out : st.bytes_in; };
   std::string r;
-  for (const PlanStep& st : steps) {
-    const std::int64_t b = st.collective == Collective::all_gather ? st.bytes_out : st.bytes_in;
-    r += cat(r.empty() ? "" : ", ", name(st.collective), "(", name(st.axis), ") ", b, " B");
+  for (std::size_t i = 0; i < steps.size();) {
+    const PlanStep& st = steps[i];
+    std::size_t n = 1;
+    while (i + n < steps.size() && steps[i + n].collective == st.collective && steps[i + n].axis == st.axis &&
+           counted(steps[i + n]) == counted(st))
+      ++n;
+    r += cat(r.empty() ? "" : ", ", name(st.collective), "(", name(st.axis), ") ", counted(st), " B", n > 1 ? cat(" x", n) : "");
+    i += n;
   }
   return r;
 }
@@ -51,7 +59,7 @@ std::string format_plan(const typename Model::config_type& c, std::int64_t batch
     sep = ", ";
   }
   os << "; batch " << batch << "; data " << s.data_degree;
-  if (s.context_degree > 1) os << " x context " << s.context_degree;  // the attention's own collectives are not rows yet
+  if (s.context_degree > 1) os << " x context " << s.context_degree;
   os << " x tensor " << s.tensor_degree << (Model::sequence_parallel ? ", sequence parallel" : "") << "\n";
   char line[512];
   std::snprintf(line, sizeof line, "  %-46s %-28s %-28s %-44s %s\n", "layer", "in", "out", "forward", "backward");

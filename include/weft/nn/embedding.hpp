@@ -100,11 +100,13 @@ class PositionEmbedding {
 
  private:
   // The positions this rank holds: a context rank's two chunks where the context axis shards the
-  // sequence (context::Chunks), its slice under sequence parallelism's Shard<1>, else 0 .. T - 1.
+  // sequence (context::Chunks), its slice under sequence parallelism's Shard<1> (of those rows, when
+  // both shard it), else 0 .. T - 1.
   static ops::Positions positions(const Tensor<T, A, D>& x) {
+    const std::int64_t first = IsShard<typename A::tensor> ? x.spread().tensor_index * x.local_shape()[1] : 0;
     if constexpr (IsShard<typename A::context>)
-      return context::Chunks::of(x.global_shape()[1], x.spread().context_degree).positions(x.spread().context_index);
-    else return IsShard<typename A::tensor> ? x.spread().tensor_index * x.local_shape()[1] : 0;
+      return context::Chunks::of(x.global_shape()[1], x.spread().context_degree).positions(x.spread().context_index).from(first);
+    else return first;
   }
 };
 
@@ -131,7 +133,7 @@ template <class Leave, Floating T, class D, LayoutType A, AxisComms M>
 void lookup_rows_backward(VocabParallelEmbedding<T, D>& wte, typename VocabParallelEmbedding<T, D>::Ctx& ctx,
                           std::vector<std::int32_t>& rows, const Tensor<T, A, D>& dx, M& mesh) {
   Shape g = dx.global_shape();
-  g[1] = dx.local_shape()[1];
+  g[1] /= dx.spread().context_degree;
   wte.backward(ctx, Leave::backward(Tensor<T, typename Leave::Out, D>::view(dx.dev(), const_cast<T*>(dx.data()), g, dx.spread()), mesh));
   rows = {};
 }

@@ -20,7 +20,7 @@
 // any rows; the rotation turns each row by its own position (Chunks::positions); the attention runs
 // over the mesh's context group, Cx's way. What backward keeps is the attention's output y and
 // each query row's log-sum-exp (B, H/tp, T/c), never the (T/c, T) probabilities, under every
-// recompute policy. The host only, so far.
+// recompute policy. On the host, and compiled for the Cuda device (ops::ContextBlock).
 #pragma once
 
 #include <algorithm>
@@ -41,9 +41,10 @@ template <Floating T, recompute::Policy Recompute = recompute::None, class D = H
 class GroupedQueryAttention {
   static constexpr bool keep_probs = !std::same_as<Recompute, recompute::Selective>;
   static constexpr bool cp = context::Kind<Cx>;  // the sequence sharded over the context axis
-  static_assert(!cp || std::same_as<D, Host> || std::same_as<D, Meta<Host>>,
-                "GroupedQueryAttention: context parallelism (Cx) runs on the host (and its plan, Meta<Host>) only so far; "
-                "use context::None on this device");
+  static_assert(!cp || is_meta<D> || ops::ImplementedOn<ops::ContextBlock, D>,
+                "GroupedQueryAttention: context parallelism (Cx) needs ops::ContextBlock on this device (ops/context_block.hpp; "
+                "the Cuda device's in ops/context_block.cuh, which device/cuda/dispatch.cuh includes); include it, or "
+                "use context::None");
   using Seq = std::conditional_t<cp, Shard<1>, Replicate>;  // the sequence's placement on the context axis
 
  public:
@@ -164,6 +165,15 @@ class GroupedQueryAttention {
   void defer_weight(bool on) {
     qkv.defer_weight(on);
     proj.defer_weight(on);
+  }
+
+  // describe's row (nn/plan_walk.hpp), with context parallelism: the keys and values of the rank's
+  // rows over the context axis, Cx's way. act the global (B, T, C).
+  void plan_rows(std::vector<PlanRow>& out, const std::string& row, const Shape& act, const Spread& s, std::int64_t e) const
+    requires cp
+  {
+    out.push_back(detail::ContextAttention<Cx>::template plan_row<T, GroupedQueryAttention>(
+        cat(row, " (", name(), ")"), act, s, e, kv_heads / s.tensor_degree, head_dim));
   }
 
   Shape out_shape(const Shape& s) const { return s; }

@@ -2,7 +2,9 @@
 // for a Spec that writes no plan_rows of its own (GPT-2 writes its own: models/gpt2/model.hpp).
 //
 // Each layer of the protocol (nn/sequential.hpp) gives its rows:
-//   a layer with static plan_rows(out, name, act, s, e)   those (a block that writes its own)
+//   a layer with plan_rows(out, name, act, s, e)          those (a block that writes its own; the
+//                                                         attention over the context axis, whose
+//                                                         sends or gathers a member knows the heads of)
 //   Named<"attn", L>                                      L's, under "<name>.attn"
 //   Sequential<Ls...>                                     each layer's in order, under its name (or,
 //                                                         unnamed, its neighbours'), and a row for
@@ -20,7 +22,8 @@
 // there (sequence parallelism's norm weights), as DDP runs it.
 //
 // A layer that runs collectives inside itself (not through a Redistribute) declares them with a
-// static plan_rows; tests/plan/measure.cpp holds the walk to the collectives a run counts.
+// plan_rows (static, or a const member); tests/plan/measure.cpp holds the walk to the collectives a
+// run counts, tests/context/plan.cpp the context axis's.
 #pragma once
 
 #include <string>
@@ -56,8 +59,8 @@ template <class L> struct checkpointed_base;
 template <class L, class T, class D> struct checkpointed_base<recompute::Checkpointed<L, T, D>> { using type = L; };
 
 template <class L>
-concept WritesPlanRows = requires(std::vector<PlanRow>& out, const std::string& n, const Shape& a, const Spread& s,
-                                  std::int64_t e) { L::plan_rows(out, n, a, s, e); };
+concept WritesPlanRows = requires(const L& l, std::vector<PlanRow>& out, const std::string& n, const Shape& a, const Spread& s,
+                                  std::int64_t e) { l.plan_rows(out, n, a, s, e); };
 
 }  // namespace detail
 
@@ -109,10 +112,10 @@ void sequential_rows(std::vector<PlanRow>& out, const std::string& name, const S
 template <class L>
 Shape layer_plan_rows(std::vector<PlanRow>& out, const std::string& name, const L& layer, const Shape& in,
                       const Spread& s, std::int64_t e) {
-  if constexpr (detail::WritesPlanRows<L>) {
-    L::plan_rows(out, name, in, s, e);
-    return layer.out_shape(in);
-  } else if constexpr (detail::is_token_wise<L>) {  // L on a context rank's T / c rows, as a sequence of its own
+  // Named first: it derives from its layer, so it has the layer's plan_rows too, and must add its
+  // name. (A checkpointed layer with rows of its own states its recomputation itself, as
+  // PreNormBlock's do.)
+  if constexpr (detail::is_token_wise<L>) {  // L on a context rank's T / c rows, as a sequence of its own
     Shape rows = in;
     rows[1] = in[1] / s.context_degree;
     Shape y = layer_plan_rows(out, name, layer.inner, rows, s, e);
@@ -121,6 +124,9 @@ Shape layer_plan_rows(std::vector<PlanRow>& out, const std::string& name, const 
   } else if constexpr (detail::is_named<L>) {
     using Base = typename detail::named_base<L>::type;
     return layer_plan_rows(out, cat(name, ".", L::label()), static_cast<const Base&>(layer), in, s, e);
+  } else if constexpr (detail::WritesPlanRows<L>) {
+    layer.plan_rows(out, name, in, s, e);
+    return layer.out_shape(in);
   } else if constexpr (detail::is_checkpointed<L>) {
     using Base = typename detail::checkpointed_base<L>::type;
     const std::size_t first = out.size();

@@ -31,6 +31,9 @@ using Sequence = Layout<Shard<0>, Shard<1>>;     // (B/dp, T/tp, C)
 // Context parallelism: a context rank's rows of the sequence (B/dp, T/c, C), docs/context.md.
 using Rows = Layout<Shard<0>, Replicate, StageLocal, Shard<1>>;
 using RowsPartial = Layout<Shard<0>, weft::Partial, StageLocal, Shard<1>>;
+// Both: sequence parallelism inside context parallelism, a context rank's rows split again over its
+// tensor group (B/dp, T/(c tp), C), the context axis outer (layout.hpp).
+using RowsSequence = Layout<Shard<0>, Shard<1>, StageLocal, Shard<1>>;
 }  // namespace act
 
 // The gradient layout of a parameter that is Replicate over the tensor axis and applied to

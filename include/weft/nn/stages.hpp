@@ -130,7 +130,7 @@ class HeadStage {
       auto& cg = mesh.comm(Axis::context);
       ctx.rows = context::Chunks::of(x.global_shape()[1], cg.size()).rows(targets, cg.rank());
       Shape g = x.global_shape();
-      g[1] = x.local_shape()[1];
+      g[1] /= x.spread().context_degree;  // the rank's rows (T / c), split over tensor under SP
       return forward_rows(ctx, Tensor<T, Local, D>::view(x.dev(), const_cast<T*>(x.data()), g, x.spread()), table, ctx.rows,
                           mesh, mode);
     }

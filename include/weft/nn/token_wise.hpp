@@ -10,6 +10,7 @@
 // positions: the same storage, relabelled (Tensor::relabel), no copy and no collective.
 //
 //   x   (B, T, C)    In  = L::In with Shard<1> on context     local (B/dp, T/c, C)
+//                    (L::In Shard<1> on tensor too, sequence parallelism: local (B/dp, T/(c tp), C))
 //   L   sees (B, T/c, C) in L::In (Replicate on context)
 //   y   (B, T, C')   Out = L::Out with Shard<1> on context
 //
@@ -81,11 +82,12 @@ class TokenWise {
   }
 
  private:
-  // x's local rows as a tensor of their own: global (B, T/c, ...), Replicate on context.
+  // x's local rows as a tensor of their own: global (B, T/c, ...), Replicate on context (and split
+  // over tensor as before where A shards the sequence there too: sequence parallelism).
   template <LayoutType A, Element T, LayoutType From, class D>
   static Tensor<T, A, D> rows(const Tensor<T, From, D>& x) {
     Shape g = x.global_shape();
-    g[1] = x.local_shape()[1];
+    g[1] /= x.spread().context_degree;
     return Tensor<T, A, D>::view(x.dev(), const_cast<T*>(x.data()), g, x.spread());
   }
   // L's result on the rows, as the rows of a sequence of T: the same storage under layout A.

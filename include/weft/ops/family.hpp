@@ -22,6 +22,8 @@
 //                  multi-head attention is groups of one, Llama's grouped-query attention larger)
 //   rotary         Rotary (rotary positions, the llama3 scaling; in place on q and k)
 //   swiglu         SwiGlu (Llama's gated MLP unit)
+//   context_block  ContextBlock (causal attention over the context axis one block of keys and
+//                  values at a time, merged by log-sum-exp: context/attention.hpp's arithmetic)
 //   embedding      Embedding (vocab-parallel lookup), Position (learned positions)
 //   cross_entropy  CrossEntropy (vocab-parallel)
 //   update         Update (AdamW, SGD), Norm (sums of squares for the global norm)

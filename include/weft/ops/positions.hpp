@@ -22,6 +22,12 @@ struct Positions {
   constexpr Positions(std::int64_t first, std::int64_t at, std::int64_t second) : p0(first), split(at), p1(second) {}
 
   constexpr std::int64_t at(std::int64_t t) const { return t < split ? p0 + t : p1 + (t - split); }
+  // The positions of rows from, from + 1, ...: a slice of these rows (sequence parallelism's slice
+  // of a context rank's rows).
+  constexpr Positions from(std::int64_t first) const {
+    if (first >= split) return Positions(p1 + (first - split));
+    return {p0 + first, split - first, p1};
+  }
   constexpr bool operator==(const Positions&) const = default;
 };
 

@@ -52,6 +52,7 @@ inline double collective_seconds(Collective c, int n, std::int64_t bytes, const 
     }
     case Collective::all_gather: case Collective::reduce_scatter: case Collective::all_to_all:
       return (N - 1) * l.alpha + (N - 1) / N * S * l.beta;
+    case Collective::send_recv: return l.alpha + S * l.beta;  // one block to the next rank
     default: return 0;
   }
 }

@@ -163,7 +163,7 @@ inline std::string resolve_device(const Options& o) {
 }
 
 // A family whose model shards the sequence over the context axis (F::with_context<Cx>'s, which the
-// trainer takes in F's place under --context): it has no sequence parallelism and no GPU path.
+// trainer takes in F's place under --context): the host only, so far.
 template <class F>
 concept context_parallel = requires { typename F::attention; };
 template <class F>
@@ -195,10 +195,6 @@ void check_context(const Options& o, const config_t<F>& cfg, const std::string& 
     throw Error(o.where(cat("--context ", o.context)), cat("the model family '", F::name(), "' has no context-parallel attention"),
                 "leave out --context, or train a family that has one (--model llama)");
   } else {
-    if (sequence_parallel_name(o.strategy))
-      throw Error(o.where(cat("--context ", o.context)),
-                  cat("--strategy ", o.strategy, ": sequence parallelism with context parallelism (both shard the sequence)"),
-                  cat("use --strategy ", o.strategy.substr(0, o.strategy.size() - 3), " with --context"));
     if (device == "cuda")
       throw Error(o.where(cat("--context ", o.context)), "context parallelism on the GPU (its attention runs on the host so far)",
                   "use --device host with --context");
@@ -215,8 +211,9 @@ void check_context(const Options& o, const config_t<F>& cfg, const std::string& 
 // Run-time choices into types: the loop for the options' device, strategy and precision.
 template <Family F>
 int dispatch(const Options& o, const config_t<F>& cfg, const Corpus& corpus, const Launch& launch, const std::string& device) {
-  if constexpr (context_parallel<F>) {
-    return train_on_host<F, false>(o, cfg, corpus, launch);  // check_context refused the GPU and "-sp"
+  if constexpr (context_parallel<F>) {  // check_context refused the GPU
+    return sequence_parallel_name(o.strategy) ? train_on_host<F, true>(o, cfg, corpus, launch)
+                                              : train_on_host<F, false>(o, cfg, corpus, launch);
   } else {
     if (device == "cuda") {
 #ifdef WEFT_ENABLE_CUDA

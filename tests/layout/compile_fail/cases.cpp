@@ -22,7 +22,12 @@ using T = Tensor<float, L, Host>;
 #elif defined(WEFT_CF_SAME_DIM_TWICE)
   [[maybe_unused]] auto n = Layout<Shard<1>, Shard<1>>::name();
 #elif defined(WEFT_CF_CONTEXT_SAME_DIM)
-  [[maybe_unused]] auto n = Layout<Shard<0>, Shard<1>, StageLocal, Shard<1>>::name();
+  [[maybe_unused]] auto n = Layout<Shard<1>, Replicate, StageLocal, Shard<1>>::name();
+#elif defined(WEFT_CF_CONTEXT_STEP_UNDER_NESTED)
+  // Sequence parallelism inside context parallelism is a layout, but gathering over context while
+  // tensor still splits each context rank's rows would interleave the wrong slices.
+  auto x = T<Layout<Shard<0>, Shard<1>, StageLocal, Shard<1>>>::empty(h, {8, 8}, s);
+  auto y = redistribute<Layout<Shard<0>, Shard<1>>>(x, mesh);
 #elif defined(WEFT_CF_CONTEXT_STAGE_LOCAL)
   [[maybe_unused]] auto n = Layout<Replicate, Replicate, StageLocal, StageLocal>::name();
 #elif defined(WEFT_CF_SHARD_TO_PARTIAL)

@@ -14,6 +14,7 @@
 #include "weft/device/dispatch.hpp"
 #include "weft/ops/attention.cuh"
 #include "weft/ops/bias.cuh"
+#include "weft/ops/context_block.cuh"
 #include "weft/ops/cross_entropy.cuh"
 #include "weft/ops/embedding.cuh"
 #include "weft/ops/gelu.cuh"

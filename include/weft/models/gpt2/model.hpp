@@ -43,7 +43,8 @@ namespace weft::gpt2 {
 //
 // Context parallelism (Cx = context::Ring or context::AllGather; docs/context.md): the stream is a
 // context rank's rows of the sequence (two chunks), its positions those rows' positions; the
-// attention runs over the context group, every other layer on the rows. The host only, so far.
+// attention runs over the context group, every other layer on the rows. The model on the host only,
+// so far (its stages take the rows' tokens in host memory).
 template <PrecisionLike P, bool SP = false, recompute::Policy Recompute = recompute::None, class D = Host,
           context::Choice Cx = context::None>
 struct Spec {
@@ -86,7 +87,7 @@ struct Spec {
     const Shape act{batch, c.seq, C};
     std::vector<nn::PlanRow> out;
     Embedding::plan_rows(out, act, s, e);
-    for (std::int64_t l = 0; l < c.layers; ++l) Block::plan_rows(out, cat("h", l), act, s, e);
+    for (std::int64_t l = 0; l < c.layers; ++l) Block::plan_rows(out, cat("h", l), act, s, e, c.heads);
     Head::plan_rows(out, c.vocab, nn::padded_vocab(c.vocab, s.tensor_degree), act, s, e);
     // Under SP the LayerNorm and position gradients are Partial on tensor: one all-reduce per step
     // for all of them (4 C per block, 2 C for ln_f, T C for wpe).

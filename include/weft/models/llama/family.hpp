@@ -64,13 +64,13 @@ struct Family {
 };
 
 // Llama with the sequence over the context axis (docs/context.md): the host, f32, every data
-// strategy; the model takes no sequence parallelism (the trainer refuses "-sp" with --context
-// before this is built, so the SP choice names the same model).
+// strategy, with or without sequence parallelism (a context rank's rows split again over its
+// tensor group).
 template <context::Kind Cx>
 struct ContextFamily : Family {
   using attention = Cx;
   template <class P, bool SP, class D>
-  using model = Model<P, false, recompute::None, D, false, Cx>;
+  using model = Model<P, SP, recompute::None, D, false, Cx>;
   using host_precisions = train::List<F32>;
   static constexpr bool gpu = false;
 };

@@ -21,8 +21,10 @@
 // Context parallelism (Cx = context::Ring or context::AllGather; docs/context.md): the stream is
 // sharded over the sequence on the context axis, each rank holding its T / c rows (two chunks);
 // the attention runs over the context group, Cx's way, every other layer of a block on the rank's
-// rows (nn::TokenWise), the embedding and the loss on the rows' tokens and targets. The host only,
-// so far; tests/context/ holds the block and the model to one rank. Parameter ids: wte 0, the head's table 2 and norm 8, block l
+// rows (nn::TokenWise), the embedding and the loss on the rows' tokens and targets. The model on
+// the host only, so far (its stages take the rows' tokens in host memory; the attention layers
+// compile for the Cuda device too); tests/context/ holds the block and the model to one rank.
+// Parameter ids: wte 0, the head's table 2 and norm 8, block l
 // from 16 + 16 l (attn_norm +0, qkv +1, proj +3, mlp_norm +5, gate_up +6, down +8).
 #pragma once
 
@@ -50,8 +52,6 @@ template <PrecisionLike P, bool SP = false, recompute::Policy Recompute = recomp
           bool Tied = false, context::Choice Cx = context::None>
 struct Spec {
   static constexpr bool cp = context::Kind<Cx>;  // the sequence sharded over the context axis
-  static_assert(!(cp && SP), "llama::Spec: context parallelism with sequence parallelism is not supported yet (both shard "
-                             "the sequence); use one of them");
   using precision = precision_t<P>;
   using T = typename precision::compute;
   using config = Config;
