@@ -15,6 +15,7 @@
 #include <span>
 #include <vector>
 
+#include "weft/core/divisors.hpp"
 #include "weft/core/error.hpp"
 #include "weft/ops/positions.hpp"
 
@@ -67,5 +68,17 @@ struct Chunks {
     return {static_cast<index>(rank) * h, h, (2 * static_cast<index>(degree) - 1 - rank) * h};
   }
 };
+
+// Sequence parallelism inside context parallelism splits each context rank's T / c rows over its
+// tensor group: refused, naming the model and the values, unless the tensor degree divides them
+// (a sequence that 2c does not divide is Chunks::of's refusal, not this one).
+inline void require_tensor_split(const char* model, index seq, int context, int tensor) {
+  if (context <= 1 || seq % (2 * static_cast<index>(context)) != 0 || (seq / context) % tensor == 0) return;
+  const index rows = seq / context;
+  throw Error(model,
+              cat("sequence parallelism inside context parallelism needs the tensor degree ", tensor, " to divide each context rank's ",
+                  rows, " rows (a sequence of ", seq, " over ", context, " context ranks)"),
+              cat("use a tensor degree that divides ", rows, ", such as ", list_divisors(rows, tensor), ", or a longer sequence"));
+}
 
 }  // namespace weft::context

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "weft/core/divisors.hpp"
+#include "weft/context/chunks.hpp"
 #include "weft/core/error.hpp"
 #include "weft/layout/layout.hpp"
 #include "weft/ops/rotary.hpp"
@@ -85,13 +86,7 @@ inline void validate(const Config& c, const Spread& s, bool sequence_parallel, s
     throw Error("Llama", cat("sequence parallelism needs the tensor degree ", s.tensor_degree,
                              " to divide the sequence length ", c.seq),
                 cat("use a tensor degree that divides the sequence length, such as ", list_divisors(c.seq, s.tensor_degree)));
-  if (sequence_parallel && s.context_degree > 1 && c.seq % (2 * s.context_degree) == 0 &&
-      (c.seq / s.context_degree) % s.tensor_degree != 0)
-    throw Error("Llama", cat("sequence parallelism inside context parallelism needs the tensor degree ", s.tensor_degree,
-                             " to divide each context rank's ", c.seq / s.context_degree, " rows (a sequence of ", c.seq, " over ",
-                             s.context_degree, " context ranks)"),
-                cat("use a tensor degree that divides ", c.seq / s.context_degree, ", such as ",
-                    list_divisors(c.seq / s.context_degree, s.tensor_degree), ", or a longer sequence"));
+  if (sequence_parallel) context::require_tensor_split("Llama", c.seq, s.context_degree, s.tensor_degree);
   if (batch % s.data_degree != 0)
     throw Error("Llama", cat("data degree ", s.data_degree, " does not divide the batch of ", batch),
                 cat("use a batch that is a multiple of ", s.data_degree));
