@@ -60,7 +60,7 @@ void compare(const test::StepsRun& got, const test::StepsRun& ref, const std::st
 }  // namespace
 
 TEST_CASE("GPT-2 with the sequence over context 2 and 4, alone and beside tensor 2, data 2 or pipe 2, equals one rank "
-          "within 1e-12 in double: every loss, gradient and parameter (the learned positions included; SP inside CP)") {
+          "within 1e-12 in double: every loss, gradient and parameter (the learned positions included, SP inside CP)") {
   const auto ref = run<context::None>(1, 1, 1, 1);
   REQUIRE(ref.losses.size() == 3);
   CHECK(ref.losses[2] < ref.losses[0]);

@@ -175,7 +175,7 @@ TEST_CASE("describe's rows of a context-parallel Llama carry the attention's col
               context_counts(nn::describe_rows<Gpt2Ring::on<Host>>(g, 1, s)), "GPT-2 ring, context 4 x tensor 2");
 }
 
-TEST_CASE("a context rank's activations fall by the context degree; the attention's bytes on the context axis equal their "
+TEST_CASE("a context rank's activations fall by the context degree, and the attention's bytes on the context axis equal their "
           "closed forms") {
   // One micro-batch of 2 sequences of 32 on context 1, 2 and 4: every activation of a rank is
   // (B, T/c, ...), and so are the attention's buffers, except all-gather's gathered keys and values.

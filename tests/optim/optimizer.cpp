@@ -67,7 +67,7 @@ TEST_CASE("parameter groups: only Linear matrices are decayed") {
   });
 }
 
-TEST_CASE("parameter groups: the layers declare them, not the names; a model overrides them by name") {
+TEST_CASE("parameter groups: the layers declare them, not the names, and a model overrides them by name") {
   // The groups used to be decided by shape and by the names "wte" and "wpe": another model's
   // embedding table ("tok_embeddings") was decayed, and a Linear matrix named "wte" was not.
   Host h;

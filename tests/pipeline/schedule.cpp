@@ -120,7 +120,7 @@ TEST_CASE("docs/pipeline.md shows the pictures these tables draw") {
     CHECK_MESSAGE(doc.find(chart(t)) != std::string::npos, "the doc lacks:\n", chart(t));
 }
 
-TEST_CASE("simulate with stage costs: the slowest stage sets the steady state; wrong sizes are refused") {
+TEST_CASE("simulate with stage costs: the slowest stage sets the steady state, and wrong sizes are refused") {
   // 1F1B, p 2, m 8, messages of time 0.5: stage 1 costs 3 per forward and backward pair (1 + 2),
   // stage 0 half that; rank 1 is busy 8 x 3 = 24 and waits only for its first activation
   // (stage 0's forward 0.5 plus the message 0.5), so it ends at 25; rank 0's last backward waits for

@@ -1,8 +1,6 @@
-// The doctest entry point of the CUDA tests (compiled by nvcc, so it can link the kernels' TUs).
+// The doctest entry point of the CUDA tests (compiled by nvcc, so it can link the kernels' TUs;
+// support/doctest_main.hpp: a filter that selects no test fails the run).
 #define DOCTEST_CONFIG_IMPLEMENT
-#include <doctest/doctest.h>
+#include "support/doctest_main.hpp"
 
-int main(int argc, char** argv) {
-  doctest::Context context(argc, argv);
-  return context.run();
-}
+int main(int argc, char** argv) { return weft::test::run_doctest(argc, argv); }
