@@ -19,9 +19,10 @@
 // into tp contiguous slices over its tensor group, local (B/dp, T/(c tp), C) (local_shape,
 // local_box). Other nestings would make the shard order part of the layout; weft keeps layouts
 // per-axis independent instead, which is what makes each redistribution a product of one
-// collective per axis, and no redistribution passes through a nested layout (Transition refuses
-// it): the layers move between the nested layout and a context rank's rows by relabelling
-// (nn::TokenWise), where the tensor-axis collective runs on the rows alone. Negative and positive
+// collective per axis. A redistribution may change the tensor placement of a nested layout (the
+// collective then runs on a context rank's rows alone, which its local buffer is: the layers'
+// GatherFromSequenceRows and ScatterToSequenceRows) but not its context placement (Transition
+// refuses that at compile time: the steps would interleave the wrong slices). Negative and positive
 // spellings of one dim are compared at run time (local_shape), where the rank is known.
 //
 // Example, a (B, T, C) activation under Megatron sequence parallelism on a data x tensor mesh:

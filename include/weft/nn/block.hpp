@@ -150,9 +150,7 @@ class PreNormBlock {
                        act::Features::name(), act::Features::name(), {}, {}});
         if constexpr (cp)
           if (heads > 0)  // the keys and values of the rank's rows: (B/dp, T/c, H/tp, 2, hd)
-            Cx::plan(out.back().forward, out.back().backward,
-                     {act[0] / s.data_degree, act[1] / s.context_degree, heads / s.tensor_degree, 2, act[2] / heads},
-                     s.context_degree, e, static_cast<std::int64_t>(sizeof(accumulate_t<T>)));
+            detail::ContextAttention<Cx>::template add_steps<T>(out.back(), act, s, e, heads / s.tensor_degree, act[2] / heads);
         out.push_back(detail::local_row<Linear<T, RowParallel>>(p + "attn.proj (RowParallel)"));
       } else {
         out.push_back(detail::local_row<Linear<T, ColumnParallel, epilogue::Gelu>>(p + "mlp.fc (ColumnParallel, GELU)"));

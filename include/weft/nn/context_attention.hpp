@@ -76,11 +76,15 @@ struct ContextAttention {
   template <class T, class Layer>
   static PlanRow plan_row(std::string name, const Shape& act, const Spread& s, std::int64_t e, std::int64_t G,
                           std::int64_t hd) {
-    using S = accumulate_t<T>;
     PlanRow r{std::move(name), Layer::In::name(), Layer::Out::name(), {}, {}};
-    Cx::plan(r.forward, r.backward, {act[0] / s.data_degree, act[1] / s.context_degree, G, 2, hd}, s.context_degree, e,
-             static_cast<std::int64_t>(sizeof(S)));
+    add_steps<T>(r, act, s, e, G, hd);
     return r;
+  }
+  // Cx's steps added to row r (a block's own row of the core: GPT-2's).
+  template <class T>
+  static void add_steps(PlanRow& r, const Shape& act, const Spread& s, std::int64_t e, std::int64_t G, std::int64_t hd) {
+    Cx::plan(r.forward, r.backward, {act[0] / s.data_degree, act[1] / s.context_degree, G, 2, hd}, s.context_degree, e,
+             static_cast<std::int64_t>(sizeof(accumulate_t<T>)));
   }
 
   // layer.qkv (ColumnParallel) -> rotate -> attention over the context group -> layer.proj
