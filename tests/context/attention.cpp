@@ -165,6 +165,147 @@ TEST_CASE_TEMPLATE("context attention moves the bytes of its closed form", A, co
   }
 }
 
+namespace {
+
+// A host device whose context blocks note each step's compute in a log, as a user adds an op for
+// their own device (ops::ContextBlock is open): the arithmetic is the host's.
+struct Traced : Host {
+  std::vector<std::string>* log = nullptr;
+};
+
+// The buffers of a call on a Traced device.
+struct TracedBuffers {
+  static constexpr bool compute = true;
+  using device_type = Traced;
+  Traced dev;
+  context::HostBuffers held;
+  Traced& device() { return dev; }
+  template <class E>
+  E* take(std::size_t n, Category c) {
+    return held.take<E>(n, c);
+  }
+};
+
+// The context group with a log of its point-to-point calls: "post" (isend), "recv", "wait".
+struct Recording {
+  using SendHandle = test::World::SendHandle;
+  test::World* group;
+  std::vector<std::string>* log;
+  int rank() const { return group->rank(); }
+  int size() const { return group->size(); }
+  std::string name() const { return group->name(); }
+  template <class T>
+  void all_reduce(std::span<T> buf, ReduceOp op) { group->all_reduce(buf, op); }
+  template <class T>
+  void reduce_scatter(std::span<const T> in, std::span<T> out, ReduceOp op) { group->reduce_scatter(in, out, op); }
+  template <class T>
+  void all_gather(std::span<const T> in, std::span<T> out) { group->all_gather(in, out); }
+  template <class T>
+  void all_to_all(std::span<const T> in, std::span<T> out) { group->all_to_all(in, out); }
+  template <class T>
+  void broadcast(std::span<T> buf, int root) { group->broadcast(buf, root); }
+  template <class T>
+  void send(std::span<const T> buf, int peer) {
+    log->push_back("send");
+    group->send(buf, peer);
+  }
+  template <class T>
+  SendHandle isend(std::span<const T> buf, int peer) {
+    log->push_back("post");
+    return group->isend(buf, peer);
+  }
+  void wait(const SendHandle& h) {
+    log->push_back("wait");
+    group->wait(h);
+  }
+  void cancel(const SendHandle& h) noexcept { group->cancel(h); }
+  template <class T>
+  void recv(std::span<T> buf, int peer) {
+    log->push_back("recv");
+    group->recv(buf, peer);
+  }
+  void barrier() { group->barrier(); }
+  Recording split(int, int) {
+    throw Error("Recording::split", "a recorded group is not split", "record the groups the split makes instead");
+  }
+};
+static_assert(Communicator<Recording>);
+static_assert(context::detail::PostsSends<Recording, double>);
+static_assert(!context::detail::PostsSends<Counting, double>);
+
+std::string joined(const std::vector<std::string>& log) {
+  std::string s;
+  for (const auto& e : log) s += (s.empty() ? "" : " ") + e;
+  return s;
+}
+std::string repeated(const std::string& s, int n) {
+  std::string out;
+  for (int i = 0; i < n; ++i) out += (out.empty() ? "" : " ") + s;
+  return out;
+}
+
+}  // namespace
+
+template <>
+struct weft::ops::ContextBlock<Traced> : ContextBlock<Host> {
+  template <class T, class S>
+  static void forward(Traced& d, S* o, S* lse, const T* qkv, const T* kv, index B, index Tl, index H, index hd, index g,
+                      Positions qpos, Positions kpos) {
+    d.log->push_back("compute");
+    ContextBlock<Host>::forward(d, o, lse, qkv, kv, B, Tl, H, hd, g, qpos, kpos);
+  }
+  template <class T, class S>
+  static void backward(Traced& d, S* dq, S* dkv, const T* qkv, const T* kv, const T* dout, const S* D, const S* lse, index B,
+                       index Tl, index H, index hd, index g, Positions qpos, Positions kpos) {
+    d.log->push_back("compute");
+    ContextBlock<Host>::backward(d, dq, dkv, qkv, kv, dout, D, lse, B, Tl, H, hd, g, qpos, kpos);
+  }
+};
+
+TEST_CASE("the ring posts each key-value block before the step computes on it, and passes the same bits with blocking calls") {
+  // Forward, each of the c - 1 steps that pass a block: post it, compute on it, receive the
+  // neighbour's, wait for the post; then the last block. Backward, the gradient block is posted once
+  // the step has added to it, and goes home after the last step.
+  const Index B = 2, T_ = 32, H = 4, g = 2, hd = 8, row = (H / g) * (g + 2) * hd;
+  for (int c : {2, 4}) {
+    const auto ch = context::Chunks::of(T_, c);
+    const Index Tl = ch.local();
+    std::vector<std::string> forward_log(static_cast<std::size_t>(c)), backward_log(static_cast<std::size_t>(c));
+    std::vector<int> same(static_cast<std::size_t>(c), 0);
+    test::run_ranks(c, [&](test::World& world) {
+      const auto r = static_cast<std::size_t>(world.rank());
+      const auto x = random<double>(static_cast<std::size_t>(B * Tl * row), 40 + r);
+      const auto dy = random<double>(static_cast<std::size_t>(B * Tl * H * hd), 50 + r);
+      std::vector<double> y(dy.size()), lse(static_cast<std::size_t>(B * H * Tl)), dx(x.size());
+      std::vector<std::string> log;
+      Recording recorded{&world, &log};
+      TracedBuffers fw;
+      fw.dev.log = &log;
+      context::Ring::forward(recorded, ch, y.data(), lse.data(), x.data(), B, Tl, H, hd, g, fw);
+      forward_log[r] = joined(log);
+      log.clear();
+      TracedBuffers bw;
+      bw.dev.log = &log;
+      context::Ring::backward(recorded, ch, dx.data(), dy.data(), y.data(), lse.data(), x.data(), B, Tl, H, hd, g, bw);
+      backward_log[r] = joined(log);
+      // The same call on a group without isend: blocking sends ordered by rank parity.
+      Counting blocking{&world};
+      std::vector<double> y2(y.size()), lse2(lse.size()), dx2(dx.size());
+      context::Ring::forward(blocking, ch, y2.data(), lse2.data(), x.data(), B, Tl, H, hd, g);
+      context::Ring::backward(blocking, ch, dx2.data(), dy.data(), y2.data(), lse2.data(), x.data(), B, Tl, H, hd, g);
+      same[r] = y == y2 && lse == lse2 && dx == dx2;
+    });
+    const std::string fw = repeated("post compute recv wait", c - 1) + " compute";
+    const std::string bw = repeated("post compute post recv recv wait wait", c - 1) + " compute post recv wait";
+    for (int r = 0; r < c; ++r) {
+      INFO("context ", c, ", rank ", r);
+      CHECK(forward_log[static_cast<std::size_t>(r)] == fw);
+      CHECK(backward_log[static_cast<std::size_t>(r)] == bw);
+      CHECK(same[static_cast<std::size_t>(r)] == 1);  // bitwise: the same arithmetic in the same order
+    }
+  }
+}
+
 TEST_CASE("context chunks: a permutation of the sequence, the same causal work on every rank, bad sizes refused") {
   for (int c : {1, 2, 3, 4}) {
     const auto ch = context::Chunks::of(48, c);

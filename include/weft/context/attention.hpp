@@ -24,14 +24,19 @@
 // Communication per rank, a block being B (T/c) (H/g) 2 hd elements: Ring sends and receives c - 1
 // blocks forward, and c - 1 blocks and c gradient blocks (in S) backward; AllGather gathers c - 1
 // blocks forward, gathers them again backward (the forward keeps nothing) and reduce-scatters the c
-// gradient blocks. The ring's send and receive are ordered by rank parity so that blocking sends
-// cannot deadlock; overlapping them with the block's compute (posted sends) is not done yet.
+// gradient blocks. Where the communicator posts sends (isend and wait: threads, MPI, the Meta
+// device's), each step posts its key-value block to the next rank before it computes on it, and
+// receives the previous rank's after: the transfer overlaps the step's compute, and no rank waits
+// for a neighbour that is still computing before it can start its own. (Backward, the gradient
+// block is sent after the step that adds to it.) Without isend (NCCL here) the send and receive
+// block, ordered by rank parity so that they cannot deadlock.
 // The buffers each call works in come from a Buffers source (below), so that the layers count them
 // on their device's allocator: per rank, Ring holds 2 blocks forward and 2 blocks and 2 gradient
 // blocks backward; AllGather c + 1 blocks forward and (c + 1) blocks and gradient blocks backward.
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <concepts>
 #include <limits>
@@ -52,6 +57,14 @@ namespace weft::context {
 
 namespace detail {
 
+// Whether C posts a send and lets it be waited for or withdrawn (ThreadComm, MpiComm, MetaComm).
+template <class C, class E>
+concept PostsSends = requires(C& c, std::span<const E> b, int peer, const typename C::SendHandle& h) {
+  { c.isend(b, peer) } -> std::same_as<typename C::SendHandle>;
+  c.wait(h);
+  c.cancel(h);
+};
+
 // Passes `mine` to the next rank of the ring and receives the previous rank's into `theirs`; even
 // ranks send first, odd ranks receive first, so blocking sends always find their receiver.
 template <Communicator C, class E>
@@ -65,6 +78,69 @@ void ring_shift(C& comm, std::span<const E> mine, std::span<E> theirs) {
     comm.send(mine, next);
   }
 }
+
+// One step's passes around the ring, each send posted as soon as its block is final: post(mine)
+// sends mine to the next rank (mine must stay unchanged until finish), finish(theirs...) receives
+// the previous rank's blocks in the order they were posted, each the size of this rank's, and waits
+// for this rank's sends. Where the communicator does not post sends, finish passes the blocks one
+// by one with blocking calls (ring_shift). If the step unwinds before finish, the posted sends are
+// withdrawn, so no neighbour reads a freed buffer.
+template <Communicator C, std::size_t N>
+class Shift {
+ public:
+  explicit Shift(C& comm) : comm_(comm) {}
+  Shift(const Shift&) = delete;
+  Shift& operator=(const Shift&) = delete;
+  ~Shift() {
+    if constexpr (posts)
+      for (std::size_t i = 0; i < n_; ++i) comm_.cancel(sent_[i]);
+  }
+
+  template <class B>
+  void post(std::span<const B> mine) {
+    static_assert(PostsSends<C, B> == posts, "context::detail::Shift: a communicator posts sends of every element type or none");
+    if (n_ == N) throw Error("context::detail::Shift::post", cat("a block past the ", N, " this shift holds"), "finish the shift first");
+    if constexpr (posts)
+      sent_[n_] = comm_.isend(mine, (comm_.rank() + 1) % comm_.size());
+    else
+      sent_[n_] = mine.data();
+    ++n_;
+  }
+
+  template <class... B>
+  void finish(std::span<B>... theirs) {
+    if (sizeof...(B) != n_)
+      throw Error("context::detail::Shift::finish", cat(sizeof...(B), " blocks to receive for ", n_, " posted"),
+                  "receive one block for each posted");
+    const int prev = (comm_.rank() + comm_.size() - 1) % comm_.size();
+    std::size_t i = 0;
+    if constexpr (posts) {
+      (comm_.recv(theirs, prev), ...);
+      for (; i < n_; ++i) comm_.wait(sent_[i]);
+    } else {
+      const auto pass = [&](auto into) {
+        using B1 = typename decltype(into)::element_type;
+        ring_shift(comm_, std::span<const B1>(static_cast<const B1*>(sent_[i++]), into.size()), into);
+      };
+      (pass(theirs), ...);
+    }
+    n_ = 0;
+  }
+
+ private:
+  static constexpr bool posts = PostsSends<C, float>;
+  template <class D, bool>
+  struct Handle {
+    using type = const void*;  // without posted sends: this rank's block, passed in finish
+  };
+  template <class D>
+  struct Handle<D, true> {
+    using type = typename D::SendHandle;
+  };
+  C& comm_;
+  std::size_t n_ = 0;
+  std::array<typename Handle<C, posts>::type, N> sent_{};
+};
 
 inline void require(const Chunks& ch, int ranks, index Tl, index H, index g, const char* where) {
   if (ch.degree != ranks)
@@ -196,9 +272,11 @@ struct Ring : detail::HostCalls<Ring> {
     }
     for (int step = 0; step < c; ++step) {
       const int src = (r - step + c) % c;  // whose keys and values this rank holds now
+      detail::Shift<C, 1> shift(comm);
+      if (step + 1 < c) shift.post(std::span<const T>(cur, z.block));  // on while this step computes
       if constexpr (W::compute) Ops::forward(dev, o, lse, qkv, cur, B, Tl, H, hd, g, ch.positions(r), ch.positions(src));
       if (step + 1 < c) {
-        detail::ring_shift(comm, std::span<const T>(cur, z.block), std::span<T>(next, z.block));
+        shift.finish(std::span<T>(next, z.block));
         std::swap(cur, next);
       }
     }
@@ -227,16 +305,21 @@ struct Ring : detail::HostCalls<Ring> {
     }
     for (int step = 0; step < c; ++step) {
       const int src = (r - step + c) % c;
+      // The block and its gradient travel on together: the block is posted before the step computes,
+      // the gradient once the step has added to it. After the last step (where rank r holds rank
+      // r + 1's block) the gradient goes once more, home to the rank whose keys and values they are.
+      detail::Shift<C, 2> shift(comm);
+      if (step + 1 < c) shift.post(std::span<const T>(cur, z.block));
       if constexpr (W::compute)
         Ops::backward(dev, dq, dcur, qkv, cur, dout, D, lse, B, Tl, H, hd, g, ch.positions(r), ch.positions(src));
       if (c == 1) break;
-      // The block and its gradient travel on together; after the last step (where rank r holds rank
-      // r + 1's block) the gradient goes once more, home to the rank whose keys and values they are.
+      shift.post(std::span<const S>(dcur, z.block));
       if (step + 1 < c) {
-        detail::ring_shift(comm, std::span<const T>(cur, z.block), std::span<T>(next, z.block));
+        shift.finish(std::span<T>(next, z.block), std::span<S>(dnext, z.block));
         std::swap(cur, next);
+      } else {
+        shift.finish(std::span<S>(dnext, z.block));
       }
-      detail::ring_shift(comm, std::span<const S>(dcur, z.block), std::span<S>(dnext, z.block));
       std::swap(dcur, dnext);
     }
     if constexpr (W::compute) Ops::write_dqkv(dev, dqkv, dq, dcur, B, Tl, H, hd, g);
