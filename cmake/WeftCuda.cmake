@@ -10,6 +10,13 @@ if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
   set(CMAKE_CUDA_ARCHITECTURES 90)  # H100/H200; the cuda preset and scripts/gpu-check use the same
 endif()
 enable_language(CUDA)
+# The CUDA link libraries CMake found through nvcc's host compiler (GCC) under the build's linker
+# flags include GCC's sanitizer runtimes (the dev preset's -fsanitize=address,undefined). weft's
+# CUDA objects are not instrumented, and a clang-built C++ side links its own runtimes: two ASan
+# runtimes in one program refuse to start, so GCC's are dropped there.
+if(CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
+  list(REMOVE_ITEM CMAKE_CUDA_IMPLICIT_LINK_LIBRARIES asan ubsan tsan)
+endif()
 find_package(CUDAToolkit REQUIRED)
 find_library(WEFT_NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} ${CUDAToolkit_LIBRARY_ROOT}/lib
              ${CUDAToolkit_LIBRARY_ROOT}/lib64)

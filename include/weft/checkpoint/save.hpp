@@ -323,7 +323,7 @@ class Saver {
         staged.clear();
       }
     }
-    const bool writes = std::same_as<Policy, Sharded> || world.rank() == 0;
+    bool writes = std::same_as<Policy, Sharded> || world.rank() == 0;  // not const: a constant when Sharded
     const std::string file = std::same_as<Policy, Sharded> ? detail::rank_file(world.rank()) : "model.safetensors";
     auto job = [this, staged = std::move(staged), path = cat(dir, "/", file), writes]() {
       std::string e;

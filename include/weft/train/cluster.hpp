@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -166,10 +167,20 @@ inline Candidates search(const Space& space, const Cluster& k, std::int64_t batc
       if (space.layers % (2 * pp) == 0 && batch / per_micro % pp == 0) each(false, pipeline::Kind::interleaved, 2);
     }
   }
-  std::stable_sort(out.list.begin(), out.list.end(), [](const Candidate& a, const Candidate& b) {
+  // Those that fit first, then by step time; equals in the order they were found (a sort over
+  // positions: std::stable_sort's buffer is deprecated in libstdc++ 12, which clang reports).
+  std::vector<std::size_t> order(out.list.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::sort(order.begin(), order.end(), [&](std::size_t i, std::size_t j) {
+    const Candidate &a = out.list[i], &b = out.list[j];
     if (a.fits != b.fits) return a.fits;
-    return a.step_seconds() < b.step_seconds();
+    const double ta = a.step_seconds(), tb = b.step_seconds();
+    return ta < tb || (!(tb < ta) && i < j);
   });
+  std::vector<Candidate> sorted;
+  sorted.reserve(order.size());
+  for (std::size_t i : order) sorted.push_back(std::move(out.list[i]));
+  out.list = std::move(sorted);
   return out;
 }
 
