@@ -9,11 +9,13 @@
 //
 //   train_gpt --model llama                     Llama (llama-tiny: GQA, rotary, SwiGLU) the same way
 //   train_gpt --model llama --context 2         its sequence over 2 context ranks (ring attention)
+//   train_gpt --context 2 --attention all-gather  GPT-2's the same way, keys and values gathered
 //
 // A thin command line over weft's trainer (weft/train/main.hpp) with GPT-2's family
 // (weft/models/gpt2/family.hpp, --model gpt2) and Llama's (weft/models/llama/family.hpp, --model
-// llama; its loop in train_gpt_llama.cpp, with context parallelism in train_gpt_context.cpp and, with
-// sequence parallelism as well, train_gpt_context_sp.cpp). Run-time choices (device, strategy, dtype) cross into
+// llama; its loop in train_gpt_llama.cpp). With context parallelism (--context), each family's
+// loops in units of their own: train_gpt_gpt2_context.cpp and train_gpt_llama_context.cpp, and with
+// sequence parallelism as well, their _sp.cpp. Run-time choices (device, strategy, dtype) cross into
 // types in one place, train::dispatch; the loop's host instantiations are compiled in two units
 // that build side by side, this one (without sequence parallelism) and train_gpt_sp.cpp (with it,
 // and the host GEMM's Eigen code), and its GPU half in train_gpt_cuda.cu. GPT-2's family type is
@@ -23,13 +25,21 @@
 #include <weft/train/main.hpp>
 
 WEFT_TRAIN_HOST(extern, TrainGpt2, true)  // in train_gpt_sp.cpp
+#ifndef WEFT_TRAIN_GPT_NO_CONTEXT
+WEFT_TRAIN_HOST(extern, weft::gpt2::ContextFamily<weft::context::Ring>, false)  // in train_gpt_gpt2_context.cpp
+WEFT_TRAIN_HOST(extern, weft::gpt2::ContextFamily<weft::context::AllGather>, false)
+WEFT_TRAIN_HOST(extern, weft::gpt2::ContextFamily<weft::context::Ring>, true)  // in train_gpt_gpt2_context_sp.cpp
+WEFT_TRAIN_HOST(extern, weft::gpt2::ContextFamily<weft::context::AllGather>, true)
+#endif
 #ifdef WEFT_TRAIN_GPT_LLAMA
 WEFT_TRAIN_HOST(extern, TrainLlama, false)  // in train_gpt_llama.cpp
 WEFT_TRAIN_HOST(extern, TrainLlama, true)
-WEFT_TRAIN_HOST(extern, weft::llama::ContextFamily<weft::context::Ring>, false)  // in train_gpt_context.cpp
+#ifndef WEFT_TRAIN_GPT_NO_CONTEXT
+WEFT_TRAIN_HOST(extern, weft::llama::ContextFamily<weft::context::Ring>, false)  // in train_gpt_llama_context.cpp
 WEFT_TRAIN_HOST(extern, weft::llama::ContextFamily<weft::context::AllGather>, false)
-WEFT_TRAIN_HOST(extern, weft::llama::ContextFamily<weft::context::Ring>, true)  // in train_gpt_context_sp.cpp
+WEFT_TRAIN_HOST(extern, weft::llama::ContextFamily<weft::context::Ring>, true)  // in train_gpt_llama_context_sp.cpp
 WEFT_TRAIN_HOST(extern, weft::llama::ContextFamily<weft::context::AllGather>, true)
+#endif
 #endif
 
 int main(int argc, char** argv) {

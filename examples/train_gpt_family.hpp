@@ -6,6 +6,9 @@
 // And its Llama family (--model llama): weft's llama::Family, or, where the build defines
 // WEFT_TRAIN_GPT_NO_LLAMA_CUDA (CMake: WEFT_TRAIN_GPT_LLAMA_CUDA=OFF, as the dev preset builds it),
 // the same family without its GPU half (--device cuda then says so), one CUDA unit fewer to compile.
+//
+// Where the build defines WEFT_TRAIN_GPT_NO_CONTEXT (CMake: WEFT_TRAIN_GPT_CONTEXT=OFF, as scripts/demo
+// builds it), both families without their context-parallel loops (--context then names the option).
 #pragma once
 
 #include "weft/models/gpt2/family.hpp"
@@ -13,20 +16,39 @@
 #include "weft/models/llama/family.hpp"
 #endif
 
+namespace train_gpt_detail {
 #ifdef WEFT_TRAIN_GPT_NO_F64
-struct TrainGpt2 : weft::gpt2::Family {
+struct Gpt2 : weft::gpt2::Family {
   using host_precisions = weft::train::List<weft::F32, weft::Bf16Mixed>;
 };
 #else
-using TrainGpt2 = weft::gpt2::Family;
+using Gpt2 = weft::gpt2::Family;
 #endif
-
 #ifdef WEFT_TRAIN_GPT_LLAMA
 #ifdef WEFT_TRAIN_GPT_NO_LLAMA_CUDA
-struct TrainLlama : weft::llama::Family {
+struct Llama : weft::llama::Family {
   static constexpr bool gpu = false;
 };
 #else
-using TrainLlama = weft::llama::Family;
+using Llama = weft::llama::Family;
+#endif
+#endif
+}  // namespace train_gpt_detail
+
+#ifdef WEFT_TRAIN_GPT_NO_CONTEXT
+struct TrainGpt2 : train_gpt_detail::Gpt2 {
+  static constexpr bool context_compiled = false;
+};
+#else
+using TrainGpt2 = train_gpt_detail::Gpt2;
+#endif
+
+#ifdef WEFT_TRAIN_GPT_LLAMA
+#ifdef WEFT_TRAIN_GPT_NO_CONTEXT
+struct TrainLlama : train_gpt_detail::Llama {
+  static constexpr bool context_compiled = false;
+};
+#else
+using TrainLlama = train_gpt_detail::Llama;
 #endif
 #endif

@@ -12,7 +12,7 @@ library, checked by what it computes:
    the losses of steps 4 to 6 equal the unbroken one-rank run's within 1e-12.
 3. What the binary does not compile or have is refused before anything is built (exit 2, the
    message naming the choices): a strategy it does not compile, a preset it does not have, a
-   precision it does not compile, and sizes whose measured plan (4.) needs more than the host has.
+   precision it does not compile, --context (the family has no context-parallel attention), and sizes whose measured plan (4.) needs more than the host has.
 4. --plan (the step measured on the Meta device, weft/train/plan.hpp) prints each pipe rank's step
    peak, equal to the byte to the peak_bytes the run then logs for each step (the largest rank's):
    data 2 x tensor 2 with SP, pipe 2 under ZB-H1, data 2 in f64; the step's collectives per axis;
@@ -58,6 +58,7 @@ if one:
 for args, message in ((["--strategy", "fsdp"], "strategy 'fsdp' is not available; use one of: ddp, ddp-sp, zero1, zero1-sp"),
                       (["--preset", "gpt2-124m"], "--preset: gpt2-124m not in {tiny}"),
                       (["--dtype", "bf16"], "precision 'bf16' is not compiled for the model family 'custom'; use one of: f32, f64"),
+                      (["--context", "2"], "--context 2: the model family 'custom' has no context-parallel attention"),
                       (["--width", "16384", "--layers", "48", "--heads", "16", "--seq", "1024", "--batch", "64"],
                        "the plan needs ")):
     p = subprocess.run([bin_, *args], capture_output=True, text=True, env=env, timeout=60)

@@ -131,6 +131,38 @@ for s in ("gpipe", "1f1b", "zb", "interleaved"):
     assert worst <= 1e-5, (s, worst)
     print(f"--pipe 2 --schedule {s}: losses within {worst:.1e} of one rank")
 PY
+# Context parallelism (--context): the sequence over 2 context ranks, ring or all-gather attention,
+# alone and beside tensor 2 with sequence parallelism inside it, pipe 2 and data 2: the losses of the
+# one-rank run above within 1e-5 relative (f32 sums in other orders; tests/context holds GPT-2's
+# layouts to 1e-12 in double). --plan of context 2 x tensor 2 prints the step peak the run logs.
+"$bin" $common --context 2 --tensor 1 --data 1 --log "$work/c_ring.jsonl" >/dev/null || fail "--context 2 failed"
+"$bin" $common --context 2 --tensor 2 --data 1 --attention all-gather --strategy zero1-sp --log "$work/c_tp_sp.jsonl" \
+  >/dev/null || fail "--context 2 --tensor 2 --strategy zero1-sp failed"
+"$bin" $common --context 2 --pipe 2 --tensor 1 --data 1 --schedule 1f1b --log "$work/c_pipe.jsonl" >/dev/null \
+  || fail "--context 2 --pipe 2 failed"
+"$bin" $common --context 2 --tensor 1 --data 2 --attention all-gather --strategy fsdp --log "$work/c_fsdp.jsonl" >/dev/null \
+  || fail "--context 2 --data 2 --strategy fsdp failed"
+"$bin" $common --context 2 --tensor 2 --data 1 --attention all-gather --strategy zero1-sp --plan > "$work/c_plan.txt" \
+  || fail "--plan --context 2 failed"
+python3 - "$work" <<'PY' || exit 1
+import json, re, sys
+w = sys.argv[1]
+L = lambda n: [json.loads(l)["loss"] for l in open(f"{w}/{n}.jsonl") if '"loss"' in l]
+ref = L("r1")
+for n, what in (("c_ring", "context 2, ring"), ("c_tp_sp", "context 2 x tensor 2, all-gather, zero1-sp"),
+                ("c_pipe", "pipe 2 (1f1b) x context 2, ring"), ("c_fsdp", "data 2 x context 2, all-gather, fsdp")):
+    got = L(n)
+    assert len(got) == len(ref) == 6, (n, len(got))
+    worst = max(abs(a - b) / abs(a) for a, b in zip(ref, got))
+    assert worst <= 1e-5, (what, worst, got, ref)
+    print(f"--model gpt2 {what}: losses within {worst:.1e} of one rank")
+plan = open(f"{w}/c_plan.txt").read()
+planned = [int(x) for x in re.findall(r"step peak (\d+) bytes", plan)]
+peaks = [json.loads(l)["peak_bytes"] for l in open(f"{w}/c_tp_sp.jsonl") if '"peak_bytes"' in l]
+assert planned and peaks and all(p == max(planned) for p in peaks), (planned, peaks, plan)
+assert re.search(r"h0\.attn\.core \(causal, local heads, over context: all-gather\)", plan) and "context all_gather" in plan, plan
+print(f"--plan --context 2 --tensor 2 (all-gather, zero1-sp): step peak {max(planned)} bytes, the run's {sorted(set(peaks))}")
+PY
 # --trace: one track per rank, each with its computes, receive waits and optimizer steps.
 "$bin" --steps 2 --eval-every 0 --batch 8 --micro-batch 4 --width 32 --seq 32 --layers 4 --pipe 2 --tensor 2 --data 1 \
   --trace "$work/trace.json" >/dev/null || fail "--trace failed"

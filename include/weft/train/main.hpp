@@ -166,8 +166,12 @@ inline std::string resolve_device(const Options& o) {
 // trainer takes in F's place under --context): the host only, so far.
 template <class F>
 concept context_parallel = requires { typename F::attention; };
+// A family that has one, unless it sets `static constexpr bool context_compiled = false` (a binary
+// that leaves the context-parallel loops out: --context is refused, naming the build option).
 template <class F>
-concept has_context = requires { typename F::template with_context<context::Ring>; };
+concept declares_context = requires { typename F::template with_context<context::Ring>; };
+template <class F>
+concept has_context = declares_context<F> && (!requires { F::context_compiled; } || F::context_compiled);
 
 // f.template operator()<G>() for the family a run trains: F, or under --context > 1 F's
 // context-parallel family for --attention (F without one: f<F>, whose checks refuse --context).
@@ -191,9 +195,13 @@ void check_context(const Options& o, const config_t<F>& cfg, const std::string& 
                   "the attention type shards the sequence over context ranks: give --context >= 2");
     return;
   }
-  if constexpr (!context_parallel<F>) {
+  if constexpr (!context_parallel<F> && declares_context<F>) {
+    throw Error(o.where(cat("--context ", o.context)),
+                cat("the context-parallel loops of the model family '", F::name(), "' are not compiled in this binary"),
+                "leave out --context, or rebuild with them (train_gpt: CMake -DWEFT_TRAIN_GPT_CONTEXT=ON)");
+  } else if constexpr (!context_parallel<F>) {
     throw Error(o.where(cat("--context ", o.context)), cat("the model family '", F::name(), "' has no context-parallel attention"),
-                "leave out --context, or train a family that has one (--model llama)");
+                "leave out --context, or give the family a context-parallel model (with_context, docs/context.md)");
   } else {
     if (device == "cuda")
       throw Error(o.where(cat("--context ", o.context)), "context parallelism on the GPU (its attention runs on the host so far)",

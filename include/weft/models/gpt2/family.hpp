@@ -28,11 +28,18 @@ namespace weft::gpt2 {
 // One pipe rank's plan of a run (the persistent state, the peak of a step).
 using RankPlan = train::RankPlan;
 
+template <context::Kind Cx>
+struct ContextFamily;
+
 struct Family {
   template <class P, bool SP, class D>
   using model = Model<P, SP, recompute::None, D>;
   template <class P, bool SP, class R, class D>
   using recomputed = Model<P, SP, R, D>;
+  // train_gpt --context N --attention ring|all-gather: the family whose model shards the sequence
+  // over the context axis, Cx's way (train/main.hpp trains it in this one's place).
+  template <context::Kind Cx>
+  using with_context = ContextFamily<Cx>;
   static std::string name() { return "gpt2"; }
   static std::vector<std::string> preset_names() { return gpt2::preset_names(); }
   static Config preset(std::string_view n) { return gpt2::preset(n); }
@@ -49,6 +56,26 @@ struct Family {
   static train::Candidate cluster_cost(const Config& c, const train::Layout& x, const train::Cluster& k, const std::string& dtype);
   static std::string cluster_preset() { return "gpt2-124m"; }
   static std::string cluster_peak_note(const Config& c);
+};
+
+// GPT-2 with the sequence over the context axis (docs/context.md): the host, f32, every data
+// strategy and pipeline schedule, with or without sequence parallelism inside it. Its plan is the
+// step measured on the Meta device (train/plan.hpp), which counts the context axis; Family's plan
+// (the replay of plan/step.hpp) and weft-plan's cluster cost do not know the axis, so this family
+// does not take them.
+template <context::Kind Cx>
+struct ContextFamily {
+  using attention = Cx;
+  template <class P, bool SP, class D>
+  using model = Model<P, SP, recompute::None, D, Cx>;
+  using host_precisions = train::List<F32>;
+  static constexpr bool gpu = false;
+  static std::string name() { return Family::name(); }
+  static std::vector<std::string> preset_names() { return Family::preset_names(); }
+  static Config preset(std::string_view n) { return Family::preset(n); }
+  static double flops_per_token(const Config& c) { return Family::flops_per_token(c); }
+  static std::string summary(const Config& c) { return Family::summary(c); }
+  static void import_hf(const std::string& file, const std::string& dir, const Config& c) { Family::import_hf(file, dir, c); }
 };
 
 }  // namespace weft::gpt2

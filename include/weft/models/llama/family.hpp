@@ -5,7 +5,7 @@
 // device. The trainer compiles every strategy in f32 and bf16 (f64 is the tests' precision), on
 // the host and, in CUDA builds, on the GPU (examples/train_gpt_llama_cuda.cu; a binary that
 // registers this family under WEFT_ENABLE_CUDA instantiates train::train_on_cuda for it). With
-// --context, ContextFamily<Cx> (below): f32 on the host (examples/train_gpt_context.cpp).
+// --context, ContextFamily<Cx> (below): f32 on the host (examples/train_gpt_llama_context.cpp).
 #pragma once
 
 #include <string>
