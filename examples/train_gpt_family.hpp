@@ -33,22 +33,20 @@ struct Llama : weft::llama::Family {
 using Llama = weft::llama::Family;
 #endif
 #endif
+
+// F as built: without its context-parallel loops where the build leaves them out.
+#ifdef WEFT_TRAIN_GPT_NO_CONTEXT
+template <class F>
+struct Built : F {
+  static constexpr bool context_compiled = false;
+};
+#else
+template <class F>
+using Built = F;
+#endif
 }  // namespace train_gpt_detail
 
-#ifdef WEFT_TRAIN_GPT_NO_CONTEXT
-struct TrainGpt2 : train_gpt_detail::Gpt2 {
-  static constexpr bool context_compiled = false;
-};
-#else
-using TrainGpt2 = train_gpt_detail::Gpt2;
-#endif
-
+using TrainGpt2 = train_gpt_detail::Built<train_gpt_detail::Gpt2>;
 #ifdef WEFT_TRAIN_GPT_LLAMA
-#ifdef WEFT_TRAIN_GPT_NO_CONTEXT
-struct TrainLlama : train_gpt_detail::Llama {
-  static constexpr bool context_compiled = false;
-};
-#else
-using TrainLlama = train_gpt_detail::Llama;
-#endif
+using TrainLlama = train_gpt_detail::Built<train_gpt_detail::Llama>;
 #endif
