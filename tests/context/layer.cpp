@@ -251,6 +251,10 @@ TEST_CASE("a Llama block with the sequence over context 2 and 4 (alone and besid
   REQUIRE(ref.grads.size() == 6);  // attn_norm, qkv, proj, mlp_norm, gate_up, down
   SUBCASE("ring") { check_block<context::Ring, recompute::None>(ref); }
   SUBCASE("all-gather, the block recomputed in backward (recompute::Full)") { check_block<context::AllGather, recompute::Full>(ref); }
+  SUBCASE("ring, the cheap layers recomputed in backward (recompute::Selective)") {
+    check_block<context::Ring, recompute::Selective>(ref);
+  }
+  SUBCASE("ring, the block recomputed in backward (recompute::Full)") { check_block<context::Ring, recompute::Full>(ref); }
 }
 
 TEST_CASE("the rotation at a context rank's positions equals the whole sequence's rotation at those rows") {
