@@ -230,8 +230,8 @@ struct Recording {
   }
 };
 static_assert(Communicator<Recording>);
-static_assert(context::detail::PostsSends<Recording, double>);
-static_assert(!context::detail::PostsSends<Counting, double>);
+static_assert(PostsSends<Recording, double>);
+static_assert(!PostsSends<Counting, double>);
 
 std::string joined(const std::vector<std::string>& log) {
   std::string s;

@@ -13,6 +13,9 @@
 //   broadcast(buf, root)           in place
 //   send(buf, peer) / recv(buf, peer)
 //   barrier()
+//   isend(buf, peer) -> SendHandle, wait(h), cancel(h)
+//                                  optional (PostsSends): a send posted and later waited for or
+//                                  withdrawn; the pipeline executor and the context ring need it
 //   split(color, key)              collective: ranks with the same color form a new group, ordered
 //                                  by key (MPI_Comm_split)
 //
@@ -56,6 +59,15 @@ concept Communicator = requires(C& c, const C& cc, std::span<float> f, std::span
   c.recv(f, r);
   c.barrier();
   { c.split(r, r) } -> std::same_as<C>;
+};
+
+// Whether C posts a send of E and lets it be waited for or withdrawn (ThreadComm, MpiComm, MetaComm;
+// not NcclComm). The pipeline executor needs it; the context ring overlaps its shifts with it.
+template <class C, class E = float>
+concept PostsSends = requires(C& c, std::span<const E> b, int peer, const typename C::SendHandle& h) {
+  { c.isend(b, peer) } -> std::same_as<typename C::SendHandle>;
+  c.wait(h);
+  c.cancel(h);
 };
 
 // A group of c's ranks, collective over c as split is: split(color, key, name), or where C forms a

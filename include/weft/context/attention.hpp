@@ -57,14 +57,6 @@ namespace weft::context {
 
 namespace detail {
 
-// Whether C posts a send and lets it be waited for or withdrawn (ThreadComm, MpiComm, MetaComm).
-template <class C, class E>
-concept PostsSends = requires(C& c, std::span<const E> b, int peer, const typename C::SendHandle& h) {
-  { c.isend(b, peer) } -> std::same_as<typename C::SendHandle>;
-  c.wait(h);
-  c.cancel(h);
-};
-
 // Passes `mine` to the next rank of the ring and receives the previous rank's into `theirs`; even
 // ranks send first, odd ranks receive first, so blocking sends always find their receiver.
 template <Communicator C, class E>
@@ -98,7 +90,7 @@ class Shift {
 
   template <class B>
   void post(std::span<const B> mine) {
-    static_assert(PostsSends<C, B> == posts, "context::detail::Shift: a communicator posts sends of every element type or none");
+    static_assert(weft::PostsSends<C, B> == posts, "context::detail::Shift: a communicator posts sends of every element type or none");
     if (n_ == N) throw Error("context::detail::Shift::post", cat("a block past the ", N, " this shift holds"), "finish the shift first");
     if constexpr (posts)
       sent_[n_] = comm_.isend(mine, (comm_.rank() + 1) % comm_.size());
@@ -128,7 +120,7 @@ class Shift {
   }
 
  private:
-  static constexpr bool posts = PostsSends<C, float>;
+  static constexpr bool posts = weft::PostsSends<C, float>;
   template <class D, bool>
   struct Handle {
     using type = const void*;  // without posted sends: this rank's block, passed in finish

@@ -169,7 +169,7 @@ int train(const Options& o, const config_t<F>& cfg, const Corpus& corpus, const 
     // The executor sends activations with isend, which the NCCL back end does not offer: its
     // processes refuse --pipe > 1 before training (main), and never hold a pipeline.
     using Comm = std::remove_cvref_t<decltype(world)>;
-    constexpr bool pipelines = requires { typename Comm::SendHandle; };
+    constexpr bool pipelines = PostsSends<Comm>;
     std::optional<std::conditional_t<pipelines, pipeline::Pipeline<Model, decltype(mesh)>, NoPipeline>> pp;
     if constexpr (pipelines) {
       if (o.pipe > 1) pp.emplace(gpt, pipeline::make_table(schedule_kind(o.schedule), o.pipe, static_cast<int>(accum), o.virtual_stages), part, mesh);
