@@ -9,11 +9,12 @@
 //
 //   train_gpt --model llama                     Llama (llama-tiny: GQA, rotary, SwiGLU) the same way
 //   train_gpt --model llama --context 2         its sequence over 2 context ranks (ring attention)
+//   train_gpt --model llama --tie-embeddings true  its LM head reading the embedding table
 //   train_gpt --context 2 --attention all-gather  GPT-2's the same way, keys and values gathered
 //
 // A thin command line over weft's trainer (weft/train/main.hpp) with GPT-2's family
 // (weft/models/gpt2/family.hpp, --model gpt2) and Llama's (weft/models/llama/family.hpp, --model
-// llama; its loop in train_gpt_llama.cpp). With context parallelism (--context), each family's
+// llama; its loop in train_gpt_llama.cpp, and with a tied LM head in train_gpt_llama_tied.cpp). With context parallelism (--context), each family's
 // loops in units of their own: train_gpt_gpt2_context.cpp and train_gpt_llama_context.cpp, and with
 // sequence parallelism as well, their _sp.cpp. Run-time choices (device, strategy, dtype) cross into
 // types in one place, train::dispatch; the loop's host instantiations are compiled in two units
@@ -34,6 +35,8 @@ WEFT_TRAIN_HOST(extern, weft::gpt2::ContextFamily<weft::context::AllGather>, tru
 #ifdef WEFT_TRAIN_GPT_LLAMA
 WEFT_TRAIN_HOST(extern, TrainLlama, false)  // in train_gpt_llama.cpp
 WEFT_TRAIN_HOST(extern, TrainLlama, true)
+WEFT_TRAIN_HOST(extern, TrainLlamaTied, false)  // in train_gpt_llama_tied.cpp
+WEFT_TRAIN_HOST(extern, TrainLlamaTied, true)
 #ifndef WEFT_TRAIN_GPT_NO_CONTEXT
 WEFT_TRAIN_HOST(extern, weft::llama::ContextFamily<weft::context::Ring>, false)  // in train_gpt_llama_context.cpp
 WEFT_TRAIN_HOST(extern, weft::llama::ContextFamily<weft::context::AllGather>, false)

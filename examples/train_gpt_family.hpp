@@ -5,7 +5,8 @@
 //
 // And its Llama family (--model llama): weft's llama::Family, or, where the build defines
 // WEFT_TRAIN_GPT_NO_LLAMA_CUDA (CMake: WEFT_TRAIN_GPT_LLAMA_CUDA=OFF, as the dev preset builds it),
-// the same family without its GPU half (--device cuda then says so), one CUDA unit fewer to compile.
+// the same family without its GPU half (--device cuda then says so), one CUDA unit fewer to compile;
+// its tied-head family (llama::TiedFamily, with_tied_head) likewise.
 //
 // Where the build defines WEFT_TRAIN_GPT_NO_CONTEXT (CMake: WEFT_TRAIN_GPT_CONTEXT=OFF, as scripts/demo
 // builds it), both families without their context-parallel loops (--context then names the option).
@@ -28,6 +29,9 @@ using Gpt2 = weft::gpt2::Family;
 #ifdef WEFT_TRAIN_GPT_NO_LLAMA_CUDA
 struct Llama : weft::llama::Family {
   static constexpr bool gpu = false;
+  struct with_tied_head : weft::llama::TiedFamily {
+    static constexpr bool gpu = false;
+  };
 };
 #else
 using Llama = weft::llama::Family;
@@ -49,4 +53,5 @@ using Built = F;
 using TrainGpt2 = train_gpt_detail::Built<train_gpt_detail::Gpt2>;
 #ifdef WEFT_TRAIN_GPT_LLAMA
 using TrainLlama = train_gpt_detail::Built<train_gpt_detail::Llama>;
+using TrainLlamaTied = TrainLlama::with_tied_head;  // where the configuration ties the LM head
 #endif

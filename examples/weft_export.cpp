@@ -109,10 +109,9 @@ int main(int argc, char** argv) {
                   static_cast<long long>(c.hidden), static_cast<long long>(c.seq), static_cast<long long>(c.vocab),
                   c.tied ? ", head tied" : "", out.c_str(), dtype.c_str());
       if (!logits.empty()) {
-        if (c.tied)
-          throw Error("weft-export --logits", "the checkpoint's Llama ties its head, and weft-export computes untied Llamas only",
-                      "load the exported directory with transformers instead");
-        write_logits<llama::Model<float>>(checkpoint, logits, parse_tokens(tokens, c.vocab, c.seq), c);
+        const auto ids = parse_tokens(tokens, c.vocab, c.seq);
+        if (c.tied) write_logits<llama::Model<float, false, recompute::None, Host, true>>(checkpoint, logits, ids, c);
+        else write_logits<llama::Model<float>>(checkpoint, logits, ids, c);
       }
       return 0;
     }

@@ -15,12 +15,16 @@ computes:
    tests/models/llama and tests/context hold the layouts to 1e-12).
    A checkpoint saved on context 2 x tensor 2 with sequence parallelism inside it (ZeRO-1) resumes on
    data 2: all 4 steps of the first run and steps 3 and 4 of the second the same way.
+   With the LM head tied to the embedding table (--tie-embeddings true, llama::TiedFamily): pipe 2
+   under 1F1B (the table on both pipe ranks, their gradients summed) and data 2 x tensor 2 with SP
+   within 2e-5 of one rank's tied run, whose losses are not the untied run's (another model).
 3. --plan prints the step peak that the run then logs, to the byte (data 2 x tensor 2 with SP;
-   tensor 2 and context 2 x tensor 2), and describe's rows walked over Llama's layers (the grouped
+   tensor 2 and context 2 x tensor 2; the tied head on pipe 2 x tensor 2), and describe's rows walked over Llama's layers (the grouped
    attention, the SwiGLU MLP; the attention over the context axis, whose sends --plan counts).
 4. Refused before anything is built (exit 2, naming the values): a tensor degree that does not
    divide the key-value heads, a precision the family does not compile, --init-from a transformers
-   directory whose config.json describes another model (tests/fixtures/llama_hf: its rotary base);
+   directory whose config.json describes another model (tests/fixtures/llama_hf: its rotary base),
+   a tied head with --context (the context-parallel model unties it), --tie-embeddings for GPT-2;
    and with --context: a sequence its chunks do not divide, sequence parallelism whose tensor degree
    does not divide a context rank's rows, bf16, --attention without --context (a family without
    context-parallel attention: tests/examples/custom_model_train.py).
@@ -28,7 +32,8 @@ computes:
    LlamaForCausalLM directory, sharded (files of at most 200000 bytes), with weft's logits for 8
    tokens; where PyTorch and transformers are installed, from_pretrained loads it and computes
    those logits (within 1e-5 of the largest: f32 sums in other orders). The export imported again
-   by train_gpt --init-from, whose config.json must match the run's model field by field.
+   by train_gpt --init-from, whose config.json must match the run's model field by field. A tied
+   run's export the same way: tie_word_embeddings true, no lm_head.weight, and the same logits.
 """
 import json, os, re, subprocess, sys, tempfile
 
@@ -99,6 +104,18 @@ worst = max((abs(resumed[s] - one[s]) for s in (3, 4) if s in resumed), default=
 print(f"saved on context 2 x tensor 2, resumed on data 2: steps {sorted(resumed)} within {worst:.3g} of one rank's")
 if not (one and sorted(resumed) == [3, 4] and worst <= 2e-5): failures.append(f"context checkpoint: {resumed} against {one}")
 
+# A tied head: another model than the untied one (its first loss differs), the same on every layout.
+tied = ["--tie-embeddings", "true"]
+one_tied, out_tied = run("tied_one", [*short, *tied, "--data", "1", "--tensor", "1"])
+if "head tied" not in out_tied or not one_tied or abs(one_tied[1] - one[1]) <= 1e-3:
+    failures.append(f"--tie-embeddings true: header or first loss {one_tied.get(1)} against untied {one.get(1)}\n{out_tied}")
+for name, args in (("tied, pipe 2, 1f1b", ["--data", "1", "--tensor", "1", "--pipe", "2"]),
+                   ("tied, data 2 x tensor 2, zero1-sp", ["--data", "2", "--tensor", "2", "--strategy", "zero1-sp"])):
+    got, _ = run(name.replace(" ", "_").replace(",", ""), [*short, *tied, *args])
+    worst = max((abs(got.get(s, float("inf")) - one_tied[s]) for s in one_tied), default=float("inf"))
+    print(f"{name}: losses within {worst:.3g} of one rank's tied run")
+    if not (one_tied and worst <= 2e-5): failures.append(f"{name}: {got} against {one_tied}")
+
 def plan_equals_run(name, args, rows):
     """--plan's step peak equals the peak the same run logs, to the byte; describe's rows appear."""
     p = subprocess.run([bin_, "--model", "llama", "--plan", *args], capture_output=True, text=True, env=env, timeout=120)
@@ -120,6 +137,8 @@ ctx_args = ["--data", "1", "--tensor", "2", "--batch", "4", "--micro-batch", "2"
 whole = plan_equals_run("plan_tensor", ctx_args, [])
 halved = plan_equals_run("plan_context", [*ctx_args, "--context", "2"],
                          [r"layers\.0\.attn \(GroupedQueryAttention<context ring>\)", r"context send \d+ calls"])
+# The tied table's copy on the last pipe rank is planned as the run holds it.
+plan_equals_run("plan_tied", [*ctx_args, "--pipe", "2", *tied], [r"head tied"])
 act = lambda out: [float(m) for m in re.findall(r"^\d+\s+\S+ \S+\s+\S+ \S+\s+\S+ \S+\s+\S+ \S+\s+(\S+) MiB", out, re.M)]
 print(f"activations per rank (MiB): tensor 2 {act(whole)}, context 2 x tensor 2 {act(halved)}")
 
@@ -145,7 +164,11 @@ for args, message in ((["--tensor", "4", "--data", "1"], "tensor degree 4 does n
                        "sequence parallelism inside context parallelism needs the tensor degree 4 to divide each context rank's 2 "
                        "rows (a sequence of 4 over 2 context ranks)"),
                       (["--context", "2", "--dtype", "bf16"], "precision 'bf16' is not compiled for the model family 'llama'; use one of: f32"),
-                      (["--attention", "all-gather"], "--attention all-gather without --context")):
+                      (["--attention", "all-gather"], "--attention all-gather without --context"),
+                      ([*tied, "--context", "2"],
+                       "a tied LM head (the preset's, or --tie-embeddings) in the model family 'llama' with --context, whose "
+                       "context-parallel model unties it; give --tie-embeddings false, or leave out --context"),
+                      (["--model", "gpt2", "--tie-embeddings", "false"], "the model family 'gpt2' has no choice of a tied head")):
     model = [] if "--model" in args else ["--model", "llama"]
     p = subprocess.run([bin_, *model, *args], capture_output=True, text=True, env=env, timeout=120)
     ok = p.returncode in (1, 2) and message in p.stdout + p.stderr
@@ -167,6 +190,21 @@ if len(sys.argv) > 2:
                         "--batch", "8"], capture_output=True, text=True, env=env, timeout=300)
     print(f"train_gpt --init-from the export: exit {p.returncode}")
     if p.returncode != 0: failures.append(f"--init-from the export: exit {p.returncode}\n{p.stdout}{p.stderr}")
+    # The tied run's checkpoint (saved on pipe 2: the table on both pipe ranks) exported the same way.
+    ck_t, hf_t, logits_t = os.path.join(work, "ck_tied"), os.path.join(work, "hf_tied"), os.path.join(work, "logits_tied.f32")
+    run("save_tied", [*short, *tied, "--data", "1", "--tensor", "1", "--pipe", "2", "--save-dir", ck_t])
+    p = subprocess.run([export_bin, "--checkpoint", ck_t, "--out", hf_t, "--tokens", ",".join(map(str, ids)), "--logits", logits_t],
+                       capture_output=True, text=True, env=env, timeout=300)
+    cfg_t = json.load(open(os.path.join(hf_t, "config.json"))) if p.returncode == 0 else {}
+    names_t = []
+    if p.returncode == 0:
+        raw = open(os.path.join(hf_t, "model.safetensors"), "rb").read()
+        names_t = [k for k in json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")]) if k != "__metadata__"]
+    ok_t = p.returncode == 0 and cfg_t.get("tie_word_embeddings") is True and "lm_head.weight" not in names_t \
+        and "model.embed_tokens.weight" in names_t
+    print(f"weft-export of the tied checkpoint: exit {p.returncode}, tie_word_embeddings {cfg_t.get('tie_word_embeddings')}, "
+          f"{len(names_t)} tensors, lm_head.weight {'present' if 'lm_head.weight' in names_t else 'absent'}{'' if ok_t else ' (FAIL)'}")
+    if not ok_t: failures.append(f"weft-export tied: exit {p.returncode}, {cfg_t}, {names_t}\n{p.stdout}{p.stderr}")
     try:
         import struct
         import torch
@@ -174,17 +212,19 @@ if len(sys.argv) > 2:
     except ImportError as e:
         print(f"the export through transformers: skipped ({e})")
     else:
-        if ok:
-            model = LlamaForCausalLM.from_pretrained(hf)
+        for what, ok_x, directory, file in (("the trainer's checkpoint", ok, hf, logits_file),
+                                            ("the tied run's checkpoint", ok_t, hf_t, logits_t)):
+            if not ok_x: continue
+            model = LlamaForCausalLM.from_pretrained(directory)
             model.eval()
             with torch.no_grad():
                 theirs = model(input_ids=torch.tensor([ids])).logits[0].double()
-            raw = open(logits_file, "rb").read()
+            raw = open(file, "rb").read()
             ours = torch.tensor(struct.unpack(f"<{len(raw) // 4}f", raw), dtype=torch.float64).reshape(len(ids), -1)
             err = ((theirs - ours).abs().max() / ours.abs().max()).item()
-            print(f"the trainer's checkpoint through weft-export and LlamaForCausalLM.from_pretrained: logits within {err:.3g} "
+            print(f"{what} through weft-export and LlamaForCausalLM.from_pretrained: logits within {err:.3g} "
                   "of weft's (relative to the largest)")
-            if not err <= 1e-5: failures.append(f"transformers' logits off weft's by {err}")
+            if not err <= 1e-5: failures.append(f"{what}: transformers' logits off weft's by {err}")
 
 if failures:
     print("FAIL:\n" + "\n".join(failures))

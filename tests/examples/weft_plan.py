@@ -13,7 +13,8 @@
 3. A device too small for anything: every candidate marked as not fitting, none dropped.
 4. 1024 GPUs: plans in well under a second per candidate (nothing is allocated).
 5. Bad clusters and options exit 2 naming the problem; with no candidate, the reason for each layout.
-6. --model llama: Llama 3.1 8B's state and compute parts against closed forms, measured on the Meta device.
+6. --model llama: Llama 3.1 8B's state and compute parts against closed forms, measured on the Meta device;
+   Llama 3.2 1B's state with its tied head, and untied (--tie-embeddings false).
 """
 import json, os, subprocess, sys, tempfile, time
 
@@ -155,6 +156,17 @@ check(p.returncode == 0 and len(d) == 1 and d[0]["state_bytes"] == 18 * params
       f"Llama 3.1 8B DDP bf16 on 8 GPUs: state 18 B x {params} = {18 * params}, GEMMs {gemm_s:.6g} s, attention "
       f"{attention_s:.6g} s; planned {d and (d[0]['state_bytes'], d[0]['gemm_s'], d[0]['attention_s'])} {p.stderr[-300:]}")
 check({x["tensor"] for x in r} == {1, 2, 4, 8}, f"Llama's tensor degrees divide its 8 key-value heads: {sorted({x['tensor'] for x in r})}")
+# Llama 3.2 1B ties its LM head to the embedding table (llama::TiedFamily): one 128256 x 2048
+# table where --tie-embeddings false plans two. On one GPU, DDP's state is 18 bytes per parameter.
+C, L, kv, F = 2048, 16, 8 * 64, 8192
+params = V * C + L * (2 * C * C + 2 * C * kv + 3 * C * F + 2 * C) + C
+for tie, want in (([], params), (["--tie-embeddings", "false"], params + V * C)):
+    p = run("--model", "llama", "--preset", "llama-3.2-1b", "--seq", "256", "--gpus", "1", "--batch", "1", "--micro", "1",
+            "--json", "--show", "1000", *tie, timeout=240)
+    d = [x for x in rows(p) if x["strategy"] == "ddp" and x["pipe"] == 1]
+    check(p.returncode == 0 and len(d) == 1 and d[0]["state_bytes"] == 18 * want,
+          f"Llama 3.2 1B{' untied' if tie else ''} DDP bf16 on 1 GPU: state 18 B x {want} = {18 * want}; planned "
+          f"{d and d[0]['state_bytes']} {p.stderr[-300:]}")
 p = run("--model", "llama", "--preset", "gpt2-124m")
 check(p.returncode == 2 and "gpt2-124m" in p.stdout + p.stderr, "--model llama with a GPT-2 preset is refused")
 

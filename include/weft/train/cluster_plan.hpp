@@ -185,13 +185,18 @@ struct PlanOptions {
   bool json = false;
 };
 
+// The preset weft-plan plans: the one given, or the family's preset for clusters, or its first.
+template <Family F>
+std::string plan_preset(const PlanOptions& o) {
+  if (!o.preset.empty()) return o.preset;
+  if constexpr (requires { { F::cluster_preset() } -> std::convertible_to<std::string>; }) return F::cluster_preset();
+  else return F::preset_names().front();
+}
+
 template <Family F>
 int plan_family(const PlanOptions& given, Cluster k, const std::string& program) {
   PlanOptions o = given;
-  if (o.preset.empty()) {  // the family's preset for clusters, or its first
-    if constexpr (requires { { F::cluster_preset() } -> std::convertible_to<std::string>; }) o.preset = F::cluster_preset();
-    else o.preset = F::preset_names().front();
-  }
+  o.preset = plan_preset<F>(o);
   const auto dtypes = dtype_names(cluster_precisions_t<F>{});
   const std::string dtype = !o.dtype.empty() ? o.dtype
                             : std::find(dtypes.begin(), dtypes.end(), "bf16") != dtypes.end() ? std::string("bf16")
@@ -307,7 +312,12 @@ int plan_main(int argc, char** argv, const std::string& program) {
       if (app.count("--memory-gib")) k.memory_gib = given.memory_gib;
       if (app.count("--peak-tflops")) k.peak_tflops = given.peak_tflops;
     }
-    return with_family<First, Rest...>(o.model, cat(program, " --model"), [&]<class F>() { return detail::plan_family<F>(o, k, program); });
+    // The named family, or its tied one where the preset or --tie-embeddings ties the LM head.
+    return with_family<First, Rest...>(o.model, cat(program, " --model"), [&]<class F>() {
+      bool tied = false;
+      if constexpr (declares_tied_head<F>) tied = preset_config<F>(program, detail::plan_preset<F>(o), o.sizes).tied;
+      return with_head_family<F>(tied, [&]<class G>() { return detail::plan_family<G>(o, k, program); });
+    });
   } catch (const Error& e) {
     std::fprintf(stderr, "%s\n", e.what());
     return 2;

@@ -47,7 +47,8 @@ inline CLI::Validator at_least(double lo) { return number_check([lo](double v) {
 inline CLI::Validator above(double lo) { return number_check([lo](double v) { return v > lo; }, weft::cat("> ", lo)); }
 inline CLI::Validator at_most(double hi) { return number_check([hi](double v) { return v <= hi; }, weft::cat("<= ", hi)); }
 
-// --layers, --heads, --width, --seq and --vocab: the sizes over a model family's preset.
+// --layers, --heads, --width, --seq, --vocab, --kv-heads, --hidden and --tie-embeddings: the sizes
+// over a model family's preset.
 inline void add_sizes(CLI::App& app, train::Sizes& s) {
   app.add_option("--layers", s.layers, "override the preset's layers")->check(at_least(1));
   app.add_option("--heads", s.heads, "override the preset's heads")->check(at_least(1));
@@ -56,6 +57,8 @@ inline void add_sizes(CLI::App& app, train::Sizes& s) {
   app.add_option("--vocab", s.vocab, "override the preset's vocabulary")->check(at_least(1));
   app.add_option("--kv-heads", s.kv_heads, "override the preset's key-value heads (llama)")->check(at_least(1));
   app.add_option("--hidden", s.hidden, "override the preset's MLP hidden width (llama)")->check(at_least(1));
+  app.add_option("--tie-embeddings", s.tied, "true or false: whether the LM head reads the embedding table, over the "
+                                             "preset's (llama; GPT-2's is always tied)");
 }
 
 }  // namespace weft::cli

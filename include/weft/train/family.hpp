@@ -25,6 +25,15 @@
 //                                            every op family the model uses)
 //   measured_plan = false                    no plan: the fits check skipped, --plan refused
 //   gpu = false                              no GPU path: --device cuda refused, auto the host
+//   with_context<Cx> (a family template)     --context > 1: the family whose models split the sequence
+//                                            over the context axis with attention Cx (context::Ring,
+//                                            context::AllGather); without it --context is refused
+//   context_compiled = false                 with_context's loops left out of this binary: --context
+//                                            refused naming the build option
+//   with_tied_head (a family)                where the configuration has `tied` (--tie-embeddings, the
+//                                            preset's): the family whose model's LM head reads the
+//                                            embedding table, trained and planned in F's place where
+//                                            it is set (declares_tied_head)
 #pragma once
 
 #include <algorithm>
@@ -115,6 +124,11 @@ config_t<F> preset_config(const std::string& program, const std::string& preset,
     else throw Error(cat(program, " --hidden"), cat("the model family '", F::name(), "' has no hidden width to set"),
                      "leave out --hidden");
   }
+  if (sizes.tied) {
+    if constexpr (requires { c.tied = *sizes.tied; }) c.tied = *sizes.tied;
+    else throw Error(cat(program, " --tie-embeddings"), cat("the model family '", F::name(), "' has no choice of a tied head"),
+                     "leave out --tie-embeddings");
+  }
   if (sizes.width) c.width = *sizes.width;
   if (sizes.seq) c.seq = *sizes.seq;
   if (sizes.vocab) c.vocab = *sizes.vocab;
@@ -128,6 +142,24 @@ int with_family(const std::string& name, const std::string& where, Fn&& f) {
   if (name.empty() || name == F::name()) return f.template operator()<F>();
   if constexpr (sizeof...(Rest) > 0) return with_family<Rest...>(name, where, std::forward<Fn>(f));
   else throw Error(where, cat("no model family '", name, "'"), "see --help");
+}
+
+// A family whose configuration chooses whether the LM head reads the embedding table (its `tied`)
+// and that names the family whose model ties it (F::with_tied_head, taken in F's place where the
+// configuration ties the head: train_gpt, weft-plan).
+template <class F>
+concept declares_tied_head = requires(config_t<F> c) {
+  typename F::with_tied_head;
+  { c.tied } -> std::convertible_to<bool>;
+};
+
+// f.template operator()<G>() for G the family whose model has the head `tied` asks for: F, or
+// F::with_tied_head.
+template <Family F, class Fn>
+int with_head_family(bool tied, Fn&& f) {
+  if constexpr (declares_tied_head<F>)
+    if (tied) return f.template operator()<typename F::with_tied_head>();
+  return f.template operator()<F>();
 }
 
 // Whether the family is planned by measuring its step on the Meta device (train/plan.hpp): unless

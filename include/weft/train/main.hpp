@@ -186,6 +186,37 @@ int with_context_family(const Options& o, Fn&& f) {
   return f.template operator()<F>();
 }
 
+// f.template operator()<G>() for the family G whose model has the head the run's configuration asks
+// for (with_head_family; a configuration that cannot be built leaves F, whose run reports it).
+template <Family F, class Fn>
+int with_run_head(const Options& o, Fn&& f) {
+  bool tied = false;
+  if constexpr (declares_tied_head<F>) {
+    try {
+      tied = configure<F>(o).tied;
+    } catch (const Error&) {
+    }
+  }
+  return with_head_family<F>(tied, std::forward<Fn>(f));
+}
+
+// A configuration whose head (tied to the embedding table or not) the family's model does not have:
+// a context-parallel family's, or a family without with_tied_head (exit 2, naming the option).
+template <Family F>
+void check_head(const Options& o, const config_t<F>& cfg) {
+  if constexpr (requires { { cfg.tied } -> std::convertible_to<bool>; { model_t<F, F32, false, Host>::tied } -> std::convertible_to<bool>; }) {
+    constexpr bool ties = model_t<F, F32, false, Host>::tied;
+    if (static_cast<bool>(cfg.tied) == ties) return;
+    const std::string where = o.where(cat("--tie-embeddings ", cfg.tied ? "true" : "false"));
+    if (cfg.tied)
+      throw Error(where, cat("a tied LM head (the preset's, or --tie-embeddings) in the model family '", F::name(), "'",
+                             context_parallel<F> ? " with --context, whose context-parallel model unties it" : ", whose model unties it"),
+                  cat("give --tie-embeddings false", context_parallel<F> ? ", or leave out --context" : ""));
+    throw Error(where, cat("an untied LM head in the model family '", F::name(), "', whose model ties it"),
+                "give --tie-embeddings true");
+  }
+}
+
 // --context and --attention against the family and the other options (exit 2, naming the values).
 template <Family F>
 void check_context(const Options& o, const config_t<F>& cfg, const std::string& device) {
@@ -336,7 +367,8 @@ int main(int argc, char** argv, const std::string& program, const std::string& a
     else std::fprintf(stderr, "%s (world rank %d): %s\n", o.program.c_str(), launch.process, e.what());
   };
 
-  // The run of family F (the named family, or its context-parallel one under --context).
+  // The run of family F: the named family, its context-parallel one under --context, or its tied
+  // one where the configuration ties the LM head (with_tied_head).
   const auto run = [&]<class F>() -> int {
     std::string device;  // host or cuda, once resolved
     std::optional<checkpoint::DirectoryLock> save_lock;  // the lead process's, for the whole run
@@ -345,6 +377,7 @@ int main(int argc, char** argv, const std::string& program, const std::string& a
       cfg = configure<F>(o);
       device = resolve_device(o);
       check_context<F>(o, cfg, device);
+      check_head<F>(o, cfg);
       if (device == "cuda" && !on_gpu<F>) {  // a family without a GPU path: auto means the host
         if (o.device == "auto") device = "host";
         else
@@ -483,7 +516,9 @@ int main(int argc, char** argv, const std::string& program, const std::string& a
     }
   };
   return with_family<First, Rest...>(o.model, o.where("--model"),
-                                     [&]<class Named>() -> int { return with_context_family<Named>(o, run); });
+                                     [&]<class Named>() -> int {
+                                       return with_context_family<Named>(o, [&]<class G>() -> int { return with_run_head<G>(o, run); });
+                                     });
 }
 
 }  // namespace weft::train

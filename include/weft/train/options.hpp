@@ -19,6 +19,7 @@ namespace weft::train {
 // --vocab); train::preset_config (train/family.hpp) applies them.
 struct Sizes {
   std::optional<std::int64_t> layers, heads, width, seq, vocab, kv_heads, hidden;
+  std::optional<bool> tied;  // --tie-embeddings: the LM head reads the embedding table
 };
 
 struct Options {
