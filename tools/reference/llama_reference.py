@@ -3,8 +3,8 @@
 weft's check against transformers (tests/models/llama/hf.cpp).
 
 The model has grouped-query attention (4 heads over 2 key-value heads), the llama3 rotary scaling
-with an original context short enough that all three frequency bands occur, an untied head and
-RMSNorm weights drawn around 1 (not all ones). transformers computes the rotary tables, RMSNorm and
+with an original context short enough that all three frequency bands occur, an untied head (or with
+--tied, the head reading the embedding table: tie_word_embeddings, as Llama 3.2 1B's) and RMSNorm weights drawn around 1 (not all ones). transformers computes the rotary tables, RMSNorm and
 the eager attention's softmax in float32 even in a float64 model (about 1e-6 off in the logits);
 this script lifts all three to float64 (the rotary frequencies recomputed from transformers' llama3
 formula in float64, the norm's statistics and the softmax in the model's dtype), so that the
@@ -14,9 +14,12 @@ Writes into --out:
   config.json, model.safetensors   the model, as save_pretrained writes it (float64)
   reference.safetensors            tokens and targets (B, T) I64, logits (B, T, V) F64, loss (1) F64,
                                    and grad/<name> F64: the gradient of the mean cross-entropy of
-                                   the targets for every parameter, under transformers' names
+                                   the targets for every parameter, under transformers' names (a
+                                   tied table's is the sum of its two uses, under
+                                   model.embed_tokens.weight)
 
 Usage: python3 tools/reference/llama_reference.py --out tests/fixtures/llama_hf
+       python3 tools/reference/llama_reference.py --out tests/fixtures/llama_hf_tied --seed 13 --tied
 Needs PyTorch, transformers and safetensors.
 """
 import argparse
@@ -67,13 +70,14 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--tied", action="store_true", help="tie the LM head to the embedding table")
     a = ap.parse_args()
     torch.manual_seed(a.seed)
     rope = {"rope_type": "llama3", "rope_theta": 500.0, "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
             "original_max_position_embeddings": 32}
     config = LlamaConfig(vocab_size=61, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
                          num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-5, rope_parameters=rope,
-                         tie_word_embeddings=False, attention_bias=False, mlp_bias=False, initializer_range=0.2)
+                         tie_word_embeddings=a.tied, attention_bias=False, mlp_bias=False, initializer_range=0.2)
     config._attn_implementation = "eager"
     model = LlamaForCausalLM(config).to(torch.float64)
     with torch.no_grad():

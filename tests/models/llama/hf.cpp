@@ -2,9 +2,11 @@
 // (tests/fixtures/llama_hf: GQA, llama3 rotary scaling, RMSNorm weights not ones, float64 with the
 // rotary tables and norms lifted to float64) imported into weft gives transformers' logits, loss and
 // every parameter's gradient, on one rank and at tensor 2 (with SP); the export is the import's
-// inverse; bad model directories are refused by name. WEFT_LLAMA_REFERENCE names another reference
-// directory (the ctest "llama: transformers" regenerates one where PyTorch is installed), and
-// WEFT_LLAMA_EXPORT_TO a directory to export the imported model into (for from_pretrained).
+// inverse; bad model directories are refused by name. A tied one (tests/fixtures/llama_hf_tied:
+// tie_word_embeddings, as Llama 3.2 1B's) the same way, its table's gradient the sum of both uses.
+// WEFT_LLAMA_REFERENCE and WEFT_LLAMA_REFERENCE_TIED name other reference directories (the ctest
+// "llama: transformers" regenerates them where PyTorch is installed), and WEFT_LLAMA_EXPORT_TO a
+// directory to export the imported model into (for from_pretrained).
 #include <doctest/doctest.h>
 
 #include <cstdlib>
@@ -25,9 +27,9 @@ using namespace weft;
 
 namespace {
 
-std::string reference_dir() {
-  if (const char* d = std::getenv("WEFT_LLAMA_REFERENCE"); d && *d) return d;
-  return std::string(WEFT_TEST_DATA_DIR) + "/llama_hf";
+std::string reference_dir(bool tied = false) {
+  if (const char* d = std::getenv(tied ? "WEFT_LLAMA_REFERENCE_TIED" : "WEFT_LLAMA_REFERENCE"); d && *d) return d;
+  return std::string(WEFT_TEST_DATA_DIR) + (tied ? "/llama_hf_tied" : "/llama_hf");
 }
 
 std::string scratch(const std::string& name) {
@@ -206,6 +208,53 @@ TEST_CASE("Llama imported from transformers gives its logits, loss and gradients
     llama::export_hf(ckpt, cat(to, "/sharded"), DType::f32, 20000);
   }
   for (const auto& d : {ckpt, out, again}) std::filesystem::remove_all(d);
+}
+
+TEST_CASE("a tied Llama (tie_word_embeddings) imported from transformers gives its logits, loss and gradients (f64 within 1e-10)") {
+  const std::string dir = reference_dir(true);
+  const Reference ref(dir + "/reference.safetensors");
+  const auto ckpt = scratch("import_tied");
+  const llama::Config c = llama::import_hf(dir, ckpt, {.seq = 16, .seed = 5});
+  REQUIRE(c.tied);
+  CHECK(ref.t.count("grad/lm_head.weight") == 0);  // one table: its gradient is embed_tokens'
+  const auto tokens = ref.ints("tokens"), targets = ref.ints("targets");
+  const std::int64_t B = static_cast<std::int64_t>(tokens.size()) / c.seq;
+  const double loss_ref = ref.t.at("loss")[0];
+  // One rank, then tensor 2 with SP (the table's rows and the head's columns sharded alike): 1e-10
+  // as for the untied model (the same sums in other orders).
+  std::mutex mu;
+  for (const int tensor : {1, 2})
+    run_threads(tensor, [&](ThreadComm& world) {
+      Mesh mesh{world, {.tensor = tensor}};
+      Host h;
+      auto check = [&](auto& model) {
+        auto dp = optim::data_parallel<optim::Ddp>(model, optim::AdamW{}, mesh);
+        checkpoint::load(ckpt, model, dp, mesh, {.optimizer = false});
+        std::vector<double> logits;
+        const double loss = test::forward_backward(model, tokens, targets, B, mesh, tensor == 1 ? &logits : nullptr);
+        std::string where;
+        const double eg = worst_gradient(model, c, ref, mesh, where);
+        std::lock_guard lock(mu);
+        if (tensor == 1) {
+          const double el = worst_relative(logits, ref.t.at("logits"));
+          CHECK(el <= 1e-10);
+          MESSAGE("tied, f64, one rank: logits within ", el, ", loss ", loss, " against ", loss_ref, ", gradients within ", eg,
+                  " (worst: ", where, ")");
+        } else if (mesh.coord().tensor == 0) {
+          MESSAGE("tied, f64, tensor 2 with SP: loss ", loss, ", gradients within ", eg, " (worst: ", where, ")");
+        }
+        CHECK(std::abs(loss - loss_ref) <= 1e-10 * loss_ref);
+        CHECK_MESSAGE(eg <= 1e-10, where);
+      };
+      if (tensor == 1) {
+        llama::Model<double, false, recompute::None, Host, true> model(h, c, mesh.spread(), B);
+        check(model);
+      } else {
+        llama::Model<double, true, recompute::None, Host, true> model(h, c, mesh.spread(), B);
+        check(model);
+      }
+    });
+  std::filesystem::remove_all(ckpt);
 }
 
 TEST_CASE("a transformers Llama directory that weft cannot read is refused, naming the tensor or field and the values") {

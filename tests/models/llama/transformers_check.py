@@ -5,7 +5,8 @@ weft's check against it (the llama test binary's transformers case: logits, loss
 within 1e-10 in f64, the export's exact round trip), then loads weft's f32 exports of it with
 LlamaForCausalLM.from_pretrained, one file and sharded (files of at most 20000 bytes, with
 model.safetensors.index.json, as save_pretrained shards), and compares their logits with the
-reference's (1e-5 of the largest: the exports are f32). Where they are not installed it says so and is skipped (exit 77).
+reference's (1e-5 of the largest: the exports are f32). A fresh tied reference (--tied:
+tie_word_embeddings) through the tied case the same way (1e-10 in f64). Where they are not installed it says so and is skipped (exit 77).
 
 Usage: transformers_check.py LLAMA_TEST_BINARY
 """
@@ -30,8 +31,10 @@ def main():
     script = os.path.join(here, "..", "..", "..", "tools", "reference", "llama_reference.py")
     with tempfile.TemporaryDirectory() as d:
         ref, exports = os.path.join(d, "ref"), os.path.join(d, "exports")
+        tied = os.path.join(d, "tied")
         subprocess.run([sys.executable, script, "--out", ref, "--seed", "11"], check=True)
-        env = dict(os.environ, WEFT_LLAMA_REFERENCE=ref, WEFT_LLAMA_EXPORT_TO=exports)
+        subprocess.run([sys.executable, script, "--out", tied, "--seed", "17", "--tied"], check=True)
+        env = dict(os.environ, WEFT_LLAMA_REFERENCE=ref, WEFT_LLAMA_REFERENCE_TIED=tied, WEFT_LLAMA_EXPORT_TO=exports)
         subprocess.run([binary, "-tc=*imported from transformers*"], check=True, env=env)
         r = load_file(os.path.join(ref, "reference.safetensors"))
         want = r["logits"]
