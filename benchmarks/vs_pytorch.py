@@ -4,7 +4,8 @@
 For GPT-2 124M (B=4, T=64) and a small model (4 layers, width 256, 4 heads, T=128, V=256, B=8), and
 two Llamas (llama-small: 4 layers, width 256, 8 heads in 2 key-value groups, SwiGLU of 688, T=128,
 V=256, B=8; llama-wide: 2 layers, width 768, 12 heads in 4 groups, SwiGLU of 2048, T=64, V=32000,
-B=4), on 1 and 2 threads: weft's benchmarks/train_step (1 thread: one rank; 2 threads: data 2 or
+B=4; llama-100m: the same widths over 8 layers, 99.5M parameters; llama-tiny: the trainer's preset,
+B=16), on 1 and 2 threads: weft's benchmarks/train_step (1 thread: one rank; 2 threads: data 2 or
 tensor 2 ranks, or one rank on 2 threads; the fastest counts) and tools/reference/torch_gpt.py or
 torch_llama.py (torch.set_num_threads), alternating, --reps times each; medians. Prints one JSON object per model
 and thread count: tokens/s of each, effective GFLOP/s (the FLOPs per token weft counts, train_step's
@@ -36,6 +37,12 @@ MODELS = {
                         steps=8),
     "llama-wide": dict(model="llama", layers=2, width=768, heads=12, kv_heads=4, hidden=2048, seq=64, vocab=32000, batch=4,
                        steps=3),
+    # 99.5M parameters: llama-wide's widths over 8 layers (the embedding and head are 49.2M of them)
+    "llama-100m": dict(model="llama", layers=8, width=768, heads=12, kv_heads=4, hidden=2048, seq=64, vocab=32000, batch=4,
+                       steps=2),
+    # the trainer's llama-tiny preset (models/llama/config.hpp) at its batch of 16
+    "llama-tiny": dict(model="llama", layers=2, width=64, heads=4, kv_heads=2, hidden=176, seq=64, vocab=64, batch=16,
+                       steps=20),
 }
 
 

@@ -19,7 +19,6 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
-
 #include <vector>
 
 #include <Eigen/Core>
