@@ -27,10 +27,8 @@
 
 WEFT_TRAIN_HOST(extern, TrainGpt2, true)  // in train_gpt_sp.cpp
 #ifndef WEFT_TRAIN_GPT_NO_CONTEXT
-WEFT_TRAIN_HOST(extern, weft::gpt2::ContextFamily<weft::context::Ring>, false)  // in train_gpt_gpt2_context.cpp
-WEFT_TRAIN_HOST(extern, weft::gpt2::ContextFamily<weft::context::AllGather>, false)
-WEFT_TRAIN_HOST(extern, weft::gpt2::ContextFamily<weft::context::Ring>, true)  // in train_gpt_gpt2_context_sp.cpp
-WEFT_TRAIN_HOST(extern, weft::gpt2::ContextFamily<weft::context::AllGather>, true)
+WEFT_TRAIN_HOST_CONTEXT(extern, TrainGpt2, false)  // in train_gpt_gpt2_context.cpp
+WEFT_TRAIN_HOST_CONTEXT(extern, TrainGpt2, true)   // in train_gpt_gpt2_context_sp.cpp
 #endif
 #ifdef WEFT_TRAIN_GPT_LLAMA
 WEFT_TRAIN_HOST(extern, TrainLlama, false)  // in train_gpt_llama.cpp
@@ -38,10 +36,8 @@ WEFT_TRAIN_HOST(extern, TrainLlama, true)
 WEFT_TRAIN_HOST(extern, TrainLlamaTied, false)  // in train_gpt_llama_tied.cpp
 WEFT_TRAIN_HOST(extern, TrainLlamaTied, true)
 #ifndef WEFT_TRAIN_GPT_NO_CONTEXT
-WEFT_TRAIN_HOST(extern, weft::llama::ContextFamily<weft::context::Ring>, false)  // in train_gpt_llama_context.cpp
-WEFT_TRAIN_HOST(extern, weft::llama::ContextFamily<weft::context::AllGather>, false)
-WEFT_TRAIN_HOST(extern, weft::llama::ContextFamily<weft::context::Ring>, true)  // in train_gpt_llama_context_sp.cpp
-WEFT_TRAIN_HOST(extern, weft::llama::ContextFamily<weft::context::AllGather>, true)
+WEFT_TRAIN_HOST_CONTEXT(extern, TrainLlama, false)  // in train_gpt_llama_context.cpp
+WEFT_TRAIN_HOST_CONTEXT(extern, TrainLlama, true)   // in train_gpt_llama_context_sp.cpp
 #endif
 #endif
 

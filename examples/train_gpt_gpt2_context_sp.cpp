@@ -5,5 +5,4 @@
 
 #include "train_gpt_family.hpp"
 
-WEFT_TRAIN_HOST(, weft::gpt2::ContextFamily<weft::context::Ring>, true)
-WEFT_TRAIN_HOST(, weft::gpt2::ContextFamily<weft::context::AllGather>, true)
+WEFT_TRAIN_HOST_CONTEXT(, TrainGpt2, true)

@@ -5,5 +5,4 @@
 
 #include "train_gpt_family.hpp"
 
-WEFT_TRAIN_HOST(, weft::llama::ContextFamily<weft::context::Ring>, false)
-WEFT_TRAIN_HOST(, weft::llama::ContextFamily<weft::context::AllGather>, false)
+WEFT_TRAIN_HOST_CONTEXT(, TrainLlama, false)

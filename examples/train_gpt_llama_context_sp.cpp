@@ -6,5 +6,4 @@
 
 #include "train_gpt_family.hpp"
 
-WEFT_TRAIN_HOST(, weft::llama::ContextFamily<weft::context::Ring>, true)
-WEFT_TRAIN_HOST(, weft::llama::ContextFamily<weft::context::AllGather>, true)
+WEFT_TRAIN_HOST_CONTEXT(, TrainLlama, true)

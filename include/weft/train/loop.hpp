@@ -517,6 +517,11 @@ int train_on_host(const Options& o, const config_t<F>& cfg, const Corpus& corpus
   EXTERN template int weft::train::train_on_host<F, SP>(const weft::train::Options&,                        \
                                                         const weft::train::config_t<F>&,                    \
                                                         const weft::train::Corpus&, const weft::train::Launch&);
+// The host loops of F's context-parallel families (F::with_context), ring and all-gather, for one SP
+// choice.
+#define WEFT_TRAIN_HOST_CONTEXT(EXTERN, F, SP)                        \
+  WEFT_TRAIN_HOST(EXTERN, F::with_context<weft::context::Ring>, SP) \
+  WEFT_TRAIN_HOST(EXTERN, F::with_context<weft::context::AllGather>, SP)
 #define WEFT_TRAIN_INSTANTIATE_ONE(EXTERN, F, D, P, SP, S)                                                  \
   EXTERN template int weft::train::train<F, D, P, SP, S>(const weft::train::Options&,                        \
                                                          const weft::train::config_t<F>&,                    \

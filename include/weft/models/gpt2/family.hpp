@@ -31,15 +31,8 @@ using RankPlan = train::RankPlan;
 template <context::Kind Cx>
 struct ContextFamily;
 
-struct Family {
-  template <class P, bool SP, class D>
-  using model = Model<P, SP, recompute::None, D>;
-  template <class P, bool SP, class R, class D>
-  using recomputed = Model<P, SP, R, D>;
-  // train_gpt --context N --attention ring|all-gather: the family whose model shards the sequence
-  // over the context axis, Cx's way (train/main.hpp trains it in this one's place).
-  template <context::Kind Cx>
-  using with_context = ContextFamily<Cx>;
+// What GPT-2's families share: the name, the presets, the FLOPs, the summary, the import.
+struct Common {
   static std::string name() { return "gpt2"; }
   static std::vector<std::string> preset_names() { return gpt2::preset_names(); }
   static Config preset(std::string_view n) { return gpt2::preset(n); }
@@ -48,6 +41,17 @@ struct Family {
     return cat("layers ", c.layers, ", heads ", c.heads, ", width ", c.width, ", seq ", c.seq, ", vocab ", c.vocab);
   }
   static void import_hf(const std::string& file, const std::string& dir, const Config& c) { gpt2::import_hf(file, dir, c); }
+};
+
+struct Family : Common {
+  template <class P, bool SP, class D>
+  using model = Model<P, SP, recompute::None, D>;
+  template <class P, bool SP, class R, class D>
+  using recomputed = Model<P, SP, R, D>;
+  // train_gpt --context N --attention ring|all-gather: the family whose model shards the sequence
+  // over the context axis, Cx's way (train/main.hpp trains it in this one's place).
+  template <context::Kind Cx>
+  using with_context = ContextFamily<Cx>;
   // models/gpt2/run_plan.hpp
   static std::vector<RankPlan> plan(const train::Options& o, const Config& c, bool host);
   static int print_plan(const train::Options& o, const Config& c, const std::string& device);
@@ -62,20 +66,14 @@ struct Family {
 // strategy and pipeline schedule, with or without sequence parallelism inside it. Its plan is the
 // step measured on the Meta device (train/plan.hpp), which counts the context axis; Family's plan
 // (the replay of plan/step.hpp) and weft-plan's cluster cost do not know the axis, so this family
-// does not take them.
+// does not take them (it shares Common, not Family).
 template <context::Kind Cx>
-struct ContextFamily {
+struct ContextFamily : Common {
   using attention = Cx;
   template <class P, bool SP, class D>
   using model = Model<P, SP, recompute::None, D, Cx>;
   using host_precisions = train::List<F32>;
   static constexpr bool gpu = false;
-  static std::string name() { return Family::name(); }
-  static std::vector<std::string> preset_names() { return Family::preset_names(); }
-  static Config preset(std::string_view n) { return Family::preset(n); }
-  static double flops_per_token(const Config& c) { return Family::flops_per_token(c); }
-  static std::string summary(const Config& c) { return Family::summary(c); }
-  static void import_hf(const std::string& file, const std::string& dir, const Config& c) { Family::import_hf(file, dir, c); }
 };
 
 }  // namespace weft::gpt2
