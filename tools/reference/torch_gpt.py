@@ -47,7 +47,7 @@ class Gpt(torch.nn.Module):
         self.ln_f = torch.nn.LayerNorm(C)
 
     def forward(self, idx, targets):
-        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
         for b in self.blocks:
             x = b(x)
         logits = self.ln_f(x) @ self.wte.weight.t()

@@ -30,6 +30,8 @@ def rotate(x, cos, sin):  # x (B, heads, T, hd): the halves rotated, as transfor
 
 
 class Block(torch.nn.Module):
+    gqa = False  # key-value heads expanded by repeat_interleave; True: SDPA's enable_gqa
+
     def __init__(self, C, H, KV, Fh):
         super().__init__()
         self.H, self.KV, self.hd = H, KV, C // H
@@ -47,9 +49,12 @@ class Block(torch.nn.Module):
         q = self.q(h).view(B, T, self.H, self.hd).transpose(1, 2)
         k, v = self.kv(h).view(B, T, 2, self.KV, self.hd).permute(2, 0, 3, 1, 4)
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
-        rep = self.H // self.KV
-        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if self.gqa:  # SDPA's own grouped-query path (PyTorch >= 2.5; the GPU benchmark's choice)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        else:
+            rep = self.H // self.KV
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + self.o(y.transpose(1, 2).reshape(B, T, C))
         gate, up = self.gate_up(rms_norm(x, self.norm2)).chunk(2, dim=-1)
         return x + self.down(F.silu(gate) * up)
