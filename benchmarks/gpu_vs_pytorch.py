@@ -31,6 +31,7 @@ Prints one JSON line per run and a table; --out FILE gets the JSON lines too.
 
 Usage: benchmarks/gpu_vs_pytorch.py --weft build/gpu-prebuilt [--llmc build/llmc] [--models gpt2,llama]
                                     [--impls weft,pytorch,compiled,llmc] [--steps 10] [--out FILE]
+                                    [--weft-gpt2-json build/gpu-results/gpt2.jsonl]
 """
 import argparse
 import gc
@@ -123,6 +124,9 @@ def torch_child(model_name, compiled, batches, steps):
                 torch_llama.Block.gqa = True
                 model = torch_llama.Llama(s["vocab"], s["seq"], s["layers"], s["heads"], s["kv_heads"], s["width"], s["hidden"])
                 model.head.weight = model.wte.weight  # tied, as Llama 3.2 1B
+            for m in model.modules():  # GPT-2's initialization (normal, 0.02), so the loss starts near log V
+                if isinstance(m, (torch.nn.Linear, torch.nn.Embedding)):
+                    torch.nn.init.normal_(m.weight, std=0.02)
             model = model.to(dev)
             fwd = torch.compile(model) if compiled else model
             opt = torch.optim.AdamW(model.parameters(), lr=6e-4, weight_decay=0.1, fused=True)
@@ -179,11 +183,14 @@ def pytorch(model, compiled, steps, timeout):
 
 # ---- weft ----
 
-def weft_gpt2(bin_dir, steps, timeout):
-    rc, out, mem = run([os.path.join(bin_dir, "gpt2"), "--steps", str(steps)], timeout)
+def weft_gpt2(bin_dir, steps, timeout, reuse=None):
+    if reuse:  # a record benchmarks/gpt2.cu printed earlier in the same session (scripts/gpu-check's)
+        rc, out, mem = 0, open(reuse).read(), None
+    else:
+        rc, out, mem = run([os.path.join(bin_dir, "gpt2"), "--steps", str(steps)], timeout)
     rec = last_json(out)
     if rc != 0 or rec is None:
-        return {"error": tail(out)}
+        return {"error": tail(out) or "no record"}
     return {"batch": rec["micro_batch"], "step_s": rec["step_ms"] / 1e3, "allocator_peak_bytes": rec["peak_bytes"]["total"],
             "device_peak_mib": mem, "weft_mfu": rec.get("mfu"), "gemm_share": rec.get("gemm_share"),
             "attention_share": rec.get("attention_share")}
@@ -278,6 +285,8 @@ def main():
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--timeout", type=int, default=240, help="seconds for one run")
     ap.add_argument("--out")
+    ap.add_argument("--weft-gpt2-json", help="take weft's GPT-2 record from this file (benchmarks/gpt2.cu's output, "
+                                             "as scripts/gpu-check leaves it) instead of running it again")
     ap.add_argument("--torch-child", nargs=2, metavar=("MODEL", "MODE"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.torch_child:
@@ -293,7 +302,10 @@ def main():
             sys.exit(f"gpu_vs_pytorch.py: no model named {model}; use gpt2 or llama")
         runs = []
         if "weft" in impls and a.weft:
-            runs.append(("weft", lambda: (weft_gpt2 if model == "gpt2" else weft_llama)(a.weft, a.steps, a.timeout)))
+            if model == "gpt2":
+                runs.append(("weft", lambda: weft_gpt2(a.weft, a.steps, a.timeout, a.weft_gpt2_json)))
+            else:
+                runs.append(("weft", lambda: weft_llama(a.weft, a.steps, a.timeout)))
         if "pytorch" in impls:
             runs.append(("pytorch eager", lambda: pytorch(model, False, a.steps, a.timeout)))
         if "compiled" in impls:

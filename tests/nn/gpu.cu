@@ -145,8 +145,10 @@ TEST_CASE("bf16 mixed precision on the GPU: 300 steps on the Markov corpus end w
 
 TEST_CASE("thread ranks sharing the GPU keep the thread back end's failure rules: a mismatched collective on device buffers is an Error on every rank") {
   (void)test::gpu();
+  // Each rank's call raises the mismatch, and run_threads then raises it too, naming the rank that
+  // detected it (the host's rule: tests/comm/mismatch.cpp).
   std::atomic<int> errors{0};
-  run_threads(2, [&](ThreadComm& world) {
+  CHECK_THROWS_WITH_AS(run_threads(2, [&](ThreadComm& world) {
     auto dev = test::rank_device<Cuda>(world);
     const std::int64_t n = world.rank() == 0 ? 4 : 5;  // rank 1 asks for one element more
     Allocation b = dev->allocate(n * static_cast<std::int64_t>(sizeof(float)));
@@ -156,7 +158,7 @@ TEST_CASE("thread ranks sharing the GPU keep the thread back end's failure rules
     } catch (const Error& e) {
       if (std::string(e.what()).find("mismatched collective") != std::string::npos) ++errors;
     }
-  });
+  }), doctest::Contains("mismatched collective #1 on world{0,1}: world rank 0 called all_reduce(f32, 4, sum), world rank 1 called all_reduce(f32, 5, sum)"), Error);
   CHECK(errors == 2);
 }
 

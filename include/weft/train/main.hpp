@@ -457,9 +457,9 @@ int main(int argc, char** argv, const std::string& program, const std::string& a
         throw Error(o.where(), "--save-every, --keep or --async-save without --save-dir", "give --save-dir");
       if (plan_only) return finish(launch.lead() ? print_plan<F>(o, cfg, device) : 0);
       // Training reads a corpus (--plan reads none: a Llama 3 vocabulary plans without a data file).
-      if (o.data_file.empty() && o.text.empty() && cfg.vocab > 65536)
+      if (o.data_file.empty() && o.text.empty() && cfg.vocab > data::MarkovSource::max_vocab)
         throw Error(o.where(), cat("vocabulary ", cfg.vocab, " with the built-in Markov corpus"),
-                    "use at most 65536 tokens, or train on a --data-file");
+                    cat("use at most ", data::MarkovSource::max_vocab, " tokens, or train on a --data-file"));
       check_fits<F>(o, cfg, device, launch);
       // Where the run writes: checked now (by the printing process), not after the GEMM measurement.
       if (launch.lead()) {
