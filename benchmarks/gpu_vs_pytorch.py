@@ -239,7 +239,7 @@ def llmc(binary, steps, timeout):
         write_llmc_tokens(val, n, s["vocab"])
         for B in s["batches"]:
             cmd = [binary, "-i", train, "-j", val, "-e", "d12", "-b", str(B), "-t", str(s["seq"]), "-x", str(steps + 3),
-                   "-v", "0", "-s", "0", "-h", "0", "-y", "0"]
+                   "-v", "1000000", "-m", "1", "-s", "0", "-h", "0", "-y", "0"]  # -v 0 divides by zero in llm.c; one validation batch at the end
             rc, out, mem = run(cmd, timeout)
             ms = [float(m) for m in re.findall(r"\| ([0-9.]+) ms \|", out)]
             losses = [float(m) for m in re.findall(r"\| loss ([0-9.]+)", out)]

@@ -277,3 +277,31 @@ TEST_CASE("float rotary and RMSNorm: the double loops on the same inputs, to flo
     CHECK(worst_abs(dwf, dw) <= 1e-5);
   }
 }
+
+TEST_CASE("init_normal: a large shard drawn on every core has the bits of one thread's draws, and a shard those of the whole") {
+  // 3 x 2^20 + 5 elements: several threads wherever there are several cores (a range per thread),
+  // against the single-thread range; then a column shard (offset 1000 of 2048 columns) against the
+  // whole tensor's elements at the same global indices. Bitwise: each draw depends on its index alone.
+  const Shape whole{1536 + 1, 2048};
+  std::vector<float> all(static_cast<std::size_t>(whole.numel())), one(all.size());
+  host::init_normal(all.data(), whole, whole, Shape{0, 0}, 7, 3, 0.02);
+  host::detail::init_normal_range(one.data(), whole, whole, Shape{0, 0}, 7, 3, 0.02, 0, whole.numel());
+  CHECK(all == one);
+  const Shape local{1536 + 1, 1024};
+  std::vector<float> shard(static_cast<std::size_t>(local.numel()));
+  host::init_normal(shard.data(), whole, local, Shape{0, 1000}, 7, 3, 0.02);
+  bool same = true;
+  for (std::int64_t r = 0; r < local[0]; ++r)
+    for (std::int64_t c = 0; c < local[1]; ++c)
+      same = same && shard[static_cast<std::size_t>(r * 1024 + c)] == all[static_cast<std::size_t>(r * 2048 + 1000 + c)];
+  CHECK(same);
+  // The draws are normal with the given scale: mean within 4 standard errors of 0, std within 1%.
+  double sum = 0, sq = 0;
+  for (float v : all) {
+    sum += v;
+    sq += static_cast<double>(v) * v;
+  }
+  const double n = static_cast<double>(all.size()), mean = sum / n, sd = std::sqrt(sq / n - mean * mean);
+  CHECK(std::fabs(mean) < 4 * 0.02 / std::sqrt(n));
+  CHECK(std::fabs(sd / 0.02 - 1) < 0.01);
+}

@@ -27,6 +27,7 @@
 #include "weft/core/philox.hpp"
 #include "weft/core/shape.hpp"
 #include "weft/device/host/gemm.hpp"
+#include "weft/device/host/init.hpp"
 #include "weft/ops/math.hpp"
 #include "weft/ops/positions.hpp"
 
@@ -226,22 +227,6 @@ void convert(To* out, const From* in, index n) {
 template <class T>
 void convert(T* out, const T* in, index n) {
   std::copy(in, in + n, out);
-}
-
-// Parameter initialization: out, this rank's shard (local shape `local`, row-major) of a tensor of
-// `global` shape starting at `offset` (its local_box), gets std * normal(seed, id, g) for each
-// element's global flat index g, so every mesh draws the same global weights.
-template <class T>
-void init_normal(T* out, const Shape& global, const Shape& local, const Shape& offset, std::uint64_t seed,
-                 std::uint64_t id, double std) {
-  for (index i = 0; i < local.numel(); ++i) {
-    index g = 0, stride = 1;
-    for (int d = global.rank() - 1; d >= 0; --d) {
-      g += ((i / local.inner(d)) % local[d] + offset[d]) * stride;
-      stride *= global[d];
-    }
-    out[i] = narrow<T>(static_cast<accumulate_t<T>>(std * weft::normal(seed, id, static_cast<std::uint64_t>(g))));
-  }
 }
 
 // y (N, C) += b (C) on every row (a Linear's bias).
