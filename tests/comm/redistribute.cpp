@@ -7,6 +7,7 @@
 #include <cmath>
 #include <mutex>
 
+#include "support/error.hpp"
 #include "support/layouts.hpp"
 #include "weft/comm/mesh.hpp"
 #include "support/ranks.hpp"
@@ -151,7 +152,7 @@ TEST_CASE("redistribute_adjoint: sum_r <redistribute(x) y> == sum_r <x adjoint(y
             // Relative to the sum of |terms|: the two sides add the same products in different orders.
             const double err = std::fabs(dots[0] - dots[1]) / dots[2];
             std::lock_guard lock(mu);
-            worst = std::max(worst, err);
+            worst = test::worse(worst, err);
             if (world.rank() == 0) ++pairs;  // on the process that holds rank 0
           }
         });

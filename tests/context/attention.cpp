@@ -46,7 +46,7 @@ double rel_rows(const std::vector<T>& got, const std::vector<T>& want, const con
   const std::vector<T> expected = rows_of(want, ch, r, B, width);
   double err = 0, scale = 0;
   for (const T& w : want) scale = std::max(scale, std::abs(static_cast<double>(w)));
-  for (std::size_t i = 0; i < got.size(); ++i) err = std::max(err, std::abs(static_cast<double>(got[i]) - static_cast<double>(expected[i])));
+  for (std::size_t i = 0; i < got.size(); ++i) err = test::worse(err, std::abs(static_cast<double>(got[i]) - static_cast<double>(expected[i])));
   return err / scale;
 }
 

@@ -46,7 +46,7 @@ double row_error(std::span<const double> local, const std::vector<double>& full,
   for (Index b = 0; b < B; ++b)
     for (Index t = 0; t < ch.local(); ++t)
       for (Index k = 0; k < width; ++k)
-        e = std::max(e, std::abs(local[static_cast<std::size_t>((b * ch.local() + t) * width + k)] -
+        e = test::worse(e, std::abs(local[static_cast<std::size_t>((b * ch.local() + t) * width + k)] -
                                  full[static_cast<std::size_t>((b * ch.seq + ch.position(r, t)) * width + k)]));
   return e;
 }
@@ -97,7 +97,7 @@ std::size_t add_grad_errors(Layer& layer, const std::string& prefix, M& mesh, co
     const std::vector<double>& want = ref.grads.at(n);
     double err = 0;
     for (Index i = 0; i < p.grad.numel(); ++i)
-      err = std::max(err, std::abs(p.grad[i] - want[static_cast<std::size_t>(p.grad.global_index(i))]));
+      err = test::worse(err, std::abs(p.grad[i] - want[static_cast<std::size_t>(p.grad.global_index(i))]));
     err /= largest(want);
     if (err >= e.grad) e.grad = err, e.worst_param = n;
     ++params;
@@ -278,7 +278,7 @@ TEST_CASE("the rotation at a context rank's positions equals the whole sequence'
       for (Index b = 0; b < B; ++b)
         for (Index t = 0; t < ch.local(); ++t)
           for (Index k = 0; k < row; ++k)
-            back = std::max(back, std::abs(mine[static_cast<std::size_t>((b * ch.local() + t) * row + k)] -
+            back = test::worse(back, std::abs(mine[static_cast<std::size_t>((b * ch.local() + t) * row + k)] -
                                            full[static_cast<std::size_t>((b * T + ch.position(r, t)) * row + k)]));
       CHECK(back <= 1e-15 * 8);  // a rotation and its inverse: a few roundings of numbers below 8
     }

@@ -88,7 +88,7 @@ TEST_CASE("the custom model at tensor 2 (with and without SP), pipe 2 (1F1B, ZB-
     double diff = 0, scale = 0;  // the whole parameter vector after 3 steps (tests/pipeline/equivalence.cpp)
     for (const auto& [name, v] : ref.values)
       for (std::size_t i = 0; i < v.size(); ++i) {
-        diff = std::max(diff, std::fabs(got.values.at(name).at(i) - v[i]));
+        diff = test::worse(diff, std::fabs(got.values.at(name).at(i) - v[i]));
         scale = std::max(scale, std::fabs(v[i]));
       }
     CHECK_MESSAGE(diff / scale <= 1e-12, what, ": parameters off by ", diff / scale);

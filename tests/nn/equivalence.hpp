@@ -100,12 +100,12 @@ GptRun run_gpt(int tensor, const gpt2::Config& c = tiny_config(), std::int64_t b
 
 // The worst relative error over the loss and every gradient; sizes must match.
 inline double worst_error(const GptRun& a, const GptRun& ref, std::string* where = nullptr) {
-  double worst = std::fabs(a.loss - ref.loss) / std::fabs(ref.loss);
+  double worst = worse(0, std::fabs(a.loss - ref.loss) / std::fabs(ref.loss));  // a NaN loss: infinity
   if (where) *where = "loss";
   for (const auto& [name, g] : ref.grads) {
     const auto it = a.grads.find(name);
     if (it == a.grads.end() || it->second.size() != g.size()) return 1e300;
-    const double e = rel_error(it->second, g);
+    const double e = rel_error(it->second, g);  // infinity on any non-finite value
     if (e > worst) {
       worst = e;
       if (where) *where = name;

@@ -36,7 +36,7 @@ double check_params(Layer& layer, Loss&& loss, std::map<std::string, double>& re
   layer.for_each_param("p", [&](const std::string& n, auto& p) {
     const auto r = gradcheck(all(p.value), std::span<const double>(analytic[n]), loss);
     report[n] = r.worst;
-    worst = std::max(worst, r.worst);
+    worst = test::worse(worst, r.worst);
   });
   return worst;
 }
@@ -189,7 +189,7 @@ TEST_CASE("Gpt: every parameter gradient matches finite differences") {
     gpt.for_each_param([&](const std::string& n, auto& p) {
       const auto r = gradcheck(all(p.value), std::span<const double>(analytic[n]), loss);
       CHECK_MESSAGE(r.worst <= 1e-6, n, ": ", r.worst);
-      worst = std::max(worst, r.worst);
+      worst = test::worse(worst, r.worst);
     });
     MESSAGE("Gpt: worst relative error over every parameter ", worst);
   });

@@ -100,7 +100,7 @@ TEST_CASE("Gpt matches PyTorch: loss logits and every gradient within 1e-12") {
   for (const auto& [name, g] : r.grads) {
     const double e = test::rel_error(g, ref.at(name));
     CHECK_MESSAGE(e <= 1e-12, name, " off by ", e);
-    worst = std::max(worst, e);
+    worst = test::worse(worst, e);
   }
   CHECK(r.grads.size() == 28);
   MESSAGE("loss ", r.loss, " (PyTorch ", ref.at("loss")[0], "), worst gradient relative error ", worst);

@@ -64,7 +64,7 @@ double worst_values(const Run& got, const Run& ref) {
   double diff = 0, scale = 0;
   for (const auto& [name, v] : ref.values)
     for (std::size_t i = 0; i < v.size(); ++i) {
-      diff = std::max(diff, std::fabs(got.values.at(name).at(i) - v[i]));
+      diff = test::worse(diff, std::fabs(got.values.at(name).at(i) - v[i]));
       scale = std::max(scale, std::fabs(v[i]));
     }
   return diff / scale;

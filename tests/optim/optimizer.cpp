@@ -10,6 +10,7 @@
 #include <mutex>
 #include <optional>
 
+#include "support/error.hpp"
 #include "weft/comm/mesh.hpp"
 #include "weft/comm/threads/run.hpp"
 #include "weft/data/loader.hpp"
@@ -189,7 +190,7 @@ TEST_CASE("DDP (alone and with tensor parallelism) trains like one rank: 5 AdamW
     for (const Trained& t : {train_run<false>(dp, tp), train_run<true>(dp, tp)}) {
       double worst = 0;
       for (std::size_t s = 0; s < ref.losses.size(); ++s) {
-        worst = std::max(worst, std::fabs(t.losses[s] - ref.losses[s]) / ref.losses[s]);
+        worst = test::worse(worst, std::fabs(t.losses[s] - ref.losses[s]) / ref.losses[s]);
         // The clipping norm counts every global element once: the same on every mesh.
         CHECK(t.norms[s] == doctest::Approx(ref.norms[s]).epsilon(1e-12));
       }
@@ -201,10 +202,10 @@ TEST_CASE("DDP (alone and with tensor parallelism) trains like one rank: 5 AdamW
       double diff = 0, scale = 0;
       for (const auto& [name, v] : ref.params)
         for (std::size_t i = 0; i < v.size(); ++i) {
-          diff = std::max(diff, std::fabs(t.params.at(name)[i] - v[i]));
+          diff = test::worse(diff, std::fabs(t.params.at(name)[i] - v[i]));
           scale = std::max(scale, std::fabs(v[i]));
         }
-      worst = std::max(worst, diff / scale);
+      worst = test::worse(worst, diff / scale);
       CHECK_MESSAGE(worst <= 1e-12, "data ", dp, " x tensor ", tp, ": ", worst);
       MESSAGE("data ", dp, " x tensor ", tp, ": worst relative difference after 5 steps ", worst);
     }
@@ -223,7 +224,7 @@ TEST_CASE("ZeRO-1 and ZeRO-2 train like one rank and keep about 1/dp of the opti
       double diff = 0, scale = 0;
       for (const auto& [name, v] : ref.params)
         for (std::size_t i = 0; i < v.size(); ++i) {
-          diff = std::max(diff, std::fabs(t->params.at(name)[i] - v[i]));
+          diff = test::worse(diff, std::fabs(t->params.at(name)[i] - v[i]));
           scale = std::max(scale, std::fabs(v[i]));
         }
       CHECK_MESSAGE(diff / scale <= 1e-12, "data ", dp, " x tensor ", tp, ": ", diff / scale);
@@ -248,7 +249,7 @@ TEST_CASE("FSDP trains like one rank and holds about 1/dp of the parameters plus
       double diff = 0, scale = 0;
       for (const auto& [name, v] : ref.params)
         for (std::size_t i = 0; i < v.size(); ++i) {
-          diff = std::max(diff, std::fabs(t.params.at(name)[i] - v[i]));
+          diff = test::worse(diff, std::fabs(t.params.at(name)[i] - v[i]));
           scale = std::max(scale, std::fabs(v[i]));
         }
       CHECK_MESSAGE(diff / scale <= 1e-12, "data ", dp, " x tensor ", tp, ": ", diff / scale);

@@ -14,6 +14,7 @@
 #include <span>
 #include <vector>
 
+#include "support/error.hpp"
 #include "weft/core/philox.hpp"
 
 namespace weft::test {
@@ -42,7 +43,7 @@ GradCheck gradcheck(std::span<double> x, std::span<const double> analytic, Loss&
     };
     const double numeric = (8 * (at(h) - at(-h)) - (at(2 * h) - at(-2 * h))) / (12 * h);
     const double err = std::fabs(analytic[i] - numeric) / std::max({std::fabs(analytic[i]), std::fabs(numeric), 1e-3});
-    r.worst = std::max(r.worst, err);
+    r.worst = worse(r.worst, err);
     ++r.checked;
   }
   return r;
@@ -66,16 +67,4 @@ inline double dot(const std::vector<double>& a, const std::vector<double>& b) {
   return s;
 }
 
-}  // namespace weft::test
-
-namespace weft::test {
-// max |a - b| / max |b|: the error relative to the size of the reference tensor.
-inline double rel_error(const std::vector<double>& a, const std::vector<double>& b) {
-  double diff = 0, scale = 0;
-  for (std::size_t i = 0; i < a.size() && i < b.size(); ++i) {
-    diff = std::max(diff, std::fabs(a[i] - b[i]));
-    scale = std::max(scale, std::fabs(b[i]));
-  }
-  return a.size() != b.size() ? 1e300 : diff / std::max(scale, 1e-300);
-}
 }  // namespace weft::test

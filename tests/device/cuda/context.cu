@@ -19,6 +19,7 @@
 #include <string>
 #include <tuple>
 
+#include "support/error.hpp"
 #include "support.cuh"
 #include "weft/comm/gpu/thread_memory.cuh"
 #include "weft/comm/threads/run.hpp"
@@ -208,7 +209,7 @@ TEST_CASE_TEMPLATE("a grouped-query attention layer with the sequence over conte
     const auto err_of = [&](const std::vector<float>& got, const V& want) {  // against want's rows, relative to its largest
       const auto mine = rows(want, r);
       double e = 0, m = 0;
-      for (std::size_t i = 0; i < got.size(); ++i) e = std::max(e, std::fabs(double(got[i]) - double(mine[i])));
+      for (std::size_t i = 0; i < got.size(); ++i) e = test::worse(e, std::fabs(double(got[i]) - double(mine[i])));
       for (double v : want) m = std::max(m, std::fabs(v));
       return e / m;
     };
@@ -220,9 +221,9 @@ TEST_CASE_TEMPLATE("a grouped-query attention layer with the sequence over conte
       const auto got = p.grad.to_host();
       const V& want = rgrads.at(n);
       double e = 0, m = 0;
-      for (std::size_t i = 0; i < got.size(); ++i) e = std::max(e, std::fabs(double(got[i]) - want[i]));
+      for (std::size_t i = 0; i < got.size(); ++i) e = test::worse(e, std::fabs(double(got[i]) - want[i]));
       for (double v : want) m = std::max(m, std::fabs(v));
-      g = std::max(g, e / m);
+      g = test::worse(g, e / m);
     });
     err[static_cast<std::size_t>(3 * r + 2)] = g;
   });

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <vector>
 
+#include "support/error.hpp"
 #include "weft/core/bf16.hpp"
 #include "weft/core/philox.hpp"
 #include "weft/device/cuda/device.hpp"
@@ -89,7 +90,7 @@ double rel_error(const std::vector<T>& got, const std::vector<double>& want) {
   for (std::size_t i = 0; i < want.size(); ++i) {
     const double g = to_double(got[i]);
     if (std::isnan(g)) return INFINITY;
-    diff = std::max(diff, std::fabs(g - want[i]));
+    diff = test::worse(diff, std::fabs(g - want[i]));
     scale = std::max(scale, std::fabs(want[i]));
   }
   return got.size() != want.size() ? INFINITY : diff / std::max(scale, 1e-300);

@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "support/error.hpp"
 #include "weft/core/philox.hpp"
 #include "weft/device/host/gemm.hpp"
 
@@ -57,7 +58,7 @@ double check(Trans ta, Trans tb, int m, int n, int k, double alpha, double beta,
         ref += alpha * at(i, p) * bt(p, j);
         scale += std::fabs(alpha * at(i, p) * bt(p, j));
       }
-      worst = std::max(worst, std::fabs(static_cast<double>(C[idx]) - ref) / std::max(scale, 1e-300));
+      worst = test::worse(worst, std::fabs(static_cast<double>(C[idx]) - ref) / std::max(scale, 1e-300));
     }
   return worst;
 }
@@ -80,7 +81,7 @@ TEST_CASE_TEMPLATE("gemm matches the naive loop in double", T, double, float) {
             CAPTURE(k);
             CAPTURE(beta);
             CHECK(e <= tol);
-            worst = std::max(worst, e);
+            worst = test::worse(worst, e);
           }
   MESSAGE("worst relative error ", worst);
 }

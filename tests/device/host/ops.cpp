@@ -140,7 +140,7 @@ namespace {
 std::vector<float> to_float(const V& x) { return {x.begin(), x.end()}; }
 double worst_abs(const std::vector<float>& a, const V& b) {
   double w = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) w = std::max(w, std::fabs(static_cast<double>(a[i]) - b[i]));
+  for (std::size_t i = 0; i < a.size(); ++i) w = test::worse(w, std::fabs(static_cast<double>(a[i]) - b[i]));
   return w;
 }
 }  // namespace

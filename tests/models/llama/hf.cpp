@@ -15,6 +15,7 @@
 #include <mutex>
 #include <set>
 
+#include "support/error.hpp"
 #include "support/gpt_step.hpp"
 #include "weft/checkpoint/checkpoint.hpp"
 #include "weft/comm/mesh.hpp"
@@ -71,7 +72,7 @@ double worst_relative(const std::vector<double>& got, const std::vector<double>&
   double diff = 0, scale = 0;
   REQUIRE(got.size() == want.size());
   for (std::size_t i = 0; i < got.size(); ++i) {
-    diff = std::max(diff, std::abs(got[i] - want[i]));
+    diff = test::worse(diff, std::abs(got[i] - want[i]));
     scale = std::max(scale, std::abs(want[i]));
   }
   return diff / std::max(scale, 1e-300);

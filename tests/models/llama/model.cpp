@@ -113,13 +113,13 @@ TEST_CASE("grouped attention and the rotation equal direct loops of their defini
           const double x0 = qkv[at], x1 = qkv[at + half];
           const double y0 = is_v ? x0 : x0 * std::cos(a) - x1 * std::sin(a);
           const double y1 = is_v ? x1 : x1 * std::cos(a) + x0 * std::sin(a);
-          worst = std::max({worst, std::abs(rotated[at] - y0), std::abs(rotated[at + half] - y1)});
+          worst = test::worse(test::worse(worst, std::abs(rotated[at] - y0)), std::abs(rotated[at + half] - y1));
         }
   CHECK(worst <= 1e-13);
   auto back = rotated;  // the backward is the inverse rotation: the input again
   ops::Rotary<Host>::backward(h, back.data(), B, Tn, G, g, hd, rope, 3);
   double inv = 0;
-  for (std::size_t i = 0; i < qkv.size(); ++i) inv = std::max(inv, std::abs(back[i] - qkv[i]));
+  for (std::size_t i = 0; i < qkv.size(); ++i) inv = test::worse(inv, std::abs(back[i] - qkv[i]));
   CHECK(inv <= 1e-14);
 
   // llama3 frequencies (hd 4: f_0 = 1, wavelength 2 pi; f_1 = 0.1, wavelength 20 pi), bands at
@@ -154,7 +154,7 @@ TEST_CASE("grouped attention and the rotation equal direct loops of their defini
         for (std::int64_t d = 0; d < hd; ++d) {
           double o = 0;
           for (std::int64_t j = 0; j <= i; ++j) o += p[static_cast<std::size_t>(j)] / z * v(j, d);
-          err = std::max(err, std::abs(out[static_cast<std::size_t>(((b * Tn + i) * H + hh) * hd + d)] - o));
+          err = test::worse(err, std::abs(out[static_cast<std::size_t>(((b * Tn + i) * H + hh) * hd + d)] - o));
         }
       }
     }
@@ -184,7 +184,7 @@ TEST_CASE("Llama at tensor 2 (with and without SP), pipe 2 (1F1B, ZB-H1), data 2
     double diff = 0, scale = 0;
     for (const auto& [name, v] : ref.values)
       for (std::size_t i = 0; i < v.size(); ++i) {
-        diff = std::max(diff, std::fabs(got.values.at(name).at(i) - v[i]));
+        diff = test::worse(diff, std::fabs(got.values.at(name).at(i) - v[i]));
         scale = std::max(scale, std::fabs(v[i]));
       }
     CHECK_MESSAGE(diff / scale <= 1e-12, what, ": parameters off by ", diff / scale);
