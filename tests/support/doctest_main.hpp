@@ -2,13 +2,16 @@
 // tests/device/cuda/main.cu): doctest's run, refused when a --test-case filter selects no test.
 // CTest runs each discovered test as `binary --test-case=<name>`; a name CMake cannot carry whole
 // (a ';' splits it, a list separator) would select nothing, and doctest reports an empty run as a
-// success, so the test would pass without running. Include from exactly one file per binary.
+// success, so the test would pass without running. A test case run alone that calls WEFT_SKIP
+// (support/skip.hpp) exits 77, which CTest lists as skipped. Include from exactly one file per binary.
 #pragma once
 
 #include <doctest/doctest.h>
 
 #include <cstdio>
 #include <string_view>
+
+#include "support/skip.hpp"
 
 namespace weft::test {
 
@@ -43,6 +46,10 @@ inline int run_doctest(int argc, char** argv) {
     std::printf("FAILED: the --test-case filter selects no test case (a name with a ';' that CMake split?); "
                 "rename the test so that its name reaches the filter whole\n");
     return 1;
+  }
+  if (rc == 0 && FilterCount::selected == 1 && skipped_cases() > 0) {
+    std::printf("SKIPPED: the test case cannot run here (its message says why)\n");
+    return 77;  // CTest's SKIP_RETURN_CODE for every test binary
   }
   return rc;
 }

@@ -19,7 +19,8 @@
 #include <unordered_map>
 #include <vector>
 
-#if defined(__SANITIZE_ADDRESS__)
+#include "weft/core/sanitizer.hpp"
+#if WEFT_ASAN
 #include <sanitizer/asan_interface.h>
 #endif
 
@@ -78,7 +79,7 @@ class HostAllocator final : public Releaser {
   // Marks a cached block unusable (usable = false) or usable again for AddressSanitizer; nothing
   // without it.
   static void mark(void* p, std::size_t n, bool usable) noexcept {
-#if defined(__SANITIZE_ADDRESS__)
+#if WEFT_ASAN
     if (usable) ASAN_UNPOISON_MEMORY_REGION(p, n);
     else ASAN_POISON_MEMORY_REGION(p, n);
 #else
