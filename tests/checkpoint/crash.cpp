@@ -84,7 +84,7 @@ TEST_CASE("a save killed at every kind of durable step leaves the previous check
   int expect_moved = 0;
   for (const int k : kills) expect_moved += k > latest_renamed ? 1 : 0;
 
-  int latest_moved = 0;
+  int latest_moved = 0, partials_seen = 0;
   for (const int k : kills) {
     CAPTURE(k);
     const std::string root = scratch(cat("crash_", k));
@@ -116,17 +116,21 @@ TEST_CASE("a save killed at every kind of durable step leaves the previous check
       CAPTURE(n);
       CHECK_NOTHROW(checkpoint::Reader(root + "/" + n));  // a manifest means a complete checkpoint
     }
-    // A partial step 4 is refused.
+    // A partial step 4 is refused, saying why: an unfinished .tmp directory, or a step directory
+    // without its manifest.
     for (const std::string& partial : {root + "/step_00000004.tmp", root + "/step_00000004"}) {
       if (!fs::exists(partial) || (step == 4 && partial.ends_with("4"))) continue;
       if (fs::exists(partial + "/manifest.json")) continue;  // complete, only latest had not moved yet
+      ++partials_seen;
       std::string got;
       try {
         checkpoint::Reader r(partial);
       } catch (const Error& e) {
         got = e.what();
       }
-      CHECK(!got.empty());
+      CAPTURE(partial);
+      CHECK(got.find(partial.ends_with(".tmp") ? "is an unfinished save (a .tmp directory)"
+                                               : "has no manifest.json and no latest pointer") != std::string::npos);
     }
     // A new run resumes from latest and saves over what the kill left.
     resume_and_save(root);
@@ -138,5 +142,8 @@ TEST_CASE("a save killed at every kind of durable step leaves the previous check
   MESSAGE(cat(kills.size(), " kills; latest had moved to step 4 after ", latest_moved, " of them (kills while pruning)"));
   CHECK(latest_moved == expect_moved);
   CHECK(latest_moved == 4);  // the kills at prune rename and its three removes
+  // The kills before the directory's rename leave step_00000004.tmp: the refusal above ran.
+  MESSAGE(partials_seen, " partial checkpoints refused");
+  CHECK(partials_seen > 0);
   fs::remove_all(base);
 }

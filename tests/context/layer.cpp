@@ -119,6 +119,7 @@ Errors worst_of(const std::vector<Errors>& per, const Reference& ref) {
 template <class Cx>
 Errors context_parallel(const Reference& ref, Index kv, int c, int tp) {
   std::vector<Errors> per(static_cast<std::size_t>(c * tp));
+  std::vector<std::size_t> params(per.size());
   run_threads(c * tp, [&](ThreadComm& world) {
     Mesh mesh{world, {.context = c, .tensor = tp}};
     const Spread s = mesh.spread();
@@ -138,9 +139,10 @@ Errors context_parallel(const Reference& ref, Index kv, int c, int tp) {
     auto dx = attn.backward(ctx, dy, mesh);
     mesh.tensor().all_reduce(dx.span(), ReduceOp::sum);
     Errors e{row_error(y.span(), ref.y, ch, r, kC), row_error(dx.span(), ref.dx, ch, r, kC), 0, {}};
-    add_grad_errors(attn, "attn", mesh, ref, e);
+    params[static_cast<std::size_t>(world.rank())] = add_grad_errors(attn, "attn", mesh, ref, e);
     per[static_cast<std::size_t>(world.rank())] = e;
   });
+  for (std::size_t n : params) CHECK(n == ref.grads.size());  // every parameter compared, none skipped
   return worst_of(per, ref);
 }
 

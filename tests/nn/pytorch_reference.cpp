@@ -59,6 +59,7 @@ template <bool SP>
 TorchRun torch_run(int tp) {
   TorchRun out;
   std::mutex mu;
+  std::vector<std::vector<double>> shards(static_cast<std::size_t>(tp));  // each rank's logits (B, T, Vp/tp)
   std::vector<std::int32_t> x(kB * kT), y(kB * kT);
   for (std::int64_t i = 0; i < kB * kT; ++i) {
     x[static_cast<std::size_t>(i)] = static_cast<std::int32_t>((7 * i + 3 * (i / kT) + 1) % kV);
@@ -76,6 +77,7 @@ TorchRun torch_run(int tp) {
     });
     std::vector<double> logits;
     const double loss = test::forward_backward(gpt, x, y, kB, mesh, &logits);
+    shards[static_cast<std::size_t>(world.rank())] = logits;
     std::map<std::string, std::vector<double>> grads;
     gpt.for_each_param([&](const std::string& name, auto& p) {
       const auto g = redistribute<Replicated>(p.grad, mesh);
@@ -83,8 +85,13 @@ TorchRun torch_run(int tp) {
     });
     if (world.rank() != 0) return;
     std::lock_guard lock(mu);
-    out = {loss, logits, grads};
+    out = {loss, {}, grads};
   });
+  // The whole logits (B, T, V): each row the ranks' vocabulary shards side by side, the padding cut.
+  const auto cols = static_cast<std::int64_t>(shards[0].size()) / (kB * kT);
+  for (std::int64_t row = 0; row < kB * kT; ++row)
+    for (std::int64_t v = 0; v < kV; ++v)
+      out.logits.push_back(shards[static_cast<std::size_t>(v / cols)][static_cast<std::size_t>(row * cols + v % cols)]);
   return out;
 }
 
@@ -111,6 +118,8 @@ TEST_CASE("Gpt matches PyTorch under tensor parallelism and sequence parallelism
   for (int tp : {2, 4}) {
     for (const TorchRun& r : {torch_run<false>(tp), torch_run<true>(tp)}) {
       CHECK(std::fabs(r.loss - ref.at("loss")[0]) <= 1e-12 * ref.at("loss")[0]);
+      CHECK(test::rel_error(r.logits, ref.at("logits")) <= 1e-12);
+      CHECK(r.grads.size() == 28);  // every parameter's gradient, gathered whole, none missing
       for (const auto& [name, g] : r.grads) CHECK_MESSAGE(test::rel_error(g, ref.at(name)) <= 1e-12, name, " at tp ", tp);
     }
   }
