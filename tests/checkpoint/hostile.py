@@ -62,12 +62,12 @@ def edit_manifest(step_dir, f):
 # A run of 10 steps that saves at 5 and 10 (2 layers, 4 heads), and its Hugging Face export.
 base = os.path.join(work, "base")
 rc, out, _ = run([*small, "--steps", "10", "--save-dir", base, "--save-every", "5"], timeout=300)
-assert rc == 0, out
+if rc != 0: sys.exit(f"the base run failed (exit {rc}):\n{out}")
 step5 = os.path.join(base, "step_00000005")
 hf = os.path.join(work, "hf")
 os.mkdir(hf)
 rc, out, _ = run(["--checkpoint", base, "--out", os.path.join(hf, "model.safetensors")], binary=export)
-assert rc == 0, out
+if rc != 0: sys.exit(f"the export failed (exit {rc}):\n{out}")
 
 # 1. Pruning after a rollback: resumed from step 5 of a run that reached 10, saving every step and
 #    keeping 1. Before: each new checkpoint was removed right after it was published, latest was
@@ -82,7 +82,8 @@ if kept != ["step_00000008", "step_00000010"] or latest != "step_00000008":
     failures += 1
     print(f"FAIL: rollback: kept {kept}, latest {latest!r}; expected step 8 (latest) and step 10")
 results.append(("rollback: what is left", 0, 0.0, f"{' '.join(kept)}; latest -> {latest}"))
-case("rollback: latest resumes", 0, "resumed from", [*small, "--steps", "9", "--save-dir", roll, "--resume", "latest"])
+case("rollback: latest resumes", 0, f"resumed from {os.path.join(roll, 'step_00000008')} at step 8",
+     [*small, "--steps", "9", "--save-dir", roll, "--resume", "latest"])
 
 # 2. Nesting and size, refused before parsing (before: SIGSEGV in the JSON library; OOM at 22 GB).
 deep = copy(step5, "deep")
@@ -180,7 +181,7 @@ case("--log to a full device (before: exit 0)", 1, "writing '/dev/full' failed (
 case("--trace to a full device", 1, "writing the trace file /dev/full failed", [*small, "--steps", "1", "--trace", "/dev/full"])
 tmp = os.path.join(work, "tmpdir")
 os.mkdir(tmp)
-case("a refused --init-from", 1, "has no tensor", [*small, "--steps", "1", "--init-from", os.path.join(base, "step_00000005", "rank_00000.safetensors")],
+case("a refused --init-from", 1, "has no tensor transformer.wte.weight; export a GPT-2 of 2 layers, or choose the sizes of this file", [*small, "--steps", "1", "--init-from", os.path.join(base, "step_00000005", "rank_00000.safetensors")],
      extra_env={"TMPDIR": tmp})
 if os.listdir(tmp):
     failures += 1
@@ -188,7 +189,8 @@ if os.listdir(tmp):
 gone = subprocess.Popen(["true"]); gone.wait()  # a pid that no longer runs
 stale = os.path.join(tmp, f"weft_init_{gone.pid}_AbCdEf")
 os.makedirs(os.path.join(stale, "inner"))
-case("--init-from after a killed one", 0, "initial weights", [*small, "--steps", "1", "--init-from", os.path.join(hf, "model.safetensors")],
+case("--init-from after a killed one", 0, f"initial weights: {os.path.join(hf, 'model.safetensors')} (Hugging Face layout)",
+     [*small, "--steps", "1", "--init-from", os.path.join(hf, "model.safetensors")],
      extra_env={"TMPDIR": tmp})
 if os.listdir(tmp):
     failures += 1

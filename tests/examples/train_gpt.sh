@@ -3,6 +3,8 @@
 # keys, bad options exit with 2 and a message, a bad data file exits non-zero with the loader's
 # message, and text training samples text.
 set -u
+# The checks below are Python asserts: PYTHONOPTIMIZE in the environment would strip them all.
+unset PYTHONOPTIMIZE
 bin="$1"
 export_bin="${2:-}"
 work=$(mktemp -d)

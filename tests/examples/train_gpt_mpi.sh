@@ -6,6 +6,8 @@
 # makes every rank refuse to start; SIGUSR1 to mpirun stops every rank cleanly after the same step.
 # usage: train_gpt_mpi.sh TRAIN_GPT MPIRUN [ARGS...]   (MPIRUN without -np)
 set -u
+# The checks below are Python asserts: PYTHONOPTIMIZE in the environment would strip them all.
+unset PYTHONOPTIMIZE
 bin=$(realpath "$1")  # absolute: some runs start in other working directories
 shift
 mpirun=("$@")

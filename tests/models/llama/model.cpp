@@ -281,7 +281,7 @@ TEST_CASE("Llama refuses, naming the values, a mesh or configuration it cannot r
   refused(c, {}, "width 16 over 16 heads is not an even head size");
   c = kConfig;
   c.tied = true;
-  refused(c, {}, "tied");
+  refused(c, {}, "Llama: a configuration with tied true for a model type with Tied false; build llama::Model<..., Tied = config.tied>");
 }
 
 TEST_CASE("Llama in bf16 mixed precision trains as f32 does: 300 host steps end within 0.05 nats") {

@@ -82,7 +82,8 @@ struct Spec {
   static void validate(const Config& c, const Spread& s, std::int64_t batch) {
     llama::validate(c, s, SP, batch);
     if (c.tied != Tied)
-      throw Error("Llama", cat("a configuration with tied ", c.tied, " for a model type with Tied ", Tied),
+      throw Error("Llama", cat("a configuration with tied ", c.tied ? "true" : "false", " for a model type with Tied ",
+                               Tied ? "true" : "false"),
                   "build llama::Model<..., Tied = config.tied>");
   }
   static std::vector<std::pair<std::string, std::int64_t>> record(const Config& c) { return llama::record(c); }
