@@ -9,10 +9,10 @@ library that costs each layout by measuring its step on the Meta device:
    as a thread, itself held to the run's logged peak by custom_model_train.py), the state likewise.
 2. The search: every compiled strategy (DDP and ZeRO-1, with and without SP) and no other, no full
    recompute (the family has none), tensor degrees the model divides (tensor 8 left out with the
-   model's own message for 4 heads), pipe 2 (the model's 2 layers), each candidate's step time the
-   sum of its parts, ranked among those that fit.
-3. 4096 GPUs of a larger configuration: planned in seconds (nothing is allocated, one rank's step
-   per measurement), every candidate on the 4096 GPUs.
+   model's own message for 4 heads), pipe 2 (the model's 2 layers), a 1F1B pipeline's share between a
+   balanced bubble and the serial model, ranked among those that fit.
+3. 4096 GPUs of a larger configuration: every candidate on the 4096 GPUs (nothing is allocated, one
+   rank's step per measurement).
 4. What the family does not have is refused (exit 2, naming the choices).
 """
 import json, os, re, subprocess, sys, time
@@ -52,16 +52,23 @@ for strategy, tensor, pipe, schedule in (("zero1-sp", 2, 1, "-"), ("ddp", 1, 2, 
 
 # 2. The search.
 names = {x["strategy"] for x in r}
-check(names <= {"ddp", "ddp-sp", "zero1", "zero1-sp"} and {"ddp", "zero1-sp"} <= names, f"the compiled strategies: {sorted(names)}")
+check(names == {"ddp", "ddp-sp", "zero1", "zero1-sp"}, f"every compiled strategy and no other: {sorted(names)}")
 check({x["tensor"] for x in r} == {1, 2, 4}, f"tensor 1, 2 and 4: {sorted({x['tensor'] for x in r})}")
 check({x["pipe"] for x in r} == {1, 2}, f"pipe 1 and 2: {sorted({x['pipe'] for x in r})}")
 check(all(x["tensor"] * x["pipe"] * x["data"] == 4 for x in r), "every candidate uses the 4 GPUs")
-parts = ["gemm_s", "attention_s", "elementwise_s", "memory_s", "tensor_comm_s", "data_comm_s", "pipeline_s"]
-check(all(abs(sum(x[k] for k in parts) - x["step_s"]) <= 1e-9 * x["step_s"] and x["step_s"] > 0 for x in r),
-      "step time = the sum of its parts, positive")
+check(all(x["gemm_s"] > 0 for x in r), "every candidate's GEMMs take time")
 fits = [x["step_s"] for x in r if x["fits"]]
 check(fits == sorted(fits) and all(x["fits"] for x in r[:len(fits)]), "ranked by step time, those that fit first")
-check(all(x["pipeline_s"] > 0 for x in r if x["pipe"] > 1), "every pipeline has a bubble and messages")
+# A pipeline's share beyond its parts: at least a balanced bubble of each micro-batch's parts, at most
+# the whole model serially with that bubble (weft_plan.py says why).
+per_micro = ["gemm_s", "attention_s", "elementwise_s", "memory_s", "tensor_comm_s"]
+parts = per_micro + ["data_comm_s"]
+def bubble_ok(x):
+    p_, m = x["pipe"], x["accumulation"]
+    low, w = (p_ - 1) / m * sum(x[k] for k in per_micro), sum(x[k] for k in parts)
+    return low * (1 - 1e-9) <= x["pipeline_s"] <= (p_ * (m + p_ - 1) / m - 1) * w
+piped = [x for x in r if x["pipe"] > 1 and x["schedule"] == "1f1b"]
+check(piped and all(bubble_ok(x) for x in piped), "every 1F1B pipeline's share between a balanced bubble and the serial model")
 p = subprocess.run([plan, "--gpus", "8", "--batch", "8", "--micro", "1", *size], capture_output=True, text=True, env=env, timeout=120)
 check(p.returncode == 0 and re.search(r"left out:\n(.*\n)*  tensor 8, data 1: .*4", p.stdout) is not None,
       f"tensor 8 left out with the model's message:\n{p.stdout[-600:]}")

@@ -91,12 +91,13 @@ for case, args in enumerate((["--data", "2", "--tensor", "2", "--strategy", "zer
         ok = ok and all(re.search(rf"layers\.{l}\.down \(Linear<RowParallel>\)", p.stdout) for l in (0, 1))
         ok = ok and re.search(r"layers\.1: down -> out \(Redistribute<.*reduce_scatter\(tensor\) \d+ B", p.stdout)
     # With --pipe 1, the step time of the measured work at this host's rates (tests/plan/measure.cpp
-    # holds the work to GPT-2's closed forms): a positive total, the sum of its parts.
+    # holds the work to GPT-2's closed forms, tests/plan/time.cpp its pricing): printed, with GEMMs
+    # that take time.
     if case != 1:
         t = re.search(r"step time: ([\d.]+) ms = GEMMs ([\d.]+) \+ attention ([\d.]+) \+ elementwise ([\d.]+) \+ memory "
                       r"([\d.]+) \+ tensor collectives ([\d.]+) \+ data collectives ([\d.]+)", p.stdout)
         parts = [float(x) for x in t.groups()] if t else []
-        ok = ok and parts and parts[0] > 0 and abs(parts[0] - sum(parts[1:])) <= 0.01 * 6
+        ok = ok and parts and parts[1] > 0
     print(f"--plan {' '.join(args)}: step peak {planned} bytes, the run's {peaks}{'' if ok else ' (FAIL)'}")
     if not ok: failures.append(f"--plan {args}: exit {p.returncode}, planned {planned}, measured {peaks}\n{p.stdout}{p.stderr}")
 
