@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "support/ranks.hpp"
+#include "weft/comm/threads/memory.hpp"
 #include "weft/core/philox.hpp"
 
 using namespace weft;
@@ -136,9 +137,10 @@ TEST_CASE_TEMPLATE("collectives match the serial reference on 1 to 8 ranks", T, 
 #ifndef WEFT_TEST_MPI  // 8 and 6 ranks, results gathered across ranks in one process
 TEST_CASE_TEMPLATE("all_reduce of slices of several chunks (each rank passes on 64 KiB at a time)", T, float, double,
                    bf16) {
-  // 9 chunks and a few elements in all (64 KiB of T each, threads::Memory::chunk_bytes): on 2 to 4
-  // ranks each rank's slice is more than 2 chunks, and no slice ends on a chunk boundary.
-  const std::int64_t chunk = (std::int64_t{64} << 10) / static_cast<std::int64_t>(sizeof(T));
+  // 9 chunks and a few elements in all (threads::Memory::chunk_bytes of host memory, 64 KiB, read
+  // from it so that the test follows a change): on 2 to 4 ranks each rank's slice is more than 2
+  // chunks, and no slice ends on a chunk boundary.
+  const auto chunk = static_cast<std::int64_t>(threads::Memory{}.chunk_bytes(nullptr) / sizeof(T));
   const std::int64_t count = 9 * chunk + 7;
   for (int n = 2; n <= 4; ++n) {
     if (!test::runs(n)) continue;
