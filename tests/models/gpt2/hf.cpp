@@ -2,7 +2,8 @@
 // ZeRO-1 run exported and imported back gives its parameters bit for bit; the exported file has
 // GPT-2's names, shapes and layouts (Conv1D weights transposed, c_attn's columns ordered q|k|v then
 // head); a run initialized from the import trains exactly as one loading the checkpoint's weights.
-// (The comparison of logits with transformers itself is tools/reference/hf_compare.py.)
+// (The comparison of logits with transformers itself: tests/examples/gpt2_transformers.py, through
+// tools/reference/hf_compare.py, a CTest test skipped without PyTorch.)
 #include <doctest/doctest.h>
 
 #include "checkpoint/support.hpp"
