@@ -9,9 +9,10 @@
    for a loaded CI machine, and a hang (a FIFO read, a divisor loop) fails it.
 2. SIGINT, SIGTERM and SIGUSR1 to a running trainer: it finishes the step, writes the last record
    and a line saying why it stopped, saves a checkpoint that resumes at the next step, and exits
-   128 + the signal; a long step is abandoned part-way (in under half a step, on the script's clock),
-   its checkpoint the last finished step's (resumed: the uninterrupted run's losses, bit for bit); a
-   second signal ends it inside the step (killed by the signal, nothing logged).
+   128 + the signal; a long step (sized from a measured one) is abandoned part-way (the log shows it
+   unfinished; within the poll spacing and a margin on the script's clock), its checkpoint the last
+   finished step's (resumed: the uninterrupted run's losses, bit for bit); a second signal ends it
+   inside the step (killed by the signal, nothing logged).
 3. --plan: exits 0 at once, and the step peak it prints is within 5% of the peak bytes the run then
    logs for each step (DDP, and FSDP with SP).
 """
@@ -191,19 +192,30 @@ for sig, name in ((signal.SIGINT, "SIGINT"), (signal.SIGTERM, "SIGTERM"), (signa
                                           f"run's losses {[x['loss'] for x in resumed]}"))
 
 # A long step is abandoned part-way, on every rank at the same point (train/stop.hpp: a step after
-# one of 0.5 s or more is polled about every 0.25 s of the previous step's time). Steps of this size
-# take about 2 s under ASan (data 2 x tensor 2, 4 micro-batches). The signal goes as soon as step 1's
+# one of 0.5 s or more is polled about every 0.25 s of the previous step's time). The step is sized
+# from a measurement: a reference run of 3 steps, its batch doubled until a step takes 1 s or more on
+# this machine and build (about 2 s under ASan at the first size). The signal goes as soon as step 1's
 # record is in the log: the ranks agreed on step 1's end before it was written, so the signal is
-# seen at step 2's first polled point wherever it lands; no sleep guesses where step 2 is. The
-# script measures, on its own clock, the time from the signal to the "abandoned" line (the step not
-# finished, the checkpoint written), and holds it under half of step 1's time: a step run to its end
-# could not pass. The checkpoint is the last finished step's, with the data position the abandoned
-# step began at: resumed, it gives the uninterrupted run's losses to the last bit.
-long_args = ["--width", "128", "--seq", "128", "--batch", "32", "--micro-batch", "8", "--steps", "3", "--eval-every", "0"]
-long_tokens = 32 * 128  # a step's tokens: the log's tokens_per_s gives the step's seconds
+# seen at step 2's first polled point wherever it lands; no sleep guesses where step 2 is. That the
+# step was abandoned, not finished, is the log's to say (step 1's record and the stop, no step 2);
+# the script's clock bounds the time from the signal to the "abandoned" line by the poll spacing
+# (0.25 s), the checkpoint's write and a scheduling margin (2 s, tests/support/ranks.hpp's). The
+# checkpoint is the last finished step's, with the data position the abandoned step began at:
+# resumed, it gives the uninterrupted run's losses to the last bit.
+def long_args_of(batch):
+    return ["--width", "128", "--seq", "128", "--batch", str(batch), "--micro-batch", "8", "--steps", "3", "--eval-every", "0"]
 full = os.path.join(work, "long_full.jsonl")
-subprocess.run([bin_, *long_args, "--log", full], capture_output=True, text=True, env=env, timeout=300)
-reference = [json.loads(l)["loss"] for l in open(full) if '"loss"' in l] if os.path.exists(full) else []
+batch = 32
+while True:
+    long_args = long_args_of(batch)
+    subprocess.run([bin_, *long_args, "--log", full], capture_output=True, text=True, env=env, timeout=600)
+    reference = [json.loads(l) for l in open(full) if '"loss"' in l] if os.path.exists(full) else []
+    measured = batch * 128 / reference[0]["tokens_per_s"] if reference else None
+    if measured is None or measured >= 1.0 or batch >= 512:
+        break
+    batch *= 2
+reference = [r["loss"] for r in reference]
+long_tokens = batch * 128  # a step's tokens: the log's tokens_per_s gives the step's seconds
 log = os.path.join(work, "long.jsonl")
 p = subprocess.Popen([bin_, *long_args, "--save-dir", save + "long", "--log", log],
                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
@@ -223,9 +235,9 @@ if wait_for_records(log, 1, p):
         resumed = [json.loads(l)["loss"] for l in open(log + ".resumed") if '"loss"' in l] if r.returncode == 0 else []
         if step1 < 0.5:
             failures += 1
-            print(f"FAIL: a long step: step 1 took {step1:.3f} s, under the 0.5 s after which a step is polled; "
-                  f"make the step larger (--batch, --width) for this machine")
-        elif (p.returncode == 130 and abandoned_at is not None and abandoned_at < 0.5 * step1 and text.endswith("\n")
+            print(f"FAIL: a long step: step 1 took {step1:.3f} s at batch {batch}, under the 0.5 s after which a step is "
+                  f"polled, though the reference run's took {measured} s")
+        elif (p.returncode == 130 and abandoned_at is not None and abandoned_at < 0.25 + 2.0 and text.endswith("\n")
                 and len(records) == 2
                 and {k: records[-1][k] for k in ("step", "stopped", "abandoned_step")} == {"step": 1, "stopped": "SIGINT", "abandoned_step": 2}
                 and "stopped by SIGINT after step 1 of 3" in out and len(reference) == 3 and resumed == reference[1:]):
@@ -242,14 +254,27 @@ else:
     p.kill(); failures += 1; print("FAIL: a long step: the run did not log its first step")
 
 # A second signal ends the run at once: both land in the first step of a pipelined run (whose steps
-# are not polled: they finish, about 4 s each under ASan at this size). The first is sent once the
-# header is out (the header is flushed before the first step), the second once the handler has said
-# it saw the first: then the process must die of the signal with no step in its log, which a run that
-# waited for the step's end cannot do. The seconds to exit are the script's, printed, not bounded:
-# the empty log is the proof.
+# are not polled: they finish). The first is sent once the header is out (the header is flushed
+# before the first step), the second once the handler has said it saw the first: then the process
+# must die of the signal with no step in its log, which a run that waited for the step's end cannot
+# do. The step is sized from a measurement (its batch doubled until one takes 3 s or more, about 4 s
+# under ASan at the first size), so that the two signals, a few milliseconds apart, land inside it
+# on any machine. The seconds to exit are the script's, printed, not bounded: the empty log is the
+# proof.
+def twice_args(batch):
+    return ["--eval-every", "0", "--width", "128", "--seq", "128", "--batch", str(batch), "--micro-batch", "16", "--data", "1",
+            "--tensor", "1", "--pipe", "2"]
+twice_batch = 64
+while twice_batch < 1024:
+    probe = os.path.join(work, f"twice_probe_{twice_batch}.jsonl")
+    subprocess.run([bin_, *twice_args(twice_batch), "--steps", "1", "--log", probe], capture_output=True, text=True, env=env,
+                   timeout=600)
+    first = [json.loads(l) for l in open(probe) if '"loss"' in l] if os.path.exists(probe) else []
+    if not first or twice_batch * 128 / first[0]["tokens_per_s"] >= 3.0:
+        break
+    twice_batch *= 2
 log = os.path.join(work, "twice.jsonl")
-p = subprocess.Popen([bin_, "--steps", "100000", "--eval-every", "0", "--width", "128", "--seq", "128", "--batch", "64",
-                      "--micro-batch", "16", "--data", "1", "--tensor", "1", "--pipe", "2", "--log", log],
+p = subprocess.Popen([bin_, "--steps", "100000", *twice_args(twice_batch), "--log", log],
                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
 if read_until(p, "train_gpt:")[1]:
     p.send_signal(signal.SIGINT)
