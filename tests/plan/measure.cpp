@@ -185,11 +185,11 @@ TEST_CASE("the measured plan of a large model costs no memory, and refuses sizes
   // GPT-2 1.5B's shapes at 8 sequences of 1024 on 8 data ranks: a step's control flow, no memory.
   // The process's peak of mapped memory (VmPeak) may grow by far less than one rank's plan: a Meta
   // device that really allocated would map several GiB (8 ranks of over a GiB each).
-  const auto vm_peak = [] {  // bytes
+  const auto vm_peak = []() -> std::int64_t {  // bytes
     std::ifstream status("/proc/self/status");
     for (std::string line; std::getline(status, line);)
       if (line.starts_with("VmPeak:")) return std::stoll(line.substr(7)) * 1024;
-    return std::int64_t{-1};
+    return -1;
   };
   const std::int64_t before = vm_peak();
   const gpt2::Config xl{.vocab = 50257, .seq = 1024, .layers = 48, .heads = 25, .width = 1600};
