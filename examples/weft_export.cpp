@@ -22,8 +22,11 @@
 
 #include "cli.hpp"
 
+#include <sys/stat.h>
+
 #include <cstdio>
-#include <fstream>
+#include <filesystem>
+#include <span>
 #include <sstream>
 
 using namespace weft;
@@ -52,6 +55,29 @@ std::vector<std::int32_t> parse_tokens(const std::string& text, std::int64_t voc
   return out;
 }
 
+// Writes bytes to `path`, never inside the checkpoint: a regular file (or a new one) through
+// path.tmp, fsynced, and a rename, so a full disk leaves no truncated file under the name; anything
+// else (a device, a pipe) directly. Every write is checked: a write error is an Error, never exit 0.
+void write_out(const std::string& path, const std::string& checkpoint, std::span<const std::byte> bytes) {
+  const std::string where = cat("weft-export --logits ", path);
+  checkpoint::refuse_inside(std::filesystem::path(path).parent_path().string(), checkpoint, where);
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+    checkpoint::detail::Fd f(path, O_WRONLY);
+    f.write_all(bytes.data(), bytes.size());
+    f.close();
+    return;
+  }
+  const std::string tmp = path + ".tmp";
+  try {
+    checkpoint::write_synced(tmp, std::span<const std::span<const std::byte>>(&bytes, 1));
+    if (std::rename(tmp.c_str(), path.c_str()) != 0) checkpoint::detail::sys_fail(where, cat("cannot rename ", tmp), errno);
+  } catch (...) {
+    std::remove(tmp.c_str());
+    throw;
+  }
+}
+
 // The model a checkpoint's logits come from: GPT-2's or Llama's, by its record.
 template <class Model>
 void write_logits(const std::string& checkpoint, const std::string& path, const std::vector<std::int32_t>& ids,
@@ -74,9 +100,7 @@ void write_logits(const std::string& checkpoint, const std::string& path, const 
     for (std::int64_t t = 0; t < n; ++t)
       for (std::int64_t v = 0; v < c.vocab; ++v) logits.push_back(all[static_cast<std::size_t>(t * vp + v)]);
   });
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(reinterpret_cast<const char*>(logits.data()), static_cast<std::streamsize>(logits.size() * sizeof(float)));
-  if (!out) throw Error("weft-export", cat("cannot write ", path), "check the path");
+  write_out(path, checkpoint, std::as_bytes(std::span<const float>(logits)));
   std::printf("logits: %lld x %lld f32 to %s\n", static_cast<long long>(n), static_cast<long long>(c.vocab), path.c_str());
 }
 
@@ -91,7 +115,7 @@ int main(int argc, char** argv) {
       ->required();
   app.add_option("--dtype", dtype, "Llama: the weights' dtype, f32 or f64 (exact)")->check(CLI::IsMember({"f32", "f64"}));
   app.add_option("--max-shard-bytes", max_shard_bytes, "Llama: the largest weights file; more are sharded (default 5 GB)")
-      ->check(CLI::PositiveNumber);
+      ->check(examples::at_least(1));
   app.add_option("--tokens", tokens, "comma-separated token ids to compute logits for");
   app.add_option("--logits", logits, "where to write the logits of --tokens (f32, tokens x vocab)");
   if (const auto stop = examples::parse(app, argc, argv)) return *stop;
@@ -99,6 +123,8 @@ int main(int argc, char** argv) {
     if (logits.empty() != tokens.empty())
       throw Error("weft-export", "--tokens without --logits, or --logits without --tokens", "give both, or neither");
     const checkpoint::Reader r(checkpoint);
+    if (!logits.empty())  // refused before anything is written
+      checkpoint::refuse_inside(std::filesystem::path(logits).parent_path().string(), checkpoint, cat("weft-export --logits ", logits));
     if (r.manifest().model.contains("kv_heads")) {  // Llama's record
       const auto c = llama::config_of(r.manifest());
       llama::export_hf(checkpoint, out, dtype == "f64" ? DType::f64 : DType::f32, max_shard_bytes);

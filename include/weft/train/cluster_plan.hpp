@@ -18,6 +18,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -134,16 +135,27 @@ inline void read_cluster(const std::string& path, Cluster& k, const std::string&
   const std::string text = read_text_file(path, 1 << 20, where);
   check_json_limits(text, {.max_bytes = 1 << 20, .max_depth = 4}, cat(where, " '", path, "'"));
   nlohmann::json j;
+  std::set<std::string> keys;
+  std::string twice;  // a key given twice (JSON's parser would keep the last silently)
   try {
-    j = nlohmann::json::parse(text);
+    j = nlohmann::json::parse(text, [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+      if (event == nlohmann::json::parse_event_t::key && depth == 1 && !keys.insert(parsed.get<std::string>()).second &&
+          twice.empty())
+        twice = parsed.get<std::string>();
+      return true;
+    });
   } catch (const nlohmann::json::exception& e) {
     throw Error(where, cat("'", path, "' is not JSON: ", e.what()), "write an object of the documented keys");
   }
   if (!j.is_object()) throw Error(where, cat("'", path, "' is not a JSON object"), "write {\"gpus_per_node\": 8, ...}");
-  auto number = [&](const char* key, double& v, double lo) {
+  if (!twice.empty()) throw Error(where, cat("'", path, "' gives ", brief(twice), " twice"), "give each key once");
+  // Each number within what a machine can be: a positive memory, rates and latencies that a step's
+  // time can be computed from (1e300 us of latency made the search run for ever), efficiencies of a
+  // peak at most 1.
+  auto number = [&](const char* key, double& v, double lo, double hi) {
     if (!j.contains(key)) return;
-    if (!j[key].is_number() || !std::isfinite(j[key].get<double>()) || j[key].get<double>() < lo)
-      throw Error(where, cat("'", path, "': ", key, " is ", j[key].dump()), cat("give a number >= ", lo));
+    if (!j[key].is_number() || !std::isfinite(j[key].get<double>()) || j[key].get<double>() < lo || j[key].get<double>() > hi)
+      throw Error(where, cat("'", path, "': ", key, " is ", j[key].dump()), cat("give a number from ", lo, " to ", hi));
     v = j[key].get<double>();
   };
   if (j.contains("gpus_per_node")) {
@@ -152,15 +164,15 @@ inline void read_cluster(const std::string& path, Cluster& k, const std::string&
       throw Error(where, cat("'", path, "': gpus_per_node is ", g.dump()), "give a whole number from 1 to 1024");
     k.gpus_per_node = g.get<int>();
   }
-  number("memory_gib", k.memory_gib, 0);
-  number("peak_tflops", k.peak_tflops, 1e-6);
-  number("hbm_gbps", k.hbm_gbps, 1e-6);
-  number("intra_gbps", k.intra_gbps, 1e-6);
-  number("intra_us", k.intra_us, 0);
-  number("inter_gbps", k.inter_gbps, 1e-6);
-  number("inter_us", k.inter_us, 0);
-  number("gemm_efficiency", k.gemm_efficiency, 1e-6);
-  number("attention_efficiency", k.attention_efficiency, 1e-6);
+  number("memory_gib", k.memory_gib, 1e-6, 1e9);
+  number("peak_tflops", k.peak_tflops, 1e-6, 1e9);
+  number("hbm_gbps", k.hbm_gbps, 1e-6, 1e9);
+  number("intra_gbps", k.intra_gbps, 1e-6, 1e9);
+  number("intra_us", k.intra_us, 0, 1e9);
+  number("inter_gbps", k.inter_gbps, 1e-6, 1e9);
+  number("inter_us", k.inter_us, 0, 1e9);
+  number("gemm_efficiency", k.gemm_efficiency, 1e-6, 1);
+  number("attention_efficiency", k.attention_efficiency, 1e-6, 1);
   for (const auto& [key, v] : j.items()) {
     static const std::vector<std::string> known{"gpus_per_node", "memory_gib", "peak_tflops", "hbm_gbps",
                                                 "intra_gbps", "intra_us", "inter_gbps", "inter_us",

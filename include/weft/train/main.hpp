@@ -221,7 +221,7 @@ void check_head(const Options& o, const config_t<F>& cfg) {
 template <Family F>
 void check_context(const Options& o, const config_t<F>& cfg, const std::string& device) {
   if (o.context == 1) {
-    if (o.attention != "ring")
+    if (o.attention_given)  // ring too: an attention type is a choice only with --context
       throw Error(o.where(), cat("--attention ", o.attention, " without --context"),
                   "the attention type shards the sequence over context ranks: give --context >= 2");
     return;
@@ -339,6 +339,7 @@ int main(int argc, char** argv, const std::string& program, const std::string& a
   app.add_option("--sample", o.sample, "after training on --text, print N sampled bytes")->check(at_least(0));
   if (const auto stop = cli::parse(app, argc, argv)) return *stop;
   if (o.model.empty()) o.model = models[0];
+  o.attention_given = app.count("--attention") > 0;
 
   // Bad options: checked before anything is built, exit code 2.
   // The launcher first: under MPI every process initializes MPI, and errors name the rank.

@@ -30,6 +30,7 @@ struct Options {
   int data = 2, tensor = 2, pipe = 1, virtual_stages = 1;
   int context = 1;                 // --context: the sequence sharded over this many ranks
   std::string attention = "ring";  // --attention: ring or all-gather, with --context > 1
+  bool attention_given = false;    // --attention was on the command line (refused without --context)
   std::string schedule = "1f1b";
   std::string strategy = "ddp";
   std::int64_t batch = 16, micro_batch = 0, steps = 600, eval_every = 100, sample = 0;

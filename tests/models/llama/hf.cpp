@@ -312,6 +312,23 @@ TEST_CASE("a transformers Llama directory that weft cannot read is refused, nami
   scaling["rope_parameters"]["rope_type"] = "yarn";
   write("", "", "", scaling);
   refused("has the rotary scaling \"yarn\"");
+  // Garbage is refused by name, never read as a default: a string where the rotary scaling's object
+  // belongs (read as none, the model trained unscaled), a string for tie_word_embeddings (read as
+  // false), a size past int64 (it wrapped to -9223372036854775808).
+  for (const char* k : {"rope_parameters", "rope_scaling"}) {
+    auto text = config;
+    text[k] = "llama3";
+    write("", "", "", text);
+    refused(cat("has ", k, " \"llama3\", not an object"));
+  }
+  auto yes = config;
+  yes["tie_word_embeddings"] = "yes";
+  write("", "", "", yes);
+  refused("has tie_word_embeddings \"yes\", not true or false");
+  auto huge = config;
+  huge["num_hidden_layers"] = std::uint64_t{1} << 63;
+  write("", "", "", huge);
+  refused("has num_hidden_layers 9223372036854775808, past the largest 64-bit integer");
   auto legacy = config;  // transformers 4.x keys: read the same
   legacy.erase("rope_parameters");
   legacy["rope_theta"] = 500.0;

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "weft/checkpoint/checkpoint.hpp"
+#include "weft/checkpoint/export_dir.hpp"
 #include "weft/core/files.hpp"
 #include "weft/core/json_limits.hpp"
 #include "weft/models/gpt2/config.hpp"
@@ -151,9 +152,13 @@ inline void export_hf(const std::string& checkpoint, const std::string& out) {
     data.push_back(detail::to_hf(n, r.read<float>(src), shape, c));
     tensors.push_back({n.hf, DType::f32, detail::hf_shape(n, shape), data.back().data()});
   }
-  write(out, tensors, {{"format", "pt"}});
-  const auto cfg = std::filesystem::path(out).parent_path() / "config.json";
-  write_atomic(cfg.string(), hf_config(c).dump(2) + "\n");
+  // The file and config.json beside it, through checkpoint::ExportDir: never into the checkpoint,
+  // never over a file an earlier export did not write, each through a .tmp and a rename.
+  const std::filesystem::path file(out);
+  ExportDir dir(file.parent_path().string(), checkpoint);
+  dir.write(file.filename().string(), [&](const std::string& tmp) { write(tmp, tensors, {{"format", "pt"}}); });
+  dir.write_text("config.json", hf_config(c).dump(2) + "\n");
+  dir.commit();
 }
 
 // Reads a Hugging Face GPT-2 safetensors file (F32, BF16 or F64) and writes it as a weft checkpoint

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -33,6 +34,7 @@
 #include <vector>
 
 #include "weft/checkpoint/checkpoint.hpp"
+#include "weft/checkpoint/export_dir.hpp"
 #include "weft/core/files.hpp"
 #include "weft/core/json_limits.hpp"
 #include "weft/models/llama/config.hpp"
@@ -178,6 +180,9 @@ inline Config config_from_hf(const nlohmann::json& j, const std::string& at, Con
       throw Error(at, cat("has no ", k), "pass a LlamaForCausalLM config.json");
     }
     if (!j[k].is_number_integer()) throw Error(at, cat("has ", k, " ", brief(j[k].dump()), ", not an integer"), "fix config.json");
+    // An unsigned number past int64 (JSON holds it as one) would wrap on conversion.
+    if (j[k].is_number_unsigned() && j[k].get<std::uint64_t>() > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
+      throw Error(at, cat("has ", k, " ", j[k].dump(), ", past the largest 64-bit integer"), "fix config.json");
     return j[k].get<std::int64_t>();
   };
   auto real = [&](const nlohmann::json& o, const char* k, std::optional<double> dflt = {}) -> double {
@@ -205,8 +210,15 @@ inline Config config_from_hf(const nlohmann::json& j, const std::string& at, Con
     throw Error(at, cat("has head_dim ", integer("head_dim"), " for width ", c.width, " over ", c.heads, " heads"),
                 "use a model whose head size is hidden_size / num_attention_heads");
   c.norm_eps = real(j, "rms_norm_eps", 1e-6);
+  if (j.contains("tie_word_embeddings") && !j["tie_word_embeddings"].is_boolean() && !j["tie_word_embeddings"].is_null())
+    throw Error(at, cat("has tie_word_embeddings ", brief(j["tie_word_embeddings"].dump()), ", not true or false"), "fix config.json");
   c.tied = j.contains("tie_word_embeddings") && j["tie_word_embeddings"] == true;
-  // transformers 5: rope_parameters {rope_type, rope_theta, ...}; 4.x: rope_theta, rope_scaling.
+  // transformers 5: rope_parameters {rope_type, rope_theta, ...}; 4.x: rope_theta, rope_scaling
+  // (null where there is none). Anything else there (a string, a number) is refused: read as no
+  // scaling, the model would train unscaled.
+  for (const char* k : {"rope_parameters", "rope_scaling"})
+    if (j.contains(k) && !j[k].is_object() && !j[k].is_null())
+      throw Error(at, cat("has ", k, " ", brief(j[k].dump()), ", not an object"), "fix config.json");
   const nlohmann::json* rope = nullptr;
   if (j.contains("rope_parameters") && j["rope_parameters"].is_object()) rope = &j["rope_parameters"];
   else if (j.contains("rope_scaling") && j["rope_scaling"].is_object()) rope = &j["rope_scaling"];
@@ -436,17 +448,17 @@ inline void export_hf(const std::string& checkpoint, const std::string& out, DTy
     }
     return std::span<const std::byte>(buf);
   };
-  std::filesystem::create_directories(out);
-  for (const auto& e : std::filesystem::directory_iterator(out)) {  // an earlier export's weights
-    const std::string f = e.path().filename().string();
-    const bool shard = f.starts_with("model-") && f.ends_with(".safetensors") && f.find("-of-") != std::string::npos;
-    if (shard || f == "model.safetensors" || f == "model.safetensors.index.json") std::filesystem::remove(e.path());
-  }
+  // Into checkpoint::ExportDir: never into the checkpoint, never over a file an earlier export did
+  // not write, each file through a .tmp and a rename; an earlier export's shards that this one does
+  // not write again go at the end.
+  ExportDir dir(out, checkpoint);
   auto write_file = [&](const std::string& name, const std::vector<std::size_t>& which) {
     std::vector<TensorData> ts;
     for (std::size_t i : which) ts.push_back(pieces[i].t);
-    write_streamed(cat(out, "/", name), std::span<const TensorData>(ts), {{"format", "pt"}},
-                   [&](std::size_t i, std::uint64_t) { return bytes_of(pieces[which[i]]); });
+    dir.write(name, [&](const std::string& tmp) {
+      write_streamed(tmp, std::span<const TensorData>(ts), {{"format", "pt"}},
+                     [&](std::size_t i, std::uint64_t) { return bytes_of(pieces[which[i]]); });
+    });
   };
   if (files.size() == 1) {
     write_file("model.safetensors", files[0]);
@@ -461,12 +473,13 @@ inline void export_hf(const std::string& checkpoint, const std::string& out, DTy
       write_file(name, files[f]);
       for (std::size_t i : files[f]) map[pieces[i].t.name] = name;
     }
-    write_atomic(cat(out, "/model.safetensors.index.json"),
-                 nlohmann::json{{"metadata", {{"total_size", total}}}, {"weight_map", map}}.dump(2) + "\n");
+    dir.write_text("model.safetensors.index.json",
+                   nlohmann::json{{"metadata", {{"total_size", total}}}, {"weight_map", map}}.dump(2) + "\n");
   }
   auto cfg = hf_config(c);
   cfg["dtype"] = dtype == DType::f64 ? "float64" : "float32";
-  write_atomic(cat(out, "/config.json"), cfg.dump(2) + "\n");
+  dir.write_text("config.json", cfg.dump(2) + "\n");
+  dir.commit();
 }
 
 }  // namespace weft::llama
