@@ -7,7 +7,7 @@
    3: a diverged run) within 20 s, and print its message fragment. Refusals come before the GEMM
    measurement or any allocation, so each takes well under a second even under ASan; the 20 s is
    for a loaded CI machine, and a hang (a FIFO read, a divisor loop) fails it.
-2. SIGINT, SIGTERM and SIGUSR1 to a running trainer: it finishes the step, writes the last record
+2. SIGINT, SIGTERM, SIGHUP and SIGUSR1 to a running trainer: it finishes the step, writes the last record
    and a line saying why it stopped, saves a checkpoint that resumes at the next step, and exits
    128 + the signal; a long step (sized from a measured one) is abandoned part-way (the log shows it
    unfinished; within the poll spacing and a margin on the script's clock), its checkpoint the last
@@ -147,7 +147,7 @@ def wait_for_records(log, n, p):
         time.sleep(0.05)
     return False
 
-for sig, name in ((signal.SIGINT, "SIGINT"), (signal.SIGTERM, "SIGTERM"), (signal.SIGUSR1, "SIGUSR1")):
+for sig, name in ((signal.SIGINT, "SIGINT"), (signal.SIGTERM, "SIGTERM"), (signal.SIGHUP, "SIGHUP"), (signal.SIGUSR1, "SIGUSR1")):
     log = os.path.join(work, f"{name}.jsonl")
     p = start(log, "--save-dir", save + name)
     if not wait_for_records(log, 2, p):

@@ -1,4 +1,5 @@
-// SIGINT, SIGTERM and SIGUSR1 for a trainer: the first asks the run to stop after the current step
+// SIGINT, SIGTERM, SIGHUP (a closed terminal or ssh session) and SIGUSR1 for a trainer: the first
+// asks the run to stop after the current step
 // (every rank at the same step: the flag travels in the step's all-reduce), or part-way through it
 // when steps take over half a second (train/stop.hpp: polled about every 0.25 s, the step abandoned
 // on every rank at the same point), writing a checkpoint when a save directory is set; a second
@@ -64,10 +65,11 @@ inline void install_stop_handlers(bool under_mpirun, const std::string& program)
   if (under_mpirun) return;
   ::sigaction(SIGINT, &sa, nullptr);
   ::sigaction(SIGTERM, &sa, nullptr);
+  ::sigaction(SIGHUP, &sa, nullptr);
 }
 
 inline const char* signal_name(int sig) {
-  return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : sig == SIGUSR1 ? "SIGUSR1" : "a signal";
+  return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : sig == SIGHUP ? "SIGHUP" : sig == SIGUSR1 ? "SIGUSR1" : "a signal";
 }
 
 }  // namespace weft::train
