@@ -171,11 +171,25 @@ case("a save directory that cannot be written: refused at start-up", 2, "cannot 
      [*small, "--steps", "1", "--save-dir", "/proc"], absent="step     1/")
 held = os.path.join(work, "held")
 os.mkdir(held)
-with open(os.path.join(held, ".weft.lock"), "w") as lock:
-    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    lock.write(f"pid {os.getpid()} on the test\n"); lock.flush()
-    case("a second trainer on the same --save-dir", 2, f"is in use by another trainer (pid {os.getpid()} on the test)",
-         [*small, "--steps", "1", "--save-dir", held])
+dir_fd = os.open(held, os.O_RDONLY)  # a trainer's lock: on the directory, its holder in .weft.lock
+fcntl.flock(dir_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+open(os.path.join(held, ".weft.lock"), "w").write(f"pid {os.getpid()} on the test\n")
+case("a second trainer on the same --save-dir", 2, f"is in use by another trainer (pid {os.getpid()} on the test)",
+     [*small, "--steps", "1", "--save-dir", held])
+os.close(dir_fd)
+# A running trainer whose .weft.lock someone deleted still holds the directory (before: the lock was
+# the file's, and a second trainer locked a new one and wrote beside the first).
+running = os.path.join(work, "running")
+first = subprocess.Popen([train, *small, "--steps", "100000", "--save-dir", running, "--log", os.path.join(work, "running.jsonl")],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+for _ in range(600):  # its first step logged: the lock is taken before the first step
+    if os.path.exists(os.path.join(work, "running.jsonl")) and open(os.path.join(work, "running.jsonl")).read().count("\n") >= 1:
+        break
+    time.sleep(0.1)
+os.remove(os.path.join(running, ".weft.lock"))
+case("a second trainer after .weft.lock was deleted", 2, "is in use by another trainer (another process)",
+     [*small, "--steps", "1", "--save-dir", running])
+first.kill(); first.wait()
 case("--log to a full device (before: exit 0)", 1, "writing '/dev/full' failed (No space left on device)",
      [*small, "--steps", "1", "--log", "/dev/full"])
 case("--trace to a full device", 1, "writing the trace file /dev/full failed", [*small, "--steps", "1", "--trace", "/dev/full"])

@@ -34,7 +34,9 @@ RunState load(const std::string& path, Model& model, DP& dp, M& mesh, LoadOption
     const auto where = std::filesystem::weakly_canonical(read->dir, ec);
     Fingerprint fp;
     fp.add("checkpoint", cat(ec ? read->dir : where.string(), " (manifest xxh3 ", hex64(read->xxh3), ")"));
-    fp.agree(world, "give every rank the same checkpoint: an absolute path, or the same working directory");
+    fp.agree(world, "give every rank the same checkpoint: an absolute path, or the same working directory; where the "
+                    "path holds `latest`, it moved between the ranks' reads (another trainer saving or pruning there): "
+                    "resume from a step directory");
   }
   const Manifest& m = read->m;
   const std::string& dir = read->dir;

@@ -1,5 +1,6 @@
-// One trainer per save directory: an advisory lock (flock(2)) on <root>/.weft.lock, held by the
-// process that publishes checkpoints (world rank 0's) for as long as it may save.
+// One trainer per save directory: an advisory lock (flock(2)) on the directory <root> itself, held by
+// the process that publishes checkpoints (world rank 0's) for as long as it may save; <root>/.weft.lock
+// names the holder.
 //
 // Two trainers saving into one directory would prune each other's checkpoints and move `latest`
 // under each other's feet; neither could notice from the files alone. So the saver takes the lock
@@ -83,28 +84,39 @@ class DirectoryLock {
     if (ec || !std::filesystem::is_directory(root))
       throw Error(where, cat("cannot create the directory", ec ? cat(" (", ec.message(), ")") : ""),
                   "give a save directory that can be created and written");
+    // The lock is on the directory itself, which cannot go while it holds checkpoints: a lock on
+    // .weft.lock alone was lost when someone deleted the file, and a second trainer locked a new
+    // one. .weft.lock records the holder for the refusal's message; it is opened first (without
+    // truncating a holder's record) so that a directory that cannot be written is refused as such.
     const std::string path = file_of(root);
-    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
-    if (fd < 0)
+    const int lf = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (lf < 0)
       throw Error(where, cat("cannot create its lock file .weft.lock (", std::strerror(errno), ")"),
                   "give a save directory this process can write");
-    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int fd = ::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0 || ::flock(fd, LOCK_EX | LOCK_NB) != 0) {
       const int err = errno;
-      char holder[256] = {};
-      const ssize_t n = ::pread(fd, holder, sizeof holder - 1, 0);
-      ::close(fd);
-      std::string who = n > 0 ? std::string(holder, static_cast<std::size_t>(n)) : std::string("another process");
+      ::close(lf);
+      if (fd >= 0) ::close(fd);
+      std::string who = "another process";
+      if (const int rf = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW); rf >= 0) {
+        char holder[256] = {};
+        if (const ssize_t n = ::pread(rf, holder, sizeof holder - 1, 0); n > 0) who.assign(holder, static_cast<std::size_t>(n));
+        ::close(rf);
+      }
       while (!who.empty() && (who.back() == '\n' || who.back() == ' ')) who.pop_back();
       if (err == EWOULDBLOCK)
         throw Error(where, cat("is in use by another trainer (", who, ")"),
                     "give each run its own --save-dir, or stop the other run first");
-      throw Error(where, cat("cannot lock .weft.lock (", std::strerror(err), ")"), "give a save directory on a local file system");
+      throw Error(where, cat("cannot lock the directory (", std::strerror(err), ")"), "give a save directory on a local file system");
     }
     char host[128] = {};
     ::gethostname(host, sizeof host - 1);
     const std::string me = cat("pid ", ::getpid(), " on ", host, "\n");
-    if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, me.data(), me.size(), 0) != static_cast<ssize_t>(me.size())) {
-      const int err = errno;
+    const bool wrote = ::ftruncate(lf, 0) == 0 && ::pwrite(lf, me.data(), me.size(), 0) == static_cast<ssize_t>(me.size());
+    const int err = errno;
+    ::close(lf);
+    if (!wrote) {
       ::close(fd);
       throw Error(where, cat("cannot write its lock file .weft.lock (", std::strerror(err), ")"),
                   "give a save directory this process can write, on a device with free space");

@@ -491,10 +491,12 @@ int main(int argc, char** argv, const std::string& program, const std::string& a
     if (launch.lead() && !o.init_from.empty()) remove_stale_init_dirs();  // left by killed runs
     try {
       if (!o.resume.empty()) {  // exit 1 when not a valid checkpoint; 2 when it is at or past --steps
-        const std::string from = o.resume == "latest" ? o.save_dir : o.resume;
-        const checkpoint::Manifest m = checkpoint::peek(from);
+        // `latest` resolved once for the process: every thread rank loads this step directory, so a
+        // `latest` that moves meanwhile (another trainer saving or pruning) cannot split them.
+        o.resume = checkpoint::resolve(o.resume == "latest" ? o.save_dir : o.resume);
+        const checkpoint::Manifest m = checkpoint::peek(o.resume);
         if (m.step >= o.steps) {
-          report(Error(o.where("--resume"), cat("the checkpoint ", checkpoint::resolve(from), " is at step ", m.step, ", at or past --steps ", o.steps),
+          report(Error(o.where("--resume"), cat("the checkpoint ", o.resume, " is at step ", m.step, ", at or past --steps ", o.steps),
                        cat("pass --steps above ", m.step, " to train on from it")));
           return finish(2);
         }
