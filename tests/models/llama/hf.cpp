@@ -20,6 +20,7 @@
 #include "weft/checkpoint/checkpoint.hpp"
 #include "weft/comm/mesh.hpp"
 #include "weft/comm/threads/run.hpp"
+#include "weft/models/llama/family.hpp"
 #include "weft/models/llama/hf.hpp"
 #include "weft/models/llama/model.hpp"
 #include "weft/optim/data_parallel.hpp"
@@ -329,6 +330,12 @@ TEST_CASE("a transformers Llama directory that weft cannot read is refused, nami
   huge["num_hidden_layers"] = std::uint64_t{1} << 63;
   write("", "", "", huge);
   refused("has num_hidden_layers 9223372036854775808, past the largest 64-bit integer");
+  // config.json's layers against the tensors the files hold, before the table of names is built
+  // (10^7 layers ran out of memory).
+  auto deep = config;
+  deep["num_hidden_layers"] = 10'000'000;
+  write("", "", "", deep);
+  refused("tensors, too few for config.json's 10000000 layers of 9 each");
   auto legacy = config;  // transformers 4.x keys: read the same
   legacy.erase("rope_parameters");
   legacy["rope_theta"] = 500.0;
@@ -338,4 +345,21 @@ TEST_CASE("a transformers Llama directory that weft cannot read is refused, nami
   const llama::Config a = llama::import_hf(bad, bad + "/out"), b = llama::import_hf(dir, bad + "/out2");
   CHECK(llama::record(a) == llama::record(b));
   std::filesystem::remove_all(bad);
+}
+
+TEST_CASE("--init-from compares config.json with the run before it converts anything") {
+  // A directory whose config.json describes another model (its rotary base) and whose weights are
+  // garbage: the run's family names the config.json's field, never the weights (which it would
+  // have read and converted first, minutes and gigabytes for a large model).
+  const auto dir = scratch("init_mismatch");
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  auto config = llama::hf_detail::read_json(reference_dir() + "/config.json", "test");
+  const llama::Config run = llama::hf_config_of(reference_dir());
+  config["rope_parameters"]["rope_theta"] = 123.0;
+  std::ofstream(dir + "/config.json") << config.dump();
+  std::ofstream(dir + "/model.safetensors") << "not a safetensors file";
+  CHECK_THROWS_WITH_AS(llama::Family::import_hf(dir, dir + "/out", run), doctest::Contains("its config.json has rope_theta_x1e6 123000000; the run's model has 500000000"), Error);
+  CHECK(!std::filesystem::exists(dir + "/out"));
+  std::filesystem::remove_all(dir);
 }

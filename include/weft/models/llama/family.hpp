@@ -43,8 +43,10 @@ struct Common {
   }
   // --init-from DIR: a transformers LlamaForCausalLM directory, whose config.json must describe the
   // run's model (every field of the record; the first that differs is named).
+  // Compared before anything is converted (the conversion of a large model takes minutes and
+  // gigabytes of $TMPDIR).
   static void import_hf(const std::string& from, const std::string& dir, const Config& c) {
-    const Config got = llama::import_hf(from, dir, c);
+    const Config got = llama::hf_config_of(from, c);
     const auto want = record(c), have = record(got);
     for (std::size_t i = 0; i < want.size(); ++i)
       if (want[i] != have[i])
@@ -52,6 +54,7 @@ struct Common {
                     cat("its config.json has ", have[i].first, " ", have[i].second, "; the run's model has ", want[i].second),
                     "choose the preset and sizes of the model in the directory (--layers, --width, --heads, --kv-heads, --hidden, --vocab, "
                     "--tie-embeddings)");
+    llama::import_hf(from, dir, c);
   }
 };
 

@@ -300,14 +300,24 @@ inline Config config_of(const checkpoint::Manifest& m) {
 // false}): each rank reads only its own shards. A missing or extra tensor, a shape that disagrees
 // with config.json, or a dtype weft cannot read is refused by name, before anything is written. The
 // weights are streamed: one tensor is in memory at a time, never the model.
-inline Config import_hf(const std::string& dir, const std::string& out, const Config& base = {}) {
-  using namespace weft::checkpoint;
+// The configuration a transformers directory's config.json describes (read and checked alone: a
+// caller compares it with its run before anything is converted).
+inline Config hf_config_of(const std::string& dir, const Config& base = {}) {
   const auto cfg_path = (std::filesystem::path(dir) / "config.json").string();
   if (!std::filesystem::is_regular_file(cfg_path))
     throw Error(cat("llama::import(", dir, ")"), "has no config.json", "pass a directory that transformers' save_pretrained wrote");
-  const Config c = config_from_hf(hf_detail::read_json(cfg_path, cat("llama::import(", cfg_path, ")")),
-                                  cat("llama::import(", cfg_path, ")"), base);
+  return config_from_hf(hf_detail::read_json(cfg_path, cat("llama::import(", cfg_path, ")")), cat("llama::import(", cfg_path, ")"), base);
+}
+
+inline Config import_hf(const std::string& dir, const std::string& out, const Config& base = {}) {
+  using namespace weft::checkpoint;
+  const Config c = hf_config_of(dir, base);
   const hf_detail::Files files(dir);
+  // config.json's layers against what the files can hold (each layer has 9 tensors), before the
+  // table of names (about 1.6 KB a layer) is built: 10^7 layers in a config.json ran out of memory.
+  if (static_cast<double>(c.layers) * 9 > static_cast<double>(files.names().size()))
+    throw Error(files.at(), cat("holds ", files.names().size(), " tensors, too few for config.json's ", c.layers, " layers of 9 each"),
+                "pass a config.json that matches the weights");
   const auto names = hf_detail::names(c);
   std::set<std::string> known;
   for (const auto& n : names) {
@@ -341,14 +351,20 @@ inline Config import_hf(const std::string& dir, const std::string& out, const Co
   std::vector<double> w;
   auto bytes_of = [&](std::size_t i, std::uint64_t) {
     const auto& n = names[i];
-    std::vector<std::vector<double>> parts;
-    for (const auto& h : n.hf) parts.push_back(files.read(h));
     const auto& shape = staged[i].global;
     const std::int64_t cols = shape.size() == 2 ? shape[1] : 1, rows = shape[0];
-    w.resize(static_cast<std::size_t>(rows * cols));
-    for (std::int64_t r = 0; r < rows; ++r) {
-      const auto [p, src] = hf_detail::source_row(n, c, r);
-      std::copy_n(parts[p].begin() + src * cols, cols, w.begin() + r * cols);
+    try {
+      std::vector<std::vector<double>> parts;
+      for (const auto& h : n.hf) parts.push_back(files.read(h));
+      w.resize(static_cast<std::size_t>(rows * cols));
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const auto [p, src] = hf_detail::source_row(n, c, r);
+        std::copy_n(parts[p].begin() + src * cols, cols, w.begin() + r * cols);
+      }
+    } catch (const std::bad_alloc&) {  // said, with what and how much, never a bare std::bad_alloc
+      throw Error(files.at(), cat("ran out of memory converting ", n.weft, " (", rows, " x ", cols, " values, ",
+                                  2 * 8 * rows * cols, " bytes in double with its source)"),
+                  "convert on a machine with more memory");
     }
     return std::as_bytes(std::span<const double>(w));
   };
