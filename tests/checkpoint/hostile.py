@@ -85,6 +85,30 @@ results.append(("rollback: what is left", 0, 0.0, f"{' '.join(kept)}; latest -> 
 case("rollback: latest resumes", 0, f"resumed from {os.path.join(roll, 'step_00000008')} at step 8",
      [*small, "--steps", "9", "--save-dir", roll, "--resume", "latest"])
 
+# A `latest` that moves while a run resumes from it (another trainer saving into the directory):
+# every thread rank of the process loads the step resolved once, so none reads another (before: each
+# rank resolved it, and a rank that read the other step failed the fingerprint, "start every rank from
+# the same build"). `latest` flips between steps 5 and 10 as fast as a rename goes, 5 resumes.
+import threading
+flip = copy(base, "flipping")
+stop_flipping = threading.Event()
+def flipper():
+    k = 0
+    while not stop_flipping.is_set():
+        tmp = os.path.join(flip, "latest.flip")
+        open(tmp, "w").write("step_00000005\n" if k % 2 else "step_00000010\n")
+        os.replace(tmp, os.path.join(flip, "latest"))
+        k += 1
+flipping = threading.Thread(target=flipper)
+flipping.start()
+try:
+    for attempt in range(5):
+        case(f"a resume while latest moves, on 4 thread ranks ({attempt + 1} of 5)", 0, "resumed from ",
+             [*sized(tensor=2), "--steps", "12", "--resume", flip])
+finally:
+    stop_flipping.set()
+    flipping.join()
+
 # 2. Nesting and size, refused before parsing (before: SIGSEGV in the JSON library; OOM at 22 GB).
 deep = copy(step5, "deep")
 text = open(os.path.join(deep, "manifest.json")).read()
