@@ -178,9 +178,17 @@ constexpr std::vector<Compute> computes(Kind kind, int p, int m, int v, int r) {
 
 // The table of `kind` for p ranks, m micro-batches and v virtual stages per rank. Throws Error
 // naming the values where the schedule cannot run them.
+inline constexpr double kMaxComputes = 1 << 24;  // a table's computes (2 p m v) at most
+
 constexpr Table make_table(Kind kind, int p, int m, int v = 1) {
   if (const char* why = detail::refusal(kind, p, m, v))
     throw Error("pipeline schedule", why, "choose a pipe degree, micro-batch count and virtual stages that fit");
+  // A table holds every rank's forward and backward of every micro-batch: past 2^24 computes it is
+  // gigabytes, and its replay (the plan, a simulation) minutes.
+  if (const double computes = 2.0 * p * m * v; computes > kMaxComputes)
+    throw Error("pipeline schedule", cat(p, " pipe ranks x ", m, " micro-batches x ", v, " virtual stages: ", computes,
+                                         " computes, more than a table holds (2^24)"),
+                "use fewer micro-batches per step (a larger micro-batch) or fewer pipe ranks");
   Table t{p, m, v, kind == Kind::zero_bubble_h1, {}};
   const int S = p * v;
   t.ranks.resize(static_cast<std::size_t>(p));

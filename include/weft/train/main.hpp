@@ -485,6 +485,12 @@ int main(int argc, char** argv, const std::string& program, const std::string& a
     } catch (const Error& e) {
       report(e);
       return finish(2);
+    } catch (const std::bad_alloc&) {  // sizes whose check or plan needs more memory than this machine has
+      report(Error(o.where(), "ran out of memory checking or planning these sizes", "use smaller sizes (--layers, --batch, --vocab, ...)"));
+      return finish(2);
+    } catch (const std::exception& e) {  // never an abort: a library's own exception, said
+      report(Error(o.where(), e.what(), "use other sizes, and report this message"));
+      return finish(2);
     }
 
     install_stop_handlers(launch.kind == Launcher::mpi, o.program);

@@ -113,10 +113,9 @@ inline int Family::print_plan(const train::Options& o, const Config& cfg, const 
               static_cast<long long>(cfg.seq), static_cast<long long>(cfg.vocab), o.strategy.c_str(), o.dtype.c_str(), o.data,
               o.pipe, o.tensor, static_cast<long long>(o.batch),
               static_cast<long long>(o.micro_batch > 0 ? o.micro_batch : o.batch));
-  if (const double n = elements_of(o, cfg); n > footprint::kMaxElements) {
-    std::printf("about %.3g elements (parameters, activations): too large to plan, and to fit any machine\n", n);
-    return 0;
-  }
+  if (const double n = elements_of(o, cfg); n > footprint::kMaxElements)  // an error (exit 2), never a plan of exit 0
+    throw Error(o.where("--plan"), cat("about ", n, " elements (parameters, activations): too large to plan, and to fit any machine"),
+                "use a smaller model, batch or micro-batch");
   const std::vector<RankPlan> plan = plan_of(o, cfg, device != "cuda");
   train::print_rank_table(plan);
   if (plan[0].exact) {
