@@ -28,6 +28,7 @@
 #include "weft/plan/measure_time.hpp"
 #include "weft/plan/memory.hpp"
 #include "weft/train/cluster.hpp"
+#include "weft/train/rank_plan.hpp"
 #include "weft/train/command_line.hpp"
 #include "weft/train/family.hpp"
 #include "weft/train/plan_flops.hpp"
@@ -104,6 +105,9 @@ Candidate measured_cost(const typename ModelOn<Meta<Host>>::config_type& c, cons
 // The family's cost of a layout in precision `dtype`: its own, or the measured one.
 template <Family F>
 Candidate cluster_cost(const config_t<F>& c, const Layout& x, const Cluster& k, const std::string& dtype) {
+  // A layout whose plan would replay more passes than a plan makes in seconds is left out, saying so.
+  if (const auto why = plan_too_long(c.layers, x.accumulation))
+    throw Error("plan", *why, "use fewer micro-batches per step (a larger --micro, fewer sequences in --batch)");
   if constexpr (requires { { F::cluster_cost(c, x, k, dtype) } -> std::same_as<Candidate>; }) {
     return F::cluster_cost(c, x, k, dtype);
   } else {

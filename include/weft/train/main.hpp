@@ -96,6 +96,7 @@ void check_fits(const Options& o, const config_t<F>& cfg, const std::string& dev
   const std::string fix = cat("use a smaller model, batch or micro-batch, more tensor or pipeline ranks, or a sharded strategy "
                               "(zero1, zero2, fsdp); ", o.program, " --plan prints the plan");
   const bool host = device != "cuda";
+  if (plan_too_long(cfg.layers, o.batch / (o.micro_batch > 0 ? o.micro_batch : o.batch))) return;  // not planned: not checked
   std::vector<RankPlan> plan;
   if constexpr (requires { F::plan(o, cfg, true); }) {
     plan = F::plan(o, cfg, host);  // refuses sizes past what a plan counts
@@ -456,7 +457,11 @@ int main(int argc, char** argv, const std::string& program, const std::string& a
         throw Error(o.where(), "--resume latest without --save-dir", "give --save-dir, or the checkpoint's path to --resume");
       if ((o.save_every > 0 || o.keep > 0 || o.async_save) && o.save_dir.empty())
         throw Error(o.where(), "--save-every, --keep or --async-save without --save-dir", "give --save-dir");
-      if (plan_only) return finish(launch.lead() ? print_plan<F>(o, cfg, device) : 0);
+      if (plan_only) {
+        if (const auto why = plan_too_long(cfg.layers, o.batch / (o.micro_batch > 0 ? o.micro_batch : o.batch)))
+          throw Error(o.where("--plan"), *why, "plan fewer layers, or fewer micro-batches per step (a larger --micro-batch)");
+        return finish(launch.lead() ? print_plan<F>(o, cfg, device) : 0);
+      }
       // Training reads a corpus (--plan reads none: a Llama 3 vocabulary plans without a data file).
       if (o.data_file.empty() && o.text.empty() && cfg.vocab > data::MarkovSource::max_vocab)
         throw Error(o.where(), cat("vocabulary ", cfg.vocab, " with the built-in Markov corpus"),
