@@ -225,7 +225,8 @@ int plan_family(const PlanOptions& given, Cluster k, const std::string& program)
   if constexpr (requires { footprint::approximate_elements(c, 1.0, 1.0); }) {
     const double elements = footprint::approximate_elements(c, static_cast<double>(o.micro), k.gpus_per_node);
     if (elements > footprint::kMaxElements)
-      throw Error(program, cat("the configuration holds about ", elements, " elements per GPU"),
+      throw Error(program, cat("layers ", c.layers, ", width ", c.width, ", seq ", c.seq, ", vocab ", c.vocab, ", --micro ", o.micro,
+                               ": about ", elements, " elements per GPU"),
                   "use a smaller model, sequence or micro-batch");
   }
   if (static_cast<double>(o.micro) * k.gpus > static_cast<double>(o.batch))

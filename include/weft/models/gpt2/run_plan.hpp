@@ -99,7 +99,8 @@ inline estimate::PipelineTime plan_pipeline_time(const train::Options& o, const 
 
 inline std::vector<RankPlan> Family::plan(const train::Options& o, const Config& c, bool host) {
   if (const double n = elements_of(o, c); n > footprint::kMaxElements)
-    throw Error(o.where(), cat("the configuration holds about ", n, " elements (parameters, activations), more than any machine"),
+    throw Error(o.where(), cat("layers ", c.layers, ", width ", c.width, ", seq ", c.seq, ", vocab ", c.vocab, ", batch ", o.batch,
+                               ": about ", n, " elements (parameters, activations), more than any machine"),
                 cat("use a smaller model, batch or micro-batch, more tensor or pipeline ranks, or a sharded strategy "
                     "(zero1, zero2, fsdp); ", o.program, " --plan prints the plan"));
   return plan_of(o, c, host);
@@ -114,7 +115,8 @@ inline int Family::print_plan(const train::Options& o, const Config& cfg, const 
               o.pipe, o.tensor, static_cast<long long>(o.batch),
               static_cast<long long>(o.micro_batch > 0 ? o.micro_batch : o.batch));
   if (const double n = elements_of(o, cfg); n > footprint::kMaxElements)  // an error (exit 2), never a plan of exit 0
-    throw Error(o.where("--plan"), cat("about ", n, " elements (parameters, activations): too large to plan, and to fit any machine"),
+    throw Error(o.where("--plan"), cat("layers ", cfg.layers, ", width ", cfg.width, ", seq ", cfg.seq, ", vocab ", cfg.vocab, ", batch ",
+                                       o.batch, ": about ", n, " elements (parameters, activations): too large to plan, and to fit any machine"),
                 "use a smaller model, batch or micro-batch");
   const std::vector<RankPlan> plan = plan_of(o, cfg, device != "cuda");
   train::print_rank_table(plan);
