@@ -90,10 +90,14 @@ class ExportDir {
   }
   ExportDir(const ExportDir&) = delete;
   ExportDir& operator=(const ExportDir&) = delete;
-  // A failed export removes what it left under .tmp names; the earlier export is untouched.
+  // A failed export removes what it left under .tmp names and the files it added (names no earlier
+  // export had); the earlier export's files it had not replaced yet are untouched.
   ~ExportDir() {
     std::error_code ec;
     for (const std::string& t : pending_) std::filesystem::remove(t, ec);
+    if (!committed_)
+      for (const std::string& n : written_)
+        if (!earlier_.contains(n)) std::filesystem::remove(cat(dir_, "/", n), ec);
   }
 
   const std::string& dir() const { return dir_; }
@@ -127,12 +131,14 @@ class ExportDir {
       if (std::find(written_.begin(), written_.end(), old) == written_.end()) std::filesystem::remove(cat(dir_, "/", old), ec);
     write_atomic(cat(dir_, "/", kRecord), nlohmann::json{{"files", written_}}.dump(2) + "\n");
     sync_directory(dir_);
+    committed_ = true;
   }
 
  private:
   std::string dir_;
   std::set<std::string> earlier_;
   std::vector<std::string> written_, pending_;
+  bool committed_ = false;
 };
 
 }  // namespace weft::checkpoint
