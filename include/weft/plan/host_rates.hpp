@@ -5,6 +5,7 @@
 // second in all at the sizes the tests and benchmarks use.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <map>
 #include <memory>
@@ -81,9 +82,15 @@ Link measure_link(MeshShape shape, Axis axis, std::int64_t typical_bytes) {
 }  // namespace detail
 
 // Rates of this host for `w` (a step of gpt2::Model<P> with the given degrees and local batch rows N),
-// measured with every rank of the mesh running.
+// measured with every rank of the mesh running. Each op is measured at its shape capped at
+// kMeasured elements a buffer (a larger one at a smaller shape of the same kind, halving its largest
+// dimension: 2^20 elements, 4 MiB of f32, past a core's L2): larger ops run at about the rate per
+// FLOP or element of the capped one, and the plan of any size measures in seconds (a vocabulary of
+// 2^40 once allocated terabytes here).
+inline constexpr std::int64_t kMeasured = std::int64_t{1} << 20;
+
 template <class T>
-Rates host_rates(const Work& w, MeshShape shape, std::int64_t local_batch, std::int64_t seq, std::int64_t heads,
+Rates host_rates(const Work& w, MeshShape shape, std::int64_t local_batch_given, std::int64_t seq_given, std::int64_t heads,
                  std::int64_t width) {
   const int ranks = shape.data * shape.tensor;
   Rates r;
@@ -93,25 +100,37 @@ Rates host_rates(const Work& w, MeshShape shape, std::int64_t local_batch, std::
   for (const Gemm& g : w.gemms) {
     const Key key{g.m, g.n, g.k, g.ta, g.tb};
     if (g.count == 0 || table->count(key)) continue;
+    Gemm c = g;  // the shape measured: g's, its largest dimension halved while a buffer passes kMeasured
+    const auto big = [](double x, double y) { return x * y > static_cast<double>(kMeasured); };
+    while (big(c.m, c.k) || big(c.k, c.n) || big(c.m, c.n)) {
+      std::int64_t& d = c.m >= c.n && c.m >= c.k ? c.m : c.n >= c.k ? c.n : c.k;
+      d = std::max<std::int64_t>(1, d / 2);
+    }
     std::vector<std::vector<T>> a(static_cast<std::size_t>(ranks)), b(a.size()), out(a.size());
     for (std::size_t i = 0; i < a.size(); ++i) {
-      a[i].assign(static_cast<std::size_t>(g.m * g.k), T(0.5));
-      b[i].assign(static_cast<std::size_t>(g.k * g.n), T(0.5));
-      out[i].assign(static_cast<std::size_t>(g.m * g.n), T(0));
+      a[i].assign(static_cast<std::size_t>(c.m * c.k), T(0.5));
+      b[i].assign(static_cast<std::size_t>(c.k * c.n), T(0.5));
+      out[i].assign(static_cast<std::size_t>(c.m * c.n), T(0));
     }
-    const auto ta = g.ta ? host::Trans::yes : host::Trans::no, tb = g.tb ? host::Trans::yes : host::Trans::no;
-    const std::int64_t lda = g.ta ? g.m : g.k, ldb = g.tb ? g.k : g.n;
+    const auto ta = c.ta ? host::Trans::yes : host::Trans::no, tb = c.tb ? host::Trans::yes : host::Trans::no;
+    const std::int64_t lda = c.ta ? c.m : c.k, ldb = c.tb ? c.k : c.n;
     const double s = detail::per_call(ranks, [&](int i) {
       const auto u = static_cast<std::size_t>(i);
-      host::gemm<T>(ta, tb, g.m, g.n, g.k, T(1), a[u].data(), lda, b[u].data(), ldb, T(0), out[u].data(), g.n);
+      host::gemm<T>(ta, tb, c.m, c.n, c.k, T(1), a[u].data(), lda, b[u].data(), ldb, T(0), out[u].data(), c.n);
     });
-    (*table)[key] = g.flops() / s;
+    (*table)[key] = c.flops() / s;
   }
   r.gemm_flops = [table](const Gemm& g) { return table->at(Key{g.m, g.n, g.k, g.ta, g.tb}); };
 
-  // The attention core, forward and backward, at the step's local shape.
+  // The attention core, forward and backward, at the step's local shape (fewer sequences, then a
+  // shorter one, while the probabilities pass kMeasured).
   const std::int64_t Hl = heads / shape.tensor, hd = width / heads;
   {
+    std::int64_t local_batch = std::max<std::int64_t>(1, local_batch_given), seq = seq_given;
+    while (static_cast<double>(local_batch) * Hl * seq * seq > static_cast<double>(kMeasured) && local_batch > 1) local_batch /= 2;
+    while ((static_cast<double>(local_batch) * Hl * seq * seq > static_cast<double>(kMeasured) ||
+            static_cast<double>(local_batch) * seq * Hl * hd * 3 > static_cast<double>(kMeasured)) && seq > 16)
+      seq /= 2;
     const std::int64_t n = local_batch * seq * Hl * hd;
     std::vector<std::vector<T>> qkv(static_cast<std::size_t>(ranks)), out(qkv.size()), probs(qkv.size()), dqkv(qkv.size());
     for (std::size_t i = 0; i < qkv.size(); ++i) {
@@ -132,8 +151,10 @@ Rates host_rates(const Work& w, MeshShape shape, std::int64_t local_batch, std::
   // The elementwise ops at the step's sizes: GELU on the hidden, LayerNorm on the stream, the
   // cross-entropy on the logits, AdamW on the updated range (at most 2^20 elements).
   const Elementwise& n = w.elementwise;
+  // Below, the step's local batch and sequence: the elementwise ops' sizes, capped as the GEMMs'.
+  const std::int64_t local_batch = local_batch_given, seq = seq_given;
   const auto rate_of = [&](std::int64_t count, auto&& op) {
-    const auto len = static_cast<std::size_t>(std::max<std::int64_t>(count, 1));
+    const auto len = static_cast<std::size_t>(std::clamp<std::int64_t>(count, 1, kMeasured));
     std::vector<std::vector<T>> x(static_cast<std::size_t>(ranks)), y(x.size()), z(x.size());
     for (std::size_t i = 0; i < x.size(); ++i) {
       x[i].assign(len, T(0.25));
@@ -163,9 +184,9 @@ Rates host_rates(const Work& w, MeshShape shape, std::int64_t local_batch, std::
                                      width);
     });
   }
-  const std::int64_t vocab_local = std::max<std::int64_t>(1, static_cast<std::int64_t>(n.cross_entropy) /
-                                                               std::max<std::int64_t>(1, local_batch * seq));
-  r.elements.cross_entropy = rate_of(local_batch * seq * vocab_local, [&](T* x, T*, T* z, std::int64_t len) {
+  const std::int64_t vocab_local = std::clamp<std::int64_t>(
+      static_cast<std::int64_t>(n.cross_entropy / static_cast<double>(std::max<std::int64_t>(1, local_batch * seq))), 1, kMeasured);
+  r.elements.cross_entropy = rate_of(std::max(vocab_local, std::min(local_batch * seq * vocab_local, kMeasured)), [&](T* x, T*, T* z, std::int64_t len) {
     const std::int64_t N = len / vocab_local;
     std::vector<T> rowmax(static_cast<std::size_t>(N)), stats(static_cast<std::size_t>(2 * N)), sumexp(rowmax.size());
     std::vector<std::int32_t> targets(static_cast<std::size_t>(N), 0);
@@ -184,7 +205,7 @@ Rates host_rates(const Work& w, MeshShape shape, std::int64_t local_batch, std::
   // Streaming bandwidth (out += x: two reads and a write) and the first touch of fresh memory
   // (the host allocator's block, written once, returned), at the size of the branch input.
   {
-    const std::int64_t len = local_batch * seq * width;
+    const std::int64_t len = std::min(local_batch * seq * width, kMeasured);
     r.bandwidth = 3.0 * static_cast<double>(len * static_cast<std::int64_t>(sizeof(T))) *
                   rate_of(len, [](T* x, T* y, T*, std::int64_t k) { host::add_inplace(y, x, k); }) / static_cast<double>(len);
     std::vector<Host> hosts(static_cast<std::size_t>(ranks));
@@ -195,7 +216,7 @@ Rates host_rates(const Work& w, MeshShape shape, std::int64_t local_batch, std::
     r.first_touch = static_cast<double>(len * static_cast<std::int64_t>(sizeof(T))) / s;
   }
 
-  const std::int64_t typical = local_batch * seq * width * static_cast<std::int64_t>(sizeof(T));
+  const std::int64_t typical = std::min(local_batch * seq * width, kMeasured) * static_cast<std::int64_t>(sizeof(T));
   r.tensor = detail::measure_link<T>(shape, Axis::tensor, typical);
   r.data = detail::measure_link<T>(shape, Axis::data, typical);
   return r;

@@ -138,7 +138,12 @@ RankStep measure_rank(D& dev, C& world, const typename Model::config_type& c, co
   std::optional<pipeline::Pipeline<Model, decltype(mesh)>> pp;
   if (run.mesh.pipe > 1)
     pp.emplace(model, pipeline::make_table(run.schedule, run.mesh.pipe, static_cast<int>(m), run.virtual_stages), part, mesh);
-  // Tokens 0 (a valid id of any vocabulary): the counts do not depend on the values.
+  // Tokens 0 (a valid id of any vocabulary): the counts do not depend on the values. They are host
+  // memory, even on the Meta device: a micro-batch past 2^28 tokens a rank is refused, not allocated.
+  if (const double tokens = static_cast<double>(micro / run.mesh.data) * static_cast<double>(c.seq); tokens > (1 << 28))
+    throw Error("plan", cat("a micro-batch of ", micro, " sequences of ", c.seq, " tokens over ", run.mesh.data, " data ranks is ",
+                            tokens, " tokens a rank, more than a plan feeds (2^28)"),
+                "plan a smaller micro-batch (--micro-batch) or more data ranks");
   const std::vector<std::int32_t> x(static_cast<std::size_t>(micro / run.mesh.data * c.seq), 0), y(x);
   RankStep out{world.rank(), mesh.coord(), detail::of_current(dev.memory()), {}, {}, {}, {}, {}};
   constexpr bool counted = requires { mesh.comm(Axis::data).counters(); };

@@ -235,7 +235,7 @@ int plan_family(const PlanOptions& given, Cluster k, const std::string& program)
                 "raise --batch or lower --micro or --gpus");
   const Candidates found = plan_cluster<F>(c, k, o.batch, o.micro, dtype);
   const std::vector<Candidate>& list = found.list;
-  const double tokens = static_cast<double>(o.batch * c.seq);
+  const double tokens = static_cast<double>(o.batch) * static_cast<double>(c.seq);
   const double flops = plan_flops_per_token<F>(c) * tokens;
   if (!o.json)
     std::printf("%s: %s%s, %s | %d GPUs (%d per node, %.0f GiB, %.0f TFLOP/s) | batch %lld, %lld per GPU per micro-batch\n",

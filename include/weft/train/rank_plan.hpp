@@ -27,17 +27,18 @@ struct RankPlan {
 };
 
 // A plan replays (or measures on the Meta device) every layer of every micro-batch of a step: past
-// kMaxPlanPasses layer passes it would take minutes (GPT-2's replay runs about 1.4 us a pass, the
-// Meta device's more), so it is refused by name instead (--plan: exit 2; weft-plan: the layout left
-// out, saying why). 2^18 passes: 128 layers of 2048 micro-batches, well past any run's step.
-inline constexpr double kMaxPlanPasses = 1 << 18;
+// kMaxPlanPasses layer passes it would take minutes (GPT-2's replay runs about 1.4 us a pass in an
+// optimized build and some 40 us under the dev preset's sanitizers, the Meta device's more), so it
+// is refused by name instead (--plan: exit 2; weft-plan: the layout left out, saying why). 2^16
+// passes: 128 layers of 512 micro-batches, past any run's step.
+inline constexpr double kMaxPlanPasses = 1 << 16;
 
 // Why a plan of `layers` layers over `micro_batches` micro-batches per step is not made, or nothing.
 inline std::optional<std::string> plan_too_long(std::int64_t layers, std::int64_t micro_batches) {
   const double passes = static_cast<double>(layers) * static_cast<double>(micro_batches);
   if (passes <= kMaxPlanPasses) return std::nullopt;
   return cat(layers, " layers x ", micro_batches, " micro-batches per step = ", passes,
-             " layer passes to replay, more than a plan makes in seconds (2^18)");
+             " layer passes to replay, more than a plan makes in seconds (2^16)");
 }
 
 }  // namespace weft::train

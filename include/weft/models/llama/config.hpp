@@ -3,6 +3,7 @@
 // against a mesh, the named presets, and the FLOPs of a step.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -63,6 +64,21 @@ inline void validate(const Config& c, const Spread& s, bool sequence_parallel, s
     throw Error("Llama", cat("vocab ", c.vocab, ", seq ", c.seq, ", layers ", c.layers, ", heads ", c.heads, ", kv_heads ",
                              c.kv_heads, ", width ", c.width, ", hidden ", c.hidden, " include one below 1"),
                 "use sizes >= 1");
+  // A rank's elements of the parameters and of a micro-batch's activations, in double (it cannot
+  // overflow): past 10^15 (petabytes) nothing fits a machine, and the 64-bit counts of shapes and
+  // plans would overflow; refused before any of them is computed.
+  {
+    const double L = static_cast<double>(c.layers), C = static_cast<double>(c.width), F = static_cast<double>(c.hidden);
+    const double V = static_cast<double>(c.vocab), H = static_cast<double>(c.heads), tp = s.tensor_degree;
+    const double T = static_cast<double>(c.seq) / s.context_degree;
+    const double B = static_cast<double>(std::max<std::int64_t>(batch, 1)) / s.data_degree;
+    const double n = (L * (4 * C * C + 3 * C * F) + 2 * V * C) / tp + B * T * (L * (C + F / tp) + V / tp) +
+                     L * B * (H / tp) * T * static_cast<double>(c.seq);
+    if (n > 1e15)
+      throw Error("Llama", cat("layers ", c.layers, ", width ", c.width, ", hidden ", c.hidden, ", seq ", c.seq, ", vocab ", c.vocab,
+                               ", batch ", batch, ": about ", n, " elements (parameters, activations), more than any machine"),
+                  "use a smaller model, batch or micro-batch");
+  }
   if (c.width % c.heads != 0 || (c.width / c.heads) % 2 != 0)
     throw Error("Llama", cat("width ", c.width, " over ", c.heads, " heads is not an even head size"),
                 cat("use a head count that divides the width into an even size, such as ", list_divisors(c.width, c.heads)));
