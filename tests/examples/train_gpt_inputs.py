@@ -63,7 +63,7 @@ cases = [
     (2, "to divide the sequence length 4611686018427387903", ["--strategy", "ddp-sp", "--seq", "4611686018427387903"]),
     (2, "= 4294967296 ranks; use at most 2^20 = 1048576 ranks", big),
     (2, "use at most 1024 thread ranks", ["--data", "64", "--tensor", "32", "--heads", "32", "--width", "64", "--batch", "64"]),
-    (2, "the plan needs ", ["--layers", "100000"]),
+    (2, "the plan of 65536 of its 100000 layers needs at least ", ["--layers", "100000"]),
     (2, "elements (parameters, activations), more than any machine", ["--width", "1000000000"]),
     (2, "more than any machine", ["--seq", "1000000000"]),
     (2, "the plan needs ", ["--batch", "100000000"]),

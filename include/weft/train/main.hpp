@@ -92,11 +92,20 @@ void check_compiled(const Options& o) {
 // measured on the Meta device (train/plan.hpp; exact on the host, without the CUDA back end's
 // workspaces on the GPU).
 template <Family F>
-void check_fits(const Options& o, const config_t<F>& cfg, const std::string& device, const Launch& launch) {
+void check_fits(const Options& o, const config_t<F>& given, const std::string& device, const Launch& launch) {
+  // A step too long to plan whole (train/rank_plan.hpp) is planned over as many of its layers as a
+  // plan replays: more layers never need less memory, so that plan is a lower bound, and a run it
+  // already does not fit is refused as "at least".
+  config_t<F> cfg = given;
+  const std::int64_t m = o.batch / (o.micro_batch > 0 ? o.micro_batch : o.batch), stages = std::int64_t{o.pipe} * o.virtual_stages;
+  const bool partial = plan_too_long(cfg.layers, m).has_value();
+  if (partial) {
+    cfg.layers = static_cast<std::int64_t>(kMaxPlanPasses) / std::max<std::int64_t>(m, 1) / stages * stages;
+    if (cfg.layers < stages) return;  // not even one layer a stage: not checked
+  }
   const std::string fix = cat("use a smaller model, batch or micro-batch, more tensor or pipeline ranks, or a sharded strategy "
                               "(zero1, zero2, fsdp); ", o.program, " --plan prints the plan");
   const bool host = device != "cuda";
-  if (plan_too_long(cfg.layers, o.batch / (o.micro_batch > 0 ? o.micro_batch : o.batch))) return;  // not planned: not checked
   std::vector<RankPlan> plan;
   if constexpr (requires { F::plan(o, cfg, true); }) {
     plan = F::plan(o, cfg, host);  // refuses sizes past what a plan counts
@@ -127,7 +136,9 @@ void check_fits(const Options& o, const config_t<F>& cfg, const std::string& dev
   const int here = threads ? o.ranks() : 1;
   if (need > available)
     throw Error(o.where(),
-                cat("the plan needs ", plan[0].exact ? "" : "at least ", gib(need), " for the ", here,
+                cat(partial ? cat("the plan of ", cfg.layers, " of its ", given.layers, " layers needs at least ")
+                            : cat("the plan needs ", plan[0].exact ? "" : "at least "),
+                    gib(need), " for the ", here,
                     here == 1 ? " rank" : " ranks", " of this process (the peak of a training step), but ", what),
                 fix);
 }
