@@ -120,6 +120,11 @@ template <class Cx>
 Errors context_parallel(const Reference& ref, Index kv, int c, int tp) {
   std::vector<Errors> per(static_cast<std::size_t>(c * tp));
   std::vector<std::size_t> params(per.size());
+  // The reference's names come from the same for_each_param: its count alone would follow a
+  // parameter that both sides leave out. The layer has qkv and proj (no biases), by name.
+  REQUIRE(ref.grads.size() == 2);
+  REQUIRE(ref.grads.contains("attn.qkv.weight"));
+  REQUIRE(ref.grads.contains("attn.proj.weight"));
   run_threads(c * tp, [&](ThreadComm& world) {
     Mesh mesh{world, {.context = c, .tensor = tp}};
     const Spread s = mesh.spread();
