@@ -104,6 +104,13 @@ void write_logits(const std::string& checkpoint, const std::string& path, const 
   std::printf("logits: %lld x %lld f32 to %s\n", static_cast<long long>(n), static_cast<long long>(c.vocab), path.c_str());
 }
 
+// The checkpoint's model family: the manifest's, or for a checkpoint from before weft recorded it,
+// Llama's record (it has kv_heads) or GPT-2's.
+std::string family_of(const checkpoint::Manifest& m) {
+  if (!m.family.empty()) return m.family;
+  return m.model.contains("kv_heads") ? "llama" : "gpt2";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -125,7 +132,11 @@ int main(int argc, char** argv) {
     const checkpoint::Reader r(checkpoint);
     if (!logits.empty())  // refused before anything is written
       checkpoint::refuse_inside(std::filesystem::path(logits).parent_path().string(), checkpoint, cat("weft-export --logits ", logits));
-    if (r.manifest().model.contains("kv_heads")) {  // Llama's record
+    const std::string family = family_of(r.manifest());
+    if (family != "gpt2" && family != "llama")
+      throw Error("weft-export", cat("the checkpoint ", r.dir(), " holds a model of the family '", family, "', which has no Hugging Face export here"),
+                  "export checkpoints of the families gpt2 and llama");
+    if (family == "llama") {
       const auto c = llama::config_of(r.manifest());
       llama::export_hf(checkpoint, out, dtype == "f64" ? DType::f64 : DType::f32, max_shard_bytes);
       std::printf("exported step %lld of %s (llama: layers %lld, heads %lld over %lld key-value heads, width %lld, hidden %lld, "

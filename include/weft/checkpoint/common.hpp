@@ -32,6 +32,7 @@ struct RunState {
   std::int64_t loader_position = 0;  // data::Loader::position()
   std::uint64_t seed = 0;
   nlohmann::json extra = nlohmann::json::object();  // the trainer's own (schedule, options)
+  std::string family = {};  // the model family (train::Family's name; the manifest's "family"), or empty
 };
 
 // A mesh with a world communicator and coordinates (comm/mesh.hpp's Mesh).

@@ -79,6 +79,7 @@ struct Manifest {
   int data = 1, tensor = 1, pipe = 1;
   int context = 1;  // written where > 1 (context parallelism: parameters whole on it, sliced over data x context)
   std::string strategy, precision;
+  std::string family;  // the model family that saved it ("gpt2", "llama"); empty in checkpoints from before weft recorded it
   nlohmann::json model = nlohmann::json::object(), optimizer = nlohmann::json::object(), run = nlohmann::json::object();
   std::map<std::string, TensorRecord> tensors;
 
@@ -109,6 +110,7 @@ inline nlohmann::json to_json(const Manifest& m) {
                    {"mesh", {{"data", m.data}, {"tensor", m.tensor}, {"pipe", m.pipe}}}, {"strategy", m.strategy},
                    {"precision", m.precision}, {"model", m.model}, {"optimizer", m.optimizer}, {"run", m.run}};
   if (m.context > 1) j["mesh"]["context"] = m.context;
+  if (!m.family.empty()) j["family"] = m.family;
   j["files"] = nlohmann::json::array();
   for (const FileRecord& f : m.files()) j["files"].push_back({{"name", f.name}, {"bytes", f.digest.bytes}, {"xxh3", hex64(f.digest.xxh3)}});
   j["tensors"] = nlohmann::json::object();
@@ -202,6 +204,10 @@ inline Manifest parse(const std::string& text, const std::string& where) {
       bad(cat("has mesh degrees ", brief(mesh.dump()), "; each must be >= 1"));
     m.strategy = j.at("strategy").get<std::string>();
     m.precision = j.at("precision").get<std::string>();
+    if (j.contains("family")) {
+      if (!j["family"].is_string()) bad(cat("has family ", brief(j["family"].dump()), "; expected a model family's name"));
+      m.family = j["family"].get<std::string>();
+    }
     m.model = j.at("model");
     m.optimizer = j.at("optimizer");
     m.run = j.at("run");

@@ -296,6 +296,7 @@ class Saver {
     manifest_.pipe = mesh.comm(Axis::pipe).size();
     manifest_.context = mesh.comm(Axis::context).size();
     manifest_.strategy = DP::name();
+    manifest_.family = state.family;
     manifest_.precision = precision_t<typename Model::value_type>::name();
     manifest_.model = detail::model_json(model);
     manifest_.optimizer = {{"rule", DP::rule_type::name}, {"steps", dp.steps()}, {"skipped", dp.skipped()}};
