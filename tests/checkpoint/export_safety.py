@@ -14,6 +14,9 @@
    earlier export's file whole under its name, and no .tmp behind.
 5. --logits to /dev/full exits 1 saying so (no space left on device); --max-shard-bytes 0 is refused
    by its rule, not with a 309-digit bound.
+6. The manifest records the family that saved it ("family": "gpt2"); a checkpoint whose family has
+   no export here is refused by its name, and train_gpt --model llama refuses (exit 2) to resume
+   GPT-2's checkpoint, naming both families.
 Each case: the exit status, the message, and the bytes (XXH3 would do; SHA-256 here) of what must not
 change.
 """
@@ -111,6 +114,24 @@ check("--logits /dev/full: exit 1, no space left", rc == 1 and "No space left on
 rc, out = run(export, ["--checkpoint", llama, "--out", os.path.join(work, "e6"), "--max-shard-bytes", "0"])
 check("--max-shard-bytes 0: refused by its rule", rc == 2 and "0 is out of range: use a number >= 1" in out and len(out) < 400,
       f"exit {rc}, {out[-300:]!r}")
+
+# 6. The manifest names the family that saved it: a checkpoint of a family weft-export does not know
+# is refused by that name, and train_gpt refuses to resume one family's checkpoint as another's.
+import json
+manifest = json.load(open(os.path.join(step_g, "manifest.json")))
+check("the manifest records the family", manifest.get("family") == "gpt2", f"family {manifest.get('family')!r}")
+alien = os.path.join(work, "alien")
+shutil.copytree(step_g, alien)
+manifest["family"] = "mine"
+json.dump(manifest, open(os.path.join(alien, "manifest.json"), "w"))
+refused("a checkpoint of another family", ["--checkpoint", alien, "--out", os.path.join(work, "e7", "model.safetensors")],
+        "holds a model of the family 'mine', which has no Hugging Face export here", alien)
+longer = [*small]
+longer[longer.index("--steps") + 1] = "4"  # past the checkpoint's step 2
+rc, out = run(train, [*longer, "--model", "llama", "--kv-heads", "2", "--resume", step_g])
+check("--model llama --resume a GPT-2 checkpoint: refused by the family's name (exit 2)",
+      rc == 2 and f"--resume: the checkpoint {step_g} holds a model of the family 'gpt2'; this run trains 'llama'; give --model gpt2" in out,
+      f"exit {rc}, {out[-400:]!r}")
 
 shutil.rmtree(work, ignore_errors=True)
 if failures:

@@ -23,7 +23,8 @@ computes:
    attention, the SwiGLU MLP; the attention over the context axis, whose sends --plan counts).
 4. Refused before anything is built (exit 2, naming the values): a tensor degree that does not
    divide the key-value heads, a precision the family does not compile, --init-from a transformers
-   directory whose config.json describes another model (tests/fixtures/llama_hf: its rotary base),
+   directory whose config.json describes another model than --preset's (tests/fixtures/llama_hf: its
+   rotary base), --init-from without --preset and a size or tie that contradicts config.json,
    a tied head with --context (the context-parallel model unties it), --tie-embeddings for GPT-2;
    and with --context: a sequence its chunks do not divide, sequence parallelism whose tensor degree
    does not divide a context rank's rows, bf16, --attention without --context (a family without
@@ -34,8 +35,12 @@ computes:
    those logits (within 1e-5 of the largest: f32 sums in other orders). The export imported again
    by train_gpt --init-from, whose config.json must match the run's model field by field. A tied
    run's export the same way: tie_word_embeddings true, no lm_head.weight, and the same logits.
+6. With WEFT_EXPORT: --init-from without --preset trains the model config.json describes (the
+   fixtures' sizes, which no preset has, and llama3-scaled rotary positions; the tied fixture's
+   tied head): one step at a learning rate of 1e-30, saved and exported, gives transformers' logits
+   of the fixture's tokens within 1e-5.
 """
-import json, os, re, subprocess, sys, tempfile
+import json, os, re, struct, subprocess, sys, tempfile
 
 # --through-transformers: part 5's export read back by transformers alone, a CTest test of its own
 # that exits 77 (skipped) where PyTorch and transformers are not installed.
@@ -187,8 +192,13 @@ if not through_transformers:  # parts 1 to 4
     fixture = os.path.join(here, "..", "fixtures", "llama_hf")
     for args, message in ((["--tensor", "4", "--data", "1"], "tensor degree 4 does not divide 2 key-value heads"),
                           (["--dtype", "f64"], "precision 'f64' is not compiled for the model family 'llama'; use one of: f32, bf16"),
-                          (["--init-from", fixture, "--vocab", "61", "--width", "32", "--hidden", "48", "--steps", "1"],
+                          (["--init-from", fixture, "--preset", "tiny", "--vocab", "61", "--width", "32", "--hidden", "48", "--steps", "1"],
                            "its config.json has rope_theta_x1e6 500000000; the run's model has 10000000000"),
+                          (["--init-from", fixture, "--layers", "3"],
+                           f"--layers 3: the model in {fixture} has layers 2 (its config.json); leave out --layers"),
+                          (["--init-from", fixture, "--kv-heads", "4"], f"--kv-heads 4: the model in {fixture} has kv_heads 2"),
+                          (["--init-from", fixture + "_tied", "--tie-embeddings", "false"],
+                           f"--tie-embeddings false: the model in {fixture}_tied has tied true"),
                           (["--context", "2", "--seq", "30"],
                            "--context 2: a sequence of 30 tokens does not split into 2 x 2 = 4 equal chunks (each context rank holds "
                            "two); use --seq a multiple of 4, or another --context"),
@@ -254,6 +264,53 @@ if len(sys.argv) > 2:
             print(f"{what} through weft-export and LlamaForCausalLM.from_pretrained: logits within {err:.3g} "
                   "of weft's (relative to the largest)")
             if not err <= 1e-5: failures.append(f"{what}: transformers' logits off weft's by {err}")
+
+# --init-from a transformers directory and no --preset: the model is the one its config.json
+# describes (tests/fixtures/llama_hf: sizes of no preset, rope theta 500 with the llama3 scaling),
+# and the tied fixture's run takes the tied model. One step at a learning rate of 1e-30 leaves the
+# weights as imported (an update of about 1e-30 to values of about 0.1), so weft-export's logits of
+# the checkpoint are the fixture's model's: transformers' logits of the fixture's tokens
+# (reference.safetensors, f64) within 1e-5 of the largest (f32 weights and sums, as tests/models/llama/hf.cpp).
+if len(sys.argv) > 2 and not through_transformers:
+    def safetensors(path):
+        raw = open(path, "rb").read()
+        n = int.from_bytes(raw[:8], "little")
+        head, body = json.loads(raw[8:8 + n]), raw[8 + n:]
+        out = {}
+        for k, v in head.items():
+            if k == "__metadata__": continue
+            lo, hi = v["data_offsets"]
+            fmt = {"F64": "d", "I64": "q", "F32": "f"}[v["dtype"]]
+            out[k] = (v["shape"], struct.unpack(f"<{(hi - lo) // struct.calcsize(fmt)}{fmt}", body[lo:hi]))
+        return out
+    ref = safetensors(os.path.join(fixture, "reference.safetensors"))
+    (rows, cols), tokens = ref["tokens"]
+    for name, directory, head in (("llama_hf", fixture, "head untied"), ("llama_hf_tied", fixture + "_tied", "head tied")):
+        ck = os.path.join(work, f"from_{name}")
+        losses, out = run(f"from_{name}", ["--init-from", directory, "--steps", "1", "--lr", "1e-30", "--min-lr", "0", "--warmup", "0",
+                                           "--clip", "0", "--eval-every", "0", "--seq", str(cols), "--batch", "2", "--data", "1",
+                                           "--tensor", "1", "--save-dir", ck])
+        want = f"layers 2, heads 4 (2 key-value), width 32, hidden 48, seq {cols}, vocab 61, rope theta 500 (llama3 scaling x4), {head}"
+        ok = bool(losses) and want in out
+        print(f"--init-from {name} without --preset: {'the model of its config.json' if ok else 'NOT config.json model (FAIL)'}")
+        if not ok:
+            failures.append(f"--init-from {name}: wanted '{want}' in:\n{out}")
+            continue
+        if name != "llama_hf": continue
+        logits_f, hf_f = os.path.join(work, "from_fixture.f32"), os.path.join(work, "from_fixture_hf")
+        p = subprocess.run([export_bin, "--checkpoint", ck, "--out", hf_f, "--tokens", ",".join(map(str, tokens[:cols])),
+                            "--logits", logits_f], capture_output=True, text=True, env=env, timeout=300)
+        if p.returncode != 0:
+            failures.append(f"weft-export of the --init-from run: exit {p.returncode}\n{p.stdout}{p.stderr}")
+            continue
+        raw = open(logits_f, "rb").read()
+        ours = struct.unpack(f"<{len(raw) // 4}f", raw)
+        theirs = ref["logits"][1][:cols * 61]
+        scale = max(abs(x) for x in theirs)
+        err = max((abs(a - b) for a, b in zip(ours, theirs)), default=float("inf")) / scale if len(ours) == len(theirs) else float("inf")
+        err = err if err == err else float("inf")  # NaN fails
+        print(f"--init-from llama_hf without --preset, saved and exported: logits within {err:.3g} of transformers' (relative)")
+        if not err <= 1e-5: failures.append(f"--init-from llama_hf: logits off transformers' by {err}")
 
 if failures:
     print("FAIL:\n" + "\n".join(failures))

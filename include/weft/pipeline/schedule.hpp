@@ -84,6 +84,15 @@ struct Table {
 
 enum class Kind : std::uint8_t { gpipe, one_f_one_b, interleaved, zero_bubble_h1 };
 
+// The schedule a trainer's --schedule names: gpipe, 1f1b, interleaved or zb (ZB-H1); 1F1B for any
+// other name (the command line admits only these four).
+inline Kind kind_named(const std::string& name) {
+  if (name == "gpipe") return Kind::gpipe;
+  if (name == "interleaved") return Kind::interleaved;
+  if (name == "zb") return Kind::zero_bubble_h1;
+  return Kind::one_f_one_b;
+}
+
 struct GPipe {
   static constexpr Kind kind = Kind::gpipe;
   static constexpr const char* name = "gpipe";

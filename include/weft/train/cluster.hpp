@@ -107,16 +107,74 @@ struct Space {
   std::int64_t layers = 1;
 };
 
+// Every layout of the compiled strategies on the cluster, in the search's order, handed to `each`
+// (its data degree, micro-batch and accumulation still to fill); tensor and pipe degrees that do
+// not divide the GPUs, the layers or the batch are skipped with their reason.
+inline void for_each_layout(const Space& space, const Cluster& k, std::int64_t batch, std::int64_t micro_per_gpu, Candidates& out,
+                            const std::function<void(Layout)>& each) {
+  const auto has = [&](const std::string& s) {
+    return std::find(space.strategies.begin(), space.strategies.end(), s) != space.strategies.end();
+  };
+  static const char* const flat[] = {"ddp", "ddp-sp", "zero1", "zero1-sp", "zero2", "zero2-sp", "fsdp", "fsdp-sp"};
+  static const char* const piped[] = {"ddp", "zero1", "zero1-sp", "fsdp"};
+  for (int tp = 1; tp <= k.gpus_per_node && tp <= k.gpus; tp *= 2) {
+    if (k.gpus % tp != 0) {
+      out.skip(cat("tensor ", tp, ": does not divide ", k.gpus, " GPUs"));
+      continue;
+    }
+    for (bool r : {false, true})
+      if (!r || space.recompute)
+        for (const char* s : flat)
+          if (has(s)) each({.strategy = s, .recompute = r, .tensor = tp});
+    // Pipelines: every pipe degree (a power of two) that divides the layers and the GPUs left by
+    // the tensor degree, and whose micro-batch count is at least the pipe degree.
+    for (int pp = 2; pp <= space.layers && tp * pp <= k.gpus; pp *= 2) {
+      if (space.layers % pp != 0 || k.gpus % (tp * pp) != 0) continue;
+      const std::int64_t per_micro = micro_per_gpu * (k.gpus / tp / pp);
+      if (batch % per_micro != 0 || batch / per_micro < pp) {
+        out.skip(cat("tensor ", tp, ", pipe ", pp, ": fewer micro-batches than pipe ranks, or a batch of ", batch,
+                     " that is not a multiple of ", per_micro));
+        continue;
+      }
+      const auto piped_as = [&](bool r, pipeline::Kind kind, int v) {
+        if (r && !space.recompute) return;
+        for (const char* s : piped)
+          if (has(s)) each({.strategy = s, .recompute = r, .tensor = tp, .pipe = pp, .schedule = kind, .virtual_stages = v});
+      };
+      piped_as(false, pipeline::Kind::one_f_one_b, 1);
+      piped_as(false, pipeline::Kind::zero_bubble_h1, 1);
+      piped_as(true, pipeline::Kind::one_f_one_b, 1);
+      // Interleaved: two virtual stages per rank, where the layers split into 2 pp stages and the
+      // micro-batches come in whole groups of pp.
+      if (space.layers % (2 * pp) == 0 && batch / per_micro % pp == 0) piped_as(false, pipeline::Kind::interleaved, 2);
+    }
+  }
+}
+
+// Those that fit first, then by step time; equals in the order they were found (a sort over
+// positions: std::stable_sort's buffer is deprecated in libstdc++ 12, which clang reports).
+inline std::vector<Candidate> ranked(std::vector<Candidate> list) {
+  std::vector<std::size_t> order(list.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::sort(order.begin(), order.end(), [&](std::size_t i, std::size_t j) {
+    const Candidate &a = list[i], &b = list[j];
+    if (a.fits != b.fits) return a.fits;
+    const double ta = a.step_seconds(), tb = b.step_seconds();
+    return ta < tb || (!(tb < ta) && i < j);
+  });
+  std::vector<Candidate> sorted;
+  sorted.reserve(order.size());
+  for (std::size_t i : order) sorted.push_back(std::move(list[i]));
+  return sorted;
+}
+
 // Every layout of `batch` sequences, `micro_per_gpu` per GPU per micro-batch, on the cluster, costed
 // by `cost` (which throws Error for sizes the model refuses: the layout is left out with its
 // message), ranked by step time among those that fit.
 inline Candidates search(const Space& space, const Cluster& k, std::int64_t batch, std::int64_t micro_per_gpu,
                          const std::function<Candidate(const Layout&)>& cost) {
   Candidates out;
-  const auto has = [&](const std::string& s) {
-    return std::find(space.strategies.begin(), space.strategies.end(), s) != space.strategies.end();
-  };
-  const auto consider = [&](Layout x) {
+  for_each_layout(space, k, batch, micro_per_gpu, out, [&](Layout x) {
     x.data = k.gpus / x.tensor / x.pipe;
     x.micro = micro_per_gpu * x.data;
     if (batch % x.micro != 0)
@@ -131,56 +189,8 @@ inline Candidates search(const Space& space, const Cluster& k, std::int64_t batc
     } catch (const Error& e) {
       out.skip(cat(x.describe(), ": ", e.what()));  // sizes this layout does not divide
     }
-  };
-  static const char* const flat[] = {"ddp", "ddp-sp", "zero1", "zero1-sp", "zero2", "zero2-sp", "fsdp", "fsdp-sp"};
-  static const char* const piped[] = {"ddp", "zero1", "zero1-sp", "fsdp"};
-  for (int tp = 1; tp <= k.gpus_per_node && tp <= k.gpus; tp *= 2) {
-    if (k.gpus % tp != 0) {
-      out.skip(cat("tensor ", tp, ": does not divide ", k.gpus, " GPUs"));
-      continue;
-    }
-    for (bool r : {false, true}) {
-      if (r && !space.recompute) continue;
-      for (const char* s : flat)
-        if (has(s)) consider({.strategy = s, .recompute = r, .tensor = tp});
-    }
-    // Pipelines: every pipe degree (a power of two) that divides the layers and the GPUs left by
-    // the tensor degree, and whose micro-batch count is at least the pipe degree.
-    for (int pp = 2; pp <= space.layers && tp * pp <= k.gpus; pp *= 2) {
-      if (space.layers % pp != 0 || k.gpus % (tp * pp) != 0) continue;
-      const std::int64_t per_micro = micro_per_gpu * (k.gpus / tp / pp);
-      if (batch % per_micro != 0 || batch / per_micro < pp) {
-        out.skip(cat("tensor ", tp, ", pipe ", pp, ": fewer micro-batches than pipe ranks, or a batch of ", batch,
-                     " that is not a multiple of ", per_micro));
-        continue;
-      }
-      const auto each = [&](bool r, pipeline::Kind kind, int v) {
-        if (r && !space.recompute) return;
-        for (const char* s : piped)
-          if (has(s)) consider({.strategy = s, .recompute = r, .tensor = tp, .pipe = pp, .schedule = kind, .virtual_stages = v});
-      };
-      each(false, pipeline::Kind::one_f_one_b, 1);
-      each(false, pipeline::Kind::zero_bubble_h1, 1);
-      each(true, pipeline::Kind::one_f_one_b, 1);
-      // Interleaved: two virtual stages per rank, where the layers split into 2 pp stages and the
-      // micro-batches come in whole groups of pp.
-      if (space.layers % (2 * pp) == 0 && batch / per_micro % pp == 0) each(false, pipeline::Kind::interleaved, 2);
-    }
-  }
-  // Those that fit first, then by step time; equals in the order they were found (a sort over
-  // positions: std::stable_sort's buffer is deprecated in libstdc++ 12, which clang reports).
-  std::vector<std::size_t> order(out.list.size());
-  std::iota(order.begin(), order.end(), std::size_t{0});
-  std::sort(order.begin(), order.end(), [&](std::size_t i, std::size_t j) {
-    const Candidate &a = out.list[i], &b = out.list[j];
-    if (a.fits != b.fits) return a.fits;
-    const double ta = a.step_seconds(), tb = b.step_seconds();
-    return ta < tb || (!(tb < ta) && i < j);
   });
-  std::vector<Candidate> sorted;
-  sorted.reserve(order.size());
-  for (std::size_t i : order) sorted.push_back(std::move(out.list[i]));
-  out.list = std::move(sorted);
+  out.list = ranked(std::move(out.list));
   return out;
 }
 

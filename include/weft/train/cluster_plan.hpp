@@ -209,19 +209,23 @@ std::string plan_preset(const PlanOptions& o) {
   else return F::preset_names().front();
 }
 
+// The precision a cluster plan uses: --dtype, or bf16 where the family plans it, or its first.
 template <Family F>
-int plan_family(const PlanOptions& given, Cluster k, const std::string& program) {
-  PlanOptions o = given;
-  o.preset = plan_preset<F>(o);
+std::string plan_dtype(const PlanOptions& o, const std::string& program) {
   const auto dtypes = dtype_names(cluster_precisions_t<F>{});
-  const std::string dtype = !o.dtype.empty() ? o.dtype
+  const std::string dtype = !o.dtype.empty()                                                   ? o.dtype
                             : std::find(dtypes.begin(), dtypes.end(), "bf16") != dtypes.end() ? std::string("bf16")
                                                                                                : dtypes.front();
   if (std::find(dtypes.begin(), dtypes.end(), dtype) == dtypes.end())
     throw Error(cat(program, " --dtype"), cat("precision '", dtype, "' is not planned for the model family '", F::name(), "'"),
                 cat("use one of: ", join(dtypes)));
-  const config_t<F> c = preset_config<F>(program, o.preset, o.sizes);
-  // Sizes whose element counts would overflow the plan's 64-bit counts are refused first.
+  return dtype;
+}
+
+// Sizes whose element counts would overflow the plan's 64-bit counts, and a micro-batch larger than
+// the batch on these GPUs, refused before anything is planned.
+template <Family F>
+void check_plan_sizes(const PlanOptions& o, const config_t<F>& c, const Cluster& k, const std::string& program) {
   if constexpr (requires { footprint::approximate_elements(c, 1.0, 1.0); }) {
     const double elements = footprint::approximate_elements(c, static_cast<double>(o.micro), k.gpus_per_node);
     if (elements > footprint::kMaxElements)
@@ -233,16 +237,65 @@ int plan_family(const PlanOptions& given, Cluster k, const std::string& program)
     throw Error(program, cat("--micro ", o.micro, " on ", k.gpus, " GPUs is ", static_cast<double>(o.micro) * k.gpus,
                              " sequences per micro-batch, more than the batch of ", o.batch),
                 "raise --batch or lower --micro or --gpus");
+}
+
+// One candidate: a JSON line, or a row of the table.
+inline void print_candidate(const Candidate& x, const Cluster& k, double tokens, double flops, bool json) {
+  const Layout& l = x.layout;
+  const double t = x.step_seconds();
+  const double mfu = flops / t / (k.gpus * k.peak_tflops * 1e12);
+  if (json) {
+    const nlohmann::json j{{"strategy", l.name()}, {"tensor", l.tensor}, {"data", l.data}, {"pipe", l.pipe},
+                           {"schedule", l.schedule_name()}, {"pipeline_s", x.pipeline_s}, {"micro_batch", l.micro},
+                           {"accumulation", l.accumulation}, {"peak_bytes", x.peak_bytes}, {"state_bytes", x.state_bytes},
+                           {"workspace_bytes", x.workspace_bytes}, {"fits", x.fits}, {"step_s", t},
+                           {"gemm_s", x.time.gemm}, {"attention_s", x.time.attention}, {"elementwise_s", x.time.elementwise},
+                           {"memory_s", x.time.memory}, {"tensor_comm_s", x.time.tensor_comm},
+                           {"data_comm_s", x.time.data_comm}, {"tokens_per_s", tokens / t}, {"mfu", mfu}};
+    std::printf("%s\n", j.dump().c_str());
+    return;
+  }
+  const std::string pipe = l.pipe > 1 ? cat(l.pipe, " ", l.schedule_name()) : "1";
+  std::printf("%-22s %6d %10s %6d %6lld %11s %11s %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %10.4g %5.1f%%%s\n", l.name().c_str(), l.tensor,
+              pipe.c_str(), l.data, static_cast<long long>(l.accumulation), gib(static_cast<double>(x.peak_bytes)).c_str(),
+              gib(static_cast<double>(x.state_bytes)).c_str(), 1e3 * t, 1e3 * x.time.gemm, 1e3 * x.time.attention,
+              1e3 * (x.time.elementwise + x.time.memory), 1e3 * (x.time.tensor_comm + x.time.data_comm), 1e3 * x.pipeline_s,
+              tokens / t, 100 * mfu, x.fits ? "" : "  (does not fit)");
+}
+
+// The table's closing note: what the peak is, what is not priced, and the layouts left out.
+template <Family F>
+void print_plan_note(const config_t<F>& c, const Candidates& found) {
+  std::string peak;
+  if constexpr (requires { { F::cluster_peak_note(c) } -> std::convertible_to<std::string>; }) peak = F::cluster_peak_note(c);
+  else peak = "the step's peak per GPU measured on the Meta device (the host allocator's counts, without the CUDA back end's workspaces)";
+  constexpr bool own = requires(const config_t<F>& cc, const Layout& l, const Cluster& kk, const std::string& d) {
+    F::cluster_cost(cc, l, kk, d);
+  };
+  std::printf("(ranked by step time among those that fit; peak: %s; pipe: degree and schedule, the largest pipe rank's "
+              "peak (int2: interleaved, 2 virtual stages); pipeline: the schedule's idle time, messages and imbalance; no "
+              "overlap of communication with compute%s)\n",
+              peak.c_str(), own ? "" : "; the family's own ops not priced");
+  if (found.skipped.empty()) return;
+  std::printf("left out:\n");
+  for (const std::string& why : found.skipped) std::printf("  %s\n", why.c_str());
+}
+
+template <Family F>
+int plan_family(const PlanOptions& given, Cluster k, const std::string& program) {
+  PlanOptions o = given;
+  o.preset = plan_preset<F>(o);
+  const std::string dtype = plan_dtype<F>(o, program);
+  const config_t<F> c = preset_config<F>(program, o.preset, o.sizes);
+  check_plan_sizes<F>(o, c, k, program);
   const Candidates found = plan_cluster<F>(c, k, o.batch, o.micro, dtype);
-  const std::vector<Candidate>& list = found.list;
   const double tokens = static_cast<double>(o.batch) * static_cast<double>(c.seq);
   const double flops = plan_flops_per_token<F>(c) * tokens;
   if (!o.json)
     std::printf("%s: %s%s, %s | %d GPUs (%d per node, %.0f GiB, %.0f TFLOP/s) | batch %lld, %lld per GPU per micro-batch\n",
-                program.c_str(), cat(F::name(), ": ").c_str(), summary<F>(c).c_str(), dtype.c_str(),
-                k.gpus, k.gpus_per_node, k.memory_gib, k.peak_tflops, static_cast<long long>(o.batch),
-                static_cast<long long>(o.micro));
-  if (list.empty()) {  // in text or JSON, the reasons on stderr
+                program.c_str(), cat(F::name(), ": ").c_str(), summary<F>(c).c_str(), dtype.c_str(), k.gpus, k.gpus_per_node,
+                k.memory_gib, k.peak_tflops, static_cast<long long>(o.batch), static_cast<long long>(o.micro));
+  if (found.list.empty()) {  // in text or JSON, the reasons on stderr
     std::fprintf(stderr, "%s: no candidate: no layout with a tensor degree up to %d fits the sizes; change --gpus, --micro "
                  "or the model's sizes\n", program.c_str(), k.gpus_per_node);
     for (const std::string& why : found.skipped) std::fprintf(stderr, "  %s\n", why.c_str());
@@ -251,47 +304,9 @@ int plan_family(const PlanOptions& given, Cluster k, const std::string& program)
   if (!o.json)
     std::printf("%-22s %6s %10s %6s %6s %11s %11s %9s %9s %9s %9s %9s %9s %10s %6s\n", "strategy", "tensor", "pipe", "data",
                 "accum", "peak GiB", "state GiB", "step ms", "gemm", "attn", "elemwise", "comm", "pipeline", "tokens/s", "MFU");
-  int shown = 0;
-  for (const Candidate& x : list) {
-    if (shown++ >= o.show) break;
-    const Layout& l = x.layout;
-    const double t = x.step_seconds();
-    const double mfu = flops / t / (k.gpus * k.peak_tflops * 1e12);
-    if (o.json) {
-      const nlohmann::json j{{"strategy", l.name()}, {"tensor", l.tensor}, {"data", l.data}, {"pipe", l.pipe},
-                             {"schedule", l.schedule_name()}, {"pipeline_s", x.pipeline_s}, {"micro_batch", l.micro},
-                             {"accumulation", l.accumulation}, {"peak_bytes", x.peak_bytes}, {"state_bytes", x.state_bytes},
-                             {"workspace_bytes", x.workspace_bytes}, {"fits", x.fits}, {"step_s", t},
-                             {"gemm_s", x.time.gemm}, {"attention_s", x.time.attention}, {"elementwise_s", x.time.elementwise},
-                             {"memory_s", x.time.memory}, {"tensor_comm_s", x.time.tensor_comm},
-                             {"data_comm_s", x.time.data_comm}, {"tokens_per_s", tokens / t}, {"mfu", mfu}};
-      std::printf("%s\n", j.dump().c_str());
-    } else {
-      const std::string pipe = l.pipe > 1 ? cat(l.pipe, " ", l.schedule_name()) : "1";
-      std::printf("%-22s %6d %10s %6d %6lld %11s %11s %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %10.4g %5.1f%%%s\n", l.name().c_str(),
-                  l.tensor, pipe.c_str(), l.data, static_cast<long long>(l.accumulation),
-                  gib(static_cast<double>(x.peak_bytes)).c_str(), gib(static_cast<double>(x.state_bytes)).c_str(), 1e3 * t,
-                  1e3 * x.time.gemm, 1e3 * x.time.attention, 1e3 * (x.time.elementwise + x.time.memory),
-                  1e3 * (x.time.tensor_comm + x.time.data_comm), 1e3 * x.pipeline_s, tokens / t, 100 * mfu,
-                  x.fits ? "" : "  (does not fit)");
-    }
-  }
-  if (!o.json) {
-    std::string peak;
-    if constexpr (requires { { F::cluster_peak_note(c) } -> std::convertible_to<std::string>; }) peak = F::cluster_peak_note(c);
-    else peak = "the step's peak per GPU measured on the Meta device (the host allocator's counts, without the CUDA back end's workspaces)";
-    constexpr bool own = requires(const config_t<F>& cc, const Layout& l, const Cluster& kk, const std::string& d) {
-      F::cluster_cost(cc, l, kk, d);
-    };
-    std::printf("(ranked by step time among those that fit; peak: %s; pipe: degree and schedule, the largest pipe rank's "
-                "peak (int2: interleaved, 2 virtual stages); pipeline: the schedule's idle time, messages and imbalance; no "
-                "overlap of communication with compute%s)\n",
-                peak.c_str(), own ? "" : "; the family's own ops not priced");
-    if (!found.skipped.empty()) {
-      std::printf("left out:\n");
-      for (const std::string& why : found.skipped) std::printf("  %s\n", why.c_str());
-    }
-  }
+  for (std::size_t i = 0; i < found.list.size() && static_cast<std::int64_t>(i) < o.show; ++i)
+    print_candidate(found.list[i], k, tokens, flops, o.json);
+  if (!o.json) print_plan_note<F>(c, found);
   return 0;
 }
 

@@ -16,6 +16,9 @@
 //   flops_per_token(cfg) -> double           for MFU (default: from the parameters the layers declare,
 //                                            train/flops.hpp)
 //   import_hf(file, dir, cfg)                --init-from: a Hugging Face file as a weft checkpoint in dir
+//   config_from_hf(from, base) -> config     --init-from without --preset: the run's configuration
+//                                            from the Hugging Face files (base: the sequence and
+//                                            seed; train/main.hpp refuses size options that differ)
 //   strategies, host_precisions, cuda_precisions (train::List<...>): what the binary compiles
 //                                            (default: every strategy; f32, bf16 and f64 on the host)
 //   plan(o, cfg, host) / print_plan(o, cfg, device) / approximate_elements(o, cfg): train/main.hpp

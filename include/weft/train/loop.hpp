@@ -1,68 +1,57 @@
-// The training loop of any model family (train/family.hpp), written once over the device and the
-// precision: data and micro-batches, a pipeline schedule, the data-parallel strategy, clipping, the
-// learning-rate schedule, evaluation, sampling, checkpoints (resume on any mesh, save on a
-// schedule, stop on a signal with a checkpoint), logs (JSON lines), traces (Chrome / Perfetto) and
-// MFU. train/main.hpp is the command line over it; docs/training.md describes both.
+// The training loop of any model family (train/family.hpp), as ordinary code over train::Trainer
+// (train/trainer.hpp): data and micro-batches, the learning-rate schedule, evaluation, sampling,
+// checkpoints (resume on any mesh, save on a schedule, stop on a signal with a checkpoint), the
+// stop and divergence agreement, and the report (train/report.hpp). It reads top-down:
 //
-// A binary instantiates train<F, D, P, SP, S> for the strategies and precisions it offers. A CUDA
-// build's GPU half includes train/devices.cuh first (DeviceSupport<Cuda>).
+//   train<F, D, P, SP, S>     the one template: the run's header values, then on every rank a
+//                             TrainerOf (train/trainer_of.hpp) and train_rank over it
+//   train_rank                the fingerprint, the start (init, resume), the steps, the sample
+//   train_step                one step: its micro-batches, the step, the agreement, eval, save, report
+//
+// train/main.hpp is the command line over it; docs/training.md describes both. A binary instantiates
+// train<F, D, P, SP, S> for the strategies and precisions it offers; a CUDA build's GPU half includes
+// train/devices.cuh first (DeviceSupport<Cuda>).
 #pragma once
 
 #include <sched.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <span>
 #include <string>
-#include <utility>
 #include <vector>
 
-#include "weft/checkpoint/checkpoint.hpp"
+#include "weft/checkpoint/common.hpp"
 #include "weft/comm/fingerprint.hpp"
-#include "weft/comm/launch.hpp"
-#include "weft/comm/mesh.hpp"
 #include "weft/core/philox.hpp"
 #include "weft/core/precision.hpp"
+#include "weft/data/corpus.hpp"
 #include "weft/data/loader.hpp"
-#include "weft/data/token_file.hpp"
-#include "weft/device/dispatch.hpp"
-#include "weft/nn/describe.hpp"
-#include "weft/nn/embedding.hpp"
-#include "weft/optim/data_parallel.hpp"
+#include "weft/device/host/gemm.hpp"
+#include "weft/device/host/workers.hpp"
 #include "weft/optim/schedule.hpp"
-#include "weft/pipeline/executor.hpp"
-#include "weft/pipeline/pipelined.hpp"
-#include "weft/pipeline/schedule.hpp"
 #include "weft/pipeline/trace.hpp"
-#include "weft/recompute/policies.hpp"
 #include "weft/train/corpus.hpp"
 #include "weft/train/devices.hpp"
 #include "weft/train/family.hpp"
-#include "weft/train/flops.hpp"
 #include "weft/train/init_dir.hpp"
-#include "weft/train/metrics.hpp"
 #include "weft/train/options.hpp"
+#include "weft/train/report.hpp"
 #include "weft/train/signals.hpp"
 #include "weft/train/stop.hpp"
 #include "weft/train/strategies.hpp"
+#include "weft/train/trainer.hpp"
+#include "weft/train/trainer_of.hpp"
 #include "weft/version.hpp"
 
 namespace weft::train {
-
-inline pipeline::Kind schedule_kind(const std::string& name) {
-  if (name == "gpipe") return pipeline::Kind::gpipe;
-  if (name == "interleaved") return pipeline::Kind::interleaved;
-  if (name == "zb") return pipeline::Kind::zero_bubble_h1;
-  return pipeline::Kind::one_f_one_b;
-}
 
 // `path` made absolute and canonical as far as it exists ("" stays "").
 inline std::string absolute(const std::string& path) {
@@ -72,73 +61,332 @@ inline std::string absolute(const std::string& path) {
   return ec ? path : p.string();
 }
 
-// F: the model family (train/family.hpp); D: Host or Cuda; P: a precision policy; Strategy:
-// optim::Ddp, Zero1, Zero2 or Fsdp over the data axis. Every rank is a thread (on the GPU they share
-// it, each with its own stream), or a process. Returns the exit status (0, or 3 when the loss
-// diverged, 128 + the signal when stopped); throws weft::Error for what it cannot do.
-template <Family F, class D, class P, bool SP, class Strategy>
-int train(const Options& o, const config_t<F>& cfg, const Corpus& corpus, const Launch& launch) {
-  using T = typename precision_t<P>::compute;
-  const std::int64_t micro = o.micro_batch > 0 ? o.micro_batch : o.batch;
-  const std::int64_t accum = o.batch / micro;
+// What every rank of this process shares: what the run is, its report (the lead's), and how it
+// ended (written by one rank per process: world rank 0 of the threads, or the process's own).
+struct Run {
+  Run(const Options& options, const Corpus& c, const Launch& l) : o(options), corpus(c), launch(l) {}
+
+  const Options& o;
+  const Corpus& corpus;
+  const Launch& launch;
+  std::int64_t seq = 0, vocab = 0;
+  std::string family;                       // "gpt2": the checkpoints' family
+  std::string model;                        // "gpt2: layers 2, ..., seed 1": the fingerprint's
+  std::string device_precision;             // "host f32"
+  std::string init_dir;                     // --init-from converted to a weft checkpoint
+  std::unique_ptr<pipeline::Trace> trace;   // --trace
+  Report report;                            // active in the lead process
+
+  enum class Outcome { finished, stopped, diverged } outcome = Outcome::finished;
+  int end_signal = 0;
+  std::int64_t end_step = 0;
+  double final_loss = 0, final_eval = NAN, seconds = 0;
+  std::int64_t peak_bytes = 0;              // the largest rank's peak
+  std::vector<std::int32_t> sample;         // --sample's tokens
+
+  std::int64_t micro() const { return o.micro(); }
+  std::int64_t accumulation() const { return o.batch / o.micro(); }
+  // The rank that says how the run ended for this process.
+  bool tells(const Trainer& t) const { return t.rank() == 0 || launch.kind != Launcher::threads; }
+};
+
+// The learning-rate schedule, a function of the step; a checkpoint records its parameters.
+inline optim::Schedule schedule_of(const Options& o) {
+  return optim::Schedule::warmup_cosine(o.lr, o.warmup.value_or(o.steps / 20), o.steps, o.min_lr);
+}
+inline nlohmann::json schedule_record(const optim::Schedule& s) {
+  return {{"kind", "warmup_cosine"}, {"max_lr", s.max_lr}, {"min_lr", s.min_lr}, {"warmup", s.warmup}, {"total", s.total}};
+}
+
+// One rank's place in the run: its data, the steps done, and the stop polling's spacing.
+struct RankState {
+  RankState(data::Loader<Corpus> l, optim::Schedule s) : loader(l), schedule(s), schedule_json(schedule_record(s)) {}
+
+  data::Loader<Corpus> loader;
+  optim::Schedule schedule;
+  nlohmann::json schedule_json;
+  std::int64_t first_step = 0, last_saved = 0;  // where the run began; the step of the newest checkpoint
+  StopPoints points;           // a long step is polled for a stop request part-way (train/stop.hpp)
+  double previous_seconds = -1;  // the slowest rank's last step
+  std::int64_t step_peak_max = 0;  // the largest step peak of every rank (peak_bytes resets each step)
+  bool lead = false;
+};
+
+// Collective: every rank runs the same build, types, sizes and options as rank 0, or none starts.
+inline void agree_on_the_run(const Run& run, Trainer& t) {
+  const Options& o = run.o;
+  const auto s = schedule_of(o);
+  Fingerprint fp;
+  fp.add("weft version", version);
+  fp.add("device and precision", run.device_precision);
+  fp.add("strategy", o.strategy);
+  fp.add("model", run.model);
+  fp.add("mesh", cat(o.mesh_text(), ", ", o.virtual_stages, " virtual stages, schedule ", o.schedule,
+                     o.context > 1 ? cat(", ", o.attention, " attention") : std::string()));
+  fp.add("batch", cat(o.batch, " in micro-batches of ", o.micro()));
+  fp.add("optimization", cat(o.steps, " steps, lr ", o.lr, " to ", o.min_lr, ", warm-up ", s.warmup, ", clip ", o.clip));
+  fp.add("data", cat(o.data_file.empty() && o.text.empty() ? "built-in Markov corpus" : o.data_file + o.text, ", eval every ", o.eval_every));
+  // Absolute paths: ranks started in other working directories resolve relative ones elsewhere.
+  fp.add("checkpoints", cat("save to '", absolute(o.save_dir), "' every ", o.save_every, ", resume '",
+                            o.resume.empty() ? std::string() : absolute(checkpoint::resolve(o.resume == "latest" ? o.save_dir : o.resume)),
+                            "', init '", absolute(o.init_from), "'"));
+  t.agree(fp);
+}
+
+// Collective: the rank's state at the first step: the initial weights (--init-from), or a
+// checkpoint resumed (any mesh, strategy and precision) with its step and data position.
+inline RankState start(const Run& run, Trainer& t) {
+  const Options& o = run.o;
+  RankState r(data::Loader<Corpus>(run.corpus, run.seq, run.micro(), o.data, t.data_rank()), schedule_of(o));
+  r.lead = t.rank() == 0 && run.report.active();
+  if (!run.init_dir.empty()) t.load(run.init_dir, {.optimizer = false});
+  if (o.resume.empty()) return r;
+  const std::string from = o.resume == "latest" ? o.save_dir : o.resume;
+  const auto l0 = std::chrono::steady_clock::now();
+  const auto st = t.load(from, {});
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - l0).count();
+  if (st.seed != o.seed)
+    throw Error(o.where("--resume"), cat("the checkpoint was saved by a run with --seed ", st.seed, ", this one has ", o.seed),
+                cat("pass --seed ", st.seed, " (the seed chooses the data)"));
+  r.first_step = r.last_saved = st.step;
+  r.loader.seek(st.loader_position);
+  if (r.lead && st.extra.contains("schedule") && st.extra["schedule"] != r.schedule_json)
+    std::printf("note: the learning-rate schedule differs from the checkpoint's (%s); continuing with this run's (%s)\n",
+                st.extra["schedule"].dump().c_str(), r.schedule_json.dump().c_str());
+  if (r.lead)
+    std::printf("resumed from %s at step %lld (data position %lld) in %.2f s\n", checkpoint::resolve(from).c_str(),
+                static_cast<long long>(st.step), static_cast<long long>(st.loader_position), took);
+  return r;
+}
+
+// Collective: a checkpoint of the weights after `step` steps, the data at `position`.
+inline void save_at(const Run& run, Trainer& t, const RankState& r, std::int64_t step, std::int64_t position) {
+  t.save({.step = step, .loader_position = position, .seed = run.o.seed,
+          .extra = {{"strategy", run.o.strategy}, {"dtype", run.o.dtype}, {"schedule", r.schedule_json}},
+          .family = run.family});
+}
+
+// Collective: the mean loss of 16 held-out micro-batches (a standard error of about 0.01 nats on
+// the tiny preset).
+inline double evaluate(const Run& run, Trainer& t) {
+  const HeldOut held{&run.corpus};
+  data::Loader<HeldOut> eval(held, run.seq, run.micro(), run.o.data, t.data_rank());
+  std::vector<std::int32_t> x, y;
+  double sum = 0;
+  const int batches = 16;
+  for (int i = 0; i < batches; ++i) {
+    eval.next(x, y);
+    sum += t.evaluate({x, y});
+  }
+  return sum / batches;
+}
+
+// Step `step` + 1 abandoned on every rank: the weights are step `step`'s, saved (unless that
+// checkpoint exists, or no step ran) with the data position the abandoned step began at.
+inline void end_abandoned(Run& run, Trainer& t, const RankState& r, std::int64_t step, std::int64_t position, int signal) {
+  t.synchronize();
+  const double after = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count() -
+                       static_cast<double>(stop_time_ns().load()) * 1e-9;
+  if (!run.o.save_dir.empty() && step > r.last_saved) save_at(run, t, r, step, position);
+  if (run.tells(t)) {
+    run.outcome = Run::Outcome::stopped;
+    run.end_signal = signal;
+    run.end_step = step;
+  }
+  if (!r.lead) return;
+  const bool timed = stop_time_ns().load() != 0;  // this process saw the signal itself
+  run.report.abandoned(step, signal, timed ? std::optional(after) : std::nullopt);
+}
+
+// Collective: the checkpoint after `done` steps where --save-every asks for one, at the last step,
+// and where the run stopped (a diverged run saves none: its weights are not finite); otherwise an
+// asynchronous save published once every rank's file is written.
+inline void save_on_schedule(const Run& run, Trainer& t, RankState& r, std::int64_t done, bool stopped, bool diverged) {
+  const Options& o = run.o;
+  if (o.save_dir.empty()) return;
+  const bool due = !diverged && ((o.save_every > 0 && done % o.save_every == 0) || done == o.steps || stopped);
+  if (!due) return t.poll_saves();
+  const auto s0 = std::chrono::steady_clock::now();
+  save_at(run, t, r, done, r.loader.position());
+  r.last_saved = done;
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
+  if (r.lead)
+    std::printf("checkpoint: step %lld %s %s (training waited %.2f s)\n", static_cast<long long>(done),
+                o.async_save ? "being written to" : "saved in", o.save_dir.c_str(), took);
+}
+
+// Collective: step `step` + 1. Returns false when the run ends after it (stopped by a signal,
+// abandoned part-way, or diverged: the same step on every rank).
+inline bool train_step(Run& run, Trainer& t, RankState& r, std::int64_t step, double flops_per_token) {
+  const Options& o = run.o;
+  const auto t0 = std::chrono::steady_clock::now();
+  t.reset_peak();  // peak_bytes: this step's (the plan's step peak, weft/plan/step.hpp)
+  r.points.begin_step(r.previous_seconds, r.points.counted());
+  const std::int64_t position = r.loader.position();  // where an abandoned step's data began
+  std::vector<std::vector<std::int32_t>> xs(static_cast<std::size_t>(run.accumulation())), ys(xs.size());
+  std::vector<Tokens> micro;
+  for (std::size_t a = 0; a < xs.size(); ++a) {
+    r.loader.next(xs[a], ys[a]);
+    micro.push_back({xs[a], ys[a]});
+  }
+  const double lr = r.schedule.lr(step);
+  const StepResult s = t.step(micro, lr, o.clip, r.points);
+  if (s.abandoned != 0) {
+    end_abandoned(run, t, r, step, position, s.abandoned);
+    return false;
+  }
+  t.synchronize();
+  const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  // One all-reduce (max) agrees on the step's peak bytes, a stop signal seen by any rank, a loss
+  // that is not finite, and the slowest rank's time: every rank then stops after the same step.
+  std::vector<std::int64_t> agreed{t.peak_bytes(), stop_requested().load(), std::isfinite(s.loss) ? 0 : 1,
+                                   static_cast<std::int64_t>(dt * 1e6)};
+  t.agree_max(agreed);
+  r.previous_seconds = static_cast<double>(agreed[3]) * 1e-6;
+  r.step_peak_max = std::max(r.step_peak_max, agreed[0]);
+  const int stop = static_cast<int>(agreed[1]);
+  const bool diverged = agreed[2] != 0;
+  const bool eval_now = !diverged && o.eval_every > 0 && ((step + 1) % o.eval_every == 0 || step + 1 == o.steps);
+  const std::optional<double> eval = eval_now ? std::optional(evaluate(run, t)) : std::nullopt;
+  save_on_schedule(run, t, r, step + 1, stop != 0, diverged);
+  const bool ended = stop != 0 || diverged;
+  if (ended && run.tells(t)) {
+    run.outcome = diverged ? Run::Outcome::diverged : Run::Outcome::stopped;
+    run.end_signal = stop;
+    run.end_step = step + 1;
+  }
+  if (!r.lead) return !ended;
+  run.report.step({.step = step + 1, .loss = s.loss, .lr = lr, .grad_norm = s.grad_norm,
+                   .tokens_per_s = static_cast<double>(o.batch * run.seq) / dt, .flops_per_token = flops_per_token,
+                   .peak_bytes = agreed[0], .skipped = s.skipped, .eval = eval});
+  run.final_loss = s.loss;
+  if (ended) run.report.ended(step + 1, stop, diverged, s.loss);
+  else if (eval) run.final_eval = *eval;
+  return !ended;
+}
+
+// Collective: --sample's tokens after training on --text: the last position's logits, sampled
+// with Philox, one token at a time, over a window of the held-out text.
+inline void sample(Run& run, Trainer& t, const RankState& r) {
+  const Options& o = run.o;
+  std::vector<std::int32_t> window(static_cast<std::size_t>(run.seq));
+  run.corpus.held_out(0, window.data(), run.seq);
+  std::vector<std::int32_t> tokens(static_cast<std::size_t>(run.micro() / o.data * run.seq)), targets(tokens.size(), 0);
+  for (std::int64_t i = 0; i < o.sample; ++i) {
+    for (std::int64_t b = 0; b < run.micro() / o.data; ++b) std::copy(window.begin(), window.end(), tokens.begin() + b * run.seq);
+    const std::vector<double> logits = t.next_logits({tokens, targets});
+    const double mx = *std::max_element(logits.begin(), logits.end());
+    double z = 0;
+    for (double l : logits) z += std::exp(l - mx);
+    double u = weft::uniform(o.seed, 99, static_cast<std::uint64_t>(i)) * z, c = 0;
+    auto next = static_cast<std::int32_t>(logits.size() - 1);
+    for (std::size_t v = 0; v < logits.size(); ++v)
+      if ((c += std::exp(logits[v] - mx)) >= u) {
+        next = static_cast<std::int32_t>(v);
+        break;
+      }
+    window.erase(window.begin());
+    window.push_back(next);
+    if (r.lead) run.sample.push_back(next);
+  }
+}
+
+// Collective: one rank's whole run over its trainer.
+inline void train_rank(Run& run, Trainer& t) {
+  const double flops = t.flops_per_token();  // a collective where the layers declare it
+  agree_on_the_run(run, t);
+  RankState r = start(run, t);
+  const auto began = std::chrono::steady_clock::now();
+  bool ended = false;
+  for (std::int64_t step = r.first_step; step < run.o.steps && !ended; ++step) ended = !train_step(run, t, r, step, flops);
+  t.wait_saves();
+  if (r.lead) run.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+  if (run.o.sample > 0 && !ended && t.has_logits()) sample(run, t, r);
+  std::vector<std::int64_t> peak{std::max(r.step_peak_max, t.peak_bytes())};
+  t.agree_max(peak);
+  if (r.lead) run.peak_bytes = peak[0];
+}
+
+// Before the ranks start: a lone host rank's op threads, the GEMM ceiling (every process measures
+// its own ranks at once; `ceiling(ranks here)` measures), the report's header, the trace.
+inline void begin(Run& run, RunHeader h, bool host, const std::function<double(int)>& ceiling) {
+  const Options& o = run.o;
+  const Launch& l = run.launch;
+  const bool speak = l.lead();
   const int ranks = o.ranks();
-  const bool speak = launch.lead();
-  if constexpr (std::same_as<D, Host>) {
-    // A lone thread rank runs its host ops on every core the process is given (the same bits).
+  if (host) {  // a lone thread rank runs its host ops on every core the process is given (the same bits)
     cpu_set_t given;
     const int cores = sched_getaffinity(0, sizeof(given), &given) == 0 ? CPU_COUNT(&given) : 1;
-    if (launch.kind == Launcher::threads && ranks == 1 && cores > 1) {
+    if (l.kind == Launcher::threads && ranks == 1 && cores > 1) {
       host::set_threads(std::min(cores, 256));
       if (speak) std::printf("one rank: its host ops on %d threads\n", host::threads());
     }
   }
-  if (speak) {
-    std::string library;
-    if constexpr (std::same_as<D, Host>) library = cat(" (", host::gemm_library(), ")");
-    std::printf("measuring the %s GEMM rate%s of %d ranks (the MFU ceiling)...\n", D::name, library.c_str(), ranks);
-  }
-  // Every process measures its own ranks at the same time (under MPI one each, started together).
-  const int here = launch.kind == Launcher::threads ? ranks : 1;
-  if (launch.barrier) launch.barrier();
-  const double peak = DeviceSupport<D>::template gemm_ceiling<T>(here, launch.gpu) * (ranks / here);
-  const auto dense = DeviceSupport<D>::template dense_peak<T>();
-  // The family's count, or (set by every rank once the model is built) the layers' declarations.
-  double flops_token = 0;
-  if constexpr (requires { F::flops_per_token(cfg); }) flops_token = F::flops_per_token(cfg);
   if (speak)
-    std::printf("%s: %s | %s %s on %s | %s%s | batch %lld (micro %lld x %lld) | %lld steps | GEMM %.1f GFLOP/s\n",
-              o.program.c_str(), summary<F>(cfg).c_str(),
-              o.strategy.c_str(), precision_t<P>::name().c_str(), D::name, o.mesh_text().c_str(),
-              o.context > 1 ? cat(" (", o.attention, " attention)").c_str() : "",
-              static_cast<long long>(o.batch), static_cast<long long>(micro), static_cast<long long>(accum),
-              static_cast<long long>(o.steps), peak / 1e9);
-  if (dense && speak)
-    std::printf("MFU is reported against the measured GEMM ceiling and against the %s (%.0f TFLOP/s)\n",
-                dense->first.c_str(), dense->second / 1e12);
-  if (auto f = corpus.floor(); f && speak) std::printf("built-in Markov corpus: entropy rate (the loss floor) %.4f nats\n", *f);
-  std::fflush(stdout);  // the header before the first step, also through a pipe
-
-  std::ofstream log;
-  if (!o.log.empty() && speak) {
-    log.open(o.log, o.resume.empty() ? std::ios::trunc : std::ios::app);  // a resumed run appends
-    if (!log) throw Error(o.where("--log"), cat("cannot write the log file ", o.log, " (", std::strerror(errno), ")"), "check the path");
+    std::printf("measuring the %s GEMM rate%s of %d ranks (the MFU ceiling)...\n", h.device.c_str(),
+                host ? cat(" (", host::gemm_library(), ")").c_str() : "", ranks);
+  const int here = l.kind == Launcher::threads ? ranks : 1;
+  if (l.barrier) l.barrier();
+  h.gemm_peak = ceiling(here) * (ranks / here);
+  h.floor = run.corpus.floor();
+  h.seq = run.seq;
+  run.device_precision = cat(h.device, " ", h.precision);
+  if (speak) {
+    run.report = Report(o, h);
+    run.report.header(o.micro());
   }
-  double final_loss = 0, final_eval = NAN, total_time = 0;
-  enum class Outcome { finished, stopped, diverged } outcome = Outcome::finished;  // written by the lead rank
-  int end_signal = 0;
-  std::int64_t end_step = 0;
-  std::vector<std::int32_t> sample_out;
-  const auto schedule = optim::Schedule::warmup_cosine(o.lr, o.warmup.value_or(o.steps / 20), o.steps, o.min_lr);
-  // The schedule is a function of the step: a checkpoint records its parameters and the step.
-  const nlohmann::json schedule_json{{"kind", "warmup_cosine"}, {"max_lr", schedule.max_lr}, {"min_lr", schedule.min_lr},
-                                     {"warmup", schedule.warmup}, {"total", schedule.total}};
-  std::int64_t peak_bytes_all = 0;  // the largest rank's peak, on the lead
-  std::unique_ptr<pipeline::Trace> trace;
-  if (!o.trace.empty()) {
-    trace = std::make_unique<pipeline::Trace>(ranks);
-    DeviceSupport<D>::ranges(*trace);
-  }
+  if (!o.trace.empty()) run.trace = std::make_unique<pipeline::Trace>(ranks);
+}
 
+// After the ranks: the exit status (0, 3 when the loss diverged, 128 + the signal when stopped)
+// and the last lines.
+inline int finish(const Run& run) {
+  const Options& o = run.o;
+  const bool speak = run.launch.lead();
+  if (run.outcome == Run::Outcome::diverged) {
+    if (speak)
+      std::printf("diverged: the loss of step %lld is not finite; stopped (no checkpoint written)\n", static_cast<long long>(run.end_step));
+    std::fflush(stdout);
+    return 3;
+  }
+  if (run.outcome == Run::Outcome::stopped) {
+    if (speak)
+      std::printf("stopped by %s after step %lld of %lld%s\n", signal_name(run.end_signal), static_cast<long long>(run.end_step),
+                  static_cast<long long>(o.steps), o.save_dir.empty() ? "" : cat("; checkpoint in ", o.save_dir).c_str());
+    std::fflush(stdout);
+    return 128 + run.end_signal;
+  }
+  if (!speak) return 0;
+  if (run.trace) {
+    run.trace->write(o.trace);
+    std::printf("trace: %s (Chrome / Perfetto trace events, one track per rank)\n", o.trace.c_str());
+  }
+  run.report.done(run.seconds, run.final_loss, run.final_eval, run.peak_bytes);
+  if (!run.sample.empty()) std::printf("sample:\n%s\n", data::ByteTokenizer::decode(std::span<const std::int32_t>(run.sample)).c_str());
+  return 0;
+}
+
+// F: the model family (train/family.hpp); D: Host or Cuda; P: a precision policy; Strategy:
+// optim::Ddp, Zero1, Zero2 or Fsdp over the data axis. Every rank is a thread (on the GPU they share
+// it, each with its own stream), or a process. Returns the exit status; throws weft::Error for what
+// it cannot do.
+template <Family F, class D, class P, bool SP, class Strategy>
+int train(const Options& o, const config_t<F>& cfg, const Corpus& corpus, const Launch& launch) {
+  using T = typename precision_t<P>::compute;
+  Run run(o, corpus, launch);
+  run.seq = cfg.seq;
+  run.vocab = cfg.vocab;
+  run.family = F::name();
+  run.model = cat(F::name(), ": ", summary<F>(cfg), ", seed ", cfg.seed);
+  RunHeader h;
+  h.family = F::name();
+  h.summary = summary<F>(cfg);
+  h.device = D::name;
+  h.precision = precision_t<P>::name();
+  h.dense = DeviceSupport<D>::template dense_peak<T>();
+  begin(run, std::move(h), std::same_as<D, Host>,
+        [&](int here) { return DeviceSupport<D>::template gemm_ceiling<T>(here, launch.gpu); });
+  if (run.trace) DeviceSupport<D>::ranges(*run.trace);
   // --init-from: the Hugging Face file as a weft checkpoint of step 0 (weights only), that every
   // rank loads into its shards, in a temporary directory removed on every way out of this function
   // (and, when the process was killed, by the next run: remove_stale_init_dirs).
@@ -147,345 +395,18 @@ int train(const Options& o, const config_t<F>& cfg, const Corpus& corpus, const 
     init_dir = TempDir::make(o.where("--init-from"));
     if constexpr (requires { F::import_hf(o.init_from, init_dir.path, cfg); }) {
       F::import_hf(o.init_from, init_dir.path, cfg);
-      if (speak) std::printf("initial weights: %s (Hugging Face layout)\n", o.init_from.c_str());
+      if (launch.lead()) std::printf("initial weights: %s (Hugging Face layout)\n", o.init_from.c_str());
+      run.init_dir = init_dir.path;
     } else {
       throw Error(o.where("--init-from"), cat("the model family '", F::name(), "' has no Hugging Face import"),
                   "start from the seed's initialization, or --resume a weft checkpoint");
     }
   }
-
-  run_ranks<D>(launch, ranks, o, [&](auto& world) {
-    const auto dev = DeviceSupport<D>::make(world);
-    Mesh mesh{world, o.mesh()};
-    using Model = model_t<F, P, SP, D>;
-    // With --pipe > 1 this rank holds its stages' blocks only, and a schedule's table runs them.
-    const auto part = pipeline::Partition::even(o.pipe, o.virtual_stages, cfg.layers);
-    Model gpt(*dev, cfg, mesh.spread(), micro, part.placement(mesh.coord().pipe));
-    auto dp = optim::data_parallel<Strategy>(gpt, optim::AdamW{.config = {.lr = o.lr}}, mesh);
-    if constexpr (!requires { F::flops_per_token(cfg); }) {
-      const double f = declared_flops_per_token(gpt, mesh);  // a collective on the pipe axis
-      if (world.rank() == 0) flops_token = f;
-    }
-    // The executor sends activations with isend, which the NCCL back end does not offer: its
-    // processes refuse --pipe > 1 before training (main), and never hold a pipeline.
-    using Comm = std::remove_cvref_t<decltype(world)>;
-    constexpr bool pipelines = PostsSends<Comm>;
-    std::optional<std::conditional_t<pipelines, pipeline::Pipeline<Model, decltype(mesh)>, NoPipeline>> pp;
-    if constexpr (pipelines) {
-      if (o.pipe > 1) pp.emplace(gpt, pipeline::make_table(schedule_kind(o.schedule), o.pipe, static_cast<int>(accum), o.virtual_stages), part, mesh);
-    }
-    if (pp && trace) pp->set_trace(trace.get(), world.rank());
-    // One micro-batch forward and backward; last: the last one before the step (DDP reduces then).
-    // `protocol`: dp, or dp polled for a stop request (train::Polled).
-    auto micro_batch = [&](const std::vector<std::int32_t>& xs, const std::vector<std::int32_t>& ys, double scale,
-                           bool last, auto& protocol) {
-      auto ctx = gpt.context({xs, ys, micro, scale});
-      return pipeline::forward_backward(gpt, ctx, mesh, protocol, last);
-    };
-    // The forward alone, keeping nothing for backward (evaluation, sampling).
-    auto evaluate_one = [&](const std::vector<std::int32_t>& xs, const std::vector<std::int32_t>& ys) {
-      if (pp) return pp->evaluate({xs, ys, micro});
-      auto ctx = gpt.context({xs, ys, micro});
-      pipeline::forward(gpt, ctx, mesh, dp, nn::Mode::infer);
-      return ctx.loss;
-    };
-    auto infer = [&](const std::vector<std::int32_t>& xs, const std::vector<std::int32_t>& ys) {
-      auto ctx = gpt.context({xs, ys, micro});
-      pipeline::forward(gpt, ctx, mesh, dp, nn::Mode::infer);
-      return ctx;
-    };
-    // Every rank runs the same build, types, sizes and options as rank 0, or none starts.
-    {
-      Fingerprint fp;
-      fp.add("weft version", version);
-      fp.add("device and precision", cat(D::name, " ", precision_t<P>::name()));
-      fp.add("strategy", o.strategy);
-      fp.add("model", cat(F::name(), ": ", summary<F>(cfg), ", seed ", cfg.seed));
-      fp.add("mesh", cat(o.mesh_text(), ", ", o.virtual_stages, " virtual stages, schedule ", o.schedule,
-                         o.context > 1 ? cat(", ", o.attention, " attention") : std::string()));
-      fp.add("batch", cat(o.batch, " in micro-batches of ", micro));
-      fp.add("optimization", cat(o.steps, " steps, lr ", o.lr, " to ", o.min_lr, ", warm-up ", schedule.warmup, ", clip ", o.clip));
-      fp.add("data", cat(o.data_file.empty() && o.text.empty() ? "built-in Markov corpus" : o.data_file + o.text,
-                         ", eval every ", o.eval_every));
-      // Absolute paths: ranks started in other working directories resolve relative ones elsewhere.
-      fp.add("checkpoints", cat("save to '", absolute(o.save_dir), "' every ", o.save_every, ", resume '",
-                                o.resume.empty() ? std::string() : absolute(checkpoint::resolve(o.resume == "latest" ? o.save_dir : o.resume)),
-                                "', init '", absolute(o.init_from), "'"));
-      // describe's table (from the types, or walked over this rank's model where the family writes no rows).
-      if constexpr (nn::SpecPlanRows<Model> || nn::WalkablePlan<Model>)
-        if (o.pipe == 1) fp.add("collectives of one micro-batch", nn::describe(gpt, micro, mesh.spread()));
-      fp.agree(world);
-    }
-    data::Loader<Corpus> loader(corpus, cfg.seq, micro, o.data, mesh.coord().data);
-    const HeldOut held{&corpus};
-    std::vector<std::int32_t> x, y;
-    const bool lead = world.rank() == 0;
-
-    auto evaluate = [&] {
-      data::Loader<HeldOut> eval(held, cfg.seq, micro, o.data, mesh.coord().data);
-      double sum = 0;
-      const int batches = 16;  // 16 micro-batches: the standard error of the mean is ~0.01 nats on the tiny preset
-      for (int i = 0; i < batches; ++i) {
-        eval.next(x, y);
-        sum += evaluate_one(x, y);
-      }
-      return sum / batches;
-    };
-
-    // Checkpoints: resume first (any mesh, strategy and precision), then save as the options say.
-    std::int64_t first_step = 0;
-    if (!init_dir.path.empty()) checkpoint::load(init_dir.path, gpt, dp, mesh, {.optimizer = false});
-    if (!o.resume.empty()) {
-      const std::string from = o.resume == "latest" ? o.save_dir : o.resume;
-      const auto l0 = std::chrono::steady_clock::now();
-      const auto st = checkpoint::load(from, gpt, dp, mesh);
-      const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - l0).count();
-      if (st.seed != o.seed)
-        throw Error(o.where("--resume"), cat("the checkpoint was saved by a run with --seed ", st.seed, ", this one has ", o.seed),
-                    cat("pass --seed ", st.seed, " (the seed chooses the data)"));
-      first_step = st.step;
-      loader.seek(st.loader_position);
-      if (lead && st.extra.contains("schedule") && st.extra["schedule"] != schedule_json)
-        std::printf("note: the learning-rate schedule differs from the checkpoint's (%s); continuing with this run's (%s)\n",
-                    st.extra["schedule"].dump().c_str(), schedule_json.dump().c_str());
-      if (lead)
-        std::printf("resumed from %s at step %lld (data position %lld) in %.2f s\n", checkpoint::resolve(from).c_str(),
-                    static_cast<long long>(st.step), static_cast<long long>(st.loader_position), took);
-    }
-    std::optional<checkpoint::Saver<checkpoint::Sharded>> sharded;
-    std::optional<checkpoint::Saver<checkpoint::Consolidated>> consolidated;
-    if (!o.save_dir.empty()) {
-      if (o.save_policy == "consolidated") consolidated.emplace(o.save_dir, checkpoint::SaveOptions{.keep = o.keep}, o.async_save);
-      else sharded.emplace(o.save_dir, checkpoint::SaveOptions{.keep = o.keep}, o.async_save);
-    }
-    auto with_saver = [&](auto&& f) {
-      if (sharded) f(*sharded);
-      if (consolidated) f(*consolidated);
-    };
-
-    const auto start = std::chrono::steady_clock::now();
-    std::int64_t step_peak_max = 0;  // the largest step peak of every rank (peak_bytes resets each step)
-    bool ended = false;  // stopped by a signal, or diverged: the same step on every rank
-    // A long step is polled for a stop request part-way (train/stop.hpp), spaced by the previous
-    // step's time (the largest rank's, agreed below) and its points.
-    train::StopPoints points;
-    double previous_seconds = -1;
-    std::int64_t last_saved = first_step;  // the step of the newest checkpoint (or where the run began)
-    // Step `step` + 1 abandoned on every rank: the weights are step `step`'s, saved (unless that
-    // checkpoint exists, or no step ran) with the data position the abandoned step began at.
-    auto end_abandoned = [&](std::int64_t step, std::int64_t position, int signal) {
-      dev->synchronize();
-      const double after = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count() -
-                           static_cast<double>(stop_time_ns().load()) * 1e-9;
-      if (!o.save_dir.empty() && step > last_saved)
-        with_saver([&](auto& saver) {
-          saver.save(gpt, dp, mesh, {.step = step, .loader_position = position, .seed = o.seed,
-                                     .extra = {{"strategy", o.strategy}, {"dtype", o.dtype}, {"schedule", schedule_json}}});
-        });
-      if (world.rank() == 0 || launch.kind != Launcher::threads) {  // one rank per process says how it ended
-        outcome = Outcome::stopped;
-        end_signal = signal;
-        end_step = step;
-      }
-      if (!lead) return;
-      const bool timed = stop_time_ns().load() != 0;  // this process saw the signal itself
-      std::printf("abandoned step %lld on %s%s\n", static_cast<long long>(step + 1), signal_name(signal),
-                  timed ? cat(", ", std::round(after * 1000) / 1000, " s after it").c_str() : "");
-      std::fflush(stdout);
-      if (log.is_open()) {
-        nlohmann::json last{{"step", step}, {"stopped", signal_name(signal)}, {"abandoned_step", step + 1}};
-        if (timed) last["abandoned_after_s"] = after;
-        log << last.dump() << std::endl;
-        check_written(log, o.log, o.where("--log"));
-      }
-    };
-    for (std::int64_t step = first_step; step < o.steps; ++step) {
-      const auto t0 = std::chrono::steady_clock::now();
-      dp.zero_grad();
-      dev->reset_peak();  // peak_bytes: this step's (the plan's step peak, weft/plan/step.hpp)
-      points.begin_step(previous_seconds, points.counted());
-      const std::int64_t position = loader.position();  // where an abandoned step's data began
-      double loss = 0;
-      if (pp) {  // the schedule runs every micro-batch of the step
-        std::vector<std::vector<std::int32_t>> xs(static_cast<std::size_t>(accum)), ys(xs.size());
-        std::vector<nn::MicroBatch> mbs;
-        for (std::size_t a = 0; a < xs.size(); ++a) {
-          loader.next(xs[a], ys[a]);
-          mbs.push_back({xs[a], ys[a], micro, 1.0 / static_cast<double>(accum)});
-        }
-        loss = pp->run(mbs, dp);
-      } else {
-        train::Polled polled(dp, world, stop_requested(), points);
-        int abandoned = 0;
-        try {
-          for (std::int64_t a = 0; a < accum; ++a) {
-            loader.next(x, y);
-            const pipeline::Trace::Scope traced(trace.get(), world.rank(), "forward+backward", "compute", -1, static_cast<int>(a));
-            loss += micro_batch(x, y, 1.0 / static_cast<double>(accum), a + 1 == accum, polled) / static_cast<double>(accum);
-          }
-        } catch (const train::Abandoned& stop) {
-          abandoned = stop.signal;  // every rank, at the same point
-        }
-        if (abandoned != 0) {
-          end_abandoned(step, position, abandoned);
-          ended = true;
-          break;
-        }
-      }
-      const double lr = schedule.lr(step);
-      const std::int64_t skipped_before = dp.skipped();
-      double norm = 0;
-      {
-        const pipeline::Trace::Scope traced(trace.get(), world.rank(), "optimizer step", "step");
-        norm = dp.step(lr, o.clip);
-      }
-      const bool skipped = dp.skipped() > skipped_before;  // a non-finite norm: the same on every rank
-      dev->synchronize();
-      const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      // One all-reduce (max) agrees on the step's peak bytes, a stop signal seen by any rank, and a
-      // loss that is not finite: every rank then stops after the same step.
-      std::vector<std::int64_t> agreed{dev->memory().total_peak, stop_requested().load(), std::isfinite(loss) ? 0 : 1,
-                                       static_cast<std::int64_t>(dt * 1e6)};
-      world.all_reduce(std::span<std::int64_t>(agreed), ReduceOp::max);
-      const std::int64_t peak_bytes = agreed[0];
-      previous_seconds = static_cast<double>(agreed[3]) * 1e-6;  // the slowest rank's step
-      step_peak_max = std::max(step_peak_max, peak_bytes);
-      const int stop = static_cast<int>(agreed[1]);
-      const bool diverged = agreed[2] != 0;
-      const bool eval_now = !diverged && o.eval_every > 0 && ((step + 1) % o.eval_every == 0 || step + 1 == o.steps);
-      const double eval_loss = eval_now ? evaluate() : NAN;
-      // A stopped run saves where it stopped (a diverged one does not: its weights are not finite).
-      const bool save_now = !o.save_dir.empty() && !diverged &&
-                            ((o.save_every > 0 && (step + 1) % o.save_every == 0) || step + 1 == o.steps || stop != 0);
-      with_saver([&](auto& saver) {
-        if (save_now) {
-          const auto s0 = std::chrono::steady_clock::now();
-          saver.save(gpt, dp, mesh, {.step = step + 1, .loader_position = loader.position(), .seed = o.seed,
-                                     .extra = {{"strategy", o.strategy}, {"dtype", o.dtype}, {"schedule", schedule_json}}});
-          last_saved = step + 1;
-          const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
-          if (lead)
-            std::printf("checkpoint: step %lld %s %s (training waited %.2f s)\n", static_cast<long long>(step + 1),
-                        o.async_save ? "being written to" : "saved in", o.save_dir.c_str(), took);
-        } else {
-          saver.poll(mesh);  // publishes an asynchronous save once every rank's file is written
-        }
-      });
-      if (stop || diverged) {
-        ended = true;
-        if (world.rank() == 0 || launch.kind != Launcher::threads) {  // one rank per process says how it ended
-          outcome = diverged ? Outcome::diverged : Outcome::stopped;
-          end_signal = stop;
-          end_step = step + 1;
-        }
-      }
-      if (!lead) {
-        if (ended) break;
-        continue;
-      }
-      const double tokens_s = static_cast<double>(o.batch * cfg.seq) / dt;
-      const double mfu = tokens_s * flops_token / peak;
-      const double mfu_peak = dense ? tokens_s * flops_token / dense->second : NAN;
-      std::string floor_note;
-      if (auto f = corpus.floor()) {
-        char buf[32];
-        std::snprintf(buf, sizeof buf, " (floor %+.3f)", loss - *f);
-        floor_note = buf;
-      }
-      std::string mfu_note = cat(std::round(1000 * mfu) / 10, "%");
-      if (dense) mfu_note += cat(" (", std::round(1000 * mfu_peak) / 10, "% of peak)");
-      std::printf("step %5lld/%lld | loss %.4f%s | lr %.2e | norm %.3f | %8.0f tok/s | MFU %s | peak %s/rank%s%s\n",
-                  static_cast<long long>(step + 1), static_cast<long long>(o.steps), loss, floor_note.c_str(), lr, norm,
-                  tokens_s, mfu_note.c_str(), mib(static_cast<double>(peak_bytes)).c_str(),
-                  eval_now ? cat(" | eval ", std::round(eval_loss * 10000) / 10000).c_str() : "",
-                  skipped ? " | step skipped: the gradient norm is not finite" : "");
-      std::fflush(stdout);
-      if (log.is_open()) {
-        nlohmann::json rec{{"step", step + 1}, {"loss", loss}, {"lr", lr}, {"grad_norm", norm}, {"tokens_per_s", tokens_s},
-                           {"mfu", mfu}, {"peak_bytes", peak_bytes}, {"skipped", skipped}};
-        if (dense) rec["mfu_of_peak"] = mfu_peak;
-        log << rec.dump() << "\n";
-        if (eval_now) log << nlohmann::json{{"step", step + 1}, {"eval_loss", eval_loss}}.dump() << "\n";
-        log.flush();  // whole records, each as soon as it is written (a killed run keeps every finished step)
-        check_written(log, o.log, o.where("--log"));
-      }
-      final_loss = loss;
-      if (ended) {
-        const nlohmann::json last = diverged ? nlohmann::json{{"step", step + 1}, {"diverged", true}, {"loss", cat(loss)}}
-                                             : nlohmann::json{{"step", step + 1}, {"stopped", signal_name(stop)}};
-        if (log.is_open()) {
-          log << last.dump() << std::endl;
-          check_written(log, o.log, o.where("--log"));
-        }
-        break;
-      }
-      if (eval_now) final_eval = eval_loss;
-    }
-    with_saver([&](auto& saver) { saver.wait(mesh); });
-    if (lead) total_time = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-
-    // Sampling: the last position's logits, gathered over the tensor axis, sampled with Philox.
-    if constexpr (requires(typename Model::Ctx& c) { c.head.ce.logits; }) {
-    if (o.sample > 0 && !ended) {
-      std::vector<std::int32_t> window(static_cast<std::size_t>(cfg.seq));
-      corpus.held_out(0, window.data(), cfg.seq);
-      std::vector<std::int32_t> tokens(static_cast<std::size_t>(micro / o.data * cfg.seq)), targets(tokens.size(), 0);
-      const std::int64_t Vl = nn::padded_vocab(cfg.vocab, o.tensor) / o.tensor;
-      for (std::int64_t i = 0; i < o.sample; ++i) {
-        for (std::int64_t b = 0; b < micro / o.data; ++b) std::copy(window.begin(), window.end(), tokens.begin() + b * cfg.seq);
-        const auto ctx = infer(tokens, targets);
-        const auto logits = ctx.head.ce.logits.to_host();  // (B/dp, T, Vp/tp) Shard<-1>
-        std::vector<T> all(static_cast<std::size_t>(Vl * o.tensor));
-        mesh.tensor().all_gather(std::span<const T>(logits.data() + logits.size() - Vl, static_cast<std::size_t>(Vl)),
-                                 std::span<T>(all));
-        double mx = -1e300, z = 0;
-        const auto at = [&](std::int64_t v) { return static_cast<double>(static_cast<accumulate_t<T>>(all[static_cast<std::size_t>(v)])); };
-        for (std::int64_t v = 0; v < cfg.vocab; ++v) mx = std::max(mx, at(v));
-        for (std::int64_t v = 0; v < cfg.vocab; ++v) z += std::exp(at(v) - mx);
-        double u = weft::uniform(o.seed, 99, static_cast<std::uint64_t>(i)) * z, c = 0;
-        std::int32_t next = static_cast<std::int32_t>(cfg.vocab - 1);
-        for (std::int64_t v = 0; v < cfg.vocab; ++v)
-          if ((c += std::exp(at(v) - mx)) >= u) {
-            next = static_cast<std::int32_t>(v);
-            break;
-          }
-        window.erase(window.begin());
-        window.push_back(next);
-        if (lead) sample_out.push_back(next);
-      }
-    }
-    }
-    std::vector<std::int64_t> peak_all{std::max(step_peak_max, dev->memory().total_peak)};
-    world.all_reduce(std::span<std::int64_t>(peak_all), ReduceOp::max);
-    if (lead) peak_bytes_all = peak_all[0];
+  run_ranks<D>(launch, o.ranks(), o, [&](auto& world) {
+    TrainerOf<F, D, P, SP, Strategy, std::remove_cvref_t<decltype(world)>> trainer(world, o, cfg, run.trace.get());
+    train_rank(run, trainer);
   });
-  if (outcome == Outcome::diverged) {
-    if (speak)
-      std::printf("diverged: the loss of step %lld is not finite; stopped (no checkpoint written)\n",
-                  static_cast<long long>(end_step));
-    std::fflush(stdout);
-    return 3;
-  }
-  if (outcome == Outcome::stopped) {
-    if (speak)
-      std::printf("stopped by %s after step %lld of %lld%s\n", signal_name(end_signal), static_cast<long long>(end_step),
-                  static_cast<long long>(o.steps), o.save_dir.empty() ? "" : cat("; checkpoint in ", o.save_dir).c_str());
-    std::fflush(stdout);
-    return 128 + end_signal;
-  }
-  if (!speak) return 0;
-
-  if (trace) {
-    trace->write(o.trace);
-    std::printf("trace: %s (Chrome / Perfetto trace events, one track per rank)\n", o.trace.c_str());
-  }
-  std::printf("done: %lld steps in %.1f s, final loss %.4f", static_cast<long long>(o.steps), total_time, final_loss);
-  if (!std::isnan(final_eval)) std::printf(", held-out loss %.4f", final_eval);
-  if (auto f = corpus.floor()) std::printf(" (floor %.4f; %+.4f nats from it)", *f, (std::isnan(final_eval) ? final_loss : final_eval) - *f);
-  std::printf(", peak memory %s per rank\n", mib(static_cast<double>(peak_bytes_all)).c_str());
-  if (!sample_out.empty())
-    std::printf("sample:\n%s\n", data::ByteTokenizer::decode(std::span<const std::int32_t>(sample_out)).c_str());
-  return 0;
+  return finish(run);
 }
 
 // The loop on the host for one choice of sequence parallelism, with the options' strategy and

@@ -16,20 +16,16 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "weft/checkpoint/checkpoint.hpp"
 #include "weft/comm/launch.hpp"
-#include "weft/comm/mesh.hpp"
-#include "weft/context/attention.hpp"
-#include "weft/data/corpus.hpp"
-#include "weft/optim/schedule.hpp"
-#include "weft/pipeline/pipelined.hpp"
-#include "weft/pipeline/schedule.hpp"
+#include "weft/data/corpus.hpp"  // ByteTokenizer
+#include "weft/train/checks.hpp"
 #include "weft/train/command_line.hpp"
 #include "weft/train/corpus.hpp"
 #include "weft/train/family.hpp"
@@ -40,7 +36,7 @@
 #include "weft/train/signals.hpp"
 #include "weft/train/strategies.hpp"
 #ifdef WEFT_ENABLE_CUDA
-#include "weft/device/cuda/device.hpp"
+#include "weft/device/cuda/device.hpp"  // free_bytes
 #endif
 #ifdef WEFT_ENABLE_MPI
 #include "weft/comm/mpi/session.hpp"
@@ -65,26 +61,46 @@ inline double host_available_bytes() {
   return -1;
 }
 
-// The family's preset with the options' overrides.
+// --init-from without --preset, for a family that reads a Hugging Face directory's configuration
+// (F::config_from_hf): the model's sizes, rotary parameters and head tie from its config.json, the
+// sequence and seed from the options. A size option that contradicts the file is refused by name.
+template <Family F>
+config_t<F> configure_from_hf(const Options& o) {
+  config_t<F> base = F::preset(F::preset_names().front());  // the sequence length, where --seq is not given
+  if (o.sizes.seq) base.seq = *o.sizes.seq;
+  base.seed = o.seed;
+  const config_t<F> cfg = F::config_from_hf(o.init_from, base);
+  const auto text = [](const auto& v) -> std::string {
+    if constexpr (std::is_same_v<std::decay_t<decltype(v)>, bool>) return v ? "true" : "false";
+    else return cat(v);
+  };
+  const auto agree = [&](const char* option, const char* field, const auto& given, const auto& has) {
+    if (!given || static_cast<std::int64_t>(*given) == static_cast<std::int64_t>(has)) return;
+    throw Error(o.where(cat(option, " ", text(*given))), cat("the model in ", o.init_from, " has ", field, " ", text(has), " (its config.json)"),
+                cat("leave out ", option, ": with --init-from and no --preset the model's sizes come from config.json (or give "
+                    "--preset and sizes that match it)"));
+  };
+  agree("--layers", "layers", o.sizes.layers, cfg.layers);
+  agree("--width", "width", o.sizes.width, cfg.width);
+  agree("--vocab", "vocab", o.sizes.vocab, cfg.vocab);
+  if constexpr (requires { cfg.heads; }) agree("--heads", "heads", o.sizes.heads, cfg.heads);
+  if constexpr (requires { cfg.kv_heads; }) agree("--kv-heads", "kv_heads", o.sizes.kv_heads, cfg.kv_heads);
+  if constexpr (requires { cfg.hidden; }) agree("--hidden", "hidden", o.sizes.hidden, cfg.hidden);
+  if constexpr (requires { cfg.tied; }) agree("--tie-embeddings", "tied", o.sizes.tied, cfg.tied);
+  return cfg;
+}
+
+// The run's configuration: the family's preset with the options' overrides, or a Hugging Face
+// directory's (configure_from_hf).
 template <Family F>
 config_t<F> configure(const Options& o) {
+  if constexpr (requires { F::config_from_hf(o.init_from, config_t<F>{}); })
+    if (!o.init_from.empty() && !o.preset_given) return configure_from_hf<F>(o);
   Sizes sizes = o.sizes;
   if (!o.text.empty() && !sizes.vocab) sizes.vocab = data::ByteTokenizer::vocab;
   config_t<F> cfg = preset_config<F>(o.program, o.preset, sizes);
   cfg.seed = o.seed;
   return cfg;
-}
-
-// The options' strategy and precision are among those the family compiles.
-template <Family F>
-void check_compiled(const Options& o) {
-  const auto strategies = strategy_names(strategies_t<F>{});
-  if (std::find(strategies.begin(), strategies.end(), o.strategy) == strategies.end())
-    throw Error(o.where(), cat("strategy '", o.strategy, "' is not available"), cat("use one of: ", join(strategies)));
-  const auto dtypes = dtype_names(host_precisions_t<F>{});
-  if (std::find(dtypes.begin(), dtypes.end(), o.dtype) == dtypes.end())
-    throw Error(o.where("--dtype"), cat("precision '", o.dtype, "' is not compiled for the model family '", F::name(), "'"),
-                cat("use one of: ", join(dtypes)));
 }
 
 // Refuses (exit 2) a configuration whose ranks in this process need more than the device has,
@@ -156,35 +172,6 @@ int print_plan(const Options& o, const config_t<F>& cfg, const std::string& devi
   }
 }
 
-// The device a run uses: --device, with auto meaning the GPU when one is present. Throws for a
-// device this binary or machine does not have (exit 2).
-inline std::string resolve_device(const Options& o) {
-#ifdef WEFT_ENABLE_CUDA
-  const int gpus = weft::cuda::device_count();
-  if (o.device == "cuda" && gpus == 0)
-    throw Error(o.where(), "--device cuda but no GPU was found (no CUDA device is visible, or no driver)",
-                "run on a machine with an NVIDIA GPU, or use --device host");
-  if (o.device == "auto") return gpus > 0 ? "cuda" : "host";
-#else
-  if (o.device == "cuda")
-    throw Error(o.where(), "--device cuda but this binary was built without CUDA",
-                "rebuild with a CUDA compiler (the cuda preset), or use --device host");
-  if (o.device == "auto") return "host";
-#endif
-  return o.device;
-}
-
-// A family whose model shards the sequence over the context axis (F::with_context<Cx>'s, which the
-// trainer takes in F's place under --context): the host only, so far.
-template <class F>
-concept context_parallel = requires { typename F::attention; };
-// A family that has one, unless it sets `static constexpr bool context_compiled = false` (a binary
-// that leaves the context-parallel loops out: --context is refused, naming the build option).
-template <class F>
-concept declares_context = requires { typename F::template with_context<context::Ring>; };
-template <class F>
-concept has_context = declares_context<F> && (!requires { F::context_compiled; } || F::context_compiled);
-
 // f.template operator()<G>() for the family a run trains: F, or under --context > 1 F's
 // context-parallel family for --attention (F without one: f<F>, whose checks refuse --context).
 template <Family F, class Fn>
@@ -212,53 +199,6 @@ int with_run_head(const Options& o, Fn&& f) {
   return with_head_family<F>(tied, std::forward<Fn>(f));
 }
 
-// A configuration whose head (tied to the embedding table or not) the family's model does not have:
-// a context-parallel family's, or a family without with_tied_head (exit 2, naming the option).
-template <Family F>
-void check_head(const Options& o, const config_t<F>& cfg) {
-  if constexpr (requires { { cfg.tied } -> std::convertible_to<bool>; { model_t<F, F32, false, Host>::tied } -> std::convertible_to<bool>; }) {
-    constexpr bool ties = model_t<F, F32, false, Host>::tied;
-    if (static_cast<bool>(cfg.tied) == ties) return;
-    const std::string where = o.where(cat("--tie-embeddings ", cfg.tied ? "true" : "false"));
-    if (cfg.tied)
-      throw Error(where, cat("a tied LM head (the preset's, or --tie-embeddings) in the model family '", F::name(), "'",
-                             context_parallel<F> ? " with --context, whose context-parallel model unties it" : ", whose model unties it"),
-                  cat("give --tie-embeddings false", context_parallel<F> ? ", or leave out --context" : ""));
-    throw Error(where, cat("an untied LM head in the model family '", F::name(), "', whose model ties it"),
-                "give --tie-embeddings true");
-  }
-}
-
-// --context and --attention against the family and the other options (exit 2, naming the values).
-template <Family F>
-void check_context(const Options& o, const config_t<F>& cfg, const std::string& device) {
-  if (o.context == 1) {
-    if (o.attention_given)  // ring too: an attention type is a choice only with --context
-      throw Error(o.where(), cat("--attention ", o.attention, " without --context"),
-                  "the attention type shards the sequence over context ranks: give --context >= 2");
-    return;
-  }
-  if constexpr (!context_parallel<F> && declares_context<F>) {
-    throw Error(o.where(cat("--context ", o.context)),
-                cat("the context-parallel loops of the model family '", F::name(), "' are not compiled in this binary"),
-                "leave out --context, or rebuild with them (train_gpt: CMake -DWEFT_TRAIN_GPT_CONTEXT=ON)");
-  } else if constexpr (!context_parallel<F>) {
-    throw Error(o.where(cat("--context ", o.context)), cat("the model family '", F::name(), "' has no context-parallel attention"),
-                "leave out --context, or give the family a context-parallel model (with_context, docs/context.md)");
-  } else {
-    if (device == "cuda")
-      throw Error(o.where(cat("--context ", o.context)), "context parallelism on the GPU (its attention runs on the host so far)",
-                  "use --device host with --context");
-    if (cfg.seq % (2 * static_cast<std::int64_t>(o.context)) != 0)
-      throw Error(o.where(cat("--context ", o.context)),
-                  cat("a sequence of ", cfg.seq, " tokens does not split into 2 x ", o.context, " = ", 2 * o.context,
-                      " equal chunks (each context rank holds two)"),
-                  cat("use --seq a multiple of ", 2 * o.context, ", or another --context"));
-    if (o.sample > 0)
-      throw Error(o.where(cat("--context ", o.context)), "--sample with --context", "sample from a run without --context");
-  }
-}
-
 // Run-time choices into types: the loop for the options' device, strategy and precision.
 template <Family F>
 int dispatch(const Options& o, const config_t<F>& cfg, const Corpus& corpus, const Launch& launch, const std::string& device) {
@@ -276,274 +216,230 @@ int dispatch(const Options& o, const config_t<F>& cfg, const Corpus& corpus, con
   }
 }
 
+// The command line's options, by section (docs/training.md lists them all).
+inline void add_model_options(CLI::App& app, Options& o, const std::vector<std::string>& models,
+                              const std::vector<std::string>& presets) {
+  app.add_option("--model", o.model, cat("model family: ", join(models), " (default: ", models[0], ")"))->check(CLI::IsMember(models));
+  app.add_option("--preset", o.preset, cat("model size: ", join(presets), " (of the family's presets)"))->check(CLI::IsMember(presets));
+  cli::add_sizes(app, o.sizes);
+  app.add_option("--dtype", o.dtype, "f32, bf16 (mixed precision: bf16 compute, f32 master weights) or f64 (host)")
+      ->check(CLI::IsMember({"f32", "bf16", "f64"}));
+  app.add_option("--seed", o.seed, "seed of the weights and the built-in corpus (0 to 2^64 - 1)")->check(cli::at_least(0));
+}
+
+inline void add_mesh_options(CLI::App& app, Options& o, const std::vector<std::string>& strategies) {
+  using cli::at_least;
+  app.add_option("--data", o.data, "data-parallel degree")->check(at_least(1));
+  app.add_option("--tensor", o.tensor, "tensor-parallel degree")->check(at_least(1));
+  app.add_option("--pipe", o.pipe, "pipeline-parallel degree (the layers split evenly over pipe x virtual stages)")->check(at_least(1));
+  app.add_option("--schedule", o.schedule, "pipeline schedule: gpipe, 1f1b, interleaved or zb (ZB-H1)")
+      ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved", "zb"}));
+  app.add_option("--virtual-stages", o.virtual_stages, "virtual stages per pipe rank (interleaved: >= 2)")->check(at_least(1));
+  app.add_option("--context", o.context, "context-parallel degree: each rank holds 2 of the sequence's 2N chunks (docs/context.md; host, f32)")
+      ->check(at_least(1));
+  app.add_option("--attention", o.attention,
+                 "with --context: ring (keys and values passed around the context ranks) or all-gather (gathered once)")
+      ->check(CLI::IsMember({"ring", "all-gather"}));
+  app.add_option("--strategy", o.strategy, cat(join(strategies), " (-sp: with sequence parallelism)"));
+}
+
+inline void add_optim_options(CLI::App& app, Options& o) {
+  using cli::above;
+  using cli::at_least;
+  app.add_option("--batch", o.batch, "global batch, in sequences")->check(at_least(1));
+  app.add_option("--micro-batch", o.micro_batch, "global micro-batch (gradient accumulation); default: the batch")->check(at_least(0));
+  app.add_option("--steps", o.steps, "optimizer steps")->check(at_least(1));
+  app.add_option("--lr", o.lr, "peak learning rate")->check(above(0));
+  app.add_option("--warmup", o.warmup, "linear warm-up steps (default: 5% of the steps)")->check(at_least(0));
+  app.add_option("--min-lr", o.min_lr, "learning rate at the end of the cosine")->check(at_least(0));
+  app.add_option("--clip", o.clip, "global gradient-norm clip (0: off)")->check(at_least(0));
+}
+
+inline void add_data_options(CLI::App& app, Options& o) {
+  using cli::at_least;
+  auto* file = app.add_option("--data-file", o.data_file, "llm.c token file (.bin)");
+  app.add_option("--text", o.text, "plain-text file, byte-level tokens")->excludes(file);
+  app.add_option("--eval-every", o.eval_every, "held-out loss every N steps (0: never)")->check(at_least(0));
+  app.add_option("--sample", o.sample, "after training on --text, print N sampled bytes")->check(at_least(0));
+}
+
+inline void add_checkpoint_options(CLI::App& app, Options& o) {
+  using cli::at_least;
+  app.add_option("--save-dir", o.save_dir, "directory of checkpoints (step_N/ and latest; docs/checkpoints.md)");
+  app.add_option("--save-every", o.save_every, "save every N steps and at the end (0: only at the end)")->check(at_least(0));
+  app.add_option("--keep", o.keep, "keep the newest N checkpoints (0: all)")->check(at_least(0));
+  app.add_flag("--async-save", o.async_save, "write checkpoint files beside the next steps");
+  app.add_option("--save-policy", o.save_policy, "sharded (a file per rank) or consolidated (one file, rank 0)")
+      ->check(CLI::IsMember({"sharded", "consolidated"}));
+  app.add_option("--init-from", o.init_from,
+                 "initial weights from Hugging Face: a GPT-2 safetensors file (weft-export writes one), a Llama model directory "
+                 "(config.json, model.safetensors)");
+  app.add_option("--resume", o.resume,
+                 "resume from a checkpoint: 'latest' (of --save-dir), a directory with a latest pointer, or a step directory; any "
+                 "mesh, strategy and precision");
+}
+
+inline void add_launch_options(CLI::App& app, Options& o, bool& plan_only) {
+  app.add_option("--device", o.device, "host, cuda (thread ranks share one GPU; processes one GPU each) or auto (the GPU when one is present)")
+      ->check(CLI::IsMember({"host", "cuda", "auto"}));
+  app.add_option("--launcher", o.launcher,
+                 "threads (every rank a thread here), mpi (one rank per process of mpirun), env (RANK and WORLD_SIZE, GPUs with "
+                 "NCCL) or auto (mpi under mpirun, env when RANK is set, else threads); docs/launch.md")
+      ->check(CLI::IsMember({"threads", "mpi", "env", "auto"}));
+  app.add_option("--deadline", o.deadline, "seconds a collective waits for the other ranks before naming the missing one")
+      ->check(cli::above(0))
+      ->check(cli::at_most(1e7));
+  app.add_option("--log", o.log, "JSON lines, one per step");
+  app.add_option("--trace", o.trace, "Chrome / Perfetto trace (JSON) of every rank's computes, waits and steps");
+  app.add_flag("--plan", plan_only, "print the plan (each rank's bytes by category, FLOPs, collectives) and exit");
+}
+
+// This process among the run's: its launch (threads, or one rank of mpirun or of RANK and
+// WORLD_SIZE), the MPI session it holds, and how it says an error (naming its rank) and exits.
+class Process {
+ public:
+  Process(const Options& o, int& argc, char**& argv) : program_(o.program) {
+    launch.kind = resolve_launcher(o.launcher);  // first: under MPI every process initializes MPI, and errors name the rank
+#ifdef WEFT_ENABLE_MPI
+    if (launch.kind != Launcher::mpi) return;
+    session_.emplace(argc, argv);
+    launch.process = session_->rank();
+    launch.processes = session_->size();
+    launch.barrier = [] { MPI_Barrier(MPI_COMM_WORLD); };
+    launch.gpu = local_rank();
+#else
+    (void)argc, (void)argv;
+#endif
+  }
+  void report(const std::exception& e) const {
+    if (launch.kind == Launcher::threads) std::fprintf(stderr, "%s\n", e.what());
+    else std::fprintf(stderr, "%s (world rank %d): %s\n", program_.c_str(), launch.process, e.what());
+  }
+  int finish(int code) {
+#ifdef WEFT_ENABLE_MPI
+    if (session_) return session_->finish(code);
+#endif
+    return code;
+  }
+
+  Launch launch;
+
+ private:
+  std::string program_;
+#ifdef WEFT_ENABLE_MPI
+  std::optional<mpi::Session> session_;
+#endif
+};
+
+// Every check of a run of family F (train/checks.hpp), in order; returns the device it trains on.
+template <Family F>
+std::string check_run(const Options& o, const config_t<F>& cfg, Launch& launch, bool plan_only) {
+  std::string device = resolve_device(o);
+  check_context<F>(o, cfg, device);
+  check_head<F>(o, cfg);
+  device = device_for<F>(o, device);
+  check_world(o, launch);
+  check_processes(o, launch, device);
+  check_compiled<F>(o);
+  check_batch(o);
+  check_model<F>(o, cfg);
+  check_schedule(o, cfg.layers);
+  check_data(o, cfg.vocab, device);
+  check_checkpoint_options(o);
+  if (!plan_only) check_corpus(o, cfg.vocab);
+  else if (const auto why = plan_too_long(cfg.layers, o.batch / o.micro()))
+    throw Error(o.where("--plan"), *why, "plan fewer layers, or fewer micro-batches per step (a larger --micro-batch)");
+  return device;
+}
+
+// f(), with its exceptions said and the process finished with `code`: 2 while checking options (a
+// library's own exception or running out of memory, said as an Error), 1 once the run has begun (a
+// bad option found then, such as a checkpoint past --steps, is still 2).
+template <class Fn>
+int said(Process& p, const Options& o, int code, Fn&& f) {
+  try {
+    return f();
+  } catch (const BadOption& e) {
+    p.report(e);
+    return p.finish(2);
+  } catch (const Error& e) {
+    p.report(e);
+  } catch (const std::bad_alloc& e) {
+    if (code == 2) p.report(Error(o.where(), "ran out of memory checking or planning these sizes", "use smaller sizes (--layers, --batch, --vocab, ...)"));
+    else p.report(e);
+  } catch (const std::exception& e) {  // never an abort
+    if (code == 2) p.report(Error(o.where(), e.what(), "use other sizes, and report this message"));
+    else p.report(e);
+  }
+  return p.finish(code);
+}
+
+// The run of family F: checked (exit 2), then --plan printed or the model trained (exit 1 on an
+// error; the loop's own codes otherwise).
+template <Family F>
+int run(Options o, Process& p, bool plan_only) {
+  std::string device;
+  config_t<F> cfg;
+  if (plan_only)
+    return said(p, o, 2, [&] {
+      cfg = configure<F>(o);
+      device = check_run<F>(o, cfg, p.launch, true);
+      return p.finish(p.launch.lead() ? print_plan<F>(o, cfg, device) : 0);
+    });
+  std::optional<checkpoint::DirectoryLock> save_lock;  // the lead process's, for the whole run
+  bool checked = false;
+  const int refused = said(p, o, 2, [&] {
+    cfg = configure<F>(o);
+    device = check_run<F>(o, cfg, p.launch, false);
+    check_fits<F>(o, cfg, device, p.launch);
+    save_lock = claim_outputs(o, p.launch);
+    checked = true;
+    return 0;
+  });
+  if (!checked) return refused;
+  install_stop_handlers(p.launch.kind == Launcher::mpi, o.program);
+  if (p.launch.lead() && !o.init_from.empty()) remove_stale_init_dirs();  // left by killed runs
+  return said(p, o, 1, [&] {
+    resolve_resume(o, p.launch, F::name());
+    const Corpus corpus = Corpus::open(o, cfg.vocab, cfg.seq);
+    return p.finish(dispatch<F>(o, cfg, corpus, p.launch, device));
+  });
+}
+
 // The whole program: parses argv, checks every option, and trains. `program` names the binary in
 // errors; `about` heads --help.
 template <Family First, Family... Rest>
 int main(int argc, char** argv, const std::string& program, const std::string& about) {
   Options o;
   o.program = program;
-  using cli::above;
-  using cli::at_least;
-  using cli::at_most;
   CLI::App app{about};
   const std::vector<std::string> models{First::name(), Rest::name()...};
   std::vector<std::string> presets;
   for (const auto& names : {First::preset_names(), Rest::preset_names()...})
     for (const auto& n : names)
       if (std::find(presets.begin(), presets.end(), n) == presets.end()) presets.push_back(n);
-  app.add_option("--model", o.model, cat("model family: ", join(models), " (default: ", models[0], ")"))->check(CLI::IsMember(models));
-  app.add_option("--preset", o.preset, cat("model size: ", join(presets), " (of the family's presets)"))->check(CLI::IsMember(presets));
-  cli::add_sizes(app, o.sizes);
-  app.add_option("--data", o.data, "data-parallel degree")->check(at_least(1));
-  app.add_option("--tensor", o.tensor, "tensor-parallel degree")->check(at_least(1));
-  app.add_option("--pipe", o.pipe, "pipeline-parallel degree (the layers split evenly over pipe x virtual stages)")
-      ->check(at_least(1));
-  app.add_option("--schedule", o.schedule, "pipeline schedule: gpipe, 1f1b, interleaved or zb (ZB-H1)")
-      ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved", "zb"}));
-  app.add_option("--virtual-stages", o.virtual_stages, "virtual stages per pipe rank (interleaved: >= 2)")
-      ->check(at_least(1));
-  app.add_option("--context", o.context,
-                 "context-parallel degree: each rank holds 2 of the sequence's 2N chunks (docs/context.md; host, f32)")
-      ->check(at_least(1));
-  app.add_option("--attention", o.attention,
-                 "with --context: ring (keys and values passed around the context ranks) or all-gather (gathered once)")
-      ->check(CLI::IsMember({"ring", "all-gather"}));
-  app.add_option("--strategy", o.strategy,
-                 cat(join(strategy_names(strategies_t<First>{})), " (-sp: with sequence parallelism)"));
-  app.add_option("--batch", o.batch, "global batch, in sequences")->check(at_least(1));
-  app.add_option("--micro-batch", o.micro_batch, "global micro-batch (gradient accumulation); default: the batch")
-      ->check(at_least(0));
-  app.add_option("--steps", o.steps, "optimizer steps")->check(at_least(1));
-  app.add_option("--lr", o.lr, "peak learning rate")->check(above(0));
-  app.add_option("--warmup", o.warmup, "linear warm-up steps (default: 5% of the steps)")->check(at_least(0));
-  app.add_option("--min-lr", o.min_lr, "learning rate at the end of the cosine")->check(at_least(0));
-  app.add_option("--clip", o.clip, "global gradient-norm clip (0: off)")->check(at_least(0));
-  app.add_option("--seed", o.seed, "seed of the weights and the built-in corpus (0 to 2^64 - 1)")->check(at_least(0));
-  auto* file_opt = app.add_option("--data-file", o.data_file, "llm.c token file (.bin)");
-  app.add_option("--text", o.text, "plain-text file, byte-level tokens")->excludes(file_opt);
-  app.add_option("--eval-every", o.eval_every, "held-out loss every N steps (0: never)")->check(at_least(0));
-  app.add_option("--dtype", o.dtype, "f32, bf16 (mixed precision: bf16 compute, f32 master weights) or f64 (host)")
-      ->check(CLI::IsMember({"f32", "bf16", "f64"}));
-  app.add_option("--device", o.device, "host, cuda (thread ranks share one GPU; processes one GPU each) or auto (the GPU when one is present)")
-      ->check(CLI::IsMember({"host", "cuda", "auto"}));
-  app.add_option("--log", o.log, "JSON lines, one per step");
-  app.add_option("--save-dir", o.save_dir, "directory of checkpoints (step_N/ and latest; docs/checkpoints.md)");
-  app.add_option("--save-every", o.save_every, "save every N steps and at the end (0: only at the end)")
-      ->check(at_least(0));
-  app.add_option("--keep", o.keep, "keep the newest N checkpoints (0: all)")->check(at_least(0));
-  app.add_flag("--async-save", o.async_save, "write checkpoint files beside the next steps");
-  app.add_option("--save-policy", o.save_policy, "sharded (a file per rank) or consolidated (one file, rank 0)")
-      ->check(CLI::IsMember({"sharded", "consolidated"}));
-  app.add_option("--init-from", o.init_from, "initial weights from Hugging Face: a GPT-2 safetensors file (weft-export writes one), a Llama model directory (config.json, model.safetensors)");
-  app.add_option("--resume", o.resume,
-                 "resume from a checkpoint: 'latest' (of --save-dir), a directory with a latest pointer, or a step "
-                 "directory; any mesh, strategy and precision");
-  app.add_option("--trace", o.trace, "Chrome / Perfetto trace (JSON) of every rank's computes, waits and steps");
-  app.add_option("--launcher", o.launcher,
-                 "threads (every rank a thread here), mpi (one rank per process of mpirun), env (RANK and WORLD_SIZE, "
-                 "GPUs with NCCL) or auto (mpi under mpirun, env when RANK is set, else threads); docs/launch.md")
-      ->check(CLI::IsMember({"threads", "mpi", "env", "auto"}));
-  app.add_option("--deadline", o.deadline, "seconds a collective waits for the other ranks before naming the missing one")
-      ->check(above(0))
-      ->check(at_most(1e7));
   bool plan_only = false;
-  app.add_flag("--plan", plan_only, "print the plan (each rank's bytes by category, FLOPs, collectives) and exit");
-  app.add_option("--sample", o.sample, "after training on --text, print N sampled bytes")->check(at_least(0));
+  add_model_options(app, o, models, presets);
+  add_mesh_options(app, o, strategy_names(strategies_t<First>{}));
+  add_optim_options(app, o);
+  add_data_options(app, o);
+  add_checkpoint_options(app, o);
+  add_launch_options(app, o, plan_only);
   if (const auto stop = cli::parse(app, argc, argv)) return *stop;
   if (o.model.empty()) o.model = models[0];
   o.attention_given = app.count("--attention") > 0;
-
-  // Bad options: checked before anything is built, exit code 2.
-  // The launcher first: under MPI every process initializes MPI, and errors name the rank.
-  Launch launch;
+  o.preset_given = app.count("--preset") > 0;
+  std::optional<Process> p;
   try {
-    launch.kind = resolve_launcher(o.launcher);
+    p.emplace(o, argc, argv);
   } catch (const Error& e) {
     std::fprintf(stderr, "%s\n", e.what());
     return 2;
   }
-#ifdef WEFT_ENABLE_MPI
-  std::optional<mpi::Session> session;
-  if (launch.kind == Launcher::mpi) {
-    session.emplace(argc, argv);
-    launch.process = session->rank();
-    launch.processes = session->size();
-    launch.barrier = [] { MPI_Barrier(MPI_COMM_WORLD); };
-    launch.gpu = local_rank();
-  }
-  const auto finish = [&](int code) { return session ? session->finish(code) : code; };
-#else
-  const auto finish = [](int code) { return code; };
-#endif
-  const auto report = [&](const std::exception& e) {
-    if (launch.kind == Launcher::threads) std::fprintf(stderr, "%s\n", e.what());
-    else std::fprintf(stderr, "%s (world rank %d): %s\n", o.program.c_str(), launch.process, e.what());
-  };
-
-  // The run of family F: the named family, its context-parallel one under --context, or its tied
-  // one where the configuration ties the LM head (with_tied_head).
-  const auto run = [&]<class F>() -> int {
-    std::string device;  // host or cuda, once resolved
-    std::optional<checkpoint::DirectoryLock> save_lock;  // the lead process's, for the whole run
-    config_t<F> cfg;
-    try {
-      cfg = configure<F>(o);
-      device = resolve_device(o);
-      check_context<F>(o, cfg, device);
-      check_head<F>(o, cfg);
-      if (device == "cuda" && !on_gpu<F>) {  // a family without a GPU path: auto means the host
-        if (o.device == "auto") device = "host";
-        else
-          throw Error(o.where("--device cuda"), cat("the model family '", F::name(), "' has no GPU path in this binary"),
-                      "train it on the host (--device host)");
-      }
-      // The ranks first, in floating point: four int degrees multiply past 64 bits.
-      const double world = 1.0 * o.data * o.pipe * o.context * o.tensor;
-      char world_text[64];
-      std::snprintf(world_text, sizeof world_text, "%.0f", world);
-      if (world > (1 << 20))
-        throw Error(o.where(), cat(o.mesh_text(), " = ", world_text, " ranks"), "use at most 2^20 = 1048576 ranks");
-      if (launch.kind == Launcher::threads && world > 1024)
-        throw Error(o.where("--launcher threads"), cat(o.mesh_text(), " = ", world_text, " thread ranks in one process"),
-                    "use at most 1024 thread ranks, or one process per rank (mpirun, docs/launch.md)");
-      if (launch.kind == Launcher::env) {  // torchrun, srun: one GPU per process
-        if (device != "cuda")
-          throw Error(o.where("--launcher env"),
-                      "RANK and WORLD_SIZE start one process per rank, which the host ranks do only under MPI",
-                      "start the ranks with mpirun (--launcher mpi), use --device cuda, or unset RANK and WORLD_SIZE");
-        const EnvRanks env = env_ranks();
-        launch.process = env.rank;
-        launch.processes = env.world;
-        launch.gpu = env.local_rank;
-      }
-      if (launch.kind != Launcher::threads) {
-  #ifndef WEFT_ENABLE_MPI
-        if (launch.kind == Launcher::mpi)
-          throw Error(o.where("--launcher mpi"), "this binary was built without MPI",
-                      "install Debian's libopenmpi-dev and rebuild (CMake finds MPI and builds weft::mpi)");
-  #endif
-        const int ranks = o.ranks();
-        const bool mpi = launch.kind == Launcher::mpi;
-        if (launch.processes != ranks)
-          throw Error(o.where(cat("--launcher ", name(launch.kind))),
-                      cat(mpi ? "mpirun started " : "WORLD_SIZE is ", launch.processes, mpi ? " processes" : "", " but ",
-                          o.mesh_text(), " = ", ranks, " ranks"),
-                      cat(mpi ? cat("run mpirun -np ", ranks) : cat("start ", ranks, " processes"),
-                          ", or choose degrees whose product is ", launch.processes));
-        if (o.pipe > 1 && device == "cuda")
-          throw Error(o.where(cat("--launcher ", name(launch.kind))), "--pipe with GPU processes (NCCL has no isend here yet)",
-                      "use --pipe on thread ranks (--launcher threads), or tensor and data parallelism across GPUs");
-        if (!o.trace.empty())
-          throw Error(o.where(cat("--launcher ", name(launch.kind))), "--trace records thread ranks of one process",
-                      "trace a --launcher threads run");
-      }
-      check_compiled<F>(o);
-      const std::int64_t micro = o.micro_batch > 0 ? o.micro_batch : o.batch;
-      if (o.batch % micro != 0)
-        throw Error(o.where(), cat("batch ", o.batch, " is not a multiple of the micro-batch ", micro),
-                    "use a micro-batch that divides the batch");
-      const Spread spread{.data_degree = o.data, .tensor_degree = o.tensor, .context_degree = o.context};
-      if (o.strategy.ends_with("-sp")) model_t<F, F32, true, Host>::spec::validate(cfg, spread, micro);
-      else model_t<F, F32, false, Host>::spec::validate(cfg, spread, micro);
-      (void)optim::Schedule::warmup_cosine(o.lr, o.warmup.value_or(o.steps / 20), o.steps, o.min_lr);
-      validate(o.mesh(), o.ranks());
-      if (o.pipe > 1 || o.virtual_stages > 1) {  // the partition and the schedule's table, checked now
-        (void)pipeline::Partition::even(o.pipe, o.virtual_stages, cfg.layers);
-        (void)pipeline::make_table(schedule_kind(o.schedule), o.pipe, static_cast<int>(o.batch / micro), o.virtual_stages);
-        if (o.pipe == 1)
-          throw Error(o.where(), cat("--virtual-stages ", o.virtual_stages, " without --pipe"),
-                      "virtual stages split a pipeline's ranks: use --pipe >= 2");
-        if (o.sample > 0)
-          throw Error(o.where(), "--sample with --pipe", "sample from a run without pipeline parallelism");
-      }
-      if (!o.text.empty() && cfg.vocab < 256)
-        throw Error(o.where(), cat("vocabulary ", cfg.vocab, " with --text"), "byte-level text needs a vocabulary of 256");
-      if (o.sample > 0 && o.text.empty())
-        throw Error(o.where(), "--sample without --text", "sampling prints text: train on --text");
-      if (device == "cuda" && o.dtype == "f64")
-        throw Error(o.where(), "--dtype f64 on the GPU", "f64 is the host's checking precision: use f32 or bf16");
-      if (!o.resume.empty() && !o.init_from.empty())
-        throw Error(o.where(), "--init-from with --resume", "resume restores the weights: give one of them");
-      if (o.resume == "latest" && o.save_dir.empty())
-        throw Error(o.where(), "--resume latest without --save-dir", "give --save-dir, or the checkpoint's path to --resume");
-      if ((o.save_every > 0 || o.keep > 0 || o.async_save) && o.save_dir.empty())
-        throw Error(o.where(), "--save-every, --keep or --async-save without --save-dir", "give --save-dir");
-      if (plan_only) {
-        if (const auto why = plan_too_long(cfg.layers, o.batch / (o.micro_batch > 0 ? o.micro_batch : o.batch)))
-          throw Error(o.where("--plan"), *why, "plan fewer layers, or fewer micro-batches per step (a larger --micro-batch)");
-        return finish(launch.lead() ? print_plan<F>(o, cfg, device) : 0);
-      }
-      // Training reads a corpus (--plan reads none: a Llama 3 vocabulary plans without a data file).
-      if (o.data_file.empty() && o.text.empty() && cfg.vocab > data::MarkovSource::max_vocab)
-        throw Error(o.where(), cat("vocabulary ", cfg.vocab, " with the built-in Markov corpus"),
-                    cat("use at most ", data::MarkovSource::max_vocab, " tokens, or train on a --data-file"));
-      check_fits<F>(o, cfg, device, launch);
-      // Where the run writes: checked now (by the printing process), not after the GEMM measurement.
-      if (launch.lead()) {
-        if (!o.log.empty()) {
-          std::ofstream probe(o.log, std::ios::app);  // creates the file; the run truncates it (or appends when resuming)
-          if (!probe) throw Error(o.where("--log"), cat("cannot write '", o.log, "'"), "give a path in a writable directory");
-        }
-        if (!o.trace.empty()) {
-          std::ofstream probe(o.trace, std::ios::app);
-          if (!probe) throw Error(o.where("--trace"), cat("cannot write '", o.trace, "'"), "give a path in a writable directory");
-        }
-        if (!o.save_dir.empty()) {
-          std::error_code ec;
-          std::filesystem::create_directories(o.save_dir, ec);
-          if (ec || !std::filesystem::is_directory(o.save_dir))
-            throw Error(o.where("--save-dir"), cat("cannot create the directory '", o.save_dir, "'", ec ? cat(": ", ec.message()) : ""),
-                        "give a directory that can be created and written");
-          // One trainer per save directory; taking the lock also proves the directory writable.
-          save_lock.emplace(o.save_dir);
-        }
-      }
-    } catch (const Error& e) {
-      report(e);
-      return finish(2);
-    } catch (const std::bad_alloc&) {  // sizes whose check or plan needs more memory than this machine has
-      report(Error(o.where(), "ran out of memory checking or planning these sizes", "use smaller sizes (--layers, --batch, --vocab, ...)"));
-      return finish(2);
-    } catch (const std::exception& e) {  // never an abort: a library's own exception, said
-      report(Error(o.where(), e.what(), "use other sizes, and report this message"));
-      return finish(2);
-    }
-
-    install_stop_handlers(launch.kind == Launcher::mpi, o.program);
-    if (launch.lead() && !o.init_from.empty()) remove_stale_init_dirs();  // left by killed runs
-    try {
-      if (!o.resume.empty()) {  // exit 1 when not a valid checkpoint; 2 when it is at or past --steps
-        // `latest` resolved once for the process: every thread rank loads this step directory, so a
-        // `latest` that moves meanwhile (another trainer saving or pruning) cannot split them.
-        o.resume = checkpoint::resolve(o.resume == "latest" ? o.save_dir : o.resume);
-        const checkpoint::Manifest m = checkpoint::peek(o.resume);
-        if (m.step >= o.steps) {
-          report(Error(o.where("--resume"), cat("the checkpoint ", o.resume, " is at step ", m.step, ", at or past --steps ", o.steps),
-                       cat("pass --steps above ", m.step, " to train on from it")));
-          return finish(2);
-        }
-        // Checkpoints past the resumed step (a run this one rolls back) are kept: --keep prunes
-        // only the steps up to the ones this run saves (checkpoint/save.hpp).
-        if (launch.lead() && !o.save_dir.empty())
-          for (const auto& [step, name] : checkpoint::complete_checkpoints(o.save_dir))
-            if (step > m.step)
-              std::printf("note: %s/%s is past the resumed step %lld; it is kept (--keep prunes steps up to this run's)\n",
-                          o.save_dir.c_str(), name.c_str(), static_cast<long long>(m.step));
-      }
-      const Corpus corpus = Corpus::open(o, cfg.vocab, cfg.seq);
-      return finish(dispatch<F>(o, cfg, corpus, launch, device));
-    } catch (const Error& e) {
-      report(e);
-      return finish(1);
-    } catch (const std::exception& e) {  // out of memory, or a library's own exception
-      report(e);
-      return finish(1);
-    }
-  };
-  return with_family<First, Rest...>(o.model, o.where("--model"),
-                                     [&]<class Named>() -> int {
-                                       return with_context_family<Named>(o, [&]<class G>() -> int { return with_run_head<G>(o, run); });
-                                     });
+  const auto trains = [&]<class F>() -> int { return run<F>(o, *p, plan_only); };
+  return with_family<First, Rest...>(o.model, o.where("--model"), [&]<class Named>() -> int {
+    return with_context_family<Named>(o, [&]<class G>() -> int { return with_run_head<G>(o, trains); });
+  });
 }
 
 }  // namespace weft::train

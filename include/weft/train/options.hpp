@@ -26,6 +26,7 @@ struct Options {
   std::string program = "train";  // the binary's name, where errors come from ("train_gpt")
   std::string model;              // the model family (--model); empty: the binary's first
   std::string preset = "tiny";
+  bool preset_given = false;       // --preset was on the command line (with --init-from: sizes from the preset, not config.json)
   Sizes sizes;
   int data = 2, tensor = 2, pipe = 1, virtual_stages = 1;
   int context = 1;                 // --context: the sequence sharded over this many ranks

@@ -19,7 +19,7 @@
 #include "weft/train/family.hpp"
 #include "weft/train/flops.hpp"
 #include "weft/train/plan_flops.hpp"
-#include "weft/train/loop.hpp"  // schedule_kind
+#include "weft/pipeline/schedule.hpp"
 #include "weft/train/options.hpp"
 #include "weft/train/rank_plan.hpp"
 #include "weft/train/strategies.hpp"
@@ -28,11 +28,11 @@ namespace weft::train {
 
 // The run the options describe, for the plan.
 inline footprint::Run planned_run(const Options& o) {
-  const std::int64_t micro = o.micro_batch > 0 ? o.micro_batch : o.batch;
+  const std::int64_t micro = o.micro();
   return {.mesh = o.mesh(),
           .micro_batch = micro,
           .micro_batches = o.batch / micro,
-          .schedule = schedule_kind(o.schedule),
+          .schedule = pipeline::kind_named(o.schedule),
           .virtual_stages = o.virtual_stages};
 }
 
@@ -104,7 +104,7 @@ inline std::string counted_calls(const threads::Counters& c, const std::string& 
 // walked), the model built whole on the Meta device (it allocates nothing).
 template <Family F>
 std::string described_plan(const Options& o, const config_t<F>& cfg) {
-  const std::int64_t micro = o.micro_batch > 0 ? o.micro_batch : o.batch;
+  const std::int64_t micro = o.micro();
   const Spread s{.data_degree = o.data, .tensor_degree = o.tensor, .context_degree = o.context};
   const auto of = [&]<bool SP>() {
     return with_precision(host_precisions_t<F>{}, o.dtype, [&]<class P>() {
@@ -121,14 +121,86 @@ std::string described_plan(const Options& o, const config_t<F>& cfg) {
   return sequence_parallel_name(o.strategy) ? of.template operator()<true>() : of.template operator()<false>();
 }
 
-// --plan for a family without a plan of its own: the measured table per pipe rank and the FLOPs.
+// --plan's line of collectives per pipe rank: this rank's, per axis of degree > 1 (a group of one
+// moves nothing; the data axis holds the data x context group's reductions).
+inline void print_rank_collectives(const Options& o, const std::vector<RankPlan>& plan) {
+  for (const RankPlan& p : plan) {
+    std::string line;
+    for (Axis a : kAxes) {
+      const int group = a == Axis::data ? o.data * o.context : a == Axis::pipe ? o.pipe : a == Axis::context ? o.context : o.tensor;
+      if (group == 1) continue;
+      const std::string axis = counted_calls(p.collectives[static_cast<std::size_t>(a)], cat(name(a), " "));
+      if (!axis.empty()) line += cat(line.empty() ? "" : ", ", axis);
+    }
+    std::printf("collectives of a step on pipe rank %d (this rank's, per axis of degree > 1): %s\n", p.pipe_rank,
+                line.empty() ? "none" : line.c_str());
+  }
+}
+
+// Each stage's collectives of one micro-batch on the tensor axis (describe's table, measured);
+// when every block asks the same, the first block is printed for them all.
+inline void print_stage_collectives(const std::vector<footprint::StageCollectives>& stages) {
+  const auto t = static_cast<std::size_t>(Axis::tensor);
+  const auto line = [&](const threads::Counters& c) {
+    const std::string out = counted_calls(c);
+    return out.empty() ? std::string("none") : out;
+  };
+  const auto same = [&](const footprint::StageCollectives& a, const footprint::StageCollectives& b) {
+    return a.forward[t].calls == b.forward[t].calls && a.forward[t].bytes == b.forward[t].bytes &&
+           a.backward[t].calls == b.backward[t].calls && a.backward[t].bytes == b.backward[t].bytes;
+  };
+  bool uniform = stages.size() > 2;
+  for (std::size_t st = 2; st + 1 < stages.size(); ++st) uniform = uniform && same(stages[st], stages[1]);
+  std::printf("collectives of one micro-batch on the tensor axis, by stage (measured):\n");
+  for (std::size_t st = 0; st < stages.size(); ++st) {
+    if (uniform && st > 1 && st + 1 < stages.size()) continue;
+    const std::string name = uniform && st == 1 ? cat(stages[st].stage, " (and every block)") : stages[st].stage;
+    std::printf("  %-24s forward: %s; backward: %s\n", name.c_str(), line(stages[st].forward[t]).c_str(),
+                line(stages[st].backward[t]).c_str());
+  }
+}
+
+template <Family F>
+std::vector<footprint::StageCollectives> measured_stage_collectives(const Options& o, const config_t<F>& cfg) {
+  return with_strategy(strategies_t<F>{}, o.strategy, [&]<class S, bool SP>() {
+    return with_precision(host_precisions_t<F>{}, o.dtype, [&]<class P>() {
+      return footprint::stage_collectives<ModelOn<F, P, SP>::template on>(cfg, {.data = o.data, .context = o.context, .tensor = o.tensor},
+                                                                          o.micro());
+    });
+  });
+}
+
+// The step time (pipe 1, on the host): the measured step's work (estimate::work_of) at the rates of
+// this host, measured now with every rank running; the attention core's rate needs the heads.
+template <Family F>
+void print_step_time(const Options& o, const config_t<F>& cfg, const footprint::RankStep& rank, bool host) {
+  if constexpr (requires { cfg.heads; }) {
+    if (o.pipe == 1 && o.context == 1 && host) {
+      const estimate::Work w = estimate::work_of(rank, planned_run(o).mesh);
+      const MeshShape shape{.data = o.data, .tensor = o.tensor};
+      const auto time = [&]<class T>() {
+        return estimate::seconds(w, estimate::host_rates<T>(w, shape, o.micro() / o.data, cfg.seq, cfg.heads, cfg.width));
+      };
+      const estimate::Breakdown t = o.dtype == "f64" ? time.template operator()<double>() : time.template operator()<float>();
+      std::printf("step time: %.2f ms = GEMMs %.2f + attention %.2f + elementwise %.2f + memory %.2f + tensor collectives "
+                  "%.2f + data collectives %.2f (the measured step's work at rates measured now on this host with %d ranks "
+                  "running; no overlap; the family's own ops not priced)\n",
+                  1e3 * t.total(), 1e3 * t.gemm, 1e3 * t.attention, 1e3 * t.elementwise, 1e3 * t.memory, 1e3 * t.tensor_comm,
+                  1e3 * t.data_comm, o.data * o.tensor);
+      return;
+    }
+  }
+  std::printf("step time: planned on the host with --pipe 1 and without --context only\n");
+}
+
+// --plan for a family without a plan of its own: the measured table per pipe rank, the collectives,
+// the model's rows, the FLOPs and the step time.
 template <Family F>
 int print_measured_plan(const Options& o, const config_t<F>& cfg, const std::string& device) {
-  const std::int64_t micro = o.micro_batch > 0 ? o.micro_batch : o.batch;
   std::printf("plan: %s: %s | %s, %s | %s%s | batch %lld, micro-batch %lld\n", F::name().c_str(), summary<F>(cfg).c_str(),
               o.strategy.c_str(), o.dtype.c_str(), o.mesh_text().c_str(),
               o.context > 1 ? cat(" (", o.attention, " attention)").c_str() : "", static_cast<long long>(o.batch),
-              static_cast<long long>(micro));
+              static_cast<long long>(o.micro()));
   const bool host = device != "cuda";
   const std::vector<footprint::RankStep> ranks = measured_ranks<F>(o, cfg);
   const std::vector<RankPlan> plan = plan_of(ranks, o.pipe, host);
@@ -142,68 +214,12 @@ int print_measured_plan(const Options& o, const config_t<F>& cfg, const std::str
   for (std::size_t r = 1; r < plan.size(); ++r)
     std::printf("; pipe rank %d: %lld bytes", plan[r].pipe_rank, static_cast<long long>(plan[r].total));
   std::printf(")\n");
-  for (const RankPlan& p : plan) {
-    std::string line;
-    for (Axis a : kAxes) {
-      // A group of one moves nothing (the data axis holds the data x context group's reductions).
-      const int group = a == Axis::data ? o.data * o.context : a == Axis::pipe ? o.pipe : a == Axis::context ? o.context : o.tensor;
-      if (group == 1) continue;
-      const std::string axis = counted_calls(p.collectives[static_cast<std::size_t>(a)], cat(name(a), " "));
-      if (!axis.empty()) line += cat(line.empty() ? "" : ", ", axis);
-    }
-    std::printf("collectives of a step on pipe rank %d (this rank's, per axis of degree > 1): %s\n", p.pipe_rank,
-                line.empty() ? "none" : line.c_str());
-  }
-  // Each stage's collectives of one micro-batch on the tensor axis (describe's table, measured);
-  // blocks that all ask the same are printed once.
-  if (o.tensor > 1 && o.pipe == 1) {
-    const auto stages = with_strategy(strategies_t<F>{}, o.strategy, [&]<class S, bool SP>() {
-      return with_precision(host_precisions_t<F>{}, o.dtype, [&]<class P>() {
-        return footprint::stage_collectives<ModelOn<F, P, SP>::template on>(
-            cfg, {.data = o.data, .context = o.context, .tensor = o.tensor}, micro);
-      });
-    });
-    const auto t = static_cast<std::size_t>(Axis::tensor);
-    const auto line = [&](const threads::Counters& c) {
-      const std::string out = counted_calls(c);
-      return out.empty() ? std::string("none") : out;
-    };
-    const auto same = [&](const footprint::StageCollectives& a, const footprint::StageCollectives& b) {
-      return a.forward[t].calls == b.forward[t].calls && a.forward[t].bytes == b.forward[t].bytes &&
-             a.backward[t].calls == b.backward[t].calls && a.backward[t].bytes == b.backward[t].bytes;
-    };
-    bool uniform = stages.size() > 2;
-    for (std::size_t st = 2; st + 1 < stages.size(); ++st) uniform = uniform && same(stages[st], stages[1]);
-    std::printf("collectives of one micro-batch on the tensor axis, by stage (measured):\n");
-    for (std::size_t st = 0; st < stages.size(); ++st) {
-      if (uniform && st > 1 && st + 1 < stages.size()) continue;
-      const std::string name = uniform && st == 1 ? cat(stages[st].stage, " (and every block)") : stages[st].stage;
-      std::printf("  %-24s forward: %s; backward: %s\n", name.c_str(), line(stages[st].forward[t]).c_str(),
-                  line(stages[st].backward[t]).c_str());
-    }
-  }
+  print_rank_collectives(o, plan);
+  if (o.tensor > 1 && o.pipe == 1) print_stage_collectives(measured_stage_collectives<F>(o, cfg));
   if (o.pipe == 1) std::printf("%s", described_plan<F>(o, cfg).c_str());
   const double flops = plan_flops_per_token<F>(cfg) * static_cast<double>(o.batch * cfg.seq);
   std::printf("FLOPs per step: %.4g (%lld tokens)\n", flops, static_cast<long long>(o.batch * cfg.seq));
-  // The step time (pipe 1, on the host): the measured step's work (estimate::work_of) at the rates
-  // of this host, measured now with every rank running; the attention core's rate needs the heads.
-  if constexpr (requires { cfg.heads; }) {
-    if (o.pipe == 1 && o.context == 1 && host) {
-      const estimate::Work w = estimate::work_of(ranks[0], planned_run(o).mesh);
-      const MeshShape shape{.data = o.data, .tensor = o.tensor};
-      const auto time = [&]<class T>() {
-        return estimate::seconds(w, estimate::host_rates<T>(w, shape, micro / o.data, cfg.seq, cfg.heads, cfg.width));
-      };
-      const estimate::Breakdown t = o.dtype == "f64" ? time.template operator()<double>() : time.template operator()<float>();
-      std::printf("step time: %.2f ms = GEMMs %.2f + attention %.2f + elementwise %.2f + memory %.2f + tensor collectives "
-                  "%.2f + data collectives %.2f (the measured step's work at rates measured now on this host with %d ranks "
-                  "running; no overlap; the family's own ops not priced)\n",
-                  1e3 * t.total(), 1e3 * t.gemm, 1e3 * t.attention, 1e3 * t.elementwise, 1e3 * t.memory, 1e3 * t.tensor_comm,
-                  1e3 * t.data_comm, o.data * o.tensor);
-      return 0;
-    }
-  }
-  std::printf("step time: planned on the host with --pipe 1 and without --context only\n");
+  print_step_time<F>(o, cfg, ranks[0], host);
   return 0;
 }
 

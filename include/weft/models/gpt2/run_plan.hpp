@@ -18,7 +18,6 @@
 #include "weft/plan/step.hpp"
 #include "weft/plan/time.hpp"
 #include "weft/train/devices.hpp"
-#include "weft/train/loop.hpp"
 #include "weft/train/plan.hpp"
 #include "weft/train/strategies.hpp"
 
@@ -44,7 +43,7 @@ std::vector<RankPlan> plan_ranks(const train::Options& o, const Config& c, bool 
   }
   // main checked the partition and the table
   const pipeline::Table table =
-      pipeline::make_table(train::schedule_kind(o.schedule), o.pipe, static_cast<int>(o.batch / micro), o.virtual_stages);
+      pipeline::make_table(pipeline::kind_named(o.schedule), o.pipe, static_cast<int>(o.batch / micro), o.virtual_stages);
   for (int r = 0; r < o.pipe; ++r) {
     const auto step = footprint::pipeline_step<Strategy, P, SP>(c, s, micro, table, r);
     out.push_back({r, step.after, step.peak, step.total + extra, host});
@@ -88,7 +87,7 @@ inline estimate::PipelineTime plan_pipeline_time(const train::Options& o, const 
   const Spread s{.data_degree = o.data, .tensor_degree = o.tensor};
   const std::int64_t micro = o.micro_batch > 0 ? o.micro_batch : o.batch;
   const int m = static_cast<int>(o.batch / micro);
-  const pipeline::Table table = pipeline::make_table(train::schedule_kind(o.schedule), o.pipe, m, o.virtual_stages);
+  const pipeline::Table table = pipeline::make_table(pipeline::kind_named(o.schedule), o.pipe, m, o.virtual_stages);
   const MeshShape busy{.data = o.data * o.pipe, .tensor = o.tensor};
   return with_plan_types(o, [&]<class S, bool SP, class P, class T>() {
     const estimate::Work w = estimate::work<S, P, SP>(c, s, micro, m);

@@ -41,6 +41,9 @@ struct Common {
                ", seq ", c.seq, ", vocab ", c.vocab, ", rope theta ", c.rope.theta,
                c.rope.factor > 0 ? cat(" (llama3 scaling x", c.rope.factor, ")") : std::string(), c.tied ? ", head tied" : ", head untied");
   }
+  // --init-from DIR without --preset: the run's model is the one config.json describes (its sizes,
+  // rotary parameters and head tie; base's sequence length and seed).
+  static Config config_from_hf(const std::string& from, const Config& base) { return llama::hf_config_of(from, base); }
   // --init-from DIR: a transformers LlamaForCausalLM directory, whose config.json must describe the
   // run's model (every field of the record; the first that differs is named).
   // Compared before anything is converted (the conversion of a large model takes minutes and

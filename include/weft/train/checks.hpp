@@ -1,0 +1,279 @@
+// The trainer's checks of its options, before anything is built (train/main.hpp calls them in this
+// order): each throws a weft::Error naming the option and its values, which the command line turns
+// into exit 2. The family-independent ones are plain functions; those that read a family's types
+// (its strategies, its head, its context-parallel model) are templates at the end.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <string>
+
+#include "weft/checkpoint/checkpoint.hpp"
+#include "weft/comm/launch.hpp"
+#include "weft/context/attention.hpp"
+#include "weft/data/synthetic.hpp"
+#include "weft/optim/schedule.hpp"
+#include "weft/pipeline/pipelined.hpp"
+#include "weft/pipeline/schedule.hpp"
+#include "weft/train/family.hpp"
+#include "weft/train/options.hpp"
+#include "weft/train/strategies.hpp"
+#ifdef WEFT_ENABLE_CUDA
+#include "weft/device/cuda/device.hpp"
+#endif
+
+namespace weft::train {
+
+// A bad option found only once the run has begun reading (a checkpoint at or past --steps): exit 2
+// like the others, where the errors around it are the run's (exit 1).
+struct BadOption : Error {
+  explicit BadOption(const Error& e) : Error(e) {}
+};
+
+// The device a run uses: --device, with auto meaning the GPU when one is present. Throws for a
+// device this binary or machine does not have.
+inline std::string resolve_device(const Options& o) {
+#ifdef WEFT_ENABLE_CUDA
+  const int gpus = weft::cuda::device_count();
+  if (o.device == "cuda" && gpus == 0)
+    throw Error(o.where(), "--device cuda but no GPU was found (no CUDA device is visible, or no driver)",
+                "run on a machine with an NVIDIA GPU, or use --device host");
+  if (o.device == "auto") return gpus > 0 ? "cuda" : "host";
+#else
+  if (o.device == "cuda")
+    throw Error(o.where(), "--device cuda but this binary was built without CUDA",
+                "rebuild with a CUDA compiler (the cuda preset), or use --device host");
+  if (o.device == "auto") return "host";
+#endif
+  return o.device;
+}
+
+// The mesh's size: in floating point first, since four int degrees multiply past 64 bits.
+inline void check_world(const Options& o, const Launch& launch) {
+  const double world = 1.0 * o.data * o.pipe * o.context * o.tensor;
+  char text[64];
+  std::snprintf(text, sizeof text, "%.0f", world);
+  if (world > (1 << 20)) throw Error(o.where(), cat(o.mesh_text(), " = ", text, " ranks"), "use at most 2^20 = 1048576 ranks");
+  if (launch.kind == Launcher::threads && world > 1024)
+    throw Error(o.where("--launcher threads"), cat(o.mesh_text(), " = ", text, " thread ranks in one process"),
+                "use at most 1024 thread ranks, or one process per rank (mpirun, docs/launch.md)");
+}
+
+// A launcher of one process per rank (mpirun, or RANK and WORLD_SIZE from torchrun or srun) against
+// the mesh and the device. Reads this process's rank and GPU from the environment for `env`.
+inline void check_processes(const Options& o, Launch& launch, const std::string& device) {
+  if (launch.kind == Launcher::env) {  // torchrun, srun: one GPU per process
+    if (device != "cuda")
+      throw Error(o.where("--launcher env"), "RANK and WORLD_SIZE start one process per rank, which the host ranks do only under MPI",
+                  "start the ranks with mpirun (--launcher mpi), use --device cuda, or unset RANK and WORLD_SIZE");
+    const EnvRanks env = env_ranks();
+    launch.process = env.rank;
+    launch.processes = env.world;
+    launch.gpu = env.local_rank;
+  }
+  if (launch.kind == Launcher::threads) return;
+#ifndef WEFT_ENABLE_MPI
+  if (launch.kind == Launcher::mpi)
+    throw Error(o.where("--launcher mpi"), "this binary was built without MPI",
+                "install Debian's libopenmpi-dev and rebuild (CMake finds MPI and builds weft::mpi)");
+#endif
+  const std::string where = o.where(cat("--launcher ", name(launch.kind)));
+  const int ranks = o.ranks();
+  const bool mpi = launch.kind == Launcher::mpi;
+  if (launch.processes != ranks)
+    throw Error(where,
+                cat(mpi ? "mpirun started " : "WORLD_SIZE is ", launch.processes, mpi ? " processes" : "", " but ", o.mesh_text(), " = ",
+                    ranks, " ranks"),
+                cat(mpi ? cat("run mpirun -np ", ranks) : cat("start ", ranks, " processes"), ", or choose degrees whose product is ",
+                    launch.processes));
+  if (o.pipe > 1 && device == "cuda")
+    throw Error(where, "--pipe with GPU processes (NCCL has no isend here yet)",
+                "use --pipe on thread ranks (--launcher threads), or tensor and data parallelism across GPUs");
+  if (!o.trace.empty()) throw Error(where, "--trace records thread ranks of one process", "trace a --launcher threads run");
+}
+
+// The micro-batch divides the batch.
+inline void check_batch(const Options& o) {
+  if (o.batch % o.micro() != 0)
+    throw Error(o.where(), cat("batch ", o.batch, " is not a multiple of the micro-batch ", o.micro()),
+                "use a micro-batch that divides the batch");
+}
+
+// The learning-rate schedule, the mesh and the pipeline's partition and table, for a model of
+// `layers` layers.
+inline void check_schedule(const Options& o, std::int64_t layers) {
+  (void)optim::Schedule::warmup_cosine(o.lr, o.warmup.value_or(o.steps / 20), o.steps, o.min_lr);
+  validate(o.mesh(), o.ranks());
+  if (o.pipe == 1 && o.virtual_stages == 1) return;
+  (void)pipeline::Partition::even(o.pipe, o.virtual_stages, layers);
+  (void)pipeline::make_table(pipeline::kind_named(o.schedule), o.pipe, static_cast<int>(o.batch / o.micro()), o.virtual_stages);
+  if (o.pipe == 1)
+    throw Error(o.where(), cat("--virtual-stages ", o.virtual_stages, " without --pipe"),
+                "virtual stages split a pipeline's ranks: use --pipe >= 2");
+  if (o.sample > 0) throw Error(o.where(), "--sample with --pipe", "sample from a run without pipeline parallelism");
+}
+
+// Sampling and precision against the model's vocabulary and the device.
+inline void check_data(const Options& o, std::int64_t vocab, const std::string& device) {
+  if (!o.text.empty() && vocab < 256)
+    throw Error(o.where(), cat("vocabulary ", vocab, " with --text"), "byte-level text needs a vocabulary of 256");
+  if (o.sample > 0 && o.text.empty()) throw Error(o.where(), "--sample without --text", "sampling prints text: train on --text");
+  if (device == "cuda" && o.dtype == "f64")
+    throw Error(o.where(), "--dtype f64 on the GPU", "f64 is the host's checking precision: use f32 or bf16");
+}
+
+// The corpus a training run reads, against the model's vocabulary (--plan reads none: a Llama 3
+// vocabulary plans without a data file).
+inline void check_corpus(const Options& o, std::int64_t vocab) {
+  if (o.data_file.empty() && o.text.empty() && vocab > data::MarkovSource::max_vocab)
+    throw Error(o.where(), cat("vocabulary ", vocab, " with the built-in Markov corpus"),
+                cat("use at most ", data::MarkovSource::max_vocab, " tokens, or train on a --data-file"));
+}
+
+// The checkpoint options against each other.
+inline void check_checkpoint_options(const Options& o) {
+  if (!o.resume.empty() && !o.init_from.empty())
+    throw Error(o.where(), "--init-from with --resume", "resume restores the weights: give one of them");
+  if (o.resume == "latest" && o.save_dir.empty())
+    throw Error(o.where(), "--resume latest without --save-dir", "give --save-dir, or the checkpoint's path to --resume");
+  if ((o.save_every > 0 || o.keep > 0 || o.async_save) && o.save_dir.empty())
+    throw Error(o.where(), "--save-every, --keep or --async-save without --save-dir", "give --save-dir");
+}
+
+// A file the run will write, created now (the run truncates it, or appends when resuming).
+inline void probe_writable(const Options& o, const std::string& option, const std::string& path) {
+  if (path.empty()) return;
+  std::ofstream probe(path, std::ios::app);
+  if (!probe) throw Error(o.where(option), cat("cannot write '", path, "'"), "give a path in a writable directory");
+}
+
+// Where the run writes, checked by the printing process now, not after the GEMM measurement: the
+// log, the trace and the save directory, whose lock it returns (one trainer per save directory;
+// taking it also proves the directory writable). Other processes return none.
+inline std::optional<checkpoint::DirectoryLock> claim_outputs(const Options& o, const Launch& launch) {
+  if (!launch.lead()) return std::nullopt;
+  probe_writable(o, "--log", o.log);
+  probe_writable(o, "--trace", o.trace);
+  if (o.save_dir.empty()) return std::nullopt;
+  std::error_code ec;
+  std::filesystem::create_directories(o.save_dir, ec);
+  if (ec || !std::filesystem::is_directory(o.save_dir))
+    throw Error(o.where("--save-dir"), cat("cannot create the directory '", o.save_dir, "'", ec ? cat(": ", ec.message()) : ""),
+                "give a directory that can be created and written");
+  return std::optional<checkpoint::DirectoryLock>(std::in_place, o.save_dir);
+}
+
+// --resume resolved once for the process (every thread rank loads this step directory, so a `latest`
+// that moves meanwhile, another trainer saving or pruning, cannot split them) and checked against
+// --steps and the run's model family (`family`; a checkpoint from before weft recorded it is left to
+// the load's checks of its tensors). Checkpoints past the resumed step (a run this one rolls back) are kept, and said:
+// --keep prunes only the steps up to the ones this run saves (checkpoint/save.hpp).
+inline void resolve_resume(Options& o, const Launch& launch, const std::string& family) {
+  if (o.resume.empty()) return;
+  o.resume = checkpoint::resolve(o.resume == "latest" ? o.save_dir : o.resume);
+  const checkpoint::Manifest m = checkpoint::peek(o.resume);  // exit 1 when not a valid checkpoint
+  if (!m.family.empty() && m.family != family)
+    throw BadOption(Error(o.where("--resume"), cat("the checkpoint ", o.resume, " holds a model of the family '", m.family, "'; this run trains '", family, "'"),
+                          cat("give --model ", m.family, ", or resume a checkpoint of ", family)));
+  if (m.step >= o.steps)
+    throw BadOption(Error(o.where("--resume"), cat("the checkpoint ", o.resume, " is at step ", m.step, ", at or past --steps ", o.steps),
+                              cat("pass --steps above ", m.step, " to train on from it")));
+  if (!launch.lead() || o.save_dir.empty()) return;
+  for (const auto& [step, name] : checkpoint::complete_checkpoints(o.save_dir))
+    if (step > m.step)
+      std::printf("note: %s/%s is past the resumed step %lld; it is kept (--keep prunes steps up to this run's)\n", o.save_dir.c_str(),
+                  name.c_str(), static_cast<long long>(m.step));
+}
+
+// The checks that read the family's types.
+
+// The options' strategy and precision are among those the family compiles.
+template <Family F>
+void check_compiled(const Options& o) {
+  const auto strategies = strategy_names(strategies_t<F>{});
+  if (std::find(strategies.begin(), strategies.end(), o.strategy) == strategies.end())
+    throw Error(o.where(), cat("strategy '", o.strategy, "' is not available"), cat("use one of: ", join(strategies)));
+  const auto dtypes = dtype_names(host_precisions_t<F>{});
+  if (std::find(dtypes.begin(), dtypes.end(), o.dtype) == dtypes.end())
+    throw Error(o.where("--dtype"), cat("precision '", o.dtype, "' is not compiled for the model family '", F::name(), "'"),
+                cat("use one of: ", join(dtypes)));
+}
+
+// A family whose model shards the sequence over the context axis (F::with_context<Cx>'s, which the
+// trainer takes in F's place under --context): the host only, so far.
+template <class F>
+concept context_parallel = requires { typename F::attention; };
+// A family that has one, unless it sets `static constexpr bool context_compiled = false` (a binary
+// that leaves the context-parallel loops out: --context is refused, naming the build option).
+template <class F>
+concept declares_context = requires { typename F::template with_context<context::Ring>; };
+template <class F>
+concept has_context = declares_context<F> && (!requires { F::context_compiled; } || F::context_compiled);
+
+// A configuration whose head (tied to the embedding table or not) the family's model does not have:
+// a context-parallel family's, or a family without with_tied_head.
+template <Family F>
+void check_head(const Options& o, const config_t<F>& cfg) {
+  if constexpr (requires { { cfg.tied } -> std::convertible_to<bool>; { model_t<F, F32, false, Host>::tied } -> std::convertible_to<bool>; }) {
+    constexpr bool ties = model_t<F, F32, false, Host>::tied;
+    if (static_cast<bool>(cfg.tied) == ties) return;
+    const std::string where = o.where(cat("--tie-embeddings ", cfg.tied ? "true" : "false"));
+    if (cfg.tied)
+      throw Error(where, cat("a tied LM head (the preset's, or --tie-embeddings) in the model family '", F::name(), "'",
+                             context_parallel<F> ? " with --context, whose context-parallel model unties it" : ", whose model unties it"),
+                  cat("give --tie-embeddings false", context_parallel<F> ? ", or leave out --context" : ""));
+    throw Error(where, cat("an untied LM head in the model family '", F::name(), "', whose model ties it"), "give --tie-embeddings true");
+  }
+}
+
+// --context and --attention against the family and the other options.
+template <Family F>
+void check_context(const Options& o, const config_t<F>& cfg, const std::string& device) {
+  if (o.context == 1) {
+    if (o.attention_given)  // ring too: an attention type is a choice only with --context
+      throw Error(o.where(), cat("--attention ", o.attention, " without --context"),
+                  "the attention type shards the sequence over context ranks: give --context >= 2");
+    return;
+  }
+  const std::string where = o.where(cat("--context ", o.context));
+  if constexpr (!context_parallel<F> && declares_context<F>) {
+    throw Error(where, cat("the context-parallel loops of the model family '", F::name(), "' are not compiled in this binary"),
+                "leave out --context, or rebuild with them (train_gpt: CMake -DWEFT_TRAIN_GPT_CONTEXT=ON)");
+  } else if constexpr (!context_parallel<F>) {
+    throw Error(where, cat("the model family '", F::name(), "' has no context-parallel attention"),
+                "leave out --context, or give the family a context-parallel model (with_context, docs/context.md)");
+  } else {
+    if (device == "cuda")
+      throw Error(where, "context parallelism on the GPU (its attention runs on the host so far)", "use --device host with --context");
+    if (cfg.seq % (2 * static_cast<std::int64_t>(o.context)) != 0)
+      throw Error(where,
+                  cat("a sequence of ", cfg.seq, " tokens does not split into 2 x ", o.context, " = ", 2 * o.context,
+                      " equal chunks (each context rank holds two)"),
+                  cat("use --seq a multiple of ", 2 * o.context, ", or another --context"));
+    if (o.sample > 0) throw Error(where, "--sample with --context", "sample from a run without --context");
+  }
+}
+
+// The device a family's run uses: a family without a GPU path trains on the host under --device auto
+// and is refused under --device cuda.
+template <Family F>
+std::string device_for(const Options& o, const std::string& device) {
+  if (device != "cuda" || on_gpu<F>) return device;
+  if (o.device == "auto") return "host";
+  throw Error(o.where("--device cuda"), cat("the model family '", F::name(), "' has no GPU path in this binary"),
+              "train it on the host (--device host)");
+}
+
+// The model's own rules for these sizes on this mesh (heads over tensor ranks, the sequence over SP).
+template <Family F>
+void check_model(const Options& o, const config_t<F>& cfg) {
+  const Spread spread{.data_degree = o.data, .tensor_degree = o.tensor, .context_degree = o.context};
+  if (sequence_parallel_name(o.strategy)) model_t<F, F32, true, Host>::spec::validate(cfg, spread, o.micro());
+  else model_t<F, F32, false, Host>::spec::validate(cfg, spread, o.micro());
+}
+
+}  // namespace weft::train
