@@ -1,9 +1,11 @@
-// weft-export: a weft checkpoint (any mesh, strategy and precision) in Hugging Face's form. A GPT-2
-// checkpoint as a safetensors file with its config.json beside it, loadable by
-// transformers.GPT2LMHeadModel; a Llama checkpoint (train_gpt --model llama; told apart by its
-// record's kv_heads) as a LlamaForCausalLM directory (llama::export_hf: F32 or F64, sharded past
-// --max-shard-bytes as save_pretrained shards). Optionally the logits weft computes from it for
-// given tokens, for tools/reference/hf_compare.py and the Llama trainer's test.
+// weft-export: a weft checkpoint (any mesh, strategy and precision) in Hugging Face's form, through
+// the export of the model family that saved it (the manifest's "family"; for a checkpoint from
+// before weft recorded it, Llama where its record has kv_heads, else GPT-2): over the families
+// examples/CMakeLists.txt lists (weft_add_family_program). GPT-2's is a safetensors file with its
+// config.json beside it, loadable by transformers.GPT2LMHeadModel; Llama's a LlamaForCausalLM
+// directory (F32 or F64, sharded past --max-shard-bytes as save_pretrained shards). Optionally the
+// logits weft computes from it for given tokens, for tools/reference/hf_compare.py and the Llama
+// trainer's test.
 //
 //   weft-export --checkpoint runs/a --out export/model.safetensors
 //   weft-export --checkpoint runs/a --out export/model.safetensors --tokens 1,2,3 --logits export/logits.f32
@@ -13,14 +15,14 @@
 // on one host rank in f32.
 #include <weft/weft_host.hpp>
 
-#include <weft/models/gpt2/hf.hpp>
-#include <weft/models/gpt2/model.hpp>
-#include <weft/models/llama/hf.hpp>
-#include <weft/models/llama/model.hpp>
+#include <weft/checkpoint/checkpoint.hpp>
+#include <weft/checkpoint/export_dir.hpp>
 #include <weft/optim/data_parallel.hpp>
 #include <weft/pipeline/executor.hpp>
+#include <weft/train/dispatch.hpp>
 
 #include "cli.hpp"
+#include "weft_families.hpp"  // generated: weft_units::families
 
 #include <sys/stat.h>
 
@@ -111,57 +113,72 @@ std::string family_of(const checkpoint::Manifest& m) {
   return m.model.contains("kv_heads") ? "llama" : "gpt2";
 }
 
+struct Asked {
+  std::string checkpoint, out, tokens, logits;
+  checkpoint::ExportOptions options;
+};
+
+// The export of family F, then the logits of its model (the variant its configuration's head asks
+// for, in f32 on one host rank).
+template <train::Family F>
+void export_as(const checkpoint::Reader& r, const Asked& a) {
+  if constexpr (!requires { F::export_hf(a.checkpoint, a.out, a.options); }) {
+    throw Error("weft-export", cat("the checkpoint ", r.dir(), " holds a model of the family '", F::name(), "', which has no Hugging Face export"),
+                "give the family an export_hf (docs/training.md)");
+  } else {
+    const auto c = F::config_of(r.manifest());
+    F::export_hf(a.checkpoint, a.out, a.options);
+    std::printf("exported step %lld of %s (%s: %s) to %s\n", static_cast<long long>(r.manifest().step), r.dir().c_str(),
+                F::name().c_str(), train::summary<F>(c).c_str(), a.out.c_str());
+    if (a.logits.empty()) return;
+    const auto ids = parse_tokens(a.tokens, c.vocab, c.seq);
+    train::Wanted w;
+    if constexpr (requires { { c.tied } -> std::convertible_to<bool>; }) w.tied = c.tied;
+    const auto logits = [&]<class V>() {
+      if constexpr (!V::context_parallel)  // the sequence whole, on one rank
+        if (w.is<V>()) write_logits<train::model_t<train::Bound<F, V>, float, false, Host>>(a.checkpoint, a.logits, ids, c);
+    };
+    [&]<class... V>(train::List<V...>) { (logits.template operator()<V>(), ...); }(train::variants_t<F>{});
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"weft-export: a weft checkpoint (GPT-2 or Llama) in Hugging Face's form"};
-  std::string checkpoint, out, tokens, logits, dtype = "f32";
-  std::uint64_t max_shard_bytes = 5'000'000'000;
-  app.add_option("--checkpoint", checkpoint, "a checkpoint: a step directory, or a directory with latest")->required();
-  app.add_option("--out", out, "GPT-2: the safetensors file to write (config.json goes beside it); Llama: the directory")
+  CLI::App app{"weft-export: a weft checkpoint in Hugging Face's form, through its model family's export"};
+  Asked a;
+  std::string dtype;
+  std::uint64_t max_shard_bytes = 0;
+  app.add_option("--checkpoint", a.checkpoint, "a checkpoint: a step directory, or a directory with latest")->required();
+  app.add_option("--out", a.out, "GPT-2: the safetensors file to write (config.json goes beside it); Llama: the directory")
       ->required();
   app.add_option("--dtype", dtype, "Llama: the weights' dtype, f32 or f64 (exact)")->check(CLI::IsMember({"f32", "f64"}));
   app.add_option("--max-shard-bytes", max_shard_bytes, "Llama: the largest weights file; more are sharded (default 5 GB)")
       ->check(examples::at_least(1));
-  app.add_option("--tokens", tokens, "comma-separated token ids to compute logits for");
-  app.add_option("--logits", logits, "where to write the logits of --tokens (f32, tokens x vocab)");
+  app.add_option("--tokens", a.tokens, "comma-separated token ids to compute logits for");
+  app.add_option("--logits", a.logits, "where to write the logits of --tokens (f32, tokens x vocab)");
   if (const auto stop = examples::parse(app, argc, argv)) return *stop;
+  if (!dtype.empty()) a.options.dtype = dtype == "f64" ? DType::f64 : DType::f32;
+  if (app.count("--max-shard-bytes")) a.options.max_shard_bytes = max_shard_bytes;
   try {
-    if (logits.empty() != tokens.empty())
+    if (a.logits.empty() != a.tokens.empty())
       throw Error("weft-export", "--tokens without --logits, or --logits without --tokens", "give both, or neither");
-    const checkpoint::Reader r(checkpoint);
-    if (!logits.empty())  // refused before anything is written
-      checkpoint::refuse_inside(std::filesystem::path(logits).parent_path().string(), checkpoint, cat("weft-export --logits ", logits));
+    const checkpoint::Reader r(a.checkpoint);
+    if (!a.logits.empty())  // refused before anything is written
+      checkpoint::refuse_inside(std::filesystem::path(a.logits).parent_path().string(), a.checkpoint, cat("weft-export --logits ", a.logits));
     const std::string family = family_of(r.manifest());
-    if (family != "gpt2" && family != "llama")
-      throw Error("weft-export", cat("the checkpoint ", r.dir(), " holds a model of the family '", family, "', which has no Hugging Face export here"),
-                  "export checkpoints of the families gpt2 and llama");
-    if (family == "llama") {
-      const auto c = llama::config_of(r.manifest());
-      llama::export_hf(checkpoint, out, dtype == "f64" ? DType::f64 : DType::f32, max_shard_bytes);
-      std::printf("exported step %lld of %s (llama: layers %lld, heads %lld over %lld key-value heads, width %lld, hidden %lld, "
-                  "seq %lld, vocab %lld%s) to %s in %s\n",
-                  static_cast<long long>(r.manifest().step), r.dir().c_str(), static_cast<long long>(c.layers),
-                  static_cast<long long>(c.heads), static_cast<long long>(c.kv_heads), static_cast<long long>(c.width),
-                  static_cast<long long>(c.hidden), static_cast<long long>(c.seq), static_cast<long long>(c.vocab),
-                  c.tied ? ", head tied" : "", out.c_str(), dtype.c_str());
-      if (!logits.empty()) {
-        const auto ids = parse_tokens(tokens, c.vocab, c.seq);
-        if (c.tied) write_logits<llama::Model<float, false, recompute::None, Host, true>>(checkpoint, logits, ids, c);
-        else write_logits<llama::Model<float>>(checkpoint, logits, ids, c);
-      }
+    const auto exported = [&]<class F>() {
+      export_as<F>(r, a);
       return 0;
-    }
-    if (dtype != "f32" || app.count("--max-shard-bytes"))
-      throw Error("weft-export", "--dtype and --max-shard-bytes are for Llama checkpoints; this one is GPT-2's",
-                  "leave them out (GPT-2 is exported in F32, as one file)");
-    gpt2::export_hf(checkpoint, out);
-    const auto c = gpt2::config_of(r.manifest());
-    std::printf("exported step %lld of %s (layers %lld, heads %lld, width %lld, seq %lld, vocab %lld) to %s\n",
-                static_cast<long long>(r.manifest().step), r.dir().c_str(), static_cast<long long>(c.layers),
-                static_cast<long long>(c.heads), static_cast<long long>(c.width), static_cast<long long>(c.seq),
-                static_cast<long long>(c.vocab), out.c_str());
-    if (!logits.empty()) write_logits<gpt2::Model<float>>(checkpoint, logits, parse_tokens(tokens, c.vocab, c.seq), c);
+    };
+    bool known = false;
+    [&]<class... Fs>(train::List<Fs...> families) {
+      known = ((Fs::name() == family) || ...);
+      if (known) train::with_family(families, family, "weft-export", exported);
+    }(weft_units::families{});
+    if (!known)
+      throw Error("weft-export", cat("the checkpoint ", r.dir(), " holds a model of the family '", family, "', which has no Hugging Face export here"),
+                  "export it with a weft-export built with its family (examples/CMakeLists.txt, WEFT_FAMILIES)");
   } catch (const Error& e) {
     std::fprintf(stderr, "%s\n", e.what());
     return 1;

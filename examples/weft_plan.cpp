@@ -9,7 +9,8 @@
 //   weft-plan --cluster cluster.json --layers 48 --width 6144 --heads 48 --seq 2048 --gpus 4096 --batch 2048
 //
 // The search and the command line are weft's trainer library (train/cluster_plan.hpp), over the
-// families registered here (--model gpt2, the default, or llama). GPT-2 is costed by its closed forms
+// families examples/CMakeLists.txt lists (weft_add_family_program; --model gpt2, the default, or
+// llama). GPT-2 is costed by its closed forms
 // (models/gpt2/cluster_plan.hpp): per candidate the peak bytes of a step on one rank (plan/step.hpp,
 // the host allocator's counts, plus the CUDA back end's workspace estimate) and the step time
 // (plan/time.hpp) at rates derived from the cluster: GEMMs and the attention core at a fraction of
@@ -23,10 +24,8 @@
 //
 //   weft-plan --model llama --gpus 1024 --batch 1024 --micro 1          (Llama 3.1 8B, the default)
 //   weft-plan --model llama --preset llama-3.1-70b --gpus 4096 --batch 2048
-#include <weft/models/gpt2/cluster_plan.hpp>
-#include <weft/models/llama/family.hpp>
 #include <weft/train/cluster_plan.hpp>
 
-int main(int argc, char** argv) {
-  return weft::train::plan_main<weft::gpt2::Family, weft::llama::Family>(argc, argv, "weft-plan");
-}
+#include "weft_families.hpp"  // generated: weft_units::families
+
+int main(int argc, char** argv) { return weft::train::plan_main_of(weft_units::families{}, argc, argv, "weft-plan"); }

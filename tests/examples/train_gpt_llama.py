@@ -15,7 +15,7 @@ computes:
    tests/models/llama and tests/context hold the layouts to 1e-12).
    A checkpoint saved on context 2 x tensor 2 with sequence parallelism inside it (ZeRO-1) resumes on
    data 2: all 4 steps of the first run and steps 3 and 4 of the second the same way.
-   With the LM head tied to the embedding table (--tie-embeddings true, llama::TiedFamily): pipe 2
+   With the LM head tied to the embedding table (--tie-embeddings true, Llama's tied variant): pipe 2
    under 1F1B (the table on both pipe ranks, their gradients summed) and data 2 x tensor 2 with SP
    within 2e-5 of one rank's tied run, whose losses are not the untied run's (another model).
 3. --plan prints the step peak that the run then logs, to the byte (data 2 x tensor 2 with SP;

@@ -172,7 +172,7 @@ check(p.returncode == 0 and len(d) == 1 and d[0]["state_bytes"] == 18 * params
       f"Llama 3.1 8B DDP bf16 on 8 GPUs: state 18 B x {params} = {18 * params}, GEMMs {gemm_s:.6g} s, attention "
       f"{attention_s:.6g} s; planned {d and (d[0]['state_bytes'], d[0]['gemm_s'], d[0]['attention_s'])} {p.stderr[-300:]}")
 check({x["tensor"] for x in r} == {1, 2, 4, 8}, f"Llama's tensor degrees divide its 8 key-value heads: {sorted({x['tensor'] for x in r})}")
-# Llama 3.2 1B ties its LM head to the embedding table (llama::TiedFamily): one 128256 x 2048
+# Llama 3.2 1B ties its LM head to the embedding table (Llama's tied variant): one 128256 x 2048
 # table where --tie-embeddings false plans two. On one GPU, DDP's state is 18 bytes per parameter.
 C, L, kv, F = 2048, 16, 8 * 64, 8192
 params = V * C + L * (2 * C * C + 2 * C * kv + 3 * C * F + 2 * C) + C

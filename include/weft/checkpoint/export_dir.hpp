@@ -1,4 +1,5 @@
-// defines: checkpoint::ExportDir, the directory a Hugging Face export writes into.
+// defines: checkpoint::ExportDir, the directory a Hugging Face export writes into, and
+// checkpoint::ExportOptions, what weft-export asks of a family's export (Family::export_hf).
 //
 // An export never loses data:
 // - it never writes into the checkpoint it reads: the directory may not be the step directory, the
@@ -17,8 +18,10 @@
 #pragma once
 
 #include <algorithm>
+#include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -27,11 +30,20 @@
 
 #include "weft/checkpoint/common.hpp"
 #include "weft/checkpoint/files.hpp"
+#include "weft/core/dtype.hpp"
 #include "weft/core/error.hpp"
 #include "weft/core/files.hpp"
 #include "weft/core/json_limits.hpp"
 
 namespace weft::checkpoint {
+
+// weft-export's choices of the exported weights, each unset where not given: the element type
+// (--dtype) and the largest weights file, past which the export is sharded (--max-shard-bytes). A
+// family's export refuses a choice it does not offer, naming it.
+struct ExportOptions {
+  std::optional<DType> dtype;
+  std::optional<std::uint64_t> max_shard_bytes;
+};
 
 // Refuses `path` (a directory, or a file's) when it is inside the checkpoint `checkpoint` names: what
 // it names, the step directory it resolves to, or the run directory holding that step's `latest`.

@@ -1,7 +1,8 @@
 // The trainer's checks of its options, before anything is built (train/main.hpp calls them in this
 // order): each throws a weft::Error naming the option and its values, which the command line turns
-// into exit 2. The family-independent ones are plain functions; those that read a family's types
-// (its strategies, its head, its context-parallel model) are templates at the end.
+// into exit 2. The family-independent ones are plain functions; those that read a family's types are
+// templates at the end. What the binary compiled (the family's variants, devices, strategies and
+// precisions) is checked by the dispatch (train/dispatch.hpp).
 #pragma once
 
 #include <algorithm>
@@ -117,13 +118,11 @@ inline void check_schedule(const Options& o, std::int64_t layers) {
   if (o.sample > 0) throw Error(o.where(), "--sample with --pipe", "sample from a run without pipeline parallelism");
 }
 
-// Sampling and precision against the model's vocabulary and the device.
-inline void check_data(const Options& o, std::int64_t vocab, const std::string& device) {
+// Sampling against the model's vocabulary.
+inline void check_data(const Options& o, std::int64_t vocab) {
   if (!o.text.empty() && vocab < 256)
     throw Error(o.where(), cat("vocabulary ", vocab, " with --text"), "byte-level text needs a vocabulary of 256");
   if (o.sample > 0 && o.text.empty()) throw Error(o.where(), "--sample without --text", "sampling prints text: train on --text");
-  if (device == "cuda" && o.dtype == "f64")
-    throw Error(o.where(), "--dtype f64 on the GPU", "f64 is the host's checking precision: use f32 or bf16");
 }
 
 // The corpus a training run reads, against the model's vocabulary (--plan reads none: a Llama 3
@@ -189,50 +188,12 @@ inline void resolve_resume(Options& o, const Launch& launch, const std::string& 
                   name.c_str(), static_cast<long long>(m.step));
 }
 
-// The checks that read the family's types.
+// The checks that read the family's types (F: a family's variant, train::Bound; train/dispatch.hpp
+// has already refused what the binary did not compile).
 
-// The options' strategy and precision are among those the family compiles.
+// --context and --attention against the variant and the other options.
 template <Family F>
-void check_compiled(const Options& o) {
-  const auto strategies = strategy_names(strategies_t<F>{});
-  if (std::find(strategies.begin(), strategies.end(), o.strategy) == strategies.end())
-    throw Error(o.where(), cat("strategy '", o.strategy, "' is not available"), cat("use one of: ", join(strategies)));
-  const auto dtypes = dtype_names(host_precisions_t<F>{});
-  if (std::find(dtypes.begin(), dtypes.end(), o.dtype) == dtypes.end())
-    throw Error(o.where("--dtype"), cat("precision '", o.dtype, "' is not compiled for the model family '", F::name(), "'"),
-                cat("use one of: ", join(dtypes)));
-}
-
-// A family whose model shards the sequence over the context axis (F::with_context<Cx>'s, which the
-// trainer takes in F's place under --context): the host only, so far.
-template <class F>
-concept context_parallel = requires { typename F::attention; };
-// A family that has one, unless it sets `static constexpr bool context_compiled = false` (a binary
-// that leaves the context-parallel loops out: --context is refused, naming the build option).
-template <class F>
-concept declares_context = requires { typename F::template with_context<context::Ring>; };
-template <class F>
-concept has_context = declares_context<F> && (!requires { F::context_compiled; } || F::context_compiled);
-
-// A configuration whose head (tied to the embedding table or not) the family's model does not have:
-// a context-parallel family's, or a family without with_tied_head.
-template <Family F>
-void check_head(const Options& o, const config_t<F>& cfg) {
-  if constexpr (requires { { cfg.tied } -> std::convertible_to<bool>; { model_t<F, F32, false, Host>::tied } -> std::convertible_to<bool>; }) {
-    constexpr bool ties = model_t<F, F32, false, Host>::tied;
-    if (static_cast<bool>(cfg.tied) == ties) return;
-    const std::string where = o.where(cat("--tie-embeddings ", cfg.tied ? "true" : "false"));
-    if (cfg.tied)
-      throw Error(where, cat("a tied LM head (the preset's, or --tie-embeddings) in the model family '", F::name(), "'",
-                             context_parallel<F> ? " with --context, whose context-parallel model unties it" : ", whose model unties it"),
-                  cat("give --tie-embeddings false", context_parallel<F> ? ", or leave out --context" : ""));
-    throw Error(where, cat("an untied LM head in the model family '", F::name(), "', whose model ties it"), "give --tie-embeddings true");
-  }
-}
-
-// --context and --attention against the family and the other options.
-template <Family F>
-void check_context(const Options& o, const config_t<F>& cfg, const std::string& device) {
+void check_context(const Options& o, const config_t<F>& cfg) {
   if (o.context == 1) {
     if (o.attention_given)  // ring too: an attention type is a choice only with --context
       throw Error(o.where(), cat("--attention ", o.attention, " without --context"),
@@ -240,39 +201,19 @@ void check_context(const Options& o, const config_t<F>& cfg, const std::string& 
     return;
   }
   const std::string where = o.where(cat("--context ", o.context));
-  if constexpr (!context_parallel<F> && declares_context<F>) {
-    throw Error(where, cat("the context-parallel loops of the model family '", F::name(), "' are not compiled in this binary"),
-                "leave out --context, or rebuild with them (train_gpt: CMake -DWEFT_TRAIN_GPT_CONTEXT=ON)");
-  } else if constexpr (!context_parallel<F>) {
-    throw Error(where, cat("the model family '", F::name(), "' has no context-parallel attention"),
-                "leave out --context, or give the family a context-parallel model (with_context, docs/context.md)");
-  } else {
-    if (device == "cuda")
-      throw Error(where, "context parallelism on the GPU (its attention runs on the host so far)", "use --device host with --context");
-    if (cfg.seq % (2 * static_cast<std::int64_t>(o.context)) != 0)
-      throw Error(where,
-                  cat("a sequence of ", cfg.seq, " tokens does not split into 2 x ", o.context, " = ", 2 * o.context,
-                      " equal chunks (each context rank holds two)"),
-                  cat("use --seq a multiple of ", 2 * o.context, ", or another --context"));
-    if (o.sample > 0) throw Error(where, "--sample with --context", "sample from a run without --context");
-  }
-}
-
-// The device a family's run uses: a family without a GPU path trains on the host under --device auto
-// and is refused under --device cuda.
-template <Family F>
-std::string device_for(const Options& o, const std::string& device) {
-  if (device != "cuda" || on_gpu<F>) return device;
-  if (o.device == "auto") return "host";
-  throw Error(o.where("--device cuda"), cat("the model family '", F::name(), "' has no GPU path in this binary"),
-              "train it on the host (--device host)");
+  if (cfg.seq % (2 * static_cast<std::int64_t>(o.context)) != 0)
+    throw Error(where,
+                cat("a sequence of ", cfg.seq, " tokens does not split into 2 x ", o.context, " = ", 2 * o.context,
+                    " equal chunks (each context rank holds two)"),
+                cat("use --seq a multiple of ", 2 * o.context, ", or another --context"));
+  if (o.sample > 0) throw Error(where, "--sample with --context", "sample from a run without --context");
 }
 
 // The model's own rules for these sizes on this mesh (heads over tensor ranks, the sequence over SP).
 template <Family F>
 void check_model(const Options& o, const config_t<F>& cfg) {
   const Spread spread{.data_degree = o.data, .tensor_degree = o.tensor, .context_degree = o.context};
-  if (sequence_parallel_name(o.strategy)) model_t<F, F32, true, Host>::spec::validate(cfg, spread, o.micro());
+  if (o.sequence_parallel()) model_t<F, F32, true, Host>::spec::validate(cfg, spread, o.micro());
   else model_t<F, F32, false, Host>::spec::validate(cfg, spread, o.micro());
 }
 

@@ -30,6 +30,7 @@
 #include "weft/train/cluster.hpp"
 #include "weft/train/rank_plan.hpp"
 #include "weft/train/command_line.hpp"
+#include "weft/train/dispatch.hpp"
 #include "weft/train/family.hpp"
 #include "weft/train/plan_flops.hpp"
 #include "weft/train/strategies.hpp"
@@ -312,12 +313,14 @@ int plan_family(const PlanOptions& given, Cluster k, const std::string& program)
 
 }  // namespace detail
 
-// weft-plan's command line over the families First, Rest... (--model; the first by default).
-template <Family First, Family... Rest>
-int plan_main(int argc, char** argv, const std::string& program) {
+// weft-plan's command line over the families of the list (--model; the first by default). Each
+// family is planned in the variant its preset's configuration asks for (its tied head), without
+// context parallelism.
+template <class... Fs>
+int plan_main_of(List<Fs...> families, int argc, char** argv, const std::string& program) {
   detail::PlanOptions o;
   Cluster k;
-  const std::vector<std::string> models{First::name(), Rest::name()...};
+  const std::vector<std::string> models{Fs::name()...};
   CLI::App app{cat(program, ": memory and step time of a model on a cluster, for every compiled strategy and layout")};
   app.add_option("--model", o.model, "model family")->check(CLI::IsMember(models));
   app.add_option("--preset", o.preset, "the family's preset (default: its cluster preset, gpt2-124m for GPT-2)");
@@ -344,16 +347,30 @@ int plan_main(int argc, char** argv, const std::string& program) {
       if (app.count("--memory-gib")) k.memory_gib = given.memory_gib;
       if (app.count("--peak-tflops")) k.peak_tflops = given.peak_tflops;
     }
-    // The named family, or its tied one where the preset or --tie-embeddings ties the LM head.
-    return with_family<First, Rest...>(o.model, cat(program, " --model"), [&]<class F>() {
-      bool tied = false;
-      if constexpr (declares_tied_head<F>) tied = preset_config<F>(program, detail::plan_preset<F>(o), o.sizes).tied;
-      return with_head_family<F>(tied, [&]<class G>() { return detail::plan_family<G>(o, k, program); });
+    return with_family(families, o.model, cat(program, " --model"), [&]<class F>() {
+      Wanted w;
+      if constexpr (requires(config_t<F> c) { { c.tied } -> std::convertible_to<bool>; })
+        w.tied = preset_config<F>(program, detail::plan_preset<F>(o), o.sizes).tied;
+      int out = 2;
+      bool listed = false;
+      [&]<class... V>(List<V...>) {
+        (void)((w.is<V>() ? (listed = true, out = detail::plan_family<Bound<F, V>>(o, k, program), true) : false) || ...);
+      }(variants_t<F>{});
+      if (!listed)
+        throw Error(cat(program, " --tie-embeddings"), cat("the model family '", F::name(), "' has no model with ", w.tied ? "a tied" : "an untied", " LM head"),
+                    cat("give --tie-embeddings ", w.tied ? "false" : "true"));
+      return out;
     });
   } catch (const Error& e) {
     std::fprintf(stderr, "%s\n", e.what());
     return 2;
   }
+}
+
+// weft-plan over the families First, Rest... (a user's planner in one line).
+template <Family First, Family... Rest>
+int plan_main(int argc, char** argv, const std::string& program) {
+  return plan_main_of(List<First, Rest...>{}, argc, argv, program);
 }
 
 }  // namespace weft::train

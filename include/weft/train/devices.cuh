@@ -1,11 +1,9 @@
 // The training loop's GPU half (nvcc): DeviceSupport<Cuda> (each rank's device and the
 // communicator's memory for it, how the ranks run, the GEMM ceiling and the datasheet peak for MFU,
-// NVTX ranges for Nsight Systems) and train_on_cuda<F>, which train/main.hpp calls for --device
-// cuda. Ranks are threads sharing one GPU (each its own stream; collectives move device memory), or
-// one rank per process and GPU under mpirun or an env launcher (torchrun, srun), NCCL between them.
-// Include it in one CUDA translation unit of the binary, and instantiate train_on_cuda there:
-//
-//   template int weft::train::train_on_cuda<gpt2::Family>(const Options&, const gpt2::Config&, ...);
+// NVTX ranges for Nsight Systems), which the loop of a unit on the GPU (train/unit.hpp: Unit<F,
+// Cuda, SP>) needs. Ranks are threads sharing one GPU (each its own stream; collectives move device
+// memory), or one rank per process and GPU under mpirun or an env launcher (torchrun, srun), NCCL
+// between them. A binary's CUDA units include it (cmake/WeftTrainer.cmake writes them).
 #pragma once
 
 #include <nvtx3/nvToolsExt.h>
@@ -79,12 +77,5 @@ struct DeviceSupport<Cuda> {
     return train::datasheet_peak(std::same_as<T, bf16>);
   }
 };
-
-template <Family F>
-int train_on_cuda(const Options& o, const config_t<F>& cfg, const Corpus& corpus, const Launch& launch) {
-  return with_strategy(strategies_t<F>{}, o.strategy, [&]<class S, bool SP>() {
-    return with_precision(cuda_precisions_t<F>{}, o.dtype, [&]<class P>() { return train<F, Cuda, P, SP, S>(o, cfg, corpus, launch); });
-  });
-}
 
 }  // namespace weft::train

@@ -1,8 +1,8 @@
 // A model family for the trainer (concept train::Family): a model template over the precision, the
-// sequence parallelism and the device, and its presets. The loop
-// (train/loop.hpp), the command line (train/main.hpp) and the checkpoints read nothing else of the
-// model; GPT-2's family is models/gpt2/train.hpp, a user's is a dozen lines
-// (examples/03_custom_model_train.cpp).
+// sequence parallelism, the device and the variant, and its presets. The loop (train/loop.hpp), the
+// command line (train/main.hpp), weft-plan and weft-export read nothing else of the model; weft's own
+// families are models/<name>/family.hpp, a user's is a dozen lines
+// (examples/03_custom_model_family.hpp).
 //
 //   struct MyFamily {
 //     template <class P, bool SP, class D> using model = nn::StagedModel<MySpec<P, SP, D>>;
@@ -10,6 +10,18 @@
 //     static std::vector<std::string> preset_names() { return {"tiny"}; }
 //     static MyConfig preset(std::string_view name);                      // name is one of them
 //   };
+//
+// Variants. A family whose model comes in more than one form (its attention over the context axis,
+// its LM head tied to the embedding table) writes its model over a fourth parameter, the variant
+// (train::Variant<Cx, Tied>), and lists the variants it has; the trainer takes the one the run asks
+// for (--context and --attention; the configuration's `tied`):
+//
+//     template <class P, bool SP, class D, class V> using model = Model<P, SP, D, V::tied, typename V::context>;
+//     using variants = train::List<train::Variant<>, train::Variant<context::None, true>,
+//                                  train::Variant<context::Ring>, train::Variant<context::AllGather>>;
+//
+// A variant with a context runs on the host in f32 (context parallelism's attention is the host's,
+// so far). A family without `variants` has one, train::Variant<>, and a three-parameter model.
 //
 // Optional members, found by requires-expressions:
 //   summary(cfg) -> std::string              the run's header line (default: the record's fields)
@@ -19,34 +31,31 @@
 //   config_from_hf(from, base) -> config     --init-from without --preset: the run's configuration
 //                                            from the Hugging Face files (base: the sequence and
 //                                            seed; train/main.hpp refuses size options that differ)
+//   export_hf(checkpoint, out, options)      weft-export: a checkpoint in Hugging Face's form
 //   strategies, host_precisions, cuda_precisions (train::List<...>): what the binary compiles
-//                                            (default: every strategy; f32, bf16 and f64 on the host)
-//   plan(o, cfg, host) / print_plan(o, cfg, device) / approximate_elements(o, cfg): train/main.hpp
-//                                            checks the run fits and prints --plan with them
-//                                            (default: the step measured on the Meta device,
-//                                            train/plan.hpp, which needs a Meta specialization of
-//                                            every op family the model uses)
+//                                            (default: every strategy; f32, bf16 and f64 on the host,
+//                                            f32 and bf16 on the GPU)
+//   plan(o, cfg, host) / print_plan(o, cfg, device) / cluster_cost(...): the plain variant's plan in
+//                                            closed form (default, and for every other variant: the
+//                                            step measured on the Meta device, train/plan.hpp, which
+//                                            needs a Meta specialization of every op family the
+//                                            model uses)
 //   measured_plan = false                    no plan: the fits check skipped, --plan refused
 //   gpu = false                              no GPU path: --device cuda refused, auto the host
-//   with_context<Cx> (a family template)     --context > 1: the family whose models split the sequence
-//                                            over the context axis with attention Cx (context::Ring,
-//                                            context::AllGather); without it --context is refused
-//   context_compiled = false                 with_context's loops left out of this binary: --context
-//                                            refused naming the build option
-//   with_tied_head (a family)                where the configuration has `tied` (--tie-embeddings, the
-//                                            preset's): the family whose model's LM head reads the
-//                                            embedding table, trained and planned in F's place where
-//                                            it is set (declares_tied_head)
 #pragma once
 
 #include <algorithm>
 #include <concepts>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "weft/context/attention.hpp"
 #include "weft/core/error.hpp"
 #include "weft/core/precision.hpp"
 #include "weft/device/host/host.hpp"
@@ -54,26 +63,132 @@
 #include "weft/optim/data_parallel.hpp"
 #include "weft/train/options.hpp"
 
+namespace weft {
+class Cuda;  // device/cuda/device.hpp; named here by the lists of what runs on the GPU
+}
+
 namespace weft::train {
 
-// A list of types: the strategies or precisions a family compiles.
+// A list of types: the strategies, precisions or variants a family compiles.
 template <class... Ts>
 struct List {};
 
+// One form of a family's model: its attention over the context axis (context::None: the sequence
+// whole on every rank; context::Ring, context::AllGather: docs/context.md) and whether its LM head
+// reads the embedding table (the configuration's `tied`).
+template <context::Choice Cx = context::None, bool Tied = false>
+struct Variant {
+  using context = Cx;
+  static constexpr bool tied = Tied;
+  static constexpr bool context_parallel = weft::context::Kind<Cx>;
+  // "plain", "tied head", "ring", "all-gather", "ring, tied head"
+  static std::string name() {
+    std::string out = context_parallel ? Cx::name : "";
+    if (Tied) out += out.empty() ? "tied head" : ", tied head";
+    return out.empty() ? "plain" : out;
+  }
+};
+using Plain = Variant<>;
+
+template <class V>
+concept VariantType = requires {
+  typename V::context;
+  { V::tied } -> std::convertible_to<bool>;
+  { V::context_parallel } -> std::convertible_to<bool>;
+};
+
+namespace detail {
+// The family's model over (P, SP, D, V): its four-parameter model, or its three-parameter one for the
+// plain variant.
+template <class F, class P, bool SP, class D, class V>
+struct model_of {};
+template <class F, class P, bool SP, class D, class V>
+  requires requires { typename F::template model<P, SP, D, V>; }
+struct model_of<F, P, SP, D, V> {
+  using type = typename F::template model<P, SP, D, V>;
+};
+template <class F, class P, bool SP, class D, class V>
+  requires(!requires { typename F::template model<P, SP, D, V>; } && std::same_as<V, Plain> &&
+           requires { typename F::template model<P, SP, D>; })
+struct model_of<F, P, SP, D, V> {
+  using type = typename F::template model<P, SP, D>;
+};
+template <class F> struct variants_of { using type = List<Plain>; };
+template <class F> requires requires { typename F::variants; } struct variants_of<F> { using type = typename F::variants; };
+}  // namespace detail
+
+template <class F, class P, bool SP, class D, class V = Plain>
+using family_model_t = typename detail::model_of<F, P, SP, D, V>::type;
+
 template <class F>
 concept Family = requires(std::string_view name) {
-  typename F::template model<F32, false, Host>;
-  typename F::template model<F32, true, Host>;
+  typename family_model_t<F, F32, false, Host>;
+  typename family_model_t<F, F32, true, Host>;
   { F::name() } -> std::convertible_to<std::string>;
   { F::preset_names() } -> std::convertible_to<std::vector<std::string>>;
-  { F::preset(name) } -> std::same_as<typename F::template model<F32, false, Host>::config_type>;
+  { F::preset(name) } -> std::same_as<typename family_model_t<F, F32, false, Host>::config_type>;
 };
 
 template <Family F>
-using config_t = typename F::template model<F32, false, Host>::config_type;
+using config_t = typename family_model_t<F, F32, false, Host>::config_type;
 
 template <Family F, class P, bool SP, class D>
-using model_t = typename F::template model<P, SP, D>;
+using model_t = family_model_t<F, P, SP, D>;
+
+// The variants a family has (train::Variant<> where it lists none).
+template <class F>
+using variants_t = typename detail::variants_of<F>::type;
+
+// Type lists: membership, filtering, index.
+template <class T, class L> struct contains;
+template <class T, class... Ts> struct contains<T, List<Ts...>> : std::bool_constant<(std::same_as<T, Ts> || ...)> {};
+template <class T, class L> inline constexpr bool contains_v = contains<T, L>::value;
+
+template <class L, template <class> class Keep> struct filter;
+template <template <class> class Keep> struct filter<List<>, Keep> { using type = List<>; };
+template <class T, class... Ts, template <class> class Keep>
+struct filter<List<T, Ts...>, Keep> {
+  using rest = typename filter<List<Ts...>, Keep>::type;
+  template <class R> struct prepend;
+  template <class... Rs> struct prepend<List<Rs...>> { using type = List<T, Rs...>; };
+  using type = std::conditional_t<Keep<T>::value, typename prepend<rest>::type, rest>;
+};
+template <class L, template <class> class Keep> using filter_t = typename filter<L, Keep>::type;
+
+// The types of A that are also in B, in A's order.
+template <class A, class B>
+struct intersect {
+  template <class T> struct in_b : contains<T, B> {};
+  using type = filter_t<A, in_b>;
+};
+template <class A, class B> using intersect_t = typename intersect<A, B>::type;
+
+template <class... Ls> struct concat { using type = List<>; };
+template <class... A> struct concat<List<A...>> { using type = List<A...>; };
+template <class... A, class... B, class... Rest>
+struct concat<List<A...>, List<B...>, Rest...> : concat<List<A..., B...>, Rest...> {};
+template <class... Ls> using concat_t = typename concat<Ls...>::type;
+
+template <class L> inline constexpr std::size_t size_v = 0;
+template <class... Ts> inline constexpr std::size_t size_v<List<Ts...>> = sizeof...(Ts);
+
+template <class T, class L> inline constexpr std::size_t index_v = 0;
+template <class T, class U, class... Ts>
+inline constexpr std::size_t index_v<T, List<U, Ts...>> = std::same_as<T, U> ? 0 : 1 + index_v<T, List<Ts...>>;
+
+// f.template operator()<T>() for the type at run-time index i of L (i < size_v<L>).
+template <class... Ts, class Fn>
+auto with_index(List<Ts...>, std::size_t i, Fn&& f) {
+  using R = decltype(f.template operator()<std::tuple_element_t<0, std::tuple<Ts...>>>());
+  std::size_t k = 0;
+  if constexpr (std::is_void_v<R>) {
+    (void)((k++ == i ? (f.template operator()<Ts>(), true) : false) || ...);
+  } else {
+    std::optional<R> out;
+    (void)((k++ == i ? (out.emplace(f.template operator()<Ts>()), true) : false) || ...);
+    return std::move(*out);
+  }
+}
 
 namespace detail {
 template <class F> struct strategies_of { using type = List<optim::Ddp, optim::Zero1, optim::Zero2, optim::Fsdp>; };
@@ -82,11 +197,27 @@ template <class F> struct host_precisions_of { using type = List<F32, Bf16Mixed,
 template <class F> requires requires { typename F::host_precisions; } struct host_precisions_of<F> { using type = typename F::host_precisions; };
 template <class F> struct cuda_precisions_of { using type = List<F32, Bf16Mixed>; };
 template <class F> requires requires { typename F::cuda_precisions; } struct cuda_precisions_of<F> { using type = typename F::cuda_precisions; };
+template <class F> struct cuda_precisions_of_gpu { using type = typename cuda_precisions_of<F>::type; };
+template <class F> requires requires { F::gpu; } && (!F::gpu) struct cuda_precisions_of_gpu<F> { using type = List<>; };
+
+// The precisions variant V of F runs in on device D: the family's, f32 only on the host for a
+// context-parallel variant (and not on the GPU).
+template <class F, class V, class D>
+struct precisions_of {
+  using type = std::conditional_t<V::context_parallel, intersect_t<typename host_precisions_of<F>::type, List<F32>>,
+                                  typename host_precisions_of<F>::type>;
+};
+template <class F, class V>
+struct precisions_of<F, V, Cuda> {
+  using type = std::conditional_t<V::context_parallel, List<>, typename cuda_precisions_of_gpu<F>::type>;
+};
 }  // namespace detail
 
 template <Family F> using strategies_t = typename detail::strategies_of<F>::type;
 template <Family F> using host_precisions_t = typename detail::host_precisions_of<F>::type;
 template <Family F> using cuda_precisions_t = typename detail::cuda_precisions_of<F>::type;
+// What variant V of F runs in on device D (an empty list: V does not run on D).
+template <Family F, class V, class D> using precisions_t = typename detail::precisions_of<F, V, D>::type;
 
 // Whether the trainer runs the family on the GPU (unless it sets `static constexpr bool gpu = false`).
 template <class F>
@@ -94,6 +225,36 @@ inline constexpr bool on_gpu = [] {
   if constexpr (requires { F::gpu; }) return static_cast<bool>(F::gpu);
   else return true;
 }();
+
+// Family F's variant V as a family of its own, which the loop, the plans and the checks take: its
+// model is F's over V; it runs in V's precisions; everything else is F's. A family's plan in closed
+// form (plan, print_plan, cluster_cost, recomputed) is its plain variant's: the other variants are
+// planned on the Meta device.
+template <Family F, VariantType V>
+struct Bound : F {
+  using family = F;
+  using variant = V;
+  template <class P, bool SP, class D>
+  using model = family_model_t<F, P, SP, D, V>;
+  using host_precisions = precisions_t<F, V, Host>;
+  using cuda_precisions = precisions_t<F, V, Cuda>;
+};
+template <Family F, VariantType V>
+  requires(!std::same_as<V, Plain>)
+struct Bound<F, V> : F {
+  using family = F;
+  using variant = V;
+  template <class P, bool SP, class D>
+  using model = family_model_t<F, P, SP, D, V>;
+  using host_precisions = precisions_t<F, V, Host>;
+  using cuda_precisions = precisions_t<F, V, Cuda>;
+  // F's closed forms describe its plain model: hidden, so that this variant is measured.
+  static void plan() = delete;
+  static void print_plan() = delete;
+  static void cluster_cost() = delete;
+  static void cluster_peak_note() = delete;
+  static constexpr bool recomputed = false;
+};
 
 // The family's model over any device, as footprint::measure and the planners take it
 // (ModelOn<F, P, SP>::on<D>).
@@ -136,33 +297,6 @@ config_t<F> preset_config(const std::string& program, const std::string& preset,
   if (sizes.seq) c.seq = *sizes.seq;
   if (sizes.vocab) c.vocab = *sizes.vocab;
   return c;
-}
-
-// f.template operator()<F>() for the family named `name`, or for the first when `name` is empty;
-// `where` names the option in the error for a name that is none of them.
-template <Family F, Family... Rest, class Fn>
-int with_family(const std::string& name, const std::string& where, Fn&& f) {
-  if (name.empty() || name == F::name()) return f.template operator()<F>();
-  if constexpr (sizeof...(Rest) > 0) return with_family<Rest...>(name, where, std::forward<Fn>(f));
-  else throw Error(where, cat("no model family '", name, "'"), "see --help");
-}
-
-// A family whose configuration chooses whether the LM head reads the embedding table (its `tied`)
-// and that names the family whose model ties it (F::with_tied_head, taken in F's place where the
-// configuration ties the head: train_gpt, weft-plan).
-template <class F>
-concept declares_tied_head = requires(config_t<F> c) {
-  typename F::with_tied_head;
-  { c.tied } -> std::convertible_to<bool>;
-};
-
-// f.template operator()<G>() for G the family whose model has the head `tied` asks for: F, or
-// F::with_tied_head.
-template <Family F, class Fn>
-int with_head_family(bool tied, Fn&& f) {
-  if constexpr (declares_tied_head<F>)
-    if (tied) return f.template operator()<typename F::with_tied_head>();
-  return f.template operator()<F>();
 }
 
 // Whether the family is planned by measuring its step on the Meta device (train/plan.hpp): unless

@@ -9,8 +9,8 @@
 //   train_step                one step: its micro-batches, the step, the agreement, eval, save, report
 //
 // train/main.hpp is the command line over it; docs/training.md describes both. A binary instantiates
-// train<F, D, P, SP, S> for the strategies and precisions it offers; a CUDA build's GPU half includes
-// train/devices.cuh first (DeviceSupport<Cuda>).
+// train<F, D, P, SP, S> through its units (train_unit<U>, train/unit.hpp); a CUDA unit includes
+// train/devices.cuh (DeviceSupport<Cuda>), which includes this header.
 #pragma once
 
 #include <sched.h>
@@ -49,6 +49,7 @@
 #include "weft/train/strategies.hpp"
 #include "weft/train/trainer.hpp"
 #include "weft/train/trainer_of.hpp"
+#include "weft/train/unit.hpp"
 #include "weft/version.hpp"
 
 namespace weft::train {
@@ -409,44 +410,24 @@ int train(const Options& o, const config_t<F>& cfg, const Corpus& corpus, const 
   return finish(run);
 }
 
-// The loop on the host for one choice of sequence parallelism, with the options' strategy and
-// precision picked from the family's lists (train/main.hpp calls it). A trainer binary may compile
-// each choice in a translation unit of its own, so that it builds on two cores (WEFT_TRAIN_HOST).
-template <Family F, bool SP>
-int train_on_host(const Options& o, const config_t<F>& cfg, const Corpus& corpus, const Launch& launch) {
-  return with_base_strategy(strategies_t<F>{}, o.strategy, [&]<class S>() {
-    return with_precision(host_precisions_t<F>{}, o.dtype,
-                          [&]<class P>() { return train<F, Host, P, SP, S>(o, cfg, corpus, launch); });
-  });
+// Unit U's loops (train/unit.hpp): the variant at index `variant` of U's, with the options' strategy
+// and precision (train/dispatch.hpp chose the unit and checked both against it).
+template <class U>
+int train_unit(const Options& o, const typename U::config& cfg, const Corpus& corpus, const Launch& launch,
+               std::size_t variant) {
+  using F = typename U::family;
+  if constexpr (size_v<typename U::variants> == 0) {
+    throw Error(o.where(), cat("the model family '", F::name(), "' has nothing to run on ", U::device::name, " in this unit"),
+                "choose another device");
+  } else {
+    return with_index(typename U::variants{}, variant, [&]<class V>() {
+      return with_base_strategy(strategies_t<F>{}, o.strategy, [&]<class S>() {
+        return with_precision(typename U::template precisions<V>{}, o.dtype, [&]<class P>() {
+          return train<Bound<F, V>, typename U::device, P, U::sequence_parallel, S>(o, cfg, corpus, launch);
+        });
+      });
+    });
+  }
 }
 
 }  // namespace weft::train
-
-// Explicit instantiations of the loop, `template` in the translation unit that compiles them and
-// `extern template` in the others. WEFT_TRAIN_HOST(EXTERN, F, SP): the host loop of family F for one
-// choice of sequence parallelism, every strategy and precision of the family. A trainer in two units
-// (examples/train_gpt.cpp and train_gpt_sp.cpp; worth it where each holds many instantiations, as
-// GPT-2's 12 each: each unit compiles the model's layers again):
-//
-//   // trainer.cpp, beside main:                 // trainer_sp.cpp:
-//   WEFT_TRAIN_HOST(extern, my::Family, true)    #include <weft/train/loop.hpp>
-//                                                WEFT_TRAIN_HOST(, my::Family, true)
-//
-// WEFT_TRAIN_INSTANTIATE_ONE names one (device, precision, SP, strategy); WEFT_TRAIN_INSTANTIATE
-// both SP choices.
-#define WEFT_TRAIN_HOST(EXTERN, F, SP)                                                                       \
-  EXTERN template int weft::train::train_on_host<F, SP>(const weft::train::Options&,                        \
-                                                        const weft::train::config_t<F>&,                    \
-                                                        const weft::train::Corpus&, const weft::train::Launch&);
-// The host loops of F's context-parallel families (F::with_context), ring and all-gather, for one SP
-// choice.
-#define WEFT_TRAIN_HOST_CONTEXT(EXTERN, F, SP)                        \
-  WEFT_TRAIN_HOST(EXTERN, F::with_context<weft::context::Ring>, SP) \
-  WEFT_TRAIN_HOST(EXTERN, F::with_context<weft::context::AllGather>, SP)
-#define WEFT_TRAIN_INSTANTIATE_ONE(EXTERN, F, D, P, SP, S)                                                  \
-  EXTERN template int weft::train::train<F, D, P, SP, S>(const weft::train::Options&,                        \
-                                                         const weft::train::config_t<F>&,                    \
-                                                         const weft::train::Corpus&, const weft::train::Launch&);
-#define WEFT_TRAIN_INSTANTIATE(EXTERN, F, D, P, S)      \
-  WEFT_TRAIN_INSTANTIATE_ONE(EXTERN, F, D, P, false, S) \
-  WEFT_TRAIN_INSTANTIATE_ONE(EXTERN, F, D, P, true, S)

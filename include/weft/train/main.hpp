@@ -1,15 +1,16 @@
 // The command line of a trainer, over the loop (train/loop.hpp), for one or more model families:
 //
-//   int main(int argc, char** argv) {
-//     return weft::train::main<gpt2::Family>(argc, argv, "train_gpt", "weft train_gpt: ...");
+//   int main(int argc, char** argv) {                       // a trainer in one file
+//     return weft::train::main<my::Family>(argc, argv, "my_train", "my_train: ...");
 //   }
+//   return weft::train::main_of<weft_units::units>(...);    // over a build's units (train/unit.hpp)
 //
 // Every option of docs/training.md (--model picks the family, --preset its size; --layers, --width,
 // --heads, --seq, --vocab override the preset), checked before anything is built: a bad option
 // exits 2 with a weft::Error naming it, a run that fails exits 1, a diverged one 3, a stopped one
-// 128 + the signal. The loop's instantiations (one per strategy, precision and sequence parallelism)
-// are compiled where the binary says (WEFT_TRAIN_HOST in train/loop.hpp; by default beside main); a CUDA build's
-// GPU half defines train_on_cuda<F> (train/devices.cuh).
+// 128 + the signal. The dispatch (train/dispatch.hpp) picks the family's variant and the unit that
+// trains it; the units' loops are compiled where the build says (cmake/WeftTrainer.cmake), or, for
+// train::main<F...>, beside main.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -17,6 +18,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -28,6 +30,7 @@
 #include "weft/train/checks.hpp"
 #include "weft/train/command_line.hpp"
 #include "weft/train/corpus.hpp"
+#include "weft/train/dispatch.hpp"
 #include "weft/train/family.hpp"
 #include "weft/train/init_dir.hpp"
 #include "weft/train/loop.hpp"
@@ -43,12 +46,6 @@
 #endif
 
 namespace weft::train {
-
-#ifdef WEFT_ENABLE_CUDA
-// The GPU half: defined by train/devices.cuh in the binary's CUDA translation unit.
-template <Family F>
-int train_on_cuda(const Options& o, const config_t<F>& cfg, const Corpus& corpus, const Launch& launch);
-#endif
 
 // MemAvailable of /proc/meminfo in bytes, or -1 when it cannot be read.
 inline double host_available_bytes() {
@@ -172,50 +169,6 @@ int print_plan(const Options& o, const config_t<F>& cfg, const std::string& devi
   }
 }
 
-// f.template operator()<G>() for the family a run trains: F, or under --context > 1 F's
-// context-parallel family for --attention (F without one: f<F>, whose checks refuse --context).
-template <Family F, class Fn>
-int with_context_family(const Options& o, Fn&& f) {
-  if constexpr (has_context<F>) {
-    if (o.context > 1) {
-      if (o.attention == "all-gather") return f.template operator()<typename F::template with_context<context::AllGather>>();
-      return f.template operator()<typename F::template with_context<context::Ring>>();
-    }
-  }
-  return f.template operator()<F>();
-}
-
-// f.template operator()<G>() for the family G whose model has the head the run's configuration asks
-// for (with_head_family; a configuration that cannot be built leaves F, whose run reports it).
-template <Family F, class Fn>
-int with_run_head(const Options& o, Fn&& f) {
-  bool tied = false;
-  if constexpr (declares_tied_head<F>) {
-    try {
-      tied = configure<F>(o).tied;
-    } catch (const Error&) {
-    }
-  }
-  return with_head_family<F>(tied, std::forward<Fn>(f));
-}
-
-// Run-time choices into types: the loop for the options' device, strategy and precision.
-template <Family F>
-int dispatch(const Options& o, const config_t<F>& cfg, const Corpus& corpus, const Launch& launch, const std::string& device) {
-  if constexpr (context_parallel<F>) {  // check_context refused the GPU
-    return sequence_parallel_name(o.strategy) ? train_on_host<F, true>(o, cfg, corpus, launch)
-                                              : train_on_host<F, false>(o, cfg, corpus, launch);
-  } else {
-    if (device == "cuda") {
-#ifdef WEFT_ENABLE_CUDA
-      if constexpr (on_gpu<F>) return train_on_cuda<F>(o, cfg, corpus, launch);
-#endif
-    }
-    return sequence_parallel_name(o.strategy) ? train_on_host<F, true>(o, cfg, corpus, launch)
-                                              : train_on_host<F, false>(o, cfg, corpus, launch);
-  }
-}
-
 // The command line's options, by section (docs/training.md lists them all).
 inline void add_model_options(CLI::App& app, Options& o, const std::vector<std::string>& models,
                               const std::vector<std::string>& presets) {
@@ -331,25 +284,21 @@ class Process {
 #endif
 };
 
-// Every check of a run of family F (train/checks.hpp), in order; returns the device it trains on.
+// Every check of a run of F (a family's variant) on `device` that the dispatch does not make
+// (train/checks.hpp), in order.
 template <Family F>
-std::string check_run(const Options& o, const config_t<F>& cfg, Launch& launch, bool plan_only) {
-  std::string device = resolve_device(o);
-  check_context<F>(o, cfg, device);
-  check_head<F>(o, cfg);
-  device = device_for<F>(o, device);
+void check_run(const Options& o, const config_t<F>& cfg, Launch& launch, const std::string& device, bool plan_only) {
+  check_context<F>(o, cfg);
   check_world(o, launch);
   check_processes(o, launch, device);
-  check_compiled<F>(o);
   check_batch(o);
   check_model<F>(o, cfg);
   check_schedule(o, cfg.layers);
-  check_data(o, cfg.vocab, device);
+  check_data(o, cfg.vocab);
   check_checkpoint_options(o);
   if (!plan_only) check_corpus(o, cfg.vocab);
   else if (const auto why = plan_too_long(cfg.layers, o.batch / o.micro()))
     throw Error(o.where("--plan"), *why, "plan fewer layers, or fewer micro-batches per step (a larger --micro-batch)");
-  return device;
 }
 
 // f(), with its exceptions said and the process finished with `code`: 2 while checking options (a
@@ -374,53 +323,52 @@ int said(Process& p, const Options& o, int code, Fn&& f) {
   return p.finish(code);
 }
 
-// The run of family F: checked (exit 2), then --plan printed or the model trained (exit 1 on an
-// error; the loop's own codes otherwise).
-template <Family F>
+// The run of family F: configured, dispatched to the variant and unit of Units that train it, checked
+// (exit 2), then --plan printed or the model trained (exit 1 on an error; the loop's own codes
+// otherwise).
+template <class Units, Family F>
 int run(Options o, Process& p, bool plan_only) {
-  std::string device;
-  config_t<F> cfg;
-  if (plan_only)
-    return said(p, o, 2, [&] {
-      cfg = configure<F>(o);
-      device = check_run<F>(o, cfg, p.launch, true);
-      return p.finish(p.launch.lead() ? print_plan<F>(o, cfg, device) : 0);
-    });
   std::optional<checkpoint::DirectoryLock> save_lock;  // the lead process's, for the whole run
-  bool checked = false;
+  std::optional<config_t<F>> cfg;
+  std::function<int(const Corpus&)> train;  // the unit's loop the dispatch chose, once every check passed
   const int refused = said(p, o, 2, [&] {
     cfg = configure<F>(o);
-    device = check_run<F>(o, cfg, p.launch, false);
-    check_fits<F>(o, cfg, device, p.launch);
-    save_lock = claim_outputs(o, p.launch);
-    checked = true;
-    return 0;
+    return with_run<Units, F>(o, *cfg, resolve_device(o), [&]<class V, class U>() -> int {
+      using G = Bound<F, V>;
+      const std::string device = device_name<typename U::device>;
+      check_run<G>(o, *cfg, p.launch, device, plan_only);
+      if (plan_only) return p.finish(p.launch.lead() ? print_plan<G>(o, *cfg, device) : 0);
+      check_fits<G>(o, *cfg, device, p.launch);
+      save_lock = claim_outputs(o, p.launch);
+      train = [&](const Corpus& corpus) { return train_unit<U>(o, *cfg, corpus, p.launch, index_v<V, typename U::variants>); };
+      return 0;
+    });
   });
-  if (!checked) return refused;
+  if (!train) return refused;  // refused (exit 2), or --plan printed
   install_stop_handlers(p.launch.kind == Launcher::mpi, o.program);
   if (p.launch.lead() && !o.init_from.empty()) remove_stale_init_dirs();  // left by killed runs
   return said(p, o, 1, [&] {
     resolve_resume(o, p.launch, F::name());
-    const Corpus corpus = Corpus::open(o, cfg.vocab, cfg.seq);
-    return p.finish(dispatch<F>(o, cfg, corpus, p.launch, device));
+    return p.finish(train(Corpus::open(o, cfg->vocab, cfg->seq)));
   });
 }
 
-// The whole program: parses argv, checks every option, and trains. `program` names the binary in
-// errors; `about` heads --help.
-template <Family First, Family... Rest>
-int main(int argc, char** argv, const std::string& program, const std::string& about) {
+// The whole program over the units a build compiled (train/unit.hpp): parses argv, checks every
+// option, and trains. `program` names the binary in errors; `about` heads --help.
+template <class Units>
+int main_of(int argc, char** argv, const std::string& program, const std::string& about) {
+  using Families = families_t<Units>;
   Options o;
   o.program = program;
   CLI::App app{about};
-  const std::vector<std::string> models{First::name(), Rest::name()...};
+  const std::vector<std::string> models = []<class... Fs>(List<Fs...>) { return std::vector<std::string>{Fs::name()...}; }(Families{});
   std::vector<std::string> presets;
-  for (const auto& names : {First::preset_names(), Rest::preset_names()...})
+  for (const auto& names : []<class... Fs>(List<Fs...>) { return std::vector<std::vector<std::string>>{Fs::preset_names()...}; }(Families{}))
     for (const auto& n : names)
       if (std::find(presets.begin(), presets.end(), n) == presets.end()) presets.push_back(n);
   bool plan_only = false;
   add_model_options(app, o, models, presets);
-  add_mesh_options(app, o, strategy_names(strategies_t<First>{}));
+  add_mesh_options(app, o, [&]<class F, class... Fs>(List<F, Fs...>) { return strategy_names(strategies_t<F>{}); }(Families{}));
   add_optim_options(app, o);
   add_data_options(app, o);
   add_checkpoint_options(app, o);
@@ -436,10 +384,19 @@ int main(int argc, char** argv, const std::string& program, const std::string& a
     std::fprintf(stderr, "%s\n", e.what());
     return 2;
   }
-  const auto trains = [&]<class F>() -> int { return run<F>(o, *p, plan_only); };
-  return with_family<First, Rest...>(o.model, o.where("--model"), [&]<class Named>() -> int {
-    return with_context_family<Named>(o, [&]<class G>() -> int { return with_run_head<G>(o, trains); });
-  });
+  try {
+    return with_family(Families{}, o.model, o.where("--model"), [&]<class F>() -> int { return run<Units, F>(o, *p, plan_only); });
+  } catch (const Error& e) {
+    p->report(e);
+    return p->finish(2);
+  }
+}
+
+// A trainer in one file over the families Fs (the first the default): every unit compiled beside
+// main, on the host (examples/03_custom_model_train.cpp).
+template <Family... Fs>
+int main(int argc, char** argv, const std::string& program, const std::string& about) {
+  return main_of<host_units_t<Fs...>>(argc, argv, program, about);
 }
 
 }  // namespace weft::train

@@ -47,6 +47,9 @@ struct Options {
   double deadline = 60;  // seconds any collective waits for the other ranks
 
   std::int64_t micro() const { return micro_batch > 0 ? micro_batch : batch; }  // the global micro-batch
+  // --strategy: "zero1-sp" is ZeRO-1 with sequence parallelism; the one place the suffix is read.
+  bool sequence_parallel() const { return strategy.ends_with("-sp"); }
+  std::string base_strategy() const { return sequence_parallel() ? strategy.substr(0, strategy.size() - 3) : strategy; }
   int ranks() const { return data * pipe * context * tensor; }
   MeshShape mesh() const { return {.data = data, .pipe = pipe, .context = context, .tensor = tensor}; }
   // "data 2 x pipe 1 x tensor 2" (" x context 2" before tensor where context > 1).

@@ -118,7 +118,7 @@ std::string described_plan(const Options& o, const config_t<F>& cfg) {
       }
     });
   };
-  return sequence_parallel_name(o.strategy) ? of.template operator()<true>() : of.template operator()<false>();
+  return o.sequence_parallel() ? of.template operator()<true>() : of.template operator()<false>();
 }
 
 // --plan's line of collectives per pipe rank: this rank's, per axis of degree > 1 (a group of one

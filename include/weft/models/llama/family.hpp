@@ -1,14 +1,11 @@
 // Llama for the trainer (concept train::Family, train/family.hpp): train_gpt --model llama. The
-// model over the precision, the sequence parallelism and the device; the presets ("tiny" is
-// llama-tiny, the trainer's default); the FLOPs per token; --init-from a transformers model
-// directory. The plan (--plan, and the check that a run fits) is the step measured on the Meta
-// device. The trainer compiles every strategy in f32 and bf16 (f64 is the tests' precision), on
-// the host and, in CUDA builds, on the GPU (examples/train_gpt_llama_cuda.cu; a binary that
-// registers this family under WEFT_ENABLE_CUDA instantiates train::train_on_cuda for it). With
-// --context, ContextFamily<Cx> (below): f32 on the host (examples/train_gpt_llama_context.cpp). Where
-// the configuration ties the LM head to the embedding table (the llama-3.2-1b preset, a config.json
-// with tie_word_embeddings, --tie-embeddings true), TiedFamily (below) in its place
-// (examples/train_gpt_llama_tied.cpp).
+// model over the precision, the sequence parallelism, the device and the variant; the presets
+// ("tiny" is llama-tiny, the trainer's default); the FLOPs per token; --init-from a transformers
+// model directory and weft-export to one. Its variants: the LM head untied or tied to the embedding
+// table (the llama-3.2-1b preset, a config.json with tie_word_embeddings, --tie-embeddings true),
+// and, untied, the sequence over the context axis (--context, ring or all-gather attention: f32 on
+// the host). The plan (--plan, and the check that a run fits) is the step measured on the Meta
+// device. The trainer compiles every strategy in f32 and bf16 (f64 is the tests' precision).
 #pragma once
 
 #include <string>
@@ -23,12 +20,13 @@
 
 namespace weft::llama {
 
-template <context::Kind Cx>
-struct ContextFamily;
-struct TiedFamily;
+struct Family {
+  template <class P, bool SP, class D, class V>
+  using model = Model<P, SP, recompute::None, D, V::tied, typename V::context>;
+  using variants = train::List<train::Variant<>, train::Variant<context::None, true>, train::Variant<context::Ring>,
+                               train::Variant<context::AllGather>>;
+  using host_precisions = train::List<F32, Bf16Mixed>;
 
-// What Llama's families share: the name, the presets, the FLOPs, the summary, the import.
-struct Common {
   static std::string name() { return "llama"; }
   static std::vector<std::string> preset_names() {
     return {"tiny", "llama-tiny", "llama-3.2-1b", "llama-3.1-8b", "llama-3.1-70b"};
@@ -59,44 +57,12 @@ struct Common {
                     "--tie-embeddings)");
     llama::import_hf(from, dir, c);
   }
-};
-
-struct Family : Common {
-  template <class P, bool SP, class D>
-  using model = Model<P, SP, recompute::None, D>;
-  using host_precisions = train::List<F32, Bf16Mixed>;
-  // train_gpt --context N --attention ring|all-gather: the family whose model shards the sequence
-  // over the context axis, Cx's way (train/main.hpp trains it in this one's place).
-  template <context::Kind Cx>
-  using with_context = ContextFamily<Cx>;
-  // A configuration with `tied` set: the family whose model's head reads the embedding table.
-  using with_tied_head = TiedFamily;
-};
-
-// Llama whose LM head reads the embedding table (Llama 3.2 1B and 3B; transformers'
-// tie_word_embeddings): every strategy, f32 and bf16, host and GPU, as Family; weft-plan plans it
-// in bf16. Not with --context (its context-parallel model unties the head: train_gpt refuses a tied
-// configuration there by name; with_context is declared so that a binary without the context loops
-// names its build option).
-struct TiedFamily : Common {
-  template <class P, bool SP, class D>
-  using model = Model<P, SP, recompute::None, D, true>;
-  using host_precisions = train::List<F32, Bf16Mixed>;
-  using cluster_precisions = train::List<Bf16Mixed>;
-  template <context::Kind Cx>
-  using with_context = ContextFamily<Cx>;
-};
-
-// Llama with the sequence over the context axis (docs/context.md): the host, f32, every data
-// strategy, with or without sequence parallelism (a context rank's rows split again over its
-// tensor group); its head untied.
-template <context::Kind Cx>
-struct ContextFamily : Common {
-  using attention = Cx;
-  template <class P, bool SP, class D>
-  using model = Model<P, SP, recompute::None, D, false, Cx>;
-  using host_precisions = train::List<F32>;
-  static constexpr bool gpu = false;
+  // weft-export: a LlamaForCausalLM directory, in F32 or F64 (exact), sharded past 5 GB or the
+  // given size as save_pretrained shards.
+  static Config config_of(const checkpoint::Manifest& m) { return llama::config_of(m); }
+  static void export_hf(const std::string& checkpoint, const std::string& out, const checkpoint::ExportOptions& e) {
+    llama::export_hf(checkpoint, out, e.dtype.value_or(DType::f32), e.max_shard_bytes.value_or(5'000'000'000));
+  }
 };
 
 }  // namespace weft::llama
