@@ -8,11 +8,11 @@
 #                    [CUDA_FAMILIES gpt2 llama] [PRECISIONS f32 bf16 f64] [NO_CONTEXT] [GEMM_IN_UNITS])
 #   weft_add_family_program(weft_plan SOURCES weft_plan.cpp FAMILIES gpt2 llama [HEADER cluster_plan.hpp])
 #
-# weft_add_trainer writes the loop's explicit instantiations, a source file per unit
-# (weft/train/unit.hpp): on the host a file per family with sequence parallelism and one without,
-# each every variant, strategy and precision of the family that the build keeps; on the GPU
-# (CUDA_FAMILIES, in builds with a CUDA compiler) a file per family (nvcc's fixed cost per file is
-# large). It writes two headers into the target's include path: weft_units.hpp (the families and the
+# weft_add_trainer writes the loop's explicit instantiations (weft/train/unit.hpp): a source file
+# per family on the host and one on the GPU (CUDA_FAMILIES, in builds with a CUDA compiler), each
+# holding the family's two units (with and without sequence parallelism: every variant, strategy and
+# precision of the family that the build keeps). The two share most of their code, which a file of
+# its own for each would compile again (docs/performance.md has the times). It writes two headers into the target's include path: weft_units.hpp (the families and the
 # Unit types, which each unit includes) and weft_trainer.hpp (for main: weft/train/main.hpp, the
 # units' extern declarations, and `weft_units::units`, the list to give train::main_of). PRECISIONS
 # keeps only those precisions (default: every one a variant runs in); NO_CONTEXT leaves out the
