@@ -9,10 +9,10 @@
    for a loaded CI machine, and a hang (a FIFO read, a divisor loop) fails it.
 2. SIGINT, SIGTERM, SIGHUP and SIGUSR1 to a running trainer: it finishes the step, writes the last record
    and a line saying why it stopped, saves a checkpoint that resumes at the next step, and exits
-   128 + the signal; a long step (sized from a measured one) is abandoned part-way (the log shows it
-   unfinished; within the poll spacing and a margin on the script's clock), its checkpoint the last
-   finished step's (resumed: the uninterrupted run's losses, bit for bit); a second signal ends it
-   inside the step (killed by the signal, nothing logged).
+   128 + the signal; a long step (sized from a measured one), plain or pipelined, is abandoned
+   part-way (the log shows it unfinished; within the poll spacing and a margin on the script's
+   clock), its checkpoint the last finished step's (resumed: the uninterrupted run's losses, bit for
+   bit); a second signal ends it at once (killed by the signal, nothing more logged).
 3. --plan: exits 0 at once, and the step peak it prints is within 5% of the peak bytes the run then
    logs for each step (DDP, and FSDP with SP).
 """
@@ -193,34 +193,42 @@ for sig, name in ((signal.SIGINT, "SIGINT"), (signal.SIGTERM, "SIGTERM"), (signa
                                           f"run's losses {[x['loss'] for x in resumed]}"))
 
 # A long step is abandoned part-way, on every rank at the same point (train/stop.hpp: a step after
-# one of 0.5 s or more is polled about every 0.25 s of the previous step's time). The step is sized
-# from a measurement: a reference run of 3 steps, its batch doubled until a step takes 1 s or more on
-# this machine and build (about 2 s under ASan at the first size). The signal goes as soon as step 1's
-# record is in the log: the ranks agreed on step 1's end before it was written, so the signal is
-# seen at step 2's first polled point wherever it lands; no sleep guesses where step 2 is. That the
-# step was abandoned, not finished, is the log's to say (step 1's record and the stop, no step 2);
-# the script's clock bounds the time from the signal to the "abandoned" line by the poll spacing
-# (0.25 s), the checkpoint's write and a scheduling margin (2 s, tests/support/ranks.hpp's). The
-# checkpoint is the last finished step's, with the data position the abandoned step began at:
-# resumed, it gives the uninterrupted run's losses to the last bit.
-def long_args_of(batch):
-    return ["--width", "128", "--seq", "128", "--batch", str(batch), "--micro-batch", "8", "--steps", "3", "--eval-every", "0"]
-full = os.path.join(work, "long_full.jsonl")
-batch = 32
-while True:
-    long_args = long_args_of(batch)
-    subprocess.run([bin_, *long_args, "--log", full], capture_output=True, text=True, env=env, timeout=600)
-    reference = [json.loads(l) for l in open(full) if '"loss"' in l] if os.path.exists(full) else []
-    measured = batch * 128 / reference[0]["tokens_per_s"] if reference else None
-    if measured is None or measured >= 1.0 or batch >= 512:
-        break
-    batch *= 2
-reference = [r["loss"] for r in reference]
-long_tokens = batch * 128  # a step's tokens: the log's tokens_per_s gives the step's seconds
-log = os.path.join(work, "long.jsonl")
-p = subprocess.Popen([bin_, *long_args, "--save-dir", save + "long", "--log", log],
-                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-if wait_for_records(log, 1, p):
+# one of 0.5 s or more is polled about every 0.25 s of the previous step's time, at the executor's
+# stop points), a plain step and a pipelined one (1F1B on pipe 2: its table's cuts,
+# pipeline::cuts). The step is sized from a measurement: a reference run of 3 steps, its batch
+# doubled until a step takes 1 s or more on this machine and build (about 2 s under ASan at the
+# first size). The signal goes as soon as step 1's record is in the log: the ranks agreed on step
+# 1's end before it was written, so the signal is seen at step 2's first polled point wherever it
+# lands; no sleep guesses where step 2 is. That the step was abandoned, not finished, is the log's
+# to say (step 1's record and the stop, no step 2); the script's clock bounds the time from the
+# signal to the "abandoned" line by the poll spacing (0.25 s), the checkpoint's write and a
+# scheduling margin (2 s, tests/support/ranks.hpp's). The checkpoint is the last finished step's,
+# with the data position the abandoned step began at: resumed, it gives the uninterrupted run's
+# losses to the last bit.
+def long_step(name, layout):
+    global failures
+    def long_args_of(batch):
+        return ["--width", "128", "--seq", "128", "--batch", str(batch), "--micro-batch", "8", "--steps", "3", "--eval-every", "0",
+                *layout]
+    full = os.path.join(work, f"long_full_{name}.jsonl")
+    batch = 32
+    while True:
+        long_args = long_args_of(batch)
+        subprocess.run([bin_, *long_args, "--log", full], capture_output=True, text=True, env=env, timeout=600)
+        reference = [json.loads(l) for l in open(full) if '"loss"' in l] if os.path.exists(full) else []
+        measured = batch * 128 / reference[0]["tokens_per_s"] if reference else None
+        if measured is None or measured >= 1.0 or batch >= 512:
+            break
+        batch *= 2
+    reference = [r["loss"] for r in reference]
+    long_tokens = batch * 128  # a step's tokens: the log's tokens_per_s gives the step's seconds
+    log = os.path.join(work, f"long_{name}.jsonl")
+    ck = save + "long_" + name
+    p = subprocess.Popen([bin_, *long_args, "--save-dir", ck, "--log", log],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    if not wait_for_records(log, 1, p):
+        p.kill(); failures += 1; print(f"FAIL: a long {name} step: the run did not log its first step")
+        return
     step1 = long_tokens / json.loads(open(log).readline())["tokens_per_s"]
     t0 = time.monotonic()
     p.send_signal(signal.SIGINT)
@@ -228,73 +236,59 @@ if wait_for_records(log, 1, p):
     abandoned_at = time.monotonic() - t0 if line else None
     try:
         out = seen + p.communicate(timeout=60)[0]
-        exited = time.monotonic() - t0
-        text = open(log).read()
-        records = [json.loads(l) for l in text.split("\n") if l]
-        r = subprocess.run([bin_, *long_args, "--save-dir", save + "long", "--resume", "latest", "--log", log + ".resumed"],
-                           capture_output=True, text=True, env=env, timeout=300)
-        resumed = [json.loads(l)["loss"] for l in open(log + ".resumed") if '"loss"' in l] if r.returncode == 0 else []
-        if step1 < 0.5:
-            failures += 1
-            print(f"FAIL: a long step: step 1 took {step1:.3f} s at batch {batch}, under the 0.5 s after which a step is "
-                  f"polled, though the reference run's took {measured} s")
-        elif (p.returncode == 130 and abandoned_at is not None and abandoned_at < 0.25 + 2.0 and text.endswith("\n")
-                and len(records) == 2
-                and {k: records[-1][k] for k in ("step", "stopped", "abandoned_step")} == {"step": 1, "stopped": "SIGINT", "abandoned_step": 2}
-                and "stopped by SIGINT after step 1 of 3" in out and len(reference) == 3 and resumed == reference[1:]):
-            print(f"a long step: abandoned {abandoned_at:.3f} s after SIGINT (the script's clock; step 1 took "
-                  f"{step1:.2f} s), {exited:.2f} s to exit; resumed, steps 2 and 3 equal the uninterrupted run's "
-                  f"losses {reference[1:]}")
-        else:
-            failures += 1
-            print(f"FAIL: a long step: exit {p.returncode}, abandoned after {abandoned_at} s (step 1: {step1:.3f} s), "
-                  f"log {text[-300:]!r}, printed {out[-500:]!r}; resumed {resumed} against {reference}")
     except subprocess.TimeoutExpired:
-        p.kill(); failures += 1; print("FAIL: a long step: still running 60 s after SIGINT")
-else:
-    p.kill(); failures += 1; print("FAIL: a long step: the run did not log its first step")
-
-# A second signal ends the run at once: both land in the first step of a pipelined run (whose steps
-# are not polled: they finish). The first is sent once the header is out (the header is flushed
-# before the first step), the second once the handler has said it saw the first: then the process
-# must die of the signal with no step in its log, which a run that waited for the step's end cannot
-# do. The step is sized from a measurement (its batch doubled until one takes 3 s or more, about 4 s
-# under ASan at the first size), so that the two signals, a few milliseconds apart, land inside it
-# on any machine. The seconds to exit are the script's, printed, not bounded: the empty log is the
-# proof.
-def twice_args(batch):
-    return ["--eval-every", "0", "--width", "128", "--seq", "128", "--batch", str(batch), "--micro-batch", "16", "--data", "1",
-            "--tensor", "1", "--pipe", "2"]
-twice_batch = 64
-while twice_batch < 1024:
-    probe = os.path.join(work, f"twice_probe_{twice_batch}.jsonl")
-    subprocess.run([bin_, *twice_args(twice_batch), "--steps", "1", "--log", probe], capture_output=True, text=True, env=env,
-                   timeout=600)
-    first = [json.loads(l) for l in open(probe) if '"loss"' in l] if os.path.exists(probe) else []
-    if not first or twice_batch * 128 / first[0]["tokens_per_s"] >= 3.0:
-        break
-    twice_batch *= 2
-log = os.path.join(work, "twice.jsonl")
-p = subprocess.Popen([bin_, "--steps", "100000", *twice_args(twice_batch), "--log", log],
-                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-if read_until(p, "train_gpt:")[1]:
-    p.send_signal(signal.SIGINT)
-    if read_until(p, "stopping after this step")[1]:
-        t0 = time.monotonic(); p.send_signal(signal.SIGINT)
-        try:
-            p.communicate(timeout=30)
-            took = time.monotonic() - t0
-            text = open(log).read() if os.path.exists(log) else ""
-            if p.returncode == -signal.SIGINT and text == "":
-                print(f"two SIGINTs: killed by SIGINT {took:.2f} s after the second, inside the first step (nothing logged)")
-            else:
-                failures += 1; print(f"FAIL: two SIGINTs: exit {p.returncode} after {took:.2f} s, log {text[-200:]!r}")
-        except subprocess.TimeoutExpired:
-            p.kill(); failures += 1; print("FAIL: two SIGINTs: still running 30 s after the second")
+        p.kill(); failures += 1; print(f"FAIL: a long {name} step: still running 60 s after SIGINT")
+        return
+    exited = time.monotonic() - t0
+    text = open(log).read()
+    records = [json.loads(l) for l in text.split("\n") if l]
+    r = subprocess.run([bin_, *long_args, "--save-dir", ck, "--resume", "latest", "--log", log + ".resumed"],
+                       capture_output=True, text=True, env=env, timeout=300)
+    resumed = [json.loads(l)["loss"] for l in open(log + ".resumed") if '"loss"' in l] if r.returncode == 0 else []
+    if step1 < 0.5:
+        failures += 1
+        print(f"FAIL: a long {name} step: step 1 took {step1:.3f} s at batch {batch}, under the 0.5 s after which a step is "
+              f"polled, though the reference run's took {measured} s")
+    elif (p.returncode == 130 and abandoned_at is not None and abandoned_at < 0.25 + 2.0 and text.endswith("\n")
+            and len(records) == 2
+            and {k: records[-1][k] for k in ("step", "stopped", "abandoned_step")} == {"step": 1, "stopped": "SIGINT", "abandoned_step": 2}
+            and "stopped by SIGINT after step 1 of 3" in out and len(reference) == 3 and resumed == reference[1:]):
+        print(f"a long {name} step: abandoned {abandoned_at:.3f} s after SIGINT (the script's clock; step 1 took "
+              f"{step1:.2f} s), {exited:.2f} s to exit; resumed, steps 2 and 3 equal the uninterrupted run's "
+              f"losses {reference[1:]}")
     else:
-        p.kill(); failures += 1; print(f"FAIL: two SIGINTs: the first was not acknowledged (exit {p.wait()})")
+        failures += 1
+        print(f"FAIL: a long {name} step: exit {p.returncode}, abandoned after {abandoned_at} s (step 1: {step1:.3f} s), "
+              f"log {text[-300:]!r}, printed {out[-500:]!r}; resumed {resumed} against {reference}")
+
+long_step("plain", [])
+long_step("pipelined", ["--pipe", "2", "--data", "1", "--tensor", "2", "--schedule", "1f1b"])
+
+# A second signal ends the run at once. The process is stopped (SIGSTOP) in the middle of its run,
+# sent SIGINT and SIGTERM, and continued: the kernel delivers both before the process runs another
+# instruction of its own, so the first handler asks for a stop and the second finds one asked and
+# dies of its signal, with no line added to the log after the SIGSTOP: no timing, no race.
+log = os.path.join(work, "twice.jsonl")
+p = subprocess.Popen([bin_, "--steps", "100000", "--eval-every", "0", "--log", log],
+                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+if wait_for_records(log, 1, p):
+    p.send_signal(signal.SIGSTOP)
+    before = open(log).read()
+    p.send_signal(signal.SIGINT)
+    p.send_signal(signal.SIGTERM)
+    p.send_signal(signal.SIGCONT)
+    try:
+        out = p.communicate(timeout=30)[0]
+        text = open(log).read()
+        if p.returncode in (-signal.SIGINT, -signal.SIGTERM) and text == before and "stopped by" not in out:
+            print(f"two signals: killed by {signal.Signals(-p.returncode).name} at once ({len(before.splitlines())} steps "
+                  f"logged before the stop, none after)")
+        else:
+            failures += 1; print(f"FAIL: two signals: exit {p.returncode}, log grew by {text[len(before):][:200]!r}, printed {out[-300:]!r}")
+    except subprocess.TimeoutExpired:
+        p.kill(); failures += 1; print("FAIL: two signals: still running 30 s after both")
 else:
-    p.kill(); failures += 1; print("FAIL: two SIGINTs: no header line")
+    p.kill(); failures += 1; print("FAIL: two signals: the run did not log its first step")
 
 # The plan against a run: the step peak --plan prints (replayed from the types: weft/plan/step.hpp)
 # against the peak_bytes the run logs for each step (the largest rank's), for DDP and FSDP with SP,

@@ -186,6 +186,98 @@ TEST_CASE("a rank that fails mid-schedule makes every rank raise within the dead
   MESSAGE("every rank raised ", waited, " s after rank 1 did (deadline 2 s)");
 }
 
+namespace {
+
+// The executor's stop hook (pipeline::StopHook) that stops the step at its point `at` (-1: never),
+// counting the points it is called at.
+struct StopAt {
+  int at = -1, seen = 0;
+  void point() {
+    if (seen++ == at) throw StepStopped{};
+  }
+};
+
+// One step of GPT-2 in double on pipe p (thread ranks) under schedule Sched: first the step stopped
+// at cut `stop` of the table (-1: not stopped), then the same step whole. Returns the points each
+// rank's hook saw in the stopped (or first) run, whether every rank stopped, and the whole step's
+// loss and gradients.
+struct Stopped {
+  std::vector<int> points;
+  bool all_stopped = true;
+  double loss = 0;
+  std::map<std::string, std::vector<double>> grads;
+};
+
+template <class Sched>
+Stopped stop_then_run(int pipe, int v, int stop) {
+  Stopped out;
+  out.points.assign(static_cast<std::size_t>(pipe), 0);
+  std::mutex mu;
+  const data::MarkovSource corpus(kPipeConfig.vocab, 5);
+  run_threads(pipe, [&](ThreadComm& world) {
+    Host h;
+    Mesh mesh{world, {.pipe = pipe}};
+    const Partition part = Partition::even(pipe, v, kPipeConfig.layers);
+    using Model = gpt2::Model<double>;
+    Model gpt(h, kPipeConfig, mesh.spread(), kMicro, part.placement(mesh.coord().pipe));
+    auto dp = optim::data_parallel<optim::Ddp>(gpt, optim::AdamW{}, mesh);
+    data::Loader<data::MarkovSource> loader(corpus, kPipeConfig.seq, kMicro, 1, 0);
+    std::vector<std::vector<std::int32_t>> x(kM), y(kM);
+    std::vector<nn::MicroBatch> mbs;
+    for (int i = 0; i < kM; ++i) {
+      loader.next(x[static_cast<std::size_t>(i)], y[static_cast<std::size_t>(i)]);
+      mbs.push_back({x[static_cast<std::size_t>(i)], y[static_cast<std::size_t>(i)], kMicro, 1.0 / kM});
+    }
+    Pipeline<Model, decltype(mesh)> pp(gpt, table<Sched>(pipe, kM, v), part, mesh);
+    StopAt hook{stop};
+    bool stopped = false;
+    try {
+      pp.run(mbs, dp, hook);
+    } catch (const StepStopped&) {
+      stopped = true;
+    }
+    dp.zero_grad();
+    const double loss = pp.run(mbs, dp);  // the whole step, on the communicator the stop left
+    std::lock_guard lock(mu);
+    out.points[static_cast<std::size_t>(world.rank())] = hook.seen;
+    out.all_stopped = out.all_stopped && stopped;
+    out.loss = loss;
+    gpt.for_each_param([&](const std::string& name, auto& p) {
+      out.grads[name].assign(p.grad.data(), p.grad.data() + (name == "wte" ? kPipeConfig.vocab * kPipeConfig.width : p.grad.numel()));
+    });
+  });
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("a pipelined step stopped at any cut of its table stops every rank there and leaves no message behind", S,
+                   GPipe, OneFOneB, ZeroBubbleH1, Interleaved) {
+  // Every cut of the table (pipeline::cuts) on pipe 2 (V = 2 for interleaved) and, for 1F1B, pipe
+  // 4: every rank's hook is called at the same number of points, every rank stops at the one
+  // given, none hangs (the messages sent across the cut are received: the communicator's
+  // deadline would raise otherwise), and the step then run whole on the same communicators gives,
+  // bit for bit, the loss and gradients of a step never stopped (a message left in flight would be
+  // received in the next step's place, or refused).
+  const int v = std::same_as<S, Interleaved> ? 2 : 1;
+  for (int pipe : std::same_as<S, OneFOneB> ? std::vector<int>{2, 4} : std::vector<int>{2}) {
+    const Stopped whole = stop_then_run<S>(pipe, v, -1);
+    const int n = whole.points[0];
+    for (int r = 0; r < pipe; ++r) CHECK_MESSAGE(whole.points[static_cast<std::size_t>(r)] == n, std::string(S::name), " rank ", r);
+    REQUIRE(n == cuts(table<S>(pipe, kM, v)).count());
+    REQUIRE(n >= kM);  // a cut at least every micro-batch, so a long step stops part-way
+    for (int c = 0; c < n; ++c) {
+      const Stopped got = stop_then_run<S>(pipe, v, c);
+      CAPTURE(c);
+      CHECK_MESSAGE(got.all_stopped, std::string(S::name), " pipe ", pipe);
+      CHECK(got.loss == whole.loss);
+      std::string where;
+      CHECK_MESSAGE(worst(got.grads, whole.grads, where) == 0, std::string(S::name), " pipe ", pipe, ": ", where);
+    }
+    MESSAGE(std::string(S::name), " pipe ", pipe, " V ", v, ": stopped at each of its ", n, " cuts");
+  }
+}
+
 TEST_CASE("partitions refuse what cannot be split, naming the values") {
   CHECK_THROWS_WITH_AS(Partition::even(3, 1, 8), doctest::Contains("8 layers do not split evenly over pipe 3 x 1 virtual stages = 3"),
                        Error);

@@ -4,6 +4,7 @@
 // unit costs compared with the paper's closed form. A broken table is reported where it would block.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <iterator>
@@ -201,6 +202,56 @@ TEST_CASE("delivered equals the brute-force rule for GPipe, 1F1B, interleaved an
   // Both outcomes occur: sends proved by a later message, and sends only the run's end frees.
   CHECK(proved > 0);
   CHECK(sends > proved);
+}
+
+TEST_CASE("cuts: every rank reaches its point of a cut without waiting on a rank already at its own, on 2 to 4 ranks") {
+  // The rule checked by brute force over every message: a receive before the receiver's point of a
+  // cut has its send before the sender's point (sends never wait: messages the other way are what a
+  // stop drains). Every rank has the same number of cuts, its points never go back, and every rank
+  // has a cut strictly inside its step, so a stop can land part-way on each.
+  int crossing = 0, inside = 0;
+  for (const Kind kind : {Kind::gpipe, Kind::one_f_one_b, Kind::interleaved, Kind::zero_bubble_h1})
+    for (int p : {2, 3, 4})
+      for (int m : {4, 6, 8})
+        for (int v : {1, 2}) {
+          if ((v == 2) != (kind == Kind::interleaved) || detail::refusal(kind, p, m, v)) continue;
+          const Table t = make_table(kind, p, m, v);
+          const Cuts c = cuts(t);
+          CAPTURE(static_cast<int>(kind));
+          CAPTURE(p);
+          CAPTURE(m);
+          REQUIRE(static_cast<int>(c.at.size()) == p);
+          REQUIRE(c.count() >= m);
+          for (int r = 0; r < p; ++r) {
+            const auto& at = c.at[static_cast<std::size_t>(r)];
+            const int end = static_cast<int>(2 * t.ranks[static_cast<std::size_t>(r)].size());
+            REQUIRE(static_cast<int>(at.size()) == c.count());
+            CHECK(std::is_sorted(at.begin(), at.end()));
+            CHECK(std::any_of(at.begin(), at.end(), [&](int x) { return x > 0 && x < end; }));
+          }
+          for (int cut = 0; cut < c.count(); ++cut)
+            for (int r = 0; r < p; ++r) {
+              const auto& acts = t.ranks[static_cast<std::size_t>(r)];
+              const int mine = c.at[static_cast<std::size_t>(r)][static_cast<std::size_t>(cut)];
+              if (mine > 0 && mine < static_cast<int>(2 * acts.size())) ++inside;
+              for (int k = 0; k < static_cast<int>(acts.size()); ++k) {
+                const Action& x = acts[static_cast<std::size_t>(k)];
+                if (x.what != Do::exchange || !x.recv.present()) continue;
+                const Where sent = find_message(t, x.recv).first;
+                const bool sent_before = 2 * sent.at + 1 <= c.at[static_cast<std::size_t>(sent.rank)][static_cast<std::size_t>(cut)];
+                if (2 * k + 2 <= mine) {
+                  CAPTURE(cut);
+                  CAPTURE(r);
+                  CAPTURE(k);
+                  CHECK(sent_before);  // received before the cut: sent before it
+                } else if (sent_before) {
+                  ++crossing;  // a stop there receives it
+                }
+              }
+            }
+        }
+  CHECK(crossing > 0);
+  CHECK(inside > 0);
 }
 
 TEST_CASE("delivered: a send is freed where a later message from its receiver proves it arrived") {

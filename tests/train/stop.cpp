@@ -1,8 +1,8 @@
-// train::StopPoints and train::Polled (train/stop.hpp): which points of a step poll, from the
+// train::StopPoints and train::Polling (train/stop.hpp): which points of a step poll, from the
 // previous step's time and point count (closed forms); and on thread ranks whose stop flags differ,
 // every rank throws Abandoned at the same point, the first polled one after any flag is set, with
-// the largest signal, having forwarded every acquire and release before it; the communicator is
-// usable afterwards (a checkpoint's collectives follow an abandoned step).
+// the largest signal, having run the work before it; the communicator is usable afterwards (a
+// checkpoint's collectives follow an abandoned step).
 #include <doctest/doctest.h>
 
 #include <atomic>
@@ -16,11 +16,11 @@ using namespace weft;
 
 namespace {
 
-// Counts the calls Polled forwards.
+// Counts the work run between the points.
 struct Recording {
   std::int64_t acquires = 0, releases = 0;
-  void acquire(std::size_t, pipeline::Pass) { ++acquires; }
-  void release(std::size_t, pipeline::Pass, bool) { ++releases; }
+  void acquire() { ++acquires; }
+  void release() { ++releases; }
 };
 
 std::vector<std::int64_t> due_points(train::StopPoints& p, std::int64_t n) {
@@ -69,7 +69,7 @@ TEST_CASE("train::StopPoints: spaced about `every` seconds apart by the previous
   }
 }
 
-TEST_CASE("train::Polled: every rank abandons at the same point, with the largest signal") {
+TEST_CASE("train::Polling: every rank abandons at the same point, with the largest signal") {
   constexpr int ranks = 3;
   // Rank 1 sees signal 15 before its point 7, rank 2 signal 2 before its point 8; polls every
   // 3rd point (8 s over 100 points: 0.08 s a point, 0.25 s apart): all ranks stop at point 9,
@@ -83,13 +83,14 @@ TEST_CASE("train::Polled: every rank abandons at the same point, with the larges
     points.begin_step(8, 100);
     CHECK(points.spacing() == 3);
     Recording inner;
-    train::Polled polled(inner, world, flag, points);
+    train::Polling polling(world, flag, points);
     try {
       for (std::int64_t i = 1; i <= 30; ++i) {
         if (r == 1 && i == 7) flag = 15;
         if (r == 2 && i == 8) flag = 2;
-        polled.acquire(0, pipeline::Pass::forward);
-        polled.release(0, pipeline::Pass::forward, false);
+        polling.point();
+        inner.acquire();
+        inner.release();
       }
     } catch (const train::Abandoned& a) {
       stopped_at[static_cast<std::size_t>(r)] = points.counted();
@@ -105,13 +106,13 @@ TEST_CASE("train::Polled: every rank abandons at the same point, with the larges
   for (int r = 0; r < ranks; ++r) {
     CAPTURE(r);
     CHECK(stopped_at[static_cast<std::size_t>(r)] == 9);
-    CHECK(forwarded[static_cast<std::size_t>(r)] == 8);  // the polled point throws before its acquire
+    CHECK(forwarded[static_cast<std::size_t>(r)] == 8);  // the polled point throws before the work after it
     CHECK(signal[static_cast<std::size_t>(r)] == 15);
     CHECK(after[static_cast<std::size_t>(r)] == ranks);
   }
 }
 
-TEST_CASE("train::Polled: no flag, or a short step, never abandons") {
+TEST_CASE("train::Polling: no flag, or a short step, never abandons") {
   for (double previous : {-1.0, 0.1}) {
     CAPTURE(previous);
     std::vector<std::int64_t> forwarded(2, -1);
@@ -120,10 +121,10 @@ TEST_CASE("train::Polled: no flag, or a short step, never abandons") {
       train::StopPoints points;
       points.begin_step(previous, 20);
       Recording inner;
-      train::Polled polled(inner, world, flag, points);
-      for (int i = 0; i < 20; ++i) polled.acquire(0, pipeline::Pass::backward);
+      train::Polling polling(world, flag, points);
+      for (int i = 0; i < 20; ++i) polling.point(), inner.acquire();
       if (previous > 0) flag = 2;  // set, but a short step is not polled: the step's end stops it
-      for (int i = 0; i < 20; ++i) polled.acquire(0, pipeline::Pass::backward);
+      for (int i = 0; i < 20; ++i) polling.point(), inner.acquire();
       forwarded[static_cast<std::size_t>(world.rank())] = inner.acquires;
     });
     CHECK(forwarded == std::vector<std::int64_t>{40, 40});

@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <exception>
 #include <vector>
 
 #include "weft/nn/staged_model.hpp"
@@ -42,6 +43,24 @@ template <class P>
 concept DataProtocol = requires(P& p, std::size_t u, Pass pass, bool last) {
   p.acquire(u, pass);
   p.release(u, pass, last);
+};
+
+// A step's stop hook: point() is called where every rank of the world is, in the same order, with
+// no message between ranks pending across the point (the plain step: before each stage of each
+// micro-batch's forward and backward; a pipelined step: at its table's cuts, pipeline::cuts). A
+// point may throw a StepStopped to stop the step there, on every rank at once (train/stop.hpp polls
+// for a stop request and throws train::Abandoned); Pipeline::run first receives what was sent
+// across the cut. Any other exception is a failure, and goes on at once.
+template <class H>
+concept StopHook = requires(H& h) { h.point(); };
+
+struct StepStopped : std::exception {
+  const char* what() const noexcept override { return "pipeline: the step was stopped at a stop point"; }
+};
+
+// No stop within a step.
+struct NoStop {
+  void point() {}
 };
 
 // Gradients stay where the layers put them: no gathering, no reduction over data (tests, and one
@@ -76,12 +95,13 @@ struct Uses {
 
 // The forward pass of one micro-batch (Mode::infer: evaluation, keeping nothing for backward).
 // The units of the last stage stay acquired when its backward follows at once (Mode::train).
-template <class Model, AxisComms M, DataProtocol P = LocalGradients>
+template <class Model, AxisComms M, DataProtocol P = LocalGradients, StopHook H = NoStop>
   requires StagedModel<Model, M>
-void forward(Model& model, typename Model::Ctx& ctx, M& mesh, P&& dp = P{}, nn::Mode mode = nn::Mode::train) {
+void forward(Model& model, typename Model::Ctx& ctx, M& mesh, P&& dp = P{}, nn::Mode mode = nn::Mode::train, H&& hook = H{}) {
   const detail::Uses uses(model);
   const std::size_t n = uses.of.size();
   for (std::size_t s = 0; s < n; ++s) {
+    hook.point();
     for (std::size_t u : uses.of[s]) dp.acquire(u, Pass::forward);
     model.forward(s, ctx, mesh, mode);
     const bool backward_next = mode == nn::Mode::train && s + 1 == n;  // the last stage's backward runs next
@@ -91,11 +111,12 @@ void forward(Model& model, typename Model::Ctx& ctx, M& mesh, P&& dp = P{}, nn::
 }
 
 // The backward pass of one micro-batch. last: no further micro-batch before the optimizer step.
-template <class Model, AxisComms M, DataProtocol P = LocalGradients>
+template <class Model, AxisComms M, DataProtocol P = LocalGradients, StopHook H = NoStop>
   requires StagedModel<Model, M>
-void backward(Model& model, typename Model::Ctx& ctx, M& mesh, P&& dp = P{}, bool last = true) {
+void backward(Model& model, typename Model::Ctx& ctx, M& mesh, P&& dp = P{}, bool last = true, H&& hook = H{}) {
   const detail::Uses uses(model);
   for (std::size_t s = uses.of.size(); s-- > 0;) {
+    hook.point();
     for (std::size_t u : uses.of[s]) dp.acquire(u, Pass::backward);
     model.backward(s, ctx, mesh);
     for (std::size_t u : uses.of[s])
@@ -104,11 +125,11 @@ void backward(Model& model, typename Model::Ctx& ctx, M& mesh, P&& dp = P{}, boo
 }
 
 // Forward then backward; returns the micro-batch's loss.
-template <class Model, AxisComms M, DataProtocol P = LocalGradients>
+template <class Model, AxisComms M, DataProtocol P = LocalGradients, StopHook H = NoStop>
   requires StagedModel<Model, M>
-double forward_backward(Model& model, typename Model::Ctx& ctx, M& mesh, P&& dp = P{}, bool last = true) {
-  forward(model, ctx, mesh, dp);
-  backward(model, ctx, mesh, dp, last);
+double forward_backward(Model& model, typename Model::Ctx& ctx, M& mesh, P&& dp = P{}, bool last = true, H&& hook = H{}) {
+  forward(model, ctx, mesh, dp, nn::Mode::train, hook);
+  backward(model, ctx, mesh, dp, last, hook);
   return ctx.loss;
 }
 

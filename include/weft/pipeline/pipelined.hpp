@@ -129,6 +129,7 @@ class Pipeline {
     rank_ = pipe.rank();
     lowest_stage_ = rank_;
     delivered_ = delivered(table_, rank_);
+    cuts_ = cuts(table_);
     // The tied table's two holders (first and last pipe ranks) sum its gradients (a model whose
     // head has a table of its own has none).
     const int last = part_.rank_of(part_.stages() - 1);
@@ -148,9 +149,14 @@ class Pipeline {
   const std::optional<Comm>& tie_group() const { return tie_; }
 
   // One optimizer step's forwards and backwards over m micro-batches (the table's m), gradients
-  // left for dp.step(); returns the mean loss of the micro-batches on every rank.
-  template <DataProtocol P>
-  double run(std::span<const nn::MicroBatch> micro, P& dp) {
+  // left for dp.step(); returns the mean loss of the micro-batches on every rank. hook.point() is
+  // called at each of the table's cuts (pipeline::cuts; the same number on every rank): where it
+  // throws StepStopped, this rank first receives every message sent to it before the cut (into
+  // scratch) and waits for its own to be received, so that no rank is left with a message in
+  // flight, then the exception goes on. The weights are untouched by a stopped step; the gradients
+  // are partial.
+  template <DataProtocol P, StopHook H = NoStop>
+  double run(std::span<const nn::MicroBatch> micro, P& dp, H&& hook = H{}) {
     if (static_cast<int>(micro.size()) != table_.m)
       throw Error("pipeline::Pipeline::run", cat(micro.size(), " micro-batches for a table of ", table_.m),
                   "pass the number of micro-batches the schedule was built for");
@@ -182,14 +188,30 @@ class Pipeline {
       }
     } withdraw{pipe, sent};
     double loss = 0;
+    // The cuts at this rank's point `at` (2 k: before action k, 2 k + 1: between the send and the
+    // receive of exchange k): the hook's points; one that throws stops the step there.
+    std::size_t cut = 0;
+    const auto& points = cuts_.at[static_cast<std::size_t>(rank_)];
+    const auto reach = [&](int at) {
+      for (; cut < points.size() && points[cut] == at; ++cut) {
+        try {
+          hook.point();
+        } catch (const StepStopped&) {
+          drain(static_cast<int>(cut), micro, sent, pipe);
+          throw;
+        }
+      }
+    };
     for (std::size_t k = 0; k < acts.size(); ++k) {
       const Action& a = acts[k];
+      reach(static_cast<int>(2 * k));
       if (a.what == Do::exchange) {
         if (a.send.present()) {
           Act out = std::move(outgoing[static_cast<std::size_t>(a.send.micro)]);
           auto h = pipe.isend(std::span<const T>(out.data(), static_cast<std::size_t>(out.numel())), a.send_to);
           sent.push_back({k, h, std::move(out)});
         }
+        reach(static_cast<int>(2 * k + 1));
         if (a.recv.present()) {
           const Trace::Scope wait(trace_, lane_, "recv wait", "wait", a.recv.stage, a.recv.micro);
           Ctx& c = context(ctx, micro, a.recv.micro);
@@ -239,6 +261,7 @@ class Pipeline {
       const bool done = table_.split_weight ? a.what == Do::weight : a.what == Do::backward;
       if (done && a.stage == lowest_stage_) ctx[static_cast<std::size_t>(a.micro)].reset();
     }
+    reach(static_cast<int>(2 * acts.size()));
     {
       const Trace::Scope wait(trace_, lane_, "send wait", "wait");
       for (Sent& x : sent) pipe.wait(x.handle);
@@ -284,6 +307,35 @@ class Pipeline {
 
  private:
   Shape shape(const nn::MicroBatch& mb) const { return model_->stream_shape(mb.batch); }
+
+  // A step stopped at cut c: receives (into scratch) every message this rank has still to receive
+  // whose sender posted it before its own point of cut c, in this rank's table order, then waits for
+  // the sends it posted itself (their receivers drain them the same way). Every rank stops at the
+  // same cut, so this waits for nothing that is not already posted.
+  template <class SentList>
+  void drain(int c, std::span<const nn::MicroBatch> micro, SentList& sent, Comm& pipe) {
+    const auto S = table_.stages();
+    const auto key = [&](const Msg& x) { return ((x.grad ? 1 : 0) * S + x.stage) * table_.m + x.micro; };
+    std::vector<int> sent_at(static_cast<std::size_t>(2 * S * table_.m), -1);  // the point after a message's send
+    for (int r = 0; r < table_.p; ++r)
+      for (std::size_t k = 0; k < table_.ranks[static_cast<std::size_t>(r)].size(); ++k) {
+        const Action& x = table_.ranks[static_cast<std::size_t>(r)][k];
+        if (x.what == Do::exchange && x.send.present()) sent_at[static_cast<std::size_t>(key(x.send))] = static_cast<int>(2 * k + 1);
+      }
+    const auto& acts = table_.ranks[static_cast<std::size_t>(rank_)];
+    const int mine = cuts_.at[static_cast<std::size_t>(rank_)][static_cast<std::size_t>(c)];
+    for (std::size_t k = 0; k < acts.size(); ++k) {
+      const Action& a = acts[k];
+      if (a.what != Do::exchange || !a.recv.present() || static_cast<int>(2 * k + 2) <= mine) continue;  // received already
+      const int theirs = cuts_.at[static_cast<std::size_t>(a.recv_from)][static_cast<std::size_t>(c)];
+      if (sent_at[static_cast<std::size_t>(key(a.recv))] > theirs) continue;  // never sent: the sender stopped first
+      Act scratch = Act::empty(model_->dev(), shape(micro[static_cast<std::size_t>(a.recv.micro)]), mesh_->spread(),
+                               Category::activations);
+      pipe.recv(std::span<T>(scratch.data(), static_cast<std::size_t>(scratch.numel())), a.recv_from);
+    }
+    for (auto& x : sent) pipe.wait(x.handle);
+    sent.clear();  // delivered: nothing to withdraw
+  }
   Ctx& context(std::vector<std::optional<Ctx>>& ctx, std::span<const nn::MicroBatch> micro, int i) {
     auto& c = ctx[static_cast<std::size_t>(i)];
     if (!c) c.emplace(model_->context(micro[static_cast<std::size_t>(i)]));
@@ -297,6 +349,7 @@ class Pipeline {
   int rank_ = 0;
   int lowest_stage_ = 0;  // this rank's first virtual stage: a micro-batch's last backward here
   std::vector<int> delivered_;  // per action: where its send is known delivered (pipeline::delivered)
+  Cuts cuts_;                   // where a step may stop on every rank at once (pipeline::cuts)
   std::optional<Comm> tie_;
   Trace* trace_ = nullptr;
   int lane_ = 0;

@@ -506,6 +506,63 @@ inline Simulation simulate(const Table& t, Costs c) {
 
 inline Costs unit_costs(const Table& t) { return t.split_weight ? Costs{1, 1, 1} : Costs{1, 2, 0}; }
 
+// Where a pipelined step can stop on every rank at once: points of each rank's actions such that
+// no rank waits, before its point, for a message that another rank sends only after its own. A
+// point is a position in a rank's actions: 2 k is before action k, 2 k + 1 between the send and the
+// receive of exchange k (the executor posts the send, then receives), 2 n after the last action.
+//
+// Cut c is the same on every rank: with the table run on unit costs (simulate), each rank's point
+// is after every part of its actions that ends by the time T_c, T_c the c-th end of a compute on
+// any rank (the last end, where every rank has finished, is not one). A receive that completes by
+// T_c has its message posted by T_c, so its send lies before the sender's point: every rank reaches
+// its point of cut c without waiting for a rank that is already at its own. Messages posted before
+// a cut and received after it are the ones a stop must still receive (Pipeline::run drains them).
+struct Cuts {
+  std::vector<std::vector<int>> at;  // [rank][cut]: the rank's point of each cut, in order
+  int count() const { return at.empty() ? 0 : static_cast<int>(at[0].size()); }
+};
+
+inline Cuts cuts(const Table& t) {
+  const Costs c = unit_costs(t);
+  const Simulation sim = simulate(t, c);
+  Cuts out;
+  out.at.resize(static_cast<std::size_t>(t.p));
+  if (!sim.completed) return out;  // a table that deadlocks has no such points (check() refuses it)
+  // Each rank's parts in order, as (time the part is done, the point after it).
+  std::vector<std::vector<std::pair<double, int>>> parts(static_cast<std::size_t>(t.p));
+  std::vector<double> ends;
+  for (int r = 0; r < t.p; ++r) {
+    const auto ur = static_cast<std::size_t>(r);
+    const auto& acts = t.ranks[ur];
+    for (std::size_t k = 0; k < acts.size(); ++k) {
+      const Action& x = acts[k];
+      const double start = sim.start[ur][k];
+      const double next = k + 1 < acts.size() ? sim.start[ur][k + 1] : sim.end[ur];  // when the rank moves on
+      const int after = static_cast<int>(2 * (k + 1));
+      if (x.what == Do::exchange) {
+        parts[ur].push_back({start, static_cast<int>(2 * k + 1)});  // the send, posted on arrival
+        parts[ur].push_back({next, after});                         // the receive, complete when it moves on
+      } else {
+        const double end = start + (x.what == Do::forward ? c.forward : x.what == Do::backward ? c.backward : c.weight);
+        parts[ur].push_back({end, after});
+        ends.push_back(end);
+      }
+    }
+  }
+  std::sort(ends.begin(), ends.end());
+  ends.erase(std::unique(ends.begin(), ends.end()), ends.end());
+  if (!ends.empty()) ends.pop_back();  // every rank is done by the last
+  for (int r = 0; r < t.p; ++r) {
+    const auto ur = static_cast<std::size_t>(r);
+    std::size_t done = 0;
+    for (double T : ends) {
+      while (done < parts[ur].size() && parts[ur][done].first <= T) ++done;
+      out.at[ur].push_back(done == 0 ? 0 : parts[ur][done - 1].second);
+    }
+  }
+  return out;
+}
+
 // A text picture of a table on a time line of unit costs (one column per unit), one row per rank:
 // forward of micro-batch i as the digit i, its backward as the letter a + i (one per column of its
 // cost: two for a backward with its weight gradient), its split weight gradient as A + i, idle as

@@ -40,27 +40,27 @@ struct BadOption : Error {
 inline std::string resolve_device(const Options& o) {
 #ifdef WEFT_ENABLE_CUDA
   const int gpus = weft::cuda::device_count();
-  if (o.device == "cuda" && gpus == 0)
+  if (o.launch.device == "cuda" && gpus == 0)
     throw Error(o.where(), "--device cuda but no GPU was found (no CUDA device is visible, or no driver)",
                 "run on a machine with an NVIDIA GPU, or use --device host");
-  if (o.device == "auto") return gpus > 0 ? "cuda" : "host";
+  if (o.launch.device == "auto") return gpus > 0 ? "cuda" : "host";
 #else
-  if (o.device == "cuda")
+  if (o.launch.device == "cuda")
     throw Error(o.where(), "--device cuda but this binary was built without CUDA",
                 "rebuild with a CUDA compiler (the cuda preset), or use --device host");
-  if (o.device == "auto") return "host";
+  if (o.launch.device == "auto") return "host";
 #endif
-  return o.device;
+  return o.launch.device;
 }
 
 // The mesh's size: in floating point first, since four int degrees multiply past 64 bits.
 inline void check_world(const Options& o, const Launch& launch) {
-  const double world = 1.0 * o.data * o.pipe * o.context * o.tensor;
+  const double world = 1.0 * o.mesh.data * o.mesh.pipe * o.mesh.context * o.mesh.tensor;
   char text[64];
   std::snprintf(text, sizeof text, "%.0f", world);
-  if (world > (1 << 20)) throw Error(o.where(), cat(o.mesh_text(), " = ", text, " ranks"), "use at most 2^20 = 1048576 ranks");
+  if (world > (1 << 20)) throw Error(o.where(), cat(o.mesh.text(), " = ", text, " ranks"), "use at most 2^20 = 1048576 ranks");
   if (launch.kind == Launcher::threads && world > 1024)
-    throw Error(o.where("--launcher threads"), cat(o.mesh_text(), " = ", text, " thread ranks in one process"),
+    throw Error(o.where("--launcher threads"), cat(o.mesh.text(), " = ", text, " thread ranks in one process"),
                 "use at most 1024 thread ranks, or one process per rank (mpirun, docs/launch.md)");
 }
 
@@ -83,63 +83,63 @@ inline void check_processes(const Options& o, Launch& launch, const std::string&
                 "install Debian's libopenmpi-dev and rebuild (CMake finds MPI and builds weft::mpi)");
 #endif
   const std::string where = o.where(cat("--launcher ", name(launch.kind)));
-  const int ranks = o.ranks();
+  const int ranks = o.mesh.ranks();
   const bool mpi = launch.kind == Launcher::mpi;
   if (launch.processes != ranks)
     throw Error(where,
-                cat(mpi ? "mpirun started " : "WORLD_SIZE is ", launch.processes, mpi ? " processes" : "", " but ", o.mesh_text(), " = ",
+                cat(mpi ? "mpirun started " : "WORLD_SIZE is ", launch.processes, mpi ? " processes" : "", " but ", o.mesh.text(), " = ",
                     ranks, " ranks"),
                 cat(mpi ? cat("run mpirun -np ", ranks) : cat("start ", ranks, " processes"), ", or choose degrees whose product is ",
                     launch.processes));
-  if (o.pipe > 1 && device == "cuda")
+  if (o.mesh.pipe > 1 && device == "cuda")
     throw Error(where, "--pipe with GPU processes (NCCL has no isend here yet)",
                 "use --pipe on thread ranks (--launcher threads), or tensor and data parallelism across GPUs");
-  if (!o.trace.empty()) throw Error(where, "--trace records thread ranks of one process", "trace a --launcher threads run");
+  if (!o.logging.trace.empty()) throw Error(where, "--trace records thread ranks of one process", "trace a --launcher threads run");
 }
 
 // The micro-batch divides the batch.
 inline void check_batch(const Options& o) {
-  if (o.batch % o.micro() != 0)
-    throw Error(o.where(), cat("batch ", o.batch, " is not a multiple of the micro-batch ", o.micro()),
+  if (o.optim.batch % o.optim.micro() != 0)
+    throw Error(o.where(), cat("batch ", o.optim.batch, " is not a multiple of the micro-batch ", o.optim.micro()),
                 "use a micro-batch that divides the batch");
 }
 
 // The learning-rate schedule, the mesh and the pipeline's partition and table, for a model of
 // `layers` layers.
 inline void check_schedule(const Options& o, std::int64_t layers) {
-  (void)optim::Schedule::warmup_cosine(o.lr, o.warmup.value_or(o.steps / 20), o.steps, o.min_lr);
-  validate(o.mesh(), o.ranks());
-  if (o.pipe == 1 && o.virtual_stages == 1) return;
-  (void)pipeline::Partition::even(o.pipe, o.virtual_stages, layers);
-  (void)pipeline::make_table(pipeline::kind_named(o.schedule), o.pipe, static_cast<int>(o.batch / o.micro()), o.virtual_stages);
-  if (o.pipe == 1)
-    throw Error(o.where(), cat("--virtual-stages ", o.virtual_stages, " without --pipe"),
+  (void)optim::Schedule::warmup_cosine(o.optim.lr, o.optim.warmup.value_or(o.optim.steps / 20), o.optim.steps, o.optim.min_lr);
+  validate(o.mesh.shape(), o.mesh.ranks());
+  if (o.mesh.pipe == 1 && o.mesh.virtual_stages == 1) return;
+  (void)pipeline::Partition::even(o.mesh.pipe, o.mesh.virtual_stages, layers);
+  (void)pipeline::make_table(pipeline::kind_named(o.mesh.schedule), o.mesh.pipe, static_cast<int>(o.optim.batch / o.optim.micro()), o.mesh.virtual_stages);
+  if (o.mesh.pipe == 1)
+    throw Error(o.where(), cat("--virtual-stages ", o.mesh.virtual_stages, " without --pipe"),
                 "virtual stages split a pipeline's ranks: use --pipe >= 2");
-  if (o.sample > 0) throw Error(o.where(), "--sample with --pipe", "sample from a run without pipeline parallelism");
+  if (o.data.sample > 0) throw Error(o.where(), "--sample with --pipe", "sample from a run without pipeline parallelism");
 }
 
 // Sampling against the model's vocabulary.
 inline void check_data(const Options& o, std::int64_t vocab) {
-  if (!o.text.empty() && vocab < 256)
+  if (!o.data.text.empty() && vocab < 256)
     throw Error(o.where(), cat("vocabulary ", vocab, " with --text"), "byte-level text needs a vocabulary of 256");
-  if (o.sample > 0 && o.text.empty()) throw Error(o.where(), "--sample without --text", "sampling prints text: train on --text");
+  if (o.data.sample > 0 && o.data.text.empty()) throw Error(o.where(), "--sample without --text", "sampling prints text: train on --text");
 }
 
 // The corpus a training run reads, against the model's vocabulary (--plan reads none: a Llama 3
 // vocabulary plans without a data file).
 inline void check_corpus(const Options& o, std::int64_t vocab) {
-  if (o.data_file.empty() && o.text.empty() && vocab > data::MarkovSource::max_vocab)
+  if (o.data.file.empty() && o.data.text.empty() && vocab > data::MarkovSource::max_vocab)
     throw Error(o.where(), cat("vocabulary ", vocab, " with the built-in Markov corpus"),
                 cat("use at most ", data::MarkovSource::max_vocab, " tokens, or train on a --data-file"));
 }
 
 // The checkpoint options against each other.
 inline void check_checkpoint_options(const Options& o) {
-  if (!o.resume.empty() && !o.init_from.empty())
+  if (!o.checkpoint.resume.empty() && !o.checkpoint.init_from.empty())
     throw Error(o.where(), "--init-from with --resume", "resume restores the weights: give one of them");
-  if (o.resume == "latest" && o.save_dir.empty())
+  if (o.checkpoint.resume == "latest" && o.checkpoint.save_dir.empty())
     throw Error(o.where(), "--resume latest without --save-dir", "give --save-dir, or the checkpoint's path to --resume");
-  if ((o.save_every > 0 || o.keep > 0 || o.async_save) && o.save_dir.empty())
+  if ((o.checkpoint.save_every > 0 || o.checkpoint.keep > 0 || o.checkpoint.async_save) && o.checkpoint.save_dir.empty())
     throw Error(o.where(), "--save-every, --keep or --async-save without --save-dir", "give --save-dir");
 }
 
@@ -155,15 +155,15 @@ inline void probe_writable(const Options& o, const std::string& option, const st
 // taking it also proves the directory writable). Other processes return none.
 inline std::optional<checkpoint::DirectoryLock> claim_outputs(const Options& o, const Launch& launch) {
   if (!launch.lead()) return std::nullopt;
-  probe_writable(o, "--log", o.log);
-  probe_writable(o, "--trace", o.trace);
-  if (o.save_dir.empty()) return std::nullopt;
+  probe_writable(o, "--log", o.logging.log);
+  probe_writable(o, "--trace", o.logging.trace);
+  if (o.checkpoint.save_dir.empty()) return std::nullopt;
   std::error_code ec;
-  std::filesystem::create_directories(o.save_dir, ec);
-  if (ec || !std::filesystem::is_directory(o.save_dir))
-    throw Error(o.where("--save-dir"), cat("cannot create the directory '", o.save_dir, "'", ec ? cat(": ", ec.message()) : ""),
+  std::filesystem::create_directories(o.checkpoint.save_dir, ec);
+  if (ec || !std::filesystem::is_directory(o.checkpoint.save_dir))
+    throw Error(o.where("--save-dir"), cat("cannot create the directory '", o.checkpoint.save_dir, "'", ec ? cat(": ", ec.message()) : ""),
                 "give a directory that can be created and written");
-  return std::optional<checkpoint::DirectoryLock>(std::in_place, o.save_dir);
+  return std::optional<checkpoint::DirectoryLock>(std::in_place, o.checkpoint.save_dir);
 }
 
 // --resume resolved once for the process (every thread rank loads this step directory, so a `latest`
@@ -172,19 +172,19 @@ inline std::optional<checkpoint::DirectoryLock> claim_outputs(const Options& o, 
 // the load's checks of its tensors). Checkpoints past the resumed step (a run this one rolls back) are kept, and said:
 // --keep prunes only the steps up to the ones this run saves (checkpoint/save.hpp).
 inline void resolve_resume(Options& o, const Launch& launch, const std::string& family) {
-  if (o.resume.empty()) return;
-  o.resume = checkpoint::resolve(o.resume == "latest" ? o.save_dir : o.resume);
-  const checkpoint::Manifest m = checkpoint::peek(o.resume);  // exit 1 when not a valid checkpoint
+  if (o.checkpoint.resume.empty()) return;
+  o.checkpoint.resume = checkpoint::resolve(o.checkpoint.resume == "latest" ? o.checkpoint.save_dir : o.checkpoint.resume);
+  const checkpoint::Manifest m = checkpoint::peek(o.checkpoint.resume);  // exit 1 when not a valid checkpoint
   if (!m.family.empty() && m.family != family)
-    throw BadOption(Error(o.where("--resume"), cat("the checkpoint ", o.resume, " holds a model of the family '", m.family, "'; this run trains '", family, "'"),
+    throw BadOption(Error(o.where("--resume"), cat("the checkpoint ", o.checkpoint.resume, " holds a model of the family '", m.family, "'; this run trains '", family, "'"),
                           cat("give --model ", m.family, ", or resume a checkpoint of ", family)));
-  if (m.step >= o.steps)
-    throw BadOption(Error(o.where("--resume"), cat("the checkpoint ", o.resume, " is at step ", m.step, ", at or past --steps ", o.steps),
+  if (m.step >= o.optim.steps)
+    throw BadOption(Error(o.where("--resume"), cat("the checkpoint ", o.checkpoint.resume, " is at step ", m.step, ", at or past --steps ", o.optim.steps),
                               cat("pass --steps above ", m.step, " to train on from it")));
-  if (!launch.lead() || o.save_dir.empty()) return;
-  for (const auto& [step, name] : checkpoint::complete_checkpoints(o.save_dir))
+  if (!launch.lead() || o.checkpoint.save_dir.empty()) return;
+  for (const auto& [step, name] : checkpoint::complete_checkpoints(o.checkpoint.save_dir))
     if (step > m.step)
-      std::printf("note: %s/%s is past the resumed step %lld; it is kept (--keep prunes steps up to this run's)\n", o.save_dir.c_str(),
+      std::printf("note: %s/%s is past the resumed step %lld; it is kept (--keep prunes steps up to this run's)\n", o.checkpoint.save_dir.c_str(),
                   name.c_str(), static_cast<long long>(m.step));
 }
 
@@ -194,27 +194,27 @@ inline void resolve_resume(Options& o, const Launch& launch, const std::string& 
 // --context and --attention against the variant and the other options.
 template <Family F>
 void check_context(const Options& o, const config_t<F>& cfg) {
-  if (o.context == 1) {
-    if (o.attention_given)  // ring too: an attention type is a choice only with --context
-      throw Error(o.where(), cat("--attention ", o.attention, " without --context"),
+  if (o.mesh.context == 1) {
+    if (o.mesh.attention_given)  // ring too: an attention type is a choice only with --context
+      throw Error(o.where(), cat("--attention ", o.mesh.attention, " without --context"),
                   "the attention type shards the sequence over context ranks: give --context >= 2");
     return;
   }
-  const std::string where = o.where(cat("--context ", o.context));
-  if (cfg.seq % (2 * static_cast<std::int64_t>(o.context)) != 0)
+  const std::string where = o.where(cat("--context ", o.mesh.context));
+  if (cfg.seq % (2 * static_cast<std::int64_t>(o.mesh.context)) != 0)
     throw Error(where,
-                cat("a sequence of ", cfg.seq, " tokens does not split into 2 x ", o.context, " = ", 2 * o.context,
+                cat("a sequence of ", cfg.seq, " tokens does not split into 2 x ", o.mesh.context, " = ", 2 * o.mesh.context,
                     " equal chunks (each context rank holds two)"),
-                cat("use --seq a multiple of ", 2 * o.context, ", or another --context"));
-  if (o.sample > 0) throw Error(where, "--sample with --context", "sample from a run without --context");
+                cat("use --seq a multiple of ", 2 * o.mesh.context, ", or another --context"));
+  if (o.data.sample > 0) throw Error(where, "--sample with --context", "sample from a run without --context");
 }
 
 // The model's own rules for these sizes on this mesh (heads over tensor ranks, the sequence over SP).
 template <Family F>
 void check_model(const Options& o, const config_t<F>& cfg) {
-  const Spread spread{.data_degree = o.data, .tensor_degree = o.tensor, .context_degree = o.context};
-  if (o.sequence_parallel()) model_t<F, F32, true, Host>::spec::validate(cfg, spread, o.micro());
-  else model_t<F, F32, false, Host>::spec::validate(cfg, spread, o.micro());
+  const Spread spread{.data_degree = o.mesh.data, .tensor_degree = o.mesh.tensor, .context_degree = o.mesh.context};
+  if (o.mesh.sequence_parallel()) model_t<F, F32, true, Host>::spec::validate(cfg, spread, o.optim.micro());
+  else model_t<F, F32, false, Host>::spec::validate(cfg, spread, o.optim.micro());
 }
 
 }  // namespace weft::train

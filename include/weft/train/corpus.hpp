@@ -29,17 +29,17 @@ struct Corpus {
 
   // The options' corpus for a model of `vocab` tokens and sequences of `seq`: --data-file, --text,
   // or the built-in chain seeded by --seed. Throws weft::Error for a file that cannot serve.
-  static Corpus open(const Options& o, std::int64_t vocab, std::int64_t seq) {
+  static Corpus open(const DataOptions& d, std::uint64_t seed, std::int64_t vocab, std::int64_t seq) {
     Corpus c;
-    if (!o.data_file.empty()) {
-      c.file = std::make_unique<data::TokenFile>(o.data_file, vocab);
-      c.windows = std::make_unique<data::WindowCorpus>(data::WindowCorpus::of_file(*c.file, o.seed));
+    if (!d.file.empty()) {
+      c.file = std::make_unique<data::TokenFile>(d.file, vocab);
+      c.windows = std::make_unique<data::WindowCorpus>(data::WindowCorpus::of_file(*c.file, seed));
       c.windows->require_windows(seq + 1);
-    } else if (!o.text.empty()) {
-      c.windows = std::make_unique<data::WindowCorpus>(data::WindowCorpus::from_text_file(o.text, o.seed));
+    } else if (!d.text.empty()) {
+      c.windows = std::make_unique<data::WindowCorpus>(data::WindowCorpus::from_text_file(d.text, seed));
       c.windows->require_windows(seq + 1);
     } else {
-      c.markov = std::make_unique<data::MarkovSource>(vocab, o.seed);
+      c.markov = std::make_unique<data::MarkovSource>(vocab, seed);
     }
     return c;
   }

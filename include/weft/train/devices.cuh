@@ -38,7 +38,7 @@ struct DeviceSupport<Cuda> {
   template <class Body>
   static void run_ranks(const Launch& l, int ranks, const Options& o, Body&& body) {
     if (l.kind == Launcher::threads) {
-      run_threads(ranks, std::forward<Body>(body), {.deadline = deadline_of(o)});
+      run_threads(ranks, std::forward<Body>(body), {.deadline = deadline_of(o.launch)});
       return;
     }
 #ifdef WEFT_NO_NCCL
@@ -47,12 +47,12 @@ struct DeviceSupport<Cuda> {
 #else
     Cuda dev(nccl::device_for(l.gpu));
     if (l.kind == Launcher::env) {
-      auto world = nccl::world_from_env(dev, env_ranks(), deadline_of(o));
+      auto world = nccl::world_from_env(dev, env_ranks(), deadline_of(o.launch));
       body(world);  // a rank that throws exits; the others' next collective ends at the deadline
       return;
     }
 #ifdef WEFT_ENABLE_MPI
-    auto host = mpi::MpiComm::world({.deadline = deadline_of(o)});
+    auto host = mpi::MpiComm::world({.deadline = deadline_of(o.launch)});
     auto world = nccl::world_from_mpi(dev, host);
     mpi::run(host, [&](mpi::MpiComm&) { body(world); });
 #else

@@ -53,13 +53,13 @@ void run_ranks(const Launch& l, int ranks, const Options& o, Body&& body) {
   if constexpr (std::same_as<D, Host>) {
 #ifdef WEFT_ENABLE_MPI
     if (l.kind == Launcher::mpi) {
-      auto world = mpi::MpiComm::world({.deadline = deadline_of(o)});
+      auto world = mpi::MpiComm::world({.deadline = deadline_of(o.launch)});
       mpi::run(world, body);
       return;
     }
 #endif
     (void)l;
-    run_threads(ranks, std::forward<Body>(body), {.deadline = deadline_of(o)});
+    run_threads(ranks, std::forward<Body>(body), {.deadline = deadline_of(o.launch)});
   } else {
     DeviceSupport<D>::run_ranks(l, ranks, o, std::forward<Body>(body));
   }
@@ -69,8 +69,8 @@ void run_ranks(const Launch& l, int ranks, const Options& o, Body&& body) {
 struct NoPipeline {
   void set_trace(pipeline::Trace*, int) {}
   double evaluate(const nn::MicroBatch&) { return never(); }
-  template <class P>
-  double run(std::span<const nn::MicroBatch>, P&) { return never(); }
+  template <class P, class H>
+  double run(std::span<const nn::MicroBatch>, P&, H&) { return never(); }
   static double never() {
     throw Error("train --pipe", "this communicator has no isend for the pipeline's activations",
                 "run the pipeline on thread ranks or under mpirun on the host");

@@ -105,7 +105,7 @@ struct Wanted {
 template <Family F>
 Wanted wanted(const Options& o, const config_t<F>& cfg) {
   Wanted w;
-  if (o.context > 1) w.context = o.attention;
+  if (o.mesh.context > 1) w.context = o.mesh.attention;
   if constexpr (requires { { cfg.tied } -> std::convertible_to<bool>; }) w.tied = cfg.tied;
   return w;
 }
@@ -118,7 +118,7 @@ Error no_variant(const Options& o, const Wanted& w) {
   const auto context_variants = []<class... V>(List<V...>) { return (0 + ... + (V::context_parallel ? 1 : 0)); }(variants_t<F>{});
   const std::string compiled = compiled_text(Units{});
   if (w.context != "none" && context_variants == 0)
-    return Error(o.where(cat("--context ", o.context)), cat("the model family '", F::name(), "' has no context-parallel attention"),
+    return Error(o.where(cat("--context ", o.mesh.context)), cat("the model family '", F::name(), "' has no context-parallel attention"),
                  cat("leave out --context, or give the family context-parallel variants (train::Variant<context::Ring>, "
                      "docs/context.md); ", compiled));
   if (w.tied && w.context != "none")
@@ -148,7 +148,7 @@ int with_run(const Options& o, const config_t<F>& cfg, const std::string& device
   const auto run = [&]<class V>() {
     if constexpr (!detail::compiles<Units, F, V>) {
       if (V::context_parallel)
-        throw Error(o.where(cat("--context ", o.context)),
+        throw Error(o.where(cat("--context ", o.mesh.context)),
                     cat("the context-parallel loops of the model family '", F::name(), "' are not compiled in this binary"),
                     cat("leave out --context, or rebuild with them (weft_add_trainer without NO_CONTEXT; train_gpt: CMake "
                         "-DWEFT_TRAIN_GPT_CONTEXT=ON); ", compiled));
@@ -156,27 +156,27 @@ int with_run(const Options& o, const config_t<F>& cfg, const std::string& device
                   cat("rebuild with it; ", compiled));
     } else {
       const bool gpu = detail::compiles<Units, F, V, Cuda>;
-      if (device == "cuda" && !gpu && o.device != "auto") {
+      if (device == "cuda" && !gpu && o.launch.device != "auto") {
         if (V::context_parallel)
-          throw Error(o.where(cat("--context ", o.context)), "context parallelism on the GPU (its attention runs on the host so far)",
+          throw Error(o.where(cat("--context ", o.mesh.context)), "context parallelism on the GPU (its attention runs on the host so far)",
                       cat("use --device host with --context; ", compiled));
         throw Error(o.where("--device cuda"), cat("the model family '", F::name(), "' has no GPU path in this binary"),
                     cat("train it on the host (--device host); ", compiled));
       }
       const bool on_cuda = device == "cuda" && gpu;
-      if (on_cuda && o.dtype == "f64")
+      if (on_cuda && o.model.dtype == "f64")
         throw Error(o.where(), "--dtype f64 on the GPU", "f64 is the host's checking precision: use f32 or bf16");
-      const bool sp = o.sequence_parallel();
+      const bool sp = o.mesh.sequence_parallel();
       const auto strategies = strategy_names(strategies_t<F>{});
-      if (std::find(strategies.begin(), strategies.end(), o.strategy) == strategies.end())
-        throw Error(o.where(), cat("strategy '", o.strategy, "' is not available"), cat("use one of: ", join(strategies), "; ", compiled));
+      if (std::find(strategies.begin(), strategies.end(), o.mesh.strategy) == strategies.end())
+        throw Error(o.where(), cat("strategy '", o.mesh.strategy, "' is not available"), cat("use one of: ", join(strategies), "; ", compiled));
       const auto unit = [&]<class U>() {
         if constexpr (std::same_as<typename U::family, F> && contains_v<V, typename U::variants>) {
           if (found || U::sequence_parallel != sp) return;
           if ((std::same_as<typename U::device, Cuda>) != on_cuda) return;
           const auto dtypes = dtype_names(typename U::template precisions<V>{});
-          if (std::find(dtypes.begin(), dtypes.end(), o.dtype) == dtypes.end())
-            throw Error(o.where("--dtype"), cat("precision '", o.dtype, "' is not compiled for the model family '", F::name(), "'"),
+          if (std::find(dtypes.begin(), dtypes.end(), o.model.dtype) == dtypes.end())
+            throw Error(o.where("--dtype"), cat("precision '", o.model.dtype, "' is not compiled for the model family '", F::name(), "'"),
                         cat("use one of: ", join(dtypes), "; ", compiled));
           found = true;
           out = f.template operator()<V, U>();
@@ -184,7 +184,7 @@ int with_run(const Options& o, const config_t<F>& cfg, const std::string& device
       };
       [&]<class... Us>(List<Us...>) { (unit.template operator()<Us>(), ...); }(Units{});
       if (!found)
-        throw Error(o.where(cat("--strategy ", o.strategy)),
+        throw Error(o.where(cat("--strategy ", o.mesh.strategy)),
                     cat("the model family '", F::name(), "' is not compiled ", sp ? "with" : "without", " sequence parallelism on ",
                         on_cuda ? "the GPU" : "the host"),
                     cat("choose a strategy ", sp ? "without" : "with", " -sp; ", compiled));

@@ -61,7 +61,7 @@
 #include "weft/device/host/host.hpp"
 #include "weft/nn/staged_model.hpp"
 #include "weft/optim/data_parallel.hpp"
-#include "weft/train/options.hpp"
+#include "weft/train/sizes.hpp"
 
 namespace weft {
 class Cuda;  // device/cuda/device.hpp; named here by the lists of what runs on the GPU

@@ -85,15 +85,15 @@ struct Run {
   std::int64_t peak_bytes = 0;              // the largest rank's peak
   std::vector<std::int32_t> sample;         // --sample's tokens
 
-  std::int64_t micro() const { return o.micro(); }
-  std::int64_t accumulation() const { return o.batch / o.micro(); }
+  std::int64_t micro() const { return o.optim.micro(); }
+  std::int64_t accumulation() const { return o.optim.batch / o.optim.micro(); }
   // The rank that says how the run ended for this process.
   bool tells(const Trainer& t) const { return t.rank() == 0 || launch.kind != Launcher::threads; }
 };
 
 // The learning-rate schedule, a function of the step; a checkpoint records its parameters.
 inline optim::Schedule schedule_of(const Options& o) {
-  return optim::Schedule::warmup_cosine(o.lr, o.warmup.value_or(o.steps / 20), o.steps, o.min_lr);
+  return optim::Schedule::warmup_cosine(o.optim.lr, o.optim.warmup.value_or(o.optim.steps / 20), o.optim.steps, o.optim.min_lr);
 }
 inline nlohmann::json schedule_record(const optim::Schedule& s) {
   return {{"kind", "warmup_cosine"}, {"max_lr", s.max_lr}, {"min_lr", s.min_lr}, {"warmup", s.warmup}, {"total", s.total}};
@@ -120,17 +120,17 @@ inline void agree_on_the_run(const Run& run, Trainer& t) {
   Fingerprint fp;
   fp.add("weft version", version);
   fp.add("device and precision", run.device_precision);
-  fp.add("strategy", o.strategy);
+  fp.add("strategy", o.mesh.strategy);
   fp.add("model", run.model);
-  fp.add("mesh", cat(o.mesh_text(), ", ", o.virtual_stages, " virtual stages, schedule ", o.schedule,
-                     o.context > 1 ? cat(", ", o.attention, " attention") : std::string()));
-  fp.add("batch", cat(o.batch, " in micro-batches of ", o.micro()));
-  fp.add("optimization", cat(o.steps, " steps, lr ", o.lr, " to ", o.min_lr, ", warm-up ", s.warmup, ", clip ", o.clip));
-  fp.add("data", cat(o.data_file.empty() && o.text.empty() ? "built-in Markov corpus" : o.data_file + o.text, ", eval every ", o.eval_every));
+  fp.add("mesh", cat(o.mesh.text(), ", ", o.mesh.virtual_stages, " virtual stages, schedule ", o.mesh.schedule,
+                     o.mesh.context > 1 ? cat(", ", o.mesh.attention, " attention") : std::string()));
+  fp.add("batch", cat(o.optim.batch, " in micro-batches of ", o.optim.micro()));
+  fp.add("optimization", cat(o.optim.steps, " steps, lr ", o.optim.lr, " to ", o.optim.min_lr, ", warm-up ", s.warmup, ", clip ", o.optim.clip));
+  fp.add("data", cat(o.data.file.empty() && o.data.text.empty() ? "built-in Markov corpus" : o.data.file + o.data.text, ", eval every ", o.data.eval_every));
   // Absolute paths: ranks started in other working directories resolve relative ones elsewhere.
-  fp.add("checkpoints", cat("save to '", absolute(o.save_dir), "' every ", o.save_every, ", resume '",
-                            o.resume.empty() ? std::string() : absolute(checkpoint::resolve(o.resume == "latest" ? o.save_dir : o.resume)),
-                            "', init '", absolute(o.init_from), "'"));
+  fp.add("checkpoints", cat("save to '", absolute(o.checkpoint.save_dir), "' every ", o.checkpoint.save_every, ", resume '",
+                            o.checkpoint.resume.empty() ? std::string() : absolute(checkpoint::resolve(o.checkpoint.resume == "latest" ? o.checkpoint.save_dir : o.checkpoint.resume)),
+                            "', init '", absolute(o.checkpoint.init_from), "'"));
   t.agree(fp);
 }
 
@@ -138,16 +138,16 @@ inline void agree_on_the_run(const Run& run, Trainer& t) {
 // checkpoint resumed (any mesh, strategy and precision) with its step and data position.
 inline RankState start(const Run& run, Trainer& t) {
   const Options& o = run.o;
-  RankState r(data::Loader<Corpus>(run.corpus, run.seq, run.micro(), o.data, t.data_rank()), schedule_of(o));
+  RankState r(data::Loader<Corpus>(run.corpus, run.seq, run.micro(), o.mesh.data, t.data_rank()), schedule_of(o));
   r.lead = t.rank() == 0 && run.report.active();
   if (!run.init_dir.empty()) t.load(run.init_dir, {.optimizer = false});
-  if (o.resume.empty()) return r;
-  const std::string from = o.resume == "latest" ? o.save_dir : o.resume;
+  if (o.checkpoint.resume.empty()) return r;
+  const std::string from = o.checkpoint.resume == "latest" ? o.checkpoint.save_dir : o.checkpoint.resume;
   const auto l0 = std::chrono::steady_clock::now();
   const auto st = t.load(from, {});
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - l0).count();
-  if (st.seed != o.seed)
-    throw Error(o.where("--resume"), cat("the checkpoint was saved by a run with --seed ", st.seed, ", this one has ", o.seed),
+  if (st.seed != o.model.seed)
+    throw Error(o.where("--resume"), cat("the checkpoint was saved by a run with --seed ", st.seed, ", this one has ", o.model.seed),
                 cat("pass --seed ", st.seed, " (the seed chooses the data)"));
   r.first_step = r.last_saved = st.step;
   r.loader.seek(st.loader_position);
@@ -162,8 +162,8 @@ inline RankState start(const Run& run, Trainer& t) {
 
 // Collective: a checkpoint of the weights after `step` steps, the data at `position`.
 inline void save_at(const Run& run, Trainer& t, const RankState& r, std::int64_t step, std::int64_t position) {
-  t.save({.step = step, .loader_position = position, .seed = run.o.seed,
-          .extra = {{"strategy", run.o.strategy}, {"dtype", run.o.dtype}, {"schedule", r.schedule_json}},
+  t.save({.step = step, .loader_position = position, .seed = run.o.model.seed,
+          .extra = {{"strategy", run.o.mesh.strategy}, {"dtype", run.o.model.dtype}, {"schedule", r.schedule_json}},
           .family = run.family});
 }
 
@@ -171,7 +171,7 @@ inline void save_at(const Run& run, Trainer& t, const RankState& r, std::int64_t
 // the tiny preset).
 inline double evaluate(const Run& run, Trainer& t) {
   const HeldOut held{&run.corpus};
-  data::Loader<HeldOut> eval(held, run.seq, run.micro(), run.o.data, t.data_rank());
+  data::Loader<HeldOut> eval(held, run.seq, run.micro(), run.o.mesh.data, t.data_rank());
   std::vector<std::int32_t> x, y;
   double sum = 0;
   const int batches = 16;
@@ -188,7 +188,7 @@ inline void end_abandoned(Run& run, Trainer& t, const RankState& r, std::int64_t
   t.synchronize();
   const double after = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count() -
                        static_cast<double>(stop_time_ns().load()) * 1e-9;
-  if (!run.o.save_dir.empty() && step > r.last_saved) save_at(run, t, r, step, position);
+  if (!run.o.checkpoint.save_dir.empty() && step > r.last_saved) save_at(run, t, r, step, position);
   if (run.tells(t)) {
     run.outcome = Run::Outcome::stopped;
     run.end_signal = signal;
@@ -204,8 +204,8 @@ inline void end_abandoned(Run& run, Trainer& t, const RankState& r, std::int64_t
 // asynchronous save published once every rank's file is written.
 inline void save_on_schedule(const Run& run, Trainer& t, RankState& r, std::int64_t done, bool stopped, bool diverged) {
   const Options& o = run.o;
-  if (o.save_dir.empty()) return;
-  const bool due = !diverged && ((o.save_every > 0 && done % o.save_every == 0) || done == o.steps || stopped);
+  if (o.checkpoint.save_dir.empty()) return;
+  const bool due = !diverged && ((o.checkpoint.save_every > 0 && done % o.checkpoint.save_every == 0) || done == o.optim.steps || stopped);
   if (!due) return t.poll_saves();
   const auto s0 = std::chrono::steady_clock::now();
   save_at(run, t, r, done, r.loader.position());
@@ -213,7 +213,7 @@ inline void save_on_schedule(const Run& run, Trainer& t, RankState& r, std::int6
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
   if (r.lead)
     std::printf("checkpoint: step %lld %s %s (training waited %.2f s)\n", static_cast<long long>(done),
-                o.async_save ? "being written to" : "saved in", o.save_dir.c_str(), took);
+                o.checkpoint.async_save ? "being written to" : "saved in", o.checkpoint.save_dir.c_str(), took);
 }
 
 // Collective: step `step` + 1. Returns false when the run ends after it (stopped by a signal,
@@ -231,7 +231,7 @@ inline bool train_step(Run& run, Trainer& t, RankState& r, std::int64_t step, do
     micro.push_back({xs[a], ys[a]});
   }
   const double lr = r.schedule.lr(step);
-  const StepResult s = t.step(micro, lr, o.clip, r.points);
+  const StepResult s = t.step(micro, lr, o.optim.clip, r.points);
   if (s.abandoned != 0) {
     end_abandoned(run, t, r, step, position, s.abandoned);
     return false;
@@ -247,7 +247,7 @@ inline bool train_step(Run& run, Trainer& t, RankState& r, std::int64_t step, do
   r.step_peak_max = std::max(r.step_peak_max, agreed[0]);
   const int stop = static_cast<int>(agreed[1]);
   const bool diverged = agreed[2] != 0;
-  const bool eval_now = !diverged && o.eval_every > 0 && ((step + 1) % o.eval_every == 0 || step + 1 == o.steps);
+  const bool eval_now = !diverged && o.data.eval_every > 0 && ((step + 1) % o.data.eval_every == 0 || step + 1 == o.optim.steps);
   const std::optional<double> eval = eval_now ? std::optional(evaluate(run, t)) : std::nullopt;
   save_on_schedule(run, t, r, step + 1, stop != 0, diverged);
   const bool ended = stop != 0 || diverged;
@@ -258,7 +258,7 @@ inline bool train_step(Run& run, Trainer& t, RankState& r, std::int64_t step, do
   }
   if (!r.lead) return !ended;
   run.report.step({.step = step + 1, .loss = s.loss, .lr = lr, .grad_norm = s.grad_norm,
-                   .tokens_per_s = static_cast<double>(o.batch * run.seq) / dt, .flops_per_token = flops_per_token,
+                   .tokens_per_s = static_cast<double>(o.optim.batch * run.seq) / dt, .flops_per_token = flops_per_token,
                    .peak_bytes = agreed[0], .skipped = s.skipped, .eval = eval});
   run.final_loss = s.loss;
   if (ended) run.report.ended(step + 1, stop, diverged, s.loss);
@@ -272,14 +272,14 @@ inline void sample(Run& run, Trainer& t, const RankState& r) {
   const Options& o = run.o;
   std::vector<std::int32_t> window(static_cast<std::size_t>(run.seq));
   run.corpus.held_out(0, window.data(), run.seq);
-  std::vector<std::int32_t> tokens(static_cast<std::size_t>(run.micro() / o.data * run.seq)), targets(tokens.size(), 0);
-  for (std::int64_t i = 0; i < o.sample; ++i) {
-    for (std::int64_t b = 0; b < run.micro() / o.data; ++b) std::copy(window.begin(), window.end(), tokens.begin() + b * run.seq);
+  std::vector<std::int32_t> tokens(static_cast<std::size_t>(run.micro() / o.mesh.data * run.seq)), targets(tokens.size(), 0);
+  for (std::int64_t i = 0; i < o.data.sample; ++i) {
+    for (std::int64_t b = 0; b < run.micro() / o.mesh.data; ++b) std::copy(window.begin(), window.end(), tokens.begin() + b * run.seq);
     const std::vector<double> logits = t.next_logits({tokens, targets});
     const double mx = *std::max_element(logits.begin(), logits.end());
     double z = 0;
     for (double l : logits) z += std::exp(l - mx);
-    double u = weft::uniform(o.seed, 99, static_cast<std::uint64_t>(i)) * z, c = 0;
+    double u = weft::uniform(o.model.seed, 99, static_cast<std::uint64_t>(i)) * z, c = 0;
     auto next = static_cast<std::int32_t>(logits.size() - 1);
     for (std::size_t v = 0; v < logits.size(); ++v)
       if ((c += std::exp(logits[v] - mx)) >= u) {
@@ -299,10 +299,10 @@ inline void train_rank(Run& run, Trainer& t) {
   RankState r = start(run, t);
   const auto began = std::chrono::steady_clock::now();
   bool ended = false;
-  for (std::int64_t step = r.first_step; step < run.o.steps && !ended; ++step) ended = !train_step(run, t, r, step, flops);
+  for (std::int64_t step = r.first_step; step < run.o.optim.steps && !ended; ++step) ended = !train_step(run, t, r, step, flops);
   t.wait_saves();
   if (r.lead) run.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
-  if (run.o.sample > 0 && !ended && t.has_logits()) sample(run, t, r);
+  if (run.o.data.sample > 0 && !ended && t.has_logits()) sample(run, t, r);
   std::vector<std::int64_t> peak{std::max(r.step_peak_max, t.peak_bytes())};
   t.agree_max(peak);
   if (r.lead) run.peak_bytes = peak[0];
@@ -314,7 +314,7 @@ inline void begin(Run& run, RunHeader h, bool host, const std::function<double(i
   const Options& o = run.o;
   const Launch& l = run.launch;
   const bool speak = l.lead();
-  const int ranks = o.ranks();
+  const int ranks = o.mesh.ranks();
   if (host) {  // a lone thread rank runs its host ops on every core the process is given (the same bits)
     cpu_set_t given;
     const int cores = sched_getaffinity(0, sizeof(given), &given) == 0 ? CPU_COUNT(&given) : 1;
@@ -334,9 +334,9 @@ inline void begin(Run& run, RunHeader h, bool host, const std::function<double(i
   run.device_precision = cat(h.device, " ", h.precision);
   if (speak) {
     run.report = Report(o, h);
-    run.report.header(o.micro());
+    run.report.header(o.optim.micro());
   }
-  if (!o.trace.empty()) run.trace = std::make_unique<pipeline::Trace>(ranks);
+  if (!o.logging.trace.empty()) run.trace = std::make_unique<pipeline::Trace>(ranks);
 }
 
 // After the ranks: the exit status (0, 3 when the loss diverged, 128 + the signal when stopped)
@@ -353,14 +353,14 @@ inline int finish(const Run& run) {
   if (run.outcome == Run::Outcome::stopped) {
     if (speak)
       std::printf("stopped by %s after step %lld of %lld%s\n", signal_name(run.end_signal), static_cast<long long>(run.end_step),
-                  static_cast<long long>(o.steps), o.save_dir.empty() ? "" : cat("; checkpoint in ", o.save_dir).c_str());
+                  static_cast<long long>(o.optim.steps), o.checkpoint.save_dir.empty() ? "" : cat("; checkpoint in ", o.checkpoint.save_dir).c_str());
     std::fflush(stdout);
     return 128 + run.end_signal;
   }
   if (!speak) return 0;
   if (run.trace) {
-    run.trace->write(o.trace);
-    std::printf("trace: %s (Chrome / Perfetto trace events, one track per rank)\n", o.trace.c_str());
+    run.trace->write(o.logging.trace);
+    std::printf("trace: %s (Chrome / Perfetto trace events, one track per rank)\n", o.logging.trace.c_str());
   }
   run.report.done(run.seconds, run.final_loss, run.final_eval, run.peak_bytes);
   if (!run.sample.empty()) std::printf("sample:\n%s\n", data::ByteTokenizer::decode(std::span<const std::int32_t>(run.sample)).c_str());
@@ -392,18 +392,18 @@ int train(const Options& o, const config_t<F>& cfg, const Corpus& corpus, const 
   // rank loads into its shards, in a temporary directory removed on every way out of this function
   // (and, when the process was killed, by the next run: remove_stale_init_dirs).
   TempDir init_dir;
-  if (!o.init_from.empty()) {
+  if (!o.checkpoint.init_from.empty()) {
     init_dir = TempDir::make(o.where("--init-from"));
-    if constexpr (requires { F::import_hf(o.init_from, init_dir.path, cfg); }) {
-      F::import_hf(o.init_from, init_dir.path, cfg);
-      if (launch.lead()) std::printf("initial weights: %s (Hugging Face layout)\n", o.init_from.c_str());
+    if constexpr (requires { F::import_hf(o.checkpoint.init_from, init_dir.path, cfg); }) {
+      F::import_hf(o.checkpoint.init_from, init_dir.path, cfg);
+      if (launch.lead()) std::printf("initial weights: %s (Hugging Face layout)\n", o.checkpoint.init_from.c_str());
       run.init_dir = init_dir.path;
     } else {
       throw Error(o.where("--init-from"), cat("the model family '", F::name(), "' has no Hugging Face import"),
                   "start from the seed's initialization, or --resume a weft checkpoint");
     }
   }
-  run_ranks<D>(launch, o.ranks(), o, [&](auto& world) {
+  run_ranks<D>(launch, o.mesh.ranks(), o, [&](auto& world) {
     TrainerOf<F, D, P, SP, Strategy, std::remove_cvref_t<decltype(world)>> trainer(world, o, cfg, run.trace.get());
     train_rank(run, trainer);
   });
@@ -421,8 +421,8 @@ int train_unit(const Options& o, const typename U::config& cfg, const Corpus& co
                 "choose another device");
   } else {
     return with_index(typename U::variants{}, variant, [&]<class V>() {
-      return with_base_strategy(strategies_t<F>{}, o.strategy, [&]<class S>() {
-        return with_precision(typename U::template precisions<V>{}, o.dtype, [&]<class P>() {
+      return with_base_strategy(strategies_t<F>{}, o.mesh.strategy, [&]<class S>() {
+        return with_precision(typename U::template precisions<V>{}, o.model.dtype, [&]<class P>() {
           return train<Bound<F, V>, typename U::device, P, U::sequence_parallel, S>(o, cfg, corpus, launch);
         });
       });

@@ -64,26 +64,26 @@ inline double host_available_bytes() {
 template <Family F>
 config_t<F> configure_from_hf(const Options& o) {
   config_t<F> base = F::preset(F::preset_names().front());  // the sequence length, where --seq is not given
-  if (o.sizes.seq) base.seq = *o.sizes.seq;
-  base.seed = o.seed;
-  const config_t<F> cfg = F::config_from_hf(o.init_from, base);
+  if (o.model.sizes.seq) base.seq = *o.model.sizes.seq;
+  base.seed = o.model.seed;
+  const config_t<F> cfg = F::config_from_hf(o.checkpoint.init_from, base);
   const auto text = [](const auto& v) -> std::string {
     if constexpr (std::is_same_v<std::decay_t<decltype(v)>, bool>) return v ? "true" : "false";
     else return cat(v);
   };
   const auto agree = [&](const char* option, const char* field, const auto& given, const auto& has) {
     if (!given || static_cast<std::int64_t>(*given) == static_cast<std::int64_t>(has)) return;
-    throw Error(o.where(cat(option, " ", text(*given))), cat("the model in ", o.init_from, " has ", field, " ", text(has), " (its config.json)"),
+    throw Error(o.where(cat(option, " ", text(*given))), cat("the model in ", o.checkpoint.init_from, " has ", field, " ", text(has), " (its config.json)"),
                 cat("leave out ", option, ": with --init-from and no --preset the model's sizes come from config.json (or give "
                     "--preset and sizes that match it)"));
   };
-  agree("--layers", "layers", o.sizes.layers, cfg.layers);
-  agree("--width", "width", o.sizes.width, cfg.width);
-  agree("--vocab", "vocab", o.sizes.vocab, cfg.vocab);
-  if constexpr (requires { cfg.heads; }) agree("--heads", "heads", o.sizes.heads, cfg.heads);
-  if constexpr (requires { cfg.kv_heads; }) agree("--kv-heads", "kv_heads", o.sizes.kv_heads, cfg.kv_heads);
-  if constexpr (requires { cfg.hidden; }) agree("--hidden", "hidden", o.sizes.hidden, cfg.hidden);
-  if constexpr (requires { cfg.tied; }) agree("--tie-embeddings", "tied", o.sizes.tied, cfg.tied);
+  agree("--layers", "layers", o.model.sizes.layers, cfg.layers);
+  agree("--width", "width", o.model.sizes.width, cfg.width);
+  agree("--vocab", "vocab", o.model.sizes.vocab, cfg.vocab);
+  if constexpr (requires { cfg.heads; }) agree("--heads", "heads", o.model.sizes.heads, cfg.heads);
+  if constexpr (requires { cfg.kv_heads; }) agree("--kv-heads", "kv_heads", o.model.sizes.kv_heads, cfg.kv_heads);
+  if constexpr (requires { cfg.hidden; }) agree("--hidden", "hidden", o.model.sizes.hidden, cfg.hidden);
+  if constexpr (requires { cfg.tied; }) agree("--tie-embeddings", "tied", o.model.sizes.tied, cfg.tied);
   return cfg;
 }
 
@@ -91,12 +91,12 @@ config_t<F> configure_from_hf(const Options& o) {
 // directory's (configure_from_hf).
 template <Family F>
 config_t<F> configure(const Options& o) {
-  if constexpr (requires { F::config_from_hf(o.init_from, config_t<F>{}); })
-    if (!o.init_from.empty() && !o.preset_given) return configure_from_hf<F>(o);
-  Sizes sizes = o.sizes;
-  if (!o.text.empty() && !sizes.vocab) sizes.vocab = data::ByteTokenizer::vocab;
-  config_t<F> cfg = preset_config<F>(o.program, o.preset, sizes);
-  cfg.seed = o.seed;
+  if constexpr (requires { F::config_from_hf(o.checkpoint.init_from, config_t<F>{}); })
+    if (!o.checkpoint.init_from.empty() && !o.model.preset_given) return configure_from_hf<F>(o);
+  Sizes sizes = o.model.sizes;
+  if (!o.data.text.empty() && !sizes.vocab) sizes.vocab = data::ByteTokenizer::vocab;
+  config_t<F> cfg = preset_config<F>(o.program, o.model.preset, sizes);
+  cfg.seed = o.model.seed;
   return cfg;
 }
 
@@ -110,7 +110,7 @@ void check_fits(const Options& o, const config_t<F>& given, const std::string& d
   // plan replays: more layers never need less memory, so that plan is a lower bound, and a run it
   // already does not fit is refused as "at least".
   config_t<F> cfg = given;
-  const std::int64_t m = o.batch / (o.micro_batch > 0 ? o.micro_batch : o.batch), stages = std::int64_t{o.pipe} * o.virtual_stages;
+  const std::int64_t m = o.optim.batch / (o.optim.micro_batch > 0 ? o.optim.micro_batch : o.optim.batch), stages = std::int64_t{o.mesh.pipe} * o.mesh.virtual_stages;
   const bool partial = plan_too_long(cfg.layers, m).has_value();
   if (partial) {
     cfg.layers = static_cast<std::int64_t>(kMaxPlanPasses) / std::max<std::int64_t>(m, 1) / stages * stages;
@@ -123,7 +123,7 @@ void check_fits(const Options& o, const config_t<F>& given, const std::string& d
   if constexpr (requires { F::plan(o, cfg, true); }) {
     plan = F::plan(o, cfg, host);  // refuses sizes past what a plan counts
   } else if constexpr (measurable<F>) {
-    if (o.ranks() > kMaxMeasuredRanks) return;  // a thread per rank: past that, not checked
+    if (o.mesh.ranks() > kMaxMeasuredRanks) return;  // a thread per rank: past that, not checked
     plan = measured_plan<F>(o, cfg, host);
   } else {
     return;  // the family opted out of the measured plan: not checked
@@ -143,10 +143,10 @@ void check_fits(const Options& o, const config_t<F>& given, const std::string& d
   // Every rank of this process: threads, all of them; a process, its own pipe rank's.
   const bool threads = launch.kind == Launcher::threads;
   double need = 0;
-  if (!threads) need = static_cast<double>(plan[static_cast<std::size_t>(mesh_coord(o.mesh(), launch.process).pipe)].total);
+  if (!threads) need = static_cast<double>(plan[static_cast<std::size_t>(mesh_coord(o.mesh.shape(), launch.process).pipe)].total);
   else
-    for (const auto& p : plan) need += static_cast<double>(p.total) * o.data * o.context * o.tensor;
-  const int here = threads ? o.ranks() : 1;
+    for (const auto& p : plan) need += static_cast<double>(p.total) * o.mesh.data * o.mesh.context * o.mesh.tensor;
+  const int here = threads ? o.mesh.ranks() : 1;
   if (need > available)
     throw Error(o.where(),
                 cat(partial ? cat("the plan of ", cfg.layers, " of its ", given.layers, " layers needs at least ")
@@ -170,9 +170,9 @@ int print_plan(const Options& o, const config_t<F>& cfg, const std::string& devi
 }
 
 // The command line's options, by section (docs/training.md lists them all).
-inline void add_model_options(CLI::App& app, Options& o, const std::vector<std::string>& models,
+inline void add_model_options(CLI::App& app, ModelOptions& o, const std::vector<std::string>& models,
                               const std::vector<std::string>& presets) {
-  app.add_option("--model", o.model, cat("model family: ", join(models), " (default: ", models[0], ")"))->check(CLI::IsMember(models));
+  app.add_option("--model", o.family, cat("model family: ", join(models), " (default: ", models[0], ")"))->check(CLI::IsMember(models));
   app.add_option("--preset", o.preset, cat("model size: ", join(presets), " (of the family's presets)"))->check(CLI::IsMember(presets));
   cli::add_sizes(app, o.sizes);
   app.add_option("--dtype", o.dtype, "f32, bf16 (mixed precision: bf16 compute, f32 master weights) or f64 (host)")
@@ -180,7 +180,7 @@ inline void add_model_options(CLI::App& app, Options& o, const std::vector<std::
   app.add_option("--seed", o.seed, "seed of the weights and the built-in corpus (0 to 2^64 - 1)")->check(cli::at_least(0));
 }
 
-inline void add_mesh_options(CLI::App& app, Options& o, const std::vector<std::string>& strategies) {
+inline void add_mesh_options(CLI::App& app, MeshOptions& o, const std::vector<std::string>& strategies) {
   using cli::at_least;
   app.add_option("--data", o.data, "data-parallel degree")->check(at_least(1));
   app.add_option("--tensor", o.tensor, "tensor-parallel degree")->check(at_least(1));
@@ -196,7 +196,7 @@ inline void add_mesh_options(CLI::App& app, Options& o, const std::vector<std::s
   app.add_option("--strategy", o.strategy, cat(join(strategies), " (-sp: with sequence parallelism)"));
 }
 
-inline void add_optim_options(CLI::App& app, Options& o) {
+inline void add_optim_options(CLI::App& app, OptimOptions& o) {
   using cli::above;
   using cli::at_least;
   app.add_option("--batch", o.batch, "global batch, in sequences")->check(at_least(1));
@@ -208,15 +208,15 @@ inline void add_optim_options(CLI::App& app, Options& o) {
   app.add_option("--clip", o.clip, "global gradient-norm clip (0: off)")->check(at_least(0));
 }
 
-inline void add_data_options(CLI::App& app, Options& o) {
+inline void add_data_options(CLI::App& app, DataOptions& o) {
   using cli::at_least;
-  auto* file = app.add_option("--data-file", o.data_file, "llm.c token file (.bin)");
+  auto* file = app.add_option("--data-file", o.file, "llm.c token file (.bin)");
   app.add_option("--text", o.text, "plain-text file, byte-level tokens")->excludes(file);
   app.add_option("--eval-every", o.eval_every, "held-out loss every N steps (0: never)")->check(at_least(0));
   app.add_option("--sample", o.sample, "after training on --text, print N sampled bytes")->check(at_least(0));
 }
 
-inline void add_checkpoint_options(CLI::App& app, Options& o) {
+inline void add_checkpoint_options(CLI::App& app, CheckpointOptions& o) {
   using cli::at_least;
   app.add_option("--save-dir", o.save_dir, "directory of checkpoints (step_N/ and latest; docs/checkpoints.md)");
   app.add_option("--save-every", o.save_every, "save every N steps and at the end (0: only at the end)")->check(at_least(0));
@@ -232,7 +232,7 @@ inline void add_checkpoint_options(CLI::App& app, Options& o) {
                  "mesh, strategy and precision");
 }
 
-inline void add_launch_options(CLI::App& app, Options& o, bool& plan_only) {
+inline void add_launch_options(CLI::App& app, LaunchOptions& o, LoggingOptions& logs, bool& plan_only) {
   app.add_option("--device", o.device, "host, cuda (thread ranks share one GPU; processes one GPU each) or auto (the GPU when one is present)")
       ->check(CLI::IsMember({"host", "cuda", "auto"}));
   app.add_option("--launcher", o.launcher,
@@ -242,8 +242,8 @@ inline void add_launch_options(CLI::App& app, Options& o, bool& plan_only) {
   app.add_option("--deadline", o.deadline, "seconds a collective waits for the other ranks before naming the missing one")
       ->check(cli::above(0))
       ->check(cli::at_most(1e7));
-  app.add_option("--log", o.log, "JSON lines, one per step");
-  app.add_option("--trace", o.trace, "Chrome / Perfetto trace (JSON) of every rank's computes, waits and steps");
+  app.add_option("--log", logs.log, "JSON lines, one per step");
+  app.add_option("--trace", logs.trace, "Chrome / Perfetto trace (JSON) of every rank's computes, waits and steps");
   app.add_flag("--plan", plan_only, "print the plan (each rank's bytes by category, FLOPs, collectives) and exit");
 }
 
@@ -252,7 +252,7 @@ inline void add_launch_options(CLI::App& app, Options& o, bool& plan_only) {
 class Process {
  public:
   Process(const Options& o, int& argc, char**& argv) : program_(o.program) {
-    launch.kind = resolve_launcher(o.launcher);  // first: under MPI every process initializes MPI, and errors name the rank
+    launch.kind = resolve_launcher(o.launch.launcher);  // first: under MPI every process initializes MPI, and errors name the rank
 #ifdef WEFT_ENABLE_MPI
     if (launch.kind != Launcher::mpi) return;
     session_.emplace(argc, argv);
@@ -297,7 +297,7 @@ void check_run(const Options& o, const config_t<F>& cfg, Launch& launch, const s
   check_data(o, cfg.vocab);
   check_checkpoint_options(o);
   if (!plan_only) check_corpus(o, cfg.vocab);
-  else if (const auto why = plan_too_long(cfg.layers, o.batch / o.micro()))
+  else if (const auto why = plan_too_long(cfg.layers, o.optim.batch / o.optim.micro()))
     throw Error(o.where("--plan"), *why, "plan fewer layers, or fewer micro-batches per step (a larger --micro-batch)");
 }
 
@@ -346,10 +346,10 @@ int run(Options o, Process& p, bool plan_only) {
   });
   if (!train) return refused;  // refused (exit 2), or --plan printed
   install_stop_handlers(p.launch.kind == Launcher::mpi, o.program);
-  if (p.launch.lead() && !o.init_from.empty()) remove_stale_init_dirs();  // left by killed runs
+  if (p.launch.lead() && !o.checkpoint.init_from.empty()) remove_stale_init_dirs();  // left by killed runs
   return said(p, o, 1, [&] {
     resolve_resume(o, p.launch, F::name());
-    return p.finish(train(Corpus::open(o, cfg->vocab, cfg->seq)));
+    return p.finish(train(Corpus::open(o.data, o.model.seed, cfg->vocab, cfg->seq)));
   });
 }
 
@@ -367,16 +367,16 @@ int main_of(int argc, char** argv, const std::string& program, const std::string
     for (const auto& n : names)
       if (std::find(presets.begin(), presets.end(), n) == presets.end()) presets.push_back(n);
   bool plan_only = false;
-  add_model_options(app, o, models, presets);
-  add_mesh_options(app, o, [&]<class F, class... Fs>(List<F, Fs...>) { return strategy_names(strategies_t<F>{}); }(Families{}));
-  add_optim_options(app, o);
-  add_data_options(app, o);
-  add_checkpoint_options(app, o);
-  add_launch_options(app, o, plan_only);
+  add_model_options(app, o.model, models, presets);
+  add_mesh_options(app, o.mesh, [&]<class F, class... Fs>(List<F, Fs...>) { return strategy_names(strategies_t<F>{}); }(Families{}));
+  add_optim_options(app, o.optim);
+  add_data_options(app, o.data);
+  add_checkpoint_options(app, o.checkpoint);
+  add_launch_options(app, o.launch, o.logging, plan_only);
   if (const auto stop = cli::parse(app, argc, argv)) return *stop;
-  if (o.model.empty()) o.model = models[0];
-  o.attention_given = app.count("--attention") > 0;
-  o.preset_given = app.count("--preset") > 0;
+  if (o.model.family.empty()) o.model.family = models[0];
+  o.mesh.attention_given = app.count("--attention") > 0;
+  o.model.preset_given = app.count("--preset") > 0;
   std::optional<Process> p;
   try {
     p.emplace(o, argc, argv);
@@ -385,7 +385,7 @@ int main_of(int argc, char** argv, const std::string& program, const std::string
     return 2;
   }
   try {
-    return with_family(Families{}, o.model, o.where("--model"), [&]<class F>() -> int { return run<Units, F>(o, *p, plan_only); });
+    return with_family(Families{}, o.model.family, o.where("--model"), [&]<class F>() -> int { return run<Units, F>(o, *p, plan_only); });
   } catch (const Error& e) {
     p->report(e);
     return p->finish(2);

@@ -12,50 +12,81 @@
 #include "weft/comm/launch.hpp"
 #include "weft/comm/mesh.hpp"
 #include "weft/core/error.hpp"
+#include "weft/train/sizes.hpp"
 
 namespace weft::train {
 
-// The sizes a command line sets over a model family's preset (--layers, --heads, --width, --seq,
-// --vocab); train::preset_config (train/family.hpp) applies them.
-struct Sizes {
-  std::optional<std::int64_t> layers, heads, width, seq, vocab, kv_heads, hidden;
-  std::optional<bool> tied;  // --tie-embeddings: the LM head reads the embedding table
+// The run's options by section, each the concern of one part: the model (the family, its size,
+// the precision, the seed), the mesh (the degrees, the pipeline schedule, the data strategy), the
+// optimization, the data, the checkpoints, the logs, and how the ranks are launched.
+
+struct ModelOptions {
+  std::string family;             // --model; empty: the binary's first
+  std::string preset = "tiny";
+  bool preset_given = false;      // --preset was on the command line (with --init-from: sizes from the preset, not config.json)
+  Sizes sizes;
+  std::string dtype = "f32";
+  std::uint64_t seed = 1;         // the weights' and the built-in corpus's
 };
 
-struct Options {
-  std::string program = "train";  // the binary's name, where errors come from ("train_gpt")
-  std::string model;              // the model family (--model); empty: the binary's first
-  std::string preset = "tiny";
-  bool preset_given = false;       // --preset was on the command line (with --init-from: sizes from the preset, not config.json)
-  Sizes sizes;
+struct MeshOptions {
   int data = 2, tensor = 2, pipe = 1, virtual_stages = 1;
   int context = 1;                 // --context: the sequence sharded over this many ranks
   std::string attention = "ring";  // --attention: ring or all-gather, with --context > 1
   bool attention_given = false;    // --attention was on the command line (refused without --context)
   std::string schedule = "1f1b";
-  std::string strategy = "ddp";
-  std::int64_t batch = 16, micro_batch = 0, steps = 600, eval_every = 100, sample = 0;
+  std::string strategy = "ddp";    // "zero1-sp": ZeRO-1 with sequence parallelism
+
+  int ranks() const { return data * pipe * context * tensor; }
+  MeshShape shape() const { return {.data = data, .pipe = pipe, .context = context, .tensor = tensor}; }
+  // "data 2 x pipe 1 x tensor 2" (" x context 2" before tensor where context > 1).
+  std::string text() const {
+    return cat("data ", data, " x pipe ", pipe, context > 1 ? cat(" x context ", context) : std::string(), " x tensor ", tensor);
+  }
+  // --strategy's -sp suffix: the one place it is read.
+  bool sequence_parallel() const { return strategy.ends_with("-sp"); }
+  std::string base_strategy() const { return sequence_parallel() ? strategy.substr(0, strategy.size() - 3) : strategy; }
+};
+
+struct OptimOptions {
+  std::int64_t batch = 16, micro_batch = 0, steps = 600;
   std::optional<std::int64_t> warmup;  // default: 5% of the steps
   double lr = 3e-3, min_lr = 3e-4, clip = 1.0;
-  std::uint64_t seed = 1;
-  std::string data_file, text, dtype = "f32", log, device = "auto", trace;
+
+  std::int64_t micro() const { return micro_batch > 0 ? micro_batch : batch; }  // the global micro-batch
+};
+
+struct DataOptions {
+  std::string file, text;  // --data-file (llm.c tokens), --text (bytes); neither: the built-in corpus
+  std::int64_t eval_every = 100, sample = 0;
+};
+
+struct CheckpointOptions {
   std::string save_dir, resume, save_policy = "sharded", init_from;
   std::int64_t save_every = 0;
   int keep = 0;
   bool async_save = false;
-  std::string launcher = "auto";
-  double deadline = 60;  // seconds any collective waits for the other ranks
+};
 
-  std::int64_t micro() const { return micro_batch > 0 ? micro_batch : batch; }  // the global micro-batch
-  // --strategy: "zero1-sp" is ZeRO-1 with sequence parallelism; the one place the suffix is read.
-  bool sequence_parallel() const { return strategy.ends_with("-sp"); }
-  std::string base_strategy() const { return sequence_parallel() ? strategy.substr(0, strategy.size() - 3) : strategy; }
-  int ranks() const { return data * pipe * context * tensor; }
-  MeshShape mesh() const { return {.data = data, .pipe = pipe, .context = context, .tensor = tensor}; }
-  // "data 2 x pipe 1 x tensor 2" (" x context 2" before tensor where context > 1).
-  std::string mesh_text() const {
-    return cat("data ", data, " x pipe ", pipe, context > 1 ? cat(" x context ", context) : std::string(), " x tensor ", tensor);
-  }
+struct LoggingOptions {
+  std::string log, trace;  // --log (JSON lines), --trace (Chrome / Perfetto)
+};
+
+struct LaunchOptions {
+  std::string device = "auto", launcher = "auto";
+  double deadline = 60;  // seconds any collective waits for the other ranks
+};
+
+struct Options {
+  std::string program = "train";  // the binary's name, where errors come from ("train_gpt")
+  ModelOptions model;
+  MeshOptions mesh;
+  OptimOptions optim;
+  DataOptions data;
+  CheckpointOptions checkpoint;
+  LoggingOptions logging;
+  LaunchOptions launch;
+
   // "<program> <option>": where an error about an option comes from.
   std::string where(const std::string& option = {}) const { return option.empty() ? program : program + " " + option; }
 };
@@ -70,7 +101,7 @@ struct Launch {
   bool lead() const { return process == 0; }  // prints and writes the log
 };
 
-inline std::chrono::milliseconds deadline_of(const Options& o) {
+inline std::chrono::milliseconds deadline_of(const LaunchOptions& o) {
   return std::chrono::milliseconds(static_cast<std::int64_t>(o.deadline * 1000));
 }
 

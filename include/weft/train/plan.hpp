@@ -28,12 +28,12 @@ namespace weft::train {
 
 // The run the options describe, for the plan.
 inline footprint::Run planned_run(const Options& o) {
-  const std::int64_t micro = o.micro();
-  return {.mesh = o.mesh(),
+  const std::int64_t micro = o.optim.micro();
+  return {.mesh = o.mesh.shape(),
           .micro_batch = micro,
-          .micro_batches = o.batch / micro,
-          .schedule = pipeline::kind_named(o.schedule),
-          .virtual_stages = o.virtual_stages};
+          .micro_batches = o.optim.batch / micro,
+          .schedule = pipeline::kind_named(o.mesh.schedule),
+          .virtual_stages = o.mesh.virtual_stages};
 }
 
 // The most ranks a measured plan runs (one thread each, run_threads' limit).
@@ -42,15 +42,15 @@ inline constexpr int kMaxMeasuredRanks = 1024;
 // Every rank's step measured on the Meta device, by world rank.
 template <Family F>
 std::vector<footprint::RankStep> measured_ranks(const Options& o, const config_t<F>& cfg) {
-  if (o.ranks() > kMaxMeasuredRanks)
+  if (o.mesh.ranks() > kMaxMeasuredRanks)
     throw Error(o.where("--plan"),
-                cat("the plan of a family without its own runs a thread per rank, and ", o.ranks(), " ranks are more than ",
+                cat("the plan of a family without its own runs a thread per rank, and ", o.mesh.ranks(), " ranks are more than ",
                     kMaxMeasuredRanks),
                 cat("plan a mesh of at most ", kMaxMeasuredRanks, " ranks (the same tensor and pipe degrees, fewer data ranks: "
                     "the state per rank falls with sharded strategies, so it is an upper bound for them)"));
   const footprint::Run run = planned_run(o);
-  return with_strategy(strategies_t<F>{}, o.strategy, [&]<class S, bool SP>() {
-    return with_precision(host_precisions_t<F>{}, o.dtype, [&]<class P>() {
+  return with_strategy(strategies_t<F>{}, o.mesh.strategy, [&]<class S, bool SP>() {
+    return with_precision(host_precisions_t<F>{}, o.model.dtype, [&]<class P>() {
       return footprint::measure<ModelOn<F, P, SP>::template on, S>(cfg, run);
     });
   });
@@ -73,7 +73,7 @@ inline std::vector<RankPlan> plan_of(const std::vector<footprint::RankStep>& ran
 // The measured plan of the run the options describe, one entry per pipe rank.
 template <Family F>
 std::vector<RankPlan> measured_plan(const Options& o, const config_t<F>& cfg, bool host) {
-  return plan_of(measured_ranks<F>(o, cfg), o.pipe, host);
+  return plan_of(measured_ranks<F>(o, cfg), o.mesh.pipe, host);
 }
 
 // --plan's table: each pipe rank's peak per category and of their sum (">=" where not exact).
@@ -104,10 +104,10 @@ inline std::string counted_calls(const threads::Counters& c, const std::string& 
 // walked), the model built whole on the Meta device (it allocates nothing).
 template <Family F>
 std::string described_plan(const Options& o, const config_t<F>& cfg) {
-  const std::int64_t micro = o.micro();
-  const Spread s{.data_degree = o.data, .tensor_degree = o.tensor, .context_degree = o.context};
+  const std::int64_t micro = o.optim.micro();
+  const Spread s{.data_degree = o.mesh.data, .tensor_degree = o.mesh.tensor, .context_degree = o.mesh.context};
   const auto of = [&]<bool SP>() {
-    return with_precision(host_precisions_t<F>{}, o.dtype, [&]<class P>() {
+    return with_precision(host_precisions_t<F>{}, o.model.dtype, [&]<class P>() {
       using M = typename ModelOn<F, P, SP>::template on<Meta<Host>>;
       if constexpr (nn::SpecPlanRows<M> || nn::WalkablePlan<M>) {
         Meta<Host> dev;
@@ -118,7 +118,7 @@ std::string described_plan(const Options& o, const config_t<F>& cfg) {
       }
     });
   };
-  return o.sequence_parallel() ? of.template operator()<true>() : of.template operator()<false>();
+  return o.mesh.sequence_parallel() ? of.template operator()<true>() : of.template operator()<false>();
 }
 
 // --plan's line of collectives per pipe rank: this rank's, per axis of degree > 1 (a group of one
@@ -127,7 +127,7 @@ inline void print_rank_collectives(const Options& o, const std::vector<RankPlan>
   for (const RankPlan& p : plan) {
     std::string line;
     for (Axis a : kAxes) {
-      const int group = a == Axis::data ? o.data * o.context : a == Axis::pipe ? o.pipe : a == Axis::context ? o.context : o.tensor;
+      const int group = a == Axis::data ? o.mesh.data * o.mesh.context : a == Axis::pipe ? o.mesh.pipe : a == Axis::context ? o.mesh.context : o.mesh.tensor;
       if (group == 1) continue;
       const std::string axis = counted_calls(p.collectives[static_cast<std::size_t>(a)], cat(name(a), " "));
       if (!axis.empty()) line += cat(line.empty() ? "" : ", ", axis);
@@ -162,10 +162,10 @@ inline void print_stage_collectives(const std::vector<footprint::StageCollective
 
 template <Family F>
 std::vector<footprint::StageCollectives> measured_stage_collectives(const Options& o, const config_t<F>& cfg) {
-  return with_strategy(strategies_t<F>{}, o.strategy, [&]<class S, bool SP>() {
-    return with_precision(host_precisions_t<F>{}, o.dtype, [&]<class P>() {
-      return footprint::stage_collectives<ModelOn<F, P, SP>::template on>(cfg, {.data = o.data, .context = o.context, .tensor = o.tensor},
-                                                                          o.micro());
+  return with_strategy(strategies_t<F>{}, o.mesh.strategy, [&]<class S, bool SP>() {
+    return with_precision(host_precisions_t<F>{}, o.model.dtype, [&]<class P>() {
+      return footprint::stage_collectives<ModelOn<F, P, SP>::template on>(cfg, {.data = o.mesh.data, .context = o.mesh.context, .tensor = o.mesh.tensor},
+                                                                          o.optim.micro());
     });
   });
 }
@@ -175,18 +175,18 @@ std::vector<footprint::StageCollectives> measured_stage_collectives(const Option
 template <Family F>
 void print_step_time(const Options& o, const config_t<F>& cfg, const footprint::RankStep& rank, bool host) {
   if constexpr (requires { cfg.heads; }) {
-    if (o.pipe == 1 && o.context == 1 && host) {
+    if (o.mesh.pipe == 1 && o.mesh.context == 1 && host) {
       const estimate::Work w = estimate::work_of(rank, planned_run(o).mesh);
-      const MeshShape shape{.data = o.data, .tensor = o.tensor};
+      const MeshShape shape{.data = o.mesh.data, .tensor = o.mesh.tensor};
       const auto time = [&]<class T>() {
-        return estimate::seconds(w, estimate::host_rates<T>(w, shape, o.micro() / o.data, cfg.seq, cfg.heads, cfg.width));
+        return estimate::seconds(w, estimate::host_rates<T>(w, shape, o.optim.micro() / o.mesh.data, cfg.seq, cfg.heads, cfg.width));
       };
-      const estimate::Breakdown t = o.dtype == "f64" ? time.template operator()<double>() : time.template operator()<float>();
+      const estimate::Breakdown t = o.model.dtype == "f64" ? time.template operator()<double>() : time.template operator()<float>();
       std::printf("step time: %.2f ms = GEMMs %.2f + attention %.2f + elementwise %.2f + memory %.2f + tensor collectives "
                   "%.2f + data collectives %.2f (the measured step's work at rates measured now on this host with %d ranks "
                   "running; no overlap; the family's own ops not priced)\n",
                   1e3 * t.total(), 1e3 * t.gemm, 1e3 * t.attention, 1e3 * t.elementwise, 1e3 * t.memory, 1e3 * t.tensor_comm,
-                  1e3 * t.data_comm, o.data * o.tensor);
+                  1e3 * t.data_comm, o.mesh.data * o.mesh.tensor);
       return;
     }
   }
@@ -198,27 +198,27 @@ void print_step_time(const Options& o, const config_t<F>& cfg, const footprint::
 template <Family F>
 int print_measured_plan(const Options& o, const config_t<F>& cfg, const std::string& device) {
   std::printf("plan: %s: %s | %s, %s | %s%s | batch %lld, micro-batch %lld\n", F::name().c_str(), summary<F>(cfg).c_str(),
-              o.strategy.c_str(), o.dtype.c_str(), o.mesh_text().c_str(),
-              o.context > 1 ? cat(" (", o.attention, " attention)").c_str() : "", static_cast<long long>(o.batch),
-              static_cast<long long>(o.micro()));
+              o.mesh.strategy.c_str(), o.model.dtype.c_str(), o.mesh.text().c_str(),
+              o.mesh.context > 1 ? cat(" (", o.mesh.attention, " attention)").c_str() : "", static_cast<long long>(o.optim.batch),
+              static_cast<long long>(o.optim.micro()));
   const bool host = device != "cuda";
   const std::vector<footprint::RankStep> ranks = measured_ranks<F>(o, cfg);
-  const std::vector<RankPlan> plan = plan_of(ranks, o.pipe, host);
+  const std::vector<RankPlan> plan = plan_of(ranks, o.mesh.pipe, host);
   print_rank_table(plan);
   std::printf("(per rank: each category's peak during a training step, and the peak of their sum, measured by running the "
               "step%s on the Meta device: %s; persistent state %s; step peak %lld bytes%s",
-              o.pipe > 1 ? cat(" and the ", o.schedule, " schedule").c_str() : "",
+              o.mesh.pipe > 1 ? cat(" and the ", o.mesh.schedule, " schedule").c_str() : "",
               host ? "the host allocator's counts" : "the host allocator's counts, without the CUDA back end's workspaces",
               mib(static_cast<double>(plan[0].state.total())).c_str(), static_cast<long long>(plan[0].total),
-              o.pipe > 1 ? " on pipe rank 0" : "");
+              o.mesh.pipe > 1 ? " on pipe rank 0" : "");
   for (std::size_t r = 1; r < plan.size(); ++r)
     std::printf("; pipe rank %d: %lld bytes", plan[r].pipe_rank, static_cast<long long>(plan[r].total));
   std::printf(")\n");
   print_rank_collectives(o, plan);
-  if (o.tensor > 1 && o.pipe == 1) print_stage_collectives(measured_stage_collectives<F>(o, cfg));
-  if (o.pipe == 1) std::printf("%s", described_plan<F>(o, cfg).c_str());
-  const double flops = plan_flops_per_token<F>(cfg) * static_cast<double>(o.batch * cfg.seq);
-  std::printf("FLOPs per step: %.4g (%lld tokens)\n", flops, static_cast<long long>(o.batch * cfg.seq));
+  if (o.mesh.tensor > 1 && o.mesh.pipe == 1) print_stage_collectives(measured_stage_collectives<F>(o, cfg));
+  if (o.mesh.pipe == 1) std::printf("%s", described_plan<F>(o, cfg).c_str());
+  const double flops = plan_flops_per_token<F>(cfg) * static_cast<double>(o.optim.batch * cfg.seq);
+  std::printf("FLOPs per step: %.4g (%lld tokens)\n", flops, static_cast<long long>(o.optim.batch * cfg.seq));
   print_step_time<F>(o, cfg, ranks[0], host);
   return 0;
 }

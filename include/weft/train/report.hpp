@@ -49,19 +49,19 @@ class Report {
   Report() = default;
   // The lead: prints, and writes --log (appended to when resuming).
   Report(const Options& o, RunHeader h) : o_(&o), h_(std::move(h)) {
-    if (o.log.empty()) return;
-    log_.open(o.log, o.resume.empty() ? std::ios::trunc : std::ios::app);
-    if (!log_) throw Error(o.where("--log"), cat("cannot write the log file ", o.log, " (", std::strerror(errno), ")"), "check the path");
+    if (o.logging.log.empty()) return;
+    log_.open(o.logging.log, o.checkpoint.resume.empty() ? std::ios::trunc : std::ios::app);
+    if (!log_) throw Error(o.where("--log"), cat("cannot write the log file ", o.logging.log, " (", std::strerror(errno), ")"), "check the path");
   }
   bool active() const { return o_ != nullptr; }
 
   void header(std::int64_t micro) const {
     const Options& o = *o_;
     std::printf("%s: %s | %s %s on %s | %s%s | batch %lld (micro %lld x %lld) | %lld steps | GEMM %.1f GFLOP/s\n",
-                o.program.c_str(), h_.summary.c_str(), o.strategy.c_str(), h_.precision.c_str(), h_.device.c_str(),
-                o.mesh_text().c_str(), o.context > 1 ? cat(" (", o.attention, " attention)").c_str() : "",
-                static_cast<long long>(o.batch), static_cast<long long>(micro), static_cast<long long>(o.batch / micro),
-                static_cast<long long>(o.steps), h_.gemm_peak / 1e9);
+                o.program.c_str(), h_.summary.c_str(), o.mesh.strategy.c_str(), h_.precision.c_str(), h_.device.c_str(),
+                o.mesh.text().c_str(), o.mesh.context > 1 ? cat(" (", o.mesh.attention, " attention)").c_str() : "",
+                static_cast<long long>(o.optim.batch), static_cast<long long>(micro), static_cast<long long>(o.optim.batch / micro),
+                static_cast<long long>(o.optim.steps), h_.gemm_peak / 1e9);
     if (h_.dense)
       std::printf("MFU is reported against the measured GEMM ceiling and against the %s (%.0f TFLOP/s)\n",
                   h_.dense->first.c_str(), h_.dense->second / 1e12);
@@ -77,7 +77,7 @@ class Report {
     char floor_note[32] = "";
     if (h_.floor) std::snprintf(floor_note, sizeof floor_note, " (floor %+.3f)", s.loss - *h_.floor);
     std::printf("step %5lld/%lld | loss %.4f%s | lr %.2e | norm %.3f | %8.0f tok/s | MFU %s | peak %s/rank%s%s\n",
-                static_cast<long long>(s.step), static_cast<long long>(o_->steps), s.loss, floor_note, s.lr, s.grad_norm,
+                static_cast<long long>(s.step), static_cast<long long>(o_->optim.steps), s.loss, floor_note, s.lr, s.grad_norm,
                 s.tokens_per_s, note.c_str(), mib(static_cast<double>(s.peak_bytes)).c_str(),
                 s.eval ? cat(" | eval ", std::round(*s.eval * 10000) / 10000).c_str() : "",
                 s.skipped ? " | step skipped: the gradient norm is not finite" : "");
@@ -108,7 +108,7 @@ class Report {
 
   // The summary of a run that finished its steps.
   void done(double seconds, double final_loss, double final_eval, std::int64_t peak_bytes) const {
-    std::printf("done: %lld steps in %.1f s, final loss %.4f", static_cast<long long>(o_->steps), seconds, final_loss);
+    std::printf("done: %lld steps in %.1f s, final loss %.4f", static_cast<long long>(o_->optim.steps), seconds, final_loss);
     if (!std::isnan(final_eval)) std::printf(", held-out loss %.4f", final_eval);
     if (h_.floor)
       std::printf(" (floor %.4f; %+.4f nats from it)", *h_.floor, (std::isnan(final_eval) ? final_loss : final_eval) - *h_.floor);
@@ -123,7 +123,7 @@ class Report {
   }
   void flush() {
     log_.flush();
-    check_written(log_, o_->log, o_->where("--log"));
+    check_written(log_, o_->logging.log, o_->where("--log"));
   }
 
   const Options* o_ = nullptr;

@@ -2,9 +2,10 @@
 //
 // A stop request (a signal handler's flag) is agreed at the end of every step by the trainer's own
 // all-reduce. A long step (the previous one took 2 x `every` or more, or none was measured yet) is
-// also polled inside: at points that every rank passes in the same order (before each stage of
-// each micro-batch: the data-parallel protocol's acquire, which the executor calls on every rank
-// alike), one small all-reduce (max) of the flags decides, for all ranks at once, whether to go on.
+// also polled inside: at the executor's stop points (pipeline::StopHook: before each stage of each
+// micro-batch in a plain step; at the table's cuts in a pipelined one, pipeline::cuts), which every
+// rank passes in the same order with no message pending across them, one small all-reduce (max) of
+// the flags decides, for all ranks at once, whether to go on.
 // When it says stop, every rank throws Abandoned from the same point; the weights and optimizer
 // state are those of the last finished step (the optimizer step is never interrupted: it runs after
 // the last point).
@@ -15,9 +16,6 @@
 // finishes within that, and the step-end agreement stops it. On an NCCL world the poll's
 // all-reduce of a host value also waits for the device's queued work: the spacing keeps that to a
 // few times a second (not yet measured on a GPU).
-//
-// Pipelined steps (pipeline::Pipeline) are not polled: ranks run different tables, and a poll at
-// one rank's action would wait on a neighbour blocked in a receive; they stop at the step's end.
 #pragma once
 
 #include <atomic>
@@ -32,7 +30,7 @@
 namespace weft::train {
 
 // Thrown on every rank at the same point when the agreed poll finds a stop request.
-struct Abandoned : std::exception {
+struct Abandoned : pipeline::StepStopped {
   int signal = 0;  // the largest signal number any rank saw
   explicit Abandoned(int s) : signal(s) {}
   const char* what() const noexcept override { return "train: the step was abandoned on a stop request"; }
@@ -72,27 +70,22 @@ class StopPoints {
   std::int64_t spacing_ = 1, counted_ = 0;
 };
 
-// A data-parallel protocol that polls at its acquire points: forwards acquire and release to `dp`,
-// and before an acquire that StopPoints says is due, all-reduces (max) this rank's flag over
-// `world`; a non-zero result throws Abandoned on every rank.
-template <class DP, class World>
-class Polled {
+// The executor's stop hook (pipeline::StopHook) for a step: at a point that StopPoints says is
+// due, all-reduces (max) this rank's flag over `world`; a non-zero result throws Abandoned on every
+// rank.
+template <class World>
+class Polling {
  public:
-  Polled(DP& dp, World& world, const std::atomic<int>& flag, StopPoints& points)
-      : dp_(&dp), world_(&world), flag_(&flag), points_(&points) {}
+  Polling(World& world, const std::atomic<int>& flag, StopPoints& points) : world_(&world), flag_(&flag), points_(&points) {}
 
-  void acquire(std::size_t u, pipeline::Pass pass) {
-    if (points_->due()) {
-      std::int64_t agreed[1] = {flag_->load()};
-      world_->all_reduce(std::span<std::int64_t>(agreed), ReduceOp::max);
-      if (agreed[0] != 0) throw Abandoned(static_cast<int>(agreed[0]));
-    }
-    dp_->acquire(u, pass);
+  void point() {
+    if (!points_->due()) return;
+    std::int64_t agreed[1] = {flag_->load()};
+    world_->all_reduce(std::span<std::int64_t>(agreed), ReduceOp::max);
+    if (agreed[0] != 0) throw Abandoned(static_cast<int>(agreed[0]));
   }
-  void release(std::size_t u, pipeline::Pass pass, bool last) { dp_->release(u, pass, last); }
 
  private:
-  DP* dp_;
   World* world_;
   const std::atomic<int>* flag_;
   StopPoints* points_;

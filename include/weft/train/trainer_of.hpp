@@ -53,23 +53,23 @@ class TrainerOf final : public Trainer {
   TrainerOf(World& world, const Options& o, const config_t<F>& cfg, pipeline::Trace* trace)
       : o_(o),
         cfg_(cfg),
-        micro_(o.micro()),
+        micro_(o.optim.micro()),
         world_(world),
         dev_(DeviceSupport<D>::make(world)),
-        mesh_(world, o.mesh()),
-        part_(pipeline::Partition::even(o.pipe, o.virtual_stages, cfg.layers)),
+        mesh_(world, o.mesh.shape()),
+        part_(pipeline::Partition::even(o.mesh.pipe, o.mesh.virtual_stages, cfg.layers)),
         model_(*dev_, cfg, mesh_.spread(), micro_, part_.placement(mesh_.coord().pipe)),
-        dp_(optim::data_parallel<Strategy>(model_, optim::AdamW{.config = {.lr = o.lr}}, mesh_)),
+        dp_(optim::data_parallel<Strategy>(model_, optim::AdamW{.config = {.lr = o.optim.lr}}, mesh_)),
         trace_(trace) {
     if constexpr (pipelines)
-      if (o.pipe > 1)
-        pp_.emplace(model_, pipeline::make_table(pipeline::kind_named(o.schedule), o.pipe, static_cast<int>(o.batch / micro_), o.virtual_stages),
+      if (o.mesh.pipe > 1)
+        pp_.emplace(model_, pipeline::make_table(pipeline::kind_named(o.mesh.schedule), o.mesh.pipe, static_cast<int>(o.optim.batch / micro_), o.mesh.virtual_stages),
                     part_, mesh_);
     if (pp_ && trace_) pp_->set_trace(trace_, world.rank());
-    if (o.save_dir.empty()) return;
-    const checkpoint::SaveOptions save{.keep = o.keep};
-    if (o.save_policy == "consolidated") consolidated_.emplace(o.save_dir, save, o.async_save);
-    else sharded_.emplace(o.save_dir, save, o.async_save);
+    if (o.checkpoint.save_dir.empty()) return;
+    const checkpoint::SaveOptions save{.keep = o.checkpoint.keep};
+    if (o.checkpoint.save_policy == "consolidated") consolidated_.emplace(o.checkpoint.save_dir, save, o.checkpoint.async_save);
+    else sharded_.emplace(o.checkpoint.save_dir, save, o.checkpoint.async_save);
   }
   TrainerOf(const TrainerOf&) = delete;
   TrainerOf& operator=(const TrainerOf&) = delete;
@@ -80,7 +80,7 @@ class TrainerOf final : public Trainer {
   void agree(Fingerprint& fp) override {
     // describe's table (from the types, or walked over this rank's model where the family writes no rows).
     if constexpr (nn::SpecPlanRows<Model> || nn::WalkablePlan<Model>)
-      if (o_.pipe == 1) fp.add("collectives of one micro-batch", nn::describe(model_, micro_, mesh_.spread()));
+      if (o_.mesh.pipe == 1) fp.add("collectives of one micro-batch", nn::describe(model_, micro_, mesh_.spread()));
     fp.agree(world_);
   }
   void agree_max(std::span<std::int64_t> values) override { world_.all_reduce(values, ReduceOp::max); }
@@ -93,22 +93,22 @@ class TrainerOf final : public Trainer {
     dp_.zero_grad();
     StepResult r;
     const double scale = 1.0 / static_cast<double>(micro_batches.size());
-    if (pp_) {  // the schedule runs every micro-batch of the step
-      std::vector<nn::MicroBatch> mbs;
-      for (const Tokens& t : micro_batches) mbs.push_back({t.x, t.y, micro_, scale});
-      r.loss = pp_->run(mbs, dp_);
-    } else {
-      Polled polled(dp_, world_, stop_requested(), points);
-      try {
+    Polling hook(world_, stop_requested(), points);  // the executor's stop points, plain or pipelined
+    try {
+      if (pp_) {  // the schedule runs every micro-batch of the step
+        std::vector<nn::MicroBatch> mbs;
+        for (const Tokens& t : micro_batches) mbs.push_back({t.x, t.y, micro_, scale});
+        r.loss = pp_->run(mbs, dp_, hook);
+      } else {
         for (std::size_t a = 0; a < micro_batches.size(); ++a) {
           const pipeline::Trace::Scope traced(trace_, world_.rank(), "forward+backward", "compute", -1, static_cast<int>(a));
           auto ctx = model_.context({micro_batches[a].x, micro_batches[a].y, micro_, scale});
-          r.loss += pipeline::forward_backward(model_, ctx, mesh_, polled, a + 1 == micro_batches.size()) * scale;
+          r.loss += pipeline::forward_backward(model_, ctx, mesh_, dp_, a + 1 == micro_batches.size(), hook) * scale;
         }
-      } catch (const Abandoned& stop) {
-        r.abandoned = stop.signal;  // every rank, at the same point: the optimizer step does not run
-        return r;
       }
+    } catch (const Abandoned& stop) {
+      r.abandoned = stop.signal;  // every rank, at the same point: the optimizer step does not run
+      return r;
     }
     const std::int64_t skipped_before = dp_.skipped();
     {
@@ -132,8 +132,8 @@ class TrainerOf final : public Trainer {
       auto ctx = model_.context({t.x, t.y, micro_});
       pipeline::forward(model_, ctx, mesh_, dp_, nn::Mode::infer);
       const auto logits = ctx.head.ce.logits.to_host();  // (B/dp, T, Vp/tp) Shard<-1> on tensor
-      const std::int64_t Vl = nn::padded_vocab(cfg_.vocab, o_.tensor) / o_.tensor;
-      std::vector<T> all(static_cast<std::size_t>(Vl * o_.tensor));  // (Vp) of the first sequence's last position
+      const std::int64_t Vl = nn::padded_vocab(cfg_.vocab, o_.mesh.tensor) / o_.mesh.tensor;
+      std::vector<T> all(static_cast<std::size_t>(Vl * o_.mesh.tensor));  // (Vp) of the first sequence's last position
       mesh_.tensor().all_gather(std::span<const T>(logits.data() + logits.size() - Vl, static_cast<std::size_t>(Vl)), std::span<T>(all));
       std::vector<double> out(static_cast<std::size_t>(cfg_.vocab));
       for (std::size_t v = 0; v < out.size(); ++v) out[v] = static_cast<double>(static_cast<accumulate_t<T>>(all[v]));

@@ -14,10 +14,10 @@
 #include "weft/models/gpt2/model.hpp"
 #include "weft/plan/memory.hpp"
 #include "weft/train/family.hpp"
-#include "weft/train/options.hpp"
 #include "weft/train/rank_plan.hpp"
 
 namespace weft::train {
+struct Options;  // train/options.hpp: the closed-form plan's definitions (run_plan.hpp) read it
 struct Layout;
 struct Cluster;
 struct Candidate;
