@@ -11,8 +11,8 @@
 //
 // The test asserts the measurement equals the formula to the byte (every saved buffer is one the
 // formula names, so one more kept buffer fails it), and that gradients do not depend on the policy
-// (equivalence tests). The peak during backward has no closed form here; what is checked of it is
-// that backward rebuilds what a policy dropped (at least None's saved state under Full).
+// (equivalence tests). The peak during backward has no closed form here; what is checked of backward
+// is what it allocates: exactly what each policy dropped, rebuilt (against None's backward).
 #include <doctest/doctest.h>
 
 #include <mutex>
@@ -40,6 +40,7 @@ double formula(int tp, bool sp) {
 
 struct Measured {
   std::int64_t held = 0, peak = 0;
+  std::int64_t forward_allocated = 0, backward_allocated = 0;  // activation bytes each pass allocated
 };
 
 template <bool SP, class Policy>
@@ -55,17 +56,20 @@ Measured measure(int tp) {
     for (std::int64_t i = 0; i < x.numel(); ++i) x[i] = weft::normal(2, 0, static_cast<std::uint64_t>(i));
     typename Blk::Ctx ctx;
     const std::int64_t before = h.memory().current_of(Category::activations);
+    const std::int64_t allocated0 = h.memory().allocated[static_cast<std::size_t>(Category::activations)];
     h.allocator.reset_peak();
     auto y = block.forward(ctx, x, mesh);
+    const std::int64_t allocated1 = h.memory().allocated[static_cast<std::size_t>(Category::activations)];
     // The output is an activation too (redistributions keep their input's category), but it is the
     // block's result, not what it keeps for backward.
     REQUIRE(y.category() == Category::activations);
     const std::int64_t held = h.memory().current_of(Category::activations) - before - y.bytes();
     block.backward(ctx, y, mesh);
     const std::int64_t peak = h.memory().peak_of(Category::activations) - before;
+    const std::int64_t allocated2 = h.memory().allocated[static_cast<std::size_t>(Category::activations)];
     if (world.rank() != 0) return;
     std::lock_guard lock(mu);
-    out = {held, peak};
+    out = {held, peak, allocated1 - allocated0, allocated2 - allocated1};
   });
   return out;
 }
@@ -97,15 +101,21 @@ TEST_CASE("the policies order as they should: Full < Selective < None") {
   CHECK(measure<false, recompute::Selective>(2).held < measure<false, recompute::None>(2).held);
 }
 
-TEST_CASE("backward rebuilds what a policy dropped: Full's backward peak holds all None keeps, Selective's the probabilities too") {
-  // A policy that skipped its recomputation (reading stale or missing buffers) would peak lower.
+TEST_CASE("backward rebuilds what a policy dropped: Selective the probabilities, Full the whole forward, to the byte") {
+  // The activation bytes each backward allocates, against None's: Selective's rebuilds the
+  // probabilities and the attention output computed beside them (B, T, C/tp); Full's re-runs the
+  // forward, allocating what None's forward did. A policy that skipped its recomputation (reading
+  // stale or missing buffers), or rebuilt outside the allocator, allocates less and fails.
   for (int tp : {1, 2}) {
-    const std::int64_t probs = B * H * T * T / tp * 8;
+    const std::int64_t probs = B * H * T * T / tp * 8, output = B * T * C / tp * 8;
     const Measured none = measure<false, recompute::None>(tp), sel = measure<false, recompute::Selective>(tp),
                    full = measure<false, recompute::Full>(tp);
     CAPTURE(tp);
     CHECK(none.peak >= none.held);
-    CHECK(sel.peak >= sel.held + probs);
-    CHECK(full.peak >= none.held);
+    CHECK(sel.backward_allocated == none.backward_allocated + probs + output);
+    CHECK(full.backward_allocated == none.backward_allocated + none.forward_allocated);
+    MESSAGE("tp ", tp, ": backward allocated None ", none.backward_allocated, ", Selective ", sel.backward_allocated, " (+ ",
+            probs, " probabilities + ", output, " output), Full ", full.backward_allocated, " (+ None's forward ",
+            none.forward_allocated, ")");
   }
 }
