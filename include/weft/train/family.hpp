@@ -230,8 +230,9 @@ inline constexpr bool on_gpu = [] {
 // model is F's over V; it runs in V's precisions; everything else is F's. A family's plan in closed
 // form (plan, print_plan, cluster_cost, recomputed) is its plain variant's: the other variants are
 // planned on the Meta device.
-template <Family F, VariantType V>
-struct Bound : F {
+namespace detail {
+template <class F, class V>
+struct BoundBase : F {
   using family = F;
   using variant = V;
   template <class P, bool SP, class D>
@@ -239,15 +240,13 @@ struct Bound : F {
   using host_precisions = precisions_t<F, V, Host>;
   using cuda_precisions = precisions_t<F, V, Cuda>;
 };
+}  // namespace detail
+
+template <Family F, VariantType V>
+struct Bound : detail::BoundBase<F, V> {};
 template <Family F, VariantType V>
   requires(!std::same_as<V, Plain>)
-struct Bound<F, V> : F {
-  using family = F;
-  using variant = V;
-  template <class P, bool SP, class D>
-  using model = family_model_t<F, P, SP, D, V>;
-  using host_precisions = precisions_t<F, V, Host>;
-  using cuda_precisions = precisions_t<F, V, Cuda>;
+struct Bound<F, V> : detail::BoundBase<F, V> {
   // F's closed forms describe its plain model: hidden, so that this variant is measured.
   static void plan() = delete;
   static void print_plan() = delete;
