@@ -10,8 +10,8 @@
 // RowParallel -> ColumnParallel gets Megatron's all-reduce pair, and RowParallel -> RowParallel
 // (a partial sum into a layer that needs feature shards) is a compile error naming both layouts.
 //
-// A layer provides In, Out, GradIn, GradOut, Ctx, forward(ctx, x[, mesh]), backward(ctx, dy[, mesh]),
-// out_shape(in_shape), name() and for_each_param(prefix, f). Parameters are named by position
+// A layer is an nn::Layer (layer.hpp: In, Out, GradIn, GradOut, Ctx, forward(ctx, x[, mesh]),
+// backward(ctx, dy[, mesh]), out_shape(in_shape), name() and for_each_param(prefix, f)). Parameters are named by position
 // ("prefix.1.weight"), or by the name a layer is given with Named<"attn", L> ("prefix.attn.qkv.weight").
 // Residual adds no name of its own, inside a Sequential too (a block written as
 // Sequential<Residual<...>, Residual<...>> names its parameters by the names inside the branches). Both pass a zero-bubble schedule's deferred weight pass
@@ -24,6 +24,7 @@
 #include <utility>
 
 #include "weft/nn/comm.hpp"
+#include "weft/nn/layer.hpp"
 #include "weft/nn/linear.hpp"
 
 namespace weft::nn {
@@ -38,7 +39,7 @@ struct Label {
 };
 
 // Named<"ln1", L>: layer L whose parameters are named "prefix.ln1.*" inside a Sequential.
-template <Label N, class L>
+template <Label N, Layer L>
 class Named : public L {
  public:
   Named() = default;
@@ -81,15 +82,19 @@ struct check_compose {
   static constexpr bool ok = true;
 };
 
+// forward and backward are templates over the element type and device, so nn::Layer cannot check
+// them where a layer is named; these say which member is missing where they are first called.
 template <class L, class Ctx, class X, class M>
 auto layer_forward(L& layer, Ctx& ctx, const X& x, M& mesh) {
   if constexpr (requires { layer.forward(ctx, x, mesh); }) return layer.forward(ctx, x, mesh);
-  else return layer.forward(ctx, x);
+  else if constexpr (requires { layer.forward(ctx, x); }) return layer.forward(ctx, x);
+  else static_assert(sizeof(L) == 0, "nn::Layer: the layer has no forward(ctx, x) or forward(ctx, x, mesh) for this input");
 }
 template <class L, class Ctx, class X, class M>
 auto layer_backward(L& layer, Ctx& ctx, const X& dy, M& mesh) {
   if constexpr (requires { layer.backward(ctx, dy, mesh); }) return layer.backward(ctx, dy, mesh);
-  else return layer.backward(ctx, dy);
+  else if constexpr (requires { layer.backward(ctx, dy); }) return layer.backward(ctx, dy);
+  else static_assert(sizeof(L) == 0, "nn::Layer: the layer has no backward(ctx, dy) or backward(ctx, dy, mesh) for this gradient");
 }
 
 // A layer that can split its backward (zero-bubble schedules): defer_weight(on), and
@@ -114,7 +119,7 @@ template <class... Ls> struct last { using type = typename decltype((std::type_i
 
 }  // namespace detail
 
-template <class... Layers>
+template <Layer... Layers>
 class Sequential {
   static_assert(sizeof...(Layers) >= 1, "Sequential: needs at least one layer");
   using First = typename detail::first<Layers...>::type;
@@ -239,7 +244,7 @@ class Sequential {
 
 // Residual<Inner>: y = x + inner(x). Requires the inner layers to return to their input layout
 // (end them with the reduction they need) so that the sum is of like with like.
-template <class Inner>
+template <Layer Inner>
 class Residual {
   static_assert(std::same_as<typename Inner::In, typename Inner::Out>,
                 "Residual: the inner layers' output layout differs from their input layout; end them with a "
@@ -289,7 +294,7 @@ class Residual {
 };
 
 namespace detail {
-template <class Inner> inline constexpr bool is_residual<Residual<Inner>> = true;
+template <Layer Inner> inline constexpr bool is_residual<Residual<Inner>> = true;
 }  // namespace detail
 
 }  // namespace weft::nn

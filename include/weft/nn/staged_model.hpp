@@ -39,6 +39,7 @@
 #include "weft/comm/redistribute.hpp"
 #include "weft/core/error.hpp"
 #include "weft/core/precision.hpp"
+#include "weft/nn/layer.hpp"
 #include "weft/nn/plan_row.hpp"
 #include "weft/nn/unit.hpp"
 
@@ -93,6 +94,7 @@ concept ModelSpec = requires(typename S::device& dev, const typename S::config& 
   { S::record(c) } -> std::convertible_to<std::vector<std::pair<std::string, std::int64_t>>>;
   { S::make_embedding(dev, c, s) } -> std::same_as<typename S::Embedding>;
   { S::make_block(dev, c, s, l) } -> std::same_as<typename S::Block>;
+  requires Layer<typename S::Block>;  // a block is a layer (layer.hpp), the stream's layout in and out
   { S::make_head(dev, c, s) } -> std::same_as<typename S::Head>;
   { S::block_name(l) } -> std::convertible_to<std::string>;
   { S::name() } -> std::convertible_to<std::string>;  // where errors are said to come from ("Gpt")

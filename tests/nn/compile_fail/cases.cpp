@@ -17,8 +17,32 @@ using Row = Linear<double, RowParallel>;
 [[maybe_unused]] void f(Sequential<CopyToTensor, Col, Row> s) {
   Residual<Sequential<CopyToTensor, Col, Row>> r(std::move(s));
 }
+#elif defined(WEFT_CF_LAYER_WITHOUT_OUT_SHAPE) || defined(WEFT_CF_LAYER_WITHOUT_CTX)
+// A user's layer that misses a member of nn::Layer (layer.hpp) is refused where it is named, not
+// deep inside Sequential when a member of it is first called.
+struct UsersLayer {
+  using In = Col::Out;
+  using Out = Col::Out;
+  using GradIn = Col::GradOut;
+  using GradOut = Col::GradOut;
+#if !defined(WEFT_CF_LAYER_WITHOUT_CTX)
+  struct Ctx {};
+#endif
+#if !defined(WEFT_CF_LAYER_WITHOUT_OUT_SHAPE)
+  Shape out_shape(const Shape& s) const { return s; }
+#endif
+  static std::string name() { return "UsersLayer"; }
+  template <class F>
+  void for_each_param(const std::string&, F&&) {}
+};
+#if defined(WEFT_CF_IN_SEQUENTIAL)
+using UsersModel = Sequential<Col, UsersLayer>;  // where Sequential names it
+#else
+static_assert(Layer<UsersLayer>);  // at its declaration
+#endif
 #else
 // The control: the valid versions compile.
+static_assert(Layer<Col> && Layer<Row> && Layer<CopyToTensor> && Layer<Sequential<Col, Row>>);
 [[maybe_unused]] void f(Col a, Row b, Col c, Col d, Row e) {
   Sequential<Col, Row, Col> s(std::move(a), std::move(b), std::move(c));  // Row -> Col gets the all-reduce pair
   using Branch = Sequential<CopyToTensor, Col, Row, ReduceFromTensor>;
