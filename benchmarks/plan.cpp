@@ -1,9 +1,9 @@
 // The plan against a run, on thread ranks (data x tensor), for every data-parallel strategy with and
-// without sequence parallelism: the step time the time model predicts (weft/plan/time.hpp, with
+// without sequence parallelism: the step time the time model predicts (weft/models/gpt2/estimate.hpp, with
 // rates measured on this host in the same run: weft/plan/host_rates.hpp) against the measured
 // step time (the median of --steps steps, after one warm-up), and the step's planned peak bytes
-// (weft/plan/step.hpp) against the allocator's. One JSON object per line; the target is a time
-// within 25% and memory within 5% (the memory plan is exact: tests/plan/step.cpp).
+// (weft/models/gpt2/replay.hpp) against the allocator's. One JSON object per line; the target is a time
+// within 25% and memory within 5% (the memory plan is exact: tests/models/gpt2/replay.cpp).
 //
 // With --pipe P > 1: pipelines instead (data x pipe x tensor thread ranks, --micro-batches M of the
 // batch each), for every schedule (interleaved with 2 virtual stages where the layers and M allow)
@@ -25,6 +25,7 @@
 #include <weft/pipeline/executor.hpp>
 #include <weft/pipeline/pipelined.hpp>
 #include <weft/plan/host_rates.hpp>
+#include <weft/models/gpt2/estimate.hpp>
 #include <weft/plan/time.hpp>
 
 using namespace weft;

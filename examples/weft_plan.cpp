@@ -11,9 +11,9 @@
 // The search and the command line are weft's trainer library (train/cluster_plan.hpp), over the
 // families examples/CMakeLists.txt lists (weft_add_family_program; --model gpt2, the default, or
 // llama). GPT-2 is costed by its closed forms
-// (models/gpt2/cluster_plan.hpp): per candidate the peak bytes of a step on one rank (plan/step.hpp,
+// (models/gpt2/cluster_plan.hpp): per candidate the peak bytes of a step on one rank (models/gpt2/replay.hpp,
 // the host allocator's counts, plus the CUDA back end's workspace estimate) and the step time
-// (plan/time.hpp) at rates derived from the cluster: GEMMs and the attention core at a fraction of
+// (models/gpt2/estimate.hpp) at rates derived from the cluster: GEMMs and the attention core at a fraction of
 // the peak FLOP/s, elementwise ops at the HBM bandwidth, tensor-parallel collectives on the
 // intra-node link, data collectives on the inter-node link once the data group leaves the node. No
 // overlap (weft's executors run collectives and compute in turn). A pipeline's memory is the

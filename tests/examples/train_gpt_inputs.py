@@ -290,10 +290,10 @@ if wait_for_records(log, 1, p):
 else:
     p.kill(); failures += 1; print("FAIL: two signals: the run did not log its first step")
 
-# The plan against a run: the step peak --plan prints (replayed from the types: weft/plan/step.hpp)
+# The plan against a run: the step peak --plan prints (replayed from the types: weft/models/gpt2/replay.hpp)
 # against the peak_bytes the run logs for each step (the largest rank's), for DDP and FSDP with SP,
 # and pipelines (ZB-H1 with ZeRO-2; interleaved with FSDP and SP).
-# The target is 5%; tests/plan/step.cpp checks every category of every layout exactly.
+# The target is 5%; tests/models/gpt2/replay.cpp checks every category of every layout exactly.
 # With --pipe, the plan replays the schedule's table on every pipe rank; the run logs the largest.
 pipelined = ["--pipe", "2", "--data", "1", "--tensor", "2", "--batch", "8", "--micro-batch", "2"]
 for case, (strategy, more) in enumerate((("ddp", []), ("fsdp-sp", []), ("zero2", pipelined + ["--schedule", "zb"]),

@@ -2,7 +2,7 @@
 // must equal to the byte: the host allocator's counts of the same step of the custom decoder
 // (examples/03_custom_model.hpp, layers and ops weft does not ship), with the thread
 // communicator's counts of each axis's collectives, and GPT-2's constexpr replay
-// (plan/step.hpp, itself held to the allocator by tests/plan/step.cpp). Exact: the Meta device
+// (models/gpt2/replay.hpp, itself held to the allocator by tests/models/gpt2/replay.cpp). Exact: the Meta device
 // counts the blocks the code asks for, so any difference is a block counted wrong.
 #include <doctest/doctest.h>
 
@@ -17,7 +17,8 @@
 #include "weft/plan/measure.hpp"
 #include "weft/plan/measure_time.hpp"
 #include "weft/models/gpt2/cluster_plan.hpp"
-#include "weft/plan/step.hpp"
+#include "weft/models/gpt2/estimate.hpp"
+#include "weft/models/gpt2/replay.hpp"
 #include "weft/train/cluster_plan.hpp"
 
 using namespace weft;

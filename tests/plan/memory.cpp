@@ -13,6 +13,7 @@
 #include "weft/device/host/host.hpp"
 #include "weft/models/gpt2/model.hpp"
 #include "weft/pipeline/pipelined.hpp"
+#include "weft/models/gpt2/footprint.hpp"
 #include "weft/plan/memory.hpp"
 
 using namespace weft;

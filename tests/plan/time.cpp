@@ -5,6 +5,7 @@
 // benchmarks/plan (speed is measured in benchmarks, not in tests).
 #include <doctest/doctest.h>
 
+#include "weft/models/gpt2/estimate.hpp"
 #include "weft/plan/time.hpp"
 
 using namespace weft;
@@ -76,7 +77,7 @@ TEST_CASE("the data-parallel collectives move the plan's gradient and parameter 
   CHECK(comm_bytes(z2, Collective::all_gather, Axis::data) == params);
   // FSDP: the blocks gathered twice per micro-batch (forward, backward), the embedding and the head once.
   const auto fsdp = estimate::work<optim::Fsdp, F32>(kCfg, s, micro, mbs);
-  const std::int64_t block = (footprint::block_elements(kCfg, 1) + 3) / 4 * 4 * 4;  // padded to 4, f32
+  const std::int64_t block = (gpt2::block_elements(kCfg, 1) + 3) / 4 * 4 * 4;  // padded to 4, f32
   CHECK(comm_bytes(fsdp, Collective::all_gather, Axis::data) == (params + kCfg.layers * block) * mbs);
 }
 

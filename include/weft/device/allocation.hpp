@@ -25,7 +25,7 @@ struct MemoryStats {
   std::array<std::int64_t, kCategories> current{}, peak{};
   std::int64_t total_current = 0, total_peak = 0;
   // Every byte and non-empty block allocated since the start, never reset: the difference over a step is what
-  // the step allocated (tests/plan/step.cpp holds it to the plan's, so a step allocates nothing the
+  // the step allocated (tests/models/gpt2/replay.cpp holds it to the plan's, so a step allocates nothing the
   // plan does not call for).
   std::array<std::int64_t, kCategories> allocated{};
   std::int64_t allocations = 0;

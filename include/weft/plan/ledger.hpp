@@ -45,7 +45,7 @@ class Ledger {
 // A step's plan: the peak of each category (each at its own moment), the peak of their sum, what
 // is held after the step (the persistent state again, when every transient was freed), and the
 // bytes allocated during the step (each buffer written once: the time model's memory traffic)
-// and how many blocks (tests/plan/step.cpp holds the allocator's counts to both).
+// and how many blocks (tests/models/gpt2/replay.cpp holds the allocator's counts to both).
 struct StepPeak {
   Memory peak;
   std::int64_t total = 0;

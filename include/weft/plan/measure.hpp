@@ -4,7 +4,7 @@
 // data-parallel protocol and the pipeline allocate is counted as the host allocator counts it, in
 // the same order, so the result is exact for any model made of any layers: tests/plan/measure.cpp
 // holds it to the allocator's counts of the custom decoder (examples/03_custom_model.hpp) and to
-// GPT-2's constexpr replay (plan/step.hpp) to the byte. Its cost is the code's control flow, not its
+// GPT-2's constexpr replay (models/gpt2/replay.hpp) to the byte. Its cost is the code's control flow, not its
 // arithmetic: every rank of the mesh is a thread that allocates nothing.
 //
 //   template <class D> using Mine = nn::StagedModel<MySpec<F32, false, D>>;
@@ -19,7 +19,7 @@
 // What a step is: zero_grad, the micro-batches' forward and backward (pipeline::forward_backward,
 // or with mesh.pipe > 1 the schedule's table through pipeline::Pipeline on the even partition), then
 // the optimizer step, as train::train runs it. The first step is measured: it is the one that
-// allocates lazily made buffers, and tests/plan/step.cpp shows later ones allocate the same.
+// allocates lazily made buffers, and tests/models/gpt2/replay.cpp shows later ones allocate the same.
 #pragma once
 
 #include <algorithm>

@@ -1,19 +1,20 @@
-// weft::footprint (the memory part of the plan): the bytes a rank of a GPT configuration holds, computed from the sizes, the
-// degrees and the types (precision, data-parallel strategy, optimizer), without building anything.
-// All of it is constexpr: with sizes known at compile time, a static_assert checks a budget.
+// weft::footprint (the memory part of the plan): the persistent bytes a rank holds, by category,
+// computed from its units' sizes, the degrees and the types (precision, data-parallel strategy,
+// optimizer), without building anything. All of it is constexpr: a model that gives its units'
+// sizes at compile time (a constexpr `units(config, spread)` found beside its configuration, as
+// GPT-2's in models/gpt2/footprint.hpp) gets fits(), a budget as a static_assert.
 //
 // This part covers the persistent state, by category, as the allocators count it once the model
 // and its data-parallel protocol are built (before the first step): parameters, gradients, master
 // weights and optimizer state, exactly (tests/plan/memory.cpp compares it with the allocator's
-// counts for every strategy). Activations, communication buffers and the transient gathers of
-// sharded strategies during a step are not planned yet.
+// counts for every strategy). A step's activations, buffers and collectives: plan/measure.hpp, for
+// any model; GPT-2's closed-form replay of them, models/gpt2/replay.hpp.
 //
-// A rank's units (nn/staged_model.hpp, GPT-2's in models/gpt2/model.hpp), each padded to a multiple of the data degree:
-//   embedding  wte (Vp/tp, C) and wpe (T, C); on two units ("wte", "embedding") when a pipeline
-//              puts the head on another rank, which then holds its own "wte" copy
-//   h<l>       a block: qkv (3C/tp, C) + 3C/tp, proj (C, C/tp) + C, fc (4C/tp, C) + 4C/tp,
-//              fc2 (C, 4C/tp) + C, two LayerNorms 2C each: 12C^2/tp + 7C/tp + 6C
-//   head       ln_f, 2C
+// A rank's units (nn/staged_model.hpp), each padded to a multiple of the data degree:
+//   embedding  the table and the positions; on two units ("<table>", "embedding") when a pipeline
+//              puts the head on another rank, which then holds its own copy of a tied table
+//   block      one per layer the rank holds
+//   head       its norm (and, untied, its own table)
 // Per unit of n padded elements, shard = n / dp:
 //   parameters       T x (Shard<0> params ? shard : n)
 //   gradients        G x (Shard<0> grads  ? shard : n)
@@ -26,7 +27,7 @@
 #include <cstdint>
 
 #include "weft/device/allocation.hpp"
-#include "weft/models/gpt2/model.hpp"
+#include "weft/nn/staged_model.hpp"
 #include "weft/optim/data_parallel.hpp"
 #include "weft/optim/optimizer.hpp"
 
@@ -38,10 +39,12 @@ struct Holds {
   std::int64_t blocks = 0;
   bool embedding = true, head = true;
 
-  static constexpr Holds all(const gpt2::Config& c) { return {c.layers, true, true}; }
+  template <nn::ModelConfig C>
+  static constexpr Holds all(const C& c) { return {c.layers, true, true}; }
   // Pipe rank r of pipeline::Partition::even (layers divisible by pipe x virtual stages): its
   // share of the blocks, the embedding on rank 0, the head on the last.
-  static constexpr Holds even(const gpt2::Config& c, int pipe, int r) { return {c.layers / pipe, r == 0, r == pipe - 1}; }
+  template <nn::ModelConfig C>
+  static constexpr Holds even(const C& c, int pipe, int r) { return {c.layers / pipe, r == 0, r == pipe - 1}; }
   static Holds of(const nn::Placement& p) {
     std::int64_t n = 0;
     for (bool b : p.blocks) n += b ? 1 : 0;
@@ -60,45 +63,33 @@ struct Memory {
   }
 };
 
-// Local elements of one block on a tensor rank (before padding).
-constexpr std::int64_t block_elements(const gpt2::Config& c, int tp) {
-  const std::int64_t C = c.width;
-  return 12 * C * C / tp + 7 * C / tp + 6 * C;
-}
-
-// A rank's parameter elements by unit (the list above), before padding: the one place the plan
-// derives them, for the state (persistent), the step's replay (step.hpp) and the time model.
+// A rank's parameter elements by unit, before padding (a model's units(config, spread) gives them).
 struct Units {
-  std::int64_t table = 0;      // wte (Vp/tp, C)
-  std::int64_t positions = 0;  // wpe (T, C)
+  std::int64_t table = 0;      // the token embedding's table, (Vp/tp, C)
+  std::int64_t positions = 0;  // learned positions (T, C), or 0
   std::int64_t block = 0;      // one block
-  std::int64_t head = 0;       // ln_f
+  std::int64_t head = 0;       // the head's own parameters (its norm)
 
   constexpr std::int64_t embedding() const { return table + positions; }  // the unit when one rank holds both ends
 };
-constexpr Units units(const gpt2::Config& c, const Spread& s) {
-  return {nn::padded_vocab(c.vocab, s.tensor_degree) * c.width / s.tensor_degree, c.seq * c.width,
-          block_elements(c, s.tensor_degree), 2 * c.width};
-}
 
-// About how many elements a configuration's parameters and one micro-batch of `sequences` hold,
-// unsharded, in double (it cannot overflow): parameters, the residual stream and the logits, the
-// attention probabilities. The plan counts in 64 bits, so callers refuse configurations beyond
-// kMaxElements (petabytes) before planning them; `tensor` bounds the vocabulary's padding.
-constexpr double approximate_elements(const gpt2::Config& c, double sequences, double tensor = 1) {
-  const double C = static_cast<double>(c.width), L = static_cast<double>(c.layers), T = static_cast<double>(c.seq);
-  const double V = static_cast<double>(c.vocab) + tensor, H = static_cast<double>(c.heads);
-  return L * (12 * C * C + 13 * C) + (V + T) * C + sequences * T * (C * L + V) + L * sequences * H * T * T;
-}
+// A model that gives its units' sizes at compile time: units(config, spread), found by ADL.
+template <class C>
+concept SizedUnits = requires(const C& c, const Spread& s) {
+  { units(c, s) } -> std::same_as<Units>;
+};
+
+// The plan counts in 64 bits, so callers refuse configurations of more than about kMaxElements
+// (petabytes) before planning them (a model's approximate_elements, found by ADL).
 inline constexpr double kMaxElements = 1e15;
 
 // n elements padded to a multiple of the data degree dp (optim/data_parallel.hpp's units).
 constexpr std::int64_t padded(std::int64_t n, std::int64_t dp) { return (n + dp - 1) / dp * dp; }
 
-// The persistent bytes of one rank: a gpt2::Model<P> holding `holds`, under data-parallel Strategy with
-// update rule Rule (AdamW: 2 states), on the degrees of `s`. Sizes must satisfy nn::validate.
+// The persistent bytes of one rank holding `holds` of a tied model with units `u`, under
+// data-parallel Strategy with update rule Rule (AdamW: 2 states), on the degrees of `s`.
 template <class Strategy, PrecisionLike P, class Rule = optim::AdamW>
-constexpr Memory persistent(const gpt2::Config& c, const Spread& s, Holds holds) {
+constexpr Memory persistent(const Units& u, const Spread& s, Holds holds) {
   using T = typename precision_t<P>::compute;
   using G = master_t<T>;
   using S = optim::state_t<T>;
@@ -107,7 +98,6 @@ constexpr Memory persistent(const gpt2::Config& c, const Spread& s, Holds holds)
   constexpr bool shard_state = IsShard<typename Strategy::state>;
   constexpr bool mixed = !std::same_as<T, G>;
   const std::int64_t dp = s.data_degree;
-  const Units u = units(c, s);
   Memory m;
   auto add = [&](std::int64_t elements, std::int64_t count) {
     const std::int64_t n = padded(elements, dp), shard = n / dp;
@@ -134,11 +124,17 @@ constexpr Memory persistent(const gpt2::Config& c, const Spread& s, Holds holds)
   return m;
 }
 
+// The same for a model's configuration (Sizes must satisfy the model's validate()).
+template <class Strategy, PrecisionLike P, class Rule = optim::AdamW, SizedUnits C>
+constexpr Memory persistent(const C& c, const Spread& s, Holds holds) {
+  return persistent<Strategy, P, Rule>(units(c, s), s, holds);
+}
+
 // Whether the persistent state fits `budget` bytes per rank; for static_assert:
 //   static_assert(footprint::fits<optim::Fsdp, Bf16Mixed>(cfg, spread, footprint::Holds::all(cfg), 80LL << 30),
 //                 "the model's state does not fit 80 GiB per GPU");
-template <class Strategy, PrecisionLike P, class Rule = optim::AdamW>
-constexpr bool fits(const gpt2::Config& c, const Spread& s, Holds holds, std::int64_t budget) {
+template <class Strategy, PrecisionLike P, class Rule = optim::AdamW, SizedUnits C>
+constexpr bool fits(const C& c, const Spread& s, Holds holds, std::int64_t budget) {
   return persistent<Strategy, P, Rule>(c, s, holds).total() <= budget;
 }
 

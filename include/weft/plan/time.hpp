@@ -6,7 +6,7 @@
 //   attention      the core's FLOPs (causal) over its rate
 //   elementwise    GELU, LayerNorm, the cross-entropy and AdamW: their elements over each op's rate
 //                  (compute-bound on a CPU, so measured per op; bandwidth-bound on a GPU)
-//   memory         every other byte: each buffer the step allocates (plan/step.hpp) written once,
+//   memory         every other byte: each buffer the step allocates (its plan) written once,
 //                  where the first touch of fresh memory has its own rate, and read twice
 //   collectives    alpha-beta per link: ring (all-reduce 2(n-1) alpha + 2 (n-1)/n S beta, all-gather and
 //                  reduce-scatter (n-1) alpha + (n-1)/n S beta) or, for all-reduce, a tree
@@ -18,7 +18,7 @@
 //                  schedule's table (pipeline::simulate, messages alpha + bytes beta on the pipe
 //                  link), then each rank's once-a-step part
 //
-// Rates come from a measurement on the machine (examples/plan_rates.hpp on the host) or from a
+// Rates come from a measurement on the machine (plan/host_rates.hpp on the host) or from a
 // cluster description (weft-plan: peak FLOP/s, HBM bandwidth, intra- and inter-node links).
 #pragma once
 
@@ -29,9 +29,10 @@
 #include <functional>
 #include <vector>
 
-#include "weft/models/gpt2/model.hpp"
 #include "weft/pipeline/schedule.hpp"
-#include "weft/plan/step.hpp"
+#include "weft/core/shape.hpp"
+#include "weft/layout/plan.hpp"
+#include "weft/plan/ledger.hpp"
 
 namespace weft::estimate {
 
@@ -78,8 +79,8 @@ struct Elementwise {
   double gelu = 0, layernorm = 0, cross_entropy = 0, adamw = 0;
 };
 
-// What one rank of a data x tensor mesh (pipe 1) runs in a step of `micro_batches` micro-batches of
-// `micro` sequences (global), for a gpt2::Model<P, SP, R> under data-parallel Strategy.
+// What one rank of a data x tensor mesh (pipe 1) runs in a step: measured for any model
+// (plan/measure_time.hpp, work_of), or GPT-2's closed form (models/gpt2/estimate.hpp).
 struct Work {
   std::vector<Gemm> gemms;
   double attention_flops = 0;       // the causal core, forward and backward (and recomputed forwards)
@@ -88,99 +89,6 @@ struct Work {
   std::vector<Comm> comms;
   footprint::StepPeak memory;       // the step's memory plan
 };
-
-template <class Strategy, PrecisionLike P, bool SP = false, recompute::Policy R = recompute::None>
-Work work(const gpt2::Config& c, const Spread& s, std::int64_t micro, std::int64_t micro_batches = 1) {
-  using T = typename precision_t<P>::compute;
-  using G = master_t<T>;
-  constexpr bool full = std::same_as<R, recompute::Full>, selective = std::same_as<R, recompute::Selective>;
-  constexpr bool shard_params = IsShard<typename Strategy::params>;
-  constexpr bool shard_grads = IsShard<typename Strategy::grads>;
-  constexpr bool shard_state = IsShard<typename Strategy::state>;
-  const std::int64_t mb = micro_batches < 1 ? 1 : micro_batches;
-  const std::int64_t C = c.width, tp = s.tensor_degree, dp = s.data_degree;
-  const std::int64_t N = micro / dp * c.seq, Vl = nn::padded_vocab(c.vocab, s.tensor_degree) / tp;
-  Work w;
-  w.memory = footprint::step<Strategy, P, SP, R>(c, s, micro, mb);
-
-  // The Linear layers (nn/linear.hpp; W is (out, in)): forward y = x W^T (N, out, in); backward
-  // dx = dy W (N, in, out) and dW = dy^T x (out, in, N).
-  const std::int64_t forwards = c.layers * mb * (full ? 2 : 1), backwards = c.layers * mb;
-  for (const auto& [in, out] : {std::pair{C, 3 * C / tp}, std::pair{C / tp, C}, std::pair{C, 4 * C / tp}, std::pair{4 * C / tp, C}}) {
-    w.gemms.push_back({N, out, in, forwards, false, true});
-    w.gemms.push_back({N, in, out, backwards, false, false});
-    w.gemms.push_back({out, in, N, backwards, true, false});
-  }
-  // The tied LM head (nn/stages.hpp): logits (N, Vl, C), the table's gradient and the input's.
-  w.gemms.push_back({N, Vl, C, mb, false, true});
-  w.gemms.push_back({Vl, C, N, mb, true, false});
-  w.gemms.push_back({N, C, Vl, mb, false, false});
-
-  // The attention core per block: QK^T and PV over the causal half, forward once (twice under
-  // Selective or Full recompute), backward twice the forward.
-  const double hd = static_cast<double>(C / c.heads), heads = static_cast<double>(c.heads / tp);
-  const double core = 2.0 * static_cast<double>(micro / dp) * heads * static_cast<double>(c.seq) *
-                      static_cast<double>(c.seq + 1) * hd;
-  w.attention_flops = static_cast<double>(c.layers * mb) * core * ((selective || full ? 2 : 1) + 2);
-
-  // Elementwise ops: GELU on the MLP's hidden (B/dp, T, 4C/tp), LayerNorm on the stream (twice per
-  // block and ln_f), a recomputed forward counting half of a forward-and-backward; the
-  // cross-entropy on the logits; AdamW on the range this rank updates.
-  const double redo = full ? 1.5 : 1.0, blocks = static_cast<double>(c.layers * mb);
-  const double stream_rows = static_cast<double>(micro / dp) * static_cast<double>(SP ? c.seq / tp : c.seq);
-  w.elementwise.gelu = static_cast<double>(N) * static_cast<double>(4 * C / tp) * blocks * redo;
-  w.elementwise.layernorm = stream_rows * static_cast<double>(C) * (2 * blocks * redo + static_cast<double>(mb));
-  w.elementwise.cross_entropy = static_cast<double>(N) * static_cast<double>(Vl) * static_cast<double>(mb);
-  const footprint::Memory& held = w.memory.after;
-  w.elementwise.adamw = static_cast<double>(held.of(Category::optimizer_state)) /
-                        (2.0 * static_cast<double>(sizeof(optim::state_t<T>)));
-  w.allocated_bytes = w.memory.allocated.of(Category::activations) + w.memory.allocated.of(Category::communication);
-
-  // The model's collectives (tensor axis, the loss's all-reduce on data), per micro-batch and per step.
-  auto add = [&](const PlanStep& st, std::int64_t count) {
-    if (st.collective == Collective::none || st.collective == Collective::slice || st.collective == Collective::embed ||
-        st.collective == Collective::keep_one)
-      return;
-    w.comms.push_back({st.collective, st.axis, st.degree, std::max(st.bytes_in, st.bytes_out), count});
-  };
-  for (const nn::PlanRow& row : gpt2::Model<P, SP, R>::plan_rows(c, micro, s)) {
-    for (const PlanStep& st : row.forward) add(st, mb);
-    for (const PlanStep& st : row.backward) add(st, mb);
-  }
-  // Under SP the gradients Partial on tensor (the LayerNorms', the positions'), packed into one
-  // all-reduce per step: of this rank's reduction range where gradients are sharded (ZeRO-2, FSDP),
-  // as the memory replay counts it.
-  if (SP && tp > 1) {
-    footprint::Ledger scratch{footprint::Memory{}};
-    const footprint::detail::StepReplay<Strategy, P, SP, R, optim::AdamW> replay(c, s, micro, scratch);
-    w.comms.push_back({Collective::all_reduce, Axis::tensor, static_cast<int>(tp),
-                       replay.partial_grads(footprint::Holds::all(c)) * static_cast<std::int64_t>(sizeof(G)), 1});
-  }
-  // The data-parallel protocol, per unit (optim/data_parallel.hpp).
-  const std::int64_t e = sizeof(T), g = sizeof(G);
-  const footprint::Units units = footprint::units(c, s);
-  const auto pad = [&](std::int64_t n) { return footprint::padded(n, dp); };
-  struct Unit {
-    std::int64_t n, count;
-    bool regathered;  // gathered again for the backward (the blocks; the embedding and the head stay gathered)
-  };
-  const std::array<Unit, 3> protocol{{{pad(units.embedding()), 1, false},
-                                      {pad(units.block), c.layers, true},
-                                      {pad(units.head), 1, false}}};
-  const auto d = static_cast<int>(dp);
-  for (const Unit& u : protocol) {
-    if constexpr (shard_grads) w.comms.push_back({Collective::reduce_scatter, Axis::data, d, u.n * g, u.count * mb});
-    else w.comms.push_back({Collective::all_reduce, Axis::data, d, u.n * g, u.count});
-    if constexpr (shard_params)
-      w.comms.push_back({Collective::all_gather, Axis::data, d, u.n * e, u.count * (u.regathered ? 2 : 1) * mb});
-    else if constexpr (shard_state)
-      w.comms.push_back({Collective::all_gather, Axis::data, d, u.n * e, u.count});  // the updated values
-  }
-  // The gradient norm: one 8-byte all-reduce on each axis.
-  w.comms.push_back({Collective::all_reduce, Axis::tensor, static_cast<int>(tp), 8, 1});
-  w.comms.push_back({Collective::all_reduce, Axis::data, static_cast<int>(dp), 8, 1});
-  return w;
-}
 
 // The machine's rates.
 struct Rates {
@@ -262,27 +170,6 @@ PipelineTime pipeline_seconds_of(Cost&& cost, std::int64_t layers, const pipelin
     out.step = std::max(out.step, sim.end[static_cast<std::size_t>(rank)] + once + tied);
   }
   return out;
-}
-
-// GPT-2's pipelined step from its closed forms (work()).
-template <class Strategy, PrecisionLike P, bool SP = false, recompute::Policy R = recompute::None>
-PipelineTime pipeline_seconds(const gpt2::Config& c, const Spread& s, std::int64_t micro, const pipeline::Table& t,
-                              const Rates& r, const Link& pipe) {
-  using T = typename precision_t<P>::compute;
-  const auto cost = [&](std::int64_t layers, std::int64_t mb) {
-    gpt2::Config k = c;
-    k.layers = layers;
-    return seconds(work<Strategy, P, SP, R>(k, s, micro, mb), r).total();
-  };
-  const std::int64_t rows = micro / s.data_degree * (SP ? c.seq / s.tensor_degree : c.seq);
-  const double message = pipe.alpha + static_cast<double>(rows * c.width * static_cast<std::int64_t>(sizeof(T))) * pipe.beta;
-  // The tied table's gradient (this rank's slice where gradients are sharded), summed over the
-  // first and last pipe ranks.
-  const std::int64_t table = footprint::padded(footprint::units(c, s).table, s.data_degree);
-  const std::int64_t tied_bytes = (IsShard<typename Strategy::grads> ? table / s.data_degree : table) *
-                                  static_cast<std::int64_t>(sizeof(master_t<T>));
-  const double tied = t.p > 1 ? collective_seconds(Collective::all_reduce, 2, tied_bytes, pipe) : 0.0;
-  return pipeline_seconds_of(cost, c.layers, t, message, tied);
 }
 
 }  // namespace weft::estimate

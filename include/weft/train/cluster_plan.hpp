@@ -27,6 +27,7 @@
 #include "weft/plan/measure.hpp"
 #include "weft/plan/measure_time.hpp"
 #include "weft/plan/memory.hpp"
+#include "weft/recompute/policies.hpp"
 #include "weft/train/cluster.hpp"
 #include "weft/train/rank_plan.hpp"
 #include "weft/train/command_line.hpp"
@@ -227,8 +228,8 @@ std::string plan_dtype(const PlanOptions& o, const std::string& program) {
 // the batch on these GPUs, refused before anything is planned.
 template <Family F>
 void check_plan_sizes(const PlanOptions& o, const config_t<F>& c, const Cluster& k, const std::string& program) {
-  if constexpr (requires { footprint::approximate_elements(c, 1.0, 1.0); }) {
-    const double elements = footprint::approximate_elements(c, static_cast<double>(o.micro), k.gpus_per_node);
+  if constexpr (requires { approximate_elements(c, 1.0, 1.0); }) {  // the family's, found beside its config
+    const double elements = approximate_elements(c, static_cast<double>(o.micro), k.gpus_per_node);
     if (elements > footprint::kMaxElements)
       throw Error(program, cat("layers ", c.layers, ", width ", c.width, ", seq ", c.seq, ", vocab ", c.vocab, ", --micro ", o.micro,
                                ": about ", elements, " elements per GPU"),

@@ -221,7 +221,7 @@ inline void save_on_schedule(const Run& run, Trainer& t, RankState& r, std::int6
 inline bool train_step(Run& run, Trainer& t, RankState& r, std::int64_t step, double flops_per_token) {
   const Options& o = run.o;
   const auto t0 = std::chrono::steady_clock::now();
-  t.reset_peak();  // peak_bytes: this step's (the plan's step peak, weft/plan/step.hpp)
+  t.reset_peak();  // peak_bytes: this step's, as the plan's step peak counts it
   r.points.begin_step(r.previous_seconds, r.points.counted());
   const std::int64_t position = r.loader.position();  // where an abandoned step's data began
   std::vector<std::vector<std::int32_t>> xs(static_cast<std::size_t>(run.accumulation())), ys(xs.size());

@@ -10,6 +10,7 @@
 
 #include "weft/core/precision.hpp"
 #include "weft/models/gpt2/config.hpp"
+#include "weft/models/gpt2/footprint.hpp"
 #include "weft/models/gpt2/hf.hpp"
 #include "weft/models/gpt2/model.hpp"
 #include "weft/plan/memory.hpp"

@@ -1,5 +1,5 @@
 // GPT-2's plan of a trainer's run (train::Options): per pipe rank, the persistent state
-// (plan/memory.hpp, exact) and the peak of a step (plan/step.hpp: replayed, with the pipeline
+// (plan/memory.hpp, exact) and the peak of a step (models/gpt2/replay.hpp: replayed, with the pipeline
 // schedule's table when --pipe > 1; exact on the host, plus an estimate of the CUDA workspace on
 // the GPU), the step time on this host (plan/time.hpp), and --plan's table. Host code: the GPU's
 // translation unit does not include it. The definitions of gpt2::Family::plan and print_plan.
@@ -10,12 +10,12 @@
 #include <string>
 #include <vector>
 
+#include "weft/models/gpt2/estimate.hpp"
 #include "weft/models/gpt2/family.hpp"
 #include "weft/nn/describe.hpp"
 #include "weft/pipeline/schedule.hpp"
 #include "weft/plan/host_rates.hpp"
 #include "weft/plan/memory.hpp"
-#include "weft/plan/step.hpp"
 #include "weft/plan/time.hpp"
 #include "weft/train/devices.hpp"
 #include "weft/train/plan.hpp"
@@ -23,10 +23,10 @@
 
 namespace weft::gpt2 {
 
-// footprint::approximate_elements of the run (one micro-batch): sizes beyond footprint::kMaxElements
+// approximate_elements (footprint.hpp) of the run (one micro-batch): sizes beyond footprint::kMaxElements
 // are refused before the plan, whose 64-bit counts they would overflow.
 inline double elements_of(const train::Options& o, const Config& c) {
-  return footprint::approximate_elements(c, static_cast<double>(o.optim.micro()), o.mesh.tensor);
+  return gpt2::approximate_elements(c, static_cast<double>(o.optim.micro()), o.mesh.tensor);
 }
 
 template <class Strategy, bool SP, class P>

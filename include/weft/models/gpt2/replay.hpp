@@ -1,11 +1,14 @@
-// weft::footprint::step: the peak bytes of a training step by category (the second part of the
-// plan), from the sizes, the degrees and the types alone, constexpr.
+// weft::footprint::step: the peak bytes of GPT-2's training step by category, from the sizes, the
+// degrees and the types alone, constexpr: a closed-form replay of what plan/measure.hpp measures for
+// any model on the Meta device. It stays for what the measurement cannot give: a plan in a
+// constant expression (a static_assert on a step's peak), and a plan of sizes the Meta device
+// would take long to run (docs/plan.md, "Two planners").
 //
 // The step is replayed on a Ledger that counts as the allocators do: every tensor the layers,
 // redistributions and the data-parallel protocol allocate and free during one micro-batch's forward
 // and backward (pipeline::forward_backward) and the optimizer step (DataParallel::step), in the
 // order the code runs them. The peak of each category, and of their total, is where the replay's
-// running count is highest. tests/plan/step.cpp checks it equals what the host allocator measures
+// running count is highest. tests/models/gpt2/replay.cpp checks it equals what the host allocator measures
 // for every data-parallel strategy, with and without sequence parallelism and under every
 // recompute policy: a layer that changes what it keeps must change its replay here too.
 //
@@ -30,6 +33,7 @@
 #include <cstdint>
 
 #include "weft/layout/plan.hpp"
+#include "weft/models/gpt2/footprint.hpp"
 #include "weft/nn/block.hpp"
 #include "weft/pipeline/schedule.hpp"
 #include "weft/plan/ledger.hpp"

@@ -16,7 +16,7 @@
 #include "weft/pipeline/executor.hpp"
 #include "weft/models/gpt2/model.hpp"
 #include "weft/pipeline/pipelined.hpp"
-#include "weft/plan/step.hpp"
+#include "weft/models/gpt2/replay.hpp"
 
 using namespace weft;
 
