@@ -17,13 +17,13 @@
 #include <string>
 #include <vector>
 
-#include "weft/comm/mesh.hpp"
 #include "weft/comm/gpu/thread_memory.cuh"
+#include "weft/comm/mesh.hpp"
 #include "weft/comm/threads/run.hpp"
 #include "weft/data/loader.hpp"
 #include "weft/data/synthetic.hpp"
-#include "weft/device/cuda/dispatch.cuh"
 #include "weft/models/gpt2/model.hpp"
+#include "weft/ops/families.cuh"
 #include "weft/optim/data_parallel.hpp"
 #include "weft/pipeline/executor.hpp"
 #include "weft/train/cuda_metrics.cuh"

@@ -15,11 +15,12 @@
 #include <vector>
 
 #include "weft/device/cuda/gemm.cuh"
-#include "weft/device/cuda/kernels/cross_entropy.cuh"
-#include "weft/device/cuda/kernels/elementwise.cuh"
-#include "weft/device/cuda/kernels/embedding.cuh"
-#include "weft/device/cuda/kernels/layernorm.cuh"
-#include "weft/device/cuda/kernels/update.cuh"
+#include "weft/ops/cross_entropy.cuh"
+#include "weft/ops/embedding.cuh"
+#include "weft/ops/gelu.cuh"
+#include "weft/ops/layernorm.cuh"
+#include "weft/ops/memory.cuh"
+#include "weft/ops/update.cuh"
 
 using weft::Allocation;
 using weft::bf16;

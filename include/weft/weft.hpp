@@ -8,9 +8,9 @@
 #if defined(WEFT_ENABLE_CUDA)
 #include "weft/device/cuda/device.hpp"
 #if defined(__CUDACC__)
-#include "weft/comm/nccl/nccl_comm.cuh"
 #include "weft/comm/gpu/thread_memory.cuh"
-#include "weft/device/cuda/dispatch.cuh"
+#include "weft/comm/nccl/nccl_comm.cuh"
 #include "weft/device/cuda/profile.hpp"
+#include "weft/ops/families.cuh"
 #endif
 #endif

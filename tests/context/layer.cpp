@@ -17,9 +17,9 @@
 #include "support/ranks.hpp"
 #include "weft/comm/mesh.hpp"
 #include "weft/context/chunks.hpp"
-#include "weft/device/host/ops.hpp"
 #include "weft/models/llama/model.hpp"
 #include "weft/nn/grouped_attention.hpp"
+#include "weft/ops/families.hpp"
 
 using namespace weft;
 using Index = std::int64_t;

@@ -19,9 +19,9 @@
 
 #include <cmath>
 
-#include "weft/device/dispatch.hpp"
 #include "weft/nn/context_attention.hpp"
 #include "weft/nn/linear.hpp"
+#include "weft/ops/families.hpp"
 #include "weft/recompute/policies.hpp"
 
 namespace weft::nn {
@@ -32,7 +32,7 @@ class CausalSelfAttention {
   static constexpr bool cp = context::Kind<Cx>;  // the sequence sharded over the context axis
   static_assert(!cp || is_meta<D> || ops::ImplementedOn<ops::ContextBlock, D>,
                 "CausalSelfAttention: context parallelism (Cx) needs ops::ContextBlock on this device (ops/context_block.hpp; "
-                "the Cuda device's in ops/context_block.cuh, which device/cuda/dispatch.cuh includes); include it, or "
+                "the Cuda device's in ops/context_block.cuh, which ops/families.cuh includes); include it, or "
                 "use context::None");
 
  public:

@@ -17,9 +17,9 @@
 #include <cmath>
 #include <span>
 
-#include "weft/device/dispatch.hpp"
 #include "weft/comm/redistribute.hpp"
 #include "weft/nn/roles.hpp"
+#include "weft/ops/families.hpp"
 
 namespace weft::nn {
 

@@ -17,9 +17,9 @@
 
 #include "weft/comm/redistribute.hpp"
 #include "weft/context/chunks.hpp"
-#include "weft/device/dispatch.hpp"
 #include "weft/nn/param.hpp"
 #include "weft/nn/roles.hpp"
+#include "weft/ops/families.hpp"
 
 namespace weft::nn {
 

@@ -29,9 +29,9 @@
 #include "weft/context/attention.hpp"
 #include "weft/core/divisors.hpp"
 #include "weft/core/error.hpp"
-#include "weft/device/dispatch.hpp"
 #include "weft/nn/context_attention.hpp"
 #include "weft/nn/linear.hpp"
+#include "weft/ops/families.hpp"
 #include "weft/ops/rotary.hpp"
 #include "weft/recompute/policies.hpp"
 
@@ -43,7 +43,7 @@ class GroupedQueryAttention {
   static constexpr bool cp = context::Kind<Cx>;  // the sequence sharded over the context axis
   static_assert(!cp || is_meta<D> || ops::ImplementedOn<ops::ContextBlock, D>,
                 "GroupedQueryAttention: context parallelism (Cx) needs ops::ContextBlock on this device (ops/context_block.hpp; "
-                "the Cuda device's in ops/context_block.cuh, which device/cuda/dispatch.cuh includes); include it, or "
+                "the Cuda device's in ops/context_block.cuh, which ops/families.cuh includes); include it, or "
                 "use context::None");
   using Seq = std::conditional_t<cp, Shard<1>, Replicate>;  // the sequence's placement on the context axis
 

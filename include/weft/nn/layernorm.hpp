@@ -7,9 +7,9 @@
 
 #include <string>
 
-#include "weft/device/dispatch.hpp"
 #include "weft/nn/param.hpp"
 #include "weft/nn/roles.hpp"
+#include "weft/ops/families.hpp"
 
 namespace weft::nn {
 

@@ -14,7 +14,7 @@
 #include <cstdint>
 
 #include "weft/core/precision.hpp"
-#include "weft/device/dispatch.hpp"
+#include "weft/ops/families.hpp"
 #include "weft/tensor/tensor.hpp"
 
 namespace weft::nn {

@@ -8,9 +8,9 @@
 
 #include <string>
 
-#include "weft/device/dispatch.hpp"
 #include "weft/nn/param.hpp"
 #include "weft/nn/roles.hpp"
+#include "weft/ops/families.hpp"
 #include "weft/ops/rmsnorm.hpp"
 
 namespace weft::nn {

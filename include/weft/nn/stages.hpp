@@ -16,11 +16,11 @@
 #include <span>
 
 #include "weft/context/attention.hpp"
-#include "weft/device/dispatch.hpp"
 #include "weft/nn/block.hpp"
 #include "weft/nn/cross_entropy.hpp"
 #include "weft/nn/embedding.hpp"
 #include "weft/nn/staged_model.hpp"
+#include "weft/ops/families.hpp"
 
 namespace weft::nn {
 

@@ -26,9 +26,9 @@
 
 #include "weft/core/error.hpp"
 #include "weft/core/precision.hpp"
-#include "weft/device/dispatch.hpp"
 #include "weft/layout/layout.hpp"
 #include "weft/nn/param.hpp"
+#include "weft/ops/families.hpp"
 #include "weft/tensor/tensor.hpp"
 
 namespace weft::nn {

@@ -1,9 +1,13 @@
 // ops::Bias: a bias on every row, and its gradient (a column sum).
 //
-// An op family: the primary template is declared here and specialized per device, the host's
-// below and the Cuda device's in bias.cuh beside this file (ops/family.hpp says how a family is
-// written; a user adds one the same way, in their own code). Layers call
-// ops::Bias<D>::add(dev, ...).
+//   add:       y (N, C) += b (C) on every row
+//   backward:  db (C) += sum over rows of dy (N, C)
+//
+// An op family (ops/family.hpp; a user adds one the same way, in their own code): the primary template,
+// the host's kernels and specialization and the Meta device's here, the Cuda device's in bias.cuh.
+// Layers call ops::Bias<D>::add(dev, ...).
+//
+// defines: ops::Bias (Host, Meta), host::bias_add, host::bias_backward
 #pragma once
 
 #include <cstdint>
@@ -13,7 +17,27 @@
 #include "weft/device/host/ops.hpp"
 #include "weft/device/host/profile.hpp"
 #include "weft/device/host/workers.hpp"
+#include "weft/device/meta/meta.hpp"
 #include "weft/ops/family.hpp"
+#include "weft/ops/meta.hpp"
+
+namespace weft::host {
+
+// y (N, C) += b (C) on every row (a Linear's bias).
+template <class T>
+void bias_add(T* y, const T* b, index N, index C) {
+  for (index n = 0; n < N; ++n)
+    for (index c = 0; c < C; ++c) y[n * C + c] = narrow<T>(widen(y[n * C + c]) + widen(b[c]));
+}
+
+// db (C) += the sum over rows of dy (N, C), rows in order.
+template <class T, class S = accumulate_t<T>>
+void bias_backward(S* db, const T* dy, index N, index C) {
+  for (index n = 0; n < N; ++n)
+    for (index c = 0; c < C; ++c) db[c] += widen(dy[n * C + c]);
+}
+
+}  // namespace weft::host
 
 namespace weft::ops {
 
@@ -33,6 +57,13 @@ struct Bias<Host> {
     const host::Timed timed(host::Op::elementwise);
     host::bias_backward(db, dy, N, C);
   }
+};
+
+// The Meta device (plan/measure.hpp): nothing computed, the work the time model prices noted.
+template <class D>
+struct Bias<Meta<D>> {
+  template <class... A> static void add(Meta<D>&, A&&...) {}
+  template <class... A> static void backward(Meta<D>&, A&&...) {}
 };
 
 }  // namespace weft::ops

@@ -26,6 +26,9 @@
 // The host's sums run in S in a fixed order (the same bits on any thread count: one thread);
 // tests/context/attention.cpp holds the whole attention to one rank's, tests/device/cuda/context.cu
 // the Cuda device's ops to these in double.
+//
+// defines: ops::ContextBlock (Host; on Meta through its layer), its host kernels (ops::host_context: pack_kv, block_forward,
+//   block_backward, row_dots, write_dqkv, start_merge, finish_merge)
 #pragma once
 
 #include <algorithm>

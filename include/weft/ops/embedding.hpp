@@ -1,10 +1,17 @@
 // ops::Embedding and ops::Position: the vocab-parallel lookup (rows [begin, end) held here) and its gradient;
 // learned positions t0 .. t0 + Tl - 1 added to the stream, and their gradient.
 //
-// An op family: the primary template is declared here and specialized per device, the host's
-// below and the Cuda device's in embedding.cuh beside this file (ops/family.hpp says how a family is
-// written; a user adds one the same way, in their own code). Layers call
-// ops::Embedding<D>::forward(dev, ...).
+//   Embedding forward:   out (N, C) = table[token - begin] for tokens in [begin, end), else 0
+//   Embedding backward:  dtable[token - begin] += dout, rows in order
+//   Position forward:    x (B, Tl, C) += table[t] for the rank's positions t (ops::Positions)
+//   Position backward:   dtable[t] += sum over the batch of dy
+//
+// An op family (ops/family.hpp; a user adds one the same way, in their own code): the primary template,
+// the host's kernels and specialization and the Meta device's here, the Cuda device's in embedding.cuh.
+// Layers call ops::Embedding<D>::forward(dev, ...).
+//
+// defines: ops::Embedding (Host, Meta), ops::Position (Host, Meta), host::position_forward,
+//   host::position_backward, host::embedding_forward, host::embedding_backward
 #pragma once
 
 #include <cstdint>
@@ -14,8 +21,58 @@
 #include "weft/device/host/ops.hpp"
 #include "weft/device/host/profile.hpp"
 #include "weft/device/host/workers.hpp"
+#include "weft/device/meta/meta.hpp"
 #include "weft/ops/family.hpp"
+#include "weft/ops/meta.hpp"
 #include "weft/ops/positions.hpp"
+
+namespace weft::host {
+
+// Learned positions: x (B, Tl, C) += the table's rows at this rank's positions (ops::Positions:
+// t0 .. t0 + Tl - 1, or a context rank's two chunks).
+template <class T>
+void position_forward(T* x, const T* table, index B, index Tl, index C, ops::Positions pos) {
+  for (index b = 0; b < B; ++b)
+    for (index t = 0; t < Tl; ++t)
+      for (index c = 0; c < C; ++c) {
+        T& e = x[(b * Tl + t) * C + c];
+        e = narrow<T>(widen(e) + widen(table[pos.at(t) * C + c]));
+      }
+}
+
+// dtable's rows at the positions += dy (B, Tl, C), summed over the batch in order.
+template <class T, class S = accumulate_t<T>>
+void position_backward(S* dtable, const T* dy, index B, index Tl, index C, ops::Positions pos) {
+  for (index b = 0; b < B; ++b)
+    for (index t = 0; t < Tl; ++t)
+      for (index c = 0; c < C; ++c) dtable[pos.at(t) * C + c] += widen(dy[(b * Tl + t) * C + c]);
+}
+
+// Vocab-parallel embedding lookup: rows [begin, end) of the vocabulary live here as table
+// (end - begin, C). out (N, C) gets the row of each token in range and zeros otherwise, so the sum
+// over the ranks of the axis is the full lookup (out is Partial).
+template <class T>
+void embedding_forward(T* out, const std::int32_t* tokens, const T* table, index N, index C, index begin, index end) {
+  for (index n = 0; n < N; ++n) {
+    const index t = tokens[n];
+    if (t >= begin && t < end) std::copy(table + (t - begin) * C, table + (t - begin + 1) * C, out + n * C);
+    else std::fill(out + n * C, out + (n + 1) * C, narrow<T>(accumulate_t<T>(0)));
+  }
+}
+
+// dtable += the rows of dout for tokens in [begin, end); serial in token order (deterministic).
+template <class T, class S = accumulate_t<T>>
+void embedding_backward(S* dtable, const T* dout, const std::int32_t* tokens, index N, index C, index begin,
+                        index end) {
+  for (index n = 0; n < N; ++n) {
+    const index t = tokens[n];
+    if (t < begin || t >= end) continue;
+    S* row = dtable + (t - begin) * C;
+    for (index c = 0; c < C; ++c) row[c] += widen(dout[n * C + c]);
+  }
+}
+
+}  // namespace weft::host
 
 namespace weft::ops {
 
@@ -59,5 +116,12 @@ struct Position<Host> {
     host::position_backward(dtable, dy, B, Tl, C, pos);
   }
 };
+
+// The Meta device (plan/measure.hpp): nothing computed, the work the time model prices noted.
+template <class D>
+struct Embedding<Meta<D>> : MetaPass<D> {};
+
+template <class D>
+struct Position<Meta<D>> : MetaPass<D> {};
 
 }  // namespace weft::ops

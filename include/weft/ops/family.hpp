@@ -10,8 +10,9 @@
 //   template <> struct LayerNorm<Cuda> { static void forward(Cuda&, ...); ... };  // layernorm.cuh
 //
 // A layer calls ops::LayerNorm<D>::forward(dev, ...) and nothing below it: no Eigen, no host:: or
-// cuda:: function. weft's families, one file per family with the host's specialization in the .hpp
-// and the Cuda device's in the .cuh beside it:
+// cuda:: function. weft's families, one file per op: the .hpp holds the family, its formula, its host
+// kernels (namespace weft::host) and its Host and Meta specializations; the .cuh beside it its CUDA
+// kernels (namespace weft::cuda) and its Cuda specialization:
 //
 //   gemm           Gemm (cuBLASLt on the GPU)
 //   memory         Memory (zero, copy, convert, fill, add), Init (normal draws)
@@ -41,13 +42,15 @@
 // (core/precision.hpp).
 //
 // This header is plain C++20.
+//
+// defines: ops::ImplementedOn
 #pragma once
 
 #include <concepts>
 #include <cstdint>
 
 #include "weft/core/precision.hpp"
-#include "weft/ops/trans.hpp"
+#include "weft/device/trans.hpp"
 
 namespace weft::ops {
 

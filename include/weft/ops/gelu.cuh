@@ -1,13 +1,41 @@
 // ops::Gelu on the Cuda device (see gelu.hpp for the family and the host's).
 //
-// Include only from .cu translation units (device/cuda/dispatch.cuh includes every family).
+// CUDA kernels: the GELU and its gradient, on the elementwise map (device/cuda/kernels/map.cuh).
+//
+// Include only from .cu translation units (ops/families.cuh includes every family).
+//
+// defines: ops::Gelu (Cuda), cuda::gelu_forward, cuda::gelu_backward
 #pragma once
 
 #include <cstdint>
 
-#include "weft/device/cuda/kernels/elementwise.cuh"
+#include "weft/device/cuda/kernels/map.cuh"
 #include "weft/device/cuda/profile.hpp"
 #include "weft/ops/gelu.hpp"
+#include "weft/ops/math.hpp"
+
+namespace weft::cuda {
+
+// ---- GELU ------------------------------------------------------------------------------------
+struct GeluForward {
+  __device__ float operator()(float x, float) const { return math::gelu(x); }
+};
+struct GeluBackward {
+  __device__ float operator()(float x, float dout) const { return dout * math::gelu_grad(x); }
+};
+
+template <Activation T>
+void gelu_forward(Cuda& d, T* out, const T* x, index n) {
+  map2(d, out, x, static_cast<const T*>(nullptr), n, GeluForward{}, "gelu_forward");
+}
+
+// dx = dout gelu'(x).
+template <Activation T>
+void gelu_backward(Cuda& d, T* dx, const T* x, const T* dout, index n) {
+  map2(d, dx, x, dout, n, GeluBackward{}, "gelu_backward");
+}
+
+}  // namespace weft::cuda
 
 namespace weft::ops {
 

@@ -1,6 +1,8 @@
 // ops::Gemm on the Cuda device (see gemm.hpp for the family and the host's).
 //
-// Include only from .cu translation units (device/cuda/dispatch.cuh includes every family).
+// Include only from .cu translation units (ops/families.cuh includes every family).
+//
+// defines: ops::Gemm (Cuda)
 #pragma once
 
 #include <cstdint>

@@ -1,9 +1,10 @@
 // ops::Gemm: C (m, n) = alpha op(A) op(B) + beta C, accumulated in acc<T>.
 //
-// An op family: the primary template is declared here and specialized per device, the host's
-// below and the Cuda device's in gemm.cuh beside this file (ops/family.hpp says how a family is
-// written; a user adds one the same way, in their own code). Layers call
-// ops::Gemm<D>::run(dev, ...).
+// An op family (ops/family.hpp; a user adds one the same way, in their own code): the primary template,
+// the host's kernels and specialization and the Meta device's here, the Cuda device's in gemm.cuh.
+// Layers call ops::Gemm<D>::run(dev, ...).
+//
+// defines: ops::Gemm (Host, Meta)
 #pragma once
 
 #include <cstdint>
@@ -15,6 +16,7 @@
 #include "weft/device/host/ops.hpp"
 #include "weft/device/host/profile.hpp"
 #include "weft/device/host/workers.hpp"
+#include "weft/device/meta/meta.hpp"
 #include "weft/ops/family.hpp"
 
 namespace weft::ops {
@@ -55,6 +57,15 @@ struct Gemm<Host> {
     std::vector<float> w(static_cast<std::size_t>(n));
     for (index i = 0; i < n; ++i) w[static_cast<std::size_t>(i)] = static_cast<float>(p[i]);
     return w;
+  }
+};
+
+// The Meta device (plan/measure.hpp): the shape noted for the time model, nothing computed.
+template <class D>
+struct Gemm<Meta<D>> {
+  template <class... A>
+  static void run(Meta<D>& d, Trans ta, Trans tb, index m, index n, index k, A&&...) {
+    d.work.gemm(m, n, k, ta == Trans::yes, tb == Trans::yes);
   }
 };
 

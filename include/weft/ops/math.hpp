@@ -4,6 +4,8 @@
 // nvcc), and called by the host reference ops and by the CUDA kernels alike, so
 // the two back ends differ only in how work is spread over threads and in
 // summation order, never in the formula.
+//
+// defines: math::gelu, math::gelu_grad, math::AdamWParams, math::adamw_step, WEFT_HD
 #pragma once
 
 #include <cmath>

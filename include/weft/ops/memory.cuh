@@ -1,14 +1,62 @@
 // ops::Memory and ops::Init on the Cuda device (see memory.hpp for the family and the host's).
 //
-// Include only from .cu translation units (device/cuda/dispatch.cuh includes every family).
+// CUDA kernels: conversion, fill, and the residual add (on the elementwise map, device/cuda/kernels/map.cuh).
+//
+// Include only from .cu translation units (ops/families.cuh includes every family).
+//
+// defines: ops::Init (Cuda), ops::Memory (Cuda), cuda::convert, cuda::fill, cuda::add_inplace
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
-#include "weft/device/cuda/kernels/elementwise.cuh"
+#include "weft/device/cuda/kernels/map.cuh"
 #include "weft/device/cuda/profile.hpp"
 #include "weft/ops/memory.hpp"
+
+namespace weft::cuda {
+
+// ---- Conversion, fill, add ------------------------------------------------------------------
+template <class To, class From>
+__global__ void convert_kernel(To* out, const From* in, index n) {
+  for (index i = blockIdx.x * static_cast<index>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<index>(gridDim.x) * blockDim.x)
+    out[i] = detail::from_f<To>(detail::to_f(in[i]));
+}
+
+// out (n) = in, rounded (float -> bf16) or widened; float -> float copies.
+template <Activation To, Activation From>
+void convert(Cuda& d, To* out, const From* in, index n) {
+  if (n <= 0) return;
+  convert_kernel<<<detail::blocks_for(n, 256), 256, 0, d.stream()>>>(detail::dev(out), detail::dev(in), n);
+  check_launch("convert");
+}
+
+template <class T>
+__global__ void fill_kernel(T* out, index n, float v) {
+  for (index i = blockIdx.x * static_cast<index>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<index>(gridDim.x) * blockDim.x)
+    out[i] = detail::from_f<T>(v);
+}
+
+template <Activation T>
+void fill(Cuda& d, T* out, index n, float v) {
+  if (n <= 0) return;
+  fill_kernel<<<detail::blocks_for(n, 256), 256, 0, d.stream()>>>(detail::dev(out), n, v);
+  check_launch("fill");
+}
+
+struct Add {
+  __device__ float operator()(float a, float b) const { return a + b; }
+};
+
+// out += x over n elements (the residual add; also f32 gradient slices).
+template <Activation T>
+void add_inplace(Cuda& d, T* out, const T* x, index n) {
+  map2(d, out, static_cast<const T*>(out), x, n, Add{}, "add_inplace");
+}
+
+}  // namespace weft::cuda
 
 namespace weft::ops {
 

@@ -1,10 +1,11 @@
 // ops::Memory and ops::Init: buffers (zero, copy, convert (master weights rounded to the compute type), fill, add:
 // out += x), and parameter initialization (normal draws keyed by each element's global index).
 //
-// An op family: the primary template is declared here and specialized per device, the host's
-// below and the Cuda device's in memory.cuh beside this file (ops/family.hpp says how a family is
-// written; a user adds one the same way, in their own code). Layers call
-// ops::Memory<D>::copy(dev, ...).
+// An op family (ops/family.hpp; a user adds one the same way, in their own code): the primary template,
+// the host's kernels and specialization and the Meta device's here, the Cuda device's in memory.cuh.
+// Layers call ops::Memory<D>::copy(dev, ...).
+//
+// defines: ops::Init (Host, Meta), ops::Memory (Host, Meta), host::add_inplace, host::fill, host::convert
 #pragma once
 
 #include <cstdint>
@@ -13,10 +14,39 @@
 #include "weft/core/precision.hpp"
 #include "weft/core/shape.hpp"
 #include "weft/device/host/host.hpp"
+#include "weft/device/host/init.hpp"
 #include "weft/device/host/ops.hpp"
 #include "weft/device/host/profile.hpp"
 #include "weft/device/host/workers.hpp"
+#include "weft/device/meta/meta.hpp"
 #include "weft/ops/family.hpp"
+#include "weft/ops/meta.hpp"
+
+namespace weft::host {
+
+// out += x (the residual add; n elements).
+template <class T>
+void add_inplace(T* out, const T* x, index n) {
+  for (index i = 0; i < n; ++i) out[i] = narrow<T>(widen(out[i]) + widen(x[i]));
+}
+
+// out (n) = v.
+template <class T>
+void fill(T* out, index n, T v) {
+  for (index i = 0; i < n; ++i) out[i] = v;
+}
+
+// out (n) = in rounded to T (the master weights to the compute copy), or widened.
+template <class To, class From>
+void convert(To* out, const From* in, index n) {
+  for (index i = 0; i < n; ++i) out[i] = static_cast<To>(static_cast<float>(in[i]));
+}
+template <class T>
+void convert(T* out, const T* in, index n) {
+  std::copy(in, in + n, out);
+}
+
+}  // namespace weft::host
 
 namespace weft::ops {
 
@@ -75,6 +105,21 @@ struct Init<Host> {
     const host::Timed timed(host::Op::memory);
     host::init_normal(out, global, local, offset, seed, id, std);
   }
+};
+
+// The Meta device (plan/measure.hpp): nothing computed, the work the time model prices noted.
+template <class D>
+struct Memory<Meta<D>> {
+  template <class... A> static void zero(Meta<D>&, A&&...) {}
+  template <class... A> static void copy(Meta<D>&, A&&...) {}
+  template <class To, class From, class... A> static void convert(Meta<D>&, To*, const From*, A&&...) {}
+  template <class... A> static void fill(Meta<D>&, A&&...) {}
+  template <class... A> static void add(Meta<D>&, A&&...) {}
+};
+
+template <class D>
+struct Init<Meta<D>> {
+  template <class... A> static void normal(Meta<D>&, A&&...) {}
 };
 
 }  // namespace weft::ops

@@ -7,6 +7,8 @@
 // T / 2c tokens each). An index converts to the run that starts there.
 //
 // This header is plain C++20.
+//
+// defines: ops::Positions
 #pragma once
 
 #include <cstdint>

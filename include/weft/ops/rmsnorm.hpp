@@ -7,6 +7,8 @@
 // An op family (ops/family.hpp): the host's specialization here, the Meta device's below (it
 // computes nothing); the Cuda device's in rmsnorm.cuh. Rows are split over the host's threads for dx
 // and columns for dw, each summed in one fixed order: the same bits on any number of threads.
+//
+// defines: ops::RmsNorm (Host, Meta)
 #pragma once
 
 #include <cmath>
@@ -17,8 +19,9 @@
 #include "weft/device/host/ops.hpp"
 #include "weft/device/host/profile.hpp"
 #include "weft/device/host/workers.hpp"
-#include "weft/device/meta/ops.hpp"
+#include "weft/device/meta/meta.hpp"
 #include "weft/ops/family.hpp"
+#include "weft/ops/meta.hpp"
 
 namespace weft::ops {
 

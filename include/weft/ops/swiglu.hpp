@@ -9,6 +9,8 @@
 // In acc<T>, each element on its own: the same bits on any number of threads. double runs plain
 // loops (the oracle); float and bf16 run on Eigen's vectorized exp, as GELU does. An op family
 // (ops/family.hpp): the host's here, the Meta device's below, the Cuda device's in swiglu.cuh.
+//
+// defines: ops::SwiGlu (Host, Meta)
 #pragma once
 
 #include <algorithm>
@@ -21,8 +23,9 @@
 #include "weft/device/host/ops.hpp"
 #include "weft/device/host/profile.hpp"
 #include "weft/device/host/workers.hpp"
-#include "weft/device/meta/ops.hpp"
+#include "weft/device/meta/meta.hpp"
 #include "weft/ops/family.hpp"
+#include "weft/ops/meta.hpp"
 
 namespace weft::ops {
 

@@ -1,10 +1,15 @@
 // ops::Update and ops::Norm: the optimizer's AdamW and SGD updates over ranges of a unit's buffers (one range, or many
 // in one call), with the gradient scaled by grad_scale; the sum of squares behind the global norm.
 //
-// An op family: the primary template is declared here and specialized per device, the host's
-// below and the Cuda device's in update.cuh beside this file (ops/family.hpp says how a family is
-// written; a user adds one the same way, in their own code). Layers call
-// ops::Update<D>::adamw(dev, ...).
+//   AdamW:  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;  p -= lr (m^ / (sqrt(v^) + eps) + wd p),
+//           m^ = m / (1 - b1^t), v^ = v / (1 - b2^t) (math.hpp)
+//   SGD:    b = momentum b + g (+ wd p);  p -= lr b;   g = grad grad_scale;  sum_squares: sum x^2 in double
+//
+// An op family (ops/family.hpp; a user adds one the same way, in their own code): the primary template,
+// the host's kernels and specialization and the Meta device's here, the Cuda device's in update.cuh.
+// Layers call ops::Update<D>::adamw(dev, ...).
+//
+// defines: ops::Norm (Host, Meta), ops::Update (Host, Meta), host::adamw, host::sgd, host::sum_squares
 #pragma once
 
 #include <algorithm>
@@ -19,8 +24,41 @@
 #include "weft/device/host/ops.hpp"
 #include "weft/device/host/profile.hpp"
 #include "weft/device/host/workers.hpp"
+#include "weft/device/meta/meta.hpp"
 #include "weft/ops/family.hpp"
 #include "weft/ops/math.hpp"
+#include "weft/ops/meta.hpp"
+
+namespace weft::host {
+
+// AdamW over n elements: parameters p, gradients g times grad_scale (the clipping factor), state
+// m, v in S (float for float parameters, double for double). See math::adamw_step.
+template <class P, class S>
+void adamw(P* p, const P* g, S* m, S* v, index n, const math::AdamWParams<S>& a, bool decay, double grad_scale = 1.0) {
+  for (index i = 0; i < n; ++i)
+    math::adamw_step(p[i], static_cast<S>(static_cast<double>(g[i]) * grad_scale), m[i], v[i], a, decay);
+}
+
+// SGD with momentum over n elements (PyTorch's form): d = g grad_scale (+ wd p where decayed);
+// buf = momentum buf + d; p -= lr buf.
+template <class P, class S>
+void sgd(P* p, const P* g, S* buf, index n, double lr, double momentum, double weight_decay, bool decay,
+         double grad_scale = 1.0) {
+  for (index i = 0; i < n; ++i) {
+    double d = static_cast<double>(g[i]) * grad_scale;
+    if (decay) d += weight_decay * static_cast<double>(p[i]);
+    buf[i] = static_cast<S>(momentum * static_cast<double>(buf[i]) + d);
+    p[i] = static_cast<P>(static_cast<double>(p[i]) - lr * static_cast<double>(buf[i]));
+  }
+}
+
+// Sum of squares of n elements, accumulated in double (the reference for the global gradient norm).
+template <class T>
+double sum_squares(const T* x, index n) {
+  return detail::lane_sum<double>(n, [&](index i) { return static_cast<double>(x[i]) * static_cast<double>(x[i]); });
+}
+
+}  // namespace weft::host
 
 namespace weft::ops {
 
@@ -101,6 +139,26 @@ struct Norm<Host> {
     for (double x : sums) s += x;
     return s;
   }
+};
+
+// The Meta device (plan/measure.hpp): nothing computed, the work the time model prices noted.
+template <class D>
+struct Update<Meta<D>> {
+  template <class P, class G, class S, class... A>
+  static void adamw(Meta<D>& d, P*, const G*, S*, S*, index n, A&&...) {
+    d.work.adamw += static_cast<double>(n);
+  }
+  template <class... A> static void sgd(Meta<D>&, A&&...) {}
+  template <class Pieces, class... A>
+  static void adamw_many(Meta<D>& d, const Pieces& pieces, A&&...) {
+    for (const auto& x : pieces) d.work.adamw += static_cast<double>(x.n);
+  }
+};
+
+template <class D>
+struct Norm<Meta<D>> {
+  template <class... A> static double sum_squares(Meta<D>&, A&&...) { return 0; }
+  template <class... A> static double sum_squares_many(Meta<D>&, A&&...) { return 0; }
 };
 
 }  // namespace weft::ops

@@ -18,8 +18,8 @@
 #include <string>
 #include <type_traits>
 
-#include "weft/device/dispatch.hpp"
 #include "weft/nn/unit.hpp"
+#include "weft/ops/families.hpp"
 #include "weft/ops/math.hpp"
 
 namespace weft::optim {

@@ -16,7 +16,7 @@
 #include "weft/comm/threads/run.hpp"
 #include "weft/device/host/gemm.hpp"
 #include "weft/device/host/host.hpp"
-#include "weft/device/host/ops.hpp"
+#include "weft/ops/families.hpp"
 #include "weft/plan/time.hpp"
 
 namespace weft::estimate {

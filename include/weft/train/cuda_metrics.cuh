@@ -9,7 +9,7 @@
 #include <string>
 #include <utility>
 
-#include "weft/device/cuda/dispatch.cuh"
+#include "weft/ops/families.cuh"
 
 namespace weft::train {
 

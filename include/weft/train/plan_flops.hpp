@@ -5,7 +5,7 @@
 
 #include "weft/comm/mesh.hpp"
 #include "weft/comm/meta.hpp"
-#include "weft/device/meta/ops.hpp"
+#include "weft/ops/families.hpp"
 #include "weft/train/family.hpp"
 #include "weft/train/flops.hpp"
 

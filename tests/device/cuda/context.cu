@@ -1,4 +1,4 @@
-// ops::ContextBlock on the Cuda device (device/cuda/kernels/context.cuh) against the host's in
+// ops::ContextBlock on the Cuda device (ops/context_block.cuh) against the host's in
 // double on the same inputs: two blocks of keys and values merged into one output by their
 // log-sum-exp, at a context rank's two-chunk positions (the rank's own block; one whose first
 // chunk every query sees and whose second none does; one that only the queries' second chunk
@@ -22,13 +22,13 @@
 #include "support/error.hpp"
 #include "support.cuh"
 #include "weft/comm/gpu/thread_memory.cuh"
-#include "weft/comm/threads/run.hpp"
 #include "weft/comm/mesh.hpp"
+#include "weft/comm/threads/run.hpp"
 #include "weft/context/attention.hpp"
-#include "weft/device/cuda/dispatch.cuh"
 #include "weft/nn/context_attention.hpp"
 #include "weft/nn/grouped_attention.hpp"
 #include "weft/ops/context_block.cuh"
+#include "weft/ops/families.cuh"
 
 using namespace weft;
 using namespace weft::test;

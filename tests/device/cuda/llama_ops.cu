@@ -1,11 +1,13 @@
-// The Llama family's CUDA ops (RMSNorm, rotary, SwiGLU: device/cuda/kernels/llama.cuh) against the
+// The Llama family's CUDA ops (RMSNorm, rotary, SwiGLU: ops/rmsnorm.cuh, ops/rotary.cuh, ops/swiglu.cuh) against the
 // host ops in double on random inputs, at sizes that are not multiples of a warp or a block.
 // Tolerances as in ops.cu: f32 1e-5 relative to the largest reference element; bf16 per op.
 #include <doctest/doctest.h>
 
 #include "support.cuh"
-#include "weft/device/cuda/kernels/llama.cuh"
+#include "weft/ops/rmsnorm.cuh"
 #include "weft/ops/rmsnorm.hpp"
+#include "weft/ops/rotary.cuh"
+#include "weft/ops/swiglu.cuh"
 #include "weft/ops/swiglu.hpp"
 
 using namespace weft;

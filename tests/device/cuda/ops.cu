@@ -4,13 +4,14 @@
 #include <doctest/doctest.h>
 
 #include "support.cuh"
-#include "weft/device/cuda/kernels/bias.cuh"
-#include "weft/device/cuda/kernels/cross_entropy.cuh"
-#include "weft/device/cuda/kernels/elementwise.cuh"
-#include "weft/device/cuda/kernels/embedding.cuh"
-#include "weft/device/cuda/kernels/layernorm.cuh"
-#include "weft/device/cuda/kernels/update.cuh"
-#include "weft/device/host/ops.hpp"
+#include "weft/ops/bias.cuh"
+#include "weft/ops/cross_entropy.cuh"
+#include "weft/ops/embedding.cuh"
+#include "weft/ops/families.hpp"
+#include "weft/ops/gelu.cuh"
+#include "weft/ops/layernorm.cuh"
+#include "weft/ops/memory.cuh"
+#include "weft/ops/update.cuh"
 
 using namespace weft;
 using namespace weft::test;

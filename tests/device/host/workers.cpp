@@ -18,8 +18,8 @@
 
 #include "nn/equivalence.hpp"
 #include "weft/core/philox.hpp"
-#include "weft/device/dispatch.hpp"
 #include "weft/device/host/workers.hpp"
+#include "weft/ops/families.hpp"
 #include "weft/ops/rmsnorm.hpp"
 #include "weft/ops/rotary.hpp"
 #include "weft/ops/swiglu.hpp"

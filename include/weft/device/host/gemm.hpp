@@ -34,7 +34,7 @@
 
 #include "weft/core/error.hpp"
 #include "weft/device/host/workers.hpp"
-#include "weft/ops/trans.hpp"
+#include "weft/device/trans.hpp"
 
 namespace weft::host {
 

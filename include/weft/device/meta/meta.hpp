@@ -5,7 +5,7 @@
 //
 // Blocks have addresses that are never dereferenced (distinct, in a range nothing maps), so a layer
 // that touches device memory directly instead of through an op faults at once rather than counting
-// wrong. Ops reach it through each family's Meta specialization (device/meta/ops.hpp for
+// wrong. Ops reach it through each family's Meta specialization (in its file, ops/<op>.hpp, for
 // weft's; a user's family adds its own in three lines, docs/layers.md). Copies to the host write
 // zeros: a loss or a norm read back on Meta is 0.
 //
@@ -84,7 +84,7 @@ struct Meta {
   static constexpr bool host_memory = D::host_memory;  // take D's paths
   using stands_for = D;
   MetaAllocator allocator;
-  MetaWork work;  // what weft's ops were asked (device/meta/ops.hpp); a user's op adds nothing
+  MetaWork work;  // what weft's ops were asked (their Meta specializations, ops/<op>.hpp); a user's op adds nothing
 
   Allocation allocate(std::int64_t bytes, Category c = Category::other) { return allocator.allocate(bytes, c); }
   const MemoryStats& memory() const { return allocator.stats(); }

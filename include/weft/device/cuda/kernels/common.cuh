@@ -1,11 +1,10 @@
-// CUDA kernels: what every kernel file of this folder shares (the element types, float and bf16 as
-// __nv_bfloat16; 16-byte packs; launch sizing and size checks). One file per op family, as the
-// families in include/weft/ops/ call them: elementwise (GELU, conversion, fill, the residual add),
-// layernorm, bias, columns (column sums), embedding (and learned positions), attention,
-// cross_entropy (and the loss sum), update (AdamW, SGD, the gradient norm). Each serves float and
-// bf16 activations (math in float) with the host kernels' signatures (device/host/ops.hpp); each
-// kernel is a small config, its arguments and its body; each launcher checks sizes and the launch.
-// The per-element math (GELU, AdamW) is weft/ops/math.hpp, shared with the host.
+// CUDA kernels: what every kernel shares (the element types, float and bf16 as __nv_bfloat16; 16-byte
+// packs; launch sizing and size checks). The kernels themselves are in their op's file,
+// ops/<op>.cuh, beside the family's Cuda specialization that calls them; this folder keeps what
+// several share: this file, columns.cuh (column sums) and map.cuh (the elementwise map). Each
+// kernel serves float and bf16 activations (math in float) with the host kernels' signatures
+// (ops/<op>.hpp); each is a small config, its arguments and its body; each launcher checks sizes
+// and the launch. The per-element math (GELU, AdamW) is weft/ops/math.hpp, shared with the host.
 //
 // Determinism: no float atomics anywhere. Row reductions use fixed trees (warp shuffles, CUB block
 // reductions); column reductions (LayerNorm parameter gradients, bias and position gradients) go
@@ -27,7 +26,7 @@
 
 #include "weft/core/bf16.hpp"
 #include "weft/device/cuda/device.hpp"
-#include "weft/ops/math.hpp"
+
 
 namespace weft::cuda {
 

@@ -9,14 +9,16 @@
 // wait for it.
 //
 // Include only from .cu translation units; a host-only build never sees this header.
+//
+// defines: (includes every op family's Cuda specialization)
 #pragma once
 
-#include "weft/device/dispatch.hpp"
 #include "weft/ops/attention.cuh"
 #include "weft/ops/bias.cuh"
 #include "weft/ops/context_block.cuh"
 #include "weft/ops/cross_entropy.cuh"
 #include "weft/ops/embedding.cuh"
+#include "weft/ops/families.hpp"
 #include "weft/ops/gelu.cuh"
 #include "weft/ops/gemm.cuh"
 #include "weft/ops/layernorm.cuh"
