@@ -47,7 +47,8 @@ void compare(const test::StepsRun& got, const test::StepsRun& ref, const std::st
   for (const auto& [name, r] : ref.values)
     for (std::size_t i = 0; i < r.size(); ++i) {
       const double d = std::fabs(got.values.at(name).at(i) - r[i]);
-      const bool key = name.ends_with("attn.qkv.bias") && (static_cast<std::int64_t>(i) / hd) % 3 == 1;  // (head, {q, k, v}, hd)
+      // (head, {q, k, v}, hd)
+      const bool key = name.ends_with("attn.qkv.bias") && (static_cast<std::int64_t>(i) / hd) % 3 == 1;
       (key ? key_bias : diff) = std::max(key ? key_bias : diff, d);
       scale = std::max(scale, std::fabs(r[i]));
     }

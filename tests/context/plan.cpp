@@ -192,7 +192,8 @@ TEST_CASE("a context rank's activations fall by the context degree, and the atte
   const std::int64_t a1 = activations(r1[0]);
   for (int c : {2, 4}) {
     const auto rc = ring(c), gc = gather(c);
-    const std::int64_t block = B * (kConfig.seq / c) * KV * 2 * hd * static_cast<std::int64_t>(sizeof(float));  // one rank's keys and values
+    // one rank's keys and values
+    const std::int64_t block = B * (kConfig.seq / c) * KV * 2 * hd * static_cast<std::int64_t>(sizeof(float));
     for (std::size_t r = 0; r < rc.size(); ++r) {
       INFO("context ", c, " rank ", r);
       const auto communication = [](const footprint::RankStep& x) { return x.step.peak.of(Category::communication); };

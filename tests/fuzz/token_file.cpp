@@ -16,7 +16,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   std::fclose(f);
   try {
     const weft::data::TokenFile t(path, 50257);
-    if (static_cast<std::size_t>(t.size()) * 2 + 1024 != size) __builtin_trap();  // an accepted file's count matches its length
+    // an accepted file's count matches its length
+    if (static_cast<std::size_t>(t.size()) * 2 + 1024 != size) __builtin_trap();
   } catch (const weft::Error&) {
   }
   return 0;

@@ -93,7 +93,8 @@ TEST_CASE("with SP the LayerNorm and position gradients are Partial until the st
       std::vector<double> ln;
       gpt.for_each_param([&](const std::string& name, auto& p) {
         const bool partial_sum = name.find("ln") != std::string::npos || name == "wpe";
-        CHECK(IsPartial<typename std::remove_cvref_t<decltype(p)>::grad_layout::tensor> == partial_sum);  // the type says so
+        // the type says so
+        CHECK(IsPartial<typename std::remove_cvref_t<decltype(p)>::grad_layout::tensor> == partial_sum);
         if (!partial_sum) return;
         ln.insert(ln.end(), p.grad.data(), p.grad.data() + p.grad.numel());
       });

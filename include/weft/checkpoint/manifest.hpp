@@ -79,7 +79,8 @@ struct Manifest {
   int data = 1, tensor = 1, pipe = 1;
   int context = 1;  // written where > 1 (context parallelism: parameters whole on it, sliced over data x context)
   std::string strategy, precision;
-  std::string family;  // the model family that saved it ("gpt2", "llama"); empty in checkpoints from before weft recorded it
+  // the model family that saved it ("gpt2", "llama"); empty in checkpoints from before weft recorded it
+  std::string family;
   nlohmann::json model = nlohmann::json::object(), optimizer = nlohmann::json::object(), run = nlohmann::json::object();
   std::map<std::string, TensorRecord> tensors;
 

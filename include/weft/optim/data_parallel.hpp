@@ -212,7 +212,8 @@ class DataParallel {
     for (std::size_t u = 0; u < units_.size(); ++u) {
       const auto [lo, n] = update_range(u);
       T* p = values_from(u, lo);
-      if constexpr (mixed) ops::Memory<D>::convert(dev(), p, static_cast<const G*>(held_[u].master.data()), n);  // one rounding per step
+      // one rounding per step
+      if constexpr (mixed) ops::Memory<D>::convert(dev(), p, static_cast<const G*>(held_[u].master.data()), n);
       if constexpr (shard_params) {  // values gathered before this update are stale now
         units_[u].value_buffer().reset();
         units_[u].rebind();

@@ -168,7 +168,8 @@ class Pipeline {
         for (std::size_t fs : part_.fine(acts[k].stage))
           for (std::size_t u : model_->units_of(fs)) last_use[u] = k;
     std::vector<std::optional<Ctx>> ctx(static_cast<std::size_t>(table_.m));
-    std::vector<Act> outgoing(static_cast<std::size_t>(table_.m));  // a compute's output, until the next exchange sends it
+    // a compute's output, until the next exchange sends it
+    std::vector<Act> outgoing(static_cast<std::size_t>(table_.m));
     // Posted sends (their action index, handle and buffer), each freed once a later receive proves
     // it arrived (pipeline::delivered), the rest at the end.
     struct Sent {
@@ -326,7 +327,8 @@ class Pipeline {
     const int mine = cuts_.at[static_cast<std::size_t>(rank_)][static_cast<std::size_t>(c)];
     for (std::size_t k = 0; k < acts.size(); ++k) {
       const Action& a = acts[k];
-      if (a.what != Do::exchange || !a.recv.present() || static_cast<int>(2 * k + 2) <= mine) continue;  // received already
+      // received already
+      if (a.what != Do::exchange || !a.recv.present() || static_cast<int>(2 * k + 2) <= mine) continue;
       const int theirs = cuts_.at[static_cast<std::size_t>(a.recv_from)][static_cast<std::size_t>(c)];
       if (sent_at[static_cast<std::size_t>(key(a.recv))] > theirs) continue;  // never sent: the sender stopped first
       Act scratch = Act::empty(model_->dev(), shape(micro[static_cast<std::size_t>(a.recv.micro)]), mesh_->spread(),

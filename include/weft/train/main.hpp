@@ -252,7 +252,8 @@ inline void add_launch_options(CLI::App& app, LaunchOptions& o, LoggingOptions& 
 class Process {
  public:
   Process(const Options& o, int& argc, char**& argv) : program_(o.program) {
-    launch.kind = resolve_launcher(o.launch.launcher);  // first: under MPI every process initializes MPI, and errors name the rank
+    // first: under MPI every process initializes MPI, and errors name the rank
+    launch.kind = resolve_launcher(o.launch.launcher);
 #ifdef WEFT_ENABLE_MPI
     if (launch.kind != Launcher::mpi) return;
     session_.emplace(argc, argv);

@@ -23,7 +23,8 @@ namespace weft::train {
 struct ModelOptions {
   std::string family;             // --model; empty: the binary's first
   std::string preset = "tiny";
-  bool preset_given = false;      // --preset was on the command line (with --init-from: sizes from the preset, not config.json)
+  // --preset was on the command line (with --init-from: sizes from the preset, not config.json)
+  bool preset_given = false;
   Sizes sizes;
   std::string dtype = "f32";
   std::uint64_t seed = 1;         // the weights' and the built-in corpus's

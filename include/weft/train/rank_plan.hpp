@@ -22,7 +22,8 @@ struct RankPlan {
   footprint::Memory state;  // before the first step
   footprint::Memory peak;   // each category's peak during a step
   std::int64_t total = 0;   // the peak of their sum
-  bool exact = false;       // on the host: the allocator's counts; on the GPU, without (or with an estimate of) its workspaces
+  // on the host: the allocator's counts; on the GPU, without (or with an estimate of) its workspaces
+  bool exact = false;
   std::array<threads::Counters, kAxes.size()> collectives{};  // a step's, per mesh axis (measured plans only)
 };
 

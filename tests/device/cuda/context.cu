@@ -206,7 +206,8 @@ TEST_CASE_TEMPLATE("a grouped-query attention layer with the sequence over conte
     typename Attn::Ctx ctx;
     const auto y = attn.forward(ctx, gx, mesh).to_host();
     const auto dx = attn.backward(ctx, gdy, mesh).to_host();
-    const auto err_of = [&](const std::vector<float>& got, const V& want) {  // against want's rows, relative to its largest
+    // against want's rows, relative to its largest
+    const auto err_of = [&](const std::vector<float>& got, const V& want) {
       const auto mine = rows(want, r);
       double e = 0, m = 0;
       for (std::size_t i = 0; i < got.size(); ++i) e = test::worse(e, std::fabs(double(got[i]) - double(mine[i])));

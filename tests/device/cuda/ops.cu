@@ -131,7 +131,8 @@ TEST_CASE("layernorm and embedding backward are bitwise repeatable") {
 TEST_CASE_TEMPLATE("vocab-parallel embedding forward and backward", T, float, bf16) {
   Cuda& d = gpu();
   const std::int64_t begin = 30, end = 70;  // this rank's rows of a vocabulary of 100
-  for (auto [N, C] : {std::pair<std::int64_t, std::int64_t>{1, 96}, {100, 96}, {5000, 96}, {300, 50}}) {  // 50: scalar path
+  // 50: scalar path
+  for (auto [N, C] : {std::pair<std::int64_t, std::int64_t>{1, 96}, {100, 96}, {5000, 96}, {300, 50}}) {
     std::vector<std::int32_t> tokens(static_cast<std::size_t>(N));
     for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<std::int32_t>(weft::philox(5, 1, i)[0] % 100);
     const auto table = random<T>(static_cast<std::size_t>((end - begin) * C), 12);

@@ -270,7 +270,8 @@ class StepReplay {
       }
       return n;
     };
-    const std::array<std::array<std::int64_t, 2>, 1> positions{{{0, u.positions}}};  // the wpe unit, split from the table
+    // the wpe unit, split from the table
+    const std::array<std::array<std::int64_t, 2>, 1> positions{{{0, u.positions}}};
     const bool split = holds.embedding != holds.head;
     std::int64_t n = holds.blocks * in_range(unit_block_, block);
     if (holds.embedding) n += split ? in_range(unit_positions_, positions) : in_range(unit_embedding_, embedding);
