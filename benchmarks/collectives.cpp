@@ -26,9 +26,7 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-int iterations_for(std::size_t bytes, int iters) {
-  return bytes >= (16u << 20) ? std::max(3, iters / 4) : iters;
-}
+int iterations_for(std::size_t bytes, int iters) { return bytes >= (16u << 20) ? std::max(3, iters / 4) : iters; }
 
 double memcpy_gbps(std::size_t bytes, int iters) {
   std::vector<char> a(bytes, 1), b(bytes, 0);
@@ -93,16 +91,11 @@ template <class Op>
 void sweep(int n, std::size_t bytes, int iters, double copy_gbps) {
   const double t = time_collective(n, iters, bytes, Op{});
   const double algbw = static_cast<double>(bytes) / t / 1e9;
-  const nlohmann::json j = {{"bench", "collectives"},
-                            {"backend", "threads"},
-                            {"op", Op::name},
-                            {"ranks", n},
-                            {"bytes", bytes},
-                            {"time_us", t * 1e6},
-                            {"algbw_gbps", algbw},
-                            {"busbw_gbps", algbw * Op::factor(n)},
-                            {"memcpy_gbps", copy_gbps},
-                            {"busbw_over_memcpy", algbw * Op::factor(n) / copy_gbps}};
+  const nlohmann::json j = {{"bench", "collectives"},   {"backend", "threads"},
+                            {"op", Op::name},           {"ranks", n},
+                            {"bytes", bytes},           {"time_us", t * 1e6},
+                            {"algbw_gbps", algbw},      {"busbw_gbps", algbw * Op::factor(n)},
+                            {"memcpy_gbps", copy_gbps}, {"busbw_over_memcpy", algbw * Op::factor(n) / copy_gbps}};
   std::printf("%s\n", j.dump().c_str());
   std::fflush(stdout);
 }

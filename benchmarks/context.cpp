@@ -88,7 +88,8 @@ void report(const char* attention, const llama::Config& cfg, int c, const Result
   const double counted = bytes(threads::Op::send) + bytes(threads::Op::all_gather) + bytes(threads::Op::reduce_scatter);
   // (Ring on one rank sends nothing: its block never leaves.)
   const double predicted = none || (ring && c == 1) ? 0 : ring ? L * (3.0 * c - 2) * block : L * 3.0 * c * block;
-  const double wire = bytes(threads::Op::send) + (bytes(threads::Op::all_gather) + bytes(threads::Op::reduce_scatter)) * (c - 1) / c;
+  const double wire =
+      bytes(threads::Op::send) + (bytes(threads::Op::all_gather) + bytes(threads::Op::reduce_scatter)) * (c - 1) / c;
   nlohmann::json j{{"bench", "context"},
                    {"seq", cfg.seq},
                    {"context", c},
@@ -120,8 +121,17 @@ int main(int argc, char** argv) {
     }
   }
   for (std::int64_t T = 1024; T <= max_seq; T *= 2) {
-    const llama::Config cfg{.vocab = 256, .seq = T, .layers = layers, .heads = 4, .kv_heads = 2, .width = 64, .hidden = 128,
-                            .rope = {.theta = 500000}, .norm_eps = 1e-5, .seed = 1, .init_std = 0.02};
+    const llama::Config cfg{.vocab = 256,
+                            .seq = T,
+                            .layers = layers,
+                            .heads = 4,
+                            .kv_heads = 2,
+                            .width = 64,
+                            .hidden = 128,
+                            .rope = {.theta = 500000},
+                            .norm_eps = 1e-5,
+                            .seed = 1,
+                            .init_std = 0.02};
     if (T <= 4096) report("none", cfg, 1, run<context::None>(cfg, 1), 0);
     const Result ring1 = run<context::Ring>(cfg, 1);
     const double a1 = static_cast<double>(ring1.activations);

@@ -125,9 +125,16 @@ int main(int argc, char** argv) {
     const double tokens_s = static_cast<double>(B * cfg.seq) / r->step_s;
     const double flops = gpt2::flops_per_token(cfg) * tokens_s;
     const double kernels = r->kernel_ms[0] + r->kernel_ms[1] + r->kernel_ms[2];
-    nlohmann::json j{{"bench", "gpt2"}, {"layers", cfg.layers}, {"seq", cfg.seq}, {"dtype", "bf16"}, {"micro_batch", B},
-                     {"step_ms", 1e3 * r->step_s}, {"tokens_per_s", tokens_s}, {"model_tflops", flops / 1e12},
-                     {"gemm_ceiling_tflops", ceiling / 1e12}, {"mfu_of_gemm_ceiling", flops / ceiling},
+    nlohmann::json j{{"bench", "gpt2"},
+                     {"layers", cfg.layers},
+                     {"seq", cfg.seq},
+                     {"dtype", "bf16"},
+                     {"micro_batch", B},
+                     {"step_ms", 1e3 * r->step_s},
+                     {"tokens_per_s", tokens_s},
+                     {"model_tflops", flops / 1e12},
+                     {"gemm_ceiling_tflops", ceiling / 1e12},
+                     {"mfu_of_gemm_ceiling", flops / ceiling},
                      {"gemm_share", r->kernel_ms[0] / r->profiled_step_ms},
                      {"attention_share", r->kernel_ms[1] / r->profiled_step_ms},
                      {"other_kernels_share", r->kernel_ms[2] / r->profiled_step_ms},

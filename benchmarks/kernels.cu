@@ -65,11 +65,13 @@ T* buffer(Cuda& d, std::vector<Allocation>& keep, idx n, int fill = 0) {
 
 // Small random-ish bf16 values (a bit pattern of about 0.01 .. 1), so that exp() and GELU see real numbers.
 __global__ void fill_bf16(__nv_bfloat16* p, idx n, unsigned seed) {
-  for (idx i = blockIdx.x * static_cast<idx>(blockDim.x) + threadIdx.x; i < n; i += static_cast<idx>(gridDim.x) * blockDim.x)
+  for (idx i = blockIdx.x * static_cast<idx>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<idx>(gridDim.x) * blockDim.x)
     p[i] = __float2bfloat16(0.01f * static_cast<float>(((i * 2654435761u + seed) >> 8) % 200) - 1.0f);
 }
 
-void report(const char* op, const char* dtype, double ms, double bytes, double flops, double copy_gbps, double gemm_tflops) {
+void report(const char* op, const char* dtype, double ms, double bytes, double flops, double copy_gbps,
+            double gemm_tflops) {
   nlohmann::json j = {{"bench", "kernels"}, {"op", op}, {"dtype", dtype}, {"time_us", ms * 1e3}};
   if (bytes > 0) {
     j["gbps"] = bytes / ms / 1e6;
@@ -101,7 +103,8 @@ int main(int argc, char** argv) {
     auto* src = buffer<char>(d, keep, copy_bytes, 1);
     auto* dst = buffer<char>(d, keep, copy_bytes);
     const double copy_ms = time_ms(d, [&] {
-      wc::check(cudaMemcpyAsync(dst, src, static_cast<std::size_t>(copy_bytes), cudaMemcpyDeviceToDevice, d.stream()), "copy");
+      wc::check(cudaMemcpyAsync(dst, src, static_cast<std::size_t>(copy_bytes), cudaMemcpyDeviceToDevice, d.stream()),
+                "copy");
     });
     const double copy_gbps = 2.0 * copy_bytes / copy_ms / 1e6;  // read + write
     const idx G = 8192;
@@ -110,7 +113,8 @@ int main(int argc, char** argv) {
     auto* gc = buffer<bf16>(d, keep, G * G);
     fill_bf16<<<1024, 256, 0, d.stream()>>>(reinterpret_cast<__nv_bfloat16*>(ga), G * G, 1);
     fill_bf16<<<1024, 256, 0, d.stream()>>>(reinterpret_cast<__nv_bfloat16*>(gb), G * G, 2);
-    const double gemm_ms = time_ms(d, [&] { blas.gemm<bf16>(host::Trans::no, host::Trans::no, G, G, G, ga, G, gb, G, gc, G); });
+    const double gemm_ms =
+        time_ms(d, [&] { blas.gemm<bf16>(host::Trans::no, host::Trans::no, G, G, G, ga, G, gb, G, gc, G); });
     const double gemm_tflops = 2.0 * G * G * G / gemm_ms / 1e9;
     report("copy (ceiling)", "-", copy_ms, 2.0 * copy_bytes, 0, copy_gbps, gemm_tflops);
     report("gemm 8192^3 (ceiling)", "bf16", gemm_ms, 0, 2.0 * G * G * G, copy_gbps, gemm_tflops);
@@ -128,25 +132,35 @@ int main(int argc, char** argv) {
     auto* hpre = buffer<bf16>(d, keep, N * 4 * C);
     auto* wfc = buffer<bf16>(d, keep, 4 * C * C);
     auto* bfc = buffer<bf16>(d, keep, 4 * C);
-    for (bf16* p : {x, res, w, b, wfc, bfc}) fill_bf16<<<1024, 256, 0, d.stream()>>>(reinterpret_cast<__nv_bfloat16*>(p), p == w || p == b ? C : (p == wfc ? 4 * C * C : (p == bfc ? 4 * C : N * C)), 3);
+    for (bf16* p : {x, res, w, b, wfc, bfc})
+      fill_bf16<<<1024, 256, 0, d.stream()>>>(
+          reinterpret_cast<__nv_bfloat16*>(p),
+          p == w || p == b ? C : (p == wfc ? 4 * C * C : (p == bfc ? 4 * C : N * C)), 3);
     const double e = 2;  // bytes per bf16
 
     report("layernorm_forward (+residual)", "bf16",
            time_ms(d, [&] { wc::layernorm_forward(d, y, mean, rstd, x, w, b, N, C, 1e-5f, y, res); }),
            e * N * C * 3 + 8.0 * N, 0, copy_gbps, gemm_tflops);
-    report("layernorm_backward", "bf16", time_ms(d, [&] { wc::layernorm_backward(d, y, w, b, res, x, w, mean, rstd, N, C); }),
+    report("layernorm_backward", "bf16",
+           time_ms(d, [&] { wc::layernorm_backward(d, y, w, b, res, x, w, mean, rstd, N, C); }),
            e * N * C * 3 + 8.0 * N, 0, copy_gbps, gemm_tflops);
     report("gelu_forward", "bf16", time_ms(d, [&] { wc::gelu_forward(d, h, hpre, N * 4 * C); }), e * N * 4 * C * 2, 0,
            copy_gbps, gemm_tflops);
-    report("gelu_backward", "bf16", time_ms(d, [&] { wc::gelu_backward(d, h, hpre, h, N * 4 * C); }), e * N * 4 * C * 3, 0,
-           copy_gbps, gemm_tflops);
+    report("gelu_backward", "bf16", time_ms(d, [&] { wc::gelu_backward(d, h, hpre, h, N * 4 * C); }), e * N * 4 * C * 3,
+           0, copy_gbps, gemm_tflops);
     report("gemm fc + bias + gelu (N x 3072 x 768)", "bf16",
-           time_ms(d, [&] { blas.gemm<bf16>(host::Trans::no, host::Trans::yes, N, 4 * C, C, x, C, wfc, C, h, 4 * C, 1, 0,
-                                             wc::Epilogue::bias_gelu, bfc, hpre, 4 * C); }),
+           time_ms(d,
+                   [&] {
+                     blas.gemm<bf16>(host::Trans::no, host::Trans::yes, N, 4 * C, C, x, C, wfc, C, h, 4 * C, 1, 0,
+                                     wc::Epilogue::bias_gelu, bfc, hpre, 4 * C);
+                   }),
            0, 2.0 * N * 4 * C * C, copy_gbps, gemm_tflops);
     report("gemm dgelu (N x 3072 x 768)", "bf16",
-           time_ms(d, [&] { blas.gemm<bf16>(host::Trans::no, host::Trans::no, N, 4 * C, C, x, C, wfc, 4 * C, h, 4 * C, 1, 0,
-                                             wc::Epilogue::dgelu, nullptr, hpre, 4 * C); }),
+           time_ms(d,
+                   [&] {
+                     blas.gemm<bf16>(host::Trans::no, host::Trans::no, N, 4 * C, C, x, C, wfc, 4 * C, h, 4 * C, 1, 0,
+                                     wc::Epilogue::dgelu, nullptr, hpre, 4 * C);
+                   }),
            0, 2.0 * N * 4 * C * C, copy_gbps, gemm_tflops);
     keep.clear();
 
@@ -170,25 +184,29 @@ int main(int argc, char** argv) {
     auto* stats = buffer<float>(d, keep, 2 * N);
     tokens = buffer<std::int32_t>(d, keep, N);
     wc::check(cudaMemcpyAsync(tokens, tok.data(), tok.size() * 4, cudaMemcpyHostToDevice, d.stream()), "tokens");
-    report("cross-entropy forward (max, sum exp)", "bf16", time_ms(d, [&] {
-             wc::ce_row_max(d, rowmax, logits, N, V, V);
-             wc::ce_row_stats(d, stats, logits, rowmax, tokens, N, V, V, 0);
-           }), e * N * V * 2, 0, copy_gbps, gemm_tflops);
+    report("cross-entropy forward (max, sum exp)", "bf16",
+           time_ms(d,
+                   [&] {
+                     wc::ce_row_max(d, rowmax, logits, N, V, V);
+                     wc::ce_row_stats(d, stats, logits, rowmax, tokens, N, V, V, 0);
+                   }),
+           e * N * V * 2, 0, copy_gbps, gemm_tflops);
     report("cross-entropy backward (in place)", "bf16",
-           time_ms(d, [&] { wc::ce_backward(d, logits, rowmax, stats, tokens, N, V, V, 0, 1.0f / N); }), e * N * V * 2, 0,
-           copy_gbps, gemm_tflops);
+           time_ms(d, [&] { wc::ce_backward(d, logits, rowmax, stats, tokens, N, V, V, 0, 1.0f / N); }), e * N * V * 2,
+           0, copy_gbps, gemm_tflops);
     keep.clear();
 
     // AdamW and the gradient norm over 124M f32 parameters in 12 tensors.
     const idx P = 124'000'000 / 12;
     std::vector<wc::TensorRef> refs;
     for (int t = 0; t < 12; ++t)
-      refs.push_back({buffer<float>(d, keep, P), buffer<float>(d, keep, P), buffer<float>(d, keep, P), buffer<float>(d, keep, P), P, 1});
+      refs.push_back({buffer<float>(d, keep, P), buffer<float>(d, keep, P), buffer<float>(d, keep, P),
+                      buffer<float>(d, keep, P), P, 1});
     const math::AdamW a{1e-4f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.1f, 0.05f};
     report("adamw (124M params, multi-tensor)", "f32", time_ms(d, [&] { wc::adamw(d, refs, a); }), 4.0 * 12 * P * 7, 0,
            copy_gbps, gemm_tflops);
-    report("gradient norm (124M, multi-tensor)", "f32", time_ms(d, [&] { (void)wc::sum_squares(d, refs); }), 4.0 * 12 * P,
-           0, copy_gbps, gemm_tflops);
+    report("gradient norm (124M, multi-tensor)", "f32", time_ms(d, [&] { (void)wc::sum_squares(d, refs); }),
+           4.0 * 12 * P, 0, copy_gbps, gemm_tflops);
     return 0;
   } catch (const Error& e) {
     std::fprintf(stderr, "%s\n", e.what());

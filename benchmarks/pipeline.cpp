@@ -133,9 +133,19 @@ int main(int argc, char** argv) {
           }
         }
         const double closed = closed_form_bubble(kind, p, m, v);
-        nlohmann::json j{{"bench", "pipeline"}, {"schedule", kind == Kind::gpipe ? "gpipe" : kind == Kind::one_f_one_b ? "1f1b" : kind == Kind::interleaved ? "interleaved" : "zb"},
-                         {"p", p}, {"m", m}, {"v", v}, {"unit_ms", unit_ms}, {"step_ms", best_step / 1e3},
-                         {"bubble_measured", bubble}, {"bubble_closed_form", closed}, {"measured_minus_closed", bubble - closed}};
+        nlohmann::json j{{"bench", "pipeline"},
+                         {"schedule", kind == Kind::gpipe         ? "gpipe"
+                                      : kind == Kind::one_f_one_b ? "1f1b"
+                                      : kind == Kind::interleaved ? "interleaved"
+                                                                  : "zb"},
+                         {"p", p},
+                         {"m", m},
+                         {"v", v},
+                         {"unit_ms", unit_ms},
+                         {"step_ms", best_step / 1e3},
+                         {"bubble_measured", bubble},
+                         {"bubble_closed_form", closed},
+                         {"measured_minus_closed", bubble - closed}};
         std::printf("%s\n", j.dump().c_str());
         std::fflush(stdout);
       }

@@ -20,12 +20,12 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
+#include <weft/models/gpt2/estimate.hpp>
 #include <weft/models/gpt2/model.hpp>
 #include <weft/optim/data_parallel.hpp>
 #include <weft/pipeline/executor.hpp>
 #include <weft/pipeline/pipelined.hpp>
 #include <weft/plan/host_rates.hpp>
-#include <weft/models/gpt2/estimate.hpp>
 #include <weft/plan/time.hpp>
 
 using namespace weft;
@@ -78,19 +78,22 @@ Run measure(const gpt2::Config& cfg, MeshShape shape, std::int64_t batch, std::i
       y[i] = static_cast<std::int32_t>(weft::philox(1, 2, i)[0] % static_cast<std::uint64_t>(cfg.vocab));
     }
     const auto r = static_cast<std::size_t>(world.rank());
-    time_steps(world, host, [&] {
-      dp.zero_grad();
-      auto ctx = gpt.context({x, y, batch});
-      pipeline::forward_backward(gpt, ctx, mesh, dp);
-      dp.step(1e-4, 1.0);
-    }, steps, times[r], peaks[r]);
+    time_steps(
+        world, host,
+        [&] {
+          dp.zero_grad();
+          auto ctx = gpt.context({x, y, batch});
+          pipeline::forward_backward(gpt, ctx, mesh, dp);
+          dp.step(1e-4, 1.0);
+        },
+        steps, times[r], peaks[r]);
   });
   return median(std::move(times), peaks);
 }
 
 template <class Strategy, bool SP>
-nlohmann::json compare(const char* name, const gpt2::Config& cfg, MeshShape shape, std::int64_t batch, std::int64_t steps,
-                       estimate::Rates& rates, bool& measured_rates) {
+nlohmann::json compare(const char* name, const gpt2::Config& cfg, MeshShape shape, std::int64_t batch,
+                       std::int64_t steps, estimate::Rates& rates, bool& measured_rates) {
   const Spread s{.data_degree = shape.data, .tensor_degree = shape.tensor};
   const estimate::Work w = estimate::work<Strategy, F32, SP>(cfg, s, batch);
   if (!measured_rates) {
@@ -106,8 +109,13 @@ nlohmann::json compare(const char* name, const gpt2::Config& cfg, MeshShape shap
           {"planned_step_s", b.total()},
           {"measured_step_s", run.step_s},
           {"time_ratio", b.total() / run.step_s},
-          {"planned", {{"gemm_s", b.gemm}, {"attention_s", b.attention}, {"elementwise_s", b.elementwise}, {"memory_s", b.memory},
-                       {"tensor_comm_s", b.tensor_comm}, {"data_comm_s", b.data_comm}}},
+          {"planned",
+           {{"gemm_s", b.gemm},
+            {"attention_s", b.attention},
+            {"elementwise_s", b.elementwise},
+            {"memory_s", b.memory},
+            {"tensor_comm_s", b.tensor_comm},
+            {"data_comm_s", b.data_comm}}},
           {"planned_peak_bytes", w.memory.total},
           {"measured_peak_bytes", run.peak},
           {"memory_ratio", static_cast<double>(w.memory.total) / static_cast<double>(run.peak)}};
@@ -140,39 +148,45 @@ Run measure_pipeline(const gpt2::Config& cfg, MeshShape shape, std::int64_t micr
       mbs.push_back({x[k], y[k], micro, 1.0 / table.m});
     }
     const auto r = static_cast<std::size_t>(world.rank());
-    time_steps(world, host, [&] {
-      dp.zero_grad();
-      pp.run(mbs, dp);
-      dp.step(1e-4, 1.0);
-    }, steps, times[r], peaks[r]);
+    time_steps(
+        world, host,
+        [&] {
+          dp.zero_grad();
+          pp.run(mbs, dp);
+          dp.step(1e-4, 1.0);
+        },
+        steps, times[r], peaks[r]);
   });
   return median(std::move(times), peaks);
 }
 
 template <class Strategy>
 nlohmann::json compare_pipeline(const char* name, const gpt2::Config& cfg, MeshShape shape, std::int64_t batch, int m,
-                                pipeline::Kind kind, int v, std::int64_t steps, estimate::Rates& rates, bool& measured_rates) {
+                                pipeline::Kind kind, int v, std::int64_t steps, estimate::Rates& rates,
+                                bool& measured_rates) {
   const Spread s{.data_degree = shape.data, .tensor_degree = shape.tensor};
   const std::int64_t micro = batch / m;
   const pipeline::Table table = pipeline::make_table(kind, shape.pipe, m, v);
   if (!measured_rates) {  // every rank of the mesh runs at once
     const estimate::Work w = estimate::work<Strategy, F32, false>(cfg, s, micro, m);
-    rates = estimate::host_rates<float>(w, {.data = shape.data * shape.pipe, .tensor = shape.tensor}, micro / shape.data,
-                                        cfg.seq, cfg.heads, cfg.width);
+    rates = estimate::host_rates<float>(w, {.data = shape.data * shape.pipe, .tensor = shape.tensor},
+                                        micro / shape.data, cfg.seq, cfg.heads, cfg.width);
     measured_rates = true;
   }
   // Messages between pipe ranks: the thread communicator's data-group link stands in.
-  const estimate::PipelineTime t = estimate::pipeline_seconds<Strategy, F32, false>(cfg, s, micro, table, rates, rates.data);
+  const estimate::PipelineTime t =
+      estimate::pipeline_seconds<Strategy, F32, false>(cfg, s, micro, table, rates, rates.data);
   std::int64_t planned_peak = 0;
   for (int r = 0; r < shape.pipe; ++r)
-    planned_peak = std::max(planned_peak, footprint::pipeline_step<Strategy, F32, false>(cfg, s, micro, table, r).total);
+    planned_peak =
+        std::max(planned_peak, footprint::pipeline_step<Strategy, F32, false>(cfg, s, micro, table, r).total);
   const Run run = measure_pipeline<Strategy>(cfg, shape, micro, table, steps);
   return {{"bench", "plan"},
           {"strategy", name},
-          {"schedule", pipeline::Kind::gpipe == kind          ? "gpipe"
-                       : pipeline::Kind::one_f_one_b == kind  ? "1f1b"
-                       : pipeline::Kind::interleaved == kind  ? "interleaved"
-                                                              : "zb"},
+          {"schedule", pipeline::Kind::gpipe == kind         ? "gpipe"
+                       : pipeline::Kind::one_f_one_b == kind ? "1f1b"
+                       : pipeline::Kind::interleaved == kind ? "interleaved"
+                                                             : "zb"},
           {"data", shape.data},
           {"pipe", shape.pipe},
           {"virtual_stages", v},
@@ -181,8 +195,13 @@ nlohmann::json compare_pipeline(const char* name, const gpt2::Config& cfg, MeshS
           {"planned_step_s", t.step},
           {"measured_step_s", run.step_s},
           {"time_ratio", t.step / run.step_s},
-          {"planned", {{"makespan_s", t.makespan}, {"block_s", t.block}, {"ends_s", t.ends}, {"message_s", t.message},
-                       {"once_s", t.once}, {"bubble", t.bubble}}},
+          {"planned",
+           {{"makespan_s", t.makespan},
+            {"block_s", t.block},
+            {"ends_s", t.ends},
+            {"message_s", t.message},
+            {"once_s", t.once},
+            {"bubble", t.bubble}}},
           {"planned_peak_bytes", planned_peak},
           {"measured_peak_bytes", run.peak},
           {"memory_ratio", static_cast<double>(planned_peak) / static_cast<double>(run.peak)}};
@@ -210,8 +229,11 @@ int main(int argc, char** argv) {
     else if (a == "--pipe") shape.pipe = static_cast<int>(v);
     else if (a == "--micro-batches") micro_batches = static_cast<int>(v);
     else {
-      std::fprintf(stderr, "plan: unknown option %s; use --layers --width --heads --seq --vocab --batch --data --tensor --steps "
-                   "--pipe --micro-batches\n", a.c_str());
+      std::fprintf(
+          stderr,
+          "plan: unknown option %s; use --layers --width --heads --seq --vocab --batch --data --tensor --steps "
+          "--pipe --micro-batches\n",
+          a.c_str());
       return 2;
     }
   }
@@ -226,7 +248,8 @@ int main(int argc, char** argv) {
       using pipeline::Kind;
       for (Kind kind : {Kind::gpipe, Kind::one_f_one_b, Kind::interleaved, Kind::zero_bubble_h1}) {
         const int v = kind == Kind::interleaved ? 2 : 1;
-        if (cfg.layers % (shape.pipe * v) != 0 || (kind == Kind::interleaved && micro_batches % shape.pipe != 0)) continue;
+        if (cfg.layers % (shape.pipe * v) != 0 || (kind == Kind::interleaved && micro_batches % shape.pipe != 0))
+          continue;
         line(compare_pipeline<optim::Ddp>("ddp", cfg, shape, batch, micro_batches, kind, v, steps, rates, measured));
         line(compare_pipeline<optim::Fsdp>("fsdp", cfg, shape, batch, micro_batches, kind, v, steps, rates, measured));
       }

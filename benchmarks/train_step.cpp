@@ -7,12 +7,13 @@
 // was compiled for ("simd"). One JSON object per line. benchmarks/vs_pytorch.py
 // runs it beside PyTorch eager.
 //
-//   train_step [--layers L] [--width C] [--heads H] [--vocab V] [--seq T] [--batch B] [--data D] [--tensor N] [--steps S]
+//   train_step [--layers L] [--width C] [--heads H] [--vocab V] [--seq T] [--batch B] [--data D] [--tensor N] [--steps
+//   S]
 //              [--threads N]   (one rank whose host ops use N threads: host::set_threads)
 //              [--model llama --kv-heads K --hidden F]   (Llama's blocks: RMSNorm, rotary, GQA, SwiGLU, an
 //                                                         untied head; models/llama)
-#include <weft/weft_host.hpp>
 #include <weft/device/host/profile.hpp>
+#include <weft/weft_host.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -46,11 +47,13 @@ double gemm_seconds(const std::vector<GemmShape>& shapes, int ranks, double& flo
     run_threads(ranks, [&](ThreadComm& c) {
       std::vector<float> a(static_cast<std::size_t>(s.m * s.k), 0.5f), b(static_cast<std::size_t>(s.k * s.n), 0.5f),
           out(static_cast<std::size_t>(s.m * s.n));
-      host::gemm<float>(host::Trans::no, host::Trans::no, s.m, s.n, s.k, 1.f, a.data(), s.k, b.data(), s.n, 0.f, out.data(), s.n);
+      host::gemm<float>(host::Trans::no, host::Trans::no, s.m, s.n, s.k, 1.f, a.data(), s.k, b.data(), s.n, 0.f,
+                        out.data(), s.n);
       c.barrier();
       const auto t0 = Clock::now();
       for (int i = 0; i < 3; ++i)
-        host::gemm<float>(host::Trans::no, host::Trans::no, s.m, s.n, s.k, 1.f, a.data(), s.k, b.data(), s.n, 0.f, out.data(), s.n);
+        host::gemm<float>(host::Trans::no, host::Trans::no, s.m, s.n, s.k, 1.f, a.data(), s.k, b.data(), s.n, 0.f,
+                          out.data(), s.n);
       t[static_cast<std::size_t>(c.rank())] = std::chrono::duration<double>(Clock::now() - t0).count() / 3;
     });
     double slowest = 0;
@@ -78,7 +81,8 @@ const char* simd() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::int64_t layers = 2, seq = 128, batch = 4, steps = 3, width = 768, heads = 12, vocab = 50304, kv_heads = 0, hidden = 0;
+  std::int64_t layers = 2, seq = 128, batch = 4, steps = 3, width = 768, heads = 12, vocab = 50304, kv_heads = 0,
+               hidden = 0;
   int tensor = 1, data = 1, op_threads = 1;
   std::string model = "gpt2";
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -101,10 +105,11 @@ int main(int argc, char** argv) {
     else if (a == "--steps") steps = v;
     else if (a == "--threads") op_threads = static_cast<int>(v);
     else {
-      std::fprintf(stderr,
-                   "train_step: unknown option %s; use --model --layers --width --heads --kv-heads --hidden --vocab --seq "
-                   "--batch --data --tensor --steps --threads\n",
-                   a.c_str());
+      std::fprintf(
+          stderr,
+          "train_step: unknown option %s; use --model --layers --width --heads --kv-heads --hidden --vocab --seq "
+          "--batch --data --tensor --steps --threads\n",
+          a.c_str());
       return 2;
     }
   }
@@ -114,12 +119,18 @@ int main(int argc, char** argv) {
   }
   const bool is_llama = model == "llama";
   const gpt2::Config cfg{.vocab = vocab, .seq = seq, .layers = layers, .heads = heads, .width = width};
-  const llama::Config lcfg{.vocab = vocab, .seq = seq, .layers = layers, .heads = heads,
-                           .kv_heads = kv_heads > 0 ? kv_heads : heads, .width = width,
-                           .hidden = hidden > 0 ? hidden : 4 * width, .rope = {.theta = 500000}};
+  const llama::Config lcfg{.vocab = vocab,
+                           .seq = seq,
+                           .layers = layers,
+                           .heads = heads,
+                           .kv_heads = kv_heads > 0 ? kv_heads : heads,
+                           .width = width,
+                           .hidden = hidden > 0 ? hidden : 4 * width,
+                           .rope = {.theta = 500000}};
   const double flops_per_token = is_llama ? llama::flops_per_token(lcfg) : gpt2::flops_per_token(cfg);
   if (op_threads < 1 || op_threads > 256 || (op_threads > 1 && data * tensor != 1)) {
-    std::fprintf(stderr, "train_step: --threads %d: give 1 to 256, and more than 1 only to one rank (data 1, tensor 1)\n",
+    std::fprintf(stderr,
+                 "train_step: --threads %d: give 1 to 256, and more than 1 only to one rank (data 1, tensor 1)\n",
                  op_threads);
     return 2;
   }
@@ -205,12 +216,24 @@ int main(int argc, char** argv) {
     for (double t : step_seconds) mean_step += t / static_cast<double>(step_seconds.size());
     ops["outside_ops"] = std::max(0.0, mean_step - in_ops);  // collectives, allocation, the framework
     const double peak = train::gemm_rate<float>(ranks);
-    const nlohmann::json j = {{"bench", "train_step"}, {"impl", "weft"}, {"model", model},
-                              {"layers", layers}, {"width", width}, {"heads", heads}, {"vocab", vocab}, {"seq", seq},
-                              {"kv_heads", is_llama ? lcfg.kv_heads : heads}, {"hidden", is_llama ? lcfg.hidden : 4 * width},
-                              {"batch", batch}, {"data", data}, {"tensor", tensor}, {"threads", ranks * op_threads},
-                              {"op_threads", op_threads}, {"dtype", "f32"},
-                              {"step_s", step_s}, {"tokens_per_s", tokens_s},
+    const nlohmann::json j = {{"bench", "train_step"},
+                              {"impl", "weft"},
+                              {"model", model},
+                              {"layers", layers},
+                              {"width", width},
+                              {"heads", heads},
+                              {"vocab", vocab},
+                              {"seq", seq},
+                              {"kv_heads", is_llama ? lcfg.kv_heads : heads},
+                              {"hidden", is_llama ? lcfg.hidden : 4 * width},
+                              {"batch", batch},
+                              {"data", data},
+                              {"tensor", tensor},
+                              {"threads", ranks * op_threads},
+                              {"op_threads", op_threads},
+                              {"dtype", "f32"},
+                              {"step_s", step_s},
+                              {"tokens_per_s", tokens_s},
                               {"flops_per_token", flops_per_token},
                               {"effective_gflops", tokens_s * flops_per_token / 1e9},
                               {"mfu", tokens_s * flops_per_token / peak},

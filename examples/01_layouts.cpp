@@ -67,8 +67,9 @@ int main(int argc, char** argv) {
       for (auto [axis, c] : {std::pair{"data", d}, std::pair{"tensor", t}})
         for (std::size_t op = 0; op < threads::kOps; ++op)
           if (c.calls[op] && (any = true))
-            std::printf("    ran:   %-14s on %-6s x%llu, %llu bytes/rank\n", threads::name(static_cast<threads::Op>(op)),
-                        axis, static_cast<unsigned long long>(c.calls[op]), static_cast<unsigned long long>(c.bytes[op]));
+            std::printf("    ran:   %-14s on %-6s x%llu, %llu bytes/rank\n",
+                        threads::name(static_cast<threads::Op>(op)), axis, static_cast<unsigned long long>(c.calls[op]),
+                        static_cast<unsigned long long>(c.bytes[op]));
       if (!any) std::printf("    ran:   no collective (a local step)\n");
     };
     auto report = [&](const char* what, bool ok) {
@@ -77,7 +78,8 @@ int main(int argc, char** argv) {
       std::vector<std::int32_t> bad{ok ? 0 : 1};
       world.all_reduce(std::span<std::int32_t>(bad));
       failures += bad[0];
-      if (print) std::printf("    check: %s on all 4 ranks: %s\n\n", what, bad[0] ? "WRONG" : "matches the serial result");
+      if (print)
+        std::printf("    check: %s on all 4 ranks: %s\n\n", what, bad[0] ? "WRONG" : "matches the serial result");
     };
 
     // Batch over data, replicated over tensor: what the embedding produces.
@@ -116,7 +118,8 @@ int main(int argc, char** argv) {
     auto full = redistribute<Replicated>(rows, mesh);  // gather on both axes
     report("(B, T, C) replicated everywhere", matches(full));
     if (print)
-      std::printf("%s\n", failures ? "demo: SOME CHECKS FAILED" : "demo: every redistribution matched the serial result");
+      std::printf("%s\n",
+                  failures ? "demo: SOME CHECKS FAILED" : "demo: every redistribution matched the serial result");
     return failures ? 1 : 0;
   });
 }

@@ -5,8 +5,8 @@
 //
 //   tensor_parallel_gpt [--layers N] [--width C] [--heads H] [--seq T] [--vocab V] [--batch B]
 //   mpirun -np 4 tensor_parallel_gpt
-#include <weft/weft_host.hpp>
 #include <weft/nn/describe.hpp>
+#include <weft/weft_host.hpp>
 
 #include <cmath>
 #include <cstdio>
@@ -37,7 +37,7 @@ Result train_step(Comm& comm, const gpt2::Config& c, std::int64_t batch) {
   Mesh mesh{comm, {.tensor = comm.size()}};
   Host host;
   gpt2::Model<double, SP, recompute::Selective> gpt(host, c, mesh.spread(), batch);
-  auto ctx = gpt.context({tokens, targets, batch});  // one micro-batch in flight
+  auto ctx = gpt.context({tokens, targets, batch});       // one micro-batch in flight
   out.loss = pipeline::forward_backward(gpt, ctx, mesh);  // the stages, forward then backward
   gpt.for_each_param([&](const std::string& name, auto& p) {
     const auto g = redistribute<Replicated>(p.grad, mesh);  // gather the shards (or sum the SP partials) to compare
@@ -95,8 +95,8 @@ int main(int argc, char** argv) {
     const Result sp4 = train_step<true>(world, c, batch);
     const double tp_err = worst_gradient_error(tp4, one), sp_err = worst_gradient_error(sp4, one);
     // Tolerance 1e-12: f64, and the layouts only regroup the same sums (a few ulps of reassociation).
-    const bool mine = std::fabs(tp4.loss - one.loss) <= 1e-12 * one.loss && std::fabs(sp4.loss - one.loss) <= 1e-12 * one.loss &&
-                      tp_err <= 1e-12 && sp_err <= 1e-12;
+    const bool mine = std::fabs(tp4.loss - one.loss) <= 1e-12 * one.loss &&
+                      std::fabs(sp4.loss - one.loss) <= 1e-12 * one.loss && tp_err <= 1e-12 && sp_err <= 1e-12;
     std::vector<std::int32_t> bad{mine ? 0 : 1};  // every rank's verdict, so all return the same code
     world.all_reduce(std::span<std::int32_t>(bad));
     if (print) {

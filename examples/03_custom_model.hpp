@@ -80,7 +80,8 @@ class RmsNormLayer : public nn::SameLayout<A> {
     const std::int64_t C = x.local_shape()[2], N = x.numel() / C;
     auto y = Tensor<T, A, D>::empty(x.dev(), x.global_shape(), x.spread(), Category::activations);
     ctx.rstd = x.dev().allocate(N * static_cast<std::int64_t>(sizeof(S)), Category::activations);
-    RmsNorm<D>::forward(x.dev(), y.data(), static_cast<S*>(ctx.rstd.data()), x.data(), weight.value.data(), N, C, S(1e-5));
+    RmsNorm<D>::forward(x.dev(), y.data(), static_cast<S*>(ctx.rstd.data()), x.data(), weight.value.data(), N, C,
+                        S(1e-5));
     ctx.x = x.clone(Category::activations);
     return y;
   }
@@ -118,7 +119,8 @@ struct Spec {
   using Up = nn::Linear<T, nn::ColumnParallel, nn::epilogue::None, D>;
   using Down = nn::Linear<T, nn::RowParallel, nn::epilogue::None, D>;
   using Relu2 = nn::Elementwise<ReluSquared, T, nn::act::Features, D>;
-  using AttnInner = nn::Sequential<nn::Named<"norm1", Norm>, typename St::enter, nn::Named<"attn", Attn>, typename St::leave>;
+  using AttnInner =
+      nn::Sequential<nn::Named<"norm1", Norm>, typename St::enter, nn::Named<"attn", Attn>, typename St::leave>;
   using MlpInner = nn::Sequential<nn::Named<"norm2", Norm>, typename St::enter, nn::Named<"up", Up>, Relu2,
                                   nn::Named<"down", Down>, typename St::leave>;
   using Embedding = nn::EmbeddingStage<T, SP, D>;  // wte, learned positions
@@ -140,11 +142,12 @@ struct Spec {
   static Block make_block(D& dev, const config& c, const Spread& s, std::int64_t l) {
     const auto id = static_cast<std::uint64_t>(16 + 16 * l);
     const double proj_std = c.init_std / std::sqrt(2.0 * static_cast<double>(c.layers));
-    return Block(nn::Residual<AttnInner>(AttnInner(
-                     nn::Named<"norm1", Norm>(Norm(dev, c.width, s, id, c.seed)), {},
-                     nn::Named<"attn", Attn>(Attn(dev, c.width, c.heads, s, id + 1, c.seed, c.init_std, proj_std)), {})),
-                 nn::Residual<MlpInner>(MlpInner(
-                     nn::Named<"norm2", Norm>(Norm(dev, c.width, s, id + 5, c.seed)), {},
+    return Block(
+        nn::Residual<AttnInner>(AttnInner(
+            nn::Named<"norm1", Norm>(Norm(dev, c.width, s, id, c.seed)), {},
+            nn::Named<"attn", Attn>(Attn(dev, c.width, c.heads, s, id + 1, c.seed, c.init_std, proj_std)), {})),
+        nn::Residual<MlpInner>(
+            MlpInner(nn::Named<"norm2", Norm>(Norm(dev, c.width, s, id + 5, c.seed)), {},
                      nn::Named<"up", Up>(Up(dev, c.width, 4 * c.width, s, id + 6, c.seed, c.init_std)), Relu2{},
                      nn::Named<"down", Down>(Down(dev, 4 * c.width, c.width, s, id + 8, c.seed, proj_std)), {})));
   }

@@ -12,6 +12,7 @@
 #include <weft/train/main.hpp>
 
 int main(int argc, char** argv) {
-  return weft::train::main<custom::Family>(argc, argv, "custom_model_train",
-                                           "custom_model_train: the decoder of 03_custom_model.hpp, trained by weft's trainer");
+  return weft::train::main<custom::Family>(
+      argc, argv, "custom_model_train",
+      "custom_model_train: the decoder of 03_custom_model.hpp, trained by weft's trainer");
 }

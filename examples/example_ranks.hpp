@@ -48,7 +48,8 @@ int run_ranks(int argc, char** argv, const std::string& launcher, int ranks, Bod
     int code = 1;
     try {
       if (session.size() != ranks)
-        throw Error("example --launcher mpi", cat("mpirun started ", session.size(), " processes for ", ranks, " ranks"),
+        throw Error("example --launcher mpi",
+                    cat("mpirun started ", session.size(), " processes for ", ranks, " ranks"),
                     cat("run mpirun -np ", ranks));
       auto world = mpi::MpiComm::world();
       mpi::run(world, [&](mpi::MpiComm& w) { code = body(w); });

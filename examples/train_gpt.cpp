@@ -18,7 +18,8 @@
 #include "weft_trainer.hpp"
 
 int main(int argc, char** argv) {
-  return weft::train::main_of<weft_units::units>(argc, argv, "train_gpt",
-                                                 "weft train_gpt: a tensor-, sequence-, context-, pipeline- and data-parallel GPT "
-                                                 "(or Llama) on thread ranks or processes, on the host or GPUs");
+  return weft::train::main_of<weft_units::units>(
+      argc, argv, "train_gpt",
+      "weft train_gpt: a tensor-, sequence-, context-, pipeline- and data-parallel GPT "
+      "(or Llama) on thread ranks or processes, on the host or GPUs");
 }

@@ -44,16 +44,15 @@ std::vector<std::int32_t> parse_tokens(const std::string& text, std::int64_t voc
     long long v = -1;
     try {
       v = std::stoll(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
+    } catch (const std::exception&) { used = 0; }
     if (used != item.size() || v < 0 || v >= vocab)
       throw Error("weft-export --tokens", cat("\"", item.substr(0, 32), "\" is not a token id in [0, ", vocab, ")"),
                   "pass comma-separated ids below the vocabulary");
     out.push_back(static_cast<std::int32_t>(v));
   }
   if (out.empty() || static_cast<std::int64_t>(out.size()) > seq)
-    throw Error("weft-export --tokens", cat(out.size(), " tokens for a model of ", seq, " positions"), cat("pass 1 to ", seq, " ids"));
+    throw Error("weft-export --tokens", cat(out.size(), " tokens for a model of ", seq, " positions"),
+                cat("pass 1 to ", seq, " ids"));
   return out;
 }
 
@@ -63,7 +62,7 @@ std::vector<std::int32_t> parse_tokens(const std::string& text, std::int64_t voc
 void write_out(const std::string& path, const std::string& checkpoint, std::span<const std::byte> bytes) {
   const std::string where = cat("weft-export --logits ", path);
   checkpoint::refuse_inside(std::filesystem::path(path).parent_path().string(), checkpoint, where);
-  struct stat st {};
+  struct stat st{};
   if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
     checkpoint::detail::Fd f(path, O_WRONLY);
     f.write_all(bytes.data(), bytes.size());
@@ -73,7 +72,8 @@ void write_out(const std::string& path, const std::string& checkpoint, std::span
   const std::string tmp = path + ".tmp";
   try {
     checkpoint::write_synced(tmp, std::span<const std::span<const std::byte>>(&bytes, 1));
-    if (std::rename(tmp.c_str(), path.c_str()) != 0) checkpoint::detail::sys_fail(where, cat("cannot rename ", tmp), errno);
+    if (std::rename(tmp.c_str(), path.c_str()) != 0)
+      checkpoint::detail::sys_fail(where, cat("cannot rename ", tmp), errno);
   } catch (...) {
     std::remove(tmp.c_str());
     throw;
@@ -103,7 +103,8 @@ void write_logits(const std::string& checkpoint, const std::string& path, const 
       for (std::int64_t v = 0; v < c.vocab; ++v) logits.push_back(all[static_cast<std::size_t>(t * vp + v)]);
   });
   write_out(path, checkpoint, std::as_bytes(std::span<const float>(logits)));
-  std::printf("logits: %lld x %lld f32 to %s\n", static_cast<long long>(n), static_cast<long long>(c.vocab), path.c_str());
+  std::printf("logits: %lld x %lld f32 to %s\n", static_cast<long long>(n), static_cast<long long>(c.vocab),
+              path.c_str());
 }
 
 // The checkpoint's model family: the manifest's, or for a checkpoint from before weft recorded it,
@@ -123,7 +124,9 @@ struct Asked {
 template <train::Family F>
 void export_as(const checkpoint::Reader& r, const Asked& a) {
   if constexpr (!requires { F::export_hf(a.checkpoint, a.out, a.options); }) {
-    throw Error("weft-export", cat("the checkpoint ", r.dir(), " holds a model of the family '", F::name(), "', which has no Hugging Face export"),
+    throw Error("weft-export",
+                cat("the checkpoint ", r.dir(), " holds a model of the family '", F::name(),
+                    "', which has no Hugging Face export"),
                 "give the family an export_hf (docs/training.md)");
   } else {
     const auto c = F::config_of(r.manifest());
@@ -133,10 +136,14 @@ void export_as(const checkpoint::Reader& r, const Asked& a) {
     if (a.logits.empty()) return;
     const auto ids = parse_tokens(a.tokens, c.vocab, c.seq);
     train::Wanted w;
-    if constexpr (requires { { c.tied } -> std::convertible_to<bool>; }) w.tied = c.tied;
+    if constexpr (requires {
+                    { c.tied } -> std::convertible_to<bool>;
+                  })
+      w.tied = c.tied;
     const auto logits = [&]<class V>() {
       if constexpr (!V::context_parallel)  // the sequence whole, on one rank
-        if (w.is<V>()) write_logits<train::model_t<train::Bound<F, V>, float, false, Host>>(a.checkpoint, a.logits, ids, c);
+        if (w.is<V>())
+          write_logits<train::model_t<train::Bound<F, V>, float, false, Host>>(a.checkpoint, a.logits, ids, c);
     };
     [&]<class... V>(train::List<V...>) { (logits.template operator()<V>(), ...); }(train::variants_t<F>{});
   }
@@ -149,11 +156,15 @@ int main(int argc, char** argv) {
   Asked a;
   std::string dtype;
   std::uint64_t max_shard_bytes = 0;
-  app.add_option("--checkpoint", a.checkpoint, "a checkpoint: a step directory, or a directory with latest")->required();
-  app.add_option("--out", a.out, "GPT-2: the safetensors file to write (config.json goes beside it); Llama: the directory")
+  app.add_option("--checkpoint", a.checkpoint, "a checkpoint: a step directory, or a directory with latest")
       ->required();
-  app.add_option("--dtype", dtype, "Llama: the weights' dtype, f32 or f64 (exact)")->check(CLI::IsMember({"f32", "f64"}));
-  app.add_option("--max-shard-bytes", max_shard_bytes, "Llama: the largest weights file; more are sharded (default 5 GB)")
+  app.add_option("--out", a.out,
+                 "GPT-2: the safetensors file to write (config.json goes beside it); Llama: the directory")
+      ->required();
+  app.add_option("--dtype", dtype, "Llama: the weights' dtype, f32 or f64 (exact)")
+      ->check(CLI::IsMember({"f32", "f64"}));
+  app.add_option("--max-shard-bytes", max_shard_bytes,
+                 "Llama: the largest weights file; more are sharded (default 5 GB)")
       ->check(examples::at_least(1));
   app.add_option("--tokens", a.tokens, "comma-separated token ids to compute logits for");
   app.add_option("--logits", a.logits, "where to write the logits of --tokens (f32, tokens x vocab)");
@@ -165,7 +176,8 @@ int main(int argc, char** argv) {
       throw Error("weft-export", "--tokens without --logits, or --logits without --tokens", "give both, or neither");
     const checkpoint::Reader r(a.checkpoint);
     if (!a.logits.empty())  // refused before anything is written
-      checkpoint::refuse_inside(std::filesystem::path(a.logits).parent_path().string(), a.checkpoint, cat("weft-export --logits ", a.logits));
+      checkpoint::refuse_inside(std::filesystem::path(a.logits).parent_path().string(), a.checkpoint,
+                                cat("weft-export --logits ", a.logits));
     const std::string family = family_of(r.manifest());
     const auto exported = [&]<class F>() {
       export_as<F>(r, a);
@@ -177,7 +189,9 @@ int main(int argc, char** argv) {
       if (known) train::with_family(families, family, "weft-export", exported);
     }(weft_units::families{});
     if (!known)
-      throw Error("weft-export", cat("the checkpoint ", r.dir(), " holds a model of the family '", family, "', which has no Hugging Face export here"),
+      throw Error("weft-export",
+                  cat("the checkpoint ", r.dir(), " holds a model of the family '", family,
+                      "', which has no Hugging Face export here"),
                   "export it with a weft-export built with its family (examples/CMakeLists.txt, WEFT_FAMILIES)");
   } catch (const Error& e) {
     std::fprintf(stderr, "%s\n", e.what());

@@ -25,7 +25,8 @@ TEST_CASE("asynchronous saves equal synchronous ones and leave training unchange
   CHECK(kept[1].first == 8);
   CHECK(checkpoint::Reader(async_dir).manifest().step == 8);
   // The step-6 checkpoint written beside steps 7 and 8 resumes to the same end.
-  const auto resumed = ckpt_run<float, optim::Zero2>({.data = 2, .tensor = 2}, RunPlan::resumed(async_dir + "/step_00000006", "", 8));
+  const auto resumed =
+      ckpt_run<float, optim::Zero2>({.data = 2, .tensor = 2}, RunPlan::resumed(async_dir + "/step_00000006", "", 8));
   REQUIRE(resumed.size() == 2);
   CHECK(resumed[0] == plain[6]);
   CHECK(resumed[1] == plain[7]);

@@ -40,7 +40,9 @@ nlohmann::json read_manifest(const std::string& root) {
   std::ifstream in(step_dir(root) + "/manifest.json");
   return nlohmann::json::parse(in);
 }
-void write_manifest(const std::string& root, const nlohmann::json& j) { std::ofstream(step_dir(root) + "/manifest.json") << j.dump(1); }
+void write_manifest(const std::string& root, const nlohmann::json& j) {
+  std::ofstream(step_dir(root) + "/manifest.json") << j.dump(1);
+}
 void write_text(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::trunc) << text; }
 
 void flip_byte(const std::string& path, std::uint64_t at) {
@@ -59,9 +61,7 @@ void refused(const std::string& root, const std::string& expect, const std::stri
   try {
     const checkpoint::Reader r(root);
     if (!tensor.empty()) (void)r.read<float>(tensor);
-  } catch (const Error& e) {
-    got = e.what();
-  }
+  } catch (const Error& e) { got = e.what(); }
   CAPTURE(got);
   CHECK(got.find(expect) != std::string::npos);
 }
@@ -136,34 +136,56 @@ TEST_CASE("corrupt manifests are refused, each with its message") {
   // A float where an integer belongs would convert out of range (undefined behaviour the manifest
   // fuzzer found, f844497): refused, in a scalar field and in a list of them.
   manifest_refused("float_step", [](auto& j) { j["step"] = 7.7e43; }, "has 7.7e+43 where an integer belongs");
-  manifest_refused("float_dim", [](auto& j) { j["tensors"].begin().value()["global"][0] = 7.7e43; },
-                   "has 7.7e+43 where an integer belongs");
+  manifest_refused(
+      "float_dim", [](auto& j) { j["tensors"].begin().value()["global"][0] = 7.7e43; },
+      "has 7.7e+43 where an integer belongs");
   manifest_refused("mesh", [](auto& j) { j["mesh"]["tensor"] = 0; }, "each must be >= 1");
   manifest_refused("policy", [](auto& j) { j["policy"] = "scattered"; }, "has policy \"scattered\"");
   manifest_refused("xxh3", [](auto& j) { j["files"][0]["xxh3"] = "xyz"; }, "has a malformed xxh3 \"xyz\"");
-  manifest_refused("traversal", [](auto& j) { j["files"][0]["name"] = "../rank_00000.safetensors"; }, "outside its directory");
-  manifest_refused("file_twice", [](auto& j) { j["files"].push_back(j["files"][0]); }, "lists the file rank_00000.safetensors twice");
-  manifest_refused("dtype", [](auto& j) { j["tensors"]["param/wpe"]["dtype"] = "F8"; }, "tensor param/wpe has dtype \"F8\"");
-  manifest_refused("rank0", [](auto& j) { j["tensors"]["param/wpe"]["global"] = nlohmann::json::array(); },
-                   "tensor param/wpe has a global shape [] of no, too many or too large dims");
-  manifest_refused("overflow", [](auto& j) { j["tensors"]["param/wpe"]["global"] = {std::int64_t{1} << 40, std::int64_t{1} << 40}; },
-                   "of no, too many or too large dims");
-  manifest_refused("logical", [](auto& j) { j["tensors"]["param/wte"]["logical"] = {40, 32}; }, "has a logical shape [40,32] outside its global shape");
-  manifest_refused("box", [](auto& j) { j["tensors"]["param/wte"]["pieces"][0]["box_offset"] = {31, 0}; }, "leaves the global shape");
-  manifest_refused("range", [](auto& j) { j["tensors"]["param/wpe"]["pieces"][0]["count"] = 100000; }, "outside its box of");
-  manifest_refused("unlisted", [](auto& j) { j["tensors"]["param/wpe"]["pieces"][0]["file"] = "rank_00009.safetensors"; },
-                   "which is not among the files");
+  manifest_refused(
+      "traversal", [](auto& j) { j["files"][0]["name"] = "../rank_00000.safetensors"; }, "outside its directory");
+  manifest_refused(
+      "file_twice", [](auto& j) { j["files"].push_back(j["files"][0]); },
+      "lists the file rank_00000.safetensors twice");
+  manifest_refused(
+      "dtype", [](auto& j) { j["tensors"]["param/wpe"]["dtype"] = "F8"; }, "tensor param/wpe has dtype \"F8\"");
+  manifest_refused(
+      "rank0", [](auto& j) { j["tensors"]["param/wpe"]["global"] = nlohmann::json::array(); },
+      "tensor param/wpe has a global shape [] of no, too many or too large dims");
+  manifest_refused(
+      "overflow", [](auto& j) { j["tensors"]["param/wpe"]["global"] = {std::int64_t{1} << 40, std::int64_t{1} << 40}; },
+      "of no, too many or too large dims");
+  manifest_refused(
+      "logical", [](auto& j) { j["tensors"]["param/wte"]["logical"] = {40, 32}; },
+      "has a logical shape [40,32] outside its global shape");
+  manifest_refused(
+      "box", [](auto& j) { j["tensors"]["param/wte"]["pieces"][0]["box_offset"] = {31, 0}; },
+      "leaves the global shape");
+  manifest_refused(
+      "range", [](auto& j) { j["tensors"]["param/wpe"]["pieces"][0]["count"] = 100000; }, "outside its box of");
+  manifest_refused(
+      "unlisted", [](auto& j) { j["tensors"]["param/wpe"]["pieces"][0]["file"] = "rank_00009.safetensors"; },
+      "which is not among the files");
   // A piece dropped, or listed twice, or a tensor dropped: the file records what the manifest lacks
   // (or not what it adds), so the file check refuses it before coverage would.
-  manifest_refused("missing_piece", [](auto& j) { j["tensors"]["param/wte"]["pieces"].erase(0); }, "rank_00000.safetensors): the file records ");
-  manifest_refused("missing_piece", [](auto& j) { j["tensors"]["param/wte"]["pieces"].erase(0); }, "pieces; the manifest places ");
-  manifest_refused("twice", [](auto& j) { j["tensors"]["param/wpe"]["pieces"].push_back(j["tensors"]["param/wpe"]["pieces"][0]); },
-                   "pieces; the manifest places ");
-  manifest_refused("no_tensor", [](auto& j) { j["tensors"].erase("param/wpe"); }, "pieces; the manifest places ", "param/wpe");
-  manifest_refused("key", [](auto& j) { j["tensors"]["param/wpe"]["pieces"][0]["key"] = "param/elsewhere"; },
-                   "the manifest places a piece of param/wpe under the key param/elsewhere, which the file does not record", "param/wpe");
-  manifest_refused("dtype_mismatch", [](auto& j) { j["tensors"]["param/wpe"]["dtype"] = "BF16"; },
-                   "the manifest's piece of param/wpe under the key param/wpe differs from the file's record of it in its dtype", "param/wpe");
+  manifest_refused(
+      "missing_piece", [](auto& j) { j["tensors"]["param/wte"]["pieces"].erase(0); },
+      "rank_00000.safetensors): the file records ");
+  manifest_refused(
+      "missing_piece", [](auto& j) { j["tensors"]["param/wte"]["pieces"].erase(0); }, "pieces; the manifest places ");
+  manifest_refused(
+      "twice", [](auto& j) { j["tensors"]["param/wpe"]["pieces"].push_back(j["tensors"]["param/wpe"]["pieces"][0]); },
+      "pieces; the manifest places ");
+  manifest_refused(
+      "no_tensor", [](auto& j) { j["tensors"].erase("param/wpe"); }, "pieces; the manifest places ", "param/wpe");
+  manifest_refused(
+      "key", [](auto& j) { j["tensors"]["param/wpe"]["pieces"][0]["key"] = "param/elsewhere"; },
+      "the manifest places a piece of param/wpe under the key param/elsewhere, which the file does not record",
+      "param/wpe");
+  manifest_refused(
+      "dtype_mismatch", [](auto& j) { j["tensors"]["param/wpe"]["dtype"] = "BF16"; },
+      "the manifest's piece of param/wpe under the key param/wpe differs from the file's record of it in its dtype",
+      "param/wpe");
 }
 
 TEST_CASE("coverage: a tensor's pieces cover it exactly once (checked after the files)") {
@@ -176,15 +198,16 @@ TEST_CASE("coverage: a tensor's pieces cover it exactly once (checked after the 
     std::string got;
     try {
       checkpoint::check_coverage(m, "edited");
-    } catch (const Error& e) {
-      got = e.what();
-    }
+    } catch (const Error& e) { got = e.what(); }
     CAPTURE(got);
     CHECK(got.find(expect) != std::string::npos);
   };
-  check([](checkpoint::Manifest& m) { m.tensors["param/wte"].pieces.erase(m.tensors["param/wte"].pieces.begin()); }, "tensor param/wte: elements [");
-  check([](checkpoint::Manifest& m) { m.tensors["param/wte"].pieces.erase(m.tensors["param/wte"].pieces.begin()); }, "are in no piece");
-  check([](checkpoint::Manifest& m) { m.tensors["param/wpe"].pieces.push_back(m.tensors["param/wpe"].pieces[0]); }, "are held by two pieces");
+  check([](checkpoint::Manifest& m) { m.tensors["param/wte"].pieces.erase(m.tensors["param/wte"].pieces.begin()); },
+        "tensor param/wte: elements [");
+  check([](checkpoint::Manifest& m) { m.tensors["param/wte"].pieces.erase(m.tensors["param/wte"].pieces.begin()); },
+        "are in no piece");
+  check([](checkpoint::Manifest& m) { m.tensors["param/wpe"].pieces.push_back(m.tensors["param/wpe"].pieces[0]); },
+        "are held by two pieces");
   checkpoint::check_coverage(checkpoint::parse(text, "valid"), "valid");  // and the valid one passes
 }
 
@@ -218,9 +241,7 @@ TEST_CASE("a checkpoint of other sizes is refused when loaded into a model, nami
     std::string got;
     try {
       ckpt_run<float, optim::Zero1>({.data = 2, .tensor = 2}, RunPlan::resumed(d, "", 2), c);
-    } catch (const Error& e) {
-      got = e.what();
-    }
+    } catch (const Error& e) { got = e.what(); }
     fs::remove_all(d);
     return got;
   };
@@ -239,37 +260,57 @@ TEST_CASE("a checkpoint of other sizes is refused when loaded into a model, nami
 TEST_CASE("a manifest that places pieces differently from their files is refused") {
   // The pieces of two tensors of one shape swapped (each file's records say otherwise): loaded as
   // is, h0.ln1's weight would get its bias's values.
-  manifest_refused("swapped", [](auto& j) {
-    std::swap(j["tensors"]["param/h0.ln1.weight"]["pieces"], j["tensors"]["param/h0.ln1.bias"]["pieces"]);
-  }, "differs from the file's record of it in its tensor (the file records a piece of param/h0.ln1.");
-  manifest_refused("moved_box", [](nlohmann::json& j) {
-    // wte (30, 32) is Shard<0> over tensor 2: a piece's box starts at row 0 or 15.
-    auto& offset = j["tensors"]["param/wte"]["pieces"][0]["box_offset"];
-    offset[0] = offset[0].get<std::int64_t>() == 0 ? 15 : 0;
-  }, "differs from the file's record of it in its box offset");
-  manifest_refused("unlisted_piece", [](auto& j) {
-    // One piece dropped, and another stretched to keep the coverage whole: still not the file's.
-    auto& p = j["tensors"]["param/wpe"]["pieces"];
-    p.erase(p.size() - 1);
-  }, "pieces; the manifest places");
+  manifest_refused(
+      "swapped",
+      [](auto& j) {
+        std::swap(j["tensors"]["param/h0.ln1.weight"]["pieces"], j["tensors"]["param/h0.ln1.bias"]["pieces"]);
+      },
+      "differs from the file's record of it in its tensor (the file records a piece of param/h0.ln1.");
+  manifest_refused(
+      "moved_box",
+      [](nlohmann::json& j) {
+        // wte (30, 32) is Shard<0> over tensor 2: a piece's box starts at row 0 or 15.
+        auto& offset = j["tensors"]["param/wte"]["pieces"][0]["box_offset"];
+        offset[0] = offset[0].get<std::int64_t>() == 0 ? 15 : 0;
+      },
+      "differs from the file's record of it in its box offset");
+  manifest_refused(
+      "unlisted_piece",
+      [](auto& j) {
+        // One piece dropped, and another stretched to keep the coverage whole: still not the file's.
+        auto& p = j["tensors"]["param/wpe"]["pieces"];
+        p.erase(p.size() - 1);
+      },
+      "pieces; the manifest places");
 }
 
 TEST_CASE("run and optimizer fields out of range are refused") {
-  manifest_refused("run_step_negative", [](auto& j) { j["run"]["step"] = -1; }, "has run.step -1; expected an integer in [0, 9007199254740992]");
+  manifest_refused(
+      "run_step_negative", [](auto& j) { j["run"]["step"] = -1; },
+      "has run.step -1; expected an integer in [0, 9007199254740992]");
   manifest_refused("run_step_other", [](auto& j) { j["run"]["step"] = 7; }, "has run.step 7 but step 1");
-  manifest_refused("step_huge", [](auto& j) { j["step"] = std::int64_t{1} << 60; }, "has step 1152921504606846976; expected an integer in [0, ");
+  manifest_refused(
+      "step_huge", [](auto& j) { j["step"] = std::int64_t{1} << 60; },
+      "has step 1152921504606846976; expected an integer in [0, ");
   manifest_refused("steps_negative", [](auto& j) { j["optimizer"]["steps"] = -3; }, "has optimizer.steps -3");
-  manifest_refused("skipped_over", [](auto& j) { j["optimizer"]["skipped"] = 2; }, "has optimizer.skipped 2; expected an integer in [0, 1]");
-  manifest_refused("position_negative", [](auto& j) { j["run"]["loader_position"] = -1; }, "has run.loader_position -1");
+  manifest_refused(
+      "skipped_over", [](auto& j) { j["optimizer"]["skipped"] = 2; },
+      "has optimizer.skipped 2; expected an integer in [0, 1]");
+  manifest_refused(
+      "position_negative", [](auto& j) { j["run"]["loader_position"] = -1; }, "has run.loader_position -1");
   manifest_refused("position_float", [](auto& j) { j["run"]["loader_position"] = 1.5; }, "has run.loader_position 1.5");
-  manifest_refused("seed_negative", [](auto& j) { j["run"]["seed"] = -11; }, "has run.seed -11; expected an integer in [0, 2^64)");
+  manifest_refused(
+      "seed_negative", [](auto& j) { j["run"]["seed"] = -11; }, "has run.seed -11; expected an integer in [0, 2^64)");
   manifest_refused("no_rule", [](auto& j) { j["optimizer"].erase("rule"); }, "has a missing or mistyped field");
   // A manifest of another step in a directory named for step 1 (a copy renamed by hand, say).
-  manifest_refused("other_step", [](auto& j) {
-    j["step"] = 4;
-    j["run"]["step"] = 4;
-    j["optimizer"]["steps"] = 4;
-  }, "step_00000001): is named for step 1 but holds the manifest of step 4");
+  manifest_refused(
+      "other_step",
+      [](auto& j) {
+        j["step"] = 4;
+        j["run"]["step"] = 4;
+        j["optimizer"]["steps"] = 4;
+      },
+      "step_00000001): is named for step 1 but holds the manifest of step 4");
 }
 
 TEST_CASE("hostile manifests are refused before they are parsed: nesting, size, a FIFO, links") {
@@ -317,7 +358,8 @@ TEST_CASE("hostile manifests are refused before they are parsed: nesting, size, 
   SUBCASE("100,000 files listed that do not exist: refused in time linear in the manifest") {
     const std::string d = copy_of_valid("many_files");
     auto j = read_manifest(d);
-    for (int i = 0; i < 100000; ++i) j["files"].push_back({{"name", cat("extra_", i)}, {"bytes", 8}, {"xxh3", "0000000000000000"}});
+    for (int i = 0; i < 100000; ++i)
+      j["files"].push_back({{"name", cat("extra_", i)}, {"bytes", 8}, {"xxh3", "0000000000000000"}});
     write_manifest(d, j);
     const auto t0 = std::chrono::steady_clock::now();
     refused(d, "extra_0): is missing");
@@ -340,9 +382,7 @@ TEST_CASE("ranks that load different checkpoints are refused on every rank") {
     std::string got;
     try {
       checkpoint::load(world.rank() == 0 ? a : b, gpt, dp, mesh);
-    } catch (const Error& e) {
-      got = e.what();
-    }
+    } catch (const Error& e) { got = e.what(); }
     std::lock_guard lock(mu);
     messages.push_back(got);
   });

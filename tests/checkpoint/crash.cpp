@@ -11,10 +11,10 @@
 //   - a new run resumes from latest and saves step 4 again, over whatever the kill left.
 #include <doctest/doctest.h>
 
+#include <sys/wait.h>
 #include <atomic>
 #include <csignal>
 #include <set>
-#include <sys/wait.h>
 
 #include "checkpoint/support.hpp"
 
@@ -44,7 +44,8 @@ void resume_and_save(const std::string& root) {
 
 }  // namespace
 
-TEST_CASE("a save killed at every kind of durable step leaves the previous checkpoint usable and the partial one refused") {
+TEST_CASE(
+    "a save killed at every kind of durable step leaves the previous checkpoint usable and the partial one refused") {
   const std::string base = scratch("crash_base");
   ckpt_run<float, optim::Zero2>({.data = 2}, RunPlan::fresh(base, 2));
 
@@ -56,8 +57,8 @@ TEST_CASE("a save killed at every kind of durable step leaves the previous check
   checkpoint::set_point_hook(nullptr);
   const int total = g_points.load();
   const std::vector<std::string> names = g_names;  // names[k - 1]: the k-th durable step
-  MESSAGE(cat("one save has ", total, " durable steps: ", join(std::vector<std::string>(names.end() - 14, names.end()), ", "),
-              " at its end"));
+  MESSAGE(cat("one save has ", total,
+              " durable steps: ", join(std::vector<std::string>(names.end() - 14, names.end()), ", "), " at its end"));
   // The protocol's end, in order: the directory made durable and renamed, the manifest, latest, the
   // pruning of step 2 (a rename out of the checkpoints' names, then its files).
   REQUIRE(total >= 14);
@@ -97,9 +98,7 @@ TEST_CASE("a save killed at every kind of durable step leaves the previous check
       checkpoint::set_point_hook(kill_at_point);
       try {
         resume_and_save(root);
-      } catch (...) {
-        ::_exit(3);
-      }
+      } catch (...) { ::_exit(3); }
       ::_exit(0);
     }
     int status = 0;
@@ -125,9 +124,7 @@ TEST_CASE("a save killed at every kind of durable step leaves the previous check
       std::string got;
       try {
         checkpoint::Reader r(partial);
-      } catch (const Error& e) {
-        got = e.what();
-      }
+      } catch (const Error& e) { got = e.what(); }
       CAPTURE(partial);
       CHECK(got.find(partial.ends_with(".tmp") ? "is an unfinished save (a .tmp directory)"
                                                : "has no manifest.json and no latest pointer") != std::string::npos);
@@ -139,7 +136,8 @@ TEST_CASE("a save killed at every kind of durable step leaves the previous check
     CHECK(!fs::exists(root + "/step_00000004.tmp"));
     fs::remove_all(root);
   }
-  MESSAGE(cat(kills.size(), " kills; latest had moved to step 4 after ", latest_moved, " of them (kills while pruning)"));
+  MESSAGE(
+      cat(kills.size(), " kills; latest had moved to step 4 after ", latest_moved, " of them (kills while pruning)"));
   CHECK(latest_moved == expect_moved);
   CHECK(latest_moved == 4);  // the kills at prune rename and its three removes
   // The kills before the directory's rename leave step_00000004.tmp: the refusal above ran.

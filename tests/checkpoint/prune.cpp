@@ -65,19 +65,20 @@ TEST_CASE("a failure on one rank is reported with its cause by every rank") {
   run_threads(4, [&](ThreadComm& world) {
     std::string e;
     try {
-      checkpoint::detail::agree(world, world.rank() == 2 ? "checkpoint(x): writing 8 bytes failed (No space left on device)" : "",
-                                "writing a checkpoint file", checkpoint::detail::kSaveUnchanged);
-    } catch (const Error& err) {
-      e = err.what();
-    }
+      checkpoint::detail::agree(
+          world, world.rank() == 2 ? "checkpoint(x): writing 8 bytes failed (No space left on device)" : "",
+          "writing a checkpoint file", checkpoint::detail::kSaveUnchanged);
+    } catch (const Error& err) { e = err.what(); }
     std::lock_guard lock(mu);
     got.push_back(e);
   });
   REQUIRE(got.size() == 4);
   for (const std::string& e : got) {
     CAPTURE(e);  // before: "failed on rank 2; see rank 2's error" on ranks 0, 1 and 3
-    CHECK(e == "checkpoint: writing a checkpoint file failed on world rank 2: checkpoint(x): writing 8 bytes failed (No space "
-               "left on device); the previous checkpoint is unchanged");
+    CHECK(
+        e ==
+        "checkpoint: writing a checkpoint file failed on world rank 2: checkpoint(x): writing 8 bytes failed (No space "
+        "left on device); the previous checkpoint is unchanged");
   }
 
   // In a save: rank 0 alone cannot move latest (latest.tmp is a directory); whichever rank's error
@@ -87,12 +88,10 @@ TEST_CASE("a failure on one rank is reported with its cause by every rank") {
   std::string e;
   try {
     ckpt_run<float, optim::Ddp>({.data = 2, .tensor = 2}, RunPlan::fresh(root, 1));
-  } catch (const Error& err) {
-    e = err.what();
-  }
+  } catch (const Error& err) { e = err.what(); }
   CAPTURE(e);
-  CHECK(e.find("publishing the checkpoint failed on world rank 0: checkpoint(" + root + "/latest.tmp): cannot open (Is a directory)") !=
-        std::string::npos);
+  CHECK(e.find("publishing the checkpoint failed on world rank 0: checkpoint(" + root +
+               "/latest.tmp): cannot open (Is a directory)") != std::string::npos);
   fs::remove_all(root);
 }
 
@@ -109,9 +108,7 @@ TEST_CASE("one trainer per save directory: a second process is refused, naming t
       const checkpoint::DirectoryLock lock(root);
       char c = 1;
       if (::write(ready[1], &c, 1) != 1 || ::read(release[0], &c, 1) != 1) code = 2;
-    } catch (...) {
-      code = 3;
-    }
+    } catch (...) { code = 3; }
     ::_exit(code);
   }
   char c = 0;
@@ -119,19 +116,16 @@ TEST_CASE("one trainer per save directory: a second process is refused, naming t
   std::string refused;
   try {
     const checkpoint::DirectoryLock second{root};
-  } catch (const Error& err) {
-    refused = err.what();
-  }
-  CHECK(refused.find(cat("checkpoint(", root, "): is in use by another trainer (pid ", child, " on ")) != std::string::npos);
+  } catch (const Error& err) { refused = err.what(); }
+  CHECK(refused.find(cat("checkpoint(", root, "): is in use by another trainer (pid ", child, " on ")) !=
+        std::string::npos);
   // A Saver in this process is refused at its first save, with the holder named on every rank.
   std::string e;
   try {
     ckpt_run<float, optim::Ddp>({.data = 2}, RunPlan::fresh(root, 1));
-  } catch (const Error& err) {
-    e = err.what();
-  }
-  CHECK(e.find(cat("preparing the checkpoint directory failed on world rank 0: checkpoint(", root, "): is in use by another trainer (pid ",
-                   child)) != std::string::npos);
+  } catch (const Error& err) { e = err.what(); }
+  CHECK(e.find(cat("preparing the checkpoint directory failed on world rank 0: checkpoint(", root,
+                   "): is in use by another trainer (pid ", child)) != std::string::npos);
   CHECK(checkpoint::complete_checkpoints(root).empty());
   REQUIRE(::write(release[1], &c, 1) == 1);
   int status = 0;

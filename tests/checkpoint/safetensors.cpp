@@ -3,10 +3,10 @@
 // and the values), every truncation of a valid file, and random corruption of its header.
 #include <doctest/doctest.h>
 
+#include <unistd.h>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <unistd.h>
 
 #include "weft/checkpoint/safetensors.hpp"
 #include "weft/core/philox.hpp"
@@ -21,7 +21,8 @@ std::string temp(const std::string& name) {
 }
 
 // A file from raw parts: the header text (as given, length prefixed) and the data bytes.
-std::string raw(const std::string& name, const std::string& header, const std::string& data, std::uint64_t len_override = 0) {
+std::string raw(const std::string& name, const std::string& header, const std::string& data,
+                std::uint64_t len_override = 0) {
   const std::string path = temp(name);
   std::ofstream out(path, std::ios::binary);
   std::uint64_t n = len_override ? len_override : header.size();
@@ -34,9 +35,7 @@ void expect_error(const std::string& path, const std::string& message) {
   std::string what;
   try {
     (void)read_header(path);
-  } catch (const Error& e) {
-    what = e.what();
-  }
+  } catch (const Error& e) { what = e.what(); }
   CHECK_MESSAGE(what.find(message) != std::string::npos, "expected \"", message, "\", got \"", what, "\"");
   CHECK_MESSAGE(what.find(cat("safetensors(", path, ")")) == 0, what);
   std::filesystem::remove(path);
@@ -110,13 +109,20 @@ TEST_CASE("safetensors: every validation rule, each an Error naming the file and
   // message about a 100000-deep dtype did: the stack overflowed); brackets inside strings do not count.
   expect_error(raw("deep", std::string(100000, '[') + std::string(100000, ']'), ""),
                "header: nests JSON arrays and objects 9 or more deep, over the limit of 8");
-  expect_error(raw("deep_meta", "{\"__metadata__\": {\"a\": [[[[[[[[[1]]]]]]]]]}}", ""), "nests JSON arrays and objects 9 or more deep");
-  expect_error(raw("deep_dtype", "{\"x\": {\"dtype\": " + std::string(100000, '[') + std::string(100000, ']') + ", \"shape\": [], \"data_offsets\": [0, 0]}}", ""),
+  expect_error(raw("deep_meta", "{\"__metadata__\": {\"a\": [[[[[[[[[1]]]]]]]]]}}", ""),
                "nests JSON arrays and objects 9 or more deep");
-  CHECK(read_header(raw("brackets_in_strings", "{\"__metadata__\": {\"a\": \"[[[[[[[[[[[[[[[[\\\"[[[[[[[[\"}}", "")).metadata.at("a") ==
-        "[[[[[[[[[[[[[[[[\"[[[[[[[[");
-  expect_error(raw("dup", R"({"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"x":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", d8),
-               "the tensor name \"x\" appears twice");
+  expect_error(raw("deep_dtype",
+                   "{\"x\": {\"dtype\": " + std::string(100000, '[') + std::string(100000, ']') +
+                       ", \"shape\": [], \"data_offsets\": [0, 0]}}",
+                   ""),
+               "nests JSON arrays and objects 9 or more deep");
+  CHECK(read_header(raw("brackets_in_strings", "{\"__metadata__\": {\"a\": \"[[[[[[[[[[[[[[[[\\\"[[[[[[[[\"}}", ""))
+            .metadata.at("a") == "[[[[[[[[[[[[[[[[\"[[[[[[[[");
+  expect_error(
+      raw("dup",
+          R"({"x":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"x":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+          d8),
+      "the tensor name \"x\" appears twice");
   expect_error(raw("dtype", one("\"Q7\"", "[2]", "[0,8]"), d8), "has dtype \"Q7\"");
   expect_error(raw("rank", one("\"F32\"", "[1,1,1,1,1,1,1,1,1]", "[0,4]"), d8.substr(0, 4)), "at most 8 dims");
   expect_error(raw("neg", one("\"F32\"", "[-2]", "[0,8]"), d8), "a dim -2 that is not a non-negative integer");
@@ -124,18 +130,27 @@ TEST_CASE("safetensors: every validation rule, each an Error naming the file and
   expect_error(raw("mismatch", one("\"F32\"", "[3]", "[0,8]"), d8), "is 12 bytes but its data_offsets [0, 8] hold 8");
   expect_error(raw("offsets", one("\"F32\"", "[2]", "[0]"), d8), "data_offsets that are not two non-negative integers");
   expect_error(raw("reversed", one("\"F32\"", "[0]", "[8,0]"), d8), "data_offsets [8, 0]");
-  expect_error(raw("gap", one("\"F32\"", "[1]", "[4,8]"), d8), "starts at byte 4 of the data but the one before it ends at 0");
-  expect_error(raw("overlap", R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", d8),
-               "starts at byte 4 of the data but the one before it ends at 8");
-  expect_error(raw("trailing", one("\"F32\"", "[1]", "[0,4]"), d8), "ends at byte 4 but the file holds 8 bytes of data");
-  expect_error(raw("outside", one("\"F32\"", "[4]", "[0,16]"), d8), "ends at byte 16 but the file holds 8 bytes of data");
-  expect_error(raw("name", cat(R"({")", std::string(kMaxName + 1, 'n'), R"(":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})"), d8),
-               "a tensor name of 1025 bytes");
+  expect_error(raw("gap", one("\"F32\"", "[1]", "[4,8]"), d8),
+               "starts at byte 4 of the data but the one before it ends at 0");
+  expect_error(
+      raw("overlap",
+          R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+          d8),
+      "starts at byte 4 of the data but the one before it ends at 8");
+  expect_error(raw("trailing", one("\"F32\"", "[1]", "[0,4]"), d8),
+               "ends at byte 4 but the file holds 8 bytes of data");
+  expect_error(raw("outside", one("\"F32\"", "[4]", "[0,16]"), d8),
+               "ends at byte 16 but the file holds 8 bytes of data");
+  expect_error(
+      raw("name",
+          cat(R"({")", std::string(kMaxName + 1, 'n'), R"(":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})"), d8),
+      "a tensor name of 1025 bytes");
   expect_error(raw("meta", R"({"__metadata__":{"k":1}})", ""), "metadata \"k\" is not a string");
   expect_error(raw("fields", R"({"x":{"dtype":"F32"}})", ""), "lacks dtype, shape or data_offsets");
 }
 
-TEST_CASE("safetensors: every truncation of a valid file, and 2000 corrupted headers, give an Error or a valid header") {
+TEST_CASE(
+    "safetensors: every truncation of a valid file, and 2000 corrupted headers, give an Error or a valid header") {
   const std::vector<float> a(16, 1.0f);
   const std::vector<TensorData> ts{{"a", DType::f32, {4, 4}, a.data()}, {"b", DType::f32, {8}, a.data()}};
   const std::string path = temp("valid.safetensors");
@@ -151,9 +166,7 @@ TEST_CASE("safetensors: every truncation of a valid file, and 2000 corrupted hea
     std::ofstream(p, std::ios::binary | std::ios::trunc).write(bytes.data(), static_cast<std::streamsize>(len));
     try {
       (void)read_header(p);
-    } catch (const Error&) {
-      ++errors;
-    }
+    } catch (const Error&) { ++errors; }
     std::filesystem::remove(p);
   }
   CHECK(errors == static_cast<int>(bytes.size()));  // no truncation is a valid file
@@ -161,7 +174,7 @@ TEST_CASE("safetensors: every truncation of a valid file, and 2000 corrupted hea
   for (std::uint64_t k = 0; k < 2000; ++k) {
     std::string b = bytes;
     const auto r = weft::philox(17, 0, k);
-    const std::size_t at = r[0] % (bytes.size() - 8 * 4) ;  // the length prefix and the header
+    const std::size_t at = r[0] % (bytes.size() - 8 * 4);  // the length prefix and the header
     b[at] = static_cast<char>(r[1] & 0xff);
     const std::string p = temp("fuzz");
     std::ofstream(p, std::ios::binary | std::ios::trunc).write(b.data(), static_cast<std::streamsize>(b.size()));
@@ -171,12 +184,11 @@ TEST_CASE("safetensors: every truncation of a valid file, and 2000 corrupted hea
       std::uint64_t total = 0;
       for (const TensorInfo& t : h.tensors) total = std::max(total, t.end);
       CHECK(h.data_start + total == b.size());  // what validates is consistent with the file
-    } catch (const Error&) {
-      ++refused;
-    }
+    } catch (const Error&) { ++refused; }
     std::filesystem::remove(p);
   }
-  MESSAGE("corrupted headers: ", refused, " refused, ", valid, " still valid (the byte changed was in a name, the padding or the data)");
+  MESSAGE("corrupted headers: ", refused, " refused, ", valid,
+          " still valid (the byte changed was in a name, the padding or the data)");
   CHECK(refused + valid == 2000);
   CHECK(refused > 0);
   std::filesystem::remove(path);

@@ -4,20 +4,20 @@
 // warm-up and cosine decay over `total` steps, clipping at 1.
 #pragma once
 
+#include <unistd.h>
 #include <filesystem>
 #include <mutex>
 #include <string>
 #include <vector>
-#include <unistd.h>
 
 #include "nn/equivalence.hpp"
 #include "weft/checkpoint/checkpoint.hpp"
 #include "weft/data/loader.hpp"
 #include "weft/data/synthetic.hpp"
+#include "weft/models/gpt2/model.hpp"
 #include "weft/optim/data_parallel.hpp"
 #include "weft/optim/schedule.hpp"
 #include "weft/pipeline/executor.hpp"
-#include "weft/models/gpt2/model.hpp"
 #include "weft/pipeline/pipelined.hpp"
 
 namespace weft::test {
@@ -42,7 +42,7 @@ struct RunPlan {
   int until = 0, total = 20;
   bool load_optimizer = true;
   int keep = 0;
-  int save_every = 0;      // also save every N steps (0: at the end only)
+  int save_every = 0;       // also save every N steps (0: at the end only)
   bool async_save = false;  // with an asynchronous Saver, polled every step
   static RunPlan fresh(std::string save, int until) { return {"", std::move(save), until, 20, true, 0, 0, false}; }
   static RunPlan resumed(std::string from, std::string save, int until) {
@@ -58,7 +58,8 @@ using Gpt2 = gpt2::Model<P, SP, recompute::None, Host>;
 // returns rank 0's losses of the steps it trained.
 template <class P, class S, bool SP = false, class Policy = checkpoint::Sharded, template <class, bool> class M = Gpt2,
           class Config = gpt2::Config>
-std::vector<double> ckpt_run(MeshDegrees m, const RunPlan& plan, const Config& c = ckpt_config(), std::int64_t batch = 8) {
+std::vector<double> ckpt_run(MeshDegrees m, const RunPlan& plan, const Config& c = ckpt_config(),
+                             std::int64_t batch = 8) {
   std::vector<double> losses;
   std::mutex mu;
   const data::MarkovSource corpus(c.vocab, 3);
@@ -81,7 +82,9 @@ std::vector<double> ckpt_run(MeshDegrees m, const RunPlan& plan, const Config& c
     if (m.pipe > 1) pp.emplace(gpt, pipeline::make_table(pipeline::Kind::one_f_one_b, m.pipe, 1, 1), part, mesh);
     std::optional<checkpoint::Saver<Policy>> saver;
     if (!plan.save.empty()) saver.emplace(plan.save, checkpoint::SaveOptions{.keep = plan.keep}, plan.async_save);
-    auto state = [&] { return checkpoint::RunState{.step = step, .loader_position = loader.position(), .seed = c.seed}; };
+    auto state = [&] {
+      return checkpoint::RunState{.step = step, .loader_position = loader.position(), .seed = c.seed};
+    };
     std::vector<std::int32_t> x, y;
     for (; step < plan.until; ++step) {
       loader.next(x, y);

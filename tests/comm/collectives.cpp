@@ -152,7 +152,8 @@ TEST_CASE_TEMPLATE("all_reduce of slices of several chunks (each rank passes on 
         for (std::int64_t i = 0; i < count; ++i) buf[static_cast<std::size_t>(i)] = value<T>(c.rank(), i, 99);
         c.all_reduce(std::span<T>(buf), op);
         for (std::int64_t i = 0; i < count; ++i)
-          wrong[static_cast<std::size_t>(c.rank())] += !same(buf[static_cast<std::size_t>(i)], reference<T>(n, i, 99, op));
+          wrong[static_cast<std::size_t>(c.rank())] +=
+              !same(buf[static_cast<std::size_t>(i)], reference<T>(n, i, 99, op));
       }
     });
     CHECK_MESSAGE(wrong == std::vector<int>(static_cast<std::size_t>(n), 0), n, " ranks");
@@ -179,8 +180,8 @@ TEST_CASE("reductions are bitwise identical across ranks and runs (fixed rank or
     run_threads(6, [&](ThreadComm& c) {
       std::vector<float> v(1001);
       for (std::size_t i = 0; i < v.size(); ++i)
-        v[i] = static_cast<float>(normal(9, static_cast<std::uint64_t>(c.rank()), i) *
-                                  std::pow(10.0, (c.rank() * 3) % 7));
+        v[i] =
+            static_cast<float>(normal(9, static_cast<std::uint64_t>(c.rank()), i) * std::pow(10.0, (c.rank() * 3) % 7));
       c.all_reduce(std::span<float>(v));
       std::lock_guard lock(mu);
       runs.push_back(v);

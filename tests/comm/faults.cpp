@@ -38,12 +38,14 @@ TEST_CASE("a rank that throws: every other rank raises Error naming it the op an
       if (o.rank == 2) continue;
       CHECK(o.weft_error);
       CHECK_MESSAGE(o.message.find("all_reduce #3 on world{0,1,2,3}") != std::string::npos, o.message);
-      CHECK_MESSAGE(o.message.find("aborted because world rank 2 failed: boom in the forward pass") != std::string::npos,
-                    o.message);
+      CHECK_MESSAGE(
+          o.message.find("aborted because world rank 2 failed: boom in the forward pass") != std::string::npos,
+          o.message);
       CHECK(o.seconds < test::kSchedulingMargin);  // at once: the 60 s deadline is not waited for
     }
-    CHECK(top == "run_threads: world rank 2 failed: boom in the forward pass; fix the first failure; the other "
-                 "ranks stopped because of it");
+    CHECK(top ==
+          "run_threads: world rank 2 failed: boom in the forward pass; fix the first failure; the other "
+          "ranks stopped because of it");
   }
   MESSAGE("throw: slowest rank raised its Error after ", worst, " s");
 }
@@ -81,8 +83,8 @@ TEST_CASE("a rank that stalls past the deadline: every rank raises Error at the 
     shortest_wait = std::min(shortest_wait, longest);
     CHECK(top.find("run_threads: world rank 1 failed") == 0);
   }
-  MESSAGE("stall: waiting ranks raised their Error after ", earliest, " to ", worst, " s; the first to give up waited at least ",
-          shortest_wait, " s (deadline 0.2 s)");
+  MESSAGE("stall: waiting ranks raised their Error after ", earliest, " to ", worst,
+          " s; the first to give up waited at least ", shortest_wait, " s (deadline 0.2 s)");
 }
 
 TEST_CASE("a deadlock across ops and groups is reported at once not at the deadline") {

@@ -61,8 +61,8 @@ TEST_CASE("axis groups reduce independently") {
     mesh.tensor().all_reduce(std::span<std::int64_t>(t));
     mesh.data().all_reduce(std::span<std::int64_t>(d));
     const int base = mesh.coord().data * 3;
-    CHECK(t[0] == 3 * base + 3);                     // base + base+1 + base+2
-    CHECK(d[0] == 2 * mesh.coord().tensor + 3);      // t + (t + 3)
+    CHECK(t[0] == 3 * base + 3);                 // base + base+1 + base+2
+    CHECK(d[0] == 2 * mesh.coord().tensor + 3);  // t + (t + 3)
     CHECK(mesh.spread().tensor_degree == 3);
     CHECK(mesh.spread().data_index == mesh.coord().data);
   });
@@ -78,9 +78,10 @@ TEST_CASE("Mesh: context sits between pipe and tensor in the rank order, its gro
   CHECK(mesh_coord(s, 13).context == 0);
   CHECK(mesh_coord(s, 13).tensor == 1);
   CHECK_THROWS_WITH_AS(validate({.data = 2, .context = 3, .tensor = 2}, 8),
-                       doctest::Contains("data 2 x pipe 1 x context 3 x tensor 2 = 12 ranks, but the world has 8"), Error);
-  CHECK_THROWS_WITH_AS(validate({.context = 0}, 1), doctest::Contains("degrees data 1 x pipe 1 x context 0 x tensor 1 include one below 1"),
+                       doctest::Contains("data 2 x pipe 1 x context 3 x tensor 2 = 12 ranks, but the world has 8"),
                        Error);
+  CHECK_THROWS_WITH_AS(validate({.context = 0}, 1),
+                       doctest::Contains("degrees data 1 x pipe 1 x context 0 x tensor 1 include one below 1"), Error);
 
   std::mutex mu;
   std::vector<std::vector<int>> tensor(8), context(8), data(8), data_context(8);
@@ -122,6 +123,7 @@ TEST_CASE("Mesh: context sits between pipe and tensor in the rank order, its gro
     CHECK(mesh.context().size() == 1);
     CHECK(mesh.context().members() == std::vector<int>{w.rank()});
     CHECK(&mesh.data_context() == &mesh.data());
-    if (w.rank() == 3) CHECK(cat(mesh.tensor().name(), " ", mesh.data().name()) == "tensor[d1,p0]{2,3} data[p0,t1]{1,3}");
+    if (w.rank() == 3)
+      CHECK(cat(mesh.tensor().name(), " ", mesh.data().name()) == "tensor[d1,p0]{2,3} data[p0,t1]{1,3}");
   });
 }

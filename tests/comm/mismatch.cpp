@@ -66,4 +66,3 @@ TEST_CASE("mismatched collectives are reported on every rank before any data mov
                     o.message);
   }
 }
-

@@ -44,7 +44,8 @@ std::pair<std::vector<T>, std::vector<T>> reductions(C& c, std::size_t count, Re
 
 }  // namespace
 
-TEST_CASE_TEMPLATE("MPI reductions are bitwise those of the thread back end (rank-order sums)", T, float, double, bf16) {
+TEST_CASE_TEMPLATE("MPI reductions are bitwise those of the thread back end (rank-order sums)", T, float, double,
+                   bf16) {
   REQUIRE(test::processes() == 4);
   std::uint64_t salt = 100;
   for (const std::size_t count : {std::size_t{1}, std::size_t{5}, std::size_t{1001}, std::size_t{4099}}) {
@@ -94,14 +95,16 @@ TEST_CASE("MPI: a rank that stalls past the deadline is named on every process a
     CHECK(o.weft_error);
     CHECK(top.find("run_threads: world rank ") == 0);
     if (o.rank == 1) {  // the stalled rank learns of it when it wakes
-      CHECK_MESSAGE(o.message.find("gave up waiting for world rank 1 in all_reduce #2 on world{0,1,2,3} (deadline 300 ms)") !=
-                        std::string::npos,
-                    o.message);
+      CHECK_MESSAGE(
+          o.message.find("gave up waiting for world rank 1 in all_reduce #2 on world{0,1,2,3} (deadline 300 ms)") !=
+              std::string::npos,
+          o.message);
       continue;
     }
-    CHECK_MESSAGE(o.message.find("world rank 1 did not reach all_reduce #2 on world{0,1,2,3} within the 300 ms deadline") !=
-                      std::string::npos,
-                  o.message);
+    CHECK_MESSAGE(
+        o.message.find("world rank 1 did not reach all_reduce #2 on world{0,1,2,3} within the 300 ms deadline") !=
+            std::string::npos,
+        o.message);
     earliest = std::min(earliest, o.seconds);
     worst = std::max(worst, o.seconds);
     // The deadline, then a grace of min(deadline, 1 s) for the other ranks' notices (mpi/world.hpp).
@@ -134,8 +137,9 @@ TEST_CASE("MPI: a rank that throws: every other process raises Error naming it t
                   o.message);
     worst = std::max(worst, o.seconds);
     CHECK(o.seconds < test::kSchedulingMargin);  // at once: the 60 s deadline is not waited for
-    CHECK(top == "run_threads: world rank 2 failed: boom in the forward pass; fix the first failure; the other ranks "
-                 "stopped because of it");
+    CHECK(top ==
+          "run_threads: world rank 2 failed: boom in the forward pass; fix the first failure; the other ranks "
+          "stopped because of it");
   }
   if (!test::holds_rank(2)) MESSAGE("throw: this process raised its Error after at most ", worst, " s");
 }

@@ -25,7 +25,8 @@ using namespace weft;
 
 namespace {
 long long now_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
 }
 void say(const char* what) {
   std::fprintf(stderr, "mpi_faults: %s at %lld\n", what, now_ms());
@@ -52,13 +53,12 @@ int main(int argc, char** argv) {
         if (mode == "kill") ::raise(SIGKILL);
         if (mode == "stall") std::this_thread::sleep_for(10 * deadline);
       }
-      mesh.tensor().all_reduce(std::span<float>(act));            // a row-parallel layer
-      mesh.data().all_reduce(std::span<float>(grad));             // the gradients
+      mesh.tensor().all_reduce(std::span<float>(act));  // a row-parallel layer
+      mesh.data().all_reduce(std::span<float>(grad));   // the gradients
       std::vector<double> loss{1.0};
       if (step == 5 && world.rank() == bad && mode == "mismatch")
         world.all_gather(std::span<const float>(act.data(), 1), std::span<float>(out.data(), 4));
-      else
-        world.all_reduce(std::span<double>(loss));                // the logged loss
+      else world.all_reduce(std::span<double>(loss));  // the logged loss
     }
     if (world.rank() == 0) std::printf("mpi_faults: all steps ran\n");
     return session.finish(0);

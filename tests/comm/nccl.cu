@@ -10,7 +10,8 @@
 
 using namespace weft;
 
-TEST_CASE("NCCL communicator, world of one GPU: collectives on device and host buffers, split, and a mesh that trains") {
+TEST_CASE(
+    "NCCL communicator, world of one GPU: collectives on device and host buffers, split, and a mesh that trains") {
   Cuda& d = test::gpu();
   const ncclUniqueId id = nccl::unique_id();
   nccl::NcclComm world(d, 1, 0, id);
@@ -56,7 +57,8 @@ TEST_CASE("NCCL communicator, world of one GPU: collectives on device and host b
   CHECK(losses == threads);
 }
 
-TEST_CASE("NCCL: an operation that cannot complete (a send with no receive) ends at the deadline with an Error, not a hang") {
+TEST_CASE(
+    "NCCL: an operation that cannot complete (a send with no receive) ends at the deadline with an Error, not a hang") {
   Cuda& d = test::gpu();
   nccl::NcclComm world(d, 1, 0, nccl::unique_id(), std::chrono::milliseconds(2000));
   std::vector<float> h{1.0f};
@@ -73,8 +75,8 @@ TEST_CASE("NCCL: an operation that cannot complete (a send with no receive) ends
 TEST_CASE("NCCL bootstrap over the TCP store (env launcher, loopback): a world of one process sums on the GPU") {
   Cuda& d = test::gpu();
   CHECK(nccl::device_for(0) == 0);
-  nccl::NcclComm world = nccl::world_from_env(d, {.rank = 0, .world = 1, .local_rank = 0, .master_addr = "127.0.0.1",
-                                                  .master_port = 29617});
+  nccl::NcclComm world = nccl::world_from_env(
+      d, {.rank = 0, .world = 1, .local_rank = 0, .master_addr = "127.0.0.1", .master_port = 29617});
   REQUIRE(world.size() == 1);
   std::array<double, 2> v{1.25, -3.5};
   world.all_reduce(std::span<double>(v));

@@ -9,10 +9,10 @@
 
 #include "support/error.hpp"
 #include "support/layouts.hpp"
-#include "weft/comm/mesh.hpp"
 #include "support/ranks.hpp"
-#include "weft/device/host/host.hpp"
+#include "weft/comm/mesh.hpp"
 #include "weft/comm/redistribute.hpp"
+#include "weft/device/host/host.hpp"
 
 using namespace weft;
 using test::List;
@@ -198,7 +198,8 @@ TEST_CASE("redistribute runs exactly the collectives of its plan with the planne
             auto& w = want[st.axis == Axis::data ? 0 : 1];
             const auto op = static_cast<std::size_t>(op_of(st.collective));
             w.calls[op] += 1;
-            w.bytes[op] += static_cast<std::uint64_t>(st.collective == Collective::all_gather ? st.bytes_out : st.bytes_in);
+            w.bytes[op] +=
+                static_cast<std::uint64_t>(st.collective == Collective::all_gather ? st.bytes_out : st.bytes_in);
           }
           if (ran[0].calls != want[0].calls || ran[0].bytes != want[0].bytes || ran[1].calls != want[1].calls ||
               ran[1].bytes != want[1].bytes) {
@@ -227,8 +228,8 @@ TEST_CASE_TEMPLATE("redistribute moves f32 and bf16 tensors too", E, float, bf16
     const auto full = redistribute<Replicated>(x, mesh);
     for (std::int64_t i = 0; i < full.numel(); ++i) REQUIRE(static_cast<float>(full[i]) == static_cast<float>(i));
     // Every rank holds the full tensor as a Partial addend: the reduce-scatter sums 4 copies.
-    const auto p = Tensor<E, Layout<Partial, Partial>, Host>::view(host, const_cast<E*>(full.data()), {4, 6},
-                                                                  mesh.spread());
+    const auto p =
+        Tensor<E, Layout<Partial, Partial>, Host>::view(host, const_cast<E*>(full.data()), {4, 6}, mesh.spread());
     const auto s = redistribute<Layout<Shard<-1>, Shard<0>>>(p, mesh);
     for (std::int64_t i = 0; i < s.numel(); ++i)
       REQUIRE(static_cast<float>(s[i]) == 4.0f * static_cast<float>(s.global_index(i)));
@@ -241,11 +242,13 @@ TEST_CASE("redistribute refuses a tensor whose spread does not match the mesh's 
     Host h;
     // Cut for a tensor degree of 2, but the mesh's tensor group has 4 ranks: the all-gather would
     // assemble 4 shards of a tensor split in 2.
-    auto x = Tensor<double, TensorSharded<0>, Host>::zeros(h, {8, 2}, {.tensor_degree = 2, .tensor_index = world.rank() % 2});
-    CHECK_THROWS_WITH_AS(redistribute<Replicated>(x, mesh),
-                         "redistribute: the tensor's spread has tensor degree 2 but the mesh's tensor group has 4 ranks; "
-                         "build the tensor with the spread of the mesh it is redistributed on (mesh.spread())",
-                         Error);
+    auto x = Tensor<double, TensorSharded<0>, Host>::zeros(h, {8, 2},
+                                                           {.tensor_degree = 2, .tensor_index = world.rank() % 2});
+    CHECK_THROWS_WITH_AS(
+        redistribute<Replicated>(x, mesh),
+        "redistribute: the tensor's spread has tensor degree 2 but the mesh's tensor group has 4 ranks; "
+        "build the tensor with the spread of the mesh it is redistributed on (mesh.spread())",
+        Error);
   });
 }
 
@@ -267,7 +270,8 @@ TEST_CASE("redistribute over three axes: a tensor sharded over pipe and tensor g
   });
 }
 
-TEST_CASE("redistribute over the context axis: every pair of context and tensor placements gives the same global tensor") {
+TEST_CASE(
+    "redistribute over the context axis: every pair of context and tensor placements gives the same global tensor") {
   // Placements on context (dim 0, dim -1, Replicate, Partial) against the tensor and data axes;
   // StageLocal on pipe as ever.
   using SLoc = StageLocal;
@@ -303,7 +307,8 @@ TEST_CASE("redistribute over the context axis: every pair of context and tensor 
               if (st.axis == Axis::context && communicates(st.collective)) {
                 const auto op = static_cast<std::size_t>(op_of(st.collective));
                 want.calls[op] += 1;
-                want.bytes[op] += static_cast<std::uint64_t>(st.collective == Collective::all_gather ? st.bytes_out : st.bytes_in);
+                want.bytes[op] +=
+                    static_cast<std::uint64_t>(st.collective == Collective::all_gather ? st.bytes_out : st.bytes_in);
               }
             ok = ok && ran.calls == want.calls && ran.bytes == want.bytes;
             if (!ok) {

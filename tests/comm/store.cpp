@@ -75,11 +75,12 @@ TEST_CASE("TcpStore: four processes on the loopback address share an id and pass
 TEST_CASE("TcpStore: no rank 0 and a key nobody sets are Errors at the deadline naming the address and key") {
   const int port = free_port();
   const auto t0 = std::chrono::steady_clock::now();
-  CHECK_THROWS_WITH_AS(TcpStore({.rank = 1, .world = 2, .local_rank = 1, .master_addr = "127.0.0.1", .master_port = port}, 300ms),
-                       doctest::Contains(cat("could not connect to 127.0.0.1:", port, " within the 300 ms deadline").c_str()), Error);
+  CHECK_THROWS_WITH_AS(
+      TcpStore({.rank = 1, .world = 2, .local_rank = 1, .master_addr = "127.0.0.1", .master_port = port}, 300ms),
+      doctest::Contains(cat("could not connect to 127.0.0.1:", port, " within the 300 ms deadline").c_str()), Error);
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  CHECK(took >= 0.29);                            // it tried until the deadline...
-  CHECK(took < 0.3 + test::kSchedulingMargin);    // ...and gave up there (retries every 50 ms)
+  CHECK(took >= 0.29);                          // it tried until the deadline...
+  CHECK(took < 0.3 + test::kSchedulingMargin);  // ...and gave up there (retries every 50 ms)
   TcpStore zero({.rank = 0, .world = 2, .local_rank = 0, .master_addr = "127.0.0.1", .master_port = port}, 300ms);
   const auto t1 = std::chrono::steady_clock::now();
   CHECK_THROWS_WITH_AS(zero.get("never/set"),
@@ -107,15 +108,19 @@ TEST_CASE("env_ranks: RANK, WORLD_SIZE, LOCAL_RANK and MASTER_PORT are checked a
   CHECK(e.local_rank == 0);
   CHECK(e.master_port == 29511);
   for (const char* v : {"WORLD_SIZE", "RANK", "MASTER_PORT"}) ::unsetenv(v);
-  CHECK_THROWS_WITH_AS(env_ranks(), "launcher env: WORLD_SIZE is not set; set WORLD_SIZE (torchrun and srun scripts do)", Error);
-  CHECK_THROWS_WITH_AS(resolve_launcher("slurm"), "launcher: 'slurm' is not a launcher; use threads, mpi, env or auto", Error);
+  CHECK_THROWS_WITH_AS(env_ranks(),
+                       "launcher env: WORLD_SIZE is not set; set WORLD_SIZE (torchrun and srun scripts do)", Error);
+  CHECK_THROWS_WITH_AS(resolve_launcher("slurm"), "launcher: 'slurm' is not a launcher; use threads, mpi, env or auto",
+                       Error);
 }
 
 // "auto" under each launcher's variables, set here (the test's own environment put aside and
 // restored), against the rule comm/launch.hpp states: mpi when an MPI launcher started the
 // process, env when RANK and WORLD_SIZE are both set, threads otherwise.
-TEST_CASE("resolve_launcher: auto is mpi under each MPI launcher's variable, env with RANK and WORLD_SIZE, else threads") {
-  const std::vector<std::string> vars{"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS", "RANK", "WORLD_SIZE"};
+TEST_CASE(
+    "resolve_launcher: auto is mpi under each MPI launcher's variable, env with RANK and WORLD_SIZE, else threads") {
+  const std::vector<std::string> vars{"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK",
+                                      "MPI_LOCALNRANKS",      "RANK",     "WORLD_SIZE"};
   std::vector<std::pair<std::string, std::string>> saved;
   for (const auto& v : vars)
     if (const char* x = std::getenv(v.c_str())) saved.emplace_back(v, x);

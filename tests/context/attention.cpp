@@ -34,7 +34,8 @@ std::vector<T> rows_of(const std::vector<T>& full, const context::Chunks& ch, in
   std::vector<T> local(static_cast<std::size_t>(B * ch.local() * width));
   for (Index b = 0; b < B; ++b)
     for (Index t = 0; t < ch.local(); ++t)
-      std::copy_n(full.begin() + (b * ch.seq + ch.position(r, t)) * width, width, local.begin() + (b * ch.local() + t) * width);
+      std::copy_n(full.begin() + (b * ch.seq + ch.position(r, t)) * width, width,
+                  local.begin() + (b * ch.local() + t) * width);
   return local;
 }
 
@@ -46,7 +47,8 @@ double rel_rows(const std::vector<T>& got, const std::vector<T>& want, const con
   const std::vector<T> expected = rows_of(want, ch, r, B, width);
   double err = 0, scale = 0;
   for (const T& w : want) scale = std::max(scale, std::abs(static_cast<double>(w)));
-  for (std::size_t i = 0; i < got.size(); ++i) err = test::worse(err, std::abs(static_cast<double>(got[i]) - static_cast<double>(expected[i])));
+  for (std::size_t i = 0; i < got.size(); ++i)
+    err = test::worse(err, std::abs(static_cast<double>(got[i]) - static_cast<double>(expected[i])));
   return err / scale;
 }
 
@@ -79,7 +81,8 @@ void check(int c, Index H, Index g, double tolerance) {
     CHECK(out_err[static_cast<std::size_t>(r)] <= tolerance);
     CHECK(grad_err[static_cast<std::size_t>(r)] <= tolerance);
   }
-  MESSAGE(std::string(A::name), " context ", c, " g ", g, ": output ", *std::max_element(out_err.begin(), out_err.end()), ", dqkv ",
+  MESSAGE(std::string(A::name), " context ", c, " g ", g, ": output ",
+          *std::max_element(out_err.begin(), out_err.end()), ", dqkv ",
           *std::max_element(grad_err.begin(), grad_err.end()));
 }
 
@@ -148,13 +151,16 @@ TEST_CASE_TEMPLATE("context attention moves the bytes of its closed form", A, co
     std::vector<std::int64_t> forward(static_cast<std::size_t>(c)), backward(static_cast<std::size_t>(c));
     test::run_ranks(c, [&](test::World& world) {
       Counting counted{&world};
-      const auto x = random<double>(static_cast<std::size_t>(B * Tl * row), 20 + static_cast<std::uint64_t>(world.rank()));
-      const auto dy = random<double>(static_cast<std::size_t>(B * Tl * H * hd), 30 + static_cast<std::uint64_t>(world.rank()));
+      const auto x =
+          random<double>(static_cast<std::size_t>(B * Tl * row), 20 + static_cast<std::uint64_t>(world.rank()));
+      const auto dy =
+          random<double>(static_cast<std::size_t>(B * Tl * H * hd), 30 + static_cast<std::uint64_t>(world.rank()));
       std::vector<double> y(dy.size()), lse(static_cast<std::size_t>(B * H * Tl)), dx(x.size());
       A::forward(counted, ch, y.data(), lse.data(), x.data(), B, Tl, H, hd, g);
       forward[static_cast<std::size_t>(world.rank())] = counted.received;
       A::backward(counted, ch, dx.data(), dy.data(), y.data(), lse.data(), x.data(), B, Tl, H, hd, g);
-      backward[static_cast<std::size_t>(world.rank())] = counted.received - forward[static_cast<std::size_t>(world.rank())];
+      backward[static_cast<std::size_t>(world.rank())] =
+          counted.received - forward[static_cast<std::size_t>(world.rank())];
     });
     const std::int64_t gradients = std::same_as<A, context::Ring> ? c : c - 1;
     for (int r = 0; r < c; ++r) {
@@ -195,15 +201,25 @@ struct Recording {
   int size() const { return group->size(); }
   std::string name() const { return group->name(); }
   template <class T>
-  void all_reduce(std::span<T> buf, ReduceOp op) { group->all_reduce(buf, op); }
+  void all_reduce(std::span<T> buf, ReduceOp op) {
+    group->all_reduce(buf, op);
+  }
   template <class T>
-  void reduce_scatter(std::span<const T> in, std::span<T> out, ReduceOp op) { group->reduce_scatter(in, out, op); }
+  void reduce_scatter(std::span<const T> in, std::span<T> out, ReduceOp op) {
+    group->reduce_scatter(in, out, op);
+  }
   template <class T>
-  void all_gather(std::span<const T> in, std::span<T> out) { group->all_gather(in, out); }
+  void all_gather(std::span<const T> in, std::span<T> out) {
+    group->all_gather(in, out);
+  }
   template <class T>
-  void all_to_all(std::span<const T> in, std::span<T> out) { group->all_to_all(in, out); }
+  void all_to_all(std::span<const T> in, std::span<T> out) {
+    group->all_to_all(in, out);
+  }
   template <class T>
-  void broadcast(std::span<T> buf, int root) { group->broadcast(buf, root); }
+  void broadcast(std::span<T> buf, int root) {
+    group->broadcast(buf, root);
+  }
   template <class T>
   void send(std::span<const T> buf, int peer) {
     log->push_back("send");
@@ -255,14 +271,15 @@ struct weft::ops::ContextBlock<Traced> : ContextBlock<Host> {
     ContextBlock<Host>::forward(d, o, lse, qkv, kv, B, Tl, H, hd, g, qpos, kpos);
   }
   template <class T, class S>
-  static void backward(Traced& d, S* dq, S* dkv, const T* qkv, const T* kv, const T* dout, const S* D, const S* lse, index B,
-                       index Tl, index H, index hd, index g, Positions qpos, Positions kpos) {
+  static void backward(Traced& d, S* dq, S* dkv, const T* qkv, const T* kv, const T* dout, const S* D, const S* lse,
+                       index B, index Tl, index H, index hd, index g, Positions qpos, Positions kpos) {
     d.log->push_back("compute");
     ContextBlock<Host>::backward(d, dq, dkv, qkv, kv, dout, D, lse, B, Tl, H, hd, g, qpos, kpos);
   }
 };
 
-TEST_CASE("the ring posts each key-value block before the step computes on it, and passes the same bits with blocking calls") {
+TEST_CASE(
+    "the ring posts each key-value block before the step computes on it, and passes the same bits with blocking calls") {
   // Forward, each of the c - 1 steps that pass a block: post it, compute on it, receive the
   // neighbour's, wait for the post; then the last block. Backward, the gradient block is posted once
   // the step has added to it, and goes home after the last step.
@@ -335,21 +352,23 @@ TEST_CASE("context chunks: a permutation of the sequence, the same causal work o
   CHECK(ch.position(0, 4) == 12);
   CHECK(ch.position(1, 0) == 4);
   CHECK(ch.position(1, 7) == 11);
-  CHECK_THROWS_WITH_AS(context::Chunks::of(30, 4), doctest::Contains("a sequence of 30 tokens does not split into 2 x 4 = 8 equal chunks"),
-                       Error);
+  CHECK_THROWS_WITH_AS(context::Chunks::of(30, 4),
+                       doctest::Contains("a sequence of 30 tokens does not split into 2 x 4 = 8 equal chunks"), Error);
   CHECK_THROWS_WITH_AS(context::Chunks::of(16, 0), doctest::Contains("a context degree of 0"), Error);
   // Sequence parallelism inside: the tensor degree must divide a context rank's rows.
   CHECK_NOTHROW(context::require_tensor_split("Gpt", 16, 2, 4));
   CHECK_NOTHROW(context::require_tensor_split("Gpt", 12, 1, 5));  // no context axis: not this check's
-  CHECK_THROWS_WITH_AS(context::require_tensor_split("Gpt", 12, 2, 4),
-                       "Gpt: sequence parallelism inside context parallelism needs the tensor degree 4 to divide each context "
-                       "rank's 6 rows (a sequence of 12 over 2 context ranks); use a tensor degree that divides 6, such as 1, 2, 3, 6, "
-                       "or a longer sequence",
-                       Error);
+  CHECK_THROWS_WITH_AS(
+      context::require_tensor_split("Gpt", 12, 2, 4),
+      "Gpt: sequence parallelism inside context parallelism needs the tensor degree 4 to divide each context "
+      "rank's 6 rows (a sequence of 12 over 2 context ranks); use a tensor degree that divides 6, such as 1, 2, 3, 6, "
+      "or a longer sequence",
+      Error);
 }
 
-TEST_CASE_TEMPLATE("context attention equals one rank's in double (1e-12): ring and all-gather, context 2 and 4, grouped heads",
-                   A, context::Ring, context::AllGather) {
+TEST_CASE_TEMPLATE(
+    "context attention equals one rank's in double (1e-12): ring and all-gather, context 2 and 4, grouped heads", A,
+    context::Ring, context::AllGather) {
   // Double: the blocks' log-sum-exp merge and the one-rank softmax differ by rounding alone
   // (about 1e-16 per operation over 32 keys).
   for (int c : {2, 4})
@@ -370,17 +389,14 @@ TEST_CASE("context attention refuses chunks that do not match the group or the r
     std::vector<double> qkv(16 * 3 * 8), out(16 * 8), lse(16);
     try {  // chunks made for 4 ranks, used on 2
       context::Ring::forward(world, context::Chunks::of(16, 4), out.data(), lse.data(), qkv.data(), 1, 4, 1, 8);
-    } catch (const Error& e) {
-      wrong_degree[r] = e.what();
-    }
+    } catch (const Error& e) { wrong_degree[r] = e.what(); }
     try {  // 4 rows where T 16 over 2 ranks gives 8
       context::AllGather::forward(world, context::Chunks::of(16, 2), out.data(), lse.data(), qkv.data(), 1, 4, 1, 8);
-    } catch (const Error& e) {
-      wrong_rows[r] = e.what();
-    }
+    } catch (const Error& e) { wrong_rows[r] = e.what(); }
   });
   for (std::size_t r = 0; r < 2; ++r) {
-    CHECK(wrong_degree[r].find("context::Ring::forward: chunks of a context degree 4 on a communicator of 2 ranks") != std::string::npos);
+    CHECK(wrong_degree[r].find("context::Ring::forward: chunks of a context degree 4 on a communicator of 2 ranks") !=
+          std::string::npos);
     CHECK(wrong_rows[r].find("4 local rows where the chunks give each rank 8") != std::string::npos);
   }
 }

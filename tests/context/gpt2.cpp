@@ -60,8 +60,9 @@ void compare(const test::StepsRun& got, const test::StepsRun& ref, const std::st
 
 }  // namespace
 
-TEST_CASE("GPT-2 with the sequence over context 2 and 4, alone and beside tensor 2, data 2 or pipe 2, equals one rank "
-          "within 1e-12 in double: every loss, gradient and parameter (the learned positions included, SP inside CP)") {
+TEST_CASE(
+    "GPT-2 with the sequence over context 2 and 4, alone and beside tensor 2, data 2 or pipe 2, equals one rank "
+    "within 1e-12 in double: every loss, gradient and parameter (the learned positions included, SP inside CP)") {
   const auto ref = run<context::None>(1, 1, 1, 1);
   REQUIRE(ref.losses.size() == 3);
   CHECK(ref.losses[2] < ref.losses[0]);
@@ -70,7 +71,8 @@ TEST_CASE("GPT-2 with the sequence over context 2 and 4, alone and beside tensor
   compare(run<context::Ring>(1, 2, 1, 2), ref, "ring, context 2 x tensor 2");
   // Sequence parallelism inside context parallelism: each tensor rank adds the learned positions of
   // its slice of the context rank's rows (one chunk each here).
-  compare(run<context::AllGather, optim::Ddp, true>(1, 2, 1, 2), ref, "all-gather, context 2 x tensor 2 with sequence parallelism");
+  compare(run<context::AllGather, optim::Ddp, true>(1, 2, 1, 2), ref,
+          "all-gather, context 2 x tensor 2 with sequence parallelism");
   compare(run<context::Ring>(2, 1, 1, 2), ref, "ring, pipe 2 (1F1B) x context 2");
   compare(run<context::AllGather>(1, 1, 1, 4), ref, "all-gather, context 4");
   compare(run<context::AllGather>(1, 1, 2, 2), ref, "all-gather, data 2 x context 2, DDP");

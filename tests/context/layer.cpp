@@ -27,7 +27,8 @@ using Index = std::int64_t;
 namespace {
 
 // Llama's rotation with the llama3 scaling's three frequency bands all present at these positions.
-const ops::Rope kRope{.theta = 500, .factor = 4, .low_freq_factor = 1, .high_freq_factor = 4, .original_max_positions = 8};
+const ops::Rope kRope{
+    .theta = 500, .factor = 4, .low_freq_factor = 1, .high_freq_factor = 4, .original_max_positions = 8};
 constexpr Index kB = 2, kT = 16, kC = 32, kH = 4;
 
 // The rows of full (B, T, width) at context rank r's positions, into local (B, T/c, width).
@@ -36,18 +37,19 @@ void take_rows(Local& local, const std::vector<double>& full, const context::Chu
   for (Index b = 0; b < kB; ++b)
     for (Index t = 0; t < ch.local(); ++t)
       for (Index k = 0; k < width; ++k)
-        local[(b * ch.local() + t) * width + k] = full[static_cast<std::size_t>((b * ch.seq + ch.position(r, t)) * width + k)];
+        local[(b * ch.local() + t) * width + k] =
+            full[static_cast<std::size_t>((b * ch.seq + ch.position(r, t)) * width + k)];
 }
 
 // The largest difference of local (B, T/c, width) from full's rows at rank r's positions.
-double row_error(std::span<const double> local, const std::vector<double>& full, const context::Chunks& ch, int r, Index width,
-                 Index B = kB) {
+double row_error(std::span<const double> local, const std::vector<double>& full, const context::Chunks& ch, int r,
+                 Index width, Index B = kB) {
   double e = 0;
   for (Index b = 0; b < B; ++b)
     for (Index t = 0; t < ch.local(); ++t)
       for (Index k = 0; k < width; ++k)
         e = test::worse(e, std::abs(local[static_cast<std::size_t>((b * ch.local() + t) * width + k)] -
-                                 full[static_cast<std::size_t>((b * ch.seq + ch.position(r, t)) * width + k)]));
+                                    full[static_cast<std::size_t>((b * ch.seq + ch.position(r, t)) * width + k)]));
   return e;
 }
 
@@ -64,7 +66,11 @@ struct Reference {
 
 // The layer on one rank over the whole sequence.
 Reference reference(Index kv) {
-  Reference ref{test::normals(static_cast<std::size_t>(kB * kT * kC), 21), test::normals(static_cast<std::size_t>(kB * kT * kC), 22), {}, {}, {}};
+  Reference ref{test::normals(static_cast<std::size_t>(kB * kT * kC), 21),
+                test::normals(static_cast<std::size_t>(kB * kT * kC), 22),
+                {},
+                {},
+                {}};
   Host h;
   const Spread s{};
   nn::GroupedQueryAttention<double> attn(h, kC, kH, kv, kRope, s, 1, 3, 0.3, 0.3);
@@ -77,7 +83,9 @@ Reference reference(Index kv) {
   auto dx = attn.backward(ctx, dy);
   ref.y.assign(y.data(), y.data() + y.numel());
   ref.dx.assign(dx.data(), dx.data() + dx.numel());
-  attn.for_each_param("attn", [&](const std::string& n, auto& p) { ref.grads[n].assign(p.grad.data(), p.grad.data() + p.grad.numel()); });
+  attn.for_each_param("attn", [&](const std::string& n, auto& p) {
+    ref.grads[n].assign(p.grad.data(), p.grad.data() + p.grad.numel());
+  });
   return ref;
 }
 
@@ -158,21 +166,24 @@ void check_layer() {
     for (int c : {2, 4})
       for (int tp : {1, 2}) {
         const Errors e = context_parallel<Cx>(ref, kv, c, tp);
-        INFO(std::string(Cx::name), ", context ", c, " x tensor ", tp, ", ", kH, " heads over ", kv, " key-value heads");
+        INFO(std::string(Cx::name), ", context ", c, " x tensor ", tp, ", ", kH, " heads over ", kv,
+             " key-value heads");
         // 1e-12 of the largest element: double, the same sums in other orders (the log-sum-exp
         // merge of the blocks, the context group's sum of the weight gradients).
         CHECK(e.y <= 1e-12);
         CHECK(e.dx <= 1e-12);
         CHECK_MESSAGE(e.grad <= 1e-12, "worst parameter: ", e.worst_param);
-        MESSAGE(std::string(Cx::name), " context ", c, " tensor ", tp, " kv ", kv, ": y ", e.y, ", dx ", e.dx, ", gradients ", e.grad);
+        MESSAGE(std::string(Cx::name), " context ", c, " tensor ", tp, " kv ", kv, ": y ", e.y, ", dx ", e.dx,
+                ", gradients ", e.grad);
       }
   }
 }
 
 }  // namespace
 
-TEST_CASE("grouped-query attention with the sequence over context 2 and 4 (alone and beside tensor 2) equals one rank: "
-          "output, input gradient and every weight gradient within 1e-12 in double") {
+TEST_CASE(
+    "grouped-query attention with the sequence over context 2 and 4 (alone and beside tensor 2) equals one rank: "
+    "output, input gradient and every weight gradient within 1e-12 in double") {
   SUBCASE("ring") { check_layer<context::Ring>(); }
   SUBCASE("all-gather") { check_layer<context::AllGather>(); }
 }
@@ -181,14 +192,27 @@ namespace {
 
 // A Llama block (llama::Spec::make_layer: RMSNorm, grouped attention with rotary positions, the
 // SwiGLU MLP, both residuals) on one rank over the whole sequence, and with context parallelism.
-const llama::Config kLlama{.vocab = 33, .seq = kT, .layers = 1, .heads = 4, .kv_heads = 2, .width = kC, .hidden = 24,
-                           .rope = kRope, .norm_eps = 1e-5, .seed = 3, .init_std = 0.2};
+const llama::Config kLlama{.vocab = 33,
+                           .seq = kT,
+                           .layers = 1,
+                           .heads = 4,
+                           .kv_heads = 2,
+                           .width = kC,
+                           .hidden = 24,
+                           .rope = kRope,
+                           .norm_eps = 1e-5,
+                           .seed = 3,
+                           .init_std = 0.2};
 
 template <class Cx, class Recompute>
 using LlamaBlock = llama::Spec<double, false, Recompute, Host, false, Cx>;
 
 Reference block_reference() {
-  Reference ref{test::normals(static_cast<std::size_t>(kB * kT * kC), 31), test::normals(static_cast<std::size_t>(kB * kT * kC), 32), {}, {}, {}};
+  Reference ref{test::normals(static_cast<std::size_t>(kB * kT * kC), 31),
+                test::normals(static_cast<std::size_t>(kB * kT * kC), 32),
+                {},
+                {},
+                {}};
   run_threads(1, [&](ThreadComm& world) {
     Mesh mesh{world, {}};
     Host h;
@@ -202,7 +226,9 @@ Reference block_reference() {
     auto dx = layer.backward(ctx, dy, mesh);
     ref.y.assign(y.data(), y.data() + y.numel());
     ref.dx.assign(dx.data(), dx.data() + dx.numel());
-    layer.for_each_param("layers.0", [&](const std::string& n, auto& p) { ref.grads[n].assign(p.grad.data(), p.grad.data() + p.grad.numel()); });
+    layer.for_each_param("layers.0", [&](const std::string& n, auto& p) {
+      ref.grads[n].assign(p.grad.data(), p.grad.data() + p.grad.numel());
+    });
   });
   return ref;
 }
@@ -225,7 +251,7 @@ Errors block_context_parallel(const Reference& ref, int c, int tp) {
     take_rows(x, ref.x, ch, r, kC);
     take_rows(dy, ref.dy, ch, r, kC);
     typename Layer::Ctx ctx;
-    auto y = layer.forward(ctx, x, mesh);    // Replicate over tensor: the stream
+    auto y = layer.forward(ctx, x, mesh);     // Replicate over tensor: the stream
     auto dx = layer.backward(ctx, dy, mesh);  // Replicate over tensor (Megatron's convention)
     Errors e{row_error(y.span(), ref.y, ch, r, kC), row_error(dx.span(), ref.dx, ch, r, kC), 0, {}};
     params[static_cast<std::size_t>(world.rank())] = add_grad_errors(layer, "layers.0", mesh, ref, e);
@@ -245,23 +271,28 @@ void check_block(const Reference& ref) {
       CHECK(e.y <= 1e-12);
       CHECK(e.dx <= 1e-12);
       CHECK_MESSAGE(e.grad <= 1e-12, "worst parameter: ", e.worst_param);
-      MESSAGE("Llama block, ", std::string(Cx::name), " context ", c, " tensor ", tp, ": y ", e.y, ", dx ", e.dx, ", gradients ",
-              e.grad, " (", e.worst_param, ")");
+      MESSAGE("Llama block, ", std::string(Cx::name), " context ", c, " tensor ", tp, ": y ", e.y, ", dx ", e.dx,
+              ", gradients ", e.grad, " (", e.worst_param, ")");
     }
 }
 
 }  // namespace
 
-TEST_CASE("a Llama block with the sequence over context 2 and 4 (alone and beside tensor 2) equals one rank: output, "
-          "input gradient and every weight gradient within 1e-12 in double") {
+TEST_CASE(
+    "a Llama block with the sequence over context 2 and 4 (alone and beside tensor 2) equals one rank: output, "
+    "input gradient and every weight gradient within 1e-12 in double") {
   const Reference ref = block_reference();
   REQUIRE(ref.grads.size() == 6);  // attn_norm, qkv, proj, mlp_norm, gate_up, down
   SUBCASE("ring") { check_block<context::Ring, recompute::None>(ref); }
-  SUBCASE("all-gather, the block recomputed in backward (recompute::Full)") { check_block<context::AllGather, recompute::Full>(ref); }
+  SUBCASE("all-gather, the block recomputed in backward (recompute::Full)") {
+    check_block<context::AllGather, recompute::Full>(ref);
+  }
   SUBCASE("ring, the cheap layers recomputed in backward (recompute::Selective)") {
     check_block<context::Ring, recompute::Selective>(ref);
   }
-  SUBCASE("ring, the block recomputed in backward (recompute::Full)") { check_block<context::Ring, recompute::Full>(ref); }
+  SUBCASE("ring, the block recomputed in backward (recompute::Full)") {
+    check_block<context::Ring, recompute::Full>(ref);
+  }
 }
 
 TEST_CASE("the rotation at a context rank's positions equals the whole sequence's rotation at those rows") {
@@ -286,7 +317,7 @@ TEST_CASE("the rotation at a context rank's positions equals the whole sequence'
         for (Index t = 0; t < ch.local(); ++t)
           for (Index k = 0; k < row; ++k)
             back = test::worse(back, std::abs(mine[static_cast<std::size_t>((b * ch.local() + t) * row + k)] -
-                                           full[static_cast<std::size_t>((b * T + ch.position(r, t)) * row + k)]));
+                                              full[static_cast<std::size_t>((b * T + ch.position(r, t)) * row + k)]));
       CHECK(back <= 1e-15 * 8);  // a rotation and its inverse: a few roundings of numbers below 8
     }
   }

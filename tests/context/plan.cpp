@@ -19,8 +19,17 @@ namespace {
 
 // 2 layers (pipe 2 takes one each), 4 heads over 2 key-value heads (tensor 2 holds one group each),
 // a sequence of 32 (8 chunks of 4 at context 4).
-const llama::Config kConfig{.vocab = 33, .seq = 32, .layers = 2, .heads = 4, .kv_heads = 2, .width = 16, .hidden = 24,
-                            .rope = {.theta = 500}, .norm_eps = 1e-5, .seed = 3, .init_std = 0.2};
+const llama::Config kConfig{.vocab = 33,
+                            .seq = 32,
+                            .layers = 2,
+                            .heads = 4,
+                            .kv_heads = 2,
+                            .width = 16,
+                            .hidden = 24,
+                            .rope = {.theta = 500},
+                            .norm_eps = 1e-5,
+                            .seed = 3,
+                            .init_std = 0.2};
 
 template <class Cx, bool SP = false>
 struct Llama {
@@ -34,7 +43,8 @@ struct Gpt2Ring {
 };
 
 std::string what_of(const footprint::Run& run) {
-  return cat("data ", run.mesh.data, " pipe ", run.mesh.pipe, " context ", run.mesh.context, " tensor ", run.mesh.tensor);
+  return cat("data ", run.mesh.data, " pipe ", run.mesh.pipe, " context ", run.mesh.context, " tensor ",
+             run.mesh.tensor);
 }
 
 // Every rank's measured plan against the same step's counts on Host thread ranks: each category's
@@ -97,7 +107,10 @@ threads::Counters context_counts(const std::vector<nn::PlanRow>& rows) {
       for (const PlanStep& st : *steps) {
         if (st.axis != Axis::context) continue;
         switch (st.collective) {
-          case Collective::send_recv: add(threads::Op::send, st.bytes_in); add(threads::Op::recv, st.bytes_in); break;
+          case Collective::send_recv:
+            add(threads::Op::send, st.bytes_in);
+            add(threads::Op::recv, st.bytes_in);
+            break;
           case Collective::all_gather: add(threads::Op::all_gather, st.bytes_out); break;
           case Collective::reduce_scatter: add(threads::Op::reduce_scatter, st.bytes_in); break;
           case Collective::all_reduce: add(threads::Op::all_reduce, st.bytes_in); break;
@@ -108,7 +121,8 @@ threads::Counters context_counts(const std::vector<nn::PlanRow>& rows) {
 }
 
 // ... equal what one micro-batch's step measures there, on every rank.
-void same_counts(const std::vector<footprint::RankStep>& measured, const threads::Counters& planned, const std::string& what) {
+void same_counts(const std::vector<footprint::RankStep>& measured, const threads::Counters& planned,
+                 const std::string& what) {
   const auto c = static_cast<std::size_t>(Axis::context);
   for (const footprint::RankStep& r : measured)
     for (std::size_t op = 0; op < threads::kOps; ++op) {
@@ -153,16 +167,19 @@ TEST_CASE("the measured plan of a context-parallel Llama step equals the host al
   }
   SUBCASE("sequence parallelism inside context parallelism") {  // the rows split again over tensor
     check_exact<context::Ring, optim::Ddp, true>({.mesh = {.context = 2, .tensor = 2}, .micro_batch = 1});
-    check_exact<context::AllGather, optim::Zero2, true>({.mesh = {.data = 2, .context = 2, .tensor = 2}, .micro_batch = 2});
+    check_exact<context::AllGather, optim::Zero2, true>(
+        {.mesh = {.data = 2, .context = 2, .tensor = 2}, .micro_batch = 2});
   }
   SUBCASE("all-gather, FSDP") {
     check_exact<context::AllGather, optim::Fsdp>({.mesh = {.data = 2, .context = 2}, .micro_batch = 2});
-    check_exact<context::AllGather, optim::Fsdp>({.mesh = {.context = 2, .tensor = 2}, .micro_batch = 1, .micro_batches = 2});
+    check_exact<context::AllGather, optim::Fsdp>(
+        {.mesh = {.context = 2, .tensor = 2}, .micro_batch = 1, .micro_batches = 2});
   }
 }
 
-TEST_CASE("describe's rows of a context-parallel Llama carry the attention's collectives on the context axis, as a step "
-          "counts them") {
+TEST_CASE(
+    "describe's rows of a context-parallel Llama carry the attention's collectives on the context axis, as a step "
+    "counts them") {
   check_walked<context::Ring>({.mesh = {.context = 2}, .micro_batch = 2});
   check_walked<context::Ring>({.mesh = {.context = 4, .tensor = 2}, .micro_batch = 1});
   check_walked<context::AllGather>({.mesh = {.data = 2, .context = 2}, .micro_batch = 2});
@@ -175,18 +192,20 @@ TEST_CASE("describe's rows of a context-parallel Llama carry the attention's col
               context_counts(nn::describe_rows<Gpt2Ring::on<Host>>(g, 1, s)), "GPT-2 ring, context 4 x tensor 2");
 }
 
-TEST_CASE("a context rank's activations fall by the context degree, and the attention's bytes on the context axis equal their "
-          "closed forms") {
+TEST_CASE(
+    "a context rank's activations fall by the context degree, and the attention's bytes on the context axis equal their "
+    "closed forms") {
   // One micro-batch of 2 sequences of 32 on context 1, 2 and 4: every activation of a rank is
   // (B, T/c, ...), and so are the attention's buffers, except all-gather's gathered keys and values.
   const std::int64_t B = 2, L = kConfig.layers, hd = kConfig.width / kConfig.heads, KV = kConfig.kv_heads;
   const auto activations = [](const footprint::RankStep& r) { return r.step.peak.of(Category::activations); };
   const auto ring = [&](int c) {
-    return footprint::measure<Llama<context::Ring>::template on, optim::Ddp>(kConfig, {.mesh = {.context = c}, .micro_batch = B});
+    return footprint::measure<Llama<context::Ring>::template on, optim::Ddp>(
+        kConfig, {.mesh = {.context = c}, .micro_batch = B});
   };
   const auto gather = [&](int c) {
-    return footprint::measure<Llama<context::AllGather>::template on, optim::Ddp>(kConfig,
-                                                                                  {.mesh = {.context = c}, .micro_batch = B});
+    return footprint::measure<Llama<context::AllGather>::template on, optim::Ddp>(
+        kConfig, {.mesh = {.context = c}, .micro_batch = B});
   };
   const auto r1 = ring(1);
   const std::int64_t a1 = activations(r1[0]);
@@ -213,7 +232,8 @@ TEST_CASE("a context rank's activations fall by the context degree, and the atte
       CHECK(axis_bytes(gc[r], Axis::context, threads::Op::reduce_scatter) == static_cast<std::uint64_t>(L * c * block));
       CHECK(axis_bytes(gc[r], Axis::context, threads::Op::send) == 0);
       // The loss's sum over the context group is the rest: the same for both types.
-      CHECK(axis_bytes(gc[r], Axis::context, threads::Op::all_reduce) == axis_bytes(rc[r], Axis::context, threads::Op::all_reduce));
+      CHECK(axis_bytes(gc[r], Axis::context, threads::Op::all_reduce) ==
+            axis_bytes(rc[r], Axis::context, threads::Op::all_reduce));
     }
   }
 }

@@ -6,7 +6,8 @@
 #include "weft/core/shape.hpp"
 
 TEST_CASE("Error composes where: what fix and keeps the parts") {
-  const weft::Error e("Mesh", weft::cat("tensor degree ", 5, " does not divide ", 12, " heads"), "use 1, 2, 3, 4, 6 or 12");
+  const weft::Error e("Mesh", weft::cat("tensor degree ", 5, " does not divide ", 12, " heads"),
+                      "use 1, 2, 3, 4, 6 or 12");
   CHECK(std::string(e.what()) == "Mesh: tensor degree 5 does not divide 12 heads; use 1, 2, 3, 4, 6 or 12");
   CHECK(e.where() == "Mesh");
   CHECK(e.problem() == "tensor degree 5 does not divide 12 heads");

@@ -45,7 +45,8 @@ TEST_CASE("sampled sequences have the computed entropy rate") {
       for (std::size_t t = 0; t + 1 < s.size(); ++t, ++count) total -= std::log(m.transition(s[t], s[t + 1]));
     }
     CHECK(total / static_cast<double>(count) == doctest::Approx(m.entropy_rate()).epsilon(0.02 / m.entropy_rate()));
-    MESSAGE("seed ", seed, ": entropy rate ", m.entropy_rate(), " nats; empirical ", total / static_cast<double>(count));
+    MESSAGE("seed ", seed, ": entropy rate ", m.entropy_rate(), " nats; empirical ",
+            total / static_cast<double>(count));
   }
 }
 
@@ -78,7 +79,8 @@ TEST_CASE("GPT-2's and Llama 3's vocabularies: rows that sum to 1, and samples w
     // the standard error of that share is 3e-4; 0.004 is over 10 of them.
     CHECK(std::abs(static_cast<double>(off) / static_cast<double>(count) - 0.02) < 0.004);
   }
-  CHECK_THROWS_WITH_AS(MarkovSource((std::int64_t{1} << 24) + 1, 1), doctest::Contains("vocabulary of 16777217 tokens"), Error);
+  CHECK_THROWS_WITH_AS(MarkovSource((std::int64_t{1} << 24) + 1, 1), doctest::Contains("vocabulary of 16777217 tokens"),
+                       Error);
 }
 
 TEST_CASE("the loader gives the same global batch for every data degree and restores its position") {
@@ -112,7 +114,8 @@ TEST_CASE("the loader gives the same global batch for every data degree and rest
   l.seek(pos);
   l.next(b, t);
   CHECK(a == b);
-  CHECK_THROWS_WITH_AS(Loader<MarkovSource>(m, T, 6, 4, 0), doctest::Contains("global batch 6, data rank 0 of 4"), Error);
+  CHECK_THROWS_WITH_AS(Loader<MarkovSource>(m, T, 6, 4, 0), doctest::Contains("global batch 6, data rank 0 of 4"),
+                       Error);
   // A position whose sequence indices (step x batch) overflow 63 bits is refused; the last one that
   // fits reads (under UBSan an overflow would end the test).
   const std::int64_t most = std::numeric_limits<std::int64_t>::max() / B - 1;

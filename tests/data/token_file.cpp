@@ -64,7 +64,8 @@ TEST_CASE("every truncation of a token file is refused with the sizes named") {
       const std::string m = e.what();
       CHECK_MESSAGE(m.find("TokenFile(" + cut + ")") == 0, m);
       if (len < 1024)
-        CHECK_MESSAGE(m.find(cat("the file has ", len, " bytes, fewer than the 1024-byte header")) != std::string::npos, m);
+        CHECK_MESSAGE(m.find(cat("the file has ", len, " bytes, fewer than the 1024-byte header")) != std::string::npos,
+                      m);
       else
         CHECK_MESSAGE(m.find(cat("the header counts 100 tokens (1224 bytes with the header) but the file has ", len,
                                  " bytes; the file is truncated")) != std::string::npos,
@@ -85,16 +86,21 @@ TEST_CASE("bad magic, bad version, a count past the end, trailing bytes and a to
   };
   auto set_int = [](std::vector<char>& b, int index, std::int32_t v) { std::memcpy(b.data() + 4 * index, &v, 4); };
   with([&](auto& b) { set_int(b, 0, 12345); });
-  CHECK_THROWS_WITH_AS(TokenFile(bad, 50), doctest::Contains("magic number 12345, expected 20240520; this is not an llm.c token file"), Error);
+  CHECK_THROWS_WITH_AS(TokenFile(bad, 50),
+                       doctest::Contains("magic number 12345, expected 20240520; this is not an llm.c token file"),
+                       Error);
   with([&](auto& b) { set_int(b, 1, 2); });
   CHECK_THROWS_WITH_AS(TokenFile(bad, 50), doctest::Contains("version 2, expected 1"), Error);
   with([&](auto& b) { set_int(b, 2, 101); });
-  CHECK_THROWS_WITH_AS(TokenFile(bad, 50),
-                       doctest::Contains("the header counts 101 tokens (1226 bytes with the header) but the file has 1224 bytes; the file is truncated"),
-                       Error);
+  CHECK_THROWS_WITH_AS(
+      TokenFile(bad, 50),
+      doctest::Contains(
+          "the header counts 101 tokens (1226 bytes with the header) but the file has 1224 bytes; the file is truncated"),
+      Error);
   with([&](auto& b) { b.push_back(0); });
   CHECK_THROWS_WITH_AS(TokenFile(bad, 50), doctest::Contains("the file has trailing bytes"), Error);
-  CHECK_THROWS_WITH_AS(TokenFile(fx.path, 40), doctest::Contains("token 48 at position 4 is not below the vocabulary size 40"), Error);
+  CHECK_THROWS_WITH_AS(TokenFile(fx.path, 40),
+                       doctest::Contains("token 48 at position 4 is not below the vocabulary size 40"), Error);
   with([&](auto& b) { set_int(b, 200, -3); });
   CHECK_THROWS_WITH_AS(TokenFile(bad, 50), doctest::Contains("reserved header word 200 is -3, not 0"), Error);
   const std::string missing = temp_path("missing.bin");
@@ -109,8 +115,10 @@ TEST_CASE("a directory, a FIFO, a device and an empty text are refused before th
   REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
   write_all(empty, {});
   // Opening the FIFO would wait forever for a writer: these return at once.
-  CHECK_THROWS_WITH_AS(TokenFile(dir, 50), doctest::Contains(cat("'", dir, "' is a directory, not a regular file").c_str()), Error);
-  CHECK_THROWS_WITH_AS(TokenFile(fifo, 50), doctest::Contains(cat("'", fifo, "' is a FIFO (named pipe)").c_str()), Error);
+  CHECK_THROWS_WITH_AS(TokenFile(dir, 50),
+                       doctest::Contains(cat("'", dir, "' is a directory, not a regular file").c_str()), Error);
+  CHECK_THROWS_WITH_AS(TokenFile(fifo, 50), doctest::Contains(cat("'", fifo, "' is a FIFO (named pipe)").c_str()),
+                       Error);
   CHECK_THROWS_WITH_AS(TokenFile("/dev/null", 50), doctest::Contains("'/dev/null' is a character device"), Error);
   CHECK_THROWS_WITH_AS(WindowCorpus::from_text_file(fifo), doctest::Contains("is a FIFO (named pipe)"), Error);
   CHECK_THROWS_WITH_AS(WindowCorpus::from_text_file(dir), doctest::Contains("is a directory"), Error);
@@ -119,7 +127,8 @@ TEST_CASE("a directory, a FIFO, a device and an empty text are refused before th
   // Too short for a sequence: the file is named, with the longest sequence it allows.
   write_all(empty, std::vector<char>(100, 'a'));
   CHECK_THROWS_WITH_AS(WindowCorpus::from_text_file(empty).require_windows(64),
-                       doctest::Contains(cat("WindowCorpus(", empty, "): 100 tokens (90 for training, 10 held out) are too few "
+                       doctest::Contains(cat("WindowCorpus(", empty,
+                                             "): 100 tokens (90 for training, 10 held out) are too few "
                                              "for windows of 64 tokens; use a sequence length of at most 10")
                                              .c_str()),
                        Error);

@@ -9,8 +9,8 @@
 #include <mutex>
 
 #include "03_custom_model.hpp"
-#include "support/gradcheck.hpp"
 #include "checkpoint/support.hpp"
+#include "support/gradcheck.hpp"
 #include "support/train_steps.hpp"
 #include "weft/checkpoint/checkpoint.hpp"
 #include "weft/train/flops.hpp"
@@ -40,7 +40,8 @@ void check_gradients(Layer& layer, X& x, Host& h, const Spread& s) {
   for (std::int64_t i = 0; i < dy.numel(); ++i) dy[i] = R[static_cast<std::size_t>(i)];
   auto dx = layer.backward(c, dy);
   const std::vector<double> dxv(dx.data(), dx.data() + dx.numel());
-  CHECK(test::gradcheck(std::span<double>(x.data(), static_cast<std::size_t>(x.numel())), std::span<const double>(dxv), loss)
+  CHECK(test::gradcheck(std::span<double>(x.data(), static_cast<std::size_t>(x.numel())), std::span<const double>(dxv),
+                        loss)
             .worst <= 1e-6);
   layer.for_each_param("p", [&](const std::string& n, auto& p) {
     const std::vector<double> g(p.grad.data(), p.grad.data() + p.grad.numel());
@@ -59,7 +60,8 @@ TEST_CASE("the custom model's layers match finite differences in double") {
   auto x = Tensor<double, nn::act::Full, Host>::empty(h, {2, 3, 8}, s);
   for (std::int64_t i = 0; i < x.numel(); ++i) x[i] = weft::normal(4, 0, static_cast<std::uint64_t>(i));
   custom::RmsNormLayer<double, nn::act::Full> norm(h, 8, s, 5, 9);
-  for (std::int64_t i = 0; i < 8; ++i) norm.weight.value[i] = 1 + 0.1 * weft::normal(5, 1, static_cast<std::uint64_t>(i));
+  for (std::int64_t i = 0; i < 8; ++i)
+    norm.weight.value[i] = 1 + 0.1 * weft::normal(5, 1, static_cast<std::uint64_t>(i));
   check_gradients(norm, x, h, s);
   auto f = Tensor<double, nn::act::Features, Host>::empty(h, {2, 3, 8}, s);
   for (std::int64_t i = 0; i < f.numel(); ++i) f[i] = weft::normal(7, 0, static_cast<std::uint64_t>(i));
@@ -67,8 +69,9 @@ TEST_CASE("the custom model's layers match finite differences in double") {
   check_gradients(relu2, f, h, s);
 }
 
-TEST_CASE("the custom model at tensor 2 (with and without SP), pipe 2 (1F1B, ZB-H1) and data 2 (every strategy) equals "
-          "one rank within 1e-12 in double") {
+TEST_CASE(
+    "the custom model at tensor 2 (with and without SP), pipe 2 (1F1B, ZB-H1) and data 2 (every strategy) equals "
+    "one rank within 1e-12 in double") {
   // 1e-12: the same sums in another order; double leaves about 1e-15 per operation.
   auto run = [&]<bool SP, class Sched, class Strategy>(int pipe, int tensor, int data) {
     return test::train_steps<custom::Model<double, SP>, Sched, Strategy>(kConfig, kMicro, kM, pipe, 1, tensor, data, 3);
@@ -114,13 +117,14 @@ TEST_CASE("the custom model's checkpoint saved on data 2 x tensor 2 (SP, ZeRO-1)
   using test::RunPlan;
   const auto dir = test::scratch("custom");
   // The checkpoint tests' run (tests/checkpoint/support.hpp) with the custom model in double.
-  const auto whole = ckpt_run<double, optim::Ddp, false, checkpoint::Sharded, Custom>({}, RunPlan::fresh("", 6), kConfig, kMicro);
-  const auto first = ckpt_run<double, optim::Zero1, true, checkpoint::Sharded, Custom>({.data = 2, .tensor = 2},
-                                                                                   RunPlan::fresh(dir, 3), kConfig, kMicro);
+  const auto whole =
+      ckpt_run<double, optim::Ddp, false, checkpoint::Sharded, Custom>({}, RunPlan::fresh("", 6), kConfig, kMicro);
+  const auto first = ckpt_run<double, optim::Zero1, true, checkpoint::Sharded, Custom>(
+      {.data = 2, .tensor = 2}, RunPlan::fresh(dir, 3), kConfig, kMicro);
   const auto step = dir + "/step_00000003";
   REQUIRE(std::filesystem::exists(step + "/manifest.json"));
-  const auto rest = ckpt_run<double, optim::Ddp, false, checkpoint::Sharded, Custom>({.pipe = 2}, RunPlan::resumed(step, "", 6),
-                                                                                  kConfig, kMicro);
+  const auto rest = ckpt_run<double, optim::Ddp, false, checkpoint::Sharded, Custom>(
+      {.pipe = 2}, RunPlan::resumed(step, "", 6), kConfig, kMicro);
   REQUIRE(first.size() == 3);
   REQUIRE(rest.size() == 3);
   // 1e-12: the same steps on other meshes (other sums' orders); the resume itself is exact (the

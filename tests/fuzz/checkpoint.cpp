@@ -28,8 +28,16 @@ std::string g_dir;
 ck::Manifest write_valid(const std::string& dir) {
   auto piece = [](std::string tensor, std::vector<std::int64_t> global, std::vector<std::int64_t> offset,
                   std::vector<std::int64_t> extent, std::int64_t first, std::int64_t count) {
-    ck::detail::Staged s{std::move(tensor), weft::DType::f32, global, global, std::move(offset), std::move(extent), "Layout<...>",
-                         first, count, std::vector<std::byte>(static_cast<std::size_t>(count) * 4)};
+    ck::detail::Staged s{std::move(tensor),
+                         weft::DType::f32,
+                         global,
+                         global,
+                         std::move(offset),
+                         std::move(extent),
+                         "Layout<...>",
+                         first,
+                         count,
+                         std::vector<std::byte>(static_cast<std::size_t>(count) * 4)};
     for (std::size_t i = 0; i < s.bytes.size(); ++i) s.bytes[i] = static_cast<std::byte>(i * 7 + 1);
     return s;
   };
@@ -62,7 +70,8 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   const std::string text = ck::to_json(write_valid(g_dir)).dump(1);
   std::ofstream(g_dir + "/manifest.json", std::ios::trunc) << text;
   (void)ck::Reader(g_dir).read<float>("param/w");  // the valid checkpoint opens (else the target is broken)
-  if (const char* seeds = std::getenv("WEFT_FUZZ_SEED_DIR")) std::ofstream(std::string(seeds) + "/valid_manifest.json") << text;
+  if (const char* seeds = std::getenv("WEFT_FUZZ_SEED_DIR"))
+    std::ofstream(std::string(seeds) + "/valid_manifest.json") << text;
   std::atexit([] { std::filesystem::remove_all(g_dir); });
   return 0;
 }
@@ -75,7 +84,6 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   try {
     const ck::Reader r(g_dir);
     for (const auto& [name, t] : r.manifest().tensors) (void)r.read<double>(name);
-  } catch (const weft::Error&) {
-  }
+  } catch (const weft::Error&) {}
   return 0;
 }

@@ -13,7 +13,6 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     std::uint64_t bytes = 0;
     for (const auto& f : m.files()) bytes += f.digest.bytes;
     if (bytes <= (1u << 20)) weft::checkpoint::check_coverage(m, "fuzz");
-  } catch (const weft::Error&) {
-  }
+  } catch (const weft::Error&) {}
   return 0;
 }

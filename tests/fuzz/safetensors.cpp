@@ -12,7 +12,6 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     std::uint64_t end = 0;
     for (const auto& t : h.tensors) end = t.end > end ? t.end : end;
     if (h.data_start + end != size) __builtin_trap();  // a header accepted must match the length
-  } catch (const weft::Error&) {
-  }
+  } catch (const weft::Error&) {}
   return 0;
 }

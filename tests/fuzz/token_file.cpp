@@ -18,7 +18,6 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const weft::data::TokenFile t(path, 50257);
     // an accepted file's count matches its length
     if (static_cast<std::size_t>(t.size()) * 2 + 1024 != size) __builtin_trap();
-  } catch (const weft::Error&) {
-  }
+  } catch (const weft::Error&) {}
   return 0;
 }

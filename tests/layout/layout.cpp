@@ -40,29 +40,31 @@ static_assert(!Transition<Layout<Shard<0>, Shard<1>>, Layout<Shard<1>, Shard<0>>
 
 // Three axes: the pipe axis is one more placement. Shrinking steps first (the pipe slice), growing
 // last; StageLocal (the default on pipe) never turns into a spread over pipe.
-using PipeSharded = Layout<Replicate, Shard<0>, Shard<1>>;   // (T/tp, C/pp) across pipe ranks
+using PipeSharded = Layout<Replicate, Shard<0>, Shard<1>>;  // (T/tp, C/pp) across pipe ranks
 using PipeReplicated = Layout<Replicate, Replicate, Replicate>;
 static_assert(Transition<PipeSharded, PipeReplicated>::possible);
 static_assert(Transition<PipeSharded, PipeReplicated>::steps[0].collective == Collective::all_gather);
-static_assert(Transition<Layout<Replicate, Shard<0>, Replicate>, Layout<Replicate, Replicate, Shard<0>>>::steps[0].axis ==
-              Axis::tensor);  // gathering dim 0 over tensor must come before slicing it over pipe
-static_assert(Transition<Layout<Replicate, Shard<0>, Replicate>, Layout<Replicate, Replicate, Shard<0>>>::steps[1].axis ==
-              Axis::pipe);
+static_assert(Transition<Layout<Replicate, Shard<0>, Replicate>, Layout<Replicate, Replicate, Shard<0>>>::steps[0]
+                  .axis == Axis::tensor);  // gathering dim 0 over tensor must come before slicing it over pipe
+static_assert(Transition<Layout<Replicate, Shard<0>, Replicate>, Layout<Replicate, Replicate, Shard<0>>>::steps[1]
+                  .axis == Axis::pipe);
 static_assert(Transition<Replicated, Layout<Replicate, Shard<0>, Replicate>>::crosses_stages);
 static_assert(!Transition<Replicated, Layout<Replicate, Shard<0>, Replicate>>::possible);
-static_assert(std::is_same_v<dual_layout<Layout<Replicate, Shard<2>, Replicate>>, Layout<Partial, Shard<2>, Partial, Partial>>);
+static_assert(
+    std::is_same_v<dual_layout<Layout<Replicate, Shard<2>, Replicate>>, Layout<Partial, Shard<2>, Partial, Partial>>);
 static_assert(std::is_same_v<placement_on<Replicated, Axis::pipe>, StageLocal>);
 
 // Four axes: context is one more placement, defaulted to Replicate (a layout written without it is
 // whole on every context rank), between pipe and tensor in mesh order.
-using ContextSeq = Layout<Shard<0>, Replicate, StageLocal, Shard<1>>;  // (B/dp, T/cp, C): context parallelism
-using ContextSeqTp = Layout<Shard<0>, Shard<2>, StageLocal, Shard<1>>; // and C split over tensor
+using ContextSeq = Layout<Shard<0>, Replicate, StageLocal, Shard<1>>;   // (B/dp, T/cp, C): context parallelism
+using ContextSeqTp = Layout<Shard<0>, Shard<2>, StageLocal, Shard<1>>;  // and C split over tensor
 static_assert(std::is_same_v<placement_on<Replicated, Axis::context>, Replicate>);
 static_assert(is_sharded_on<ContextSeq, Axis::context> && !is_sharded_on<ContextSeq, Axis::tensor>);
 static_assert(kAxes[2] == Axis::context && kAxes.size() == 4);
 static_assert(collective_on<ContextSeq, DataSharded<0>, Axis::context> == Collective::all_gather);
 static_assert(collective_on<DataSharded<0>, ContextSeq, Axis::context> == Collective::slice);
-static_assert(collective_on<Layout<Replicate, Replicate, StageLocal, Partial>, Replicated, Axis::context> == Collective::all_reduce);
+static_assert(collective_on<Layout<Replicate, Replicate, StageLocal, Partial>, Replicated, Axis::context> ==
+              Collective::all_reduce);
 static_assert(Transition<ContextSeqTp, DataSharded<0>>::steps[0].collective == Collective::all_gather);
 static_assert(Transition<ContextSeqTp, DataSharded<0>>::steps[0].axis == Axis::context);  // mesh order among equals
 static_assert(Transition<ContextSeqTp, DataSharded<0>>::steps[1].axis == Axis::tensor);
@@ -72,7 +74,12 @@ static_assert(Transition<Layout<Shard<0>, Shard<1>>, ContextSeq>::steps[0].axis 
 static_assert(!has_partial<ContextSeq> && has_partial<Layout<Replicate, Replicate, StageLocal, Partial>>);
 
 TEST_CASE("the context axis: local shapes, boxes, names") {
-  const Spread s{.data_degree = 2, .tensor_degree = 2, .data_index = 1, .tensor_index = 1, .context_degree = 4, .context_index = 3};
+  const Spread s{.data_degree = 2,
+                 .tensor_degree = 2,
+                 .data_index = 1,
+                 .tensor_index = 1,
+                 .context_degree = 4,
+                 .context_index = 3};
   CHECK(s.degree(Axis::context) == 4);
   CHECK(s.index(Axis::context) == 3);
   CHECK(local_shape<ContextSeq>({4, 64, 8}, s) == Shape{2, 16, 8});
@@ -80,10 +87,11 @@ TEST_CASE("the context axis: local shapes, boxes, names") {
   const Box b = local_box<ContextSeqTp>({4, 64, 8}, s);
   CHECK(b.offset == Shape{2, 48, 4});
   CHECK(b.extent == Shape{2, 16, 4});
-  CHECK_THROWS_WITH_AS(local_shape<ContextSeq>({4, 30, 8}, s),
-                       "Layout<Shard<0>, Replicate, StageLocal, Shard<1>>: dim 1 of shape (4, 30, 8) has extent 30, not "
-                       "divisible by the context degree 4; choose a degree that divides the extent, or pad the tensor",
-                       Error);
+  CHECK_THROWS_WITH_AS(
+      local_shape<ContextSeq>({4, 30, 8}, s),
+      "Layout<Shard<0>, Replicate, StageLocal, Shard<1>>: dim 1 of shape (4, 30, 8) has extent 30, not "
+      "divisible by the context degree 4; choose a degree that divides the extent, or pad the tensor",
+      Error);
   // One dim on two axes, spelled apart so that only the run-time check sees it.
   CHECK_THROWS_WITH_AS((local_shape<Layout<Shard<-2>, Replicate, StageLocal, Shard<1>>>({4, 64, 8}, s)),
                        doctest::Contains("the data and context axes both shard dim 1"), Error);
@@ -131,7 +139,8 @@ TEST_CASE("local_shape divides each sharded dim by its axis degree") {
   CHECK(local_shape<Layout<Shard<0>, Shard<-1>>>({8, 5, 6}, s) == Shape{4, 5, 2});
   CHECK(local_shape<Layout<Partial, Shard<1>>>({8, 6}, s) == Shape{8, 2});
   CHECK(local_shape<Replicated>({8, 6}, s) == Shape{8, 6});
-  static_assert(local_shape<Layout<Shard<0>, Shard<-1>>>({8, 6}, {.data_degree = 2, .tensor_degree = 3}) == Shape{4, 2});
+  static_assert(local_shape<Layout<Shard<0>, Shard<-1>>>({8, 6}, {.data_degree = 2, .tensor_degree = 3}) ==
+                Shape{4, 2});
 }
 
 TEST_CASE("local_shape rejects extents the degree does not divide naming the values") {
@@ -159,8 +168,8 @@ TEST_CASE("Layout names itself") {
 }
 
 TEST_CASE("the pipe axis is an axis like the others: local shapes, boxes, and one dim on one axis") {
-  const Spread s{.data_degree = 2, .tensor_degree = 3, .data_index = 1, .tensor_index = 2, .pipe_degree = 2,
-                 .pipe_index = 1};
+  const Spread s{
+      .data_degree = 2, .tensor_degree = 3, .data_index = 1, .tensor_index = 2, .pipe_degree = 2, .pipe_index = 1};
   using L = Layout<Shard<0>, Shard<2>, Shard<1>>;
   CHECK(local_shape<L>({4, 6, 9}, s) == Shape{2, 3, 3});
   const Box b = local_box<L>({4, 6, 9}, s);

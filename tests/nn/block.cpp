@@ -6,9 +6,9 @@
 #include <mutex>
 
 #include "support/error.hpp"
+#include "support/gpt_step.hpp"
 #include "weft/comm/mesh.hpp"
 #include "weft/comm/threads/run.hpp"
-#include "support/gpt_step.hpp"
 #include "weft/models/gpt2/model.hpp"
 #include "weft/optim/data_parallel.hpp"
 
@@ -32,7 +32,8 @@ Counts block_counts(int tp) {
     using A = typename Block<double, SP, Policy>::A;
     Block<double, SP, Policy> block(h, 16, 4, 2, mesh.spread(), 16, 3);
     auto x = Tensor<double, A, Host>::empty(h, {2, 8, 16}, mesh.spread());
-    for (std::int64_t i = 0; i < x.numel(); ++i) x[i] = weft::normal(1, 0, static_cast<std::uint64_t>(x.global_index(i)));
+    for (std::int64_t i = 0; i < x.numel(); ++i)
+      x[i] = weft::normal(1, 0, static_cast<std::uint64_t>(x.global_index(i)));
     typename Block<double, SP, Policy>::Ctx ctx;
     const auto c0 = mesh.tensor().counters();
     auto y = block.forward(ctx, x, mesh);
@@ -75,7 +76,8 @@ TEST_CASE("one Block with SP: an all-gather and a reduce-scatter per branch each
   CHECK(f.bwd.calls_of(Op::reduce_scatter) == 4);
 }
 
-TEST_CASE("with SP the LayerNorm and position gradients are Partial until the step, then identical on every tensor rank") {
+TEST_CASE(
+    "with SP the LayerNorm and position gradients are Partial until the step, then identical on every tensor rank") {
   std::mutex mu;
   std::vector<std::vector<double>> partial, reduced;
   run_threads(4, [&](ThreadComm& world) {
@@ -124,23 +126,27 @@ TEST_CASE("with SP the LayerNorm and position gradients are Partial until the st
 
 TEST_CASE("bad configurations are refused before allocation with the values and the valid choices") {
   const Spread tp4{.tensor_degree = 4};
-  CHECK_THROWS_WITH_AS(gpt2::validate(gpt2::Config{.heads = 6, .width = 36}, tp4, false, 2),
-                       "Gpt: tensor degree 4 does not divide 6 heads; use a tensor degree that divides the heads, such as "
-                       "1, 2, 3, 6",
-                       Error);
-  CHECK_THROWS_WITH_AS(gpt2::validate(gpt2::Config{.heads = 5, .width = 32}, {}, false, 2),
-                       "Gpt: width 32 is not divisible by 5 heads; use a head count that divides the width, such as 1, 2, "
-                       "4, 8, 16, 32",
-                       Error);
-  CHECK_THROWS_WITH_AS(gpt2::validate(gpt2::Config{.seq = 10, .heads = 4}, tp4, true, 2),
-                       "Gpt: sequence parallelism needs the tensor degree 4 to divide the sequence length 10; use a "
-                       "tensor degree that divides the sequence length, such as 1, 2, 5, 10, or a sequence length that it "
-                       "divides",
-                       Error);
+  CHECK_THROWS_WITH_AS(
+      gpt2::validate(gpt2::Config{.heads = 6, .width = 36}, tp4, false, 2),
+      "Gpt: tensor degree 4 does not divide 6 heads; use a tensor degree that divides the heads, such as "
+      "1, 2, 3, 6",
+      Error);
+  CHECK_THROWS_WITH_AS(
+      gpt2::validate(gpt2::Config{.heads = 5, .width = 32}, {}, false, 2),
+      "Gpt: width 32 is not divisible by 5 heads; use a head count that divides the width, such as 1, 2, "
+      "4, 8, 16, 32",
+      Error);
+  CHECK_THROWS_WITH_AS(
+      gpt2::validate(gpt2::Config{.seq = 10, .heads = 4}, tp4, true, 2),
+      "Gpt: sequence parallelism needs the tensor degree 4 to divide the sequence length 10; use a "
+      "tensor degree that divides the sequence length, such as 1, 2, 5, 10, or a sequence length that it "
+      "divides",
+      Error);
   CHECK_NOTHROW(gpt2::validate(gpt2::Config{.seq = 10, .heads = 4}, tp4, false, 2));  // fine without SP
   CHECK_THROWS_WITH_AS(gpt2::validate(gpt2::Config{}, {.data_degree = 4}, false, 6),
                        "Gpt: data degree 4 does not divide the batch of 6; use a batch that is a multiple of 4", Error);
-  CHECK_THROWS_WITH_AS(gpt2::validate(gpt2::Config{.layers = 0}, {}, false, 2), doctest::Contains("include one below 1"), Error);
+  CHECK_THROWS_WITH_AS(gpt2::validate(gpt2::Config{.layers = 0}, {}, false, 2),
+                       doctest::Contains("include one below 1"), Error);
   // Sizes near 2^62 are refused at once (no loop over their divisors), with the nearest few.
   CHECK_THROWS_WITH_AS(gpt2::validate(gpt2::Config{.heads = 3, .width = std::int64_t{1} << 62}, {}, false, 2),
                        doctest::Contains("such as 1, 2, 4, 8, 16, 32, 64, 128"), Error);
@@ -159,7 +165,8 @@ TEST_CASE("bad tokens are refused with the position and the vocabulary") {
   run_threads(1, [](ThreadComm& world) {
     Mesh mesh{world, {}};
     Host h;
-    gpt2::Model<double> gpt(h, gpt2::Config{.vocab = 10, .seq = 4, .layers = 1, .heads = 2, .width = 8}, mesh.spread(), 1);
+    gpt2::Model<double> gpt(h, gpt2::Config{.vocab = 10, .seq = 4, .layers = 1, .heads = 2, .width = 8}, mesh.spread(),
+                            1);
     std::vector<std::int32_t> ok{1, 2, 3, 4}, bad{1, 2, 10, 4};
     CHECK_THROWS_WITH_AS(test::forward_backward(gpt, bad, ok, 1, mesh),
                          "Gpt::context: token 10 or target 3 at position 2 is outside the vocabulary of 10; "

@@ -18,10 +18,11 @@ threads::Counters planned(int tp) {
     for (const auto* steps : {&row.forward, &row.backward})
       for (const PlanStep& st : *steps) {
         if (!communicates(st.collective) || st.axis != Axis::tensor) continue;
-        const auto op = static_cast<std::size_t>(st.collective == Collective::all_reduce       ? threads::Op::all_reduce
-                                                 : st.collective == Collective::all_gather     ? threads::Op::all_gather
-                                                 : st.collective == Collective::reduce_scatter ? threads::Op::reduce_scatter
-                                                                                               : threads::Op::all_to_all);
+        const auto op =
+            static_cast<std::size_t>(st.collective == Collective::all_reduce       ? threads::Op::all_reduce
+                                     : st.collective == Collective::all_gather     ? threads::Op::all_gather
+                                     : st.collective == Collective::reduce_scatter ? threads::Op::reduce_scatter
+                                                                                   : threads::Op::all_to_all);
         c.calls[op] += 1;
         c.bytes[op] += static_cast<std::uint64_t>(st.collective == Collective::all_gather ? st.bytes_out : st.bytes_in);
       }
@@ -34,8 +35,10 @@ void check_plan_matches_run(int tp) {
   const threads::Counters ran = test::run_gpt<double, SP, R>(tp).tensor_ops;
   for (std::size_t op = 0; op < threads::kOps; ++op) {
     if (op == static_cast<std::size_t>(threads::Op::split)) continue;
-    CHECK_MESSAGE(ran.calls[op] == want.calls[op], std::string(threads::name(static_cast<threads::Op>(op))), " tp ", tp, " SP ", SP);
-    CHECK_MESSAGE(ran.bytes[op] == want.bytes[op], std::string(threads::name(static_cast<threads::Op>(op))), " tp ", tp, " SP ", SP);
+    CHECK_MESSAGE(ran.calls[op] == want.calls[op], std::string(threads::name(static_cast<threads::Op>(op))), " tp ", tp,
+                  " SP ", SP);
+    CHECK_MESSAGE(ran.bytes[op] == want.bytes[op], std::string(threads::name(static_cast<threads::Op>(op))), " tp ", tp,
+                  " SP ", SP);
   }
 }
 

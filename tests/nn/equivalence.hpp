@@ -20,7 +20,7 @@ namespace weft::test {
 struct GptRun {
   double loss = 0;
   std::map<std::string, std::vector<double>> values, grads;  // global, first `vocab` rows for wte
-  threads::Counters tensor_ops;                               // what rank 0 ran on its tensor group
+  threads::Counters tensor_ops;                              // what rank 0 ran on its tensor group
 };
 
 // vocab 65 is not a multiple of 2 or 4: the tensor-parallel runs pad it.
@@ -30,7 +30,7 @@ inline gpt2::Config tiny_config() {
 
 template <class Config>
 void tiny_batch(std::int64_t batch, const Config& c, std::vector<std::int32_t>& tokens,
-                       std::vector<std::int32_t>& targets) {
+                std::vector<std::int32_t>& targets) {
   tokens.resize(static_cast<std::size_t>(batch * c.seq));
   targets.resize(tokens.size());
   for (std::size_t i = 0; i < tokens.size(); ++i) {

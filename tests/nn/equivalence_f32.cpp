@@ -7,8 +7,8 @@
 using namespace weft;
 using test::run_gpt;
 
-TEST_CASE_TEMPLATE("tensor-parallel Gpt equals one rank within 1e-5 in float", Policy, recompute::None,
-                   recompute::Full, recompute::Selective) {
+TEST_CASE_TEMPLATE("tensor-parallel Gpt equals one rank within 1e-5 in float", Policy, recompute::None, recompute::Full,
+                   recompute::Selective) {
   const auto ref = run_gpt<double, false, recompute::None>(1);
   const auto ref32 = run_gpt<float, false, recompute::None>(1);
   CHECK(test::worst_error(ref32, ref) <= 1e-5);  // float against double at one rank

@@ -14,7 +14,6 @@
 
 using namespace weft;
 
-
 namespace {
 
 // Attention on B = 2 sequences of T positions, H heads of size hd in groups of g per key and value
@@ -26,14 +25,16 @@ std::pair<double, double> attention_error(std::int64_t Tn, std::int64_t hd, std:
   const std::int64_t B = 2, row = H / g * (g + 2) * hd;
   std::vector<T> qkv(static_cast<std::size_t>(B * Tn * row)), dout(static_cast<std::size_t>(B * Tn * H * hd));
   std::vector<double> qkv64(qkv.size()), dout64(dout.size());
-  for (std::size_t i = 0; i < qkv.size(); ++i) qkv64[i] = test::to_double(qkv[i] = test::from_double<T>(weft::normal(3, 1, i)));
+  for (std::size_t i = 0; i < qkv.size(); ++i)
+    qkv64[i] = test::to_double(qkv[i] = test::from_double<T>(weft::normal(3, 1, i)));
   for (std::size_t i = 0; i < dout.size(); ++i)
     dout64[i] = test::to_double(dout[i] = test::from_double<T>(weft::normal(3, 2, i)));
   std::vector<double> out64(dout.size()), probs64(static_cast<std::size_t>(B * H * Tn * Tn)), dqkv64(qkv.size());
   host::attention_forward(out64.data(), probs64.data(), qkv64.data(), B, Tn, H, hd, g);
   host::attention_backward(dqkv64.data(), dout64.data(), qkv64.data(), probs64.data(), B, Tn, H, hd, g);
 
-  Allocation gq = d.allocate(static_cast<std::int64_t>(qkv.size() * sizeof(T))), gd = d.allocate(static_cast<std::int64_t>(dout.size() * sizeof(T))),
+  Allocation gq = d.allocate(static_cast<std::int64_t>(qkv.size() * sizeof(T))),
+             gd = d.allocate(static_cast<std::int64_t>(dout.size() * sizeof(T))),
              go = d.allocate(static_cast<std::int64_t>(dout.size() * sizeof(T))),
              gp = d.allocate(static_cast<std::int64_t>(probs64.size() * sizeof(T))),
              gdq = d.allocate(static_cast<std::int64_t>(qkv.size() * sizeof(T)));
@@ -42,7 +43,7 @@ std::pair<double, double> attention_error(std::int64_t Tn, std::int64_t hd, std:
   auto* q = static_cast<T*>(gq.data());
   ops::Attention<Cuda>::forward(d, static_cast<T*>(go.data()), static_cast<T*>(gp.data()), q, B, Tn, H, hd, g);
   ops::Attention<Cuda>::backward(d, static_cast<T*>(gdq.data()), static_cast<const T*>(gd.data()), q,
-                                static_cast<const T*>(gp.data()), B, Tn, H, hd, g);
+                                 static_cast<const T*>(gp.data()), B, Tn, H, hd, g);
   std::vector<T> out(dout.size()), dq(qkv.size());
   d.to_host(out.data(), go.data(), out.size() * sizeof(T));
   d.to_host(dq.data(), gdq.data(), dq.size() * sizeof(T));
@@ -83,7 +84,8 @@ TEST_CASE("GPU grouped-query attention equals the host's: 4 heads in 2 groups of
     }
 }
 
-TEST_CASE("the tiny GPT on the GPU in f32: loss and every gradient within 1e-5 of the host, tensor 1, 2, 4, with and without SP") {
+TEST_CASE(
+    "the tiny GPT on the GPU in f32: loss and every gradient within 1e-5 of the host, tensor 1, 2, 4, with and without SP") {
   (void)test::gpu();
   // The host f32 run at one rank is the reference; the GPU sums in other orders (float, ~1e-7
   // relative per sum), amplified through softmax and LayerNorm: 1e-5, the tolerance the host's own
@@ -99,22 +101,33 @@ TEST_CASE("the tiny GPT on the GPU in f32: loss and every gradient within 1e-5 o
   }
 }
 
-TEST_CASE("the tiny Llama on the GPU in f32: loss and every gradient within 1e-5 of the host, tensor 1 and 2, with and without SP") {
+TEST_CASE(
+    "the tiny Llama on the GPU in f32: loss and every gradient within 1e-5 of the host, tensor 1 and 2, with and without SP") {
   (void)test::gpu();
   // RMSNorm, rotary (llama3 scaling, all three frequency bands), grouped-query attention (4 heads
   // over 2 key-value heads: tensor 2 holds a group each) and SwiGLU through Ops<Cuda>; the host's
   // f32 run at one rank is the reference, 1e-5 as for the GPT above.
-  const llama::Config c{.vocab = 65, .seq = 16, .layers = 2, .heads = 4, .kv_heads = 2, .width = 32, .hidden = 48,
-                        .rope = {.theta = 500, .factor = 4, .low_freq_factor = 1, .high_freq_factor = 4,
-                                 .original_max_positions = 64},
-                        .norm_eps = 1e-5, .seed = 3, .init_std = 0.2};
+  const llama::Config c{
+      .vocab = 65,
+      .seq = 16,
+      .layers = 2,
+      .heads = 4,
+      .kv_heads = 2,
+      .width = 32,
+      .hidden = 48,
+      .rope = {.theta = 500, .factor = 4, .low_freq_factor = 1, .high_freq_factor = 4, .original_max_positions = 64},
+      .norm_eps = 1e-5,
+      .seed = 3,
+      .init_std = 0.2};
   const auto ref = test::run_model<llama::Model<float, false, recompute::None, Host>>(1, c);
   REQUIRE(ref.grads.count("lm_head") == 1);
   for (int tp : {1, 2}) {
     std::string where;
-    const double e = test::worst_error(test::run_model<llama::Model<float, false, recompute::None, Cuda>>(tp, c), ref, &where);
+    const double e =
+        test::worst_error(test::run_model<llama::Model<float, false, recompute::None, Cuda>>(tp, c), ref, &where);
     CHECK_MESSAGE(e <= 1e-5, "tp ", tp, " without SP: ", where, " off by ", e);
-    const double es = test::worst_error(test::run_model<llama::Model<float, true, recompute::Selective, Cuda>>(tp, c), ref, &where);
+    const double es =
+        test::worst_error(test::run_model<llama::Model<float, true, recompute::Selective, Cuda>>(tp, c), ref, &where);
     CHECK_MESSAGE(es <= 1e-5, "tp ", tp, " with SP: ", where, " off by ", es);
   }
 }
@@ -143,31 +156,40 @@ TEST_CASE("bf16 mixed precision on the GPU: 300 steps on the Markov corpus end w
   CHECK(std::abs(a - b) < 0.05);
 }
 
-TEST_CASE("thread ranks sharing the GPU keep the thread back end's failure rules: a mismatched collective on device buffers is an Error on every rank") {
+TEST_CASE(
+    "thread ranks sharing the GPU keep the thread back end's failure rules: a mismatched collective on device buffers is an Error on every rank") {
   (void)test::gpu();
   // Each rank's call raises the mismatch, and run_threads then raises it too, naming the rank that
   // detected it (the host's rule: tests/comm/mismatch.cpp).
   std::atomic<int> errors{0};
-  CHECK_THROWS_WITH_AS(run_threads(2, [&](ThreadComm& world) {
-    auto dev = test::rank_device<Cuda>(world);
-    const std::int64_t n = world.rank() == 0 ? 4 : 5;  // rank 1 asks for one element more
-    Allocation b = dev->allocate(n * static_cast<std::int64_t>(sizeof(float)));
-    dev->zero(b.data(), static_cast<std::size_t>(n) * sizeof(float));
-    try {
-      world.all_reduce(std::span<float>(static_cast<float*>(b.data()), static_cast<std::size_t>(n)));
-    } catch (const Error& e) {
-      if (std::string(e.what()).find("mismatched collective") != std::string::npos) ++errors;
-    }
-  }), doctest::Contains("mismatched collective #1 on world{0,1}: world rank 0 called all_reduce(f32, 4, sum), world rank 1 called all_reduce(f32, 5, sum)"), Error);
+  CHECK_THROWS_WITH_AS(
+      run_threads(2,
+                  [&](ThreadComm& world) {
+                    auto dev = test::rank_device<Cuda>(world);
+                    const std::int64_t n = world.rank() == 0 ? 4 : 5;  // rank 1 asks for one element more
+                    Allocation b = dev->allocate(n * static_cast<std::int64_t>(sizeof(float)));
+                    dev->zero(b.data(), static_cast<std::size_t>(n) * sizeof(float));
+                    try {
+                      world.all_reduce(std::span<float>(static_cast<float*>(b.data()), static_cast<std::size_t>(n)));
+                    } catch (const Error& e) {
+                      if (std::string(e.what()).find("mismatched collective") != std::string::npos) ++errors;
+                    }
+                  }),
+      doctest::Contains(
+          "mismatched collective #1 on world{0,1}: world rank 0 called all_reduce(f32, 4, sum), world rank 1 called all_reduce(f32, 5, sum)"),
+      Error);
   CHECK(errors == 2);
 }
 
-TEST_CASE("thread ranks sharing the GPU: all_reduce, reduce_scatter and all_gather of device buffers equal the host's, bitwise") {
+TEST_CASE(
+    "thread ranks sharing the GPU: all_reduce, reduce_scatter and all_gather of device buffers equal the host's, bitwise") {
   (void)test::gpu();
   // 3 ranks, 1000 elements of f32 and bf16: sums in rank order on the device equal the host's.
   auto check = [&]<class T>() {
     std::vector<std::vector<T>> host_out(3), dev_out(3);
-    auto input = [](int r, std::size_t i) { return test::from_double<T>(weft::normal(11, static_cast<std::uint64_t>(r), i)); };
+    auto input = [](int r, std::size_t i) {
+      return test::from_double<T>(weft::normal(11, static_cast<std::uint64_t>(r), i));
+    };
     run_threads(3, [&](ThreadComm& world) {
       std::vector<T> h(1000);
       for (std::size_t i = 0; i < h.size(); ++i) h[i] = input(world.rank(), i);

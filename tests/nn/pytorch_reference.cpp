@@ -120,7 +120,8 @@ TEST_CASE("Gpt matches PyTorch under tensor parallelism and sequence parallelism
       CHECK(std::fabs(r.loss - ref.at("loss")[0]) <= 1e-12 * ref.at("loss")[0]);
       CHECK(test::rel_error(r.logits, ref.at("logits")) <= 1e-12);
       CHECK(r.grads.size() == 28);  // every parameter's gradient, gathered whole, none missing
-      for (const auto& [name, g] : r.grads) CHECK_MESSAGE(test::rel_error(g, ref.at(name)) <= 1e-12, name, " at tp ", tp);
+      for (const auto& [name, g] : r.grads)
+        CHECK_MESSAGE(test::rel_error(g, ref.at(name)) <= 1e-12, name, " at tp ", tp);
     }
   }
 }

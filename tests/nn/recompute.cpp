@@ -114,8 +114,8 @@ TEST_CASE("backward rebuilds what a policy dropped: Selective the probabilities,
     CHECK(none.peak >= none.held);
     CHECK(sel.backward_allocated == none.backward_allocated + probs + output);
     CHECK(full.backward_allocated == none.backward_allocated + none.forward_allocated);
-    MESSAGE("tp ", tp, ": backward allocated None ", none.backward_allocated, ", Selective ", sel.backward_allocated, " (+ ",
-            probs, " probabilities + ", output, " output), Full ", full.backward_allocated, " (+ None's forward ",
-            none.forward_allocated, ")");
+    MESSAGE("tp ", tp, ": backward allocated None ", none.backward_allocated, ", Selective ", sel.backward_allocated,
+            " (+ ", probs, " probabilities + ", output, " output), Full ", full.backward_allocated,
+            " (+ None's forward ", none.forward_allocated, ")");
   }
 }

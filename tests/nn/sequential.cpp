@@ -99,11 +99,12 @@ TEST_CASE("Residual adds the input and its gradient and the composite matches fi
     for (std::int64_t i = 0; i < dy.numel(); ++i) dy[i] = R[static_cast<std::size_t>(i)];
     auto dx = res.backward(c, dy, mesh);
     const std::vector<double> dxv(dx.data(), dx.data() + dx.numel());
-    CHECK(test::gradcheck(std::span<double>(x.data(), static_cast<std::size_t>(x.numel())), std::span<const double>(dxv),
-                          loss)
+    CHECK(test::gradcheck(std::span<double>(x.data(), static_cast<std::size_t>(x.numel())),
+                          std::span<const double>(dxv), loss)
               .worst <= 1e-6);
     std::map<std::string, std::vector<double>> analytic;
-    res.for_each_param("r", [&](const std::string& n, auto& p) { analytic[n].assign(p.grad.data(), p.grad.data() + p.grad.numel()); });
+    res.for_each_param(
+        "r", [&](const std::string& n, auto& p) { analytic[n].assign(p.grad.data(), p.grad.data() + p.grad.numel()); });
     res.for_each_param("r", [&](const std::string& n, auto& p) {
       CHECK_MESSAGE(test::gradcheck(std::span<double>(p.value.data(), static_cast<std::size_t>(p.value.numel())),
                                     std::span<const double>(analytic[n]), loss)

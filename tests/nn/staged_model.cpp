@@ -90,8 +90,9 @@ void compare(const Run& ref, int pipe, int tensor, int data, const std::string& 
 
 }  // namespace
 
-TEST_CASE("a model from parts (untied head): tensor 2 with and without SP, pipe 2 under 1F1B and ZB-H1, and data 2 under "
-          "each strategy equal one rank within 1e-12 in double") {
+TEST_CASE(
+    "a model from parts (untied head): tensor 2 with and without SP, pipe 2 under 1F1B and ZB-H1, and data 2 under "
+    "each strategy equal one rank within 1e-12 in double") {
   // 1e-12: the same sums in another order (the tensor shards' partial products, the micro-batches'
   // accumulation); double precision leaves about 1e-15 per operation.
   const Run ref = run<Untied<double>, OneFOneB>(1, 1, 1, 3);
@@ -120,8 +121,8 @@ TEST_CASE("a model from parts: its head's table is its own unit entry, decayed a
         if (e.name == "lm_head") {
           found = true;
           CHECK(u.name() == "head");
-          CHECK(optim::decays(e));                               // declared by UntiedHeadStage
-          CHECK(e.global == Shape{34, kConfig.width});           // 33 padded to a multiple of 2
+          CHECK(optim::decays(e));                                  // declared by UntiedHeadStage
+          CHECK(e.global == Shape{34, kConfig.width});              // 33 padded to a multiple of 2
           CHECK(e.logical == Shape{kConfig.vocab, kConfig.width});  // from the Spec's finish()
         } else if (e.name == "wte") {
           CHECK(!optim::decays(e));

@@ -80,8 +80,8 @@ using Down = Linear<double, RowParallel>;
 using Mlp = Sequential<CopyToTensor, Up, user::ReluSquaredLayer<double>, Down, ReduceFromTensor>;
 
 Mlp make(Host& h, const Spread& s) {
-  return Mlp(CopyToTensor{}, Up(h, 8, 16, s, 10, 3, 0.5), user::ReluSquaredLayer<double>{}, Down(h, 16, 8, s, 12, 3, 0.5),
-             ReduceFromTensor{});
+  return Mlp(CopyToTensor{}, Up(h, 8, 16, s, 10, 3, 0.5), user::ReluSquaredLayer<double>{},
+             Down(h, 16, 8, s, 12, 3, 0.5), ReduceFromTensor{});
 }
 
 Tensor<double, act::Full, Host> input(Host& h, const Spread& s) {
@@ -117,10 +117,12 @@ TEST_CASE("a user's op family, called by a user's layer inside weft's Sequential
     for (std::int64_t i = 0; i < dy.numel(); ++i) dy[i] = R[static_cast<std::size_t>(i)];
     auto dx = mlp.backward(c, dy, mesh);
     const std::vector<double> dxv(dx.data(), dx.data() + dx.numel());
-    CHECK(test::gradcheck(std::span<double>(x.data(), static_cast<std::size_t>(x.numel())), std::span<const double>(dxv), loss)
+    CHECK(test::gradcheck(std::span<double>(x.data(), static_cast<std::size_t>(x.numel())),
+                          std::span<const double>(dxv), loss)
               .worst <= 1e-6);
     std::map<std::string, std::vector<double>> analytic;
-    mlp.for_each_param("m", [&](const std::string& n, auto& p) { analytic[n].assign(p.grad.data(), p.grad.data() + p.grad.numel()); });
+    mlp.for_each_param(
+        "m", [&](const std::string& n, auto& p) { analytic[n].assign(p.grad.data(), p.grad.data() + p.grad.numel()); });
     REQUIRE(analytic.size() == 4);  // two weights, two biases; the op has none
     mlp.for_each_param("m", [&](const std::string& n, auto& p) {
       CHECK_MESSAGE(test::gradcheck(std::span<double>(p.value.data(), static_cast<std::size_t>(p.value.numel())),

@@ -26,12 +26,13 @@ TEST_CASE("learning-rate schedules: constant, and linear warm-up then cosine to 
   CHECK(c.lr(0) == 3e-4);
   CHECK(c.lr(100000) == 3e-4);
   const auto s = optim::Schedule::warmup_cosine(1e-3, 10, 110, 1e-4);
-  CHECK(s.lr(0) == doctest::Approx(1e-4));      // (0 + 1) / 10 of the peak
-  CHECK(s.lr(9) == doctest::Approx(1e-3));      // the end of warm-up
-  CHECK(s.lr(60) == doctest::Approx(5.5e-4));   // half way down the cosine: (max + min) / 2
+  CHECK(s.lr(0) == doctest::Approx(1e-4));     // (0 + 1) / 10 of the peak
+  CHECK(s.lr(9) == doctest::Approx(1e-3));     // the end of warm-up
+  CHECK(s.lr(60) == doctest::Approx(5.5e-4));  // half way down the cosine: (max + min) / 2
   CHECK(s.lr(110) == doctest::Approx(1e-4));
   CHECK(s.lr(500) == doctest::Approx(1e-4));
-  CHECK_THROWS_WITH_AS(optim::Schedule::warmup_cosine(1e-3, 20, 10, 0), doctest::Contains("warm-up 20, total 10"), Error);
+  CHECK_THROWS_WITH_AS(optim::Schedule::warmup_cosine(1e-3, 20, 10, 0), doctest::Contains("warm-up 20, total 10"),
+                       Error);
   // NaN compares false with everything: each rate is refused when it is not finite.
   const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
   CHECK_THROWS_WITH_AS(optim::Schedule::warmup_cosine(nan, 1, 10, 0), doctest::Contains("max lr nan"), Error);
@@ -97,13 +98,14 @@ TEST_CASE("parameter groups: the layers declare them, not the names, and a model
     for (auto& unit : gpt.units()) found += unit.set_decay("wte", nn::Decay::yes);
     REQUIRE(found == 1);
     std::map<std::string, std::vector<double>> before;
-    gpt.for_each_param([&](const std::string& n, auto& p) { before[n].assign(p.value.data(), p.value.data() + p.value.numel()); });
+    gpt.for_each_param(
+        [&](const std::string& n, auto& p) { before[n].assign(p.value.data(), p.value.data() + p.value.numel()); });
     auto sgd = optim::data_parallel<optim::Ddp>(gpt, optim::Sgd{.momentum = 0, .weight_decay = 0.25}, mesh);
     gpt.zero_grad();
     sgd.step(0.5, 0.0);
     gpt.for_each_param([&](const std::string& n, auto& p) {
-      const bool d = n == "wte" || n == "h0.attn.qkv.weight" || n == "h0.attn.proj.weight" ||
-                     n == "h0.mlp.fc.weight" || n == "h0.mlp.proj.weight";
+      const bool d = n == "wte" || n == "h0.attn.qkv.weight" || n == "h0.attn.proj.weight" || n == "h0.mlp.fc.weight" ||
+                     n == "h0.mlp.proj.weight";
       for (std::int64_t i = 0; i < p.value.numel(); ++i)
         REQUIRE(p.value.data()[i] == (d ? 0.875 : 1.0) * before.at(n)[static_cast<std::size_t>(i)]);
     });
@@ -112,7 +114,8 @@ TEST_CASE("parameter groups: the layers declare them, not the names, and a model
 
 namespace {
 
-const gpt2::Config kOptimConfig{.vocab = 33, .seq = 8, .layers = 2, .heads = 4, .width = 16, .seed = 9, .init_std = 0.1};
+const gpt2::Config kOptimConfig{
+    .vocab = 33, .seq = 8, .layers = 2, .heads = 4, .width = 16, .seed = 9, .init_std = 0.1};
 constexpr std::int64_t kBatch = 4;
 
 struct Trained {
@@ -123,7 +126,7 @@ struct Trained {
 // 5 steps of AdamW with clipping on the Markov corpus, gathering the global parameters at the end.
 template <bool SP, class Strategy = optim::Ddp>
 Trained train_run(int data, int tensor, std::int64_t* state_bytes = nullptr, std::int64_t* param_peak = nullptr,
-              std::int64_t* param_now = nullptr) {
+                  std::int64_t* param_now = nullptr) {
   Trained out;
   std::mutex mu;
   const data::MarkovSource corpus(kOptimConfig.vocab, 4);
@@ -156,7 +159,8 @@ Trained train_run(int data, int tensor, std::int64_t* state_bytes = nullptr, std
       const auto v = redistribute<Replicated>(p.value, mesh);
       if (world.rank() != 0) return;
       std::lock_guard lock(mu);
-      out.params[name].assign(v.data(), v.data() + (name == "wte" ? kOptimConfig.vocab * kOptimConfig.width : v.numel()));
+      out.params[name].assign(v.data(),
+                              v.data() + (name == "wte" ? kOptimConfig.vocab * kOptimConfig.width : v.numel()));
     });
   });
   return out;
@@ -228,7 +232,8 @@ TEST_CASE("ZeRO-1 and ZeRO-2 train like one rank and keep about 1/dp of the opti
           scale = std::max(scale, std::fabs(v[i]));
         }
       CHECK_MESSAGE(diff / scale <= 1e-12, "data ", dp, " x tensor ", tp, ": ", diff / scale);
-      for (std::size_t s = 0; s < ref.norms.size(); ++s) CHECK(t->norms[s] == doctest::Approx(ref.norms[s]).epsilon(1e-12));
+      for (std::size_t s = 0; s < ref.norms.size(); ++s)
+        CHECK(t->norms[s] == doctest::Approx(ref.norms[s]).epsilon(1e-12));
       MESSAGE("ZeRO data ", dp, " x tensor ", tp, ": worst relative difference ", diff / scale);
     }
     // The state of this rank: 2 doubles per element of its slice, the slice being ceil(P / dp) of
@@ -253,7 +258,8 @@ TEST_CASE("FSDP trains like one rank and holds about 1/dp of the parameters plus
           scale = std::max(scale, std::fabs(v[i]));
         }
       CHECK_MESSAGE(diff / scale <= 1e-12, "data ", dp, " x tensor ", tp, ": ", diff / scale);
-      for (std::size_t s = 0; s < ref.norms.size(); ++s) CHECK(t.norms[s] == doctest::Approx(ref.norms[s]).epsilon(1e-12));
+      for (std::size_t s = 0; s < ref.norms.size(); ++s)
+        CHECK(t.norms[s] == doctest::Approx(ref.norms[s]).epsilon(1e-12));
       MESSAGE("FSDP data ", dp, " x tensor ", tp, ": worst relative difference ", diff / scale);
     }
   }
@@ -270,8 +276,8 @@ TEST_CASE("FSDP trains like one rank and holds about 1/dp of the parameters plus
   // and one block gathered (larger than the head unit, gathered alone beside the embedding).
   CHECK(now == (kOptimConfig.layers * sb + se + sh) * 8);
   CHECK(peak == (kOptimConfig.layers * sb + se + sh) * 8 + se * dp * 8 + sb * dp * 8);
-  MESSAGE("FSDP data 4: parameters ", now, " bytes at rest, peak ", peak, " in a step (one rank: ",
-          (kOptimConfig.layers * n.block + n.embedding + n.head) * 8, ")");
+  MESSAGE("FSDP data 4: parameters ", now, " bytes at rest, peak ", peak,
+          " in a step (one rank: ", (kOptimConfig.layers * n.block + n.embedding + n.head) * 8, ")");
 }
 
 TEST_CASE("optimizer state per rank equals its formula for every strategy") {
@@ -324,8 +330,8 @@ TEST_CASE("ZeRO-2 holds gradients for 1/dp of the parameters at rest and one uni
   // during its own backward.
   CHECK(grads_now == (kOptimConfig.layers * sb + se + sh) * 8);
   CHECK(grads_peak == (kOptimConfig.layers * sb + se + sh) * 8 + se * dp * 8 + sb * dp * 8);
-  MESSAGE("ZeRO-2 data 4: gradients ", grads_now, " bytes at rest, peak ", grads_peak, " (one rank: ",
-          (kOptimConfig.layers * n.block + n.embedding + n.head) * 8, ")");
+  MESSAGE("ZeRO-2 data 4: gradients ", grads_now, " bytes at rest, peak ", grads_peak,
+          " (one rank: ", (kOptimConfig.layers * n.block + n.embedding + n.head) * 8, ")");
 }
 
 TEST_CASE("SGD with momentum matches its closed form and clipping brings the norm to the limit") {
@@ -340,7 +346,8 @@ TEST_CASE("SGD with momentum matches its closed form and clipping brings the nor
     };
     const auto values = [&] {
       std::map<std::string, std::vector<double>> v;
-      gpt.for_each_param([&](const std::string& n, auto& p) { v[n].assign(p.value.data(), p.value.data() + p.value.numel()); });
+      gpt.for_each_param(
+          [&](const std::string& n, auto& p) { v[n].assign(p.value.data(), p.value.data() + p.value.numel()); });
       return v;
     };
     // Gradients set by hand: g = 1 everywhere. Two SGD steps (lr 0.1, momentum 0.9, decay 0.01):
@@ -379,7 +386,8 @@ TEST_CASE("SGD with momentum matches its closed form and clipping brings the nor
     gpt.for_each_param([&](const std::string& n, auto& p) {
       using P = std::remove_cvref_t<decltype(p)>;
       if (!IsShard<typename P::layout::tensor> && w.rank() != 0) return;  // replicas once
-      for (std::size_t i = 0; i < p2.at(n).size(); ++i) sq[0] += (p2.at(n)[i] - p3.at(n)[i]) * (p2.at(n)[i] - p3.at(n)[i]);
+      for (std::size_t i = 0; i < p2.at(n).size(); ++i)
+        sq[0] += (p2.at(n)[i] - p3.at(n)[i]) * (p2.at(n)[i] - p3.at(n)[i]);
     });
     mesh.tensor().all_reduce(std::span<double>(sq));
     CHECK(std::sqrt(sq[0]) == doctest::Approx(2.0).epsilon(1e-6));  // max / (norm + 1e-6) scaling

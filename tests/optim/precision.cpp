@@ -7,6 +7,7 @@
 #include <cstring>
 #include <mutex>
 
+#include "support/train_markov.hpp"
 #include "weft/comm/mesh.hpp"
 #include "weft/comm/threads/run.hpp"
 #include "weft/core/precision.hpp"
@@ -15,7 +16,6 @@
 #include "weft/models/gpt2/model.hpp"
 #include "weft/optim/data_parallel.hpp"
 #include "weft/optim/schedule.hpp"
-#include "support/train_markov.hpp"
 
 using namespace weft;
 
@@ -32,10 +32,13 @@ TEST_CASE("precision policies name themselves") {
 TEST_CASE("host bf16 GEMM: f32 arithmetic on the bf16 operands, rounded once into a bf16 C, or added into an f32 C") {
   Host h;
   const std::int64_t m = 5, n = 7, k = 33;
-  std::vector<bf16> a(static_cast<std::size_t>(m * k)), b(static_cast<std::size_t>(k * n)), c(static_cast<std::size_t>(m * n));
+  std::vector<bf16> a(static_cast<std::size_t>(m * k)), b(static_cast<std::size_t>(k * n)),
+      c(static_cast<std::size_t>(m * n));
   std::vector<float> af(a.size()), bf(b.size()), cf(c.size()), acc(c.size(), 0.5f);
-  for (std::size_t i = 0; i < a.size(); ++i) af[i] = static_cast<float>(a[i] = bf16(std::sin(0.37f * static_cast<float>(i))));
-  for (std::size_t i = 0; i < b.size(); ++i) bf[i] = static_cast<float>(b[i] = bf16(std::cos(0.11f * static_cast<float>(i))));
+  for (std::size_t i = 0; i < a.size(); ++i)
+    af[i] = static_cast<float>(a[i] = bf16(std::sin(0.37f * static_cast<float>(i))));
+  for (std::size_t i = 0; i < b.size(); ++i)
+    bf[i] = static_cast<float>(b[i] = bf16(std::cos(0.11f * static_cast<float>(i))));
   ops::Gemm<Host>::run(h, Trans::no, Trans::no, m, n, k, 1.0f, a.data(), k, b.data(), n, 0.0f, c.data(), n);
   ops::Gemm<Host>::run(h, Trans::no, Trans::no, m, n, k, 1.0f, af.data(), k, bf.data(), n, 0.0f, cf.data(), n);
   for (std::size_t i = 0; i < c.size(); ++i) CHECK(c[i] == bf16(cf[i]));  // the f32 product, rounded once: bitwise
@@ -50,13 +53,15 @@ TEST_CASE("bf16 ops on the host equal the f32 op on the widened inputs, rounded 
   std::vector<bf16> x(static_cast<std::size_t>(N * C)), w(static_cast<std::size_t>(C)), b(static_cast<std::size_t>(C)),
       out(x.size());
   std::vector<float> xf(x.size()), wf(w.size()), bfl(b.size()), outf(x.size()), mean(N), rstd(N), meanf(N), rstdf(N);
-  for (std::size_t i = 0; i < x.size(); ++i) xf[i] = static_cast<float>(x[i] = bf16(std::sin(1.3f * static_cast<float>(i)) * 3));
+  for (std::size_t i = 0; i < x.size(); ++i)
+    xf[i] = static_cast<float>(x[i] = bf16(std::sin(1.3f * static_cast<float>(i)) * 3));
   for (std::size_t i = 0; i < w.size(); ++i) {
     wf[i] = static_cast<float>(w[i] = bf16(1.0f + 0.01f * static_cast<float>(i)));
     bfl[i] = static_cast<float>(b[i] = bf16(0.02f * static_cast<float>(i)));
   }
   ops::LayerNorm<Host>::forward(h, out.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C, 1e-5f);
-  ops::LayerNorm<Host>::forward(h, outf.data(), meanf.data(), rstdf.data(), xf.data(), wf.data(), bfl.data(), N, C, 1e-5f);
+  ops::LayerNorm<Host>::forward(h, outf.data(), meanf.data(), rstdf.data(), xf.data(), wf.data(), bfl.data(), N, C,
+                                1e-5f);
   for (std::size_t i = 0; i < x.size(); ++i) CHECK(out[i] == bf16(outf[i]));
   CHECK(mean == meanf);  // statistics stay f32
   CHECK(rstd == rstdf);
@@ -105,8 +110,8 @@ TEST_CASE("a non-finite gradient norm skips the step on every rank, for every st
       std::vector<std::int32_t> x, y;
       loader.next(x, y);
       dp.zero_grad();
-      dp.gather_values();  // FSDP: the gathered copy the next forward reads
-      auto& u = gpt.units()[0];  // the embedding stage: wte, then wpe
+      dp.gather_values();                              // FSDP: the gathered copy the next forward reads
+      auto& u = gpt.units()[0];                        // the embedding stage: wte, then wpe
       const std::int64_t bad = u.entries()[1].offset;  // wpe's first element
       const std::vector<T> before(u.values(), u.values() + u.padded());
       if (world.rank() == 0) u.values()[bad] = T(std::nanf(""));
@@ -120,7 +125,8 @@ TEST_CASE("a non-finite gradient norm skips the step on every rank, for every st
       int changed = 0;
       for (std::int64_t i = 0; i < u.padded(); ++i)
         if (i != bad && std::memcmp(&u.values()[i], &before[static_cast<std::size_t>(i)], sizeof(T)) != 0) ++changed;
-      CHECK_MESSAGE(changed == 0, Strategy::name(), " ", P::name(), ": ", changed, " weights changed at rank ", world.rank());
+      CHECK_MESSAGE(changed == 0, Strategy::name(), " ", P::name(), ": ", changed, " weights changed at rank ",
+                    world.rank());
     });
   };
   check.template operator()<optim::Ddp, F32>();

@@ -15,8 +15,8 @@
 #include "weft/comm/threads/run.hpp"
 #include "weft/data/loader.hpp"
 #include "weft/data/synthetic.hpp"
-#include "weft/optim/data_parallel.hpp"
 #include "weft/models/gpt2/model.hpp"
+#include "weft/optim/data_parallel.hpp"
 #include "weft/pipeline/pipelined.hpp"
 
 using namespace weft;
@@ -48,7 +48,8 @@ void compare(int pipe, int v, double tol) {
   const Run ref = run<Sched, T>(1, 1, 1, 1, 1);
   const Run got = run<Sched, T>(pipe, v, 1, 1, 1);
   std::string where;
-  CHECK_MESSAGE(std::abs(got.losses[0] - ref.losses[0]) <= tol * std::abs(ref.losses[0]), std::string(Sched::name), " pipe ", pipe);
+  CHECK_MESSAGE(std::abs(got.losses[0] - ref.losses[0]) <= tol * std::abs(ref.losses[0]), std::string(Sched::name),
+                " pipe ", pipe);
   const double e = worst(got.grads, ref.grads, where);
   CHECK_MESSAGE(e <= tol, std::string(Sched::name), " pipe ", pipe, " V ", v, ": gradient of ", where, " off by ", e);
   MESSAGE(std::string(Sched::name), " pipe ", pipe, " V ", v, ": worst gradient error ", e, " (", where, ")");
@@ -73,13 +74,14 @@ TEST_CASE("1F1B and ZB-H1 at pipe 2 in float: within 1e-5") {
   compare<ZeroBubbleH1, float>(2, 1, 1e-5);
 }
 
-TEST_CASE("5 AdamW steps on pipe 2 x tensor 2 x data 2 (8 ranks) equal one rank within 1e-12, for every data strategy") {
+TEST_CASE(
+    "5 AdamW steps on pipe 2 x tensor 2 x data 2 (8 ranks) equal one rank within 1e-12, for every data strategy") {
   const Run ref = run<OneFOneB, double>(1, 1, 1, 1, 5);
   auto check = [&]<class Sched, class Strategy, bool SP>() {
     const Run got = run<Sched, double, Strategy, SP>(2, 1, 2, 2, 5);
     for (std::size_t i = 0; i < ref.losses.size(); ++i)
-      CHECK_MESSAGE(std::abs(got.losses[i] - ref.losses[i]) <= 1e-12 * std::abs(ref.losses[i]), std::string(Sched::name), " ",
-                    Strategy::name(), " step ", i);
+      CHECK_MESSAGE(std::abs(got.losses[i] - ref.losses[i]) <= 1e-12 * std::abs(ref.losses[i]),
+                    std::string(Sched::name), " ", Strategy::name(), " step ", i);
     // The global parameter vector: max |difference| over max |parameter| (per tensor, the attention's
     // key biases, whose exact gradient is zero, stand out at ~1e-11: their values are rounding noise
     // that Adam's normalization turns into updates; tests/optim/optimizer.cpp measures the same way).
@@ -132,7 +134,8 @@ TEST_CASE("recompute policies compose with the schedules: ZB-H1 with Full and 1F
       }
       gpt.for_each_param([&](const std::string& name, auto& p) {
         std::lock_guard lock(mu);
-        out[name].assign(p.grad.data(), p.grad.data() + (name == "wte" ? kPipeConfig.vocab * kPipeConfig.width : p.grad.numel()));
+        out[name].assign(p.grad.data(),
+                         p.grad.data() + (name == "wte" ? kPipeConfig.vocab * kPipeConfig.width : p.grad.numel()));
       });
     });
     return out;
@@ -155,33 +158,37 @@ TEST_CASE("a rank that fails mid-schedule makes every rank raise within the dead
   try {
     threads::Options opts;
     opts.deadline = std::chrono::milliseconds(2000);
-    run_threads(2, [&](ThreadComm& world) {
-      Host h;
-      Mesh mesh{world, {.pipe = 2}};
-      const Partition part = Partition::even(2, 1, kPipeConfig.layers);
-      gpt2::Model<double> gpt(h, kPipeConfig, mesh.spread(), kMicro, part.placement(mesh.coord().pipe));
-      auto dp = optim::data_parallel<optim::Ddp>(gpt, optim::AdamW{}, mesh);
-      Pipeline<gpt2::Model<double>, decltype(mesh)> pp(gpt, table<OneFOneB>(2, kM), part, mesh);
-      std::vector<std::vector<std::int32_t>> x(kM, std::vector<std::int32_t>(static_cast<std::size_t>(kMicro * kPipeConfig.seq), 1));
-      if (world.rank() == 1) x[2][0] = 999;
-      std::vector<nn::MicroBatch> mbs;
-      for (int i = 0; i < kM; ++i) mbs.push_back({x[static_cast<std::size_t>(i)], x[static_cast<std::size_t>(i)], kMicro, 1.0 / kM});
-      try {
-        pp.run(mbs, dp);
-      } catch (...) {
-        if (world.rank() == 1) failed_at = std::chrono::steady_clock::now().time_since_epoch().count();
-        throw;
-      }
-    }, opts);
-  } catch (const Error& e) {
-    message = e.what();
-  }
+    run_threads(
+        2,
+        [&](ThreadComm& world) {
+          Host h;
+          Mesh mesh{world, {.pipe = 2}};
+          const Partition part = Partition::even(2, 1, kPipeConfig.layers);
+          gpt2::Model<double> gpt(h, kPipeConfig, mesh.spread(), kMicro, part.placement(mesh.coord().pipe));
+          auto dp = optim::data_parallel<optim::Ddp>(gpt, optim::AdamW{}, mesh);
+          Pipeline<gpt2::Model<double>, decltype(mesh)> pp(gpt, table<OneFOneB>(2, kM), part, mesh);
+          std::vector<std::vector<std::int32_t>> x(
+              kM, std::vector<std::int32_t>(static_cast<std::size_t>(kMicro * kPipeConfig.seq), 1));
+          if (world.rank() == 1) x[2][0] = 999;
+          std::vector<nn::MicroBatch> mbs;
+          for (int i = 0; i < kM; ++i)
+            mbs.push_back({x[static_cast<std::size_t>(i)], x[static_cast<std::size_t>(i)], kMicro, 1.0 / kM});
+          try {
+            pp.run(mbs, dp);
+          } catch (...) {
+            if (world.rank() == 1) failed_at = std::chrono::steady_clock::now().time_since_epoch().count();
+            throw;
+          }
+        },
+        opts);
+  } catch (const Error& e) { message = e.what(); }
   const auto end = std::chrono::steady_clock::now();
   CHECK_MESSAGE(message.find("world rank 1 failed") != std::string::npos, message);
   CHECK_MESSAGE(message.find("token 999") != std::string::npos, message);
   REQUIRE(failed_at.load() != 0);
-  const double waited =
-      std::chrono::duration<double>(end - std::chrono::steady_clock::time_point(std::chrono::steady_clock::duration(failed_at.load()))).count();
+  const double waited = std::chrono::duration<double>(end - std::chrono::steady_clock::time_point(
+                                                                std::chrono::steady_clock::duration(failed_at.load())))
+                            .count();
   CHECK(waited < 2.0 + test::kSchedulingMargin);  // within the deadline, and the margin for a loaded machine
   MESSAGE("every rank raised ", waited, " s after rank 1 did (deadline 2 s)");
 }
@@ -233,9 +240,7 @@ Stopped stop_then_run(int pipe, int v, int stop) {
     bool stopped = false;
     try {
       pp.run(mbs, dp, hook);
-    } catch (const StepStopped&) {
-      stopped = true;
-    }
+    } catch (const StepStopped&) { stopped = true; }
     dp.zero_grad();
     const double loss = pp.run(mbs, dp);  // the whole step, on the communicator the stop left
     std::lock_guard lock(mu);
@@ -243,7 +248,8 @@ Stopped stop_then_run(int pipe, int v, int stop) {
     out.all_stopped = out.all_stopped && stopped;
     out.loss = loss;
     gpt.for_each_param([&](const std::string& name, auto& p) {
-      out.grads[name].assign(p.grad.data(), p.grad.data() + (name == "wte" ? kPipeConfig.vocab * kPipeConfig.width : p.grad.numel()));
+      out.grads[name].assign(p.grad.data(),
+                             p.grad.data() + (name == "wte" ? kPipeConfig.vocab * kPipeConfig.width : p.grad.numel()));
     });
   });
   return out;
@@ -251,8 +257,9 @@ Stopped stop_then_run(int pipe, int v, int stop) {
 
 }  // namespace
 
-TEST_CASE_TEMPLATE("a pipelined step stopped at any cut of its table stops every rank there and leaves no message behind", S,
-                   GPipe, OneFOneB, ZeroBubbleH1, Interleaved) {
+TEST_CASE_TEMPLATE(
+    "a pipelined step stopped at any cut of its table stops every rank there and leaves no message behind", S, GPipe,
+    OneFOneB, ZeroBubbleH1, Interleaved) {
   // Every cut of the table (pipeline::cuts) on pipe 2 (V = 2 for interleaved) and, for 1F1B, pipe
   // 4: every rank's hook is called at the same number of points, every rank stops at the one
   // given, none hangs (the messages sent across the cut are received: the communicator's
@@ -263,7 +270,8 @@ TEST_CASE_TEMPLATE("a pipelined step stopped at any cut of its table stops every
   for (int pipe : std::same_as<S, OneFOneB> ? std::vector<int>{2, 4} : std::vector<int>{2}) {
     const Stopped whole = stop_then_run<S>(pipe, v, -1);
     const int n = whole.points[0];
-    for (int r = 0; r < pipe; ++r) CHECK_MESSAGE(whole.points[static_cast<std::size_t>(r)] == n, std::string(S::name), " rank ", r);
+    for (int r = 0; r < pipe; ++r)
+      CHECK_MESSAGE(whole.points[static_cast<std::size_t>(r)] == n, std::string(S::name), " rank ", r);
     REQUIRE(n == cuts(table<S>(pipe, kM, v)).count());
     REQUIRE(n >= kM);  // a cut at least every micro-batch, so a long step stops part-way
     for (int c = 0; c < n; ++c) {
@@ -279,10 +287,12 @@ TEST_CASE_TEMPLATE("a pipelined step stopped at any cut of its table stops every
 }
 
 TEST_CASE("partitions refuse what cannot be split, naming the values") {
-  CHECK_THROWS_WITH_AS(Partition::even(3, 1, 8), doctest::Contains("8 layers do not split evenly over pipe 3 x 1 virtual stages = 3"),
+  CHECK_THROWS_WITH_AS(Partition::even(3, 1, 8),
+                       doctest::Contains("8 layers do not split evenly over pipe 3 x 1 virtual stages = 3"), Error);
+  CHECK_THROWS_WITH_AS(Partition::given(2, 1, {8}), doctest::Contains("1 stage sizes for pipe 2 x 1 virtual stages"),
                        Error);
-  CHECK_THROWS_WITH_AS(Partition::given(2, 1, {8}), doctest::Contains("1 stage sizes for pipe 2 x 1 virtual stages"), Error);
-  CHECK_THROWS_WITH_AS(Partition::given(3, 1, {4, 0, 4}), doctest::Contains("virtual stage 1 of 3 is given 0 blocks"), Error);
+  CHECK_THROWS_WITH_AS(Partition::given(3, 1, {4, 0, 4}), doctest::Contains("virtual stage 1 of 3 is given 0 blocks"),
+                       Error);
   const Partition p = Partition::given(2, 1, {0, 8});  // the first stage holds the embedding alone
   CHECK(p.fine(0) == std::vector<std::size_t>{0});
   CHECK(p.fine(1).size() == 9);  // 8 blocks and the head

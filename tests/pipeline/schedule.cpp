@@ -35,22 +35,26 @@ void sweep(int v) {
       if (S::kind == Kind::interleaved && m % p != 0) continue;
       const Table t = table<S>(p, m, v);
       const auto problem = check(t);
-      REQUIRE_MESSAGE(!problem, S::name, " p ", p, " m ", m, ": rank ", problem->rank, " action ", problem->action, ": ",
-                      problem->what);
+      REQUIRE_MESSAGE(!problem, S::name, " p ", p, " m ", m, ": rank ", problem->rank, " action ", problem->action,
+                      ": ", problem->what);
       const Simulation sim = simulate(t, unit_costs(t));
       REQUIRE_MESSAGE(sim.completed, S::name, " p ", p, " m ", m, ": ", sim.blocked->what);
       for (int r = 0; r < p; ++r) {
         // Micro-batches in flight (forwards whose backward has not run), per rank.
-        const int bound = S::kind == Kind::gpipe ? m
+        const int bound = S::kind == Kind::gpipe         ? m
                           : S::kind == Kind::interleaved ? std::min(m * v, (p - r - 1) * 2 + (v - 1) * p + 1)
-                                                          : std::min(m, p - r);
-        CHECK_MESSAGE(sim.max_in_flight[static_cast<std::size_t>(r)] <= bound, S::name, " p ", p, " m ", m, " rank ", r);
-        CHECK(sim.max_in_flight[static_cast<std::size_t>(r)] <= (S::kind == Kind::gpipe ? m : S::kind == Kind::interleaved ? 3 * p * v : p));
+                                                         : std::min(m, p - r);
+        CHECK_MESSAGE(sim.max_in_flight[static_cast<std::size_t>(r)] <= bound, S::name, " p ", p, " m ", m, " rank ",
+                      r);
+        CHECK(sim.max_in_flight[static_cast<std::size_t>(r)] <= (S::kind == Kind::gpipe         ? m
+                                                                 : S::kind == Kind::interleaved ? 3 * p * v
+                                                                                                : p));
         // The bubble: exact for GPipe and 1F1B at every m; for interleaved and ZB-H1 from m >= p,
         // where the papers' steady state exists.
         if (S::kind == Kind::gpipe || S::kind == Kind::one_f_one_b || m >= p)
-          CHECK_MESSAGE(std::abs(sim.bubble(r) - closed_form_bubble(S::kind, p, m, v)) < 1e-12, S::name, " p ", p, " m ", m,
-                        " rank ", r, ": simulated ", sim.bubble(r), ", closed form ", closed_form_bubble(S::kind, p, m, v));
+          CHECK_MESSAGE(std::abs(sim.bubble(r) - closed_form_bubble(S::kind, p, m, v)) < 1e-12, S::name, " p ", p,
+                        " m ", m, " rank ", r, ": simulated ", sim.bubble(r), ", closed form ",
+                        closed_form_bubble(S::kind, p, m, v));
       }
     }
 }
@@ -74,7 +78,8 @@ TEST_CASE("ZB-H1 tables: checked, no deadlock, W after its B, bubble (p-1)/(3m+p
   CHECK(closed_form_bubble(Kind::zero_bubble_h1, 4, 8) < closed_form_bubble(Kind::one_f_one_b, 4, 8) / 2);
 }
 
-TEST_CASE("a table with two receives swapped is reported with the rank, the action and the micro-batch where it blocks") {
+TEST_CASE(
+    "a table with two receives swapped is reported with the rank, the action and the micro-batch where it blocks") {
   // On rank 1 of 1F1B (p 3, m 4), the receive of micro-batch 0's activation and of its gradient trade
   // places: rank 1 now waits for the gradient before it has forwarded the activation that makes it.
   Table t = table<OneFOneB>(3, 4);
@@ -94,8 +99,9 @@ TEST_CASE("a table with two receives swapped is reported with the rank, the acti
   REQUIRE(sim.blocked);
   CHECK(sim.blocked->rank == 1);
   CHECK(sim.blocked->action == act);
-  CHECK(sim.blocked->what == "blocks in an exchange receiving the gradient of stage 2 micro-batch 0 from rank 2, which is itself "
-                             "blocked before sending it");
+  CHECK(sim.blocked->what ==
+        "blocks in an exchange receiving the gradient of stage 2 micro-batch 0 from rank 2, which is itself "
+        "blocked before sending it");
   // check() also finds a table whose receives differ from the sends on one channel.
   Table u = table<GPipe>(2, 3);
   for (Action& x : u.ranks[1])
@@ -103,7 +109,9 @@ TEST_CASE("a table with two receives swapped is reported with the rank, the acti
   const auto problem = check(u);
   REQUIRE(problem);
   CHECK(problem->rank == 1);
-  CHECK(problem->what == "receives the activation of stage 0 micro-batch 1 from rank 0 where rank 0 sends the activation of stage 0 micro-batch 0");
+  CHECK(
+      problem->what ==
+      "receives the activation of stage 0 micro-batch 1 from rank 0 where rank 0 sends the activation of stage 0 micro-batch 0");
 }
 
 TEST_CASE("schedules refuse what they cannot run, naming the values") {
@@ -117,7 +125,8 @@ TEST_CASE("docs/pipeline.md shows the pictures these tables draw") {
   std::ifstream f(WEFT_SOURCE_DIR "/docs/pipeline.md");
   REQUIRE(f);
   const std::string doc((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  for (const Table& t : {table<GPipe>(4, 4), table<OneFOneB>(4, 8), table<Interleaved>(4, 8, 2), table<ZeroBubbleH1>(4, 8)})
+  for (const Table& t :
+       {table<GPipe>(4, 4), table<OneFOneB>(4, 8), table<Interleaved>(4, 8, 2), table<ZeroBubbleH1>(4, 8)})
     CHECK_MESSAGE(doc.find(chart(t)) != std::string::npos, "the doc lacks:\n", chart(t));
 }
 
@@ -136,7 +145,6 @@ TEST_CASE("simulate with stage costs: the slowest stage sets the steady state, a
   c.forward.pop_back();
   CHECK_THROWS_WITH_AS(simulate(t, c), doctest::Contains("costs for 1, 2 and 2 stages"), Error);
 }
-
 
 namespace {
 // Where a message is posted and where it is received: (rank, action index) of its send and receive.
@@ -238,7 +246,8 @@ TEST_CASE("cuts: every rank reaches its point of a cut without waiting on a rank
                 const Action& x = acts[static_cast<std::size_t>(k)];
                 if (x.what != Do::exchange || !x.recv.present()) continue;
                 const Where sent = find_message(t, x.recv).first;
-                const bool sent_before = 2 * sent.at + 1 <= c.at[static_cast<std::size_t>(sent.rank)][static_cast<std::size_t>(cut)];
+                const bool sent_before =
+                    2 * sent.at + 1 <= c.at[static_cast<std::size_t>(sent.rank)][static_cast<std::size_t>(cut)];
                 if (2 * k + 2 <= mine) {
                   CAPTURE(cut);
                   CAPTURE(r);

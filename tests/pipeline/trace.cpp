@@ -11,8 +11,8 @@
 #include "weft/comm/threads/run.hpp"
 #include "weft/data/loader.hpp"
 #include "weft/data/synthetic.hpp"
-#include "weft/optim/data_parallel.hpp"
 #include "weft/models/gpt2/model.hpp"
+#include "weft/optim/data_parallel.hpp"
 #include "weft/pipeline/pipelined.hpp"
 
 using namespace weft;
@@ -64,7 +64,8 @@ TEST_CASE("a 1F1B step's trace follows each rank's table") {
       CHECK(computes[i]["args"]["stage"] == expect[i].stage);
       CHECK(computes[i]["args"]["micro"] == expect[i].micro);
       if (i > 0)  // one track: the previous compute ended before this one began
-        CHECK(computes[i - 1]["ts"].get<double>() + computes[i - 1]["dur"].get<double>() <= computes[i]["ts"].get<double>() + 1e-3);
+        CHECK(computes[i - 1]["ts"].get<double>() + computes[i - 1]["dur"].get<double>() <=
+              computes[i]["ts"].get<double>() + 1e-3);
     }
     // Rank 1 receives m activations, rank 0 m gradients: a receive wait each.
     CHECK(waits == m);

@@ -14,11 +14,11 @@
 #include <vector>
 
 #include "03_custom_model.hpp"
-#include "weft/plan/measure.hpp"
-#include "weft/plan/measure_time.hpp"
 #include "weft/models/gpt2/cluster_plan.hpp"
 #include "weft/models/gpt2/estimate.hpp"
 #include "weft/models/gpt2/replay.hpp"
+#include "weft/plan/measure.hpp"
+#include "weft/plan/measure_time.hpp"
 #include "weft/train/cluster_plan.hpp"
 
 using namespace weft;
@@ -65,13 +65,16 @@ void same_rank(const footprint::RankStep& got, const footprint::RankStep& want, 
 // ranks' largest peak per pipe rank equals the largest of all that pipe rank's ranks.
 template <template <class> class M, class Strategy, class C>
 void check_alone(const C& c, const footprint::Run& run, const std::vector<footprint::RankStep>& all) {
-  const std::string what = cat(Strategy::name(), " data ", run.mesh.data, " pipe ", run.mesh.pipe, " tensor ", run.mesh.tensor);
+  const std::string what =
+      cat(Strategy::name(), " data ", run.mesh.data, " pipe ", run.mesh.pipe, " tensor ", run.mesh.tensor);
   for (const footprint::RankStep& r : all)
     same_rank(footprint::measure_alone<M, Strategy>(c, run, r.rank), r, cat(what, " rank ", r.rank, " alone"));
   std::vector<std::int64_t> most(static_cast<std::size_t>(run.mesh.pipe), 0), bound(most);
-  for (const footprint::RankStep& r : all) most[static_cast<std::size_t>(r.coord.pipe)] = std::max(most[static_cast<std::size_t>(r.coord.pipe)], r.step.total);
+  for (const footprint::RankStep& r : all)
+    most[static_cast<std::size_t>(r.coord.pipe)] = std::max(most[static_cast<std::size_t>(r.coord.pipe)], r.step.total);
   for (const footprint::RankStep& r : footprint::measure_bounding<M, Strategy>(c, run))
-    bound[static_cast<std::size_t>(r.coord.pipe)] = std::max(bound[static_cast<std::size_t>(r.coord.pipe)], r.step.total);
+    bound[static_cast<std::size_t>(r.coord.pipe)] =
+        std::max(bound[static_cast<std::size_t>(r.coord.pipe)], r.step.total);
   CHECK_MESSAGE(bound == most, what);
 }
 
@@ -89,14 +92,15 @@ void check_custom(const footprint::Run& run) {
   std::vector<footprint::RankStep> host(static_cast<std::size_t>(ranks));
   run_threads(ranks, [&](ThreadComm& w) {
     Host dev;
-    host[static_cast<std::size_t>(w.rank())] = footprint::measure_rank<custom::Model<P, SP, Host>, Strategy>(dev, w, c, run);
+    host[static_cast<std::size_t>(w.rank())] =
+        footprint::measure_rank<custom::Model<P, SP, Host>, Strategy>(dev, w, c, run);
   });
   const auto meta = footprint::measure<Custom<P, SP>::template on, Strategy>(c, run);
   REQUIRE(meta.size() == host.size());
   for (std::size_t r = 0; r < host.size(); ++r) {
-    const std::string what = cat(Strategy::name(), SP ? "-sp " : " ", precision_t<P>::name(), " data ", run.mesh.data, " pipe ",
-                                 run.mesh.pipe, " tensor ", run.mesh.tensor, " schedule ", static_cast<int>(run.schedule),
-                                 " rank ", r);
+    const std::string what =
+        cat(Strategy::name(), SP ? "-sp " : " ", precision_t<P>::name(), " data ", run.mesh.data, " pipe ",
+            run.mesh.pipe, " tensor ", run.mesh.tensor, " schedule ", static_cast<int>(run.schedule), " rank ", r);
     same(meta[r].step, host[r].step, what);
     for (std::size_t k = 0; k < kCategories; ++k) CHECK_MESSAGE(meta[r].state.bytes[k] == host[r].state.bytes[k], what);
     CHECK(meta[r].coord.pipe == host[r].coord.pipe);
@@ -124,10 +128,15 @@ TEST_CASE("the measured plan of the custom decoder equals the host allocator's c
   check_custom<float, true, optim::Zero1>({.mesh = {.data = 2, .tensor = 2}, .micro_batch = 4});
   check_custom<float, true, optim::Fsdp>({.mesh = {.data = 2, .tensor = 2}, .micro_batch = 2});
   check_custom<double, false, optim::Zero2>({.mesh = {.data = 2}, .micro_batch = 2});
-  check_custom<float, false, optim::Ddp>({.mesh = {.pipe = 2}, .micro_batch = 1, .micro_batches = 4, .schedule = Kind::one_f_one_b});
-  check_custom<float, false, optim::Ddp>({.mesh = {.pipe = 2}, .micro_batch = 1, .micro_batches = 4, .schedule = Kind::zero_bubble_h1});
-  check_custom<float, true, optim::Fsdp>(
-      {.mesh = {.data = 2, .pipe = 2, .tensor = 2}, .micro_batch = 2, .micro_batches = 4, .schedule = Kind::interleaved, .virtual_stages = 2});
+  check_custom<float, false, optim::Ddp>(
+      {.mesh = {.pipe = 2}, .micro_batch = 1, .micro_batches = 4, .schedule = Kind::one_f_one_b});
+  check_custom<float, false, optim::Ddp>(
+      {.mesh = {.pipe = 2}, .micro_batch = 1, .micro_batches = 4, .schedule = Kind::zero_bubble_h1});
+  check_custom<float, true, optim::Fsdp>({.mesh = {.data = 2, .pipe = 2, .tensor = 2},
+                                          .micro_batch = 2,
+                                          .micro_batches = 4,
+                                          .schedule = Kind::interleaved,
+                                          .virtual_stages = 2});
 }
 
 namespace {
@@ -150,15 +159,17 @@ template <template <class> class M, class Strategy, class P, bool SP, class R>
 void check_gpt2(const footprint::Run& run) {
   const auto meta = footprint::measure<M, Strategy>(kSmall, run);
   for (const footprint::RankStep& r : meta) {
-    const Spread s{.data_degree = run.mesh.data, .tensor_degree = run.mesh.tensor, .data_index = r.coord.data,
+    const Spread s{.data_degree = run.mesh.data,
+                   .tensor_degree = run.mesh.tensor,
+                   .data_index = r.coord.data,
                    .tensor_index = r.coord.tensor};
     const footprint::StepPeak want =
-        run.mesh.pipe == 1
-            ? footprint::step<Strategy, P, SP, R>(kSmall, s, run.micro_batch, run.micro_batches)
-            : footprint::pipeline_step<Strategy, P, SP, R>(
-                  kSmall, s, run.micro_batch,
-                  pipeline::make_table(run.schedule, run.mesh.pipe, static_cast<int>(run.micro_batches), run.virtual_stages),
-                  r.coord.pipe);
+        run.mesh.pipe == 1 ? footprint::step<Strategy, P, SP, R>(kSmall, s, run.micro_batch, run.micro_batches)
+                           : footprint::pipeline_step<Strategy, P, SP, R>(
+                                 kSmall, s, run.micro_batch,
+                                 pipeline::make_table(run.schedule, run.mesh.pipe, static_cast<int>(run.micro_batches),
+                                                      run.virtual_stages),
+                                 r.coord.pipe);
     same(r.step, want, cat("GPT-2 ", Strategy::name(), " rank ", r.rank));
   }
   check_alone<M, Strategy>(kSmall, run, meta);
@@ -169,10 +180,12 @@ void check_gpt2(const footprint::Run& run) {
 TEST_CASE("the measured plan of GPT-2 equals its constexpr replay: every strategy, SP, recompute, pipelines") {
   using pipeline::Kind;
   check_gpt2<Gpt, optim::Ddp, float, true, recompute::None>({.mesh = {.data = 2, .tensor = 2}, .micro_batch = 4});
-  check_gpt2<Gpt, optim::Zero1, float, true, recompute::None>({.mesh = {.data = 2, .tensor = 2}, .micro_batch = 2, .micro_batches = 2});
+  check_gpt2<Gpt, optim::Zero1, float, true, recompute::None>(
+      {.mesh = {.data = 2, .tensor = 2}, .micro_batch = 2, .micro_batches = 2});
   check_gpt2<Gpt, optim::Zero2, float, true, recompute::None>({.mesh = {.data = 2, .tensor = 2}, .micro_batch = 4});
   check_gpt2<Gpt, optim::Fsdp, float, true, recompute::None>({.mesh = {.data = 2, .tensor = 2}, .micro_batch = 2});
-  check_gpt2<GptBf16Full, optim::Fsdp, Bf16Mixed, false, recompute::Full>({.mesh = {.data = 2}, .micro_batch = 2, .micro_batches = 2});
+  check_gpt2<GptBf16Full, optim::Fsdp, Bf16Mixed, false, recompute::Full>(
+      {.mesh = {.data = 2}, .micro_batch = 2, .micro_batches = 2});
   check_gpt2<GptSelective, optim::Zero2, float, false, recompute::Selective>({.mesh = {.tensor = 2}, .micro_batch = 2});
   check_gpt2<Gpt, optim::Fsdp, float, true, recompute::None>(
       {.mesh = {.pipe = 2, .tensor = 2}, .micro_batch = 4, .micro_batches = 2, .schedule = Kind::one_f_one_b});
@@ -200,10 +213,13 @@ TEST_CASE("the measured plan of a large model costs no memory, and refuses sizes
   same(plan[0].step, footprint::step<optim::Fsdp, float, true>(xl, s, 8), "GPT-2 1.5B, FSDP-SP, data 8");
   CHECK(plan[0].step.total > (std::int64_t{1} << 30));  // more than a GiB per rank
   REQUIRE(before > 0);
-  MESSAGE("the process's peak mapping grew by ", grew >> 20, " MiB while planning ", plan[0].step.total >> 20, " MiB per rank");
+  MESSAGE("the process's peak mapping grew by ", grew >> 20, " MiB while planning ", plan[0].step.total >> 20,
+          " MiB per rank");
   CHECK(grew < plan[0].step.total / 4);  // 8 threads' stacks and the bookkeeping: well under a quarter of one rank's
   // 25 heads on tensor 4: GPT-2's own check refuses, naming the values, on every rank.
-  const auto refused = [&] { return footprint::measure<Gpt, optim::Fsdp>(xl, {.mesh = {.tensor = 4}, .micro_batch = 8}); };
+  const auto refused = [&] {
+    return footprint::measure<Gpt, optim::Fsdp>(xl, {.mesh = {.tensor = 4}, .micro_batch = 8});
+  };
   CHECK_THROWS_WITH_AS(refused(), doctest::Contains("tensor degree 4 does not divide 25 heads"), Error);
 }
 
@@ -212,14 +228,17 @@ TEST_CASE("one rank measured alone plans a mesh of thousands of ranks: GPT-2 aga
   const gpt2::Config c{.vocab = 50257, .seq = 1024, .layers = 8, .heads = 16, .width = 1024};
   // 4096 ranks: data 256 x pipe 4 x tensor 4, ZeRO-2 with SP under ZB-H1, 8 micro-batches; the
   // bounding ranks of each pipe rank against the replay of that pipe rank.
-  const footprint::Run run{.mesh = {.data = 256, .pipe = 4, .tensor = 4}, .micro_batch = 256, .micro_batches = 8,
+  const footprint::Run run{.mesh = {.data = 256, .pipe = 4, .tensor = 4},
+                           .micro_batch = 256,
+                           .micro_batches = 8,
                            .schedule = Kind::zero_bubble_h1};
   const auto ranks = footprint::measure_bounding<Gpt, optim::Zero2>(c, run);
   CHECK(ranks.size() == 8);  // per pipe rank: data 0 tensor 0, and data 255 tensor 3
   const pipeline::Table table = pipeline::make_table(run.schedule, 4, 8);
   for (const footprint::RankStep& r : ranks) {
     const Spread s{.data_degree = 256, .tensor_degree = 4, .data_index = r.coord.data, .tensor_index = r.coord.tensor};
-    same(r.step, footprint::pipeline_step<optim::Zero2, float, true>(c, s, 256, table, r.coord.pipe), cat("rank ", r.rank));
+    same(r.step, footprint::pipeline_step<optim::Zero2, float, true>(c, s, 256, table, r.coord.pipe),
+         cat("rank ", r.rank));
   }
   const std::vector<int> bounding{0, 4, 8, 12, 4083, 4087, 4091, 4095};
   CHECK(footprint::bounding_ranks({.data = 256, .pipe = 4, .tensor = 4}) == bounding);
@@ -229,7 +248,8 @@ TEST_CASE("one rank measured alone plans a mesh of thousands of ranks: GPT-2 aga
   StandIn alone(3, 8);
   CHECK_THROWS_WITH_AS(alone.split(0, 3), doctest::Contains("cannot split by color"), Error);
   const std::vector<int> others{0, 1, 2}, mine{1, 3, 5};
-  CHECK_THROWS_WITH_AS(alone.group(others, "g"), doctest::Contains("rank 3 of 'world' is not among the 3 members"), Error);
+  CHECK_THROWS_WITH_AS(alone.group(others, "g"), doctest::Contains("rank 3 of 'world' is not among the 3 members"),
+                       Error);
   CHECK(alone.group(mine, "g").rank() == 1);
   CHECK(alone.group(mine, "g").size() == 3);
 }
@@ -247,8 +267,8 @@ void check_work(const footprint::Run& run) {
   const Spread s{.data_degree = run.mesh.data, .tensor_degree = run.mesh.tensor};
   const estimate::Work got = estimate::work_of(r, run.mesh);
   const estimate::Work want = estimate::work<Strategy, P, SP, R>(kSmall, s, run.micro_batch, run.micro_batches);
-  INFO(cat(Strategy::name(), SP ? "-sp" : "", " data ", run.mesh.data, " tensor ", run.mesh.tensor, " micro ", run.micro_batch,
-           " x ", run.micro_batches));
+  INFO(cat(Strategy::name(), SP ? "-sp" : "", " data ", run.mesh.data, " tensor ", run.mesh.tensor, " micro ",
+           run.micro_batch, " x ", run.micro_batches));
   using GemmKey = std::tuple<std::int64_t, std::int64_t, std::int64_t, bool, bool>;
   std::map<GemmKey, std::int64_t> g, wg;
   for (const auto& x : got.gemms) g[{x.m, x.n, x.k, x.ta, x.tb}] += x.count;
@@ -266,11 +286,14 @@ void check_work(const footprint::Run& run) {
   for (const auto& x : got.comms)
     if (x.degree > 1) c[{static_cast<int>(x.collective), static_cast<int>(x.axis), x.degree, x.bytes}] += x.count;
   for (const auto& x : want.comms)
-    if (x.degree > 1 && x.count > 0) wc[{static_cast<int>(x.collective), static_cast<int>(x.axis), x.degree, x.bytes}] += x.count;
+    if (x.degree > 1 && x.count > 0)
+      wc[{static_cast<int>(x.collective), static_cast<int>(x.axis), x.degree, x.bytes}] += x.count;
   CHECK(c == wc);
   if (c != wc) {
-    for (const auto& [k, n] : c) MESSAGE("measured ", std::get<0>(k), " axis ", std::get<1>(k), " bytes ", std::get<3>(k), " x ", n);
-    for (const auto& [k, n] : wc) MESSAGE("closed form ", std::get<0>(k), " axis ", std::get<1>(k), " bytes ", std::get<3>(k), " x ", n);
+    for (const auto& [k, n] : c)
+      MESSAGE("measured ", std::get<0>(k), " axis ", std::get<1>(k), " bytes ", std::get<3>(k), " x ", n);
+    for (const auto& [k, n] : wc)
+      MESSAGE("closed form ", std::get<0>(k), " axis ", std::get<1>(k), " bytes ", std::get<3>(k), " x ", n);
   }
 }
 
@@ -278,9 +301,11 @@ void check_work(const footprint::Run& run) {
 
 TEST_CASE("the time model's work measured on the Meta device equals GPT-2's closed forms") {
   check_work<Gpt, optim::Ddp, float, true, recompute::None>({.mesh = {.data = 2, .tensor = 2}, .micro_batch = 4});
-  check_work<Gpt, optim::Fsdp, float, true, recompute::None>({.mesh = {.data = 2, .tensor = 2}, .micro_batch = 2, .micro_batches = 2});
+  check_work<Gpt, optim::Fsdp, float, true, recompute::None>(
+      {.mesh = {.data = 2, .tensor = 2}, .micro_batch = 2, .micro_batches = 2});
   check_work<Gpt, optim::Zero1, float, true, recompute::None>({.mesh = {.data = 2, .tensor = 2}, .micro_batch = 2});
-  check_work<GptBf16Full, optim::Zero2, Bf16Mixed, false, recompute::Full>({.mesh = {.data = 2}, .micro_batch = 2, .micro_batches = 2});
+  check_work<GptBf16Full, optim::Zero2, Bf16Mixed, false, recompute::Full>(
+      {.mesh = {.data = 2}, .micro_batch = 2, .micro_batches = 2});
   check_work<GptSelective, optim::Zero2, float, false, recompute::Selective>({.mesh = {.tensor = 2}, .micro_batch = 2});
 }
 
@@ -343,9 +368,11 @@ void same_stages(const std::vector<footprint::StageCollectives>& got, const C& c
   for (std::size_t st = 0; st < got.size(); ++st) {
     std::vector<nn::PlanRow> rows;
     if (st == 0) M::Embedding::plan_rows(rows, act, s, e);
-    else if (st + 1 == got.size()) M::Head::plan_rows(rows, c.vocab, nn::padded_vocab(c.vocab, shape.tensor), act, s, e);
+    else if (st + 1 == got.size())
+      M::Head::plan_rows(rows, c.vocab, nn::padded_vocab(c.vocab, shape.tensor), act, s, e);
     else block_rows(rows, static_cast<std::int64_t>(st) - 1, act, s, e);
-    same_stage(got[st], rows, cat(what, "data ", shape.data, " tensor ", shape.tensor, " stage ", got[st].stage), total);
+    same_stage(got[st], rows, cat(what, "data ", shape.data, " tensor ", shape.tensor, " stage ", got[st].stage),
+               total);
   }
   CHECK(total > 0);
 }
@@ -354,9 +381,8 @@ template <bool SP>
 void check_stages(MeshShape shape, std::int64_t micro) {
   using M = gpt2::Model<float, SP, recompute::None, Host>;
   const auto got = footprint::stage_collectives<GptOn<SP>::template on>(kSmall, shape, micro);
-  same_stages<M>(got, kSmall, shape, micro, SP ? "SP " : "", [](auto& rows, std::int64_t l, auto&... rest) {
-    M::BlockT::plan_rows(rows, cat("h", l), rest...);
-  });
+  same_stages<M>(got, kSmall, shape, micro, SP ? "SP " : "",
+                 [](auto& rows, std::int64_t l, auto&... rest) { M::BlockT::plan_rows(rows, cat("h", l), rest...); });
   CHECK(got[1].stage == "h0");
 }
 
@@ -365,7 +391,8 @@ void check_stages(MeshShape shape, std::int64_t micro) {
 // measured collectives; and the whole step's tensor-axis calls (measure: one optimizer step of
 // DDP) against all its rows, forward, backward and the step's, plus the gradient norm's all-reduce
 // of one double.
-constexpr gpt2::Config kCustomSmall{.vocab = 33, .seq = 8, .layers = 3, .heads = 2, .width = 16, .seed = 3, .init_std = 0.1};
+constexpr gpt2::Config kCustomSmall{
+    .vocab = 33, .seq = 8, .layers = 3, .heads = 2, .width = 16, .seed = 3, .init_std = 0.1};
 
 template <bool SP>
 void check_walked(MeshShape shape, std::int64_t micro) {
@@ -394,7 +421,8 @@ void check_walked(MeshShape shape, std::int64_t micro) {
       c, {.mesh = shape, .micro_batch = micro, .micro_batches = 1});
   const auto t = static_cast<std::size_t>(Axis::tensor);
   for (std::size_t op = 0; op < threads::kOps; ++op) {
-    INFO("custom step ", SP ? "SP " : "", "data ", shape.data, " tensor ", shape.tensor, " ", threads::name(static_cast<threads::Op>(op)));
+    INFO("custom step ", SP ? "SP " : "", "data ", shape.data, " tensor ", shape.tensor, " ",
+         threads::name(static_cast<threads::Op>(op)));
     CHECK(step[0].collectives[t].calls[op] == planned.calls[op]);
     CHECK(step[0].collectives[t].bytes[op] == planned.bytes[op]);
   }
@@ -414,7 +442,8 @@ TEST_CASE("each stage's measured collectives equal the rows GPT-2 gives describe
   check_stages<true>({.data = 2, .tensor = 2}, 4);
 }
 
-TEST_CASE("describe's rows walked over the custom decoder's layers equal each stage's measured collectives and the step's") {
+TEST_CASE(
+    "describe's rows walked over the custom decoder's layers equal each stage's measured collectives and the step's") {
   check_walked<false>({.tensor = 2}, 2);
   check_walked<true>({.tensor = 2}, 2);
   check_walked<true>({.data = 2, .tensor = 2}, 4);
@@ -427,7 +456,8 @@ TEST_CASE("describe's rows walked over the custom decoder's layers equal each st
   const Shape act{2, kCustomSmall.seq, kCustomSmall.width};
   std::vector<nn::PlanRow> plain, full;
   nn::layer_plan_rows(plain, "b", model.blocks[0], act, s, 4);
-  nn::layer_plan_rows(full, "b", recompute::Checkpointed<typename M::BlockT, float, Meta<Host>>(std::move(model.blocks[0])), act, s, 4);
+  nn::layer_plan_rows(
+      full, "b", recompute::Checkpointed<typename M::BlockT, float, Meta<Host>>(std::move(model.blocks[0])), act, s, 4);
   REQUIRE(full.size() == plain.size());
   std::size_t moved = 0;
   for (std::size_t i = 0; i < full.size(); ++i) {
@@ -473,10 +503,26 @@ void check_cluster_cost(const train::Layout& x) {
 TEST_CASE("weft-plan's measured cost of a layout equals GPT-2's closed forms") {
   using pipeline::Kind;
   check_cluster_cost<optim::Fsdp>({.strategy = "fsdp-sp", .tensor = 2, .data = 2, .micro = 4, .accumulation = 2});
-  check_cluster_cost<optim::Zero2>({.strategy = "zero2-sp", .tensor = 1, .data = 2, .pipe = 2, .schedule = Kind::zero_bubble_h1,
-                                    .micro = 2, .accumulation = 4});
-  check_cluster_cost<optim::Fsdp>({.strategy = "fsdp-sp", .tensor = 2, .data = 1, .pipe = 2, .schedule = Kind::one_f_one_b,
-                                   .micro = 2, .accumulation = 2});
-  check_cluster_cost<optim::Ddp>({.strategy = "ddp-sp", .tensor = 1, .data = 1, .pipe = 2, .schedule = Kind::interleaved,
-                                  .virtual_stages = 2, .micro = 1, .accumulation = 4});
+  check_cluster_cost<optim::Zero2>({.strategy = "zero2-sp",
+                                    .tensor = 1,
+                                    .data = 2,
+                                    .pipe = 2,
+                                    .schedule = Kind::zero_bubble_h1,
+                                    .micro = 2,
+                                    .accumulation = 4});
+  check_cluster_cost<optim::Fsdp>({.strategy = "fsdp-sp",
+                                   .tensor = 2,
+                                   .data = 1,
+                                   .pipe = 2,
+                                   .schedule = Kind::one_f_one_b,
+                                   .micro = 2,
+                                   .accumulation = 2});
+  check_cluster_cost<optim::Ddp>({.strategy = "ddp-sp",
+                                  .tensor = 1,
+                                  .data = 1,
+                                  .pipe = 2,
+                                  .schedule = Kind::interleaved,
+                                  .virtual_stages = 2,
+                                  .micro = 1,
+                                  .accumulation = 4});
 }

@@ -11,9 +11,9 @@
 #include "weft/comm/mesh.hpp"
 #include "weft/comm/threads/run.hpp"
 #include "weft/device/host/host.hpp"
+#include "weft/models/gpt2/footprint.hpp"
 #include "weft/models/gpt2/model.hpp"
 #include "weft/pipeline/pipelined.hpp"
-#include "weft/models/gpt2/footprint.hpp"
 #include "weft/plan/memory.hpp"
 
 using namespace weft;
@@ -65,7 +65,8 @@ void check_all() {
   check<Strategy, Bf16Mixed>(c, {.data = 4, .tensor = 1});
   check<Strategy, Bf16Mixed>(c, {.data = 1, .tensor = 2});
   check<Strategy, float>(c, {.data = 3, .tensor = 1});
-  check<Strategy, float>({.vocab = 37, .seq = 6, .layers = 4, .heads = 2, .width = 10}, {.data = 2, .pipe = 2, .tensor = 1});
+  check<Strategy, float>({.vocab = 37, .seq = 6, .layers = 4, .heads = 2, .width = 10},
+                         {.data = 2, .pipe = 2, .tensor = 1});
 }
 
 }  // namespace
@@ -80,16 +81,19 @@ TEST_CASE("the plan's persistent bytes equal the allocators' counts: FSDP") { ch
 namespace {
 constexpr gpt2::Config kGpt2{.vocab = 50257, .seq = 1024, .layers = 12, .heads = 12, .width = 768};
 constexpr Spread kEight{.data_degree = 8, .tensor_degree = 1};
-constexpr std::int64_t kFsdpBytes = footprint::persistent<optim::Fsdp, Bf16Mixed>(kGpt2, kEight, footprint::Holds::all(kGpt2)).total();
-constexpr std::int64_t kDdpBytes = footprint::persistent<optim::Ddp, Bf16Mixed>(kGpt2, kEight, footprint::Holds::all(kGpt2)).total();
-static_assert(kFsdpBytes < 300'000'000, "GPT-2 124M under FSDP on 8 data ranks holds under 300 MB of persistent state per rank");
+constexpr std::int64_t kFsdpBytes =
+    footprint::persistent<optim::Fsdp, Bf16Mixed>(kGpt2, kEight, footprint::Holds::all(kGpt2)).total();
+constexpr std::int64_t kDdpBytes =
+    footprint::persistent<optim::Ddp, Bf16Mixed>(kGpt2, kEight, footprint::Holds::all(kGpt2)).total();
+static_assert(kFsdpBytes < 300'000'000,
+              "GPT-2 124M under FSDP on 8 data ranks holds under 300 MB of persistent state per rank");
 static_assert(kDdpBytes > 7 * kFsdpBytes, "DDP holds every byte that FSDP spreads over 8 ranks");
 }  // namespace
 
 TEST_CASE("GPT-2 124M in bf16: 18 bytes per parameter under DDP, an eighth of it under FSDP on 8 ranks") {
   // GPT-2's 124,439,808 parameters (the vocabulary of 50,257 is not padded at tensor degree 1):
-  // 12 x (12 C^2 + 13 C) + (V + T) C + 2 C. bf16 parameters and f32 gradients (2 + 4 bytes), f32 master (4), AdamW's two
-  // f32 states (8): 18 bytes each under DDP.
+  // 12 x (12 C^2 + 13 C) + (V + T) C + 2 C. bf16 parameters and f32 gradients (2 + 4 bytes), f32 master (4), AdamW's
+  // two f32 states (8): 18 bytes each under DDP.
   const std::int64_t params = 12 * (12 * 768 * 768 + 13 * 768) + (50257 + 1024) * 768 + 2 * 768;
   CHECK(params == 124'439'808);
   CHECK(kDdpBytes == 18 * params);

@@ -23,8 +23,10 @@ TEST_CASE("collectives cost what the ring and tree formulas say") {
   CHECK(collective_seconds(Collective::all_reduce, 64, 8, l) == doctest::Approx(tree64).epsilon(1e-12));
   CHECK(tree64 < ring64);
   // All-gather and reduce-scatter: (n-1) alpha + (n-1)/n S beta.
-  CHECK(collective_seconds(Collective::all_gather, 8, S, l) == doctest::Approx(7e-5 + 7.0 / 8 * S * 1e-9).epsilon(1e-12));
-  CHECK(collective_seconds(Collective::reduce_scatter, 8, S, l) == doctest::Approx(7e-5 + 7.0 / 8 * S * 1e-9).epsilon(1e-12));
+  CHECK(collective_seconds(Collective::all_gather, 8, S, l) ==
+        doctest::Approx(7e-5 + 7.0 / 8 * S * 1e-9).epsilon(1e-12));
+  CHECK(collective_seconds(Collective::reduce_scatter, 8, S, l) ==
+        doctest::Approx(7e-5 + 7.0 / 8 * S * 1e-9).epsilon(1e-12));
   // One rank moves nothing.
   CHECK(collective_seconds(Collective::all_reduce, 1, S, l) == 0);
 }
@@ -53,8 +55,9 @@ TEST_CASE("a step's GEMMs are 6 FLOPs per matrix element per token, 2 more per r
   const auto none = estimate::work<optim::Ddp, F32>(kCfg, s, micro, mbs);
   CHECK(gemm_flops(none) == doctest::Approx(6 * tokens * (kCfg.layers * per_layer + head)).epsilon(1e-12));
   const auto full = estimate::work<optim::Ddp, F32, false, recompute::Full>(kCfg, s, micro, mbs);
-  CHECK(gemm_flops(full) == doctest::Approx(6 * tokens * (kCfg.layers * per_layer + head) +
-                                            2 * tokens * kCfg.layers * per_layer).epsilon(1e-12));
+  CHECK(gemm_flops(full) ==
+        doctest::Approx(6 * tokens * (kCfg.layers * per_layer + head) + 2 * tokens * kCfg.layers * per_layer)
+            .epsilon(1e-12));
   // The attention core: 2 T (T + 1) hd per (sequence, head) forward, twice that backward, and a
   // recomputed forward under Full.
   const double core = 2.0 * (micro / 2) * (kCfg.heads / 2) * kCfg.seq * (kCfg.seq + 1) * (C / kCfg.heads);
@@ -98,7 +101,8 @@ TEST_CASE("the step time adds its parts, and doubling a rate halves its part") {
   double tensor = 0, data = 0;
   for (const estimate::Comm& c : w.comms)
     (c.axis == Axis::tensor ? tensor : data) +=
-        static_cast<double>(c.count) * collective_seconds(c.collective, c.degree, c.bytes, c.axis == Axis::tensor ? r.tensor : r.data);
+        static_cast<double>(c.count) *
+        collective_seconds(c.collective, c.degree, c.bytes, c.axis == Axis::tensor ? r.tensor : r.data);
   CHECK(tensor > 0);  // SP's gathers and scatters on the tensor axis
   CHECK(b.tensor_comm == doctest::Approx(tensor).epsilon(1e-12));
   CHECK(b.data_comm == doctest::Approx(data).epsilon(1e-12));
@@ -142,8 +146,8 @@ TEST_CASE("a pipeline's stage costs against closed forms that do not come from w
   for (int m : {1, 3}) {
     CAPTURE(m);
     // One pipe rank: m micro-batches of 4 blocks and the ends, nothing else on the clock.
-    const auto p1 = estimate::pipeline_seconds<optim::Ddp, F32, false>(kTiny, one, 2, pipeline::make_table(pipeline::Kind::one_f_one_b, 1, m),
-                                                                       r, r.data);
+    const auto p1 = estimate::pipeline_seconds<optim::Ddp, F32, false>(
+        kTiny, one, 2, pipeline::make_table(pipeline::Kind::one_f_one_b, 1, m), r, r.data);
     CHECK(p1.block == doctest::Approx(kBlockSeconds).epsilon(1e-12));
     CHECK(p1.ends == doctest::Approx(kEndsSeconds).epsilon(1e-12));
     CHECK(p1.step == doctest::Approx(m * (4 * kBlockSeconds + kEndsSeconds)).epsilon(1e-12));
@@ -161,7 +165,8 @@ TEST_CASE("a pipeline of one rank costs what the step without a pipeline costs (
     CAPTURE(m);
     const double whole = estimate::seconds(estimate::work<optim::Fsdp, F32, true>(c, s, 4, m), r).total();
     for (pipeline::Kind kind : {pipeline::Kind::gpipe, pipeline::Kind::one_f_one_b, pipeline::Kind::zero_bubble_h1}) {
-      const auto p = estimate::pipeline_seconds<optim::Fsdp, F32, true>(c, s, 4, pipeline::make_table(kind, 1, m), r, r.data);
+      const auto p =
+          estimate::pipeline_seconds<optim::Fsdp, F32, true>(c, s, 4, pipeline::make_table(kind, 1, m), r, r.data);
       CHECK(p.step == doctest::Approx(whole).epsilon(1e-9));
       CHECK(p.bubble[0] == doctest::Approx(0.0));
     }
@@ -183,14 +188,15 @@ TEST_CASE("a pipeline of two ranks: GPipe's closed form, and messages on the cri
   const Spread s{.data_degree = 1, .tensor_degree = 1};
   const estimate::Link link{.alpha = 1e-4, .beta = 1e-8};
   for (int m : {1, 4}) {
-    const auto p = estimate::pipeline_seconds<optim::Ddp, F32, false>(c, s, 2, pipeline::make_table(pipeline::Kind::gpipe, 2, m),
-                                                                      r, link);
+    const auto p = estimate::pipeline_seconds<optim::Ddp, F32, false>(
+        c, s, 2, pipeline::make_table(pipeline::Kind::gpipe, 2, m), r, link);
     const double a = 2 * p.block, b = 2 * p.block + p.ends, d = p.message;
     CHECK(p.message == doctest::Approx(1e-4 + 2.0 * 8 * 8 * 4 * 1e-8));  // (2, 8, 8) f32 activations
     REQUIRE(b >= a);
     CHECK(p.makespan == doctest::Approx(a + b * m + 2 * d).epsilon(1e-9));
     const double tied = estimate::collective_seconds(Collective::all_reduce, 2, 37 * 8 * 4, link);
-    CHECK(p.step == doctest::Approx(std::max(p.makespan + p.once[0], a / 3 + d + b * m + p.once[1]) + tied).epsilon(1e-9));
+    CHECK(p.step ==
+          doctest::Approx(std::max(p.makespan + p.once[0], a / 3 + d + b * m + p.once[1]) + tied).epsilon(1e-9));
   }
   // The same closed form with a and b from the block's and the ends' FLOPs (gemm_only_rates), not
   // from the function's own fields; nothing but the schedule, the messages and the tied all-reduce
@@ -200,8 +206,8 @@ TEST_CASE("a pipeline of two ranks: GPipe's closed form, and messages on the cri
   const double tied = 2 * 1e-4 + 37 * 8 * 4 * 1e-8;  // ring all-reduce on 2 ranks: 2 alpha + 2 (1/2) S beta
   for (int m : {1, 4}) {
     CAPTURE(m);
-    const auto p = estimate::pipeline_seconds<optim::Ddp, F32, false>(c, s, 2, pipeline::make_table(pipeline::Kind::gpipe, 2, m),
-                                                                      g, link);
+    const auto p = estimate::pipeline_seconds<optim::Ddp, F32, false>(
+        c, s, 2, pipeline::make_table(pipeline::Kind::gpipe, 2, m), g, link);
     CHECK(p.makespan == doctest::Approx(a + b * m + 2 * d).epsilon(1e-12));
     CHECK(p.step == doctest::Approx(a + b * m + 2 * d + tied).epsilon(1e-12));
   }

@@ -43,8 +43,9 @@ inline int run_doctest(int argc, char** argv) {
     filtered = filtered || a.starts_with("--test-case=") || a.starts_with("-tc=");
   }
   if (filtered && FilterCount::selected == 0) {
-    std::printf("FAILED: the --test-case filter selects no test case (a name with a ';' that CMake split?); "
-                "rename the test so that its name reaches the filter whole\n");
+    std::printf(
+        "FAILED: the --test-case filter selects no test case (a name with a ';' that CMake split?); "
+        "rename the test so that its name reaches the filter whole\n");
     return 1;
   }
   if (rc == 0 && FilterCount::selected == 1 && skipped_cases() > 0) {

@@ -20,7 +20,9 @@ namespace weft::test {
 inline constexpr double kNotFinite = std::numeric_limits<double>::infinity();
 
 // The larger of a running maximum and a new error; infinity from any non-finite error on.
-inline double worse(double worst, double e) { return std::isfinite(e) && std::isfinite(worst) ? std::max(worst, e) : kNotFinite; }
+inline double worse(double worst, double e) {
+  return std::isfinite(e) && std::isfinite(worst) ? std::max(worst, e) : kNotFinite;
+}
 
 // max |got[i] - want[i]|.
 template <class A, class B>

@@ -69,7 +69,8 @@ void accumulate_global(const Tensor<double, L, D>& t, std::vector<double>& sum) 
 template <LayoutType L>
 int replicas(const Spread& s) {
   return (IsReplicate<typename L::data> ? s.data_degree : 1) * (IsReplicate<typename L::tensor> ? s.tensor_degree : 1) *
-         (IsReplicate<typename L::pipe> ? s.pipe_degree : 1) * (IsReplicate<typename L::context> ? s.context_degree : 1);
+         (IsReplicate<typename L::pipe> ? s.pipe_degree : 1) *
+         (IsReplicate<typename L::context> ? s.context_degree : 1);
 }
 
 }  // namespace weft::test

@@ -117,9 +117,7 @@ std::pair<std::vector<Outcome>, std::string> run_faulty(int n, std::chrono::mill
           }
         },
         deadline);
-  } catch (const weft::Error& e) {
-    top = e.what();
-  }
+  } catch (const weft::Error& e) { top = e.what(); }
   return {out, top};
 }
 

@@ -17,9 +17,9 @@ inline int& skipped_cases() {
 
 }  // namespace weft::test
 
-#define WEFT_SKIP(why)                  \
-  do {                                  \
-    MESSAGE("SKIPPED: " << why);        \
-    ++::weft::test::skipped_cases();    \
-    return;                             \
+#define WEFT_SKIP(why)               \
+  do {                               \
+    MESSAGE("SKIPPED: " << why);     \
+    ++::weft::test::skipped_cases(); \
+    return;                          \
   } while (0)

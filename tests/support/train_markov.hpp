@@ -15,7 +15,9 @@
 
 namespace weft::test {
 
-inline gpt2::Config markov_config() { return {.vocab = 32, .seq = 16, .layers = 2, .heads = 2, .width = 32, .seed = 5}; }
+inline gpt2::Config markov_config() {
+  return {.vocab = 32, .seq = 16, .layers = 2, .heads = 2, .width = 32, .seed = 5};
+}
 
 template <class P, class Strategy = optim::Ddp, bool SP = false, class D = Host>
 std::vector<double> train_markov(int steps, int data, int tensor = 1, const gpt2::Config& c = markov_config(),

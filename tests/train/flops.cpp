@@ -20,7 +20,8 @@ TEST_CASE("FLOPs per token from the declared parameters equal GPT-2's closed for
   const gpt2::Config c{.vocab = 37, .seq = 8, .layers = 4, .heads = 2, .width = 16, .seed = 1};
   const double want = gpt2::flops_per_token(c);
   CHECK(want == 84192.0);  // by hand: 6 (37 16 + 8 16 + 4 12 16^2) + 12 4 16 8 = 6 13008 + 6144
-  for (const MeshShape m : {MeshShape{}, MeshShape{.data = 1, .pipe = 2, .tensor = 2}, MeshShape{.data = 2, .pipe = 2, .tensor = 1}}) {
+  for (const MeshShape m :
+       {MeshShape{}, MeshShape{.data = 1, .pipe = 2, .tensor = 2}, MeshShape{.data = 2, .pipe = 2, .tensor = 1}}) {
     std::vector<double> got(static_cast<std::size_t>(m.data * m.pipe * m.tensor));
     run_threads(m.data * m.pipe * m.tensor, [&](ThreadComm& world) {
       Host h;
@@ -29,7 +30,8 @@ TEST_CASE("FLOPs per token from the declared parameters equal GPT-2's closed for
       gpt2::Model<double> model(h, c, mesh.spread(), 4, part.placement(mesh.coord().pipe));
       got[static_cast<std::size_t>(world.rank())] = train::declared_flops_per_token(model, mesh);
     });
-    for (double g : got) CHECK_MESSAGE(g == want, "data ", m.data, " x pipe ", m.pipe, " x tensor ", m.tensor, ": ", g, " against ", want);
+    for (double g : got)
+      CHECK_MESSAGE(g == want, "data ", m.data, " x pipe ", m.pipe, " x tensor ", m.tensor, ": ", g, " against ", want);
   }
 }
 

@@ -86,20 +86,25 @@ inline std::string resolve(const std::string& path) {
   namespace fs = std::filesystem;
   const std::string where = cat("checkpoint(", path, ")");
   std::error_code ec;
-  if (!fs::is_directory(path, ec)) throw Error(where, "is not a directory", "pass a checkpoint directory or the directory of a run's checkpoints");
+  if (!fs::is_directory(path, ec))
+    throw Error(where, "is not a directory", "pass a checkpoint directory or the directory of a run's checkpoints");
   if (fs::exists(fs::symlink_status(fs::path(path) / "manifest.json", ec))) return path;
   const fs::path latest = fs::path(path) / "latest";
   if (const auto st = fs::symlink_status(latest, ec); fs::exists(st)) {
     if (!fs::is_regular_file(st))
-      throw Error(where, "has a latest pointer that is not a regular file (a link, or a directory)", "remove it and resume from a step directory");
+      throw Error(where, "has a latest pointer that is not a regular file (a link, or a directory)",
+                  "remove it and resume from a step directory");
     const std::string name = latest_of(path);
     if (!detail::plain_file_name(name) || !name.starts_with("step_"))
-      throw Error(where, cat("its latest pointer holds \"", brief(name), "\", not a step directory"), "remove it and resume from a step directory");
+      throw Error(where, cat("its latest pointer holds \"", brief(name), "\", not a step directory"),
+                  "remove it and resume from a step directory");
     const fs::path dir = fs::path(path) / name;
     if (fs::is_symlink(fs::symlink_status(dir, ec)))
-      throw Error(where, cat("latest names ", name, ", which is a symbolic link"), "weft saves step directories as directories; resume from one of them");
+      throw Error(where, cat("latest names ", name, ", which is a symbolic link"),
+                  "weft saves step directories as directories; resume from one of them");
     if (!fs::exists(fs::symlink_status(dir / "manifest.json", ec)))  // what it is, read_manifest_text checks
-      throw Error(where, cat("latest names ", name, ", which has no manifest.json"), "resume from one of the complete step directories");
+      throw Error(where, cat("latest names ", name, ", which has no manifest.json"),
+                  "resume from one of the complete step directories");
     return dir.string();
   }
   if (path.ends_with(".tmp") || path.ends_with(".tmp/"))
@@ -165,9 +170,7 @@ std::string attempt(F&& f) {
   try {
     f();
     return {};
-  } catch (const std::exception& e) {
-    return e.what();
-  }
+  } catch (const std::exception& e) { return e.what(); }
 }
 
 }  // namespace detail

@@ -85,19 +85,22 @@ class ExportDir {
     if (!fs::is_regular_file(record, ec)) {
       std::string some;
       for (std::size_t i = 0; i < present.size() && i < 4; ++i) some += cat(i ? ", " : "", brief(present[i]));
-      throw Error(where, cat("holds ", present.size(), " files (", some, present.size() > 4 ? ", ..." : "",
-                             ") and no ", kRecord, ": not an earlier export, and an export would replace files in it"),
+      throw Error(where,
+                  cat("holds ", present.size(), " files (", some, present.size() > 4 ? ", ..." : "", ") and no ",
+                      kRecord, ": not an earlier export, and an export would replace files in it"),
                   "export to a new or empty directory");
     }
     try {
       const auto j = nlohmann::json::parse(read_text_file(record.string(), 1 << 20, where));
       for (const auto& f : j.at("files")) {
         const std::string name = f.get<std::string>();
-        if (!detail::plain_file_name(name)) throw Error(where, cat(kRecord, " names \"", brief(name), "\""), "remove it");
+        if (!detail::plain_file_name(name))
+          throw Error(where, cat(kRecord, " names \"", brief(name), "\""), "remove it");
         earlier_.insert(name);
       }
     } catch (const nlohmann::json::exception& e) {
-      throw Error(where, cat(kRecord, " is not an export's record (", e.what(), ")"), "export to a new or empty directory");
+      throw Error(where, cat(kRecord, " is not an export's record (", e.what(), ")"),
+                  "export to a new or empty directory");
     }
   }
   ExportDir(const ExportDir&) = delete;
@@ -117,14 +120,16 @@ class ExportDir {
   // Writes `name` by write(tmp_path) into `<name>.tmp`, then renames it over `name`.
   void write(const std::string& name, const std::function<void(const std::string&)>& write_tmp) {
     if (!detail::plain_file_name(name) || name == kRecord)
-      throw Error(cat("export(", dir_, ")"), cat("cannot write a file named \"", brief(name), "\""), "name a plain file");
+      throw Error(cat("export(", dir_, ")"), cat("cannot write a file named \"", brief(name), "\""),
+                  "name a plain file");
     const std::string path = cat(dir_, "/", name), tmp = path + ".tmp";
     if (!earlier_.contains(name) && std::filesystem::exists(std::filesystem::symlink_status(path)))
       throw Error(cat("export(", dir_, ")"), cat("already holds ", name, ", which no earlier export wrote"),
                   "move it away, or export to a new directory");
     pending_.push_back(tmp);
     write_tmp(tmp);
-    if (std::rename(tmp.c_str(), path.c_str()) != 0) detail::sys_fail(cat("export(", path, ")"), cat("cannot rename ", tmp), errno);
+    if (std::rename(tmp.c_str(), path.c_str()) != 0)
+      detail::sys_fail(cat("export(", path, ")"), cat("cannot rename ", tmp), errno);
     pending_.pop_back();
     written_.push_back(name);
   }
@@ -140,7 +145,8 @@ class ExportDir {
   void commit() {
     std::error_code ec;
     for (const std::string& old : earlier_)
-      if (std::find(written_.begin(), written_.end(), old) == written_.end()) std::filesystem::remove(cat(dir_, "/", old), ec);
+      if (std::find(written_.begin(), written_.end(), old) == written_.end())
+        std::filesystem::remove(cat(dir_, "/", old), ec);
     write_atomic(cat(dir_, "/", kRecord), nlohmann::json{{"files", written_}}.dump(2) + "\n");
     sync_directory(dir_);
     committed_ = true;

@@ -12,7 +12,6 @@
 // checkpoint usable (tests/checkpoint/crash.cpp). Without a hook, point() does nothing.
 #pragma once
 
-
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -58,12 +57,14 @@ inline void point(const char* name) {
 namespace detail {
 
 [[noreturn]] inline void sys_fail(const std::string& where, const std::string& what, int err) {
-  throw Error(where, cat(what, " (", std::strerror(err), ")"), "check the path, its permissions and the free disk space");
+  throw Error(where, cat(what, " (", std::strerror(err), ")"),
+              "check the path, its permissions and the free disk space");
 }
 
 class Fd {
  public:
-  Fd(const std::string& path, int flags, mode_t mode = 0644) : path_(path), fd_(::open(path.c_str(), flags | O_CLOEXEC, mode)) {
+  Fd(const std::string& path, int flags, mode_t mode = 0644)
+      : path_(path), fd_(::open(path.c_str(), flags | O_CLOEXEC, mode)) {
     if (fd_ < 0) sys_fail(cat("checkpoint(", path, ")"), "cannot open", errno);
   }
   Fd(const Fd&) = delete;
@@ -162,7 +163,8 @@ inline void write_atomic(const std::string& path, const std::string& text) {
   const std::span<const std::byte> bytes(reinterpret_cast<const std::byte*>(text.data()), text.size());
   write_synced(tmp, std::span<const std::span<const std::byte>>(&bytes, 1));
   point("text written");
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) detail::sys_fail(cat("checkpoint(", path, ")"), cat("cannot rename ", tmp), errno);
+  if (std::rename(tmp.c_str(), path.c_str()) != 0)
+    detail::sys_fail(cat("checkpoint(", path, ")"), cat("cannot rename ", tmp), errno);
   sync_directory(std::filesystem::path(path).parent_path().string());
 }
 

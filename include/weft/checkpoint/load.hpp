@@ -24,7 +24,8 @@ RunState load(const std::string& path, Model& model, DP& dp, M& mesh, LoadOption
   std::shared_ptr<const detail::Read> read;
   std::string err = detail::attempt([&] {
     read = detail::read_shared(resolve(path));
-    if constexpr (requires { model.record(); }) detail::check_model(read->m.model, model.record(), cat("checkpoint(", read->dir, ")"));
+    if constexpr (requires { model.record(); })
+      detail::check_model(read->m.model, model.record(), cat("checkpoint(", read->dir, ")"));
   });
   detail::agree(world, err, "reading the checkpoint's manifest", "pass a complete, valid checkpoint of this model");
   // Every rank reads the same checkpoint: the same directory (ranks started in other working
@@ -34,9 +35,10 @@ RunState load(const std::string& path, Model& model, DP& dp, M& mesh, LoadOption
     const auto where = std::filesystem::weakly_canonical(read->dir, ec);
     Fingerprint fp;
     fp.add("checkpoint", cat(ec ? read->dir : where.string(), " (manifest xxh3 ", hex64(read->xxh3), ")"));
-    fp.agree(world, "give every rank the same checkpoint: an absolute path, or the same working directory; where the "
-                    "path holds `latest`, it moved between the ranks' reads (another trainer saving or pruning there): "
-                    "resume from a step directory");
+    fp.agree(world,
+             "give every rank the same checkpoint: an absolute path, or the same working directory; where the "
+             "path holds `latest`, it moved between the ranks' reads (another trainer saving or pruning there): "
+             "resume from a step directory");
   }
   const Manifest& m = read->m;
   const std::string& dir = read->dir;
@@ -44,14 +46,16 @@ RunState load(const std::string& path, Model& model, DP& dp, M& mesh, LoadOption
   check_coverage(m, cat(dir, "/manifest.json"));  // after the sizes are verified: they bound its work
 
   detail::Sources src(m, dir);
-  const bool has_master = std::any_of(m.tensors.begin(), m.tensors.end(), [](const auto& kv) { return kv.first.starts_with("master/"); });
+  const bool has_master =
+      std::any_of(m.tensors.begin(), m.tensors.end(), [](const auto& kv) { return kv.first.starts_with("master/"); });
   auto& dev = model.dev();
   auto units = model.units();
   err = detail::attempt([&] {
     for (std::size_t u = 0; u < units.size(); ++u) {
       const auto h = dp.holding(u);
       for (const nn::UnitEntry& e : units[u].entries()) {
-        const auto g = detail::dims(e.global), l = detail::dims(e.logical), off = detail::dims(e.box_offset), ext = detail::dims(e.local);
+        const auto g = detail::dims(e.global), l = detail::dims(e.logical), off = detail::dims(e.box_offset),
+                   ext = detail::dims(e.local);
         // Fills the part of [lo, lo + n) of the unit that is this entry, at p (element lo).
         auto load_range = [&]<class X>(const std::string& kind, X* p, std::int64_t lo, std::int64_t n) {
           const std::int64_t a = std::max(lo, e.offset), b = std::min(lo + n, e.offset + e.numel);
@@ -66,7 +70,8 @@ RunState load(const std::string& path, Model& model, DP& dp, M& mesh, LoadOption
         if (h.master) load_range.template operator()<G>(precise, h.master, h.lo, h.n);
         if (opt.optimizer)
           for (std::size_t k = 0; k < h.state.size(); ++k)
-            load_range.template operator()<std::remove_pointer_t<std::remove_cvref_t<decltype(h.state[0])>>>(DP::rule_type::state_names[k], h.state[k], h.lo, h.n);
+            load_range.template operator()<std::remove_pointer_t<std::remove_cvref_t<decltype(h.state[0])>>>(
+                DP::rule_type::state_names[k], h.state[k], h.lo, h.n);
       }
     }
     dev.synchronize();

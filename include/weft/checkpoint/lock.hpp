@@ -101,19 +101,22 @@ class DirectoryLock {
       std::string who = "another process";
       if (const int rf = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW); rf >= 0) {
         char holder[256] = {};
-        if (const ssize_t n = ::pread(rf, holder, sizeof holder - 1, 0); n > 0) who.assign(holder, static_cast<std::size_t>(n));
+        if (const ssize_t n = ::pread(rf, holder, sizeof holder - 1, 0); n > 0)
+          who.assign(holder, static_cast<std::size_t>(n));
         ::close(rf);
       }
       while (!who.empty() && (who.back() == '\n' || who.back() == ' ')) who.pop_back();
       if (err == EWOULDBLOCK)
         throw Error(where, cat("is in use by another trainer (", who, ")"),
                     "give each run its own --save-dir, or stop the other run first");
-      throw Error(where, cat("cannot lock the directory (", std::strerror(err), ")"), "give a save directory on a local file system");
+      throw Error(where, cat("cannot lock the directory (", std::strerror(err), ")"),
+                  "give a save directory on a local file system");
     }
     char host[128] = {};
     ::gethostname(host, sizeof host - 1);
     const std::string me = cat("pid ", ::getpid(), " on ", host, "\n");
-    const bool wrote = ::ftruncate(lf, 0) == 0 && ::pwrite(lf, me.data(), me.size(), 0) == static_cast<ssize_t>(me.size());
+    const bool wrote =
+        ::ftruncate(lf, 0) == 0 && ::pwrite(lf, me.data(), me.size(), 0) == static_cast<ssize_t>(me.size());
     const int err = errno;
     ::close(lf);
     if (!wrote) {

@@ -32,9 +32,9 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
-#include <utility>
 #include <type_traits>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "weft/checkpoint/files.hpp"
@@ -107,21 +107,36 @@ struct Manifest {
 };
 
 inline nlohmann::json to_json(const Manifest& m) {
-  nlohmann::json j{{"format", "weft-checkpoint"}, {"version", kFormatVersion}, {"policy", m.policy}, {"step", m.step},
-                   {"mesh", {{"data", m.data}, {"tensor", m.tensor}, {"pipe", m.pipe}}}, {"strategy", m.strategy},
-                   {"precision", m.precision}, {"model", m.model}, {"optimizer", m.optimizer}, {"run", m.run}};
+  nlohmann::json j{{"format", "weft-checkpoint"},
+                   {"version", kFormatVersion},
+                   {"policy", m.policy},
+                   {"step", m.step},
+                   {"mesh", {{"data", m.data}, {"tensor", m.tensor}, {"pipe", m.pipe}}},
+                   {"strategy", m.strategy},
+                   {"precision", m.precision},
+                   {"model", m.model},
+                   {"optimizer", m.optimizer},
+                   {"run", m.run}};
   if (m.context > 1) j["mesh"]["context"] = m.context;
   if (!m.family.empty()) j["family"] = m.family;
   j["files"] = nlohmann::json::array();
-  for (const FileRecord& f : m.files()) j["files"].push_back({{"name", f.name}, {"bytes", f.digest.bytes}, {"xxh3", hex64(f.digest.xxh3)}});
+  for (const FileRecord& f : m.files())
+    j["files"].push_back({{"name", f.name}, {"bytes", f.digest.bytes}, {"xxh3", hex64(f.digest.xxh3)}});
   j["tensors"] = nlohmann::json::object();
   for (const auto& [name, t] : m.tensors) {
     nlohmann::json pieces = nlohmann::json::array();
     for (const PieceRecord& p : t.pieces)
-      pieces.push_back({{"file", p.file}, {"key", p.key}, {"box_offset", p.box_offset}, {"box_extent", p.box_extent},
-                        {"first", p.first}, {"count", p.count}});
-    j["tensors"][name] = {{"dtype", safetensors_dtype(t.dtype)}, {"global", t.global}, {"logical", t.logical},
-                          {"layout", t.layout}, {"pieces", pieces}};
+      pieces.push_back({{"file", p.file},
+                        {"key", p.key},
+                        {"box_offset", p.box_offset},
+                        {"box_extent", p.box_extent},
+                        {"first", p.first},
+                        {"count", p.count}});
+    j["tensors"][name] = {{"dtype", safetensors_dtype(t.dtype)},
+                          {"global", t.global},
+                          {"logical", t.logical},
+                          {"layout", t.layout},
+                          {"pieces", pieces}};
   }
   return j;
 }
@@ -165,14 +180,14 @@ T whole_of(const nlohmann::json& j, Check&& check) {
 
 inline Manifest parse(const std::string& text, const std::string& where) {
   const std::string at = cat("manifest(", where, ")");
-  auto bad = [&](const std::string& what) -> void { throw Error(at, what, "save the checkpoint again, or resume from an earlier one"); };
+  auto bad = [&](const std::string& what) -> void {
+    throw Error(at, what, "save the checkpoint again, or resume from an earlier one");
+  };
   check_json_limits(text, kManifestLimits, at);  // before the parser: its memory and recursion follow size and depth
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    bad(cat("is not valid JSON (", e.what(), ")"));
-  }
+  } catch (const nlohmann::json::exception& e) { bad(cat("is not valid JSON (", e.what(), ")")); }
 
   // An integer field, or a list of them: a float would convert out of range (undefined), so it is refused.
   auto whole_one = [&](const nlohmann::json& v) -> const nlohmann::json& {
@@ -188,11 +203,14 @@ inline Manifest parse(const std::string& text, const std::string& where) {
   };
   Manifest m;
   try {
-    if (!j.is_object() || j.value("format", "") != "weft-checkpoint") bad("is not a weft checkpoint manifest (no \"format\": \"weft-checkpoint\")");
+    if (!j.is_object() || j.value("format", "") != "weft-checkpoint")
+      bad("is not a weft checkpoint manifest (no \"format\": \"weft-checkpoint\")");
     if (!j.contains("version") || !j["version"].is_number_integer() || j["version"].get<int>() != kFormatVersion)
-      bad(cat("has version ", j.contains("version") ? brief(j["version"].dump()) : "(none)", "; this weft reads version ", kFormatVersion));
+      bad(cat("has version ", j.contains("version") ? brief(j["version"].dump()) : "(none)",
+              "; this weft reads version ", kFormatVersion));
     m.policy = j.at("policy").get<std::string>();
-    if (m.policy != "sharded" && m.policy != "consolidated") bad(cat("has policy \"", brief(m.policy), "\"; expected sharded or consolidated"));
+    if (m.policy != "sharded" && m.policy != "consolidated")
+      bad(cat("has policy \"", brief(m.policy), "\"; expected sharded or consolidated"));
     m.step = detail::whole_of<std::int64_t>(j.at("step"), whole_one);
     if (m.step < 0) bad(cat("has step ", m.step));
     ranged(j.at("step"), "step", 0, kMaxStep);
@@ -206,13 +224,15 @@ inline Manifest parse(const std::string& text, const std::string& where) {
     m.strategy = j.at("strategy").get<std::string>();
     m.precision = j.at("precision").get<std::string>();
     if (j.contains("family")) {
-      if (!j["family"].is_string()) bad(cat("has family ", brief(j["family"].dump()), "; expected a model family's name"));
+      if (!j["family"].is_string())
+        bad(cat("has family ", brief(j["family"].dump()), "; expected a model family's name"));
       m.family = j["family"].get<std::string>();
     }
     m.model = j.at("model");
     m.optimizer = j.at("optimizer");
     m.run = j.at("run");
-    if (!m.model.is_object() || !m.optimizer.is_object() || !m.run.is_object()) bad("has a model, optimizer or run field that is not an object");
+    if (!m.model.is_object() || !m.optimizer.is_object() || !m.run.is_object())
+      bad("has a model, optimizer or run field that is not an object");
     // The run and optimizer state a resume restores: the step twice (the directory's and the run's),
     // the optimizer's step count and skipped steps, the data position and the seed.
     (void)m.optimizer.at("rule").get<std::string>();
@@ -221,7 +241,8 @@ inline Manifest parse(const std::string& text, const std::string& where) {
     if (ranged(m.run.at("step"), "run.step", 0, kMaxStep) != m.step)
       bad(cat("has run.step ", m.run.at("step").dump(), " but step ", m.step));
     ranged(m.run.at("loader_position"), "run.loader_position", 0, kMaxStep);
-    if (!m.run.at("seed").is_number_unsigned()) bad(cat("has run.seed ", brief(m.run.at("seed").dump()), "; expected an integer in [0, 2^64)"));
+    if (!m.run.at("seed").is_number_unsigned())
+      bad(cat("has run.seed ", brief(m.run.at("seed").dump()), "; expected an integer in [0, 2^64)"));
     if (m.run.contains("extra") && !m.run["extra"].is_object()) bad("has a run.extra that is not an object");
     for (const auto& f : j.at("files")) {
       FileRecord r;
@@ -229,7 +250,8 @@ inline Manifest parse(const std::string& text, const std::string& where) {
       if (!detail::plain_file_name(r.name)) bad(cat("names a file \"", brief(r.name), "\" outside its directory"));
       r.digest.bytes = detail::whole_of<std::uint64_t>(f.at("bytes"), whole_one);
       const std::string h = f.at("xxh3").get<std::string>();
-      if (h.size() != 16 || h.find_first_not_of("0123456789abcdef") != std::string::npos) bad(cat("has a malformed xxh3 \"", brief(h, 32), "\" for ", r.name));
+      if (h.size() != 16 || h.find_first_not_of("0123456789abcdef") != std::string::npos)
+        bad(cat("has a malformed xxh3 \"", brief(h, 32), "\" for ", r.name));
       r.digest.xxh3 = std::stoull(h, nullptr, 16);
       const std::string name = r.name;
       if (!m.add_file(std::move(r))) bad(cat("lists the file ", name, " twice"));
@@ -250,11 +272,14 @@ inline Manifest parse(const std::string& text, const std::string& where) {
       r.layout = t.at("layout").get<std::string>();
       std::int64_t n = 0;
       if (r.global.empty() || r.global.size() > kMaxRank || !detail::product(r.global, n))
-        bad(cat("tensor ", tname, " has a global shape ", brief(t.at("global").dump()), " of no, too many or too large dims"));
-      if (r.logical.size() != r.global.size()) bad(cat("tensor ", tname, " has a logical shape of another rank than its global shape"));
+        bad(cat("tensor ", tname, " has a global shape ", brief(t.at("global").dump()),
+                " of no, too many or too large dims"));
+      if (r.logical.size() != r.global.size())
+        bad(cat("tensor ", tname, " has a logical shape of another rank than its global shape"));
       for (std::size_t d = 0; d < r.global.size(); ++d)
         if (r.logical[d] < 0 || r.logical[d] > r.global[d])
-          bad(cat("tensor ", tname, " has a logical shape ", brief(t.at("logical").dump()), " outside its global shape ", brief(t.at("global").dump())));
+          bad(cat("tensor ", tname, " has a logical shape ", brief(t.at("logical").dump()),
+                  " outside its global shape ", brief(t.at("global").dump())));
       for (const auto& p : t.at("pieces")) {
         PieceRecord q;
         q.file = p.at("file").get<std::string>();
@@ -263,18 +288,20 @@ inline Manifest parse(const std::string& text, const std::string& where) {
         q.box_extent = detail::whole_of<std::vector<std::int64_t>>(p.at("box_extent"), whole_one);
         q.first = detail::whole_of<std::int64_t>(p.at("first"), whole_one);
         q.count = detail::whole_of<std::int64_t>(p.at("count"), whole_one);
-        if (!m.file(q.file)) bad(cat("tensor ", tname, " has a piece in ", brief(q.file), ", which is not among the files"));
+        if (!m.file(q.file))
+          bad(cat("tensor ", tname, " has a piece in ", brief(q.file), ", which is not among the files"));
         if (q.box_offset.size() != r.global.size() || q.box_extent.size() != r.global.size())
           bad(cat("tensor ", tname, " has a piece whose box is not of rank ", r.global.size()));
         for (std::size_t d = 0; d < r.global.size(); ++d)
           if (q.box_offset[d] < 0 || q.box_extent[d] < 0 || q.box_offset[d] > r.global[d] - q.box_extent[d])
-            bad(cat("tensor ", tname, " has a piece in ", q.file, " whose box (offset ", brief(p.at("box_offset").dump()), ", extent ",
-                    brief(p.at("box_extent").dump()), ") leaves the global shape ", brief(t.at("global").dump())));
+            bad(cat("tensor ", tname, " has a piece in ", q.file, " whose box (offset ",
+                    brief(p.at("box_offset").dump()), ", extent ", brief(p.at("box_extent").dump()),
+                    ") leaves the global shape ", brief(t.at("global").dump())));
         std::int64_t box = 0;
         detail::product(q.box_extent, box);
         if (q.first < 0 || q.count < 1 || q.first > box - q.count)
-          bad(cat("tensor ", tname, " has a piece in ", q.file, " of elements [", q.first, ", ", q.first, " + ", q.count,
-                  ") outside its box of ", box));
+          bad(cat("tensor ", tname, " has a piece in ", q.file, " of elements [", q.first, ", ", q.first, " + ",
+                  q.count, ") outside its box of ", box));
         r.pieces.push_back(std::move(q));
       }
       m.tensors.emplace(name, std::move(r));
@@ -300,12 +327,16 @@ inline Manifest parse(const std::string& text, const std::string& where) {
 // FIFO that would block the read) of at most kMaxManifest bytes.
 inline std::string read_manifest_text(const std::string& dir) {
   const std::string path = cat(dir, "/manifest.json"), where = cat("manifest(", path, ")");
-  struct stat st {};
-  if (::lstat(path.c_str(), &st) != 0) throw Error(where, cat("cannot be read (", std::strerror(errno), ")"), "resume from a complete checkpoint");
-  if (S_ISLNK(st.st_mode)) throw Error(where, "is a symbolic link", "weft writes the manifest as a regular file; resume from a checkpoint as saved");
+  struct stat st{};
+  if (::lstat(path.c_str(), &st) != 0)
+    throw Error(where, cat("cannot be read (", std::strerror(errno), ")"), "resume from a complete checkpoint");
+  if (S_ISLNK(st.st_mode))
+    throw Error(where, "is a symbolic link",
+                "weft writes the manifest as a regular file; resume from a checkpoint as saved");
   if (!S_ISREG(st.st_mode)) throw Error(where, "is not a regular file", "resume from a checkpoint as saved");
   if (static_cast<std::uint64_t>(st.st_size) > kMaxManifest)
-    throw Error(where, cat("is ", st.st_size, " bytes, over the limit of ", kMaxManifest), "this is not a manifest weft writes; resume from another checkpoint");
+    throw Error(where, cat("is ", st.st_size, " bytes, over the limit of ", kMaxManifest),
+                "this is not a manifest weft writes; resume from another checkpoint");
   std::string text(static_cast<std::size_t>(st.st_size), '\0');
   detail::Fd fd(path, O_RDONLY | O_NOFOLLOW);
   if (!text.empty()) fd.read_all_at(text.data(), text.size(), 0);
@@ -354,20 +385,24 @@ inline void check_coverage(const Manifest& m, const std::string& where) {
     detail::product(t.global, numel);
     std::vector<std::pair<std::int64_t, std::int64_t>> runs;
     for (const PieceRecord& p : t.pieces)
-      for_each_run(t.global, p.box_offset, p.box_extent, p.first, p.count, [&](std::int64_t b, std::int64_t e) { runs.emplace_back(b, e); });
+      for_each_run(t.global, p.box_offset, p.box_extent, p.first, p.count,
+                   [&](std::int64_t b, std::int64_t e) { runs.emplace_back(b, e); });
     std::sort(runs.begin(), runs.end());
     std::int64_t at = 0;
     for (const auto& [b, e] : runs) {
       if (b < at)
-        throw Error(cat("manifest(", where, ")"), cat("tensor ", name, ": elements [", b, ", ", std::min(at, e), ") are held by two pieces"),
+        throw Error(cat("manifest(", where, ")"),
+                    cat("tensor ", name, ": elements [", b, ", ", std::min(at, e), ") are held by two pieces"),
                     "save the checkpoint again; each element must be saved once");
       if (b > at)
-        throw Error(cat("manifest(", where, ")"), cat("tensor ", name, ": elements [", at, ", ", b, ") of ", numel, " are in no piece"),
+        throw Error(cat("manifest(", where, ")"),
+                    cat("tensor ", name, ": elements [", at, ", ", b, ") of ", numel, " are in no piece"),
                     "save the checkpoint again; a shard is missing");
       at = e;
     }
     if (at != numel)
-      throw Error(cat("manifest(", where, ")"), cat("tensor ", name, ": elements [", at, ", ", numel, ") of ", numel, " are in no piece"),
+      throw Error(cat("manifest(", where, ")"),
+                  cat("tensor ", name, ": elements [", at, ", ", numel, ") of ", numel, " are in no piece"),
                   "save the checkpoint again; a shard is missing");
   }
 }

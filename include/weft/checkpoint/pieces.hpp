@@ -43,13 +43,20 @@ Digest write_staged(const std::string& path, const std::vector<Staged>& staged, 
   nlohmann::json meta = nlohmann::json::array();
   for (const Staged& s : staged) {
     tensors.push_back({s.tensor, s.dtype, {s.count}, nullptr});
-    meta.push_back({{"tensor", s.tensor}, {"global", s.global}, {"logical", s.logical}, {"layout", s.layout},
-                    {"box_offset", s.box_offset}, {"box_extent", s.box_extent}, {"first", s.first}, {"count", s.count}});
+    meta.push_back({{"tensor", s.tensor},
+                    {"global", s.global},
+                    {"logical", s.logical},
+                    {"layout", s.layout},
+                    {"box_offset", s.box_offset},
+                    {"box_extent", s.box_extent},
+                    {"first", s.first},
+                    {"count", s.count}});
   }
   return write_streamed(path, std::span<const TensorData>(tensors), {{"weft.pieces", meta.dump()}}, bytes_of);
 }
 inline Digest write_staged(const std::string& path, const std::vector<Staged>& staged) {
-  return write_staged(path, staged, [&](std::size_t i, std::uint64_t) { return std::span<const std::byte>(staged[i].bytes); });
+  return write_staged(path, staged,
+                      [&](std::size_t i, std::uint64_t) { return std::span<const std::byte>(staged[i].bytes); });
 }
 
 }  // namespace detail
@@ -73,26 +80,35 @@ inline std::vector<FilePiece> file_pieces(const Header& h, const std::string& fi
   std::vector<FilePiece> out;
   try {
     const auto records = nlohmann::json::parse(it->second);
-    if (!records.is_array()) throw Error(where, "has weft.pieces metadata that is not an array", "save the checkpoint again");
+    if (!records.is_array())
+      throw Error(where, "has weft.pieces metadata that is not an array", "save the checkpoint again");
     out.reserve(records.size());
     for (const auto& p : records) {
       FilePiece f;
       f.tensor = p.at("tensor").get<std::string>();
       const TensorInfo* info = h.find(f.tensor);
-      if (!info) throw Error(where, cat("lists a piece ", brief(f.tensor), " it does not hold"), "save the checkpoint again");
+      if (!info)
+        throw Error(where, cat("lists a piece ", brief(f.tensor), " it does not hold"), "save the checkpoint again");
       f.dtype = info->dtype;
       f.global = p.at("global").get<std::vector<std::int64_t>>();
       f.logical = p.at("logical").get<std::vector<std::int64_t>>();
       f.layout = p.at("layout").get<std::string>();
-      f.piece = {file, f.tensor, p.at("box_offset").get<std::vector<std::int64_t>>(), p.at("box_extent").get<std::vector<std::int64_t>>(),
-                 p.at("first").get<std::int64_t>(), p.at("count").get<std::int64_t>()};
+      f.piece = {file,
+                 f.tensor,
+                 p.at("box_offset").get<std::vector<std::int64_t>>(),
+                 p.at("box_extent").get<std::vector<std::int64_t>>(),
+                 p.at("first").get<std::int64_t>(),
+                 p.at("count").get<std::int64_t>()};
       if (info->shape != std::vector<std::int64_t>{f.piece.count})
-        throw Error(where, cat("holds ", brief(f.tensor), " as ", info->shape.size() == 1 ? info->shape[0] : -1, " elements; its record says ", f.piece.count),
+        throw Error(where,
+                    cat("holds ", brief(f.tensor), " as ", info->shape.size() == 1 ? info->shape[0] : -1,
+                        " elements; its record says ", f.piece.count),
                     "save the checkpoint again");
       out.push_back(std::move(f));
     }
   } catch (const nlohmann::json::exception& e) {
-    throw Error(where, cat("has malformed weft.pieces metadata (", brief(e.what(), 200), ")"), "save the checkpoint again");
+    throw Error(where, cat("has malformed weft.pieces metadata (", brief(e.what(), 200), ")"),
+                "save the checkpoint again");
   }
   return out;
 }
@@ -138,19 +154,22 @@ inline std::string compare_pieces(const std::vector<Listed>& listed, const std::
     const TensorRecord& t = *l.record;
     const PieceRecord& p = *l.piece;
     const auto it = by_key.find(p.key);
-    if (it == by_key.end()) return cat("the manifest places a piece of ", name, " under the key ", brief(p.key), ", which the file does not record");
+    if (it == by_key.end())
+      return cat("the manifest places a piece of ", name, " under the key ", brief(p.key),
+                 ", which the file does not record");
     const FilePiece& f = *it->second;
-    const char* field = f.tensor != name                                        ? "tensor"
-                        : f.dtype != t.dtype                                    ? "dtype"
-                        : f.global != t.global                                  ? "global shape"
-                        : f.logical != t.logical                                ? "logical shape"
-                        : f.layout != t.layout                                  ? "layout"
-                        : f.piece.box_offset != p.box_offset                    ? "box offset"
-                        : f.piece.box_extent != p.box_extent                    ? "box extent"
+    const char* field = f.tensor != name                                       ? "tensor"
+                        : f.dtype != t.dtype                                   ? "dtype"
+                        : f.global != t.global                                 ? "global shape"
+                        : f.logical != t.logical                               ? "logical shape"
+                        : f.layout != t.layout                                 ? "layout"
+                        : f.piece.box_offset != p.box_offset                   ? "box offset"
+                        : f.piece.box_extent != p.box_extent                   ? "box extent"
                         : f.piece.first != p.first || f.piece.count != p.count ? "element range"
-                                                                                : nullptr;
+                                                                               : nullptr;
     if (field)
-      return cat("the manifest's piece of ", name, " under the key ", brief(p.key), " differs from the file's record of it in its ", field,
+      return cat("the manifest's piece of ", name, " under the key ", brief(p.key),
+                 " differs from the file's record of it in its ", field,
                  f.tensor != name ? cat(" (the file records a piece of ", brief(f.tensor), " there)") : std::string());
   }
   if (listed.size() != recorded.size())

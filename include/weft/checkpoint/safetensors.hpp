@@ -32,10 +32,10 @@
 #include <unordered_map>
 #include <vector>
 
+#include "weft/checkpoint/files.hpp"
 #include "weft/core/dtype.hpp"
 #include "weft/core/error.hpp"
 #include "weft/core/json_limits.hpp"
-#include "weft/checkpoint/files.hpp"
 
 namespace weft::checkpoint {
 
@@ -53,7 +53,7 @@ struct TensorInfo {
 struct Header {
   std::vector<TensorInfo> tensors;  // in data order
   std::map<std::string, std::string> metadata;
-  std::uint64_t data_start = 0;     // 8 + header length: where the data section begins in the file
+  std::uint64_t data_start = 0;  // 8 + header length: where the data section begins in the file
   const TensorInfo* find(const std::string& name) const {
     const auto it = index.find(name);
     return it == index.end() ? nullptr : &tensors[it->second];
@@ -100,13 +100,18 @@ inline Header parse_json_header(const std::string& path, const std::string& text
 // as read_header. For tools and the fuzz target (tests/fuzz/safetensors.cpp).
 inline Header parse_header(std::span<const unsigned char> file, const std::string& where = "memory") {
   using detail::bad;
-  if (file.size() < 8) bad(where, cat("the file has ", file.size(), " bytes, fewer than the 8-byte header length"), "pass a complete file");
+  if (file.size() < 8)
+    bad(where, cat("the file has ", file.size(), " bytes, fewer than the 8-byte header length"),
+        "pass a complete file");
   std::uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | file[static_cast<std::size_t>(i)];  // little-endian
-  if (n > kMaxHeader) bad(where, cat("the header length ", n, " exceeds the ", kMaxHeader, "-byte cap"), "pass a valid file");
+  if (n > kMaxHeader)
+    bad(where, cat("the header length ", n, " exceeds the ", kMaxHeader, "-byte cap"), "pass a valid file");
   if (n > file.size() - 8)
-    bad(where, cat("the header length ", n, " runs past the end of the ", file.size(), "-byte file"), "pass a complete file");
-  return detail::parse_json_header(where, std::string(reinterpret_cast<const char*>(file.data()) + 8, static_cast<std::size_t>(n)), file.size());
+    bad(where, cat("the header length ", n, " runs past the end of the ", file.size(), "-byte file"),
+        "pass a complete file");
+  return detail::parse_json_header(
+      where, std::string(reinterpret_cast<const char*>(file.data()) + 8, static_cast<std::size_t>(n)), file.size());
 }
 
 // Reads and validates the header of the safetensors file at `path`.
@@ -117,16 +122,19 @@ inline Header read_header(const std::string& path) {
     bad(path, "is not a regular file (missing, a directory, or a device)", "pass the path of a safetensors file");
   const std::uint64_t file_size = std::filesystem::file_size(path, ec);
   if (ec) bad(path, cat("cannot read its size (", ec.message(), ")"), "check the path and its permissions");
-  if (file_size < 8) bad(path, cat("the file has ", file_size, " bytes, fewer than the 8-byte header length"), "pass a complete file");
+  if (file_size < 8)
+    bad(path, cat("the file has ", file_size, " bytes, fewer than the 8-byte header length"), "pass a complete file");
   std::ifstream in(path, std::ios::binary);
   if (!in) bad(path, "cannot be opened", "check its permissions");
   unsigned char len_bytes[8];
   in.read(reinterpret_cast<char*>(len_bytes), 8);
   std::uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | len_bytes[i];  // little-endian
-  if (n > kMaxHeader) bad(path, cat("the header length ", n, " exceeds the ", kMaxHeader, "-byte cap"), "pass a valid file");
+  if (n > kMaxHeader)
+    bad(path, cat("the header length ", n, " exceeds the ", kMaxHeader, "-byte cap"), "pass a valid file");
   if (n > file_size - 8)
-    bad(path, cat("the header length ", n, " runs past the end of the ", file_size, "-byte file"), "pass a complete file");
+    bad(path, cat("the header length ", n, " runs past the end of the ", file_size, "-byte file"),
+        "pass a complete file");
   std::string text(static_cast<std::size_t>(n), '\0');
   in.read(text.data(), static_cast<std::streamsize>(n));
   if (!in) bad(path, "the header could not be read", "check the file");
@@ -144,15 +152,16 @@ inline Header detail::parse_json_header(const std::string& path, const std::stri
   nlohmann::json doc;
   try {
     doc = nlohmann::json::parse(text, [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
-      if (event == nlohmann::json::parse_event_t::key && depth == 1 && !names.insert(parsed.get<std::string>()).second &&
-          duplicate.empty())
+      if (event == nlohmann::json::parse_event_t::key && depth == 1 &&
+          !names.insert(parsed.get<std::string>()).second && duplicate.empty())
         duplicate = parsed.get<std::string>();
       return true;
     });
   } catch (const nlohmann::json::exception& e) {
     bad(path, cat("the header is not valid UTF-8 JSON (", e.what(), ")"), "pass a valid file");
   }
-  if (!duplicate.empty()) bad(path, cat("the tensor name \"", duplicate, "\" appears twice"), "give each tensor one entry");
+  if (!duplicate.empty())
+    bad(path, cat("the tensor name \"", duplicate, "\" appears twice"), "give each tensor one entry");
   if (!doc.is_object()) bad(path, "the header is not a JSON object", "pass a valid file");
 
   Header h;
@@ -184,11 +193,14 @@ inline Header detail::parse_json_header(const std::string& path, const std::stri
     if (!known) bad(path, cat(where, " has dtype ", dt.dump().substr(0, 32)), "use F64, F32, BF16, F16, I32 or I64");
     const auto& shape = entry["shape"];
     if (!shape.is_array() || shape.size() > kMaxRank)
-      bad(path, cat(where, " has a shape that is not an array of at most ", kMaxRank, " dims"), "store the shape as a short array");
+      bad(path, cat(where, " has a shape that is not an array of at most ", kMaxRank, " dims"),
+          "store the shape as a short array");
     std::uint64_t elements = 1;
     for (const auto& d : shape) {
-      if (!d.is_number_unsigned() || d.get<std::uint64_t>() > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
-        bad(path, cat(where, " has a dim ", d.dump().substr(0, 32), " that is not a non-negative integer"), "use dims >= 0");
+      if (!d.is_number_unsigned() ||
+          d.get<std::uint64_t>() > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
+        bad(path, cat(where, " has a dim ", d.dump().substr(0, 32), " that is not a non-negative integer"),
+            "use dims >= 0");
       t.shape.push_back(static_cast<std::int64_t>(d.get<std::uint64_t>()));
       if (!detail::checked_mul(elements, d.get<std::uint64_t>(), elements))
         bad(path, cat(where, " has more elements than 2^64"), "pass a valid file");
@@ -202,8 +214,9 @@ inline Header detail::parse_json_header(const std::string& path, const std::stri
     if (!detail::checked_mul(elements, size_of(t.dtype), bytes))
       bad(path, cat(where, " is larger than 2^64 bytes"), "pass a valid file");
     if (t.end < t.begin || t.end - t.begin != bytes)
-      bad(path, cat(where, ": shape ", shape.dump(), " of ", safetensors_dtype(t.dtype), " is ", bytes, " bytes but its data_offsets [",
-                    t.begin, ", ", t.end, "] hold ", t.end >= t.begin ? t.end - t.begin : 0),
+      bad(path,
+          cat(where, ": shape ", shape.dump(), " of ", safetensors_dtype(t.dtype), " is ", bytes,
+              " bytes but its data_offsets [", t.begin, ", ", t.end, "] hold ", t.end >= t.begin ? t.end - t.begin : 0),
           "store offsets that match the shape and dtype");
     h.tensors.push_back(std::move(t));
   }
@@ -213,7 +226,8 @@ inline Header detail::parse_json_header(const std::string& path, const std::stri
   std::uint64_t at = 0;
   for (const TensorInfo& t : h.tensors) {
     if (t.begin != at)
-      bad(path, cat("tensor \"", t.name, "\" starts at byte ", t.begin, " of the data but the one before it ends at ", at),
+      bad(path,
+          cat("tensor \"", t.name, "\" starts at byte ", t.begin, " of the data but the one before it ends at ", at),
           "store the tensors contiguously, without gaps or overlaps");
     at = t.end;
   }
@@ -231,7 +245,8 @@ inline void read_bytes(const std::string& path, const Header& h, std::uint64_t o
   in.seekg(static_cast<std::streamoff>(h.data_start + offset));
   in.read(static_cast<char*>(out), static_cast<std::streamsize>(bytes));
   if (!in || static_cast<std::uint64_t>(in.gcount()) != bytes)
-    detail::bad(path, cat("reading ", bytes, " bytes at data offset ", offset, " failed"), "check that the file was not truncated");
+    detail::bad(path, cat("reading ", bytes, " bytes at data offset ", offset, " failed"),
+                "check that the file was not truncated");
 }
 
 // A tensor to write: its name, element type, shape, and the bytes (shape x dtype size).
@@ -248,8 +263,8 @@ struct TensorData {
 // that bytes_of(i, n) returns (n = shape x dtype size of them; valid until the next call). fsyncs the file
 // and returns its size and hash (files.hpp).
 template <class BytesOf>
-Digest write_streamed(const std::string& path, std::span<const TensorData> tensors, const std::map<std::string, std::string>& metadata,
-                      BytesOf bytes_of) {
+Digest write_streamed(const std::string& path, std::span<const TensorData> tensors,
+                      const std::map<std::string, std::string>& metadata, BytesOf bytes_of) {
   nlohmann::json doc = nlohmann::json::object();
   if (!metadata.empty()) doc["__metadata__"] = metadata;
   std::uint64_t at = 0;
@@ -257,13 +272,17 @@ Digest write_streamed(const std::string& path, std::span<const TensorData> tenso
   std::vector<std::uint64_t> sizes;
   for (const TensorData& t : tensors) {
     if (t.name.empty() || t.name.size() > kMaxName || t.name == "__metadata__" || !seen.insert(t.name).second)
-      detail::bad(path, cat("cannot write a tensor named \"", t.name.substr(0, 64), "\" (empty, too long, reserved or repeated)"),
-                  "give each tensor a unique name of 1 to 1024 bytes");
-    if (t.shape.size() > kMaxRank) detail::bad(path, cat("tensor \"", t.name, "\" has ", t.shape.size(), " dims"), "use at most 8");
+      detail::bad(
+          path,
+          cat("cannot write a tensor named \"", t.name.substr(0, 64), "\" (empty, too long, reserved or repeated)"),
+          "give each tensor a unique name of 1 to 1024 bytes");
+    if (t.shape.size() > kMaxRank)
+      detail::bad(path, cat("tensor \"", t.name, "\" has ", t.shape.size(), " dims"), "use at most 8");
     std::uint64_t bytes = size_of(t.dtype);
     for (std::int64_t d : t.shape) {
       if (d < 0) detail::bad(path, cat("tensor \"", t.name, "\" has a dim ", d), "use dims >= 0");
-      if (!detail::checked_mul(bytes, static_cast<std::uint64_t>(d), bytes)) detail::bad(path, "a tensor of more than 2^64 bytes", "write smaller tensors");
+      if (!detail::checked_mul(bytes, static_cast<std::uint64_t>(d), bytes))
+        detail::bad(path, "a tensor of more than 2^64 bytes", "write smaller tensors");
     }
     doc[t.name] = {{"dtype", safetensors_dtype(t.dtype)}, {"shape", t.shape}, {"data_offsets", {at, at + bytes}}};
     at += bytes;
@@ -281,8 +300,10 @@ Digest write_streamed(const std::string& path, std::span<const TensorData> tenso
     if (!sizes[i]) continue;
     const std::span<const std::byte> b = bytes_of(i, sizes[i]);
     if (b.size() != sizes[i])
-      detail::bad(path, cat("tensor \"", tensors[i].name, "\" came with ", b.size(), " bytes; its dtype and shape need ", sizes[i]),
-                  "give each tensor the bytes of its shape");
+      detail::bad(
+          path,
+          cat("tensor \"", tensors[i].name, "\" came with ", b.size(), " bytes; its dtype and shape need ", sizes[i]),
+          "give each tensor the bytes of its shape");
     f.write(b);
   }
   return f.finish();

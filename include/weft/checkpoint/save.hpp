@@ -53,8 +53,16 @@ std::vector<Staged> stage(Model& model, DP& dp, M& mesh) {
       const std::int64_t a = std::max(slo, e.offset), b = std::min(slo + sn, e.offset + e.numel);
       if (a >= b || (!e.tensor_sharded && tensor_index != 0)) continue;
       auto add = [&]<class X>(const std::string& kind, const X* src) {
-        Staged s{cat(kind, "/", e.name), dtype_of<X>, dims(e.global), dims(e.logical), dims(e.box_offset), dims(e.local), e.layout,
-                 a - e.offset, b - a, std::vector<std::byte>(static_cast<std::size_t>(b - a) * sizeof(X))};
+        Staged s{cat(kind, "/", e.name),
+                 dtype_of<X>,
+                 dims(e.global),
+                 dims(e.logical),
+                 dims(e.box_offset),
+                 dims(e.local),
+                 e.layout,
+                 a - e.offset,
+                 b - a,
+                 std::vector<std::byte>(static_cast<std::size_t>(b - a) * sizeof(X))};
         dev.to_host(s.bytes.data(), src, s.bytes.size());
         out.push_back(std::move(s));
       };
@@ -83,7 +91,8 @@ inline void remove_step(const std::string& root, const std::string& name) {
   std::error_code ec;
   fs::remove_all(to, ec);
   point("prune rename");
-  if (std::rename(from.c_str(), to.c_str()) != 0) detail::sys_fail(cat("checkpoint(", from.string(), ")"), "cannot rename it for removal", errno);
+  if (std::rename(from.c_str(), to.c_str()) != 0)
+    detail::sys_fail(cat("checkpoint(", from.string(), ")"), "cannot rename it for removal", errno);
   sync_directory(root);
   std::vector<fs::path> files;
   for (const auto& e : fs::directory_iterator(to)) files.push_back(e.path());
@@ -100,8 +109,8 @@ inline void remove_step(const std::string& root, const std::string& name) {
 // from an earlier step), is kept and not counted. (torchtitan's keep_latest_k sorts every step
 // directory by its number and keeps the highest k, so a rolled-back run's new checkpoints, the lowest
 // numbers, are the ones it deletes.)
-inline std::vector<std::string> pruned(const std::vector<std::pair<std::int64_t, std::string>>& complete, std::int64_t step, int keep,
-                                       const std::string& latest) {
+inline std::vector<std::string> pruned(const std::vector<std::pair<std::int64_t, std::string>>& complete,
+                                       std::int64_t step, int keep, const std::string& latest) {
   std::vector<std::string> line;
   for (const auto& [s, n] : complete)
     if (s <= step) line.push_back(n);
@@ -128,14 +137,16 @@ inline void publish(const std::string& root, Manifest m, const std::vector<Diges
   point("directory fsync");
   sync_directory(tmp);
   point("directory rename");
-  if (std::rename(tmp.c_str(), dir.c_str()) != 0) detail::sys_fail(cat("checkpoint(", dir, ")"), cat("cannot rename ", tmp), errno);
+  if (std::rename(tmp.c_str(), dir.c_str()) != 0)
+    detail::sys_fail(cat("checkpoint(", dir, ")"), cat("cannot rename ", tmp), errno);
   sync_directory(root);
   point("manifest");
   write_atomic(cat(dir, "/manifest.json"), to_json(m).dump(1));
   point("latest");
   write_atomic(cat(root, "/latest"), name + "\n");
   if (keep > 0) {
-    for (const std::string& old : pruned(complete_checkpoints(root), m.step, keep, latest_of(root))) remove_step(root, old);
+    for (const std::string& old : pruned(complete_checkpoints(root), m.step, keep, latest_of(root)))
+      remove_step(root, old);
     sync_directory(root);
   }
 }
@@ -150,7 +161,8 @@ inline void prepare(const std::string& root, std::int64_t step) {
   fs::remove_all(fs::path(root) / (name + ".tmp"));
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(root, ec))
-    if (const std::string n = e.path().filename().string(); n.starts_with("step_") && n.ends_with(".deleting")) fs::remove_all(e.path());
+    if (const std::string n = e.path().filename().string(); n.starts_with("step_") && n.ends_with(".deleting"))
+      fs::remove_all(e.path());
   if (fs::exists(fs::symlink_status(fs::path(root) / name))) {
     if (latest_of(root) == name) {
       std::string other;
@@ -171,8 +183,15 @@ inline std::vector<std::int64_t> pack(const std::vector<Staged>& staged) {
   nlohmann::json meta = nlohmann::json::array();
   std::size_t data = 0;
   for (const Staged& s : staged) {
-    meta.push_back({{"tensor", s.tensor}, {"dtype", safetensors_dtype(s.dtype)}, {"global", s.global}, {"logical", s.logical},
-                    {"layout", s.layout}, {"box_offset", s.box_offset}, {"box_extent", s.box_extent}, {"first", s.first}, {"count", s.count}});
+    meta.push_back({{"tensor", s.tensor},
+                    {"dtype", safetensors_dtype(s.dtype)},
+                    {"global", s.global},
+                    {"logical", s.logical},
+                    {"layout", s.layout},
+                    {"box_offset", s.box_offset},
+                    {"box_extent", s.box_extent},
+                    {"first", s.first},
+                    {"count", s.count}});
     data += s.bytes.size();
   }
   const std::string text = meta.dump();
@@ -229,13 +248,14 @@ inline std::vector<Staged> consolidate(const std::vector<std::vector<Staged>>& a
       detail::product(s.global, numel);
       const std::size_t es = size_of(s.dtype);
       if (fresh) {
-        w = Staged{s.tensor, s.dtype, s.global, s.logical, std::vector<std::int64_t>(s.global.size(), 0), s.global, s.layout, 0, numel,
-                   std::vector<std::byte>(static_cast<std::size_t>(numel) * es)};
+        w = Staged{
+            s.tensor, s.dtype,  s.global, s.logical, std::vector<std::int64_t>(s.global.size(), 0),
+            s.global, s.layout, 0,        numel,     std::vector<std::byte>(static_cast<std::size_t>(numel) * es)};
       }
       std::int64_t src = 0;
       for_each_run(s.global, s.box_offset, s.box_extent, s.first, s.count, [&](std::int64_t b, std::int64_t e) {
-        std::memcpy(w.bytes.data() + static_cast<std::size_t>(b) * es, s.bytes.data() + static_cast<std::size_t>(src) * es,
-                    static_cast<std::size_t>(e - b) * es);
+        std::memcpy(w.bytes.data() + static_cast<std::size_t>(b) * es,
+                    s.bytes.data() + static_cast<std::size_t>(src) * es, static_cast<std::size_t>(e - b) * es);
         src += e - b;
       });
     }
@@ -263,7 +283,8 @@ nlohmann::json model_json(const Model& model) {
 template <SavePolicy Policy = Sharded>
 class Saver {
  public:
-  explicit Saver(std::string root, SaveOptions opt = {}, bool async = false) : root_(std::move(root)), opt_(opt), async_(async) {}
+  explicit Saver(std::string root, SaveOptions opt = {}, bool async = false)
+      : root_(std::move(root)), opt_(opt), async_(async) {}
   Saver(const Saver&) = delete;
   Saver& operator=(const Saver&) = delete;
   ~Saver() {
@@ -300,7 +321,8 @@ class Saver {
     manifest_.precision = precision_t<typename Model::value_type>::name();
     manifest_.model = detail::model_json(model);
     manifest_.optimizer = {{"rule", DP::rule_type::name}, {"steps", dp.steps()}, {"skipped", dp.skipped()}};
-    manifest_.run = {{"step", state.step}, {"loader_position", state.loader_position}, {"seed", state.seed}, {"extra", state.extra}};
+    manifest_.run = {
+        {"step", state.step}, {"loader_position", state.loader_position}, {"seed", state.seed}, {"extra", state.extra}};
 
     const std::string dir = cat(root_, "/", step_name(state.step), ".tmp");
     if constexpr (std::same_as<Policy, Consolidated>) {
@@ -373,7 +395,8 @@ class Saver {
     if (writer_.joinable()) writer_.join();
     pending_ = false;
     detail::agree(world, error_, "writing a checkpoint file", detail::kSaveUnchanged);
-    std::array<std::int64_t, 2> mine{static_cast<std::int64_t>(digest_.bytes), std::bit_cast<std::int64_t>(digest_.xxh3)};
+    std::array<std::int64_t, 2> mine{static_cast<std::int64_t>(digest_.bytes),
+                                     std::bit_cast<std::int64_t>(digest_.xxh3)};
     std::vector<std::int64_t> all(2 * static_cast<std::size_t>(world.size()));
     world.all_gather(std::span<const std::int64_t>(mine), std::span<std::int64_t>(all));
     std::string err;
@@ -383,7 +406,8 @@ class Saver {
       for (int r = 0; r < files; ++r)
         digests.push_back({static_cast<std::uint64_t>(all[2 * static_cast<std::size_t>(r)]),
                            std::bit_cast<std::uint64_t>(all[2 * static_cast<std::size_t>(r) + 1])});
-      err = detail::attempt([&] { detail::publish(root_, manifest_, digests, std::same_as<Policy, Sharded>, opt_.keep); });
+      err = detail::attempt(
+          [&] { detail::publish(root_, manifest_, digests, std::same_as<Policy, Sharded>, opt_.keep); });
     }
     detail::agree(world, err, "publishing the checkpoint", detail::kSaveUnchanged);
   }

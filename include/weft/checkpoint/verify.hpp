@@ -13,10 +13,10 @@
 // All of it is linear in the manifest's size (indexes by file name and key, no pairwise search).
 #pragma once
 
+#include <sys/stat.h>
 #include <map>
 #include <memory>
 #include <mutex>
-#include <sys/stat.h>
 
 #include "weft/checkpoint/common.hpp"
 #include "weft/checkpoint/pieces.hpp"
@@ -42,7 +42,8 @@ inline Manifest parse_in(const std::string& dir, const std::string& text) {
   const std::string n = p.filename().string();
   if (n.size() == 13 && n.starts_with("step_") && n.find_first_not_of("0123456789", 5) == std::string::npos &&
       std::stoll(n.substr(5)) != m.step)
-    throw Error(cat("checkpoint(", dir, ")"), cat("is named for step ", std::stoll(n.substr(5)), " but holds the manifest of step ", m.step),
+    throw Error(cat("checkpoint(", dir, ")"),
+                cat("is named for step ", std::stoll(n.substr(5)), " but holds the manifest of step ", m.step),
                 "resume from a step directory as it was saved (its name and its manifest agree)");
   return m;
 }
@@ -52,7 +53,7 @@ inline Manifest parse_in(const std::string& dir, const std::string& text) {
 // inode, size, modification time), so a changed manifest is read again.
 inline std::shared_ptr<const Read> read_shared(const std::string& dir) {
   const std::string path = cat(dir, "/manifest.json");
-  struct stat st {};
+  struct stat st{};
   std::string key;
   if (::lstat(path.c_str(), &st) == 0)
     key = cat(st.st_dev, ":", st.st_ino, ":", st.st_size, ":", st.st_mtim.tv_sec, ".", st.st_mtim.tv_nsec);
@@ -75,10 +76,12 @@ inline std::shared_ptr<const Read> read_shared(const std::string& dir) {
 inline std::string check_file(const FileRecord& f, const std::vector<Listed>& listed, const std::string& dir) {
   const std::string path = cat(dir, "/", f.name), where = cat("checkpoint(", path, ")");
   return attempt([&] {
-    struct stat st {};
-    if (::lstat(path.c_str(), &st) != 0) throw Error(where, "is missing", "the checkpoint is incomplete; resume from another one");
+    struct stat st{};
+    if (::lstat(path.c_str(), &st) != 0)
+      throw Error(where, "is missing", "the checkpoint is incomplete; resume from another one");
     if (S_ISLNK(st.st_mode))
-      throw Error(where, "is a symbolic link", "weft saves regular files and follows no link out of a checkpoint; resume from one as saved");
+      throw Error(where, "is a symbolic link",
+                  "weft saves regular files and follows no link out of a checkpoint; resume from one as saved");
     if (!S_ISREG(st.st_mode)) throw Error(where, "is not a regular file", "resume from a checkpoint as saved");
     const Digest d = digest_file(path);
     if (d.bytes != f.digest.bytes)
@@ -88,7 +91,8 @@ inline std::string check_file(const FileRecord& f, const std::vector<Listed>& li
       throw Error(where, cat("has xxh3 ", hex64(d.xxh3), "; the manifest expects ", hex64(f.digest.xxh3)),
                   "the file is corrupt; resume from another checkpoint");
     if (const std::string diff = compare_pieces(listed, file_pieces(read_header(path), f.name, where)); !diff.empty())
-      throw Error(where, diff, "the manifest does not describe this file as it was saved; resume from another checkpoint");
+      throw Error(where, diff,
+                  "the manifest does not describe this file as it was saved; resume from another checkpoint");
   });
 }
 
@@ -121,17 +125,22 @@ inline void check_model(const nlohmann::json& saved, const std::vector<std::pair
                         const std::string& where) {
   for (const auto& [k, v] : mine) {
     if (!saved.contains(k))
-      throw Error(where, cat("records no ", k, " for its model; this model has ", k, " = ", v), "load a checkpoint of a model of the same configuration");
+      throw Error(where, cat("records no ", k, " for its model; this model has ", k, " = ", v),
+                  "load a checkpoint of a model of the same configuration");
     if (!saved[k].is_number_integer() || saved[k].get<std::int64_t>() != v)
-      throw Error(where, cat("was saved from a model with ", k, " = ", brief(saved[k].dump()), "; this model has ", k, " = ", v),
-                  "load it into a model of the same configuration");
+      throw Error(
+          where,
+          cat("was saved from a model with ", k, " = ", brief(saved[k].dump()), "; this model has ", k, " = ", v),
+          "load it into a model of the same configuration");
   }
   for (const auto& [k, v] : saved.items()) {
     bool known = false;
     for (const auto& f : mine) known = known || f.first == k;
     if (!known)
-      throw Error(where, cat("was saved from a model with ", brief(k), " = ", brief(v.dump()), ", which this model does not have"),
-                  "load a checkpoint of this model");
+      throw Error(
+          where,
+          cat("was saved from a model with ", brief(k), " = ", brief(v.dump()), ", which this model does not have"),
+          "load a checkpoint of this model");
   }
 }
 
@@ -157,10 +166,14 @@ class Sources {
     Open& o = open(p.file);
     const TensorInfo* info = o.header.find(p.key);
     const std::string where = cat("checkpoint(", dir_, "/", p.file, ")");
-    if (!info) throw Error(where, cat("has no tensor ", p.key, ", which the manifest places there for ", name), "save the checkpoint again");
+    if (!info)
+      throw Error(where, cat("has no tensor ", p.key, ", which the manifest places there for ", name),
+                  "save the checkpoint again");
     if (info->dtype != t.dtype || info->shape != std::vector<std::int64_t>{p.count})
-      throw Error(where, cat("holds ", p.key, " as ", safetensors_dtype(info->dtype), " of ", info->shape.size() == 1 ? info->shape[0] : -1,
-                             " elements; the manifest expects ", safetensors_dtype(t.dtype), " of ", p.count),
+      throw Error(where,
+                  cat("holds ", p.key, " as ", safetensors_dtype(info->dtype), " of ",
+                      info->shape.size() == 1 ? info->shape[0] : -1, " elements; the manifest expects ",
+                      safetensors_dtype(t.dtype), " of ", p.count),
                   "save the checkpoint again");
     return o.header.data_start + info->begin;
   }
@@ -177,16 +190,18 @@ class Sources {
 // into host buffer `out` (count elements of X) from tensor `name`, elements outside `logical` left
 // as they are in `out`.
 template <class X>
-void fill(Sources& src, const std::string& name, const std::vector<std::int64_t>& global, const std::vector<std::int64_t>& logical,
-          const std::vector<std::int64_t>& offset, const std::vector<std::int64_t>& extent, std::int64_t first, std::int64_t count,
-          X* out) {
+void fill(Sources& src, const std::string& name, const std::vector<std::int64_t>& global,
+          const std::vector<std::int64_t>& logical, const std::vector<std::int64_t>& offset,
+          const std::vector<std::int64_t>& extent, std::int64_t first, std::int64_t count, X* out) {
   const auto it = src.manifest().tensors.find(name);
   const std::string where = cat("checkpoint(", src.dir(), ")");
   if (it == src.manifest().tensors.end())
-    throw Error(where, cat("has no tensor ", name), "load a checkpoint of this model (and with optimizer state, for a resume)");
+    throw Error(where, cat("has no tensor ", name),
+                "load a checkpoint of this model (and with optimizer state, for a resume)");
   const TensorRecord& t = it->second;
   if (t.logical != logical)
-    throw Error(where, cat("tensor ", name, " has the shape ", join(t.logical, "x"), "; this model's is ", join(logical, "x")),
+    throw Error(where,
+                cat("tensor ", name, " has the shape ", join(t.logical, "x"), "; this model's is ", join(logical, "x")),
                 "load a checkpoint of a model of the same sizes");
   const std::size_t r = global.size(), es = size_of(t.dtype);
   std::vector<std::uint64_t> bases(t.pieces.size());
@@ -254,8 +269,10 @@ void fill(Sources& src, const std::string& name, const std::vector<std::int64_t>
       const std::int64_t take = std::min(w.pos + w.len, end) - pos;
       const std::int64_t element = at.second + (pos - it2->first);
       buf.resize(static_cast<std::size_t>(take) * es);
-      src.open(t.pieces[at.first].file).fd->read_all_at(buf.data(), buf.size(), bases[at.first] + static_cast<std::uint64_t>(element) * es);
-      for (std::int64_t k = 0; k < take; ++k) dst[k] = convert_element<X>(t.dtype, buf.data() + static_cast<std::size_t>(k) * es);
+      src.open(t.pieces[at.first].file)
+          .fd->read_all_at(buf.data(), buf.size(), bases[at.first] + static_cast<std::uint64_t>(element) * es);
+      for (std::int64_t k = 0; k < take; ++k)
+        dst[k] = convert_element<X>(t.dtype, buf.data() + static_cast<std::size_t>(k) * es);
       dst += take;
       pos += take;
     }
@@ -311,12 +328,12 @@ class Reader {
  private:
   const TensorRecord& record(const std::string& name) const {
     const auto it = m_.tensors.find(name);
-    if (it == m_.tensors.end()) throw Error(cat("checkpoint(", dir_, ")"), cat("has no tensor ", name), "ask for one of the manifest's tensors");
+    if (it == m_.tensors.end())
+      throw Error(cat("checkpoint(", dir_, ")"), cat("has no tensor ", name), "ask for one of the manifest's tensors");
     return it->second;
   }
   std::string dir_;
   Manifest m_;
 };
-
 
 }  // namespace weft::checkpoint

@@ -40,26 +40,26 @@ enum class ReduceOp : std::uint8_t { sum, max };
 constexpr const char* name(ReduceOp op) { return op == ReduceOp::sum ? "sum" : "max"; }
 
 template <class C>
-concept Communicator = requires(C& c, const C& cc, std::span<float> f, std::span<const float> cf,
-                                std::span<double> d, std::span<bf16> h, std::span<std::int32_t> i,
-                                std::span<std::int64_t> l, ReduceOp op, int r) {
-  { cc.rank() } -> std::convertible_to<int>;
-  { cc.size() } -> std::convertible_to<int>;
-  { cc.name() } -> std::convertible_to<std::string>;
-  c.all_reduce(f, op);
-  c.all_reduce(d, op);
-  c.all_reduce(h, op);
-  c.all_reduce(i, op);
-  c.all_reduce(l, op);
-  c.reduce_scatter(cf, f, op);
-  c.all_gather(cf, f);
-  c.all_to_all(cf, f);
-  c.broadcast(f, r);
-  c.send(cf, r);
-  c.recv(f, r);
-  c.barrier();
-  { c.split(r, r) } -> std::same_as<C>;
-};
+concept Communicator =
+    requires(C& c, const C& cc, std::span<float> f, std::span<const float> cf, std::span<double> d, std::span<bf16> h,
+             std::span<std::int32_t> i, std::span<std::int64_t> l, ReduceOp op, int r) {
+      { cc.rank() } -> std::convertible_to<int>;
+      { cc.size() } -> std::convertible_to<int>;
+      { cc.name() } -> std::convertible_to<std::string>;
+      c.all_reduce(f, op);
+      c.all_reduce(d, op);
+      c.all_reduce(h, op);
+      c.all_reduce(i, op);
+      c.all_reduce(l, op);
+      c.reduce_scatter(cf, f, op);
+      c.all_gather(cf, f);
+      c.all_to_all(cf, f);
+      c.broadcast(f, r);
+      c.send(cf, r);
+      c.recv(f, r);
+      c.barrier();
+      { c.split(r, r) } -> std::same_as<C>;
+    };
 
 // Whether C posts a send of E and lets it be waited for or withdrawn (ThreadComm, MpiComm, MetaComm;
 // not NcclComm). The pipeline executor needs it; the context ring overlaps its shifts with it.
@@ -75,10 +75,11 @@ concept PostsSends = requires(C& c, std::span<const E> b, int peer, const typena
 // the group's ranks in c, in the order of their keys: what split would form for this rank.
 template <class C>
 C subgroup(C& c, int color, int key, const std::vector<int>& members, const std::string& name) {
-  if constexpr (requires { { c.group(members, name) } -> std::same_as<C>; })
+  if constexpr (requires {
+                  { c.group(members, name) } -> std::same_as<C>;
+                })
     return c.group(members, name);
-  else
-    return c.split(color, key, name);
+  else return c.split(color, key, name);
 }
 
 }  // namespace weft

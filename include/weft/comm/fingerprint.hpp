@@ -15,7 +15,6 @@
 // This header is plain C++20 (xxHash header-only).
 #pragma once
 
-
 #include <algorithm>
 #include <cstdint>
 #include <span>
@@ -37,7 +36,9 @@ class Fingerprint {
 
   // Collective over `world`. Throws Error on every rank when a rank's fields differ from rank 0's.
   template <Communicator C>
-  void agree(C& world, const std::string& fix = "start every rank from the same build with the same options (mpirun -np N <one command line>)") const {
+  void agree(C& world,
+             const std::string& fix =
+                 "start every rank from the same build with the same options (mpirun -np N <one command line>)") const {
     const int n = world.size(), me = world.rank();
     // Rank 0's field count, then its hashes.
     std::vector<std::int64_t> count{static_cast<std::int64_t>(fields_.size())};
@@ -73,9 +74,7 @@ class Fingerprint {
   }
 
  private:
-  static std::int64_t hash(const std::string& s) {
-    return static_cast<std::int64_t>(XXH3_64bits(s.data(), s.size()));
-  }
+  static std::int64_t hash(const std::string& s) { return static_cast<std::int64_t>(XXH3_64bits(s.data(), s.size())); }
   // Field i, or ("", "<absent>") past the end of this rank's list.
   std::pair<std::string, std::string> entry(std::int64_t i) const {
     if (i < static_cast<std::int64_t>(fields_.size())) return fields_[static_cast<std::size_t>(i)];

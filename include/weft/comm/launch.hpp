@@ -19,7 +19,9 @@ namespace weft {
 
 enum class Launcher { threads, mpi, env };
 
-constexpr const char* name(Launcher l) { return l == Launcher::threads ? "threads" : l == Launcher::mpi ? "mpi" : "env"; }
+constexpr const char* name(Launcher l) {
+  return l == Launcher::threads ? "threads" : l == Launcher::mpi ? "mpi" : "env";
+}
 
 // Whether an MPI launcher (Open MPI's mpirun, MPICH's Hydra, Slurm's srun with PMI/PMIx) started us.
 inline bool started_by_mpi() {
@@ -54,7 +56,8 @@ inline int env_int(const char* var, int lo, int hi, const char* fallback) {
   char* end = nullptr;
   const long x = std::strtol(v, &end, 10);
   if (end == v || *end != '\0' || x < lo || x > hi)
-    throw Error("launcher env", cat(var, "='", v, "' is not an integer in [", lo, ", ", hi, "]"), cat("set ", var, " to one"));
+    throw Error("launcher env", cat(var, "='", v, "' is not an integer in [", lo, ", ", hi, "]"),
+                cat("set ", var, " to one"));
   return static_cast<int>(x);
 }
 }  // namespace detail

@@ -35,7 +35,9 @@ struct MeshCoord {
   int data = 0, pipe = 0, context = 0, tensor = 0;
 
   // The index on axis a.
-  constexpr int& at(Axis a) { return a == Axis::data ? data : a == Axis::pipe ? pipe : a == Axis::context ? context : tensor; }
+  constexpr int& at(Axis a) {
+    return a == Axis::data ? data : a == Axis::pipe ? pipe : a == Axis::context ? context : tensor;
+  }
   constexpr int at(Axis a) const { return const_cast<MeshCoord&>(*this).at(a); }
 };
 
@@ -44,8 +46,10 @@ struct MeshCoord {
 inline void validate(const MeshShape& s, int world_size) {
   const std::string context = s.context == 1 ? std::string() : cat(" x context ", s.context);
   if (s.data < 1 || s.pipe < 1 || s.context < 1 || s.tensor < 1)
-    throw Error("Mesh", cat("degrees data ", s.data, " x pipe ", s.pipe, context, " x tensor ", s.tensor, " include one below 1"),
-                "use degrees >= 1");
+    throw Error(
+        "Mesh",
+        cat("degrees data ", s.data, " x pipe ", s.pipe, context, " x tensor ", s.tensor, " include one below 1"),
+        "use degrees >= 1");
   const double approx = 1.0 * s.data * s.pipe * s.context * s.tensor;
   const bool overflows = approx > 9.0e18;  // each degree is an int: up to 2^124
   const long long product = overflows ? 0 : 1LL * s.data * s.pipe * s.context * s.tensor;
@@ -53,8 +57,8 @@ inline void validate(const MeshShape& s, int world_size) {
     throw Error("Mesh",
                 cat("data ", s.data, " x pipe ", s.pipe, context, " x tensor ", s.tensor, " = ",
                     overflows ? cat(approx) : cat(product), " ranks, but the world has ", world_size),
-                cat("choose degrees whose product is ", world_size, " (each one of ", list_divisors(world_size, s.tensor, 12),
-                    world_size > 1024 ? ", ..." : "", ")"));
+                cat("choose degrees whose product is ", world_size, " (each one of ",
+                    list_divisors(world_size, s.tensor, 12), world_size > 1024 ? ", ..." : "", ")"));
 }
 
 // The world rank at coordinate x of a mesh of shape s.
@@ -107,7 +111,8 @@ class Mesh {
     // Each split is collective over the world; every rank makes the same four calls in this order
     // (context last, so that the groups of a mesh without context parallelism come as they did).
     for (Axis a : {Axis::tensor, Axis::data, Axis::pipe, Axis::context})
-      comms_[static_cast<std::size_t>(a)].emplace_back(subgroup(world, color(a), index(coord_, a), members(a), group_name(a)));
+      comms_[static_cast<std::size_t>(a)].emplace_back(
+          subgroup(world, color(a), index(coord_, a), members(a), group_name(a)));
     // With context parallelism, a fifth: the ranks that differ on data or context (the group that
     // reduces parameter gradients, as Megatron folds context ranks into the data-parallel group).
     if (shape_.context > 1) {
@@ -140,9 +145,14 @@ class Mesh {
 
   // The run-time side of a tensor layout on this mesh: every axis's degree and this rank's index.
   Spread spread() const {
-    return {.data_degree = shape_.data, .tensor_degree = shape_.tensor, .data_index = coord_.data,
-            .tensor_index = coord_.tensor, .pipe_degree = shape_.pipe, .pipe_index = coord_.pipe,
-            .context_degree = shape_.context, .context_index = coord_.context};
+    return {.data_degree = shape_.data,
+            .tensor_degree = shape_.tensor,
+            .data_index = coord_.data,
+            .tensor_index = coord_.tensor,
+            .pipe_degree = shape_.pipe,
+            .pipe_index = coord_.pipe,
+            .context_degree = shape_.context,
+            .context_index = coord_.context};
   }
 
  private:

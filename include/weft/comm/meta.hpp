@@ -26,8 +26,8 @@
 #include <vector>
 
 #include "weft/comm/communicator.hpp"
-#include "weft/core/error.hpp"
 #include "weft/comm/threads/world.hpp"
+#include "weft/core/error.hpp"
 
 namespace weft {
 
@@ -35,7 +35,8 @@ class StandIn {
  public:
   StandIn(int rank, int size, std::string name = "world") : rank_(rank), size_(size), name_(std::move(name)) {
     if (size < 1 || rank < 0 || rank >= size)
-      throw Error("StandIn", cat("rank ", rank, " of a world of ", size), "give a rank from 0 to size - 1 of a size >= 1");
+      throw Error("StandIn", cat("rank ", rank, " of a world of ", size),
+                  "give a rank from 0 to size - 1 of a size >= 1");
   }
   int rank() const { return rank_; }
   int size() const { return size_; }
@@ -45,11 +46,13 @@ class StandIn {
   StandIn group(const std::vector<int>& members, const std::string& name) const {
     for (std::size_t i = 0; i < members.size(); ++i)
       if (members[i] == rank_) return StandIn(static_cast<int>(i), static_cast<int>(members.size()), name);
-    throw Error(cat("StandIn::group '", name, "'"), cat("rank ", rank_, " of '", name_, "' is not among the ", members.size(), " members"),
+    throw Error(cat("StandIn::group '", name, "'"),
+                cat("rank ", rank_, " of '", name_, "' is not among the ", members.size(), " members"),
                 "list this rank's own group");
   }
   [[noreturn]] StandIn split(int color, int, const std::string& name = {}) const {
-    throw Error(cat("StandIn::split '", name, "'"), cat("a rank measured alone cannot split by color (", color, "): no other rank answers"),
+    throw Error(cat("StandIn::split '", name, "'"),
+                cat("a rank measured alone cannot split by color (", color, "): no other rank answers"),
                 "form the group with weft::subgroup, naming its members");
   }
 
@@ -69,7 +72,9 @@ class MetaComm {
   int size() const { return inner_.size(); }
   std::string name() const { return inner_.name(); }
 
-  template <class T> void all_reduce(std::span<T> b, ReduceOp = ReduceOp::sum) { count(Op::all_reduce, b.size_bytes()); }
+  template <class T> void all_reduce(std::span<T> b, ReduceOp = ReduceOp::sum) {
+    count(Op::all_reduce, b.size_bytes());
+  }
   template <class T> void reduce_scatter(std::span<const T> in, std::span<T>, ReduceOp = ReduceOp::sum) {
     count(Op::reduce_scatter, in.size_bytes());
   }

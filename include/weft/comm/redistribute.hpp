@@ -46,7 +46,8 @@ void copy_chunk(D& dev, const T* src, T* dst, const Shape& shape, int d, int n, 
   const std::int64_t outer = shape.outer(d), inner = shape.inner(d);
   const auto len = static_cast<std::size_t>(shape[d] / n * inner);  // one chunk's run per outer index
   const auto full = static_cast<std::size_t>(shape[d] * inner), at = static_cast<std::size_t>(r) * len;
-  if (to_chunk) dev.copy_2d(dst, len * sizeof(T), src + at, full * sizeof(T), len * sizeof(T), static_cast<std::size_t>(outer));
+  if (to_chunk)
+    dev.copy_2d(dst, len * sizeof(T), src + at, full * sizeof(T), len * sizeof(T), static_cast<std::size_t>(outer));
   else dev.copy_2d(dst + at, full * sizeof(T), src, len * sizeof(T), len * sizeof(T), static_cast<std::size_t>(outer));
 }
 
@@ -79,12 +80,8 @@ Allocation run_step(const StepKind& k, D& dev, C& comm, const T* in, const Shape
   const auto cin = [](const T* p, std::int64_t c) { return std::span<const T>(p, static_cast<std::size_t>(c)); };
   const auto mut = [](T* p, std::int64_t c) { return std::span<T>(p, static_cast<std::size_t>(c)); };
   switch (k.collective) {
-    case Collective::none:
-      dev.copy(o, in, static_cast<std::size_t>(in_count) * sizeof(T));
-      break;
-    case Collective::slice:
-      copy_chunk(dev, in, o, in_shape, in_shape.normalize_dim(k.to_dim), n, me, true);
-      break;
+    case Collective::none: dev.copy(o, in, static_cast<std::size_t>(in_count) * sizeof(T)); break;
+    case Collective::slice: copy_chunk(dev, in, o, in_shape, in_shape.normalize_dim(k.to_dim), n, me, true); break;
     case Collective::keep_one:
       if (me == 0) dev.copy(o, in, static_cast<std::size_t>(in_count) * sizeof(T));
       else dev.zero(o, static_cast<std::size_t>(out_count) * sizeof(T));
@@ -142,8 +139,8 @@ Tensor<T, To, D> execute(const Tensor<T, From, D>& x, M& mesh) {
   for (const StepKind& k : Tr::steps)
     if (k.collective != Collective::none && mesh.comm(k.axis).size() != x.spread().degree(k.axis))
       throw Error("redistribute",
-                  cat("the tensor's spread has ", name(k.axis), " degree ", x.spread().degree(k.axis), " but the mesh's ",
-                      name(k.axis), " group has ", mesh.comm(k.axis).size(), " ranks"),
+                  cat("the tensor's spread has ", name(k.axis), " degree ", x.spread().degree(k.axis),
+                      " but the mesh's ", name(k.axis), " group has ", mesh.comm(k.axis).size(), " ranks"),
                   "build the tensor with the spread of the mesh it is redistributed on (mesh.spread())");
   // The result is counted where the input is (an activation stays one); the steps' buffers are
   // communication.

@@ -60,14 +60,16 @@ class TcpStore {
 
   void set(const std::string& key, const std::string& value) {
     if (value.size() > kMaxValue)
-      throw Error(where("set", key), cat("value of ", value.size(), " bytes"), cat("store at most ", kMaxValue, " bytes"));
+      throw Error(where("set", key), cat("value of ", value.size(), " bytes"),
+                  cat("store at most ", kMaxValue, " bytes"));
     std::string req = request('S', key);
     put_u64(req, value.size());
     req += value;
     send_all(req, "set", key);
     char ack = 0;
     recv_all(&ack, 1, "set", key);
-    if (ack != 'K') throw Error(where("set", key), "the store did not acknowledge", "check MASTER_ADDR and MASTER_PORT");
+    if (ack != 'K')
+      throw Error(where("set", key), "the store did not acknowledge", "check MASTER_ADDR and MASTER_PORT");
   }
 
   // Waits until a rank has set `key`.
@@ -187,7 +189,8 @@ class TcpStore {
     }
     static std::uint64_t u64_at(const std::string& s, std::size_t at, int bytes) {
       std::uint64_t v = 0;
-      for (int i = bytes - 1; i >= 0; --i) v = (v << 8) | static_cast<unsigned char>(s[at + static_cast<std::size_t>(i)]);
+      for (int i = bytes - 1; i >= 0; --i)
+        v = (v << 8) | static_cast<unsigned char>(s[at + static_cast<std::size_t>(i)]);
       return v;
     }
 
@@ -230,7 +233,8 @@ class TcpStore {
     hints.ai_socktype = SOCK_STREAM;
     const std::string port = std::to_string(me_.master_port);
     if (const int rc = ::getaddrinfo(me_.master_addr.c_str(), port.c_str(), &hints, &res); rc != 0)
-      throw Error(cat("TcpStore rank ", me_.rank), cat("cannot resolve MASTER_ADDR '", me_.master_addr, "': ", gai_strerror(rc)),
+      throw Error(cat("TcpStore rank ", me_.rank),
+                  cat("cannot resolve MASTER_ADDR '", me_.master_addr, "': ", gai_strerror(rc)),
                   "set MASTER_ADDR to rank 0's host name or address");
     const auto until = std::chrono::steady_clock::now() + deadline_;
     std::string last = "no attempt";
@@ -244,16 +248,18 @@ class TcpStore {
     }
     ::freeaddrinfo(res);
     if (fd_ < 0)
-      throw Error(cat("TcpStore rank ", me_.rank),
-                  cat("could not connect to ", address(), " within the ", deadline_.count(), " ms deadline (", last, ")"),
-                  "start rank 0, and check MASTER_ADDR, MASTER_PORT and the firewall");
+      throw Error(
+          cat("TcpStore rank ", me_.rank),
+          cat("could not connect to ", address(), " within the ", deadline_.count(), " ms deadline (", last, ")"),
+          "start rank 0, and check MASTER_ADDR, MASTER_PORT and the firewall");
     const int one = 1;
     ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   }
 
   void send_all(const std::string& bytes, const char* op, const std::string& key) {
     if (!write_all(fd_, bytes.data(), bytes.size()))
-      throw Error(where(op, key), cat("the connection failed: ", std::strerror(errno)), "rank 0 (the store) has exited; see its error");
+      throw Error(where(op, key), cat("the connection failed: ", std::strerror(errno)),
+                  "rank 0 (the store) has exited; see its error");
   }
   // Reads n bytes, waiting at most the deadline for them.
   void recv_all(void* out, std::size_t n, const char* op, const std::string& key) {

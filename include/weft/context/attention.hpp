@@ -90,12 +90,13 @@ class Shift {
 
   template <class B>
   void post(std::span<const B> mine) {
-    static_assert(weft::PostsSends<C, B> == posts, "context::detail::Shift: a communicator posts sends of every element type or none");
-    if (n_ == N) throw Error("context::detail::Shift::post", cat("a block past the ", N, " this shift holds"), "finish the shift first");
-    if constexpr (posts)
-      sent_[n_] = comm_.isend(mine, (comm_.rank() + 1) % comm_.size());
-    else
-      sent_[n_] = mine.data();
+    static_assert(weft::PostsSends<C, B> == posts,
+                  "context::detail::Shift: a communicator posts sends of every element type or none");
+    if (n_ == N)
+      throw Error("context::detail::Shift::post", cat("a block past the ", N, " this shift holds"),
+                  "finish the shift first");
+    if constexpr (posts) sent_[n_] = comm_.isend(mine, (comm_.rank() + 1) % comm_.size());
+    else sent_[n_] = mine.data();
     ++n_;
   }
 
@@ -139,9 +140,12 @@ inline void require(const Chunks& ch, int ranks, index Tl, index H, index g, con
     throw Error(where, cat("chunks of a context degree ", ch.degree, " on a communicator of ", ranks, " ranks"),
                 "build the Chunks with the context group's size");
   if (Tl != ch.local())
-    throw Error(where, cat(Tl, " local rows where the chunks give each rank ", ch.local(), " (T ", ch.seq, " over ", ch.degree, ")"),
-                "pass the rank's T / c rows");
-  if (g < 1 || H % g != 0) throw Error(where, cat(H, " heads in groups of ", g), "use a group size that divides the heads");
+    throw Error(
+        where,
+        cat(Tl, " local rows where the chunks give each rank ", ch.local(), " (T ", ch.seq, " over ", ch.degree, ")"),
+        "pass the rank's T / c rows");
+  if (g < 1 || H % g != 0)
+    throw Error(where, cat(H, " heads in groups of ", g), "use a group size that divides the heads");
 }
 
 // The sizes every call works with, after the checks: one key-value block (what travels), the
@@ -149,7 +153,8 @@ inline void require(const Chunks& ch, int ranks, index Tl, index H, index g, con
 struct Sizes {
   int r, c;
   std::size_t block, out, rows, qkv;
-  Sizes(const Chunks& ch, int rank, int size, index B, index Tl, index H, index hd, index g, const char* where) : r(rank), c(size) {
+  Sizes(const Chunks& ch, int rank, int size, index B, index Tl, index H, index hd, index g, const char* where)
+      : r(rank), c(size) {
     require(ch, size, Tl, H, g, where);
     block = static_cast<std::size_t>(B * Tl * (H / g) * 2 * hd);
     out = static_cast<std::size_t>(B * Tl * H * hd);
@@ -239,8 +244,8 @@ struct Ring : detail::HostCalls<Ring> {
   using HostCalls::forward;
 
   // c - 1 blocks passed on forward; c - 1 blocks and c gradient blocks backward.
-  static void plan(std::vector<PlanStep>& forward, std::vector<PlanStep>& backward, const Shape& kv, int c, std::int64_t e,
-                   std::int64_t es) {
+  static void plan(std::vector<PlanStep>& forward, std::vector<PlanStep>& backward, const Shape& kv, int c,
+                   std::int64_t e, std::int64_t es) {
     for (int i = 0; i + 1 < c; ++i) forward.push_back(detail::plan_step(Collective::send_recv, c, kv, kv, e));
     for (int i = 0; i + 1 < c; ++i) backward.push_back(detail::plan_step(Collective::send_recv, c, kv, kv, e));
     for (int i = 0; c > 1 && i < c; ++i) backward.push_back(detail::plan_step(Collective::send_recv, c, kv, kv, es));
@@ -249,8 +254,8 @@ struct Ring : detail::HostCalls<Ring> {
   // out (B, Tl, H, hd) and lse (B, H, Tl) of this rank's rows; comm is the context group, whose
   // rank r holds the chunks ch gives r.
   template <Communicator C, class T, class S, Buffers W>
-  static void forward(C& comm, const Chunks& ch, T* out, S* lse, const T* qkv, index B, index Tl, index H, index hd, index g,
-                      W& w) {
+  static void forward(C& comm, const Chunks& ch, T* out, S* lse, const T* qkv, index B, index Tl, index H, index hd,
+                      index g, W& w) {
     const detail::Sizes z(ch, comm.rank(), comm.size(), B, Tl, H, hd, g, "context::Ring::forward");
     const int r = z.r, c = z.c;
     [[maybe_unused]] auto& dev = w.device();
@@ -266,7 +271,8 @@ struct Ring : detail::HostCalls<Ring> {
       const int src = (r - step + c) % c;  // whose keys and values this rank holds now
       detail::Shift<C, 1> shift(comm);
       if (step + 1 < c) shift.post(std::span<const T>(cur, z.block));  // on while this step computes
-      if constexpr (W::compute) Ops::forward(dev, o, lse, qkv, cur, B, Tl, H, hd, g, ch.positions(r), ch.positions(src));
+      if constexpr (W::compute)
+        Ops::forward(dev, o, lse, qkv, cur, B, Tl, H, hd, g, ch.positions(r), ch.positions(src));
       if (step + 1 < c) {
         shift.finish(std::span<T>(next, z.block));
         std::swap(cur, next);
@@ -324,8 +330,8 @@ struct AllGather : detail::HostCalls<AllGather> {
   using HostCalls::forward;
 
   // The blocks gathered forward and again backward; their gradients reduce-scattered.
-  static void plan(std::vector<PlanStep>& forward, std::vector<PlanStep>& backward, const Shape& kv, int c, std::int64_t e,
-                   std::int64_t es) {
+  static void plan(std::vector<PlanStep>& forward, std::vector<PlanStep>& backward, const Shape& kv, int c,
+                   std::int64_t e, std::int64_t es) {
     if (c <= 1) return;
     const Shape all = detail::gathered(kv, c);
     forward.push_back(detail::plan_step(Collective::all_gather, c, kv, all, e));
@@ -334,8 +340,8 @@ struct AllGather : detail::HostCalls<AllGather> {
   }
 
   template <Communicator C, class T, class S, Buffers W>
-  static void forward(C& comm, const Chunks& ch, T* out, S* lse, const T* qkv, index B, index Tl, index H, index hd, index g,
-                      W& w) {
+  static void forward(C& comm, const Chunks& ch, T* out, S* lse, const T* qkv, index B, index Tl, index H, index hd,
+                      index g, W& w) {
     const detail::Sizes z(ch, comm.rank(), comm.size(), B, Tl, H, hd, g, "context::AllGather::forward");
     const int r = z.r, c = z.c;
     [[maybe_unused]] auto& dev = w.device();
@@ -376,8 +382,9 @@ struct AllGather : detail::HostCalls<AllGather> {
       dev.zero(dq, z.qkv * sizeof(S));
       Ops::row_dots(dev, D, dout, out, B, Tl, H, hd);
       for (int src = 0; src < c; ++src)
-        Ops::backward(dev, dq, dall + static_cast<std::size_t>(src) * z.block, qkv, all + static_cast<std::size_t>(src) * z.block,
-                      dout, D, lse, B, Tl, H, hd, g, ch.positions(r), ch.positions(src));
+        Ops::backward(dev, dq, dall + static_cast<std::size_t>(src) * z.block, qkv,
+                      all + static_cast<std::size_t>(src) * z.block, dout, D, lse, B, Tl, H, hd, g, ch.positions(r),
+                      ch.positions(src));
     }
     comm.reduce_scatter(std::span<const S>(dall, all_n), std::span<S>(dmine, z.block), ReduceOp::sum);
     if constexpr (W::compute) Ops::write_dqkv(dev, dqkv, dq, dmine, B, Tl, H, hd, g);

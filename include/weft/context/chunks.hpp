@@ -58,7 +58,8 @@ struct Chunks {
     const index B = static_cast<index>(all.size()) / seq, Tl = local();
     std::vector<V> out(static_cast<std::size_t>(B * Tl));
     for (index b = 0; b < B; ++b)
-      for (index t = 0; t < Tl; ++t) out[static_cast<std::size_t>(b * Tl + t)] = all[static_cast<std::size_t>(b * seq + position(rank, t))];
+      for (index t = 0; t < Tl; ++t)
+        out[static_cast<std::size_t>(b * Tl + t)] = all[static_cast<std::size_t>(b * seq + position(rank, t))];
     return out;
   }
 
@@ -75,10 +76,12 @@ struct Chunks {
 inline void require_tensor_split(const char* model, index seq, int context, int tensor) {
   if (context <= 1 || seq % (2 * static_cast<index>(context)) != 0 || (seq / context) % tensor == 0) return;
   const index rows = seq / context;
-  throw Error(model,
-              cat("sequence parallelism inside context parallelism needs the tensor degree ", tensor, " to divide each context rank's ",
-                  rows, " rows (a sequence of ", seq, " over ", context, " context ranks)"),
-              cat("use a tensor degree that divides ", rows, ", such as ", list_divisors(rows, tensor), ", or a longer sequence"));
+  throw Error(
+      model,
+      cat("sequence parallelism inside context parallelism needs the tensor degree ", tensor,
+          " to divide each context rank's ", rows, " rows (a sequence of ", seq, " over ", context, " context ranks)"),
+      cat("use a tensor degree that divides ", rows, ", such as ", list_divisors(rows, tensor),
+          ", or a longer sequence"));
 }
 
 }  // namespace weft::context

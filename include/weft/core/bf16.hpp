@@ -30,7 +30,7 @@ struct bf16 {
     const std::uint32_t u = std::bit_cast<std::uint32_t>(f);
     if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu) != 0)  // NaN: keep sign, force quiet
       return static_cast<std::uint16_t>((u >> 16) | 0x0040u);
-    const std::uint32_t lsb = (u >> 16) & 1u;                        // round half to even
+    const std::uint32_t lsb = (u >> 16) & 1u;  // round half to even
     return static_cast<std::uint16_t>((u + 0x7fffu + lsb) >> 16);
   }
 };

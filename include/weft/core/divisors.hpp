@@ -25,7 +25,8 @@ inline std::vector<std::int64_t> divisors_near(std::int64_t n, std::int64_t near
   d.erase(std::unique(d.begin(), d.end()), d.end());
   const double at = std::log(static_cast<double>(std::max<std::int64_t>(near, 1)));
   std::sort(d.begin(), d.end(), [&](std::int64_t a, std::int64_t b) {  // nearest first; ties the smaller first
-    const double da = std::fabs(std::log(static_cast<double>(a)) - at), db = std::fabs(std::log(static_cast<double>(b)) - at);
+    const double da = std::fabs(std::log(static_cast<double>(a)) - at),
+                 db = std::fabs(std::log(static_cast<double>(b)) - at);
     return da != db ? da < db : a < b;
   });
   if (d.size() > count) d.resize(count);

@@ -32,9 +32,12 @@ constexpr std::string_view name(DType t) {
 
 constexpr std::size_t size_of(DType t) {
   switch (t) {
-    case DType::f64: case DType::i64: return 8;
-    case DType::f32: case DType::i32: return 4;
-    case DType::bf16: case DType::f16: return 2;
+    case DType::f64:
+    case DType::i64: return 8;
+    case DType::f32:
+    case DType::i32: return 4;
+    case DType::bf16:
+    case DType::f16: return 2;
   }
   return 0;
 }
@@ -68,8 +71,12 @@ inline constexpr DType dtype_of = [] {
 }();
 
 // The type in which sums of T are accumulated: bf16 adds in float and rounds once.
-template <Element T> struct accumulate { using type = T; };
-template <> struct accumulate<bf16> { using type = float; };
+template <Element T> struct accumulate {
+  using type = T;
+};
+template <> struct accumulate<bf16> {
+  using type = float;
+};
 template <Element T> using accumulate_t = typename accumulate<T>::type;
 
 template <Element T>

@@ -27,12 +27,13 @@ inline const char* file_kind(const struct stat& st) {
 // Throws Error(where, ...) unless `path` names an existing regular file (after symlinks); returns
 // its size in bytes. `what` says what the file should hold ("an llm.c token file").
 inline std::size_t require_regular_file(const std::string& path, const std::string& where, const std::string& what) {
-  struct stat st {};
+  struct stat st{};
   if (::stat(path.c_str(), &st) != 0)
     throw Error(where, cat("cannot read '", path, "': ", std::strerror(errno)), cat("give the path of ", what));
   if (!S_ISREG(st.st_mode))
     throw Error(where, cat("'", path, "' is ", file_kind(st), ", not a regular file"),
-                cat("give the path of ", what, S_ISFIFO(st.st_mode) ? " (a FIFO is not read: it could wait forever for a writer)" : ""));
+                cat("give the path of ", what,
+                    S_ISFIFO(st.st_mode) ? " (a FIFO is not read: it could wait forever for a writer)" : ""));
   return static_cast<std::size_t>(st.st_size);
 }
 
@@ -40,7 +41,8 @@ inline std::size_t require_regular_file(const std::string& path, const std::stri
 // more than `max_bytes`.
 inline std::string read_text_file(const std::string& path, std::size_t max_bytes, const std::string& where) {
   const std::size_t n = require_regular_file(path, where, "a text file");
-  if (n > max_bytes) throw Error(where, cat("'", path, "' is ", n, " bytes, over the limit of ", max_bytes), "pass a smaller file");
+  if (n > max_bytes)
+    throw Error(where, cat("'", path, "' is ", n, " bytes, over the limit of ", max_bytes), "pass a smaller file");
   std::FILE* f = std::fopen(path.c_str(), "rb");
   if (!f) throw Error(where, cat("cannot open '", path, "': ", std::strerror(errno)), "check its permissions");
   std::string text(n, '\0');

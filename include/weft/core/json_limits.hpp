@@ -60,8 +60,9 @@ inline void check_json_limits(std::string_view text, const JsonLimits& limits, c
     throw Error(where, cat("is ", text.size(), " bytes of JSON, over the limit of ", limits.max_bytes),
                 "pass a smaller document (this one is not what weft writes)");
   if (const int d = json_depth(text, limits.max_depth); d > limits.max_depth)
-    throw Error(where, cat("nests JSON arrays and objects ", d, d > limits.max_depth ? " or more" : "", " deep, over the limit of ",
-                           limits.max_depth),
+    throw Error(where,
+                cat("nests JSON arrays and objects ", d, d > limits.max_depth ? " or more" : "",
+                    " deep, over the limit of ", limits.max_depth),
                 "pass a document of the expected structure (this one is not what weft writes)");
 }
 

@@ -51,8 +51,12 @@ template <class C, class M> struct is_precision<Precision<C, M>> : std::true_typ
 template <class X>
 concept PrecisionLike = is_precision<X>::value || Floating<X>;
 
-template <PrecisionLike X> struct precision_of { using type = X; };
-template <Floating T> struct precision_of<T> { using type = Precision<T>; };
+template <PrecisionLike X> struct precision_of {
+  using type = X;
+};
+template <Floating T> struct precision_of<T> {
+  using type = Precision<T>;
+};
 template <PrecisionLike X> using precision_t = typename precision_of<X>::type;
 
 // The type of a compute type's parameter gradients, master weights and statistics.

@@ -59,7 +59,8 @@ class WindowCorpus {
     std::stringstream ss;
     ss << f.rdbuf();
     if (f.bad()) throw Error(where, "reading the text file failed", "check the file");
-    if (ss.str().empty()) throw Error(where, "the text file is empty", "give a text with at least a few sequences of bytes");
+    if (ss.str().empty())
+      throw Error(where, "the text file is empty", "give a text with at least a few sequences of bytes");
     WindowCorpus c(ByteTokenizer::encode(ss.str()), seed);
     c.source_ = path;
     return c;
@@ -78,17 +79,19 @@ class WindowCorpus {
   // Checks that windows of `length` tokens fit in both regions.
   void require_windows(std::int64_t length) const {
     if (train_ < length + 1 || size() - train_ < length)
-      throw Error(source_.empty() ? std::string("WindowCorpus") : cat("WindowCorpus(", source_, ")"),
-                  cat(size(), " tokens (", train_, " for training, ", size() - train_,
-                      " held out) are too few for windows of ", length, " tokens"),
-                  cat("use a sequence length of at most ", std::max<std::int64_t>(0, std::min(train_ - 1, size() - train_)),
-                      ", or a larger corpus (at least ", (length + 1) * 10, " tokens)"));
+      throw Error(
+          source_.empty() ? std::string("WindowCorpus") : cat("WindowCorpus(", source_, ")"),
+          cat(size(), " tokens (", train_, " for training, ", size() - train_, " held out) are too few for windows of ",
+              length, " tokens"),
+          cat("use a sequence length of at most ", std::max<std::int64_t>(0, std::min(train_ - 1, size() - train_)),
+              ", or a larger corpus (at least ", (length + 1) * 10, " tokens)"));
   }
 
   // Training sequence k: `length` tokens at a Philox-drawn offset of the training region.
   void sequence(std::uint64_t k, std::int32_t* out, std::int64_t length) const {
     const auto span = static_cast<std::uint64_t>(train_ - length + 1);
-    const std::uint64_t offset = (static_cast<std::uint64_t>(philox(seed_, 7, k)[0]) << 32 | philox(seed_, 7, k)[1]) % span;
+    const std::uint64_t offset =
+        (static_cast<std::uint64_t>(philox(seed_, 7, k)[0]) << 32 | philox(seed_, 7, k)[1]) % span;
     for (std::int64_t t = 0; t < length; ++t) out[t] = tokens_[offset + static_cast<std::uint64_t>(t)];
   }
   // Held-out sequence k (k < held_out_sequences(length)).

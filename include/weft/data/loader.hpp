@@ -16,9 +16,8 @@
 namespace weft::data {
 
 template <class S>
-concept SequenceSource = requires(const S& s, std::uint64_t k, std::int32_t* out, std::int64_t n) {
-  s.sequence(k, out, n);
-};
+concept SequenceSource =
+    requires(const S& s, std::uint64_t k, std::int32_t* out, std::int64_t n) { s.sequence(k, out, n); };
 
 template <SequenceSource Source>
 class Loader {
@@ -57,7 +56,8 @@ class Loader {
   void seek(std::int64_t step) {
     const std::int64_t most = std::numeric_limits<std::int64_t>::max() / B_ - 1;
     if (step < 0 || step > most)
-      throw Error("Loader::seek", cat("step ", step, " with a global batch of ", B_), cat("use a step in [0, ", most, "]"));
+      throw Error("Loader::seek", cat("step ", step, " with a global batch of ", B_),
+                  cat("use a step in [0, ", most, "]"));
     step_ = step;
   }
 

@@ -46,7 +46,9 @@ class MarkovSource {
       double* w = mass_.data() + i * k_;
       double total = 0;
       for (int s = 0; s < k_; ++s) {
-        to[s] = static_cast<std::int64_t>(philox(seed, 1000 + static_cast<std::uint64_t>(i), static_cast<std::uint64_t>(s))[0] % static_cast<std::uint64_t>(V_));
+        to[s] = static_cast<std::int64_t>(
+            philox(seed, 1000 + static_cast<std::uint64_t>(i), static_cast<std::uint64_t>(s))[0] %
+            static_cast<std::uint64_t>(V_));
         w[s] = std::exp(1.5 * weft::normal(seed, 2000 + static_cast<std::uint64_t>(i), static_cast<std::uint64_t>(s)));
         total += w[s];
       }
@@ -68,7 +70,8 @@ class MarkovSource {
     stationary();
     pi_cdf_.resize(static_cast<std::size_t>(V_));
     double c = 0;
-    for (std::int64_t i = 0; i < V_; ++i) pi_cdf_[static_cast<std::size_t>(i)] = (c += pi_[static_cast<std::size_t>(i)]);
+    for (std::int64_t i = 0; i < V_; ++i)
+      pi_cdf_[static_cast<std::size_t>(i)] = (c += pi_[static_cast<std::size_t>(i)]);
   }
 
   std::int64_t vocab() const { return V_; }

@@ -37,9 +37,10 @@ class TokenFile {
     (void)require_regular_file(path, where, "an llm.c token file (.bin)");
     fd_ = ::open(path.c_str(), O_RDONLY | O_NONBLOCK);  // never waits, even if the path became a FIFO
     if (fd_ < 0) throw Error(where, cat("cannot open the file: ", std::strerror(errno)), "check the path");
-    struct stat st {};
+    struct stat st{};
     if (::fstat(fd_, &st) != 0) fail(where, cat("cannot stat the file: ", std::strerror(errno)), "check the file");
-    if (!S_ISREG(st.st_mode)) fail(where, cat("the path is ", file_kind(st), ", not a regular file"), "give a token file");
+    if (!S_ISREG(st.st_mode))
+      fail(where, cat("the path is ", file_kind(st), ", not a regular file"), "give a token file");
     size_ = static_cast<std::size_t>(st.st_size);
     if (size_ < kTokenFileHeader)
       fail(where, cat("the file has ", size_, " bytes, fewer than the ", kTokenFileHeader, "-byte header"),

@@ -11,13 +11,19 @@ namespace weft {
 
 // master_weights: the f32 copy of bf16 weights that the optimizer updates (mixed precision only).
 enum class Category : std::uint8_t {
-  parameters, gradients, optimizer_state, master_weights, activations, communication, other
+  parameters,
+  gradients,
+  optimizer_state,
+  master_weights,
+  activations,
+  communication,
+  other
 };
 inline constexpr std::size_t kCategories = 7;
 
 constexpr const char* name(Category c) {
-  constexpr const char* names[] = {"parameters",  "gradients",     "optimizer_state", "master_weights",
-                                   "activations", "communication", "other"};
+  constexpr const char* names[] = {"parameters",    "gradients", "optimizer_state", "master_weights", "activations",
+                                   "communication", "other"};
   return names[static_cast<int>(c)];
 }
 

@@ -6,4 +6,4 @@ namespace weft {
 
 enum class Trans : bool { no = false, yes = true };
 
-} // namespace weft
+}  // namespace weft

@@ -66,10 +66,16 @@ struct Spread {
   int context_degree = 1, context_index = 0;
 
   constexpr int degree(Axis a) const {
-    return a == Axis::data ? data_degree : a == Axis::pipe ? pipe_degree : a == Axis::context ? context_degree : tensor_degree;
+    return a == Axis::data      ? data_degree
+           : a == Axis::pipe    ? pipe_degree
+           : a == Axis::context ? context_degree
+                                : tensor_degree;
   }
   constexpr int index(Axis a) const {
-    return a == Axis::data ? data_index : a == Axis::pipe ? pipe_index : a == Axis::context ? context_index : tensor_index;
+    return a == Axis::data      ? data_index
+           : a == Axis::pipe    ? pipe_index
+           : a == Axis::context ? context_index
+                                : tensor_index;
   }
 };
 
@@ -124,7 +130,8 @@ template <class T> inline constexpr bool is_layout = false;
 template <class D, class T, class P, class C> inline constexpr bool is_layout<Layout<D, T, P, C>> = true;
 }  // namespace detail
 
-template <class L> concept LayoutType = detail::is_layout<L>;
+template <class L>
+concept LayoutType = detail::is_layout<L>;
 
 // The placement of layout L on axis A.
 template <LayoutType L, Axis A>
@@ -181,8 +188,10 @@ constexpr Shape local_shape(const Shape& global, const Spread& s) {
     const int d = sharded_dim<placement_on<L, A>>(global);
     for (std::size_t j = 0; j < k; ++j)
       if (d >= 0 && dims[j] == d && !(kAxes[j] == Axis::context && A == Axis::tensor))
-        throw Error(L::name(), cat("the ", name(kAxes[j]), " and ", name(A), " axes both shard dim ", d, " of a tensor of shape ", global),
-                    "shard different dims");
+        throw Error(
+            L::name(),
+            cat("the ", name(kAxes[j]), " and ", name(A), " axes both shard dim ", d, " of a tensor of shape ", global),
+            "shard different dims");
     dims[k++] = d;
     if (d < 0) return;
     const int degree = s.degree(A);

@@ -43,19 +43,30 @@ template <class T> inline constexpr bool is_shard = false;
 template <int D> inline constexpr bool is_shard<Shard<D>> = true;
 }  // namespace detail
 
-template <class P> concept IsReplicate = std::same_as<P, Replicate>;
-template <class P> concept IsPartial = std::same_as<P, Partial>;
-template <class P> concept IsShard = detail::is_shard<P>;
-template <class P> concept IsStageLocal = std::same_as<P, StageLocal>;
-template <class P> concept Placement = IsReplicate<P> || IsPartial<P> || IsShard<P> || IsStageLocal<P>;
+template <class P>
+concept IsReplicate = std::same_as<P, Replicate>;
+template <class P>
+concept IsPartial = std::same_as<P, Partial>;
+template <class P>
+concept IsShard = detail::is_shard<P>;
+template <class P>
+concept IsStageLocal = std::same_as<P, StageLocal>;
+template <class P>
+concept Placement = IsReplicate<P> || IsPartial<P> || IsShard<P> || IsStageLocal<P>;
 
 // The placement of a gradient, paired with its forward placement so that the sum over ranks of
 // <local value, local gradient> is the global inner product (see docs/layouts.md, "Adjoints"):
 //   dual(Replicate) = Partial, dual(Partial) = Replicate, dual(Shard<d>) = Shard<d>,
 //   dual(StageLocal) = StageLocal.
-template <Placement P> struct dual_placement { using type = P; };
-template <> struct dual_placement<Replicate> { using type = Partial; };
-template <> struct dual_placement<Partial> { using type = Replicate; };
+template <Placement P> struct dual_placement {
+  using type = P;
+};
+template <> struct dual_placement<Replicate> {
+  using type = Partial;
+};
+template <> struct dual_placement<Partial> {
+  using type = Replicate;
+};
 template <Placement P> using dual_placement_t = typename dual_placement<P>::type;
 
 }  // namespace weft

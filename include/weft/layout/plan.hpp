@@ -111,8 +111,10 @@ constexpr StepKind step_on() {
 // Growth of the local buffer (negative shrinks): the ordering key of steps.
 constexpr int growth(Collective c) {
   switch (c) {
-    case Collective::slice: case Collective::reduce_scatter: return -1;
-    case Collective::all_gather: case Collective::embed: return 1;
+    case Collective::slice:
+    case Collective::reduce_scatter: return -1;
+    case Collective::all_gather:
+    case Collective::embed: return 1;
     default: return 0;
   }
 }
@@ -214,7 +216,7 @@ inline constexpr Collective collective_on = step_on<From, To, A>().collective;
 struct PlanStep {
   Collective collective = Collective::none;
   Axis axis = Axis::data;
-  int degree = 1;           // ranks in the axis group
+  int degree = 1;  // ranks in the axis group
   Shape local_in, local_out;
   std::int64_t bytes_in = 0;    // local buffer before the step, per rank
   std::int64_t bytes_out = 0;   // local buffer after it, per rank
@@ -256,15 +258,21 @@ constexpr Shape step_shape(const StepKind& k, const Shape& local, int degree) {
   const auto shrink = [&](int d) {
     const int nd = local.normalize_dim(d);
     if (degree <= 0 || local[nd] % degree != 0)
-      throw Error("plan", cat("dim ", nd, " of local shape ", local, " has extent ", local[nd],
-                              ", not divisible by the ", name(k.axis), " degree ", degree),
+      throw Error("plan",
+                  cat("dim ", nd, " of local shape ", local, " has extent ", local[nd], ", not divisible by the ",
+                      name(k.axis), " degree ", degree),
                   "choose a degree that divides the extent, or pad the tensor");
     out[nd] /= degree;
   };
   switch (k.collective) {
-    case Collective::slice: case Collective::reduce_scatter: shrink(k.to_dim); break;
-    case Collective::all_gather: case Collective::embed: grow(k.from_dim); break;
-    case Collective::all_to_all: grow(k.from_dim); shrink(k.to_dim); break;
+    case Collective::slice:
+    case Collective::reduce_scatter: shrink(k.to_dim); break;
+    case Collective::all_gather:
+    case Collective::embed: grow(k.from_dim); break;
+    case Collective::all_to_all:
+      grow(k.from_dim);
+      shrink(k.to_dim);
+      break;
     default: break;
   }
   return out;

@@ -30,10 +30,11 @@ template <Floating T, recompute::Policy Recompute = recompute::None, class D = H
 class CausalSelfAttention {
   static constexpr bool keep_probs = !std::same_as<Recompute, recompute::Selective>;
   static constexpr bool cp = context::Kind<Cx>;  // the sequence sharded over the context axis
-  static_assert(!cp || is_meta<D> || ops::ImplementedOn<ops::ContextBlock, D>,
-                "CausalSelfAttention: context parallelism (Cx) needs ops::ContextBlock on this device (ops/context_block.hpp; "
-                "the Cuda device's in ops/context_block.cuh, which ops/families.cuh includes); include it, or "
-                "use context::None");
+  static_assert(
+      !cp || is_meta<D> || ops::ImplementedOn<ops::ContextBlock, D>,
+      "CausalSelfAttention: context parallelism (Cx) needs ops::ContextBlock on this device (ops/context_block.hpp; "
+      "the Cuda device's in ops/context_block.cuh, which ops/families.cuh includes); include it, or "
+      "use context::None");
 
  public:
   using In = std::conditional_t<cp, act::Rows, act::Full>;
@@ -45,7 +46,7 @@ class CausalSelfAttention {
     typename Linear<T, ColumnParallel, epilogue::None, D>::Ctx qkv_ctx;
     typename Linear<T, RowParallel, epilogue::None, D>::Ctx proj_ctx;
     Tensor<T, act::Features, D> qkv;
-    Allocation probs;  // (B, H/tp, T, T); empty when the core is recomputed in backward
+    Allocation probs;                  // (B, H/tp, T, T); empty when the core is recomputed in backward
     Tensor<T, act::Features, D> core;  // context parallelism: y (B, T/c, C/tp), the attention's output
     Allocation lse;                    // context parallelism: (B, H/tp, T/c) in accumulate_t<T>
   };
@@ -69,7 +70,6 @@ class CausalSelfAttention {
   }
 
  public:
-
   Tensor<T, act::Partial, D> forward(Ctx& ctx, const Tensor<T, act::Full, D>& x)
     requires(!cp)
   {
@@ -88,16 +88,17 @@ class CausalSelfAttention {
   {
     const std::int64_t B = dy.local_shape()[0], Tn = dy.local_shape()[1], Hl = local_heads();
     auto dcore = proj.backward(ctx.proj_ctx, dy);  // (B, T, C/tp) Shard<-1>
-    if (!ctx.probs.data()) {  // Selective recompute: rebuild the probabilities from the saved qkv
+    if (!ctx.probs.data()) {                       // Selective recompute: rebuild the probabilities from the saved qkv
       ctx.probs = probs_buffer(dy.dev(), B, Tn);
-      auto scratch = Tensor<T, act::Features, D>::empty(dy.dev(), dcore.global_shape(), dy.spread(),
-                                                        Category::activations);
-      ops::Attention<D>::forward(dy.dev(), scratch.data(), static_cast<T*>(ctx.probs.data()), ctx.qkv.data(), B, Tn, Hl, head_dim);
+      auto scratch =
+          Tensor<T, act::Features, D>::empty(dy.dev(), dcore.global_shape(), dy.spread(), Category::activations);
+      ops::Attention<D>::forward(dy.dev(), scratch.data(), static_cast<T*>(ctx.probs.data()), ctx.qkv.data(), B, Tn, Hl,
+                                 head_dim);
     }
-    auto dqkv = Tensor<T, act::Features, D>::empty(dy.dev(), ctx.qkv.global_shape(), dy.spread(),
-                                                   Category::activations);
-    ops::Attention<D>::backward(dy.dev(), dqkv.data(), dcore.data(), ctx.qkv.data(), static_cast<const T*>(ctx.probs.data()), B,
-                             Tn, Hl, head_dim);
+    auto dqkv =
+        Tensor<T, act::Features, D>::empty(dy.dev(), ctx.qkv.global_shape(), dy.spread(), Category::activations);
+    ops::Attention<D>::backward(dy.dev(), dqkv.data(), dcore.data(), ctx.qkv.data(),
+                                static_cast<const T*>(ctx.probs.data()), B, Tn, Hl, head_dim);
     auto dx = qkv.backward(ctx.qkv_ctx, dqkv);
     ctx.qkv = {};  // the projections' contexts stay where their weight gradients are deferred
     ctx.probs.reset();
@@ -110,15 +111,15 @@ class CausalSelfAttention {
   Tensor<T, Out, D> forward(Ctx& ctx, const Tensor<T, In, D>& x, M& mesh)
     requires cp
   {
-    return detail::ContextAttention<Cx>::template forward<Out>(*this, ctx, x, mesh, local_heads(), head_dim, 1, no_rotation,
-                                                             "CausalSelfAttention::forward");
+    return detail::ContextAttention<Cx>::template forward<Out>(*this, ctx, x, mesh, local_heads(), head_dim, 1,
+                                                               no_rotation, "CausalSelfAttention::forward");
   }
   template <AxisComms M>
   Tensor<T, GradIn, D> backward(Ctx& ctx, const Tensor<T, GradOut, D>& dy, M& mesh)
     requires cp
   {
-    return detail::ContextAttention<Cx>::template backward<GradIn>(*this, ctx, dy, mesh, local_heads(), head_dim, 1, no_rotation,
-                                                                 "CausalSelfAttention::backward");
+    return detail::ContextAttention<Cx>::template backward<GradIn>(*this, ctx, dy, mesh, local_heads(), head_dim, 1,
+                                                                   no_rotation, "CausalSelfAttention::backward");
   }
 
   // The deferred weight gradients of both projections (Linear::defer_weight).
@@ -133,7 +134,8 @@ class CausalSelfAttention {
 
   // describe's row (nn/plan_walk.hpp), with context parallelism: the keys and values of the rank's
   // rows over the context axis, Cx's way. act the global (B, T, C).
-  void plan_rows(std::vector<PlanRow>& out, const std::string& row, const Shape& act, const Spread& s, std::int64_t e) const
+  void plan_rows(std::vector<PlanRow>& out, const std::string& row, const Shape& act, const Spread& s,
+                 std::int64_t e) const
     requires cp
   {
     out.push_back(detail::ContextAttention<Cx>::template plan_row<T, CausalSelfAttention>(

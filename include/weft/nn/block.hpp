@@ -85,17 +85,17 @@ class PreNormBlock {
 
   // id: first parameter id of this block (it uses id .. id + 11).
   PreNormBlock(D& dev, std::int64_t C, std::int64_t H, std::int64_t layers, const Spread& s, std::uint64_t id,
-        std::uint64_t seed, double init_std = 0.02)
+               std::uint64_t seed, double init_std = 0.02)
       : attn(typename AttnBranch::inner_type(
             on_rows<Named<"ln1", Ln>>(Named<"ln1", Ln>(Ln(dev, C, s, id, seed))), Enter{},
             Named<"attn", Attn>(
                 Attn(dev, C, H, s, id + 4, seed, init_std, init_std / std::sqrt(2.0 * static_cast<double>(layers)))),
             Leave{})),
-        mlp(typename MlpBranch::inner_type(MlpInner(
-            Named<"ln2", Ln>(Ln(dev, C, s, id + 2, seed)), {},
-            Named<"mlp", MlpT>(
-                MlpT(dev, C, s, id + 8, seed, init_std, init_std / std::sqrt(2.0 * static_cast<double>(layers)))),
-            {}))) {}
+        mlp(typename MlpBranch::inner_type(
+            MlpInner(Named<"ln2", Ln>(Ln(dev, C, s, id + 2, seed)), {},
+                     Named<"mlp", MlpT>(MlpT(dev, C, s, id + 8, seed, init_std,
+                                             init_std / std::sqrt(2.0 * static_cast<double>(layers)))),
+                     {}))) {}
 
   template <AxisComms M>
   Tensor<T, A, D> forward(Ctx& ctx, const Tensor<T, A, D>& x, M& mesh) {
@@ -146,14 +146,20 @@ class PreNormBlock {
       out.push_back(detail::pair_row<Enter>(p + branch + " enter", act, s, e));
       if (attn_branch) {
         out.push_back(detail::local_row<Linear<T, ColumnParallel>>(p + "attn.qkv (ColumnParallel)"));
-        out.push_back({p + (cp ? cat("attn.core (causal, local heads, over context: ", Cx::name, ")") : "attn.core (causal, local heads)"),
-                       act::Features::name(), act::Features::name(), {}, {}});
+        out.push_back({p + (cp ? cat("attn.core (causal, local heads, over context: ", Cx::name, ")")
+                               : "attn.core (causal, local heads)"),
+                       act::Features::name(),
+                       act::Features::name(),
+                       {},
+                       {}});
         if constexpr (cp)
           if (heads > 0)  // the keys and values of the rank's rows: (B/dp, T/c, H/tp, 2, hd)
-            detail::ContextAttention<Cx>::template add_steps<T>(out.back(), act, s, e, heads / s.tensor_degree, act[2] / heads);
+            detail::ContextAttention<Cx>::template add_steps<T>(out.back(), act, s, e, heads / s.tensor_degree,
+                                                                act[2] / heads);
         out.push_back(detail::local_row<Linear<T, RowParallel>>(p + "attn.proj (RowParallel)"));
       } else {
-        out.push_back(detail::local_row<Linear<T, ColumnParallel, epilogue::Gelu>>(p + "mlp.fc (ColumnParallel, GELU)"));
+        out.push_back(
+            detail::local_row<Linear<T, ColumnParallel, epilogue::Gelu>>(p + "mlp.fc (ColumnParallel, GELU)"));
         out.push_back(detail::local_row<Linear<T, RowParallel>>(p + "mlp.proj (RowParallel)"));
       }
       out.push_back(detail::pair_row<Leave>(p + branch + " leave", act, s, e));

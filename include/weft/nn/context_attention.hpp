@@ -62,10 +62,11 @@ struct ContextAttention {
   static Local local(G& cg, const X& x, const std::string& where) {
     const Spread& s = x.spread();
     if (cg.size() != s.context_degree || cg.rank() != s.context_index)
-      throw Error(where,
-                  cat("a context group of ", cg.size(), " ranks (this one ", cg.rank(), ") for an activation spread over ",
-                      s.context_degree, " (this rank's index ", s.context_index, ")"),
-                  "pass the mesh whose context axis the activation is sharded over");
+      throw Error(
+          where,
+          cat("a context group of ", cg.size(), " ranks (this one ", cg.rank(), ") for an activation spread over ",
+              s.context_degree, " (this rank's index ", s.context_index, ")"),
+          "pass the mesh whose context axis the activation is sharded over");
     const Shape& g = x.global_shape();
     const std::int64_t B = x.local_shape()[0], Tl = x.local_shape()[1];
     return {context::Chunks::of(g[1], cg.size()), cg.rank(), B, Tl, Shape{g[0], Tl, g[2]}};
@@ -82,7 +83,8 @@ struct ContextAttention {
   }
   // Cx's steps added to row r (a block's own row of the core: GPT-2's).
   template <class T>
-  static void add_steps(PlanRow& r, const Shape& act, const Spread& s, std::int64_t e, std::int64_t G, std::int64_t hd) {
+  static void add_steps(PlanRow& r, const Shape& act, const Spread& s, std::int64_t e, std::int64_t G,
+                        std::int64_t hd) {
     Cx::plan(r.forward, r.backward, {act[0] / s.data_degree, act[1] / s.context_degree, G, 2, hd}, s.context_degree, e,
              static_cast<std::int64_t>(sizeof(accumulate_t<T>)));
   }
@@ -98,10 +100,11 @@ struct ContextAttention {
     using S = accumulate_t<T>;
     auto& cg = mesh.comm(Axis::context);
     const Local r = local(cg, x, where);
-    ctx.qkv = layer.qkv.forward(ctx.qkv_ctx, Tensor<T, act::Full, D>::view(x.dev(), const_cast<T*>(x.data()), r.rows, x.spread()));
+    ctx.qkv = layer.qkv.forward(ctx.qkv_ctx,
+                                Tensor<T, act::Full, D>::view(x.dev(), const_cast<T*>(x.data()), r.rows, x.spread()));
     rotate(ctx.qkv.data(), r.B, r.Tl, r.positions(), 1);
-    auto y = Tensor<T, act::Features, D>::empty(x.dev(), {r.rows[0], r.rows[1], H * hd * x.spread().tensor_degree}, x.spread(),
-                                                Category::activations);
+    auto y = Tensor<T, act::Features, D>::empty(x.dev(), {r.rows[0], r.rows[1], H * hd * x.spread().tensor_degree},
+                                                x.spread(), Category::activations);
     ctx.lse = x.dev().allocate(r.B * H * r.Tl * static_cast<std::int64_t>(sizeof(S)), Category::activations);
     {
       DeviceBuffers<D> work(x.dev());
@@ -122,13 +125,14 @@ struct ContextAttention {
     using S = accumulate_t<T>;
     auto& cg = mesh.comm(Axis::context);
     const Local r = local(cg, dy, where);
-    auto dcore =
-        layer.proj.backward(ctx.proj_ctx, Tensor<T, act::Full, D>::view(dy.dev(), const_cast<T*>(dy.data()), r.rows, dy.spread()));
-    auto dqkv = Tensor<T, act::Features, D>::empty(dy.dev(), ctx.qkv.global_shape(), dy.spread(), Category::activations);
+    auto dcore = layer.proj.backward(
+        ctx.proj_ctx, Tensor<T, act::Full, D>::view(dy.dev(), const_cast<T*>(dy.data()), r.rows, dy.spread()));
+    auto dqkv =
+        Tensor<T, act::Features, D>::empty(dy.dev(), ctx.qkv.global_shape(), dy.spread(), Category::activations);
     {
       DeviceBuffers<D> work(dy.dev());
-      Cx::backward(cg, r.ch, dqkv.data(), dcore.data(), ctx.core.data(), static_cast<const S*>(ctx.lse.data()), ctx.qkv.data(),
-                   r.B, r.Tl, H, hd, g, work);
+      Cx::backward(cg, r.ch, dqkv.data(), dcore.data(), ctx.core.data(), static_cast<const S*>(ctx.lse.data()),
+                   ctx.qkv.data(), r.B, r.Tl, H, hd, g, work);
     }
     if constexpr (is_meta<D>) dy.dev().work.attention_flops += 2 * context::forward_flops(r.ch, r.rank, r.B, H, hd);
     rotate(dqkv.data(), r.B, r.Tl, r.positions(), -1);

@@ -26,8 +26,8 @@ namespace weft::nn {
 template <Floating T, class D = Host>
 class VocabParallelCrossEntropy {
  public:
-  using Rows = Layout<Shard<0>, Replicate>;             // (B, T): one value per position
-  using RowStats = Layout<Shard<0>, weft::Partial>;     // (B, T, 2) before the reduction
+  using Rows = Layout<Shard<0>, Replicate>;          // (B, T): one value per position
+  using RowStats = Layout<Shard<0>, weft::Partial>;  // (B, T, 2) before the reduction
   using In = act::Features;
 
   using S = master_t<T>;  // row statistics and the loss
@@ -51,14 +51,15 @@ class VocabParallelCrossEntropy {
   double forward(Ctx& ctx, Tensor<T, In, D> logits, std::span<const std::int32_t> targets, M& mesh) const {
     D& dev = logits.dev();
     const Spread s = logits.spread();
-    const Shape g = logits.global_shape();          // (B, T, Vp)
+    const Shape g = logits.global_shape();  // (B, T, Vp)
     const std::int64_t Vl = logits.local_shape()[2], N = logits.numel() / Vl, begin = s.tensor_index * Vl;
     const std::int64_t valid = std::clamp<std::int64_t>(vocab - begin, 0, Vl);
     auto rowmax = Tensor<S, Rows, D>::empty(dev, {g[0], g[1]}, s, Category::activations);
     auto stats = Tensor<S, RowStats, D>::empty(dev, {g[0], g[1], 2}, s, Category::activations);
     ops::CrossEntropy<D>::row_max(dev, rowmax.data(), logits.data(), N, Vl, valid);
     mesh.comm(Axis::tensor).all_reduce(rowmax.span(), ReduceOp::max);
-    ops::CrossEntropy<D>::row_stats(dev, stats.data(), logits.data(), rowmax.data(), targets.data(), N, Vl, valid, begin);
+    ops::CrossEntropy<D>::row_stats(dev, stats.data(), logits.data(), rowmax.data(), targets.data(), N, Vl, valid,
+                                    begin);
     mesh.comm(Axis::tensor).all_reduce(stats.span(), ReduceOp::sum);
     auto sumexp = Tensor<S, Rows, D>::empty(dev, {g[0], g[1]}, s, Category::activations);
     std::array<double, 1> total{ops::CrossEntropy<D>::loss(dev, sumexp.data(), stats.data(), rowmax.data(), N)};
@@ -78,8 +79,9 @@ class VocabParallelCrossEntropy {
     const Shape g = d.global_shape();
     const std::int64_t Vl = d.local_shape()[2], N = d.numel() / Vl, begin = d.spread().tensor_index * Vl;
     const std::int64_t valid = std::clamp<std::int64_t>(vocab - begin, 0, Vl);
-    ops::CrossEntropy<D>::backward(d.dev(), d.data(), d.data(), ctx.rowmax.data(), ctx.sumexp.data(), ctx.targets.data(), N, Vl,
-                        valid, begin, static_cast<S>(scale / positions(d.spread(), g)));
+    ops::CrossEntropy<D>::backward(d.dev(), d.data(), d.data(), ctx.rowmax.data(), ctx.sumexp.data(),
+                                   ctx.targets.data(), N, Vl, valid, begin,
+                                   static_cast<S>(scale / positions(d.spread(), g)));
     ctx = Ctx{};
     return d;
   }

@@ -32,7 +32,9 @@ std::vector<PlanRow> describe_rows(const typename Model::config_type& c, std::in
 // communicator call counts, a run of equal steps (a ring's passes) once with its count.
 inline std::string format_steps(const std::vector<PlanStep>& steps) {
   if (steps.empty()) return "-";
-  const auto counted = [](const PlanStep& st) { return st.collective == Collective::all_gather ? st.bytes_out : st.bytes_in; };
+  const auto counted = [](const PlanStep& st) {
+    return st.collective == Collective::all_gather ? st.bytes_out : st.bytes_in;
+  };
   std::string r;
   for (std::size_t i = 0; i < steps.size();) {
     const PlanStep& st = steps[i];
@@ -40,7 +42,8 @@ inline std::string format_steps(const std::vector<PlanStep>& steps) {
     while (i + n < steps.size() && steps[i + n].collective == st.collective && steps[i + n].axis == st.axis &&
            counted(steps[i + n]) == counted(st))
       ++n;
-    r += cat(r.empty() ? "" : ", ", name(st.collective), "(", name(st.axis), ") ", counted(st), " B", n > 1 ? cat(" x", n) : "");
+    r += cat(r.empty() ? "" : ", ", name(st.collective), "(", name(st.axis), ") ", counted(st), " B",
+             n > 1 ? cat(" x", n) : "");
     i += n;
   }
   return r;
@@ -84,10 +87,8 @@ std::string describe(const typename Model::config_type& c, std::int64_t batch, c
 template <class Model>
   requires SpecPlanRows<Model> || WalkablePlan<Model>
 std::string describe(Model& model, std::int64_t batch, const Spread& s) {
-  if constexpr (SpecPlanRows<Model>)
-    return describe<Model>(model.config, batch, s);
-  else
-    return detail::format_plan<Model>(model.config, batch, s, walked_plan_rows(model, batch, s));
+  if constexpr (SpecPlanRows<Model>) return describe<Model>(model.config, batch, s);
+  else return detail::format_plan<Model>(model.config, batch, s, walked_plan_rows(model, batch, s));
 }
 
 }  // namespace weft::nn

@@ -53,7 +53,7 @@ class VocabParallelEmbedding {
     auto out = Tensor<T, act::Partial, D>::empty(weight.value.dev(), {batch, seq, C}, weight.value.spread(),
                                                  Category::activations);
     ops::Embedding<D>::forward(out.dev(), out.data(), tokens.data(), weight.value.data(), out.numel() / C, C, begin(),
-                            begin() + rows());
+                               begin() + rows());
     ctx.tokens = tokens;
     return out;
   }
@@ -62,7 +62,7 @@ class VocabParallelEmbedding {
   void backward(Ctx& ctx, const Tensor<T, act::Full, D>& dy) {
     const std::int64_t C = weight.value.local_shape()[1];
     ops::Embedding<D>::backward(dy.dev(), weight.grad.data(), dy.data(), ctx.tokens.data(), dy.numel() / C, C, begin(),
-                             begin() + rows());
+                                begin() + rows());
     ctx = Ctx{};
   }
 
@@ -78,19 +78,19 @@ class PositionEmbedding {
   Param<T, Replicated, replicated_param_grad<A>, D> weight;  // (T, C)
 
   PositionEmbedding() = default;
-  PositionEmbedding(D& dev, std::int64_t seq, std::int64_t C, const Spread& s, std::uint64_t id,
-                    std::uint64_t seed, double init_std)
+  PositionEmbedding(D& dev, std::int64_t seq, std::int64_t C, const Spread& s, std::uint64_t id, std::uint64_t seed,
+                    double init_std)
       : weight(dev, {seq, C}, s, id, {Init::normal, init_std}, seed, Decay::no) {}
 
   // x (B, T, T/tp or T/c, C) += the rows of this rank's positions (in place: nothing to save).
   void forward(Tensor<T, A, D>& x) const {
     ops::Position<D>::forward(x.dev(), x.data(), weight.value.data(), x.local_shape()[0], x.local_shape()[1],
-                                x.local_shape()[2], positions(x));
+                              x.local_shape()[2], positions(x));
   }
   // Accumulates dy's rows into the gradient of this rank's positions.
   void backward(const Tensor<T, A, D>& dy) {
     ops::Position<D>::backward(dy.dev(), weight.grad.data(), dy.data(), dy.local_shape()[0], dy.local_shape()[1],
-                                 dy.local_shape()[2], positions(dy));
+                               dy.local_shape()[2], positions(dy));
   }
 
   template <class F>
@@ -105,7 +105,9 @@ class PositionEmbedding {
   static ops::Positions positions(const Tensor<T, A, D>& x) {
     const std::int64_t first = IsShard<typename A::tensor> ? x.spread().tensor_index * x.local_shape()[1] : 0;
     if constexpr (IsShard<typename A::context>)
-      return context::Chunks::of(x.global_shape()[1], x.spread().context_degree).positions(x.spread().context_index).from(first);
+      return context::Chunks::of(x.global_shape()[1], x.spread().context_degree)
+          .positions(x.spread().context_index)
+          .from(first);
     else return first;
   }
 };
@@ -134,7 +136,9 @@ void lookup_rows_backward(VocabParallelEmbedding<T, D>& wte, typename VocabParal
                           std::vector<std::int32_t>& rows, const Tensor<T, A, D>& dx, M& mesh) {
   Shape g = dx.global_shape();
   g[1] /= dx.spread().context_degree;
-  wte.backward(ctx, Leave::backward(Tensor<T, typename Leave::Out, D>::view(dx.dev(), const_cast<T*>(dx.data()), g, dx.spread()), mesh));
+  wte.backward(
+      ctx, Leave::backward(Tensor<T, typename Leave::Out, D>::view(dx.dev(), const_cast<T*>(dx.data()), g, dx.spread()),
+                           mesh));
   rows = {};
 }
 

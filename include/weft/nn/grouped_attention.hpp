@@ -41,23 +41,24 @@ template <Floating T, recompute::Policy Recompute = recompute::None, class D = H
 class GroupedQueryAttention {
   static constexpr bool keep_probs = !std::same_as<Recompute, recompute::Selective>;
   static constexpr bool cp = context::Kind<Cx>;  // the sequence sharded over the context axis
-  static_assert(!cp || is_meta<D> || ops::ImplementedOn<ops::ContextBlock, D>,
-                "GroupedQueryAttention: context parallelism (Cx) needs ops::ContextBlock on this device (ops/context_block.hpp; "
-                "the Cuda device's in ops/context_block.cuh, which ops/families.cuh includes); include it, or "
-                "use context::None");
+  static_assert(
+      !cp || is_meta<D> || ops::ImplementedOn<ops::ContextBlock, D>,
+      "GroupedQueryAttention: context parallelism (Cx) needs ops::ContextBlock on this device (ops/context_block.hpp; "
+      "the Cuda device's in ops/context_block.cuh, which ops/families.cuh includes); include it, or "
+      "use context::None");
   using Seq = std::conditional_t<cp, Shard<1>, Replicate>;  // the sequence's placement on the context axis
 
  public:
-  using In = Layout<Shard<0>, Replicate, StageLocal, Seq>;             // act::Full without context parallelism
-  using Out = Layout<Shard<0>, weft::Partial, StageLocal, Seq>;        // act::Partial
+  using In = Layout<Shard<0>, Replicate, StageLocal, Seq>;       // act::Full without context parallelism
+  using Out = Layout<Shard<0>, weft::Partial, StageLocal, Seq>;  // act::Partial
   using GradOut = In;
   using GradIn = Out;
 
   struct Ctx {
     typename Linear<T, ColumnParallel, epilogue::None, D>::Ctx qkv_ctx;
     typename Linear<T, RowParallel, epilogue::None, D>::Ctx proj_ctx;
-    Tensor<T, act::Features, D> qkv;  // rotated
-    Allocation probs;  // (B, H/tp, T, T); empty when the core is recomputed in backward
+    Tensor<T, act::Features, D> qkv;   // rotated
+    Allocation probs;                  // (B, H/tp, T, T); empty when the core is recomputed in backward
     Tensor<T, act::Features, D> core;  // context parallelism: y (B, T/c, H hd / tp), the attention's output
     Allocation lse;                    // context parallelism: (B, H/tp, T/c) in S
   };
@@ -88,8 +89,9 @@ class GroupedQueryAttention {
       throw Error("GroupedQueryAttention", cat("width ", C, ", ", H, " heads and ", KV, " key-value heads"),
                   "use heads that divide the width into an even head size, and key-value heads that divide the heads");
     if (KV % s.tensor_degree != 0)
-      throw Error("GroupedQueryAttention", cat("tensor degree ", s.tensor_degree, " does not divide ", KV, " key-value heads"),
-                  cat("use a tensor degree that divides the key-value heads, such as ", list_divisors(KV, s.tensor_degree)));
+      throw Error(
+          "GroupedQueryAttention", cat("tensor degree ", s.tensor_degree, " does not divide ", KV, " key-value heads"),
+          cat("use a tensor degree that divides the key-value heads, such as ", list_divisors(KV, s.tensor_degree)));
     return C / H;
   }
   Allocation probs_buffer(D& dev, std::int64_t B, std::int64_t Tn) const {
@@ -112,7 +114,8 @@ class GroupedQueryAttention {
     ctx.qkv = qkv.forward(ctx.qkv_ctx, x);
     ops::Rotary<D>::forward(x.dev(), ctx.qkv.data(), B, Tn, local_groups(), group(), head_dim, rope);
     Allocation probs = probs_buffer(x.dev(), B, Tn);
-    auto y = Tensor<T, act::Features, D>::empty(x.dev(), core_shape(x.global_shape()), x.spread(), Category::activations);
+    auto y =
+        Tensor<T, act::Features, D>::empty(x.dev(), core_shape(x.global_shape()), x.spread(), Category::activations);
     ops::Attention<D>::forward(x.dev(), y.data(), static_cast<T*>(probs.data()), ctx.qkv.data(), B, Tn, local_heads(),
                                head_dim, group());
     if (keep_probs) ctx.probs = std::move(probs);
@@ -127,11 +130,13 @@ class GroupedQueryAttention {
     auto dcore = proj.backward(ctx.proj_ctx, dy);  // (B, T, H hd / tp) Shard<-1>
     if (!ctx.probs.data()) {  // Selective recompute: rebuild the probabilities from the saved (rotated) qkv
       ctx.probs = probs_buffer(dy.dev(), B, Tn);
-      auto scratch = Tensor<T, act::Features, D>::empty(dy.dev(), dcore.global_shape(), dy.spread(), Category::activations);
+      auto scratch =
+          Tensor<T, act::Features, D>::empty(dy.dev(), dcore.global_shape(), dy.spread(), Category::activations);
       ops::Attention<D>::forward(dy.dev(), scratch.data(), static_cast<T*>(ctx.probs.data()), ctx.qkv.data(), B, Tn,
                                  local_heads(), head_dim, group());
     }
-    auto dqkv = Tensor<T, act::Features, D>::empty(dy.dev(), ctx.qkv.global_shape(), dy.spread(), Category::activations);
+    auto dqkv =
+        Tensor<T, act::Features, D>::empty(dy.dev(), ctx.qkv.global_shape(), dy.spread(), Category::activations);
     ops::Attention<D>::backward(dy.dev(), dqkv.data(), dcore.data(), ctx.qkv.data(),
                                 static_cast<const T*>(ctx.probs.data()), B, Tn, local_heads(), head_dim, group());
     ops::Rotary<D>::backward(dy.dev(), dqkv.data(), B, Tn, local_groups(), group(), head_dim, rope);
@@ -146,15 +151,15 @@ class GroupedQueryAttention {
   Tensor<T, Out, D> forward(Ctx& ctx, const Tensor<T, In, D>& x, M& mesh)
     requires cp
   {
-    return detail::ContextAttention<Cx>::template forward<Out>(*this, ctx, x, mesh, local_heads(), head_dim, group(), rotation(x.dev()),
-                                                             "GroupedQueryAttention::forward");
+    return detail::ContextAttention<Cx>::template forward<Out>(*this, ctx, x, mesh, local_heads(), head_dim, group(),
+                                                               rotation(x.dev()), "GroupedQueryAttention::forward");
   }
   template <AxisComms M>
   Tensor<T, GradIn, D> backward(Ctx& ctx, const Tensor<T, GradOut, D>& dy, M& mesh)
     requires cp
   {
-    return detail::ContextAttention<Cx>::template backward<GradIn>(*this, ctx, dy, mesh, local_heads(), head_dim, group(),
-                                                                 rotation(dy.dev()), "GroupedQueryAttention::backward");
+    return detail::ContextAttention<Cx>::template backward<GradIn>(
+        *this, ctx, dy, mesh, local_heads(), head_dim, group(), rotation(dy.dev()), "GroupedQueryAttention::backward");
   }
 
   // The deferred weight gradients of both projections (Linear::defer_weight).
@@ -169,7 +174,8 @@ class GroupedQueryAttention {
 
   // describe's row (nn/plan_walk.hpp), with context parallelism: the keys and values of the rank's
   // rows over the context axis, Cx's way. act the global (B, T, C).
-  void plan_rows(std::vector<PlanRow>& out, const std::string& row, const Shape& act, const Spread& s, std::int64_t e) const
+  void plan_rows(std::vector<PlanRow>& out, const std::string& row, const Shape& act, const Spread& s,
+                 std::int64_t e) const
     requires cp
   {
     out.push_back(detail::ContextAttention<Cx>::template plan_row<T, GroupedQueryAttention>(

@@ -38,13 +38,14 @@ struct AnyParam {
 };
 
 template <class L>
-concept layouts = requires {
-  typename L::In;
-  typename L::Out;
-  typename L::GradIn;
-  typename L::GradOut;
-} && LayoutType<typename L::In> && LayoutType<typename L::Out> && LayoutType<typename L::GradIn> &&
-                  LayoutType<typename L::GradOut>;
+concept layouts =
+    requires {
+      typename L::In;
+      typename L::Out;
+      typename L::GradIn;
+      typename L::GradOut;
+    } && LayoutType<typename L::In> && LayoutType<typename L::Out> && LayoutType<typename L::GradIn> &&
+    LayoutType<typename L::GradOut>;
 
 template <class L>
 concept ctx = requires { typename L::Ctx; } && std::default_initializable<typename L::Ctx>;

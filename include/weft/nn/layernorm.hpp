@@ -33,14 +33,16 @@ class LayerNorm {
 
   LayerNorm() = default;
   LayerNorm(D& dev, std::int64_t C, const Spread& s, std::uint64_t id, std::uint64_t seed)
-      : weight(dev, {C}, s, id, {Init::ones}, seed, Decay::no), bias(dev, {C}, s, id + 1, {Init::zeros}, seed, Decay::no) {}
+      : weight(dev, {C}, s, id, {Init::ones}, seed, Decay::no),
+        bias(dev, {C}, s, id + 1, {Init::zeros}, seed, Decay::no) {}
 
   Tensor<T, A, D> forward(Ctx& ctx, const Tensor<T, A, D>& x) {
     const std::int64_t C = x.local_shape()[2], N = x.numel() / C;
     auto y = Tensor<T, A, D>::empty(x.dev(), x.global_shape(), x.spread(), Category::activations);
     ctx.stats = x.dev().allocate(2 * N * static_cast<std::int64_t>(sizeof(S)), Category::activations);
     S* stats = static_cast<S*>(ctx.stats.data());
-    ops::LayerNorm<D>::forward(x.dev(), y.data(), stats, stats + N, x.data(), weight.value.data(), bias.value.data(), N, C, eps);
+    ops::LayerNorm<D>::forward(x.dev(), y.data(), stats, stats + N, x.data(), weight.value.data(), bias.value.data(), N,
+                               C, eps);
     ctx.x = x.clone(Category::activations);
     return y;
   }
@@ -53,7 +55,7 @@ class LayerNorm {
     auto dx = Tensor<T, A, D>::empty(dy.dev(), dy.global_shape(), dy.spread(), Category::activations);
     const S* stats = static_cast<const S*>(ctx.stats.data());
     ops::LayerNorm<D>::backward(dy.dev(), dx.data(), weight.grad.data(), bias.grad.data(), dy.data(), ctx.x.data(),
-                               weight.value.data(), stats, stats + N, N, C, dresid ? dresid->data() : nullptr);
+                                weight.value.data(), stats, stats + N, N, C, dresid ? dresid->data() : nullptr);
     ctx = Ctx{};
     return dx;
   }
@@ -66,7 +68,6 @@ class LayerNorm {
     f(prefix + ".weight", weight);
     f(prefix + ".bias", bias);
   }
-
 };
 
 }  // namespace weft::nn

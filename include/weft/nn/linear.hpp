@@ -68,9 +68,9 @@ class Linear {
   using S = master_t<T>;  // parameter gradients, GEMM accumulation
 
   struct Ctx {
-    Tensor<T, In, D> x;       // the input, saved for dW
-    Tensor<T, Out, D> pre;    // the pre-activation (Gelu only)
-    Tensor<T, GradOut, D> dy; // the output gradient (after the GELU's), kept for a deferred backward_weight
+    Tensor<T, In, D> x;        // the input, saved for dW
+    Tensor<T, Out, D> pre;     // the pre-activation (Gelu only)
+    Tensor<T, GradOut, D> dy;  // the output gradient (after the GELU's), kept for a deferred backward_weight
   };
 
   // Zero-bubble pipeline schedules split the backward: with defer_weight(true), backward() computes
@@ -94,7 +94,9 @@ class Linear {
 
   Shape out_shape(const Shape& in) const { return {in[0], in[1], weight.value.global_shape()[0]}; }
   static std::string name() {
-    const char* role = std::same_as<Role, ColumnParallel> ? "ColumnParallel" : std::same_as<Role, RowParallel> ? "RowParallel" : "NoParallel";
+    const char* role = std::same_as<Role, ColumnParallel> ? "ColumnParallel"
+                       : std::same_as<Role, RowParallel>  ? "RowParallel"
+                                                          : "NoParallel";
     return cat("Linear<", role, has_gelu ? ", Gelu>" : ">");
   }
 
@@ -106,9 +108,9 @@ class Linear {
     const Shape g = x.global_shape();
     const std::int64_t N = x.local_shape()[0] * x.local_shape()[1];
     auto y = Tensor<T, Out, D>::empty(x.dev(), {g[0], g[1], weight.value.global_shape()[0]}, x.spread(),
-                                         Category::activations);
+                                      Category::activations);
     ops::Gemm<D>::run(x.dev(), Trans::no, Trans::yes, N, out_local(), in_local(), S(1), x.data(), in_local(),
-                 weight.value.data(), in_local(), S(0), y.data(), out_local());
+                      weight.value.data(), in_local(), S(0), y.data(), out_local());
     if (has_bias_ && (!std::same_as<Role, RowParallel> || tensor_index_ == 0))
       ops::Bias<D>::add(x.dev(), y.data(), bias.value.data(), N, out_local());
     ctx.x = x.clone(Category::activations);
@@ -134,7 +136,7 @@ class Linear {
     // dx (N, in) = dy W;  then (now, or in backward_weight) dW (out, in) += dy^T x, db += sum of dy.
     auto dx = Tensor<T, GradIn, D>::empty(x.dev(), x.global_shape(), x.spread(), Category::activations);
     ops::Gemm<D>::run(x.dev(), Trans::no, Trans::no, N, in_local(), out_local(), S(1), dy, out_local(),
-                 weight.value.data(), in_local(), S(0), dx.data(), in_local());
+                      weight.value.data(), in_local(), S(0), dx.data(), in_local());
     if (deferring_) {
       ctx.dy = has_gelu ? std::move(dpre) : dy_in.clone(Category::activations);
       ctx.pre = {};
@@ -161,13 +163,11 @@ class Linear {
  private:
   void weight_grads(const Tensor<T, In, D>& x, const T* dy, std::int64_t N) {
     ops::Gemm<D>::run(x.dev(), Trans::yes, Trans::no, out_local(), in_local(), N, S(1), dy, out_local(), x.data(),
-                 in_local(), S(1), weight.grad.data(), in_local());
+                      in_local(), S(1), weight.grad.data(), in_local());
     if (has_bias_) ops::Bias<D>::backward(x.dev(), bias.grad.data(), dy, N, out_local());
   }
 
  public:
-
-
  private:
   int tensor_index_ = 0;
   bool deferring_ = false;

@@ -1,14 +1,13 @@
 // Parameters and their initialization.
 //
 // A Param holds this rank's shard of a value in the parameter's layout L (in the compute type T),
-// and of its gradient in the gradient's layout GL (in master_t<T>: f32 under bf16 compute). GL is L except where the forward replicates a parameter but each rank
-// sees only part of the data: under sequence parallelism a LayerNorm weight is Replicate on the
-// tensor axis while its gradient is Partial there (each rank sums over its slice of the sequence),
-// and the data-parallel step reduces it once, with the other gradients (optim/data_parallel.hpp).
-// A model's units (unit.hpp) move every Param into flat buffers and leave views behind.
-// Initialization does not depend on the mesh: element g of the global tensor is drawn from Philox
-// keyed by (seed, parameter id, g), so the shards of any tensor degree gather to the same global
-// weights, bit for bit.
+// and of its gradient in the gradient's layout GL (in master_t<T>: f32 under bf16 compute). GL is L except where the
+// forward replicates a parameter but each rank sees only part of the data: under sequence parallelism a LayerNorm
+// weight is Replicate on the tensor axis while its gradient is Partial there (each rank sums over its slice of the
+// sequence), and the data-parallel step reduces it once, with the other gradients (optim/data_parallel.hpp). A model's
+// units (unit.hpp) move every Param into flat buffers and leave views behind. Initialization does not depend on the
+// mesh: element g of the global tensor is drawn from Philox keyed by (seed, parameter id, g), so the shards of any
+// tensor degree gather to the same global weights, bit for bit.
 #pragma once
 
 #include <cstdint>
@@ -32,7 +31,8 @@ enum class Decay : bool { no, yes };
 
 template <Element T, LayoutType L, LayoutType GL = L, class D = Host>
 struct Param {
-  static_assert(std::same_as<typename L::data, typename GL::data> && std::same_as<typename L::pipe, typename GL::pipe> &&
+  static_assert(std::same_as<typename L::data, typename GL::data> &&
+                    std::same_as<typename L::pipe, typename GL::pipe> &&
                     std::same_as<typename L::context, typename GL::context> &&
                     (std::same_as<typename L::tensor, typename GL::tensor> ||
                      (IsReplicate<typename L::tensor> && IsPartial<typename GL::tensor>)),
@@ -55,14 +55,13 @@ struct Param {
         decay(d) {
     switch (init.kind) {
       case Init::normal:
-        ops::Init<D>::normal(dev, value.data(), global, value.local_shape(), local_box<L>(global, s).offset, seed, param_id,
-                            init.std);
+        ops::Init<D>::normal(dev, value.data(), global, value.local_shape(), local_box<L>(global, s).offset, seed,
+                             param_id, init.std);
         break;
       case Init::zeros: ops::Memory<D>::fill(dev, value.data(), value.numel(), T(0)); break;
       case Init::ones: ops::Memory<D>::fill(dev, value.data(), value.numel(), T(1)); break;
     }
   }
-
 };
 
 }  // namespace weft::nn

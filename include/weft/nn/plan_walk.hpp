@@ -54,13 +54,17 @@ template <class T> inline constexpr bool is_token_wise = false;
 template <class L> inline constexpr bool is_token_wise<TokenWise<L>> = true;
 
 template <class L> struct named_base;
-template <Label N, class L> struct named_base<Named<N, L>> { using type = L; };
+template <Label N, class L> struct named_base<Named<N, L>> {
+  using type = L;
+};
 template <class L> struct checkpointed_base;
-template <class L, class T, class D> struct checkpointed_base<recompute::Checkpointed<L, T, D>> { using type = L; };
+template <class L, class T, class D> struct checkpointed_base<recompute::Checkpointed<L, T, D>> {
+  using type = L;
+};
 
 template <class L>
-concept WritesPlanRows = requires(const L& l, std::vector<PlanRow>& out, const std::string& n, const Shape& a, const Spread& s,
-                                  std::int64_t e) { l.plan_rows(out, n, a, s, e); };
+concept WritesPlanRows = requires(const L& l, std::vector<PlanRow>& out, const std::string& n, const Shape& a,
+                                  const Spread& s, std::int64_t e) { l.plan_rows(out, n, a, s, e); };
 
 }  // namespace detail
 
@@ -100,8 +104,8 @@ void sequential_rows(std::vector<PlanRow>& out, const std::string& name, const S
     using B = std::tuple_element_t<I + 1, Types>;
     if constexpr (!std::same_as<typename A::Out, typename B::In>) {  // the redistribution Sequential inserts
       using Inserted = Redistribute<typename A::Out, typename B::In, typename B::GradIn, typename A::GradOut>;
-      out.push_back(pair_row<Inserted>(cat(name, ": ", label_of<A>(), " -> ", label_of<B>(), " (inserted ", Inserted::name(), ")"),
-                                       x, s, e));
+      out.push_back(pair_row<Inserted>(
+          cat(name, ": ", label_of<A>(), " -> ", label_of<B>(), " (inserted ", Inserted::name(), ")"), x, s, e));
     }
     sequential_rows<I + 1>(out, name, seq, x, s, e);
   }
@@ -164,7 +168,8 @@ std::vector<PlanRow> walked_plan_rows(Model& model, std::int64_t batch, const Sp
   using T = typename Model::T;
   const auto& c = model.config;
   if (static_cast<std::int64_t>(model.blocks.size()) != c.layers)
-    throw Error(cat(Model::spec::name(), " plan"), cat("the model holds ", model.blocks.size(), " of its ", c.layers, " blocks"),
+    throw Error(cat(Model::spec::name(), " plan"),
+                cat("the model holds ", model.blocks.size(), " of its ", c.layers, " blocks"),
                 "walk the plan of a model built whole (no pipeline placement)");
   const std::int64_t e = sizeof(T);
   const Shape act{batch, c.seq, c.width};
@@ -180,7 +185,12 @@ std::vector<PlanRow> walked_plan_rows(Model& model, std::int64_t batch, const Sp
       partial += p.grad.numel() * static_cast<std::int64_t>(sizeof(typename P::grad_type));
   });
   if (partial > 0 && s.tensor_degree > 1)
-    out.push_back({"gradients Partial on tensor, per step", "-", "-", {}, {}, {detail::reduction(Axis::tensor, s.tensor_degree, partial)}});
+    out.push_back({"gradients Partial on tensor, per step",
+                   "-",
+                   "-",
+                   {},
+                   {},
+                   {detail::reduction(Axis::tensor, s.tensor_degree, partial)}});
   return out;
 }
 

@@ -37,7 +37,8 @@ class RmsNorm : public SameLayout<A> {
     const std::int64_t C = x.local_shape()[2], N = x.numel() / C;
     auto y = Tensor<T, A, D>::empty(x.dev(), x.global_shape(), x.spread(), Category::activations);
     ctx.rstd = x.dev().allocate(N * static_cast<std::int64_t>(sizeof(S)), Category::activations);
-    ops::RmsNorm<D>::forward(x.dev(), y.data(), static_cast<S*>(ctx.rstd.data()), x.data(), weight.value.data(), N, C, eps);
+    ops::RmsNorm<D>::forward(x.dev(), y.data(), static_cast<S*>(ctx.rstd.data()), x.data(), weight.value.data(), N, C,
+                             eps);
     ctx.x = x.clone(Category::activations);
     return y;
   }

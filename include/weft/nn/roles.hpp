@@ -24,10 +24,10 @@ template <class R>
 concept LinearRole = std::same_as<R, ColumnParallel> || std::same_as<R, RowParallel> || std::same_as<R, NoParallel>;
 
 namespace act {
-using Full = Layout<Shard<0>, Replicate>;        // (B/dp, T, C): the whole sequence and features on every tensor rank
-using Features = Layout<Shard<0>, Shard<-1>>;    // (B/dp, T, C/tp)
-using Partial = Layout<Shard<0>, weft::Partial>; // (B/dp, T, C), summed over tensor ranks
-using Sequence = Layout<Shard<0>, Shard<1>>;     // (B/dp, T/tp, C)
+using Full = Layout<Shard<0>, Replicate>;         // (B/dp, T, C): the whole sequence and features on every tensor rank
+using Features = Layout<Shard<0>, Shard<-1>>;     // (B/dp, T, C/tp)
+using Partial = Layout<Shard<0>, weft::Partial>;  // (B/dp, T, C), summed over tensor ranks
+using Sequence = Layout<Shard<0>, Shard<1>>;      // (B/dp, T/tp, C)
 // Context parallelism: a context rank's rows of the sequence (B/dp, T/c, C), docs/context.md.
 using Rows = Layout<Shard<0>, Replicate, StageLocal, Shard<1>>;
 using RowsPartial = Layout<Shard<0>, weft::Partial, StageLocal, Shard<1>>;
@@ -40,7 +40,8 @@ using RowsSequence = Layout<Shard<0>, Shard<1>, StageLocal, Shard<1>>;
 // activations in layout A: Partial there when A shards the sequence over the tensor axis (each rank
 // sums over its own positions), Replicate otherwise (every rank computes the same full sum).
 template <LayoutType A>
-using replicated_param_grad = std::conditional_t<IsShard<typename A::tensor>, Layout<Replicate, weft::Partial>, Replicated>;
+using replicated_param_grad =
+    std::conditional_t<IsShard<typename A::tensor>, Layout<Replicate, weft::Partial>, Replicated>;
 
 // Epilogues fused into a Linear's forward.
 namespace epilogue {

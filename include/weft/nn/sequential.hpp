@@ -11,11 +11,13 @@
 // (a partial sum into a layer that needs feature shards) is a compile error naming both layouts.
 //
 // A layer is an nn::Layer (layer.hpp: In, Out, GradIn, GradOut, Ctx, forward(ctx, x[, mesh]),
-// backward(ctx, dy[, mesh]), out_shape(in_shape), name() and for_each_param(prefix, f)). Parameters are named by position
+// backward(ctx, dy[, mesh]), out_shape(in_shape), name() and for_each_param(prefix, f)). Parameters are named by
+// position
 // ("prefix.1.weight"), or by the name a layer is given with Named<"attn", L> ("prefix.attn.qkv.weight").
 // Residual adds no name of its own, inside a Sequential too (a block written as
-// Sequential<Residual<...>, Residual<...>> names its parameters by the names inside the branches). Both pass a zero-bubble schedule's deferred weight pass
-// (defer_weight, backward_weight) through to every layer that has one (detail::DefersWeight).
+// Sequential<Residual<...>, Residual<...>> names its parameters by the names inside the branches). Both pass a
+// zero-bubble schedule's deferred weight pass (defer_weight, backward_weight) through to every layer that has one
+// (detail::DefersWeight).
 #pragma once
 
 #include <cstdio>
@@ -88,13 +90,17 @@ template <class L, class Ctx, class X, class M>
 auto layer_forward(L& layer, Ctx& ctx, const X& x, M& mesh) {
   if constexpr (requires { layer.forward(ctx, x, mesh); }) return layer.forward(ctx, x, mesh);
   else if constexpr (requires { layer.forward(ctx, x); }) return layer.forward(ctx, x);
-  else static_assert(sizeof(L) == 0, "nn::Layer: the layer has no forward(ctx, x) or forward(ctx, x, mesh) for this input");
+  else
+    static_assert(sizeof(L) == 0,
+                  "nn::Layer: the layer has no forward(ctx, x) or forward(ctx, x, mesh) for this input");
 }
 template <class L, class Ctx, class X, class M>
 auto layer_backward(L& layer, Ctx& ctx, const X& dy, M& mesh) {
   if constexpr (requires { layer.backward(ctx, dy, mesh); }) return layer.backward(ctx, dy, mesh);
   else if constexpr (requires { layer.backward(ctx, dy); }) return layer.backward(ctx, dy);
-  else static_assert(sizeof(L) == 0, "nn::Layer: the layer has no backward(ctx, dy) or backward(ctx, dy, mesh) for this gradient");
+  else
+    static_assert(sizeof(L) == 0,
+                  "nn::Layer: the layer has no backward(ctx, dy) or backward(ctx, dy, mesh) for this gradient");
 }
 
 // A layer that can split its backward (zero-bubble schedules): defer_weight(on), and
@@ -114,8 +120,12 @@ void run_backward_weight(L& layer, typename L::Ctx& ctx) {
 }
 
 template <class... Ls> struct first;
-template <class L, class... Ls> struct first<L, Ls...> { using type = L; };
-template <class... Ls> struct last { using type = typename decltype((std::type_identity<Ls>{}, ...))::type; };
+template <class L, class... Ls> struct first<L, Ls...> {
+  using type = L;
+};
+template <class... Ls> struct last {
+  using type = typename decltype((std::type_identity<Ls>{}, ...))::type;
+};
 
 }  // namespace detail
 
@@ -147,7 +157,8 @@ class Sequential {
   // The same, with dresid added into the input gradient: by the first layer in its own pass where it
   // can (a LayerNorm fuses it), else afterwards (Residual's backward).
   template <Element T, class D, AxisComms M>
-  Tensor<T, GradIn, D> backward(Ctx& ctx, const Tensor<T, GradOut, D>& dy, M& mesh, const Tensor<T, GradIn, D>& dresid) {
+  Tensor<T, GradIn, D> backward(Ctx& ctx, const Tensor<T, GradOut, D>& dy, M& mesh,
+                                const Tensor<T, GradIn, D>& dresid) {
     return backward_from<sizeof...(Layers) - 1>(ctx, dy, mesh, &dresid);
   }
 
@@ -195,8 +206,8 @@ class Sequential {
     if constexpr (I + 1 < sizeof...(Layers)) {
       using A = layer_t<I>;
       using B = layer_t<I + 1>;
-      static_assert(detail::check_compose<typename A::Out, typename B::In, typename B::GradIn,
-                                          typename A::GradOut>::ok);
+      static_assert(
+          detail::check_compose<typename A::Out, typename B::In, typename B::GradIn, typename A::GradOut>::ok);
       check<I + 1>();
     }
   }
@@ -212,7 +223,8 @@ class Sequential {
       if constexpr (std::same_as<typename A::Out, typename B::In>) return forward_from<I + 1>(ctx, y, mesh);
       else
         return forward_from<I + 1>(
-            ctx, Redistribute<typename A::Out, typename B::In, typename B::GradIn, typename A::GradOut>::forward(y, mesh),
+            ctx,
+            Redistribute<typename A::Out, typename B::In, typename B::GradIn, typename A::GradOut>::forward(y, mesh),
             mesh);
     }
   }
@@ -232,7 +244,8 @@ class Sequential {
       auto dx = detail::layer_backward(std::get<I>(layers), std::get<I>(ctx), dy, mesh);
       using A = layer_t<I - 1>;
       using B = layer_t<I>;
-      if constexpr (std::same_as<typename B::GradIn, typename A::GradOut>) return backward_from<I - 1>(ctx, dx, mesh, dresid);
+      if constexpr (std::same_as<typename B::GradIn, typename A::GradOut>)
+        return backward_from<I - 1>(ctx, dx, mesh, dresid);
       else
         return backward_from<I - 1>(
             ctx,

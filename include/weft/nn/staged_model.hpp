@@ -55,7 +55,9 @@ enum class Mode : std::uint8_t { train, infer };
 struct Placement {
   std::vector<bool> blocks;  // blocks[l]: global block l is here
   bool embedding = true, head = true;
-  static Placement all(std::int64_t layers) { return {std::vector<bool>(static_cast<std::size_t>(layers), true), true, true}; }
+  static Placement all(std::int64_t layers) {
+    return {std::vector<bool>(static_cast<std::size_t>(layers), true), true, true};
+  }
 };
 
 // One micro-batch: this data rank's tokens and targets (B/dp, T), owned by the caller.
@@ -102,8 +104,12 @@ concept ModelSpec = requires(typename S::device& dev, const typename S::config& 
 
 namespace detail {
 struct NoTable {};
-template <class H, bool Tied> struct head_table { using type = NoTable; };
-template <class H> struct head_table<H, true> { using type = typename H::Table; };
+template <class H, bool Tied> struct head_table {
+  using type = NoTable;
+};
+template <class H> struct head_table<H, true> {
+  using type = typename H::Table;
+};
 }  // namespace detail
 
 template <ModelSpec Spec>
@@ -126,7 +132,7 @@ class StagedModel {
 
   // Everything one micro-batch in flight keeps between its stages.
   struct Ctx {
-    MicroBatch in;  // tokens and targets in the device's memory (copied there by context())
+    MicroBatch in;   // tokens and targets in the device's memory (copied there by context())
     Allocation ids;  // the device's copy of the tokens, then the targets (devices without host memory)
     typename Embedding::Ctx embedding;
     std::vector<typename BlockT::Ctx> blocks;
@@ -325,7 +331,8 @@ class StagedModel {
  private:
   BlockT& block(std::size_t l) {
     const int b = block_at_[l];
-    if (b < 0) throw Error(Spec::name(), cat("block ", l, " is not held by this rank"), "run only the stages this rank holds");
+    if (b < 0)
+      throw Error(Spec::name(), cat("block ", l, " is not held by this rank"), "run only the stages this rank holds");
     return blocks[static_cast<std::size_t>(b)];
   }
   // The tied head's table: the embedding's where this rank holds it, else the head's copy.
@@ -338,15 +345,17 @@ class StagedModel {
   void check_tokens(const MicroBatch& in) const {
     const std::int64_t N = in.batch / data_degree_ * config.seq;
     if (static_cast<std::int64_t>(in.tokens.size()) != N || static_cast<std::int64_t>(in.targets.size()) != N)
-      throw Error(cat(Spec::name(), "::context"),
-                  cat(in.tokens.size(), " tokens and ", in.targets.size(), " targets for a local batch of ", N, " positions"),
-                  "pass (batch / data degree) x seq tokens and targets");
+      throw Error(
+          cat(Spec::name(), "::context"),
+          cat(in.tokens.size(), " tokens and ", in.targets.size(), " targets for a local batch of ", N, " positions"),
+          "pass (batch / data degree) x seq tokens and targets");
     for (std::int64_t i = 0; i < N; ++i) {
       const auto t = in.tokens[static_cast<std::size_t>(i)], y = in.targets[static_cast<std::size_t>(i)];
       if (t < 0 || t >= config.vocab || y < 0 || y >= config.vocab)
-        throw Error(cat(Spec::name(), "::context"),
-                    cat("token ", t, " or target ", y, " at position ", i, " is outside the vocabulary of ", config.vocab),
-                    "pass ids in [0, vocab)");
+        throw Error(
+            cat(Spec::name(), "::context"),
+            cat("token ", t, " or target ", y, " at position ", i, " is outside the vocabulary of ", config.vocab),
+            "pass ids in [0, vocab)");
     }
   }
 

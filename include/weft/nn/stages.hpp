@@ -1,6 +1,6 @@
-// The first and last stages of GPT-2 (and of other decoders that reuse them). A stage maps the activation entering it to the one leaving it
-// (forward) and back (backward), keeping what its backward needs in a context the caller owns, one
-// per micro-batch in flight; forward with Mode::infer keeps nothing past the stage.
+// The first and last stages of GPT-2 (and of other decoders that reuse them). A stage maps the activation entering it
+// to the one leaving it (forward) and back (backward), keeping what its backward needs in a context the caller owns,
+// one per micro-batch in flight; forward with Mode::infer keeps nothing past the stage.
 //
 //   EmbeddingStage   tokens (B/dp, T) int32 -> x (B, T, C) in the stream layout A
 //                    wte (Vp, C) Shard<0> on tensor (vocab-parallel), wpe (T, C) Replicate
@@ -50,7 +50,7 @@ class EmbeddingStage {
   // the context rank's rows (context::Chunks).
   template <AxisComms M>
   Tensor<T, A, D> forward(Ctx& ctx, std::span<const std::int32_t> tokens, std::int64_t batch, std::int64_t seq,
-                             M& mesh) {
+                          M& mesh) {
     auto x = [&] {
       if constexpr (!cp) return Leave::forward(wte.forward(ctx.wte, tokens, batch, seq), mesh);
       else return lookup_rows<A, Leave>(wte, ctx.wte, ctx.rows, tokens, batch, seq, mesh);
@@ -68,7 +68,8 @@ class EmbeddingStage {
 
   // The stage's rows of the model's plan (describe.hpp): act the global (B, T, C).
   static void plan_rows(std::vector<PlanRow>& out, const Shape& act, const Spread& s, std::int64_t e) {
-    out.push_back(detail::pair_row<Leave>("embedding (vocab-parallel) -> stream", detail::context_rows<cp>(act, s), s, e));
+    out.push_back(
+        detail::pair_row<Leave>("embedding (vocab-parallel) -> stream", detail::context_rows<cp>(act, s), s, e));
   }
 
   // The LM head's tied table (HeadStage::Table), and its parameter's name.
@@ -103,7 +104,7 @@ class HeadStage {
 
   struct Ctx {
     typename Norm::Ctx ln_f;
-    Tensor<T, act::Full, D> xr;  // (B, T, C) Replicate: the LM head's input, for dW
+    Tensor<T, act::Full, D> xr;                        // (B, T, C) Replicate: the LM head's input, for dW
     typename VocabParallelCrossEntropy<T, D>::Ctx ce;  // logits (B, T, Vp) Shard<-1> in ce.logits
     std::vector<std::int32_t> rows;  // context parallelism: the targets of this rank's rows (B/dp, T/c)
   };
@@ -121,8 +122,8 @@ class HeadStage {
   // x (B, T, C) in A -> the mean loss over the global batch. With Mode::infer only the logits are
   // kept (in ctx.ce.logits, for sampling).
   template <AxisComms M>
-  double forward(Ctx& ctx, const Tensor<T, A, D>& x, const Table& table, std::span<const std::int32_t> targets,
-                 M& mesh, Mode mode = Mode::train) {
+  double forward(Ctx& ctx, const Tensor<T, A, D>& x, const Table& table, std::span<const std::int32_t> targets, M& mesh,
+                 Mode mode = Mode::train) {
     if constexpr (!cp) {
       return forward_rows(ctx, x, table, targets, mesh, mode);
     } else {
@@ -131,8 +132,8 @@ class HeadStage {
       ctx.rows = context::Chunks::of(x.global_shape()[1], cg.size()).rows(targets, cg.rank());
       Shape g = x.global_shape();
       g[1] /= x.spread().context_degree;  // the rank's rows (T / c), split over tensor under SP
-      return forward_rows(ctx, Tensor<T, Local, D>::view(x.dev(), const_cast<T*>(x.data()), g, x.spread()), table, ctx.rows,
-                          mesh, mode);
+      return forward_rows(ctx, Tensor<T, Local, D>::view(x.dev(), const_cast<T*>(x.data()), g, x.spread()), table,
+                          ctx.rows, mesh, mode);
     }
   }
 
@@ -159,9 +160,9 @@ class HeadStage {
     const std::int64_t C = xr.local_shape()[2], N = xr.numel() / C, Vl = table.value.local_shape()[0];
     auto logits = Tensor<T, act::Features, D>::empty(
         xr.dev(), {xr.global_shape()[0], xr.global_shape()[1], table.value.global_shape()[0]}, xr.spread(),
-        Category::activations);                                       // (B, T, Vp) Shard<-1>
+        Category::activations);  // (B, T, Vp) Shard<-1>
     ops::Gemm<D>::run(xr.dev(), Trans::no, Trans::yes, N, Vl, C, S(1), xr.data(), C, table.value.data(), C, S(0),
-                 logits.data(), Vl);
+                      logits.data(), Vl);
     const double loss = ce.forward(ctx.ce, std::move(logits), targets, mesh);
     if (mode == Mode::train) {
       ctx.xr = std::move(xr);
@@ -179,10 +180,10 @@ class HeadStage {
     const std::int64_t C = xr.local_shape()[2], N = xr.numel() / C, Vl = dlogits.local_shape()[2];
     // dW (Vl, C) += dlogits^T xr;  dxr (N, C) = dlogits W: a Partial sum over the vocabulary shards.
     ops::Gemm<D>::run(xr.dev(), Trans::yes, Trans::no, Vl, C, N, S(1), dlogits.data(), Vl, xr.data(), C, S(1),
-                 table.grad.data(), C);
+                      table.grad.data(), C);
     auto dxr = Tensor<T, act::Partial, D>::empty(xr.dev(), xr.global_shape(), xr.spread(), Category::activations);
     ops::Gemm<D>::run(xr.dev(), Trans::no, Trans::no, N, C, Vl, S(1), dlogits.data(), Vl, table.value.data(), C, S(0),
-                 dxr.data(), C);
+                      dxr.data(), C);
     dlogits = {};
     ctx.xr = {};
     auto dx = ln_f.backward(ctx.ln_f, Enter::backward(dxr, mesh));
@@ -191,23 +192,27 @@ class HeadStage {
   }
 
  public:
-
   // The stage's rows of the model's plan (describe.hpp): act the global (B, T, C), padded_vocab the
   // LM head's rows, e the bytes of an element.
   static void plan_rows(std::vector<PlanRow>& out, std::int64_t vocab, std::int64_t padded_vocab, const Shape& act,
                         const Spread& s, std::int64_t e) {
-    const Shape local = detail::context_rows<cp>(act, s);   // the rows the norm and the head see
+    const Shape local = detail::context_rows<cp>(act, s);           // the rows the norm and the head see
     const std::int64_t rows = local[0] / s.data_degree * local[1];  // local (B, T) positions
     out.push_back({"ln_f", A::name(), A::name(), {}, {}});
     out.push_back(detail::pair_row<Enter>("ln_f -> LM head", local, s, e));
     out.push_back({cat("LM head (tied, vocab-parallel: ", padded_vocab / s.tensor_degree, " of ", vocab, " rows)"),
-                   act::Full::name(), act::Features::name(), {}, {}});
-    out.push_back({"cross-entropy (row max, then sum exp + target)", act::Features::name(), "loss",
+                   act::Full::name(),
+                   act::Features::name(),
+                   {},
+                   {}});
+    out.push_back({"cross-entropy (row max, then sum exp + target)",
+                   act::Features::name(),
+                   "loss",
                    {detail::reduction(Axis::tensor, s.tensor_degree, rows * e),
                     detail::reduction(Axis::tensor, s.tensor_degree, 2 * rows * e)},
                    {}});
-    out.push_back({"loss (mean over the global batch)", "loss", "loss", {detail::reduction(Axis::data, s.data_degree, 8)},
-                   {}});
+    out.push_back(
+        {"loss (mean over the global batch)", "loss", "loss", {detail::reduction(Axis::data, s.data_degree, 8)}, {}});
     if constexpr (cp)  // each context rank's rows' sum, before the mean
       out.back().forward.insert(out.back().forward.begin(), detail::reduction(Axis::context, s.context_degree, 8));
   }
@@ -238,7 +243,8 @@ class UntiedHeadStage {
   // ids: ln_f's weight and bias are ln_id and ln_id + 1, the table table_id.
   UntiedHeadStage(D& dev, std::int64_t vocab, std::int64_t padded_vocab, std::int64_t C, const Spread& s,
                   std::uint64_t seed, std::uint64_t ln_id, std::uint64_t table_id, double init_std)
-      : core(dev, vocab, C, s, seed, ln_id), lm_head(dev, {padded_vocab, C}, s, table_id, {Init::normal, init_std}, seed, Decay::yes) {}
+      : core(dev, vocab, C, s, seed, ln_id),
+        lm_head(dev, {padded_vocab, C}, s, table_id, {Init::normal, init_std}, seed, Decay::yes) {}
 
   template <AxisComms M>
   double forward(Ctx& ctx, const Tensor<T, A, D>& x, std::span<const std::int32_t> targets, M& mesh,

@@ -24,7 +24,8 @@ class SwiGlu : public SameLayout<act::Features> {
   };
 
   Tensor<T, act::Features, D> forward(Ctx& ctx, const Tensor<T, act::Features, D>& a) {
-    auto y = Tensor<T, act::Features, D>::empty(a.dev(), out_shape(a.global_shape()), a.spread(), Category::activations);
+    auto y =
+        Tensor<T, act::Features, D>::empty(a.dev(), out_shape(a.global_shape()), a.spread(), Category::activations);
     ops::SwiGlu<D>::forward(a.dev(), y.data(), a.data(), y.numel());
     ctx.a = a.clone(Category::activations);
     return y;

@@ -56,7 +56,8 @@ class TokenEmbeddingStage {
   }
 
   static void plan_rows(std::vector<PlanRow>& out, const Shape& act, const Spread& s, std::int64_t e) {
-    out.push_back(detail::pair_row<Leave>("embedding (vocab-parallel) -> stream", detail::context_rows<cp>(act, s), s, e));
+    out.push_back(
+        detail::pair_row<Leave>("embedding (vocab-parallel) -> stream", detail::context_rows<cp>(act, s), s, e));
   }
 
   static std::string tied_name() { return "wte"; }

@@ -62,11 +62,11 @@ class TokenWise {
   // in a Residual's branch; Sequential::backward_from).
   template <Element T, class D>
   Tensor<T, GradIn, D> backward(Ctx& ctx, const Tensor<T, GradOut, D>& dy, const Tensor<T, GradIn, D>* dresid)
-    requires requires(L& l, Ctx& c, const Tensor<T, typename L::GradOut, D>& g, const Tensor<T, typename L::GradIn, D>* r) {
-      l.backward(c, g, r);
-    }
+    requires requires(L& l, Ctx& c, const Tensor<T, typename L::GradOut, D>& g,
+                      const Tensor<T, typename L::GradIn, D>* r) { l.backward(c, g, r); }
   {
-    if (!dresid) return whole<GradIn>(inner.backward(ctx, rows<typename L::GradOut>(dy), nullptr), dy.global_shape()[1]);
+    if (!dresid)
+      return whole<GradIn>(inner.backward(ctx, rows<typename L::GradOut>(dy), nullptr), dy.global_shape()[1]);
     const auto r = rows<typename L::GradIn>(*dresid);
     return whole<GradIn>(inner.backward(ctx, rows<typename L::GradOut>(dy), &r), dy.global_shape()[1]);
   }

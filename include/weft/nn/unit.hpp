@@ -35,17 +35,17 @@ namespace weft::nn {
 
 // One parameter of a unit: where it lies in the flat buffers and how it is spread.
 struct UnitEntry {
-  std::string name;                  // "h0.attn.qkv.weight"
-  Shape global, local;               // the global tensor, and this rank's shard of it
+  std::string name;                    // "h0.attn.qkv.weight"
+  Shape global, local;                 // the global tensor, and this rank's shard of it
   std::int64_t offset = 0, numel = 0;  // in elements, into the unit's buffers
-  std::string layout, grad_layout;   // Layout<...>::name() of the value and of the gradient
-  bool tensor_sharded = false;       // tensor ranks hold distinct elements (else replicas)
-  bool grad_tensor_partial = false;  // the gradient is Partial over the tensor axis until reduced
-  Shape box_offset;                  // where this rank's shard starts in the global tensor
-  Shape logical;                     // the part of the global tensor the model uses (wte: the
-                                     // unpadded vocabulary's rows); checkpoints save and load it
-  bool decay = false;                // in the optimizer's weight-decayed group (Param::decay,
-                                     // or the model's override: Unit::set_decay)
+  std::string layout, grad_layout;     // Layout<...>::name() of the value and of the gradient
+  bool tensor_sharded = false;         // tensor ranks hold distinct elements (else replicas)
+  bool grad_tensor_partial = false;    // the gradient is Partial over the tensor axis until reduced
+  Shape box_offset;                    // where this rank's shard starts in the global tensor
+  Shape logical;                       // the part of the global tensor the model uses (wte: the
+                                       // unpadded vocabulary's rows); checkpoints save and load it
+  bool decay = false;                  // in the optimizer's weight-decayed group (Param::decay,
+                                       // or the model's override: Unit::set_decay)
 };
 
 template <Element T, class D>
@@ -69,7 +69,8 @@ class Unit {
   // Records one parameter under `name`. Call before build().
   template <class P>
   void add_param(const std::string& name, P& p) {
-    if (built_) throw Error(cat("Unit ", name_), "add_param() after build()", "add every parameter before building the unit");
+    if (built_)
+      throw Error(cat("Unit ", name_), "add_param() after build()", "add every parameter before building the unit");
     record(name, p);
   }
 
@@ -97,12 +98,15 @@ class Unit {
     for (UnitEntry& e : entries_)
       if (e.name == name) {
         if (logical.rank() != e.global.rank())
-          throw Error(cat("Unit ", name_), cat("a logical shape of rank ", logical.rank(), " for ", name, " of rank ", e.global.rank()),
+          throw Error(cat("Unit ", name_),
+                      cat("a logical shape of rank ", logical.rank(), " for ", name, " of rank ", e.global.rank()),
                       "give one extent per dim");
         for (int d = 0; d < logical.rank(); ++d)
           if (logical[d] < 0 || logical[d] > e.global[d])
-            throw Error(cat("Unit ", name_), cat("logical extent ", logical[d], " of dim ", d, " of ", name, " outside [0, ", e.global[d], "]"),
-                        "give a logical shape inside the global shape");
+            throw Error(
+                cat("Unit ", name_),
+                cat("logical extent ", logical[d], " of dim ", d, " of ", name, " outside [0, ", e.global[d], "]"),
+                "give a logical shape inside the global shape");
         e.logical = logical;
       }
   }
@@ -127,7 +131,8 @@ class Unit {
 
   // Points every Param's views at the current buffers (at nothing where a buffer is empty).
   void rebind() {
-    for (Slot& s : slots_) s.bind(s.param, values() ? values() + s.offset : nullptr, grads() ? grads() + s.offset : nullptr);
+    for (Slot& s : slots_)
+      s.bind(s.param, values() ? values() + s.offset : nullptr, grads() ? grads() + s.offset : nullptr);
   }
 
   void zero_grad() {
@@ -157,16 +162,25 @@ class Unit {
   void record(const std::string& n, P& p) {
     using Value = std::remove_cvref_t<decltype(p.value)>;
     using Grad = std::remove_cvref_t<decltype(p.grad)>;
-    static_assert(std::same_as<typename Value::value_type, T>, "Unit: a parameter's element type differs from the unit's");
+    static_assert(std::same_as<typename Value::value_type, T>,
+                  "Unit: a parameter's element type differs from the unit's");
     using L = typename P::layout;
     using GL = typename P::grad_layout;
     if (p.value.numel() == 0) return;  // an absent bias
     if (!names_.insert(n).second)
       throw Error(cat("Unit ", name_), cat("two parameters named ", n),
                   "name the layers apart (Named<\"...\", L> inside a Sequential)");
-    UnitEntry e{n, p.value.global_shape(), p.value.local_shape(), numel_, p.value.numel(), L::name(), GL::name(),
-                IsShard<typename L::tensor>, IsPartial<typename GL::tensor>,
-                local_box<L>(p.value.global_shape(), p.value.spread()).offset, p.value.global_shape(),
+    UnitEntry e{n,
+                p.value.global_shape(),
+                p.value.local_shape(),
+                numel_,
+                p.value.numel(),
+                L::name(),
+                GL::name(),
+                IsShard<typename L::tensor>,
+                IsPartial<typename GL::tensor>,
+                local_box<L>(p.value.global_shape(), p.value.spread()).offset,
+                p.value.global_shape(),
                 p.decay == Decay::yes};
     entries_.push_back(e);
     slots_.push_back({&p, numel_,

@@ -89,8 +89,7 @@ __global__ void attention_softmax_kernel(T* P, const float* S, index Tn) {
   if (threadIdx.x == 0) shared_sum = z;
   __syncthreads();
   const float inv = 1.0f / shared_sum;
-  for (index j = threadIdx.x; j < Tn; j += Threads)
-    p[j] = detail::from_f<T>(j <= i ? __expf(s[j] - m) * inv : 0.0f);
+  for (index j = threadIdx.x; j < Tn; j += Threads) p[j] = detail::from_f<T>(j <= i ? __expf(s[j] - m) * inv : 0.0f);
 }
 
 // dS[i, j] = P[i, j] (dP[i, j] - sum_k P[i, k] dP[i, k]) scale, in place of dP; 0 for j > i.
@@ -191,19 +190,19 @@ void attention_backward_hd(Cuda& d, T* dqkv, const T* dout, const T* qkv, const 
   Allocation dP = d.allocate(B * H * Tn * Tn * static_cast<index>(sizeof(float)), Category::activations);
   auto* dp = static_cast<float*>(dP.data());
   const int h = static_cast<int>(H), gs = static_cast<int>(g);
-  attention_scores_kernel<HD><<<dim3(tiles, tiles, bh), block, 0, d.stream()>>>(dp, dev(dout), r.out(), dev(qkv), r.v(), Tn,
-                                                                                 h, 1.0f);
+  attention_scores_kernel<HD>
+      <<<dim3(tiles, tiles, bh), block, 0, d.stream()>>>(dp, dev(dout), r.out(), dev(qkv), r.v(), Tn, h, 1.0f);
   check_launch("attention_backward (dP)");
   attention_softmax_backward_kernel<dev_t<T>, 256><<<static_cast<unsigned>(B * H * Tn), 256, 0, d.stream()>>>(
       dp, dev(probs), Tn, 1.0f / sqrtf(static_cast<float>(HD)));
   check_launch("attention_backward (dS)");
   const float* ds = dp;
   const unsigned hd_tiles = (HD + 31) / 32;
-  attention_mix_kernel<HD><<<dim3(hd_tiles, tiles, bh), block, 0, d.stream()>>>(dev(dqkv), r.q(), ds, false, dev(qkv),
-                                                                                 r.k(), Tn, h, 1);
+  attention_mix_kernel<HD>
+      <<<dim3(hd_tiles, tiles, bh), block, 0, d.stream()>>>(dev(dqkv), r.q(), ds, false, dev(qkv), r.k(), Tn, h, 1);
   check_launch("attention_backward (dq)");
   attention_mix_kernel<HD><<<dim3(hd_tiles, tiles, groups), block, 0, d.stream()>>>(dev(dqkv), r.k_of_group(), ds, true,
-                                                                                     dev(qkv), r.q(), Tn, h, gs);
+                                                                                    dev(qkv), r.q(), Tn, h, gs);
   check_launch("attention_backward (dk)");
   attention_mix_kernel<HD><<<dim3(hd_tiles, tiles, groups), block, 0, d.stream()>>>(
       dev(dqkv), r.v_of_group(), dev(probs), true, dev(dout), r.out(), Tn, h, gs);
@@ -232,8 +231,9 @@ void attention_forward(Cuda& d, T* out, T* probs, const T* qkv, index B, index T
   detail::require(B >= 0 && Tn >= 0 && H >= 0 && g >= 1 && H % g == 0, "attention_forward",
                   cat("B ", B, ", T ", Tn, ", H ", H, ", heads per group ", g));
   if (B * Tn * H == 0) return;
-  detail::with_head_size(hd, "attention_forward",
-                         [&](auto HD) { detail::attention_forward_hd<decltype(HD)::value>(d, out, probs, qkv, B, Tn, H, g); });
+  detail::with_head_size(hd, "attention_forward", [&](auto HD) {
+    detail::attention_forward_hd<decltype(HD)::value>(d, out, probs, qkv, B, Tn, H, g);
+  });
 }
 
 template <Activation T>

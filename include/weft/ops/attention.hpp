@@ -158,8 +158,8 @@ void attention_forward(T* out, T* probs, const T* qkv, index B, index Tn, index 
 // dqkv (B, T, H/g, g + 2, hd) = gradient of the attention core, from dout (B, T, H, hd) and saved
 // probs; accumulated in S (a group's keys and values over its g heads) and written once.
 template <class T>
-void attention_backward(T* dqkv_out, const T* dout, const T* qkv, const T* probs, index B, index Tn, index H,
-                        index hd, index g = 1) {
+void attention_backward(T* dqkv_out, const T* dout, const T* qkv, const T* probs, index B, index Tn, index H, index hd,
+                        index g = 1) {
   if constexpr (std::same_as<T, float>)
     return detail::attention_backward_gemm(dqkv_out, dout, qkv, probs, B, Tn, H, hd, g);
   using S = accumulate_t<T>;
@@ -226,7 +226,8 @@ struct Attention<Host> {
     const host::Timed timed(host::Op::attention);
     const index row = (H / g) * (g + 2) * hd, orow = H * hd;  // one token's qkv, one token's output
     host::split(B, 1, [&](index lo, index hi) {
-      host::attention_forward(out + lo * Tn * orow, probs + lo * H * Tn * Tn, qkv + lo * Tn * row, hi - lo, Tn, H, hd, g);
+      host::attention_forward(out + lo * Tn * orow, probs + lo * H * Tn * Tn, qkv + lo * Tn * row, hi - lo, Tn, H, hd,
+                              g);
     });
   }
 
@@ -256,8 +257,8 @@ struct Attention<Meta<D>> {
     d.work.attention_flops += 2 * core(B, Tn, H, hd);
   }
   static double core(index B, index Tn, index H, index hd) {
-    return 2.0 * static_cast<double>(B) * static_cast<double>(H) * static_cast<double>(Tn) * static_cast<double>(Tn + 1) *
-           static_cast<double>(hd);
+    return 2.0 * static_cast<double>(B) * static_cast<double>(H) * static_cast<double>(Tn) *
+           static_cast<double>(Tn + 1) * static_cast<double>(hd);
   }
 };
 

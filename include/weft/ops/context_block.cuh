@@ -44,7 +44,8 @@ __device__ inline float dot(const T* a, const T* b, index n) {
 template <class T>
 __global__ void pack_kv_kernel(T* kv, const T* qkv, index n, index G, index g, index hd) {
   const index per_row = G * 2 * hd, row = G * (g + 2) * hd;
-  for (index e = blockIdx.x * static_cast<index>(blockDim.x) + threadIdx.x; e < n; e += static_cast<index>(gridDim.x) * blockDim.x) {
+  for (index e = blockIdx.x * static_cast<index>(blockDim.x) + threadIdx.x; e < n;
+       e += static_cast<index>(gridDim.x) * blockDim.x) {
     const index r = e / per_row, rem = e % per_row, grp = rem / (2 * hd), d = rem % (2 * hd);
     kv[e] = qkv[r * row + (grp * (g + 2) + g) * hd + d];
   }
@@ -54,7 +55,8 @@ template <class T>
 __global__ void forward_kernel(float* o, float* lse, const T* qkv, const T* kv, index B, index Tl, index H, index hd,
                                index g, ops::Positions qpos, ops::Positions kpos, float scale) {
   const index G = H / g, row = G * (g + 2) * hd, n = B * H * Tl;
-  for (index t = blockIdx.x * static_cast<index>(blockDim.x) + threadIdx.x; t < n; t += static_cast<index>(gridDim.x) * blockDim.x) {
+  for (index t = blockIdx.x * static_cast<index>(blockDim.x) + threadIdx.x; t < n;
+       t += static_cast<index>(gridDim.x) * blockDim.x) {
     const index i = t % Tl, h = (t / Tl) % H, b = t / (Tl * H);
     const T* q = qkv + (b * Tl + i) * row + q_at(h, hd, g);
     const index p = qpos.at(i);
@@ -85,7 +87,8 @@ __global__ void forward_kernel(float* o, float* lse, const T* qkv, const T* kv, 
 template <class T>
 __global__ void row_dots_kernel(float* D, const T* dout, const T* out, index B, index Tl, index H, index hd) {
   const index n = B * H * Tl;
-  for (index t = blockIdx.x * static_cast<index>(blockDim.x) + threadIdx.x; t < n; t += static_cast<index>(gridDim.x) * blockDim.x) {
+  for (index t = blockIdx.x * static_cast<index>(blockDim.x) + threadIdx.x; t < n;
+       t += static_cast<index>(gridDim.x) * blockDim.x) {
     const index i = t % Tl, h = (t / Tl) % H, b = t / (Tl * H);
     const index at = ((b * Tl + i) * H + h) * hd;
     D[t] = dot(dout + at, out + at, hd);
@@ -94,11 +97,12 @@ __global__ void row_dots_kernel(float* D, const T* dout, const T* out, index B, 
 
 // dq of query row (b, h, i): sum over the visible keys j of dS_ij k_j.
 template <class T>
-__global__ void backward_dq_kernel(float* dq, const T* qkv, const T* kv, const T* dout, const float* D, const float* lse,
-                                   index B, index Tl, index H, index hd, index g, ops::Positions qpos, ops::Positions kpos,
-                                   float scale) {
+__global__ void backward_dq_kernel(float* dq, const T* qkv, const T* kv, const T* dout, const float* D,
+                                   const float* lse, index B, index Tl, index H, index hd, index g, ops::Positions qpos,
+                                   ops::Positions kpos, float scale) {
   const index G = H / g, row = G * (g + 2) * hd, n = B * H * Tl;
-  for (index t = blockIdx.x * static_cast<index>(blockDim.x) + threadIdx.x; t < n; t += static_cast<index>(gridDim.x) * blockDim.x) {
+  for (index t = blockIdx.x * static_cast<index>(blockDim.x) + threadIdx.x; t < n;
+       t += static_cast<index>(gridDim.x) * blockDim.x) {
     const index i = t % Tl, h = (t / Tl) % H, b = t / (Tl * H);
     const T* q = qkv + (b * Tl + i) * row + q_at(h, hd, g);
     const T* di = dout + ((b * Tl + i) * H + h) * hd;
@@ -117,11 +121,12 @@ __global__ void backward_dq_kernel(float* dq, const T* qkv, const T* kv, const T
 
 // dk and dv of key row (b, grp, j): sums over the group's g heads and the query rows i that see j.
 template <class T>
-__global__ void backward_dkv_kernel(float* dkv, const T* qkv, const T* kv, const T* dout, const float* D, const float* lse,
-                                    index B, index Tl, index H, index hd, index g, ops::Positions qpos, ops::Positions kpos,
-                                    float scale) {
+__global__ void backward_dkv_kernel(float* dkv, const T* qkv, const T* kv, const T* dout, const float* D,
+                                    const float* lse, index B, index Tl, index H, index hd, index g,
+                                    ops::Positions qpos, ops::Positions kpos, float scale) {
   const index G = H / g, row = G * (g + 2) * hd, n = B * G * Tl;
-  for (index t = blockIdx.x * static_cast<index>(blockDim.x) + threadIdx.x; t < n; t += static_cast<index>(gridDim.x) * blockDim.x) {
+  for (index t = blockIdx.x * static_cast<index>(blockDim.x) + threadIdx.x; t < n;
+       t += static_cast<index>(gridDim.x) * blockDim.x) {
     const index j = t % Tl, grp = (t / Tl) % G, b = t / (Tl * G);
     const T* k = kv + ((b * Tl + j) * G + grp) * 2 * hd;
     float* dk = dkv + ((b * Tl + j) * G + grp) * 2 * hd;
@@ -144,7 +149,8 @@ __global__ void backward_dkv_kernel(float* dkv, const T* qkv, const T* kv, const
 template <class T>
 __global__ void write_dqkv_kernel(T* dqkv, const float* dq, const float* dkv, index n, index G, index g, index hd) {
   const index row = G * (g + 2) * hd, slot = (g + 2) * hd;
-  for (index e = blockIdx.x * static_cast<index>(blockDim.x) + threadIdx.x; e < n; e += static_cast<index>(gridDim.x) * blockDim.x) {
+  for (index e = blockIdx.x * static_cast<index>(blockDim.x) + threadIdx.x; e < n;
+       e += static_cast<index>(gridDim.x) * blockDim.x) {
     const index r = e / row, rem = e % row, grp = rem / slot, w = rem % slot;
     const float v = w < g * hd ? dq[e] : dkv[(r * G + grp) * 2 * hd + (w - g * hd)];
     dqkv[e] = detail::from_f<T>(v);
@@ -163,14 +169,14 @@ void context_pack_kv(Cuda& d, T* kv, const T* qkv, index B, index Tl, index H, i
   context_detail::require_sizes("context_pack_kv", B, Tl, H, hd, g);
   const index n = B * Tl * (H / g) * 2 * hd;
   if (n == 0) return;
-  context_detail::pack_kv_kernel<<<detail::blocks_for(n, 256), 256, 0, d.stream()>>>(detail::dev(kv), detail::dev(qkv), n,
-                                                                                       H / g, g, hd);
+  context_detail::pack_kv_kernel<<<detail::blocks_for(n, 256), 256, 0, d.stream()>>>(detail::dev(kv), detail::dev(qkv),
+                                                                                     n, H / g, g, hd);
   check_launch("context_pack_kv");
 }
 
 template <Activation T>
-void context_forward(Cuda& d, float* o, float* lse, const T* qkv, const T* kv, index B, index Tl, index H, index hd, index g,
-                     ops::Positions qpos, ops::Positions kpos) {
+void context_forward(Cuda& d, float* o, float* lse, const T* qkv, const T* kv, index B, index Tl, index H, index hd,
+                     index g, ops::Positions qpos, ops::Positions kpos) {
   context_detail::require_sizes("context_forward", B, Tl, H, hd, g);
   const index n = B * H * Tl;
   if (n == 0) return;
@@ -184,8 +190,8 @@ void context_row_dots(Cuda& d, float* D, const T* dout, const T* out, index B, i
   context_detail::require_sizes("context_row_dots", B, Tl, H, hd, 1);
   const index n = B * H * Tl;
   if (n == 0) return;
-  context_detail::row_dots_kernel<<<detail::blocks_for(n, 128), 128, 0, d.stream()>>>(D, detail::dev(dout), detail::dev(out),
-                                                                                        B, Tl, H, hd);
+  context_detail::row_dots_kernel<<<detail::blocks_for(n, 128), 128, 0, d.stream()>>>(D, detail::dev(dout),
+                                                                                      detail::dev(out), B, Tl, H, hd);
   check_launch("context_row_dots");
 }
 
@@ -205,12 +211,13 @@ void context_backward(Cuda& d, float* dq, float* dkv, const T* qkv, const T* kv,
 }
 
 template <Activation T>
-void context_write_dqkv(Cuda& d, T* dqkv, const float* dq, const float* dkv, index B, index Tl, index H, index hd, index g) {
+void context_write_dqkv(Cuda& d, T* dqkv, const float* dq, const float* dkv, index B, index Tl, index H, index hd,
+                        index g) {
   context_detail::require_sizes("context_write_dqkv", B, Tl, H, hd, g);
   const index n = B * Tl * (H / g) * (g + 2) * hd;
   if (n == 0) return;
-  context_detail::write_dqkv_kernel<<<detail::blocks_for(n, 256), 256, 0, d.stream()>>>(detail::dev(dqkv), dq, dkv, n, H / g,
-                                                                                          g, hd);
+  context_detail::write_dqkv_kernel<<<detail::blocks_for(n, 256), 256, 0, d.stream()>>>(detail::dev(dqkv), dq, dkv, n,
+                                                                                        H / g, g, hd);
   check_launch("context_write_dqkv");
 }
 
@@ -230,8 +237,8 @@ struct ContextBlock<Cuda> {
     Memory<Cuda>::fill(d, lse, B * H * Tl, -std::numeric_limits<float>::infinity());
   }
   template <class T>
-  static void forward(Cuda& d, float* o, float* lse, const T* qkv, const T* kv, index B, index Tl, index H, index hd, index g,
-                      Positions qpos, Positions kpos) {
+  static void forward(Cuda& d, float* o, float* lse, const T* qkv, const T* kv, index B, index Tl, index H, index hd,
+                      index g, Positions qpos, Positions kpos) {
     const cuda::Timed timed(d, cuda::OpKind::attention);
     cuda::context_forward(d, o, lse, qkv, kv, B, Tl, H, hd, g, qpos, kpos);
   }
@@ -246,12 +253,14 @@ struct ContextBlock<Cuda> {
   }
   template <class T>
   static void backward(Cuda& d, float* dq, float* dkv, const T* qkv, const T* kv, const T* dout, const float* D,
-                       const float* lse, index B, index Tl, index H, index hd, index g, Positions qpos, Positions kpos) {
+                       const float* lse, index B, index Tl, index H, index hd, index g, Positions qpos,
+                       Positions kpos) {
     const cuda::Timed timed(d, cuda::OpKind::attention);
     cuda::context_backward(d, dq, dkv, qkv, kv, dout, D, lse, B, Tl, H, hd, g, qpos, kpos);
   }
   template <class T>
-  static void write_dqkv(Cuda& d, T* dqkv, const float* dq, const float* dkv, index B, index Tl, index H, index hd, index g) {
+  static void write_dqkv(Cuda& d, T* dqkv, const float* dq, const float* dkv, index B, index Tl, index H, index hd,
+                         index g) {
     const cuda::Timed timed(d, cuda::OpKind::other);
     cuda::context_write_dqkv(d, dqkv, dq, dkv, B, Tl, H, hd, g);
   }

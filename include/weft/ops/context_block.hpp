@@ -27,7 +27,8 @@
 // tests/context/attention.cpp holds the whole attention to one rank's, tests/device/cuda/context.cu
 // the Cuda device's ops to these in double.
 //
-// defines: ops::ContextBlock (Host; on Meta through its layer), its host kernels (ops::host_context: pack_kv, block_forward,
+// defines: ops::ContextBlock (Host; on Meta through its layer), its host kernels (ops::host_context: pack_kv,
+// block_forward,
 //   block_backward, row_dots, write_dqkv, start_merge, finish_merge)
 #pragma once
 
@@ -210,8 +211,8 @@ struct ContextBlock<Host> {
     host_context::row_dots(D, dout, out, B, Tl, H, hd);
   }
   template <class T, class S>
-  static void backward(Host&, S* dq, S* dkv, const T* qkv, const T* kv, const T* dout, const S* D, const S* lse, index B,
-                       index Tl, index H, index hd, index g, Positions qpos, Positions kpos) {
+  static void backward(Host&, S* dq, S* dkv, const T* qkv, const T* kv, const T* dout, const S* D, const S* lse,
+                       index B, index Tl, index H, index hd, index g, Positions qpos, Positions kpos) {
     host_context::block_backward(dq, dkv, qkv, kv, dout, D, lse, B, Tl, H, hd, g, qpos, kpos);
   }
   template <class T, class S>

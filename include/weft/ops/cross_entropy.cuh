@@ -97,15 +97,16 @@ template <Activation T>
 void ce_row_max(Cuda& d, float* rowmax, const T* logits, index N, index V, index valid) {
   detail::require(valid <= V && valid >= 0, "ce_row_max", cat("valid ", valid, " of ", V, " columns"));
   if (N == 0) return;
-  ce_row_max_kernel<detail::dev_t<T>, 256><<<static_cast<unsigned>(N), 256, 0, d.stream()>>>(rowmax, detail::dev(logits), V, valid);
+  ce_row_max_kernel<detail::dev_t<T>, 256>
+      <<<static_cast<unsigned>(N), 256, 0, d.stream()>>>(rowmax, detail::dev(logits), V, valid);
   check_launch("ce_row_max");
 }
 template <Activation T>
 void ce_row_stats(Cuda& d, float* stats, const T* logits, const float* rowmax, const std::int32_t* targets, index N,
                   index V, index valid, index begin) {
   if (N == 0) return;
-  ce_row_stats_kernel<detail::dev_t<T>, 256><<<static_cast<unsigned>(N), 256, 0, d.stream()>>>(stats, detail::dev(logits), rowmax,
-                                                                                 targets, V, valid, begin);
+  ce_row_stats_kernel<detail::dev_t<T>, 256>
+      <<<static_cast<unsigned>(N), 256, 0, d.stream()>>>(stats, detail::dev(logits), rowmax, targets, V, valid, begin);
   check_launch("ce_row_stats");
 }
 // sums: the sum of exponentials of row n at sums[sum_stride n]: the (N, 2) stats after the

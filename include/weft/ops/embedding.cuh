@@ -60,8 +60,8 @@ void embedding_forward(Cuda& d, T* out, const std::int32_t* tokens, const T* tab
     embedding_forward_vec_kernel<<<detail::blocks_for(N * C / W, 256), 256, 0, d.stream()>>>(
         detail::dev(out), tokens, detail::dev(table), N, C, begin, end);
   else
-    embedding_forward_kernel<<<detail::blocks_for(N * C, 256), 256, 0, d.stream()>>>(detail::dev(out), tokens,
-                                                                                      detail::dev(table), N, C, begin, end);
+    embedding_forward_kernel<<<detail::blocks_for(N * C, 256), 256, 0, d.stream()>>>(
+        detail::dev(out), tokens, detail::dev(table), N, C, begin, end);
   check_launch("embedding_forward");
 }
 
@@ -130,8 +130,8 @@ __global__ void position_forward_kernel(T* x, const T* table, index B, index Tl,
 template <Activation T>
 void position_forward(Cuda& d, T* x, const T* table, index B, index Tl, index C, ops::Positions pos) {
   if (B * Tl * C == 0) return;
-  position_forward_kernel<<<detail::blocks_for(B * Tl * C, 256), 256, 0, d.stream()>>>(detail::dev(x), detail::dev(table),
-                                                                                        B, Tl, C, pos);
+  position_forward_kernel<<<detail::blocks_for(B * Tl * C, 256), 256, 0, d.stream()>>>(
+      detail::dev(x), detail::dev(table), B, Tl, C, pos);
   check_launch("position_forward");
 }
 
@@ -141,7 +141,8 @@ template <Activation T, Activation G>
 void position_backward(Cuda& d, G* dtable, const T* dy, index B, index Tl, index C, ops::Positions pos) {
   const index first = pos.split < Tl ? pos.split : Tl;
   column_sum_add(d, dtable + pos.p0 * C, dy, B, first * C, "position_backward", Tl * C);
-  if (first < Tl) column_sum_add(d, dtable + pos.p1 * C, dy + first * C, B, (Tl - first) * C, "position_backward", Tl * C);
+  if (first < Tl)
+    column_sum_add(d, dtable + pos.p1 * C, dy + first * C, B, (Tl - first) * C, "position_backward", Tl * C);
 }
 
 }  // namespace weft::cuda

@@ -59,8 +59,6 @@ template <class T> using acc = accumulate_t<T>;
 
 // Whether family F has a specialization for device D visible here.
 template <template <class> class F, class D>
-concept ImplementedOn = requires {
-  sizeof(F<D>);
-};
+concept ImplementedOn = requires { sizeof(F<D>); };
 
-} // namespace weft::ops
+}  // namespace weft::ops

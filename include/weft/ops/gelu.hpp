@@ -93,7 +93,9 @@ struct Gelu<Host> {
 // The Meta device (plan/measure.hpp): nothing computed, the work the time model prices noted.
 template <class D>
 struct Gelu<Meta<D>> {
-  template <class T> static void forward(Meta<D>& d, T*, const T*, index n) { d.work.gelu += 0.5 * static_cast<double>(n); }
+  template <class T> static void forward(Meta<D>& d, T*, const T*, index n) {
+    d.work.gelu += 0.5 * static_cast<double>(n);
+  }
   template <class T> static void backward(Meta<D>& d, T*, const T*, const T*, index n) {
     d.work.gelu += 0.5 * static_cast<double>(n);
   }

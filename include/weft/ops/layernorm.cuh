@@ -42,12 +42,12 @@ __global__ void layernorm_forward_kernel(T* out, T* resid_out, float* mean, floa
   const float m = detail::warp_sum(s) / static_cast<float>(C);
   float q = 0;
   for (index c = lane; c < C; c += 32) {
-    const float d = in(c) - m;
+    const float d = in(c)-m;
     q += d * d;
   }
   const float r = rsqrtf(detail::warp_sum(q) / static_cast<float>(C) + eps);
   for (index c = lane; c < C; c += 32)
-    out[row * C + c] = detail::from_f<T>((in(c) - m) * r * detail::to_f(w[c]) + detail::to_f(b[c]));
+    out[row * C + c] = detail::from_f<T>((in(c)-m) * r * detail::to_f(w[c]) + detail::to_f(b[c]));
   if (lane == 0) {
     mean[row] = m;
     rstd[row] = r;

@@ -54,7 +54,8 @@ void layernorm_backward_dx(T* dx, const T* dout, const T* x, const T* w, const S
     const T* xr = x + n * C;
     const T* dr = dout + n * C;
     S mean_d = row_sum<S>(C, [&](index c) { return widen(dr[c]) * widen(w[c]); });
-    S mean_dn = row_sum<S>(C, [&](index c) { return widen(dr[c]) * widen(w[c]) * ((widen(xr[c]) - mean[n]) * rstd[n]); });
+    S mean_dn =
+        row_sum<S>(C, [&](index c) { return widen(dr[c]) * widen(w[c]) * ((widen(xr[c]) - mean[n]) * rstd[n]); });
     mean_d /= static_cast<S>(C);
     mean_dn /= static_cast<S>(C);
     for (index c = 0; c < C; ++c) {
@@ -67,8 +68,8 @@ void layernorm_backward_dx(T* dx, const T* dout, const T* x, const T* w, const S
 }
 
 template <class T, class S = accumulate_t<T>>
-void layernorm_backward_params(S* dw, S* db, const T* dout, const T* x, const S* mean, const S* rstd, index N,
-                               index C, index c0, index c1) {
+void layernorm_backward_params(S* dw, S* db, const T* dout, const T* x, const S* mean, const S* rstd, index N, index C,
+                               index c0, index c1) {
   for (index n = 0; n < N; ++n) {
     const T* xr = x + n * C;
     const T* dr = dout + n * C;

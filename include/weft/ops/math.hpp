@@ -21,7 +21,7 @@ namespace weft::math {
 // GELU, tanh approximation (GPT-2): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715
 // x^3))).
 template <class T> WEFT_HD inline T gelu(T x) {
-  constexpr T k = T(0.7978845608028654); // sqrt(2 / pi)
+  constexpr T k = T(0.7978845608028654);  // sqrt(2 / pi)
   constexpr T c = T(0.044715);
   using std::tanh;
   return T(0.5) * x * (T(1) + tanh(k * (x + c * x * x * x)));
@@ -52,15 +52,13 @@ template <class S> struct AdamWParams {
 using AdamW = AdamWParams<float>;
 
 template <class P, class S>
-WEFT_HD inline void adamw_step(P &p, S g, S &m, S &v, const AdamWParams<S> &a,
-                               bool decay) {
+WEFT_HD inline void adamw_step(P& p, S g, S& m, S& v, const AdamWParams<S>& a, bool decay) {
   using std::sqrt;
   m = a.beta1 * m + (S(1) - a.beta1) * g;
   v = a.beta2 * v + (S(1) - a.beta2) * g * g;
   const S update = (m / a.bc1) / (sqrt(v / a.bc2) + a.eps);
   const S ps = static_cast<S>(p);
-  p = static_cast<P>(ps -
-                     a.lr * (update + (decay ? a.weight_decay * ps : S(0))));
+  p = static_cast<P>(ps - a.lr * (update + (decay ? a.weight_decay * ps : S(0))));
 }
 
-} // namespace weft::math
+}  // namespace weft::math

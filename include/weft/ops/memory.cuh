@@ -77,10 +77,8 @@ struct Memory<Cuda> {
   template <class To, class From>
   static void convert(Cuda& d, To* out, const From* in, index n) {
     const cuda::Timed timed(d, cuda::OpKind::other);
-    if constexpr (std::same_as<To, From>)
-      copy(d, out, in, n);
-    else
-      cuda::convert(d, out, in, n);
+    if constexpr (std::same_as<To, From>) copy(d, out, in, n);
+    else cuda::convert(d, out, in, n);
   }
 
   template <class T>

@@ -50,7 +50,8 @@ void convert(T* out, const T* in, index n) {
 
 namespace weft::ops {
 
-static_assert(host::kElements % host::detail::kChunk == 0, "ops: a thread's part of an elementwise op starts on a chunk");
+static_assert(host::kElements % host::detail::kChunk == 0,
+              "ops: a thread's part of an elementwise op starts on a chunk");
 
 template <class D>
 struct Memory;

@@ -34,8 +34,8 @@ __global__ void rmsnorm_forward_kernel(T* y, float* rstd, const T* x, const T* w
 }
 
 template <class T>
-__global__ void rmsnorm_backward_dx_kernel(T* dx, const T* dy, const T* x, const T* w, const float* rstd, index N, index C,
-                                           const T* dresid) {
+__global__ void rmsnorm_backward_dx_kernel(T* dx, const T* dy, const T* x, const T* w, const float* rstd, index N,
+                                           index C, const T* dresid) {
   const index row = blockIdx.x * static_cast<index>(blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= N) return;
@@ -54,7 +54,8 @@ __global__ void rmsnorm_backward_dx_kernel(T* dx, const T* dy, const T* x, const
 // dw[c] += sum over rows of x rstd dy, one thread per column, rows in order.
 template <class T, class G>
 __global__ void rmsnorm_backward_dw_kernel(G* dw, const T* dy, const T* x, const float* rstd, index N, index C) {
-  for (index c = blockIdx.x * static_cast<index>(blockDim.x) + threadIdx.x; c < C; c += static_cast<index>(gridDim.x) * blockDim.x) {
+  for (index c = blockIdx.x * static_cast<index>(blockDim.x) + threadIdx.x; c < C;
+       c += static_cast<index>(gridDim.x) * blockDim.x) {
     float s = 0;
     for (index n = 0; n < N; ++n) s += detail::to_f(x[n * C + c]) * rstd[n] * detail::to_f(dy[n * C + c]);
     dw[c] = detail::from_f<G>(detail::to_f(dw[c]) + s);
@@ -81,7 +82,7 @@ void rmsnorm_backward(Cuda& d, T* dx, G* dw, const T* dy, const T* x, const T* w
       detail::dev(dx), detail::dev(dy), detail::dev(x), detail::dev(w), rstd, N, C, detail::dev(dresid));
   check_launch("rmsnorm_backward (dx)");
   rmsnorm_backward_dw_kernel<<<detail::blocks_for(C, 256), 256, 0, d.stream()>>>(detail::dev(dw), detail::dev(dy),
-                                                                                detail::dev(x), rstd, N, C);
+                                                                                 detail::dev(x), rstd, N, C);
   check_launch("rmsnorm_backward (dw)");
 }
 

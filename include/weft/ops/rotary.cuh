@@ -26,12 +26,13 @@ struct RopeFreqs {
 };
 
 template <class T>
-__global__ void rotary_kernel(T* qkv, RopeFreqs freqs, index B, index Tn, index G, index g, index hd, ops::Positions pos,
-                              double sign) {
+__global__ void rotary_kernel(T* qkv, RopeFreqs freqs, index B, index Tn, index G, index g, index hd,
+                              ops::Positions pos, double sign) {
   const index half = hd / 2, per_token = G * (g + 1) * half;
   for (index i = blockIdx.x * static_cast<index>(blockDim.x) + threadIdx.x; i < B * Tn * per_token;
        i += static_cast<index>(gridDim.x) * blockDim.x) {
-    const index n = i / per_token, r = i % per_token, pair = r % half, slot = (r / half) % (g + 1), grp = r / (half * (g + 1));
+    const index n = i / per_token, r = i % per_token, pair = r % half, slot = (r / half) % (g + 1),
+                grp = r / (half * (g + 1));
     T* x = qkv + n * G * (g + 2) * hd + (grp * (g + 2) + slot) * hd;
     double sd, cd;
     const index t = n % Tn;
@@ -44,16 +45,19 @@ __global__ void rotary_kernel(T* qkv, RopeFreqs freqs, index B, index Tn, index 
 }
 
 template <Activation T>
-void rotary(Cuda& d, T* qkv, index B, index Tn, index G, index g, index hd, const ops::Rope& rope, ops::Positions pos, double sign) {
+void rotary(Cuda& d, T* qkv, index B, index Tn, index G, index g, index hd, const ops::Rope& rope, ops::Positions pos,
+            double sign) {
   detail::require(hd > 0 && hd % 2 == 0 && g >= 1 && G >= 0, "rotary", cat("head size ", hd, ", group ", g));
   if (hd / 2 > kMaxRopePairs)
-    throw Error("cuda::rotary", cat("head size ", hd, " is over ", 2 * kMaxRopePairs, ", the most the kernel takes frequencies for"),
+    throw Error("cuda::rotary",
+                cat("head size ", hd, " is over ", 2 * kMaxRopePairs, ", the most the kernel takes frequencies for"),
                 "use heads of at most 512 (raise cuda::kMaxRopePairs for more)");
   const index half = hd / 2, n = B * Tn * G * (g + 1) * half;
   if (n == 0) return;
   RopeFreqs freqs{};
   for (index i = 0; i < half; ++i) freqs.f[i] = ops::rope_inv_freq(i, hd, rope);
-  rotary_kernel<<<detail::blocks_for(n, 256), 256, 0, d.stream()>>>(detail::dev(qkv), freqs, B, Tn, G, g, hd, pos, sign);
+  rotary_kernel<<<detail::blocks_for(n, 256), 256, 0, d.stream()>>>(detail::dev(qkv), freqs, B, Tn, G, g, hd, pos,
+                                                                    sign);
   check_launch("rotary");
 }
 
@@ -64,12 +68,14 @@ namespace weft::ops {
 template <>
 struct Rotary<Cuda> {
   template <class T>
-  static void forward(Cuda& d, T* qkv, index B, index Tn, index G, index g, index hd, const Rope& r, Positions pos = {}) {
+  static void forward(Cuda& d, T* qkv, index B, index Tn, index G, index g, index hd, const Rope& r,
+                      Positions pos = {}) {
     const cuda::Timed timed(d, cuda::OpKind::other);
     cuda::rotary(d, qkv, B, Tn, G, g, hd, r, pos, 1.0);
   }
   template <class T>
-  static void backward(Cuda& d, T* dqkv, index B, index Tn, index G, index g, index hd, const Rope& r, Positions pos = {}) {
+  static void backward(Cuda& d, T* dqkv, index B, index Tn, index G, index g, index hd, const Rope& r,
+                       Positions pos = {}) {
     const cuda::Timed timed(d, cuda::OpKind::other);
     cuda::rotary(d, dqkv, B, Tn, G, g, hd, r, pos, -1.0);
   }

@@ -49,7 +49,8 @@ inline double rope_inv_freq(index i, index hd, const Rope& r) {
   const double low = r.original_max_positions / r.low_freq_factor, high = r.original_max_positions / r.high_freq_factor;
   if (wavelen > low) return f / r.factor;
   if (wavelen < high) return f;
-  const double smooth = (r.original_max_positions / wavelen - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
+  const double smooth =
+      (r.original_max_positions / wavelen - r.low_freq_factor) / (r.high_freq_factor - r.low_freq_factor);
   return (1 - smooth) * f / r.factor + smooth * f;
 }
 
@@ -63,7 +64,8 @@ struct Rotary<Host> {
     rotate(qkv, B, Tn, G, g, hd, r, pos, 1.0);
   }
   template <class T>
-  static void backward(Host&, T* dqkv, index B, index Tn, index G, index g, index hd, const Rope& r, Positions pos = {}) {
+  static void backward(Host&, T* dqkv, index B, index Tn, index G, index g, index hd, const Rope& r,
+                       Positions pos = {}) {
     rotate(dqkv, B, Tn, G, g, hd, r, pos, -1.0);
   }
 
@@ -113,9 +115,9 @@ struct Rotary<Host> {
         const S* __restrict co = tab.cos.data() + (n % Tn) * half;
         const S* __restrict si = tab.sin.data() + (n % Tn) * half;
         for (index grp = 0; grp < G; ++grp)
-          for (index h = 0; h <= g; ++h) {  // the g queries and the key
+          for (index h = 0; h <= g; ++h) {                                // the g queries and the key
             T* __restrict x0 = qkv + n * row + (grp * (g + 2) + h) * hd;  // the first half
-            T* __restrict x1 = x0 + half;                                  // the second
+            T* __restrict x1 = x0 + half;                                 // the second
             for (index i = 0; i < half; ++i) {
               const S a = widen(x0[i]), b = widen(x1[i]), s = sg * si[i];
               x0[i] = narrow<T>(a * co[i] - b * s);

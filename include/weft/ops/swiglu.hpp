@@ -47,11 +47,12 @@ struct SwiGlu<Host> {
         }
       } else {
         alignas(64) float ob[host::detail::kChunk];
-        chunks(lo, hi, a, static_cast<const T*>(nullptr), [&](const auto& G, const auto& U, const auto&, index at, index len) {
-          host::detail::ChunkMap o(ob);
-          o = G * sigmoid(G) * U;
-          for (index i = 0; i < len; ++i) y[at + i] = narrow<T>(ob[i]);
-        });
+        chunks(lo, hi, a, static_cast<const T*>(nullptr),
+               [&](const auto& G, const auto& U, const auto&, index at, index len) {
+                 host::detail::ChunkMap o(ob);
+                 o = G * sigmoid(G) * U;
+                 for (index i = 0; i < len; ++i) y[at + i] = narrow<T>(ob[i]);
+               });
       }
     });
   }

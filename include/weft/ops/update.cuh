@@ -95,8 +95,8 @@ inline void adamw(Cuda& d, std::span<const TensorRef> tensors, const math::AdamW
   const detail::ChunkTable table(d, tensors);
   if (table.count == 0) return;
   adamw_kernel<><<<table.count, 256, 0, d.stream()>>>(static_cast<const TensorRef*>(table.tensors.data()),
-                                                     static_cast<const detail::Chunk*>(table.chunks.data()), a,
-                                                     grad_scale);
+                                                      static_cast<const detail::Chunk*>(table.chunks.data()), a,
+                                                      grad_scale);
   check_launch("adamw");
 }
 
@@ -127,11 +127,11 @@ inline double sum_squares(Cuda& d, std::span<const TensorRef> tensors) {
   Allocation partial = d.allocate(static_cast<index>(table.count * sizeof(double)), Category::communication);
   Allocation out = d.allocate(sizeof(double), Category::communication);
   sum_squares_kernel<256><<<table.count, 256, 0, d.stream()>>>(static_cast<double*>(partial.data()),
-                                                                 static_cast<const TensorRef*>(table.tensors.data()),
-                                                                 static_cast<const detail::Chunk*>(table.chunks.data()));
+                                                               static_cast<const TensorRef*>(table.tensors.data()),
+                                                               static_cast<const detail::Chunk*>(table.chunks.data()));
   check_launch("sum_squares");
   sum_partials_kernel<><<<1, 1, 0, d.stream()>>>(static_cast<double*>(out.data()),
-                                               static_cast<const double*>(partial.data()), table.count);
+                                                 static_cast<const double*>(partial.data()), table.count);
   check_launch("sum_squares (finish)");
   double r = 0;
   check(cudaMemcpyAsync(&r, out.data(), sizeof(double), cudaMemcpyDeviceToHost, d.stream()), "sum_squares (copy)");
@@ -149,11 +149,11 @@ __global__ void adamw_range_kernel(float* p, const float* g, float* m, float* v,
 }
 
 // AdamW over one range of f32 parameters (the master weights under mixed precision).
-inline void adamw_range(Cuda& d, float* p, const float* g, float* m, float* v, index n, const math::AdamW& a, bool decay,
-                        double grad_scale) {
+inline void adamw_range(Cuda& d, float* p, const float* g, float* m, float* v, index n, const math::AdamW& a,
+                        bool decay, double grad_scale) {
   if (n <= 0) return;
-  adamw_range_kernel<><<<detail::blocks_for(n, 256), 256, 0, d.stream()>>>(p, g, m, v, n, a, decay,
-                                                                          static_cast<float>(grad_scale));
+  adamw_range_kernel<>
+      <<<detail::blocks_for(n, 256), 256, 0, d.stream()>>>(p, g, m, v, n, a, decay, static_cast<float>(grad_scale));
   check_launch("adamw");
 }
 

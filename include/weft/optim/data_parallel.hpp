@@ -60,7 +60,9 @@ struct DataLayout {
   using params = Params;
   using grads = Grads;
   using state = State;
-  static std::string name() { return cat("DataLayout<", Params::name(), ", ", Grads::name(), ", ", State::name(), ">"); }
+  static std::string name() {
+    return cat("DataLayout<", Params::name(), ", ", Grads::name(), ", ", State::name(), ">");
+  }
 };
 
 using Ddp = DataLayout<Replicate, Replicate, Replicate>;
@@ -93,7 +95,8 @@ class DataParallel {
       Unit& u = units[i];
       Held& h = held_[i];
       if (u.padded() % dp_ != 0)
-        throw Error("DataParallel", cat("unit ", u.name(), " has ", u.padded(), " elements, not a multiple of the data degree ", dp_),
+        throw Error("DataParallel",
+                    cat("unit ", u.name(), " has ", u.padded(), " elements, not a multiple of the data degree ", dp_),
                     "build the model with the spread of the mesh it trains on");
       h.shard = u.padded() / dp_;
       const std::int64_t n = shard_state ? h.shard : u.padded();
@@ -106,7 +109,8 @@ class DataParallel {
       }
       if constexpr (mixed) {  // the f32 master weights of the range this rank updates
         h.master = dev().allocate(n * static_cast<std::int64_t>(sizeof(G)), Category::master_weights);
-        ops::Memory<D>::convert(dev(), static_cast<G*>(h.master.data()), u.values() + (shard_state ? index_ * h.shard : 0), n);
+        ops::Memory<D>::convert(dev(), static_cast<G*>(h.master.data()),
+                                u.values() + (shard_state ? index_ * h.shard : 0), n);
       }
       if constexpr (shard_params) {
         h.value_slice = dev().allocate(h.shard * static_cast<std::int64_t>(sizeof(T)), Category::parameters);
@@ -120,7 +124,8 @@ class DataParallel {
   void zero_grad() {
     for (std::size_t i = 0; i < units_.size(); ++i) {
       units_[i].zero_grad();
-      if (held_[i].grad_slice.data()) ops::Memory<D>::zero(dev(), static_cast<G*>(held_[i].grad_slice.data()), held_[i].shard);
+      if (held_[i].grad_slice.data())
+        ops::Memory<D>::zero(dev(), static_cast<G*>(held_[i].grad_slice.data()), held_[i].shard);
     }
   }
 
@@ -130,7 +135,8 @@ class DataParallel {
     bool moved = false;
     if constexpr (shard_params) {
       if (pass != Pass::weight && !unit.values()) {
-        unit.value_buffer() = dev().allocate(unit.padded() * static_cast<std::int64_t>(sizeof(T)), Category::parameters);
+        unit.value_buffer() =
+            dev().allocate(unit.padded() * static_cast<std::int64_t>(sizeof(T)), Category::parameters);
         data().all_gather(std::span<const T>(slice_values(u), static_cast<std::size_t>(held_[u].shard)),
                           std::span<T>(unit.values(), static_cast<std::size_t>(unit.padded())));
         moved = true;
@@ -181,7 +187,8 @@ class DataParallel {
         if (e.tensor_sharded || tensor_index_ == 0) counted.emplace_back(g + (a - lo), n);
       });
     }
-    std::array<double, 1> sq{ops::Norm<D>::sum_squares_many(dev(), std::span<const std::pair<const G*, std::int64_t>>(counted))};
+    std::array<double, 1> sq{
+        ops::Norm<D>::sum_squares_many(dev(), std::span<const std::pair<const G*, std::int64_t>>(counted))};
     mesh_->comm(Axis::tensor).all_reduce(std::span<double>(sq));
     data().all_reduce(std::span<double>(sq));
     if (mesh_->comm(Axis::pipe).size() > 1) mesh_->comm(Axis::pipe).all_reduce(std::span<double>(sq));
@@ -204,7 +211,9 @@ class DataParallel {
         pieces.push_back({master + (a - lo), g + (a - lo), state_at(u, n, a - lo), len, decays(e)});
       });
     }
-    if constexpr (requires { rule_.update_many(dev(), std::span<const Piece<G, S, Rule::states>>(pieces), scale, lr, t_); }) {
+    if constexpr (requires {
+                    rule_.update_many(dev(), std::span<const Piece<G, S, Rule::states>>(pieces), scale, lr, t_);
+                  }) {
       rule_.update_many(dev(), std::span<const Piece<G, S, Rule::states>>(pieces), scale, lr, t_);
     } else {
       for (const auto& x : pieces) rule_.update(dev(), x.p, x.g, x.state, x.n, scale, lr, t_, x.decay);
@@ -242,7 +251,8 @@ class DataParallel {
       for_each_piece(u, lo, n, [&](const nn::UnitEntry& e, std::int64_t a, std::int64_t len) {
         const auto st = state_at(u, n, a - lo);
         for (int k = 0; k < Rule::states; ++k)
-          f(units_[u], e, Rule::state_names[static_cast<std::size_t>(k)], std::span<S>(st[static_cast<std::size_t>(k)], static_cast<std::size_t>(len)));
+          f(units_[u], e, Rule::state_names[static_cast<std::size_t>(k)],
+            std::span<S>(st[static_cast<std::size_t>(k)], static_cast<std::size_t>(len)));
       });
     }
   }
@@ -260,9 +270,9 @@ class DataParallel {
     if (!tied_) return;
     const std::size_t u = *tied_;
     if constexpr (shard_grads)
-      group.all_reduce(std::span<G>(static_cast<G*>(held_[u].grad_slice.data()), static_cast<std::size_t>(held_[u].shard)));
-    else
-      group.all_reduce(std::span<G>(units_[u].grads(), static_cast<std::size_t>(units_[u].padded())));
+      group.all_reduce(
+          std::span<G>(static_cast<G*>(held_[u].grad_slice.data()), static_cast<std::size_t>(held_[u].shard)));
+    else group.all_reduce(std::span<G>(units_[u].grads(), static_cast<std::size_t>(units_[u].padded())));
   }
 
   std::int64_t steps() const { return t_; }
@@ -282,11 +292,15 @@ class DataParallel {
   };
   Holding holding(std::size_t u) {
     const auto [lo, n] = update_range(u);
-    const std::int64_t vlo = shard_params ? index_ * held_[u].shard : 0, vn = shard_params ? held_[u].shard : units_[u].padded();
-    return {values_from(u, vlo), vlo, vn, mixed ? static_cast<G*>(held_[u].master.data()) : nullptr, state_at(u, n, 0), lo, n};
+    const std::int64_t vlo = shard_params ? index_ * held_[u].shard : 0,
+                       vn = shard_params ? held_[u].shard : units_[u].padded();
+    return {values_from(u, vlo), vlo, vn, mixed ? static_cast<G*>(held_[u].master.data()) : nullptr,
+            state_at(u, n, 0),   lo,  n};
   }
   // This rank's slice of unit u, [index x shard, (index + 1) x shard): the part it saves.
-  std::pair<std::int64_t, std::int64_t> data_slice(std::size_t u) const { return {index_ * held_[u].shard, held_[u].shard}; }
+  std::pair<std::int64_t, std::int64_t> data_slice(std::size_t u) const {
+    return {index_ * held_[u].shard, held_[u].shard};
+  }
   std::size_t units() const { return units_.size(); }
   // After a checkpoint wrote the holdings: the step count and skip count it recorded. Values that
   // FSDP had gathered are stale now and are dropped.
@@ -339,7 +353,8 @@ class DataParallel {
   }
   std::array<S*, Rule::states> state_at(std::size_t u, std::int64_t n, std::int64_t at) {
     std::array<S*, Rule::states> st{};
-    for (int k = 0; k < Rule::states; ++k) st[static_cast<std::size_t>(k)] = static_cast<S*>(held_[u].state.data()) + k * n + at;
+    for (int k = 0; k < Rule::states; ++k)
+      st[static_cast<std::size_t>(k)] = static_cast<S*>(held_[u].state.data()) + k * n + at;
     return st;
   }
 
@@ -358,7 +373,8 @@ class DataParallel {
     std::vector<std::pair<G*, std::int64_t>> pieces;
     std::int64_t total = 0;
     for (std::size_t u = 0; u < units_.size(); ++u) {
-      const std::int64_t lo = shard_grads ? index_ * held_[u].shard : 0, n = shard_grads ? held_[u].shard : units_[u].padded();
+      const std::int64_t lo = shard_grads ? index_ * held_[u].shard : 0,
+                         n = shard_grads ? held_[u].shard : units_[u].padded();
       G* g = grads_from(u, lo);
       for_each_piece(u, lo, n, [&](const nn::UnitEntry& e, std::int64_t a, std::int64_t len) {
         if (!e.grad_tensor_partial) return;
@@ -393,8 +409,8 @@ class DataParallel {
 
 // data_parallel<Strategy>(model, rule, mesh): the protocol over a model's units.
 template <class Strategy, class Model, UpdateRule Rule, AxisComms M>
-DataParallel<Strategy, Rule, typename Model::value_type, M, typename Model::device> data_parallel(Model& model, Rule rule,
-                                                                                                M& mesh) {
+DataParallel<Strategy, Rule, typename Model::value_type, M, typename Model::device> data_parallel(Model& model,
+                                                                                                  Rule rule, M& mesh) {
   DataParallel<Strategy, Rule, typename Model::value_type, M, typename Model::device> dp{model.units(), rule, mesh};
   if constexpr (requires { model.tied_unit(); })
     if (const auto u = model.tied_unit()) dp.set_tied(*u, model.tied_copy());

@@ -38,8 +38,12 @@ struct AdamWConfig {
 // The per-step constants of AdamW at step t (1-based) and learning rate lr, in state type S.
 template <class S>
 math::AdamWParams<S> adamw_params(const AdamWConfig& c, double lr, std::int64_t t) {
-  return {static_cast<S>(lr), static_cast<S>(c.beta1), static_cast<S>(c.beta2), static_cast<S>(c.eps),
-          static_cast<S>(c.weight_decay), static_cast<S>(1 - std::pow(c.beta1, static_cast<double>(t))),
+  return {static_cast<S>(lr),
+          static_cast<S>(c.beta1),
+          static_cast<S>(c.beta2),
+          static_cast<S>(c.eps),
+          static_cast<S>(c.weight_decay),
+          static_cast<S>(1 - std::pow(c.beta1, static_cast<double>(t))),
           static_cast<S>(1 - std::pow(c.beta2, static_cast<double>(t)))};
 }
 

@@ -33,7 +33,8 @@ struct Schedule {
     if (total == 0) return max_lr;
     if (step < warmup) return max_lr * static_cast<double>(step + 1) / static_cast<double>(warmup);
     if (step >= total) return min_lr;
-    const double progress = static_cast<double>(step - warmup) / static_cast<double>(std::max<std::int64_t>(1, total - warmup));
+    const double progress =
+        static_cast<double>(step - warmup) / static_cast<double>(std::max<std::int64_t>(1, total - warmup));
     return min_lr + (max_lr - min_lr) * 0.5 * (1.0 + std::cos(std::numbers::pi * progress));
   }
 };

@@ -73,8 +73,8 @@ struct LocalGradients {
 namespace detail {
 // Which stages use which units, computed once per pass (units_of allocates).
 struct Uses {
-  std::vector<std::vector<std::size_t>> of;     // of[s]: the units stage s uses
-  std::vector<std::size_t> first, last;         // per unit: its first and last stage
+  std::vector<std::vector<std::size_t>> of;  // of[s]: the units stage s uses
+  std::vector<std::size_t> first, last;      // per unit: its first and last stage
 
   template <class Model>
   explicit Uses(const Model& m) : of(m.stages()) {
@@ -97,7 +97,8 @@ struct Uses {
 // The units of the last stage stay acquired when its backward follows at once (Mode::train).
 template <class Model, AxisComms M, DataProtocol P = LocalGradients, StopHook H = NoStop>
   requires StagedModel<Model, M>
-void forward(Model& model, typename Model::Ctx& ctx, M& mesh, P&& dp = P{}, nn::Mode mode = nn::Mode::train, H&& hook = H{}) {
+void forward(Model& model, typename Model::Ctx& ctx, M& mesh, P&& dp = P{}, nn::Mode mode = nn::Mode::train,
+             H&& hook = H{}) {
   const detail::Uses uses(model);
   const std::size_t n = uses.of.size();
   for (std::size_t s = 0; s < n; ++s) {
@@ -127,7 +128,8 @@ void backward(Model& model, typename Model::Ctx& ctx, M& mesh, P&& dp = P{}, boo
 // Forward then backward; returns the micro-batch's loss.
 template <class Model, AxisComms M, DataProtocol P = LocalGradients, StopHook H = NoStop>
   requires StagedModel<Model, M>
-double forward_backward(Model& model, typename Model::Ctx& ctx, M& mesh, P&& dp = P{}, bool last = true, H&& hook = H{}) {
+double forward_backward(Model& model, typename Model::Ctx& ctx, M& mesh, P&& dp = P{}, bool last = true,
+                        H&& hook = H{}) {
   forward(model, ctx, mesh, dp, nn::Mode::train, hook);
   backward(model, ctx, mesh, dp, last, hook);
   return ctx.loss;

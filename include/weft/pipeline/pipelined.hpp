@@ -43,9 +43,10 @@ struct Partition {
       throw Error("pipeline::Partition", cat("pipe degree ", p, " and ", v, " virtual stages"), "use degrees >= 1");
     const std::int64_t S = static_cast<std::int64_t>(p) * v;
     if (layers % S != 0)
-      throw Error("pipeline::Partition",
-                  cat(layers, " layers do not split evenly over pipe ", p, " x ", v, " virtual stages = ", S, " stages"),
-                  cat("use a number of layers that is a multiple of ", S, ", or give each stage's blocks explicitly"));
+      throw Error(
+          "pipeline::Partition",
+          cat(layers, " layers do not split evenly over pipe ", p, " x ", v, " virtual stages = ", S, " stages"),
+          cat("use a number of layers that is a multiple of ", S, ", or give each stage's blocks explicitly"));
     std::vector<std::int64_t> counts(static_cast<std::size_t>(S), layers / S);
     return given(p, v, counts);
   }
@@ -120,8 +121,8 @@ class Pipeline {
     Comm& pipe = mesh.comm(Axis::pipe);
     if (table_.p != pipe.size() || part_.p != pipe.size() || table_.v != part_.v)
       throw Error("pipeline::Pipeline",
-                  cat("a table for pipe ", table_.p, " x ", table_.v, ", a partition for pipe ", part_.p, " x ", part_.v,
-                      ", on a pipe group of ", pipe.size()),
+                  cat("a table for pipe ", table_.p, " x ", table_.v, ", a partition for pipe ", part_.p, " x ",
+                      part_.v, ", on a pipe group of ", pipe.size()),
                   "build the table and the partition for the mesh's pipe degree and the same virtual stages");
     if (part_.layers != model.layers())
       throw Error("pipeline::Pipeline", cat("a partition of ", part_.layers, " layers for a model of ", model.layers()),
@@ -321,7 +322,8 @@ class Pipeline {
     for (int r = 0; r < table_.p; ++r)
       for (std::size_t k = 0; k < table_.ranks[static_cast<std::size_t>(r)].size(); ++k) {
         const Action& x = table_.ranks[static_cast<std::size_t>(r)][k];
-        if (x.what == Do::exchange && x.send.present()) sent_at[static_cast<std::size_t>(key(x.send))] = static_cast<int>(2 * k + 1);
+        if (x.what == Do::exchange && x.send.present())
+          sent_at[static_cast<std::size_t>(key(x.send))] = static_cast<int>(2 * k + 1);
       }
     const auto& acts = table_.ranks[static_cast<std::size_t>(rank_)];
     const int mine = cuts_.at[static_cast<std::size_t>(rank_)][static_cast<std::size_t>(c)];
@@ -349,7 +351,7 @@ class Pipeline {
   Partition part_;
   M* mesh_;
   int rank_ = 0;
-  int lowest_stage_ = 0;  // this rank's first virtual stage: a micro-batch's last backward here
+  int lowest_stage_ = 0;        // this rank's first virtual stage: a micro-batch's last backward here
   std::vector<int> delivered_;  // per action: where its send is known delivered (pipeline::delivered)
   Cuts cuts_;                   // where a step may stop on every rank at once (pipeline::cuts)
   std::optional<Comm> tie_;

@@ -70,7 +70,7 @@ struct Action {
   Do what = Do::forward;
   int stage = 0;  // compute: the virtual stage
   int micro = 0;
-  Msg send, recv;              // exchange
+  Msg send, recv;                    // exchange
   int send_to = -1, recv_from = -1;  // exchange: pipe ranks
   constexpr bool operator==(const Action&) const = default;
 };
@@ -133,7 +133,8 @@ struct Compute {
 constexpr const char* refusal(Kind kind, int p, int m, int v) {
   if (p < 1 || m < 1 || v < 1) return "the pipe degree, micro-batches and virtual stages must each be >= 1";
   if (kind == Kind::interleaved && v < 2) return "the interleaved schedule needs >= 2 virtual stages per rank";
-  if (kind != Kind::interleaved && v != 1) return "only the interleaved schedule has more than 1 virtual stage per rank";
+  if (kind != Kind::interleaved && v != 1)
+    return "only the interleaved schedule has more than 1 virtual stage per rank";
   if (kind == Kind::interleaved && m % p != 0)
     return "the interleaved schedule needs a number of micro-batches that is a multiple of the pipe degree";
   return nullptr;
@@ -195,8 +196,9 @@ constexpr Table make_table(Kind kind, int p, int m, int v = 1) {
   // A table holds every rank's forward and backward of every micro-batch: past 2^24 computes it is
   // gigabytes, and its replay (the plan, a simulation) minutes.
   if (const double computes = 2.0 * p * m * v; computes > kMaxComputes)
-    throw Error("pipeline schedule", cat(p, " pipe ranks x ", m, " micro-batches x ", v, " virtual stages: ", computes,
-                                         " computes, more than a table holds (2^24)"),
+    throw Error("pipeline schedule",
+                cat(p, " pipe ranks x ", m, " micro-batches x ", v, " virtual stages: ", computes,
+                    " computes, more than a table holds (2^24)"),
                 "use fewer micro-batches per step (a larger micro-batch) or fewer pipe ranks");
   Table t{p, m, v, kind == Kind::zero_bubble_h1, {}};
   const int S = p * v;
@@ -274,7 +276,8 @@ constexpr bool scan(const Table& t, Report&& report) {
       auto& pos = x.what == Do::forward ? fpos : x.what == Do::backward ? bpos : wpos;
       int& at = pos[static_cast<std::size_t>(x.stage * t.m + x.micro)];
       if (at >= 0)
-        return report(r, a, [=] { return cat(name(x.what), " of stage ", x.stage, " micro-batch ", x.micro, " runs twice"); });
+        return report(
+            r, a, [=] { return cat(name(x.what), " of stage ", x.stage, " micro-batch ", x.micro, " runs twice"); });
       at = a;
     }
     for (int s = r; s < S; s += p)
@@ -283,10 +286,14 @@ constexpr bool scan(const Table& t, Report&& report) {
         const int f = fpos[k], b = bpos[k], w = wpos[k];
         if (f < 0 || b < 0 || (t.split_weight && w < 0))
           return report(r, -1, [=] {
-            return cat("stage ", s, " micro-batch ", i, " lacks its ", f < 0 ? "forward" : b < 0 ? "backward" : "weight gradient");
+            return cat("stage ", s, " micro-batch ", i, " lacks its ",
+                       f < 0   ? "forward"
+                       : b < 0 ? "backward"
+                               : "weight gradient");
           });
         if (b < f)
-          return report(r, b, [=] { return cat("the backward of stage ", s, " micro-batch ", i, " runs before its forward"); });
+          return report(
+              r, b, [=] { return cat("the backward of stage ", s, " micro-batch ", i, " runs before its forward"); });
         if (t.split_weight && w < b)
           return report(r, w, [=] {
             return cat("the weight gradient of stage ", s, " micro-batch ", i, " runs before its backward");
@@ -314,15 +321,17 @@ constexpr bool scan(const Table& t, Report&& report) {
       }
       for (std::size_t i = 0; i < std::max(sent.size(), received.size()); ++i) {
         if (i >= received.size())
-          return report(a, sent_at[i], [=] { return cat("sends message ", i, " to rank ", b, " which never receives it"); });
+          return report(a, sent_at[i],
+                        [=] { return cat("sends message ", i, " to rank ", b, " which never receives it"); });
         if (i >= sent.size())
-          return report(b, received_at[i], [=] { return cat("receives message ", i, " from rank ", a, " which never sends it"); });
+          return report(b, received_at[i],
+                        [=] { return cat("receives message ", i, " from rank ", a, " which never sends it"); });
         if (!(sent[i] == received[i])) {
           const Msg s = sent[i], q = received[i];
           return report(b, received_at[i], [=] {
             return cat("receives ", q.grad ? "the gradient" : "the activation", " of stage ", q.stage, " micro-batch ",
-                       q.micro, " from rank ", a, " where rank ", a, " sends ", s.grad ? "the gradient" : "the activation",
-                       " of stage ", s.stage, " micro-batch ", s.micro);
+                       q.micro, " from rank ", a, " where rank ", a, " sends ",
+                       s.grad ? "the gradient" : "the activation", " of stage ", s.stage, " micro-batch ", s.micro);
           });
         }
       }
@@ -357,7 +366,9 @@ constexpr bool valid(const Table& t) {
 // sends to q still held. The executor frees send buffers there, and the memory plan counts them so.
 constexpr std::vector<int> delivered(const Table& t, int r) {
   const int S = t.stages();
-  const auto key = [&](const Msg& x) { return static_cast<std::size_t>(((x.grad ? 1 : 0) * S + x.stage) * t.m + x.micro); };
+  const auto key = [&](const Msg& x) {
+    return static_cast<std::size_t>(((x.grad ? 1 : 0) * S + x.stage) * t.m + x.micro);
+  };
   const std::size_t keys = static_cast<std::size_t>(2 * S * t.m);
   std::vector<int> sent_at(keys, -1), received_at(keys, -1);  // action index on the sending / receiving rank
   for (const auto& acts : t.ranks)
@@ -403,11 +414,11 @@ struct StageCosts {
 struct Simulation {
   bool completed = false;
   double makespan = 0;
-  std::vector<double> busy;        // per rank
-  std::vector<int> max_in_flight;  // per rank: forwards done whose backward has not run
+  std::vector<double> busy;                // per rank
+  std::vector<int> max_in_flight;          // per rank: forwards done whose backward has not run
   std::vector<std::vector<double>> start;  // per rank and action: when it started (-1: never)
-  std::vector<double> end;         // per rank: when its last action ended
-  std::optional<Problem> blocked;  // where the lowest blocked rank stopped, when not completed
+  std::vector<double> end;                 // per rank: when its last action ended
+  std::optional<Problem> blocked;          // where the lowest blocked rank stopped, when not completed
   double bubble(int r) const { return makespan > 0 ? 1.0 - busy[static_cast<std::size_t>(r)] / makespan : 0.0; }
 };
 
@@ -427,7 +438,9 @@ inline Simulation simulate(const Table& t, const StageCosts& c) {
   sim.busy.assign(static_cast<std::size_t>(p), 0.0);
   sim.max_in_flight.assign(static_cast<std::size_t>(p), 0);
   // Where each message is sent and received: (rank, action index).
-  auto key = [&](const Msg& x) { return static_cast<std::size_t>(((x.grad ? 1 : 0) * t.stages() + x.stage) * t.m + x.micro); };
+  auto key = [&](const Msg& x) {
+    return static_cast<std::size_t>(((x.grad ? 1 : 0) * t.stages() + x.stage) * t.m + x.micro);
+  };
   const std::size_t keys = static_cast<std::size_t>(2 * t.stages() * t.m);
   std::vector<std::pair<int, int>> sender(keys, {-1, -1});
   for (int r = 0; r < p; ++r)
@@ -440,10 +453,12 @@ inline Simulation simulate(const Table& t, const StageCosts& c) {
   std::vector<double> now(static_cast<std::size_t>(p), 0.0);
   std::vector<std::vector<double>> posted(static_cast<std::size_t>(p));
   std::vector<int> in_flight(static_cast<std::size_t>(p), 0);
-  for (int r = 0; r < p; ++r) posted[static_cast<std::size_t>(r)].assign(t.ranks[static_cast<std::size_t>(r)].size(), -1.0);
+  for (int r = 0; r < p; ++r)
+    posted[static_cast<std::size_t>(r)].assign(t.ranks[static_cast<std::size_t>(r)].size(), -1.0);
   sim.start = posted;
   auto posted_at = [&](std::pair<int, int> where) {
-    return where.first < 0 ? -1.0 : posted[static_cast<std::size_t>(where.first)][static_cast<std::size_t>(where.second)];
+    return where.first < 0 ? -1.0
+                           : posted[static_cast<std::size_t>(where.first)][static_cast<std::size_t>(where.second)];
   };
   for (bool progress = true; progress;) {
     progress = false;
@@ -454,7 +469,9 @@ inline Simulation simulate(const Table& t, const StageCosts& c) {
         const Action& x = acts[pc[ur]];
         if (x.what != Do::exchange) {
           const auto st = static_cast<std::size_t>(x.stage);
-          const double cost = x.what == Do::forward ? c.forward[st] : x.what == Do::backward ? c.backward[st] : c.weight[st];
+          const double cost = x.what == Do::forward    ? c.forward[st]
+                              : x.what == Do::backward ? c.backward[st]
+                                                       : c.weight[st];
           sim.start[ur][pc[ur]] = now[ur];
           now[ur] += cost;
           sim.busy[ur] += cost;
@@ -602,7 +619,6 @@ constexpr double closed_form_bubble(Kind kind, int p, int m, int v = 1) {
   }
   return 0;
 }
-
 
 // A table at compile time, for p, m and V known to the compiler: rank R's actions as a constexpr
 // array, and whether the whole table passes check().

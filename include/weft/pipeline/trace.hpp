@@ -40,7 +40,8 @@ class Trace {
 
   // Records an event that started at `start_us` and ends now, on rank `lane`'s track.
   void record(int lane, std::string name, std::string category, double start_us, int stage = -1, int micro = -1) {
-    lanes_.at(static_cast<std::size_t>(lane)).push_back({std::move(name), std::move(category), start_us, now_us() - start_us, stage, micro});
+    lanes_.at(static_cast<std::size_t>(lane))
+        .push_back({std::move(name), std::move(category), start_us, now_us() - start_us, stage, micro});
   }
 
   // A scope that records itself on destruction (and brackets a push/pop range).
@@ -78,8 +79,10 @@ class Trace {
     std::fprintf(f, "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n");
     bool first = true;
     for (std::size_t r = 0; r < lanes_.size(); ++r) {
-      std::fprintf(f, "%s{\"ph\": \"M\", \"name\": \"thread_name\", \"pid\": 0, \"tid\": %zu, \"args\": {\"name\": \"rank %zu\"}}",
-                   first ? "" : ",\n", r, r);
+      std::fprintf(
+          f,
+          "%s{\"ph\": \"M\", \"name\": \"thread_name\", \"pid\": 0, \"tid\": %zu, \"args\": {\"name\": \"rank %zu\"}}",
+          first ? "" : ",\n", r, r);
       first = false;
       for (const TraceEvent& e : lanes_[r])
         std::fprintf(f,
@@ -89,7 +92,8 @@ class Trace {
     }
     std::fprintf(f, "\n]}\n");
     const bool ok = std::ferror(f) == 0;
-    if (std::fclose(f) != 0 || !ok) throw Error("pipeline::Trace", cat("writing the trace file ", path, " failed"), "check the disk");
+    if (std::fclose(f) != 0 || !ok)
+      throw Error("pipeline::Trace", cat("writing the trace file ", path, " failed"), "check the disk");
   }
 
   std::function<void(const char*)> push;  // optional: named ranges (NVTX on the GPU)

@@ -90,8 +90,8 @@ Link measure_link(MeshShape shape, Axis axis, std::int64_t typical_bytes) {
 inline constexpr std::int64_t kMeasured = std::int64_t{1} << 20;
 
 template <class T>
-Rates host_rates(const Work& w, MeshShape shape, std::int64_t local_batch_given, std::int64_t seq_given, std::int64_t heads,
-                 std::int64_t width) {
+Rates host_rates(const Work& w, MeshShape shape, std::int64_t local_batch_given, std::int64_t seq_given,
+                 std::int64_t heads, std::int64_t width) {
   const int ranks = shape.data * shape.tensor;
   Rates r;
   // Each GEMM shape once, stored as the layers store it.
@@ -127,12 +127,15 @@ Rates host_rates(const Work& w, MeshShape shape, std::int64_t local_batch_given,
   const std::int64_t Hl = heads / shape.tensor, hd = width / heads;
   {
     std::int64_t local_batch = std::max<std::int64_t>(1, local_batch_given), seq = seq_given;
-    while (static_cast<double>(local_batch) * Hl * seq * seq > static_cast<double>(kMeasured) && local_batch > 1) local_batch /= 2;
+    while (static_cast<double>(local_batch) * Hl * seq * seq > static_cast<double>(kMeasured) && local_batch > 1)
+      local_batch /= 2;
     while ((static_cast<double>(local_batch) * Hl * seq * seq > static_cast<double>(kMeasured) ||
-            static_cast<double>(local_batch) * seq * Hl * hd * 3 > static_cast<double>(kMeasured)) && seq > 16)
+            static_cast<double>(local_batch) * seq * Hl * hd * 3 > static_cast<double>(kMeasured)) &&
+           seq > 16)
       seq /= 2;
     const std::int64_t n = local_batch * seq * Hl * hd;
-    std::vector<std::vector<T>> qkv(static_cast<std::size_t>(ranks)), out(qkv.size()), probs(qkv.size()), dqkv(qkv.size());
+    std::vector<std::vector<T>> qkv(static_cast<std::size_t>(ranks)), out(qkv.size()), probs(qkv.size()),
+        dqkv(qkv.size());
     for (std::size_t i = 0; i < qkv.size(); ++i) {
       qkv[i].assign(static_cast<std::size_t>(3 * n), T(0.1));
       dqkv[i].assign(qkv[i].size(), T(0));
@@ -179,22 +182,28 @@ Rates host_rates(const Work& w, MeshShape shape, std::int64_t local_batch_given,
     r.elements.layernorm = rate_of(ln_rows * width, [&](T* x, T* y, T* z, std::int64_t len) {
       const std::int64_t N = len / width;
       std::vector<T> stats(static_cast<std::size_t>(2 * N)), dwb(static_cast<std::size_t>(2 * width), T(0));
-      host::layernorm_forward<T, T>(y, stats.data(), stats.data() + N, x, wb.data(), wb.data() + width, N, width, T(1e-5));
-      host::layernorm_backward<T, T>(z, dwb.data(), dwb.data() + width, y, x, wb.data(), stats.data(), stats.data() + N, N,
-                                     width);
+      host::layernorm_forward<T, T>(y, stats.data(), stats.data() + N, x, wb.data(), wb.data() + width, N, width,
+                                    T(1e-5));
+      host::layernorm_backward<T, T>(z, dwb.data(), dwb.data() + width, y, x, wb.data(), stats.data(), stats.data() + N,
+                                     N, width);
     });
   }
   const std::int64_t vocab_local = std::clamp<std::int64_t>(
-      static_cast<std::int64_t>(n.cross_entropy / static_cast<double>(std::max<std::int64_t>(1, local_batch * seq))), 1, kMeasured);
-  r.elements.cross_entropy = rate_of(std::max(vocab_local, std::min(local_batch * seq * vocab_local, kMeasured)), [&](T* x, T*, T* z, std::int64_t len) {
-    const std::int64_t N = len / vocab_local;
-    std::vector<T> rowmax(static_cast<std::size_t>(N)), stats(static_cast<std::size_t>(2 * N)), sumexp(rowmax.size());
-    std::vector<std::int32_t> targets(static_cast<std::size_t>(N), 0);
-    host::ce_row_max<T, T>(rowmax.data(), x, N, vocab_local, vocab_local);
-    host::ce_row_stats<T, T>(stats.data(), x, rowmax.data(), targets.data(), N, vocab_local, vocab_local, 0);
-    host::ce_loss<T>(sumexp.data(), stats.data(), rowmax.data(), N);
-    host::ce_backward<T, T>(z, x, rowmax.data(), sumexp.data(), targets.data(), N, vocab_local, vocab_local, 0, T(1));
-  });
+      static_cast<std::int64_t>(n.cross_entropy / static_cast<double>(std::max<std::int64_t>(1, local_batch * seq))), 1,
+      kMeasured);
+  r.elements.cross_entropy = rate_of(std::max(vocab_local, std::min(local_batch * seq * vocab_local, kMeasured)),
+                                     [&](T* x, T*, T* z, std::int64_t len) {
+                                       const std::int64_t N = len / vocab_local;
+                                       std::vector<T> rowmax(static_cast<std::size_t>(N)),
+                                           stats(static_cast<std::size_t>(2 * N)), sumexp(rowmax.size());
+                                       std::vector<std::int32_t> targets(static_cast<std::size_t>(N), 0);
+                                       host::ce_row_max<T, T>(rowmax.data(), x, N, vocab_local, vocab_local);
+                                       host::ce_row_stats<T, T>(stats.data(), x, rowmax.data(), targets.data(), N,
+                                                                vocab_local, vocab_local, 0);
+                                       host::ce_loss<T>(sumexp.data(), stats.data(), rowmax.data(), N);
+                                       host::ce_backward<T, T>(z, x, rowmax.data(), sumexp.data(), targets.data(), N,
+                                                               vocab_local, vocab_local, 0, T(1));
+                                     });
   const math::AdamWParams<T> adam{};
   r.elements.adamw = rate_of(std::min<std::int64_t>(static_cast<std::int64_t>(n.adamw), 1 << 20),
                              [&](T* p, T* g, T* m, std::int64_t len) {
@@ -207,10 +216,12 @@ Rates host_rates(const Work& w, MeshShape shape, std::int64_t local_batch_given,
   {
     const std::int64_t len = std::min(local_batch * seq * width, kMeasured);
     r.bandwidth = 3.0 * static_cast<double>(len * static_cast<std::int64_t>(sizeof(T))) *
-                  rate_of(len, [](T* x, T* y, T*, std::int64_t k) { host::add_inplace(y, x, k); }) / static_cast<double>(len);
+                  rate_of(len, [](T* x, T* y, T*, std::int64_t k) { host::add_inplace(y, x, k); }) /
+                  static_cast<double>(len);
     std::vector<Host> hosts(static_cast<std::size_t>(ranks));
     const double s = detail::per_call(ranks, [&](int i) {
-      Allocation a = hosts[static_cast<std::size_t>(i)].allocate(len * static_cast<std::int64_t>(sizeof(T)), Category::other);
+      Allocation a =
+          hosts[static_cast<std::size_t>(i)].allocate(len * static_cast<std::int64_t>(sizeof(T)), Category::other);
       host::fill(static_cast<T*>(a.data()), len, T(0));
     });
     r.first_touch = static_cast<double>(len * static_cast<std::int64_t>(sizeof(T))) / s;

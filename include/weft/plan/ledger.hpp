@@ -34,7 +34,7 @@ class Ledger {
   constexpr const Memory& current() const { return current_; }
   constexpr const Memory& peak() const { return peak_; }
   constexpr std::int64_t total_peak() const { return total_peak_; }
-  constexpr const Memory& allocated() const { return allocated_; }  // every byte allocated, summed
+  constexpr const Memory& allocated() const { return allocated_; }     // every byte allocated, summed
   constexpr std::int64_t allocations() const { return allocations_; }  // and every non-empty block
 
  private:

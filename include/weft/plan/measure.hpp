@@ -49,8 +49,8 @@ namespace weft::footprint {
 // The run a step is planned for.
 struct Run {
   MeshShape mesh;
-  std::int64_t micro_batch = 1;    // sequences per micro-batch, global (over the data ranks)
-  std::int64_t micro_batches = 1;  // per optimizer step
+  std::int64_t micro_batch = 1;                           // sequences per micro-batch, global (over the data ranks)
+  std::int64_t micro_batches = 1;                         // per optimizer step
   pipeline::Kind schedule = pipeline::Kind::one_f_one_b;  // with mesh.pipe > 1
   int virtual_stages = 1;
 };
@@ -137,12 +137,14 @@ RankStep measure_rank(D& dev, C& world, const typename Model::config_type& c, co
   auto dp = optim::data_parallel<Strategy>(model, rule, mesh);
   std::optional<pipeline::Pipeline<Model, decltype(mesh)>> pp;
   if (run.mesh.pipe > 1)
-    pp.emplace(model, pipeline::make_table(run.schedule, run.mesh.pipe, static_cast<int>(m), run.virtual_stages), part, mesh);
+    pp.emplace(model, pipeline::make_table(run.schedule, run.mesh.pipe, static_cast<int>(m), run.virtual_stages), part,
+               mesh);
   // Tokens 0 (a valid id of any vocabulary): the counts do not depend on the values. They are host
   // memory, even on the Meta device: a micro-batch past 2^28 tokens a rank is refused, not allocated.
   if (const double tokens = static_cast<double>(micro / run.mesh.data) * static_cast<double>(c.seq); tokens > (1 << 28))
-    throw Error("plan", cat("a micro-batch of ", micro, " sequences of ", c.seq, " tokens over ", run.mesh.data, " data ranks is ",
-                            tokens, " tokens a rank, more than a plan feeds (2^28)"),
+    throw Error("plan",
+                cat("a micro-batch of ", micro, " sequences of ", c.seq, " tokens over ", run.mesh.data,
+                    " data ranks is ", tokens, " tokens a rank, more than a plan feeds (2^28)"),
                 "plan a smaller micro-batch (--micro-batch) or more data ranks");
   const std::vector<std::int32_t> x(static_cast<std::size_t>(micro / run.mesh.data * c.seq), 0), y(x);
   RankStep out{world.rank(), mesh.coord(), detail::of_current(dev.memory()), {}, {}, {}, {}, {}};
@@ -164,7 +166,8 @@ RankStep measure_rank(D& dev, C& world, const typename Model::config_type& c, co
   dev.reset_peak();
   dp.zero_grad();
   if (pp) {
-    const std::vector<nn::MicroBatch> mbs(static_cast<std::size_t>(m), nn::MicroBatch{x, y, micro, 1.0 / static_cast<double>(m)});
+    const std::vector<nn::MicroBatch> mbs(static_cast<std::size_t>(m),
+                                          nn::MicroBatch{x, y, micro, 1.0 / static_cast<double>(m)});
     pp->run(mbs, dp);
   } else {
     for (std::int64_t k = 0; k < m; ++k) {
@@ -186,7 +189,8 @@ RankStep measure_rank(D& dev, C& world, const typename Model::config_type& c, co
       out.collectives[static_cast<std::size_t>(a)] = mesh.comm(a).counters() - comm_before[static_cast<std::size_t>(a)];
   if constexpr (logged)
     for (Axis a : kAxes)
-      out.calls[static_cast<std::size_t>(a)] = detail::calls_since(mesh.comm(a).calls(), calls_before[static_cast<std::size_t>(a)]);
+      out.calls[static_cast<std::size_t>(a)] =
+          detail::calls_since(mesh.comm(a).calls(), calls_before[static_cast<std::size_t>(a)]);
   if (tie_before) out.tie_calls = tie_before->add_since(*pp->tie_group(), Axis::pipe, out);
   if (folded_before) folded_before->add_since(mesh.data_context(), Axis::data, out);
   if constexpr (is_meta<D>) out.ops = dev.work;
@@ -239,7 +243,8 @@ inline std::vector<int> bounding_ranks(const MeshShape& s) {
 // The bounding ranks' plans, each measured alone: the largest of them per pipe rank is the mesh's
 // (tests/plan/measure.cpp holds it to every rank's on the meshes it measures both ways).
 template <template <class> class ModelOn, class Strategy, class Rule = optim::AdamW>
-std::vector<RankStep> measure_bounding(const typename ModelOn<Meta<Host>>::config_type& c, const Run& run, Rule rule = {}) {
+std::vector<RankStep> measure_bounding(const typename ModelOn<Meta<Host>>::config_type& c, const Run& run,
+                                       Rule rule = {}) {
   std::vector<RankStep> out;
   for (int r : bounding_ranks(run.mesh)) out.push_back(measure_alone<ModelOn, Strategy>(c, run, r, rule));
   return out;
@@ -282,7 +287,7 @@ std::vector<StageCollectives> stage_collectives(const typename ModelOn<Meta<Host
       return d;
     };
     for (std::size_t st = 0; st < stages; ++st) {
-      got[st].stage = st == 0 ? std::string("embedding")
+      got[st].stage = st == 0            ? std::string("embedding")
                       : st + 1 == stages ? std::string("head")
                                          : std::string(Model::spec::block_name(static_cast<std::int64_t>(st - 1)));
       const auto before = snapshot();

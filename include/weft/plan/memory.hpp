@@ -40,11 +40,15 @@ struct Holds {
   bool embedding = true, head = true;
 
   template <nn::ModelConfig C>
-  static constexpr Holds all(const C& c) { return {c.layers, true, true}; }
+  static constexpr Holds all(const C& c) {
+    return {c.layers, true, true};
+  }
   // Pipe rank r of pipeline::Partition::even (layers divisible by pipe x virtual stages): its
   // share of the blocks, the embedding on rank 0, the head on the last.
   template <nn::ModelConfig C>
-  static constexpr Holds even(const C& c, int pipe, int r) { return {c.layers / pipe, r == 0, r == pipe - 1}; }
+  static constexpr Holds even(const C& c, int pipe, int r) {
+    return {c.layers / pipe, r == 0, r == pipe - 1};
+  }
   static Holds of(const nn::Placement& p) {
     std::int64_t n = 0;
     for (bool b : p.blocks) n += b ? 1 : 0;

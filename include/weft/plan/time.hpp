@@ -29,9 +29,9 @@
 #include <functional>
 #include <vector>
 
-#include "weft/pipeline/schedule.hpp"
 #include "weft/core/shape.hpp"
 #include "weft/layout/plan.hpp"
+#include "weft/pipeline/schedule.hpp"
 #include "weft/plan/ledger.hpp"
 
 namespace weft::estimate {
@@ -51,8 +51,9 @@ inline double collective_seconds(Collective c, int n, std::int64_t bytes, const 
       const double tree = 2 * std::ceil(std::log2(N)) * l.alpha + 2 * S * l.beta;
       return std::min(ring, tree);
     }
-    case Collective::all_gather: case Collective::reduce_scatter: case Collective::all_to_all:
-      return (N - 1) * l.alpha + (N - 1) / N * S * l.beta;
+    case Collective::all_gather:
+    case Collective::reduce_scatter:
+    case Collective::all_to_all: return (N - 1) * l.alpha + (N - 1) / N * S * l.beta;
     case Collective::send_recv: return l.alpha + S * l.beta;  // one block to the next rank
     default: return 0;
   }
@@ -83,21 +84,21 @@ struct Elementwise {
 // (plan/measure_time.hpp, work_of), or GPT-2's closed form (models/gpt2/estimate.hpp).
 struct Work {
   std::vector<Gemm> gemms;
-  double attention_flops = 0;       // the causal core, forward and backward (and recomputed forwards)
-  Elementwise elementwise;          // elements through GELU, LayerNorm, cross-entropy, AdamW
-  std::int64_t allocated_bytes = 0; // every buffer the step allocates
+  double attention_flops = 0;        // the causal core, forward and backward (and recomputed forwards)
+  Elementwise elementwise;           // elements through GELU, LayerNorm, cross-entropy, AdamW
+  std::int64_t allocated_bytes = 0;  // every buffer the step allocates
   std::vector<Comm> comms;
-  footprint::StepPeak memory;       // the step's memory plan
+  footprint::StepPeak memory;  // the step's memory plan
 };
 
 // The machine's rates.
 struct Rates {
   std::function<double(const Gemm&)> gemm_flops;  // FLOP/s at a shape
-  double attention_flops = 0;                      // FLOP/s of the attention core
-  Elementwise elements;                            // elements/s of each op, forward and backward
-  double bandwidth = 0;                            // bytes/s read or written by a streaming op
-  double first_touch = 0;                          // bytes/s allocated and written for the first time
-  Link tensor, data;                               // the links of the tensor and data groups
+  double attention_flops = 0;                     // FLOP/s of the attention core
+  Elementwise elements;                           // elements/s of each op, forward and backward
+  double bandwidth = 0;                           // bytes/s read or written by a streaming op
+  double first_touch = 0;                         // bytes/s allocated and written for the first time
+  Link tensor, data;                              // the links of the tensor and data groups
 };
 
 struct Breakdown {
@@ -116,8 +117,8 @@ inline Breakdown seconds(const Work& w, const Rates& r) {
   const double bytes = static_cast<double>(w.allocated_bytes);
   b.memory = bytes / r.first_touch + 2 * bytes / r.bandwidth;
   for (const Comm& x : w.comms) {
-    const double t = static_cast<double>(x.count) * collective_seconds(x.collective, x.degree, x.bytes,
-                                                                        x.axis == Axis::tensor ? r.tensor : r.data);
+    const double t = static_cast<double>(x.count) *
+                     collective_seconds(x.collective, x.degree, x.bytes, x.axis == Axis::tensor ? r.tensor : r.data);
     (x.axis == Axis::tensor ? b.tensor_comm : b.data_comm) += t;
   }
   return b;
@@ -125,11 +126,11 @@ inline Breakdown seconds(const Work& w, const Rates& r) {
 
 // A pipelined step on a data x pipe x tensor mesh.
 struct PipelineTime {
-  double step = 0;      // the slowest pipe rank: the schedule, its once-a-step part, the tied all-reduce
-  double makespan = 0;  // the schedule's forwards, backwards and messages (the simulation)
-  double block = 0;     // one block's forward and backward of one micro-batch
-  double ends = 0;      // the embedding's and the head's, of one micro-batch
-  double message = 0;   // one activation or gradient between neighbouring ranks
+  double step = 0;             // the slowest pipe rank: the schedule, its once-a-step part, the tied all-reduce
+  double makespan = 0;         // the schedule's forwards, backwards and messages (the simulation)
+  double block = 0;            // one block's forward and backward of one micro-batch
+  double ends = 0;             // the embedding's and the head's, of one micro-batch
+  double message = 0;          // one activation or gradient between neighbouring ranks
   std::vector<double> once;    // per pipe rank: the optimizer, its units' data collectives, the norm
   std::vector<double> bubble;  // per pipe rank: its idle share of the makespan
 };
@@ -143,7 +144,8 @@ struct PipelineTime {
 // must divide into the table's p V stages. `message`: one activation's seconds between neighbours;
 // `tied`: the tied table's gradient all-reduce over the first and last pipe ranks (0: none).
 template <class Cost>
-PipelineTime pipeline_seconds_of(Cost&& cost, std::int64_t layers, const pipeline::Table& t, double message, double tied) {
+PipelineTime pipeline_seconds_of(Cost&& cost, std::int64_t layers, const pipeline::Table& t, double message,
+                                 double tied) {
   const double t11 = cost(1, 1), t12 = cost(1, 2), t21 = cost(2, 1), t22 = cost(2, 2);
   PipelineTime out;
   out.block = t22 - t12 - t21 + t11;

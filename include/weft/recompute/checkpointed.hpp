@@ -50,7 +50,7 @@ class Checkpointed : public L {
   template <class M, class DY>
   auto backward(Ctx& ctx, const DY& dy, M& mesh) {
     {
-      X x = std::move(ctx.x);  // freed before the backward: the rebuilt context holds its own copies
+      X x = std::move(ctx.x);          // freed before the backward: the rebuilt context holds its own copies
       L::forward(ctx.inner, x, mesh);  // the forward again, its output dropped (inner is empty: forward kept only x)
     }
     return L::backward(ctx.inner, dy, mesh);
@@ -64,13 +64,22 @@ class Checkpointed : public L {
 };
 
 namespace detail {
-template <Policy R, class L, class T, class D> struct apply { using type = L; };
-template <class L, class T, class D> struct apply<Full, L, T, D> { using type = Checkpointed<L, T, D>; };
-template <class L> struct value_of { using type = typename L::value_type; };
-template <class L> struct device_of { using type = typename L::device; };
+template <Policy R, class L, class T, class D> struct apply {
+  using type = L;
+};
+template <class L, class T, class D> struct apply<Full, L, T, D> {
+  using type = Checkpointed<L, T, D>;
+};
+template <class L> struct value_of {
+  using type = typename L::value_type;
+};
+template <class L> struct device_of {
+  using type = typename L::device;
+};
 }  // namespace detail
 
-template <Policy R, class L, class T = typename detail::value_of<L>::type, class D = typename detail::device_of<L>::type>
+template <Policy R, class L, class T = typename detail::value_of<L>::type,
+          class D = typename detail::device_of<L>::type>
 using apply_t = typename detail::apply<R, L, T, D>::type;
 
 }  // namespace weft::recompute

@@ -59,8 +59,9 @@ class Tensor {
   static Tensor relabel(Tensor<T, From, D>&& t, const Shape& global) {
     Tensor r(global, t.spread_);
     if (r.local_ != t.local_)
-      throw Error("Tensor::relabel", cat("local shape ", t.local_, " under ", From::name(), " is ", r.local_, " under ", L::name(),
-                                         " (global ", global, ")"),
+      throw Error("Tensor::relabel",
+                  cat("local shape ", t.local_, " under ", From::name(), " is ", r.local_, " under ", L::name(),
+                      " (global ", global, ")"),
                   "relabel only between layouts and global shapes with the same local shape");
     r.device_ = t.device_;
     r.storage_ = std::move(t.storage_);

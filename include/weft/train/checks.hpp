@@ -58,7 +58,8 @@ inline void check_world(const Options& o, const Launch& launch) {
   const double world = 1.0 * o.mesh.data * o.mesh.pipe * o.mesh.context * o.mesh.tensor;
   char text[64];
   std::snprintf(text, sizeof text, "%.0f", world);
-  if (world > (1 << 20)) throw Error(o.where(), cat(o.mesh.text(), " = ", text, " ranks"), "use at most 2^20 = 1048576 ranks");
+  if (world > (1 << 20))
+    throw Error(o.where(), cat(o.mesh.text(), " = ", text, " ranks"), "use at most 2^20 = 1048576 ranks");
   if (launch.kind == Launcher::threads && world > 1024)
     throw Error(o.where("--launcher threads"), cat(o.mesh.text(), " = ", text, " thread ranks in one process"),
                 "use at most 1024 thread ranks, or one process per rank (mpirun, docs/launch.md)");
@@ -69,7 +70,8 @@ inline void check_world(const Options& o, const Launch& launch) {
 inline void check_processes(const Options& o, Launch& launch, const std::string& device) {
   if (launch.kind == Launcher::env) {  // torchrun, srun: one GPU per process
     if (device != "cuda")
-      throw Error(o.where("--launcher env"), "RANK and WORLD_SIZE start one process per rank, which the host ranks do only under MPI",
+      throw Error(o.where("--launcher env"),
+                  "RANK and WORLD_SIZE start one process per rank, which the host ranks do only under MPI",
                   "start the ranks with mpirun (--launcher mpi), use --device cuda, or unset RANK and WORLD_SIZE");
     const EnvRanks env = env_ranks();
     launch.process = env.rank;
@@ -87,14 +89,15 @@ inline void check_processes(const Options& o, Launch& launch, const std::string&
   const bool mpi = launch.kind == Launcher::mpi;
   if (launch.processes != ranks)
     throw Error(where,
-                cat(mpi ? "mpirun started " : "WORLD_SIZE is ", launch.processes, mpi ? " processes" : "", " but ", o.mesh.text(), " = ",
-                    ranks, " ranks"),
-                cat(mpi ? cat("run mpirun -np ", ranks) : cat("start ", ranks, " processes"), ", or choose degrees whose product is ",
-                    launch.processes));
+                cat(mpi ? "mpirun started " : "WORLD_SIZE is ", launch.processes, mpi ? " processes" : "", " but ",
+                    o.mesh.text(), " = ", ranks, " ranks"),
+                cat(mpi ? cat("run mpirun -np ", ranks) : cat("start ", ranks, " processes"),
+                    ", or choose degrees whose product is ", launch.processes));
   if (o.mesh.pipe > 1 && device == "cuda")
     throw Error(where, "--pipe with GPU processes (NCCL has no isend here yet)",
                 "use --pipe on thread ranks (--launcher threads), or tensor and data parallelism across GPUs");
-  if (!o.logging.trace.empty()) throw Error(where, "--trace records thread ranks of one process", "trace a --launcher threads run");
+  if (!o.logging.trace.empty())
+    throw Error(where, "--trace records thread ranks of one process", "trace a --launcher threads run");
 }
 
 // The micro-batch divides the batch.
@@ -107,22 +110,26 @@ inline void check_batch(const Options& o) {
 // The learning-rate schedule, the mesh and the pipeline's partition and table, for a model of
 // `layers` layers.
 inline void check_schedule(const Options& o, std::int64_t layers) {
-  (void)optim::Schedule::warmup_cosine(o.optim.lr, o.optim.warmup.value_or(o.optim.steps / 20), o.optim.steps, o.optim.min_lr);
+  (void)optim::Schedule::warmup_cosine(o.optim.lr, o.optim.warmup.value_or(o.optim.steps / 20), o.optim.steps,
+                                       o.optim.min_lr);
   validate(o.mesh.shape(), o.mesh.ranks());
   if (o.mesh.pipe == 1 && o.mesh.virtual_stages == 1) return;
   (void)pipeline::Partition::even(o.mesh.pipe, o.mesh.virtual_stages, layers);
-  (void)pipeline::make_table(pipeline::kind_named(o.mesh.schedule), o.mesh.pipe, static_cast<int>(o.optim.batch / o.optim.micro()), o.mesh.virtual_stages);
+  (void)pipeline::make_table(pipeline::kind_named(o.mesh.schedule), o.mesh.pipe,
+                             static_cast<int>(o.optim.batch / o.optim.micro()), o.mesh.virtual_stages);
   if (o.mesh.pipe == 1)
     throw Error(o.where(), cat("--virtual-stages ", o.mesh.virtual_stages, " without --pipe"),
                 "virtual stages split a pipeline's ranks: use --pipe >= 2");
-  if (o.data.sample > 0) throw Error(o.where(), "--sample with --pipe", "sample from a run without pipeline parallelism");
+  if (o.data.sample > 0)
+    throw Error(o.where(), "--sample with --pipe", "sample from a run without pipeline parallelism");
 }
 
 // Sampling against the model's vocabulary.
 inline void check_data(const Options& o, std::int64_t vocab) {
   if (!o.data.text.empty() && vocab < 256)
     throw Error(o.where(), cat("vocabulary ", vocab, " with --text"), "byte-level text needs a vocabulary of 256");
-  if (o.data.sample > 0 && o.data.text.empty()) throw Error(o.where(), "--sample without --text", "sampling prints text: train on --text");
+  if (o.data.sample > 0 && o.data.text.empty())
+    throw Error(o.where(), "--sample without --text", "sampling prints text: train on --text");
 }
 
 // The corpus a training run reads, against the model's vocabulary (--plan reads none: a Llama 3
@@ -138,8 +145,10 @@ inline void check_checkpoint_options(const Options& o) {
   if (!o.checkpoint.resume.empty() && !o.checkpoint.init_from.empty())
     throw Error(o.where(), "--init-from with --resume", "resume restores the weights: give one of them");
   if (o.checkpoint.resume == "latest" && o.checkpoint.save_dir.empty())
-    throw Error(o.where(), "--resume latest without --save-dir", "give --save-dir, or the checkpoint's path to --resume");
-  if ((o.checkpoint.save_every > 0 || o.checkpoint.keep > 0 || o.checkpoint.async_save) && o.checkpoint.save_dir.empty())
+    throw Error(o.where(), "--resume latest without --save-dir",
+                "give --save-dir, or the checkpoint's path to --resume");
+  if ((o.checkpoint.save_every > 0 || o.checkpoint.keep > 0 || o.checkpoint.async_save) &&
+      o.checkpoint.save_dir.empty())
     throw Error(o.where(), "--save-every, --keep or --async-save without --save-dir", "give --save-dir");
 }
 
@@ -161,7 +170,8 @@ inline std::optional<checkpoint::DirectoryLock> claim_outputs(const Options& o, 
   std::error_code ec;
   std::filesystem::create_directories(o.checkpoint.save_dir, ec);
   if (ec || !std::filesystem::is_directory(o.checkpoint.save_dir))
-    throw Error(o.where("--save-dir"), cat("cannot create the directory '", o.checkpoint.save_dir, "'", ec ? cat(": ", ec.message()) : ""),
+    throw Error(o.where("--save-dir"),
+                cat("cannot create the directory '", o.checkpoint.save_dir, "'", ec ? cat(": ", ec.message()) : ""),
                 "give a directory that can be created and written");
   return std::optional<checkpoint::DirectoryLock>(std::in_place, o.checkpoint.save_dir);
 }
@@ -173,19 +183,24 @@ inline std::optional<checkpoint::DirectoryLock> claim_outputs(const Options& o, 
 // --keep prunes only the steps up to the ones this run saves (checkpoint/save.hpp).
 inline void resolve_resume(Options& o, const Launch& launch, const std::string& family) {
   if (o.checkpoint.resume.empty()) return;
-  o.checkpoint.resume = checkpoint::resolve(o.checkpoint.resume == "latest" ? o.checkpoint.save_dir : o.checkpoint.resume);
+  o.checkpoint.resume =
+      checkpoint::resolve(o.checkpoint.resume == "latest" ? o.checkpoint.save_dir : o.checkpoint.resume);
   const checkpoint::Manifest m = checkpoint::peek(o.checkpoint.resume);  // exit 1 when not a valid checkpoint
   if (!m.family.empty() && m.family != family)
-    throw BadOption(Error(o.where("--resume"), cat("the checkpoint ", o.checkpoint.resume, " holds a model of the family '", m.family, "'; this run trains '", family, "'"),
+    throw BadOption(Error(o.where("--resume"),
+                          cat("the checkpoint ", o.checkpoint.resume, " holds a model of the family '", m.family,
+                              "'; this run trains '", family, "'"),
                           cat("give --model ", m.family, ", or resume a checkpoint of ", family)));
   if (m.step >= o.optim.steps)
-    throw BadOption(Error(o.where("--resume"), cat("the checkpoint ", o.checkpoint.resume, " is at step ", m.step, ", at or past --steps ", o.optim.steps),
-                              cat("pass --steps above ", m.step, " to train on from it")));
+    throw BadOption(Error(
+        o.where("--resume"),
+        cat("the checkpoint ", o.checkpoint.resume, " is at step ", m.step, ", at or past --steps ", o.optim.steps),
+        cat("pass --steps above ", m.step, " to train on from it")));
   if (!launch.lead() || o.checkpoint.save_dir.empty()) return;
   for (const auto& [step, name] : checkpoint::complete_checkpoints(o.checkpoint.save_dir))
     if (step > m.step)
-      std::printf("note: %s/%s is past the resumed step %lld; it is kept (--keep prunes steps up to this run's)\n", o.checkpoint.save_dir.c_str(),
-                  name.c_str(), static_cast<long long>(m.step));
+      std::printf("note: %s/%s is past the resumed step %lld; it is kept (--keep prunes steps up to this run's)\n",
+                  o.checkpoint.save_dir.c_str(), name.c_str(), static_cast<long long>(m.step));
 }
 
 // The checks that read the family's types (F: a family's variant, train::Bound; train/dispatch.hpp
@@ -203,8 +218,8 @@ void check_context(const Options& o, const config_t<F>& cfg) {
   const std::string where = o.where(cat("--context ", o.mesh.context));
   if (cfg.seq % (2 * static_cast<std::int64_t>(o.mesh.context)) != 0)
     throw Error(where,
-                cat("a sequence of ", cfg.seq, " tokens does not split into 2 x ", o.mesh.context, " = ", 2 * o.mesh.context,
-                    " equal chunks (each context rank holds two)"),
+                cat("a sequence of ", cfg.seq, " tokens does not split into 2 x ", o.mesh.context, " = ",
+                    2 * o.mesh.context, " equal chunks (each context rank holds two)"),
                 cat("use --seq a multiple of ", 2 * o.mesh.context, ", or another --context"));
   if (o.data.sample > 0) throw Error(where, "--sample with --context", "sample from a run without --context");
 }

@@ -24,13 +24,13 @@ namespace weft::train {
 
 struct Cluster {
   int gpus = 8, gpus_per_node = 8;
-  double memory_gib = 141;                  // device memory (H200)
-  double peak_tflops = 989;                 // dense bf16 (H200 SXM)
-  double hbm_gbps = 4800;                   // device memory bandwidth, GB/s
-  double intra_gbps = 450, intra_us = 3;    // NVLink per GPU, one direction; latency per message
-  double inter_gbps = 50, inter_us = 10;    // InfiniBand NDR 400 Gb/s per GPU; latency per message
-  double gemm_efficiency = 0.7;             // of the peak, for the step's GEMMs
-  double attention_efficiency = 0.3;        // of the peak, for the attention core (materialized scores)
+  double memory_gib = 141;                // device memory (H200)
+  double peak_tflops = 989;               // dense bf16 (H200 SXM)
+  double hbm_gbps = 4800;                 // device memory bandwidth, GB/s
+  double intra_gbps = 450, intra_us = 3;  // NVLink per GPU, one direction; latency per message
+  double inter_gbps = 50, inter_us = 10;  // InfiniBand NDR 400 Gb/s per GPU; latency per message
+  double gemm_efficiency = 0.7;           // of the peak, for the step's GEMMs
+  double attention_efficiency = 0.3;      // of the peak, for the attention core (materialized scores)
 
   estimate::Link intra() const { return {intra_us * 1e-6, 1 / (intra_gbps * 1e9)}; }
   estimate::Link inter() const { return {inter_us * 1e-6, 1 / (inter_gbps * 1e9)}; }
@@ -53,7 +53,7 @@ estimate::Rates cluster_rates(const Cluster& k, int tensor, int data, int pipe =
   // their gradient (4 e), AdamW reads and writes f32 state (30 bytes with the master's rounding).
   r.elements = {.gelu = hbm / (7 * e), .layernorm = hbm / (7 * e), .cross_entropy = hbm / (4 * e), .adamw = hbm / 30};
   r.bandwidth = hbm;
-  r.first_touch = hbm;  // a caching allocator: fresh blocks cost a write, like any other
+  r.first_touch = hbm;   // a caching allocator: fresh blocks cost a write, like any other
   r.tensor = k.intra();  // tensor groups stay inside a node (the ranks are laid out tensor-innermost)
   r.data = tensor * pipe * data > k.gpus_per_node ? k.inter() : k.intra();
   return r;
@@ -61,7 +61,7 @@ estimate::Rates cluster_rates(const Cluster& k, int tensor, int data, int pipe =
 
 // One layout of the run on the cluster.
 struct Layout {
-  std::string strategy;  // "ddp", "zero1-sp", ...: a name of train/strategies.hpp
+  std::string strategy;    // "ddp", "zero1-sp", ...: a name of train/strategies.hpp
   bool recompute = false;  // full recompute of every block
   int tensor = 1, data = 1, pipe = 1;
   pipeline::Kind schedule = pipeline::Kind::one_f_one_b;  // with pipe > 1
@@ -70,11 +70,14 @@ struct Layout {
 
   std::string name() const { return recompute ? strategy + " +recompute" : strategy; }
   std::string describe() const {
-    return cat("tensor ", tensor, strategy.ends_with("-sp") ? " with SP" : "", pipe > 1 ? cat(", pipe ", pipe) : "", ", data ", data);
+    return cat("tensor ", tensor, strategy.ends_with("-sp") ? " with SP" : "", pipe > 1 ? cat(", pipe ", pipe) : "",
+               ", data ", data);
   }
   std::string schedule_name() const {
     if (pipe == 1) return "-";
-    return schedule == pipeline::Kind::zero_bubble_h1 ? "zb" : schedule == pipeline::Kind::interleaved ? cat("int", virtual_stages) : "1f1b";
+    return schedule == pipeline::Kind::zero_bubble_h1 ? "zb"
+           : schedule == pipeline::Kind::interleaved  ? cat("int", virtual_stages)
+                                                      : "1f1b";
   }
 };
 
@@ -110,8 +113,8 @@ struct Space {
 // Every layout of the compiled strategies on the cluster, in the search's order, handed to `each`
 // (its data degree, micro-batch and accumulation still to fill); tensor and pipe degrees that do
 // not divide the GPUs, the layers or the batch are skipped with their reason.
-inline void for_each_layout(const Space& space, const Cluster& k, std::int64_t batch, std::int64_t micro_per_gpu, Candidates& out,
-                            const std::function<void(Layout)>& each) {
+inline void for_each_layout(const Space& space, const Cluster& k, std::int64_t batch, std::int64_t micro_per_gpu,
+                            Candidates& out, const std::function<void(Layout)>& each) {
   const auto has = [&](const std::string& s) {
     return std::find(space.strategies.begin(), space.strategies.end(), s) != space.strategies.end();
   };
@@ -139,7 +142,8 @@ inline void for_each_layout(const Space& space, const Cluster& k, std::int64_t b
       const auto piped_as = [&](bool r, pipeline::Kind kind, int v) {
         if (r && !space.recompute) return;
         for (const char* s : piped)
-          if (has(s)) each({.strategy = s, .recompute = r, .tensor = tp, .pipe = pp, .schedule = kind, .virtual_stages = v});
+          if (has(s))
+            each({.strategy = s, .recompute = r, .tensor = tp, .pipe = pp, .schedule = kind, .virtual_stages = v});
       };
       piped_as(false, pipeline::Kind::one_f_one_b, 1);
       piped_as(false, pipeline::Kind::zero_bubble_h1, 1);
@@ -178,8 +182,8 @@ inline Candidates search(const Space& space, const Cluster& k, std::int64_t batc
     x.data = k.gpus / x.tensor / x.pipe;
     x.micro = micro_per_gpu * x.data;
     if (batch % x.micro != 0)
-      return out.skip(cat(x.describe(), ": the batch of ", batch, " is not a multiple of the micro-batch ", x.micro, " (",
-                          micro_per_gpu, " per GPU)"));
+      return out.skip(cat(x.describe(), ": the batch of ", batch, " is not a multiple of the micro-batch ", x.micro,
+                          " (", micro_per_gpu, " per GPU)"));
     x.accumulation = batch / x.micro;
     try {
       Candidate c = cost(x);
@@ -196,9 +200,11 @@ inline Candidates search(const Space& space, const Cluster& k, std::int64_t batc
 
 // A pipelined candidate's time from its pipe-1 time (the whole model on the same data x tensor
 // mesh) and the pipeline's: the pipe-1 parts shared over the pipe ranks, the rest the pipeline's.
-inline void share_over_pipe(Candidate& x, const estimate::Breakdown& pipe1, const estimate::PipelineTime& pt, int pipe) {
+inline void share_over_pipe(Candidate& x, const estimate::Breakdown& pipe1, const estimate::PipelineTime& pt,
+                            int pipe) {
   x.time = pipe1;
-  for (double* part : {&x.time.gemm, &x.time.attention, &x.time.elementwise, &x.time.memory, &x.time.tensor_comm, &x.time.data_comm})
+  for (double* part :
+       {&x.time.gemm, &x.time.attention, &x.time.elementwise, &x.time.memory, &x.time.tensor_comm, &x.time.data_comm})
     *part /= pipe;
   x.pipeline_s = pt.step - x.time.total();
 }

@@ -29,18 +29,22 @@
 #include "weft/plan/memory.hpp"
 #include "weft/recompute/policies.hpp"
 #include "weft/train/cluster.hpp"
-#include "weft/train/rank_plan.hpp"
 #include "weft/train/command_line.hpp"
 #include "weft/train/dispatch.hpp"
 #include "weft/train/family.hpp"
 #include "weft/train/plan_flops.hpp"
+#include "weft/train/rank_plan.hpp"
 #include "weft/train/strategies.hpp"
 
 namespace weft::train {
 
 namespace detail {
-template <class F> struct cluster_precisions_of { using type = host_precisions_t<F>; };
-template <class F> requires requires { typename F::cluster_precisions; } struct cluster_precisions_of<F> {
+template <class F> struct cluster_precisions_of {
+  using type = host_precisions_t<F>;
+};
+template <class F>
+  requires requires { typename F::cluster_precisions; }
+struct cluster_precisions_of<F> {
   using type = typename F::cluster_precisions;
 };
 template <Family F, class P, bool SP, class R>
@@ -60,8 +64,11 @@ concept plans_recompute = requires { typename F::template recomputed<F32, false,
 // The cost of a layout from the step of ModelOn measured on the Meta device.
 template <template <class> class ModelOn, class Strategy, class T>
 Candidate measured_cost(const typename ModelOn<Meta<Host>>::config_type& c, const Layout& x, const Cluster& k) {
-  const footprint::Run run{.mesh = {.data = x.data, .pipe = x.pipe, .tensor = x.tensor}, .micro_batch = x.micro,
-                           .micro_batches = x.accumulation, .schedule = x.schedule, .virtual_stages = x.virtual_stages};
+  const footprint::Run run{.mesh = {.data = x.data, .pipe = x.pipe, .tensor = x.tensor},
+                           .micro_batch = x.micro,
+                           .micro_batches = x.accumulation,
+                           .schedule = x.schedule,
+                           .virtual_stages = x.virtual_stages};
   const estimate::Rates rates = cluster_rates<T>(k, x.tensor, x.data, x.pipe);
   Candidate out;
   const std::vector<footprint::RankStep> ranks = footprint::measure_bounding<ModelOn, Strategy>(c, run);
@@ -95,9 +102,10 @@ Candidate measured_cost(const typename ModelOn<Meta<Host>>::config_type& c, cons
     if (call.first == threads::Op::send) message = std::max(message, call.second);
   for (const auto& [call, n] : ranks[0].tie_calls)
     if (call.first == threads::Op::all_reduce)
-      tied += static_cast<double>(n) * estimate::collective_seconds(Collective::all_reduce, 2,
-                                                                    static_cast<std::int64_t>(call.second), link);
-  const pipeline::Table table = pipeline::make_table(x.schedule, x.pipe, static_cast<int>(x.accumulation), x.virtual_stages);
+      tied += static_cast<double>(n) *
+              estimate::collective_seconds(Collective::all_reduce, 2, static_cast<std::int64_t>(call.second), link);
+  const pipeline::Table table =
+      pipeline::make_table(x.schedule, x.pipe, static_cast<int>(x.accumulation), x.virtual_stages);
   const estimate::PipelineTime pt =
       estimate::pipeline_seconds_of(cost, c.layers, table, link.alpha + static_cast<double>(message) * link.beta, tied);
   share_over_pipe(out, pipe1(c, x.accumulation), pt, x.pipe);
@@ -110,14 +118,17 @@ Candidate cluster_cost(const config_t<F>& c, const Layout& x, const Cluster& k, 
   // A layout whose plan would replay more passes than a plan makes in seconds is left out, saying so.
   if (const auto why = plan_too_long(c.layers, x.accumulation))
     throw Error("plan", *why, "use fewer micro-batches per step (a larger --micro, fewer sequences in --batch)");
-  if constexpr (requires { { F::cluster_cost(c, x, k, dtype) } -> std::same_as<Candidate>; }) {
+  if constexpr (requires {
+                  { F::cluster_cost(c, x, k, dtype) } -> std::same_as<Candidate>;
+                }) {
     return F::cluster_cost(c, x, k, dtype);
   } else {
     return with_strategy(strategies_t<F>{}, x.strategy, [&]<class S, bool SP>() {
       return with_precision(cluster_precisions_t<F>{}, dtype, [&]<class P>() {
         using T = typename precision_t<P>::compute;
         if constexpr (plans_recompute<F>) {
-          if (x.recompute) return measured_cost<detail::MetaRecomputed<F, P, SP, recompute::Full>::template on, S, T>(c, x, k);
+          if (x.recompute)
+            return measured_cost<detail::MetaRecomputed<F, P, SP, recompute::Full>::template on, S, T>(c, x, k);
         }
         return measured_cost<ModelOn<F, P, SP>::template on, S, T>(c, x, k);
       });
@@ -129,7 +140,8 @@ Candidate cluster_cost(const config_t<F>& c, const Layout& x, const Cluster& k, 
 template <Family F>
 Candidates plan_cluster(const config_t<F>& c, const Cluster& k, std::int64_t batch, std::int64_t micro_per_gpu,
                         const std::string& dtype) {
-  const Space space{.strategies = strategy_names(strategies_t<F>{}), .recompute = plans_recompute<F>, .layers = c.layers};
+  const Space space{
+      .strategies = strategy_names(strategies_t<F>{}), .recompute = plans_recompute<F>, .layers = c.layers};
   return search(space, k, batch, micro_per_gpu, [&](const Layout& x) { return cluster_cost<F>(c, x, k, dtype); });
 }
 
@@ -160,7 +172,8 @@ inline void read_cluster(const std::string& path, Cluster& k, const std::string&
   // peak at most 1.
   auto number = [&](const char* key, double& v, double lo, double hi) {
     if (!j.contains(key)) return;
-    if (!j[key].is_number() || !std::isfinite(j[key].get<double>()) || j[key].get<double>() < lo || j[key].get<double>() > hi)
+    if (!j[key].is_number() || !std::isfinite(j[key].get<double>()) || j[key].get<double>() < lo ||
+        j[key].get<double>() > hi)
       throw Error(where, cat("'", path, "': ", key, " is ", j[key].dump()), cat("give a number from ", lo, " to ", hi));
     v = j[key].get<double>();
   };
@@ -180,9 +193,9 @@ inline void read_cluster(const std::string& path, Cluster& k, const std::string&
   number("gemm_efficiency", k.gemm_efficiency, 1e-6, 1);
   number("attention_efficiency", k.attention_efficiency, 1e-6, 1);
   for (const auto& [key, v] : j.items()) {
-    static const std::vector<std::string> known{"gpus_per_node", "memory_gib", "peak_tflops", "hbm_gbps",
-                                                "intra_gbps", "intra_us", "inter_gbps", "inter_us",
-                                                "gemm_efficiency", "attention_efficiency"};
+    static const std::vector<std::string> known{
+        "gpus_per_node", "memory_gib", "peak_tflops", "hbm_gbps",        "intra_gbps",
+        "intra_us",      "inter_gbps", "inter_us",    "gemm_efficiency", "attention_efficiency"};
     if (std::find(known.begin(), known.end(), key) == known.end())
       throw Error(where, cat("'", path, "': unknown key '", key, "'"),
                   "use gpus_per_node, memory_gib, peak_tflops, hbm_gbps, intra_gbps, intra_us, inter_gbps, inter_us, "
@@ -207,7 +220,10 @@ struct PlanOptions {
 template <Family F>
 std::string plan_preset(const PlanOptions& o) {
   if (!o.preset.empty()) return o.preset;
-  if constexpr (requires { { F::cluster_preset() } -> std::convertible_to<std::string>; }) return F::cluster_preset();
+  if constexpr (requires {
+                  { F::cluster_preset() } -> std::convertible_to<std::string>;
+                })
+    return F::cluster_preset();
   else return F::preset_names().front();
 }
 
@@ -215,11 +231,12 @@ std::string plan_preset(const PlanOptions& o) {
 template <Family F>
 std::string plan_dtype(const PlanOptions& o, const std::string& program) {
   const auto dtypes = dtype_names(cluster_precisions_t<F>{});
-  const std::string dtype = !o.dtype.empty()                                                   ? o.dtype
+  const std::string dtype = !o.dtype.empty()                                                  ? o.dtype
                             : std::find(dtypes.begin(), dtypes.end(), "bf16") != dtypes.end() ? std::string("bf16")
-                                                                                               : dtypes.front();
+                                                                                              : dtypes.front();
   if (std::find(dtypes.begin(), dtypes.end(), dtype) == dtypes.end())
-    throw Error(cat(program, " --dtype"), cat("precision '", dtype, "' is not planned for the model family '", F::name(), "'"),
+    throw Error(cat(program, " --dtype"),
+                cat("precision '", dtype, "' is not planned for the model family '", F::name(), "'"),
                 cat("use one of: ", join(dtypes)));
   return dtype;
 }
@@ -231,13 +248,15 @@ void check_plan_sizes(const PlanOptions& o, const config_t<F>& c, const Cluster&
   if constexpr (requires { approximate_elements(c, 1.0, 1.0); }) {  // the family's, found beside its config
     const double elements = approximate_elements(c, static_cast<double>(o.micro), k.gpus_per_node);
     if (elements > footprint::kMaxElements)
-      throw Error(program, cat("layers ", c.layers, ", width ", c.width, ", seq ", c.seq, ", vocab ", c.vocab, ", --micro ", o.micro,
-                               ": about ", elements, " elements per GPU"),
+      throw Error(program,
+                  cat("layers ", c.layers, ", width ", c.width, ", seq ", c.seq, ", vocab ", c.vocab, ", --micro ",
+                      o.micro, ": about ", elements, " elements per GPU"),
                   "use a smaller model, sequence or micro-batch");
   }
   if (static_cast<double>(o.micro) * k.gpus > static_cast<double>(o.batch))
-    throw Error(program, cat("--micro ", o.micro, " on ", k.gpus, " GPUs is ", static_cast<double>(o.micro) * k.gpus,
-                             " sequences per micro-batch, more than the batch of ", o.batch),
+    throw Error(program,
+                cat("--micro ", o.micro, " on ", k.gpus, " GPUs is ", static_cast<double>(o.micro) * k.gpus,
+                    " sequences per micro-batch, more than the batch of ", o.batch),
                 "raise --batch or lower --micro or --gpus");
 }
 
@@ -247,37 +266,58 @@ inline void print_candidate(const Candidate& x, const Cluster& k, double tokens,
   const double t = x.step_seconds();
   const double mfu = flops / t / (k.gpus * k.peak_tflops * 1e12);
   if (json) {
-    const nlohmann::json j{{"strategy", l.name()}, {"tensor", l.tensor}, {"data", l.data}, {"pipe", l.pipe},
-                           {"schedule", l.schedule_name()}, {"pipeline_s", x.pipeline_s}, {"micro_batch", l.micro},
-                           {"accumulation", l.accumulation}, {"peak_bytes", x.peak_bytes}, {"state_bytes", x.state_bytes},
-                           {"workspace_bytes", x.workspace_bytes}, {"fits", x.fits}, {"step_s", t},
-                           {"gemm_s", x.time.gemm}, {"attention_s", x.time.attention}, {"elementwise_s", x.time.elementwise},
-                           {"memory_s", x.time.memory}, {"tensor_comm_s", x.time.tensor_comm},
-                           {"data_comm_s", x.time.data_comm}, {"tokens_per_s", tokens / t}, {"mfu", mfu}};
+    const nlohmann::json j{{"strategy", l.name()},
+                           {"tensor", l.tensor},
+                           {"data", l.data},
+                           {"pipe", l.pipe},
+                           {"schedule", l.schedule_name()},
+                           {"pipeline_s", x.pipeline_s},
+                           {"micro_batch", l.micro},
+                           {"accumulation", l.accumulation},
+                           {"peak_bytes", x.peak_bytes},
+                           {"state_bytes", x.state_bytes},
+                           {"workspace_bytes", x.workspace_bytes},
+                           {"fits", x.fits},
+                           {"step_s", t},
+                           {"gemm_s", x.time.gemm},
+                           {"attention_s", x.time.attention},
+                           {"elementwise_s", x.time.elementwise},
+                           {"memory_s", x.time.memory},
+                           {"tensor_comm_s", x.time.tensor_comm},
+                           {"data_comm_s", x.time.data_comm},
+                           {"tokens_per_s", tokens / t},
+                           {"mfu", mfu}};
     std::printf("%s\n", j.dump().c_str());
     return;
   }
   const std::string pipe = l.pipe > 1 ? cat(l.pipe, " ", l.schedule_name()) : "1";
-  std::printf("%-22s %6d %10s %6d %6lld %11s %11s %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %10.4g %5.1f%%%s\n", l.name().c_str(), l.tensor,
-              pipe.c_str(), l.data, static_cast<long long>(l.accumulation), gib(static_cast<double>(x.peak_bytes)).c_str(),
-              gib(static_cast<double>(x.state_bytes)).c_str(), 1e3 * t, 1e3 * x.time.gemm, 1e3 * x.time.attention,
-              1e3 * (x.time.elementwise + x.time.memory), 1e3 * (x.time.tensor_comm + x.time.data_comm), 1e3 * x.pipeline_s,
-              tokens / t, 100 * mfu, x.fits ? "" : "  (does not fit)");
+  std::printf("%-22s %6d %10s %6d %6lld %11s %11s %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %10.4g %5.1f%%%s\n",
+              l.name().c_str(), l.tensor, pipe.c_str(), l.data, static_cast<long long>(l.accumulation),
+              gib(static_cast<double>(x.peak_bytes)).c_str(), gib(static_cast<double>(x.state_bytes)).c_str(), 1e3 * t,
+              1e3 * x.time.gemm, 1e3 * x.time.attention, 1e3 * (x.time.elementwise + x.time.memory),
+              1e3 * (x.time.tensor_comm + x.time.data_comm), 1e3 * x.pipeline_s, tokens / t, 100 * mfu,
+              x.fits ? "" : "  (does not fit)");
 }
 
 // The table's closing note: what the peak is, what is not priced, and the layouts left out.
 template <Family F>
 void print_plan_note(const config_t<F>& c, const Candidates& found) {
   std::string peak;
-  if constexpr (requires { { F::cluster_peak_note(c) } -> std::convertible_to<std::string>; }) peak = F::cluster_peak_note(c);
-  else peak = "the step's peak per GPU measured on the Meta device (the host allocator's counts, without the CUDA back end's workspaces)";
+  if constexpr (requires {
+                  { F::cluster_peak_note(c) } -> std::convertible_to<std::string>;
+                })
+    peak = F::cluster_peak_note(c);
+  else
+    peak =
+        "the step's peak per GPU measured on the Meta device (the host allocator's counts, without the CUDA back end's workspaces)";
   constexpr bool own = requires(const config_t<F>& cc, const Layout& l, const Cluster& kk, const std::string& d) {
     F::cluster_cost(cc, l, kk, d);
   };
-  std::printf("(ranked by step time among those that fit; peak: %s; pipe: degree and schedule, the largest pipe rank's "
-              "peak (int2: interleaved, 2 virtual stages); pipeline: the schedule's idle time, messages and imbalance; no "
-              "overlap of communication with compute%s)\n",
-              peak.c_str(), own ? "" : "; the family's own ops not priced");
+  std::printf(
+      "(ranked by step time among those that fit; peak: %s; pipe: degree and schedule, the largest pipe rank's "
+      "peak (int2: interleaved, 2 virtual stages); pipeline: the schedule's idle time, messages and imbalance; no "
+      "overlap of communication with compute%s)\n",
+      peak.c_str(), own ? "" : "; the family's own ops not priced");
   if (found.skipped.empty()) return;
   std::printf("left out:\n");
   for (const std::string& why : found.skipped) std::printf("  %s\n", why.c_str());
@@ -294,18 +334,22 @@ int plan_family(const PlanOptions& given, Cluster k, const std::string& program)
   const double tokens = static_cast<double>(o.batch) * static_cast<double>(c.seq);
   const double flops = plan_flops_per_token<F>(c) * tokens;
   if (!o.json)
-    std::printf("%s: %s%s, %s | %d GPUs (%d per node, %.0f GiB, %.0f TFLOP/s) | batch %lld, %lld per GPU per micro-batch\n",
-                program.c_str(), cat(F::name(), ": ").c_str(), summary<F>(c).c_str(), dtype.c_str(), k.gpus, k.gpus_per_node,
-                k.memory_gib, k.peak_tflops, static_cast<long long>(o.batch), static_cast<long long>(o.micro));
+    std::printf(
+        "%s: %s%s, %s | %d GPUs (%d per node, %.0f GiB, %.0f TFLOP/s) | batch %lld, %lld per GPU per micro-batch\n",
+        program.c_str(), cat(F::name(), ": ").c_str(), summary<F>(c).c_str(), dtype.c_str(), k.gpus, k.gpus_per_node,
+        k.memory_gib, k.peak_tflops, static_cast<long long>(o.batch), static_cast<long long>(o.micro));
   if (found.list.empty()) {  // in text or JSON, the reasons on stderr
-    std::fprintf(stderr, "%s: no candidate: no layout with a tensor degree up to %d fits the sizes; change --gpus, --micro "
-                 "or the model's sizes\n", program.c_str(), k.gpus_per_node);
+    std::fprintf(stderr,
+                 "%s: no candidate: no layout with a tensor degree up to %d fits the sizes; change --gpus, --micro "
+                 "or the model's sizes\n",
+                 program.c_str(), k.gpus_per_node);
     for (const std::string& why : found.skipped) std::fprintf(stderr, "  %s\n", why.c_str());
     return 2;
   }
   if (!o.json)
-    std::printf("%-22s %6s %10s %6s %6s %11s %11s %9s %9s %9s %9s %9s %9s %10s %6s\n", "strategy", "tensor", "pipe", "data",
-                "accum", "peak GiB", "state GiB", "step ms", "gemm", "attn", "elemwise", "comm", "pipeline", "tokens/s", "MFU");
+    std::printf("%-22s %6s %10s %6s %6s %11s %11s %9s %9s %9s %9s %9s %9s %10s %6s\n", "strategy", "tensor", "pipe",
+                "data", "accum", "peak GiB", "state GiB", "step ms", "gemm", "attn", "elemwise", "comm", "pipeline",
+                "tokens/s", "MFU");
   for (std::size_t i = 0; i < found.list.size() && static_cast<std::int64_t>(i) < o.show; ++i)
     print_candidate(found.list[i], k, tokens, flops, o.json);
   if (!o.json) print_plan_note<F>(c, found);
@@ -330,10 +374,13 @@ int plan_main_of(List<Fs...> families, int argc, char** argv, const std::string&
   app.add_option("--gpus", k.gpus, "GPUs in all")->check(cli::at_least(1))->check(cli::at_most(1 << 20));
   app.add_option("--batch", o.batch, "global batch, in sequences")->check(cli::at_least(1));
   app.add_option("--micro", o.micro, "sequences per GPU per micro-batch")->check(cli::at_least(1));
-  app.add_option("--cluster", o.cluster_file, "JSON: gpus_per_node, memory_gib, peak_tflops, hbm_gbps, intra_gbps, intra_us, "
-                                              "inter_gbps, inter_us, gemm_efficiency, attention_efficiency (defaults: 8 x H200 "
-                                              "nodes, NVLink, 400 Gb/s InfiniBand per GPU)");
-  app.add_option("--gpus-per-node", k.gpus_per_node, "overrides the cluster's")->check(cli::at_least(1))->check(cli::at_most(1024));
+  app.add_option("--cluster", o.cluster_file,
+                 "JSON: gpus_per_node, memory_gib, peak_tflops, hbm_gbps, intra_gbps, intra_us, "
+                 "inter_gbps, inter_us, gemm_efficiency, attention_efficiency (defaults: 8 x H200 "
+                 "nodes, NVLink, 400 Gb/s InfiniBand per GPU)");
+  app.add_option("--gpus-per-node", k.gpus_per_node, "overrides the cluster's")
+      ->check(cli::at_least(1))
+      ->check(cli::at_most(1024));
   app.add_option("--memory-gib", k.memory_gib, "device memory, overrides the cluster's")->check(cli::above(0));
   app.add_option("--peak-tflops", k.peak_tflops, "dense peak, overrides the cluster's")->check(cli::above(0));
   app.add_option("--show", o.show, "candidates to print")->check(cli::at_least(1));
@@ -350,16 +397,21 @@ int plan_main_of(List<Fs...> families, int argc, char** argv, const std::string&
     }
     return with_family(families, o.model, cat(program, " --model"), [&]<class F>() {
       Wanted w;
-      if constexpr (requires(config_t<F> c) { { c.tied } -> std::convertible_to<bool>; })
+      if constexpr (requires(config_t<F> c) {
+                      { c.tied } -> std::convertible_to<bool>;
+                    })
         w.tied = preset_config<F>(program, detail::plan_preset<F>(o), o.sizes).tied;
       int out = 2;
       bool listed = false;
       [&]<class... V>(List<V...>) {
-        (void)((w.is<V>() ? (listed = true, out = detail::plan_family<Bound<F, V>>(o, k, program), true) : false) || ...);
+        (void)((w.is<V>() ? (listed = true, out = detail::plan_family<Bound<F, V>>(o, k, program), true) : false) ||
+               ...);
       }(variants_t<F>{});
       if (!listed)
-        throw Error(cat(program, " --tie-embeddings"), cat("the model family '", F::name(), "' has no model with ", w.tied ? "a tied" : "an untied", " LM head"),
-                    cat("give --tie-embeddings ", w.tied ? "false" : "true"));
+        throw Error(
+            cat(program, " --tie-embeddings"),
+            cat("the model family '", F::name(), "' has no model with ", w.tied ? "a tied" : "an untied", " LM head"),
+            cat("give --tie-embeddings ", w.tied ? "false" : "true"));
       return out;
     });
   } catch (const Error& e) {

@@ -20,9 +20,7 @@ namespace weft::cli {
 inline std::optional<int> parse(CLI::App& app, int argc, char** argv) {
   try {
     app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
+  } catch (const CLI::CallForHelp& e) { return app.exit(e); } catch (const CLI::ParseError& e) {
     app.exit(e);
     return 2;
   }
@@ -43,9 +41,15 @@ inline CLI::Validator number_check(std::function<bool(double)> ok, std::string r
       },
       weft::cat("NUMBER ", rule));
 }
-inline CLI::Validator at_least(double lo) { return number_check([lo](double v) { return v >= lo; }, weft::cat(">= ", lo)); }
-inline CLI::Validator above(double lo) { return number_check([lo](double v) { return v > lo; }, weft::cat("> ", lo)); }
-inline CLI::Validator at_most(double hi) { return number_check([hi](double v) { return v <= hi; }, weft::cat("<= ", hi)); }
+inline CLI::Validator at_least(double lo) {
+  return number_check([lo](double v) { return v >= lo; }, weft::cat(">= ", lo));
+}
+inline CLI::Validator above(double lo) {
+  return number_check([lo](double v) { return v > lo; }, weft::cat("> ", lo));
+}
+inline CLI::Validator at_most(double hi) {
+  return number_check([hi](double v) { return v <= hi; }, weft::cat("<= ", hi));
+}
 
 // --layers, --heads, --width, --seq, --vocab, --kv-heads, --hidden and --tie-embeddings: the sizes
 // over a model family's preset.
@@ -57,8 +61,9 @@ inline void add_sizes(CLI::App& app, train::Sizes& s) {
   app.add_option("--vocab", s.vocab, "override the preset's vocabulary")->check(at_least(1));
   app.add_option("--kv-heads", s.kv_heads, "override the preset's key-value heads (llama)")->check(at_least(1));
   app.add_option("--hidden", s.hidden, "override the preset's MLP hidden width (llama)")->check(at_least(1));
-  app.add_option("--tie-embeddings", s.tied, "true or false: whether the LM head reads the embedding table, over the "
-                                             "preset's (llama; GPT-2's is always tied)");
+  app.add_option("--tie-embeddings", s.tied,
+                 "true or false: whether the LM head reads the embedding table, over the "
+                 "preset's (llama; GPT-2's is always tied)");
 }
 
 }  // namespace weft::cli

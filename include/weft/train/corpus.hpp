@@ -23,7 +23,9 @@ struct Corpus {
   }
   void held_out(std::uint64_t k, std::int32_t* out, std::int64_t n) const {
     if (markov) markov->sequence((std::uint64_t{1} << 40) + k, out, n);  // sequences training never reads
-    else windows->held_out(static_cast<std::int64_t>(k % static_cast<std::uint64_t>(windows->held_out_sequences(n))), out, n);
+    else
+      windows->held_out(static_cast<std::int64_t>(k % static_cast<std::uint64_t>(windows->held_out_sequences(n))), out,
+                        n);
   }
   std::optional<double> floor() const { return markov ? std::optional(markov->entropy_rate()) : std::nullopt; }
 

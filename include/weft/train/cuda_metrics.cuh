@@ -21,7 +21,7 @@ double cuda_gemm_rate(Cuda& d, std::int64_t n = 4096, double seconds = 0.3) {
   ops::Memory<Cuda>::fill(d, static_cast<T*>(a.data()), n * n, T(0.5f));
   auto once = [&] {
     ops::Gemm<Cuda>::run(d, Trans::no, Trans::no, n, n, n, 1.0f, static_cast<const T*>(a.data()), n,
-                    static_cast<const T*>(a.data()), n, 0.0f, static_cast<T*>(c.data()), n);
+                         static_cast<const T*>(a.data()), n, 0.0f, static_cast<T*>(c.data()), n);
   };
   once();  // the heuristic and the workspace, outside the timing
   d.synchronize();
@@ -53,7 +53,8 @@ inline std::optional<std::pair<std::string, double>> datasheet_peak(bool bf16) {
   constexpr Row rows[] = {{"H200", 989e12, 494e12}, {"H100", 989e12, 494e12}, {"A100", 312e12, 156e12}};
   for (const Row& r : rows)
     if (gpu.find(r.name) != std::string::npos)
-      return std::pair{cat(gpu, "'s dense ", bf16 ? "bf16" : "f32 (TF32 tensor-core)", " peak"), bf16 ? r.bf16 : r.tf32};
+      return std::pair{cat(gpu, "'s dense ", bf16 ? "bf16" : "f32 (TF32 tensor-core)", " peak"),
+                       bf16 ? r.bf16 : r.tf32};
   return std::nullopt;
 }
 

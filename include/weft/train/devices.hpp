@@ -3,9 +3,9 @@
 // measured against, and profiler ranges. The host's is here; the GPU's in train/devices.cuh.
 #pragma once
 
+#include <cerrno>
 #include <cmath>
 #include <cstring>
-#include <cerrno>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -32,7 +32,9 @@ struct DeviceSupport;
 template <>
 struct DeviceSupport<Host> {
   template <class C>
-  static std::shared_ptr<Host> make(C&) { return std::make_shared<Host>(); }
+  static std::shared_ptr<Host> make(C&) {
+    return std::make_shared<Host>();
+  }
   // The GEMM rate all ranks reach together on this machine (bf16 computes in f32 on the host).
   template <class T>
   static double gemm_ceiling(int ranks, int /*gpu*/) {
@@ -41,7 +43,9 @@ struct DeviceSupport<Host> {
   }
   // The processor's dense peak is not known to weft: MFU is against the measured ceiling only.
   template <class T>
-  static std::optional<std::pair<std::string, double>> dense_peak() { return std::nullopt; }
+  static std::optional<std::pair<std::string, double>> dense_peak() {
+    return std::nullopt;
+  }
   static void ranges(pipeline::Trace&) {}  // no profiler ranges on the host
 };
 
@@ -70,7 +74,9 @@ struct NoPipeline {
   void set_trace(pipeline::Trace*, int) {}
   double evaluate(const nn::MicroBatch&) { return never(); }
   template <class P, class H>
-  double run(std::span<const nn::MicroBatch>, P&, H&) { return never(); }
+  double run(std::span<const nn::MicroBatch>, P&, H&) {
+    return never();
+  }
   static double never() {
     throw Error("train --pipe", "this communicator has no isend for the pipeline's activations",
                 "run the pipeline on thread ranks or under mpirun on the host");
@@ -80,8 +86,9 @@ struct NoPipeline {
 // A stream that failed to write (a full device, an I/O error) ends the run: a log that silently
 // lost its records is worse than none.
 inline void check_written(std::ofstream& f, const std::string& path, const std::string& where) {
-  if (!f) throw Error(where, cat("writing '", path, "' failed (", std::strerror(errno), ")"),
-                      "free space on its device, or give --log a path elsewhere");
+  if (!f)
+    throw Error(where, cat("writing '", path, "' failed (", std::strerror(errno), ")"),
+                "free space on its device, or give --log a path elsewhere");
 }
 
 inline std::string gib(double bytes) { return cat(std::round(bytes / (1 << 30) * 100) / 100, " GiB"); }

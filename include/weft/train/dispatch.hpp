@@ -32,11 +32,14 @@ template <> inline constexpr const char* device_name<Cuda> = "cuda";
 
 // The families of a list of units, each once, in order.
 template <class Units, class Seen = List<>> struct families_of;
-template <class Seen> struct families_of<List<>, Seen> { using type = Seen; };
+template <class Seen> struct families_of<List<>, Seen> {
+  using type = Seen;
+};
 template <class U, class... Us, class... Fs>
 struct families_of<List<U, Us...>, List<Fs...>> {
   using F = typename U::family;
-  using type = typename families_of<List<Us...>, std::conditional_t<contains_v<F, List<Fs...>>, List<Fs...>, List<Fs..., F>>>::type;
+  using type = typename families_of<List<Us...>,
+                                    std::conditional_t<contains_v<F, List<Fs...>>, List<Fs...>, List<Fs..., F>>>::type;
 };
 template <class Units> using families_t = typename families_of<Units>::type;
 
@@ -46,7 +49,9 @@ int with_family(List<Fs...>, const std::string& name, const std::string& where, 
   int out = 0;
   bool found = false;
   const std::vector<std::string> names{Fs::name()...};
-  (void)((((name.empty() && !found) || name == Fs::name()) ? (out = f.template operator()<Fs>(), found = true) : false) || ...);
+  (void)((((name.empty() && !found) || name == Fs::name()) ? (out = f.template operator()<Fs>(), found = true)
+                                                           : false) ||
+         ...);
   if (!found) throw Error(where, cat("no model family '", name, "'"), cat("use one of: ", join(names)));
   return out;
 }
@@ -62,10 +67,12 @@ std::string names_of(List<P...>) {
 // "gpt2 on host (sp and not): plain in f32, bf16; ring in f32", one unit's share.
 template <class U>
 std::string unit_text() {
-  std::string out = cat(U::family::name(), " on ", device_name<typename U::device>, U::sequence_parallel ? " with SP" : "", ": ");
+  std::string out =
+      cat(U::family::name(), " on ", device_name<typename U::device>, U::sequence_parallel ? " with SP" : "", ": ");
   bool first = true;
   [&]<class... V>(List<V...>) {
-    ((out += cat(first ? "" : "; ", V::name(), " in ", names_of(typename U::template precisions<V>{})), first = false), ...);
+    ((out += cat(first ? "" : "; ", V::name(), " in ", names_of(typename U::template precisions<V>{})), first = false),
+     ...);
   }(typename U::variants{});
   return first ? out + "nothing" : out;
 }
@@ -106,7 +113,10 @@ template <Family F>
 Wanted wanted(const Options& o, const config_t<F>& cfg) {
   Wanted w;
   if (o.mesh.context > 1) w.context = o.mesh.attention;
-  if constexpr (requires { { cfg.tied } -> std::convertible_to<bool>; }) w.tied = cfg.tied;
+  if constexpr (requires {
+                  { cfg.tied } -> std::convertible_to<bool>;
+                })
+    w.tied = cfg.tied;
   return w;
 }
 
@@ -115,12 +125,17 @@ namespace detail {
 // The error for a variant that F does not list: the context or the head it lacks, named.
 template <Family F, class Units>
 Error no_variant(const Options& o, const Wanted& w) {
-  const auto context_variants = []<class... V>(List<V...>) { return (0 + ... + (V::context_parallel ? 1 : 0)); }(variants_t<F>{});
+  const auto context_variants = []<class... V>(List<V...>) {
+    return (0 + ... + (V::context_parallel ? 1 : 0));
+  }(variants_t<F>{});
   const std::string compiled = compiled_text(Units{});
   if (w.context != "none" && context_variants == 0)
-    return Error(o.where(cat("--context ", o.mesh.context)), cat("the model family '", F::name(), "' has no context-parallel attention"),
-                 cat("leave out --context, or give the family context-parallel variants (train::Variant<context::Ring>, "
-                     "docs/context.md); ", compiled));
+    return Error(
+        o.where(cat("--context ", o.mesh.context)),
+        cat("the model family '", F::name(), "' has no context-parallel attention"),
+        cat("leave out --context, or give the family context-parallel variants (train::Variant<context::Ring>, "
+            "docs/context.md); ",
+            compiled));
   if (w.tied && w.context != "none")
     return Error(o.where("--tie-embeddings true"),
                  cat("a tied LM head (the preset's, or --tie-embeddings) in the model family '", F::name(),
@@ -148,17 +163,22 @@ int with_run(const Options& o, const config_t<F>& cfg, const std::string& device
   const auto run = [&]<class V>() {
     if constexpr (!detail::compiles<Units, F, V>) {
       if (V::context_parallel)
-        throw Error(o.where(cat("--context ", o.mesh.context)),
-                    cat("the context-parallel loops of the model family '", F::name(), "' are not compiled in this binary"),
-                    cat("leave out --context, or rebuild with them (weft_add_trainer without NO_CONTEXT; train_gpt: CMake "
-                        "-DWEFT_TRAIN_GPT_CONTEXT=ON); ", compiled));
-      throw Error(o.where(), cat("the variant '", V::name(), "' of the model family '", F::name(), "' is not compiled in this binary"),
-                  cat("rebuild with it; ", compiled));
+        throw Error(
+            o.where(cat("--context ", o.mesh.context)),
+            cat("the context-parallel loops of the model family '", F::name(), "' are not compiled in this binary"),
+            cat("leave out --context, or rebuild with them (weft_add_trainer without NO_CONTEXT; train_gpt: CMake "
+                "-DWEFT_TRAIN_GPT_CONTEXT=ON); ",
+                compiled));
+      throw Error(
+          o.where(),
+          cat("the variant '", V::name(), "' of the model family '", F::name(), "' is not compiled in this binary"),
+          cat("rebuild with it; ", compiled));
     } else {
       const bool gpu = detail::compiles<Units, F, V, Cuda>;
       if (device == "cuda" && !gpu && o.launch.device != "auto") {
         if (V::context_parallel)
-          throw Error(o.where(cat("--context ", o.mesh.context)), "context parallelism on the GPU (its attention runs on the host so far)",
+          throw Error(o.where(cat("--context ", o.mesh.context)),
+                      "context parallelism on the GPU (its attention runs on the host so far)",
                       cat("use --device host with --context; ", compiled));
         throw Error(o.where("--device cuda"), cat("the model family '", F::name(), "' has no GPU path in this binary"),
                     cat("train it on the host (--device host); ", compiled));
@@ -169,14 +189,16 @@ int with_run(const Options& o, const config_t<F>& cfg, const std::string& device
       const bool sp = o.mesh.sequence_parallel();
       const auto strategies = strategy_names(strategies_t<F>{});
       if (std::find(strategies.begin(), strategies.end(), o.mesh.strategy) == strategies.end())
-        throw Error(o.where(), cat("strategy '", o.mesh.strategy, "' is not available"), cat("use one of: ", join(strategies), "; ", compiled));
+        throw Error(o.where(), cat("strategy '", o.mesh.strategy, "' is not available"),
+                    cat("use one of: ", join(strategies), "; ", compiled));
       const auto unit = [&]<class U>() {
         if constexpr (std::same_as<typename U::family, F> && contains_v<V, typename U::variants>) {
           if (found || U::sequence_parallel != sp) return;
           if ((std::same_as<typename U::device, Cuda>) != on_cuda) return;
           const auto dtypes = dtype_names(typename U::template precisions<V>{});
           if (std::find(dtypes.begin(), dtypes.end(), o.model.dtype) == dtypes.end())
-            throw Error(o.where("--dtype"), cat("precision '", o.model.dtype, "' is not compiled for the model family '", F::name(), "'"),
+            throw Error(o.where("--dtype"),
+                        cat("precision '", o.model.dtype, "' is not compiled for the model family '", F::name(), "'"),
                         cat("use one of: ", join(dtypes), "; ", compiled));
           found = true;
           out = f.template operator()<V, U>();
@@ -185,8 +207,8 @@ int with_run(const Options& o, const config_t<F>& cfg, const std::string& device
       [&]<class... Us>(List<Us...>) { (unit.template operator()<Us>(), ...); }(Units{});
       if (!found)
         throw Error(o.where(cat("--strategy ", o.mesh.strategy)),
-                    cat("the model family '", F::name(), "' is not compiled ", sp ? "with" : "without", " sequence parallelism on ",
-                        on_cuda ? "the GPU" : "the host"),
+                    cat("the model family '", F::name(), "' is not compiled ", sp ? "with" : "without",
+                        " sequence parallelism on ", on_cuda ? "the GPU" : "the host"),
                     cat("choose a strategy ", sp ? "without" : "with", " -sp; ", compiled));
     }
   };

@@ -108,13 +108,20 @@ struct model_of<F, P, SP, D, V> {
   using type = typename F::template model<P, SP, D, V>;
 };
 template <class F, class P, bool SP, class D, class V>
-  requires(!requires { typename F::template model<P, SP, D, V>; } && std::same_as<V, Plain> &&
-           requires { typename F::template model<P, SP, D>; })
+  requires(
+      !requires { typename F::template model<P, SP, D, V>; } && std::same_as<V, Plain> &&
+      requires { typename F::template model<P, SP, D>; })
 struct model_of<F, P, SP, D, V> {
   using type = typename F::template model<P, SP, D>;
 };
-template <class F> struct variants_of { using type = List<Plain>; };
-template <class F> requires requires { typename F::variants; } struct variants_of<F> { using type = typename F::variants; };
+template <class F> struct variants_of {
+  using type = List<Plain>;
+};
+template <class F>
+  requires requires { typename F::variants; }
+struct variants_of<F> {
+  using type = typename F::variants;
+};
 }  // namespace detail
 
 template <class F, class P, bool SP, class D, class V = Plain>
@@ -145,12 +152,16 @@ template <class T, class... Ts> struct contains<T, List<Ts...>> : std::bool_cons
 template <class T, class L> inline constexpr bool contains_v = contains<T, L>::value;
 
 template <class L, template <class> class Keep> struct filter;
-template <template <class> class Keep> struct filter<List<>, Keep> { using type = List<>; };
+template <template <class> class Keep> struct filter<List<>, Keep> {
+  using type = List<>;
+};
 template <class T, class... Ts, template <class> class Keep>
 struct filter<List<T, Ts...>, Keep> {
   using rest = typename filter<List<Ts...>, Keep>::type;
   template <class R> struct prepend;
-  template <class... Rs> struct prepend<List<Rs...>> { using type = List<T, Rs...>; };
+  template <class... Rs> struct prepend<List<Rs...>> {
+    using type = List<T, Rs...>;
+  };
   using type = std::conditional_t<Keep<T>::value, typename prepend<rest>::type, rest>;
 };
 template <class L, template <class> class Keep> using filter_t = typename filter<L, Keep>::type;
@@ -163,8 +174,12 @@ struct intersect {
 };
 template <class A, class B> using intersect_t = typename intersect<A, B>::type;
 
-template <class... Ls> struct concat { using type = List<>; };
-template <class... A> struct concat<List<A...>> { using type = List<A...>; };
+template <class... Ls> struct concat {
+  using type = List<>;
+};
+template <class... A> struct concat<List<A...>> {
+  using type = List<A...>;
+};
 template <class... A, class... B, class... Rest>
 struct concat<List<A...>, List<B...>, Rest...> : concat<List<A..., B...>, Rest...> {};
 template <class... Ls> using concat_t = typename concat<Ls...>::type;
@@ -191,14 +206,38 @@ auto with_index(List<Ts...>, std::size_t i, Fn&& f) {
 }
 
 namespace detail {
-template <class F> struct strategies_of { using type = List<optim::Ddp, optim::Zero1, optim::Zero2, optim::Fsdp>; };
-template <class F> requires requires { typename F::strategies; } struct strategies_of<F> { using type = typename F::strategies; };
-template <class F> struct host_precisions_of { using type = List<F32, Bf16Mixed, F64>; };
-template <class F> requires requires { typename F::host_precisions; } struct host_precisions_of<F> { using type = typename F::host_precisions; };
-template <class F> struct cuda_precisions_of { using type = List<F32, Bf16Mixed>; };
-template <class F> requires requires { typename F::cuda_precisions; } struct cuda_precisions_of<F> { using type = typename F::cuda_precisions; };
-template <class F> struct cuda_precisions_of_gpu { using type = typename cuda_precisions_of<F>::type; };
-template <class F> requires requires { F::gpu; } && (!F::gpu) struct cuda_precisions_of_gpu<F> { using type = List<>; };
+template <class F> struct strategies_of {
+  using type = List<optim::Ddp, optim::Zero1, optim::Zero2, optim::Fsdp>;
+};
+template <class F>
+  requires requires { typename F::strategies; }
+struct strategies_of<F> {
+  using type = typename F::strategies;
+};
+template <class F> struct host_precisions_of {
+  using type = List<F32, Bf16Mixed, F64>;
+};
+template <class F>
+  requires requires { typename F::host_precisions; }
+struct host_precisions_of<F> {
+  using type = typename F::host_precisions;
+};
+template <class F> struct cuda_precisions_of {
+  using type = List<F32, Bf16Mixed>;
+};
+template <class F>
+  requires requires { typename F::cuda_precisions; }
+struct cuda_precisions_of<F> {
+  using type = typename F::cuda_precisions;
+};
+template <class F> struct cuda_precisions_of_gpu {
+  using type = typename cuda_precisions_of<F>::type;
+};
+template <class F>
+  requires requires { F::gpu; } && (!F::gpu)
+struct cuda_precisions_of_gpu<F> {
+  using type = List<>;
+};
 
 // The precisions variant V of F runs in on device D: the family's, f32 only on the host for a
 // context-parallel variant (and not on the GPU).
@@ -275,22 +314,27 @@ config_t<F> preset_config(const std::string& program, const std::string& preset,
   if (sizes.layers) c.layers = *sizes.layers;
   if (sizes.heads) {
     if constexpr (requires { c.heads = *sizes.heads; }) c.heads = *sizes.heads;
-    else throw Error(cat(program, " --heads"), cat("the model family '", F::name(), "' has no heads to set"), "leave out --heads");
+    else
+      throw Error(cat(program, " --heads"), cat("the model family '", F::name(), "' has no heads to set"),
+                  "leave out --heads");
   }
   if (sizes.kv_heads) {
     if constexpr (requires { c.kv_heads = *sizes.kv_heads; }) c.kv_heads = *sizes.kv_heads;
-    else throw Error(cat(program, " --kv-heads"), cat("the model family '", F::name(), "' has no key-value heads to set"),
-                     "leave out --kv-heads");
+    else
+      throw Error(cat(program, " --kv-heads"), cat("the model family '", F::name(), "' has no key-value heads to set"),
+                  "leave out --kv-heads");
   }
   if (sizes.hidden) {
     if constexpr (requires { c.hidden = *sizes.hidden; }) c.hidden = *sizes.hidden;
-    else throw Error(cat(program, " --hidden"), cat("the model family '", F::name(), "' has no hidden width to set"),
-                     "leave out --hidden");
+    else
+      throw Error(cat(program, " --hidden"), cat("the model family '", F::name(), "' has no hidden width to set"),
+                  "leave out --hidden");
   }
   if (sizes.tied) {
     if constexpr (requires { c.tied = *sizes.tied; }) c.tied = *sizes.tied;
-    else throw Error(cat(program, " --tie-embeddings"), cat("the model family '", F::name(), "' has no choice of a tied head"),
-                     "leave out --tie-embeddings");
+    else
+      throw Error(cat(program, " --tie-embeddings"),
+                  cat("the model family '", F::name(), "' has no choice of a tied head"), "leave out --tie-embeddings");
   }
   if (sizes.width) c.width = *sizes.width;
   if (sizes.seq) c.seq = *sizes.seq;
@@ -308,11 +352,14 @@ concept measurable = !requires { F::measured_plan; } || F::measured_plan;
 // The run's header line: the family's summary, or the fields of its record.
 template <Family F>
 std::string summary(const config_t<F>& c) {
-  if constexpr (requires { { F::summary(c) } -> std::convertible_to<std::string>; }) {
+  if constexpr (requires {
+                  { F::summary(c) } -> std::convertible_to<std::string>;
+                }) {
     return F::summary(c);
   } else {
     std::string out;
-    for (const auto& [k, v] : model_t<F, F32, false, Host>::spec::record(c)) out += cat(out.empty() ? "" : ", ", k, " ", v);
+    for (const auto& [k, v] : model_t<F, F32, false, Host>::spec::record(c))
+      out += cat(out.empty() ? "" : ", ", k, " ", v);
     return out;
   }
 }

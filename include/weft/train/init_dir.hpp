@@ -42,7 +42,8 @@ struct TempDir {
   static TempDir make(const std::string& where) {
     std::error_code ec;
     const auto base = std::filesystem::temp_directory_path(ec);
-    std::string tmpl = ((ec ? std::filesystem::path("/tmp") : base) / cat("weft_init_", ::getpid(), "_XXXXXX")).string();
+    std::string tmpl =
+        ((ec ? std::filesystem::path("/tmp") : base) / cat("weft_init_", ::getpid(), "_XXXXXX")).string();
     if (!::mkdtemp(tmpl.data()))
       throw Error(where, cat("cannot create a temporary directory like ", tmpl, " (", std::strerror(errno), ")"),
                   "set TMPDIR to a writable directory with room for the model");

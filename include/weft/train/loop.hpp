@@ -71,19 +71,19 @@ struct Run {
   const Corpus& corpus;
   const Launch& launch;
   std::int64_t seq = 0, vocab = 0;
-  std::string family;                       // "gpt2": the checkpoints' family
-  std::string model;                        // "gpt2: layers 2, ..., seed 1": the fingerprint's
-  std::string device_precision;             // "host f32"
-  std::string init_dir;                     // --init-from converted to a weft checkpoint
-  std::unique_ptr<pipeline::Trace> trace;   // --trace
-  Report report;                            // active in the lead process
+  std::string family;                      // "gpt2": the checkpoints' family
+  std::string model;                       // "gpt2: layers 2, ..., seed 1": the fingerprint's
+  std::string device_precision;            // "host f32"
+  std::string init_dir;                    // --init-from converted to a weft checkpoint
+  std::unique_ptr<pipeline::Trace> trace;  // --trace
+  Report report;                           // active in the lead process
 
   enum class Outcome { finished, stopped, diverged } outcome = Outcome::finished;
   int end_signal = 0;
   std::int64_t end_step = 0;
   double final_loss = 0, final_eval = NAN, seconds = 0;
-  std::int64_t peak_bytes = 0;              // the largest rank's peak
-  std::vector<std::int32_t> sample;         // --sample's tokens
+  std::int64_t peak_bytes = 0;       // the largest rank's peak
+  std::vector<std::int32_t> sample;  // --sample's tokens
 
   std::int64_t micro() const { return o.optim.micro(); }
   std::int64_t accumulation() const { return o.optim.batch / o.optim.micro(); }
@@ -93,10 +93,12 @@ struct Run {
 
 // The learning-rate schedule, a function of the step; a checkpoint records its parameters.
 inline optim::Schedule schedule_of(const Options& o) {
-  return optim::Schedule::warmup_cosine(o.optim.lr, o.optim.warmup.value_or(o.optim.steps / 20), o.optim.steps, o.optim.min_lr);
+  return optim::Schedule::warmup_cosine(o.optim.lr, o.optim.warmup.value_or(o.optim.steps / 20), o.optim.steps,
+                                        o.optim.min_lr);
 }
 inline nlohmann::json schedule_record(const optim::Schedule& s) {
-  return {{"kind", "warmup_cosine"}, {"max_lr", s.max_lr}, {"min_lr", s.min_lr}, {"warmup", s.warmup}, {"total", s.total}};
+  return {
+      {"kind", "warmup_cosine"}, {"max_lr", s.max_lr}, {"min_lr", s.min_lr}, {"warmup", s.warmup}, {"total", s.total}};
 }
 
 // One rank's place in the run: its data, the steps done, and the stop polling's spacing.
@@ -107,9 +109,9 @@ struct RankState {
   optim::Schedule schedule;
   nlohmann::json schedule_json;
   std::int64_t first_step = 0, last_saved = 0;  // where the run began; the step of the newest checkpoint
-  StopPoints points;           // a long step is polled for a stop request part-way (train/stop.hpp)
-  double previous_seconds = -1;  // the slowest rank's last step
-  std::int64_t step_peak_max = 0;  // the largest step peak of every rank (peak_bytes resets each step)
+  StopPoints points;                            // a long step is polled for a stop request part-way (train/stop.hpp)
+  double previous_seconds = -1;                 // the slowest rank's last step
+  std::int64_t step_peak_max = 0;               // the largest step peak of every rank (peak_bytes resets each step)
   bool lead = false;
 };
 
@@ -125,12 +127,18 @@ inline void agree_on_the_run(const Run& run, Trainer& t) {
   fp.add("mesh", cat(o.mesh.text(), ", ", o.mesh.virtual_stages, " virtual stages, schedule ", o.mesh.schedule,
                      o.mesh.context > 1 ? cat(", ", o.mesh.attention, " attention") : std::string()));
   fp.add("batch", cat(o.optim.batch, " in micro-batches of ", o.optim.micro()));
-  fp.add("optimization", cat(o.optim.steps, " steps, lr ", o.optim.lr, " to ", o.optim.min_lr, ", warm-up ", s.warmup, ", clip ", o.optim.clip));
-  fp.add("data", cat(o.data.file.empty() && o.data.text.empty() ? "built-in Markov corpus" : o.data.file + o.data.text, ", eval every ", o.data.eval_every));
+  fp.add("optimization", cat(o.optim.steps, " steps, lr ", o.optim.lr, " to ", o.optim.min_lr, ", warm-up ", s.warmup,
+                             ", clip ", o.optim.clip));
+  fp.add("data", cat(o.data.file.empty() && o.data.text.empty() ? "built-in Markov corpus" : o.data.file + o.data.text,
+                     ", eval every ", o.data.eval_every));
   // Absolute paths: ranks started in other working directories resolve relative ones elsewhere.
-  fp.add("checkpoints", cat("save to '", absolute(o.checkpoint.save_dir), "' every ", o.checkpoint.save_every, ", resume '",
-                            o.checkpoint.resume.empty() ? std::string() : absolute(checkpoint::resolve(o.checkpoint.resume == "latest" ? o.checkpoint.save_dir : o.checkpoint.resume)),
-                            "', init '", absolute(o.checkpoint.init_from), "'"));
+  fp.add("checkpoints",
+         cat("save to '", absolute(o.checkpoint.save_dir), "' every ", o.checkpoint.save_every, ", resume '",
+             o.checkpoint.resume.empty()
+                 ? std::string()
+                 : absolute(checkpoint::resolve(o.checkpoint.resume == "latest" ? o.checkpoint.save_dir
+                                                                                : o.checkpoint.resume)),
+             "', init '", absolute(o.checkpoint.init_from), "'"));
   t.agree(fp);
 }
 
@@ -147,13 +155,15 @@ inline RankState start(const Run& run, Trainer& t) {
   const auto st = t.load(from, {});
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - l0).count();
   if (st.seed != o.model.seed)
-    throw Error(o.where("--resume"), cat("the checkpoint was saved by a run with --seed ", st.seed, ", this one has ", o.model.seed),
+    throw Error(o.where("--resume"),
+                cat("the checkpoint was saved by a run with --seed ", st.seed, ", this one has ", o.model.seed),
                 cat("pass --seed ", st.seed, " (the seed chooses the data)"));
   r.first_step = r.last_saved = st.step;
   r.loader.seek(st.loader_position);
   if (r.lead && st.extra.contains("schedule") && st.extra["schedule"] != r.schedule_json)
-    std::printf("note: the learning-rate schedule differs from the checkpoint's (%s); continuing with this run's (%s)\n",
-                st.extra["schedule"].dump().c_str(), r.schedule_json.dump().c_str());
+    std::printf(
+        "note: the learning-rate schedule differs from the checkpoint's (%s); continuing with this run's (%s)\n",
+        st.extra["schedule"].dump().c_str(), r.schedule_json.dump().c_str());
   if (r.lead)
     std::printf("resumed from %s at step %lld (data position %lld) in %.2f s\n", checkpoint::resolve(from).c_str(),
                 static_cast<long long>(st.step), static_cast<long long>(st.loader_position), took);
@@ -162,7 +172,9 @@ inline RankState start(const Run& run, Trainer& t) {
 
 // Collective: a checkpoint of the weights after `step` steps, the data at `position`.
 inline void save_at(const Run& run, Trainer& t, const RankState& r, std::int64_t step, std::int64_t position) {
-  t.save({.step = step, .loader_position = position, .seed = run.o.model.seed,
+  t.save({.step = step,
+          .loader_position = position,
+          .seed = run.o.model.seed,
           .extra = {{"strategy", run.o.mesh.strategy}, {"dtype", run.o.model.dtype}, {"schedule", r.schedule_json}},
           .family = run.family});
 }
@@ -184,7 +196,8 @@ inline double evaluate(const Run& run, Trainer& t) {
 
 // Step `step` + 1 abandoned on every rank: the weights are step `step`'s, saved (unless that
 // checkpoint exists, or no step ran) with the data position the abandoned step began at.
-inline void end_abandoned(Run& run, Trainer& t, const RankState& r, std::int64_t step, std::int64_t position, int signal) {
+inline void end_abandoned(Run& run, Trainer& t, const RankState& r, std::int64_t step, std::int64_t position,
+                          int signal) {
   t.synchronize();
   const double after = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count() -
                        static_cast<double>(stop_time_ns().load()) * 1e-9;
@@ -205,7 +218,8 @@ inline void end_abandoned(Run& run, Trainer& t, const RankState& r, std::int64_t
 inline void save_on_schedule(const Run& run, Trainer& t, RankState& r, std::int64_t done, bool stopped, bool diverged) {
   const Options& o = run.o;
   if (o.checkpoint.save_dir.empty()) return;
-  const bool due = !diverged && ((o.checkpoint.save_every > 0 && done % o.checkpoint.save_every == 0) || done == o.optim.steps || stopped);
+  const bool due = !diverged && ((o.checkpoint.save_every > 0 && done % o.checkpoint.save_every == 0) ||
+                                 done == o.optim.steps || stopped);
   if (!due) return t.poll_saves();
   const auto s0 = std::chrono::steady_clock::now();
   save_at(run, t, r, done, r.loader.position());
@@ -247,7 +261,8 @@ inline bool train_step(Run& run, Trainer& t, RankState& r, std::int64_t step, do
   r.step_peak_max = std::max(r.step_peak_max, agreed[0]);
   const int stop = static_cast<int>(agreed[1]);
   const bool diverged = agreed[2] != 0;
-  const bool eval_now = !diverged && o.data.eval_every > 0 && ((step + 1) % o.data.eval_every == 0 || step + 1 == o.optim.steps);
+  const bool eval_now =
+      !diverged && o.data.eval_every > 0 && ((step + 1) % o.data.eval_every == 0 || step + 1 == o.optim.steps);
   const std::optional<double> eval = eval_now ? std::optional(evaluate(run, t)) : std::nullopt;
   save_on_schedule(run, t, r, step + 1, stop != 0, diverged);
   const bool ended = stop != 0 || diverged;
@@ -257,9 +272,15 @@ inline bool train_step(Run& run, Trainer& t, RankState& r, std::int64_t step, do
     run.end_step = step + 1;
   }
   if (!r.lead) return !ended;
-  run.report.step({.step = step + 1, .loss = s.loss, .lr = lr, .grad_norm = s.grad_norm,
-                   .tokens_per_s = static_cast<double>(o.optim.batch * run.seq) / dt, .flops_per_token = flops_per_token,
-                   .peak_bytes = agreed[0], .skipped = s.skipped, .eval = eval});
+  run.report.step({.step = step + 1,
+                   .loss = s.loss,
+                   .lr = lr,
+                   .grad_norm = s.grad_norm,
+                   .tokens_per_s = static_cast<double>(o.optim.batch * run.seq) / dt,
+                   .flops_per_token = flops_per_token,
+                   .peak_bytes = agreed[0],
+                   .skipped = s.skipped,
+                   .eval = eval});
   run.final_loss = s.loss;
   if (ended) run.report.ended(step + 1, stop, diverged, s.loss);
   else if (eval) run.final_eval = *eval;
@@ -272,9 +293,11 @@ inline void sample(Run& run, Trainer& t, const RankState& r) {
   const Options& o = run.o;
   std::vector<std::int32_t> window(static_cast<std::size_t>(run.seq));
   run.corpus.held_out(0, window.data(), run.seq);
-  std::vector<std::int32_t> tokens(static_cast<std::size_t>(run.micro() / o.mesh.data * run.seq)), targets(tokens.size(), 0);
+  std::vector<std::int32_t> tokens(static_cast<std::size_t>(run.micro() / o.mesh.data * run.seq)),
+      targets(tokens.size(), 0);
   for (std::int64_t i = 0; i < o.data.sample; ++i) {
-    for (std::int64_t b = 0; b < run.micro() / o.mesh.data; ++b) std::copy(window.begin(), window.end(), tokens.begin() + b * run.seq);
+    for (std::int64_t b = 0; b < run.micro() / o.mesh.data; ++b)
+      std::copy(window.begin(), window.end(), tokens.begin() + b * run.seq);
     const std::vector<double> logits = t.next_logits({tokens, targets});
     const double mx = *std::max_element(logits.begin(), logits.end());
     double z = 0;
@@ -299,7 +322,8 @@ inline void train_rank(Run& run, Trainer& t) {
   RankState r = start(run, t);
   const auto began = std::chrono::steady_clock::now();
   bool ended = false;
-  for (std::int64_t step = r.first_step; step < run.o.optim.steps && !ended; ++step) ended = !train_step(run, t, r, step, flops);
+  for (std::int64_t step = r.first_step; step < run.o.optim.steps && !ended; ++step)
+    ended = !train_step(run, t, r, step, flops);
   t.wait_saves();
   if (r.lead) run.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
   if (run.o.data.sample > 0 && !ended && t.has_logits()) sample(run, t, r);
@@ -346,14 +370,16 @@ inline int finish(const Run& run) {
   const bool speak = run.launch.lead();
   if (run.outcome == Run::Outcome::diverged) {
     if (speak)
-      std::printf("diverged: the loss of step %lld is not finite; stopped (no checkpoint written)\n", static_cast<long long>(run.end_step));
+      std::printf("diverged: the loss of step %lld is not finite; stopped (no checkpoint written)\n",
+                  static_cast<long long>(run.end_step));
     std::fflush(stdout);
     return 3;
   }
   if (run.outcome == Run::Outcome::stopped) {
     if (speak)
-      std::printf("stopped by %s after step %lld of %lld%s\n", signal_name(run.end_signal), static_cast<long long>(run.end_step),
-                  static_cast<long long>(o.optim.steps), o.checkpoint.save_dir.empty() ? "" : cat("; checkpoint in ", o.checkpoint.save_dir).c_str());
+      std::printf("stopped by %s after step %lld of %lld%s\n", signal_name(run.end_signal),
+                  static_cast<long long>(run.end_step), static_cast<long long>(o.optim.steps),
+                  o.checkpoint.save_dir.empty() ? "" : cat("; checkpoint in ", o.checkpoint.save_dir).c_str());
     std::fflush(stdout);
     return 128 + run.end_signal;
   }
@@ -363,7 +389,8 @@ inline int finish(const Run& run) {
     std::printf("trace: %s (Chrome / Perfetto trace events, one track per rank)\n", o.logging.trace.c_str());
   }
   run.report.done(run.seconds, run.final_loss, run.final_eval, run.peak_bytes);
-  if (!run.sample.empty()) std::printf("sample:\n%s\n", data::ByteTokenizer::decode(std::span<const std::int32_t>(run.sample)).c_str());
+  if (!run.sample.empty())
+    std::printf("sample:\n%s\n", data::ByteTokenizer::decode(std::span<const std::int32_t>(run.sample)).c_str());
   return 0;
 }
 
@@ -417,7 +444,8 @@ int train_unit(const Options& o, const typename U::config& cfg, const Corpus& co
                std::size_t variant) {
   using F = typename U::family;
   if constexpr (size_v<typename U::variants> == 0) {
-    throw Error(o.where(), cat("the model family '", F::name(), "' has nothing to run on ", U::device::name, " in this unit"),
+    throw Error(o.where(),
+                cat("the model family '", F::name(), "' has nothing to run on ", U::device::name, " in this unit"),
                 "choose another device");
   } else {
     return with_index(typename U::variants{}, variant, [&]<class V>() {

@@ -73,8 +73,10 @@ config_t<F> configure_from_hf(const Options& o) {
   };
   const auto agree = [&](const char* option, const char* field, const auto& given, const auto& has) {
     if (!given || static_cast<std::int64_t>(*given) == static_cast<std::int64_t>(has)) return;
-    throw Error(o.where(cat(option, " ", text(*given))), cat("the model in ", o.checkpoint.init_from, " has ", field, " ", text(has), " (its config.json)"),
-                cat("leave out ", option, ": with --init-from and no --preset the model's sizes come from config.json (or give "
+    throw Error(o.where(cat(option, " ", text(*given))),
+                cat("the model in ", o.checkpoint.init_from, " has ", field, " ", text(has), " (its config.json)"),
+                cat("leave out ", option,
+                    ": with --init-from and no --preset the model's sizes come from config.json (or give "
                     "--preset and sizes that match it)"));
   };
   agree("--layers", "layers", o.model.sizes.layers, cfg.layers);
@@ -110,14 +112,17 @@ void check_fits(const Options& o, const config_t<F>& given, const std::string& d
   // plan replays: more layers never need less memory, so that plan is a lower bound, and a run it
   // already does not fit is refused as "at least".
   config_t<F> cfg = given;
-  const std::int64_t m = o.optim.batch / (o.optim.micro_batch > 0 ? o.optim.micro_batch : o.optim.batch), stages = std::int64_t{o.mesh.pipe} * o.mesh.virtual_stages;
+  const std::int64_t m = o.optim.batch / (o.optim.micro_batch > 0 ? o.optim.micro_batch : o.optim.batch),
+                     stages = std::int64_t{o.mesh.pipe} * o.mesh.virtual_stages;
   const bool partial = plan_too_long(cfg.layers, m).has_value();
   if (partial) {
     cfg.layers = static_cast<std::int64_t>(kMaxPlanPasses) / std::max<std::int64_t>(m, 1) / stages * stages;
     if (cfg.layers < stages) return;  // not even one layer a stage: not checked
   }
-  const std::string fix = cat("use a smaller model, batch or micro-batch, more tensor or pipeline ranks, or a sharded strategy "
-                              "(zero1, zero2, fsdp); ", o.program, " --plan prints the plan");
+  const std::string fix =
+      cat("use a smaller model, batch or micro-batch, more tensor or pipeline ranks, or a sharded strategy "
+          "(zero1, zero2, fsdp); ",
+          o.program, " --plan prints the plan");
   const bool host = device != "cuda";
   std::vector<RankPlan> plan;
   if constexpr (requires { F::plan(o, cfg, true); }) {
@@ -143,7 +148,8 @@ void check_fits(const Options& o, const config_t<F>& given, const std::string& d
   // Every rank of this process: threads, all of them; a process, its own pipe rank's.
   const bool threads = launch.kind == Launcher::threads;
   double need = 0;
-  if (!threads) need = static_cast<double>(plan[static_cast<std::size_t>(mesh_coord(o.mesh.shape(), launch.process).pipe)].total);
+  if (!threads)
+    need = static_cast<double>(plan[static_cast<std::size_t>(mesh_coord(o.mesh.shape(), launch.process).pipe)].total);
   else
     for (const auto& p : plan) need += static_cast<double>(p.total) * o.mesh.data * o.mesh.context * o.mesh.tensor;
   const int here = threads ? o.mesh.ranks() : 1;
@@ -151,8 +157,8 @@ void check_fits(const Options& o, const config_t<F>& given, const std::string& d
     throw Error(o.where(),
                 cat(partial ? cat("the plan of ", cfg.layers, " of its ", given.layers, " layers needs at least ")
                             : cat("the plan needs ", plan[0].exact ? "" : "at least "),
-                    gib(need), " for the ", here,
-                    here == 1 ? " rank" : " ranks", " of this process (the peak of a training step), but ", what),
+                    gib(need), " for the ", here, here == 1 ? " rank" : " ranks",
+                    " of this process (the peak of a training step), but ", what),
                 fix);
 }
 
@@ -164,7 +170,8 @@ int print_plan(const Options& o, const config_t<F>& cfg, const std::string& devi
   } else if constexpr (measurable<F>) {
     return print_measured_plan<F>(o, cfg, device);
   } else {
-    throw Error(o.where("--plan"), cat("the model family '", F::name(), "' has no plan (it sets measured_plan = false)"),
+    throw Error(o.where("--plan"),
+                cat("the model family '", F::name(), "' has no plan (it sets measured_plan = false)"),
                 "give its op families Meta specializations (docs/layers.md, \"Writing an op\") and drop measured_plan");
   }
 }
@@ -172,23 +179,29 @@ int print_plan(const Options& o, const config_t<F>& cfg, const std::string& devi
 // The command line's options, by section (docs/training.md lists them all).
 inline void add_model_options(CLI::App& app, ModelOptions& o, const std::vector<std::string>& models,
                               const std::vector<std::string>& presets) {
-  app.add_option("--model", o.family, cat("model family: ", join(models), " (default: ", models[0], ")"))->check(CLI::IsMember(models));
-  app.add_option("--preset", o.preset, cat("model size: ", join(presets), " (of the family's presets)"))->check(CLI::IsMember(presets));
+  app.add_option("--model", o.family, cat("model family: ", join(models), " (default: ", models[0], ")"))
+      ->check(CLI::IsMember(models));
+  app.add_option("--preset", o.preset, cat("model size: ", join(presets), " (of the family's presets)"))
+      ->check(CLI::IsMember(presets));
   cli::add_sizes(app, o.sizes);
   app.add_option("--dtype", o.dtype, "f32, bf16 (mixed precision: bf16 compute, f32 master weights) or f64 (host)")
       ->check(CLI::IsMember({"f32", "bf16", "f64"}));
-  app.add_option("--seed", o.seed, "seed of the weights and the built-in corpus (0 to 2^64 - 1)")->check(cli::at_least(0));
+  app.add_option("--seed", o.seed, "seed of the weights and the built-in corpus (0 to 2^64 - 1)")
+      ->check(cli::at_least(0));
 }
 
 inline void add_mesh_options(CLI::App& app, MeshOptions& o, const std::vector<std::string>& strategies) {
   using cli::at_least;
   app.add_option("--data", o.data, "data-parallel degree")->check(at_least(1));
   app.add_option("--tensor", o.tensor, "tensor-parallel degree")->check(at_least(1));
-  app.add_option("--pipe", o.pipe, "pipeline-parallel degree (the layers split evenly over pipe x virtual stages)")->check(at_least(1));
+  app.add_option("--pipe", o.pipe, "pipeline-parallel degree (the layers split evenly over pipe x virtual stages)")
+      ->check(at_least(1));
   app.add_option("--schedule", o.schedule, "pipeline schedule: gpipe, 1f1b, interleaved or zb (ZB-H1)")
       ->check(CLI::IsMember({"gpipe", "1f1b", "interleaved", "zb"}));
-  app.add_option("--virtual-stages", o.virtual_stages, "virtual stages per pipe rank (interleaved: >= 2)")->check(at_least(1));
-  app.add_option("--context", o.context, "context-parallel degree: each rank holds 2 of the sequence's 2N chunks (docs/context.md; host, f32)")
+  app.add_option("--virtual-stages", o.virtual_stages, "virtual stages per pipe rank (interleaved: >= 2)")
+      ->check(at_least(1));
+  app.add_option("--context", o.context,
+                 "context-parallel degree: each rank holds 2 of the sequence's 2N chunks (docs/context.md; host, f32)")
       ->check(at_least(1));
   app.add_option("--attention", o.attention,
                  "with --context: ring (keys and values passed around the context ranks) or all-gather (gathered once)")
@@ -200,7 +213,8 @@ inline void add_optim_options(CLI::App& app, OptimOptions& o) {
   using cli::above;
   using cli::at_least;
   app.add_option("--batch", o.batch, "global batch, in sequences")->check(at_least(1));
-  app.add_option("--micro-batch", o.micro_batch, "global micro-batch (gradient accumulation); default: the batch")->check(at_least(0));
+  app.add_option("--micro-batch", o.micro_batch, "global micro-batch (gradient accumulation); default: the batch")
+      ->check(at_least(0));
   app.add_option("--steps", o.steps, "optimizer steps")->check(at_least(1));
   app.add_option("--lr", o.lr, "peak learning rate")->check(above(0));
   app.add_option("--warmup", o.warmup, "linear warm-up steps (default: 5% of the steps)")->check(at_least(0));
@@ -219,27 +233,34 @@ inline void add_data_options(CLI::App& app, DataOptions& o) {
 inline void add_checkpoint_options(CLI::App& app, CheckpointOptions& o) {
   using cli::at_least;
   app.add_option("--save-dir", o.save_dir, "directory of checkpoints (step_N/ and latest; docs/checkpoints.md)");
-  app.add_option("--save-every", o.save_every, "save every N steps and at the end (0: only at the end)")->check(at_least(0));
+  app.add_option("--save-every", o.save_every, "save every N steps and at the end (0: only at the end)")
+      ->check(at_least(0));
   app.add_option("--keep", o.keep, "keep the newest N checkpoints (0: all)")->check(at_least(0));
   app.add_flag("--async-save", o.async_save, "write checkpoint files beside the next steps");
   app.add_option("--save-policy", o.save_policy, "sharded (a file per rank) or consolidated (one file, rank 0)")
       ->check(CLI::IsMember({"sharded", "consolidated"}));
-  app.add_option("--init-from", o.init_from,
-                 "initial weights from Hugging Face: a GPT-2 safetensors file (weft-export writes one), a Llama model directory "
-                 "(config.json, model.safetensors)");
-  app.add_option("--resume", o.resume,
-                 "resume from a checkpoint: 'latest' (of --save-dir), a directory with a latest pointer, or a step directory; any "
-                 "mesh, strategy and precision");
+  app.add_option(
+      "--init-from", o.init_from,
+      "initial weights from Hugging Face: a GPT-2 safetensors file (weft-export writes one), a Llama model directory "
+      "(config.json, model.safetensors)");
+  app.add_option(
+      "--resume", o.resume,
+      "resume from a checkpoint: 'latest' (of --save-dir), a directory with a latest pointer, or a step directory; any "
+      "mesh, strategy and precision");
 }
 
 inline void add_launch_options(CLI::App& app, LaunchOptions& o, LoggingOptions& logs, bool& plan_only) {
-  app.add_option("--device", o.device, "host, cuda (thread ranks share one GPU; processes one GPU each) or auto (the GPU when one is present)")
+  app.add_option(
+         "--device", o.device,
+         "host, cuda (thread ranks share one GPU; processes one GPU each) or auto (the GPU when one is present)")
       ->check(CLI::IsMember({"host", "cuda", "auto"}));
-  app.add_option("--launcher", o.launcher,
-                 "threads (every rank a thread here), mpi (one rank per process of mpirun), env (RANK and WORLD_SIZE, GPUs with "
-                 "NCCL) or auto (mpi under mpirun, env when RANK is set, else threads); docs/launch.md")
+  app.add_option(
+         "--launcher", o.launcher,
+         "threads (every rank a thread here), mpi (one rank per process of mpirun), env (RANK and WORLD_SIZE, GPUs with "
+         "NCCL) or auto (mpi under mpirun, env when RANK is set, else threads); docs/launch.md")
       ->check(CLI::IsMember({"threads", "mpi", "env", "auto"}));
-  app.add_option("--deadline", o.deadline, "seconds a collective waits for the other ranks before naming the missing one")
+  app.add_option("--deadline", o.deadline,
+                 "seconds a collective waits for the other ranks before naming the missing one")
       ->check(cli::above(0))
       ->check(cli::at_most(1e7));
   app.add_option("--log", logs.log, "JSON lines, one per step");
@@ -312,10 +333,10 @@ int said(Process& p, const Options& o, int code, Fn&& f) {
   } catch (const BadOption& e) {
     p.report(e);
     return p.finish(2);
-  } catch (const Error& e) {
-    p.report(e);
-  } catch (const std::bad_alloc& e) {
-    if (code == 2) p.report(Error(o.where(), "ran out of memory checking or planning these sizes", "use smaller sizes (--layers, --batch, --vocab, ...)"));
+  } catch (const Error& e) { p.report(e); } catch (const std::bad_alloc& e) {
+    if (code == 2)
+      p.report(Error(o.where(), "ran out of memory checking or planning these sizes",
+                     "use smaller sizes (--layers, --batch, --vocab, ...)"));
     else p.report(e);
   } catch (const std::exception& e) {  // never an abort
     if (code == 2) p.report(Error(o.where(), e.what(), "use other sizes, and report this message"));
@@ -341,7 +362,9 @@ int run(Options o, Process& p, bool plan_only) {
       if (plan_only) return p.finish(p.launch.lead() ? print_plan<G>(o, *cfg, device) : 0);
       check_fits<G>(o, *cfg, device, p.launch);
       save_lock = claim_outputs(o, p.launch);
-      train = [&](const Corpus& corpus) { return train_unit<U>(o, *cfg, corpus, p.launch, index_v<V, typename U::variants>); };
+      train = [&](const Corpus& corpus) {
+        return train_unit<U>(o, *cfg, corpus, p.launch, index_v<V, typename U::variants>);
+      };
       return 0;
     });
   });
@@ -362,14 +385,19 @@ int main_of(int argc, char** argv, const std::string& program, const std::string
   Options o;
   o.program = program;
   CLI::App app{about};
-  const std::vector<std::string> models = []<class... Fs>(List<Fs...>) { return std::vector<std::string>{Fs::name()...}; }(Families{});
+  const std::vector<std::string> models = []<class... Fs>(List<Fs...>) {
+    return std::vector<std::string>{Fs::name()...};
+  }(Families{});
   std::vector<std::string> presets;
-  for (const auto& names : []<class... Fs>(List<Fs...>) { return std::vector<std::vector<std::string>>{Fs::preset_names()...}; }(Families{}))
+  for (const auto& names : []<class... Fs>(List<Fs...>) {
+         return std::vector<std::vector<std::string>>{Fs::preset_names()...};
+       }(Families{}))
     for (const auto& n : names)
       if (std::find(presets.begin(), presets.end(), n) == presets.end()) presets.push_back(n);
   bool plan_only = false;
   add_model_options(app, o.model, models, presets);
-  add_mesh_options(app, o.mesh, [&]<class F, class... Fs>(List<F, Fs...>) { return strategy_names(strategies_t<F>{}); }(Families{}));
+  add_mesh_options(app, o.mesh,
+                   [&]<class F, class... Fs>(List<F, Fs...>) { return strategy_names(strategies_t<F>{}); }(Families{}));
   add_optim_options(app, o.optim);
   add_data_options(app, o.data);
   add_checkpoint_options(app, o.checkpoint);
@@ -386,7 +414,8 @@ int main_of(int argc, char** argv, const std::string& program, const std::string
     return 2;
   }
   try {
-    return with_family(Families{}, o.model.family, o.where("--model"), [&]<class F>() -> int { return run<Units, F>(o, *p, plan_only); });
+    return with_family(Families{}, o.model.family, o.where("--model"),
+                       [&]<class F>() -> int { return run<Units, F>(o, *p, plan_only); });
   } catch (const Error& e) {
     p->report(e);
     return p->finish(2);

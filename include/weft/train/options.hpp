@@ -21,13 +21,13 @@ namespace weft::train {
 // optimization, the data, the checkpoints, the logs, and how the ranks are launched.
 
 struct ModelOptions {
-  std::string family;             // --model; empty: the binary's first
+  std::string family;  // --model; empty: the binary's first
   std::string preset = "tiny";
   // --preset was on the command line (with --init-from: sizes from the preset, not config.json)
   bool preset_given = false;
   Sizes sizes;
   std::string dtype = "f32";
-  std::uint64_t seed = 1;         // the weights' and the built-in corpus's
+  std::uint64_t seed = 1;  // the weights' and the built-in corpus's
 };
 
 struct MeshOptions {
@@ -36,13 +36,14 @@ struct MeshOptions {
   std::string attention = "ring";  // --attention: ring or all-gather, with --context > 1
   bool attention_given = false;    // --attention was on the command line (refused without --context)
   std::string schedule = "1f1b";
-  std::string strategy = "ddp";    // "zero1-sp": ZeRO-1 with sequence parallelism
+  std::string strategy = "ddp";  // "zero1-sp": ZeRO-1 with sequence parallelism
 
   int ranks() const { return data * pipe * context * tensor; }
   MeshShape shape() const { return {.data = data, .pipe = pipe, .context = context, .tensor = tensor}; }
   // "data 2 x pipe 1 x tensor 2" (" x context 2" before tensor where context > 1).
   std::string text() const {
-    return cat("data ", data, " x pipe ", pipe, context > 1 ? cat(" x context ", context) : std::string(), " x tensor ", tensor);
+    return cat("data ", data, " x pipe ", pipe, context > 1 ? cat(" x context ", context) : std::string(), " x tensor ",
+               tensor);
   }
   // --strategy's -sp suffix: the one place it is read.
   bool sequence_parallel() const { return strategy.ends_with("-sp"); }
@@ -96,9 +97,9 @@ struct Options {
 // GPUs, of a launcher that sets RANK and WORLD_SIZE).
 struct Launch {
   Launcher kind = Launcher::threads;
-  int process = 0, processes = 1;  // this process among the processes (0 of 1 with threads)
-  int gpu = 0;                     // the launcher's local rank: the GPU of this process (modulo the GPUs)
-  std::function<void()> barrier;   // all processes (MPI_Barrier); empty with threads and env
+  int process = 0, processes = 1;             // this process among the processes (0 of 1 with threads)
+  int gpu = 0;                                // the launcher's local rank: the GPU of this process (modulo the GPUs)
+  std::function<void()> barrier;              // all processes (MPI_Barrier); empty with threads and env
   bool lead() const { return process == 0; }  // prints and writes the log
 };
 

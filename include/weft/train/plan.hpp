@@ -12,15 +12,15 @@
 #include <vector>
 
 #include "weft/nn/describe.hpp"
+#include "weft/pipeline/schedule.hpp"
 #include "weft/plan/host_rates.hpp"
 #include "weft/plan/measure.hpp"
 #include "weft/plan/measure_time.hpp"
 #include "weft/train/devices.hpp"
 #include "weft/train/family.hpp"
 #include "weft/train/flops.hpp"
-#include "weft/train/plan_flops.hpp"
-#include "weft/pipeline/schedule.hpp"
 #include "weft/train/options.hpp"
+#include "weft/train/plan_flops.hpp"
 #include "weft/train/rank_plan.hpp"
 #include "weft/train/strategies.hpp"
 
@@ -44,15 +44,15 @@ template <Family F>
 std::vector<footprint::RankStep> measured_ranks(const Options& o, const config_t<F>& cfg) {
   if (o.mesh.ranks() > kMaxMeasuredRanks)
     throw Error(o.where("--plan"),
-                cat("the plan of a family without its own runs a thread per rank, and ", o.mesh.ranks(), " ranks are more than ",
-                    kMaxMeasuredRanks),
-                cat("plan a mesh of at most ", kMaxMeasuredRanks, " ranks (the same tensor and pipe degrees, fewer data ranks: "
+                cat("the plan of a family without its own runs a thread per rank, and ", o.mesh.ranks(),
+                    " ranks are more than ", kMaxMeasuredRanks),
+                cat("plan a mesh of at most ", kMaxMeasuredRanks,
+                    " ranks (the same tensor and pipe degrees, fewer data ranks: "
                     "the state per rank falls with sharded strategies, so it is an upper bound for them)"));
   const footprint::Run run = planned_run(o);
   return with_strategy(strategies_t<F>{}, o.mesh.strategy, [&]<class S, bool SP>() {
-    return with_precision(host_precisions_t<F>{}, o.model.dtype, [&]<class P>() {
-      return footprint::measure<ModelOn<F, P, SP>::template on, S>(cfg, run);
-    });
+    return with_precision(host_precisions_t<F>{}, o.model.dtype,
+                          [&]<class P>() { return footprint::measure<ModelOn<F, P, SP>::template on, S>(cfg, run); });
   });
 }
 
@@ -79,14 +79,14 @@ std::vector<RankPlan> measured_plan(const Options& o, const config_t<F>& cfg, bo
 // --plan's table: each pipe rank's peak per category and of their sum (">=" where not exact).
 inline void print_rank_table(const std::vector<RankPlan>& plan) {
   const char* bound = plan[0].exact ? "" : ">= ";
-  std::printf("%-10s %12s %12s %12s %12s %14s %14s %14s\n", "pipe rank", "parameters", "gradients", "master", "optimizer",
-              "activations", "communication", "step peak");
+  std::printf("%-10s %12s %12s %12s %12s %14s %14s %14s\n", "pipe rank", "parameters", "gradients", "master",
+              "optimizer", "activations", "communication", "step peak");
   for (const RankPlan& p : plan) {
     const auto at = [&](Category c) { return mib(static_cast<double>(p.peak.of(c))); };
     std::printf("%-10d %12s %12s %12s %12s %14s %14s %14s\n", p.pipe_rank, at(Category::parameters).c_str(),
-                at(Category::gradients).c_str(), at(Category::master_weights).c_str(), at(Category::optimizer_state).c_str(),
-                cat(bound, at(Category::activations)).c_str(), at(Category::communication).c_str(),
-                cat(bound, mib(static_cast<double>(p.total))).c_str());
+                at(Category::gradients).c_str(), at(Category::master_weights).c_str(),
+                at(Category::optimizer_state).c_str(), cat(bound, at(Category::activations)).c_str(),
+                at(Category::communication).c_str(), cat(bound, mib(static_cast<double>(p.total))).c_str());
   }
 }
 
@@ -95,8 +95,8 @@ inline std::string counted_calls(const threads::Counters& c, const std::string& 
   std::string out;
   for (std::size_t op = 0; op < threads::kOps; ++op)
     if (c.calls[op] > 0)
-      out += cat(out.empty() ? "" : ", ", prefix, threads::name(static_cast<threads::Op>(op)), " ", c.calls[op], " calls ",
-                 c.bytes[op], " bytes");
+      out += cat(out.empty() ? "" : ", ", prefix, threads::name(static_cast<threads::Op>(op)), " ", c.calls[op],
+                 " calls ", c.bytes[op], " bytes");
   return out;
 }
 
@@ -127,7 +127,10 @@ inline void print_rank_collectives(const Options& o, const std::vector<RankPlan>
   for (const RankPlan& p : plan) {
     std::string line;
     for (Axis a : kAxes) {
-      const int group = a == Axis::data ? o.mesh.data * o.mesh.context : a == Axis::pipe ? o.mesh.pipe : a == Axis::context ? o.mesh.context : o.mesh.tensor;
+      const int group = a == Axis::data      ? o.mesh.data * o.mesh.context
+                        : a == Axis::pipe    ? o.mesh.pipe
+                        : a == Axis::context ? o.mesh.context
+                                             : o.mesh.tensor;
       if (group == 1) continue;
       const std::string axis = counted_calls(p.collectives[static_cast<std::size_t>(a)], cat(name(a), " "));
       if (!axis.empty()) line += cat(line.empty() ? "" : ", ", axis);
@@ -164,8 +167,8 @@ template <Family F>
 std::vector<footprint::StageCollectives> measured_stage_collectives(const Options& o, const config_t<F>& cfg) {
   return with_strategy(strategies_t<F>{}, o.mesh.strategy, [&]<class S, bool SP>() {
     return with_precision(host_precisions_t<F>{}, o.model.dtype, [&]<class P>() {
-      return footprint::stage_collectives<ModelOn<F, P, SP>::template on>(cfg, {.data = o.mesh.data, .context = o.mesh.context, .tensor = o.mesh.tensor},
-                                                                          o.optim.micro());
+      return footprint::stage_collectives<ModelOn<F, P, SP>::template on>(
+          cfg, {.data = o.mesh.data, .context = o.mesh.context, .tensor = o.mesh.tensor}, o.optim.micro());
     });
   });
 }
@@ -179,14 +182,17 @@ void print_step_time(const Options& o, const config_t<F>& cfg, const footprint::
       const estimate::Work w = estimate::work_of(rank, planned_run(o).mesh);
       const MeshShape shape{.data = o.mesh.data, .tensor = o.mesh.tensor};
       const auto time = [&]<class T>() {
-        return estimate::seconds(w, estimate::host_rates<T>(w, shape, o.optim.micro() / o.mesh.data, cfg.seq, cfg.heads, cfg.width));
+        return estimate::seconds(
+            w, estimate::host_rates<T>(w, shape, o.optim.micro() / o.mesh.data, cfg.seq, cfg.heads, cfg.width));
       };
-      const estimate::Breakdown t = o.model.dtype == "f64" ? time.template operator()<double>() : time.template operator()<float>();
-      std::printf("step time: %.2f ms = GEMMs %.2f + attention %.2f + elementwise %.2f + memory %.2f + tensor collectives "
-                  "%.2f + data collectives %.2f (the measured step's work at rates measured now on this host with %d ranks "
-                  "running; no overlap; the family's own ops not priced)\n",
-                  1e3 * t.total(), 1e3 * t.gemm, 1e3 * t.attention, 1e3 * t.elementwise, 1e3 * t.memory, 1e3 * t.tensor_comm,
-                  1e3 * t.data_comm, o.mesh.data * o.mesh.tensor);
+      const estimate::Breakdown t =
+          o.model.dtype == "f64" ? time.template operator()<double>() : time.template operator()<float>();
+      std::printf(
+          "step time: %.2f ms = GEMMs %.2f + attention %.2f + elementwise %.2f + memory %.2f + tensor collectives "
+          "%.2f + data collectives %.2f (the measured step's work at rates measured now on this host with %d ranks "
+          "running; no overlap; the family's own ops not priced)\n",
+          1e3 * t.total(), 1e3 * t.gemm, 1e3 * t.attention, 1e3 * t.elementwise, 1e3 * t.memory, 1e3 * t.tensor_comm,
+          1e3 * t.data_comm, o.mesh.data * o.mesh.tensor);
       return;
     }
   }
@@ -197,20 +203,21 @@ void print_step_time(const Options& o, const config_t<F>& cfg, const footprint::
 // the model's rows, the FLOPs and the step time.
 template <Family F>
 int print_measured_plan(const Options& o, const config_t<F>& cfg, const std::string& device) {
-  std::printf("plan: %s: %s | %s, %s | %s%s | batch %lld, micro-batch %lld\n", F::name().c_str(), summary<F>(cfg).c_str(),
-              o.mesh.strategy.c_str(), o.model.dtype.c_str(), o.mesh.text().c_str(),
-              o.mesh.context > 1 ? cat(" (", o.mesh.attention, " attention)").c_str() : "", static_cast<long long>(o.optim.batch),
-              static_cast<long long>(o.optim.micro()));
+  std::printf("plan: %s: %s | %s, %s | %s%s | batch %lld, micro-batch %lld\n", F::name().c_str(),
+              summary<F>(cfg).c_str(), o.mesh.strategy.c_str(), o.model.dtype.c_str(), o.mesh.text().c_str(),
+              o.mesh.context > 1 ? cat(" (", o.mesh.attention, " attention)").c_str() : "",
+              static_cast<long long>(o.optim.batch), static_cast<long long>(o.optim.micro()));
   const bool host = device != "cuda";
   const std::vector<footprint::RankStep> ranks = measured_ranks<F>(o, cfg);
   const std::vector<RankPlan> plan = plan_of(ranks, o.mesh.pipe, host);
   print_rank_table(plan);
-  std::printf("(per rank: each category's peak during a training step, and the peak of their sum, measured by running the "
-              "step%s on the Meta device: %s; persistent state %s; step peak %lld bytes%s",
-              o.mesh.pipe > 1 ? cat(" and the ", o.mesh.schedule, " schedule").c_str() : "",
-              host ? "the host allocator's counts" : "the host allocator's counts, without the CUDA back end's workspaces",
-              mib(static_cast<double>(plan[0].state.total())).c_str(), static_cast<long long>(plan[0].total),
-              o.mesh.pipe > 1 ? " on pipe rank 0" : "");
+  std::printf(
+      "(per rank: each category's peak during a training step, and the peak of their sum, measured by running the "
+      "step%s on the Meta device: %s; persistent state %s; step peak %lld bytes%s",
+      o.mesh.pipe > 1 ? cat(" and the ", o.mesh.schedule, " schedule").c_str() : "",
+      host ? "the host allocator's counts" : "the host allocator's counts, without the CUDA back end's workspaces",
+      mib(static_cast<double>(plan[0].state.total())).c_str(), static_cast<long long>(plan[0].total),
+      o.mesh.pipe > 1 ? " on pipe rank 0" : "");
   for (std::size_t r = 1; r < plan.size(); ++r)
     std::printf("; pipe rank %d: %lld bytes", plan[r].pipe_rank, static_cast<long long>(plan[r].total));
   std::printf(")\n");

@@ -27,11 +27,11 @@ namespace weft::train {
 
 // What the run is, for its header: the model and where it runs.
 struct RunHeader {
-  std::string family, summary;     // F::name(), train::summary<F>(cfg)
-  std::string device, precision;   // "host", "bf16 (f32 master weights)", ...
-  double gemm_peak = 0;            // FLOP/s all ranks reach together: the MFU ceiling
+  std::string family, summary;                          // F::name(), train::summary<F>(cfg)
+  std::string device, precision;                        // "host", "bf16 (f32 master weights)", ...
+  double gemm_peak = 0;                                 // FLOP/s all ranks reach together: the MFU ceiling
   std::optional<std::pair<std::string, double>> dense;  // the device's datasheet peak (name, FLOP/s)
-  std::optional<double> floor;     // the built-in corpus's entropy rate
+  std::optional<double> floor;                          // the built-in corpus's entropy rate
   std::int64_t seq = 0;
 };
 
@@ -51,7 +51,9 @@ class Report {
   Report(const Options& o, RunHeader h) : o_(&o), h_(std::move(h)) {
     if (o.logging.log.empty()) return;
     log_.open(o.logging.log, o.checkpoint.resume.empty() ? std::ios::trunc : std::ios::app);
-    if (!log_) throw Error(o.where("--log"), cat("cannot write the log file ", o.logging.log, " (", std::strerror(errno), ")"), "check the path");
+    if (!log_)
+      throw Error(o.where("--log"), cat("cannot write the log file ", o.logging.log, " (", std::strerror(errno), ")"),
+                  "check the path");
   }
   bool active() const { return o_ != nullptr; }
 
@@ -60,8 +62,9 @@ class Report {
     std::printf("%s: %s | %s %s on %s | %s%s | batch %lld (micro %lld x %lld) | %lld steps | GEMM %.1f GFLOP/s\n",
                 o.program.c_str(), h_.summary.c_str(), o.mesh.strategy.c_str(), h_.precision.c_str(), h_.device.c_str(),
                 o.mesh.text().c_str(), o.mesh.context > 1 ? cat(" (", o.mesh.attention, " attention)").c_str() : "",
-                static_cast<long long>(o.optim.batch), static_cast<long long>(micro), static_cast<long long>(o.optim.batch / micro),
-                static_cast<long long>(o.optim.steps), h_.gemm_peak / 1e9);
+                static_cast<long long>(o.optim.batch), static_cast<long long>(micro),
+                static_cast<long long>(o.optim.batch / micro), static_cast<long long>(o.optim.steps),
+                h_.gemm_peak / 1e9);
     if (h_.dense)
       std::printf("MFU is reported against the measured GEMM ceiling and against the %s (%.0f TFLOP/s)\n",
                   h_.dense->first.c_str(), h_.dense->second / 1e12);
@@ -77,14 +80,20 @@ class Report {
     char floor_note[32] = "";
     if (h_.floor) std::snprintf(floor_note, sizeof floor_note, " (floor %+.3f)", s.loss - *h_.floor);
     std::printf("step %5lld/%lld | loss %.4f%s | lr %.2e | norm %.3f | %8.0f tok/s | MFU %s | peak %s/rank%s%s\n",
-                static_cast<long long>(s.step), static_cast<long long>(o_->optim.steps), s.loss, floor_note, s.lr, s.grad_norm,
-                s.tokens_per_s, note.c_str(), mib(static_cast<double>(s.peak_bytes)).c_str(),
+                static_cast<long long>(s.step), static_cast<long long>(o_->optim.steps), s.loss, floor_note, s.lr,
+                s.grad_norm, s.tokens_per_s, note.c_str(), mib(static_cast<double>(s.peak_bytes)).c_str(),
                 s.eval ? cat(" | eval ", std::round(*s.eval * 10000) / 10000).c_str() : "",
                 s.skipped ? " | step skipped: the gradient norm is not finite" : "");
     std::fflush(stdout);
     if (!log_.is_open()) return;
-    nlohmann::json rec{{"step", s.step}, {"loss", s.loss}, {"lr", s.lr}, {"grad_norm", s.grad_norm}, {"tokens_per_s", s.tokens_per_s},
-                       {"mfu", mfu}, {"peak_bytes", s.peak_bytes}, {"skipped", s.skipped}};
+    nlohmann::json rec{{"step", s.step},
+                       {"loss", s.loss},
+                       {"lr", s.lr},
+                       {"grad_norm", s.grad_norm},
+                       {"tokens_per_s", s.tokens_per_s},
+                       {"mfu", mfu},
+                       {"peak_bytes", s.peak_bytes},
+                       {"skipped", s.skipped}};
     if (h_.dense) rec["mfu_of_peak"] = mfu_peak;
     log_ << rec.dump() << "\n";
     if (s.eval) log_ << nlohmann::json{{"step", s.step}, {"eval_loss", *s.eval}}.dump() << "\n";
@@ -108,10 +117,12 @@ class Report {
 
   // The summary of a run that finished its steps.
   void done(double seconds, double final_loss, double final_eval, std::int64_t peak_bytes) const {
-    std::printf("done: %lld steps in %.1f s, final loss %.4f", static_cast<long long>(o_->optim.steps), seconds, final_loss);
+    std::printf("done: %lld steps in %.1f s, final loss %.4f", static_cast<long long>(o_->optim.steps), seconds,
+                final_loss);
     if (!std::isnan(final_eval)) std::printf(", held-out loss %.4f", final_eval);
     if (h_.floor)
-      std::printf(" (floor %.4f; %+.4f nats from it)", *h_.floor, (std::isnan(final_eval) ? final_loss : final_eval) - *h_.floor);
+      std::printf(" (floor %.4f; %+.4f nats from it)", *h_.floor,
+                  (std::isnan(final_eval) ? final_loss : final_eval) - *h_.floor);
     std::printf(", peak memory %s per rank\n", mib(static_cast<double>(peak_bytes)).c_str());
   }
 

@@ -35,7 +35,8 @@ inline std::atomic<std::int64_t>& stop_time_ns() {
 
 namespace detail {
 // The line the handler writes, composed before any signal can come (write(2) is all a handler may call).
-inline char stop_line[256] = "stopping after this step, or within a second if it is long (a second signal stops at once)\n";
+inline char stop_line[256] =
+    "stopping after this step, or within a second if it is long (a second signal stops at once)\n";
 }  // namespace detail
 
 inline void on_stop_signal(int sig) {
@@ -57,7 +58,7 @@ inline void install_stop_handlers(bool under_mpirun, const std::string& program)
   const std::size_t n = std::min(line.size(), sizeof detail::stop_line - 1);
   std::memcpy(detail::stop_line, line.data(), n);
   detail::stop_line[n] = '\0';
-  struct sigaction sa {};
+  struct sigaction sa{};
   sa.sa_handler = on_stop_signal;
   sa.sa_flags = SA_RESTART;  // file and socket calls resume rather than fail with EINTR
   sigemptyset(&sa.sa_mask);
@@ -69,7 +70,11 @@ inline void install_stop_handlers(bool under_mpirun, const std::string& program)
 }
 
 inline const char* signal_name(int sig) {
-  return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : sig == SIGHUP ? "SIGHUP" : sig == SIGUSR1 ? "SIGUSR1" : "a signal";
+  return sig == SIGINT    ? "SIGINT"
+         : sig == SIGTERM ? "SIGTERM"
+         : sig == SIGHUP  ? "SIGHUP"
+         : sig == SIGUSR1 ? "SIGUSR1"
+                          : "a signal";
 }
 
 }  // namespace weft::train

@@ -76,7 +76,8 @@ class StopPoints {
 template <class World>
 class Polling {
  public:
-  Polling(World& world, const std::atomic<int>& flag, StopPoints& points) : world_(&world), flag_(&flag), points_(&points) {}
+  Polling(World& world, const std::atomic<int>& flag, StopPoints& points)
+      : world_(&world), flag_(&flag), points_(&points) {}
 
   void point() {
     if (!points_->due()) return;

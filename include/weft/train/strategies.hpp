@@ -50,7 +50,9 @@ auto with_base_strategy(List<S...> list, const std::string& name, F&& f) {
   std::optional<R> out;
   const std::string base = sequence_parallel_name(name) ? name.substr(0, name.size() - 3) : name;
   (void)((base == strategy_name<S>() ? (out.emplace(f.template operator()<S>()), true) : false) || ...);
-  if (!out) throw Error("train --strategy", cat("strategy '", name, "' is not available"), cat("use one of: ", join(strategy_names(list))));
+  if (!out)
+    throw Error("train --strategy", cat("strategy '", name, "' is not available"),
+                cat("use one of: ", join(strategy_names(list))));
   return std::move(*out);
 }
 
@@ -68,7 +70,9 @@ auto with_precision(List<P...> list, const std::string& name, F&& f) {
   using R = decltype(f.template operator()<std::tuple_element_t<0, std::tuple<P...>>>());
   std::optional<R> out;
   (void)((name == dtype_name<P>() ? (out.emplace(f.template operator()<P>()), true) : false) || ...);
-  if (!out) throw Error("train --dtype", cat("precision '", name, "' is not available"), cat("use one of: ", join(dtype_names(list))));
+  if (!out)
+    throw Error("train --dtype", cat("precision '", name, "' is not available"),
+                cat("use one of: ", join(dtype_names(list))));
   return std::move(*out);
 }
 

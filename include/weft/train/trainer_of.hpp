@@ -41,7 +41,8 @@ class TrainerOf final : public Trainer {
   using T = typename precision_t<P>::compute;
   using MeshT = Mesh<World>;
   using Model = model_t<F, P, SP, D>;
-  using Protocol = decltype(optim::data_parallel<Strategy>(std::declval<Model&>(), optim::AdamW{}, std::declval<MeshT&>()));
+  using Protocol =
+      decltype(optim::data_parallel<Strategy>(std::declval<Model&>(), optim::AdamW{}, std::declval<MeshT&>()));
   // The executor sends activations with isend, which the NCCL back end does not offer: its
   // processes refuse --pipe > 1 before training (train/checks.hpp), and never hold a pipeline.
   static constexpr bool pipelines = PostsSends<World>;
@@ -63,12 +64,15 @@ class TrainerOf final : public Trainer {
         trace_(trace) {
     if constexpr (pipelines)
       if (o.mesh.pipe > 1)
-        pp_.emplace(model_, pipeline::make_table(pipeline::kind_named(o.mesh.schedule), o.mesh.pipe, static_cast<int>(o.optim.batch / micro_), o.mesh.virtual_stages),
+        pp_.emplace(model_,
+                    pipeline::make_table(pipeline::kind_named(o.mesh.schedule), o.mesh.pipe,
+                                         static_cast<int>(o.optim.batch / micro_), o.mesh.virtual_stages),
                     part_, mesh_);
     if (pp_ && trace_) pp_->set_trace(trace_, world.rank());
     if (o.checkpoint.save_dir.empty()) return;
     const checkpoint::SaveOptions save{.keep = o.checkpoint.keep};
-    if (o.checkpoint.save_policy == "consolidated") consolidated_.emplace(o.checkpoint.save_dir, save, o.checkpoint.async_save);
+    if (o.checkpoint.save_policy == "consolidated")
+      consolidated_.emplace(o.checkpoint.save_dir, save, o.checkpoint.async_save);
     else sharded_.emplace(o.checkpoint.save_dir, save, o.checkpoint.async_save);
   }
   TrainerOf(const TrainerOf&) = delete;
@@ -101,7 +105,8 @@ class TrainerOf final : public Trainer {
         r.loss = pp_->run(mbs, dp_, hook);
       } else {
         for (std::size_t a = 0; a < micro_batches.size(); ++a) {
-          const pipeline::Trace::Scope traced(trace_, world_.rank(), "forward+backward", "compute", -1, static_cast<int>(a));
+          const pipeline::Trace::Scope traced(trace_, world_.rank(), "forward+backward", "compute", -1,
+                                              static_cast<int>(a));
           auto ctx = model_.context({micro_batches[a].x, micro_batches[a].y, micro_, scale});
           r.loss += pipeline::forward_backward(model_, ctx, mesh_, dp_, a + 1 == micro_batches.size(), hook) * scale;
         }
@@ -126,7 +131,9 @@ class TrainerOf final : public Trainer {
     return ctx.loss;
   }
 
-  bool has_logits() const override { return requires(typename Model::Ctx& c) { c.head.ce.logits; }; }
+  bool has_logits() const override {
+    return requires(typename Model::Ctx& c) { c.head.ce.logits; };
+  }
   std::vector<double> next_logits(const Tokens& t) override {
     if constexpr (requires(typename Model::Ctx& c) { c.head.ce.logits; }) {
       auto ctx = model_.context({t.x, t.y, micro_});
@@ -134,13 +141,15 @@ class TrainerOf final : public Trainer {
       const auto logits = ctx.head.ce.logits.to_host();  // (B/dp, T, Vp/tp) Shard<-1> on tensor
       const std::int64_t Vl = nn::padded_vocab(cfg_.vocab, o_.mesh.tensor) / o_.mesh.tensor;
       std::vector<T> all(static_cast<std::size_t>(Vl * o_.mesh.tensor));  // (Vp) of the first sequence's last position
-      mesh_.tensor().all_gather(std::span<const T>(logits.data() + logits.size() - Vl, static_cast<std::size_t>(Vl)), std::span<T>(all));
+      mesh_.tensor().all_gather(std::span<const T>(logits.data() + logits.size() - Vl, static_cast<std::size_t>(Vl)),
+                                std::span<T>(all));
       std::vector<double> out(static_cast<std::size_t>(cfg_.vocab));
       for (std::size_t v = 0; v < out.size(); ++v) out[v] = static_cast<double>(static_cast<accumulate_t<T>>(all[v]));
       return out;
     } else {
       (void)t;
-      throw Error(o_.where("--sample"), cat("the model family '", F::name(), "' keeps no logits"), "sample from a language model");
+      throw Error(o_.where("--sample"), cat("the model family '", F::name(), "' keeps no logits"),
+                  "sample from a language model");
     }
   }
 

@@ -64,6 +64,6 @@ int train_unit(const Options& o, const typename U::config& cfg, const Corpus& co
 
 // train_unit<U>'s explicit instantiation: `template` in the unit's own source, `extern template`
 // where main is compiled.
-#define WEFT_TRAIN_UNIT(EXTERN, U)                                                                           \
-  EXTERN template int weft::train::train_unit<U>(const weft::train::Options&, const U::config&,            \
+#define WEFT_TRAIN_UNIT(EXTERN, U)                                                              \
+  EXTERN template int weft::train::train_unit<U>(const weft::train::Options&, const U::config&, \
                                                  const weft::train::Corpus&, const weft::train::Launch&, std::size_t);

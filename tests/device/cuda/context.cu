@@ -19,8 +19,8 @@
 #include <string>
 #include <tuple>
 
-#include "support/error.hpp"
 #include "support.cuh"
+#include "support/error.hpp"
 #include "weft/comm/gpu/thread_memory.cuh"
 #include "weft/comm/mesh.hpp"
 #include "weft/comm/threads/run.hpp"
@@ -34,28 +34,36 @@ using namespace weft;
 using namespace weft::test;
 using V = std::vector<double>;
 
-TEST_CASE_TEMPLATE("context attention blocks: forward merge, backward, packing, against the host in double", T, float, bf16) {
+TEST_CASE_TEMPLATE("context attention blocks: forward merge, backward, packing, against the host in double", T, float,
+                   bf16) {
   Cuda& d = gpu();
   Host h;
   using Gpu = ops::ContextBlock<Cuda>;
   using Ref = ops::ContextBlock<Host>;
-  for (auto [B, Tl, H, g, hd] : {std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t>{1, 6, 2, 1, 8},
-                                 {2, 10, 4, 2, 16}, {1, 34, 8, 4, 64}}) {
+  for (auto [B, Tl, H, g, hd] :
+       {std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t>{1, 6, 2, 1, 8},
+        {2, 10, 4, 2, 16},
+        {1, 34, 8, 4, 64}}) {
     CAPTURE(Tl);
     CAPTURE(g);
     const std::int64_t G = H / g, half = Tl / 2;
-    const auto nq = static_cast<std::size_t>(B * Tl * G * (g + 2) * hd), nkv = static_cast<std::size_t>(B * Tl * G * 2 * hd);
+    const auto nq = static_cast<std::size_t>(B * Tl * G * (g + 2) * hd),
+               nkv = static_cast<std::size_t>(B * Tl * G * 2 * hd);
     const auto no = static_cast<std::size_t>(B * Tl * H * hd), nr = static_cast<std::size_t>(B * H * Tl);
-    const auto qkv = random<T>(nq, 21), other = random<T>(nkv, 22), later = random<T>(nkv, 23), dout = random<T>(no, 24);
+    const auto qkv = random<T>(nq, 21), other = random<T>(nkv, 22), later = random<T>(nkv, 23),
+               dout = random<T>(no, 24);
     // The queries hold chunks 1 and 4 of 6 (positions half .. 2 half - 1 and 4 half ..); their own
     // block; one at chunks 0 and 5 (every key of chunk 0 visible, chunk 5 after every query); one
     // at chunks 2 and 3 (visible to the second chunk's queries only).
     const ops::Positions qpos(half, half, 4 * half), kother(0, half, 5 * half), klater(2 * half, half, 3 * half);
-    DeviceVec<T> gq(d, qkv), gother(d, other), glater(d, later), gdout(d, dout), gmine(d, nkv), gout(d, no), gdqkv(d, nq);
-    DeviceVec<float> go(d, no), glse(d, nr), gD(d, nr), gdq(d, std::vector<float>(nq, 0.f)), gdk(d, std::vector<float>(nkv, 0.f));
+    DeviceVec<T> gq(d, qkv), gother(d, other), glater(d, later), gdout(d, dout), gmine(d, nkv), gout(d, no),
+        gdqkv(d, nq);
+    DeviceVec<float> go(d, no), glse(d, nr), gD(d, nr), gdq(d, std::vector<float>(nq, 0.f)),
+        gdk(d, std::vector<float>(nkv, 0.f));
     Gpu::pack_kv(d, gmine.data(), gq.data(), B, Tl, H, hd, g);
     Gpu::start(d, go.data(), glse.data(), B, Tl, H, hd);
-    for (auto [kv, kp] : {std::pair{gmine.data(), qpos}, std::pair{gother.data(), kother}, std::pair{glater.data(), klater}})
+    for (auto [kv, kp] :
+         {std::pair{gmine.data(), qpos}, std::pair{gother.data(), kother}, std::pair{glater.data(), klater}})
       Gpu::forward(d, go.data(), glse.data(), gq.data(), kv, B, Tl, H, hd, g, qpos, kp);
     Gpu::finish(d, gout.data(), go.data(), static_cast<std::int64_t>(no));
     Gpu::row_dots(d, gD.data(), gdout.data(), gout.data(), B, Tl, H, hd);
@@ -79,13 +87,18 @@ TEST_CASE_TEMPLATE("context attention blocks: forward merge, backward, packing, 
     CHECK(rel_error(gD.get(d), D) <= 1e-5);
     std::vector<V> dkv;
     int k = 0;
-    for (auto [kv, kp] : {std::pair{gmine.data(), qpos}, std::pair{gother.data(), kother}, std::pair{glater.data(), klater}}) {
+    for (auto [kv, kp] :
+         {std::pair{gmine.data(), qpos}, std::pair{gother.data(), kother}, std::pair{glater.data(), klater}}) {
       DeviceVec<float> gd(d, std::vector<float>(nkv, 0.f));
-      Gpu::backward(d, gdq.data(), gd.data(), gq.data(), kv, gdout.data(), gD.data(), glse.data(), B, Tl, H, hd, g, qpos, kp);
+      Gpu::backward(d, gdq.data(), gd.data(), gq.data(), kv, gdout.data(), gD.data(), glse.data(), B, Tl, H, hd, g,
+                    qpos, kp);
       const V& hkv = k == 0 ? mine : k == 1 ? ot : lt;
       V r(nkv, 0.0);
-      Ref::backward(h, dq.data(), r.data(), q.data(), hkv.data(), dy.data(), D.data(), lse.data(), B, Tl, H, hd, g, qpos,
-                    k == 0 ? qpos : k == 1 ? kother : klater);
+      Ref::backward(h, dq.data(), r.data(), q.data(), hkv.data(), dy.data(), D.data(), lse.data(), B, Tl, H, hd, g,
+                    qpos,
+                    k == 0   ? qpos
+                    : k == 1 ? kother
+                             : klater);
       CHECK(rel_error(gd.get(d), r) <= 1e-5);
       if (k == 0) {
         Gpu::write_dqkv(d, gdqkv.data(), gdq.data(), gd.data(), B, Tl, H, hd, g);  // after the own block: dq so far
@@ -107,12 +120,13 @@ TEST_CASE_TEMPLATE("context attention blocks: forward merge, backward, packing, 
 TEST_CASE("context attention blocks refuse sizes that do not fit, naming them") {
   Cuda& d = gpu();
   DeviceVec<float> a(d, 64), b(d, 64);
-  CHECK_THROWS_WITH_AS(ops::ContextBlock<Cuda>::pack_kv(d, a.data(), b.data(), 1, 2, 3, 4, 2), doctest::Contains("3 heads in groups of 2"),
-                       Error);
+  CHECK_THROWS_WITH_AS(ops::ContextBlock<Cuda>::pack_kv(d, a.data(), b.data(), 1, 2, 3, 4, 2),
+                       doctest::Contains("3 heads in groups of 2"), Error);
 }
 
-TEST_CASE_TEMPLATE("context attention on thread ranks sharing the GPU equals the host's: ring and all-gather, context 2 and 4", A,
-                   context::Ring, context::AllGather) {
+TEST_CASE_TEMPLATE(
+    "context attention on thread ranks sharing the GPU equals the host's: ring and all-gather, context 2 and 4", A,
+    context::Ring, context::AllGather) {
   (void)gpu();  // skips where there is no GPU
   const std::int64_t B = 2, T_ = 48, H = 4, g = 2, hd = 16, row = (H / g) * (g + 2) * hd;
   for (int c : {2, 4}) {
@@ -124,7 +138,8 @@ TEST_CASE_TEMPLATE("context attention on thread ranks sharing the GPU equals the
     std::vector<double> err_y(static_cast<std::size_t>(c)), err_dx(static_cast<std::size_t>(c));
     std::vector<V> y(static_cast<std::size_t>(c)), dx(static_cast<std::size_t>(c));
     const auto inputs = [&](int r) {
-      return std::pair{random<float>(nq, 40 + static_cast<std::uint64_t>(r)), random<float>(no, 50 + static_cast<std::uint64_t>(r))};
+      return std::pair{random<float>(nq, 40 + static_cast<std::uint64_t>(r)),
+                       random<float>(no, 50 + static_cast<std::uint64_t>(r))};
     };
     run_threads(c, [&](ThreadComm& world) {  // the host's, in double
       const auto r = static_cast<std::size_t>(world.rank());
@@ -161,12 +176,15 @@ TEST_CASE_TEMPLATE("context attention on thread ranks sharing the GPU equals the
   }
 }
 
-TEST_CASE_TEMPLATE("a grouped-query attention layer with the sequence over context 2 on the GPU equals the host's whole sequence", A,
-                   context::Ring, context::AllGather) {
+TEST_CASE_TEMPLATE(
+    "a grouped-query attention layer with the sequence over context 2 on the GPU equals the host's whole sequence", A,
+    context::Ring, context::AllGather) {
   (void)gpu();
   constexpr std::int64_t B = 2, T_ = 16, C = 32, H = 4, KV = 2;
-  const ops::Rope rope{.theta = 500, .factor = 4, .low_freq_factor = 1, .high_freq_factor = 4, .original_max_positions = 8};
-  const V x = widen(random<float>(static_cast<std::size_t>(B * T_ * C), 61)), dy = widen(random<float>(static_cast<std::size_t>(B * T_ * C), 62));
+  const ops::Rope rope{
+      .theta = 500, .factor = 4, .low_freq_factor = 1, .high_freq_factor = 4, .original_max_positions = 8};
+  const V x = widen(random<float>(static_cast<std::size_t>(B * T_ * C), 61)),
+          dy = widen(random<float>(static_cast<std::size_t>(B * T_ * C), 62));
   // The host's layer over the whole sequence, in double.
   Host h;
   nn::GroupedQueryAttention<double> ref(h, C, H, KV, rope, Spread{}, 1, 3, 0.3, 0.3);

@@ -46,7 +46,8 @@ void check_gemm(Cuda& d, weft::cuda::Blas& blas, Trans ta, Trans tb, Case c, wef
   V pre;
   if (e == weft::cuda::Epilogue::bias || e == weft::cuda::Epilogue::bias_gelu)
     for (std::int64_t i = 0; i < c.m; ++i)
-      for (std::int64_t j = 0; j < c.n; ++j) ref[static_cast<std::size_t>(i * c.n + j)] += bi[static_cast<std::size_t>(j)];
+      for (std::int64_t j = 0; j < c.n; ++j)
+        ref[static_cast<std::size_t>(i * c.n + j)] += bi[static_cast<std::size_t>(j)];
   if (e == weft::cuda::Epilogue::bias_gelu) {
     pre = ref;
     host::gelu_forward(ref.data(), pre.data(), static_cast<std::int64_t>(ref.size()));
@@ -66,9 +67,9 @@ TEST_CASE_TEMPLATE("cuBLASLt GEMM matches the host GEMM", T, float, bf16) {
   Cuda& d = gpu();
   weft::cuda::Blas blas(d);
   // bf16 operands need 16-byte aligned rows for the tensor-core algorithms: odd sizes for f32 only.
-  const std::vector<Case> cases = std::is_same_v<T, float>
-                                      ? std::vector<Case>{{1, 1, 1}, {7, 5, 3}, {33, 17, 65}, {128, 96, 131}, {512, 768, 768}}
-                                      : std::vector<Case>{{8, 8, 8}, {40, 24, 72}, {128, 96, 136}, {512, 768, 768}};
+  const std::vector<Case> cases =
+      std::is_same_v<T, float> ? std::vector<Case>{{1, 1, 1}, {7, 5, 3}, {33, 17, 65}, {128, 96, 131}, {512, 768, 768}}
+                               : std::vector<Case>{{8, 8, 8}, {40, 24, 72}, {128, 96, 136}, {512, 768, 768}};
   for (Trans ta : {Trans::no, Trans::yes})
     for (Trans tb : {Trans::no, Trans::yes})
       for (const Case& c : cases) {

@@ -26,11 +26,13 @@ TEST_CASE_TEMPLATE("rmsnorm forward and backward (with the residual gradient)", 
     DeviceVec<float> rstd(d, static_cast<std::size_t>(N));
     DeviceVec<float> dw(d, std::vector<float>(static_cast<std::size_t>(C), 0.5f));
     weft::cuda::rmsnorm_forward(d, y.data(), rstd.data(), gx.data(), gw.data(), N, C, 1e-5f);
-    weft::cuda::rmsnorm_backward(d, dx.data(), dw.data(), gdy.data(), gx.data(), gw.data(), rstd.data(), N, C, gres.data());
+    weft::cuda::rmsnorm_backward(d, dx.data(), dw.data(), gdy.data(), gx.data(), gw.data(), rstd.data(), N, C,
+                                 gres.data());
     const V xd = widen(x), wd = widen(w), dyd = widen(dy), rd = widen(res);
     V ry(x.size()), rr(static_cast<std::size_t>(N)), rdx(x.size()), rdw(static_cast<std::size_t>(C), 0.5);
     ops::RmsNorm<Host>::forward(h, ry.data(), rr.data(), xd.data(), wd.data(), N, C, 1e-5);
-    ops::RmsNorm<Host>::backward(h, rdx.data(), rdw.data(), dyd.data(), xd.data(), wd.data(), rr.data(), N, C, rd.data());
+    ops::RmsNorm<Host>::backward(h, rdx.data(), rdw.data(), dyd.data(), xd.data(), wd.data(), rr.data(), N, C,
+                                 rd.data());
     CHECK(rel_error(y.get(d), ry) <= tolerance<T>(8e-3));  // bf16: one rounding of the output
     CHECK(rel_error(rstd.get(d), rr) <= 1e-5);
     CHECK(rel_error(dx.get(d), rdx) <= tolerance<T>(8e-3));
@@ -41,9 +43,12 @@ TEST_CASE_TEMPLATE("rmsnorm forward and backward (with the residual gradient)", 
 TEST_CASE_TEMPLATE("rotary forward and backward over grouped queries and keys", T, float, bf16) {
   Cuda& d = gpu();
   Host h;
-  const ops::Rope rope{.theta = 500000, .factor = 8, .low_freq_factor = 1, .high_freq_factor = 4, .original_max_positions = 64};
-  for (auto [B, Tn, G, g, hd] : {std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t>{1, 5, 1, 1, 2},
-                                 {2, 37, 2, 4, 64}, {3, 130, 1, 8, 128}}) {
+  const ops::Rope rope{
+      .theta = 500000, .factor = 8, .low_freq_factor = 1, .high_freq_factor = 4, .original_max_positions = 64};
+  for (auto [B, Tn, G, g, hd] :
+       {std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t>{1, 5, 1, 1, 2},
+        {2, 37, 2, 4, 64},
+        {3, 130, 1, 8, 128}}) {
     const std::size_t n = static_cast<std::size_t>(B * Tn * G * (g + 2) * hd);
     const auto x = random<T>(n, 9);
     // From position 3, and as a context rank's two chunks (the second half of the rows from 200).
@@ -54,7 +59,7 @@ TEST_CASE_TEMPLATE("rotary forward and backward over grouped queries and keys", 
       ops::Rotary<Host>::forward(h, r.data(), B, Tn, G, g, hd, rope, pos);
       CHECK(rel_error(gx.get(d), r) <= tolerance<T>(8e-3));
       weft::cuda::rotary(d, gx.data(), B, Tn, G, g, hd, rope, pos, -1.0);  // back to the input
-      CHECK(rel_error(gx.get(d), widen(x)) <= tolerance<T>(1.6e-2));  // bf16: two roundings
+      CHECK(rel_error(gx.get(d), widen(x)) <= tolerance<T>(1.6e-2));       // bf16: two roundings
     }
   }
   DeviceVec<T> big(d, random<T>(3 * 514, 10));  // one token, a group of one query: a head of 514, over the kernel's 512

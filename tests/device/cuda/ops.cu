@@ -19,8 +19,9 @@ using V = std::vector<double>;
 
 TEST_CASE("Cuda device: a clear Error where there is no GPU and accounting where there is one") {
   if (weft::cuda::probe().absent) {
-    CHECK_THROWS_WITH_AS(Cuda(), "Cuda: no CUDA device is visible (no GPU, or no driver); run on a machine with an "
-                                 "NVIDIA GPU, or use the Host device",
+    CHECK_THROWS_WITH_AS(Cuda(),
+                         "Cuda: no CUDA device is visible (no GPU, or no driver); run on a machine with an "
+                         "NVIDIA GPU, or use the Host device",
                          Error);
     return;
   }
@@ -65,7 +66,8 @@ TEST_CASE_TEMPLATE("layernorm forward (with and without the fused residual) and 
   for (auto [N, C] : {std::pair<std::int64_t, std::int64_t>{1, 32}, {7, 100}, {257, 768}, {64, 1600}}) {
     CAPTURE(N);
     CAPTURE(C);
-    const auto x = random<T>(static_cast<std::size_t>(N * C), 3, 2.0), res = random<T>(static_cast<std::size_t>(N * C), 4);
+    const auto x = random<T>(static_cast<std::size_t>(N * C), 3, 2.0),
+               res = random<T>(static_cast<std::size_t>(N * C), 4);
     const auto w = random<T>(static_cast<std::size_t>(C), 5), b = random<T>(static_cast<std::size_t>(C), 6);
     const auto dout = random<T>(static_cast<std::size_t>(N * C), 7);
     DeviceVec<T> gx(d, x), gres(d, res), gw(d, w), gb(d, b), gdout(d, dout), out(d, x.size()), rout(d, x.size()),
@@ -76,22 +78,25 @@ TEST_CASE_TEMPLATE("layernorm forward (with and without the fused residual) and 
 
     // Fused: r = x + res, out = LN(r).
     weft::cuda::layernorm_forward(d, out.data(), mean.data(), rstd.data(), gx.data(), gw.data(), gb.data(), N, C, 1e-5f,
-                            rout.data(), gres.data());
+                                  rout.data(), gres.data());
     V r(x.size()), ref_out(x.size()), ref_mean(static_cast<std::size_t>(N)), ref_rstd(static_cast<std::size_t>(N));
     for (std::size_t i = 0; i < x.size(); ++i) r[i] = to_double(x[i]) + to_double(res[i]);
     const V wd = widen(w), bd = widen(b);
-    host::layernorm_forward(ref_out.data(), ref_mean.data(), ref_rstd.data(), r.data(), wd.data(), bd.data(), N, C, 1e-5);
+    host::layernorm_forward(ref_out.data(), ref_mean.data(), ref_rstd.data(), r.data(), wd.data(), bd.data(), N, C,
+                            1e-5);
     CHECK(rel_error(rout.get(d), r) <= tolerance<T>(4e-3));
     CHECK(rel_error(out.get(d), ref_out) <= tolerance<T>(1e-2));  // bf16: the sum rounds once, then 2 ops in float
     CHECK(rel_error(mean.get(d), ref_mean) <= tolerance<T>(1e-2));
 
     // Plain forward on x, then backward against the host in double.
-    weft::cuda::layernorm_forward(d, out.data(), mean.data(), rstd.data(), gx.data(), gw.data(), gb.data(), N, C, 1e-5f);
+    weft::cuda::layernorm_forward(d, out.data(), mean.data(), rstd.data(), gx.data(), gw.data(), gb.data(), N, C,
+                                  1e-5f);
     const V xd = widen(x);
-    host::layernorm_forward(ref_out.data(), ref_mean.data(), ref_rstd.data(), xd.data(), wd.data(), bd.data(), N, C, 1e-5);
+    host::layernorm_forward(ref_out.data(), ref_mean.data(), ref_rstd.data(), xd.data(), wd.data(), bd.data(), N, C,
+                            1e-5);
     CHECK(rel_error(out.get(d), ref_out) <= tolerance<T>(1e-2));
     weft::cuda::layernorm_backward(d, dx.data(), dw.data(), db.data(), gdout.data(), gx.data(), gw.data(), mean.data(),
-                             rstd.data(), N, C);
+                                   rstd.data(), N, C);
     V ref_dx(x.size()), ref_dw(static_cast<std::size_t>(C), 0.0), ref_db(static_cast<std::size_t>(C), 0.0);
     const V dd = widen(dout);
     host::layernorm_backward(ref_dx.data(), ref_dw.data(), ref_db.data(), dd.data(), xd.data(), wd.data(),
@@ -105,9 +110,11 @@ TEST_CASE_TEMPLATE("layernorm forward (with and without the fused residual) and 
 TEST_CASE("layernorm and embedding backward are bitwise repeatable") {
   Cuda& d = gpu();
   const std::int64_t N = 4096, C = 768;
-  const auto x = random<float>(static_cast<std::size_t>(N * C), 8), dout = random<float>(static_cast<std::size_t>(N * C), 9);
+  const auto x = random<float>(static_cast<std::size_t>(N * C), 8),
+             dout = random<float>(static_cast<std::size_t>(N * C), 9);
   const auto w = random<float>(static_cast<std::size_t>(C), 10), b = random<float>(static_cast<std::size_t>(C), 11);
-  DeviceVec<float> gx(d, x), gdout(d, dout), gw(d, w), gb(d, b), out(d, x.size()), dx(d, x.size()), mean(d, N), rstd(d, N);
+  DeviceVec<float> gx(d, x), gdout(d, dout), gw(d, w), gb(d, b), out(d, x.size()), dx(d, x.size()), mean(d, N),
+      rstd(d, N);
   weft::cuda::layernorm_forward(d, out.data(), mean.data(), rstd.data(), gx.data(), gw.data(), gb.data(), N, C, 1e-5f);
   std::vector<std::vector<float>> dws;
   std::vector<std::int32_t> tokens(static_cast<std::size_t>(N));
@@ -119,7 +126,7 @@ TEST_CASE("layernorm and embedding backward are bitwise repeatable") {
         db(d, std::vector<float>(static_cast<std::size_t>(C), 0.0f)),
         table(d, std::vector<float>(static_cast<std::size_t>(50 * C), 0.0f));
     weft::cuda::layernorm_backward(d, dx.data(), dw.data(), db.data(), gdout.data(), gx.data(), gw.data(), mean.data(),
-                             rstd.data(), N, C);
+                                   rstd.data(), N, C);
     weft::cuda::embedding_backward(d, table.data(), gdout.data(), gt.data(), N, C, 0, 50);
     dws.push_back(dw.get(d));
     tables.push_back(table.get(d));
@@ -134,7 +141,8 @@ TEST_CASE_TEMPLATE("vocab-parallel embedding forward and backward", T, float, bf
   // 50: scalar path
   for (auto [N, C] : {std::pair<std::int64_t, std::int64_t>{1, 96}, {100, 96}, {5000, 96}, {300, 50}}) {
     std::vector<std::int32_t> tokens(static_cast<std::size_t>(N));
-    for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<std::int32_t>(weft::philox(5, 1, i)[0] % 100);
+    for (std::size_t i = 0; i < tokens.size(); ++i)
+      tokens[i] = static_cast<std::int32_t>(weft::philox(5, 1, i)[0] % 100);
     const auto table = random<T>(static_cast<std::size_t>((end - begin) * C), 12);
     const auto dout = random<T>(static_cast<std::size_t>(N * C), 13);
     const auto start = random<T>(table.size(), 14);  // dtable accumulates onto this
@@ -151,13 +159,15 @@ TEST_CASE_TEMPLATE("vocab-parallel embedding forward and backward", T, float, bf
   }
 }
 
-TEST_CASE_TEMPLATE("learned positions forward and backward: one run of positions, and a context rank's two chunks", T, float, bf16) {
+TEST_CASE_TEMPLATE("learned positions forward and backward: one run of positions, and a context rank's two chunks", T,
+                   float, bf16) {
   Cuda& d = gpu();
   const std::int64_t B = 3, Tl = 24, C = 40, P = 96;  // a table of 96 positions
   // t0 = 10 (a sequence-parallel slice), and context::Chunks::of(96, 4).positions(1): chunks 1 and 6 of 8.
   for (const ops::Positions pos : {ops::Positions(10), ops::Positions(12, 12, 72)}) {
     CAPTURE(pos.p0);
-    const auto x = random<T>(static_cast<std::size_t>(B * Tl * C), 15), table = random<T>(static_cast<std::size_t>(P * C), 16);
+    const auto x = random<T>(static_cast<std::size_t>(B * Tl * C), 15),
+               table = random<T>(static_cast<std::size_t>(P * C), 16);
     const auto dy = random<T>(x.size(), 17);
     const auto start = random<float>(table.size(), 18);  // dtable accumulates onto this
     DeviceVec<T> gx(d, x), gtable(d, table), gdy(d, dy);
@@ -169,7 +179,7 @@ TEST_CASE_TEMPLATE("learned positions forward and backward: one run of positions
     host::position_forward(rx.data(), td.data(), B, Tl, C, pos);
     host::position_backward(rdt.data(), dd.data(), B, Tl, C, pos);
     CHECK(rel_error(gx.get(d), rx) <= tolerance<T>(8e-3));  // bf16: one rounding of the sum
-    CHECK(rel_error(dtable.get(d), rdt) <= 1e-5);          // float sums of 3 rows
+    CHECK(rel_error(dtable.get(d), rdt) <= 1e-5);           // float sums of 3 rows
   }
 }
 
@@ -190,15 +200,16 @@ TEST_CASE_TEMPLATE("vocab-parallel cross-entropy: row statistics and the in-plac
     V ref_max(static_cast<std::size_t>(N)), ref_stats(static_cast<std::size_t>(2 * N));
     host::ce_row_max(ref_max.data(), ld.data(), N, Vn, valid);
     host::ce_row_stats(ref_stats.data(), ld.data(), ref_max.data(), targets.data(), N, Vn, valid, begin);
-    CHECK(rel_error(rowmax.get(d), ref_max) == 0.0);  // a max of the same values
+    CHECK(rel_error(rowmax.get(d), ref_max) == 0.0);    // a max of the same values
     CHECK(rel_error(stats.get(d), ref_stats) <= 1e-5);  // float sums of exp in another order
     // Backward in place over the logits.
     V ref_sumexp(static_cast<std::size_t>(N)), ref_dl(ld.size());
-    for (std::int64_t n = 0; n < N; ++n) ref_sumexp[static_cast<std::size_t>(n)] = ref_stats[static_cast<std::size_t>(2 * n)];
+    for (std::int64_t n = 0; n < N; ++n)
+      ref_sumexp[static_cast<std::size_t>(n)] = ref_stats[static_cast<std::size_t>(2 * n)];
     host::ce_backward(ref_dl.data(), ld.data(), ref_max.data(), ref_sumexp.data(), targets.data(), N, Vn, valid, begin,
                       1.0 / static_cast<double>(N));
     weft::cuda::ce_backward(d, gl.data(), rowmax.data(), stats.data(), gt.data(), N, Vn, valid, begin,
-                      1.0f / static_cast<float>(N));
+                            1.0f / static_cast<float>(N));
     CHECK(rel_error(gl.get(d), ref_dl) <= tolerance<T>(1e-2));  // bf16: the gradient rounds once
   }
 }
@@ -206,8 +217,13 @@ TEST_CASE_TEMPLATE("vocab-parallel cross-entropy: row statistics and the in-plac
 TEST_CASE("multi-tensor AdamW and the global gradient norm") {
   Cuda& d = gpu();
   const std::vector<std::int64_t> sizes{5, 70000, 200001};
-  const math::AdamW a{.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
-                      .bc1 = 1 - 0.9f * 0.9f, .bc2 = 1 - 0.95f * 0.95f};  // step 2
+  const math::AdamW a{.lr = 1e-3f,
+                      .beta1 = 0.9f,
+                      .beta2 = 0.95f,
+                      .eps = 1e-8f,
+                      .weight_decay = 0.1f,
+                      .bc1 = 1 - 0.9f * 0.9f,
+                      .bc2 = 1 - 0.95f * 0.95f};  // step 2
   std::vector<std::vector<float>> p, g, m, v;
   std::vector<DeviceVec<float>> gp, gg, gm, gv;
   std::vector<weft::cuda::TensorRef> refs;

@@ -71,7 +71,8 @@ struct DeviceVec {
     cuda::check(cudaMemsetAsync(mem.data(), 0xFF, count * sizeof(T), d.stream()), "poison");
   }
   DeviceVec(Cuda& d, const std::vector<T>& h) : DeviceVec(d, h.size()) {
-    cuda::check(cudaMemcpyAsync(mem.data(), h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice, d.stream()), "upload");
+    cuda::check(cudaMemcpyAsync(mem.data(), h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice, d.stream()),
+                "upload");
     d.synchronize();
   }
   T* data() { return static_cast<T*>(mem.data()); }

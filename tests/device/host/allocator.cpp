@@ -128,8 +128,11 @@ TEST_CASE("an allocation that fails empties the cache and retries: what the cach
   // With nothing cached there is nothing to retry with: one failure is the Error, naming the request
   // and what is in use.
   aligned_failures_to_come = 1;
-  CHECK_THROWS_WITH_AS(h.allocate(big), doctest::Contains(cat("out of memory allocating ", big, " bytes of other with ",
-                                                              big / 2, " bytes in use").c_str()), Error);
+  CHECK_THROWS_WITH_AS(
+      h.allocate(big),
+      doctest::Contains(
+          cat("out of memory allocating ", big, " bytes of other with ", big / 2, " bytes in use").c_str()),
+      Error);
   CHECK(aligned_failures_to_come == 0);
 }
 
@@ -153,8 +156,9 @@ TEST_CASE("under AddressSanitizer a cached block is poisoned until it is handed 
   CHECK(__asan_address_is_poisoned(p) == 0);
   CHECK(__asan_address_is_poisoned(p + big - 1) == 0);
 #elif defined(WEFT_TEST_EXPECT_ASAN)
-  FAIL("this unit is compiled with -fsanitize=address but WEFT_ASAN is 0, so the allocator poisons nothing: "
-       "weft/core/sanitizer.hpp does not recognize this compiler's AddressSanitizer; teach it");
+  FAIL(
+      "this unit is compiled with -fsanitize=address but WEFT_ASAN is 0, so the allocator poisons nothing: "
+      "weft/core/sanitizer.hpp does not recognize this compiler's AddressSanitizer; teach it");
 #else
   WEFT_SKIP("not an AddressSanitizer build: nothing is poisoned (the dev preset checks this)");
 #endif

@@ -96,17 +96,22 @@ TEST_CASE("gemm with beta 0 does not read C and k = 0 scales C") {
 
 TEST_CASE("gemm rejects bad sizes with the values") {
   std::vector<float> x(16);
-  CHECK_THROWS_WITH_AS(host::gemm<float>(Trans::no, Trans::no, 4, 4, 4, 1.f, x.data(), 3, x.data(), 4, 0.f, x.data(), 4),
-                       "host::gemm: m 4, n 4, k 4 with lda 3, ldb 4, ldc 4 (need lda >= 4, ldb >= 4, ldc >= 4); pass "
-                       "non-negative sizes and leading dimensions at least the row length",
-                       Error);
+  CHECK_THROWS_WITH_AS(
+      host::gemm<float>(Trans::no, Trans::no, 4, 4, 4, 1.f, x.data(), 3, x.data(), 4, 0.f, x.data(), 4),
+      "host::gemm: m 4, n 4, k 4 with lda 3, ldb 4, ldc 4 (need lda >= 4, ldb >= 4, ldc >= 4); pass "
+      "non-negative sizes and leading dimensions at least the row length",
+      Error);
 }
 
 TEST_CASE("host GEMM: the same bits on more threads, and from four thread ranks at once") {
   // Shapes of a training step (an activation times a weight, its input gradient, a weight
   // gradient); the reference is one thread, one call at a time.
-  struct Case { Trans ta, tb; int m, n, k; };
-  const Case cases[] = {{Trans::no, Trans::yes, 300, 700, 257}, {Trans::no, Trans::no, 300, 257, 700},
+  struct Case {
+    Trans ta, tb;
+    int m, n, k;
+  };
+  const Case cases[] = {{Trans::no, Trans::yes, 300, 700, 257},
+                        {Trans::no, Trans::no, 300, 257, 700},
                         {Trans::yes, Trans::no, 700, 257, 300}};
   for (const Case& c : cases) {
     const int lda = c.ta == Trans::yes ? c.m : c.k, ldb = c.tb == Trans::yes ? c.k : c.n;
@@ -156,7 +161,8 @@ TEST_CASE("host GEMM: OpenBLAS unless it runs AVX2 kernels where Eigen has AVX-5
   } else if (set == "Haswell") {
 #if defined(EIGEN_VECTORIZE_AVX512)
     // AVX2 kernels against Eigen's AVX-512 code: Eigen, and the message says why.
-    CHECK(library == "eigen (OpenBLAS runs its Haswell kernels (OPENBLAS_CORETYPE=Haswell); Eigen's AVX-512 code is faster)");
+    CHECK(library ==
+          "eigen (OpenBLAS runs its Haswell kernels (OPENBLAS_CORETYPE=Haswell); Eigen's AVX-512 code is faster)");
 #else
     CHECK(library == "openblas (Haswell)");
 #endif

@@ -75,7 +75,8 @@ TEST_CASE("causal attention: rows of probs sum to one with the future masked and
     CHECK(s == doctest::Approx(1.0).epsilon(1e-14));
   }
   // The first token attends only to itself: its output is its own v.
-  for (host::index d = 0; d < hd; ++d) CHECK(out[static_cast<std::size_t>(d)] == qkv[static_cast<std::size_t>(2 * hd + d)]);
+  for (host::index d = 0; d < hd; ++d)
+    CHECK(out[static_cast<std::size_t>(d)] == qkv[static_cast<std::size_t>(2 * hd + d)]);
   V dqkv(qkv.size());
   host::attention_backward(dqkv.data(), R.data(), qkv.data(), probs.data(), B, T, H, hd);
   const auto r = gradcheck(qkv, dqkv, loss, 200);
@@ -90,7 +91,7 @@ TEST_CASE("vocab-parallel embedding: a shard looks up its rows and zeros the res
   V out(tokens.size() * C);
   host::embedding_forward(out.data(), tokens.data(), table.data(), 5, C, 4, 8);
   for (host::index c = 0; c < C; ++c) {
-    CHECK(out[static_cast<std::size_t>(c)] == 0.0);                                   // token 3: elsewhere
+    CHECK(out[static_cast<std::size_t>(c)] == 0.0);                                             // token 3: elsewhere
     CHECK(out[static_cast<std::size_t>(C + c)] == table[static_cast<std::size_t>(3 * C + c)]);  // token 7: row 3
   }
   V R = normals(out.size(), 8), dtable(table.size(), 0.0);
@@ -102,7 +103,8 @@ TEST_CASE("vocab-parallel embedding: a shard looks up its rows and zeros the res
   CHECK(gradcheck(table, dtable, loss).worst <= 1e-6);
 }
 
-TEST_CASE("cross-entropy pieces give log-softmax loss with padded columns masked and the softmax-minus-onehot gradient") {
+TEST_CASE(
+    "cross-entropy pieces give log-softmax loss with padded columns masked and the softmax-minus-onehot gradient") {
   const host::index N = 4, Vn = 7, valid = 6;  // one padded column
   V logits = normals(N * Vn, 9, 3.0);
   const std::vector<std::int32_t> targets{0, 5, 2, 3};
@@ -148,7 +150,7 @@ double worst_abs(const std::vector<float>& a, const V& b) {
 TEST_CASE("float gelu: within 1e-6 of the double oracle, and the same bits at any address") {
   V x(4001);
   for (std::size_t i = 0; i < x.size(); ++i) x[i] = -10.0 + 0.005 * static_cast<double>(i);  // both tails and 0
-  for (double far : {-1e30, -1e4, -100.0, 100.0, 1e4, 1e30}) x.push_back(far);  // no overflow into NaN
+  for (double far : {-1e30, -1e4, -100.0, 100.0, 1e4, 1e30}) x.push_back(far);               // no overflow into NaN
   const std::vector<float> xf = to_float(x);
   V y(x.size()), dy(x.size()), ones(x.size(), 1.0);
   host::gelu_forward(y.data(), x.data(), static_cast<host::index>(x.size()));
@@ -202,7 +204,8 @@ TEST_CASE("float attention on GEMMs: the double loops' output, probabilities and
 // Llama's ops (ops/swiglu.hpp, ops/rotary.hpp, ops/rmsnorm.hpp): the float paths (SwiGLU on Eigen's
 // vectorized exp, the rotation on a cached table, RMSNorm on lane sums) against the double loops
 // on the same float inputs.
-TEST_CASE("float SwiGLU: within 1e-6 of the double oracle (relative beyond 1), tails included, the same bits at any offset") {
+TEST_CASE(
+    "float SwiGLU: within 1e-6 of the double oracle (relative beyond 1), tails included, the same bits at any offset") {
   Host dev;
   V a;  // (gate, up) pairs: gates over [-20, 20] and far out, ups over [-3, 3]
   for (int i = 0; i <= 4000; ++i) a.insert(a.end(), {-20.0 + 0.01 * i, -3.0 + 0.0015 * i});
@@ -221,8 +224,8 @@ TEST_CASE("float SwiGLU: within 1e-6 of the double oracle (relative beyond 1), t
   // relative; at g = -20 the gate's slope is 4e-8, where an error in 1 - sigmoid would show.
   for (host::index i = 0; i < n; ++i) {
     const auto k = static_cast<std::size_t>(i);
-    INFO("gate ", ad[2 * k], ", up ", ad[2 * k + 1], ": y ", yf[k], " vs ", y[k], "; dgate ", daf[2 * k], " vs ", da[2 * k],
-         "; dup ", daf[2 * k + 1], " vs ", da[2 * k + 1]);
+    INFO("gate ", ad[2 * k], ", up ", ad[2 * k + 1], ": y ", yf[k], " vs ", y[k], "; dgate ", daf[2 * k], " vs ",
+         da[2 * k], "; dup ", daf[2 * k + 1], " vs ", da[2 * k + 1]);
     CHECK(std::isfinite(yf[k]));
     CHECK(std::fabs(yf[k] - y[k]) <= 1e-6 * std::max(1.0, std::fabs(y[k])));
     CHECK(std::fabs(daf[2 * k] - da[2 * k]) <= 1e-6 * std::max(1.0, std::fabs(da[2 * k])));
@@ -241,9 +244,10 @@ TEST_CASE("float rotary and RMSNorm: the double loops on the same inputs, to flo
   const auto sz = [](host::index k) { return static_cast<std::size_t>(k); };
   const V qkv = normals(sz(N * G * (g + 2) * hd), 32), x = normals(sz(N * C), 33), w = normals(sz(C), 34),
           dy = normals(sz(N * C), 35), res = normals(sz(N * C), 36);
-  const std::vector<float> qkvf = to_float(qkv), xf = to_float(x), wf = to_float(w), dyf = to_float(dy), resf = to_float(res);
-  const V qkvd(qkvf.begin(), qkvf.end()), xd(xf.begin(), xf.end()), wd(wf.begin(), wf.end()), dyd(dyf.begin(), dyf.end()),
-      resd(resf.begin(), resf.end());
+  const std::vector<float> qkvf = to_float(qkv), xf = to_float(x), wf = to_float(w), dyf = to_float(dy),
+                           resf = to_float(res);
+  const V qkvd(qkvf.begin(), qkvf.end()), xd(xf.begin(), xf.end()), wd(wf.begin(), wf.end()),
+      dyd(dyf.begin(), dyf.end()), resd(resf.begin(), resf.end());
   SUBCASE("rotary at positions 5 .. 41, forward then backward (back to the input)") {
     V r = qkvd;
     std::vector<float> rf = qkvf;
@@ -265,7 +269,8 @@ TEST_CASE("float rotary and RMSNorm: the double loops on the same inputs, to flo
   SUBCASE("RMSNorm forward and backward with the residual gradient") {
     V y(N * C), rstd(N), dx(N * C), dw(C, 0.0);
     ops::RmsNorm<Host>::forward(dev, y.data(), rstd.data(), xd.data(), wd.data(), N, C, 1e-5);
-    ops::RmsNorm<Host>::backward(dev, dx.data(), dw.data(), dyd.data(), xd.data(), wd.data(), rstd.data(), N, C, resd.data());
+    ops::RmsNorm<Host>::backward(dev, dx.data(), dw.data(), dyd.data(), xd.data(), wd.data(), rstd.data(), N, C,
+                                 resd.data());
     std::vector<float> yf(N * C), rstdf(N), dxf(N * C), dwf(C, 0.0f);
     ops::RmsNorm<Host>::forward(dev, yf.data(), rstdf.data(), xf.data(), wf.data(), N, C, 1e-5f);
     ops::RmsNorm<Host>::backward(dev, dxf.data(), dwf.data(), dyf.data(), xf.data(), wf.data(), rstdf.data(), N, C,
@@ -278,7 +283,8 @@ TEST_CASE("float rotary and RMSNorm: the double loops on the same inputs, to flo
   }
 }
 
-TEST_CASE("init_normal: a large shard drawn on every core has the bits of one thread's draws, and a shard those of the whole") {
+TEST_CASE(
+    "init_normal: a large shard drawn on every core has the bits of one thread's draws, and a shard those of the whole") {
   // 3 x 2^20 + 5 elements: several threads wherever there are several cores (a range per thread),
   // against the single-thread range; then a column shard (offset 1000 of 2048 columns) against the
   // whole tensor's elements at the same global indices. Bitwise: each draw depends on its index alone.
@@ -293,7 +299,8 @@ TEST_CASE("init_normal: a large shard drawn on every core has the bits of one th
   bool same = true;
   for (std::int64_t r = 0; r < local[0]; ++r)
     for (std::int64_t c = 0; c < local[1]; ++c)
-      same = same && shard[static_cast<std::size_t>(r * 1024 + c)] == all[static_cast<std::size_t>(r * 2048 + 1000 + c)];
+      same =
+          same && shard[static_cast<std::size_t>(r * 1024 + c)] == all[static_cast<std::size_t>(r * 2048 + 1000 + c)];
   CHECK(same);
   // The draws are normal with the given scale: mean within 4 standard errors of 0, std within 1%.
   double sum = 0, sq = 0;

@@ -2,8 +2,8 @@
 // back, nested and concurrent calls run inline; and every host op that splits over threads (GEMM,
 // GELU, LayerNorm, attention, cross-entropy, Llama's SwiGLU, rotary and RMSNorm, AdamW, the
 // gradient norm's sum of squares, the elementwise adds) gives the same bits on 1, 2 and 3 threads,
-// alone and in a whole GPT forward and backward. Reference: one thread, bitwise (the parts are computed exactly as the whole: any
-// difference is a splitting error).
+// alone and in a whole GPT forward and backward. Reference: one thread, bitwise (the parts are computed exactly as the
+// whole: any difference is a splitting error).
 #include <doctest/doctest.h>
 
 #include <atomic>
@@ -115,7 +115,8 @@ TEST_CASE("host::set_threads and split: parts of whole units, the last taking th
 TEST_CASE("the host's op families split over threads: the same bits as one thread, op by op") {
   Host dev;
   SUBCASE("GEMM: rows in blocks of 48, transposed or not, the last part with a partial block") {
-    for (auto [ta, tb, m, n, k] : {std::tuple{Trans::no, Trans::yes, 290, 70, 33}, {Trans::yes, Trans::no, 197, 64, 50},
+    for (auto [ta, tb, m, n, k] : {std::tuple{Trans::no, Trans::yes, 290, 70, 33},
+                                   {Trans::yes, Trans::no, 197, 64, 50},
                                    {Trans::yes, Trans::yes, 145, 31, 17}}) {
       const auto A = random(static_cast<std::size_t>(m * k), 1), B = random(static_cast<std::size_t>(k * n), 2);
       const std::int64_t lda = ta == Trans::yes ? m : k, ldb = tb == Trans::yes ? k : n;
@@ -145,7 +146,7 @@ TEST_CASE("the host's op families split over threads: the same bits as one threa
       std::vector<float> y(x.size()), mean(N), rstd(N), dx(x.size()), dw(C, 0.25f), db(C, -0.5f), yb = x;
       ops::LayerNorm<Host>::forward(dev, y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C, 1e-5f);
       ops::LayerNorm<Host>::backward(dev, dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), mean.data(),
-                            rstd.data(), N, C, res.data());
+                                     rstd.data(), N, C, res.data());
       ops::Bias<Host>::add(dev, yb.data(), b.data(), N, C);
       for (const auto* v : {&mean, &rstd, &dx, &dw, &db, &yb}) y.insert(y.end(), v->begin(), v->end());
       return y;
@@ -161,7 +162,8 @@ TEST_CASE("the host's op families split over threads: the same bits as one threa
       ops::SwiGlu<Host>::forward(dev, y.data(), a.data(), n);
       ops::SwiGlu<Host>::backward(dev, da.data(), a.data(), d.data(), n);
       ops::RmsNorm<Host>::forward(dev, yn.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f);
-      ops::RmsNorm<Host>::backward(dev, dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), N, C, res.data());
+      ops::RmsNorm<Host>::backward(dev, dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), N, C,
+                                   res.data());
       ops::Rotary<Host>::forward(dev, r.data(), B, T, G, g, hd, rope, 3);
       for (const auto* v : {&da, &yn, &rstd, &dx, &dw, &r}) y.insert(y.end(), v->begin(), v->end());
       return y;
@@ -183,14 +185,16 @@ TEST_CASE("the host's op families split over threads: the same bits as one threa
     const std::int64_t N = 70, V = 40, valid = 37;
     const auto logits = random(N * V, 13, 2.0f);
     std::vector<std::int32_t> targets(N);
-    for (std::int64_t n = 0; n < N; ++n) targets[static_cast<std::size_t>(n)] = static_cast<std::int32_t>((n * 7) % valid);
+    for (std::int64_t n = 0; n < N; ++n)
+      targets[static_cast<std::size_t>(n)] = static_cast<std::int32_t>((n * 7) % valid);
     same_bits_on_threads("cross-entropy", [&] {
       std::vector<float> rowmax(N), stats(2 * N), sumexp(N), dlogits(logits.size());
       ops::CrossEntropy<Host>::row_max(dev, rowmax.data(), logits.data(), N, V, valid);
-      ops::CrossEntropy<Host>::row_stats(dev, stats.data(), logits.data(), rowmax.data(), targets.data(), N, V, valid, 0);
+      ops::CrossEntropy<Host>::row_stats(dev, stats.data(), logits.data(), rowmax.data(), targets.data(), N, V, valid,
+                                         0);
       const double loss = ops::CrossEntropy<Host>::loss(dev, sumexp.data(), stats.data(), rowmax.data(), N);
-      ops::CrossEntropy<Host>::backward(dev, dlogits.data(), logits.data(), rowmax.data(), sumexp.data(), targets.data(), N, V, valid, 0,
-                     1.0f / static_cast<float>(N));
+      ops::CrossEntropy<Host>::backward(dev, dlogits.data(), logits.data(), rowmax.data(), sumexp.data(),
+                                        targets.data(), N, V, valid, 0, 1.0f / static_cast<float>(N));
       dlogits.push_back(static_cast<float>(loss));
       for (const auto* v : {&rowmax, &stats}) dlogits.insert(dlogits.end(), v->begin(), v->end());
       return dlogits;
@@ -198,7 +202,8 @@ TEST_CASE("the host's op families split over threads: the same bits as one threa
   }
   SUBCASE("the sum of squares of several ranges (the gradient norm): blocks of 16384, summed in order") {
     const auto x = random(90000, 18), y = random(20000, 19);
-    const std::vector<std::pair<const float*, std::int64_t>> pieces{{x.data(), 90000}, {y.data(), 20000}, {x.data() + 7, 5}};
+    const std::vector<std::pair<const float*, std::int64_t>> pieces{
+        {x.data(), 90000}, {y.data(), 20000}, {x.data() + 7, 5}};
     same_bits_on_threads("sum_squares_many", [&] {
       return ops::Norm<Host>::sum_squares_many(dev, std::span<const std::pair<const float*, std::int64_t>>(pieces));
     });
@@ -211,14 +216,15 @@ TEST_CASE("the host's op families split over threads: the same bits as one threa
   }
   SUBCASE("AdamW, one range and several") {
     const auto g = random(70000, 14);
-    const math::AdamWParams<float> a{.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,
-                                     .bc1 = 0.1f, .bc2 = 0.05f};
+    const math::AdamWParams<float> a{
+        .lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f, .bc1 = 0.1f, .bc2 = 0.05f};
     same_bits_on_threads("adamw", [&] {
       auto p = random(70000, 15), m = random(70000, 16, 0.01f), v = random(70000, 17, 0.0f);
       ops::Update<Host>::adamw(dev, p.data(), g.data(), m.data(), v.data(), 40000, a, true, 0.5);
       using Piece = optim::Piece<float, float, 2>;
-      const std::vector<Piece> pieces{{p.data() + 40000, g.data(), {m.data() + 40000, v.data() + 40000}, 20000, true},
-                                      {p.data() + 60000, g.data() + 1, {m.data() + 60000, v.data() + 60000}, 10000, false}};
+      const std::vector<Piece> pieces{
+          {p.data() + 40000, g.data(), {m.data() + 40000, v.data() + 40000}, 20000, true},
+          {p.data() + 60000, g.data() + 1, {m.data() + 60000, v.data() + 60000}, 10000, false}};
       ops::Update<Host>::adamw_many(dev, std::span<const Piece>(pieces), a, 0.5);
       p.insert(p.end(), m.begin(), m.end());
       p.insert(p.end(), v.begin(), v.end());

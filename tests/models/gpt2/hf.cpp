@@ -61,9 +61,7 @@ TEST_CASE("GPT-2 export and import round trip, with Hugging Face's names and lay
   std::string got;
   try {
     gpt2::import_hf(out + "/model.safetensors", scratch("gpt2_wider"), wider);
-  } catch (const Error& e) {
-    got = e.what();
-  }
+  } catch (const Error& e) { got = e.what(); }
   CHECK(got.find("transformer.wte.weight has the shape 30x32; a GPT-2 of these sizes has 30x64") != std::string::npos);
 
   // What the shapes cannot tell: a deeper file into fewer layers (before, the extra blocks were
@@ -73,16 +71,15 @@ TEST_CASE("GPT-2 export and import round trip, with Hugging Face's names and lay
     std::string e;
     try {
       gpt2::import_hf(file, scratch("gpt2_refused"), cfg);
-    } catch (const Error& err) {
-      e = err.what();
-    }
+    } catch (const Error& err) { e = err.what(); }
     CAPTURE(e);
     CHECK(e.find(expect) != std::string::npos);
   };
   gpt2::Config shallow = c, fewer_heads = c;
   shallow.layers = 1;
   fewer_heads.heads = 2;
-  refused(shallow, out + "/model.safetensors", "has a tensor transformer.h.1.ln_1.weight that a GPT-2 of 1 layers, 4 heads and width 32 does not have");
+  refused(shallow, out + "/model.safetensors",
+          "has a tensor transformer.h.1.ln_1.weight that a GPT-2 of 1 layers, 4 heads and width 32 does not have");
   refused(fewer_heads, out + "/model.safetensors", "config.json): has n_head 4; this model has 2");
   const std::string bare = scratch("gpt2_bare");
   std::filesystem::create_directories(bare);

@@ -13,10 +13,10 @@
 #include "weft/comm/mesh.hpp"
 #include "weft/comm/threads/run.hpp"
 #include "weft/device/host/host.hpp"
-#include "weft/pipeline/executor.hpp"
 #include "weft/models/gpt2/model.hpp"
-#include "weft/pipeline/pipelined.hpp"
 #include "weft/models/gpt2/replay.hpp"
+#include "weft/pipeline/executor.hpp"
+#include "weft/pipeline/pipelined.hpp"
 
 using namespace weft;
 
@@ -78,8 +78,8 @@ void compare(const std::vector<Measured>& got, const std::string& what) {
 }
 
 // A data rank's tokens and targets: `micro` sequences over the data degree.
-std::pair<std::vector<std::int32_t>, std::vector<std::int32_t>> tokens(const gpt2::Config& c, std::int64_t micro, int data,
-                                                                       int data_index) {
+std::pair<std::vector<std::int32_t>, std::vector<std::int32_t>> tokens(const gpt2::Config& c, std::int64_t micro,
+                                                                       int data, int data_index) {
   const std::int64_t n = micro / data * c.seq;
   std::vector<std::int32_t> x(static_cast<std::size_t>(n)), y(x.size());
   for (std::int64_t i = 0; i < n; ++i) {
@@ -99,16 +99,19 @@ void check(const gpt2::Config& c, MeshShape shape, std::int64_t micro, std::int6
     gpt2::Model<P, SP, R> gpt(host, c, mesh.spread(), micro);
     auto dp = optim::data_parallel<Strategy>(gpt, optim::AdamW{}, mesh);
     const auto [x, y] = tokens(c, micro, shape.data, mesh.coord().data);
-    record(got[static_cast<std::size_t>(w.rank())], host, [&] {
-      for (std::int64_t m = 0; m < micro_batches; ++m) {
-        auto ctx = gpt.context({x, y, micro, 1.0 / static_cast<double>(micro_batches)});
-        pipeline::forward_backward(gpt, ctx, mesh, dp, m + 1 == micro_batches);
-      }
-      dp.step(1e-3, 1.0);
-    }, footprint::step<Strategy, P, SP, R>(c, mesh.spread(), micro, micro_batches));
+    record(
+        got[static_cast<std::size_t>(w.rank())], host,
+        [&] {
+          for (std::int64_t m = 0; m < micro_batches; ++m) {
+            auto ctx = gpt.context({x, y, micro, 1.0 / static_cast<double>(micro_batches)});
+            pipeline::forward_backward(gpt, ctx, mesh, dp, m + 1 == micro_batches);
+          }
+          dp.step(1e-3, 1.0);
+        },
+        footprint::step<Strategy, P, SP, R>(c, mesh.spread(), micro, micro_batches));
   });
-  compare(got, cat(Strategy::name(), SP ? "-sp " : " ", precision_t<P>::name(), " data ", shape.data, " tensor ", shape.tensor,
-                   " micro ", micro, " x ", micro_batches));
+  compare(got, cat(Strategy::name(), SP ? "-sp " : " ", precision_t<P>::name(), " data ", shape.data, " tensor ",
+                   shape.tensor, " micro ", micro, " x ", micro_batches));
 }
 
 // Odd vocabulary (padded on the tensor axis), the sequence divisible by the tensor degree for SP.
@@ -116,8 +119,8 @@ constexpr gpt2::Config kSmall{.vocab = 37, .seq = 8, .layers = 2, .heads = 2, .w
 
 template <class Strategy>
 void check_strategy() {
-  check<Strategy, float, false>(kSmall, {.data = 2, .tensor = 2}, 2);   // one sequence per data rank
-  check<Strategy, float, true>(kSmall, {.data = 2, .tensor = 2}, 4);    // two: scratch for the strided collectives
+  check<Strategy, float, false>(kSmall, {.data = 2, .tensor = 2}, 2);  // one sequence per data rank
+  check<Strategy, float, true>(kSmall, {.data = 2, .tensor = 2}, 4);   // two: scratch for the strided collectives
   check<Strategy, Bf16Mixed, true>(kSmall, {.data = 2, .tensor = 1}, 2, 2);
 }
 
@@ -154,14 +157,18 @@ void check_pipeline(const gpt2::Config& c, MeshShape shape, pipeline::Kind kind,
     pipeline::Pipeline<Model, decltype(mesh)> pp(gpt, table, part, mesh);
     const auto [x, y] = tokens(c, micro, shape.data, mesh.coord().data);
     const std::vector<nn::MicroBatch> mbs(static_cast<std::size_t>(m), nn::MicroBatch{x, y, micro, 1.0 / m});
-    record(got[static_cast<std::size_t>(w.rank())], host, [&] {
-      dp.zero_grad();
-      pp.run(mbs, dp);
-      dp.step(1e-3, 1.0);
-    }, footprint::pipeline_step<Strategy, P, SP, R>(c, mesh.spread(), micro, table, mesh.coord().pipe));
+    record(
+        got[static_cast<std::size_t>(w.rank())], host,
+        [&] {
+          dp.zero_grad();
+          pp.run(mbs, dp);
+          dp.step(1e-3, 1.0);
+        },
+        footprint::pipeline_step<Strategy, P, SP, R>(c, mesh.spread(), micro, table, mesh.coord().pipe));
   });
-  compare(got, cat(Strategy::name(), SP ? "-sp " : " ", precision_t<P>::name(), " schedule ", static_cast<int>(kind), " pipe ",
-                   shape.pipe, " x ", v, " data ", shape.data, " tensor ", shape.tensor, " micro ", micro, " x ", m));
+  compare(got, cat(Strategy::name(), SP ? "-sp " : " ", precision_t<P>::name(), " schedule ", static_cast<int>(kind),
+                   " pipe ", shape.pipe, " x ", v, " data ", shape.data, " tensor ", shape.tensor, " micro ", micro,
+                   " x ", m));
 }
 
 // Four layers: two virtual stages on each of two pipe ranks for the interleaved schedule.
@@ -171,15 +178,24 @@ template <class Strategy>
 void check_schedules() {
   using pipeline::Kind;
   for (Kind kind : {Kind::gpipe, Kind::one_f_one_b, Kind::interleaved, Kind::zero_bubble_h1})
-    check_pipeline<Strategy, float, false>(kPipe, {.data = 2, .pipe = 2}, kind, kind == Kind::interleaved ? 2 : 1, 2, 4);
+    check_pipeline<Strategy, float, false>(kPipe, {.data = 2, .pipe = 2}, kind, kind == Kind::interleaved ? 2 : 1, 2,
+                                           4);
 }
 
 }  // namespace
 
-TEST_CASE("the plan's pipeline step peaks equal the allocator's on every pipe rank: DDP") { check_schedules<optim::Ddp>(); }
-TEST_CASE("the plan's pipeline step peaks equal the allocator's on every pipe rank: ZeRO-1") { check_schedules<optim::Zero1>(); }
-TEST_CASE("the plan's pipeline step peaks equal the allocator's on every pipe rank: ZeRO-2") { check_schedules<optim::Zero2>(); }
-TEST_CASE("the plan's pipeline step peaks equal the allocator's on every pipe rank: FSDP") { check_schedules<optim::Fsdp>(); }
+TEST_CASE("the plan's pipeline step peaks equal the allocator's on every pipe rank: DDP") {
+  check_schedules<optim::Ddp>();
+}
+TEST_CASE("the plan's pipeline step peaks equal the allocator's on every pipe rank: ZeRO-1") {
+  check_schedules<optim::Zero1>();
+}
+TEST_CASE("the plan's pipeline step peaks equal the allocator's on every pipe rank: ZeRO-2") {
+  check_schedules<optim::Zero2>();
+}
+TEST_CASE("the plan's pipeline step peaks equal the allocator's on every pipe rank: FSDP") {
+  check_schedules<optim::Fsdp>();
+}
 
 TEST_CASE("the plan's pipeline step peaks: tensor and sequence parallel stages, mixed precision, recompute, pipe 3") {
   using pipeline::Kind;

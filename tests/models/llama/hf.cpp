@@ -212,7 +212,8 @@ TEST_CASE("Llama imported from transformers gives its logits, loss and gradients
   for (const auto& d : {ckpt, out, again}) std::filesystem::remove_all(d);
 }
 
-TEST_CASE("a tied Llama (tie_word_embeddings) imported from transformers gives its logits, loss and gradients (f64 within 1e-10)") {
+TEST_CASE(
+    "a tied Llama (tie_word_embeddings) imported from transformers gives its logits, loss and gradients (f64 within 1e-10)") {
   const std::string dir = reference_dir(true);
   const Reference ref(dir + "/reference.safetensors");
   const auto ckpt = scratch("import_tied");
@@ -240,8 +241,8 @@ TEST_CASE("a tied Llama (tie_word_embeddings) imported from transformers gives i
         if (tensor == 1) {
           const double el = worst_relative(logits, ref.t.at("logits"));
           CHECK(el <= 1e-10);
-          MESSAGE("tied, f64, one rank: logits within ", el, ", loss ", loss, " against ", loss_ref, ", gradients within ", eg,
-                  " (worst: ", where, ")");
+          MESSAGE("tied, f64, one rank: logits within ", el, ", loss ", loss, " against ", loss_ref,
+                  ", gradients within ", eg, " (worst: ", where, ")");
         } else if (mesh.coord().tensor == 0) {
           MESSAGE("tied, f64, tensor 2 with SP: loss ", loss, ", gradients within ", eg, " (worst: ", where, ")");
         }
@@ -259,13 +260,15 @@ TEST_CASE("a tied Llama (tie_word_embeddings) imported from transformers gives i
   std::filesystem::remove_all(ckpt);
 }
 
-TEST_CASE("a transformers Llama directory that weft cannot read is refused, naming the tensor or field and the values") {
+TEST_CASE(
+    "a transformers Llama directory that weft cannot read is refused, naming the tensor or field and the values") {
   const std::string dir = reference_dir();
   const llama::hf_detail::Files files(dir);
   const auto bad = scratch("bad");
   auto config = llama::hf_detail::read_json(dir + "/config.json", "test");
   // Writes the model with `drop` left out, `extra` added and `retype` as I32, and config.json edited.
-  auto write = [&](const std::string& drop, const std::string& extra, const std::string& retype, const nlohmann::json& cfg) {
+  auto write = [&](const std::string& drop, const std::string& extra, const std::string& retype,
+                   const nlohmann::json& cfg) {
     std::filesystem::remove_all(bad);
     std::filesystem::create_directories(bad);
     std::vector<std::vector<double>> data;
@@ -339,7 +342,10 @@ TEST_CASE("a transformers Llama directory that weft cannot read is refused, nami
   auto legacy = config;  // transformers 4.x keys: read the same
   legacy.erase("rope_parameters");
   legacy["rope_theta"] = 500.0;
-  legacy["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 4.0}, {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
+  legacy["rope_scaling"] = {{"rope_type", "llama3"},
+                            {"factor", 4.0},
+                            {"low_freq_factor", 1.0},
+                            {"high_freq_factor", 4.0},
                             {"original_max_position_embeddings", 32}};
   write("", "", "", legacy);
   const llama::Config a = llama::import_hf(bad, bad + "/out"), b = llama::import_hf(dir, bad + "/out2");
@@ -359,7 +365,9 @@ TEST_CASE("--init-from compares config.json with the run before it converts anyt
   config["rope_parameters"]["rope_theta"] = 123.0;
   std::ofstream(dir + "/config.json") << config.dump();
   std::ofstream(dir + "/model.safetensors") << "not a safetensors file";
-  CHECK_THROWS_WITH_AS(llama::Family::import_hf(dir, dir + "/out", run), doctest::Contains("its config.json has rope_theta_x1e6 123000000; the run's model has 500000000"), Error);
+  CHECK_THROWS_WITH_AS(
+      llama::Family::import_hf(dir, dir + "/out", run),
+      doctest::Contains("its config.json has rope_theta_x1e6 123000000; the run's model has 500000000"), Error);
   CHECK(!std::filesystem::exists(dir + "/out"));
   std::filesystem::remove_all(dir);
 }

@@ -23,10 +23,18 @@ namespace {
 
 // 4 layers (pipe 2 takes 2 each), 4 heads over 2 key-value heads (tensor 2 holds one group each),
 // rope scaling on with an original context short enough that the three frequency bands all occur.
-const llama::Config kConfig{.vocab = 33, .seq = 8, .layers = 4, .heads = 4, .kv_heads = 2, .width = 16, .hidden = 24,
-                            .rope = {.theta = 500, .factor = 4, .low_freq_factor = 1, .high_freq_factor = 4,
-                                     .original_max_positions = 64},
-                            .norm_eps = 1e-5, .seed = 3, .init_std = 0.2};
+const llama::Config kConfig{
+    .vocab = 33,
+    .seq = 8,
+    .layers = 4,
+    .heads = 4,
+    .kv_heads = 2,
+    .width = 16,
+    .hidden = 24,
+    .rope = {.theta = 500, .factor = 4, .low_freq_factor = 1, .high_freq_factor = 4, .original_max_positions = 64},
+    .norm_eps = 1e-5,
+    .seed = 3,
+    .init_std = 0.2};
 constexpr std::int64_t kMicro = 4;
 constexpr int kM = 4;
 
@@ -47,7 +55,8 @@ void check_gradients(Layer& layer, X& x, Host& h, const Spread& s, const Shape& 
   for (std::int64_t i = 0; i < dy.numel(); ++i) dy[i] = R[static_cast<std::size_t>(i)];
   auto dx = layer.backward(c, dy);
   const std::vector<double> dxv(dx.data(), dx.data() + dx.numel());
-  CHECK(test::gradcheck(std::span<double>(x.data(), static_cast<std::size_t>(x.numel())), std::span<const double>(dxv), loss)
+  CHECK(test::gradcheck(std::span<double>(x.data(), static_cast<std::size_t>(x.numel())), std::span<const double>(dxv),
+                        loss)
             .worst <= 1e-6);
   layer.for_each_param("p", [&](const std::string& n, auto& p) {
     const std::vector<double> g(p.grad.data(), p.grad.data() + p.grad.numel());
@@ -72,7 +81,8 @@ TEST_CASE("Llama's layers match finite differences in double") {
     auto x = Tensor<double, nn::act::Full, Host>::empty(h, {2, 3, 8}, s);
     fill(x, 4);
     nn::RmsNorm<double, nn::act::Full> norm(h, 8, s, 5, 9, 1e-5);
-    for (std::int64_t i = 0; i < 8; ++i) norm.weight.value[i] = 1 + 0.1 * weft::normal(5, 1, static_cast<std::uint64_t>(i));
+    for (std::int64_t i = 0; i < 8; ++i)
+      norm.weight.value[i] = 1 + 0.1 * weft::normal(5, 1, static_cast<std::uint64_t>(i));
     check_gradients(norm, x, h, s, x.global_shape());
   }
   SUBCASE("SwiGlu") {
@@ -99,7 +109,8 @@ TEST_CASE("grouped attention and the rotation equal direct loops of their defini
   const std::int64_t B = 2, Tn = 6, G = 2, g = 3, hd = 4, H = G * g, row = G * (g + 2) * hd;
   std::vector<double> qkv(static_cast<std::size_t>(B * Tn * row));
   for (std::size_t i = 0; i < qkv.size(); ++i) qkv[i] = weft::normal(11, 0, i);
-  const ops::Rope rope{.theta = 100, .factor = 2, .low_freq_factor = 1, .high_freq_factor = 2, .original_max_positions = 8};
+  const ops::Rope rope{
+      .theta = 100, .factor = 2, .low_freq_factor = 1, .high_freq_factor = 2, .original_max_positions = 8};
   auto rotated = qkv;
   ops::Rotary<Host>::forward(h, rotated.data(), B, Tn, G, g, hd, rope, 3);
   double worst = 0;
@@ -140,9 +151,15 @@ TEST_CASE("grouped attention and the rotation equal direct loops of their defini
   for (std::int64_t b = 0; b < B; ++b)
     for (std::int64_t hh = 0; hh < H; ++hh) {
       const std::int64_t grp = hh / g;
-      auto q = [&](std::int64_t t, std::int64_t d) { return qkv[static_cast<std::size_t>((b * Tn + t) * row + (grp * (g + 2) + hh % g) * hd + d)]; };
-      auto k = [&](std::int64_t t, std::int64_t d) { return qkv[static_cast<std::size_t>((b * Tn + t) * row + (grp * (g + 2) + g) * hd + d)]; };
-      auto v = [&](std::int64_t t, std::int64_t d) { return qkv[static_cast<std::size_t>((b * Tn + t) * row + (grp * (g + 2) + g + 1) * hd + d)]; };
+      auto q = [&](std::int64_t t, std::int64_t d) {
+        return qkv[static_cast<std::size_t>((b * Tn + t) * row + (grp * (g + 2) + hh % g) * hd + d)];
+      };
+      auto k = [&](std::int64_t t, std::int64_t d) {
+        return qkv[static_cast<std::size_t>((b * Tn + t) * row + (grp * (g + 2) + g) * hd + d)];
+      };
+      auto v = [&](std::int64_t t, std::int64_t d) {
+        return qkv[static_cast<std::size_t>((b * Tn + t) * row + (grp * (g + 2) + g + 1) * hd + d)];
+      };
       for (std::int64_t i = 0; i < Tn; ++i) {
         std::vector<double> p(static_cast<std::size_t>(i + 1));
         double z = 0;
@@ -161,11 +178,13 @@ TEST_CASE("grouped attention and the rotation equal direct loops of their defini
   CHECK(err <= 1e-13);
 }
 
-TEST_CASE("Llama at tensor 2 (with and without SP), pipe 2 (1F1B, ZB-H1), data 2 (every strategy) and each recompute "
-          "policy equals one rank within 1e-12 in double") {
+TEST_CASE(
+    "Llama at tensor 2 (with and without SP), pipe 2 (1F1B, ZB-H1), data 2 (every strategy) and each recompute "
+    "policy equals one rank within 1e-12 in double") {
   // 1e-12: the same sums in another order; double leaves about 1e-15 per operation.
   auto run = [&]<bool SP, class Sched, class Strategy, class R = recompute::None>(int pipe, int tensor, int data) {
-    return test::train_steps<llama::Model<double, SP, R>, Sched, Strategy>(kConfig, kMicro, kM, pipe, 1, tensor, data, 3);
+    return test::train_steps<llama::Model<double, SP, R>, Sched, Strategy>(kConfig, kMicro, kM, pipe, 1, tensor, data,
+                                                                           3);
   };
   const auto ref = run.template operator()<false, OneFOneB, optim::Ddp>(1, 1, 1);
   REQUIRE(ref.grads.count("layers.0.attn.qkv.weight") == 1);
@@ -211,13 +230,14 @@ TEST_CASE("a Llama checkpoint saved on data 2 x tensor 2 (SP, ZeRO-1) resumes on
   using test::ckpt_run;
   using test::RunPlan;
   const auto dir = test::scratch("llama");
-  const auto whole = ckpt_run<double, optim::Ddp, false, checkpoint::Sharded, Llama>({}, RunPlan::fresh("", 6), kConfig, kMicro);
-  const auto first = ckpt_run<double, optim::Zero1, true, checkpoint::Sharded, Llama>({.data = 2, .tensor = 2},
-                                                                                  RunPlan::fresh(dir, 3), kConfig, kMicro);
+  const auto whole =
+      ckpt_run<double, optim::Ddp, false, checkpoint::Sharded, Llama>({}, RunPlan::fresh("", 6), kConfig, kMicro);
+  const auto first = ckpt_run<double, optim::Zero1, true, checkpoint::Sharded, Llama>(
+      {.data = 2, .tensor = 2}, RunPlan::fresh(dir, 3), kConfig, kMicro);
   const auto step = dir + "/step_00000003";
   REQUIRE(std::filesystem::exists(step + "/manifest.json"));
-  const auto rest = ckpt_run<double, optim::Ddp, false, checkpoint::Sharded, Llama>({.pipe = 2}, RunPlan::resumed(step, "", 6),
-                                                                                 kConfig, kMicro);
+  const auto rest = ckpt_run<double, optim::Ddp, false, checkpoint::Sharded, Llama>(
+      {.pipe = 2}, RunPlan::resumed(step, "", 6), kConfig, kMicro);
   REQUIRE(first.size() == 3);
   REQUIRE(rest.size() == 3);
   // 1e-12: the same steps on other meshes (other sums' orders); the resume itself is exact.
@@ -248,11 +268,13 @@ TEST_CASE("Llama's FLOPs per token: the closed form equals what its layers decla
         auto c = kConfig;
         c.tied = tied;
         // 6 (V C (untied: twice) + L (2 C^2 + 2 C KV hd + 3 C F)) + 12 L C T, in closed form
-        const double want = 6 * (33.0 * 16 * (tied ? 1 : 2) + 4 * (2 * 256 + 2 * 16 * 8 + 3 * 16 * 24)) + 12 * 4 * 16 * 8;
+        const double want =
+            6 * (33.0 * 16 * (tied ? 1 : 2) + 4 * (2 * 256 + 2 * 16 * 8 + 3 * 16 * 24)) + 12 * 4 * 16 * 8;
         CHECK(llama::flops_per_token(c) == want);
         double got = 0;
         if (tied) {
-          llama::Model<double, false, recompute::None, Host, true> m(h, c, mesh.spread(), kMicro, part.placement(mesh.coord().pipe));
+          llama::Model<double, false, recompute::None, Host, true> m(h, c, mesh.spread(), kMicro,
+                                                                     part.placement(mesh.coord().pipe));
           got = train::declared_flops_per_token(m, mesh);
         } else {
           llama::Model<double> m(h, c, mesh.spread(), kMicro, part.placement(mesh.coord().pipe));
@@ -268,9 +290,7 @@ TEST_CASE("Llama refuses, naming the values, a mesh or configuration it cannot r
     try {
       llama::Model<double> m(h, c, s, 4);
       FAIL("no error for ", what);
-    } catch (const Error& e) {
-      CHECK_MESSAGE(std::string(e.what()).find(what) != std::string::npos, e.what());
-    }
+    } catch (const Error& e) { CHECK_MESSAGE(std::string(e.what()).find(what) != std::string::npos, e.what()); }
   };
   auto c = kConfig;
   refused(c, {.tensor_degree = 4}, "tensor degree 4 does not divide 2 key-value heads");
@@ -281,7 +301,9 @@ TEST_CASE("Llama refuses, naming the values, a mesh or configuration it cannot r
   refused(c, {}, "width 16 over 16 heads is not an even head size");
   c = kConfig;
   c.tied = true;
-  refused(c, {}, "Llama: a configuration with tied true for a model type with Tied false; build llama::Model<..., Tied = config.tied>");
+  refused(
+      c, {},
+      "Llama: a configuration with tied true for a model type with Tied false; build llama::Model<..., Tied = config.tied>");
 }
 
 TEST_CASE("Llama in bf16 mixed precision trains as f32 does: 300 host steps end within 0.05 nats") {
@@ -299,7 +321,8 @@ TEST_CASE("Llama in bf16 mixed precision trains as f32 does: 300 host steps end 
     return s / 20;
   };
   const auto f32 = test::train_steps<llama::Model<float>, OneFOneB, optim::Ddp>(c, 4, 1, 1, 1, 1, 1, 300);
-  const auto b16 = test::train_steps<llama::Model<Precision<bf16, float>>, OneFOneB, optim::Ddp>(c, 4, 1, 1, 1, 1, 1, 300);
+  const auto b16 =
+      test::train_steps<llama::Model<Precision<bf16, float>>, OneFOneB, optim::Ddp>(c, 4, 1, 1, 1, 1, 1, 300);
   REQUIRE(f32.losses.size() == 300);
   CHECK(tail(f32.losses) < f32.losses[0] - 1.0);  // it learned: the corpus's entropy is far below ln 64
   CHECK(std::abs(tail(b16.losses) - tail(f32.losses)) <= 0.05);

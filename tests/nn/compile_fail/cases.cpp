@@ -15,7 +15,7 @@ using Row = Linear<double, RowParallel>;
 [[maybe_unused]] void f() { Linear<double, ColumnParallel, int> l; }
 #elif defined(WEFT_CF_RESIDUAL_ENDS_PARTIAL)
 [[maybe_unused]] void f(Sequential<CopyToTensor, Col, Row> s) {
-  Residual<Sequential<CopyToTensor, Col, Row>> r(std::move(s));
+  Residual<Sequential<CopyToTensor, Col, Row> > r(std::move(s));
 }
 #elif defined(WEFT_CF_LAYER_WITHOUT_OUT_SHAPE) || defined(WEFT_CF_LAYER_WITHOUT_CTX)
 // A user's layer that misses a member of nn::Layer (layer.hpp) is refused where it is named, not
@@ -42,7 +42,7 @@ static_assert(Layer<UsersLayer>);  // at its declaration
 #endif
 #else
 // The control: the valid versions compile.
-static_assert(Layer<Col> && Layer<Row> && Layer<CopyToTensor> && Layer<Sequential<Col, Row>>);
+static_assert(Layer<Col> && Layer<Row> && Layer<CopyToTensor> && Layer<Sequential<Col, Row> >);
 [[maybe_unused]] void f(Col a, Row b, Col c, Col d, Row e) {
   Sequential<Col, Row, Col> s(std::move(a), std::move(b), std::move(c));  // Row -> Col gets the all-reduce pair
   using Branch = Sequential<CopyToTensor, Col, Row, ReduceFromTensor>;

@@ -26,8 +26,14 @@ namespace weft::threads {
 
 namespace detail {
 
-template <class T> struct cuda_elem { using type = T; using acc = T; };
-template <> struct cuda_elem<bf16> { using type = __nv_bfloat16; using acc = float; };
+template <class T> struct cuda_elem {
+  using type = T;
+  using acc = T;
+};
+template <> struct cuda_elem<bf16> {
+  using type = __nv_bfloat16;
+  using acc = float;
+};
 
 __device__ inline float widen_dev(__nv_bfloat16 x) { return __bfloat162float(x); }
 template <class T> __device__ inline T widen_dev(T x) { return x; }
@@ -82,8 +88,7 @@ class CudaMemory final : public Memory {
       case DType::bf16: launch<bf16>(out, table.data(), n, lo, hi, op, offset); break;
       case DType::i32: launch<std::int32_t>(out, table.data(), n, lo, hi, op, offset); break;
       case DType::i64: launch<std::int64_t>(out, table.data(), n, lo, hi, op, offset); break;
-      case DType::f16:
-        throw Error("threads::CudaMemory", "f16 buffers are not reduced", "use bf16 or f32");
+      case DType::f16: throw Error("threads::CudaMemory", "f16 buffers are not reduced", "use bf16 or f32");
     }
     dev_->synchronize();
     return true;

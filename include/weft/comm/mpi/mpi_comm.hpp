@@ -53,8 +53,8 @@ class MpiComm {
   struct Group {
     MPI_Comm comm = MPI_COMM_NULL;
     std::string name;
-    std::vector<int> members;  // world ranks, in group-rank order
-    std::uint64_t seq = 0;     // collectives started
+    std::vector<int> members;                       // world ranks, in group-rank order
+    std::uint64_t seq = 0;                          // collectives started
     std::vector<std::uint64_t> send_seq, recv_seq;  // per peer
     Counters counters;
     std::string label() const { return cat(name, "{", join(members, ","), "}"); }
@@ -68,12 +68,24 @@ class MpiComm {
     std::uint8_t op = 0, dtype = 0, reduce = 0, pad = 0;
 
     static Header of(const Desc& d, std::uint64_t seq) {
-      return {seq, d.in_count, d.out_count, d.root, static_cast<std::uint8_t>(d.op), static_cast<std::uint8_t>(d.dtype),
-              static_cast<std::uint8_t>(d.reduce), 0};
+      return {seq,
+              d.in_count,
+              d.out_count,
+              d.root,
+              static_cast<std::uint8_t>(d.op),
+              static_cast<std::uint8_t>(d.dtype),
+              static_cast<std::uint8_t>(d.reduce),
+              0};
     }
     Desc desc() const {
-      return Desc{static_cast<Op>(op), static_cast<DType>(dtype), in_count, out_count, static_cast<ReduceOp>(reduce),
-                  root, nullptr, nullptr};
+      return Desc{static_cast<Op>(op),
+                  static_cast<DType>(dtype),
+                  in_count,
+                  out_count,
+                  static_cast<ReduceOp>(reduce),
+                  root,
+                  nullptr,
+                  nullptr};
     }
   };
 
@@ -121,7 +133,8 @@ class MpiComm {
       }
       x.wait();
       std::vector<const T*> ins;
-      for (int p = 0; p < n; ++p) ins.push_back(p == me_ ? buf.data() + lo(me_) : from[static_cast<std::size_t>(p)].data());
+      for (int p = 0; p < n; ++p)
+        ins.push_back(p == me_ ? buf.data() + lo(me_) : from[static_cast<std::size_t>(p)].data());
       reduce_in_rank_order(buf.data() + lo(me_), ins, 0, mine, op, 0);
       for (int p = 0; p < n; ++p) {
         if (p == me_) continue;
@@ -148,7 +161,8 @@ class MpiComm {
       }
       x.wait();
       std::vector<const T*> ins;
-      for (int p = 0; p < size(); ++p) ins.push_back(p == me_ ? in.data() + me_ * k : from[static_cast<std::size_t>(p)].data());
+      for (int p = 0; p < size(); ++p)
+        ins.push_back(p == me_ ? in.data() + me_ * k : from[static_cast<std::size_t>(p)].data());
       reduce_in_rank_order(out.data(), ins, 0, k, op, 0);
     });
   }
@@ -173,7 +187,8 @@ class MpiComm {
   template <Element T>
   void all_to_all(std::span<const T> in, std::span<T> out) {
     const Desc d{Op::all_to_all, dtype_of<T>, size_of(in), size_of(out), ReduceOp::sum, 0, in.data(), out.data()};
-    check_sizes(d, d.in_count == d.out_count && d.in_count % size() == 0, "in.size() == out.size(), a multiple of size()");
+    check_sizes(d, d.in_count == d.out_count && d.in_count % size() == 0,
+                "in.size() == out.size(), a multiple of size()");
     check_disjoint(d, in.data(), in.size_bytes(), out.data(), out.size_bytes());
     collective(d, [&](Exchange& x) {
       const std::int64_t k = d.in_count / size();
@@ -224,7 +239,8 @@ class MpiComm {
       x.wait();
       std::vector<std::pair<int, int>> keyed;  // (key, group rank in parent)
       for (int r = 0; r < size(); ++r)
-        if (all[2 * static_cast<std::size_t>(r)] == color) keyed.emplace_back(all[2 * static_cast<std::size_t>(r) + 1], r);
+        if (all[2 * static_cast<std::size_t>(r)] == color)
+          keyed.emplace_back(all[2 * static_cast<std::size_t>(r) + 1], r);
       std::sort(keyed.begin(), keyed.end());
       for (std::size_t i = 0; i < keyed.size(); ++i) {
         if (keyed[i].second == me_) my_index = static_cast<int>(i);
@@ -318,7 +334,8 @@ class MpiComm {
   }
 
  private:
-  MpiComm(std::shared_ptr<World> w, std::shared_ptr<Group> g, int me) : world_(std::move(w)), g_(std::move(g)), me_(me) {
+  MpiComm(std::shared_ptr<World> w, std::shared_ptr<Group> g, int me)
+      : world_(std::move(w)), g_(std::move(g)), me_(me) {
     g_->send_seq.assign(g_->members.size(), 0);
     g_->recv_seq.assign(g_->members.size(), 0);
   }
@@ -327,7 +344,8 @@ class MpiComm {
   class Exchange {
    public:
     // arrival: the members are joining the call (headers); otherwise the call is committed (world.hpp).
-    Exchange(MpiComm& c, std::function<std::string()> call, bool arrival) : c_(c), call_(std::move(call)), arrival_(arrival) {}
+    Exchange(MpiComm& c, std::function<std::string()> call, bool arrival)
+        : c_(c), call_(std::move(call)), arrival_(arrival) {}
     template <class T>
     void send(const T* p, std::int64_t n, int peer, int tag) {
       add(const_cast<T*>(p), n * static_cast<std::int64_t>(sizeof(T)), peer, tag, true);
@@ -379,10 +397,14 @@ class MpiComm {
   std::string world_where(const std::string& call) const { return cat(call, " at world rank ", world_rank()); }
 
   template <class T>
-  static std::int64_t size_of(std::span<T> s) { return static_cast<std::int64_t>(s.size()); }
+  static std::int64_t size_of(std::span<T> s) {
+    return static_cast<std::int64_t>(s.size());
+  }
 
   // The call, as errors name it: "all_reduce #3 on tensor[d0,p0]{0,1}"; where() adds the rank.
-  std::string call(const Desc& d, std::uint64_t seq) const { return cat(threads::name(d.op), " #", seq, " on ", name()); }
+  std::string call(const Desc& d, std::uint64_t seq) const {
+    return cat(threads::name(d.op), " #", seq, " on ", name());
+  }
   std::string where(const Desc& d, std::uint64_t seq) const { return world_where(call(d, seq)); }
   std::string p2p_call(Op op, std::uint64_t seq, int peer) const {
     return cat(threads::name(op), " #", seq, op == Op::send ? " to" : " from", " group rank ", peer, " on ", name());
@@ -402,7 +424,6 @@ class MpiComm {
   void raise(const Desc& d, const std::optional<threads::Problem>& p) {
     if (p) fail_local(d, p->what, p->fix);
   }
-
 
   // The collective protocol: headers with every member, the check, then body(exchange).
   template <class Body>
@@ -424,9 +445,8 @@ class MpiComm {
       }
       x.wait();
     }
-    const bool same = std::all_of(all.begin(), all.end(), [&](const Header& h) {
-      return h.seq == seq && h.desc().same_call(d);
-    });
+    const bool same =
+        std::all_of(all.begin(), all.end(), [&](const Header& h) { return h.seq == seq && h.desc().same_call(d); });
     if (!same) {
       std::string calls;
       for (std::size_t r = 0; r < all.size(); ++r)
@@ -462,9 +482,7 @@ template <class Fn>
 void run(MpiComm& world, Fn&& fn) {
   try {
     fn(world);
-  } catch (const FailedElsewhere&) {
-    throw;
-  } catch (const std::exception& e) {
+  } catch (const FailedElsewhere&) { throw; } catch (const std::exception& e) {
     world.abort(e.what());
     throw;
   }

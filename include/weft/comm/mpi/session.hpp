@@ -27,10 +27,10 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <chrono>
 #include <string>
 #include <thread>
 
@@ -66,7 +66,8 @@ class Session {
     int provided = 0;
     check(MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread", "mpi::Session");
     if (provided < MPI_THREAD_FUNNELED)
-      throw Error("mpi::Session", cat("the MPI library provides thread level ", provided, ", below MPI_THREAD_FUNNELED"),
+      throw Error("mpi::Session",
+                  cat("the MPI library provides thread level ", provided, ", below MPI_THREAD_FUNNELED"),
                   "use an MPI built with thread support (Debian's Open MPI is)");
     MPI_Comm_rank(MPI_COMM_WORLD, &rank_);
     MPI_Comm_size(MPI_COMM_WORLD, &size_);

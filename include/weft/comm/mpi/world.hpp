@@ -194,8 +194,8 @@ class World {
       // still outstanding (MPI_Testall would leave every request untouched until all complete).
       int completed = 0;
       indices.resize(reqs.size());
-      const int rc = MPI_Testsome(static_cast<int>(reqs.size()), reqs.data(), &completed, indices.data(),
-                                  MPI_STATUSES_IGNORE);
+      const int rc =
+          MPI_Testsome(static_cast<int>(reqs.size()), reqs.data(), &completed, indices.data(), MPI_STATUSES_IGNORE);
       if (rc != MPI_SUCCESS) {
         const std::string why = cat(where(), ": MPI reported an error (code ", rc, ")");
         fail(why);
@@ -209,8 +209,8 @@ class World {
       }
       const auto now = Clock::now();
       if (const int sig = stop_signal().load()) {
-        const std::string why = cat("stopped by signal ", sig, " while waiting for ",
-                                    ranks_text(outstanding(reqs, peers)), dead_note());
+        const std::string why =
+            cat("stopped by signal ", sig, " while waiting for ", ranks_text(outstanding(reqs, peers)), dead_note());
         fail(cat(where(), ": ", why));
         throw Error(where(), why, "the launcher stops every rank when one fails; look for the first rank's error");
       }
@@ -218,8 +218,8 @@ class World {
         next_liveness = now + std::chrono::milliseconds(100);
         for (std::size_t i = 0; i < reqs.size(); ++i)
           if (reqs[i] != MPI_REQUEST_NULL && peer_exited(peers[i])) {
-            const std::string why = cat("world rank ", peers[i], " (pid ", peers_[static_cast<std::size_t>(peers[i])].pid,
-                                        " on this machine) has exited");
+            const std::string why = cat("world rank ", peers[i], " (pid ",
+                                        peers_[static_cast<std::size_t>(peers[i])].pid, " on this machine) has exited");
             fail(cat(where(), ": ", why));
             throw Error(where(), why, "see that rank's output for its cause (a crash, a kill, running out of memory)");
           }
@@ -366,7 +366,8 @@ class World {
   // " (world rank K has exited)" for the first rank of the world on this machine that has exited.
   std::string dead_note() const {
     for (int r = 0; r < size_; ++r)
-      if (peer_exited(r)) return cat(" (world rank ", r, ", pid ", peers_[static_cast<std::size_t>(r)].pid, ", has exited)");
+      if (peer_exited(r))
+        return cat(" (world rank ", r, ", pid ", peers_[static_cast<std::size_t>(r)].pid, ", has exited)");
     return {};
   }
 

@@ -67,7 +67,11 @@ class NcclComm {
   // Rank `rank` of a world of `size` ranks made from `id` (the same id on every rank), on `dev`.
   NcclComm(Cuda& dev, int size, int rank, const ncclUniqueId& id,
            std::chrono::milliseconds deadline = std::chrono::milliseconds(60'000), std::string name = "world")
-      : dev_(&dev), handle_(std::make_shared<Handle>()), rank_(rank), size_(size), deadline_(deadline),
+      : dev_(&dev),
+        handle_(std::make_shared<Handle>()),
+        rank_(rank),
+        size_(size),
+        deadline_(deadline),
         name_(std::move(name)) {
     if (size < 1 || rank < 0 || rank >= size)
       throw Error("NcclComm", cat("rank ", rank, " of a world of ", size), "use 0 <= rank < size, size >= 1");
@@ -90,7 +94,8 @@ class NcclComm {
 
   template <Element T>
   void reduce_scatter(std::span<const T> in, std::span<T> out, ReduceOp op = ReduceOp::sum) {
-    sizes("reduce_scatter", in.size() == out.size() * static_cast<std::size_t>(size_), "in.size() == size() * out.size()");
+    sizes("reduce_scatter", in.size() == out.size() * static_cast<std::size_t>(size_),
+          "in.size() == size() * out.size()");
     run<T>("reduce_scatter", in.data(), in.size(), out.data(), out.size(), [&](const void* i, void* o) {
       return ncclReduceScatter(i, o, out.size(), type_of<T>(), op == ReduceOp::sum ? ncclSum : ncclMax, comm(),
                                dev_->stream());
@@ -184,7 +189,8 @@ class NcclComm {
     if (!ok) throw Error(where(op), cat("buffer sizes break ", rule), "size the buffers as the rule says");
   }
   void peer(const char* op, int p) const {
-    if (p < 0 || p >= size_) throw Error(where(op), cat("peer ", p, " of a group of ", size_), cat("use [0, ", size_, ")"));
+    if (p < 0 || p >= size_)
+      throw Error(where(op), cat("peer ", p, " of a group of ", size_), cat("use [0, ", size_, ")"));
   }
 
   static bool on_device(const void* p) {

@@ -57,9 +57,7 @@ void run_threads(int n, Fn&& fn, threads::Options opts = {}) {
         shared->fn(comm);
       } catch (const threads::FailedElsewhere& e) {
         world->fail(r, e.what(), true);  // an echo: the cause, when it comes, is reported instead
-      } catch (const std::exception& e) {
-        world->fail(r, e.what());
-      } catch (...) {
+      } catch (const std::exception& e) { world->fail(r, e.what()); } catch (...) {
         world->fail(r, "an exception that is not a std::exception");
       }
       world->exited(r);

@@ -38,8 +38,11 @@ class ThreadComm {
  public:
   ThreadComm(std::shared_ptr<World> world, std::shared_ptr<Group> group, int group_rank,
              std::shared_ptr<Memory> memory = std::make_shared<Memory>())
-      : world_(std::move(world)), group_(std::move(group)), me_(group_rank),
-        world_rank_(group_->members[static_cast<std::size_t>(group_rank)]), mem_(std::move(memory)) {}
+      : world_(std::move(world)),
+        group_(std::move(group)),
+        me_(group_rank),
+        world_rank_(group_->members[static_cast<std::size_t>(group_rank)]),
+        mem_(std::move(memory)) {}
 
   // Where this rank's buffers live (memory.hpp); groups split from this communicator inherit it.
   // Set it on the world communicator before building a Mesh over device buffers.
@@ -61,7 +64,8 @@ class ThreadComm {
       // Only this rank reads or writes its slice of any rank's buffer: it reduces a chunk of the
       // slice into its own buffer and copies it from there, still in cache, into the others'.
       const std::vector<const T*> ins = inputs<T>(all);
-      const std::int64_t chunk = std::max<std::int64_t>(1, static_cast<std::int64_t>(mem_->chunk_bytes(buf.data()) / sizeof(T)));
+      const std::int64_t chunk =
+          std::max<std::int64_t>(1, static_cast<std::int64_t>(mem_->chunk_bytes(buf.data()) / sizeof(T)));
       for (std::int64_t c0 = lo(me_); c0 < lo(me_ + 1); c0 += std::min(chunk, lo(me_ + 1) - c0)) {
         const std::int64_t c1 = c0 + std::min(chunk, lo(me_ + 1) - c0);
         reduce_into(buf.data(), ins, c0, c1, op, 0);
@@ -91,7 +95,7 @@ class ThreadComm {
     collective(d, [&](const std::vector<Desc>& all, std::uint64_t) {
       for (int r = 0; r < size(); ++r)
         mem_->copy(out.data() + r * d.in_count, all[static_cast<std::size_t>(r)].in,
-                    static_cast<std::size_t>(d.in_count) * sizeof(T));
+                   static_cast<std::size_t>(d.in_count) * sizeof(T));
     });
   }
 
@@ -105,7 +109,7 @@ class ThreadComm {
       const std::int64_t k = d.in_count / size();
       for (int r = 0; r < size(); ++r)
         mem_->copy(out.data() + r * k, static_cast<const T*>(all[static_cast<std::size_t>(r)].in) + me_ * k,
-                    static_cast<std::size_t>(k) * sizeof(T));
+                   static_cast<std::size_t>(k) * sizeof(T));
     });
   }
 
@@ -114,8 +118,7 @@ class ThreadComm {
     Desc d{Op::broadcast, dtype_of<T>, size_of(buf), size_of(buf), ReduceOp::sum, root, buf.data(), buf.data()};
     check_peer(d, root, "root");
     collective(d, [&](const std::vector<Desc>& all, std::uint64_t) {
-      if (me_ != root)
-        mem_->copy(buf.data(), all[static_cast<std::size_t>(root)].in, buf.size_bytes());
+      if (me_ != root) mem_->copy(buf.data(), all[static_cast<std::size_t>(root)].in, buf.size_bytes());
     });
   }
 
@@ -129,23 +132,22 @@ class ThreadComm {
     const int mine[2] = {color, key};
     std::shared_ptr<Group> made;
     int my_index = 0;
-    collective(Desc{Op::split, DType::i32, 2, 2, ReduceOp::sum, 0, mine, nullptr},
-               [&](const std::vector<Desc>& all, std::uint64_t seq) {
-                 std::vector<std::pair<int, int>> keyed;  // (key, group rank in parent)
-                 for (int r = 0; r < size(); ++r) {
-                   const int* cr = static_cast<const int*>(all[static_cast<std::size_t>(r)].in);
-                   if (cr[0] == color) keyed.emplace_back(cr[1], r);
-                 }
-                 std::sort(keyed.begin(), keyed.end());
-                 std::vector<int> members;
-                 for (std::size_t i = 0; i < keyed.size(); ++i) {
-                   if (keyed[i].second == me_) my_index = static_cast<int>(i);
-                   members.push_back(group_->members[static_cast<std::size_t>(keyed[i].second)]);
-                 }
-                 std::lock_guard lock(world_->mutex());
-                 made = world_->split_group(group_->id, seq, color,
-                                            name.empty() ? cat(group_->name, "/", color) : name, members);
-               });
+    collective(Desc{Op::split, DType::i32, 2, 2, ReduceOp::sum, 0, mine, nullptr}, [&](const std::vector<Desc>& all,
+                                                                                       std::uint64_t seq) {
+      std::vector<std::pair<int, int>> keyed;  // (key, group rank in parent)
+      for (int r = 0; r < size(); ++r) {
+        const int* cr = static_cast<const int*>(all[static_cast<std::size_t>(r)].in);
+        if (cr[0] == color) keyed.emplace_back(cr[1], r);
+      }
+      std::sort(keyed.begin(), keyed.end());
+      std::vector<int> members;
+      for (std::size_t i = 0; i < keyed.size(); ++i) {
+        if (keyed[i].second == me_) my_index = static_cast<int>(i);
+        members.push_back(group_->members[static_cast<std::size_t>(keyed[i].second)]);
+      }
+      std::lock_guard lock(world_->mutex());
+      made = world_->split_group(group_->id, seq, color, name.empty() ? cat(group_->name, "/", color) : name, members);
+    });
     return ThreadComm(world_, made, my_index, mem_);
   }
 
@@ -242,7 +244,7 @@ class ThreadComm {
     if (posted.dtype != d.dtype || posted.in_count != d.in_count || !posted.in) {
       mail.error = !posted.in ? std::string("the sender withdrew the message after a failure")
                               : cat("group rank ", peer, " sent ", posted.in_count, " ", posted.dtype,
-                       " but group rank ", me_, " expected ", d.in_count, " ", d.dtype);
+                                    " but group rank ", me_, " expected ", d.in_count, " ", d.dtype);
       mail.received = seq;
       mail.queue.pop_front();
       world_->fail_locked(world_rank_, cat(where(), ": ", mail.error), !posted.in);
@@ -269,7 +271,9 @@ class ThreadComm {
 
  private:
   template <class T>
-  static std::int64_t size_of(std::span<T> s) { return static_cast<std::int64_t>(s.size()); }
+  static std::int64_t size_of(std::span<T> s) {
+    return static_cast<std::int64_t>(s.size());
+  }
 
   template <Element T>
   static std::vector<const T*> inputs(const std::vector<Desc>& all) {
@@ -325,7 +329,8 @@ class ThreadComm {
     };
     if (phase != 1) return world_->wait_committed(lock, all);
     try {
-      world_->wait(lock, world_rank_, Wait{group_.get(), target, op, 0, seq}, [&] { return where(Desc{op}, seq); }, all);
+      world_->wait(
+          lock, world_rank_, Wait{group_.get(), target, op, 0, seq}, [&] { return where(Desc{op}, seq); }, all);
     } catch (...) {
       slot.progress = before;
       throw;

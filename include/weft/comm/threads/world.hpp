@@ -5,7 +5,8 @@
 //   and to check the others'; data moves outside it. With at most a few dozen thread ranks the
 //   contention is negligible, and one lock makes failure propagation and deadlock detection simple:
 //   whoever fails sets `abort_` and wakes everyone.
-// - A rank's progress in a group is one counter, 4 * seq + phase (phase 1 arrived, 3 departed). A barrier at (seq, phase) waits until every member's counter reaches it, so a fast
+// - A rank's progress in a group is one counter, 4 * seq + phase (phase 1 arrived, 3 departed). A barrier at (seq,
+// phase) waits until every member's counter reaches it, so a fast
 //   rank never overwrites a descriptor a slow rank still reads.
 // - Every wait has a deadline. It also ends early when (a) any rank has failed, (b) a rank it waits
 //   for has returned from its function, or (c) the ranks form a wait-for cycle (each waits for the
@@ -50,7 +51,15 @@ struct Options {
 };
 
 enum class Op : std::uint8_t {
-  all_reduce, reduce_scatter, all_gather, all_to_all, broadcast, barrier, split, send, recv
+  all_reduce,
+  reduce_scatter,
+  all_gather,
+  all_to_all,
+  broadcast,
+  barrier,
+  split,
+  send,
+  recv
 };
 
 constexpr const char* name(Op op) {
@@ -98,12 +107,13 @@ struct Desc {
   void* out = nullptr;
 
   bool same_call(const Desc& o) const {
-    return op == o.op && dtype == o.dtype && in_count == o.in_count && out_count == o.out_count &&
-           reduce == o.reduce && root == o.root;
+    return op == o.op && dtype == o.dtype && in_count == o.in_count && out_count == o.out_count && reduce == o.reduce &&
+           root == o.root;
   }
   std::string str() const {
     switch (op) {
-      case Op::barrier: case Op::split: return cat(name(op), "()");
+      case Op::barrier:
+      case Op::split: return cat(name(op), "()");
       case Op::all_reduce: return cat(name(op), "(", dtype, ", ", in_count, ", ", weft::name(reduce), ")");
       case Op::reduce_scatter:
         return cat(name(op), "(", dtype, ", in ", in_count, ", out ", out_count, ", ", weft::name(reduce), ")");
@@ -126,7 +136,8 @@ inline std::optional<Problem> size_problem(const Desc& d, int ranks, bool ok, co
 }
 inline std::optional<Problem> peer_problem(int peer, int ranks, const char* what) {
   if (peer >= 0 && peer < ranks) return std::nullopt;
-  return Problem{cat(what, " ", peer, " is not a rank of a group of ", ranks), cat("use a ", what, " in [0, ", ranks, ")")};
+  return Problem{cat(what, " ", peer, " is not a rank of a group of ", ranks),
+                 cat("use a ", what, " in [0, ", ranks, ")")};
 }
 inline std::optional<Problem> overlap_problem(const void* a, std::size_t na, const void* b, std::size_t nb) {
   const auto pa = reinterpret_cast<std::uintptr_t>(a), pb = reinterpret_cast<std::uintptr_t>(b);
@@ -144,7 +155,7 @@ struct Group {
     std::uint64_t seq = 0;       // collectives this member has started
     std::uint64_t progress = 0;  // 4 * seq + phase
     Desc desc;
-    Counters counters;           // written only by the member itself
+    Counters counters;  // written only by the member itself
   };
   std::vector<Slot> slots;
 
@@ -155,9 +166,9 @@ struct Group {
     std::uint64_t sent = 0, received = 0;  // messages posted by the source, consumed by the destination
     std::uint64_t claimed = 0;             // the destination started copying this message
     std::deque<Desc> queue;                // messages received + 1 .. sent, oldest first
-    std::string error;  // set by the destination when the message does not match its recv
+    std::string error;                     // set by the destination when the message does not match its recv
   };
-  std::vector<Mailbox> mail;  // [src * size + dst]
+  std::vector<Mailbox> mail;                      // [src * size + dst]
   std::vector<std::uint64_t> send_seq, recv_seq;  // [src * size + dst]: calls started
 
   int size() const { return static_cast<int>(members.size()); }
@@ -175,10 +186,13 @@ struct Wait {
 
 class World {
  public:
-  World(int size, Options opts) : size_(size), opts_(opts), waits_(static_cast<std::size_t>(size)),
-                                  exited_(static_cast<std::size_t>(size), false),
-                                  last_op_(static_cast<std::size_t>(size)),
-                                  spin_(static_cast<unsigned>(size) <= std::thread::hardware_concurrency()) {}
+  World(int size, Options opts)
+      : size_(size),
+        opts_(opts),
+        waits_(static_cast<std::size_t>(size)),
+        exited_(static_cast<std::size_t>(size), false),
+        last_op_(static_cast<std::size_t>(size)),
+        spin_(static_cast<unsigned>(size) <= std::thread::hardware_concurrency()) {}
 
   int size() const { return size_; }
   const Options& options() const { return opts_; }
@@ -296,10 +310,9 @@ class World {
       if (cv_.wait_until(lock, deadline) == std::cv_status::timeout && !pred() && !abort_) {
         const std::vector<int> late = waiting_for(w);
         std::string who;
-        for (int r : late)
-          who += cat(who.empty() ? "" : ", ", "world rank ", r, " (last op: ", last_op(r), ")");
-        const std::string why = cat(who, " did not reach ", name(w.op), " #", w.seq,
-                                    " on ", w.group->label(), " within the ", opts_.deadline.count(), " ms deadline");
+        for (int r : late) who += cat(who.empty() ? "" : ", ", "world rank ", r, " (last op: ", last_op(r), ")");
+        const std::string why = cat(who, " did not reach ", name(w.op), " #", w.seq, " on ", w.group->label(),
+                                    " within the ", opts_.deadline.count(), " ms deadline");
         fail_locked(late.empty() ? me : late.front(), why);
         throw Error(where_fn(), why, "find why that rank is slow or stuck, or raise Options::deadline");
       }
@@ -334,7 +347,7 @@ class World {
 
   FailedElsewhere aborted(const std::string& where) const {
     return FailedElsewhere(where, cat("aborted because world rank ", abort_->rank, " failed: ", abort_->why),
-                 "the first failure is the cause; this rank stopped because of it");
+                           "the first failure is the cause; this rank stopped because of it");
   }
 
   // World ranks that wait `w` still needs. Caller holds mu_.
@@ -362,8 +375,8 @@ class World {
     std::string s = "deadlock: ";
     for (std::size_t i = 0; i + 1 < path.size(); ++i) {
       const Wait& w = *waits_[static_cast<std::size_t>(path[i])];
-      s += cat(i ? ", " : "", "world rank ", path[i], " waits in ", name(w.op), " #", w.seq, " on ",
-               w.group->label(), " for world rank ", path[i + 1]);
+      s += cat(i ? ", " : "", "world rank ", path[i], " waits in ", name(w.op), " #", w.seq, " on ", w.group->label(),
+               " for world rank ", path[i + 1]);
     }
     return s;
   }
@@ -392,7 +405,7 @@ class World {
   std::vector<std::optional<Wait>> waits_;
   std::vector<bool> exited_;
   std::vector<LastOp> last_op_;
-  bool spin_ = false;                          // every rank can have a core
+  bool spin_ = false;                         // every rank can have a core
   std::atomic<std::uint64_t> generation_{0};  // bumped by every notify (spin)
   std::uint64_t next_group_id_ = 0;
   std::map<std::tuple<std::uint64_t, std::uint64_t, int>, std::shared_ptr<Group>> splits_;

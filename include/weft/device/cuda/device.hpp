@@ -158,7 +158,8 @@ class Cuda {
   void copy(void* dst, const void* src, std::size_t bytes) {
     if (bytes) cuda::check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream_), "cudaMemcpyAsync");
   }
-  void copy_2d(void* dst, std::size_t dpitch, const void* src, std::size_t spitch, std::size_t width, std::size_t rows) {
+  void copy_2d(void* dst, std::size_t dpitch, const void* src, std::size_t spitch, std::size_t width,
+               std::size_t rows) {
     if (width && rows)
       cuda::check(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDefault, stream_),
                   "cudaMemcpy2DAsync");

@@ -41,8 +41,8 @@ class Blas {
     const index a_cols = ta == host::Trans::yes ? m : k, b_cols = tb == host::Trans::yes ? k : n;
     if (m <= 0 || n <= 0 || k <= 0 || lda < a_cols || ldb < b_cols || ldc < n)
       throw Error("cuda::Blas::gemm",
-                  cat("m ", m, ", n ", n, ", k ", k, " with lda ", lda, ", ldb ", ldb, ", ldc ", ldc, " (need lda >= ",
-                      a_cols, ", ldb >= ", b_cols, ", ldc >= ", n, ")"),
+                  cat("m ", m, ", n ", n, ", k ", k, " with lda ", lda, ", ldb ", ldb, ", ldc ", ldc,
+                      " (need lda >= ", a_cols, ", ldb >= ", b_cols, ", ldc >= ", n, ")"),
                   "pass positive sizes and leading dimensions at least the row length");
     if ((e == Epilogue::bias || e == Epilogue::bias_gelu) && !bias)
       throw Error("cuda::Blas::gemm", "a bias epilogue without a bias", "pass the bias (n values)");
@@ -102,14 +102,16 @@ class Blas {
       return a;
     };
     const std::uint32_t al[] = {align(B), align(A), align(C), align(C)};  // cuBLASLt's A, B, C, D
-    const Key key{static_cast<int>(ta), static_cast<int>(tb), m, n, k, lda, ldb, ldc, static_cast<int>(type),
-                  static_cast<int>(ctype), static_cast<int>(e), al[0], al[1], al[2]};
+    const Key key{
+        static_cast<int>(ta),    static_cast<int>(tb), m,     n,     k,    lda, ldb, ldc, static_cast<int>(type),
+        static_cast<int>(ctype), static_cast<int>(e),  al[0], al[1], al[2]};
     auto cached = algos_.find(key);
     if (cached == algos_.end()) {
       cublasLtMatmulPreference_t pref = nullptr;
       check(cublasLtMatmulPreferenceCreate(&pref), "preference");
       const std::uint64_t ws = workspace_bytes;
-      cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+      cublasStatus_t st =
+          cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
       // The heuristic assumes 256-byte aligned operands unless told otherwise; views into a unit's
       // flat buffer (and slices of it) can be less aligned, so state each pointer's alignment.
       const cublasLtMatmulPreferenceAttributes_t which[] = {
@@ -124,9 +126,10 @@ class Blas {
       cublasLtMatmulPreferenceDestroy(pref);
       check(st, "algorithm heuristic");
       if (found == 0)
-        throw Error("cuda::Blas::gemm",
-                    cat("cuBLASLt has no algorithm for m ", m, ", n ", n, ", k ", k, " with this epilogue and alignment"),
-                    "align leading dimensions to 16 bytes (8 bf16 elements), or use Epilogue::none");
+        throw Error(
+            "cuda::Blas::gemm",
+            cat("cuBLASLt has no algorithm for m ", m, ", n ", n, ", k ", k, " with this epilogue and alignment"),
+            "align leading dimensions to 16 bytes (8 bf16 elements), or use Epilogue::none");
       cached = algos_.emplace(key, heuristic.algo).first;
     }
     check(cublasLtMatmul(handle_, op, &alpha, B, la, A, lb, &beta, C, lc, C, lc, &cached->second, workspace_.data(),

@@ -1,6 +1,6 @@
 // Per-op GPU time by kind, for benchmarks: while a Profile is attached to a Cuda device
-// (dev.profile = &p), every op family's Cuda specialization (ops/*.cuh) records a pair of CUDA events on the device's stream around every
-// operation it runs, and collect() sums the elapsed times per kind. The events cost a few
+// (dev.profile = &p), every op family's Cuda specialization (ops/*.cuh) records a pair of CUDA events on the device's
+// stream around every operation it runs, and collect() sums the elapsed times per kind. The events cost a few
 // microseconds per op; detach (nullptr) for undisturbed timing.
 #pragma once
 

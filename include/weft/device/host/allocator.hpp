@@ -8,8 +8,9 @@
 // request of the same rounded size: a training step asks for the same sizes every step, and the C
 // library would give them back to the kernel and fault them in again page by page, every step.
 // The cache never makes the allocator hold more than the most it has had in use at once (in use +
-// cached <= that high-water mark): a miss that would pass it frees cached blocks first. The statistics count blocks in use only; cached() tells the rest, empty_cache()
-// frees it. Under AddressSanitizer cached blocks are poisoned, so a use after release still reports.
+// cached <= that high-water mark): a miss that would pass it frees cached blocks first. The statistics count blocks in
+// use only; cached() tells the rest, empty_cache() frees it. Under AddressSanitizer cached blocks are poisoned, so a
+// use after release still reports.
 #pragma once
 
 #include <algorithm>
@@ -126,7 +127,7 @@ class HostAllocator final : public Releaser {
 
   MemoryStats stats_;
   std::unordered_map<std::size_t, std::vector<void*>> cache_;  // rounded size -> released blocks
-  std::size_t cached_ = 0, in_use_ = 0, high_water_ = 0;        // rounded bytes
+  std::size_t cached_ = 0, in_use_ = 0, high_water_ = 0;       // rounded bytes
 };
 
 }  // namespace weft

@@ -49,8 +49,8 @@ inline bool avx512_kernels(const std::string& core) {
 
 // Whether GEMMs run on OpenBLAS (use), its kernels (core), and why not (why), decided on first use,
 // which sets OpenBLAS to one thread (weft runs one thread per rank, and a lone rank's GEMMs split
-// their rows over host::set_threads's threads itself). Only a threaded build is used: its buffers are locked, while a serial build shares
-// them without locks, and concurrent calls from thread ranks corrupt each other's results.
+// their rows over host::set_threads's threads itself). Only a threaded build is used: its buffers are locked, while a
+// serial build shares them without locks, and concurrent calls from thread ranks corrupt each other's results.
 struct OpenBlas {
   bool use = false;
   std::string core, why;
@@ -68,8 +68,9 @@ inline const OpenBlas& openblas() {
 #if defined(EIGEN_VECTORIZE_AVX512)
     if (!avx512_kernels(l.core)) {
       const char* set = std::getenv("OPENBLAS_CORETYPE");
-      l.why = cat("OpenBLAS runs its ", l.core, " kernels", set && *set ? cat(" (OPENBLAS_CORETYPE=", set, ")") : std::string(),
-                  "; Eigen's AVX-512 code is faster");
+      l.why =
+          cat("OpenBLAS runs its ", l.core, " kernels",
+              set && *set ? cat(" (OPENBLAS_CORETYPE=", set, ")") : std::string(), "; Eigen's AVX-512 code is faster");
       return l;
     }
 #endif
@@ -95,8 +96,8 @@ inline std::string gemm_library() {
 // C = alpha op(A) op(B) + beta C on Eigen, whatever the build uses (benchmarks/gemm compares the
 // two); arguments as host::gemm's, already checked, m, n, k > 0 and alpha != 0.
 template <class T>
-void eigen_gemm(Trans ta, Trans tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha, const T* a, std::int64_t lda,
-                const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc) {
+void eigen_gemm(Trans ta, Trans tb, std::int64_t m, std::int64_t n, std::int64_t k, T alpha, const T* a,
+                std::int64_t lda, const T* b, std::int64_t ldb, T beta, T* c, std::int64_t ldc) {
   using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
   using Stride = Eigen::OuterStride<>;
   using CMap = Eigen::Map<const Mat, Eigen::Unaligned, Stride>;
@@ -128,8 +129,7 @@ void gemm_one(Trans ta, Trans tb, std::int64_t m, std::int64_t n, std::int64_t k
     const auto i = [](std::int64_t v) { return static_cast<int>(v); };
     if constexpr (std::is_same_v<T, float>)
       cblas_sgemm(CblasRowMajor, op(ta), op(tb), i(m), i(n), i(k), alpha, a, i(lda), b, i(ldb), beta, c, i(ldc));
-    else
-      cblas_dgemm(CblasRowMajor, op(ta), op(tb), i(m), i(n), i(k), alpha, a, i(lda), b, i(ldb), beta, c, i(ldc));
+    else cblas_dgemm(CblasRowMajor, op(ta), op(tb), i(m), i(n), i(k), alpha, a, i(lda), b, i(ldb), beta, c, i(ldc));
     return;
   }
 #endif
@@ -180,14 +180,13 @@ void gemm(Trans ta, Trans tb, std::int64_t m, std::int64_t n, std::int64_t k, T 
 // includes weft/device/host/gemm_instances.hpp. With CMake, link weft::host_gemm, which does both
 // (weft's own tests, examples and benchmarks do); an installed weft's user adds the definition and
 // that one unit. Header-only use is unchanged: without the definition each unit instantiates them.
-#define WEFT_HOST_GEMM_INSTANCES(EXTERN)                                                                    \
-  EXTERN template void weft::host::eigen_gemm<float>(weft::Trans, weft::Trans, std::int64_t, std::int64_t,   \
-                                                     std::int64_t, float, const float*, std::int64_t,       \
-                                                     const float*, std::int64_t, float, float*, std::int64_t); \
-  EXTERN template void weft::host::eigen_gemm<double>(weft::Trans, weft::Trans, std::int64_t, std::int64_t,  \
-                                                      std::int64_t, double, const double*, std::int64_t,    \
-                                                      const double*, std::int64_t, double, double*,         \
-                                                      std::int64_t);
+#define WEFT_HOST_GEMM_INSTANCES(EXTERN)                                                                            \
+  EXTERN template void weft::host::eigen_gemm<float>(weft::Trans, weft::Trans, std::int64_t, std::int64_t,          \
+                                                     std::int64_t, float, const float*, std::int64_t, const float*, \
+                                                     std::int64_t, float, float*, std::int64_t);                    \
+  EXTERN template void weft::host::eigen_gemm<double>(weft::Trans, weft::Trans, std::int64_t, std::int64_t,         \
+                                                      std::int64_t, double, const double*, std::int64_t,            \
+                                                      const double*, std::int64_t, double, double*, std::int64_t);
 #if defined(WEFT_HOST_GEMM_COMPILED) && WEFT_HOST_GEMM_COMPILED
 WEFT_HOST_GEMM_INSTANCES(extern)
 #endif

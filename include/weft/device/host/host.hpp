@@ -28,7 +28,8 @@ struct Host {
     if (bytes) std::memcpy(dst, src, bytes);
   }
   // `rows` runs of `width` bytes, `spitch` apart in src and `dpitch` apart in dst.
-  void copy_2d(void* dst, std::size_t dpitch, const void* src, std::size_t spitch, std::size_t width, std::size_t rows) {
+  void copy_2d(void* dst, std::size_t dpitch, const void* src, std::size_t spitch, std::size_t width,
+               std::size_t rows) {
     for (std::size_t r = 0; r < rows; ++r)
       copy(static_cast<char*>(dst) + r * dpitch, static_cast<const char*>(src) + r * spitch, width);
   }

@@ -53,7 +53,9 @@ void init_normal(T* out, const Shape& global, const Shape& local, const Shape& o
   std::vector<std::jthread> pool;
   pool.reserve(static_cast<std::size_t>(threads));
   for (std::int64_t t = 0; t < threads; ++t)
-    pool.emplace_back([=] { detail::init_normal_range(out, global, local, offset, seed, id, std, n * t / threads, n * (t + 1) / threads); });
+    pool.emplace_back([=] {
+      detail::init_normal_range(out, global, local, offset, seed, id, std, n * t / threads, n * (t + 1) / threads);
+    });
 }
 
 }  // namespace weft::host

@@ -11,7 +11,19 @@
 namespace weft::host {
 
 enum class Op : std::uint8_t {
-  gemm, attention, gelu, layernorm, cross_entropy, optimizer, norm, embedding, elementwise, memory, rmsnorm, rotary, swiglu
+  gemm,
+  attention,
+  gelu,
+  layernorm,
+  cross_entropy,
+  optimizer,
+  norm,
+  embedding,
+  elementwise,
+  memory,
+  rmsnorm,
+  rotary,
+  swiglu
 };
 inline constexpr std::size_t kOps = 13;
 

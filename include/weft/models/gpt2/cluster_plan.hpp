@@ -35,7 +35,8 @@ train::Candidate cluster_cost(const Config& c, const train::Layout& x, const tra
     out.state_bytes = w.memory.after.total();
     return out;
   }
-  const pipeline::Table table = pipeline::make_table(x.schedule, x.pipe, static_cast<int>(x.accumulation), x.virtual_stages);
+  const pipeline::Table table =
+      pipeline::make_table(x.schedule, x.pipe, static_cast<int>(x.accumulation), x.virtual_stages);
   for (int r = 0; r < x.pipe; ++r) {  // the largest pipe rank
     const auto st = footprint::pipeline_step<Strategy, P, SP, R>(c, s, x.micro, table, r);
     out.peak_bytes = std::max(out.peak_bytes, st.total + out.workspace_bytes);
@@ -50,8 +51,7 @@ train::Candidate cluster_cost(const Config& c, const train::Layout& x, const tra
 
 inline train::Candidate Family::cluster_cost(const Config& c, const train::Layout& x, const train::Cluster& k,
                                              const std::string& dtype) {
-  return train::with_strategy(train::strategies_t<Family>{}, x.strategy,
-                              [&]<class S, bool SP>() {
+  return train::with_strategy(train::strategies_t<Family>{}, x.strategy, [&]<class S, bool SP>() {
     return train::with_precision(cluster_precisions{}, dtype, [&]<class P>() {
       return x.recompute ? detail::cluster_cost<S, P, SP, recompute::Full>(c, x, k)
                          : detail::cluster_cost<S, P, SP, recompute::None>(c, x, k);
@@ -61,7 +61,8 @@ inline train::Candidate Family::cluster_cost(const Config& c, const train::Layou
 
 inline std::string Family::cluster_peak_note(const Config& c) {
   return cat("the step's peak per GPU, with an estimate of the CUDA workspace: cuBLASLt's ",
-             std::round(static_cast<double>(footprint::cuda_workspace(c, {.data_degree = 1, .tensor_degree = 1}, 0)) / (1 << 20)),
+             std::round(static_cast<double>(footprint::cuda_workspace(c, {.data_degree = 1, .tensor_degree = 1}, 0)) /
+                        (1 << 20)),
              " MiB and the attention scores");
 }
 

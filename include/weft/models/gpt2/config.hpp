@@ -8,8 +8,8 @@
 #include <utility>
 #include <vector>
 
-#include "weft/core/divisors.hpp"
 #include "weft/context/chunks.hpp"
+#include "weft/core/divisors.hpp"
 #include "weft/core/error.hpp"
 #include "weft/layout/layout.hpp"
 
@@ -17,12 +17,12 @@ namespace weft::gpt2 {
 
 struct Config {
   std::int64_t vocab = 64;
-  std::int64_t seq = 16;      // T, the sequence length (and the number of positions)
+  std::int64_t seq = 16;  // T, the sequence length (and the number of positions)
   std::int64_t layers = 2;
   std::int64_t heads = 4;
-  std::int64_t width = 32;    // C
+  std::int64_t width = 32;  // C
   std::uint64_t seed = 1234;
-  double init_std = 0.02;     // GPT-2: normal(0, 0.02); residual projections scaled by 1/sqrt(2 layers)
+  double init_std = 0.02;  // GPT-2: normal(0, 0.02); residual projections scaled by 1/sqrt(2 layers)
 };
 
 // The fields that shape a GPT's parameters, as a checkpoint records them and a load compares them
@@ -34,8 +34,9 @@ inline std::vector<std::pair<std::string, std::int64_t>> record(const Config& c)
 // Checks a configuration against the mesh's degrees before anything is allocated.
 inline void validate(const Config& c, const Spread& s, bool sequence_parallel, std::int64_t batch) {
   if (c.vocab < 1 || c.seq < 1 || c.layers < 1 || c.heads < 1 || c.width < 1)
-    throw Error("Gpt", cat("vocab ", c.vocab, ", seq ", c.seq, ", layers ", c.layers, ", heads ", c.heads, ", width ",
-                           c.width, " include one below 1"),
+    throw Error("Gpt",
+                cat("vocab ", c.vocab, ", seq ", c.seq, ", layers ", c.layers, ", heads ", c.heads, ", width ", c.width,
+                    " include one below 1"),
                 "use sizes >= 1");
   if (c.width % c.heads != 0)
     throw Error("Gpt", cat("width ", c.width, " is not divisible by ", c.heads, " heads"),
@@ -44,10 +45,11 @@ inline void validate(const Config& c, const Spread& s, bool sequence_parallel, s
     throw Error("Gpt", cat("tensor degree ", s.tensor_degree, " does not divide ", c.heads, " heads"),
                 cat("use a tensor degree that divides the heads, such as ", list_divisors(c.heads, s.tensor_degree)));
   if (sequence_parallel && c.seq % s.tensor_degree != 0)
-    throw Error("Gpt", cat("sequence parallelism needs the tensor degree ", s.tensor_degree,
-                           " to divide the sequence length ", c.seq),
-                cat("use a tensor degree that divides the sequence length, such as ", list_divisors(c.seq, s.tensor_degree),
-                    ", or a sequence length that it divides"));
+    throw Error(
+        "Gpt",
+        cat("sequence parallelism needs the tensor degree ", s.tensor_degree, " to divide the sequence length ", c.seq),
+        cat("use a tensor degree that divides the sequence length, such as ", list_divisors(c.seq, s.tensor_degree),
+            ", or a sequence length that it divides"));
   if (sequence_parallel) context::require_tensor_split("Gpt", c.seq, s.context_degree, s.tensor_degree);
   if (batch % s.data_degree != 0)
     throw Error("Gpt", cat("data degree ", s.data_degree, " does not divide the batch of ", batch),

@@ -32,7 +32,8 @@ Work work(const gpt2::Config& c, const Spread& s, std::int64_t micro, std::int64
   // The Linear layers (nn/linear.hpp; W is (out, in)): forward y = x W^T (N, out, in); backward
   // dx = dy W (N, in, out) and dW = dy^T x (out, in, N).
   const std::int64_t forwards = c.layers * mb * (full ? 2 : 1), backwards = c.layers * mb;
-  for (const auto& [in, out] : {std::pair{C, 3 * C / tp}, std::pair{C / tp, C}, std::pair{C, 4 * C / tp}, std::pair{4 * C / tp, C}}) {
+  for (const auto& [in, out] :
+       {std::pair{C, 3 * C / tp}, std::pair{C / tp, C}, std::pair{C, 4 * C / tp}, std::pair{4 * C / tp, C}}) {
     w.gemms.push_back({N, out, in, forwards, false, true});
     w.gemms.push_back({N, in, out, backwards, false, false});
     w.gemms.push_back({out, in, N, backwards, true, false});
@@ -45,8 +46,8 @@ Work work(const gpt2::Config& c, const Spread& s, std::int64_t micro, std::int64
   // The attention core per block: QK^T and PV over the causal half, forward once (twice under
   // Selective or Full recompute), backward twice the forward.
   const double hd = static_cast<double>(C / c.heads), heads = static_cast<double>(c.heads / tp);
-  const double core = 2.0 * static_cast<double>(micro / dp) * heads * static_cast<double>(c.seq) *
-                      static_cast<double>(c.seq + 1) * hd;
+  const double core =
+      2.0 * static_cast<double>(micro / dp) * heads * static_cast<double>(c.seq) * static_cast<double>(c.seq + 1) * hd;
   w.attention_flops = static_cast<double>(c.layers * mb) * core * ((selective || full ? 2 : 1) + 2);
 
   // Elementwise ops: GELU on the MLP's hidden (B/dp, T, 4C/tp), LayerNorm on the stream (twice per
@@ -58,8 +59,8 @@ Work work(const gpt2::Config& c, const Spread& s, std::int64_t micro, std::int64
   w.elementwise.layernorm = stream_rows * static_cast<double>(C) * (2 * blocks * redo + static_cast<double>(mb));
   w.elementwise.cross_entropy = static_cast<double>(N) * static_cast<double>(Vl) * static_cast<double>(mb);
   const footprint::Memory& held = w.memory.after;
-  w.elementwise.adamw = static_cast<double>(held.of(Category::optimizer_state)) /
-                        (2.0 * static_cast<double>(sizeof(optim::state_t<T>)));
+  w.elementwise.adamw =
+      static_cast<double>(held.of(Category::optimizer_state)) / (2.0 * static_cast<double>(sizeof(optim::state_t<T>)));
   w.allocated_bytes = w.memory.allocated.of(Category::activations) + w.memory.allocated.of(Category::communication);
 
   // The model's collectives (tensor axis, the loss's all-reduce on data), per micro-batch and per step.
@@ -90,9 +91,8 @@ Work work(const gpt2::Config& c, const Spread& s, std::int64_t micro, std::int64
     std::int64_t n, count;
     bool regathered;  // gathered again for the backward (the blocks; the embedding and the head stay gathered)
   };
-  const std::array<Unit, 3> protocol{{{pad(units.embedding()), 1, false},
-                                      {pad(units.block), c.layers, true},
-                                      {pad(units.head), 1, false}}};
+  const std::array<Unit, 3> protocol{
+      {{pad(units.embedding()), 1, false}, {pad(units.block), c.layers, true}, {pad(units.head), 1, false}}};
   const auto d = static_cast<int>(dp);
   for (const Unit& u : protocol) {
     if constexpr (shard_grads) w.comms.push_back({Collective::reduce_scatter, Axis::data, d, u.n * g, u.count * mb});
@@ -119,7 +119,8 @@ PipelineTime pipeline_seconds(const gpt2::Config& c, const Spread& s, std::int64
     return seconds(work<Strategy, P, SP, R>(k, s, micro, mb), r).total();
   };
   const std::int64_t rows = micro / s.data_degree * (SP ? c.seq / s.tensor_degree : c.seq);
-  const double message = pipe.alpha + static_cast<double>(rows * c.width * static_cast<std::int64_t>(sizeof(T))) * pipe.beta;
+  const double message =
+      pipe.alpha + static_cast<double>(rows * c.width * static_cast<std::int64_t>(sizeof(T))) * pipe.beta;
   // The tied table's gradient (this rank's slice where gradients are sharded), summed over the
   // first and last pipe ranks.
   const std::int64_t table = footprint::padded(gpt2::units(c, s).table, s.data_degree);

@@ -46,7 +46,9 @@ struct Family {
   static std::string summary(const Config& c) {
     return cat("layers ", c.layers, ", heads ", c.heads, ", width ", c.width, ", seq ", c.seq, ", vocab ", c.vocab);
   }
-  static void import_hf(const std::string& file, const std::string& dir, const Config& c) { gpt2::import_hf(file, dir, c); }
+  static void import_hf(const std::string& file, const std::string& dir, const Config& c) {
+    gpt2::import_hf(file, dir, c);
+  }
   // weft-export: a safetensors file in F32 (config.json beside it) that GPT2LMHeadModel loads.
   static Config config_of(const checkpoint::Manifest& m) { return gpt2::config_of(m); }
   static void export_hf(const std::string& checkpoint, const std::string& out, const checkpoint::ExportOptions& e) {
@@ -60,7 +62,8 @@ struct Family {
   static int print_plan(const train::Options& o, const Config& c, const std::string& device);
   // weft-plan's cost of a layout on a cluster, in bf16 or f32 (models/gpt2/cluster_plan.hpp)
   using cluster_precisions = train::List<Bf16Mixed, F32>;
-  static train::Candidate cluster_cost(const Config& c, const train::Layout& x, const train::Cluster& k, const std::string& dtype);
+  static train::Candidate cluster_cost(const Config& c, const train::Layout& x, const train::Cluster& k,
+                                       const std::string& dtype);
   static std::string cluster_preset() { return "gpt2-124m"; }
   static std::string cluster_peak_note(const Config& c);
 };

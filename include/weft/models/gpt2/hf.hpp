@@ -58,9 +58,22 @@ inline Config config_of(const checkpoint::Manifest& m) {
 
 // transformers' config.json for these sizes.
 inline nlohmann::json hf_config(const Config& c) {
-  return {{"architectures", {"GPT2LMHeadModel"}}, {"model_type", "gpt2"}, {"vocab_size", c.vocab}, {"n_positions", c.seq},
-          {"n_ctx", c.seq}, {"n_embd", c.width}, {"n_layer", c.layers}, {"n_head", c.heads}, {"activation_function", "gelu_new"},
-          {"layer_norm_epsilon", 1e-5}, {"bos_token_id", c.vocab - 1}, {"eos_token_id", c.vocab - 1}, {"resid_pdrop", 0.0}, {"embd_pdrop", 0.0}, {"attn_pdrop", 0.0}, {"tie_word_embeddings", true}};
+  return {{"architectures", {"GPT2LMHeadModel"}},
+          {"model_type", "gpt2"},
+          {"vocab_size", c.vocab},
+          {"n_positions", c.seq},
+          {"n_ctx", c.seq},
+          {"n_embd", c.width},
+          {"n_layer", c.layers},
+          {"n_head", c.heads},
+          {"activation_function", "gelu_new"},
+          {"layer_norm_epsilon", 1e-5},
+          {"bos_token_id", c.vocab - 1},
+          {"eos_token_id", c.vocab - 1},
+          {"resid_pdrop", 0.0},
+          {"embd_pdrop", 0.0},
+          {"attn_pdrop", 0.0},
+          {"tie_word_embeddings", true}};
 }
 
 namespace detail {
@@ -75,7 +88,8 @@ inline std::int64_t qkv_row(std::int64_t j, std::int64_t C, std::int64_t heads) 
 inline std::vector<float> transpose(const std::vector<float>& in, std::int64_t rows, std::int64_t cols) {
   std::vector<float> out(in.size());
   for (std::int64_t r = 0; r < rows; ++r)
-    for (std::int64_t c = 0; c < cols; ++c) out[static_cast<std::size_t>(c * rows + r)] = in[static_cast<std::size_t>(r * cols + c)];
+    for (std::int64_t c = 0; c < cols; ++c)
+      out[static_cast<std::size_t>(c * rows + r)] = in[static_cast<std::size_t>(r * cols + c)];
   return out;
 }
 
@@ -107,7 +121,8 @@ inline std::vector<Named> names(std::int64_t layers) {
 }
 
 // weft's layout of a tensor -> Hugging Face's (shape in weft's order).
-inline std::vector<float> to_hf(const Named& n, const std::vector<float>& v, const std::vector<std::int64_t>& shape, const Config& c) {
+inline std::vector<float> to_hf(const Named& n, const std::vector<float>& v, const std::vector<std::int64_t>& shape,
+                                const Config& c) {
   std::vector<float> x = v;
   if (n.qkv) {  // permute weft's rows into Hugging Face's ({q,k,v}, head, hd) order
     const std::int64_t rows = 3 * c.width, cols = shape.size() == 2 ? shape[1] : 1;
@@ -119,12 +134,14 @@ inline std::vector<float> to_hf(const Named& n, const std::vector<float>& v, con
 }
 
 // Hugging Face's layout -> weft's (shape in weft's order).
-inline std::vector<float> from_hf(const Named& n, const std::vector<float>& v, const std::vector<std::int64_t>& shape, const Config& c) {
+inline std::vector<float> from_hf(const Named& n, const std::vector<float>& v, const std::vector<std::int64_t>& shape,
+                                  const Config& c) {
   std::vector<float> x = n.transposed ? transpose(v, shape[1], shape[0]) : v;
   if (n.qkv) {
     std::vector<float> y(x.size());
     const std::int64_t rows = 3 * c.width, cols = shape.size() == 2 ? shape[1] : 1;
-    for (std::int64_t j = 0; j < rows; ++j) std::copy_n(x.begin() + j * cols, cols, y.begin() + qkv_row(j, c.width, c.heads) * cols);
+    for (std::int64_t j = 0; j < rows; ++j)
+      std::copy_n(x.begin() + j * cols, cols, y.begin() + qkv_row(j, c.width, c.heads) * cols);
     x = std::move(y);
   }
   return x;
@@ -185,7 +202,9 @@ inline void import_hf(const std::string& file, const std::string& dir, const Con
   const auto names = detail::names(c.layers);
   for (const auto& n : names) {
     const TensorInfo* t = h.find(n.hf);
-    if (!t) throw Error(at, cat("has no tensor ", n.hf), cat("export a GPT-2 of ", c.layers, " layers, or choose the sizes of this file"));
+    if (!t)
+      throw Error(at, cat("has no tensor ", n.hf),
+                  cat("export a GPT-2 of ", c.layers, " layers, or choose the sizes of this file"));
     const auto shape = expect(n.weft), hf = detail::hf_shape(n, shape);
     if (t->shape != hf)
       throw Error(at, cat(n.hf, " has the shape ", join(t->shape, "x"), "; a GPT-2 of these sizes has ", join(hf, "x")),
@@ -200,16 +219,19 @@ inline void import_hf(const std::string& file, const std::string& dir, const Con
   for (const TensorInfo& t : h.tensors) {
     if (known.contains(t.name) || t.name.ends_with(".attn.bias") || t.name.ends_with(".attn.masked_bias")) continue;
     if (t.name == "lm_head.weight" && t.shape == std::vector<std::int64_t>{c.vocab, c.width}) continue;
-    throw Error(at, cat("has a tensor ", brief(t.name), " that a GPT-2 of ", c.layers, " layers, ", c.heads, " heads and width ", c.width,
-                        " does not have"),
+    throw Error(at,
+                cat("has a tensor ", brief(t.name), " that a GPT-2 of ", c.layers, " layers, ", c.heads,
+                    " heads and width ", c.width, " does not have"),
                 "pass the sizes of the file (--layers, --heads, --width, --seq, --vocab), or a GPT-2 file");
   }
   // The head count is in no tensor's shape (c_attn is (C, 3C) for any): transformers' config.json
   // beside the file records it, with the other sizes.
   const auto config = std::filesystem::path(file).parent_path() / "config.json";
   if (!std::filesystem::is_regular_file(config))
-    throw Error(at, cat("has no config.json beside it (", config.string(), "): the head count of a GPT-2 is not in its tensors"),
-                "put the model's transformers config.json beside the file (weft-export writes one)");
+    throw Error(
+        at,
+        cat("has no config.json beside it (", config.string(), "): the head count of a GPT-2 is not in its tensors"),
+        "put the model's transformers config.json beside the file (weft-export writes one)");
   nlohmann::json hf;
   {
     const std::string text = read_text_file(config.string(), 1 << 20, cat("gpt2::import(", config.string(), ")"));
@@ -217,14 +239,19 @@ inline void import_hf(const std::string& file, const std::string& dir, const Con
     try {
       hf = nlohmann::json::parse(text);
     } catch (const nlohmann::json::exception& e) {
-      throw Error(cat("gpt2::import(", config.string(), ")"), cat("is not valid JSON (", brief(e.what(), 200), ")"), "pass transformers' config.json");
+      throw Error(cat("gpt2::import(", config.string(), ")"), cat("is not valid JSON (", brief(e.what(), 200), ")"),
+                  "pass transformers' config.json");
     }
   }
-  for (const auto& [k, v] : std::vector<std::pair<const char*, std::int64_t>>{
-           {"n_layer", c.layers}, {"n_head", c.heads}, {"n_embd", c.width}, {"n_positions", c.seq}, {"vocab_size", c.vocab}})
+  for (const auto& [k, v] : std::vector<std::pair<const char*, std::int64_t>>{{"n_layer", c.layers},
+                                                                              {"n_head", c.heads},
+                                                                              {"n_embd", c.width},
+                                                                              {"n_positions", c.seq},
+                                                                              {"vocab_size", c.vocab}})
     if (!hf.is_object() || !hf.contains(k) || !hf[k].is_number_integer() || hf[k].get<std::int64_t>() != v)
       throw Error(cat("gpt2::import(", config.string(), ")"),
-                  cat("has ", k, " ", hf.is_object() && hf.contains(k) ? brief(hf[k].dump()) : std::string("(none)"), "; this model has ", v),
+                  cat("has ", k, " ", hf.is_object() && hf.contains(k) ? brief(hf[k].dump()) : std::string("(none)"),
+                      "; this model has ", v),
                   "pass the sizes of the file (--layers, --heads, --width, --seq, --vocab)");
   for (const auto& n : names) {
     const TensorInfo* t = h.find(n.hf);
@@ -233,10 +260,19 @@ inline void import_hf(const std::string& file, const std::string& dir, const Con
     std::vector<std::byte> raw(count);
     fd.read_all_at(raw.data(), raw.size(), h.data_start + t->begin);
     std::vector<float> v(count / es);
-    for (std::size_t i = 0; i < v.size(); ++i) v[i] = checkpoint::detail::convert_element<float>(t->dtype, raw.data() + i * es);
+    for (std::size_t i = 0; i < v.size(); ++i)
+      v[i] = checkpoint::detail::convert_element<float>(t->dtype, raw.data() + i * es);
     const auto w = detail::from_hf(n, v, shape, c);
-    checkpoint::detail::Staged s{"param/" + n.weft, DType::f32, shape, shape, std::vector<std::int64_t>(shape.size(), 0), shape, "imported", 0,
-             static_cast<std::int64_t>(w.size()), std::vector<std::byte>(w.size() * sizeof(float))};
+    checkpoint::detail::Staged s{"param/" + n.weft,
+                                 DType::f32,
+                                 shape,
+                                 shape,
+                                 std::vector<std::int64_t>(shape.size(), 0),
+                                 shape,
+                                 "imported",
+                                 0,
+                                 static_cast<std::int64_t>(w.size()),
+                                 std::vector<std::byte>(w.size() * sizeof(float))};
     std::memcpy(s.bytes.data(), w.data(), s.bytes.size());
     staged.push_back(std::move(s));
   }

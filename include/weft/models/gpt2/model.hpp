@@ -92,8 +92,13 @@ struct Spec {
     // Under SP the LayerNorm and position gradients are Partial on tensor: one all-reduce per step
     // for all of them (4 C per block, 2 C for ln_f, T C for wpe).
     if (SP)
-      out.push_back({"gradients Partial on tensor (SP), per step", "-", "-", {}, {},
-                     {nn::detail::reduction(Axis::tensor, s.tensor_degree, (4 * c.layers * C + 2 * C + c.seq * C) * eg)}});
+      out.push_back(
+          {"gradients Partial on tensor (SP), per step",
+           "-",
+           "-",
+           {},
+           {},
+           {nn::detail::reduction(Axis::tensor, s.tensor_degree, (4 * c.layers * C + 2 * C + c.seq * C) * eg)}});
     return out;
   }
 };

@@ -25,9 +25,9 @@
 // step(): one pipe rank holding every stage (pipe degree 1). pipeline_step(): a pipe rank of a
 // pipeline schedule's table (pipeline/schedule.hpp: GPipe, 1F1B, interleaved, ZB-H1), its micro-
 // batches in flight, the activations and gradients it receives, the send buffers it keeps until a
-// receive proves them delivered (pipeline::delivered) or the run ends, and under ZB-H1 the Linear layers' input copies and output gradients kept from each
-// backward to its weight pass. Both on a device that reads the tokens where they are (the host);
-// the CUDA back end's attention and GEMM workspaces are not replayed (cuda_workspace() below).
+// receive proves them delivered (pipeline::delivered) or the run ends, and under ZB-H1 the Linear layers' input copies
+// and output gradients kept from each backward to its weight pass. Both on a device that reads the tokens where they
+// are (the host); the CUDA back end's attention and GEMM workspaces are not replayed (cuda_workspace() below).
 #pragma once
 
 #include <cstdint>
@@ -397,7 +397,7 @@ class StepReplay {
   // With the weight gradients deferred (ZB-H1), each Linear keeps its input copy and its output
   // gradient (a copy, or the GELU's dpre moved in) until backward_weight.
   constexpr std::int64_t attention_backward() {
-    l_->add(act, core_);  // proj dx (dcore)
+    l_->add(act, core_);            // proj dx (dcore)
     if (defer_) l_->add(act, xf_);  // proj's dy, kept
     else l_->sub(act, core_);       // proj's input copy
     if (!keep_probs) {
@@ -405,11 +405,11 @@ class StepReplay {
       l_->add(act, core_);  // the recomputed core's output, freed at once
       l_->sub(act, core_);
     }
-    l_->add(act, qkv_);  // dqkv
-    l_->add(act, xf_);   // qkv dx
+    l_->add(act, qkv_);              // dqkv
+    l_->add(act, xf_);               // qkv dx
     if (defer_) l_->add(act, qkv_);  // qkv's dy (dqkv's copy), kept
     else l_->sub(act, xf_);          // qkv's input copy
-    l_->sub(act, qkv_);  // the kept qkv
+    l_->sub(act, qkv_);              // the kept qkv
     l_->sub(act, probs_);
     l_->sub(act, qkv_);   // dqkv
     l_->sub(act, core_);  // dcore
@@ -425,15 +425,15 @@ class StepReplay {
     return xf_;
   }
   constexpr std::int64_t mlp_backward() {
-    l_->add(act, hidden_);  // proj dx
-    if (defer_) l_->add(act, xf_);  // proj's dy, kept
-    else l_->sub(act, hidden_);     // proj's input copy
-    l_->add(act, hidden_);  // GELU's dpre (kept as fc's dy when deferred)
-    l_->add(act, xf_);      // fc dx
-    if (!defer_) l_->sub(act, xf_);  // fc's input copy
-    l_->sub(act, hidden_);           // pre-activation
+    l_->add(act, hidden_);               // proj dx
+    if (defer_) l_->add(act, xf_);       // proj's dy, kept
+    else l_->sub(act, hidden_);          // proj's input copy
+    l_->add(act, hidden_);               // GELU's dpre (kept as fc's dy when deferred)
+    l_->add(act, xf_);                   // fc dx
+    if (!defer_) l_->sub(act, xf_);      // fc's input copy
+    l_->sub(act, hidden_);               // pre-activation
     if (!defer_) l_->sub(act, hidden_);  // dpre
-    l_->sub(act, hidden_);  // proj dx
+    l_->sub(act, hidden_);               // proj dx
     return xf_;
   }
   // Block::backward_weight: the four Linear contexts (input copies and output gradients).
@@ -466,9 +466,9 @@ class StepReplay {
   // Block::backward: the input gradient (xs) stays; the context is gone.
   constexpr void block_backward() {
     if constexpr (std::same_as<R, recompute::Full>) {
-      run_forward();       // rebuilds the context; its output is discarded
+      run_forward();  // rebuilds the context; its output is discarded
       l_->sub(act, xs_);
-      l_->sub(act, xs_);   // the input's copy
+      l_->sub(act, xs_);  // the input's copy
     }
     branch_backward([&] { return mlp_backward(); });
     branch_backward([&] { return attention_backward(); });
@@ -504,7 +504,7 @@ class StepReplay {
     l_->sub(act, 2 * rows_);  // the cross-entropy's context; the logits become their gradient
     l_->add(act, xf_);        // dxr
     l_->sub(act, logits_);
-    l_->sub(act, xf_);        // xr
+    l_->sub(act, xf_);  // xr
     const std::int64_t entered = backward_of<Enter>(act);
     layernorm_backward();
     l_->sub(act, entered);
@@ -530,7 +530,8 @@ class StepReplay {
 // matters only for the SP gradients packed in the optimizer step.
 template <class Strategy, PrecisionLike P, bool SP = false, recompute::Policy R = recompute::None,
           class Rule = optim::AdamW>
-constexpr StepPeak step(const gpt2::Config& c, const Spread& s, std::int64_t micro_batch, std::int64_t micro_batches = 1) {
+constexpr StepPeak step(const gpt2::Config& c, const Spread& s, std::int64_t micro_batch,
+                        std::int64_t micro_batches = 1) {
   Ledger l(persistent<Strategy, P, Rule>(c, s, Holds::all(c)));
   detail::StepReplay<Strategy, P, SP, R, Rule> replay(c, s, micro_batch, l);
   for (std::int64_t m = 0; m < (micro_batches < 1 ? 1 : micro_batches); ++m) replay.forward_backward();

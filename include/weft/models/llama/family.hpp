@@ -35,9 +35,10 @@ struct Family {
   static std::string cluster_preset() { return "llama-3.1-8b"; }  // weft-plan --model llama's default
   static double flops_per_token(const Config& c) { return llama::flops_per_token(c); }
   static std::string summary(const Config& c) {
-    return cat("layers ", c.layers, ", heads ", c.heads, " (", c.kv_heads, " key-value), width ", c.width, ", hidden ", c.hidden,
-               ", seq ", c.seq, ", vocab ", c.vocab, ", rope theta ", c.rope.theta,
-               c.rope.factor > 0 ? cat(" (llama3 scaling x", c.rope.factor, ")") : std::string(), c.tied ? ", head tied" : ", head untied");
+    return cat("layers ", c.layers, ", heads ", c.heads, " (", c.kv_heads, " key-value), width ", c.width, ", hidden ",
+               c.hidden, ", seq ", c.seq, ", vocab ", c.vocab, ", rope theta ", c.rope.theta,
+               c.rope.factor > 0 ? cat(" (llama3 scaling x", c.rope.factor, ")") : std::string(),
+               c.tied ? ", head tied" : ", head untied");
   }
   // --init-from DIR without --preset: the run's model is the one config.json describes (its sizes,
   // rotary parameters and head tie; base's sequence length and seed).
@@ -51,10 +52,11 @@ struct Family {
     const auto want = record(c), have = record(got);
     for (std::size_t i = 0; i < want.size(); ++i)
       if (want[i] != have[i])
-        throw Error(cat("llama::import(", from, ")"),
-                    cat("its config.json has ", have[i].first, " ", have[i].second, "; the run's model has ", want[i].second),
-                    "choose the preset and sizes of the model in the directory (--layers, --width, --heads, --kv-heads, --hidden, --vocab, "
-                    "--tie-embeddings)");
+        throw Error(
+            cat("llama::import(", from, ")"),
+            cat("its config.json has ", have[i].first, " ", have[i].second, "; the run's model has ", want[i].second),
+            "choose the preset and sizes of the model in the directory (--layers, --width, --heads, --kv-heads, --hidden, --vocab, "
+            "--tie-embeddings)");
     llama::import_hf(from, dir, c);
   }
   // weft-export: a LlamaForCausalLM directory, in F32 or F64 (exact), sharded past 5 GB or the

@@ -117,7 +117,8 @@ class Files {
     if (std::filesystem::is_regular_file(index)) {
       const auto j = read_json(index.string(), cat("llama::import(", index.string(), ")"));
       if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
-        throw Error(cat("llama::import(", index.string(), ")"), "has no weight_map object", "pass transformers' index file");
+        throw Error(cat("llama::import(", index.string(), ")"), "has no weight_map object",
+                    "pass transformers' index file");
       std::set<std::string> seen;
       for (const auto& [name, file] : j["weight_map"].items()) {
         if (!file.is_string() || file.get<std::string>().find('/') != std::string::npos)
@@ -156,7 +157,8 @@ class Files {
     std::vector<std::byte> raw(bytes);
     fd.read_all_at(raw.data(), raw.size(), h.data_start + t->begin);
     std::vector<double> v(bytes / es);
-    for (std::size_t i = 0; i < v.size(); ++i) v[i] = checkpoint::detail::convert_element<double>(t->dtype, raw.data() + i * es);
+    for (std::size_t i = 0; i < v.size(); ++i)
+      v[i] = checkpoint::detail::convert_element<double>(t->dtype, raw.data() + i * es);
     return v;
   }
   const std::string& at() const { return at_; }
@@ -179,9 +181,11 @@ inline Config config_from_hf(const nlohmann::json& j, const std::string& at, Con
       if (dflt) return *dflt;
       throw Error(at, cat("has no ", k), "pass a LlamaForCausalLM config.json");
     }
-    if (!j[k].is_number_integer()) throw Error(at, cat("has ", k, " ", brief(j[k].dump()), ", not an integer"), "fix config.json");
+    if (!j[k].is_number_integer())
+      throw Error(at, cat("has ", k, " ", brief(j[k].dump()), ", not an integer"), "fix config.json");
     // An unsigned number past int64 (JSON holds it as one) would wrap on conversion.
-    if (j[k].is_number_unsigned() && j[k].get<std::uint64_t>() > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
+    if (j[k].is_number_unsigned() &&
+        j[k].get<std::uint64_t>() > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
       throw Error(at, cat("has ", k, " ", j[k].dump(), ", past the largest 64-bit integer"), "fix config.json");
     return j[k].get<std::int64_t>();
   };
@@ -190,15 +194,19 @@ inline Config config_from_hf(const nlohmann::json& j, const std::string& at, Con
       if (dflt) return *dflt;
       throw Error(at, cat("has no ", k), "pass a LlamaForCausalLM config.json");
     }
-    if (!o[k].is_number()) throw Error(at, cat("has ", k, " ", brief(o[k].dump()), ", not a number"), "fix config.json");
+    if (!o[k].is_number())
+      throw Error(at, cat("has ", k, " ", brief(o[k].dump()), ", not a number"), "fix config.json");
     return o[k].get<double>();
   };
   if (j.contains("model_type") && j["model_type"] != "llama")
-    throw Error(at, cat("describes a model of type ", brief(j["model_type"].dump())), "pass a Llama (model_type \"llama\")");
+    throw Error(at, cat("describes a model of type ", brief(j["model_type"].dump())),
+                "pass a Llama (model_type \"llama\")");
   if (j.contains("hidden_act") && j["hidden_act"] != "silu")
-    throw Error(at, cat("has hidden_act ", brief(j["hidden_act"].dump()), "; weft's Llama MLP is SwiGLU"), "use \"silu\"");
+    throw Error(at, cat("has hidden_act ", brief(j["hidden_act"].dump()), "; weft's Llama MLP is SwiGLU"),
+                "use \"silu\"");
   for (const char* k : {"attention_bias", "mlp_bias"})
-    if (j.contains(k) && j[k] == true) throw Error(at, cat("has ", k, " true; weft's Llama has no biases"), "use a model without biases");
+    if (j.contains(k) && j[k] == true)
+      throw Error(at, cat("has ", k, " true; weft's Llama has no biases"), "use a model without biases");
   Config c = base;
   c.vocab = integer("vocab_size");
   c.width = integer("hidden_size");
@@ -210,8 +218,10 @@ inline Config config_from_hf(const nlohmann::json& j, const std::string& at, Con
     throw Error(at, cat("has head_dim ", integer("head_dim"), " for width ", c.width, " over ", c.heads, " heads"),
                 "use a model whose head size is hidden_size / num_attention_heads");
   c.norm_eps = real(j, "rms_norm_eps", 1e-6);
-  if (j.contains("tie_word_embeddings") && !j["tie_word_embeddings"].is_boolean() && !j["tie_word_embeddings"].is_null())
-    throw Error(at, cat("has tie_word_embeddings ", brief(j["tie_word_embeddings"].dump()), ", not true or false"), "fix config.json");
+  if (j.contains("tie_word_embeddings") && !j["tie_word_embeddings"].is_boolean() &&
+      !j["tie_word_embeddings"].is_null())
+    throw Error(at, cat("has tie_word_embeddings ", brief(j["tie_word_embeddings"].dump()), ", not true or false"),
+                "fix config.json");
   c.tied = j.contains("tie_word_embeddings") && j["tie_word_embeddings"] == true;
   // transformers 5: rope_parameters {rope_type, rope_theta, ...}; 4.x: rope_theta, rope_scaling
   // (null where there is none). Anything else there (a string, a number) is refused: read as no
@@ -228,7 +238,8 @@ inline Config config_from_hf(const nlohmann::json& j, const std::string& at, Con
   if (rope) {
     const char* key = rope->contains("rope_type") ? "rope_type" : "type";
     if (rope->contains(key)) {
-      if (!(*rope)[key].is_string()) throw Error(at, cat("has ", key, " ", brief((*rope)[key].dump())), "fix config.json");
+      if (!(*rope)[key].is_string())
+        throw Error(at, cat("has ", key, " ", brief((*rope)[key].dump())), "fix config.json");
       type = (*rope)[key].get<std::string>();
     }
   }
@@ -238,7 +249,8 @@ inline Config config_from_hf(const nlohmann::json& j, const std::string& at, Con
     c.rope.high_freq_factor = real(*rope, "high_freq_factor");
     c.rope.original_max_positions = real(*rope, "original_max_position_embeddings");
   } else if (type != "default") {
-    throw Error(at, cat("has the rotary scaling \"", brief(type), "\""), "use a model with no scaling or the \"llama3\" scaling");
+    throw Error(at, cat("has the rotary scaling \"", brief(type), "\""),
+                "use a model with no scaling or the \"llama3\" scaling");
   }
   validate(c, {}, false, 1);
   return c;
@@ -257,12 +269,23 @@ inline nlohmann::json hf_config(const Config& c) {
     rope["high_freq_factor"] = c.rope.high_freq_factor;
     rope["original_max_position_embeddings"] = static_cast<std::int64_t>(c.rope.original_max_positions);
   }
-  return {{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"}, {"vocab_size", c.vocab},
-          {"hidden_size", c.width}, {"intermediate_size", c.hidden}, {"num_hidden_layers", c.layers},
-          {"num_attention_heads", c.heads}, {"num_key_value_heads", c.kv_heads}, {"head_dim", c.head_dim()},
-          {"hidden_act", "silu"}, {"max_position_embeddings", max_positions},
-          {"rms_norm_eps", c.norm_eps}, {"rope_parameters", rope}, {"tie_word_embeddings", c.tied},
-          {"attention_bias", false}, {"mlp_bias", false}, {"dtype", "float32"}};
+  return {{"architectures", {"LlamaForCausalLM"}},
+          {"model_type", "llama"},
+          {"vocab_size", c.vocab},
+          {"hidden_size", c.width},
+          {"intermediate_size", c.hidden},
+          {"num_hidden_layers", c.layers},
+          {"num_attention_heads", c.heads},
+          {"num_key_value_heads", c.kv_heads},
+          {"head_dim", c.head_dim()},
+          {"hidden_act", "silu"},
+          {"max_position_embeddings", max_positions},
+          {"rms_norm_eps", c.norm_eps},
+          {"rope_parameters", rope},
+          {"tie_word_embeddings", c.tied},
+          {"attention_bias", false},
+          {"mlp_bias", false},
+          {"dtype", "float32"}};
 }
 
 // The configuration a checkpoint's manifest records (record() above), checked as a model's would be.
@@ -305,8 +328,10 @@ inline Config config_of(const checkpoint::Manifest& m) {
 inline Config hf_config_of(const std::string& dir, const Config& base = {}) {
   const auto cfg_path = (std::filesystem::path(dir) / "config.json").string();
   if (!std::filesystem::is_regular_file(cfg_path))
-    throw Error(cat("llama::import(", dir, ")"), "has no config.json", "pass a directory that transformers' save_pretrained wrote");
-  return config_from_hf(hf_detail::read_json(cfg_path, cat("llama::import(", cfg_path, ")")), cat("llama::import(", cfg_path, ")"), base);
+    throw Error(cat("llama::import(", dir, ")"), "has no config.json",
+                "pass a directory that transformers' save_pretrained wrote");
+  return config_from_hf(hf_detail::read_json(cfg_path, cat("llama::import(", cfg_path, ")")),
+                        cat("llama::import(", cfg_path, ")"), base);
 }
 
 inline Config import_hf(const std::string& dir, const std::string& out, const Config& base = {}) {
@@ -316,8 +341,10 @@ inline Config import_hf(const std::string& dir, const std::string& out, const Co
   // config.json's layers against what the files can hold (each layer has 9 tensors), before the
   // table of names (about 1.6 KB a layer) is built: 10^7 layers in a config.json ran out of memory.
   if (static_cast<double>(c.layers) * 9 > static_cast<double>(files.names().size()))
-    throw Error(files.at(), cat("holds ", files.names().size(), " tensors, too few for config.json's ", c.layers, " layers of 9 each"),
-                "pass a config.json that matches the weights");
+    throw Error(
+        files.at(),
+        cat("holds ", files.names().size(), " tensors, too few for config.json's ", c.layers, " layers of 9 each"),
+        "pass a config.json that matches the weights");
   const auto names = hf_detail::names(c);
   std::set<std::string> known;
   for (const auto& n : names) {
@@ -325,18 +352,23 @@ inline Config import_hf(const std::string& dir, const std::string& out, const Co
     for (std::size_t p = 0; p < n.hf.size(); ++p) {
       known.insert(n.hf[p]);
       const TensorInfo* t = files.find(n.hf[p]);
-      if (!t) throw Error(files.at(), cat("has no tensor ", n.hf[p]), "pass the whole model that config.json describes");
+      if (!t)
+        throw Error(files.at(), cat("has no tensor ", n.hf[p]), "pass the whole model that config.json describes");
       if (t->shape != shapes[p])
-        throw Error(files.at(), cat(n.hf[p], " has the shape ", join(t->shape, "x"), "; config.json's sizes give ", join(shapes[p], "x")),
-                    "pass a config.json that matches the weights");
+        throw Error(
+            files.at(),
+            cat(n.hf[p], " has the shape ", join(t->shape, "x"), "; config.json's sizes give ", join(shapes[p], "x")),
+            "pass a config.json that matches the weights");
       if (t->dtype != DType::f32 && t->dtype != DType::bf16 && t->dtype != DType::f64)
-        throw Error(files.at(), cat(n.hf[p], " has dtype ", safetensors_dtype(t->dtype)), "convert it to F32, BF16 or F64");
+        throw Error(files.at(), cat(n.hf[p], " has dtype ", safetensors_dtype(t->dtype)),
+                    "convert it to F32, BF16 or F64");
     }
   }
   for (const auto& name : files.names())
     if (!known.contains(name) && !name.ends_with("rotary_emb.inv_freq"))
-      throw Error(files.at(), cat("has a tensor ", brief(name), " that a Llama of ", c.layers, " layers", c.tied ? " with a tied head" : "",
-                                  " does not have"),
+      throw Error(files.at(),
+                  cat("has a tensor ", brief(name), " that a Llama of ", c.layers, " layers",
+                      c.tied ? " with a tied head" : "", " does not have"),
                   "pass a LlamaForCausalLM whose config.json describes every tensor");
   // One piece per tensor, consolidated, in f64; its bytes made when the file reaches it (one weft
   // tensor in memory at a time).
@@ -345,8 +377,16 @@ inline Config import_hf(const std::string& dir, const std::string& out, const Co
     const auto shape = hf_detail::weft_shape(n, c);
     std::int64_t count = 1;
     for (std::int64_t d : shape) count *= d;
-    staged.push_back({"param/" + n.weft, DType::f64, shape, shape, std::vector<std::int64_t>(shape.size(), 0), shape, "imported", 0,
-                      count, {}});
+    staged.push_back({"param/" + n.weft,
+                      DType::f64,
+                      shape,
+                      shape,
+                      std::vector<std::int64_t>(shape.size(), 0),
+                      shape,
+                      "imported",
+                      0,
+                      count,
+                      {}});
   }
   std::vector<double> w;
   auto bytes_of = [&](std::size_t i, std::uint64_t) {
@@ -362,8 +402,9 @@ inline Config import_hf(const std::string& dir, const std::string& out, const Co
         std::copy_n(parts[p].begin() + src * cols, cols, w.begin() + r * cols);
       }
     } catch (const std::bad_alloc&) {  // said, with what and how much, never a bare std::bad_alloc
-      throw Error(files.at(), cat("ran out of memory converting ", n.weft, " (", rows, " x ", cols, " values, ",
-                                  2 * 8 * rows * cols, " bytes in double with its source)"),
+      throw Error(files.at(),
+                  cat("ran out of memory converting ", n.weft, " (", rows, " x ", cols, " values, ",
+                      2 * 8 * rows * cols, " bytes in double with its source)"),
                   "convert on a machine with more memory");
     }
     return std::as_bytes(std::span<const double>(w));
@@ -415,7 +456,8 @@ inline void export_hf(const std::string& checkpoint, const std::string& out, DTy
     sources.push_back(r.has("master/" + n.weft) ? "master/" + n.weft : "param/" + n.weft);
     const auto shape = hf_detail::weft_shape(n, c), rshape = r.shape(sources.back());
     if (rshape != shape)
-      throw Error(at, cat(sources.back(), " has the shape ", join(rshape, "x"), "; its record gives ", join(shape, "x")),
+      throw Error(at,
+                  cat(sources.back(), " has the shape ", join(rshape, "x"), "; its record gives ", join(shape, "x")),
                   "export a checkpoint saved by llama::Model");
     const auto shapes = hf_detail::hf_shapes(n, c);
     for (std::size_t p = 0; p < shapes.size(); ++p) {

@@ -39,11 +39,11 @@
 #include "weft/nn/grouped_attention.hpp"
 #include "weft/nn/rmsnorm.hpp"
 #include "weft/nn/sequential.hpp"
-#include "weft/nn/stages.hpp"
 #include "weft/nn/staged_model.hpp"
+#include "weft/nn/stages.hpp"
 #include "weft/nn/swiglu.hpp"
-#include "weft/nn/token_wise.hpp"
 #include "weft/nn/token_embedding.hpp"
+#include "weft/nn/token_wise.hpp"
 #include "weft/recompute/checkpointed.hpp"
 
 namespace weft::llama {
@@ -56,7 +56,7 @@ struct Spec {
   using T = typename precision::compute;
   using config = Config;
   using device = D;
-  using Local = nn::stream<SP>;  // the layers' own layouts (on a context rank's rows under Cx)
+  using Local = nn::stream<SP>;                   // the layers' own layouts (on a context rank's rows under Cx)
   using A = typename nn::stream<SP, cp>::layout;  // the stream between stages and blocks
   using Norm = nn::RmsNorm<T, typename Local::layout, D>;
   using Attn = nn::GroupedQueryAttention<T, Recompute, D, Cx>;
@@ -69,8 +69,8 @@ struct Spec {
   template <class L>
   using on_rows = std::conditional_t<cp, nn::TokenWise<L>, L>;
   using AttnInner = nn::Sequential<on_rows<nn::Named<"attn_norm", Norm>>, Enter, nn::Named<"attn", Attn>, Leave>;
-  using Mlp = nn::Sequential<nn::Named<"mlp_norm", Norm>, typename Local::enter, nn::Named<"gate_up", GateUp>, nn::SwiGlu<T, D>,
-                             nn::Named<"down", Down>, typename Local::leave>;
+  using Mlp = nn::Sequential<nn::Named<"mlp_norm", Norm>, typename Local::enter, nn::Named<"gate_up", GateUp>,
+                             nn::SwiGlu<T, D>, nn::Named<"down", Down>, typename Local::leave>;
   using MlpInner = on_rows<Mlp>;
   using Layer = nn::Sequential<nn::Residual<AttnInner>, nn::Residual<MlpInner>>;
   using Embedding = nn::TokenEmbeddingStage<T, SP, D, Cx>;
@@ -82,8 +82,9 @@ struct Spec {
   static void validate(const Config& c, const Spread& s, std::int64_t batch) {
     llama::validate(c, s, SP, batch);
     if (c.tied != Tied)
-      throw Error("Llama", cat("a configuration with tied ", c.tied ? "true" : "false", " for a model type with Tied ",
-                               Tied ? "true" : "false"),
+      throw Error("Llama",
+                  cat("a configuration with tied ", c.tied ? "true" : "false", " for a model type with Tied ",
+                      Tied ? "true" : "false"),
                   "build llama::Model<..., Tied = config.tied>");
   }
   static std::vector<std::pair<std::string, std::int64_t>> record(const Config& c) { return llama::record(c); }
@@ -95,14 +96,16 @@ struct Spec {
   static Layer make_layer(D& dev, const Config& c, const Spread& s, std::int64_t l) {
     const auto id = static_cast<std::uint64_t>(16 + 16 * l);
     const double sd = c.init_std;
-    return Layer(nn::Residual<AttnInner>(AttnInner(
-                     on_rows<nn::Named<"attn_norm", Norm>>(nn::Named<"attn_norm", Norm>(Norm(dev, c.width, s, id, c.seed, c.norm_eps))),
-                     {}, nn::Named<"attn", Attn>(Attn(dev, c.width, c.heads, c.kv_heads, c.rope, s, id + 1, c.seed, sd, sd)),
-                     {})),
-                 nn::Residual<MlpInner>(MlpInner(Mlp(
-                     nn::Named<"mlp_norm", Norm>(Norm(dev, c.width, s, id + 5, c.seed, c.norm_eps)), {},
-                     nn::Named<"gate_up", GateUp>(GateUp(dev, c.width, 2 * c.hidden, s, id + 6, c.seed, sd, false)), {},
-                     nn::Named<"down", Down>(Down(dev, c.hidden, c.width, s, id + 8, c.seed, sd, false)), {}))));
+    return Layer(
+        nn::Residual<AttnInner>(AttnInner(
+            on_rows<nn::Named<"attn_norm", Norm>>(
+                nn::Named<"attn_norm", Norm>(Norm(dev, c.width, s, id, c.seed, c.norm_eps))),
+            {}, nn::Named<"attn", Attn>(Attn(dev, c.width, c.heads, c.kv_heads, c.rope, s, id + 1, c.seed, sd, sd)),
+            {})),
+        nn::Residual<MlpInner>(MlpInner(
+            Mlp(nn::Named<"mlp_norm", Norm>(Norm(dev, c.width, s, id + 5, c.seed, c.norm_eps)), {},
+                nn::Named<"gate_up", GateUp>(GateUp(dev, c.width, 2 * c.hidden, s, id + 6, c.seed, sd, false)), {},
+                nn::Named<"down", Down>(Down(dev, c.hidden, c.width, s, id + 8, c.seed, sd, false)), {}))));
   }
   static Block make_block(D& dev, const Config& c, const Spread& s, std::int64_t l) {
     if constexpr (std::same_as<Block, Layer>) return make_layer(dev, c, s, l);
@@ -117,7 +120,9 @@ struct Spec {
     return h;
   }
   // A tied head's copy of the table (a pipeline's last stage): wte's id, so the same draws.
-  static auto make_head_table(D& dev, const Config& c, const Spread& s) requires Tied {
+  static auto make_head_table(D& dev, const Config& c, const Spread& s)
+    requires Tied
+  {
     return typename Head::Table(dev, {nn::padded_vocab(c.vocab, s.tensor_degree), c.width}, s, 0,
                                 {nn::Init::normal, c.init_std}, c.seed, nn::Decay::no);
   }

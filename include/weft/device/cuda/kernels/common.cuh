@@ -15,9 +15,9 @@
 // Include only from .cu translation units.
 #pragma once
 
+#include <cuda_bf16.h>
 #include <cub/block/block_reduce.cuh>
 #include <cub/device/device_radix_sort.cuh>
-#include <cuda_bf16.h>
 
 #include <cmath>
 #include <cstdint>
@@ -26,7 +26,6 @@
 
 #include "weft/core/bf16.hpp"
 #include "weft/device/cuda/device.hpp"
-
 
 namespace weft::cuda {
 
@@ -37,8 +36,12 @@ concept Activation = std::same_as<T, float> || std::same_as<T, weft::bf16>;
 
 namespace detail {
 
-template <class T> struct dev_type { using type = T; };
-template <> struct dev_type<weft::bf16> { using type = __nv_bfloat16; };
+template <class T> struct dev_type {
+  using type = T;
+};
+template <> struct dev_type<weft::bf16> {
+  using type = __nv_bfloat16;
+};
 template <class T> using dev_t = typename dev_type<T>::type;
 
 template <class T> dev_t<T>* dev(T* p) { return reinterpret_cast<dev_t<T>*>(p); }
@@ -88,6 +91,5 @@ inline void require(bool ok, const char* op, const std::string& what) {
 }
 
 }  // namespace detail
-
 
 }  // namespace weft::cuda

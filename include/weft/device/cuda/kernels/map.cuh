@@ -44,7 +44,7 @@ void map2(Cuda& d, T* out, const T* a, const T* b, index n, F f, const char* op)
         detail::dev(out), detail::dev(a), detail::dev(b), n, f);
   else
     map2_kernel<<<detail::blocks_for(n, threads), threads, 0, d.stream()>>>(detail::dev(out), detail::dev(a),
-                                                                           detail::dev(b), n, f);
+                                                                            detail::dev(b), n, f);
   check_launch(op);
 }
 
