@@ -125,7 +125,7 @@ struct Spec {
                                   nn::Named<"down", Down>, typename St::leave>;
   using Embedding = nn::EmbeddingStage<T, SP, D>;  // wte, learned positions
   using Block = nn::Sequential<nn::Residual<AttnInner>, nn::Residual<MlpInner>>;
-  using Head = nn::UntiedHeadStage<T, SP, D, Norm>;  // norm, lm_head, the cross-entropy
+  using Head = nn::HeadStage<T, SP, D, Norm>;  // norm, lm_head, the cross-entropy
   static constexpr bool sequence_parallel = SP;
 
   static std::string name() { return "CustomDecoder"; }

@@ -30,7 +30,7 @@ template <class P, bool SP>
 struct UntiedSpec : gpt2::Spec<P, SP> {
   using Base = gpt2::Spec<P, SP>;
   using T = typename Base::T;
-  using Head = nn::UntiedHeadStage<T, SP>;
+  using Head = nn::HeadStage<T, SP>;
   static std::string name() { return "UntiedGpt"; }
   static Head make_head(Host& dev, const gpt2::Config& c, const Spread& s) {
     return Head(dev, c.vocab, nn::padded_vocab(c.vocab, s.tensor_degree), c.width, s, c.seed, 8, 2, c.init_std);
@@ -121,7 +121,7 @@ TEST_CASE("a model from parts: its head's table is its own unit entry, decayed a
         if (e.name == "lm_head") {
           found = true;
           CHECK(u.name() == "head");
-          CHECK(optim::decays(e));                                  // declared by UntiedHeadStage
+          CHECK(optim::decays(e));                                  // declared by HeadStage
           CHECK(e.global == Shape{34, kConfig.width});              // 33 padded to a multiple of 2
           CHECK(e.logical == Shape{kConfig.vocab, kConfig.width});  // from the Spec's finish()
         } else if (e.name == "wte") {

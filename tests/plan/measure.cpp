@@ -477,7 +477,7 @@ TEST_CASE(
 namespace {
 
 template <class Strategy>
-void check_cluster_cost(const train::Layout& x) {
+void check_cluster_cost(const train::Setup& x) {
   train::Cluster k;
   k.gpus = x.tensor * x.data * x.pipe;
   k.gpus_per_node = 2;  // data and pipe links leave the node on the larger meshes

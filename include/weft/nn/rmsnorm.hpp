@@ -29,7 +29,7 @@ class RmsNorm : public SameLayout<A> {
   S eps = S(1e-5);
 
   RmsNorm() = default;
-  // The constructor every norm of weft's stages takes (HeadStage's Norm); eps is set after.
+  // The constructor every norm of weft's stages takes (TiedHeadStage's Norm); eps is set after.
   RmsNorm(D& dev, std::int64_t C, const Spread& s, std::uint64_t id, std::uint64_t seed, double eps_ = 1e-5)
       : weight(dev, {C}, s, id, {Init::ones}, seed, Decay::no), eps(static_cast<S>(eps_)) {}
 

@@ -52,10 +52,10 @@ enum class Mode : std::uint8_t { train, infer };
 // Which parts of the model a rank holds: a pipeline stage's blocks (any subset of the global block
 // indices: interleaved schedules give a rank several chunks), and whether it holds the embedding
 // stage and the head stage. Parameter ids, and so the weights, are those of the whole model.
-struct Placement {
+struct Parts {
   std::vector<bool> blocks;  // blocks[l]: global block l is here
   bool embedding = true, head = true;
-  static Placement all(std::int64_t layers) {
+  static Parts all(std::int64_t layers) {
     return {std::vector<bool>(static_cast<std::size_t>(layers), true), true, true};
   }
 };
@@ -149,9 +149,9 @@ class StagedModel {
   Head head;                   // held where placement.head
   HeadTable head_table;        // a tied head's own copy of the table, where the embedding is elsewhere
 
-  StagedModel(D& dev, const config_type& c, const Spread& s, std::int64_t batch, const Placement& place = Placement{})
+  StagedModel(D& dev, const config_type& c, const Spread& s, std::int64_t batch, const Parts& place = Parts{})
       : config((Spec::validate(c, s, batch), c)),
-        place_(place.blocks.empty() && place.embedding && place.head ? Placement::all(c.layers) : place),
+        place_(place.blocks.empty() && place.embedding && place.head ? Parts::all(c.layers) : place),
         dev_(&dev) {
     if (static_cast<std::int64_t>(place_.blocks.size()) != c.layers)
       throw Error(Spec::name(), cat("a placement of ", place_.blocks.size(), " blocks for a model of ", c.layers),
@@ -239,7 +239,7 @@ class StagedModel {
   std::optional<std::size_t> tied_unit() const { return tied_; }
   bool tied_copy() const { return tied_copy_; }
   D& dev() const { return *dev_; }
-  const Placement& placement() const { return place_; }
+  const Parts& placement() const { return place_; }
   // The configuration's record (checkpoints save it and compare it on load).
   std::vector<std::pair<std::string, std::int64_t>> record() const { return Spec::record(config); }
   // The global shape of the stream between stages for a micro-batch of `batch` sequences.
@@ -359,7 +359,7 @@ class StagedModel {
     }
   }
 
-  Placement place_;
+  Parts place_;
   D* dev_;
   std::vector<int> block_at_;                          // global block -> index in blocks, or -1
   std::vector<std::vector<std::size_t>> stage_units_;  // per stage: the units it uses

@@ -4,9 +4,9 @@
 //
 //   EmbeddingStage   tokens (B/dp, T) int32 -> x (B, T, C) in the stream layout A
 //                    wte (Vp, C) Shard<0> on tensor (vocab-parallel), wpe (T, C) Replicate
-//   HeadStage        x (B, T, C) in A -> loss; ln_f (C), the LM head tied to wte (passed in by the
+//   TiedHeadStage        x (B, T, C) in A -> loss; ln_f (C), the LM head tied to wte (passed in by the
 //                    model, which owns it in the embedding stage), the vocab-parallel cross-entropy
-//   UntiedHeadStage  the same with an LM head table of its own (lm_head (Vp, C) Shard<0>)
+//   HeadStage  the same with an LM head table of its own (lm_head (Vp, C) Shard<0>)
 //
 // The stream layout A is (B, T, C) Replicate on tensor, or Shard<1> (B, T/tp, C) under sequence
 // parallelism; Enter brings it to Replicate (all-reduce in backward, or all-gather), Leave brings a
@@ -72,7 +72,7 @@ class EmbeddingStage {
         detail::pair_row<Leave>("embedding (vocab-parallel) -> stream", detail::context_rows<cp>(act, s), s, e));
   }
 
-  // The LM head's tied table (HeadStage::Table), and its parameter's name.
+  // The LM head's tied table (TiedHeadStage::Table), and its parameter's name.
   static std::string tied_name() { return "wte"; }
   auto& tied_table() { return wte.weight; }
 
@@ -92,7 +92,7 @@ class EmbeddingStage {
 // (VocabParallelCrossEntropy::context_rows).
 template <Floating T, bool SP, class D = Host, class Norm = LayerNorm<T, typename stream<SP>::layout, D>,
           context::Choice Cx = context::None>
-class HeadStage {
+class TiedHeadStage {
   static constexpr bool cp = context::Kind<Cx>;
   using Local = typename stream<SP>::layout;  // the norm's layout (on a context rank's rows under Cx)
 
@@ -112,9 +112,10 @@ class HeadStage {
   Norm ln_f;
   VocabParallelCrossEntropy<T, D> ce;
 
-  HeadStage() = default;
+  TiedHeadStage() = default;
   // ln_f's parameter ids: ln_id and ln_id + 1 (8 and 9 in GPT-2).
-  HeadStage(D& dev, std::int64_t vocab, std::int64_t C, const Spread& s, std::uint64_t seed, std::uint64_t ln_id = 8)
+  TiedHeadStage(D& dev, std::int64_t vocab, std::int64_t C, const Spread& s, std::uint64_t seed,
+                std::uint64_t ln_id = 8)
       : ln_f(dev, C, s, ln_id, seed), ce(vocab) {
     ce.context_rows = cp;
   }
@@ -127,7 +128,7 @@ class HeadStage {
     if constexpr (!cp) {
       return forward_rows(ctx, x, table, targets, mesh, mode);
     } else {
-      static_assert(D::host_memory, "HeadStage: context parallelism takes its rows in host memory so far");
+      static_assert(D::host_memory, "TiedHeadStage: context parallelism takes its rows in host memory so far");
       auto& cg = mesh.comm(Axis::context);
       ctx.rows = context::Chunks::of(x.global_shape()[1], cg.size()).rows(targets, cg.rank());
       Shape g = x.global_shape();
@@ -224,13 +225,13 @@ class HeadStage {
 };
 
 // A head with its own LM head table (untied, as in Llama): ln_f, the vocab-parallel LM head
-// (Vp, C) Shard<0> on tensor, and the cross-entropy; the same computation as HeadStage with the
+// (Vp, C) Shard<0> on tensor, and the cross-entropy; the same computation as TiedHeadStage with the
 // table held here, initialized normal(0, init_std) from its own parameter id and weight-decayed as
 // a Linear matrix is.
 template <Floating T, bool SP, class D = Host, class Norm = LayerNorm<T, typename stream<SP>::layout, D>,
           context::Choice Cx = context::None>
-class UntiedHeadStage {
-  using Core = HeadStage<T, SP, D, Norm, Cx>;
+class HeadStage {
+  using Core = TiedHeadStage<T, SP, D, Norm, Cx>;
 
  public:
   using A = typename Core::A;
@@ -239,10 +240,10 @@ class UntiedHeadStage {
   Core core;                     // ln_f, the cross-entropy
   typename Core::Table lm_head;  // (Vp, C) Shard<0>
 
-  UntiedHeadStage() = default;
+  HeadStage() = default;
   // ids: ln_f's weight and bias are ln_id and ln_id + 1, the table table_id.
-  UntiedHeadStage(D& dev, std::int64_t vocab, std::int64_t padded_vocab, std::int64_t C, const Spread& s,
-                  std::uint64_t seed, std::uint64_t ln_id, std::uint64_t table_id, double init_std)
+  HeadStage(D& dev, std::int64_t vocab, std::int64_t padded_vocab, std::int64_t C, const Spread& s, std::uint64_t seed,
+            std::uint64_t ln_id, std::uint64_t table_id, double init_std)
       : core(dev, vocab, C, s, seed, ln_id),
         lm_head(dev, {padded_vocab, C}, s, table_id, {Init::normal, init_std}, seed, Decay::yes) {}
 

@@ -32,7 +32,7 @@ namespace weft::pipeline {
 enum class Pass : std::uint8_t { forward, backward, weight };
 
 template <class Model, class M>
-concept StagedModel = requires(Model& m, typename Model::Ctx& ctx, M& mesh, std::size_t s) {
+concept Staged = requires(Model& m, typename Model::Ctx& ctx, M& mesh, std::size_t s) {
   { m.stages() } -> std::convertible_to<std::size_t>;
   { m.units_of(s) } -> std::same_as<std::vector<std::size_t>>;
   m.forward(s, ctx, mesh, nn::Mode::train);
@@ -96,7 +96,7 @@ struct Uses {
 // The forward pass of one micro-batch (Mode::infer: evaluation, keeping nothing for backward).
 // The units of the last stage stay acquired when its backward follows at once (Mode::train).
 template <class Model, AxisComms M, DataProtocol P = LocalGradients, StopHook H = NoStop>
-  requires StagedModel<Model, M>
+  requires Staged<Model, M>
 void forward(Model& model, typename Model::Ctx& ctx, M& mesh, P&& dp = P{}, nn::Mode mode = nn::Mode::train,
              H&& hook = H{}) {
   const detail::Uses uses(model);
@@ -113,7 +113,7 @@ void forward(Model& model, typename Model::Ctx& ctx, M& mesh, P&& dp = P{}, nn::
 
 // The backward pass of one micro-batch. last: no further micro-batch before the optimizer step.
 template <class Model, AxisComms M, DataProtocol P = LocalGradients, StopHook H = NoStop>
-  requires StagedModel<Model, M>
+  requires Staged<Model, M>
 void backward(Model& model, typename Model::Ctx& ctx, M& mesh, P&& dp = P{}, bool last = true, H&& hook = H{}) {
   const detail::Uses uses(model);
   for (std::size_t s = uses.of.size(); s-- > 0;) {
@@ -127,7 +127,7 @@ void backward(Model& model, typename Model::Ctx& ctx, M& mesh, P&& dp = P{}, boo
 
 // Forward then backward; returns the micro-batch's loss.
 template <class Model, AxisComms M, DataProtocol P = LocalGradients, StopHook H = NoStop>
-  requires StagedModel<Model, M>
+  requires Staged<Model, M>
 double forward_backward(Model& model, typename Model::Ctx& ctx, M& mesh, P&& dp = P{}, bool last = true,
                         H&& hook = H{}) {
   forward(model, ctx, mesh, dp, nn::Mode::train, hook);

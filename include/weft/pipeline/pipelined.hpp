@@ -80,8 +80,8 @@ struct Partition {
     return out;
   }
   // What pipe rank r holds.
-  nn::Placement placement(int r) const {
-    nn::Placement pl{std::vector<bool>(static_cast<std::size_t>(layers), false), r == 0, r == rank_of(stages() - 1)};
+  nn::Parts placement(int r) const {
+    nn::Parts pl{std::vector<bool>(static_cast<std::size_t>(layers), false), r == 0, r == rank_of(stages() - 1)};
     for (int s = r; s < stages(); s += p)
       for (std::int64_t l = first[static_cast<std::size_t>(s)]; l < first[static_cast<std::size_t>(s) + 1]; ++l)
         pl.blocks[static_cast<std::size_t>(l)] = true;

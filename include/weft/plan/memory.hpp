@@ -34,7 +34,7 @@
 namespace weft::footprint {
 
 // Which stages a rank holds: its block count, and whether it holds the embedding and the head
-// (nn::Placement, as counts).
+// (nn::Parts, as counts).
 struct Holds {
   std::int64_t blocks = 0;
   bool embedding = true, head = true;
@@ -49,7 +49,7 @@ struct Holds {
   static constexpr Holds even(const C& c, int pipe, int r) {
     return {c.layers / pipe, r == 0, r == pipe - 1};
   }
-  static Holds of(const nn::Placement& p) {
+  static Holds of(const nn::Parts& p) {
     std::int64_t n = 0;
     for (bool b : p.blocks) n += b ? 1 : 0;
     return {n, p.embedding, p.head};

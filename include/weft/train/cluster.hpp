@@ -1,8 +1,8 @@
 // The search of weft-plan for any model family: the cluster (train::Cluster: GPUs, memory, peak
-// FLOP/s, bandwidths and links), the layouts worth planning on it (train::search: every tensor
+// FLOP/s, bandwidths and links), the setups worth planning on it (train::search: every tensor
 // degree up to a node, every compiled strategy with and without SP, with and without full
 // recompute where the family has it, and pipelines under 1F1B, ZB-H1 and interleaved 1F1B), and
-// what one layout costs (train::Candidate: the step's peak per GPU and its time). How a layout is
+// what one setup costs (train::Candidate: the step's peak per GPU and its time). How a setup is
 // costed is the family's (GPT-2's closed forms, models/gpt2/cluster_plan.hpp) or the step measured
 // on the Meta device (train/cluster_plan.hpp).
 //
@@ -59,8 +59,8 @@ estimate::Rates cluster_rates(const Cluster& k, int tensor, int data, int pipe =
   return r;
 }
 
-// One layout of the run on the cluster.
-struct Layout {
+// One setup of the run on the cluster (its strategy, degrees, schedule and micro-batch).
+struct Setup {
   std::string strategy;    // "ddp", "zero1-sp", ...: a name of train/strategies.hpp
   bool recompute = false;  // full recompute of every block
   int tensor = 1, data = 1, pipe = 1;
@@ -81,9 +81,9 @@ struct Layout {
   }
 };
 
-// What a layout costs: its largest rank's step peak and state, and the step's time.
+// What a setup costs: its largest rank's step peak and state, and the step's time.
 struct Candidate {
-  Layout layout;
+  Setup setup;
   double pipeline_s = 0;  // a pipeline's step beyond its parts (idle time, messages, imbalance)
   std::int64_t peak_bytes = 0, state_bytes = 0, workspace_bytes = 0;
   estimate::Breakdown time;  // with pipe > 1: the pipe-1 parts over the pipe degree
@@ -92,7 +92,7 @@ struct Candidate {
   double step_seconds() const { return time.total() + pipeline_s; }
 };
 
-// The candidates, ranked, and why the layouts left out were (one line per reason).
+// The candidates, ranked, and why the setups left out were (one line per reason).
 struct Candidates {
   std::vector<Candidate> list;
   std::vector<std::string> skipped;
@@ -114,7 +114,7 @@ struct Space {
 // (its data degree, micro-batch and accumulation still to fill); tensor and pipe degrees that do
 // not divide the GPUs, the layers or the batch are skipped with their reason.
 inline void for_each_layout(const Space& space, const Cluster& k, std::int64_t batch, std::int64_t micro_per_gpu,
-                            Candidates& out, const std::function<void(Layout)>& each) {
+                            Candidates& out, const std::function<void(Setup)>& each) {
   const auto has = [&](const std::string& s) {
     return std::find(space.strategies.begin(), space.strategies.end(), s) != space.strategies.end();
   };
@@ -176,9 +176,9 @@ inline std::vector<Candidate> ranked(std::vector<Candidate> list) {
 // by `cost` (which throws Error for sizes the model refuses: the layout is left out with its
 // message), ranked by step time among those that fit.
 inline Candidates search(const Space& space, const Cluster& k, std::int64_t batch, std::int64_t micro_per_gpu,
-                         const std::function<Candidate(const Layout&)>& cost) {
+                         const std::function<Candidate(const Setup&)>& cost) {
   Candidates out;
-  for_each_layout(space, k, batch, micro_per_gpu, out, [&](Layout x) {
+  for_each_layout(space, k, batch, micro_per_gpu, out, [&](Setup x) {
     x.data = k.gpus / x.tensor / x.pipe;
     x.micro = micro_per_gpu * x.data;
     if (batch % x.micro != 0)
@@ -187,7 +187,7 @@ inline Candidates search(const Space& space, const Cluster& k, std::int64_t batc
     x.accumulation = batch / x.micro;
     try {
       Candidate c = cost(x);
-      c.layout = x;
+      c.setup = x;
       c.fits = static_cast<double>(c.peak_bytes) <= k.memory_gib * (1 << 30);
       out.list.push_back(c);
     } catch (const Error& e) {

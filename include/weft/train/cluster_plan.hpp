@@ -1,6 +1,6 @@
 // weft-plan for any model family (train::Family): the plan of a model on a cluster of any number of
 // GPUs, for every layout of train/cluster.hpp, ranked by step time among those that fit. A family
-// costs a layout by its own closed forms (Family::cluster_cost: GPT-2's, models/gpt2/cluster_plan.hpp)
+// costs a setup by its own closed forms (Family::cluster_cost: GPT-2's, models/gpt2/cluster_plan.hpp)
 // or, by default, by the step measured on the Meta device: the bounding ranks of the mesh, each run
 // alone (plan/measure.hpp measure_bounding: exact, the host allocator's counts, on meshes of any
 // size), their work priced at the cluster's rates (plan/measure_time.hpp), and a pipeline's time
@@ -61,9 +61,9 @@ template <Family F> using cluster_precisions_t = typename detail::cluster_precis
 template <class F>
 concept plans_recompute = requires { typename F::template recomputed<F32, false, recompute::Full, Host>; };
 
-// The cost of a layout from the step of ModelOn measured on the Meta device.
+// The cost of a setup from the step of ModelOn measured on the Meta device.
 template <template <class> class ModelOn, class Strategy, class T>
-Candidate measured_cost(const typename ModelOn<Meta<Host>>::config_type& c, const Layout& x, const Cluster& k) {
+Candidate measured_cost(const typename ModelOn<Meta<Host>>::config_type& c, const Setup& x, const Cluster& k) {
   const footprint::Run run{.mesh = {.data = x.data, .pipe = x.pipe, .tensor = x.tensor},
                            .micro_batch = x.micro,
                            .micro_batches = x.accumulation,
@@ -112,9 +112,9 @@ Candidate measured_cost(const typename ModelOn<Meta<Host>>::config_type& c, cons
   return out;
 }
 
-// The family's cost of a layout in precision `dtype`: its own, or the measured one.
+// The family's cost of a setup in precision `dtype`: its own, or the measured one.
 template <Family F>
-Candidate cluster_cost(const config_t<F>& c, const Layout& x, const Cluster& k, const std::string& dtype) {
+Candidate cluster_cost(const config_t<F>& c, const Setup& x, const Cluster& k, const std::string& dtype) {
   // A layout whose plan would replay more passes than a plan makes in seconds is left out, saying so.
   if (const auto why = plan_too_long(c.layers, x.accumulation))
     throw Error("plan", *why, "use fewer micro-batches per step (a larger --micro, fewer sequences in --batch)");
@@ -142,7 +142,7 @@ Candidates plan_cluster(const config_t<F>& c, const Cluster& k, std::int64_t bat
                         const std::string& dtype) {
   const Space space{
       .strategies = strategy_names(strategies_t<F>{}), .recompute = plans_recompute<F>, .layers = c.layers};
-  return search(space, k, batch, micro_per_gpu, [&](const Layout& x) { return cluster_cost<F>(c, x, k, dtype); });
+  return search(space, k, batch, micro_per_gpu, [&](const Setup& x) { return cluster_cost<F>(c, x, k, dtype); });
 }
 
 // A cluster description (JSON, the keys of Cluster but gpus) into k.
@@ -262,7 +262,7 @@ void check_plan_sizes(const PlanOptions& o, const config_t<F>& c, const Cluster&
 
 // One candidate: a JSON line, or a row of the table.
 inline void print_candidate(const Candidate& x, const Cluster& k, double tokens, double flops, bool json) {
-  const Layout& l = x.layout;
+  const Setup& l = x.setup;
   const double t = x.step_seconds();
   const double mfu = flops / t / (k.gpus * k.peak_tflops * 1e12);
   if (json) {
@@ -299,7 +299,7 @@ inline void print_candidate(const Candidate& x, const Cluster& k, double tokens,
               x.fits ? "" : "  (does not fit)");
 }
 
-// The table's closing note: what the peak is, what is not priced, and the layouts left out.
+// The table's closing note: what the peak is, what is not priced, and the setups left out.
 template <Family F>
 void print_plan_note(const config_t<F>& c, const Candidates& found) {
   std::string peak;
@@ -310,7 +310,7 @@ void print_plan_note(const config_t<F>& c, const Candidates& found) {
   else
     peak =
         "the step's peak per GPU measured on the Meta device (the host allocator's counts, without the CUDA back end's workspaces)";
-  constexpr bool own = requires(const config_t<F>& cc, const Layout& l, const Cluster& kk, const std::string& d) {
+  constexpr bool own = requires(const config_t<F>& cc, const Setup& l, const Cluster& kk, const std::string& d) {
     F::cluster_cost(cc, l, kk, d);
   };
   std::printf(

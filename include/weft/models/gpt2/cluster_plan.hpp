@@ -21,7 +21,7 @@ namespace weft::gpt2 {
 
 namespace detail {
 template <class Strategy, class P, bool SP, class R>
-train::Candidate cluster_cost(const Config& c, const train::Layout& x, const train::Cluster& k) {
+train::Candidate cluster_cost(const Config& c, const train::Setup& x, const train::Cluster& k) {
   using T = typename precision_t<P>::compute;
   const Spread s{.data_degree = x.data, .tensor_degree = x.tensor};
   gpt2::validate(c, s, SP, x.micro);  // sizes this degree does not divide
@@ -49,7 +49,7 @@ train::Candidate cluster_cost(const Config& c, const train::Layout& x, const tra
 }
 }  // namespace detail
 
-inline train::Candidate Family::cluster_cost(const Config& c, const train::Layout& x, const train::Cluster& k,
+inline train::Candidate Family::cluster_cost(const Config& c, const train::Setup& x, const train::Cluster& k,
                                              const std::string& dtype) {
   return train::with_strategy(train::strategies_t<Family>{}, x.strategy, [&]<class S, bool SP>() {
     return train::with_precision(cluster_precisions{}, dtype, [&]<class P>() {

@@ -19,7 +19,7 @@
 
 namespace weft::train {
 struct Options;  // train/options.hpp: the closed-form plan's definitions (run_plan.hpp) read it
-struct Layout;
+struct Setup;
 struct Cluster;
 struct Candidate;
 }  // namespace weft::train
@@ -62,7 +62,7 @@ struct Family {
   static int print_plan(const train::Options& o, const Config& c, const std::string& device);
   // weft-plan's cost of a layout on a cluster, in bf16 or f32 (models/gpt2/cluster_plan.hpp)
   using cluster_precisions = train::List<Bf16Mixed, F32>;
-  static train::Candidate cluster_cost(const Config& c, const train::Layout& x, const train::Cluster& k,
+  static train::Candidate cluster_cost(const Config& c, const train::Setup& x, const train::Cluster& k,
                                        const std::string& dtype);
   static std::string cluster_preset() { return "gpt2-124m"; }
   static std::string cluster_peak_note(const Config& c);

@@ -6,10 +6,10 @@
 //
 //   stage 0         EmbeddingStage: token and position embeddings          unit 0 "embedding"
 //   stage 1 .. L    Block l                                                unit l + 1 "h<l-1>"
-//   stage L + 1     HeadStage: final LayerNorm, the LM head tied to wte,   unit L + 1 "head"
+//   stage L + 1     TiedHeadStage: final LayerNorm, the LM head tied to wte,   unit L + 1 "head"
 //                   the vocab-parallel cross-entropy                       (and unit 0: the tied wte)
 //
-// The LM head reads wte (EmbeddingStage::tied_table, HeadStage::Table: a tie declared by the two
+// The LM head reads wte (EmbeddingStage::tied_table, TiedHeadStage::Table: a tie declared by the two
 // stages); StagedModel keeps a copy of it on a pipeline's last rank and sums the two gradients.
 //
 //   tokens  (B, T) int32                          batch split over data
@@ -56,7 +56,7 @@ struct Spec {
   using A = typename nn::stream<SP, cp>::layout;
   using Embedding = nn::EmbeddingStage<T, SP, D, Cx>;
   using Block = nn::Block<T, SP, Recompute, D, Cx>;
-  using Head = nn::HeadStage<T, SP, D, nn::LayerNorm<T, typename nn::stream<SP>::layout, D>, Cx>;
+  using Head = nn::TiedHeadStage<T, SP, D, nn::LayerNorm<T, typename nn::stream<SP>::layout, D>, Cx>;
   static constexpr bool sequence_parallel = SP;
 
   static std::string name() { return "Gpt"; }

@@ -488,7 +488,7 @@ class StepReplay {
     l_->sub(act, xs_);
   }
 
-  // HeadStage::forward: ln_f, Enter, the logits and the cross-entropy's row statistics.
+  // TiedHeadStage::forward: ln_f, Enter, the logits and the cross-entropy's row statistics.
   constexpr void head_forward() {
     layernorm_forward();
     forward_of<Enter>(act);  // xr, kept for the head's weight gradient

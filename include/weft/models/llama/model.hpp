@@ -75,7 +75,7 @@ struct Spec {
   using Layer = nn::Sequential<nn::Residual<AttnInner>, nn::Residual<MlpInner>>;
   using Embedding = nn::TokenEmbeddingStage<T, SP, D, Cx>;
   using Block = recompute::apply_t<Recompute, Layer, T, D>;
-  using Head = std::conditional_t<Tied, nn::HeadStage<T, SP, D, Norm, Cx>, nn::UntiedHeadStage<T, SP, D, Norm, Cx>>;
+  using Head = std::conditional_t<Tied, nn::TiedHeadStage<T, SP, D, Norm, Cx>, nn::HeadStage<T, SP, D, Norm, Cx>>;
   static constexpr bool sequence_parallel = SP;
 
   static std::string name() { return "Llama"; }
