@@ -115,7 +115,7 @@ struct Spec {
   using St = nn::stream<SP>;
   using A = typename St::layout;
   using Norm = RmsNormLayer<T, A, D>;
-  using Attn = nn::CausalSelfAttention<T, recompute::None, D>;
+  using Attn = nn::GroupedQueryAttention<T, recompute::None, D>;  // multi-head, biased, not rotated
   using Up = nn::Linear<T, nn::ColumnParallel, nn::epilogue::None, D>;
   using Down = nn::Linear<T, nn::RowParallel, nn::epilogue::None, D>;
   using Relu2 = nn::Elementwise<ReluSquared, T, nn::act::Features, D>;
@@ -145,7 +145,7 @@ struct Spec {
     return Block(
         nn::Residual<AttnInner>(AttnInner(
             nn::Named<"norm1", Norm>(Norm(dev, c.width, s, id, c.seed)), {},
-            nn::Named<"attn", Attn>(Attn(dev, c.width, c.heads, s, id + 1, c.seed, c.init_std, proj_std)), {})),
+            nn::Named<"attn", Attn>(Attn::multi_head(dev, c.width, c.heads, s, id + 1, c.seed, c.init_std, proj_std)), {})),
         nn::Residual<MlpInner>(
             MlpInner(nn::Named<"norm2", Norm>(Norm(dev, c.width, s, id + 5, c.seed)), {},
                      nn::Named<"up", Up>(Up(dev, c.width, 4 * c.width, s, id + 6, c.seed, c.init_std)), Relu2{},

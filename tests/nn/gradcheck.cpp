@@ -123,14 +123,14 @@ TEST_CASE("LayerNorm attention Mlp and Block: gradients match finite differences
     CHECK(check_params(ln, loss, report) <= 1e-6);
     CHECK(gradcheck(all(x), std::span<const double>(dx), loss).worst <= 1e-6);
   }
-  SUBCASE("CausalSelfAttention") {
-    CausalSelfAttention<double> attn(h, 8, 2, {}, 1, 7, 0.3, 0.3);
+  SUBCASE("GroupedQueryAttention, multi-head with biases and no rotation (GPT-2's)") {
+    auto attn = GroupedQueryAttention<double>::multi_head(h, 8, 2, {}, 1, 7, 0.3, 0.3);
     auto x = random_act<act::Full>(h, g, 6);
     auto loss = [&] {
-      CausalSelfAttention<double>::Ctx c;
+      GroupedQueryAttention<double>::Ctx c;
       return test::dot(copy(attn.forward(c, x)), R);
     };
-    CausalSelfAttention<double>::Ctx c;
+    GroupedQueryAttention<double>::Ctx c;
     attn.forward(c, x);
     const auto dx = copy(attn.backward(c, dy_of.operator()<act::Full>()));
     CHECK(check_params(attn, loss, report) <= 1e-6);

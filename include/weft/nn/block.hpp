@@ -14,7 +14,8 @@
 
 #include <cmath>
 
-#include "weft/nn/attention.hpp"
+#include "weft/nn/grouped_attention.hpp"
+#include "weft/nn/mlp.hpp"
 #include "weft/nn/comm.hpp"
 #include "weft/nn/layernorm.hpp"
 #include "weft/nn/plan_row.hpp"
@@ -69,7 +70,7 @@ class PreNormBlock {
   // time (ln -> Enter -> the Replicate-in, Partial-out layer -> Leave back to A), and Residual that
   // each branch returns to its input layout.
   using Ln = LayerNorm<T, typename Local::layout, D>;
-  using Attn = CausalSelfAttention<T, Recompute, D, Cx>;
+  using Attn = GroupedQueryAttention<T, Recompute, D, Cx>;  // multi-head: kv_heads = heads, biased, not rotated
   using MlpT = Mlp<T, D>;
   using AttnBranch = Residual<Sequential<on_rows<Named<"ln1", Ln>>, Enter, Named<"attn", Attn>, Leave>>;
   using MlpInner = Sequential<Named<"ln2", Ln>, typename Local::enter, Named<"mlp", MlpT>, typename Local::leave>;
@@ -88,8 +89,8 @@ class PreNormBlock {
                std::uint64_t seed, double init_std = 0.02)
       : attn(typename AttnBranch::inner_type(
             on_rows<Named<"ln1", Ln>>(Named<"ln1", Ln>(Ln(dev, C, s, id, seed))), Enter{},
-            Named<"attn", Attn>(
-                Attn(dev, C, H, s, id + 4, seed, init_std, init_std / std::sqrt(2.0 * static_cast<double>(layers)))),
+            Named<"attn", Attn>(Attn::multi_head(dev, C, H, s, id + 4, seed, init_std,
+                                                 init_std / std::sqrt(2.0 * static_cast<double>(layers)))),
             Leave{})),
         mlp(typename MlpBranch::inner_type(
             MlpInner(Named<"ln2", Ln>(Ln(dev, C, s, id + 2, seed)), {},

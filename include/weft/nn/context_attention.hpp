@@ -1,4 +1,4 @@
-// The context-parallel path of the attention layers (CausalSelfAttention, GroupedQueryAttention
+// The context-parallel path of the attention layer (GroupedQueryAttention, in each of its forms,
 // with Cx = context::Ring or context::AllGather), written once.
 //
 // x (B, T, C) is a context rank's T / c rows (Shard<1> on context: the chunks of context::Chunks).

@@ -1,12 +1,17 @@
-// GroupedQueryAttention: Llama's attention. A fused QKV projection without bias (ColumnParallel:
-// whole key-value groups per tensor rank), rotary position embeddings on the queries and keys,
-// causal softmax attention in which each group's g = heads / kv_heads queries share its key and
-// value, and the output projection without bias (RowParallel: out is Partial). kv_heads = heads is
-// multi-head attention; kv_heads = 1 is multi-query attention.
+// GroupedQueryAttention: the attention layer of every weft model. A fused QKV projection
+// (ColumnParallel: whole key-value groups per tensor rank), rotary position embeddings on the
+// queries and keys where the model has them, causal softmax attention in which each group's
+// g = heads / kv_heads queries share its key and value, and the output projection (RowParallel: out
+// is Partial). kv_heads = heads is multi-head attention; kv_heads = 1 is multi-query attention.
+//
+//   Llama's       GroupedQueryAttention(dev, C, H, KV, rope, ...): no biases, rotary positions
+//   GPT-2's       GroupedQueryAttention::multi_head(dev, C, H, ...): kv_heads = heads, biased
+//                 projections, no rotation (its positions are learned, added by the embedding)
 //
 // The QKV weight ((KV (g + 2) hd), C) orders its output features (group, {q_0 .. q_{g-1}, k, v}, hd),
 // so that a contiguous shard of rows holds whole groups (Hugging Face's q_proj, k_proj and v_proj
-// are interleaved into it by models/llama/hf.hpp); the tensor degree must divide kv_heads.
+// are interleaved into it by models/llama/hf.hpp; GPT-2's c_attn, (q|k|v, head, hd), is permuted to
+// (head, {q, k, v}, hd) by models/gpt2/hf.hpp); the tensor degree must divide kv_heads.
 //
 //   x     (B, T, C)                  Replicate
 //   qkv   (B, T, KV (g + 2) hd / tp)  Shard<-1> = (B, T, KV/tp, g + 2, hd), q and k rotated in place
@@ -24,6 +29,7 @@
 #pragma once
 
 #include <algorithm>
+#include <optional>
 #include <string>
 
 #include "weft/context/attention.hpp"
@@ -66,14 +72,27 @@ class GroupedQueryAttention {
   Linear<T, ColumnParallel, epilogue::None, D> qkv;
   Linear<T, RowParallel, epilogue::None, D> proj;
   std::int64_t heads = 0, kv_heads = 0, head_dim = 0;
-  ops::Rope rope;
+  std::optional<ops::Rope> rope;  // the rotation of q and k; none where positions are added elsewhere
 
   GroupedQueryAttention() = default;
-  // C the width, H heads and KV key-value heads of C / H each; parameter ids id (qkv) and id + 2 (proj).
+  // C the width, H heads and KV key-value heads of C / H each, rotated by `r`, without biases;
+  // parameter ids id (qkv) and id + 2 (proj).
   GroupedQueryAttention(D& dev, std::int64_t C, std::int64_t H, std::int64_t KV, const ops::Rope& r, const Spread& s,
                         std::uint64_t id, std::uint64_t seed, double std, double proj_std)
-      : qkv(dev, C, KV * (H / std::max<std::int64_t>(KV, 1) + 2) * check(C, H, KV, s), s, id, seed, std, false),
-        proj(dev, C, C, s, id + 2, seed, proj_std, false),
+      : GroupedQueryAttention(dev, C, H, KV, std::optional<ops::Rope>(r), false, s, id, seed, std, proj_std) {}
+
+  // Multi-head attention with biased projections and no rotation (GPT-2's): H heads of C / H, each
+  // its own key and value; parameter ids id and id + 1 (qkv), id + 2 and id + 3 (proj).
+  static GroupedQueryAttention multi_head(D& dev, std::int64_t C, std::int64_t H, const Spread& s, std::uint64_t id,
+                                          std::uint64_t seed, double std, double proj_std) {
+    return GroupedQueryAttention(dev, C, H, H, std::nullopt, true, s, id, seed, std, proj_std);
+  }
+
+  GroupedQueryAttention(D& dev, std::int64_t C, std::int64_t H, std::int64_t KV, std::optional<ops::Rope> r, bool bias,
+                        const Spread& s, std::uint64_t id, std::uint64_t seed, double std, double proj_std)
+      : qkv(dev, C, KV * (H / std::max<std::int64_t>(KV, 1) + 2) * check(C, H, KV, r.has_value(), s), s, id, seed, std,
+            bias),
+        proj(dev, C, C, s, id + 2, seed, proj_std, bias),
         heads(H),
         kv_heads(KV),
         head_dim(C / H),
@@ -84,8 +103,8 @@ class GroupedQueryAttention {
   std::int64_t local_heads() const { return local_groups() * group(); }
 
  private:
-  static std::int64_t check(std::int64_t C, std::int64_t H, std::int64_t KV, const Spread& s) {
-    if (H < 1 || KV < 1 || C % H != 0 || H % KV != 0 || (C / H) % 2 != 0)
+  static std::int64_t check(std::int64_t C, std::int64_t H, std::int64_t KV, bool rotary, const Spread& s) {
+    if (H < 1 || KV < 1 || C % H != 0 || H % KV != 0 || (rotary && (C / H) % 2 != 0))
       throw Error("GroupedQueryAttention", cat("width ", C, ", ", H, " heads and ", KV, " key-value heads"),
                   "use heads that divide the width into an even head size, and key-value heads that divide the heads");
     if (KV % s.tensor_degree != 0)
@@ -101,8 +120,9 @@ class GroupedQueryAttention {
   // The rotation at a context rank's rows' positions, forward (sign 1) or back (-1).
   auto rotation(D& dev) const {
     return [this, &dev](T* qkv, std::int64_t B, std::int64_t Tl, ops::Positions pos, int sign) {
-      if (sign > 0) ops::Rotary<D>::forward(dev, qkv, B, Tl, local_groups(), group(), head_dim, rope, pos);
-      else ops::Rotary<D>::backward(dev, qkv, B, Tl, local_groups(), group(), head_dim, rope, pos);
+      if (!rope) return;
+      if (sign > 0) ops::Rotary<D>::forward(dev, qkv, B, Tl, local_groups(), group(), head_dim, *rope, pos);
+      else ops::Rotary<D>::backward(dev, qkv, B, Tl, local_groups(), group(), head_dim, *rope, pos);
     };
   }
 
@@ -112,7 +132,7 @@ class GroupedQueryAttention {
   {
     const std::int64_t B = x.local_shape()[0], Tn = x.local_shape()[1];
     ctx.qkv = qkv.forward(ctx.qkv_ctx, x);
-    ops::Rotary<D>::forward(x.dev(), ctx.qkv.data(), B, Tn, local_groups(), group(), head_dim, rope);
+    if (rope) ops::Rotary<D>::forward(x.dev(), ctx.qkv.data(), B, Tn, local_groups(), group(), head_dim, *rope);
     Allocation probs = probs_buffer(x.dev(), B, Tn);
     auto y =
         Tensor<T, act::Features, D>::empty(x.dev(), core_shape(x.global_shape()), x.spread(), Category::activations);
@@ -139,7 +159,7 @@ class GroupedQueryAttention {
         Tensor<T, act::Features, D>::empty(dy.dev(), ctx.qkv.global_shape(), dy.spread(), Category::activations);
     ops::Attention<D>::backward(dy.dev(), dqkv.data(), dcore.data(), ctx.qkv.data(),
                                 static_cast<const T*>(ctx.probs.data()), B, Tn, local_heads(), head_dim, group());
-    ops::Rotary<D>::backward(dy.dev(), dqkv.data(), B, Tn, local_groups(), group(), head_dim, rope);
+    if (rope) ops::Rotary<D>::backward(dy.dev(), dqkv.data(), B, Tn, local_groups(), group(), head_dim, *rope);
     auto dx = qkv.backward(ctx.qkv_ctx, dqkv);
     ctx.qkv = {};  // the projections' contexts stay where their weight gradients are deferred
     ctx.probs.reset();

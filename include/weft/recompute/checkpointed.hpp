@@ -2,7 +2,7 @@
 // nn/sequential.hpp) under a recompute policy, written once for every block.
 //
 //   None       the layer as it is
-//   Selective  the layer as it is: its layers decide what they rebuild cheaply (CausalSelfAttention
+//   Selective  the layer as it is: its layers decide what they rebuild cheaply (GroupedQueryAttention
 //              under Selective keeps qkv and recomputes the probabilities in backward)
 //   Full       Checkpointed<Layer>: forward runs the layer into a scratch context and keeps only
 //              its input; backward re-runs the layer's forward (its collectives too) into a fresh

@@ -1,0 +1,64 @@
+// Mlp: GPT-2's MLP, ColumnParallel C -> 4C with the GELU fused into its epilogue, then RowParallel
+// 4C -> C (out Partial); Llama's gated one is nn/swiglu.hpp.
+//
+//   x  (B, T, C)      Replicate
+//   h  (B, T, 4C/tp)  Shard<-1>   gelu(x W_fc^T + b_fc)
+//   out (B, T, C)     Partial     h W_proj^T + b_proj, summed over the tensor ranks by the caller
+//
+// defines: nn::Mlp
+#pragma once
+
+#include <string>
+
+#include "weft/nn/linear.hpp"
+
+namespace weft::nn {
+
+// Mlp: ColumnParallel C -> 4C with fused GELU, RowParallel 4C -> C (out Partial).
+template <Floating T, class D = Host>
+class Mlp {
+ public:
+  using In = act::Full;
+  using Out = act::Partial;
+  using GradOut = act::Full;
+  using GradIn = act::Partial;
+
+  struct Ctx {
+    typename Linear<T, ColumnParallel, epilogue::Gelu, D>::Ctx fc_ctx;
+    typename Linear<T, RowParallel, epilogue::None, D>::Ctx proj_ctx;
+  };
+
+  Linear<T, ColumnParallel, epilogue::Gelu, D> fc;
+  Linear<T, RowParallel, epilogue::None, D> proj;
+
+  Mlp() = default;
+  Mlp(D& dev, std::int64_t C, const Spread& s, std::uint64_t id, std::uint64_t seed, double std, double proj_std)
+      : fc(dev, C, 4 * C, s, id, seed, std), proj(dev, 4 * C, C, s, id + 2, seed, proj_std) {}
+
+  Tensor<T, act::Partial, D> forward(Ctx& ctx, const Tensor<T, act::Full, D>& x) {
+    auto h = fc.forward(ctx.fc_ctx, x);  // (B, T, 4C/tp) Shard<-1>
+    return proj.forward(ctx.proj_ctx, h);
+  }
+  Tensor<T, act::Partial, D> backward(Ctx& ctx, const Tensor<T, act::Full, D>& dy) {
+    auto dh = proj.backward(ctx.proj_ctx, dy);
+    return fc.backward(ctx.fc_ctx, dh);
+  }
+  void backward_weight(Ctx& ctx) {
+    fc.backward_weight(ctx.fc_ctx);
+    proj.backward_weight(ctx.proj_ctx);
+  }
+  void defer_weight(bool on) {
+    fc.defer_weight(on);
+    proj.defer_weight(on);
+  }
+  Shape out_shape(const Shape& s) const { return s; }
+  static std::string name() { return "Mlp"; }
+
+  template <class F>
+  void for_each_param(const std::string& prefix, F&& f) {
+    fc.for_each_param(prefix + ".fc", f);
+    proj.for_each_param(prefix + ".proj", f);
+  }
+};
+
+}  // namespace weft::nn
