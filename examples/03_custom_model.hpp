@@ -142,12 +142,12 @@ struct Spec {
   static Block make_block(D& dev, const config& c, const Spread& s, std::int64_t l) {
     const auto id = static_cast<std::uint64_t>(16 + 16 * l);
     const double proj_std = c.init_std / std::sqrt(2.0 * static_cast<double>(c.layers));
-    return Block(
-        nn::Residual<AttnInner>(AttnInner(
-            nn::Named<"norm1", Norm>(Norm(dev, c.width, s, id, c.seed)), {},
-            nn::Named<"attn", Attn>(Attn::multi_head(dev, c.width, c.heads, s, id + 1, c.seed, c.init_std, proj_std)), {})),
-        nn::Residual<MlpInner>(
-            MlpInner(nn::Named<"norm2", Norm>(Norm(dev, c.width, s, id + 5, c.seed)), {},
+    return Block(nn::Residual<AttnInner>(AttnInner(nn::Named<"norm1", Norm>(Norm(dev, c.width, s, id, c.seed)), {},
+                                                   nn::Named<"attn", Attn>(Attn::multi_head(
+                                                       dev, c.width, c.heads, s, id + 1, c.seed, c.init_std, proj_std)),
+                                                   {})),
+                 nn::Residual<MlpInner>(MlpInner(
+                     nn::Named<"norm2", Norm>(Norm(dev, c.width, s, id + 5, c.seed)), {},
                      nn::Named<"up", Up>(Up(dev, c.width, 4 * c.width, s, id + 6, c.seed, c.init_std)), Relu2{},
                      nn::Named<"down", Down>(Down(dev, 4 * c.width, c.width, s, id + 8, c.seed, proj_std)), {})));
   }

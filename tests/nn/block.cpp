@@ -29,12 +29,12 @@ Counts block_counts(int tp) {
   run_threads(tp, [&](ThreadComm& world) {
     Mesh mesh{world, {.tensor = tp}};
     Host h;
-    using A = typename Block<double, SP, Policy>::A;
-    Block<double, SP, Policy> block(h, 16, 4, 2, mesh.spread(), 16, 3);
+    using A = typename gpt2::Block<double, SP, Policy>::A;
+    gpt2::Block<double, SP, Policy> block(h, 16, 4, 2, mesh.spread(), 16, 3);
     auto x = Tensor<double, A, Host>::empty(h, {2, 8, 16}, mesh.spread());
     for (std::int64_t i = 0; i < x.numel(); ++i)
       x[i] = weft::normal(1, 0, static_cast<std::uint64_t>(x.global_index(i)));
-    typename Block<double, SP, Policy>::Ctx ctx;
+    typename gpt2::Block<double, SP, Policy>::Ctx ctx;
     const auto c0 = mesh.tensor().counters();
     auto y = block.forward(ctx, x, mesh);
     const auto c1 = mesh.tensor().counters();

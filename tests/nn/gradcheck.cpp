@@ -152,13 +152,13 @@ TEST_CASE("LayerNorm attention Mlp and Block: gradients match finite differences
   SUBCASE("Block") {
     run_threads(1, [&](ThreadComm& w) {
       Mesh mesh{w, {}};
-      Block<double, false> block(h, 8, 2, 2, {}, 16, 7, 0.3);
+      gpt2::Block<double, false> block(h, 8, 2, 2, {}, 16, 7, 0.3);
       auto x = random_act<act::Full>(h, g, 8);
       auto loss = [&] {
-        Block<double, false>::Ctx c;
+        gpt2::Block<double, false>::Ctx c;
         return test::dot(copy(block.forward(c, x, mesh)), R);
       };
-      Block<double, false>::Ctx c;
+      gpt2::Block<double, false>::Ctx c;
       block.forward(c, x, mesh);
       const auto dx = copy(block.backward(c, dy_of.operator()<act::Full>(), mesh));
       CHECK(check_params(block, loss, report) <= 1e-6);

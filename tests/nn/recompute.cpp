@@ -19,7 +19,7 @@
 
 #include "weft/comm/mesh.hpp"
 #include "weft/comm/threads/run.hpp"
-#include "weft/nn/block.hpp"
+#include "weft/models/gpt2/block.hpp"
 
 using namespace weft;
 using namespace weft::nn;
@@ -50,7 +50,7 @@ Measured measure(int tp) {
   run_threads(tp, [&](ThreadComm& world) {
     Mesh mesh{world, {.tensor = tp}};
     Host h;
-    using Blk = Block<double, SP, Policy>;
+    using Blk = gpt2::Block<double, SP, Policy>;
     Blk block(h, C, H, 2, mesh.spread(), 16, 3);
     auto x = Tensor<double, typename Blk::A, Host>::empty(h, {B, T, C}, mesh.spread());
     for (std::int64_t i = 0; i < x.numel(); ++i) x[i] = weft::normal(2, 0, static_cast<std::uint64_t>(i));

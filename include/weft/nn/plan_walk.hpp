@@ -118,7 +118,7 @@ Shape layer_plan_rows(std::vector<PlanRow>& out, const std::string& name, const 
                       const Spread& s, std::int64_t e) {
   // Named first: it derives from its layer, so it has the layer's plan_rows too, and must add its
   // name. (A checkpointed layer with rows of its own states its recomputation itself, as
-  // PreNormBlock's do.)
+  // GPT-2's block (models/gpt2/block.hpp) does.)
   if constexpr (detail::is_token_wise<L>) {  // L on a context rank's T / c rows, as a sequence of its own
     Shape rows = in;
     rows[1] = in[1] / s.context_degree;

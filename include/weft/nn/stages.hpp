@@ -1,12 +1,14 @@
-// The first and last stages of GPT-2 (and of other decoders that reuse them). A stage maps the activation entering it
-// to the one leaving it (forward) and back (backward), keeping what its backward needs in a context the caller owns,
-// one per micro-batch in flight; forward with Mode::infer keeps nothing past the stage.
+// The first and last stages of a decoder (nn::StagedModel's Embedding and Head): GPT-2's and the
+// custom example's embedding with learned positions, and the head every weft model uses (Llama's
+// embedding without positions is token_embedding.hpp). A stage maps the activation entering it to
+// the one leaving it (forward) and back (backward), keeping what its backward needs in a context the
+// caller owns, one per micro-batch in flight; forward with Mode::infer keeps nothing past the stage.
 //
 //   EmbeddingStage   tokens (B/dp, T) int32 -> x (B, T, C) in the stream layout A
 //                    wte (Vp, C) Shard<0> on tensor (vocab-parallel), wpe (T, C) Replicate
-//   TiedHeadStage        x (B, T, C) in A -> loss; ln_f (C), the LM head tied to wte (passed in by the
-//                    model, which owns it in the embedding stage), the vocab-parallel cross-entropy
-//   HeadStage  the same with an LM head table of its own (lm_head (Vp, C) Shard<0>)
+//   TiedHeadStage    x (B, T, C) in A -> loss; the final norm (C), the LM head tied to wte (passed in
+//                    by the model, which owns it in the embedding stage), the vocab-parallel cross-entropy
+//   HeadStage        the same with an LM head table of its own (lm_head (Vp, C) Shard<0>)
 //
 // The stream layout A is (B, T, C) Replicate on tensor, or Shard<1> (B, T/tp, C) under sequence
 // parallelism; Enter brings it to Replicate (all-reduce in backward, or all-gather), Leave brings a
@@ -16,10 +18,13 @@
 #include <span>
 
 #include "weft/context/attention.hpp"
-#include "weft/nn/block.hpp"
 #include "weft/nn/cross_entropy.hpp"
 #include "weft/nn/embedding.hpp"
+#include "weft/nn/layernorm.hpp"
+#include "weft/nn/plan_row.hpp"
 #include "weft/nn/staged_model.hpp"
+#include "weft/nn/stream.hpp"
+#include "weft/nn/token_wise.hpp"
 #include "weft/ops/families.hpp"
 
 namespace weft::nn {

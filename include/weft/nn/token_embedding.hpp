@@ -15,9 +15,9 @@
 #include <vector>
 
 #include "weft/context/attention.hpp"
-#include "weft/nn/block.hpp"
 #include "weft/nn/embedding.hpp"
 #include "weft/nn/plan_row.hpp"
+#include "weft/nn/stream.hpp"
 
 namespace weft::nn {
 

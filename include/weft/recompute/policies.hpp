@@ -1,4 +1,4 @@
-// Recompute (activation checkpointing) policies, a type parameter of a block (nn::Block), applied
+// Recompute (activation checkpointing) policies, a type parameter of a block (gpt2::Block, llama::Spec::Block), applied
 // by recompute::apply_t (checkpointed.hpp: Full, the same for every block) and by the layers
 // (Selective).
 //

@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "weft/core/precision.hpp"
+#include "weft/models/gpt2/block.hpp"
 #include "weft/models/gpt2/config.hpp"
 #include "weft/nn/staged_model.hpp"
 #include "weft/nn/stages.hpp"
@@ -55,7 +56,7 @@ struct Spec {
   using device = D;
   using A = typename nn::stream<SP, cp>::layout;
   using Embedding = nn::EmbeddingStage<T, SP, D, Cx>;
-  using Block = nn::Block<T, SP, Recompute, D, Cx>;
+  using Block = gpt2::Block<T, SP, Recompute, D, Cx>;
   using Head = nn::TiedHeadStage<T, SP, D, nn::LayerNorm<T, typename nn::stream<SP>::layout, D>, Cx>;
   static constexpr bool sequence_parallel = SP;
 

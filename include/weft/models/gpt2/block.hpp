@@ -1,4 +1,4 @@
-// Block<T, SequenceParallel, Recompute>: pre-LayerNorm transformer block,
+// gpt2::Block<T, SequenceParallel, Recompute>: GPT-2's pre-LayerNorm transformer block,
 //   x = x + attn(ln1(x));  x = x + mlp(ln2(x))
 //
 // The residual stream A is (B, T, C) Replicate, or Shard<1> (B, T/tp, C) with sequence parallelism.
@@ -14,31 +14,18 @@
 
 #include <cmath>
 
-#include "weft/nn/grouped_attention.hpp"
-#include "weft/nn/mlp.hpp"
 #include "weft/nn/comm.hpp"
+#include "weft/nn/grouped_attention.hpp"
 #include "weft/nn/layernorm.hpp"
+#include "weft/nn/mlp.hpp"
 #include "weft/nn/plan_row.hpp"
 #include "weft/nn/sequential.hpp"
+#include "weft/nn/stream.hpp"
 #include "weft/nn/token_wise.hpp"
 #include "weft/recompute/checkpointed.hpp"
 #include "weft/recompute/policies.hpp"
 
-namespace weft::nn {
-
-// The stream between a model's stages and blocks, and the tensor-axis pairs around a branch. Under
-// context parallelism (CP: the sequence Shard<1> on the context axis, docs/context.md) the stream is a
-// context rank's rows, and the pairs keep them so; with sequence parallelism as well, the rows are
-// split again over the tensor group (act::RowsSequence) and the pairs gather and scatter them.
-template <bool SP, bool CP = false>
-struct stream {
-  using layout = std::conditional_t<CP, std::conditional_t<SP, act::RowsSequence, act::Rows>,
-                                    std::conditional_t<SP, act::Sequence, act::Full>>;
-  using enter = std::conditional_t<CP, std::conditional_t<SP, GatherFromSequenceRows, CopyToTensorRows>,
-                                   std::conditional_t<SP, GatherFromSequence, CopyToTensor>>;
-  using leave = std::conditional_t<CP, std::conditional_t<SP, ScatterToSequenceRows, ReduceFromTensorRows>,
-                                   std::conditional_t<SP, ScatterToSequence, ReduceFromTensor>>;
-};
+namespace weft::gpt2 {
 
 // The block itself; Block (below) applies the recompute policy to it. Recompute reaches the
 // attention (Selective: the probabilities are rebuilt from qkv) and the plan rows (Full: each
@@ -51,14 +38,14 @@ template <Floating T, bool SP, recompute::Policy Recompute = recompute::None, cl
           context::Choice Cx = context::None>
 class PreNormBlock {
   static constexpr bool cp = context::Kind<Cx>;
-  using Local = stream<SP>;  // the layers' own layouts (on a context rank's rows under Cx)
+  using Local = nn::stream<SP>;  // the layers' own layouts (on a context rank's rows under Cx)
   template <class L>
-  using on_rows = std::conditional_t<cp, TokenWise<L>, L>;
+  using on_rows = std::conditional_t<cp, nn::TokenWise<L>, L>;
 
  public:
-  using A = typename stream<SP, cp>::layout;
-  using Enter = typename stream<SP, cp>::enter;
-  using Leave = typename stream<SP, cp>::leave;
+  using A = typename nn::stream<SP, cp>::layout;
+  using Enter = typename nn::stream<SP, cp>::enter;
+  using Leave = typename nn::stream<SP, cp>::leave;
   using value_type = T;
   using device = D;
   using In = A;
@@ -69,12 +56,12 @@ class PreNormBlock {
   // The two branches as typed compositions: Sequential checks every boundary's layouts at compile
   // time (ln -> Enter -> the Replicate-in, Partial-out layer -> Leave back to A), and Residual that
   // each branch returns to its input layout.
-  using Ln = LayerNorm<T, typename Local::layout, D>;
-  using Attn = GroupedQueryAttention<T, Recompute, D, Cx>;  // multi-head: kv_heads = heads, biased, not rotated
-  using MlpT = Mlp<T, D>;
-  using AttnBranch = Residual<Sequential<on_rows<Named<"ln1", Ln>>, Enter, Named<"attn", Attn>, Leave>>;
-  using MlpInner = Sequential<Named<"ln2", Ln>, typename Local::enter, Named<"mlp", MlpT>, typename Local::leave>;
-  using MlpBranch = Residual<on_rows<MlpInner>>;
+  using Ln = nn::LayerNorm<T, typename Local::layout, D>;
+  using Attn = nn::GroupedQueryAttention<T, Recompute, D, Cx>;  // multi-head: kv_heads = heads, biased, not rotated
+  using MlpT = nn::Mlp<T, D>;
+  using AttnBranch = nn::Residual<nn::Sequential<on_rows<nn::Named<"ln1", Ln>>, Enter, nn::Named<"attn", Attn>, Leave>>;
+  using MlpInner = nn::Sequential<nn::Named<"ln2", Ln>, typename Local::enter, nn::Named<"mlp", MlpT>, typename Local::leave>;
+  using MlpBranch = nn::Residual<on_rows<MlpInner>>;
 
   struct Ctx {
     typename AttnBranch::Ctx attn;
@@ -88,13 +75,13 @@ class PreNormBlock {
   PreNormBlock(D& dev, std::int64_t C, std::int64_t H, std::int64_t layers, const Spread& s, std::uint64_t id,
                std::uint64_t seed, double init_std = 0.02)
       : attn(typename AttnBranch::inner_type(
-            on_rows<Named<"ln1", Ln>>(Named<"ln1", Ln>(Ln(dev, C, s, id, seed))), Enter{},
-            Named<"attn", Attn>(Attn::multi_head(dev, C, H, s, id + 4, seed, init_std,
+            on_rows<nn::Named<"ln1", Ln>>(nn::Named<"ln1", Ln>(Ln(dev, C, s, id, seed))), Enter{},
+            nn::Named<"attn", Attn>(Attn::multi_head(dev, C, H, s, id + 4, seed, init_std,
                                                  init_std / std::sqrt(2.0 * static_cast<double>(layers)))),
             Leave{})),
         mlp(typename MlpBranch::inner_type(
-            MlpInner(Named<"ln2", Ln>(Ln(dev, C, s, id + 2, seed)), {},
-                     Named<"mlp", MlpT>(MlpT(dev, C, s, id + 8, seed, init_std,
+            MlpInner(nn::Named<"ln2", Ln>(Ln(dev, C, s, id + 2, seed)), {},
+                     nn::Named<"mlp", MlpT>(MlpT(dev, C, s, id + 8, seed, init_std,
                                              init_std / std::sqrt(2.0 * static_cast<double>(layers)))),
                      {}))) {}
 
@@ -138,32 +125,32 @@ class PreNormBlock {
   // This block's rows of the model's plan (describe.hpp): act is the global (B, T, C), e the bytes
   // of an element. Full recompute repeats each branch's forward collectives in its backward. With
   // context parallelism and the head count, the attention's own collectives on the context axis.
-  static void plan_rows(std::vector<PlanRow>& out, const std::string& prefix, const Shape& act, const Spread& s,
+  static void plan_rows(std::vector<nn::PlanRow>& out, const std::string& prefix, const Shape& act, const Spread& s,
                         std::int64_t e, std::int64_t heads = 0) {
     const std::string p = prefix + ".";
     for (const char* branch : {"attn", "mlp"}) {
       const bool attn_branch = branch[0] == 'a';
       out.push_back({p + (attn_branch ? "ln1" : "ln2"), A::name(), A::name(), {}, {}});
-      out.push_back(detail::pair_row<Enter>(p + branch + " enter", act, s, e));
+      out.push_back(nn::detail::pair_row<Enter>(p + branch + " enter", act, s, e));
       if (attn_branch) {
-        out.push_back(detail::local_row<Linear<T, ColumnParallel>>(p + "attn.qkv (ColumnParallel)"));
+        out.push_back(nn::detail::local_row<nn::Linear<T, nn::ColumnParallel>>(p + "attn.qkv (ColumnParallel)"));
         out.push_back({p + (cp ? cat("attn.core (causal, local heads, over context: ", Cx::name, ")")
                                : "attn.core (causal, local heads)"),
-                       act::Features::name(),
-                       act::Features::name(),
+                       nn::act::Features::name(),
+                       nn::act::Features::name(),
                        {},
                        {}});
         if constexpr (cp)
           if (heads > 0)  // the keys and values of the rank's rows: (B/dp, T/c, H/tp, 2, hd)
-            detail::ContextAttention<Cx>::template add_steps<T>(out.back(), act, s, e, heads / s.tensor_degree,
+            nn::detail::ContextAttention<Cx>::template add_steps<T>(out.back(), act, s, e, heads / s.tensor_degree,
                                                                 act[2] / heads);
-        out.push_back(detail::local_row<Linear<T, RowParallel>>(p + "attn.proj (RowParallel)"));
+        out.push_back(nn::detail::local_row<nn::Linear<T, nn::RowParallel>>(p + "attn.proj (RowParallel)"));
       } else {
         out.push_back(
-            detail::local_row<Linear<T, ColumnParallel, epilogue::Gelu>>(p + "mlp.fc (ColumnParallel, GELU)"));
-        out.push_back(detail::local_row<Linear<T, RowParallel>>(p + "mlp.proj (RowParallel)"));
+            nn::detail::local_row<nn::Linear<T, nn::ColumnParallel, nn::epilogue::Gelu>>(p + "mlp.fc (ColumnParallel, GELU)"));
+        out.push_back(nn::detail::local_row<nn::Linear<T, nn::RowParallel>>(p + "mlp.proj (RowParallel)"));
       }
-      out.push_back(detail::pair_row<Leave>(p + branch + " leave", act, s, e));
+      out.push_back(nn::detail::pair_row<Leave>(p + branch + " leave", act, s, e));
       if constexpr (std::same_as<Recompute, recompute::Full>)  // backward re-runs the forward's collectives
         for (std::size_t i = out.size() - (attn_branch ? 5 : 4); i < out.size(); ++i)
           out.back().backward.insert(out.back().backward.end(), out[i].forward.begin(), out[i].forward.end());
@@ -186,4 +173,4 @@ template <Floating T, bool SP, recompute::Policy Recompute = recompute::None, cl
           context::Choice Cx = context::None>
 using Block = recompute::apply_t<Recompute, PreNormBlock<T, SP, Recompute, D, Cx>>;
 
-}  // namespace weft::nn
+}  // namespace weft::gpt2
