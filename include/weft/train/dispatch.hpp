@@ -149,6 +149,34 @@ Error no_variant(const Options& o, const Wanted& w) {
 
 }  // namespace detail
 
+namespace detail {
+
+// The refusals of with_run: a variant this binary did not compile, and a variant without a GPU unit
+// asked for on the GPU.
+template <Family F, class V>
+[[noreturn]] void refuse_variant(const Options& o, const std::string& compiled) {
+  if (V::context_parallel)
+    throw Error(o.where(cat("--context ", o.mesh.context)),
+                cat("the context-parallel loops of the model family '", F::name(), "' are not compiled in this binary"),
+                cat("leave out --context, or rebuild with them (weft_add_trainer without NO_CONTEXT; train_gpt: CMake "
+                    "-DWEFT_TRAIN_GPT_CONTEXT=ON); ",
+                    compiled));
+  throw Error(o.where(),
+              cat("the variant '", V::name(), "' of the model family '", F::name(), "' is not compiled in this binary"),
+              cat("rebuild with it; ", compiled));
+}
+template <Family F, class V>
+[[noreturn]] void refuse_gpu(const Options& o, const std::string& compiled) {
+  if (V::context_parallel)
+    throw Error(o.where(cat("--context ", o.mesh.context)),
+                "context parallelism on the GPU (its attention runs on the host so far)",
+                cat("use --device host with --context; ", compiled));
+  throw Error(o.where("--device cuda"), cat("the model family '", F::name(), "' has no GPU path in this binary"),
+              cat("train it on the host (--device host); ", compiled));
+}
+
+}  // namespace detail
+
 // The one closed dispatch, after the family: f.template operator()<V, U>() for F's variant V that the
 // options and the configuration ask for and the unit U of Units that trains it on `device` ("host"
 // or "cuda", as train/checks.hpp resolved --device; with --device auto a variant the GPU does not run
@@ -162,27 +190,10 @@ int with_run(const Options& o, const config_t<F>& cfg, const std::string& device
   bool found = false;
   const auto run = [&]<class V>() {
     if constexpr (!detail::compiles<Units, F, V>) {
-      if (V::context_parallel)
-        throw Error(
-            o.where(cat("--context ", o.mesh.context)),
-            cat("the context-parallel loops of the model family '", F::name(), "' are not compiled in this binary"),
-            cat("leave out --context, or rebuild with them (weft_add_trainer without NO_CONTEXT; train_gpt: CMake "
-                "-DWEFT_TRAIN_GPT_CONTEXT=ON); ",
-                compiled));
-      throw Error(
-          o.where(),
-          cat("the variant '", V::name(), "' of the model family '", F::name(), "' is not compiled in this binary"),
-          cat("rebuild with it; ", compiled));
+      detail::refuse_variant<F, V>(o, compiled);
     } else {
       const bool gpu = detail::compiles<Units, F, V, Cuda>;
-      if (device == "cuda" && !gpu && o.launch.device != "auto") {
-        if (V::context_parallel)
-          throw Error(o.where(cat("--context ", o.mesh.context)),
-                      "context parallelism on the GPU (its attention runs on the host so far)",
-                      cat("use --device host with --context; ", compiled));
-        throw Error(o.where("--device cuda"), cat("the model family '", F::name(), "' has no GPU path in this binary"),
-                    cat("train it on the host (--device host); ", compiled));
-      }
+      if (device == "cuda" && !gpu && o.launch.device != "auto") detail::refuse_gpu<F, V>(o, compiled);
       const bool on_cuda = device == "cuda" && gpu;
       if (on_cuda && o.model.dtype == "f64")
         throw Error(o.where(), "--dtype f64 on the GPU", "f64 is the host's checking precision: use f32 or bf16");

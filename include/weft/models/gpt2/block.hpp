@@ -60,7 +60,8 @@ class PreNormBlock {
   using Attn = nn::GroupedQueryAttention<T, Recompute, D, Cx>;  // multi-head: kv_heads = heads, biased, not rotated
   using MlpT = nn::Mlp<T, D>;
   using AttnBranch = nn::Residual<nn::Sequential<on_rows<nn::Named<"ln1", Ln>>, Enter, nn::Named<"attn", Attn>, Leave>>;
-  using MlpInner = nn::Sequential<nn::Named<"ln2", Ln>, typename Local::enter, nn::Named<"mlp", MlpT>, typename Local::leave>;
+  using MlpInner =
+      nn::Sequential<nn::Named<"ln2", Ln>, typename Local::enter, nn::Named<"mlp", MlpT>, typename Local::leave>;
   using MlpBranch = nn::Residual<on_rows<MlpInner>>;
 
   struct Ctx {
@@ -77,12 +78,12 @@ class PreNormBlock {
       : attn(typename AttnBranch::inner_type(
             on_rows<nn::Named<"ln1", Ln>>(nn::Named<"ln1", Ln>(Ln(dev, C, s, id, seed))), Enter{},
             nn::Named<"attn", Attn>(Attn::multi_head(dev, C, H, s, id + 4, seed, init_std,
-                                                 init_std / std::sqrt(2.0 * static_cast<double>(layers)))),
+                                                     init_std / std::sqrt(2.0 * static_cast<double>(layers)))),
             Leave{})),
         mlp(typename MlpBranch::inner_type(
             MlpInner(nn::Named<"ln2", Ln>(Ln(dev, C, s, id + 2, seed)), {},
                      nn::Named<"mlp", MlpT>(MlpT(dev, C, s, id + 8, seed, init_std,
-                                             init_std / std::sqrt(2.0 * static_cast<double>(layers)))),
+                                                 init_std / std::sqrt(2.0 * static_cast<double>(layers)))),
                      {}))) {}
 
   template <AxisComms M>
@@ -143,11 +144,11 @@ class PreNormBlock {
         if constexpr (cp)
           if (heads > 0)  // the keys and values of the rank's rows: (B/dp, T/c, H/tp, 2, hd)
             nn::detail::ContextAttention<Cx>::template add_steps<T>(out.back(), act, s, e, heads / s.tensor_degree,
-                                                                act[2] / heads);
+                                                                    act[2] / heads);
         out.push_back(nn::detail::local_row<nn::Linear<T, nn::RowParallel>>(p + "attn.proj (RowParallel)"));
       } else {
-        out.push_back(
-            nn::detail::local_row<nn::Linear<T, nn::ColumnParallel, nn::epilogue::Gelu>>(p + "mlp.fc (ColumnParallel, GELU)"));
+        out.push_back(nn::detail::local_row<nn::Linear<T, nn::ColumnParallel, nn::epilogue::Gelu>>(
+            p + "mlp.fc (ColumnParallel, GELU)"));
         out.push_back(nn::detail::local_row<nn::Linear<T, nn::RowParallel>>(p + "mlp.proj (RowParallel)"));
       }
       out.push_back(nn::detail::pair_row<Leave>(p + branch + " leave", act, s, e));
