@@ -34,6 +34,13 @@ struct Staged {
   std::vector<std::byte> bytes;
 };
 
+// A staged piece's record in a file's metadata ("weft.pieces") and in a consolidated save's
+// messages (save.hpp's pack, which adds the dtype).
+inline nlohmann::json piece_record(const Staged& s) {
+  return {{"tensor", s.tensor},         {"global", s.global},         {"logical", s.logical}, {"layout", s.layout},
+          {"box_offset", s.box_offset}, {"box_extent", s.box_extent}, {"first", s.first},     {"count", s.count}};
+}
+
 // Writes staged pieces as one file; the pieces' layout goes in its metadata ("weft.pieces"). Piece
 // i's bytes come from bytes_of(i, n) (write_streamed), so a writer that makes them one at a time
 // (an import) holds one piece, not the file; by default from the pieces' own bytes.
@@ -43,14 +50,7 @@ Digest write_staged(const std::string& path, const std::vector<Staged>& staged, 
   nlohmann::json meta = nlohmann::json::array();
   for (const Staged& s : staged) {
     tensors.push_back({s.tensor, s.dtype, {s.count}, nullptr});
-    meta.push_back({{"tensor", s.tensor},
-                    {"global", s.global},
-                    {"logical", s.logical},
-                    {"layout", s.layout},
-                    {"box_offset", s.box_offset},
-                    {"box_extent", s.box_extent},
-                    {"first", s.first},
-                    {"count", s.count}});
+    meta.push_back(piece_record(s));
   }
   return write_streamed(path, std::span<const TensorData>(tensors), {{"weft.pieces", meta.dump()}}, bytes_of);
 }

@@ -183,15 +183,9 @@ inline std::vector<std::int64_t> pack(const std::vector<Staged>& staged) {
   nlohmann::json meta = nlohmann::json::array();
   std::size_t data = 0;
   for (const Staged& s : staged) {
-    meta.push_back({{"tensor", s.tensor},
-                    {"dtype", safetensors_dtype(s.dtype)},
-                    {"global", s.global},
-                    {"logical", s.logical},
-                    {"layout", s.layout},
-                    {"box_offset", s.box_offset},
-                    {"box_extent", s.box_extent},
-                    {"first", s.first},
-                    {"count", s.count}});
+    nlohmann::json record = detail::piece_record(s);
+    record["dtype"] = safetensors_dtype(s.dtype);
+    meta.push_back(std::move(record));
     data += s.bytes.size();
   }
   const std::string text = meta.dump();
