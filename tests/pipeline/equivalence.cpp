@@ -55,6 +55,21 @@ void compare(int pipe, int v, double tol) {
   MESSAGE(std::string(Sched::name), " pipe ", pipe, " V ", v, ": worst gradient error ", e, " (", where, ")");
 }
 
+// The kM micro-batches of one step, read from `corpus` in order (each 1/kM of the step's gradient);
+// x and y own the tokens the micro-batches view.
+std::vector<nn::MicroBatch> micro_batches(const data::MarkovSource& corpus, std::vector<std::vector<std::int32_t>>& x,
+                                          std::vector<std::vector<std::int32_t>>& y) {
+  data::Loader<data::MarkovSource> loader(corpus, kPipeConfig.seq, kMicro, 1, 0);
+  x.assign(kM, {});
+  y.assign(kM, {});
+  std::vector<nn::MicroBatch> mbs;
+  for (std::size_t i = 0; i < static_cast<std::size_t>(kM); ++i) {
+    loader.next(x[i], y[i]);
+    mbs.push_back({x[i], y[i], kMicro, 1.0 / kM});
+  }
+  return mbs;
+}
+
 }  // namespace
 
 TEST_CASE_TEMPLATE("every schedule at pipe 2 and 4: loss and every gradient equal one rank within 1e-12 in double", S,
@@ -116,13 +131,8 @@ TEST_CASE("recompute policies compose with the schedules: ZB-H1 with Full and 1F
       using Model = gpt2::Model<double, false, R>;
       Model gpt(h, kPipeConfig, mesh.spread(), kMicro, part.placement(mesh.coord().pipe));
       auto dp = optim::data_parallel<optim::Ddp>(gpt, optim::AdamW{}, mesh);
-      data::Loader<data::MarkovSource> loader(corpus, kPipeConfig.seq, kMicro, 1, 0);
-      std::vector<std::vector<std::int32_t>> x(kM), y(kM);
-      std::vector<nn::MicroBatch> mbs;
-      for (int i = 0; i < kM; ++i) {
-        loader.next(x[static_cast<std::size_t>(i)], y[static_cast<std::size_t>(i)]);
-        mbs.push_back({x[static_cast<std::size_t>(i)], y[static_cast<std::size_t>(i)], kMicro, 1.0 / kM});
-      }
+      std::vector<std::vector<std::int32_t>> x, y;
+      const std::vector<nn::MicroBatch> mbs = micro_batches(corpus, x, y);
       if (pipe > 1) {
         Pipeline<Model, decltype(mesh)> pp(gpt, table<Sched>(pipe, kM), part, mesh);
         pp.run(mbs, dp);
@@ -228,13 +238,8 @@ Stopped stop_then_run(int pipe, int v, int stop) {
     using Model = gpt2::Model<double>;
     Model gpt(h, kPipeConfig, mesh.spread(), kMicro, part.placement(mesh.coord().pipe));
     auto dp = optim::data_parallel<optim::Ddp>(gpt, optim::AdamW{}, mesh);
-    data::Loader<data::MarkovSource> loader(corpus, kPipeConfig.seq, kMicro, 1, 0);
-    std::vector<std::vector<std::int32_t>> x(kM), y(kM);
-    std::vector<nn::MicroBatch> mbs;
-    for (int i = 0; i < kM; ++i) {
-      loader.next(x[static_cast<std::size_t>(i)], y[static_cast<std::size_t>(i)]);
-      mbs.push_back({x[static_cast<std::size_t>(i)], y[static_cast<std::size_t>(i)], kMicro, 1.0 / kM});
-    }
+    std::vector<std::vector<std::int32_t>> x, y;
+    const std::vector<nn::MicroBatch> mbs = micro_batches(corpus, x, y);
     Pipeline<Model, decltype(mesh)> pp(gpt, table<Sched>(pipe, kM, v), part, mesh);
     StopAt hook{stop};
     bool stopped = false;

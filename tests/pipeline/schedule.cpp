@@ -162,6 +162,22 @@ std::pair<Where, Where> find_message(const Table& t, const Msg& m) {
     }
   return {sent, received};
 }
+
+// f(kind, p, m, v, table) for every schedule's table on 2 to 4 ranks with 4, 6 and 8 micro-batches
+// (V = 2 for the interleaved one), leaving out what make_table refuses.
+template <class F>
+void for_each_table(F&& f) {
+  for (const Kind kind : {Kind::gpipe, Kind::one_f_one_b, Kind::interleaved, Kind::zero_bubble_h1})
+    for (int p : {2, 3, 4})
+      for (int m : {4, 6, 8})
+        for (int v : {1, 2}) {
+          if ((v == 2) != (kind == Kind::interleaved) || detail::refusal(kind, p, m, v)) continue;
+          CAPTURE(static_cast<int>(kind));
+          CAPTURE(p);
+          CAPTURE(m);
+          f(p, m, make_table(kind, p, m, v));
+        }
+}
 }  // namespace
 
 // The same rule by brute force, for every schedule: a send from r to q at action j is known
@@ -171,42 +187,34 @@ std::pair<Where, Where> find_message(const Table& t, const Msg& m) {
 // memory plan counts them so, for every schedule, not only 1F1B.
 TEST_CASE("delivered equals the brute-force rule for GPipe, 1F1B, interleaved and ZB-H1 on 2 to 4 ranks") {
   int sends = 0, proved = 0;
-  for (const Kind kind : {Kind::gpipe, Kind::one_f_one_b, Kind::interleaved, Kind::zero_bubble_h1})
-    for (int p : {2, 3, 4})
-      for (int m : {4, 6, 8})
-        for (int v : {1, 2}) {
-          if ((v == 2) != (kind == Kind::interleaved) || detail::refusal(kind, p, m, v)) continue;
-          const Table t = make_table(kind, p, m, v);
-          for (int r = 0; r < p; ++r) {
-            const auto& acts = t.ranks[static_cast<std::size_t>(r)];
-            const std::vector<int> got = delivered(t, r);
-            REQUIRE(got.size() == acts.size());
-            for (int j = 0; j < static_cast<int>(acts.size()); ++j) {
-              const Action& x = acts[static_cast<std::size_t>(j)];
-              int want = -1;
-              if (x.what == Do::exchange && x.send.present()) {
-                ++sends;
-                const int q = x.send_to;
-                const int received = find_message(t, x.send).second.at;  // on q
-                REQUIRE(received >= 0);
-                for (int k = j; k < static_cast<int>(acts.size()) && want < 0; ++k) {
-                  const Action& y = acts[static_cast<std::size_t>(k)];
-                  if (y.what != Do::exchange || !y.recv.present() || y.recv_from != q) continue;
-                  const Where posted = find_message(t, y.recv).first;
-                  REQUIRE(posted.rank == q);
-                  if (posted.at > received) want = k;
-                }
-                if (want >= 0) ++proved;
-              }
-              CAPTURE(static_cast<int>(kind));
-              CAPTURE(p);
-              CAPTURE(m);
-              CAPTURE(r);
-              CAPTURE(j);
-              CHECK(got[static_cast<std::size_t>(j)] == want);
-            }
+  for_each_table([&](int p, int, const Table& t) {
+    for (int r = 0; r < p; ++r) {
+      const auto& acts = t.ranks[static_cast<std::size_t>(r)];
+      const std::vector<int> got = delivered(t, r);
+      REQUIRE(got.size() == acts.size());
+      for (int j = 0; j < static_cast<int>(acts.size()); ++j) {
+        const Action& x = acts[static_cast<std::size_t>(j)];
+        int want = -1;
+        if (x.what == Do::exchange && x.send.present()) {
+          ++sends;
+          const int q = x.send_to;
+          const int received = find_message(t, x.send).second.at;  // on q
+          REQUIRE(received >= 0);
+          for (int k = j; k < static_cast<int>(acts.size()) && want < 0; ++k) {
+            const Action& y = acts[static_cast<std::size_t>(k)];
+            if (y.what != Do::exchange || !y.recv.present() || y.recv_from != q) continue;
+            const Where posted = find_message(t, y.recv).first;
+            REQUIRE(posted.rank == q);
+            if (posted.at > received) want = k;
           }
+          if (want >= 0) ++proved;
         }
+        CAPTURE(r);
+        CAPTURE(j);
+        CHECK(got[static_cast<std::size_t>(j)] == want);
+      }
+    }
+  });
   // Both outcomes occur: sends proved by a later message, and sends only the run's end frees.
   CHECK(proved > 0);
   CHECK(sends > proved);
@@ -218,47 +226,39 @@ TEST_CASE("cuts: every rank reaches its point of a cut without waiting on a rank
   // stop drains). Every rank has the same number of cuts, its points never go back, and every rank
   // has a cut strictly inside its step, so a stop can land part-way on each.
   int crossing = 0, inside = 0;
-  for (const Kind kind : {Kind::gpipe, Kind::one_f_one_b, Kind::interleaved, Kind::zero_bubble_h1})
-    for (int p : {2, 3, 4})
-      for (int m : {4, 6, 8})
-        for (int v : {1, 2}) {
-          if ((v == 2) != (kind == Kind::interleaved) || detail::refusal(kind, p, m, v)) continue;
-          const Table t = make_table(kind, p, m, v);
-          const Cuts c = cuts(t);
-          CAPTURE(static_cast<int>(kind));
-          CAPTURE(p);
-          CAPTURE(m);
-          REQUIRE(static_cast<int>(c.at.size()) == p);
-          REQUIRE(c.count() >= m);
-          for (int r = 0; r < p; ++r) {
-            const auto& at = c.at[static_cast<std::size_t>(r)];
-            const int end = static_cast<int>(2 * t.ranks[static_cast<std::size_t>(r)].size());
-            REQUIRE(static_cast<int>(at.size()) == c.count());
-            CHECK(std::is_sorted(at.begin(), at.end()));
-            CHECK(std::any_of(at.begin(), at.end(), [&](int x) { return x > 0 && x < end; }));
+  for_each_table([&](int p, int m, const Table& t) {
+    const Cuts c = cuts(t);
+    REQUIRE(static_cast<int>(c.at.size()) == p);
+    REQUIRE(c.count() >= m);
+    for (int r = 0; r < p; ++r) {
+      const auto& at = c.at[static_cast<std::size_t>(r)];
+      const int end = static_cast<int>(2 * t.ranks[static_cast<std::size_t>(r)].size());
+      REQUIRE(static_cast<int>(at.size()) == c.count());
+      CHECK(std::is_sorted(at.begin(), at.end()));
+      CHECK(std::any_of(at.begin(), at.end(), [&](int x) { return x > 0 && x < end; }));
+    }
+    for (int cut = 0; cut < c.count(); ++cut)
+      for (int r = 0; r < p; ++r) {
+        const auto& acts = t.ranks[static_cast<std::size_t>(r)];
+        const int mine = c.at[static_cast<std::size_t>(r)][static_cast<std::size_t>(cut)];
+        if (mine > 0 && mine < static_cast<int>(2 * acts.size())) ++inside;
+        for (int k = 0; k < static_cast<int>(acts.size()); ++k) {
+          const Action& x = acts[static_cast<std::size_t>(k)];
+          if (x.what != Do::exchange || !x.recv.present()) continue;
+          const Where sent = find_message(t, x.recv).first;
+          const bool sent_before =
+              2 * sent.at + 1 <= c.at[static_cast<std::size_t>(sent.rank)][static_cast<std::size_t>(cut)];
+          if (2 * k + 2 <= mine) {
+            CAPTURE(cut);
+            CAPTURE(r);
+            CAPTURE(k);
+            CHECK(sent_before);  // received before the cut: sent before it
+          } else if (sent_before) {
+            ++crossing;  // a stop there receives it
           }
-          for (int cut = 0; cut < c.count(); ++cut)
-            for (int r = 0; r < p; ++r) {
-              const auto& acts = t.ranks[static_cast<std::size_t>(r)];
-              const int mine = c.at[static_cast<std::size_t>(r)][static_cast<std::size_t>(cut)];
-              if (mine > 0 && mine < static_cast<int>(2 * acts.size())) ++inside;
-              for (int k = 0; k < static_cast<int>(acts.size()); ++k) {
-                const Action& x = acts[static_cast<std::size_t>(k)];
-                if (x.what != Do::exchange || !x.recv.present()) continue;
-                const Where sent = find_message(t, x.recv).first;
-                const bool sent_before =
-                    2 * sent.at + 1 <= c.at[static_cast<std::size_t>(sent.rank)][static_cast<std::size_t>(cut)];
-                if (2 * k + 2 <= mine) {
-                  CAPTURE(cut);
-                  CAPTURE(r);
-                  CAPTURE(k);
-                  CHECK(sent_before);  // received before the cut: sent before it
-                } else if (sent_before) {
-                  ++crossing;  // a stop there receives it
-                }
-              }
-            }
         }
+      }
+  });
   CHECK(crossing > 0);
   CHECK(inside > 0);
 }
