@@ -86,8 +86,10 @@ int main(int argc, char** argv) {
   return examples::run_ranks(argc, argv, launcher, 4, [&](auto& world) {
     const bool print = world.rank() == 0;
     if (print) {
-      std::printf("%s\n", nn::describe<gpt2::Model<double, false>>(c, batch, {}).c_str());
-      std::printf("%s\n", nn::describe<gpt2::Model<double, true>>(c, batch, {.tensor_degree = 4}).c_str());
+      std::printf("%s\n", nn::describe<gpt2::Model<double, false, recompute::None, Meta<Host>>>(c, batch, {}).c_str());
+      std::printf(
+          "%s\n",
+          nn::describe<gpt2::Model<double, true, recompute::None, Meta<Host>>>(c, batch, {.tensor_degree = 4}).c_str());
     }
     auto alone = world.split(world.rank(), 0, "alone");  // this rank by itself: the 1-rank reference
     const Result one = train_step<false>(alone, c, batch);

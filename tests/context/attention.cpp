@@ -356,11 +356,11 @@ TEST_CASE("context chunks: a permutation of the sequence, the same causal work o
                        doctest::Contains("a sequence of 30 tokens does not split into 2 x 4 = 8 equal chunks"), Error);
   CHECK_THROWS_WITH_AS(context::Chunks::of(16, 0), doctest::Contains("a context degree of 0"), Error);
   // Sequence parallelism inside: the tensor degree must divide a context rank's rows.
-  CHECK_NOTHROW(context::require_tensor_split("Gpt", 16, 2, 4));
-  CHECK_NOTHROW(context::require_tensor_split("Gpt", 12, 1, 5));  // no context axis: not this check's
+  CHECK_NOTHROW(context::require_tensor_split("GPT-2", 16, 2, 4));
+  CHECK_NOTHROW(context::require_tensor_split("GPT-2", 12, 1, 5));  // no context axis: not this check's
   CHECK_THROWS_WITH_AS(
-      context::require_tensor_split("Gpt", 12, 2, 4),
-      "Gpt: sequence parallelism inside context parallelism needs the tensor degree 4 to divide each context "
+      context::require_tensor_split("GPT-2", 12, 2, 4),
+      "GPT-2: sequence parallelism inside context parallelism needs the tensor degree 4 to divide each context "
       "rank's 6 rows (a sequence of 12 over 2 context ranks); use a tensor degree that divides 6, such as 1, 2, 3, 6, "
       "or a longer sequence",
       Error);

@@ -184,12 +184,12 @@ TEST_CASE(
   check_walked<context::Ring>({.mesh = {.context = 4, .tensor = 2}, .micro_batch = 1});
   check_walked<context::AllGather>({.mesh = {.data = 2, .context = 2}, .micro_batch = 2});
   check_walked<context::AllGather, true>({.mesh = {.context = 2, .tensor = 2}, .micro_batch = 1});
-  // GPT-2 writes its rows from the types (its blocks' plan_rows, given the head count).
+  // GPT-2's rows, walked the same way over its layers on the Meta device.
   const gpt2::Config g{.vocab = 33, .seq = 32, .layers = 2, .heads = 4, .width = 16, .seed = 5, .init_std = 0.2};
   const footprint::Run run{.mesh = {.context = 4, .tensor = 2}, .micro_batch = 1};
   const Spread s{.tensor_degree = 2, .context_degree = 4};
   same_counts(footprint::measure<Gpt2Ring::template on, optim::Ddp>(g, run),
-              context_counts(nn::describe_rows<Gpt2Ring::on<Host>>(g, 1, s)), "GPT-2 ring, context 4 x tensor 2");
+              context_counts(nn::describe_rows<Gpt2Ring::on<Meta<Host>>>(g, 1, s)), "GPT-2 ring, context 4 x tensor 2");
 }
 
 TEST_CASE(

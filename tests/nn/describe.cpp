@@ -14,7 +14,8 @@ namespace {
 template <bool SP, class R>
 threads::Counters planned(int tp) {
   threads::Counters c;
-  for (const PlanRow& row : describe_rows<gpt2::Model<double, SP, R>>(test::tiny_config(), 2, {.tensor_degree = tp}))
+  for (const PlanRow& row :
+       describe_rows<gpt2::Model<double, SP, R, Meta<Host>>>(test::tiny_config(), 2, {.tensor_degree = tp}))
     for (const auto* steps : {&row.forward, &row.backward})
       for (const PlanStep& st : *steps) {
         if (!communicates(st.collective) || st.axis != Axis::tensor) continue;
@@ -57,8 +58,10 @@ TEST_CASE("the plan's per-step rows equal what the data-parallel step runs on th
   for (int tp : {2, 4}) {
     for (bool sp : {false, true}) {
       std::uint64_t planned_calls = 0, planned_bytes = 0;
-      const auto rows = sp ? describe_rows<gpt2::Model<double, true>>(test::tiny_config(), 2, {.tensor_degree = tp})
-                           : describe_rows<gpt2::Model<double, false>>(test::tiny_config(), 2, {.tensor_degree = tp});
+      const auto rows = sp ? describe_rows<gpt2::Model<double, true, recompute::None, Meta<Host>>>(
+                                 test::tiny_config(), 2, {.tensor_degree = tp})
+                           : describe_rows<gpt2::Model<double, false, recompute::None, Meta<Host>>>(
+                                 test::tiny_config(), 2, {.tensor_degree = tp});
       for (const PlanRow& row : rows)
         for (const PlanStep& st : row.step) {
           REQUIRE(st.collective == Collective::all_reduce);
@@ -99,8 +102,9 @@ TEST_CASE("the plan's per-step rows equal what the data-parallel step runs on th
 }
 
 TEST_CASE("describe prints every layer with its layouts and collectives") {
-  const std::string d = describe<gpt2::Model<double, false>>(test::tiny_config(), 2, {.tensor_degree = 2});
-  CHECK(d.find("h1.mlp.fc (ColumnParallel, GELU)") != std::string::npos);
+  const std::string d =
+      describe<gpt2::Model<double, false, recompute::None, Meta<Host>>>(test::tiny_config(), 2, {.tensor_degree = 2});
+  CHECK(d.find("h1.mlp (Mlp)") != std::string::npos);
   CHECK(d.find("all_reduce(tensor) 8192 B") != std::string::npos);  // (2, 16, 32) doubles
   CHECK(d.find("LM head (tied, vocab-parallel: 33 of 65 rows)") != std::string::npos);
   MESSAGE(d);

@@ -152,13 +152,14 @@ TEST_CASE("LayerNorm attention Mlp and Block: gradients match finite differences
   SUBCASE("Block") {
     run_threads(1, [&](ThreadComm& w) {
       Mesh mesh{w, {}};
-      gpt2::Block<double, false> block(h, 8, 2, 2, {}, 16, 7, 0.3);
+      using S = gpt2::Spec<double, false>;
+      S::Block block = S::make_block(h, {.layers = 2, .heads = 2, .width = 8, .seed = 7, .init_std = 0.3}, {}, 0);
       auto x = random_act<act::Full>(h, g, 8);
       auto loss = [&] {
-        gpt2::Block<double, false>::Ctx c;
+        S::Block::Ctx c;
         return test::dot(copy(block.forward(c, x, mesh)), R);
       };
-      gpt2::Block<double, false>::Ctx c;
+      S::Block::Ctx c;
       block.forward(c, x, mesh);
       const auto dx = copy(block.backward(c, dy_of.operator()<act::Full>(), mesh));
       CHECK(check_params(block, loss, report) <= 1e-6);

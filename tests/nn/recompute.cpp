@@ -1,4 +1,4 @@
-// Recompute policies: what a Block keeps for backward, measured by the allocator, against the
+// Recompute policies: what a GPT-2 block keeps for backward, measured by the allocator, against the
 // formula for weft's layers (per rank, in elements; B batch, T sequence, C width, H heads, tp the
 // tensor degree, Ts = T/tp under sequence parallelism and T otherwise):
 //
@@ -19,7 +19,7 @@
 
 #include "weft/comm/mesh.hpp"
 #include "weft/comm/threads/run.hpp"
-#include "weft/models/gpt2/block.hpp"
+#include "weft/models/gpt2/model.hpp"
 
 using namespace weft;
 using namespace weft::nn;
@@ -50,9 +50,10 @@ Measured measure(int tp) {
   run_threads(tp, [&](ThreadComm& world) {
     Mesh mesh{world, {.tensor = tp}};
     Host h;
-    using Blk = gpt2::Block<double, SP, Policy>;
-    Blk block(h, C, H, 2, mesh.spread(), 16, 3);
-    auto x = Tensor<double, typename Blk::A, Host>::empty(h, {B, T, C}, mesh.spread());
+    using S = gpt2::Spec<double, SP, Policy>;
+    using Blk = typename S::Block;
+    Blk block = S::make_block(h, {.seq = T, .layers = 2, .heads = H, .width = C, .seed = 3}, mesh.spread(), 0);
+    auto x = Tensor<double, typename S::A, Host>::empty(h, {B, T, C}, mesh.spread());
     for (std::int64_t i = 0; i < x.numel(); ++i) x[i] = weft::normal(2, 0, static_cast<std::uint64_t>(i));
     typename Blk::Ctx ctx;
     const std::int64_t before = h.memory().current_of(Category::activations);

@@ -309,8 +309,8 @@ TEST_CASE("the time model's work measured on the Meta device equals GPT-2's clos
   check_work<GptSelective, optim::Zero2, float, false, recompute::Selective>({.mesh = {.tensor = 2}, .micro_batch = 2});
 }
 
-// Each stage's collectives for one micro-batch on the tensor axis, measured, against the rows GPT-2's
-// stages give describe (plan_rows): per stage, forward and backward, the calls and bytes of each
+// Each stage's collectives for one micro-batch on the tensor axis, measured, against the rows
+// describe walks over GPT-2's stages and layers: per stage, forward and backward, the calls and bytes of each
 // operation (an all-gather counted by its output, the rest by their input, as the communicators
 // count them). With and without SP, on tensor 2 and on data 2 x tensor 2.
 namespace {
@@ -379,14 +379,17 @@ void same_stages(const std::vector<footprint::StageCollectives>& got, const C& c
 
 template <bool SP>
 void check_stages(MeshShape shape, std::int64_t micro) {
-  using M = gpt2::Model<float, SP, recompute::None, Host>;
+  using M = gpt2::Model<float, SP, recompute::None, Meta<Host>>;
   const auto got = footprint::stage_collectives<GptOn<SP>::template on>(kSmall, shape, micro);
-  same_stages<M>(got, kSmall, shape, micro, SP ? "SP " : "",
-                 [](auto& rows, std::int64_t l, auto&... rest) { M::BlockT::plan_rows(rows, cat("h", l), rest...); });
+  Meta<Host> dev;
+  M model(dev, kSmall, {.data_degree = shape.data, .tensor_degree = shape.tensor}, micro);
+  same_stages<M>(got, kSmall, shape, micro, SP ? "SP " : "", [&](auto& rows, std::int64_t l, auto&... rest) {
+    nn::layer_plan_rows(rows, M::spec::block_name(l), model.blocks[static_cast<std::size_t>(l)], rest...);
+  });
   CHECK(got[1].stage == "h0");
 }
 
-// The custom decoder writes no rows: describe walks its layers (nn/plan_walk.hpp: Named, Sequential,
+// The custom decoder: describe walks its layers as it does GPT-2's (nn/plan_walk.hpp: Named, Sequential,
 // Residual, the redistributions in its Sequentials), each block's rows against the block's
 // measured collectives; and the whole step's tensor-axis calls (measure: one optimizer step of
 // DDP) against all its rows, forward, backward and the step's, plus the gradient norm's all-reduce

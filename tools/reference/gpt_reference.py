@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Independent reference for weft's Gpt: a tiny GPT written directly in PyTorch (float64, CPU).
+"""Independent reference for weft's gpt2::Model: a tiny GPT written directly in PyTorch (float64, CPU).
 
 It writes tests/fixtures/gpt_reference.bin: the loss, the logits and the gradient of every parameter for
 fixed weights and tokens. The weights are not stored: both sides compute them from the closed form
@@ -10,7 +10,7 @@ output features are ordered (head, {q, k, v}, head_dim).
 
 File format (little-endian): for each record, a text line "name count\\n" then count float64 values.
 Records: "loss" (1), "logits" (B*T*V), then one per parameter in PARAMS order, named as weft names
-them (weft's Gpt::for_each_param), holding the gradient.
+them (gpt2::Model::for_each_param), holding the gradient.
 
 Usage: python3 tools/reference/gpt_reference.py [output path]
 """

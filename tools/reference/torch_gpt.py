@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """PyTorch eager training steps of weft's GPT (the side-by-side benchmark's reference).
 
-The same architecture as weft's Gpt (pre-LayerNorm blocks, fused QKV, GELU tanh, learned
+The same architecture as weft's gpt2::Model (pre-LayerNorm blocks, fused QKV, GELU tanh, learned
 positions, LM head tied to the token embedding, vocabulary padded like weft's at tensor degree 1:
 not at all), written plainly in eager PyTorch with scaled_dot_product_attention (causal), f32,
 AdamW (foreach, the default; --fused for the fused one), gradient clipping at 1.0. Prints one JSON

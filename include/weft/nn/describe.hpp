@@ -1,31 +1,33 @@
-// describe<Model>(): the plan of a model (nn::StagedModel) for given sizes and degrees, computed without
+// describe(): the plan of a model (nn::StagedModel) for given sizes and degrees, computed without
 // running it: each layer's input and output layouts and the collectives it runs forward and
 // backward, with bytes per rank (the buffer each collective is called with, as the communicators
-// count it: all_gather its output, the others their input). From the types alone where the Spec
-// writes plan_rows (GPT-2); for any other model, describe(model, batch, s) walks a built model's
-// layers (plan_walk.hpp; build it on the Meta device to allocate nothing).
+// count it: all_gather its output, the others their input). describe(model, batch, s) walks a built
+// model's layers (plan_walk.hpp); describe<Model>(config, batch, s), for a model over the Meta
+// device, builds it there first (no memory) and walks it, for any size.
 #pragma once
 
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "weft/device/meta/meta.hpp"
 #include "weft/nn/plan_row.hpp"
 #include "weft/nn/plan_walk.hpp"
 
 namespace weft::nn {
 
-// A model whose Spec writes its rows from the types (GPT-2's).
+// A model over the Meta device (device/meta/meta.hpp), whose plan can be walked: built for any
+// size without allocating.
 template <class Model>
-concept SpecPlanRows = requires(const typename Model::config_type& c, std::int64_t batch, const Spread& s) {
-  { Model::spec::plan_rows(c, batch, s) } -> std::same_as<std::vector<PlanRow>>;
-};
+concept MetaPlan = WalkablePlan<Model> && is_meta<typename Model::device>;
 
-// The rows of a Model's plan for `c`, a global batch and the degrees in `s`: each stage's rows, in
-// stage order (Model::plan_rows, from its Spec).
-template <class Model>
+// The rows of a Model's plan for `c`, a global micro-batch and the degrees in `s`: the model built
+// whole on the Meta device, its layers walked in stage order (walked_plan_rows).
+template <MetaPlan Model>
 std::vector<PlanRow> describe_rows(const typename Model::config_type& c, std::int64_t batch, const Spread& s) {
-  return Model::plan_rows(c, batch, s);
+  typename Model::device dev;
+  Model model(dev, c, s, batch);
+  return walked_plan_rows(model, batch, s);
 }
 
 // "all_gather(tensor) 4096 B, send_recv(context) 2048 B x3": each step by the bytes its
@@ -76,19 +78,17 @@ std::string format_plan(const typename Model::config_type& c, std::int64_t batch
 }
 }  // namespace detail
 
-// The plan as a table, from the types (a Spec with plan_rows).
-template <class Model>
+// The plan as a table, for a model over the Meta device (describe_rows).
+template <MetaPlan Model>
 std::string describe(const typename Model::config_type& c, std::int64_t batch, const Spread& s) {
   return detail::format_plan<Model>(c, batch, s, describe_rows<Model>(c, batch, s));
 }
 
-// The plan of a built model as a table: its Spec's rows where it writes them, else its layers'
-// (walked_plan_rows). The model is built whole, for the degrees in s.
-template <class Model>
-  requires SpecPlanRows<Model> || WalkablePlan<Model>
+// The plan of a built model as a table: its layers' rows (walked_plan_rows). The model is built
+// whole, for the degrees in s.
+template <WalkablePlan Model>
 std::string describe(Model& model, std::int64_t batch, const Spread& s) {
-  if constexpr (SpecPlanRows<Model>) return describe<Model>(model.config, batch, s);
-  else return detail::format_plan<Model>(model.config, batch, s, walked_plan_rows(model, batch, s));
+  return detail::format_plan<Model>(model.config, batch, s, walked_plan_rows(model, batch, s));
 }
 
 }  // namespace weft::nn

@@ -1,5 +1,4 @@
-// The plan rows of any model (describe.hpp) from its layers: a walk over a built model's parts,
-// for a Spec that writes no plan_rows of its own (GPT-2 writes its own: models/gpt2/model.hpp).
+// The plan rows of any model (describe.hpp) from its layers: a walk over a built model's parts.
 //
 // Each layer of the protocol (nn/sequential.hpp) gives its rows:
 //   a layer with plan_rows(out, name, act, s, e)          those (a block that writes its own; the
@@ -16,8 +15,8 @@
 //   Redistribute<...> (CopyToTensor, ...)                 its forward and backward collectives
 //   any other layer                                       a row of its layouts, no collectives
 // The activation's global shape is followed through the layers (out_shape), so a redistribution
-// is counted at the width it moves. The embedding and head stages give their rows as GPT-2's do
-// (plan_rows(out, act, s, e); plan_rows(out, vocab, padded_vocab, act, s, e)), and the
+// is counted at the width it moves. The embedding and head stages give their rows (nn/stages.hpp:
+// plan_rows(out, act, s, e); plan_rows(out, vocab, padded_vocab, act, s, e)), and the
 // data-parallel step adds one all-reduce on the tensor axis for every gradient that is Partial
 // there (sequence parallelism's norm weights), as DDP runs it.
 //
@@ -117,8 +116,7 @@ template <class L>
 Shape layer_plan_rows(std::vector<PlanRow>& out, const std::string& name, const L& layer, const Shape& in,
                       const Spread& s, std::int64_t e) {
   // Named first: it derives from its layer, so it has the layer's plan_rows too, and must add its
-  // name. (A checkpointed layer with rows of its own states its recomputation itself, as
-  // GPT-2's block (models/gpt2/block.hpp) does.)
+  // name. (A checkpointed layer with rows of its own states its recomputation itself.)
   if constexpr (detail::is_token_wise<L>) {  // L on a context rank's T / c rows, as a sequence of its own
     Shape rows = in;
     rows[1] = in[1] / s.context_degree;

@@ -99,7 +99,7 @@ concept ModelSpec = requires(typename S::device& dev, const typename S::config& 
   requires Layer<typename S::Block>;  // a block is a layer (layer.hpp), the stream's layout in and out
   { S::make_head(dev, c, s) } -> std::same_as<typename S::Head>;
   { S::block_name(l) } -> std::convertible_to<std::string>;
-  { S::name() } -> std::convertible_to<std::string>;  // where errors are said to come from ("Gpt")
+  { S::name() } -> std::convertible_to<std::string>;  // where errors are said to come from ("GPT-2")
 };
 
 namespace detail {
@@ -305,12 +305,6 @@ class StagedModel {
       embedding.backward(ctx.embedding, ctx.x, mesh);
       ctx.x = {};
     }
-  }
-
-  // The plan for config c, a global batch and degrees s, from the types alone (describe.hpp).
-  static std::vector<PlanRow> plan_rows(const config_type& c, std::int64_t batch, const Spread& s) {
-    Spec::validate(c, s, batch);
-    return Spec::plan_rows(c, batch, s);
   }
 
   // f(name, param) for every parameter, in a fixed order (the same for every strategy).

@@ -100,8 +100,8 @@ inline std::string counted_calls(const threads::Counters& c, const std::string& 
   return out;
 }
 
-// describe's table of the run's model, per layer (nn/describe.hpp: the family's rows, or its layers'
-// walked), the model built whole on the Meta device (it allocates nothing).
+// describe's table of the run's model, per layer (nn/describe.hpp: its layers walked), the model
+// built whole on the Meta device (it allocates nothing).
 template <Family F>
 std::string described_plan(const Options& o, const config_t<F>& cfg) {
   const std::int64_t micro = o.optim.micro();
@@ -109,10 +109,8 @@ std::string described_plan(const Options& o, const config_t<F>& cfg) {
   const auto of = [&]<bool SP>() {
     return with_precision(host_precisions_t<F>{}, o.model.dtype, [&]<class P>() {
       using M = typename ModelOn<F, P, SP>::template on<Meta<Host>>;
-      if constexpr (nn::SpecPlanRows<M> || nn::WalkablePlan<M>) {
-        Meta<Host> dev;
-        M model(dev, cfg, s, micro);
-        return nn::describe(model, micro, s);
+      if constexpr (nn::MetaPlan<M>) {
+        return nn::describe<M>(cfg, micro, s);
       } else {
         return std::string("describe: the model's stages give no plan rows (nn/plan_walk.hpp)\n");
       }

@@ -82,8 +82,8 @@ class TrainerOf final : public Trainer {
   int data_rank() const override { return mesh_.coord().data; }
 
   void agree(Fingerprint& fp) override {
-    // describe's table (from the types, or walked over this rank's model where the family writes no rows).
-    if constexpr (nn::SpecPlanRows<Model> || nn::WalkablePlan<Model>)
+    // describe's table, walked over this rank's model.
+    if constexpr (nn::WalkablePlan<Model>)
       if (o_.mesh.pipe == 1) fp.add("collectives of one micro-batch", nn::describe(model_, micro_, mesh_.spread()));
     fp.agree(world_);
   }

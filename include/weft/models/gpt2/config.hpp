@@ -34,25 +34,25 @@ inline std::vector<std::pair<std::string, std::int64_t>> record(const Config& c)
 // Checks a configuration against the mesh's degrees before anything is allocated.
 inline void validate(const Config& c, const Spread& s, bool sequence_parallel, std::int64_t batch) {
   if (c.vocab < 1 || c.seq < 1 || c.layers < 1 || c.heads < 1 || c.width < 1)
-    throw Error("Gpt",
+    throw Error("GPT-2",
                 cat("vocab ", c.vocab, ", seq ", c.seq, ", layers ", c.layers, ", heads ", c.heads, ", width ", c.width,
                     " include one below 1"),
                 "use sizes >= 1");
   if (c.width % c.heads != 0)
-    throw Error("Gpt", cat("width ", c.width, " is not divisible by ", c.heads, " heads"),
+    throw Error("GPT-2", cat("width ", c.width, " is not divisible by ", c.heads, " heads"),
                 cat("use a head count that divides the width, such as ", list_divisors(c.width, c.heads)));
   if (c.heads % s.tensor_degree != 0)
-    throw Error("Gpt", cat("tensor degree ", s.tensor_degree, " does not divide ", c.heads, " heads"),
+    throw Error("GPT-2", cat("tensor degree ", s.tensor_degree, " does not divide ", c.heads, " heads"),
                 cat("use a tensor degree that divides the heads, such as ", list_divisors(c.heads, s.tensor_degree)));
   if (sequence_parallel && c.seq % s.tensor_degree != 0)
     throw Error(
-        "Gpt",
+        "GPT-2",
         cat("sequence parallelism needs the tensor degree ", s.tensor_degree, " to divide the sequence length ", c.seq),
         cat("use a tensor degree that divides the sequence length, such as ", list_divisors(c.seq, s.tensor_degree),
             ", or a sequence length that it divides"));
-  if (sequence_parallel) context::require_tensor_split("Gpt", c.seq, s.context_degree, s.tensor_degree);
+  if (sequence_parallel) context::require_tensor_split("GPT-2", c.seq, s.context_degree, s.tensor_degree);
   if (batch % s.data_degree != 0)
-    throw Error("Gpt", cat("data degree ", s.data_degree, " does not divide the batch of ", batch),
+    throw Error("GPT-2", cat("data degree ", s.data_degree, " does not divide the batch of ", batch),
                 cat("use a batch that is a multiple of ", s.data_degree));
 }
 

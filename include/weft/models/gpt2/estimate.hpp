@@ -1,14 +1,15 @@
-// GPT-2's step time in closed form (estimate::Work from its sizes and types, without building
-// anything): the GEMMs, the attention core, the elementwise ops, the buffers of the step's replay
-// (replay.hpp) and the collectives, for a gpt2::Model<P, SP, R> under data-parallel Strategy; and a
-// pipelined step from it (estimate::pipeline_seconds_of). plan/measure_time.hpp measures the same
-// Work for any model on the Meta device; tests/plan/measure.cpp holds the two equal for GPT-2.
+// GPT-2's step time in closed form (estimate::Work from its sizes and types): the GEMMs, the
+// attention core, the elementwise ops, the buffers of the step's replay (replay.hpp) and the
+// collectives (describe's rows, the model walked on the Meta device), for a gpt2::Model<P, SP, R> under data-parallel
+// Strategy; and a pipelined step from it (estimate::pipeline_seconds_of). plan/measure_time.hpp measures the same Work
+// for any model on the Meta device; tests/plan/measure.cpp holds the two equal for GPT-2.
 #pragma once
 
 #include <cstdint>
 
 #include "weft/models/gpt2/footprint.hpp"
 #include "weft/models/gpt2/replay.hpp"
+#include "weft/nn/describe.hpp"
 #include "weft/plan/time.hpp"
 
 namespace weft::estimate {
@@ -70,7 +71,7 @@ Work work(const gpt2::Config& c, const Spread& s, std::int64_t micro, std::int64
       return;
     w.comms.push_back({st.collective, st.axis, st.degree, std::max(st.bytes_in, st.bytes_out), count});
   };
-  for (const nn::PlanRow& row : gpt2::Model<P, SP, R>::plan_rows(c, micro, s)) {
+  for (const nn::PlanRow& row : nn::describe_rows<gpt2::Model<P, SP, R, Meta<Host>>>(c, micro, s)) {
     for (const PlanStep& st : row.forward) add(st, mb);
     for (const PlanStep& st : row.backward) add(st, mb);
   }

@@ -25,27 +25,46 @@
 // batch.
 #pragma once
 
+#include <cmath>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "weft/core/precision.hpp"
-#include "weft/models/gpt2/block.hpp"
 #include "weft/models/gpt2/config.hpp"
+#include "weft/nn/grouped_attention.hpp"
+#include "weft/nn/layernorm.hpp"
+#include "weft/nn/mlp.hpp"
+#include "weft/nn/sequential.hpp"
 #include "weft/nn/staged_model.hpp"
 #include "weft/nn/stages.hpp"
+#include "weft/nn/stream.hpp"
+#include "weft/nn/token_wise.hpp"
 #include "weft/nn/unit.hpp"
+#include "weft/recompute/checkpointed.hpp"
 
 namespace weft::gpt2 {
 
 // GPT-2's parts for nn::StagedModel (staged_model.hpp): the stage types, how each is built with GPT-2's
-// parameter ids (the embedding 0 and 1, ln_f 8, block l from 16 + 16 l), the unit names ("h<l>"),
-// the padded vocabulary's logical rows, and the plan's rows.
+// parameter ids (the embedding 0 and 1, ln_f 8, block l from 16 + 16 l: ln1 +0, ln2 +2, qkv +4,
+// attn proj +6, fc +8, mlp proj +10), the unit names ("h<l>") and the padded vocabulary's logical
+// rows. describe's rows come from walking the layers (nn/plan_walk.hpp), as for any model.
+//
+// A block, as Llama's: x = x + attn(ln1(x)); x = x + mlp(ln2(x)), each branch a Residual over a
+// Sequential that checks every boundary's layouts at compile time (ln -> Enter -> the Replicate-in,
+// Partial-out layer -> Leave back to the stream). Around each branch (Megatron):
+//   without SP: CopyToTensor before (backward all-reduce), ReduceFromTensor after (forward all-reduce)
+//               -> 2 all-reduces forward, 2 backward per block
+//   with SP:    GatherFromSequence before (all-gather; backward reduce-scatter), ScatterToSequence after
+//               (reduce-scatter; backward all-gather) -> 2 all-gathers and 2 reduce-scatters each way
+// Under SP the LayerNorm parameter gradients are partial sums over each rank's sequence slice: their
+// layout is Partial on the tensor axis, and the data-parallel step reduces them once per step with
+// every other gradient.
 //
 // Context parallelism (Cx = context::Ring or context::AllGather; docs/context.md): the stream is a
 // context rank's rows of the sequence (two chunks), its positions those rows' positions; the
-// attention runs over the context group, every other layer on the rows. The model on the host only,
-// so far (its stages take the rows' tokens in host memory).
+// attention runs over the context group, every other layer on the rows (nn::TokenWise). The model on
+// the host only, so far (its stages take the rows' tokens in host memory).
 template <PrecisionLike P, bool SP = false, recompute::Policy Recompute = recompute::None, class D = Host,
           context::Choice Cx = context::None>
 struct Spec {
@@ -54,13 +73,26 @@ struct Spec {
   using T = typename precision::compute;
   using config = Config;
   using device = D;
-  using A = typename nn::stream<SP, cp>::layout;
+  using Local = nn::stream<SP>;                   // the layers' own layouts (on a context rank's rows under Cx)
+  using A = typename nn::stream<SP, cp>::layout;  // the stream between stages and blocks
+  using Norm = nn::LayerNorm<T, typename Local::layout, D>;
+  using Attn = nn::GroupedQueryAttention<T, Recompute, D, Cx>;  // multi-head: kv_heads = heads, biased, not rotated
+  using Mlp = nn::Mlp<T, D>;                                    // fc (C -> 4C, GELU), proj (4C -> C)
+  using Enter = typename nn::stream<SP, cp>::enter;
+  using Leave = typename nn::stream<SP, cp>::leave;
+  template <class L>
+  using on_rows = std::conditional_t<cp, nn::TokenWise<L>, L>;
+  using AttnInner = nn::Sequential<on_rows<nn::Named<"ln1", Norm>>, Enter, nn::Named<"attn", Attn>, Leave>;
+  using MlpSeq =
+      nn::Sequential<nn::Named<"ln2", Norm>, typename Local::enter, nn::Named<"mlp", Mlp>, typename Local::leave>;
+  using MlpInner = on_rows<MlpSeq>;
+  using Layer = nn::Sequential<nn::Residual<AttnInner>, nn::Residual<MlpInner>>;
   using Embedding = nn::EmbeddingStage<T, SP, D, Cx>;
-  using Block = gpt2::Block<T, SP, Recompute, D, Cx>;
-  using Head = nn::TiedHeadStage<T, SP, D, nn::LayerNorm<T, typename nn::stream<SP>::layout, D>, Cx>;
+  using Block = recompute::apply_t<Recompute, Layer, T, D>;
+  using Head = nn::TiedHeadStage<T, SP, D, Norm, Cx>;
   static constexpr bool sequence_parallel = SP;
 
-  static std::string name() { return "Gpt"; }
+  static std::string name() { return "GPT-2"; }
   static void validate(const Config& c, const Spread& s, std::int64_t batch) { gpt2::validate(c, s, SP, batch); }
   static std::vector<std::pair<std::string, std::int64_t>> record(const Config& c) { return gpt2::record(c); }
   static std::string block_name(std::int64_t l) { return cat("h", l); }
@@ -68,8 +100,21 @@ struct Spec {
   static Embedding make_embedding(D& dev, const Config& c, const Spread& s) {
     return Embedding(dev, nn::padded_vocab(c.vocab, s.tensor_degree), c.seq, c.width, s, c.seed, c.init_std);
   }
+  // The output projections' weights start at init_std / sqrt(2 layers) (GPT-2's scaled residual init).
+  static Layer make_layer(D& dev, const Config& c, const Spread& s, std::int64_t l) {
+    const auto id = static_cast<std::uint64_t>(16 + 16 * l);
+    const double sd = c.init_std, proj = c.init_std / std::sqrt(2.0 * static_cast<double>(c.layers));
+    return Layer(
+        nn::Residual<AttnInner>(AttnInner(
+            on_rows<nn::Named<"ln1", Norm>>(nn::Named<"ln1", Norm>(Norm(dev, c.width, s, id, c.seed))), {},
+            nn::Named<"attn", Attn>(Attn::multi_head(dev, c.width, c.heads, s, id + 4, c.seed, sd, proj)), {})),
+        nn::Residual<MlpInner>(
+            MlpInner(MlpSeq(nn::Named<"ln2", Norm>(Norm(dev, c.width, s, id + 2, c.seed)), {},
+                            nn::Named<"mlp", Mlp>(Mlp(dev, c.width, s, id + 8, c.seed, sd, proj)), {}))));
+  }
   static Block make_block(D& dev, const Config& c, const Spread& s, std::int64_t l) {
-    return Block(dev, c.width, c.heads, c.layers, s, static_cast<std::uint64_t>(16 + 16 * l), c.seed, c.init_std);
+    if constexpr (std::same_as<Block, Layer>) return make_layer(dev, c, s, l);
+    else return Block(make_layer(dev, c, s, l));
   }
   static Head make_head(D& dev, const Config& c, const Spread& s) { return Head(dev, c.vocab, c.width, s, c.seed); }
   // The head's copy of the tied table (a pipeline's last stage): wte's id, so the same draws.
@@ -79,28 +124,6 @@ struct Spec {
   }
   static void finish(nn::Unit<T, D>& u, const Config& c) {
     u.set_logical("wte", {c.vocab, c.width});  // the rows past the vocabulary are padding
-  }
-
-  // The plan from the types alone: every stage's rows in stage order, then what the data-parallel
-  // step adds on the tensor axis.
-  static std::vector<nn::PlanRow> plan_rows(const Config& c, std::int64_t batch, const Spread& s) {
-    const std::int64_t e = sizeof(T), eg = sizeof(master_t<T>), C = c.width;
-    const Shape act{batch, c.seq, C};
-    std::vector<nn::PlanRow> out;
-    Embedding::plan_rows(out, act, s, e);
-    for (std::int64_t l = 0; l < c.layers; ++l) Block::plan_rows(out, cat("h", l), act, s, e, c.heads);
-    Head::plan_rows(out, c.vocab, nn::padded_vocab(c.vocab, s.tensor_degree), act, s, e);
-    // Under SP the LayerNorm and position gradients are Partial on tensor: one all-reduce per step
-    // for all of them (4 C per block, 2 C for ln_f, T C for wpe).
-    if (SP)
-      out.push_back(
-          {"gradients Partial on tensor (SP), per step",
-           "-",
-           "-",
-           {},
-           {},
-           {nn::detail::reduction(Axis::tensor, s.tensor_degree, (4 * c.layers * C + 2 * C + c.seq * C) * eg)}});
-    return out;
   }
 };
 

@@ -33,8 +33,8 @@
 #include <cstdint>
 
 #include "weft/layout/plan.hpp"
-#include "weft/models/gpt2/block.hpp"
 #include "weft/models/gpt2/footprint.hpp"
+#include "weft/models/gpt2/model.hpp"
 #include "weft/pipeline/schedule.hpp"
 #include "weft/plan/ledger.hpp"
 #include "weft/plan/memory.hpp"
@@ -250,7 +250,7 @@ class StepReplay {
 
   // The gradient elements that are Partial on the tensor axis (SP: LayerNorm weights and biases,
   // the positions) inside this rank's reduction range of each unit: all of the unit, or its data
-  // slice where gradients are sharded. Entries in their units' order (models/gpt2/model.hpp, models/gpt2/block.hpp).
+  // slice where gradients are sharded. Entries in their units' order (models/gpt2/model.hpp).
   constexpr std::int64_t partial_grads(Holds holds) const {
     const std::int64_t C = c_.width, tp = s_.tensor_degree;
     const Units u = units(c_, s_);

@@ -148,7 +148,9 @@ inline int Family::print_plan(const train::Options& o, const Config& cfg, const 
     const Spread s{.data_degree = o.mesh.data, .tensor_degree = o.mesh.tensor};
     const bool sp = o.mesh.strategy.ends_with("-sp");
     auto describe = [&]<class T>() {
-      return sp ? nn::describe<Model<T, true>>(cfg, micro, s) : nn::describe<Model<T, false>>(cfg, micro, s);
+      using Meta = weft::Meta<Host>;
+      return sp ? nn::describe<Model<T, true, recompute::None, Meta>>(cfg, micro, s)
+                : nn::describe<Model<T, false, recompute::None, Meta>>(cfg, micro, s);
     };
     const std::string table = o.model.dtype == "f64"    ? describe.operator()<double>()
                               : o.model.dtype == "bf16" ? describe.operator()<bf16>()

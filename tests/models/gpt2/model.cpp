@@ -1,4 +1,4 @@
-// Block and Gpt: the collectives on the tensor axis match Megatron's counts, sequence parallelism
+// GPT-2's block and model: the collectives on the tensor axis match Megatron's counts, sequence parallelism
 // leaves LayerNorm gradients Partial on the tensor axis until the step reduces them (then identical on
 // every tensor rank), and bad configurations are refused before allocation with the values named.
 #include <doctest/doctest.h>
@@ -29,12 +29,13 @@ Counts block_counts(int tp) {
   run_threads(tp, [&](ThreadComm& world) {
     Mesh mesh{world, {.tensor = tp}};
     Host h;
-    using A = typename gpt2::Block<double, SP, Policy>::A;
-    gpt2::Block<double, SP, Policy> block(h, 16, 4, 2, mesh.spread(), 16, 3);
+    using S = gpt2::Spec<double, SP, Policy>;
+    using A = typename S::A;
+    auto block = S::make_block(h, {.seq = 8, .layers = 2, .heads = 4, .width = 16, .seed = 3}, mesh.spread(), 0);
     auto x = Tensor<double, A, Host>::empty(h, {2, 8, 16}, mesh.spread());
     for (std::int64_t i = 0; i < x.numel(); ++i)
       x[i] = weft::normal(1, 0, static_cast<std::uint64_t>(x.global_index(i)));
-    typename gpt2::Block<double, SP, Policy>::Ctx ctx;
+    typename S::Block::Ctx ctx;
     const auto c0 = mesh.tensor().counters();
     auto y = block.forward(ctx, x, mesh);
     const auto c1 = mesh.tensor().counters();
@@ -128,23 +129,24 @@ TEST_CASE("bad configurations are refused before allocation with the values and 
   const Spread tp4{.tensor_degree = 4};
   CHECK_THROWS_WITH_AS(
       gpt2::validate(gpt2::Config{.heads = 6, .width = 36}, tp4, false, 2),
-      "Gpt: tensor degree 4 does not divide 6 heads; use a tensor degree that divides the heads, such as "
+      "GPT-2: tensor degree 4 does not divide 6 heads; use a tensor degree that divides the heads, such as "
       "1, 2, 3, 6",
       Error);
   CHECK_THROWS_WITH_AS(
       gpt2::validate(gpt2::Config{.heads = 5, .width = 32}, {}, false, 2),
-      "Gpt: width 32 is not divisible by 5 heads; use a head count that divides the width, such as 1, 2, "
+      "GPT-2: width 32 is not divisible by 5 heads; use a head count that divides the width, such as 1, 2, "
       "4, 8, 16, 32",
       Error);
   CHECK_THROWS_WITH_AS(
       gpt2::validate(gpt2::Config{.seq = 10, .heads = 4}, tp4, true, 2),
-      "Gpt: sequence parallelism needs the tensor degree 4 to divide the sequence length 10; use a "
+      "GPT-2: sequence parallelism needs the tensor degree 4 to divide the sequence length 10; use a "
       "tensor degree that divides the sequence length, such as 1, 2, 5, 10, or a sequence length that it "
       "divides",
       Error);
   CHECK_NOTHROW(gpt2::validate(gpt2::Config{.seq = 10, .heads = 4}, tp4, false, 2));  // fine without SP
   CHECK_THROWS_WITH_AS(gpt2::validate(gpt2::Config{}, {.data_degree = 4}, false, 6),
-                       "Gpt: data degree 4 does not divide the batch of 6; use a batch that is a multiple of 4", Error);
+                       "GPT-2: data degree 4 does not divide the batch of 6; use a batch that is a multiple of 4",
+                       Error);
   CHECK_THROWS_WITH_AS(gpt2::validate(gpt2::Config{.layers = 0}, {}, false, 2),
                        doctest::Contains("include one below 1"), Error);
   // Sizes near 2^62 are refused at once (no loop over their divisors), with the nearest few.
@@ -169,7 +171,7 @@ TEST_CASE("bad tokens are refused with the position and the vocabulary") {
                             1);
     std::vector<std::int32_t> ok{1, 2, 3, 4}, bad{1, 2, 10, 4};
     CHECK_THROWS_WITH_AS(test::forward_backward(gpt, bad, ok, 1, mesh),
-                         "Gpt::context: token 10 or target 3 at position 2 is outside the vocabulary of 10; "
+                         "GPT-2::context: token 10 or target 3 at position 2 is outside the vocabulary of 10; "
                          "pass ids in [0, vocab)",
                          Error);
     CHECK_THROWS_WITH_AS(test::forward_backward(gpt, ok, std::vector<std::int32_t>{1, 2}, 1, mesh),
