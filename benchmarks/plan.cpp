@@ -1,6 +1,6 @@
 // The plan against a run, on thread ranks (data x tensor), for every data-parallel strategy with and
 // without sequence parallelism: the step time the time model predicts (weft/models/gpt2/estimate.hpp, with
-// rates measured on this host in the same run: weft/plan/host_rates.hpp) against the measured
+// rates measured on this host in the same run: weft/cost/host_rates.hpp) against the measured
 // step time (the median of --steps steps, after one warm-up), and the step's planned peak bytes
 // (weft/models/gpt2/replay.hpp) against the allocator's. One JSON object per line; the target is a time
 // within 25% and memory within 5% (the memory plan is exact: tests/models/gpt2/replay.cpp).
@@ -20,13 +20,13 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
+#include <weft/cost/host_rates.hpp>
+#include <weft/cost/time.hpp>
 #include <weft/models/gpt2/estimate.hpp>
 #include <weft/models/gpt2/model.hpp>
 #include <weft/optim/data_parallel.hpp>
 #include <weft/pipeline/executor.hpp>
 #include <weft/pipeline/pipelined.hpp>
-#include <weft/plan/host_rates.hpp>
-#include <weft/plan/time.hpp>
 
 using namespace weft;
 using Clock = std::chrono::steady_clock;

@@ -56,7 +56,7 @@ struct ReluSquared<Host> {
   }
 };
 
-// The plan (weft/plan/measure.hpp) runs the model on the Meta device, whose ops do nothing.
+// The plan (weft/cost/measure.hpp) runs the model on the Meta device, whose ops do nothing.
 template <class D> struct RmsNorm<Meta<D>> : ops::MetaPass<D> {};
 template <class D> struct ReluSquared<Meta<D>> : ops::MetaPass<D> {};
 

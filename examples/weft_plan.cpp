@@ -8,7 +8,7 @@
 //   weft-plan --preset gpt2-124m --gpus 1024 --batch 512 --micro 4
 //   weft-plan --cluster cluster.json --layers 48 --width 6144 --heads 48 --seq 2048 --gpus 4096 --batch 2048
 //
-// The search and the command line are weft's trainer library (train/cluster_plan.hpp), over the
+// The search and the command line are weft's trainer library (plan/search.hpp), over the
 // families examples/CMakeLists.txt lists (weft_add_family_program; --model gpt2, the default, or
 // llama). GPT-2 is costed by its closed forms
 // (models/gpt2/cluster_plan.hpp): per candidate the peak bytes of a step on one rank (models/gpt2/replay.hpp,
@@ -24,7 +24,7 @@
 //
 //   weft-plan --model llama --gpus 1024 --batch 1024 --micro 1          (Llama 3.1 8B, the default)
 //   weft-plan --model llama --preset llama-3.1-70b --gpus 4096 --batch 2048
-#include <weft/train/cluster_plan.hpp>
+#include <weft/plan/search.hpp>
 
 #include "weft_families.hpp"  // generated: weft_units::families
 

@@ -8,10 +8,10 @@
 #include <vector>
 
 #include "weft/comm/threads/run.hpp"
+#include "weft/cost/measure.hpp"
 #include "weft/models/gpt2/model.hpp"
 #include "weft/models/llama/model.hpp"
 #include "weft/nn/describe.hpp"
-#include "weft/plan/measure.hpp"
 
 using namespace weft;
 

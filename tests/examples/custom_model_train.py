@@ -78,20 +78,20 @@ for case, args in enumerate((["--data", "2", "--tensor", "2", "--strategy", "zer
     peaks = [json.loads(l)["peak_bytes"] for l in open(log) if '"peak_bytes"' in l] if r.returncode == 0 else []
     planned = max(totals) if totals else -1
     ok = p.returncode == 0 and peaks and all(x == planned for x in peaks)
-    # The step's collectives as the Meta communicator counted them (tests/plan/measure.cpp holds them
+    # The step's collectives as the Meta communicator counted them (tests/cost/measure.cpp holds them
     # to the thread communicator's): SP's reduce-scatters on the tensor axis, the pipe's sends.
     wanted = {0: "tensor reduce_scatter", 1: "pipe send", 2: "data all_reduce"}[case]
     ok = ok and re.search(r"collectives of a step on pipe rank 0 \(.*\): .*" + wanted + r" \d+ calls \d+ bytes", p.stdout)
-    # With tensor 2, each stage's collectives of a micro-batch (tests/plan/measure.cpp holds them to
+    # With tensor 2, each stage's collectives of a micro-batch (tests/cost/measure.cpp holds them to
     # GPT-2's describe rows): the blocks alike, SP's gathers and scatters in each.
     if case == 0:
         ok = ok and re.search(r"layers\.0 \(and every block\) +forward: .*all_gather 2 calls \d+ bytes", p.stdout)
-        # describe's table, walked over the layers (tests/plan/measure.cpp holds it to the measured
+        # describe's table, walked over the layers (tests/cost/measure.cpp holds it to the measured
         # collectives): each block's RowParallel layer, and its partial sum scattered back to the stream.
         ok = ok and all(re.search(rf"layers\.{l}\.down \(Linear<RowParallel>\)", p.stdout) for l in (0, 1))
         ok = ok and re.search(r"layers\.1: down -> out \(Redistribute<.*reduce_scatter\(tensor\) \d+ B", p.stdout)
-    # With --pipe 1, the step time of the measured work at this host's rates (tests/plan/measure.cpp
-    # holds the work to GPT-2's closed forms, tests/plan/time.cpp its pricing): printed, with GEMMs
+    # With --pipe 1, the step time of the measured work at this host's rates (tests/cost/measure.cpp
+    # holds the work to GPT-2's closed forms, tests/cost/time.cpp its pricing): printed, with GEMMs
     # that take time.
     if case != 1:
         t = re.search(r"step time: ([\d.]+) ms = GEMMs ([\d.]+) \+ attention ([\d.]+) \+ elementwise ([\d.]+) \+ memory "

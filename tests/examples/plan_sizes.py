@@ -9,7 +9,7 @@ GPUs and vocabulary of 2^k for k in 4, 31, 62: each call exits 0 (a plan) or 2 (
 the value given, as the command line printed it), never anything else (134: an uncaught exception; a
 hang: the timeout). Each call's time is bounded by the mechanism, not by this machine's speed: a plan
 replays at most 2^16 layer passes (train/rank_plan.hpp) and measures the host's rates at shapes of at
-most 2^20 elements a buffer (plan/host_rates.hpp), so a call may take at most twice what the largest
+most 2^20 elements a buffer (cost/host_rates.hpp), so a call may take at most twice what the largest
 plan allowed takes here, measured first (2^7 layers of 2^9 micro-batches of 512 sequences: both caps
 reached), plus 10 s for the process and a loaded machine. weft-plan costs up to a few dozen layouts,
 each bounded the same way (it measures no rates): its bound is 40 such plans.

@@ -1,14 +1,14 @@
 // MetaComm<C>: a communicator for the Meta device (device/meta/meta.hpp). Its groups are C's (rank,
 // size, name, split are C's, so a Mesh and a pipeline's tie groups form as they do on C), and it
 // moves no data: collectives, sends and receives return at once, and what they would have written
-// is left as it is (the Meta device's buffers hold nothing). The plan (plan/measure.hpp) runs a
+// is left as it is (the Meta device's buffers hold nothing). The plan (cost/measure.hpp) runs a
 // step's code on Meta devices over MetaComm<ThreadComm>: the only calls that wait for the other ranks
 // are the splits that build the groups.
 //
 // It counts what it is asked as the thread communicator counts it (threads::Counters: calls and
 // bytes per operation on each group; an all-gather by its output, the rest by their input, a send
 // when it is posted), so a step measured on it reports its collectives per mesh axis, and
-// tests/plan/measure.cpp holds the counts equal to the thread communicator's.
+// tests/cost/measure.cpp holds the counts equal to the thread communicator's.
 //
 // StandIn: one rank of a world whose other ranks are not there, for MetaComm<StandIn>, so one
 // rank's step is measured alone (footprint::measure_alone) on meshes of any size. Its groups form

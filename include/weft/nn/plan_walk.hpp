@@ -21,7 +21,7 @@
 // there (sequence parallelism's norm weights), as DDP runs it.
 //
 // A layer that runs collectives inside itself (not through a Redistribute) declares them with a
-// plan_rows (static, or a const member); tests/plan/measure.cpp holds the walk to the collectives a
+// plan_rows (static, or a const member); tests/cost/measure.cpp holds the walk to the collectives a
 // run counts, tests/context/plan.cpp the context axis's.
 #pragma once
 

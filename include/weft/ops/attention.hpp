@@ -243,7 +243,7 @@ struct Attention<Host> {
   }
 };
 
-// The Meta device (plan/measure.hpp): nothing computed, the work the time model prices noted.
+// The Meta device (cost/measure.hpp): nothing computed, the work the time model prices noted.
 // The causal core: QK^T and PV over the lower triangle, 2 B H T (T + 1) hd FLOPs forward, twice
 // that backward.
 template <class D>

@@ -59,7 +59,7 @@ struct Bias<Host> {
   }
 };
 
-// The Meta device (plan/measure.hpp): nothing computed, the work the time model prices noted.
+// The Meta device (cost/measure.hpp): nothing computed, the work the time model prices noted.
 template <class D>
 struct Bias<Meta<D>> {
   template <class... A> static void add(Meta<D>&, A&&...) {}

@@ -138,7 +138,7 @@ struct CrossEntropy<Host> {
   }
 };
 
-// The Meta device (plan/measure.hpp): nothing computed, the work the time model prices noted.
+// The Meta device (cost/measure.hpp): nothing computed, the work the time model prices noted.
 template <class D>
 struct CrossEntropy<Meta<D>> {
   template <class S, class T>

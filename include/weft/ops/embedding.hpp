@@ -117,7 +117,7 @@ struct Position<Host> {
   }
 };
 
-// The Meta device (plan/measure.hpp): nothing computed, the work the time model prices noted.
+// The Meta device (cost/measure.hpp): nothing computed, the work the time model prices noted.
 template <class D>
 struct Embedding<Meta<D>> : MetaPass<D> {};
 

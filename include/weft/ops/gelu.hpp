@@ -90,7 +90,7 @@ struct Gelu<Host> {
   }
 };
 
-// The Meta device (plan/measure.hpp): nothing computed, the work the time model prices noted.
+// The Meta device (cost/measure.hpp): nothing computed, the work the time model prices noted.
 template <class D>
 struct Gelu<Meta<D>> {
   template <class T> static void forward(Meta<D>& d, T*, const T*, index n) {

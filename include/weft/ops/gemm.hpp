@@ -60,7 +60,7 @@ struct Gemm<Host> {
   }
 };
 
-// The Meta device (plan/measure.hpp): the shape noted for the time model, nothing computed.
+// The Meta device (cost/measure.hpp): the shape noted for the time model, nothing computed.
 template <class D>
 struct Gemm<Meta<D>> {
   template <class... A>

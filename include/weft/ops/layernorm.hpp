@@ -121,7 +121,7 @@ struct LayerNorm<Host> {
   }
 };
 
-// The Meta device (plan/measure.hpp): nothing computed, the work the time model prices noted.
+// The Meta device (cost/measure.hpp): nothing computed, the work the time model prices noted.
 template <class D>
 struct LayerNorm<Meta<D>> {
   template <class A0, class A1, class A2, class A3, class A4, class A5, class... A>

@@ -108,7 +108,7 @@ struct Init<Host> {
   }
 };
 
-// The Meta device (plan/measure.hpp): nothing computed, the work the time model prices noted.
+// The Meta device (cost/measure.hpp): nothing computed, the work the time model prices noted.
 template <class D>
 struct Memory<Meta<D>> {
   template <class... A> static void zero(Meta<D>&, A&&...) {}

@@ -1,4 +1,4 @@
-// The Meta device's side of an op family (device/meta/meta.hpp; plan/measure.hpp runs a model's step
+// The Meta device's side of an op family (device/meta/meta.hpp; cost/measure.hpp runs a model's step
 // on it): each function takes the arguments the host's does and computes nothing; those that return
 // a value (a loss, a sum of squares) return 0. weft's families write theirs in their own file,
 // ops/<op>.hpp, noting in the device's MetaWork what the time model prices (GEMM shapes, the

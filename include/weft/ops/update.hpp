@@ -141,7 +141,7 @@ struct Norm<Host> {
   }
 };
 
-// The Meta device (plan/measure.hpp): nothing computed, the work the time model prices noted.
+// The Meta device (cost/measure.hpp): nothing computed, the work the time model prices noted.
 template <class D>
 struct Update<Meta<D>> {
   template <class P, class G, class S, class... A>

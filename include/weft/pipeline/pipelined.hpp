@@ -146,7 +146,7 @@ class Pipeline {
 
   // The tied table's group of the first and last pipe ranks (every other pipe rank's group of the
   // rest), where the model ties its embedding and head across pipe ranks: what it was asked is the
-  // plan's (plan/measure.hpp counts it on the pipe axis).
+  // plan's (cost/measure.hpp counts it on the pipe axis).
   const std::optional<Comm>& tie_group() const { return tie_; }
 
   // One optimizer step's forwards and backwards over m micro-batches (the table's m), gradients

@@ -7,13 +7,19 @@
 // layers, width and sequence length (the second term is each block's attention scores and their
 // use, over the whole width). For GPT-2 this is gpt2::flops_per_token exactly
 // (tests/train/flops.cpp). A family that computes differently says so (Family::flops_per_token).
+// family_flops_per_token<F>(config): a family's count without training it (the --plan of the
+// trainer and weft-plan's), the model built on the Meta device as rank 0 of a world of one.
 #pragma once
 
 #include <cstddef>
 #include <span>
 
 #include "weft/comm/communicator.hpp"
+#include "weft/comm/mesh.hpp"
+#include "weft/comm/meta.hpp"
 #include "weft/nn/unit.hpp"
+#include "weft/ops/families.hpp"
+#include "weft/train/family.hpp"
 
 namespace weft::train {
 
@@ -40,6 +46,21 @@ double declared_flops_per_token(Model& m, Mesh& mesh) {
   const auto& c = m.config;
   const double L = static_cast<double>(c.layers), C = static_cast<double>(c.width), T = static_cast<double>(c.seq);
   return 6.0 * n[0] + 12.0 * L * C * T;
+}
+
+// FLOPs per token of a family's configuration without training it: the family's own count, or
+// the parameters its layers declare (nothing allocated, no thread started).
+template <Family F>
+double family_flops_per_token(const config_t<F>& cfg) {
+  if constexpr (requires { F::flops_per_token(cfg); }) {
+    return F::flops_per_token(cfg);
+  } else {
+    Meta<Host> dev;
+    MetaComm<StandIn> world(StandIn(0, 1));
+    Mesh mesh{world, {}};
+    model_t<F, F32, false, Meta<Host>> m(dev, cfg, mesh.spread(), 1);
+    return declared_flops_per_token(m, mesh);
+  }
 }
 
 }  // namespace weft::train

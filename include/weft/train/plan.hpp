@@ -1,6 +1,6 @@
 // The trainer's plan of a run for any model family (train::Family): each pipe rank's persistent state
 // and the peaks of a training step, measured by running the step on the Meta device
-// (plan/measure.hpp: exact, the host allocator's counts), for the check that a run fits and for
+// (cost/measure.hpp: exact, the host allocator's counts), for the check that a run fits and for
 // --plan. A family with a plan of its own (Family::plan, Family::print_plan; GPT-2's constexpr
 // replay in models/gpt2/run_plan.hpp) uses that one instead.
 #pragma once
@@ -11,16 +11,15 @@
 #include <string>
 #include <vector>
 
+#include "weft/cost/host_rates.hpp"
+#include "weft/cost/measure.hpp"
+#include "weft/cost/measure_time.hpp"
 #include "weft/nn/describe.hpp"
 #include "weft/pipeline/schedule.hpp"
-#include "weft/plan/host_rates.hpp"
-#include "weft/plan/measure.hpp"
-#include "weft/plan/measure_time.hpp"
 #include "weft/train/devices.hpp"
 #include "weft/train/family.hpp"
 #include "weft/train/flops.hpp"
 #include "weft/train/options.hpp"
-#include "weft/train/plan_flops.hpp"
 #include "weft/train/rank_plan.hpp"
 #include "weft/train/strategies.hpp"
 
@@ -222,7 +221,7 @@ int print_measured_plan(const Options& o, const config_t<F>& cfg, const std::str
   print_rank_collectives(o, plan);
   if (o.mesh.tensor > 1 && o.mesh.pipe == 1) print_stage_collectives(measured_stage_collectives<F>(o, cfg));
   if (o.mesh.pipe == 1) std::printf("%s", described_plan<F>(o, cfg).c_str());
-  const double flops = plan_flops_per_token<F>(cfg) * static_cast<double>(o.optim.batch * cfg.seq);
+  const double flops = family_flops_per_token<F>(cfg) * static_cast<double>(o.optim.batch * cfg.seq);
   std::printf("FLOPs per step: %.4g (%lld tokens)\n", flops, static_cast<long long>(o.optim.batch * cfg.seq));
   print_step_time<F>(o, cfg, ranks[0], host);
   return 0;

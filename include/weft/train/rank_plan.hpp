@@ -10,8 +10,8 @@
 
 #include "weft/comm/threads/world.hpp"
 #include "weft/core/error.hpp"
+#include "weft/cost/memory.hpp"
 #include "weft/layout/layout.hpp"
-#include "weft/plan/memory.hpp"
 
 namespace weft::train {
 

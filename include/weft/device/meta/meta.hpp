@@ -1,6 +1,6 @@
 // weft::Meta<D>: a device that allocates nothing and computes nothing, and counts every block the
 // code asks of it as D's allocator counts it (MemoryStats, by category). The plan for any model
-// (plan/measure.hpp) runs a real training step of the real model on it, so what it reports is what
+// (cost/measure.hpp) runs a real training step of the real model on it, so what it reports is what
 // the model's code allocates, whatever its layers are, without the memory or the arithmetic.
 //
 // Blocks have addresses that are never dereferenced (distinct, in a range nothing maps), so a layer
@@ -54,7 +54,7 @@ class MetaAllocator final : public Releaser {
   std::uintptr_t next_ = 0;
 };
 
-// What the ops were asked for, for the time model (estimate::work_of, plan/measure_time.hpp): each
+// What the ops were asked for, for the time model (estimate::work_of, cost/measure_time.hpp): each
 // GEMM shape and how often, the causal attention core's FLOPs, and the elements through the ops the
 // time model prices per element (forward and backward together count one element, so each counts
 // half; a recomputed forward counts its half again).

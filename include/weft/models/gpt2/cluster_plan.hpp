@@ -1,8 +1,8 @@
-// GPT-2's cost of a layout on a cluster for weft-plan (train/cluster.hpp): the peak of a step per GPU
+// GPT-2's cost of a layout on a cluster for weft-plan (plan/cluster.hpp): the peak of a step per GPU
 // from the constexpr replay (models/gpt2/replay.hpp, with the pipeline schedule's table for the largest pipe
 // rank), plus the CUDA back end's workspace estimate, and the step time from the closed forms
-// (plan/time.hpp) at the cluster's rates. Closed forms, so a layout of any size costs microseconds;
-// tests/plan/measure.cpp holds them to the step measured on the Meta device. The definition of
+// (cost/time.hpp) at the cluster's rates. Closed forms, so a layout of any size costs microseconds;
+// tests/cost/measure.cpp holds them to the step measured on the Meta device. The definition of
 // gpt2::Family::cluster_cost; only weft-plan's translation unit includes it.
 #pragma once
 
@@ -10,11 +10,11 @@
 #include <cmath>
 #include <string>
 
+#include "weft/cost/time.hpp"
 #include "weft/models/gpt2/estimate.hpp"
 #include "weft/models/gpt2/family.hpp"
-#include "weft/plan/time.hpp"
+#include "weft/plan/cluster.hpp"
 #include "weft/recompute/policies.hpp"
-#include "weft/train/cluster.hpp"
 #include "weft/train/strategies.hpp"
 
 namespace weft::gpt2 {

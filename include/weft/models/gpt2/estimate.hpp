@@ -1,16 +1,16 @@
 // GPT-2's step time in closed form (estimate::Work from its sizes and types): the GEMMs, the
 // attention core, the elementwise ops, the buffers of the step's replay (replay.hpp) and the
 // collectives (describe's rows, the model walked on the Meta device), for a gpt2::Model<P, SP, R> under data-parallel
-// Strategy; and a pipelined step from it (estimate::pipeline_seconds_of). plan/measure_time.hpp measures the same Work
-// for any model on the Meta device; tests/plan/measure.cpp holds the two equal for GPT-2.
+// Strategy; and a pipelined step from it (estimate::pipeline_seconds_of). cost/measure_time.hpp measures the same Work
+// for any model on the Meta device; tests/cost/measure.cpp holds the two equal for GPT-2.
 #pragma once
 
 #include <cstdint>
 
+#include "weft/cost/time.hpp"
 #include "weft/models/gpt2/footprint.hpp"
 #include "weft/models/gpt2/replay.hpp"
 #include "weft/nn/describe.hpp"
-#include "weft/plan/time.hpp"
 
 namespace weft::estimate {
 

@@ -9,11 +9,11 @@
 #include <vector>
 
 #include "weft/core/precision.hpp"
+#include "weft/cost/memory.hpp"
 #include "weft/models/gpt2/config.hpp"
 #include "weft/models/gpt2/footprint.hpp"
 #include "weft/models/gpt2/hf.hpp"
 #include "weft/models/gpt2/model.hpp"
-#include "weft/plan/memory.hpp"
 #include "weft/train/family.hpp"
 #include "weft/train/rank_plan.hpp"
 

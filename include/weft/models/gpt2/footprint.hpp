@@ -10,8 +10,8 @@
 
 #include <cstdint>
 
+#include "weft/cost/memory.hpp"
 #include "weft/models/gpt2/model.hpp"
-#include "weft/plan/memory.hpp"
 
 namespace weft::gpt2 {
 

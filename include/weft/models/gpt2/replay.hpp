@@ -1,5 +1,5 @@
 // weft::footprint::step: the peak bytes of GPT-2's training step by category, from the sizes, the
-// degrees and the types alone, constexpr: a closed-form replay of what plan/measure.hpp measures for
+// degrees and the types alone, constexpr: a closed-form replay of what cost/measure.hpp measures for
 // any model on the Meta device. It stays for what the measurement cannot give: a plan in a
 // constant expression (a static_assert on a step's peak), and a plan of sizes the Meta device
 // would take long to run (docs/plan.md, "Two planners").
@@ -32,12 +32,12 @@
 
 #include <cstdint>
 
+#include "weft/cost/ledger.hpp"
+#include "weft/cost/memory.hpp"
 #include "weft/layout/plan.hpp"
 #include "weft/models/gpt2/footprint.hpp"
 #include "weft/models/gpt2/model.hpp"
 #include "weft/pipeline/schedule.hpp"
-#include "weft/plan/ledger.hpp"
-#include "weft/plan/memory.hpp"
 #include "weft/recompute/policies.hpp"
 
 namespace weft::footprint {

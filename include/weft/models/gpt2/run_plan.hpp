@@ -1,7 +1,7 @@
 // GPT-2's plan of a trainer's run (train::Options): per pipe rank, the persistent state
-// (plan/memory.hpp, exact) and the peak of a step (models/gpt2/replay.hpp: replayed, with the pipeline
+// (cost/memory.hpp, exact) and the peak of a step (models/gpt2/replay.hpp: replayed, with the pipeline
 // schedule's table when --pipe > 1; exact on the host, plus an estimate of the CUDA workspace on
-// the GPU), the step time on this host (plan/time.hpp), and --plan's table. Host code: the GPU's
+// the GPU), the step time on this host (cost/time.hpp), and --plan's table. Host code: the GPU's
 // translation unit does not include it. The definitions of gpt2::Family::plan and print_plan.
 #pragma once
 
@@ -10,13 +10,13 @@
 #include <string>
 #include <vector>
 
+#include "weft/cost/host_rates.hpp"
+#include "weft/cost/memory.hpp"
+#include "weft/cost/time.hpp"
 #include "weft/models/gpt2/estimate.hpp"
 #include "weft/models/gpt2/family.hpp"
 #include "weft/nn/describe.hpp"
 #include "weft/pipeline/schedule.hpp"
-#include "weft/plan/host_rates.hpp"
-#include "weft/plan/memory.hpp"
-#include "weft/plan/time.hpp"
 #include "weft/train/devices.hpp"
 #include "weft/train/plan.hpp"
 #include "weft/train/strategies.hpp"
@@ -69,7 +69,7 @@ inline std::vector<RankPlan> plan_of(const train::Options& o, const Config& c, b
 }
 
 // The step time of a run on host thread ranks (pipe 1), from the plan's work and rates measured now
-// on this machine with every rank running (weft/plan/host_rates.hpp; f32 rates for bf16).
+// on this machine with every rank running (weft/cost/host_rates.hpp; f32 rates for bf16).
 inline estimate::Breakdown plan_time(const train::Options& o, const Config& c) {
   const Spread s{.data_degree = o.mesh.data, .tensor_degree = o.mesh.tensor};
   const std::int64_t micro = o.optim.micro_batch > 0 ? o.optim.micro_batch : o.optim.batch;

@@ -1,8 +1,8 @@
 // A memory budget checked by the compiler: GPT-2 124M's persistent state in bf16 mixed precision is
 // 18 bytes per parameter under DDP (2.2 GB a rank), an eighth of that under FSDP on 8 data ranks.
 // Without a define this compiles; with WEFT_CF_DDP_OVER_BUDGET the 1 GiB budget refuses DDP.
+#include "weft/cost/memory.hpp"
 #include "weft/models/gpt2/footprint.hpp"
-#include "weft/plan/memory.hpp"
 
 using namespace weft;
 

@@ -6,8 +6,8 @@
 //
 // This part covers the persistent state, by category, as the allocators count it once the model
 // and its data-parallel protocol are built (before the first step): parameters, gradients, master
-// weights and optimizer state, exactly (tests/plan/memory.cpp compares it with the allocator's
-// counts for every strategy). A step's activations, buffers and collectives: plan/measure.hpp, for
+// weights and optimizer state, exactly (tests/cost/memory.cpp compares it with the allocator's
+// counts for every strategy). A step's activations, buffers and collectives: cost/measure.hpp, for
 // any model; GPT-2's closed-form replay of them, models/gpt2/replay.hpp.
 //
 // A rank's units (nn/staged_model.hpp), each padded to a multiple of the data degree:

@@ -4,7 +4,7 @@
 // recompute where the family has it, and pipelines under 1F1B, ZB-H1 and interleaved 1F1B), and
 // what one setup costs (train::Candidate: the step's peak per GPU and its time). How a setup is
 // costed is the family's (GPT-2's closed forms, models/gpt2/cluster_plan.hpp) or the step measured
-// on the Meta device (train/cluster_plan.hpp).
+// on the Meta device (plan/search.hpp).
 //
 // This header is plain C++20.
 #pragma once
@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "weft/core/error.hpp"
+#include "weft/cost/time.hpp"
 #include "weft/pipeline/schedule.hpp"
-#include "weft/plan/time.hpp"
 
 namespace weft::train {
 

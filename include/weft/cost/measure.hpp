@@ -2,7 +2,7 @@
 // running the step's real code on the Meta device (device/meta/meta.hpp) over a communicator that
 // moves no data (comm/meta.hpp). Every tensor the model's layers, the redistributions, the
 // data-parallel protocol and the pipeline allocate is counted as the host allocator counts it, in
-// the same order, so the result is exact for any model made of any layers: tests/plan/measure.cpp
+// the same order, so the result is exact for any model made of any layers: tests/cost/measure.cpp
 // holds it to the allocator's counts of the custom decoder (examples/03_custom_model.hpp) and to
 // GPT-2's constexpr replay (models/gpt2/replay.hpp) to the byte. Its cost is the code's control flow, not its
 // arithmetic: every rank of the mesh is a thread that allocates nothing.
@@ -34,6 +34,8 @@
 #include "weft/comm/mesh.hpp"
 #include "weft/comm/meta.hpp"
 #include "weft/comm/threads/run.hpp"
+#include "weft/cost/ledger.hpp"
+#include "weft/cost/memory.hpp"
 #include "weft/nn/staged_model.hpp"
 #include "weft/ops/families.hpp"
 #include "weft/optim/data_parallel.hpp"
@@ -41,8 +43,6 @@
 #include "weft/pipeline/executor.hpp"
 #include "weft/pipeline/pipelined.hpp"
 #include "weft/pipeline/schedule.hpp"
-#include "weft/plan/ledger.hpp"
-#include "weft/plan/memory.hpp"
 
 namespace weft::footprint {
 
@@ -72,7 +72,7 @@ struct RankStep {
   Memory state;
   StepPeak step;
   std::array<threads::Counters, kAxes.size()> collectives{};
-  // On the Meta device, for the time model (plan/measure_time.hpp): what the step asked of weft's
+  // On the Meta device, for the time model (cost/measure_time.hpp): what the step asked of weft's
   // ops, and of each axis call by call (operation, bytes) -> count.
   MetaWork ops;
   std::array<detail::CallLog, kAxes.size()> calls{};
@@ -215,7 +215,7 @@ std::vector<RankStep> measure(const typename ModelOn<Meta<Host>>::config_type& c
 
 // One rank's plan of one step of ModelOn<Meta<Host>>, measured alone: the rank's groups stand in for
 // the others (comm/meta.hpp), so any mesh is measured in the time of one rank's step. Equal to
-// measure(c, run)[rank] (tests/plan/measure.cpp).
+// measure(c, run)[rank] (tests/cost/measure.cpp).
 template <template <class> class ModelOn, class Strategy, class Rule = optim::AdamW>
 RankStep measure_alone(const typename ModelOn<Meta<Host>>::config_type& c, const Run& run, int rank, Rule rule = {}) {
   validate(run.mesh, run.mesh.ranks());
@@ -241,7 +241,7 @@ inline std::vector<int> bounding_ranks(const MeshShape& s) {
 }
 
 // The bounding ranks' plans, each measured alone: the largest of them per pipe rank is the mesh's
-// (tests/plan/measure.cpp holds it to every rank's on the meshes it measures both ways).
+// (tests/cost/measure.cpp holds it to every rank's on the meshes it measures both ways).
 template <template <class> class ModelOn, class Strategy, class Rule = optim::AdamW>
 std::vector<RankStep> measure_bounding(const typename ModelOn<Meta<Host>>::config_type& c, const Run& run,
                                        Rule rule = {}) {

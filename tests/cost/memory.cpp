@@ -10,11 +10,11 @@
 
 #include "weft/comm/mesh.hpp"
 #include "weft/comm/threads/run.hpp"
+#include "weft/cost/memory.hpp"
 #include "weft/device/host/host.hpp"
 #include "weft/models/gpt2/footprint.hpp"
 #include "weft/models/gpt2/model.hpp"
 #include "weft/pipeline/pipelined.hpp"
-#include "weft/plan/memory.hpp"
 
 using namespace weft;
 
@@ -77,7 +77,7 @@ TEST_CASE("the plan's persistent bytes equal the allocators' counts: ZeRO-2") { 
 TEST_CASE("the plan's persistent bytes equal the allocators' counts: FSDP") { check_all<optim::Fsdp>(); }
 
 // With sizes known at compile time the plan is a constant: a configuration can be checked against a
-// memory budget by the compiler (tests/plan/compile_fail/budget.cpp shows the refusal).
+// memory budget by the compiler (tests/cost/compile_fail/budget.cpp shows the refusal).
 namespace {
 constexpr gpt2::Config kGpt2{.vocab = 50257, .seq = 1024, .layers = 12, .heads = 12, .width = 768};
 constexpr Spread kEight{.data_degree = 8, .tensor_degree = 1};

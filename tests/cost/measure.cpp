@@ -14,12 +14,12 @@
 #include <vector>
 
 #include "03_custom_model.hpp"
+#include "weft/cost/measure.hpp"
+#include "weft/cost/measure_time.hpp"
 #include "weft/models/gpt2/cluster_plan.hpp"
 #include "weft/models/gpt2/estimate.hpp"
 #include "weft/models/gpt2/replay.hpp"
-#include "weft/plan/measure.hpp"
-#include "weft/plan/measure_time.hpp"
-#include "weft/train/cluster_plan.hpp"
+#include "weft/plan/search.hpp"
 
 using namespace weft;
 

@@ -1,9 +1,9 @@
 // weft-plan for any model family (train::Family): the plan of a model on a cluster of any number of
-// GPUs, for every layout of train/cluster.hpp, ranked by step time among those that fit. A family
+// GPUs, for every layout of plan/cluster.hpp, ranked by step time among those that fit. A family
 // costs a setup by its own closed forms (Family::cluster_cost: GPT-2's, models/gpt2/cluster_plan.hpp)
 // or, by default, by the step measured on the Meta device: the bounding ranks of the mesh, each run
-// alone (plan/measure.hpp measure_bounding: exact, the host allocator's counts, on meshes of any
-// size), their work priced at the cluster's rates (plan/measure_time.hpp), and a pipeline's time
+// alone (cost/measure.hpp measure_bounding: exact, the host allocator's counts, on meshes of any
+// size), their work priced at the cluster's rates (cost/measure_time.hpp), and a pipeline's time
 // from four pipe-1 steps (estimate::pipeline_seconds_of). A user's planner is one line:
 //
 //   int main(int argc, char** argv) { return weft::train::plan_main<MyFamily>(argc, argv, "my_plan"); }
@@ -24,15 +24,15 @@
 
 #include "weft/core/files.hpp"
 #include "weft/core/json_limits.hpp"
-#include "weft/plan/measure.hpp"
-#include "weft/plan/measure_time.hpp"
-#include "weft/plan/memory.hpp"
+#include "weft/cost/measure.hpp"
+#include "weft/cost/measure_time.hpp"
+#include "weft/cost/memory.hpp"
+#include "weft/plan/cluster.hpp"
 #include "weft/recompute/policies.hpp"
-#include "weft/train/cluster.hpp"
 #include "weft/train/command_line.hpp"
 #include "weft/train/dispatch.hpp"
 #include "weft/train/family.hpp"
-#include "weft/train/plan_flops.hpp"
+#include "weft/train/flops.hpp"
 #include "weft/train/rank_plan.hpp"
 #include "weft/train/strategies.hpp"
 
@@ -332,7 +332,7 @@ int plan_family(const PlanOptions& given, Cluster k, const std::string& program)
   check_plan_sizes<F>(o, c, k, program);
   const Candidates found = plan_cluster<F>(c, k, o.batch, o.micro, dtype);
   const double tokens = static_cast<double>(o.batch) * static_cast<double>(c.seq);
-  const double flops = plan_flops_per_token<F>(c) * tokens;
+  const double flops = family_flops_per_token<F>(c) * tokens;
   if (!o.json)
     std::printf(
         "%s: %s%s, %s | %d GPUs (%d per node, %.0f GiB, %.0f TFLOP/s) | batch %lld, %lld per GPU per micro-batch\n",

@@ -1,17 +1,17 @@
-// estimate::work_of: the time model's Work (plan/time.hpp) of any model, from a step measured on the
-// Meta device (plan/measure.hpp) instead of GPT-2's closed forms: the GEMM shapes the layers asked
+// estimate::work_of: the time model's Work (cost/time.hpp) of any model, from a step measured on the
+// Meta device (cost/measure.hpp) instead of GPT-2's closed forms: the GEMM shapes the layers asked
 // for and how often, the causal attention core's FLOPs, the elements through GELU, LayerNorm, the
 // cross-entropy and AdamW, the bytes the step allocated, and every collective call on the data and
 // tensor axes with its bytes. estimate::seconds prices it with the same rates as GPT-2's.
-// tests/plan/measure.cpp holds it equal to estimate::work for GPT-2, shape by shape and call by
+// tests/cost/measure.cpp holds it equal to estimate::work for GPT-2, shape by shape and call by
 // call. What it cannot see: a user's own ops (the Meta device counts weft's), which it leaves out
 // of the elementwise time.
 #pragma once
 
 #include <cstdint>
 
-#include "weft/plan/measure.hpp"
-#include "weft/plan/time.hpp"
+#include "weft/cost/measure.hpp"
+#include "weft/cost/time.hpp"
 
 namespace weft::estimate {
 

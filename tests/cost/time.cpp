@@ -5,8 +5,8 @@
 // benchmarks/plan (speed is measured in benchmarks, not in tests).
 #include <doctest/doctest.h>
 
+#include "weft/cost/time.hpp"
 #include "weft/models/gpt2/estimate.hpp"
-#include "weft/plan/time.hpp"
 
 using namespace weft;
 using estimate::collective_seconds;

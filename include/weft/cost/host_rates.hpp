@@ -1,4 +1,4 @@
-// estimate::Rates measured on this host for a step's work (plan/time.hpp), with `data x tensor`
+// estimate::Rates measured on this host for a step's work (cost/time.hpp), with `data x tensor`
 // thread ranks running at once, as a training run's ranks do: each GEMM shape of the step, the
 // attention core at the step's shape, an elementwise op's bandwidth at the step's activation size,
 // and the thread communicator's alpha and beta on groups of the tensor and data degrees. About a
@@ -14,10 +14,10 @@
 
 #include "weft/comm/mesh.hpp"
 #include "weft/comm/threads/run.hpp"
+#include "weft/cost/time.hpp"
 #include "weft/device/host/gemm.hpp"
 #include "weft/device/host/host.hpp"
 #include "weft/ops/families.hpp"
-#include "weft/plan/time.hpp"
 
 namespace weft::estimate {
 

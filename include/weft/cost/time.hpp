@@ -18,7 +18,7 @@
 //                  schedule's table (pipeline::simulate, messages alpha + bytes beta on the pipe
 //                  link), then each rank's once-a-step part
 //
-// Rates come from a measurement on the machine (plan/host_rates.hpp on the host) or from a
+// Rates come from a measurement on the machine (cost/host_rates.hpp on the host) or from a
 // cluster description (weft-plan: peak FLOP/s, HBM bandwidth, intra- and inter-node links).
 #pragma once
 
@@ -30,9 +30,9 @@
 #include <vector>
 
 #include "weft/core/shape.hpp"
+#include "weft/cost/ledger.hpp"
 #include "weft/layout/plan.hpp"
 #include "weft/pipeline/schedule.hpp"
-#include "weft/plan/ledger.hpp"
 
 namespace weft::estimate {
 
@@ -81,7 +81,7 @@ struct Elementwise {
 };
 
 // What one rank of a data x tensor mesh (pipe 1) runs in a step: measured for any model
-// (plan/measure_time.hpp, work_of), or GPT-2's closed form (models/gpt2/estimate.hpp).
+// (cost/measure_time.hpp, work_of), or GPT-2's closed form (models/gpt2/estimate.hpp).
 struct Work {
   std::vector<Gemm> gemms;
   double attention_flops = 0;        // the causal core, forward and backward (and recomputed forwards)

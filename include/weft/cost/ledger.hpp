@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "weft/plan/memory.hpp"
+#include "weft/cost/memory.hpp"
 
 namespace weft::footprint {
 
