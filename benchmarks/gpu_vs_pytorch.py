@@ -7,7 +7,7 @@ Models (T = 1024, bf16 compute with f32 master weights, AdamW, gradient clipping
          vocabulary 128256, LM head tied; 1.24B parameters)
 Implementations:
   weft        GPT-2: the prebuilt benchmarks/gpt2.cu (its own largest micro-batch of 32, 16, 8, 4);
-              Llama: the prebuilt train_gpt (--model llama --preset llama-3.2-1b --seq 1024 --device cuda
+              Llama: the prebuilt weft-train (--model llama --preset llama-3.2-1b --seq 1024 --device cuda
               --dtype bf16, one rank), the median of its logged steps after the first two.
   pytorch     tools/reference/torch_gpt.py's and torch_llama.py's modules on the GPU: bf16 autocast,
               fused AdamW, scaled_dot_product_attention (causal; Llama with enable_gqa), eager;
@@ -201,7 +201,7 @@ def weft_llama(bin_dir, steps, timeout):
     for B in s["batches"]:
         with tempfile.TemporaryDirectory() as tmp:
             log = os.path.join(tmp, "log.jsonl")
-            cmd = [os.path.join(bin_dir, "train_gpt"), "--model", "llama", "--preset", "llama-3.2-1b", "--seq", str(s["seq"]),
+            cmd = [os.path.join(bin_dir, "weft-train"), "--model", "llama", "--preset", "llama-3.2-1b", "--seq", str(s["seq"]),
                    "--device", "cuda", "--dtype", "bf16", "--data", "1", "--tensor", "1", "--batch", str(B),
                    "--steps", str(steps + 2), "--eval-every", "0", "--log", log]
             rc, out, mem = run(cmd, timeout)
@@ -278,7 +278,7 @@ def gpu():
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--weft", help="the folder scripts/gpu-build made (gpt2, train_gpt)")
+    ap.add_argument("--weft", help="the folder scripts/gpu-build made (gpt2, weft-train)")
     ap.add_argument("--llmc", help="the folder scripts/llmc-build made (train_gpt2cu[_cudnn])")
     ap.add_argument("--models", default="gpt2,llama")
     ap.add_argument("--impls", default="weft,pytorch,compiled,llmc")

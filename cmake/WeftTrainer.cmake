@@ -4,7 +4,7 @@
 # where weft/models/name/run_plan.hpp or cluster_plan.hpp exist (a plan in closed form), the trainer's
 # main or weft-plan includes them.
 #
-#   weft_add_trainer(train_gpt SOURCES train_gpt.cpp FAMILIES gpt2 llama
+#   weft_add_trainer(weft_train SOURCES weft_train.cpp FAMILIES gpt2 llama
 #                    [CUDA_FAMILIES gpt2 llama] [PRECISIONS f32 bf16 f64] [NO_CONTEXT] [GEMM_IN_UNITS])
 #   weft_add_family_program(weft_plan SOURCES weft_plan.cpp FAMILIES gpt2 llama [HEADER cluster_plan.hpp])
 #

@@ -1,5 +1,5 @@
 // A trainer binary for the decoder of 03_custom_model.hpp, from weft's trainer library: the model's
-// family (03_custom_model_family.hpp, a few lines) and a main. Everything train_gpt does comes with
+// family (03_custom_model_family.hpp, a few lines) and a main. Everything weft-train does comes with
 // it: thread ranks or mpirun, tensor, sequence, pipeline and data parallelism, gradient
 // accumulation, clipping, the learning-rate schedule, evaluation, checkpoints that resume on any
 // mesh, signals, logs, traces.

@@ -15,7 +15,7 @@
 5. --logits to /dev/full exits 1 saying so (no space left on device); --max-shard-bytes 0 is refused
    by its rule, not with a 309-digit bound.
 6. The manifest records the family that saved it ("family": "gpt2"); a checkpoint whose family has
-   no export here is refused by its name, and train_gpt --model llama refuses (exit 2) to resume
+   no export here is refused by its name, and weft-train --model llama refuses (exit 2) to resume
    GPT-2's checkpoint, naming both families.
 Each case: the exit status, the message, and the bytes (XXH3 would do; SHA-256 here) of what must not
 change.
@@ -116,7 +116,7 @@ check("--max-shard-bytes 0: refused by its rule", rc == 2 and "0 is out of range
       f"exit {rc}, {out[-300:]!r}")
 
 # 6. The manifest names the family that saved it: a checkpoint of a family weft-export does not know
-# is refused by that name, and train_gpt refuses to resume one family's checkpoint as another's.
+# is refused by that name, and weft-train refuses to resume one family's checkpoint as another's.
 import json
 manifest = json.load(open(os.path.join(step_g, "manifest.json")))
 check("the manifest records the family", manifest.get("family") == "gpt2", f"family {manifest.get('family')!r}")

@@ -36,7 +36,7 @@ void check(const gpt2::Config& c, MeshShape shape, int virtual_stages = 1) {
     gpt2::Model<P> gpt(host, c, mesh.spread(), 2 * shape.data, place);
     auto dp = optim::data_parallel<Strategy>(gpt, optim::AdamW{}, mesh);
     const footprint::Holds holds = footprint::Holds::of(place);
-    // what train_gpt plans with
+    // what weft-train plans with
     const footprint::Holds even = footprint::Holds::even(c, shape.pipe, mesh.coord().pipe);
     even_matches[static_cast<std::size_t>(w.rank())] =
         holds.blocks == even.blocks && holds.embedding == even.embedding && holds.head == even.head;

@@ -33,7 +33,7 @@ TEST_CASE("sampled sequences have the computed entropy rate") {
   // The mean of -log P(x_t+1 | x_t) over 2000 sequences of 101 tokens estimates the entropy rate;
   // the per-token values have a standard deviation below 2, so the standard error is below 0.0015
   // (correlations aside): 0.02 is over 10 of them. Seed 7, and seed 1: the trainer's corpus for the
-  // 64-token presets, whose rate tests/examples/train_gpt_llama.py takes as its floor (1.04309).
+  // 64-token presets, whose rate tests/examples/weft_train_llama.py takes as its floor (1.04309).
   CHECK(MarkovSource(64, 1).entropy_rate() == doctest::Approx(1.04309).epsilon(1e-5));
   for (std::uint64_t seed : {7, 1}) {
     const MarkovSource m(64, seed);

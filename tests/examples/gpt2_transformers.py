@@ -23,7 +23,7 @@ ck = os.path.join(work, "ck")
 p = subprocess.run([train, "--steps", "3", "--eval-every", "0", "--save-dir", ck], capture_output=True, text=True, env=env,
                    timeout=600)
 if p.returncode != 0:
-    sys.exit(f"train_gpt failed (exit {p.returncode}):\n{p.stdout}{p.stderr}")
+    sys.exit(f"weft-train failed (exit {p.returncode}):\n{p.stdout}{p.stderr}")
 p = subprocess.run([sys.executable, os.path.join(here, "..", "..", "tools", "reference", "hf_compare.py"), "--export", export,
                     "--checkpoint", ck], env=env, timeout=600)
 sys.exit(p.returncode)

@@ -3,7 +3,7 @@
 
   plan_sizes.py TRAIN_GPT WEFT_PLAN
 
-`train_gpt --plan` (GPT-2 and Llama) with layers, batch (whole and in micro-batches of one
+`weft-train --plan` (GPT-2 and Llama) with layers, batch (whole and in micro-batches of one
 sequence), ranks and vocabulary of 2^k for k in 4, 20, 40, 62, and `weft-plan` with layers, batch,
 GPUs and vocabulary of 2^k for k in 4, 31, 62: each call exits 0 (a plan) or 2 (a refusal that names
 the value given, as the command line printed it), never anything else (134: an uncaught exception; a

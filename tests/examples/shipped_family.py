@@ -1,19 +1,19 @@
 #!/usr/bin/env python3
-"""A family shipped by name (docs/training.md, "Shipping a family"): weft's own train_gpt, weft-plan
+"""A family shipped by name (docs/training.md, "Shipping a family"): weft's own weft-train, weft-plan
 and weft-export built over the list `custom` (tests/CMakeLists.txt: weft_add_trainer and
 weft_add_family_program with FAMILIES custom, the header tests/examples/families/weft/models/custom/
 family.hpp), against the custom decoder's one-line trainer:
 
   shipped_family.py TRAIN_GPT_CUSTOM WEFT_PLAN_CUSTOM WEFT_EXPORT_CUSTOM CUSTOM_MODEL_TRAIN
 
-1. train_gpt over `custom` trains the custom decoder: 4 steps on data 2 x tensor 2 (ZeRO-1 with SP)
+1. weft-train over `custom` trains the custom decoder: 4 steps on data 2 x tensor 2 (ZeRO-1 with SP)
    log the same losses, bit for bit, as custom_model_train's (the same family through the same
    library: the same instantiations, a unit generated instead of one written by hand).
 2. Its --help offers `custom` as the only model, and what it did not compile is refused naming the
    option and listing what it did: --dtype f64 (the build keeps f32 alone), --context 2.
 3. weft-plan over `custom` plans it (the step measured on the Meta device): exit 0, the family's
    name and a ranked table.
-4. weft-export over `custom` refuses the checkpoint train_gpt saved, naming the family and that it
+4. weft-export over `custom` refuses the checkpoint weft-train saved, naming the family and that it
    has no Hugging Face export (exit 1), and writes nothing.
 """
 import json, os, subprocess, sys, tempfile
@@ -34,22 +34,22 @@ def losses(name, binary, extra=()):
     return {r["step"]: r["loss"] for r in map(json.loads, open(log)) if "loss" in r}
 
 ck = os.path.join(work, "ck")
-got = losses("train_gpt over custom", train, ["--save-dir", ck])
+got = losses("weft-train over custom", train, ["--save-dir", ck])
 want = losses("custom_model_train", reference)
-print("train_gpt over custom: " + ", ".join(f"{got[s]!r}" for s in sorted(got)))
+print("weft-train over custom: " + ", ".join(f"{got[s]!r}" for s in sorted(got)))
 print("custom_model_train:    " + ", ".join(f"{want[s]!r}" for s in sorted(want)))
 if sorted(got) != [1, 2, 3, 4] or got != want:
     failures.append(f"the losses differ (bit for bit expected): {got} against {want}")
 
 p = subprocess.run([train, "--help"], capture_output=True, text=True, env=env, timeout=60)
 if p.returncode != 0 or "model family: custom (default: custom)" not in p.stdout:
-    failures.append(f"train_gpt --help over custom: exit {p.returncode}\n{p.stdout}")
+    failures.append(f"weft-train --help over custom: exit {p.returncode}\n{p.stdout}")
 for args, message in ((["--dtype", "f64"], "precision 'f64' is not compiled for the model family 'custom'; use one of: f32; "
                                            "this binary compiled custom on host: plain in f32 | custom on host with SP: plain in f32"),
                       (["--context", "2"], "--context 2: the model family 'custom' has no context-parallel attention")):
     p = subprocess.run([train, *args], capture_output=True, text=True, env=env, timeout=120)
     ok = p.returncode == 2 and message in p.stderr
-    print(f"train_gpt over custom {' '.join(args)}: exit {p.returncode}{'' if ok else ' (FAIL)'}")
+    print(f"weft-train over custom {' '.join(args)}: exit {p.returncode}{'' if ok else ' (FAIL)'}")
     if not ok: failures.append(f"{args}: exit {p.returncode}, wanted 2 and '{message}':\n{p.stdout}{p.stderr}")
 
 p = subprocess.run([plan, "--gpus", "16", "--batch", "64", "--micro", "2"], capture_output=True, text=True, env=env, timeout=300)

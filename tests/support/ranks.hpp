@@ -23,7 +23,7 @@ namespace weft::test {
 // How late, in seconds, a rank may learn of a failure (or a deadline pass) that it should learn of
 // at once, and still pass: the time for the failing rank's thread or process to be scheduled, the
 // waiter to wake and its Error to be built. Measured on a 2-core machine with two compiles of
-// train_gpt beside the tests (dev preset, 2026-12-03): a failure learnt "at once" after at most
+// weft-train beside the tests (dev preset, 2026-12-03): a failure learnt "at once" after at most
 // 0.013 s (threads, MPI, the pipeline), a deadline passed by at most 0.004 s on threads, 0.012 s
 // for the detach, 0.005 s for TcpStore, and 0.016 s under MPI past the deadline and its grace (the
 // waiting processes collect each other's notices for min(deadline, 1 s): comm/mpi/world.hpp). 2 s

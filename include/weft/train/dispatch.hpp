@@ -158,8 +158,8 @@ template <Family F, class V>
   if (V::context_parallel)
     throw Error(o.where(cat("--context ", o.mesh.context)),
                 cat("the context-parallel loops of the model family '", F::name(), "' are not compiled in this binary"),
-                cat("leave out --context, or rebuild with them (weft_add_trainer without NO_CONTEXT; train_gpt: CMake "
-                    "-DWEFT_TRAIN_GPT_CONTEXT=ON); ",
+                cat("leave out --context, or rebuild with them (weft_add_trainer without NO_CONTEXT; weft-train: CMake "
+                    "-DWEFT_TRAIN_CONTEXT=ON); ",
                     compiled));
   throw Error(o.where(),
               cat("the variant '", V::name(), "' of the model family '", F::name(), "' is not compiled in this binary"),

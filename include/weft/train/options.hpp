@@ -80,7 +80,7 @@ struct LaunchOptions {
 };
 
 struct Options {
-  std::string program = "train";  // the binary's name, where errors come from ("train_gpt")
+  std::string program = "train";  // the binary's name, where errors come from ("weft-train")
   ModelOptions model;
   MeshOptions mesh;
   OptimOptions optim;

@@ -51,7 +51,7 @@ inline void on_stop_signal(int sig) {
   (void)!::write(2, detail::stop_line, std::strlen(detail::stop_line));
 }
 
-// program: the name the handler's line starts with ("train_gpt").
+// program: the name the handler's line starts with ("weft-train").
 inline void install_stop_handlers(bool under_mpirun, const std::string& program) {
   const std::string line =
       program + ": stopping after this step, or within a second if it is long (a second signal stops at once)\n";

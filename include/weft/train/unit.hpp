@@ -7,10 +7,10 @@
 // its list of families, one source file each, and a header that names them all (`using units =
 // train::List<Unit<...>, ...>`) and declares each train_unit<U> extern where main is compiled:
 //
-//   // generated: gpt2_host_sp.cpp                  // generated: train_gpt_units.hpp, included by main
+//   // generated: gpt2_host_sp.cpp                  // generated: weft_train_units.hpp, included by main
 //   #include <weft/train/loop.hpp>                  using units = List<Unit<gpt2::Family, Host, false, B>, ...>;
-//   #include "train_gpt_units.hpp"                  WEFT_TRAIN_UNIT(extern, train_gpt_units::gpt2_host_sp)
-//   WEFT_TRAIN_UNIT(, train_gpt_units::gpt2_host_sp)
+//   #include "weft_train_units.hpp"                  WEFT_TRAIN_UNIT(extern, weft_train_units::gpt2_host_sp)
+//   WEFT_TRAIN_UNIT(, weft_train_units::gpt2_host_sp)
 //
 // A binary without generated units (a user's trainer in one file, train::main<MyFamily>) compiles
 // every unit beside main.

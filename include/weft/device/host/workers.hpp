@@ -2,7 +2,7 @@
 // and host::parallel(parts, f) runs f(p) for every part p in [0, parts), part p on thread p % n
 // (the caller is thread 0), returning when all are done.
 //
-// For a process that runs one rank (train_gpt with data, tensor and pipe 1; train_step
+// For a process that runs one rank (weft-train with data, tensor and pipe 1; train_step
 // --threads): the GEMMs and the heavy elementwise and row ops split their work into parts whose
 // results do not depend on how many threads run them (the op families, ops/*.hpp), so a
 // run on n cores gives the same bits as a run on one. Thread ranks keep 1: when the helpers are

@@ -1,4 +1,4 @@
-// Llama for the trainer (concept train::Family, train/family.hpp): train_gpt --model llama. The
+// Llama for the trainer (concept train::Family, train/family.hpp): weft-train --model llama. The
 // model over the precision, the sequence parallelism, the device and the variant; the presets
 // ("tiny" is llama-tiny, the trainer's default); the FLOPs per token; --init-from a transformers
 // model directory and weft-export to one. Its variants: the LM head untied or tied to the embedding

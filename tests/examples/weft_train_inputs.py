@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The trainer's inputs and signals, as a hostile user would try them.
 
-  train_gpt_inputs.py TRAIN_GPT
+  weft_train_inputs.py WEFT_TRAIN
 
 1. A table of bad invocations: each must exit with its status (2: a bad option, 1: a bad file,
    3: a diverged run) within 20 s, and print its message fragment. Refusals come before the GEMM
@@ -15,6 +15,8 @@
    bit); a second signal ends it at once (killed by the signal, nothing more logged).
 3. --plan: exits 0 at once, and the step peak it prints is within 5% of the peak bytes the run then
    logs for each step (DDP, and FSDP with SP).
+4. train_gpt, the old name (a link beside the binary, for one release): the same run's losses, bit
+   for bit, after one line on stderr naming the new name; a refusal names the name it was called by.
 """
 import json, os, re, signal, struct, subprocess, sys, tempfile, time
 
@@ -85,10 +87,10 @@ cases = [
     (2, "--data-file excludes --text", ["--text", short_txt, "--data-file", reserved]),
     (2, "The following argument was not expected: --no-such-option", ["--no-such-option"]),
     (2, "RANK and WORLD_SIZE start one process per rank", ["--launcher", "env"]),
-    (2, "train_gpt --log: cannot write '/nonexistent/run.jsonl'", ["--log", "/nonexistent/run.jsonl"]),
-    (2, f"train_gpt --log: cannot write '{d}'", ["--log", d]),
-    (2, "train_gpt --trace: cannot write '/nonexistent/t.json'", ["--trace", "/nonexistent/t.json"]),
-    (2, "train_gpt --save-dir: cannot create the directory '/proc/weft'", ["--save-dir", "/proc/weft"]),
+    (2, "weft-train --log: cannot write '/nonexistent/run.jsonl'", ["--log", "/nonexistent/run.jsonl"]),
+    (2, f"weft-train --log: cannot write '{d}'", ["--log", d]),
+    (2, "weft-train --trace: cannot write '/nonexistent/t.json'", ["--trace", "/nonexistent/t.json"]),
+    (2, "weft-train --save-dir: cannot create the directory '/proc/weft'", ["--save-dir", "/proc/weft"]),
     (1, f"checkpoint({missing}): is not a directory", ["--resume", missing]),
     (1, f"checkpoint({d}): has no manifest.json and no latest pointer", ["--resume", "latest", "--save-dir", d]),
     (1, f"'{d}' is a directory, not a regular file", ["--data-file", d]),
@@ -121,7 +123,7 @@ for status, fragment, args in cases:
     ok = rc == status and fragment in out
     if not ok:
         failures += 1
-        print(f"FAIL: train_gpt {' '.join(args)}: exit {rc}, expected {status} with '{fragment}'; printed:\n{out[-800:]}")
+        print(f"FAIL: weft-train {' '.join(args)}: exit {rc}, expected {status} with '{fragment}'; printed:\n{out[-800:]}")
 print(f"{len(cases) - failures} of {len(cases)} bad invocations refused as expected; slowest {slowest:.2f} s")
 
 # Signals. A step of this size takes a fraction of a second; the run would take minutes.
@@ -315,5 +317,23 @@ for case, (strategy, more) in enumerate((("ddp", []), ("fsdp-sp", []), ("zero2",
               f"measured {peaks}\n{p.stdout[-600:]}{p.stderr[-300:]}")
     else:
         print(f"--plan {strategy}: step peak {planned} bytes per rank, measured {peaks} ({100 * off:.2f}% off)")
+
+# The old name: the build's link train_gpt -> weft-train.
+alias = os.path.join(os.path.dirname(bin_), "train_gpt")
+run = ["--steps", "3", "--eval-every", "0"]
+logs = [os.path.join(work, f"alias_{i}.jsonl") for i in range(2)]
+new_ = subprocess.run([bin_, *run, "--log", logs[0]], capture_output=True, text=True, env=env, timeout=300)
+old_ = subprocess.run([alias, *run, "--log", logs[1]], capture_output=True, text=True, env=env, timeout=300)
+losses = [[json.loads(l)["loss"] for l in open(f) if '"loss"' in l] if os.path.exists(f) else [] for f in logs]
+note = "train_gpt: the old name of weft-train, kept as an alias for this release only; call weft-train"
+bad = subprocess.run([alias, "--steps", "0"], capture_output=True, text=True, env=env, timeout=20)
+if (new_.returncode != 0 or old_.returncode != 0 or not losses[0] or losses[0] != losses[1] or
+        not old_.stderr.startswith(note) or note in new_.stderr or bad.returncode != 2 or
+        "train_gpt --steps" not in bad.stderr):
+    failures += 1
+    print(f"FAIL: the alias train_gpt: exits {new_.returncode} and {old_.returncode}, losses {losses}, stderr "
+          f"{old_.stderr[:200]!r}; a refusal: exit {bad.returncode}, {bad.stderr[-300:]!r}")
+else:
+    print(f"train_gpt (the old name): the same {len(losses[0])} losses as weft-train, after {note!r}")
 
 sys.exit(1 if failures else 0)

@@ -4,7 +4,7 @@
 # rank 0 prints and logs; a checkpoint that MPI processes save resumes in a thread run with the
 # losses the MPI run went on to log; a rank started with another option, or the wrong process count,
 # makes every rank refuse to start; SIGUSR1 to mpirun stops every rank cleanly after the same step.
-# usage: train_gpt_mpi.sh TRAIN_GPT MPIRUN [ARGS...]   (MPIRUN without -np)
+# usage: weft_train_mpi.sh TRAIN_GPT MPIRUN [ARGS...]   (MPIRUN without -np)
 set -u
 # The checks below are Python asserts: PYTHONOPTIMIZE in the environment would strip them all.
 unset PYTHONOPTIMIZE

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""train_gpt --model llama (the Llama family through weft's trainer library), checked by what it
+"""weft-train --model llama (the Llama family through weft's trainer library), checked by what it
 computes:
 
-  train_gpt_llama.py TRAIN_GPT [WEFT_EXPORT]
+  weft_train_llama.py TRAIN_GPT [WEFT_EXPORT]
 
 1. llama-tiny on the built-in Markov corpus, data 2 x tensor 2 (the tensor degree divides its 2
    key-value heads): the held-out loss ends near the corpus's entropy rate (within 0.25 nats after
@@ -33,7 +33,7 @@ computes:
    LlamaForCausalLM directory, sharded (files of at most 200000 bytes), with weft's logits for 8
    tokens; where PyTorch and transformers are installed, from_pretrained loads it and computes
    those logits (within 1e-5 of the largest: f32 sums in other orders). The export imported again
-   by train_gpt --init-from, whose config.json must match the run's model field by field. A tied
+   by weft-train --init-from, whose config.json must match the run's model field by field. A tied
    run's export the same way: tie_word_embeddings true, no lm_head.weight, and the same logits.
 6. With WEFT_EXPORT: --init-from without --preset trains the model config.json describes (the
    fixtures' sizes, which no preset has, and llama3-scaled rotary positions; the tied fixture's
@@ -55,7 +55,7 @@ if through_transformers:
         print(f"SKIPPED: the export through transformers needs PyTorch and transformers ({e})")
         sys.exit(77)
     if len(sys.argv) < 3:
-        sys.exit("train_gpt_llama.py --through-transformers needs TRAIN_GPT and WEFT_EXPORT")
+        sys.exit("weft_train_llama.py --through-transformers needs TRAIN_GPT and WEFT_EXPORT")
 bin_ = sys.argv[1]
 here = os.path.dirname(os.path.abspath(__file__))
 work = tempfile.mkdtemp(prefix="weft_llama_train_")
@@ -231,7 +231,7 @@ if len(sys.argv) > 2:
     if not ok: failures.append(f"weft-export: exit {p.returncode}, files {shards}\n{p.stdout}{p.stderr}")
     p = subprocess.run([bin_, "--model", "llama", "--init-from", hf, "--seq", "32", "--steps", "1", "--eval-every", "0",
                         "--batch", "8"], capture_output=True, text=True, env=env, timeout=300)
-    print(f"train_gpt --init-from the export: exit {p.returncode}")
+    print(f"weft-train --init-from the export: exit {p.returncode}")
     if p.returncode != 0: failures.append(f"--init-from the export: exit {p.returncode}\n{p.stdout}{p.stderr}")
     # The tied run's checkpoint (saved on pipe 2: the table on both pipe ranks) exported the same way.
     ck_t, hf_t, logits_t = os.path.join(work, "ck_tied"), os.path.join(work, "hf_tied"), os.path.join(work, "logits_tied.f32")
@@ -249,7 +249,7 @@ if len(sys.argv) > 2:
           f"{len(names_t)} tensors, lm_head.weight {'present' if 'lm_head.weight' in names_t else 'absent'}{'' if ok_t else ' (FAIL)'}")
     if not ok_t: failures.append(f"weft-export tied: exit {p.returncode}, {cfg_t}, {names_t}\n{p.stdout}{p.stderr}")
     if not through_transformers:
-        print("the export through transformers: the CTest test 'examples: train_gpt --model llama through transformers' reads it")
+        print("the export through transformers: the CTest test 'examples: weft-train --model llama through transformers' reads it")
     else:
         for what, ok_x, directory, file in (("the trainer's checkpoint", ok, hf, logits_file),
                                             ("the tied run's checkpoint", ok_t, hf_t, logits_t)):
@@ -315,4 +315,4 @@ if len(sys.argv) > 2 and not through_transformers:
 if failures:
     print("FAIL:\n" + "\n".join(failures))
     sys.exit(1)
-print("train_gpt --model llama: every check passed")
+print("weft-train --model llama: every check passed")

@@ -210,4 +210,4 @@ out=$("$bin" --data-file "$work/bad.bin" 2>&1); rc=$?
 for i in $(seq 1 300); do echo "the quick brown fox jumps over the lazy dog. "; done > "$work/text.txt"
 out=$("$bin" --text "$work/text.txt" --seq 32 --layers 1 --width 32 --steps 10 --sample 10 --eval-every 5 2>&1) || fail "text run: $out"
 echo "$out" | grep -q "^sample:" || fail "no sample: $out"
-echo "train_gpt: all checks passed"
+echo "weft-train: all checks passed"
