@@ -22,11 +22,11 @@ double value(std::int64_t g) { return static_cast<double>(g % 97) * 0.5 - 7.0; }
 
 template <class L>
 void print_plan(const Spread& s) {
-  const Plan p = plan<typename L::from, typename L::to>(kGlobal, s, sizeof(double));
+  const Redistribution p = redistribution<typename L::from, typename L::to>(kGlobal, s, sizeof(double));
   std::printf("%-36s -> %-32s", L::from::name().c_str(), L::to::name().c_str());
   if (p.count == 0) std::printf("  (no step)");
   std::printf("\n");
-  for (const PlanStep& st : p)
+  for (const CommStep& st : p)
     std::printf("    %-14s on %-6s local %-12s -> %-12s %6lld -> %6lld bytes/rank, %6lld on the wire\n",
                 name(st.collective), name(st.axis), cat(st.local_in).c_str(), cat(st.local_out).c_str(),
                 static_cast<long long>(st.bytes_in), static_cast<long long>(st.bytes_out),

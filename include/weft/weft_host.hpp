@@ -20,7 +20,7 @@
 #include "weft/device/host/ops.hpp"
 #include "weft/layout/layout.hpp"
 #include "weft/layout/placement.hpp"
-#include "weft/layout/plan.hpp"
+#include "weft/layout/transition.hpp"
 #include "weft/models/gpt2/model.hpp"
 #include "weft/nn/describe.hpp"
 #include "weft/nn/elementwise.hpp"

@@ -97,7 +97,7 @@ TEST_CASE("redistribute: every (From To) pair gives the same global tensor exact
     });
     CHECK_MESSAGE(failures.empty(), "wrong results for ", join(failures, "; "));
     // 14 x 14 = 196 pairs, less 46 that take Shard -> Partial on an axis and 2 with no valid order
-    // (<S0, S-1> <-> <S-1, S0>), counted by hand from the rules in plan.hpp.
+    // (<S0, S-1> <-> <S-1, S0>), counted by hand from the rules in transition.hpp.
     CHECK(pairs.load() == (test::holds_rank(0) ? 148 : 0));
   }
 }
@@ -193,7 +193,7 @@ TEST_CASE("redistribute runs exactly the collectives of its plan with the planne
           const threads::Counters ran[2] = {mesh.data().counters() - d0, mesh.tensor().counters() - t0};
           // Expected: one call per communicating step on its axis, with the planned buffer bytes.
           threads::Counters want[2];
-          for (const PlanStep& st : plan<From, To>(kGlobal, s, sizeof(double))) {
+          for (const CommStep& st : redistribution<From, To>(kGlobal, s, sizeof(double))) {
             if (!communicates(st.collective)) continue;
             auto& w = want[st.axis == Axis::data ? 0 : 1];
             const auto op = static_cast<std::size_t>(op_of(st.collective));
@@ -303,7 +303,7 @@ TEST_CASE(
             bool ok = holds_global(y, X, s, world);
             // The context group runs the plan's context step, if it communicates, with its bytes.
             threads::Counters want;
-            for (const PlanStep& st : plan<From, To>(kGlobal, s, sizeof(double)))
+            for (const CommStep& st : redistribution<From, To>(kGlobal, s, sizeof(double)))
               if (st.axis == Axis::context && communicates(st.collective)) {
                 const auto op = static_cast<std::size_t>(op_of(st.collective));
                 want.calls[op] += 1;

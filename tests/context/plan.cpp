@@ -96,15 +96,15 @@ void check_exact(const footprint::Run& run) {
 
 // describe's rows: their steps on the context axis (the attention's passes or gathers, the loss's
 // sum), forward and backward, counted as the communicators count them.
-threads::Counters context_counts(const std::vector<nn::PlanRow>& rows) {
+threads::Counters context_counts(const std::vector<nn::CommRow>& rows) {
   threads::Counters planned;
   const auto add = [&](threads::Op op, std::int64_t bytes) {
     planned.calls[static_cast<std::size_t>(op)] += 1;
     planned.bytes[static_cast<std::size_t>(op)] += static_cast<std::uint64_t>(bytes);
   };
-  for (const nn::PlanRow& row : rows)
+  for (const nn::CommRow& row : rows)
     for (const auto* steps : {&row.forward, &row.backward})
-      for (const PlanStep& st : *steps) {
+      for (const CommStep& st : *steps) {
         if (st.axis != Axis::context) continue;
         switch (st.collective) {
           case Collective::send_recv:
@@ -132,16 +132,16 @@ void same_counts(const std::vector<footprint::RankStep>& measured, const threads
     }
 }
 
-// Llama's rows walked over its layers (nn/plan_walk.hpp), against the measured step.
+// Llama's rows walked over its layers (nn/comm_walk.hpp), against the measured step.
 template <class Cx, bool SP = false>
 void check_walked(const footprint::Run& run) {
   using M = typename Llama<Cx, SP>::template on<Meta<Host>>;
   const Spread s{.data_degree = run.mesh.data, .tensor_degree = run.mesh.tensor, .context_degree = run.mesh.context};
   Meta<Host> dev;
   M model(dev, kConfig, s, run.micro_batch);
-  const std::vector<nn::PlanRow> rows = nn::walked_plan_rows(model, run.micro_batch, s);
+  const std::vector<nn::CommRow> rows = nn::walked_comm_rows(model, run.micro_batch, s);
   std::string table;
-  for (const nn::PlanRow& row : rows)
+  for (const nn::CommRow& row : rows)
     if (row.layer.find("GroupedQueryAttention") != std::string::npos)
       table += cat(row.layer, ": ", nn::format_steps(row.forward), " | ", nn::format_steps(row.backward), "\n");
   const std::string what = cat(Cx::name, SP ? " SP, " : ", ", what_of(run));

@@ -324,10 +324,10 @@ threads::Op op_of(Collective c) {
   }
 }
 
-threads::Counters tensor_counts(const std::vector<nn::PlanRow>& rows, bool forward) {
+threads::Counters tensor_counts(const std::vector<nn::CommRow>& rows, bool forward) {
   threads::Counters c;
-  for (const nn::PlanRow& row : rows)
-    for (const PlanStep& st : forward ? row.forward : row.backward) {
+  for (const nn::CommRow& row : rows)
+    for (const CommStep& st : forward ? row.forward : row.backward) {
       if (st.axis != Axis::tensor || st.degree < 2) continue;
       if (st.collective != Collective::all_reduce && st.collective != Collective::reduce_scatter &&
           st.collective != Collective::all_gather && st.collective != Collective::all_to_all)
@@ -340,7 +340,7 @@ threads::Counters tensor_counts(const std::vector<nn::PlanRow>& rows, bool forwa
 }
 
 // One stage's measured tensor-axis collectives against its rows; adds the calls to `total`.
-void same_stage(const footprint::StageCollectives& t, const std::vector<nn::PlanRow>& rows, const std::string& what,
+void same_stage(const footprint::StageCollectives& t, const std::vector<nn::CommRow>& rows, const std::string& what,
                 std::uint64_t& total) {
   INFO(what);
   const auto i = static_cast<std::size_t>(Axis::tensor);
@@ -355,7 +355,7 @@ void same_stage(const footprint::StageCollectives& t, const std::vector<nn::Plan
   }
 }
 
-// Every stage's measured collectives against its rows: the embedding's and the head's plan_rows,
+// Every stage's measured collectives against its rows: the embedding's and the head's comm_rows,
 // block l's from block_rows(rows, l, act, s, e).
 template <class M, class C, class BlockRows>
 void same_stages(const std::vector<footprint::StageCollectives>& got, const C& c, MeshShape shape, std::int64_t micro,
@@ -366,10 +366,10 @@ void same_stages(const std::vector<footprint::StageCollectives>& got, const C& c
   REQUIRE(got.size() == static_cast<std::size_t>(c.layers + 2));
   std::uint64_t total = 0;
   for (std::size_t st = 0; st < got.size(); ++st) {
-    std::vector<nn::PlanRow> rows;
-    if (st == 0) M::Embedding::plan_rows(rows, act, s, e);
+    std::vector<nn::CommRow> rows;
+    if (st == 0) M::Embedding::comm_rows(rows, act, s, e);
     else if (st + 1 == got.size())
-      M::Head::plan_rows(rows, c.vocab, nn::padded_vocab(c.vocab, shape.tensor), act, s, e);
+      M::Head::comm_rows(rows, c.vocab, nn::padded_vocab(c.vocab, shape.tensor), act, s, e);
     else block_rows(rows, static_cast<std::int64_t>(st) - 1, act, s, e);
     same_stage(got[st], rows, cat(what, "data ", shape.data, " tensor ", shape.tensor, " stage ", got[st].stage),
                total);
@@ -384,12 +384,12 @@ void check_stages(MeshShape shape, std::int64_t micro) {
   Meta<Host> dev;
   M model(dev, kSmall, {.data_degree = shape.data, .tensor_degree = shape.tensor}, micro);
   same_stages<M>(got, kSmall, shape, micro, SP ? "SP " : "", [&](auto& rows, std::int64_t l, auto&... rest) {
-    nn::layer_plan_rows(rows, M::spec::block_name(l), model.blocks[static_cast<std::size_t>(l)], rest...);
+    nn::layer_comm_rows(rows, M::spec::block_name(l), model.blocks[static_cast<std::size_t>(l)], rest...);
   });
   CHECK(got[1].stage == "h0");
 }
 
-// The custom decoder: describe walks its layers as it does GPT-2's (nn/plan_walk.hpp: Named, Sequential,
+// The custom decoder: describe walks its layers as it does GPT-2's (nn/comm_walk.hpp: Named, Sequential,
 // Residual, the redistributions in its Sequentials), each block's rows against the block's
 // measured collectives; and the whole step's tensor-axis calls (measure: one optimizer step of
 // DDP) against all its rows, forward, backward and the step's, plus the gradient norm's all-reduce
@@ -406,13 +406,13 @@ void check_walked(MeshShape shape, std::int64_t micro) {
   Meta<Host> dev;
   M model(dev, c, s, micro);
   same_stages<M>(got, c, shape, micro, SP ? "custom SP " : "custom ", [&](auto& rows, std::int64_t l, auto&... rest) {
-    nn::layer_plan_rows(rows, M::spec::block_name(l), model.blocks[static_cast<std::size_t>(l)], rest...);
+    nn::layer_comm_rows(rows, M::spec::block_name(l), model.blocks[static_cast<std::size_t>(l)], rest...);
   });
 
-  const std::vector<nn::PlanRow> rows = nn::walked_plan_rows(model, micro, s);
+  const std::vector<nn::CommRow> rows = nn::walked_comm_rows(model, micro, s);
   threads::Counters planned = tensor_counts(rows, true) + tensor_counts(rows, false);
-  for (const nn::PlanRow& row : rows)
-    for (const PlanStep& st : row.step) {
+  for (const nn::CommRow& row : rows)
+    for (const CommStep& st : row.step) {
       REQUIRE(st.collective == Collective::all_reduce);
       planned.calls[static_cast<std::size_t>(threads::Op::all_reduce)] += 1;
       planned.bytes[static_cast<std::size_t>(threads::Op::all_reduce)] += static_cast<std::uint64_t>(st.bytes_in);
@@ -432,8 +432,8 @@ void check_walked(MeshShape shape, std::int64_t micro) {
   // Under SP the norms' weights and the learned positions are Partial on tensor: 2 C per block, C for
   // the head's norm, T C for the positions.
   std::int64_t step_bytes = 0;
-  for (const nn::PlanRow& row : rows)
-    for (const PlanStep& st : row.step) step_bytes += st.bytes_in;
+  for (const nn::CommRow& row : rows)
+    for (const CommStep& st : row.step) step_bytes += st.bytes_in;
   CHECK(step_bytes == (SP && shape.tensor > 1 ? ((2 * c.layers + 1) * c.width + c.seq * c.width) * 4 : 0));
 }
 
@@ -457,9 +457,9 @@ TEST_CASE(
   const Spread s{.tensor_degree = 2};
   M model(dev, kCustomSmall, s, 2);
   const Shape act{2, kCustomSmall.seq, kCustomSmall.width};
-  std::vector<nn::PlanRow> plain, full;
-  nn::layer_plan_rows(plain, "b", model.blocks[0], act, s, 4);
-  nn::layer_plan_rows(
+  std::vector<nn::CommRow> plain, full;
+  nn::layer_comm_rows(plain, "b", model.blocks[0], act, s, 4);
+  nn::layer_comm_rows(
       full, "b", recompute::Checkpointed<typename M::BlockT, float, Meta<Host>>(std::move(model.blocks[0])), act, s, 4);
   REQUIRE(full.size() == plain.size());
   std::size_t moved = 0;

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "weft/layout/layout.hpp"
-#include "weft/layout/plan.hpp"
+#include "weft/layout/transition.hpp"
 
 using namespace weft;
 
@@ -128,7 +128,7 @@ TEST_CASE("context and tensor nest on one dim: local shapes and boxes tile the s
   // The tensor degree must divide a context rank's rows, not only the sequence.
   CHECK_THROWS_WITH_AS(local_shape<RowsSp>({2, 12, 4}, {.tensor_degree = 4, .context_degree = 2}),
                        doctest::Contains("extent 6 on each context rank, not divisible by the tensor degree 4"), Error);
-  const Plan p = plan<RowsSp, ContextSeq>({2, 12, 4}, {.tensor_degree = 3, .context_degree = 2}, 8);
+  const Redistribution p = redistribution<RowsSp, ContextSeq>({2, 12, 4}, {.tensor_degree = 3, .context_degree = 2}, 8);
   REQUIRE(p.count == 1);
   CHECK(p.steps[0].local_in == Shape{2, 2, 4});
   CHECK(p.steps[0].local_out == Shape{2, 6, 4});

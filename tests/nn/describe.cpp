@@ -14,10 +14,10 @@ namespace {
 template <bool SP, class R>
 threads::Counters planned(int tp) {
   threads::Counters c;
-  for (const PlanRow& row :
+  for (const CommRow& row :
        describe_rows<gpt2::Model<double, SP, R, Meta<Host>>>(test::tiny_config(), 2, {.tensor_degree = tp}))
     for (const auto* steps : {&row.forward, &row.backward})
-      for (const PlanStep& st : *steps) {
+      for (const CommStep& st : *steps) {
         if (!communicates(st.collective) || st.axis != Axis::tensor) continue;
         const auto op =
             static_cast<std::size_t>(st.collective == Collective::all_reduce       ? threads::Op::all_reduce
@@ -62,8 +62,8 @@ TEST_CASE("the plan's per-step rows equal what the data-parallel step runs on th
                                  test::tiny_config(), 2, {.tensor_degree = tp})
                            : describe_rows<gpt2::Model<double, false, recompute::None, Meta<Host>>>(
                                  test::tiny_config(), 2, {.tensor_degree = tp});
-      for (const PlanRow& row : rows)
-        for (const PlanStep& st : row.step) {
+      for (const CommRow& row : rows)
+        for (const CommStep& st : row.step) {
           REQUIRE(st.collective == Collective::all_reduce);
           planned_calls += st.axis == Axis::tensor ? 1 : 0;
           planned_bytes += st.axis == Axis::tensor ? static_cast<std::uint64_t>(st.bytes_in) : 0;

@@ -1,6 +1,6 @@
 // redistribute<To>(x, mesh): the same global tensor in another layout, and its adjoint.
 //
-// The steps come from Transition<From, To> (plan.hpp), decided at compile time; each runs on the
+// The steps come from Transition<From, To> (layout/transition.hpp), decided at compile time; each runs on the
 // communicator of its axis. The adjoint, for the backward pass, is the redistribution between the
 // dual layouts, dual(To) -> dual(From) (dual: Replicate <-> Partial, Shard<d> fixed):
 //
@@ -25,7 +25,7 @@
 #include <type_traits>
 
 #include "weft/comm/communicator.hpp"
-#include "weft/layout/plan.hpp"
+#include "weft/layout/transition.hpp"
 #include "weft/tensor/tensor.hpp"
 
 namespace weft {

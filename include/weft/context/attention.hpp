@@ -50,7 +50,7 @@
 #include "weft/core/dtype.hpp"
 #include "weft/core/error.hpp"
 #include "weft/device/allocation.hpp"
-#include "weft/layout/plan.hpp"
+#include "weft/layout/transition.hpp"
 #include "weft/ops/context_block.hpp"
 
 namespace weft::context {
@@ -214,10 +214,10 @@ struct HostCalls {
   }
 };
 
-// One step of describe's rows (nn::PlanRow) on the context axis of c ranks: in and out the local
+// One step of describe's rows (nn::CommRow) on the context axis of c ranks: in and out the local
 // shapes, each of `bytes` bytes an element.
-inline PlanStep plan_step(Collective col, int c, const Shape& in, const Shape& out, std::int64_t bytes) {
-  PlanStep st;
+inline CommStep plan_step(Collective col, int c, const Shape& in, const Shape& out, std::int64_t bytes) {
+  CommStep st;
   st.collective = col;
   st.axis = Axis::context;
   st.degree = c;
@@ -244,7 +244,7 @@ struct Ring : detail::HostCalls<Ring> {
   using HostCalls::forward;
 
   // c - 1 blocks passed on forward; c - 1 blocks and c gradient blocks backward.
-  static void plan(std::vector<PlanStep>& forward, std::vector<PlanStep>& backward, const Shape& kv, int c,
+  static void plan(std::vector<CommStep>& forward, std::vector<CommStep>& backward, const Shape& kv, int c,
                    std::int64_t e, std::int64_t es) {
     for (int i = 0; i + 1 < c; ++i) forward.push_back(detail::plan_step(Collective::send_recv, c, kv, kv, e));
     for (int i = 0; i + 1 < c; ++i) backward.push_back(detail::plan_step(Collective::send_recv, c, kv, kv, e));
@@ -330,7 +330,7 @@ struct AllGather : detail::HostCalls<AllGather> {
   using HostCalls::forward;
 
   // The blocks gathered forward and again backward; their gradients reduce-scattered.
-  static void plan(std::vector<PlanStep>& forward, std::vector<PlanStep>& backward, const Shape& kv, int c,
+  static void plan(std::vector<CommStep>& forward, std::vector<CommStep>& backward, const Shape& kv, int c,
                    std::int64_t e, std::int64_t es) {
     if (c <= 1) return;
     const Shape all = detail::gathered(kv, c);

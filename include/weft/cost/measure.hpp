@@ -251,7 +251,7 @@ std::vector<RankStep> measure_bounding(const typename ModelOn<Meta<Host>>::confi
 }
 
 // One stage's collectives for one micro-batch, forward and backward, on each axis group (indexed
-// by Axis): what describe's table gives GPT-2 from its plan_rows, for any model, as the thread
+// by Axis): what describe's table gives GPT-2 from its comm_rows, for any model, as the thread
 // communicator counts them.
 struct StageCollectives {
   std::string stage;  // "embedding", Spec::block_name(l), "head"

@@ -31,7 +31,7 @@
 
 #include "weft/core/shape.hpp"
 #include "weft/cost/ledger.hpp"
-#include "weft/layout/plan.hpp"
+#include "weft/layout/transition.hpp"
 #include "weft/pipeline/schedule.hpp"
 
 namespace weft::estimate {

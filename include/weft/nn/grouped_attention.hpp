@@ -192,9 +192,9 @@ class GroupedQueryAttention {
     proj.defer_weight(on);
   }
 
-  // describe's row (nn/plan_walk.hpp), with context parallelism: the keys and values of the rank's
+  // describe's row (nn/comm_walk.hpp), with context parallelism: the keys and values of the rank's
   // rows over the context axis, Cx's way. act the global (B, T, C).
-  void plan_rows(std::vector<PlanRow>& out, const std::string& row, const Shape& act, const Spread& s,
+  void comm_rows(std::vector<CommRow>& out, const std::string& row, const Shape& act, const Spread& s,
                  std::int64_t e) const
     requires cp
   {

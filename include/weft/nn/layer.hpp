@@ -13,7 +13,7 @@
 //   backward(ctx, dy[, mesh])   Tensor<T, GradOut, D> -> Tensor<T, GradIn, D>
 //
 // Optional: infer(x, mesh) (a forward that keeps nothing), defer_weight(on) and backward_weight(ctx)
-// (zero-bubble schedules, detail::DefersWeight), plan_rows (describe's table). Each requirement is a
+// (zero-bubble schedules, detail::DefersWeight), comm_rows (describe's table). Each requirement is a
 // concept of its own (layer_requires::), so that a layer missing one is refused where it is named, with
 // the member in the message:
 //

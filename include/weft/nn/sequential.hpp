@@ -4,7 +4,7 @@
 // Between layer A and the next layer B:
 //   forward   A::Out -> B::In         backward   B::GradIn -> A::GradOut
 // Equal layouts need nothing. Otherwise the pair Redistribute<A::Out, B::In, B::GradIn, A::GradOut>
-// is inserted, if both directions are redistributions (plan.hpp) and the forward one does not
+// is inserted, if both directions are redistributions (layout/transition.hpp) and the forward one does not
 // create a feature shard: Shard<-1> on the tensor axis is a ColumnParallel layer's contract, never a
 // redistribution's. So ColumnParallel -> RowParallel composes with nothing in between,
 // RowParallel -> ColumnParallel gets Megatron's all-reduce pair, and RowParallel -> RowParallel

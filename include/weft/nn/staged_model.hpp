@@ -39,8 +39,8 @@
 #include "weft/comm/redistribute.hpp"
 #include "weft/core/error.hpp"
 #include "weft/core/precision.hpp"
+#include "weft/nn/comm_row.hpp"
 #include "weft/nn/layer.hpp"
-#include "weft/nn/plan_row.hpp"
 #include "weft/nn/unit.hpp"
 
 namespace weft::nn {

@@ -18,10 +18,10 @@
 #include <span>
 
 #include "weft/context/attention.hpp"
+#include "weft/nn/comm_row.hpp"
 #include "weft/nn/cross_entropy.hpp"
 #include "weft/nn/embedding.hpp"
 #include "weft/nn/layernorm.hpp"
-#include "weft/nn/plan_row.hpp"
 #include "weft/nn/staged_model.hpp"
 #include "weft/nn/stream.hpp"
 #include "weft/nn/token_wise.hpp"
@@ -72,7 +72,7 @@ class EmbeddingStage {
   }
 
   // The stage's rows of the model's plan (describe.hpp): act the global (B, T, C).
-  static void plan_rows(std::vector<PlanRow>& out, const Shape& act, const Spread& s, std::int64_t e) {
+  static void comm_rows(std::vector<CommRow>& out, const Shape& act, const Spread& s, std::int64_t e) {
     out.push_back(
         detail::pair_row<Leave>("embedding (vocab-parallel) -> stream", detail::context_rows<cp>(act, s), s, e));
   }
@@ -200,7 +200,7 @@ class TiedHeadStage {
  public:
   // The stage's rows of the model's plan (describe.hpp): act the global (B, T, C), padded_vocab the
   // LM head's rows, e the bytes of an element.
-  static void plan_rows(std::vector<PlanRow>& out, std::int64_t vocab, std::int64_t padded_vocab, const Shape& act,
+  static void comm_rows(std::vector<CommRow>& out, std::int64_t vocab, std::int64_t padded_vocab, const Shape& act,
                         const Spread& s, std::int64_t e) {
     const Shape local = detail::context_rows<cp>(act, s);           // the rows the norm and the head see
     const std::int64_t rows = local[0] / s.data_degree * local[1];  // local (B, T) positions
@@ -262,9 +262,9 @@ class HeadStage {
     return core.backward(ctx, lm_head, grad_scale, mesh);
   }
 
-  static void plan_rows(std::vector<PlanRow>& out, std::int64_t vocab, std::int64_t padded_vocab, const Shape& act,
+  static void comm_rows(std::vector<CommRow>& out, std::int64_t vocab, std::int64_t padded_vocab, const Shape& act,
                         const Spread& s, std::int64_t e) {
-    Core::plan_rows(out, vocab, padded_vocab, act, s, e);
+    Core::comm_rows(out, vocab, padded_vocab, act, s, e);
   }
 
   template <class F>

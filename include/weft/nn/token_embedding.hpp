@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "weft/context/attention.hpp"
+#include "weft/nn/comm_row.hpp"
 #include "weft/nn/embedding.hpp"
-#include "weft/nn/plan_row.hpp"
 #include "weft/nn/stream.hpp"
 
 namespace weft::nn {
@@ -55,7 +55,7 @@ class TokenEmbeddingStage {
     else lookup_rows_backward<Leave>(wte, ctx.wte, ctx.rows, dx, mesh);
   }
 
-  static void plan_rows(std::vector<PlanRow>& out, const Shape& act, const Spread& s, std::int64_t e) {
+  static void comm_rows(std::vector<CommRow>& out, const Shape& act, const Spread& s, std::int64_t e) {
     out.push_back(
         detail::pair_row<Leave>("embedding (vocab-parallel) -> stream", detail::context_rows<cp>(act, s), s, e));
   }

@@ -108,10 +108,10 @@ std::string described_plan(const Options& o, const config_t<F>& cfg) {
   const auto of = [&]<bool SP>() {
     return with_precision(host_precisions_t<F>{}, o.model.dtype, [&]<class P>() {
       using M = typename ModelOn<F, P, SP>::template on<Meta<Host>>;
-      if constexpr (nn::MetaPlan<M>) {
+      if constexpr (nn::MetaDescribable<M>) {
         return nn::describe<M>(cfg, micro, s);
       } else {
-        return std::string("describe: the model's stages give no plan rows (nn/plan_walk.hpp)\n");
+        return std::string("describe: the model's stages give no plan rows (nn/comm_walk.hpp)\n");
       }
     });
   };

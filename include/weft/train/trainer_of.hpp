@@ -83,7 +83,7 @@ class TrainerOf final : public Trainer {
 
   void agree(Fingerprint& fp) override {
     // describe's table, walked over this rank's model.
-    if constexpr (nn::WalkablePlan<Model>)
+    if constexpr (nn::Describable<Model>)
       if (o_.mesh.pipe == 1) fp.add("collectives of one micro-batch", nn::describe(model_, micro_, mesh_.spread()));
     fp.agree(world_);
   }

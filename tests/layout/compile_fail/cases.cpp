@@ -5,7 +5,7 @@
 #include "weft/comm/redistribute.hpp"
 #include "weft/comm/threads/thread_comm.hpp"
 #include "weft/device/host/host.hpp"
-#include "weft/layout/plan.hpp"
+#include "weft/layout/transition.hpp"
 
 using namespace weft;
 using M = Mesh<threads::ThreadComm>;
@@ -37,7 +37,7 @@ using T = Tensor<float, L, Host>;
   auto x = T<Layout<Shard<0>, Shard<1> > >::empty(h, {8, 8}, s);
   auto y = redistribute<Layout<Shard<1>, Shard<0> > >(x, mesh);
 #elif defined(WEFT_CF_PLAN_NO_VALID_ORDER)
-  [[maybe_unused]] auto p = plan<Layout<Shard<0>, Shard<1> >, Layout<Shard<1>, Shard<0> > >({8, 8}, s, 4);
+  [[maybe_unused]] auto p = redistribution<Layout<Shard<0>, Shard<1> >, Layout<Shard<1>, Shard<0> > >({8, 8}, s, 4);
 #elif defined(WEFT_CF_CROSSES_STAGES)
   auto x = T<Replicated>::empty(h, {8, 8}, s);
   auto y = redistribute<Layout<Replicate, Replicate, Shard<0> > >(x, mesh);
@@ -50,6 +50,6 @@ using T = Tensor<float, L, Host>;
   auto y = redistribute<Layout<Replicate, Partial> >(redistribute<Replicated>(x, mesh), mesh);
   auto z = redistribute_adjoint<Layout<Replicate, Shard<0> >, Replicated>(
       T<dual_layout<Replicated> >::empty(h, {8, 8}, s), mesh);
-  [[maybe_unused]] auto p = plan<Layout<Shard<0>, Shard<1> >, Layout<Shard<1>, Replicate> >({8, 8}, s, 4);
+  [[maybe_unused]] auto p = redistribution<Layout<Shard<0>, Shard<1> >, Layout<Shard<1>, Replicate> >({8, 8}, s, 4);
 #endif
 }

@@ -65,15 +65,15 @@ Work work(const gpt2::Config& c, const Spread& s, std::int64_t micro, std::int64
   w.allocated_bytes = w.memory.allocated.of(Category::activations) + w.memory.allocated.of(Category::communication);
 
   // The model's collectives (tensor axis, the loss's all-reduce on data), per micro-batch and per step.
-  auto add = [&](const PlanStep& st, std::int64_t count) {
+  auto add = [&](const CommStep& st, std::int64_t count) {
     if (st.collective == Collective::none || st.collective == Collective::slice || st.collective == Collective::embed ||
         st.collective == Collective::keep_one)
       return;
     w.comms.push_back({st.collective, st.axis, st.degree, std::max(st.bytes_in, st.bytes_out), count});
   };
-  for (const nn::PlanRow& row : nn::describe_rows<gpt2::Model<P, SP, R, Meta<Host>>>(c, micro, s)) {
-    for (const PlanStep& st : row.forward) add(st, mb);
-    for (const PlanStep& st : row.backward) add(st, mb);
+  for (const nn::CommRow& row : nn::describe_rows<gpt2::Model<P, SP, R, Meta<Host>>>(c, micro, s)) {
+    for (const CommStep& st : row.forward) add(st, mb);
+    for (const CommStep& st : row.backward) add(st, mb);
   }
   // Under SP the gradients Partial on tensor (the LayerNorms', the positions'), packed into one
   // all-reduce per step: of this rank's reduction range where gradients are sharded (ZeRO-2, FSDP),

@@ -48,7 +48,7 @@ namespace weft::gpt2 {
 // GPT-2's parts for nn::StagedModel (staged_model.hpp): the stage types, how each is built with GPT-2's
 // parameter ids (the embedding 0 and 1, ln_f 8, block l from 16 + 16 l: ln1 +0, ln2 +2, qkv +4,
 // attn proj +6, fc +8, mlp proj +10), the unit names ("h<l>") and the padded vocabulary's logical
-// rows. describe's rows come from walking the layers (nn/plan_walk.hpp), as for any model.
+// rows. describe's rows come from walking the layers (nn/comm_walk.hpp), as for any model.
 //
 // A block, as Llama's: x = x + attn(ln1(x)); x = x + mlp(ln2(x)), each branch a Residual over a
 // Sequential that checks every boundary's layouts at compile time (ln -> Enter -> the Replicate-in,

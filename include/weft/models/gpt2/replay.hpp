@@ -34,7 +34,7 @@
 
 #include "weft/cost/ledger.hpp"
 #include "weft/cost/memory.hpp"
-#include "weft/layout/plan.hpp"
+#include "weft/layout/transition.hpp"
 #include "weft/models/gpt2/footprint.hpp"
 #include "weft/models/gpt2/model.hpp"
 #include "weft/pipeline/schedule.hpp"

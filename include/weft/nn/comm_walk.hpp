@@ -1,7 +1,7 @@
-// The plan rows of any model (describe.hpp) from its layers: a walk over a built model's parts.
+// The rows of describe's table of any model (describe.hpp) from its layers: a walk over a built model's parts.
 //
 // Each layer of the protocol (nn/sequential.hpp) gives its rows:
-//   a layer with plan_rows(out, name, act, s, e)          those (a block that writes its own; the
+//   a layer with comm_rows(out, name, act, s, e)          those (a block that writes its own; the
 //                                                         attention over the context axis, whose
 //                                                         sends or gathers a member knows the heads of)
 //   Named<"attn", L>                                      L's, under "<name>.attn"
@@ -16,12 +16,12 @@
 //   any other layer                                       a row of its layouts, no collectives
 // The activation's global shape is followed through the layers (out_shape), so a redistribution
 // is counted at the width it moves. The embedding and head stages give their rows (nn/stages.hpp:
-// plan_rows(out, act, s, e); plan_rows(out, vocab, padded_vocab, act, s, e)), and the
+// comm_rows(out, act, s, e); comm_rows(out, vocab, padded_vocab, act, s, e)), and the
 // data-parallel step adds one all-reduce on the tensor axis for every gradient that is Partial
 // there (sequence parallelism's norm weights), as DDP runs it.
 //
 // A layer that runs collectives inside itself (not through a Redistribute) declares them with a
-// plan_rows (static, or a const member); tests/cost/measure.cpp holds the walk to the collectives a
+// comm_rows (static, or a const member); tests/cost/measure.cpp holds the walk to the collectives a
 // run counts, tests/context/plan.cpp the context axis's.
 #pragma once
 
@@ -30,8 +30,8 @@
 #include <vector>
 
 #include "weft/nn/comm.hpp"
+#include "weft/nn/comm_row.hpp"
 #include "weft/nn/embedding.hpp"
-#include "weft/nn/plan_row.hpp"
 #include "weft/nn/sequential.hpp"
 #include "weft/nn/staged_model.hpp"
 #include "weft/nn/token_wise.hpp"
@@ -62,15 +62,15 @@ template <class L, class T, class D> struct checkpointed_base<recompute::Checkpo
 };
 
 template <class L>
-concept WritesPlanRows = requires(const L& l, std::vector<PlanRow>& out, const std::string& n, const Shape& a,
-                                  const Spread& s, std::int64_t e) { l.plan_rows(out, n, a, s, e); };
+concept WritesCommRows = requires(const L& l, std::vector<CommRow>& out, const std::string& n, const Shape& a,
+                                  const Spread& s, std::int64_t e) { l.comm_rows(out, n, a, s, e); };
 
 }  // namespace detail
 
 // Appends layer's rows under `name` for an input of global shape `in`; returns its output's shape.
 // e: the bytes of an element.
 template <class L>
-Shape layer_plan_rows(std::vector<PlanRow>& out, const std::string& name, const L& layer, const Shape& in,
+Shape layer_comm_rows(std::vector<CommRow>& out, const std::string& name, const L& layer, const Shape& in,
                       const Spread& s, std::int64_t e);
 
 namespace detail {
@@ -87,7 +87,7 @@ std::string label_of() {
 // without a name of its own (a redistribution, an elementwise op) is named by its neighbours
 // ("h0: ln1 -> attn"), as its position alone repeats in each branch of a block.
 template <std::size_t I, class... Ls>
-void sequential_rows(std::vector<PlanRow>& out, const std::string& name, const Sequential<Ls...>& seq, Shape& x,
+void sequential_rows(std::vector<CommRow>& out, const std::string& name, const Sequential<Ls...>& seq, Shape& x,
                      const Spread& s, std::int64_t e) {
   using Types = std::tuple<Ls...>;
   using A = std::tuple_element_t<I, Types>;
@@ -98,7 +98,7 @@ void sequential_rows(std::vector<PlanRow>& out, const std::string& name, const S
     if constexpr (I + 1 < sizeof...(Ls)) after = label_of<std::tuple_element_t<I + 1, Types>>();
     row = cat(name, ": ", before, " -> ", after);
   }
-  x = layer_plan_rows(out, row, std::get<I>(seq.layers), x, s, e);
+  x = layer_comm_rows(out, row, std::get<I>(seq.layers), x, s, e);
   if constexpr (I + 1 < sizeof...(Ls)) {
     using B = std::tuple_element_t<I + 1, Types>;
     if constexpr (!std::same_as<typename A::Out, typename B::In>) {  // the redistribution Sequential inserts
@@ -113,31 +113,31 @@ void sequential_rows(std::vector<PlanRow>& out, const std::string& name, const S
 }  // namespace detail
 
 template <class L>
-Shape layer_plan_rows(std::vector<PlanRow>& out, const std::string& name, const L& layer, const Shape& in,
+Shape layer_comm_rows(std::vector<CommRow>& out, const std::string& name, const L& layer, const Shape& in,
                       const Spread& s, std::int64_t e) {
-  // Named first: it derives from its layer, so it has the layer's plan_rows too, and must add its
+  // Named first: it derives from its layer, so it has the layer's comm_rows too, and must add its
   // name. (A checkpointed layer with rows of its own states its recomputation itself.)
   if constexpr (detail::is_token_wise<L>) {  // L on a context rank's T / c rows, as a sequence of its own
     Shape rows = in;
     rows[1] = in[1] / s.context_degree;
-    Shape y = layer_plan_rows(out, name, layer.inner, rows, s, e);
+    Shape y = layer_comm_rows(out, name, layer.inner, rows, s, e);
     y[1] = in[1];
     return y;
   } else if constexpr (detail::is_named<L>) {
     using Base = typename detail::named_base<L>::type;
-    return layer_plan_rows(out, cat(name, ".", L::label()), static_cast<const Base&>(layer), in, s, e);
-  } else if constexpr (detail::WritesPlanRows<L>) {
-    layer.plan_rows(out, name, in, s, e);
+    return layer_comm_rows(out, cat(name, ".", L::label()), static_cast<const Base&>(layer), in, s, e);
+  } else if constexpr (detail::WritesCommRows<L>) {
+    layer.comm_rows(out, name, in, s, e);
     return layer.out_shape(in);
   } else if constexpr (detail::is_checkpointed<L>) {
     using Base = typename detail::checkpointed_base<L>::type;
     const std::size_t first = out.size();
-    const Shape y = layer_plan_rows(out, name, static_cast<const Base&>(layer), in, s, e);
+    const Shape y = layer_comm_rows(out, name, static_cast<const Base&>(layer), in, s, e);
     for (std::size_t i = first; i < out.size(); ++i)  // backward re-runs the forward first
       out[i].backward.insert(out[i].backward.begin(), out[i].forward.begin(), out[i].forward.end());
     return y;
   } else if constexpr (detail::is_residual<L>) {
-    return layer_plan_rows(out, name, layer.inner, in, s, e);
+    return layer_comm_rows(out, name, layer.inner, in, s, e);
   } else if constexpr (detail::is_sequential<L>) {
     Shape x = in;
     detail::sequential_rows<0>(out, name, layer, x, s, e);
@@ -151,31 +151,31 @@ Shape layer_plan_rows(std::vector<PlanRow>& out, const std::string& name, const 
   }
 }
 
-// A model's stages have rows: the embedding's and the head's plan_rows (as nn/stages.hpp's).
+// A model's stages have rows: the embedding's and the head's comm_rows (as nn/stages.hpp's).
 template <class Model>
-concept WalkablePlan = requires(std::vector<PlanRow>& out, const Shape& a, const Spread& s, std::int64_t e) {
-  Model::Embedding::plan_rows(out, a, s, e);
-  Model::Head::plan_rows(out, e, e, a, s, e);
+concept Describable = requires(std::vector<CommRow>& out, const Shape& a, const Spread& s, std::int64_t e) {
+  Model::Embedding::comm_rows(out, a, s, e);
+  Model::Head::comm_rows(out, e, e, a, s, e);
 };
 
 // The rows of a model built whole (every block) for a global micro-batch
 // `batch` and the degrees in s: the embedding's, each block's, the head's, then the data-parallel
 // step's all-reduce of the gradients Partial on tensor.
-template <WalkablePlan Model>
-std::vector<PlanRow> walked_plan_rows(Model& model, std::int64_t batch, const Spread& s) {
+template <Describable Model>
+std::vector<CommRow> walked_comm_rows(Model& model, std::int64_t batch, const Spread& s) {
   using T = typename Model::T;
   const auto& c = model.config;
   if (static_cast<std::int64_t>(model.blocks.size()) != c.layers)
-    throw Error(cat(Model::spec::name(), " plan"),
+    throw Error(cat(Model::spec::name(), " describe"),
                 cat("the model holds ", model.blocks.size(), " of its ", c.layers, " blocks"),
-                "walk the plan of a model built whole (no pipeline placement)");
+                "walk a model built whole (no pipeline placement)");
   const std::int64_t e = sizeof(T);
   const Shape act{batch, c.seq, c.width};
-  std::vector<PlanRow> out;
-  Model::Embedding::plan_rows(out, act, s, e);
+  std::vector<CommRow> out;
+  Model::Embedding::comm_rows(out, act, s, e);
   for (std::int64_t l = 0; l < c.layers; ++l)
-    layer_plan_rows(out, Model::spec::block_name(l), model.blocks[static_cast<std::size_t>(l)], act, s, e);
-  Model::Head::plan_rows(out, c.vocab, padded_vocab(c.vocab, s.tensor_degree), act, s, e);
+    layer_comm_rows(out, Model::spec::block_name(l), model.blocks[static_cast<std::size_t>(l)], act, s, e);
+  Model::Head::comm_rows(out, c.vocab, padded_vocab(c.vocab, s.tensor_degree), act, s, e);
   std::int64_t partial = 0;  // bytes of the gradients Partial on tensor, in the master type
   model.for_each_param([&](const std::string&, auto& p) {
     using P = std::remove_cvref_t<decltype(p)>;

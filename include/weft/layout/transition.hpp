@@ -1,5 +1,6 @@
-// Which collective turns one layout into another, decided at compile time, and the plan of a
-// redistribution (collective, axis, bytes) for given shapes and degrees.
+// Which collective turns one layout into another, decided at compile time (Transition), and the
+// steps of a redistribution (collective, axis, bytes) for given shapes and degrees
+// (redistribution<From, To>: a Redistribution of CommSteps).
 //
 // Per mesh axis, From -> To picks one step (DESIGN.md's table):
 //
@@ -212,8 +213,8 @@ struct Transition {
 template <LayoutType From, LayoutType To, Axis A>
 inline constexpr Collective collective_on = step_on<From, To, A>().collective;
 
-// One step of a plan, with shapes and bytes for given sizes and degrees.
-struct PlanStep {
+// One collective step of a redistribution, with shapes and bytes for given sizes and degrees.
+struct CommStep {
   Collective collective = Collective::none;
   Axis axis = Axis::data;
   int degree = 1;  // ranks in the axis group
@@ -223,15 +224,15 @@ struct PlanStep {
   std::int64_t wire_bytes = 0;  // bytes each rank sends with ring algorithms (0 for local steps)
 };
 
-struct Plan {
-  std::array<PlanStep, kAxes.size()> steps{};
+struct Redistribution {
+  std::array<CommStep, kAxes.size()> steps{};
   int count = 0;  // steps that do anything (collective != none)
 
-  constexpr const PlanStep* begin() const { return steps.data(); }
-  constexpr const PlanStep* end() const { return steps.data() + count; }
+  constexpr const CommStep* begin() const { return steps.data(); }
+  constexpr const CommStep* end() const { return steps.data() + count; }
   constexpr std::int64_t wire_bytes() const {
     std::int64_t b = 0;
-    for (const PlanStep& s : *this) b += s.wire_bytes;
+    for (const CommStep& s : *this) b += s.wire_bytes;
     return b;
   }
 };
@@ -258,7 +259,7 @@ constexpr Shape step_shape(const StepKind& k, const Shape& local, int degree) {
   const auto shrink = [&](int d) {
     const int nd = local.normalize_dim(d);
     if (degree <= 0 || local[nd] % degree != 0)
-      throw Error("plan",
+      throw Error("redistribution",
                   cat("dim ", nd, " of local shape ", local, " has extent ", local[nd], ", not divisible by the ",
                       name(k.axis), " degree ", degree),
                   "choose a degree that divides the extent, or pad the tensor");
@@ -278,25 +279,25 @@ constexpr Shape step_shape(const StepKind& k, const Shape& local, int degree) {
   return out;
 }
 
-// The plan of redistributing a tensor of `global` shape and `elem_bytes`-byte elements from From to
+// The steps of redistributing a tensor of `global` shape and `elem_bytes`-byte elements from From to
 // To on the degrees of `s`. Requires: the transition is possible (checked at compile time) and the
 // sharded extents divide. Example (4 ranks, tensor degree 4, f32):
-//   plan<Layout<Replicate, Shard<1>>, Replicated>({8, 16}, {.tensor_degree = 4}, 4)
+//   redistribution<Layout<Replicate, Shard<1>>, Replicated>({8, 16}, {.tensor_degree = 4}, 4)
 //   == one step: all_gather on tensor, local (8, 4) -> (8, 16), 128 -> 512 bytes, 384 wire bytes.
 template <LayoutType From, LayoutType To>
-constexpr Plan plan(const Shape& global, const Spread& s, std::int64_t elem_bytes) {
+constexpr Redistribution redistribution(const Shape& global, const Spread& s, std::int64_t elem_bytes) {
   using Tr = Transition<From, To>;
   static_assert(!Tr::crosses_stages,
-                "plan: one layout is StageLocal on the pipe axis and the other is not; tensors move between "
+                "redistribution: one layout is StageLocal on the pipe axis and the other is not; tensors move between "
                 "pipeline stages by send/recv (the pipeline executor), not by redistribution");
   static_assert(Tr::crosses_stages || Tr::possible,
-                "plan: every order of the per-axis steps from From to To passes through a layout that shards "
+                "redistribution: every order of the per-axis steps from From to To passes through a layout that shards "
                 "one dim on both axes; redistribute through an intermediate layout (Replicate on one axis)");
-  Plan p;
+  Redistribution p;
   Shape local = local_shape<From>(global, s);
   for (const StepKind& k : Tr::steps) {
     if (k.collective == Collective::none) continue;
-    PlanStep st;
+    CommStep st;
     st.collective = k.collective;
     st.axis = k.axis;
     st.degree = s.degree(k.axis);
