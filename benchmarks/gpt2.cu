@@ -23,7 +23,7 @@
 #include "weft/data/loader.hpp"
 #include "weft/data/synthetic.hpp"
 #include "weft/models/gpt2/model.hpp"
-#include "weft/ops/families.cuh"
+#include "weft/ops/all.cuh"
 #include "weft/optim/data_parallel.hpp"
 #include "weft/pipeline/executor.hpp"
 #include "weft/train/cuda_metrics.cuh"
@@ -60,7 +60,7 @@ std::optional<Result> run(const gpt2::Config& cfg, std::int64_t B, int steps) {
       auto step = [&] {
         loader.next(x, y);
         dp.zero_grad();
-        auto ctx = gpt.context({x, y, B});
+        auto ctx = gpt.in_flight({x, y, B});
         pipeline::forward_backward(gpt, ctx, mesh, dp);
         dp.step(6e-4, 1.0);
         dev.synchronize();

@@ -82,7 +82,7 @@ Run measure(const gpt2::Config& cfg, MeshShape shape, std::int64_t batch, std::i
         world, host,
         [&] {
           dp.zero_grad();
-          auto ctx = gpt.context({x, y, batch});
+          auto ctx = gpt.in_flight({x, y, batch});
           pipeline::forward_backward(gpt, ctx, mesh, dp);
           dp.step(1e-4, 1.0);
         },

@@ -11,7 +11,7 @@
 namespace custom {
 using namespace weft;
 
-// ---- ops (ops/family.hpp): one family each, specialized per device -------------------------------
+// ---- ops (ops/op.hpp): each a template, specialized per device -----------------------------
 // y = x rstd w per row of C, rstd = 1 / sqrt(mean(x^2) + eps); backward: dx = rstd (g - xh mean(xh g))
 // with xh = x rstd, g = w dy; dw += sum over rows of xh dy.
 template <class D> struct RmsNorm;

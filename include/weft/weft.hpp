@@ -1,5 +1,5 @@
 // weft: everything. The host build always; with WEFT_ENABLE_CUDA (defined by the weft::cuda target)
-// the Cuda device too, and in CUDA translation units (nvcc) the op families' Cuda specializations
+// the Cuda device too, and in CUDA translation units (nvcc) the ops' Cuda specializations
 // (ops/*.cuh: the CUDA kernels, attention and cuBLASLt GEMMs), thread ranks sharing a GPU, and the NCCL communicator.
 #pragma once
 
@@ -11,6 +11,6 @@
 #include "weft/comm/gpu/thread_memory.cuh"
 #include "weft/comm/nccl/nccl_comm.cuh"
 #include "weft/device/cuda/profile.hpp"
-#include "weft/ops/families.cuh"
+#include "weft/ops/all.cuh"
 #endif
 #endif

@@ -25,7 +25,7 @@
 #include "weft/nn/describe.hpp"
 #include "weft/nn/elementwise.hpp"
 #include "weft/nn/sequential.hpp"
-#include "weft/ops/families.hpp"
+#include "weft/ops/all.hpp"
 #include "weft/optim/data_parallel.hpp"
 #include "weft/optim/optimizer.hpp"
 #include "weft/optim/schedule.hpp"

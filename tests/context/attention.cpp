@@ -15,7 +15,7 @@
 #include "support/gradcheck.hpp"
 #include "support/ranks.hpp"
 #include "weft/context/attention.hpp"
-#include "weft/ops/families.hpp"
+#include "weft/ops/all.hpp"
 
 using namespace weft;
 using Index = std::int64_t;

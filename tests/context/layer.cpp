@@ -19,7 +19,7 @@
 #include "weft/context/chunks.hpp"
 #include "weft/models/llama/model.hpp"
 #include "weft/nn/grouped_attention.hpp"
-#include "weft/ops/families.hpp"
+#include "weft/ops/all.hpp"
 
 using namespace weft;
 using Index = std::int64_t;

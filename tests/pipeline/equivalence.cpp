@@ -138,7 +138,7 @@ TEST_CASE("recompute policies compose with the schedules: ZB-H1 with Full and 1F
         pp.run(mbs, dp);
       } else {
         for (int i = 0; i < kM; ++i) {
-          auto ctx = gpt.context(mbs[static_cast<std::size_t>(i)]);
+          auto ctx = gpt.in_flight(mbs[static_cast<std::size_t>(i)]);
           pipeline::forward_backward(gpt, ctx, mesh, dp, i + 1 == kM);
         }
       }

@@ -4,7 +4,7 @@
 #pragma once
 
 #include "weft/comm/gpu/thread_memory.cuh"
-#include "weft/ops/families.cuh"
+#include "weft/ops/all.cuh"
 
 #include "device/cuda/support.cuh"
 #include "nn/equivalence.hpp"

@@ -74,7 +74,7 @@ StepsRun train_steps(const typename Model::config_type& c, std::int64_t micro, i
         loss = pp->run(mbs, dp);
       } else {
         for (int i = 0; i < m; ++i) {
-          auto ctx = model.context(mbs[static_cast<std::size_t>(i)]);
+          auto ctx = model.in_flight(mbs[static_cast<std::size_t>(i)]);
           loss += pipeline::forward_backward(model, ctx, mesh, dp, i + 1 == m) / m;
         }
       }

@@ -17,7 +17,7 @@
 #include "weft/cost/time.hpp"
 #include "weft/device/host/gemm.hpp"
 #include "weft/device/host/host.hpp"
-#include "weft/ops/families.hpp"
+#include "weft/ops/all.hpp"
 
 namespace weft::estimate {
 

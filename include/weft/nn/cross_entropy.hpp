@@ -19,7 +19,7 @@
 
 #include "weft/comm/redistribute.hpp"
 #include "weft/nn/roles.hpp"
-#include "weft/ops/families.hpp"
+#include "weft/ops/all.hpp"
 
 namespace weft::nn {
 

@@ -1,4 +1,4 @@
-// Elementwise<Op, T, L>: a layer that applies an elementwise op family (ops/family.hpp) to every
+// Elementwise<Op, T, L>: a layer that applies an elementwise op (ops/op.hpp) to every
 // element of an activation in layout L, and its gradient: weft's or a user's, with
 //
 //   Op<D>::forward(dev, y, x, n)          y = f(x)

@@ -37,7 +37,7 @@
 #include "weft/core/error.hpp"
 #include "weft/nn/context_attention.hpp"
 #include "weft/nn/linear.hpp"
-#include "weft/ops/families.hpp"
+#include "weft/ops/all.hpp"
 #include "weft/ops/rotary.hpp"
 #include "weft/recompute/policies.hpp"
 
@@ -50,7 +50,7 @@ class GroupedQueryAttention {
   static_assert(
       !cp || is_meta<D> || ops::ImplementedOn<ops::ContextBlock, D>,
       "GroupedQueryAttention: context parallelism (Cx) needs ops::ContextBlock on this device (ops/context_block.hpp; "
-      "the Cuda device's in ops/context_block.cuh, which ops/families.cuh includes); include it, or "
+      "the Cuda device's in ops/context_block.cuh, which ops/all.cuh includes); include it, or "
       "use context::None");
   using Seq = std::conditional_t<cp, Shard<1>, Replicate>;  // the sequence's placement on the context axis
 

@@ -13,7 +13,7 @@
 #include <cstdint>
 
 #include "weft/core/precision.hpp"
-#include "weft/ops/families.hpp"
+#include "weft/ops/all.hpp"
 #include "weft/tensor/tensor.hpp"
 
 namespace weft::nn {

@@ -10,7 +10,7 @@
 
 #include "weft/nn/param.hpp"
 #include "weft/nn/roles.hpp"
-#include "weft/ops/families.hpp"
+#include "weft/ops/all.hpp"
 #include "weft/ops/rmsnorm.hpp"
 
 namespace weft::nn {

@@ -6,13 +6,13 @@
 //   stage 1 .. L    Spec::Block, one per layer                             unit Spec::block_name(l)
 //   stage L + 1     Spec::Head: the stream -> the loss                     unit "head"
 //
-// Each stage has forward(ctx, ...) and backward(ctx, ...) over a context per micro-batch that the
-// caller owns (Ctx), and a forward that keeps nothing (Mode::infer: a block's infer(x, mesh), or its
-// forward into a scratch context where it has none, as a Sequential block). An executor
-// (pipeline/executor.hpp) runs the stages in order and tells a data-parallel strategy which units
-// each stage touches (units_of), so that FSDP can gather a unit just before its stage and DDP can
-// reduce a unit's gradients as soon as its last backward is done. Each unit owns flat buffers for
-// the parameters and gradients of its layers (unit.hpp).
+// Each stage has forward(ctx, ...) and backward(ctx, ...) over the state of one micro-batch
+// in flight that the caller owns (Ctx, from in_flight()), and a forward that keeps nothing
+// (Mode::infer: a block's infer(x, mesh), or its forward into a scratch Ctx where it has none, as a Sequential block).
+// An executor (pipeline/executor.hpp) runs the stages in order and tells a data-parallel strategy which units each
+// stage touches (units_of), so that FSDP can gather a unit just before its stage and DDP can reduce a unit's gradients
+// as soon as its last backward is done. Each unit owns flat buffers for the parameters and gradients of its layers
+// (unit.hpp).
 //
 //   tokens  (B, T) int32                          batch split over data
 //   x       (B, T, C)   the stream between stages, in Spec::A (Replicate, or Shard<1> under SP)
@@ -132,7 +132,7 @@ class StagedModel {
 
   // Everything one micro-batch in flight keeps between its stages.
   struct Ctx {
-    MicroBatch in;   // tokens and targets in the device's memory (copied there by context())
+    MicroBatch in;   // tokens and targets in the device's memory (copied there by in_flight())
     Allocation ids;  // the device's copy of the tokens, then the targets (devices without host memory)
     typename Embedding::Ctx embedding;
     std::vector<typename BlockT::Ctx> blocks;
@@ -253,9 +253,10 @@ class StagedModel {
     if (stage >= 1 && stage + 1 < stages()) block(stage - 1).backward_weight(ctx.blocks[stage - 1]);
   }
 
-  // A context for one micro-batch (tokens and targets in host memory); checks the tokens first and
+  // One micro-batch in flight (tokens and targets in host memory): its Ctx, the state it keeps
+  // between its stages (never the context axis: that is context/); checks the tokens first and
   // copies them to the device where it has its own memory.
-  Ctx context(const MicroBatch& in) const {
+  Ctx in_flight(const MicroBatch& in) const {
     check_tokens(in);
     Ctx ctx;
     ctx.in = in;
@@ -340,14 +341,14 @@ class StagedModel {
     const std::int64_t N = in.batch / data_degree_ * config.seq;
     if (static_cast<std::int64_t>(in.tokens.size()) != N || static_cast<std::int64_t>(in.targets.size()) != N)
       throw Error(
-          cat(Spec::name(), "::context"),
+          cat(Spec::name(), "::in_flight"),
           cat(in.tokens.size(), " tokens and ", in.targets.size(), " targets for a local batch of ", N, " positions"),
           "pass (batch / data degree) x seq tokens and targets");
     for (std::int64_t i = 0; i < N; ++i) {
       const auto t = in.tokens[static_cast<std::size_t>(i)], y = in.targets[static_cast<std::size_t>(i)];
       if (t < 0 || t >= config.vocab || y < 0 || y >= config.vocab)
         throw Error(
-            cat(Spec::name(), "::context"),
+            cat(Spec::name(), "::in_flight"),
             cat("token ", t, " or target ", y, " at position ", i, " is outside the vocabulary of ", config.vocab),
             "pass ids in [0, vocab)");
     }

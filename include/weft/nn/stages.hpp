@@ -25,7 +25,7 @@
 #include "weft/nn/staged_model.hpp"
 #include "weft/nn/stream.hpp"
 #include "weft/nn/token_wise.hpp"
-#include "weft/ops/families.hpp"
+#include "weft/ops/all.hpp"
 
 namespace weft::nn {
 

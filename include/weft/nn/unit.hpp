@@ -28,7 +28,7 @@
 #include "weft/core/precision.hpp"
 #include "weft/layout/layout.hpp"
 #include "weft/nn/param.hpp"
-#include "weft/ops/families.hpp"
+#include "weft/ops/all.hpp"
 #include "weft/tensor/tensor.hpp"
 
 namespace weft::nn {

@@ -1,4 +1,4 @@
-// ops::Attention on the Cuda device (see attention.hpp for the family and the host's).
+// ops::Attention on the Cuda device (see attention.hpp for the op's template and the host's).
 //
 // Causal self-attention on the GPU, forward and backward, head size a template parameter, the
 // T x T scores materialized (the first version the design allows; a flash-style kernel replaces
@@ -22,7 +22,7 @@
 // The f32 scratch S (B, H, T, T) lives only inside a call. Every sum runs in a fixed order, so
 // results are bitwise repeatable.
 //
-// Include only from .cu translation units (ops/families.cuh includes every family).
+// Include only from .cu translation units (ops/all.cuh includes every op).
 //
 // defines: ops::Attention (Cuda), cuda::attention_forward, cuda::attention_backward
 #pragma once

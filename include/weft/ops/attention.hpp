@@ -3,7 +3,7 @@
 // is (H/g, g + 2, hd): a group's g queries, then its key and its value (for g = 1, (H, {q, k, v}, hd));
 // out (B, T, H, hd); probs (B, H, T, T) kept for backward.
 //
-// An op family (ops/family.hpp; a user adds one the same way, in their own code): the primary template,
+// An op (ops/op.hpp; a user adds one the same way, in their own code): the primary template,
 // the host's kernels and specialization and the Meta device's here, the Cuda device's in attention.cuh.
 // Layers call ops::Attention<D>::forward(dev, ...).
 //
@@ -18,8 +18,8 @@
 #include "weft/device/host/profile.hpp"
 #include "weft/device/host/workers.hpp"
 #include "weft/device/meta/meta.hpp"
-#include "weft/ops/family.hpp"
 #include "weft/ops/meta.hpp"
+#include "weft/ops/op.hpp"
 
 namespace weft::host {
 

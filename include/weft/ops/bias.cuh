@@ -1,10 +1,10 @@
-// ops::Bias on the Cuda device (see bias.hpp for the family and the host's).
+// ops::Bias on the Cuda device (see bias.hpp for the op's template and the host's).
 //
 // CUDA kernels: a bias on every row, and its gradient (a column sum).
 //
 // Kernels and their launchers (the conventions and determinism notes are in common.cuh); the op
 //
-// Include only from .cu translation units (ops/families.cuh includes every family).
+// Include only from .cu translation units (ops/all.cuh includes every op).
 //
 // defines: ops::Bias (Cuda), cuda::bias_add, cuda::bias_backward
 #pragma once

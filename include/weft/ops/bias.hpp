@@ -3,7 +3,7 @@
 //   add:       y (N, C) += b (C) on every row
 //   backward:  db (C) += sum over rows of dy (N, C)
 //
-// An op family (ops/family.hpp; a user adds one the same way, in their own code): the primary template,
+// An op (ops/op.hpp; a user adds one the same way, in their own code): the primary template,
 // the host's kernels and specialization and the Meta device's here, the Cuda device's in bias.cuh.
 // Layers call ops::Bias<D>::add(dev, ...).
 //
@@ -18,8 +18,8 @@
 #include "weft/device/host/profile.hpp"
 #include "weft/device/host/workers.hpp"
 #include "weft/device/meta/meta.hpp"
-#include "weft/ops/family.hpp"
 #include "weft/ops/meta.hpp"
+#include "weft/ops/op.hpp"
 
 namespace weft::host {
 

@@ -1,4 +1,4 @@
-// ops::ContextBlock on the Cuda device (see context_block.hpp for the family and the host's): float
+// ops::ContextBlock on the Cuda device (see context_block.hpp for the op's template and the host's): float
 // and bf16 activations, the sums, the output being merged, the log-sum-exp and the gradients in
 // float (S = accumulate_t<T> = float for both).
 //
@@ -13,7 +13,7 @@
 // the output and the log-sum-exp. Plain loops, not a tiled kernel: correctness first; a
 // translation units.
 //
-// Include only from .cu translation units (ops/families.cuh includes every family).
+// Include only from .cu translation units (ops/all.cuh includes every op).
 //
 // defines: ops::ContextBlock (Cuda), cuda::require_sizes, cuda::context_pack_kv, cuda::context_forward,
 //   cuda::context_row_dots, cuda::context_backward, cuda::context_write_dqkv

@@ -1,6 +1,6 @@
 // ops::ContextBlock: the arithmetic of causal attention over the context axis (context/attention.hpp
 // runs it around its ring or over its gathered blocks), one block of keys and values at a time,
-// merged by log-sum-exp. An op family (ops/family.hpp): the host's here, the Cuda device's in
+// merged by log-sum-exp. An op (ops/op.hpp): the host's here, the Cuda device's in
 // context_block.cuh.
 //
 //   qkv  (B, Tl, G, g + 2, hd)   a rank's Tl rows: G key-value groups of g queries, a key and a value
@@ -40,7 +40,7 @@
 
 #include "weft/core/dtype.hpp"
 #include "weft/device/host/host.hpp"
-#include "weft/ops/family.hpp"
+#include "weft/ops/op.hpp"
 #include "weft/ops/positions.hpp"
 
 namespace weft::ops {

@@ -1,10 +1,10 @@
-// ops::CrossEntropy on the Cuda device (see cross_entropy.hpp for the family and the host's).
+// ops::CrossEntropy on the Cuda device (see cross_entropy.hpp for the op's template and the host's).
 //
 // CUDA kernels: the vocab-parallel cross-entropy, and the loss sum.
 //
 // Kernels and their launchers (the conventions and determinism notes are in common.cuh); the op
 //
-// Include only from .cu translation units (ops/families.cuh includes every family).
+// Include only from .cu translation units (ops/all.cuh includes every op).
 //
 // defines: ops::CrossEntropy (Cuda), cuda::ce_row_max, cuda::ce_row_stats, cuda::ce_backward, cuda::ce_loss
 #pragma once

@@ -4,7 +4,7 @@
 //   loss = sum over rows of (log sum_j exp(logit_j - max) + max - logit_target), in acc<T>
 //   dlogits = (softmax(logits) - onehot(target)) grad_scale         logits, dlogits (N, V) vocab-sharded
 //
-// An op family (ops/family.hpp; a user adds one the same way, in their own code): the primary template,
+// An op (ops/op.hpp; a user adds one the same way, in their own code): the primary template,
 // the host's kernels and specialization and the Meta device's here, the Cuda device's in cross_entropy.cuh.
 // Layers call ops::CrossEntropy<D>::row_max(dev, ...).
 //
@@ -20,8 +20,8 @@
 #include "weft/device/host/profile.hpp"
 #include "weft/device/host/workers.hpp"
 #include "weft/device/meta/meta.hpp"
-#include "weft/ops/family.hpp"
 #include "weft/ops/meta.hpp"
+#include "weft/ops/op.hpp"
 
 namespace weft::host {
 

@@ -1,10 +1,10 @@
-// ops::Embedding and ops::Position on the Cuda device (see embedding.hpp for the family and the host's).
+// ops::Embedding and ops::Position on the Cuda device (see embedding.hpp for the op's template and the host's).
 //
 // CUDA kernels: the vocab-parallel embedding (its backward sorts the tokens), and learned positions.
 //
 // Kernels and their launchers (the conventions and determinism notes are in common.cuh); the op
 //
-// Include only from .cu translation units (ops/families.cuh includes every family).
+// Include only from .cu translation units (ops/all.cuh includes every op).
 //
 // defines: ops::Embedding (Cuda), ops::Position (Cuda), cuda::embedding_forward, cuda::embedding_backward,
 //   cuda::position_forward, cuda::position_backward

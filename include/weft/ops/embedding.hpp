@@ -6,7 +6,7 @@
 //   Position forward:    x (B, Tl, C) += table[t] for the rank's positions t (ops::Positions)
 //   Position backward:   dtable[t] += sum over the batch of dy
 //
-// An op family (ops/family.hpp; a user adds one the same way, in their own code): the primary template,
+// An op (ops/op.hpp; a user adds one the same way, in their own code): the primary template,
 // the host's kernels and specialization and the Meta device's here, the Cuda device's in embedding.cuh.
 // Layers call ops::Embedding<D>::forward(dev, ...).
 //
@@ -22,8 +22,8 @@
 #include "weft/device/host/profile.hpp"
 #include "weft/device/host/workers.hpp"
 #include "weft/device/meta/meta.hpp"
-#include "weft/ops/family.hpp"
 #include "weft/ops/meta.hpp"
+#include "weft/ops/op.hpp"
 #include "weft/ops/positions.hpp"
 
 namespace weft::host {

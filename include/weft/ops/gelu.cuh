@@ -1,8 +1,8 @@
-// ops::Gelu on the Cuda device (see gelu.hpp for the family and the host's).
+// ops::Gelu on the Cuda device (see gelu.hpp for the op's template and the host's).
 //
 // CUDA kernels: the GELU and its gradient, on the elementwise map (device/cuda/kernels/map.cuh).
 //
-// Include only from .cu translation units (ops/families.cuh includes every family).
+// Include only from .cu translation units (ops/all.cuh includes every op).
 //
 // defines: ops::Gelu (Cuda), cuda::gelu_forward, cuda::gelu_backward
 #pragma once

@@ -3,7 +3,7 @@
 //   forward:   out = 0.5 x (1 + tanh(k (x + c x^3))),  k = sqrt(2 / pi), c = 0.044715    x, out (n)
 //   backward:  dx = dout gelu'(x)
 //
-// An op family (ops/family.hpp; a user adds one the same way, in their own code): the primary template,
+// An op (ops/op.hpp; a user adds one the same way, in their own code): the primary template,
 // the host's kernels and specialization and the Meta device's here, the Cuda device's in gelu.cuh.
 // Layers call ops::Gelu<D>::forward(dev, ...).
 //
@@ -18,9 +18,9 @@
 #include "weft/device/host/profile.hpp"
 #include "weft/device/host/workers.hpp"
 #include "weft/device/meta/meta.hpp"
-#include "weft/ops/family.hpp"
 #include "weft/ops/math.hpp"
 #include "weft/ops/meta.hpp"
+#include "weft/ops/op.hpp"
 
 namespace weft::host {
 

@@ -1,6 +1,6 @@
-// ops::Gemm on the Cuda device (see gemm.hpp for the family and the host's).
+// ops::Gemm on the Cuda device (see gemm.hpp for the op's template and the host's).
 //
-// Include only from .cu translation units (ops/families.cuh includes every family).
+// Include only from .cu translation units (ops/all.cuh includes every op).
 //
 // defines: ops::Gemm (Cuda)
 #pragma once

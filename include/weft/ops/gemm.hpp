@@ -1,6 +1,6 @@
 // ops::Gemm: C (m, n) = alpha op(A) op(B) + beta C, accumulated in acc<T>.
 //
-// An op family (ops/family.hpp; a user adds one the same way, in their own code): the primary template,
+// An op (ops/op.hpp; a user adds one the same way, in their own code): the primary template,
 // the host's kernels and specialization and the Meta device's here, the Cuda device's in gemm.cuh.
 // Layers call ops::Gemm<D>::run(dev, ...).
 //
@@ -17,7 +17,7 @@
 #include "weft/device/host/profile.hpp"
 #include "weft/device/host/workers.hpp"
 #include "weft/device/meta/meta.hpp"
-#include "weft/ops/family.hpp"
+#include "weft/ops/op.hpp"
 
 namespace weft::ops {
 

@@ -1,10 +1,10 @@
-// ops::LayerNorm on the Cuda device (see layernorm.hpp for the family and the host's).
+// ops::LayerNorm on the Cuda device (see layernorm.hpp for the op's template and the host's).
 //
 // CUDA kernels: LayerNorm forward (optionally with the residual add) and backward.
 //
 // Kernels and their launchers (the conventions and determinism notes are in common.cuh); the op
 //
-// Include only from .cu translation units (ops/families.cuh includes every family).
+// Include only from .cu translation units (ops/all.cuh includes every op).
 //
 // defines: ops::LayerNorm (Cuda), cuda::packs_per_lane, cuda::layernorm_forward, cuda::layernorm_backward
 #pragma once

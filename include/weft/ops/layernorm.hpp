@@ -5,7 +5,7 @@
 //   backward:  dx = rstd (dnorm - mean(dnorm) - norm mean(dnorm norm)) [+ dresid], dnorm = dout w;
 //              dw += sum over rows dout norm;  db += sum over rows dout
 //
-// An op family (ops/family.hpp; a user adds one the same way, in their own code): the primary template,
+// An op (ops/op.hpp; a user adds one the same way, in their own code): the primary template,
 // the host's kernels and specialization and the Meta device's here, the Cuda device's in layernorm.cuh.
 // Layers call ops::LayerNorm<D>::forward(dev, ...).
 //
@@ -21,8 +21,8 @@
 #include "weft/device/host/profile.hpp"
 #include "weft/device/host/workers.hpp"
 #include "weft/device/meta/meta.hpp"
-#include "weft/ops/family.hpp"
 #include "weft/ops/meta.hpp"
+#include "weft/ops/op.hpp"
 
 namespace weft::host {
 

@@ -1,8 +1,8 @@
-// ops::Memory and ops::Init on the Cuda device (see memory.hpp for the family and the host's).
+// ops::Memory and ops::Init on the Cuda device (see memory.hpp for the op's template and the host's).
 //
 // CUDA kernels: conversion, fill, and the residual add (on the elementwise map, device/cuda/kernels/map.cuh).
 //
-// Include only from .cu translation units (ops/families.cuh includes every family).
+// Include only from .cu translation units (ops/all.cuh includes every op).
 //
 // defines: ops::Init (Cuda), ops::Memory (Cuda), cuda::convert, cuda::fill, cuda::add_inplace
 #pragma once

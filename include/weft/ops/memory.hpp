@@ -1,7 +1,7 @@
 // ops::Memory and ops::Init: buffers (zero, copy, convert (master weights rounded to the compute type), fill, add:
 // out += x), and parameter initialization (normal draws keyed by each element's global index).
 //
-// An op family (ops/family.hpp; a user adds one the same way, in their own code): the primary template,
+// An op (ops/op.hpp; a user adds one the same way, in their own code): the primary template,
 // the host's kernels and specialization and the Meta device's here, the Cuda device's in memory.cuh.
 // Layers call ops::Memory<D>::copy(dev, ...).
 //
@@ -19,8 +19,8 @@
 #include "weft/device/host/profile.hpp"
 #include "weft/device/host/workers.hpp"
 #include "weft/device/meta/meta.hpp"
-#include "weft/ops/family.hpp"
 #include "weft/ops/meta.hpp"
+#include "weft/ops/op.hpp"
 
 namespace weft::host {
 

@@ -1,13 +1,13 @@
-// The Meta device's side of an op family (device/meta/meta.hpp; cost/measure.hpp runs a model's step
+// The Meta device's side of an op (device/meta/meta.hpp; cost/measure.hpp runs a model's step
 // on it): each function takes the arguments the host's does and computes nothing; those that return
-// a value (a loss, a sum of squares) return 0. weft's families write theirs in their own file,
+// a value (a loss, a sum of squares) return 0. weft's ops write theirs in their own file,
 // ops/<op>.hpp, noting in the device's MetaWork what the time model prices (GEMM shapes, the
 // attention core's FLOPs, elements through GELU, LayerNorm, the cross-entropy and AdamW). A user's
-// op family gets its own the same way, beside its host one:
+// op gets its own the same way, beside its host one:
 //
 //   template <class D> struct RmsNorm<weft::Meta<D>> : weft::ops::MetaPass<D> {};
 //
-// (MetaPass: a forward and a backward that take anything and do nothing; a family with other
+// (MetaPass: a forward and a backward that take anything and do nothing; an op with other
 // functions names them the same way, as ops::Memory's and ops::CrossEntropy's do.)
 //
 // defines: ops::MetaPass
@@ -17,7 +17,7 @@
 
 namespace weft::ops {
 
-// A forward and a backward that do nothing: the Meta specialization of an op family with those two.
+// A forward and a backward that do nothing: the Meta specialization of an op with those two.
 template <class D>
 struct MetaPass {
   template <class... A> static void forward(Meta<D>&, A&&...) {}

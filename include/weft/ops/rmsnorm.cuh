@@ -1,9 +1,9 @@
-// ops::RmsNorm on the Cuda device (see rmsnorm.hpp for the family and the host's).
+// ops::RmsNorm on the Cuda device (see rmsnorm.hpp for the op's template and the host's).
 //
 // CUDA kernels: statistics and sums in float, each in a fixed order (warp sums, one thread per
 // column for the weight's gradient): the same bits in every run.
 //
-// Include only from .cu translation units (ops/families.cuh includes every family).
+// Include only from .cu translation units (ops/all.cuh includes every op).
 //
 // defines: ops::RmsNorm (Cuda), cuda::rmsnorm_forward, cuda::rmsnorm_backward
 #pragma once

@@ -4,7 +4,7 @@
 //   forward:   y = x rstd w,  rstd = 1 / sqrt(mean(x^2) + eps)           (statistics in acc<T>)
 //   backward:  dx = rstd (w dy - xh mean(xh w dy)) [+ dresid],  xh = x rstd;  dw += sum over rows xh dy
 //
-// An op family (ops/family.hpp): the host's specialization here, the Meta device's below (it
+// An op (ops/op.hpp): the host's specialization here, the Meta device's below (it
 // computes nothing); the Cuda device's in rmsnorm.cuh. Rows are split over the host's threads for dx
 // and columns for dw, each summed in one fixed order: the same bits on any number of threads.
 //
@@ -20,8 +20,8 @@
 #include "weft/device/host/profile.hpp"
 #include "weft/device/host/workers.hpp"
 #include "weft/device/meta/meta.hpp"
-#include "weft/ops/family.hpp"
 #include "weft/ops/meta.hpp"
+#include "weft/ops/op.hpp"
 
 namespace weft::ops {
 

@@ -1,8 +1,8 @@
-// ops::Rotary on the Cuda device (see rotary.hpp for the family and the host's).
+// ops::Rotary on the Cuda device (see rotary.hpp for the op's template and the host's).
 //
 // CUDA kernels: one thread per rotated pair.
 //
-// Include only from .cu translation units (ops/families.cuh includes every family).
+// Include only from .cu translation units (ops/all.cuh includes every op).
 //
 // defines: ops::Rotary (Cuda), cuda::rotary
 #pragma once

@@ -9,7 +9,7 @@
 //   backward:  the transpose, a rotation by -a, on the gradient in place
 //
 // The angles and their sines are computed in double and used in acc<T> (f32 under bf16 mixed
-// precision, double in a double model). An op family (ops/family.hpp): the host's here, the Meta
+// precision, double in a double model). An op (ops/op.hpp): the host's here, the Meta
 // device's below, the Cuda device's in rotary.cuh.
 //
 // defines: ops::Rope, ops::rope_inv_freq, ops::Rotary (Host, Meta)
@@ -25,8 +25,8 @@
 #include "weft/device/host/profile.hpp"
 #include "weft/device/host/workers.hpp"
 #include "weft/device/meta/meta.hpp"
-#include "weft/ops/family.hpp"
 #include "weft/ops/meta.hpp"
+#include "weft/ops/op.hpp"
 #include "weft/ops/positions.hpp"
 
 namespace weft::ops {

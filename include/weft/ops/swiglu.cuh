@@ -1,8 +1,8 @@
-// ops::SwiGlu on the Cuda device (see swiglu.hpp for the family and the host's).
+// ops::SwiGlu on the Cuda device (see swiglu.hpp for the op's template and the host's).
 //
 // CUDA kernels: one thread per output element.
 //
-// Include only from .cu translation units (ops/families.cuh includes every family).
+// Include only from .cu translation units (ops/all.cuh includes every op).
 //
 // defines: ops::SwiGlu (Cuda), cuda::swiglu_forward, cuda::swiglu_backward
 #pragma once

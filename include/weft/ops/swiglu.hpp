@@ -7,8 +7,8 @@
 //   backward:     dgate = dy up sigmoid(gate) (1 + gate (1 - sigmoid(gate))),  dup = dy silu(gate)
 //
 // In acc<T>, each element on its own: the same bits on any number of threads. double runs plain
-// loops (the oracle); float and bf16 run on Eigen's vectorized exp, as GELU does. An op family
-// (ops/family.hpp): the host's here, the Meta device's below, the Cuda device's in swiglu.cuh.
+// loops (the oracle); float and bf16 run on Eigen's vectorized exp, as GELU does. An op
+// (ops/op.hpp): the host's here, the Meta device's below, the Cuda device's in swiglu.cuh.
 //
 // defines: ops::SwiGlu (Host, Meta)
 #pragma once
@@ -24,8 +24,8 @@
 #include "weft/device/host/profile.hpp"
 #include "weft/device/host/workers.hpp"
 #include "weft/device/meta/meta.hpp"
-#include "weft/ops/family.hpp"
 #include "weft/ops/meta.hpp"
+#include "weft/ops/op.hpp"
 
 namespace weft::ops {
 

@@ -1,10 +1,10 @@
-// ops::Update and ops::Norm on the Cuda device (see update.hpp for the family and the host's).
+// ops::Update and ops::Norm on the Cuda device (see update.hpp for the op's template and the host's).
 //
 // CUDA kernels: multi-tensor AdamW, the global gradient norm, and single-range AdamW and SGD.
 //
 // Kernels and their launchers (the conventions and determinism notes are in common.cuh); the op
 //
-// Include only from .cu translation units (ops/families.cuh includes every family).
+// Include only from .cu translation units (ops/all.cuh includes every op).
 //
 // defines: ops::Norm (Cuda), ops::Update (Cuda), cuda::adamw, cuda::sum_squares, cuda::adamw_range,
 //   cuda::sgd_range

@@ -5,7 +5,7 @@
 //           m^ = m / (1 - b1^t), v^ = v / (1 - b2^t) (math.hpp)
 //   SGD:    b = momentum b + g (+ wd p);  p -= lr b;   g = grad grad_scale;  sum_squares: sum x^2 in double
 //
-// An op family (ops/family.hpp; a user adds one the same way, in their own code): the primary template,
+// An op (ops/op.hpp; a user adds one the same way, in their own code): the primary template,
 // the host's kernels and specialization and the Meta device's here, the Cuda device's in update.cuh.
 // Layers call ops::Update<D>::adamw(dev, ...).
 //
@@ -25,9 +25,9 @@
 #include "weft/device/host/profile.hpp"
 #include "weft/device/host/workers.hpp"
 #include "weft/device/meta/meta.hpp"
-#include "weft/ops/family.hpp"
 #include "weft/ops/math.hpp"
 #include "weft/ops/meta.hpp"
+#include "weft/ops/op.hpp"
 
 namespace weft::host {
 

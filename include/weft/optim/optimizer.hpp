@@ -19,7 +19,7 @@
 #include <type_traits>
 
 #include "weft/nn/unit.hpp"
-#include "weft/ops/families.hpp"
+#include "weft/ops/all.hpp"
 #include "weft/ops/math.hpp"
 
 namespace weft::optim {

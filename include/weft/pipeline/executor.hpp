@@ -5,7 +5,7 @@
 //   stages()                  the number of stages
 //   units_of(s)               the units stage s reads and writes (its own, and any it shares, such as
 //                             the tied embedding that the head uses)
-//   forward(s, ctx, mesh, mode), backward(s, ctx, mesh)   on a context per micro-batch
+//   forward(s, ctx, mesh, mode), backward(s, ctx, mesh)   on one micro-batch's Ctx
 // and a data-parallel strategy provides
 //   acquire(u, pass)          before a stage of this pass uses unit u (FSDP gathers its values, and
 //                             for backward its gradient buffer, which alone the weight pass needs;

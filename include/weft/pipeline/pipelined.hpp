@@ -216,7 +216,7 @@ class Pipeline {
         reach(static_cast<int>(2 * k + 1));
         if (a.recv.present()) {
           const Trace::Scope wait(trace_, lane_, "recv wait", "wait", a.recv.stage, a.recv.micro);
-          Ctx& c = context(ctx, micro, a.recv.micro);
+          Ctx& c = in_flight(ctx, micro, a.recv.micro);
           c.x = Act::empty(model_->dev(), shape(micro[static_cast<std::size_t>(a.recv.micro)]), mesh_->spread(),
                            Category::activations);
           pipe.recv(std::span<T>(c.x.data(), static_cast<std::size_t>(c.x.numel())), a.recv_from);
@@ -229,7 +229,7 @@ class Pipeline {
         }
         continue;
       }
-      Ctx& c = context(ctx, micro, a.micro);
+      Ctx& c = in_flight(ctx, micro, a.micro);
       const std::vector<std::size_t> fine = part_.fine(a.stage);
       std::optional<Trace::Scope> traced;
       if (trace_) traced.emplace(trace_, lane_, name(a.what), "compute", a.stage, a.micro);
@@ -284,7 +284,7 @@ class Pipeline {
   // for a backward); returns its loss on every rank.
   double evaluate(const nn::MicroBatch& mb) {
     Comm& pipe = mesh_->comm(Axis::pipe);
-    Ctx c = model_->context(mb);
+    Ctx c = model_->in_flight(mb);
     for (int s = rank_; s < part_.stages(); s += part_.p) {
       if (s > 0) {
         c.x = Act::empty(model_->dev(), shape(mb), mesh_->spread(), Category::activations);
@@ -340,9 +340,9 @@ class Pipeline {
     for (auto& x : sent) pipe.wait(x.handle);
     sent.clear();  // delivered: nothing to withdraw
   }
-  Ctx& context(std::vector<std::optional<Ctx>>& ctx, std::span<const nn::MicroBatch> micro, int i) {
+  Ctx& in_flight(std::vector<std::optional<Ctx>>& ctx, std::span<const nn::MicroBatch> micro, int i) {
     auto& c = ctx[static_cast<std::size_t>(i)];
-    if (!c) c.emplace(model_->context(micro[static_cast<std::size_t>(i)]));
+    if (!c) c.emplace(model_->in_flight(micro[static_cast<std::size_t>(i)]));
     return *c;
   }
 

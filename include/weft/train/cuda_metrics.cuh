@@ -9,7 +9,7 @@
 #include <string>
 #include <utility>
 
-#include "weft/ops/families.cuh"
+#include "weft/ops/all.cuh"
 
 namespace weft::train {
 

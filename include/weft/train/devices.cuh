@@ -12,7 +12,7 @@
 #include "weft/comm/nccl/bootstrap.cuh"
 #endif
 #include "weft/comm/gpu/thread_memory.cuh"
-#include "weft/ops/families.cuh"
+#include "weft/ops/all.cuh"
 #include "weft/train/cuda_metrics.cuh"
 #include "weft/train/devices.hpp"
 #include "weft/train/loop.hpp"

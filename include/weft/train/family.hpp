@@ -38,7 +38,7 @@
 //   plan(o, cfg, host) / print_plan(o, cfg, device) / cluster_cost(...): the plain variant's plan in
 //                                            closed form (default, and for every other variant: the
 //                                            step measured on the Meta device, train/plan.hpp, which
-//                                            needs a Meta specialization of every op family the
+//                                            needs a Meta specialization of every op the
 //                                            model uses)
 //   measured_plan = false                    no plan: the fits check skipped, --plan refused
 //   gpu = false                              no GPU path: --device cuda refused, auto the host
@@ -343,7 +343,7 @@ config_t<F> preset_config(const std::string& program, const std::string& preset,
 }
 
 // Whether the family is planned by measuring its step on the Meta device (train/plan.hpp): unless
-// it sets `static constexpr bool measured_plan = false` (its op families have no Meta
+// it sets `static constexpr bool measured_plan = false` (its ops have no Meta
 // specializations, so its model does not compile on Meta; then the fits check is skipped and
 // --plan refused).
 template <class F>

@@ -18,7 +18,7 @@
 #include "weft/comm/mesh.hpp"
 #include "weft/comm/meta.hpp"
 #include "weft/nn/unit.hpp"
-#include "weft/ops/families.hpp"
+#include "weft/ops/all.hpp"
 #include "weft/train/family.hpp"
 
 namespace weft::train {

@@ -172,7 +172,7 @@ int print_plan(const Options& o, const config_t<F>& cfg, const std::string& devi
   } else {
     throw Error(o.where("--plan"),
                 cat("the model family '", F::name(), "' has no plan (it sets measured_plan = false)"),
-                "give its op families Meta specializations (docs/layers.md, \"Writing an op\") and drop measured_plan");
+                "give its ops Meta specializations (docs/layers.md, \"Writing an op\") and drop measured_plan");
   }
 }
 

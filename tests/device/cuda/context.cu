@@ -27,8 +27,8 @@
 #include "weft/context/attention.hpp"
 #include "weft/nn/context_attention.hpp"
 #include "weft/nn/grouped_attention.hpp"
+#include "weft/ops/all.cuh"
 #include "weft/ops/context_block.cuh"
-#include "weft/ops/families.cuh"
 
 using namespace weft;
 using namespace weft::test;

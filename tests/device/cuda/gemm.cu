@@ -7,7 +7,7 @@
 #include "support.cuh"
 #include "weft/device/cuda/gemm.cuh"
 #include "weft/device/host/gemm.hpp"
-#include "weft/ops/families.hpp"
+#include "weft/ops/all.hpp"
 
 using namespace weft;
 using namespace weft::test;

@@ -4,10 +4,10 @@
 #include <doctest/doctest.h>
 
 #include "support.cuh"
+#include "weft/ops/all.hpp"
 #include "weft/ops/bias.cuh"
 #include "weft/ops/cross_entropy.cuh"
 #include "weft/ops/embedding.cuh"
-#include "weft/ops/families.hpp"
 #include "weft/ops/gelu.cuh"
 #include "weft/ops/layernorm.cuh"
 #include "weft/ops/memory.cuh"

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "support/gradcheck.hpp"
-#include "weft/ops/families.hpp"
+#include "weft/ops/all.hpp"
 #include "weft/ops/rmsnorm.hpp"
 #include "weft/ops/rotary.hpp"
 #include "weft/ops/swiglu.hpp"

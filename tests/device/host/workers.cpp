@@ -19,7 +19,7 @@
 #include "nn/equivalence.hpp"
 #include "weft/core/philox.hpp"
 #include "weft/device/host/workers.hpp"
-#include "weft/ops/families.hpp"
+#include "weft/ops/all.hpp"
 #include "weft/ops/rmsnorm.hpp"
 #include "weft/ops/rotary.hpp"
 #include "weft/ops/swiglu.hpp"
@@ -112,7 +112,7 @@ TEST_CASE("host::set_threads and split: parts of whole units, the last taking th
   CHECK_THROWS_WITH_AS(host::Workers(0), "host::Workers: threads 0; give between 1 and 1024 threads", Error);
 }
 
-TEST_CASE("the host's op families split over threads: the same bits as one thread, op by op") {
+TEST_CASE("the host's ops split over threads: the same bits as one thread, op by op") {
   Host dev;
   SUBCASE("GEMM: rows in blocks of 48, transposed or not, the last part with a partial block") {
     for (auto [ta, tb, m, n, k] : {std::tuple{Trans::no, Trans::yes, 290, 70, 33},

@@ -171,7 +171,7 @@ TEST_CASE("bad tokens are refused with the position and the vocabulary") {
                             1);
     std::vector<std::int32_t> ok{1, 2, 3, 4}, bad{1, 2, 10, 4};
     CHECK_THROWS_WITH_AS(test::forward_backward(gpt, bad, ok, 1, mesh),
-                         "GPT-2::context: token 10 or target 3 at position 2 is outside the vocabulary of 10; "
+                         "GPT-2::in_flight: token 10 or target 3 at position 2 is outside the vocabulary of 10; "
                          "pass ids in [0, vocab)",
                          Error);
     CHECK_THROWS_WITH_AS(test::forward_backward(gpt, ok, std::vector<std::int32_t>{1, 2}, 1, mesh),

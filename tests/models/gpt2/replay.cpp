@@ -103,7 +103,7 @@ void check(const gpt2::Config& c, MeshShape shape, std::int64_t micro, std::int6
         got[static_cast<std::size_t>(w.rank())], host,
         [&] {
           for (std::int64_t m = 0; m < micro_batches; ++m) {
-            auto ctx = gpt.context({x, y, micro, 1.0 / static_cast<double>(micro_batches)});
+            auto ctx = gpt.in_flight({x, y, micro, 1.0 / static_cast<double>(micro_batches)});
             pipeline::forward_backward(gpt, ctx, mesh, dp, m + 1 == micro_batches);
           }
           dp.step(1e-3, 1.0);

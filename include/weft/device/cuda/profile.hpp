@@ -1,5 +1,5 @@
 // Per-op GPU time by kind, for benchmarks: while a Profile is attached to a Cuda device
-// (dev.profile = &p), every op family's Cuda specialization (ops/*.cuh) records a pair of CUDA events on the device's
+// (dev.profile = &p), every op's Cuda specialization (ops/*.cuh) records a pair of CUDA events on the device's
 // stream around every operation it runs, and collect() sums the elapsed times per kind. The events cost a few
 // microseconds per op; detach (nullptr) for undisturbed timing.
 #pragma once
@@ -64,7 +64,7 @@ class Profile {
   std::size_t used_ = 0;
 };
 
-// Times one op where a benchmark attached a Profile to the device (the op families' calls).
+// Times one op where a benchmark attached a Profile to the device (the ops' calls).
 struct Timed {
   Cuda& d;
   Timed(Cuda& dev, OpKind k) : d(dev) {

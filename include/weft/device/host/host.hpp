@@ -39,7 +39,7 @@ struct Host {
 };
 
 // What a device provides to tensors, communicators and layers: tracked allocation and memory moves
-// (kernels come through the op families, ops/family.hpp). to_host and from_host move between the device's memory and
+// (kernels come through the ops, ops/op.hpp). to_host and from_host move between the device's memory and
 // the host's; on a device with its own memory, to_host waits for the device's queued work first.
 template <class D>
 concept Device = requires(D& d, std::int64_t n, Category c, void* p, const void* q, std::size_t b) {

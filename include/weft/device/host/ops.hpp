@@ -1,6 +1,6 @@
 // The host kernels' shared helpers: fixed-order sums in lanes, Eigen's packets over chunks, row sums,
 // exponentials of a row. Each op's own host kernels are in its file, ops/<op>.hpp, in namespace
-// weft::host beside the op family that calls them (ops/family.hpp).
+// weft::host beside the op that calls them (ops/op.hpp).
 //
 // The host kernels are the reference the CUDA ops are tested against, and the compute of the host back end,
 // for T = double (finite-difference checks exact to 1e-6 and better), float, and bf16 storage. Each

@@ -1,4 +1,4 @@
-// Where a host step's time goes, by op class: every host op family's call (ops/*.hpp) adds its wall time to the
+// Where a host step's time goes, by op class: every host op's call (ops/*.hpp) adds its wall time to the
 // calling thread's OpTimes while one is set (host::profile(&times)), and costs one thread-local
 // read otherwise. Benchmarks set it on each rank's thread (benchmarks/train_step); time outside
 // every op is communication, allocation and the framework's own work.

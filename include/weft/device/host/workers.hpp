@@ -4,7 +4,7 @@
 //
 // For a process that runs one rank (weft-train with data, tensor and pipe 1; train_step
 // --threads): the GEMMs and the heavy elementwise and row ops split their work into parts whose
-// results do not depend on how many threads run them (the op families, ops/*.hpp), so a
+// results do not depend on how many threads run them (the ops, ops/*.hpp), so a
 // run on n cores gives the same bits as a run on one. Thread ranks keep 1: when the helpers are
 // busy (another rank's op holds them) or the call comes from inside a part, parallel() runs the
 // parts on the calling thread, in order.
@@ -182,7 +182,7 @@ void split(std::int64_t n, std::int64_t unit, F&& f) {
   parallel(parts, [&](std::int64_t p) { f(p * per, p + 1 == parts ? n : (p + 1) * per); });
 }
 
-// The smallest parts worth a thread for the op families' host specializations: elements of
+// The smallest parts worth a thread for the ops' host specializations: elements of
 // elementwise ops (a multiple of the float fast paths' chunks, detail::kChunk in ops.hpp, so every
 // chunk starts where it does on one thread), rows of row ops, columns of column sums.
 inline constexpr std::int64_t kElements = 16384, kRows = 16, kColumns = 64;

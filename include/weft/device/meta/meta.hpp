@@ -5,8 +5,8 @@
 //
 // Blocks have addresses that are never dereferenced (distinct, in a range nothing maps), so a layer
 // that touches device memory directly instead of through an op faults at once rather than counting
-// wrong. Ops reach it through each family's Meta specialization (in its file, ops/<op>.hpp, for
-// weft's; a user's family adds its own in three lines, docs/layers.md). Copies to the host write
+// wrong. Ops reach it through each op's Meta specialization (in its file, ops/<op>.hpp, for
+// weft's; a user's op adds its own in three lines, docs/layers.md). Copies to the host write
 // zeros: a loss or a norm read back on Meta is 0.
 //
 // host_memory is D's, so code that branches on it (token ids copied to a GPU) takes D's path. The

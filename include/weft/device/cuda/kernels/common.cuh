@@ -1,6 +1,6 @@
 // CUDA kernels: what every kernel shares (the element types, float and bf16 as __nv_bfloat16; 16-byte
 // packs; launch sizing and size checks). The kernels themselves are in their op's file,
-// ops/<op>.cuh, beside the family's Cuda specialization that calls them; this folder keeps what
+// ops/<op>.cuh, beside the op's Cuda specialization that calls them; this folder keeps what
 // several share: this file, columns.cuh (column sums) and map.cuh (the elementwise map). Each
 // kernel serves float and bf16 activations (math in float) with the host kernels' signatures
 // (ops/<op>.hpp); each is a small config, its arguments and its body; each launcher checks sizes

@@ -1,7 +1,7 @@
-// Op families: how layers and optimizers reach a device's kernels, and how a
+// Ops: how layers and optimizers reach a device's kernels, and how a
 // user adds an op.
 //
-// An op family is a class template over the device, declared once and
+// An op is a class template over the device, declared once and
 // specialized for each device that implements it, with static functions taking
 // the device first, then row-major buffers and element counts:
 //
@@ -10,7 +10,7 @@
 //   template <> struct LayerNorm<Cuda> { static void forward(Cuda&, ...); ... };  // layernorm.cuh
 //
 // A layer calls ops::LayerNorm<D>::forward(dev, ...) and nothing below it: no Eigen, no host:: or
-// cuda:: function. weft's families, one file per op: the .hpp holds the family, its formula, its host
+// cuda:: function. weft's ops, one file each: the .hpp holds the op's template, its formula, its host
 // kernels (namespace weft::host) and its Host and Meta specializations; the .cuh beside it its CUDA
 // kernels (namespace weft::cuda) and its Cuda specialization:
 //
@@ -30,7 +30,7 @@
 //   update         Update (AdamW, SGD), Norm (sums of squares for the global norm)
 //
 // A user's op is written the same way, in the user's own headers
-// (tests/ops/family.cpp and examples/03_custom_model.* do), and called the same
+// (tests/ops/op.cpp and examples/03_custom_model.* do), and called the same
 // way; nothing in weft is edited. A device without a specialization is a
 // compile error at the call (an incomplete type), caught by ImplementedOn where
 // a layer wants a clearer message.
@@ -57,7 +57,7 @@ namespace weft::ops {
 using index = std::int64_t;
 template <class T> using acc = accumulate_t<T>;
 
-// Whether family F has a specialization for device D visible here.
+// Whether op F has a specialization for device D visible here.
 template <template <class> class F, class D>
 concept ImplementedOn = requires { sizeof(F<D>); };
 

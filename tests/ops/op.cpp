@@ -1,4 +1,4 @@
-// An op family written outside weft (ops/family.hpp): a user's ReLU-squared, its host
+// An op written outside weft (ops/op.hpp): a user's ReLU-squared, its host
 // specialization, and a layer that calls it the way weft's layers call weft's ops, composed with
 // weft's Linear layers in a Sequential. Its gradients match finite differences in double, and
 // tensor 2 equals one rank within 1e-12; nothing of weft's is edited for it.
@@ -11,7 +11,7 @@
 #include "weft/comm/mesh.hpp"
 #include "weft/comm/threads/run.hpp"
 #include "weft/nn/sequential.hpp"
-#include "weft/ops/family.hpp"
+#include "weft/ops/op.hpp"
 
 // ---- the user's code ------------------------------------------------------------------------
 namespace user {
@@ -92,7 +92,7 @@ Tensor<double, act::Full, Host> input(Host& h, const Spread& s) {
 
 }  // namespace
 
-TEST_CASE("a user's op family, called by a user's layer inside weft's Sequential: gradients match finite differences") {
+TEST_CASE("a user's op, called by a user's layer inside weft's Sequential: gradients match finite differences") {
   // 1e-6: the five-point differences' truncation and round-off (support/gradcheck.hpp).
   run_threads(1, [](ThreadComm& world) {
     Mesh mesh{world, {}};
@@ -133,7 +133,7 @@ TEST_CASE("a user's op family, called by a user's layer inside weft's Sequential
   });
 }
 
-TEST_CASE("a user's op family under tensor 2 equals one rank within 1e-12") {
+TEST_CASE("a user's op under tensor 2 equals one rank within 1e-12") {
   // The op is elementwise on each rank's feature shard; the only difference is the order of the
   // row-parallel partial sums.
   auto run = [](int tp) {

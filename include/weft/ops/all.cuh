@@ -1,4 +1,4 @@
-// The Cuda device's op families (ops/*.cuh, beside each family's host specialization): T is the
+// The Cuda device's ops (ops/*.cuh, beside each op's host specialization): T is the
 // compute type (float or bf16) and acc<T> = float the type of parameter gradients, statistics and
 // master weights. Every layer, the data-parallel protocol and the trainer reach the GPU through
 // these and nothing else.
@@ -10,15 +10,15 @@
 //
 // Include only from .cu translation units; a host-only build never sees this header.
 //
-// defines: (includes every op family's Cuda specialization)
+// defines: (includes every op's Cuda specialization)
 #pragma once
 
+#include "weft/ops/all.hpp"
 #include "weft/ops/attention.cuh"
 #include "weft/ops/bias.cuh"
 #include "weft/ops/context_block.cuh"
 #include "weft/ops/cross_entropy.cuh"
 #include "weft/ops/embedding.cuh"
-#include "weft/ops/families.hpp"
 #include "weft/ops/gelu.cuh"
 #include "weft/ops/gemm.cuh"
 #include "weft/ops/layernorm.cuh"

@@ -1,9 +1,9 @@
-// weft's op families that nn/ and optim/ reach (ops/family.hpp), each with its host and Meta
+// weft's ops that nn/ and optim/ reach (ops/op.hpp), each with its host and Meta
 // specializations in its own file. The Cuda device's join in .cu translation units through
-// ops/families.cuh. Llama's (rmsnorm, rotary, swiglu) and the context block's are included by the
+// ops/all.cuh. Llama's (rmsnorm, rotary, swiglu) and the context block's are included by the
 // layers that call them.
 //
-// defines: (includes weft's op families that nn/ and optim/ reach)
+// defines: (includes weft's ops that nn/ and optim/ reach)
 #pragma once
 
 #include "weft/ops/attention.hpp"
