@@ -162,7 +162,7 @@ plan = open(f"{w}/c_plan.txt").read()
 planned = [int(x) for x in re.findall(r"step peak (\d+) bytes", plan)]
 peaks = [json.loads(l)["peak_bytes"] for l in open(f"{w}/c_tp_sp.jsonl") if '"peak_bytes"' in l]
 assert planned and peaks and all(p == max(planned) for p in peaks), (planned, peaks, plan)
-assert re.search(r"h0\.attn \(GroupedQueryAttention<context all-gather>\)", plan) and "context all_gather" in plan, plan
+assert re.search(r"h0\.attn\.core \(causal, local heads, over context: all-gather\)", plan) and "context all_gather" in plan, plan
 print(f"--plan --context 2 --tensor 2 (all-gather, zero1-sp): step peak {max(planned)} bytes, the run's {sorted(set(peaks))}")
 PY
 # --trace: one track per rank, each with its computes, receive waits and optimizer steps.

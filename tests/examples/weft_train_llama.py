@@ -157,7 +157,7 @@ if not through_transformers:  # parts 1 to 4
         return p.stdout
 
     plan_equals_run("plan", ["--data", "2", "--tensor", "2", "--strategy", "zero1-sp", "--batch", "8", "--micro-batch", "4"],
-                    [r"layers\.0\.attn \(GroupedQueryAttention\)", r"layers\.1\.gate_up"])
+                    [r"layers\.0\.attn\.qkv \(ColumnParallel\)", r"layers\.1\.gate_up"])
     # Context 2 x tensor 2: the attention's blocks travel on the context axis, the gradients reduce
     # over data x context. A rank keeps its rows' activations, (B, T/2, ...): half of tensor 2's,
     # less the attention probabilities (B, H/2, T, T) f32 per layer that tensor 2 alone keeps and the
@@ -167,7 +167,7 @@ if not through_transformers:  # parts 1 to 4
     ctx_args = ["--data", "1", "--tensor", "2", "--batch", "4", "--micro-batch", "2", "--seq", "256"]
     whole = plan_equals_run("plan_tensor", ctx_args, [])
     halved = plan_equals_run("plan_context", [*ctx_args, "--context", "2"],
-                             [r"layers\.0\.attn \(GroupedQueryAttention<context ring>\)", r"context send \d+ calls"])
+                             [r"layers\.0\.attn\.core \(causal, local heads, over context: ring\)", r"context send \d+ calls"])
     # The tied table's copy on the last pipe rank is planned as the run holds it.
     plan_equals_run("plan_tied", [*ctx_args, "--pipe", "2", *tied], [r"head tied"])
     act = lambda out: [float(m) for m in re.findall(r"^\d+\s+\S+ \S+\s+\S+ \S+\s+\S+ \S+\s+\S+ \S+\s+(\S+) MiB", out, re.M)]

@@ -104,7 +104,7 @@ TEST_CASE("the plan's per-step rows equal what the data-parallel step runs on th
 TEST_CASE("describe prints every layer with its layouts and collectives") {
   const std::string d =
       describe<gpt2::Model<double, false, recompute::None, Meta<Host>>>(test::tiny_config(), 2, {.tensor_degree = 2});
-  CHECK(d.find("h1.mlp (Mlp)") != std::string::npos);
+  CHECK(d.find("h1.mlp.fc (ColumnParallel, GELU)") != std::string::npos);
   CHECK(d.find("all_reduce(tensor) 8192 B") != std::string::npos);  // (2, 16, 32) doubles
   CHECK(d.find("LM head (tied, vocab-parallel: 33 of 65 rows)") != std::string::npos);
   MESSAGE(d);

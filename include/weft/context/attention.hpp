@@ -216,7 +216,7 @@ struct HostCalls {
 
 // One step of describe's rows (nn::CommRow) on the context axis of c ranks: in and out the local
 // shapes, each of `bytes` bytes an element.
-inline CommStep plan_step(Collective col, int c, const Shape& in, const Shape& out, std::int64_t bytes) {
+inline CommStep comm_step(Collective col, int c, const Shape& in, const Shape& out, std::int64_t bytes) {
   CommStep st;
   st.collective = col;
   st.axis = Axis::context;
@@ -244,11 +244,11 @@ struct Ring : detail::HostCalls<Ring> {
   using HostCalls::forward;
 
   // c - 1 blocks passed on forward; c - 1 blocks and c gradient blocks backward.
-  static void plan(std::vector<CommStep>& forward, std::vector<CommStep>& backward, const Shape& kv, int c,
-                   std::int64_t e, std::int64_t es) {
-    for (int i = 0; i + 1 < c; ++i) forward.push_back(detail::plan_step(Collective::send_recv, c, kv, kv, e));
-    for (int i = 0; i + 1 < c; ++i) backward.push_back(detail::plan_step(Collective::send_recv, c, kv, kv, e));
-    for (int i = 0; c > 1 && i < c; ++i) backward.push_back(detail::plan_step(Collective::send_recv, c, kv, kv, es));
+  static void comm_steps(std::vector<CommStep>& forward, std::vector<CommStep>& backward, const Shape& kv, int c,
+                         std::int64_t e, std::int64_t es) {
+    for (int i = 0; i + 1 < c; ++i) forward.push_back(detail::comm_step(Collective::send_recv, c, kv, kv, e));
+    for (int i = 0; i + 1 < c; ++i) backward.push_back(detail::comm_step(Collective::send_recv, c, kv, kv, e));
+    for (int i = 0; c > 1 && i < c; ++i) backward.push_back(detail::comm_step(Collective::send_recv, c, kv, kv, es));
   }
 
   // out (B, Tl, H, hd) and lse (B, H, Tl) of this rank's rows; comm is the context group, whose
@@ -330,13 +330,13 @@ struct AllGather : detail::HostCalls<AllGather> {
   using HostCalls::forward;
 
   // The blocks gathered forward and again backward; their gradients reduce-scattered.
-  static void plan(std::vector<CommStep>& forward, std::vector<CommStep>& backward, const Shape& kv, int c,
-                   std::int64_t e, std::int64_t es) {
+  static void comm_steps(std::vector<CommStep>& forward, std::vector<CommStep>& backward, const Shape& kv, int c,
+                         std::int64_t e, std::int64_t es) {
     if (c <= 1) return;
     const Shape all = detail::gathered(kv, c);
-    forward.push_back(detail::plan_step(Collective::all_gather, c, kv, all, e));
-    backward.push_back(detail::plan_step(Collective::all_gather, c, kv, all, e));
-    backward.push_back(detail::plan_step(Collective::reduce_scatter, c, all, kv, es));
+    forward.push_back(detail::comm_step(Collective::all_gather, c, kv, all, e));
+    backward.push_back(detail::comm_step(Collective::all_gather, c, kv, all, e));
+    backward.push_back(detail::comm_step(Collective::reduce_scatter, c, all, kv, es));
   }
 
   template <Communicator C, class T, class S, Buffers W>

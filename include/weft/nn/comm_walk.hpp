@@ -1,9 +1,9 @@
 // The rows of describe's table of any model (describe.hpp) from its layers: a walk over a built model's parts.
 //
 // Each layer of the protocol (nn/sequential.hpp) gives its rows:
-//   a layer with comm_rows(out, name, act, s, e)          those (a block that writes its own; the
-//                                                         attention over the context axis, whose
-//                                                         sends or gathers a member knows the heads of)
+//   a layer with comm_rows(out, name, act, s, e)          those (the attention: its projections and
+//                                                         its core, whose context-axis sends or
+//                                                         gathers need its head counts; Mlp's two)
 //   Named<"attn", L>                                      L's, under "<name>.attn"
 //   Sequential<Ls...>                                     each layer's in order, under its name (or,
 //                                                         unnamed, its neighbours'), and a row for

@@ -72,21 +72,14 @@ struct ContextAttention {
     return {context::Chunks::of(g[1], cg.size()), cg.rank(), B, Tl, Shape{g[0], Tl, g[2]}};
   }
 
-  // describe's row of the layer (nn/comm_walk.hpp) with Cx's collectives on the context axis: act
-  // the global (B, T, C); G the key-value groups on a tensor rank of heads of hd; e the bytes of T.
-  template <class T, class Layer>
-  static CommRow plan_row(std::string name, const Shape& act, const Spread& s, std::int64_t e, std::int64_t G,
-                          std::int64_t hd) {
-    CommRow r{std::move(name), Layer::In::name(), Layer::Out::name(), {}, {}};
-    add_steps<T>(r, act, s, e, G, hd);
-    return r;
-  }
-  // Cx's steps added to row r (a block's own row of the core: GPT-2's).
+  // Cx's collectives on the context axis added to row r, describe's row of the attention's core
+  // (nn/comm_walk.hpp): act the global (B, T, C); G the key-value groups on a tensor rank of heads
+  // of hd; e the bytes of T.
   template <class T>
   static void add_steps(CommRow& r, const Shape& act, const Spread& s, std::int64_t e, std::int64_t G,
                         std::int64_t hd) {
-    Cx::plan(r.forward, r.backward, {act[0] / s.data_degree, act[1] / s.context_degree, G, 2, hd}, s.context_degree, e,
-             static_cast<std::int64_t>(sizeof(accumulate_t<T>)));
+    Cx::comm_steps(r.forward, r.backward, {act[0] / s.data_degree, act[1] / s.context_degree, G, 2, hd},
+                   s.context_degree, e, static_cast<std::int64_t>(sizeof(accumulate_t<T>)));
   }
 
   // layer.qkv (ColumnParallel) -> rotate -> attention over the context group -> layer.proj

@@ -31,10 +31,12 @@
 #include <algorithm>
 #include <optional>
 #include <string>
+#include <type_traits>
 
 #include "weft/context/attention.hpp"
 #include "weft/core/divisors.hpp"
 #include "weft/core/error.hpp"
+#include "weft/nn/comm_row.hpp"
 #include "weft/nn/context_attention.hpp"
 #include "weft/nn/linear.hpp"
 #include "weft/ops/all.hpp"
@@ -192,14 +194,20 @@ class GroupedQueryAttention {
     proj.defer_weight(on);
   }
 
-  // describe's row (nn/comm_walk.hpp), with context parallelism: the keys and values of the rank's
-  // rows over the context axis, Cx's way. act the global (B, T, C).
+  // describe's rows (nn/comm_walk.hpp): the two projections and the core between them, whose keys
+  // and values cross the context axis Cx's way under context parallelism. act the global (B, T, C).
   void comm_rows(std::vector<CommRow>& out, const std::string& row, const Shape& act, const Spread& s,
-                 std::int64_t e) const
-    requires cp
-  {
-    out.push_back(detail::ContextAttention<Cx>::template plan_row<T, GroupedQueryAttention>(
-        cat(row, " (", name(), ")"), act, s, e, kv_heads / s.tensor_degree, head_dim));
+                 std::int64_t e) const {
+    out.push_back(detail::local_row<std::remove_cvref_t<decltype(qkv)>>(cat(row, ".qkv (ColumnParallel)")));
+    CommRow core{cat(row, ".core (causal, local heads", cp ? cat(", over context: ", Cx::name) : std::string(), ")"),
+                 act::Features::name(),
+                 act::Features::name(),
+                 {},
+                 {}};
+    if constexpr (cp)
+      detail::ContextAttention<Cx>::template add_steps<T>(core, act, s, e, kv_heads / s.tensor_degree, head_dim);
+    out.push_back(std::move(core));
+    out.push_back(detail::local_row<std::remove_cvref_t<decltype(proj)>>(cat(row, ".proj (RowParallel)")));
   }
 
   Shape out_shape(const Shape& s) const { return s; }

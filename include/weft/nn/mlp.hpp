@@ -1,5 +1,5 @@
-// Mlp: GPT-2's MLP, ColumnParallel C -> 4C with the GELU fused into its epilogue, then RowParallel
-// 4C -> C (out Partial); Llama's gated one is nn/swiglu.hpp.
+// Mlp: the GELU MLP (GPT-2's, BERT's, ViT's), ColumnParallel C -> 4C with the GELU fused into its epilogue, then
+// RowParallel 4C -> C (out Partial); Llama's gated one is nn/swiglu.hpp.
 //
 //   x  (B, T, C)      Replicate
 //   h  (B, T, 4C/tp)  Shard<-1>   gelu(x W_fc^T + b_fc)
@@ -9,7 +9,10 @@
 #pragma once
 
 #include <string>
+#include <type_traits>
+#include <vector>
 
+#include "weft/nn/comm_row.hpp"
 #include "weft/nn/linear.hpp"
 
 namespace weft::nn {
@@ -51,6 +54,12 @@ class Mlp {
     fc.defer_weight(on);
     proj.defer_weight(on);
   }
+  // describe's rows (nn/comm_walk.hpp): its two Linear layers, no collective inside.
+  void comm_rows(std::vector<CommRow>& out, const std::string& row, const Shape&, const Spread&, std::int64_t) const {
+    out.push_back(detail::local_row<std::remove_cvref_t<decltype(fc)>>(row + ".fc (ColumnParallel, GELU)"));
+    out.push_back(detail::local_row<std::remove_cvref_t<decltype(proj)>>(row + ".proj (RowParallel)"));
+  }
+
   Shape out_shape(const Shape& s) const { return s; }
   static std::string name() { return "Mlp"; }
 
