@@ -1,10 +1,11 @@
-// Record files (data/records.hpp): samples read back exactly, batches over data ranks as one rank
-// reads them, a resumed loader as an uninterrupted one; and every corruption, truncation and
-// disagreement with the model's declaration refused by name, with the values.
+// Record files (data/records.hpp): samples read back exactly (also from tools/records.py's writer),
+// batches over data ranks as one rank reads them, a resumed loader as an uninterrupted one; and
+// every corruption, truncation and disagreement with the model's declaration refused by name.
 #include <doctest/doctest.h>
 
 #include <unistd.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -157,4 +158,22 @@ TEST_CASE("truncated, padded and corrupt record files are refused by name with t
   CHECK(none.size() == 0);
   CHECK_THROWS_WITH_AS(RecordLoader<float>(none, 2, 1, 0), doctest::Contains("the file holds no samples"), Error);
   std::filesystem::remove(empty);
+}
+
+TEST_CASE("a record file written by tools/records.py reads back bit for bit") {
+  // tests/fixtures/records_f64.bin: tools/records.py --fixture, 3 samples of (2, 2) f64, sample k's
+  // element e = k + e / 8, the last three -0.0, 1e300 and 2^-1074 (the smallest subnormal).
+  const RecordFile f(std::string(WEFT_TEST_DATA_DIR) + "/records_f64.bin", {DType::f64, {2, 2}});
+  REQUIRE(f.size() == 3);
+  std::vector<double> want;
+  for (int k = 0; k < 3; ++k)
+    for (int e = 0; e < 4; ++e) want.push_back(k + e / 8.0);
+  want[9] = -0.0;
+  want[10] = 1e300;
+  want[11] = std::ldexp(1.0, -1074);
+  RecordLoader<double> all(f, 3, 1, 0);
+  std::vector<double> got;
+  all.next(got);
+  REQUIRE(got.size() == want.size());
+  CHECK(std::memcmp(got.data(), want.data(), want.size() * sizeof(double)) == 0);  // -0.0's sign bit too
 }
