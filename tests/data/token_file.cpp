@@ -10,26 +10,17 @@
 #include <fstream>
 #include <vector>
 
+#include "support/files.hpp"
 #include "weft/data/corpus.hpp"
 #include "weft/data/token_file.hpp"
 
 using namespace weft;
+using test::read_all;
+using test::temp_path;
+using test::write_all;
 using namespace weft::data;
 
 namespace {
-
-std::string temp_path(const std::string& name) {
-  return (std::filesystem::temp_directory_path() / ("weft-test-" + std::to_string(::getpid()) + "-" + name)).string();
-}
-
-std::vector<char> read_all(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return std::vector<char>(std::istreambuf_iterator<char>(f), {});
-}
-void write_all(const std::string& path, const std::vector<char>& bytes) {
-  std::ofstream f(path, std::ios::binary);
-  f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-}
 
 struct Fixture {
   std::string path = temp_path("tokens.bin");
