@@ -1,6 +1,5 @@
-// Recompute (activation checkpointing) policies, a type parameter of a block (gpt2::Block, llama::Spec::Block), applied
-// by recompute::apply_t (checkpointed.hpp: Full, the same for every block) and by the layers
-// (Selective).
+// Recompute (activation checkpointing) policies, a type parameter of a block (gpt2::Spec::Block, llama::Spec::Block),
+// applied by recompute::apply_t (checkpointed.hpp: Full, the same for every block) and by the layers (Selective).
 //
 //   None       keep everything the backward needs
 //   Full       keep only the block input; backward re-runs the block's forward (its collectives too)
