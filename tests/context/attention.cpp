@@ -52,8 +52,9 @@ double rel_rows(const std::vector<T>& got, const std::vector<T>& want, const con
   return err / scale;
 }
 
+// The mask m's lengths, where it has them, are B = 2 lengths in host memory.
 template <class A, class T>
-void check(int c, Index H, Index g, double tolerance) {
+void check(int c, Index H, Index g, double tolerance, ops::Mask m = {}) {
   const Index B = 2, T_ = 8 * 4, hd = 8, G = H / g, row = G * (g + 2) * hd;
   const auto ch = context::Chunks::of(T_, c);
   const auto qkv = random<T>(static_cast<std::size_t>(B * T_ * row), 11);
@@ -61,8 +62,8 @@ void check(int c, Index H, Index g, double tolerance) {
   // One rank over the whole sequence: the reference.
   std::vector<T> out(static_cast<std::size_t>(B * T_ * H * hd)), probs(static_cast<std::size_t>(B * H * T_ * T_)),
       dqkv(qkv.size());
-  host::attention_forward(out.data(), probs.data(), qkv.data(), B, T_, H, hd, g);
-  host::attention_backward(dqkv.data(), dout.data(), qkv.data(), probs.data(), B, T_, H, hd, g);
+  host::attention_forward(out.data(), probs.data(), qkv.data(), B, T_, H, hd, g, m);
+  host::attention_backward(dqkv.data(), dout.data(), qkv.data(), probs.data(), B, T_, H, hd, g, m);
 
   std::vector<double> out_err(static_cast<std::size_t>(c)), grad_err(static_cast<std::size_t>(c));
   test::run_ranks(c, [&](test::World& world) {
@@ -71,13 +72,14 @@ void check(int c, Index H, Index g, double tolerance) {
     const auto q = rows_of(qkv, ch, r, B, row), dy = rows_of(dout, ch, r, B, H * hd);
     std::vector<T> y(static_cast<std::size_t>(B * Tl * H * hd)), dq(q.size());
     std::vector<T> lse(static_cast<std::size_t>(B * H * Tl));
-    A::forward(world, ch, y.data(), lse.data(), q.data(), B, Tl, H, hd, g);
-    A::backward(world, ch, dq.data(), dy.data(), y.data(), lse.data(), q.data(), B, Tl, H, hd, g);
+    A::forward(world, ch, y.data(), lse.data(), q.data(), B, Tl, H, hd, g, m);
+    A::backward(world, ch, dq.data(), dy.data(), y.data(), lse.data(), q.data(), B, Tl, H, hd, g, m);
     out_err[static_cast<std::size_t>(r)] = rel_rows(y, out, ch, r, B, H * hd);
     grad_err[static_cast<std::size_t>(r)] = rel_rows(dq, dqkv, ch, r, B, row);
   });
   for (int r = 0; r < c; ++r) {
-    INFO(std::string(A::name), ", context ", c, ", ", H, " heads in groups of ", g, ", rank ", r);
+    INFO(std::string(A::name), ", context ", c, ", ", H, " heads in groups of ", g, ", rank ", r,
+         (m.causal ? ", causal" : ", bidirectional"), (m.lengths ? ", padded" : ""));
     CHECK(out_err[static_cast<std::size_t>(r)] <= tolerance);
     CHECK(grad_err[static_cast<std::size_t>(r)] <= tolerance);
   }
@@ -266,15 +268,15 @@ template <>
 struct weft::ops::ContextBlock<Traced> : ContextBlock<Host> {
   template <class T, class S>
   static void forward(Traced& d, S* o, S* lse, const T* qkv, const T* kv, index B, index Tl, index H, index hd, index g,
-                      Positions qpos, Positions kpos) {
+                      Positions qpos, Positions kpos, Mask m = {}) {
     d.log->push_back("compute");
-    ContextBlock<Host>::forward(d, o, lse, qkv, kv, B, Tl, H, hd, g, qpos, kpos);
+    ContextBlock<Host>::forward(d, o, lse, qkv, kv, B, Tl, H, hd, g, qpos, kpos, m);
   }
   template <class T, class S>
   static void backward(Traced& d, S* dq, S* dkv, const T* qkv, const T* kv, const T* dout, const S* D, const S* lse,
-                       index B, index Tl, index H, index hd, index g, Positions qpos, Positions kpos) {
+                       index B, index Tl, index H, index hd, index g, Positions qpos, Positions kpos, Mask m = {}) {
     d.log->push_back("compute");
-    ContextBlock<Host>::backward(d, dq, dkv, qkv, kv, dout, D, lse, B, Tl, H, hd, g, qpos, kpos);
+    ContextBlock<Host>::backward(d, dq, dkv, qkv, kv, dout, D, lse, B, Tl, H, hd, g, qpos, kpos, m);
   }
 };
 
@@ -298,12 +300,13 @@ TEST_CASE(
       Recording recorded{&world, &log};
       TracedBuffers fw;
       fw.dev.log = &log;
-      context::Ring::forward(recorded, ch, y.data(), lse.data(), x.data(), B, Tl, H, hd, g, fw);
+      context::Ring::forward(recorded, ch, y.data(), lse.data(), x.data(), B, Tl, H, hd, g, {}, fw);
       forward_log[r] = joined(log);
       log.clear();
       TracedBuffers bw;
       bw.dev.log = &log;
-      context::Ring::backward(recorded, ch, dx.data(), dy.data(), y.data(), lse.data(), x.data(), B, Tl, H, hd, g, bw);
+      context::Ring::backward(recorded, ch, dx.data(), dy.data(), y.data(), lse.data(), x.data(), B, Tl, H, hd, g, {},
+                              bw);
       backward_log[r] = joined(log);
       // The same call on a group without isend: blocking sends ordered by rank parity.
       Counting blocking{&world};
@@ -373,6 +376,42 @@ TEST_CASE_TEMPLATE(
   // (about 1e-16 per operation over 32 keys).
   for (int c : {2, 4})
     for (Index g : {1, 2}) check<A, double>(c, 4, g, 1e-12);
+}
+
+TEST_CASE_TEMPLATE(
+    "context attention equals one rank's in double (1e-12) without a mask and with padding, on 2 and 4 ranks", A,
+    context::Ring, context::AllGather) {
+  // The mask is by position in the whole sequence, so every rank's two chunks see the keys one
+  // rank's attention lets them see. Lengths 32 (no padding) and 11: on 4 ranks (chunks of 4) the
+  // second sample's keys 11.. are padding, a chunk partly and five chunks wholly (blocks that add
+  // nothing to a query, as the future does when causal). Tolerance as above.
+  const std::vector<std::int32_t> lengths{32, 11};
+  for (int c : {2, 4})
+    for (Index g : {1, 2}) {
+      check<A, double>(c, 4, g, 1e-12, {.causal = false});
+      check<A, double>(c, 4, g, 1e-12, {.causal = false, .lengths = lengths.data()});
+      check<A, double>(c, 4, g, 1e-12, {.causal = true, .lengths = lengths.data()});
+    }
+}
+
+TEST_CASE_TEMPLATE("context attention refuses padding lengths outside 1..T, naming the sample", A, context::Ring,
+                   context::AllGather) {
+  const auto ch = context::Chunks::of(16, 2);
+  for (std::int32_t bad : {0, 17}) {
+    const std::vector<std::int32_t> lengths{16, bad};
+    std::vector<std::string> what(2);
+    test::run_ranks(2, [&](test::World& world) {
+      std::vector<double> qkv(2 * 8 * 3 * 8), out(2 * 8 * 8), lse(2 * 8);
+      try {
+        A::forward(world, ch, out.data(), lse.data(), qkv.data(), 2, 8, 1, 8, 1, {.lengths = lengths.data()});
+      } catch (const Error& e) { what[static_cast<std::size_t>(world.rank())] = e.what(); }
+    });
+    for (const std::string& w : what)
+      CHECK(w == cat("context::", A::name == std::string("ring") ? "Ring" : "AllGather", "::forward: sample 1 has ",
+                     bad,
+                     " valid positions of 16; give each sample a length from 1 to the sequence length (padding at "
+                     "the end)"));
+  }
 }
 
 TEST_CASE_TEMPLATE("context attention equals one rank's in f32 (1e-5)", A, context::Ring, context::AllGather) {

@@ -65,6 +65,7 @@ struct Reference {
 };
 
 // The layer on one rank over the whole sequence.
+template <class Mask = mask::Causal>
 Reference reference(Index kv) {
   Reference ref{test::normals(static_cast<std::size_t>(kB * kT * kC), 21),
                 test::normals(static_cast<std::size_t>(kB * kT * kC), 22),
@@ -73,7 +74,8 @@ Reference reference(Index kv) {
                 {}};
   Host h;
   const Spread s{};
-  nn::GroupedQueryAttention<double> attn(h, kC, kH, kv, kRope, s, 1, 3, 0.3, 0.3);
+  nn::GroupedQueryAttention<double, recompute::None, Host, context::None, Mask> attn(h, kC, kH, kv, kRope, s, 1, 3, 0.3,
+                                                                                     0.3);
   auto x = Tensor<double, nn::act::Full, Host>::empty(h, {kB, kT, kC}, s);
   auto dy = Tensor<double, nn::act::Full, Host>::empty(h, {kB, kT, kC}, s);
   std::copy(ref.x.begin(), ref.x.end(), x.data());
@@ -124,7 +126,7 @@ Errors worst_of(const std::vector<Errors>& per, const Reference& ref) {
   return worst;
 }
 
-template <class Cx>
+template <class Cx, class Mask = mask::Causal>
 Errors context_parallel(const Reference& ref, Index kv, int c, int tp) {
   std::vector<Errors> per(static_cast<std::size_t>(c * tp));
   std::vector<std::size_t> params(per.size());
@@ -139,7 +141,7 @@ Errors context_parallel(const Reference& ref, Index kv, int c, int tp) {
     const int r = s.context_index;
     const auto ch = context::Chunks::of(kT, c);
     Host h;
-    using Attn = nn::GroupedQueryAttention<double, recompute::None, Host, Cx>;
+    using Attn = nn::GroupedQueryAttention<double, recompute::None, Host, Cx, Mask>;
     Attn attn(h, kC, kH, kv, kRope, s, 1, 3, 0.3, 0.3);
     auto x = Tensor<double, typename Attn::In, Host>::empty(h, {kB, kT, kC}, s);
     auto dy = Tensor<double, typename Attn::GradOut, Host>::empty(h, {kB, kT, kC}, s);
@@ -159,15 +161,15 @@ Errors context_parallel(const Reference& ref, Index kv, int c, int tp) {
   return worst_of(per, ref);
 }
 
-template <class Cx>
+template <class Cx, class Mask = mask::Causal>
 void check_layer() {
   for (Index kv : {2, 4}) {
-    const Reference ref = reference(kv);
+    const Reference ref = reference<Mask>(kv);
     for (int c : {2, 4})
       for (int tp : {1, 2}) {
-        const Errors e = context_parallel<Cx>(ref, kv, c, tp);
+        const Errors e = context_parallel<Cx, Mask>(ref, kv, c, tp);
         INFO(std::string(Cx::name), ", context ", c, " x tensor ", tp, ", ", kH, " heads over ", kv,
-             " key-value heads");
+             " key-value heads, ", Mask::name);
         // 1e-12 of the largest element: double, the same sums in other orders (the log-sum-exp
         // merge of the blocks, the context group's sum of the weight gradients).
         CHECK(e.y <= 1e-12);
@@ -186,6 +188,24 @@ TEST_CASE(
     "output, input gradient and every weight gradient within 1e-12 in double") {
   SUBCASE("ring") { check_layer<context::Ring>(); }
   SUBCASE("all-gather") { check_layer<context::AllGather>(); }
+}
+
+TEST_CASE(
+    "bidirectional grouped-query attention (mask::Bidirectional) over context 2 and 4 equals one rank within 1e-12, "
+    "and differs from the causal layer") {
+  SUBCASE("ring") { check_layer<context::Ring, mask::Bidirectional>(); }
+  SUBCASE("all-gather") { check_layer<context::AllGather, mask::Bidirectional>(); }
+  // The same weights and input: every query row but the last sees other keys, so the outputs
+  // differ by order 1 (the first row's by far the most).
+  const Reference causal = reference(2), bidirectional = reference<mask::Bidirectional>(2);
+  double diff = 0;
+  for (std::size_t i = 0; i < causal.y.size(); ++i)
+    diff = test::worse(diff, std::abs(causal.y[i] - bidirectional.y[i]));
+  CHECK(diff >= 1e-2 * largest(causal.y));
+  CHECK(nn::GroupedQueryAttention<double, recompute::None, Host, context::None, mask::Bidirectional>::name() ==
+        "GroupedQueryAttention<bidirectional>");
+  CHECK(nn::GroupedQueryAttention<double, recompute::None, Host, context::Ring, mask::Bidirectional>::name() ==
+        "GroupedQueryAttention<context ring, bidirectional>");
 }
 
 namespace {

@@ -18,9 +18,11 @@ namespace {
 
 // Attention on B = 2 sequences of T positions, H heads of size hd in groups of g per key and value
 // (H / g groups), on the GPU in T against the host in double on the same (rounded) inputs: the
-// relative error of the output and of dqkv.
+// relative error of the output and of dqkv. Causal unless told; padded where lengths (B = 2) are
+// given (on the GPU from a device copy of them).
 template <class T>
-std::pair<double, double> attention_error(std::int64_t Tn, std::int64_t hd, std::int64_t H = 2, std::int64_t g = 1) {
+std::pair<double, double> attention_error(std::int64_t Tn, std::int64_t hd, std::int64_t H = 2, std::int64_t g = 1,
+                                          bool causal = true, const std::vector<std::int32_t>& lengths = {}) {
   Cuda& d = test::gpu();
   const std::int64_t B = 2, row = H / g * (g + 2) * hd;
   std::vector<T> qkv(static_cast<std::size_t>(B * Tn * row)), dout(static_cast<std::size_t>(B * Tn * H * hd));
@@ -30,8 +32,12 @@ std::pair<double, double> attention_error(std::int64_t Tn, std::int64_t hd, std:
   for (std::size_t i = 0; i < dout.size(); ++i)
     dout64[i] = test::to_double(dout[i] = test::from_double<T>(weft::normal(3, 2, i)));
   std::vector<double> out64(dout.size()), probs64(static_cast<std::size_t>(B * H * Tn * Tn)), dqkv64(qkv.size());
-  host::attention_forward(out64.data(), probs64.data(), qkv64.data(), B, Tn, H, hd, g);
-  host::attention_backward(dqkv64.data(), dout64.data(), qkv64.data(), probs64.data(), B, Tn, H, hd, g);
+  const ops::Mask host_mask{causal, lengths.empty() ? nullptr : lengths.data()};
+  host::attention_forward(out64.data(), probs64.data(), qkv64.data(), B, Tn, H, hd, g, host_mask);
+  host::attention_backward(dqkv64.data(), dout64.data(), qkv64.data(), probs64.data(), B, Tn, H, hd, g, host_mask);
+  Allocation glen = d.allocate(static_cast<std::int64_t>(sizeof(std::int32_t) * 2));
+  if (!lengths.empty()) d.from_host(glen.data(), lengths.data(), 2 * sizeof(std::int32_t));
+  const ops::Mask mask{causal, lengths.empty() ? nullptr : static_cast<const std::int32_t*>(glen.data())};
 
   Allocation gq = d.allocate(static_cast<std::int64_t>(qkv.size() * sizeof(T))),
              gd = d.allocate(static_cast<std::int64_t>(dout.size() * sizeof(T))),
@@ -41,9 +47,9 @@ std::pair<double, double> attention_error(std::int64_t Tn, std::int64_t hd, std:
   d.from_host(gq.data(), qkv.data(), qkv.size() * sizeof(T));
   d.from_host(gd.data(), dout.data(), dout.size() * sizeof(T));
   auto* q = static_cast<T*>(gq.data());
-  ops::Attention<Cuda>::forward(d, static_cast<T*>(go.data()), static_cast<T*>(gp.data()), q, B, Tn, H, hd, g);
+  ops::Attention<Cuda>::forward(d, static_cast<T*>(go.data()), static_cast<T*>(gp.data()), q, B, Tn, H, hd, g, mask);
   ops::Attention<Cuda>::backward(d, static_cast<T*>(gdq.data()), static_cast<const T*>(gd.data()), q,
-                                 static_cast<const T*>(gp.data()), B, Tn, H, hd, g);
+                                 static_cast<const T*>(gp.data()), B, Tn, H, hd, g, mask);
   std::vector<T> out(dout.size()), dq(qkv.size());
   d.to_host(out.data(), go.data(), out.size() * sizeof(T));
   d.to_host(dq.data(), gdq.data(), dq.size() * sizeof(T));
@@ -82,6 +88,28 @@ TEST_CASE("GPU grouped-query attention equals the host's: 4 heads in 2 groups of
       CHECK_MESSAGE(ob <= 2e-2, "bf16 forward, g ", g, ", T ", Tn, ": ", ob);
       CHECK_MESSAGE(gb <= 2e-2, "bf16 backward, g ", g, ", T ", Tn, ": ", gb);
     }
+}
+
+TEST_CASE(
+    "GPU attention without a mask and with padding equals the host's: T = 17, 257, 4 heads in groups of 1 and 2") {
+  // Tolerances as above. Lengths: the first sample whole, the second padded from inside a 32-row
+  // tile (T = 17: from 9; T = 257: from 100), so both the tile skipping and the row ends are tried.
+  for (std::int64_t g : {1, 2})
+    for (std::int64_t Tn : {17, 257})
+      for (const bool causal : {false, true})
+        for (const bool padded : {false, true}) {
+          if (causal && !padded) continue;  // the cases above
+          const std::vector<std::int32_t> lengths =
+              padded ? std::vector<std::int32_t>{static_cast<std::int32_t>(Tn), Tn == 17 ? 9 : 100}
+                     : std::vector<std::int32_t>{};
+          const auto [of, gf] = attention_error<float>(Tn, 64, 4, g, causal, lengths);
+          const auto [ob, gb] = attention_error<bf16>(Tn, 64, 4, g, causal, lengths);
+          INFO("g ", g, ", T ", Tn, (causal ? ", causal" : ", bidirectional"), (padded ? ", padded" : ""));
+          CHECK_MESSAGE(of <= 1e-5, "f32 forward: ", of);
+          CHECK_MESSAGE(gf <= 1e-5, "f32 backward: ", gf);
+          CHECK_MESSAGE(ob <= 2e-2, "bf16 forward: ", ob);
+          CHECK_MESSAGE(gb <= 2e-2, "bf16 backward: ", gb);
+        }
 }
 
 TEST_CASE(

@@ -136,6 +136,20 @@ TEST_CASE("LayerNorm attention Mlp and Block: gradients match finite differences
     CHECK(check_params(attn, loss, report) <= 1e-6);
     CHECK(gradcheck(all(x), std::span<const double>(dx), loss).worst <= 1e-6);
   }
+  SUBCASE("GroupedQueryAttention, bidirectional, probabilities recomputed in backward (a DiT's, a ViT's)") {
+    using Attn = GroupedQueryAttention<double, recompute::Selective, Host, context::None, mask::Bidirectional>;
+    auto attn = Attn::multi_head(h, 8, 2, {}, 1, 7, 0.3, 0.3);
+    auto x = random_act<act::Full>(h, g, 6);
+    auto loss = [&] {
+      typename Attn::Ctx c;
+      return test::dot(copy(attn.forward(c, x)), R);
+    };
+    typename Attn::Ctx c;
+    attn.forward(c, x);
+    const auto dx = copy(attn.backward(c, dy_of.operator()<act::Full>()));
+    CHECK(check_params(attn, loss, report) <= 1e-6);
+    CHECK(gradcheck(all(x), std::span<const double>(dx), loss).worst <= 1e-6);
+  }
   SUBCASE("Mlp") {
     Mlp<double> mlp(h, 8, {}, 1, 7, 0.3, 0.3);
     auto x = random_act<act::Full>(h, g, 7);

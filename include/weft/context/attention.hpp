@@ -1,4 +1,4 @@
-// Causal attention with the sequence sharded over the context axis, two ways as types, on any device
+// Attention with the sequence sharded over the context axis, two ways as types, on any device
 // with ops::ContextBlock (ops/context_block.hpp: the host's; context_block.cuh: the Cuda device's),
 // the device of the call's buffer source:
 //
@@ -16,9 +16,10 @@
 //   out  (B, T/c, H, hd)
 //   lse  (B, H, T/c)                each query row's log-sum-exp of its scaled scores, in S: what
 //                                   the backward needs instead of the (T/c, T) probabilities
-// The causal mask is by position in the sequence (Chunks::position), so a block whose keys all lie
-// after a query contributes nothing to it. Sums run in S = accumulate_t<T>; in double both types
-// equal one rank's ops::Attention to rounding (tests/context/attention.cpp: 1e-12); on the GPU in
+// The mask (ops::Mask: causal unless told, padding lengths in the device's memory; on the host they
+// are checked against T) is by position in the sequence (Chunks::position), so a block whose keys a
+// query does not see (all after it, or all padding) contributes nothing to it. Sums run in S = accumulate_t<T>; in
+// double both types equal one rank's ops::Attention to rounding (tests/context/attention.cpp: 1e-12); on the GPU in
 // float, the host's in double to 1e-5 (tests/device/cuda/context.cu, where a GPU is).
 //
 // Communication per rank, a block being B (T/c) (H/g) 2 hd elements: Ring sends and receives c - 1
@@ -52,6 +53,7 @@
 #include "weft/device/allocation.hpp"
 #include "weft/layout/transition.hpp"
 #include "weft/ops/context_block.hpp"
+#include "weft/ops/mask.hpp"
 
 namespace weft::context {
 
@@ -148,6 +150,12 @@ inline void require(const Chunks& ch, int ranks, index Tl, index H, index g, con
     throw Error(where, cat(H, " heads in groups of ", g), "use a group size that divides the heads");
 }
 
+// The mask's lengths, where they are in host memory (the Host device's buffers): each in [1, T].
+template <class W>
+void check_mask(const ops::Mask& m, index B, const Chunks& ch, const char* where) {
+  if constexpr (std::same_as<typename W::device_type, Host>) ops::check_lengths(m, B, ch.seq, where);
+}
+
 // The sizes every call works with, after the checks: one key-value block (what travels), the
 // output and the qkv rows in elements, and the log-sum-exp rows.
 struct Sizes {
@@ -202,15 +210,15 @@ template <class A>
 struct HostCalls {
   template <Communicator C, class T, class S = accumulate_t<T>>
   static void forward(C& comm, const Chunks& ch, T* out, S* lse, const T* qkv, index B, index Tl, index H, index hd,
-                      index g = 1) {
+                      index g = 1, ops::Mask m = {}) {
     HostBuffers w;
-    A::forward(comm, ch, out, lse, qkv, B, Tl, H, hd, g, w);
+    A::forward(comm, ch, out, lse, qkv, B, Tl, H, hd, g, m, w);
   }
   template <Communicator C, class T, class S = accumulate_t<T>>
   static void backward(C& comm, const Chunks& ch, T* dqkv, const T* dout, const T* out, const S* lse, const T* qkv,
-                       index B, index Tl, index H, index hd, index g = 1) {
+                       index B, index Tl, index H, index hd, index g = 1, ops::Mask m = {}) {
     HostBuffers w;
-    A::backward(comm, ch, dqkv, dout, out, lse, qkv, B, Tl, H, hd, g, w);
+    A::backward(comm, ch, dqkv, dout, out, lse, qkv, B, Tl, H, hd, g, m, w);
   }
 };
 
@@ -255,8 +263,9 @@ struct Ring : detail::HostCalls<Ring> {
   // rank r holds the chunks ch gives r.
   template <Communicator C, class T, class S, Buffers W>
   static void forward(C& comm, const Chunks& ch, T* out, S* lse, const T* qkv, index B, index Tl, index H, index hd,
-                      index g, W& w) {
+                      index g, ops::Mask m, W& w) {
     const detail::Sizes z(ch, comm.rank(), comm.size(), B, Tl, H, hd, g, "context::Ring::forward");
+    detail::check_mask<W>(m, B, ch, "context::Ring::forward");
     const int r = z.r, c = z.c;
     [[maybe_unused]] auto& dev = w.device();
     using Ops [[maybe_unused]] = ops::ContextBlock<typename W::device_type>;
@@ -272,7 +281,7 @@ struct Ring : detail::HostCalls<Ring> {
       detail::Shift<C, 1> shift(comm);
       if (step + 1 < c) shift.post(std::span<const T>(cur, z.block));  // on while this step computes
       if constexpr (W::compute)
-        Ops::forward(dev, o, lse, qkv, cur, B, Tl, H, hd, g, ch.positions(r), ch.positions(src));
+        Ops::forward(dev, o, lse, qkv, cur, B, Tl, H, hd, g, ch.positions(r), ch.positions(src), m);
       if (step + 1 < c) {
         shift.finish(std::span<T>(next, z.block));
         std::swap(cur, next);
@@ -284,8 +293,9 @@ struct Ring : detail::HostCalls<Ring> {
   // dqkv (B, Tl, H/g, g + 2, hd) of this rank's rows from dout and what forward returned.
   template <Communicator C, class T, class S, Buffers W>
   static void backward(C& comm, const Chunks& ch, T* dqkv, const T* dout, const T* out, const S* lse, const T* qkv,
-                       index B, index Tl, index H, index hd, index g, W& w) {
+                       index B, index Tl, index H, index hd, index g, ops::Mask m, W& w) {
     const detail::Sizes z(ch, comm.rank(), comm.size(), B, Tl, H, hd, g, "context::Ring::backward");
+    detail::check_mask<W>(m, B, ch, "context::Ring::backward");
     const int r = z.r, c = z.c;
     [[maybe_unused]] auto& dev = w.device();
     using Ops [[maybe_unused]] = ops::ContextBlock<typename W::device_type>;
@@ -309,7 +319,7 @@ struct Ring : detail::HostCalls<Ring> {
       detail::Shift<C, 2> shift(comm);
       if (step + 1 < c) shift.post(std::span<const T>(cur, z.block));
       if constexpr (W::compute)
-        Ops::backward(dev, dq, dcur, qkv, cur, dout, D, lse, B, Tl, H, hd, g, ch.positions(r), ch.positions(src));
+        Ops::backward(dev, dq, dcur, qkv, cur, dout, D, lse, B, Tl, H, hd, g, ch.positions(r), ch.positions(src), m);
       if (c == 1) break;
       shift.post(std::span<const S>(dcur, z.block));
       if (step + 1 < c) {
@@ -341,8 +351,9 @@ struct AllGather : detail::HostCalls<AllGather> {
 
   template <Communicator C, class T, class S, Buffers W>
   static void forward(C& comm, const Chunks& ch, T* out, S* lse, const T* qkv, index B, index Tl, index H, index hd,
-                      index g, W& w) {
+                      index g, ops::Mask m, W& w) {
     const detail::Sizes z(ch, comm.rank(), comm.size(), B, Tl, H, hd, g, "context::AllGather::forward");
+    detail::check_mask<W>(m, B, ch, "context::AllGather::forward");
     const int r = z.r, c = z.c;
     [[maybe_unused]] auto& dev = w.device();
     using Ops [[maybe_unused]] = ops::ContextBlock<typename W::device_type>;
@@ -356,15 +367,16 @@ struct AllGather : detail::HostCalls<AllGather> {
       Ops::start(dev, o, lse, B, Tl, H, hd);
       for (int src = 0; src < c; ++src)
         Ops::forward(dev, o, lse, qkv, all + static_cast<std::size_t>(src) * z.block, B, Tl, H, hd, g, ch.positions(r),
-                     ch.positions(src));
+                     ch.positions(src), m);
       Ops::finish(dev, out, o, static_cast<index>(z.out));
     }
   }
 
   template <Communicator C, class T, class S, Buffers W>
   static void backward(C& comm, const Chunks& ch, T* dqkv, const T* dout, const T* out, const S* lse, const T* qkv,
-                       index B, index Tl, index H, index hd, index g, W& w) {
+                       index B, index Tl, index H, index hd, index g, ops::Mask m, W& w) {
     const detail::Sizes z(ch, comm.rank(), comm.size(), B, Tl, H, hd, g, "context::AllGather::backward");
+    detail::check_mask<W>(m, B, ch, "context::AllGather::backward");
     const int r = z.r, c = z.c;
     [[maybe_unused]] auto& dev = w.device();
     using Ops [[maybe_unused]] = ops::ContextBlock<typename W::device_type>;
@@ -384,19 +396,19 @@ struct AllGather : detail::HostCalls<AllGather> {
       for (int src = 0; src < c; ++src)
         Ops::backward(dev, dq, dall + static_cast<std::size_t>(src) * z.block, qkv,
                       all + static_cast<std::size_t>(src) * z.block, dout, D, lse, B, Tl, H, hd, g, ch.positions(r),
-                      ch.positions(src));
+                      ch.positions(src), m);
     }
     comm.reduce_scatter(std::span<const S>(dall, all_n), std::span<S>(dmine, z.block), ReduceOp::sum);
     if constexpr (W::compute) Ops::write_dqkv(dev, dqkv, dq, dmine, B, Tl, H, hd, g);
   }
 };
 
-// The causal attention FLOPs of rank r's queries over the whole sequence (QK^T and PV over the
-// pairs its rows see: 4 B H hd pairs forward, twice that backward, as ops::Attention's count), for
-// the time model on the Meta device.
-inline double forward_flops(const Chunks& ch, int r, index B, index H, index hd) {
+// The attention FLOPs of rank r's queries over the whole sequence (QK^T and PV over the pairs its
+// rows see: 4 B H hd pairs forward, twice that backward, as ops::Attention's count; every pair when
+// not causal, padding not known), for the time model on the Meta device.
+inline double forward_flops(const Chunks& ch, int r, index B, index H, index hd, bool causal = true) {
   double pairs = 0;
-  for (index t = 0; t < ch.local(); ++t) pairs += static_cast<double>(ch.position(r, t) + 1);
+  for (index t = 0; t < ch.local(); ++t) pairs += static_cast<double>(causal ? ch.position(r, t) + 1 : ch.seq);
   return 4.0 * static_cast<double>(B) * static_cast<double>(H) * static_cast<double>(hd) * pairs;
 }
 

@@ -4,7 +4,8 @@
 // x (B, T, C) is a context rank's T / c rows (Shard<1> on context: the chunks of context::Chunks).
 // The projections run on those rows as on a sequence of their own; `rotate` turns the queries and
 // keys at the rows' positions (Llama's rotary; nothing for GPT-2, whose positions were added in
-// the embedding); the attention runs over the mesh's context group, Cx's way. What backward keeps
+// the embedding); the attention runs over the mesh's context group, Cx's way, masked by m (the
+// layer's mask::Kind). What backward keeps
 // is the attention's output and each query row's log-sum-exp (B, H/tp, T/c), never the (T/c, T)
 // probabilities: the layer's Ctx has qkv_ctx, proj_ctx, qkv, core and lse for it. The attention's
 // buffers (the travelling key-value blocks, the accumulators) come from the layer's device, for the
@@ -87,7 +88,7 @@ struct ContextAttention {
   // in groups of g sharing a key and a value.
   template <class Out, class Layer, class Ctx, class X, AxisComms M, class Rotate>
   static auto forward(Layer& layer, Ctx& ctx, const X& x, M& mesh, std::int64_t H, std::int64_t hd, std::int64_t g,
-                      Rotate&& rotate, const std::string& where) {
+                      const ops::Mask& m, Rotate&& rotate, const std::string& where) {
     using T = typename X::value_type;
     using D = typename X::device;
     using S = accumulate_t<T>;
@@ -101,9 +102,10 @@ struct ContextAttention {
     ctx.lse = x.dev().allocate(r.B * H * r.Tl * static_cast<std::int64_t>(sizeof(S)), Category::activations);
     {
       DeviceBuffers<D> work(x.dev());
-      Cx::forward(cg, r.ch, y.data(), static_cast<S*>(ctx.lse.data()), ctx.qkv.data(), r.B, r.Tl, H, hd, g, work);
+      Cx::forward(cg, r.ch, y.data(), static_cast<S*>(ctx.lse.data()), ctx.qkv.data(), r.B, r.Tl, H, hd, g, m, work);
     }
-    if constexpr (is_meta<D>) x.dev().work.attention_flops += context::forward_flops(r.ch, r.rank, r.B, H, hd);
+    if constexpr (is_meta<D>)
+      x.dev().work.attention_flops += context::forward_flops(r.ch, r.rank, r.B, H, hd, m.causal);
     auto out = layer.proj.forward(ctx.proj_ctx, y);
     ctx.core = std::move(y);
     return Tensor<T, Out, D>::relabel(std::move(out), x.global_shape());
@@ -112,7 +114,7 @@ struct ContextAttention {
   // dy (B, T, C) Replicate over tensor, the rank's rows -> dx Partial over tensor.
   template <class GradIn, class Layer, class Ctx, class DY, AxisComms M, class Rotate>
   static auto backward(Layer& layer, Ctx& ctx, const DY& dy, M& mesh, std::int64_t H, std::int64_t hd, std::int64_t g,
-                       Rotate&& rotate, const std::string& where) {
+                       const ops::Mask& m, Rotate&& rotate, const std::string& where) {
     using T = typename DY::value_type;
     using D = typename DY::device;
     using S = accumulate_t<T>;
@@ -125,9 +127,10 @@ struct ContextAttention {
     {
       DeviceBuffers<D> work(dy.dev());
       Cx::backward(cg, r.ch, dqkv.data(), dcore.data(), ctx.core.data(), static_cast<const S*>(ctx.lse.data()),
-                   ctx.qkv.data(), r.B, r.Tl, H, hd, g, work);
+                   ctx.qkv.data(), r.B, r.Tl, H, hd, g, m, work);
     }
-    if constexpr (is_meta<D>) dy.dev().work.attention_flops += 2 * context::forward_flops(r.ch, r.rank, r.B, H, hd);
+    if constexpr (is_meta<D>)
+      dy.dev().work.attention_flops += 2 * context::forward_flops(r.ch, r.rank, r.B, H, hd, m.causal);
     rotate(dqkv.data(), r.B, r.Tl, r.positions(), -1);
     auto dx = layer.qkv.backward(ctx.qkv_ctx, dqkv);
     ctx.qkv = {};  // the projections' contexts stay where their weight gradients are deferred

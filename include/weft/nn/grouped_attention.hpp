@@ -1,8 +1,10 @@
 // GroupedQueryAttention: the attention layer of every weft model. A fused QKV projection
 // (ColumnParallel: whole key-value groups per tensor rank), rotary position embeddings on the
-// queries and keys where the model has them, causal softmax attention in which each group's
-// g = heads / kv_heads queries share its key and value, and the output projection (RowParallel: out
-// is Partial). kv_heads = heads is multi-head attention; kv_heads = 1 is multi-query attention.
+// queries and keys where the model has them, softmax attention in which each group's
+// g = heads / kv_heads queries share its key and value, causal or bidirectional as the Mask policy
+// says (mask::Causal, the default: language models; mask::Bidirectional: DiT, ViT, encoders), and
+// the output projection (RowParallel: out is Partial). kv_heads = heads is multi-head attention; kv_heads = 1 is
+// multi-query attention.
 //
 //   Llama's       GroupedQueryAttention(dev, C, H, KV, rope, ...): no biases, rotary positions
 //   GPT-2's       GroupedQueryAttention::multi_head(dev, C, H, ...): kv_heads = heads, biased
@@ -40,12 +42,14 @@
 #include "weft/nn/context_attention.hpp"
 #include "weft/nn/linear.hpp"
 #include "weft/ops/all.hpp"
+#include "weft/ops/mask.hpp"
 #include "weft/ops/rotary.hpp"
 #include "weft/recompute/policies.hpp"
 
 namespace weft::nn {
 
-template <Floating T, recompute::Policy Recompute = recompute::None, class D = Host, context::Choice Cx = context::None>
+template <Floating T, recompute::Policy Recompute = recompute::None, class D = Host, context::Choice Cx = context::None,
+          mask::Kind Mask = mask::Causal>
 class GroupedQueryAttention {
   static constexpr bool keep_probs = !std::same_as<Recompute, recompute::Selective>;
   static constexpr bool cp = context::Kind<Cx>;  // the sequence sharded over the context axis
@@ -55,6 +59,7 @@ class GroupedQueryAttention {
       "the Cuda device's in ops/context_block.cuh, which ops/all.cuh includes); include it, or "
       "use context::None");
   using Seq = std::conditional_t<cp, Shard<1>, Replicate>;  // the sequence's placement on the context axis
+  static constexpr ops::Mask mask{Mask::causal, nullptr};
 
  public:
   using In = Layout<Shard<0>, Replicate, StageLocal, Seq>;       // act::Full without context parallelism
@@ -139,7 +144,7 @@ class GroupedQueryAttention {
     auto y =
         Tensor<T, act::Features, D>::empty(x.dev(), core_shape(x.global_shape()), x.spread(), Category::activations);
     ops::Attention<D>::forward(x.dev(), y.data(), static_cast<T*>(probs.data()), ctx.qkv.data(), B, Tn, local_heads(),
-                               head_dim, group());
+                               head_dim, group(), mask);
     if (keep_probs) ctx.probs = std::move(probs);
     return proj.forward(ctx.proj_ctx, y);
   }
@@ -155,12 +160,12 @@ class GroupedQueryAttention {
       auto scratch =
           Tensor<T, act::Features, D>::empty(dy.dev(), dcore.global_shape(), dy.spread(), Category::activations);
       ops::Attention<D>::forward(dy.dev(), scratch.data(), static_cast<T*>(ctx.probs.data()), ctx.qkv.data(), B, Tn,
-                                 local_heads(), head_dim, group());
+                                 local_heads(), head_dim, group(), mask);
     }
     auto dqkv =
         Tensor<T, act::Features, D>::empty(dy.dev(), ctx.qkv.global_shape(), dy.spread(), Category::activations);
     ops::Attention<D>::backward(dy.dev(), dqkv.data(), dcore.data(), ctx.qkv.data(),
-                                static_cast<const T*>(ctx.probs.data()), B, Tn, local_heads(), head_dim, group());
+                                static_cast<const T*>(ctx.probs.data()), B, Tn, local_heads(), head_dim, group(), mask);
     if (rope) ops::Rotary<D>::backward(dy.dev(), dqkv.data(), B, Tn, local_groups(), group(), head_dim, *rope);
     auto dx = qkv.backward(ctx.qkv_ctx, dqkv);
     ctx.qkv = {};  // the projections' contexts stay where their weight gradients are deferred
@@ -174,14 +179,16 @@ class GroupedQueryAttention {
     requires cp
   {
     return detail::ContextAttention<Cx>::template forward<Out>(*this, ctx, x, mesh, local_heads(), head_dim, group(),
-                                                               rotation(x.dev()), "GroupedQueryAttention::forward");
+                                                               mask, rotation(x.dev()),
+                                                               "GroupedQueryAttention::forward");
   }
   template <AxisComms M>
   Tensor<T, GradIn, D> backward(Ctx& ctx, const Tensor<T, GradOut, D>& dy, M& mesh)
     requires cp
   {
-    return detail::ContextAttention<Cx>::template backward<GradIn>(
-        *this, ctx, dy, mesh, local_heads(), head_dim, group(), rotation(dy.dev()), "GroupedQueryAttention::backward");
+    return detail::ContextAttention<Cx>::template backward<GradIn>(*this, ctx, dy, mesh, local_heads(), head_dim,
+                                                                   group(), mask, rotation(dy.dev()),
+                                                                   "GroupedQueryAttention::backward");
   }
 
   // The deferred weight gradients of both projections (Linear::defer_weight).
@@ -199,11 +206,12 @@ class GroupedQueryAttention {
   void comm_rows(std::vector<CommRow>& out, const std::string& row, const Shape& act, const Spread& s,
                  std::int64_t e) const {
     out.push_back(detail::local_row<std::remove_cvref_t<decltype(qkv)>>(cat(row, ".qkv (ColumnParallel)")));
-    CommRow core{cat(row, ".core (causal, local heads", cp ? cat(", over context: ", Cx::name) : std::string(), ")"),
-                 act::Features::name(),
-                 act::Features::name(),
-                 {},
-                 {}};
+    CommRow core{
+        cat(row, ".core (", Mask::name, ", local heads", cp ? cat(", over context: ", Cx::name) : std::string(), ")"),
+        act::Features::name(),
+        act::Features::name(),
+        {},
+        {}};
     if constexpr (cp)
       detail::ContextAttention<Cx>::template add_steps<T>(core, act, s, e, kv_heads / s.tensor_degree, head_dim);
     out.push_back(std::move(core));
@@ -212,8 +220,9 @@ class GroupedQueryAttention {
 
   Shape out_shape(const Shape& s) const { return s; }
   static std::string name() {
-    if constexpr (cp) return cat("GroupedQueryAttention<context ", Cx::name, ">");
-    else return "GroupedQueryAttention";
+    const std::string bi = std::same_as<Mask, mask::Causal> ? "" : cat(cp ? ", " : "<", Mask::name);
+    if constexpr (cp) return cat("GroupedQueryAttention<context ", Cx::name, bi, ">");
+    else return cat("GroupedQueryAttention", bi, bi.empty() ? "" : ">");
   }
 
   template <class F>

@@ -3,8 +3,9 @@
 // float (S = accumulate_t<T> = float for both).
 //
 // CUDA kernels of ops::ContextBlock (ops/context_block.hpp says what each computes; the host's are
-// the reference tests/device/cuda/context.cu holds these to): one block of causal attention over
-// the context axis at a time, merged by log-sum-exp, with the mask by position.
+// the reference tests/device/cuda/context.cu holds these to): one block of attention over the
+// context axis at a time, merged by log-sum-exp, with the mask by position (ops::Mask: causal or
+// not, its padding lengths in device memory).
 //
 // One thread per query row (b, h, i) forward and for dq, one per key row (b, group, j) for dk and
 // dv: each thread writes only its own row, sums run in float in key (or query) order, so two runs
@@ -53,7 +54,7 @@ __global__ void pack_kv_kernel(T* kv, const T* qkv, index n, index G, index g, i
 
 template <class T>
 __global__ void forward_kernel(float* o, float* lse, const T* qkv, const T* kv, index B, index Tl, index H, index hd,
-                               index g, ops::Positions qpos, ops::Positions kpos, float scale) {
+                               index g, ops::Positions qpos, ops::Positions kpos, float scale, ops::Mask m) {
   const index G = H / g, row = G * (g + 2) * hd, n = B * H * Tl;
   for (index t = blockIdx.x * static_cast<index>(blockDim.x) + threadIdx.x; t < n;
        t += static_cast<index>(gridDim.x) * blockDim.x) {
@@ -63,11 +64,11 @@ __global__ void forward_kernel(float* o, float* lse, const T* qkv, const T* kv, 
     const T* kv0 = kv + (b * Tl * G + h / g) * 2 * hd;  // row j's key: kv0 + j G 2 hd
     float mx = -INFINITY;
     for (index j = 0; j < Tl; ++j)
-      if (kpos.at(j) <= p) mx = fmaxf(mx, dot(q, kv0 + j * G * 2 * hd, hd) * scale);
-    if (mx == -INFINITY) continue;  // every key of the block is after the query
+      if (m.sees(b, p, kpos.at(j))) mx = fmaxf(mx, dot(q, kv0 + j * G * 2 * hd, hd) * scale);
+    if (mx == -INFINITY) continue;  // the query sees no key of the block
     float sum = 0;
     for (index j = 0; j < Tl; ++j)
-      if (kpos.at(j) <= p) sum += expf(dot(q, kv0 + j * G * 2 * hd, hd) * scale - mx);
+      if (m.sees(b, p, kpos.at(j))) sum += expf(dot(q, kv0 + j * G * 2 * hd, hd) * scale - mx);
     const float lb = mx + logf(sum);
     float& l = lse[(b * H + h) * Tl + i];
     const float top = fmaxf(l, lb), merged = top + logf(expf(l - top) + expf(lb - top));
@@ -75,7 +76,7 @@ __global__ void forward_kernel(float* o, float* lse, const T* qkv, const T* kv, 
     float* oi = o + ((b * Tl + i) * H + h) * hd;
     for (index d = 0; d < hd; ++d) oi[d] *= wa;
     for (index j = 0; j < Tl; ++j) {
-      if (kpos.at(j) > p) continue;
+      if (!m.sees(b, p, kpos.at(j))) continue;
       const T* k = kv0 + j * G * 2 * hd;
       const float w = expf(dot(q, k, hd) * scale - lb) * wb;
       for (index d = 0; d < hd; ++d) oi[d] += w * detail::to_f(k[hd + d]);
@@ -99,7 +100,7 @@ __global__ void row_dots_kernel(float* D, const T* dout, const T* out, index B, 
 template <class T>
 __global__ void backward_dq_kernel(float* dq, const T* qkv, const T* kv, const T* dout, const float* D,
                                    const float* lse, index B, index Tl, index H, index hd, index g, ops::Positions qpos,
-                                   ops::Positions kpos, float scale) {
+                                   ops::Positions kpos, float scale, ops::Mask m) {
   const index G = H / g, row = G * (g + 2) * hd, n = B * H * Tl;
   for (index t = blockIdx.x * static_cast<index>(blockDim.x) + threadIdx.x; t < n;
        t += static_cast<index>(gridDim.x) * blockDim.x) {
@@ -111,7 +112,7 @@ __global__ void backward_dq_kernel(float* dq, const T* qkv, const T* kv, const T
     const float l = lse[t], Di = D[t];
     const T* kv0 = kv + (b * Tl * G + h / g) * 2 * hd;
     for (index j = 0; j < Tl; ++j) {
-      if (kpos.at(j) > p) continue;
+      if (!m.sees(b, p, kpos.at(j))) continue;
       const T* k = kv0 + j * G * 2 * hd;
       const float pij = expf(dot(q, k, hd) * scale - l), ds = pij * (dot(di, k + hd, hd) - Di) * scale;
       for (index d = 0; d < hd; ++d) dqi[d] += ds * detail::to_f(k[d]);
@@ -123,7 +124,7 @@ __global__ void backward_dq_kernel(float* dq, const T* qkv, const T* kv, const T
 template <class T>
 __global__ void backward_dkv_kernel(float* dkv, const T* qkv, const T* kv, const T* dout, const float* D,
                                     const float* lse, index B, index Tl, index H, index hd, index g,
-                                    ops::Positions qpos, ops::Positions kpos, float scale) {
+                                    ops::Positions qpos, ops::Positions kpos, float scale, ops::Mask m) {
   const index G = H / g, row = G * (g + 2) * hd, n = B * G * Tl;
   for (index t = blockIdx.x * static_cast<index>(blockDim.x) + threadIdx.x; t < n;
        t += static_cast<index>(gridDim.x) * blockDim.x) {
@@ -133,7 +134,7 @@ __global__ void backward_dkv_kernel(float* dkv, const T* qkv, const T* kv, const
     const index kp = kpos.at(j);
     for (index h = grp * g; h < (grp + 1) * g; ++h)
       for (index i = 0; i < Tl; ++i) {
-        if (kp > qpos.at(i)) continue;
+        if (!m.sees(b, qpos.at(i), kp)) continue;
         const T* q = qkv + (b * Tl + i) * row + q_at(h, hd, g);
         const T* di = dout + ((b * Tl + i) * H + h) * hd;
         const index r = (b * H + h) * Tl + i;
@@ -176,12 +177,13 @@ void context_pack_kv(Cuda& d, T* kv, const T* qkv, index B, index Tl, index H, i
 
 template <Activation T>
 void context_forward(Cuda& d, float* o, float* lse, const T* qkv, const T* kv, index B, index Tl, index H, index hd,
-                     index g, ops::Positions qpos, ops::Positions kpos) {
+                     index g, ops::Positions qpos, ops::Positions kpos, ops::Mask m = {}) {
   context_detail::require_sizes("context_forward", B, Tl, H, hd, g);
   const index n = B * H * Tl;
   if (n == 0) return;
   context_detail::forward_kernel<<<detail::blocks_for(n, 128), 128, 0, d.stream()>>>(
-      o, lse, detail::dev(qkv), detail::dev(kv), B, Tl, H, hd, g, qpos, kpos, 1.0f / std::sqrt(static_cast<float>(hd)));
+      o, lse, detail::dev(qkv), detail::dev(kv), B, Tl, H, hd, g, qpos, kpos, 1.0f / std::sqrt(static_cast<float>(hd)),
+      m);
   check_launch("context_forward");
 }
 
@@ -198,15 +200,15 @@ void context_row_dots(Cuda& d, float* D, const T* dout, const T* out, index B, i
 template <Activation T>
 void context_backward(Cuda& d, float* dq, float* dkv, const T* qkv, const T* kv, const T* dout, const float* D,
                       const float* lse, index B, index Tl, index H, index hd, index g, ops::Positions qpos,
-                      ops::Positions kpos) {
+                      ops::Positions kpos, ops::Mask m = {}) {
   context_detail::require_sizes("context_backward", B, Tl, H, hd, g);
   if (B * H * Tl == 0) return;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   context_detail::backward_dq_kernel<<<detail::blocks_for(B * H * Tl, 128), 128, 0, d.stream()>>>(
-      dq, detail::dev(qkv), detail::dev(kv), detail::dev(dout), D, lse, B, Tl, H, hd, g, qpos, kpos, scale);
+      dq, detail::dev(qkv), detail::dev(kv), detail::dev(dout), D, lse, B, Tl, H, hd, g, qpos, kpos, scale, m);
   check_launch("context_backward (dq)");
   context_detail::backward_dkv_kernel<<<detail::blocks_for(B * (H / g) * Tl, 128), 128, 0, d.stream()>>>(
-      dkv, detail::dev(qkv), detail::dev(kv), detail::dev(dout), D, lse, B, Tl, H, hd, g, qpos, kpos, scale);
+      dkv, detail::dev(qkv), detail::dev(kv), detail::dev(dout), D, lse, B, Tl, H, hd, g, qpos, kpos, scale, m);
   check_launch("context_backward (dk, dv)");
 }
 
@@ -238,9 +240,9 @@ struct ContextBlock<Cuda> {
   }
   template <class T>
   static void forward(Cuda& d, float* o, float* lse, const T* qkv, const T* kv, index B, index Tl, index H, index hd,
-                      index g, Positions qpos, Positions kpos) {
+                      index g, Positions qpos, Positions kpos, Mask m = {}) {
     const cuda::Timed timed(d, cuda::OpKind::attention);
-    cuda::context_forward(d, o, lse, qkv, kv, B, Tl, H, hd, g, qpos, kpos);
+    cuda::context_forward(d, o, lse, qkv, kv, B, Tl, H, hd, g, qpos, kpos, m);
   }
   template <class T>
   static void finish(Cuda& d, T* out, const float* o, index n) {
@@ -253,10 +255,10 @@ struct ContextBlock<Cuda> {
   }
   template <class T>
   static void backward(Cuda& d, float* dq, float* dkv, const T* qkv, const T* kv, const T* dout, const float* D,
-                       const float* lse, index B, index Tl, index H, index hd, index g, Positions qpos,
-                       Positions kpos) {
+                       const float* lse, index B, index Tl, index H, index hd, index g, Positions qpos, Positions kpos,
+                       Mask m = {}) {
     const cuda::Timed timed(d, cuda::OpKind::attention);
-    cuda::context_backward(d, dq, dkv, qkv, kv, dout, D, lse, B, Tl, H, hd, g, qpos, kpos);
+    cuda::context_backward(d, dq, dkv, qkv, kv, dout, D, lse, B, Tl, H, hd, g, qpos, kpos, m);
   }
   template <class T>
   static void write_dqkv(Cuda& d, T* dqkv, const float* dq, const float* dkv, index B, index Tl, index H, index hd,

@@ -1,7 +1,7 @@
-// ops::ContextBlock: the arithmetic of causal attention over the context axis (context/attention.hpp
-// runs it around its ring or over its gathered blocks), one block of keys and values at a time,
-// merged by log-sum-exp. An op (ops/op.hpp): the host's here, the Cuda device's in
-// context_block.cuh.
+// ops::ContextBlock: the arithmetic of attention over the context axis (context/attention.hpp runs
+// it around its ring or over its gathered blocks), one block of keys and values at a time, merged
+// by log-sum-exp, causal or not and with or without padding (ops::Mask). An op (ops/op.hpp): the host's here, the Cuda
+// device's in context_block.cuh.
 //
 //   qkv  (B, Tl, G, g + 2, hd)   a rank's Tl rows: G key-value groups of g queries, a key and a value
 //                                (ops::Attention's layout), H = G g heads of size hd
@@ -11,8 +11,10 @@
 //   dq   (B, Tl, G, g + 2, hd)   the queries' gradients in the qkv layout (its k, v slots unused), in S
 //   dkv  (B, Tl, G, 2, hd)       a block's key and value gradients, in S
 //   qpos, kpos                   the positions of the query rows and of the block's key rows
-//                                (ops::Positions: a context rank's two chunks); the causal mask is
-//                                by position, so a block wholly after a query adds nothing to it
+//                                (ops::Positions: a context rank's two chunks); the mask is by
+//                                position in the whole sequence (Mask::sees), so a block wholly
+//                                after a query (causal) or wholly padding adds nothing to it
+//   m                            the mask; its lengths (B) in the device's memory
 //
 //   pack_kv     kv = the keys and values of qkv
 //   start       o = 0, lse = -inf (what forward merges into)
@@ -40,6 +42,7 @@
 
 #include "weft/core/dtype.hpp"
 #include "weft/device/host/host.hpp"
+#include "weft/ops/mask.hpp"
 #include "weft/ops/op.hpp"
 #include "weft/ops/positions.hpp"
 
@@ -63,7 +66,7 @@ void pack_kv(T* kv, const T* qkv, index B, index Tl, index H, index hd, index g)
 // merged into the running (o, lse) by log-sum-exp. o (B, Tl, H, hd) and lse (B, H, Tl) in S.
 template <class T, class S>
 void block_forward(S* o, S* lse, const T* qkv, const T* kv, index B, index Tl, index H, index hd, index g,
-                   Positions qpos, Positions kpos) {
+                   Positions qpos, Positions kpos, Mask m = {}) {
   const index G = H / g, row = G * (g + 2) * hd;
   const S scale = S(1) / std::sqrt(static_cast<S>(hd));
   std::vector<S> s(static_cast<std::size_t>(Tl)), ob(static_cast<std::size_t>(hd));
@@ -74,21 +77,21 @@ void block_forward(S* o, S* lse, const T* qkv, const T* kv, index B, index Tl, i
         const index p = qpos.at(i);
         S mx = -std::numeric_limits<S>::infinity();
         for (index j = 0; j < Tl; ++j) {
-          if (kpos.at(j) > p) continue;
+          if (!m.sees(b, p, kpos.at(j))) continue;
           const T* k = kv + ((b * Tl + j) * G + h / g) * 2 * hd;
           S dot = 0;
           for (index d = 0; d < hd; ++d) dot += widen(q[d]) * widen(k[d]);
           s[static_cast<std::size_t>(j)] = dot * scale;
           mx = std::max(mx, s[static_cast<std::size_t>(j)]);
         }
-        if (mx == -std::numeric_limits<S>::infinity()) continue;  // every key of the block is in the future
+        if (mx == -std::numeric_limits<S>::infinity()) continue;  // the query sees no key of the block
         S sum = 0;
         for (index j = 0; j < Tl; ++j)
-          if (kpos.at(j) <= p) sum += std::exp(s[static_cast<std::size_t>(j)] - mx);
+          if (m.sees(b, p, kpos.at(j))) sum += std::exp(s[static_cast<std::size_t>(j)] - mx);
         const S lb = mx + std::log(sum);
         std::fill(ob.begin(), ob.end(), S(0));
         for (index j = 0; j < Tl; ++j) {
-          if (kpos.at(j) > p) continue;
+          if (!m.sees(b, p, kpos.at(j))) continue;
           const S pij = std::exp(s[static_cast<std::size_t>(j)] - lb);
           const T* v = kv + ((b * Tl + j) * G + h / g) * 2 * hd + hd;
           for (index d = 0; d < hd; ++d) ob[static_cast<std::size_t>(d)] += pij * widen(v[d]);
@@ -112,7 +115,7 @@ void block_forward(S* o, S* lse, const T* qkv, const T* kv, index B, index Tl, i
 // dv_j += P_ij dout_i (dkv in the kv layout, in S).
 template <class T, class S>
 void block_backward(S* dq, S* dkv, const T* qkv, const T* kv, const T* dout, const S* D, const S* lse, index B,
-                    index Tl, index H, index hd, index g, Positions qpos, Positions kpos) {
+                    index Tl, index H, index hd, index g, Positions qpos, Positions kpos, Mask m = {}) {
   const index G = H / g, row = G * (g + 2) * hd;
   const S scale = S(1) / std::sqrt(static_cast<S>(hd));
   for (index b = 0; b < B; ++b)
@@ -124,7 +127,7 @@ void block_backward(S* dq, S* dkv, const T* qkv, const T* kv, const T* dout, con
         S* dq_i = dq + (b * Tl + i) * row + q_at(h, hd, g);
         const S l = lse[(b * H + h) * Tl + i], Di = D[(b * H + h) * Tl + i];
         for (index j = 0; j < Tl; ++j) {
-          if (kpos.at(j) > p) continue;
+          if (!m.sees(b, p, kpos.at(j))) continue;
           const T* k = kv + ((b * Tl + j) * G + h / g) * 2 * hd;
           const T* v = k + hd;
           S* dk = dkv + ((b * Tl + j) * G + h / g) * 2 * hd;
@@ -199,8 +202,8 @@ struct ContextBlock<Host> {
   }
   template <class T, class S>
   static void forward(Host&, S* o, S* lse, const T* qkv, const T* kv, index B, index Tl, index H, index hd, index g,
-                      Positions qpos, Positions kpos) {
-    host_context::block_forward(o, lse, qkv, kv, B, Tl, H, hd, g, qpos, kpos);
+                      Positions qpos, Positions kpos, Mask m = {}) {
+    host_context::block_forward(o, lse, qkv, kv, B, Tl, H, hd, g, qpos, kpos, m);
   }
   template <class T, class S>
   static void finish(Host&, T* out, const S* o, index n) {
@@ -212,8 +215,8 @@ struct ContextBlock<Host> {
   }
   template <class T, class S>
   static void backward(Host&, S* dq, S* dkv, const T* qkv, const T* kv, const T* dout, const S* D, const S* lse,
-                       index B, index Tl, index H, index hd, index g, Positions qpos, Positions kpos) {
-    host_context::block_backward(dq, dkv, qkv, kv, dout, D, lse, B, Tl, H, hd, g, qpos, kpos);
+                       index B, index Tl, index H, index hd, index g, Positions qpos, Positions kpos, Mask m = {}) {
+    host_context::block_backward(dq, dkv, qkv, kv, dout, D, lse, B, Tl, H, hd, g, qpos, kpos, m);
   }
   template <class T, class S>
   static void write_dqkv(Host&, T* dqkv, const S* dq, const S* dkv, index B, index Tl, index H, index hd, index g) {

@@ -19,11 +19,12 @@
 //   gelu, bias     Gelu, Bias
 //   layernorm      LayerNorm
 //   rmsnorm        RmsNorm (Llama's)
-//   attention      Attention (causal, fused qkv in groups of heads sharing a key and value: GPT-2's
-//                  multi-head attention is groups of one, Llama's grouped-query attention larger)
+//   attention      Attention (fused qkv in groups of heads sharing a key and value: GPT-2's
+//                  multi-head attention is groups of one, Llama's grouped-query attention larger;
+//                  causal or bidirectional, padded or not: ops::Mask in mask.hpp)
 //   rotary         Rotary (rotary positions, the llama3 scaling; in place on q and k)
 //   swiglu         SwiGlu (Llama's gated MLP unit)
-//   context_block  ContextBlock (causal attention over the context axis one block of keys and
+//   context_block  ContextBlock (attention over the context axis one block of keys and
 //                  values at a time, merged by log-sum-exp: context/attention.hpp's arithmetic)
 //   embedding      Embedding (vocab-parallel lookup), Position (learned positions)
 //   cross_entropy  CrossEntropy (vocab-parallel)

@@ -2,8 +2,9 @@
 // double on the same inputs: two blocks of keys and values merged into one output by their
 // log-sum-exp, at a context rank's two-chunk positions (the rank's own block; one whose first
 // chunk every query sees and whose second none does; one that only the queries' second chunk
-// sees), then the backward over the same blocks. Grouped heads (g = 1, 2, 4), sizes that are not multiples of a
-// warp. Tolerances: the sums in float against double, 1e-5 relative to the largest element (f32
+// sees), then the backward over the same blocks, under each mask (causal; bidirectional;
+// bidirectional with padding lengths in device memory). Grouped heads (g = 1, 2, 4), sizes that
+// are not multiples of a warp. Tolerances: the sums in float against double, 1e-5 relative to the largest element (f32
 // inputs); bf16 inputs are widened exactly, so the same bound holds for everything computed in
 // float, and the bf16 outputs (finish, write_dqkv) get one rounding, 8e-3.
 // Then the whole attention over the context axis, both types, on 2 and 4 thread ranks sharing the
@@ -43,78 +44,87 @@ TEST_CASE_TEMPLATE("context attention blocks: forward merge, backward, packing, 
   for (auto [B, Tl, H, g, hd] :
        {std::tuple<std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t>{1, 6, 2, 1, 8},
         {2, 10, 4, 2, 16},
-        {1, 34, 8, 4, 64}}) {
-    CAPTURE(Tl);
-    CAPTURE(g);
-    const std::int64_t G = H / g, half = Tl / 2;
-    const auto nq = static_cast<std::size_t>(B * Tl * G * (g + 2) * hd),
-               nkv = static_cast<std::size_t>(B * Tl * G * 2 * hd);
-    const auto no = static_cast<std::size_t>(B * Tl * H * hd), nr = static_cast<std::size_t>(B * H * Tl);
-    const auto qkv = random<T>(nq, 21), other = random<T>(nkv, 22), later = random<T>(nkv, 23),
-               dout = random<T>(no, 24);
-    // The queries hold chunks 1 and 4 of 6 (positions half .. 2 half - 1 and 4 half ..); their own
-    // block; one at chunks 0 and 5 (every key of chunk 0 visible, chunk 5 after every query); one
-    // at chunks 2 and 3 (visible to the second chunk's queries only).
-    const ops::Positions qpos(half, half, 4 * half), kother(0, half, 5 * half), klater(2 * half, half, 3 * half);
-    DeviceVec<T> gq(d, qkv), gother(d, other), glater(d, later), gdout(d, dout), gmine(d, nkv), gout(d, no),
-        gdqkv(d, nq);
-    DeviceVec<float> go(d, no), glse(d, nr), gD(d, nr), gdq(d, std::vector<float>(nq, 0.f)),
-        gdk(d, std::vector<float>(nkv, 0.f));
-    Gpu::pack_kv(d, gmine.data(), gq.data(), B, Tl, H, hd, g);
-    Gpu::start(d, go.data(), glse.data(), B, Tl, H, hd);
-    for (auto [kv, kp] :
-         {std::pair{gmine.data(), qpos}, std::pair{gother.data(), kother}, std::pair{glater.data(), klater}})
-      Gpu::forward(d, go.data(), glse.data(), gq.data(), kv, B, Tl, H, hd, g, qpos, kp);
-    Gpu::finish(d, gout.data(), go.data(), static_cast<std::int64_t>(no));
-    Gpu::row_dots(d, gD.data(), gdout.data(), gout.data(), B, Tl, H, hd);
+        {1, 34, 8, 4, 64}})
+    for (int variant = 0; variant < 3; ++variant) {  // causal; bidirectional; bidirectional and padded
+      CAPTURE(Tl);
+      CAPTURE(g);
+      CAPTURE(variant);
+      const std::int64_t G = H / g, half = Tl / 2;
+      // Padding that keeps a key of chunk 3 and hides the queries' second chunk's keys (chunk 4) and chunk 5.
+      const std::vector<std::int32_t> lengths{static_cast<std::int32_t>(3 * half + 1),
+                                              static_cast<std::int32_t>(4 * half - 1)};
+      DeviceVec<std::int32_t> glengths(d, lengths);
+      const ops::Mask hm{variant == 0, variant == 2 ? lengths.data() : nullptr},
+          gm{variant == 0, variant == 2 ? glengths.data() : nullptr};
+      const auto nq = static_cast<std::size_t>(B * Tl * G * (g + 2) * hd),
+                 nkv = static_cast<std::size_t>(B * Tl * G * 2 * hd);
+      const auto no = static_cast<std::size_t>(B * Tl * H * hd), nr = static_cast<std::size_t>(B * H * Tl);
+      const auto qkv = random<T>(nq, 21), other = random<T>(nkv, 22), later = random<T>(nkv, 23),
+                 dout = random<T>(no, 24);
+      // The queries hold chunks 1 and 4 of 6 (positions half .. 2 half - 1 and 4 half ..); their own
+      // block; one at chunks 0 and 5 (every key of chunk 0 visible, chunk 5 after every query); one
+      // at chunks 2 and 3 (visible to the second chunk's queries only).
+      const ops::Positions qpos(half, half, 4 * half), kother(0, half, 5 * half), klater(2 * half, half, 3 * half);
+      DeviceVec<T> gq(d, qkv), gother(d, other), glater(d, later), gdout(d, dout), gmine(d, nkv), gout(d, no),
+          gdqkv(d, nq);
+      DeviceVec<float> go(d, no), glse(d, nr), gD(d, nr), gdq(d, std::vector<float>(nq, 0.f)),
+          gdk(d, std::vector<float>(nkv, 0.f));
+      Gpu::pack_kv(d, gmine.data(), gq.data(), B, Tl, H, hd, g);
+      Gpu::start(d, go.data(), glse.data(), B, Tl, H, hd);
+      for (auto [kv, kp] :
+           {std::pair{gmine.data(), qpos}, std::pair{gother.data(), kother}, std::pair{glater.data(), klater}})
+        Gpu::forward(d, go.data(), glse.data(), gq.data(), kv, B, Tl, H, hd, g, qpos, kp, gm);
+      Gpu::finish(d, gout.data(), go.data(), static_cast<std::int64_t>(no));
+      Gpu::row_dots(d, gD.data(), gdout.data(), gout.data(), B, Tl, H, hd);
 
-    const V q = widen(qkv), ot = widen(other), lt = widen(later), dy = widen(dout);
-    V mine(nkv), o(no), lse(nr), out(no), D(nr), dq(nq, 0.0);
-    Ref::pack_kv(h, mine.data(), q.data(), B, Tl, H, hd, g);
-    Ref::start(h, o.data(), lse.data(), B, Tl, H, hd);
-    for (auto [kv, kp] : {std::pair{mine.data(), qpos}, std::pair{const_cast<double*>(ot.data()), kother},
-                          std::pair{const_cast<double*>(lt.data()), klater}})
-      Ref::forward(h, o.data(), lse.data(), q.data(), kv, B, Tl, H, hd, g, qpos, kp);
-    Ref::finish(h, out.data(), o.data(), static_cast<std::int64_t>(no));
-    CHECK(rel_error(gmine.get(d), mine) == 0);  // a copy
-    CHECK(rel_error(go.get(d), o) <= 1e-5);
-    CHECK(rel_error(glse.get(d), lse) <= 1e-5);
-    CHECK(rel_error(gout.get(d), out) <= tolerance<T>(8e-3));
-    // The backward from the GPU's own output (as the layer runs it), against the host's from the
-    // same output widened.
-    const V gout_d = widen(gout.get(d));
-    Ref::row_dots(h, D.data(), dy.data(), gout_d.data(), B, Tl, H, hd);
-    CHECK(rel_error(gD.get(d), D) <= 1e-5);
-    std::vector<V> dkv;
-    int k = 0;
-    for (auto [kv, kp] :
-         {std::pair{gmine.data(), qpos}, std::pair{gother.data(), kother}, std::pair{glater.data(), klater}}) {
-      DeviceVec<float> gd(d, std::vector<float>(nkv, 0.f));
-      Gpu::backward(d, gdq.data(), gd.data(), gq.data(), kv, gdout.data(), gD.data(), glse.data(), B, Tl, H, hd, g,
-                    qpos, kp);
-      const V& hkv = k == 0 ? mine : k == 1 ? ot : lt;
-      V r(nkv, 0.0);
-      Ref::backward(h, dq.data(), r.data(), q.data(), hkv.data(), dy.data(), D.data(), lse.data(), B, Tl, H, hd, g,
-                    qpos,
-                    k == 0   ? qpos
-                    : k == 1 ? kother
-                             : klater);
-      CHECK(rel_error(gd.get(d), r) <= 1e-5);
-      if (k == 0) {
-        Gpu::write_dqkv(d, gdqkv.data(), gdq.data(), gd.data(), B, Tl, H, hd, g);  // after the own block: dq so far
-        V dqkv(nq);
-        Ref::write_dqkv(h, dqkv.data(), dq.data(), r.data(), B, Tl, H, hd, g);
-        CHECK(rel_error(gdqkv.get(d), dqkv) <= tolerance<T>(8e-3));
+      const V q = widen(qkv), ot = widen(other), lt = widen(later), dy = widen(dout);
+      V mine(nkv), o(no), lse(nr), out(no), D(nr), dq(nq, 0.0);
+      Ref::pack_kv(h, mine.data(), q.data(), B, Tl, H, hd, g);
+      Ref::start(h, o.data(), lse.data(), B, Tl, H, hd);
+      for (auto [kv, kp] : {std::pair{mine.data(), qpos}, std::pair{const_cast<double*>(ot.data()), kother},
+                            std::pair{const_cast<double*>(lt.data()), klater}})
+        Ref::forward(h, o.data(), lse.data(), q.data(), kv, B, Tl, H, hd, g, qpos, kp, hm);
+      Ref::finish(h, out.data(), o.data(), static_cast<std::int64_t>(no));
+      CHECK(rel_error(gmine.get(d), mine) == 0);  // a copy
+      CHECK(rel_error(go.get(d), o) <= 1e-5);
+      CHECK(rel_error(glse.get(d), lse) <= 1e-5);
+      CHECK(rel_error(gout.get(d), out) <= tolerance<T>(8e-3));
+      // The backward from the GPU's own output (as the layer runs it), against the host's from the
+      // same output widened.
+      const V gout_d = widen(gout.get(d));
+      Ref::row_dots(h, D.data(), dy.data(), gout_d.data(), B, Tl, H, hd);
+      CHECK(rel_error(gD.get(d), D) <= 1e-5);
+      std::vector<V> dkv;
+      int k = 0;
+      for (auto [kv, kp] :
+           {std::pair{gmine.data(), qpos}, std::pair{gother.data(), kother}, std::pair{glater.data(), klater}}) {
+        DeviceVec<float> gd(d, std::vector<float>(nkv, 0.f));
+        Gpu::backward(d, gdq.data(), gd.data(), gq.data(), kv, gdout.data(), gD.data(), glse.data(), B, Tl, H, hd, g,
+                      qpos, kp, gm);
+        const V& hkv = k == 0 ? mine : k == 1 ? ot : lt;
+        V r(nkv, 0.0);
+        Ref::backward(h, dq.data(), r.data(), q.data(), hkv.data(), dy.data(), D.data(), lse.data(), B, Tl, H, hd, g,
+                      qpos,
+                      k == 0   ? qpos
+                      : k == 1 ? kother
+                               : klater,
+                      hm);
+        CHECK(rel_error(gd.get(d), r) <= 1e-5);
+        if (k == 0) {
+          Gpu::write_dqkv(d, gdqkv.data(), gdq.data(), gd.data(), B, Tl, H, hd, g);  // after the own block: dq so far
+          V dqkv(nq);
+          Ref::write_dqkv(h, dqkv.data(), dq.data(), r.data(), B, Tl, H, hd, g);
+          CHECK(rel_error(gdqkv.get(d), dqkv) <= tolerance<T>(8e-3));
+        }
+        dkv.push_back(r);
+        ++k;
       }
-      dkv.push_back(r);
-      ++k;
+      CHECK(rel_error(gdq.get(d), dq) <= 1e-5);
+      // The block after the queries' first chunk still reaches their second chunk: not zero.
+      double later_grad = 0;
+      for (double x : dkv[2]) later_grad = std::max(later_grad, std::fabs(x));
+      CHECK(later_grad > 0);
     }
-    CHECK(rel_error(gdq.get(d), dq) <= 1e-5);
-    // The block after the queries' first chunk still reaches their second chunk: not zero.
-    double later_grad = 0;
-    for (double x : dkv[2]) later_grad = std::max(later_grad, std::fabs(x));
-    CHECK(later_grad > 0);
-  }
 }
 
 TEST_CASE("context attention blocks refuse sizes that do not fit, naming them") {
@@ -159,11 +169,11 @@ TEST_CASE_TEMPLATE(
       DeviceVec<float> gx(dev, x), gdy(dev, dy), gy(dev, no), gdx(dev, nq), glse(dev, nr);
       {
         nn::detail::DeviceBuffers<Cuda> w(dev);
-        A::forward(world, ch, gy.data(), glse.data(), gx.data(), B, Tl, H, hd, g, w);
+        A::forward(world, ch, gy.data(), glse.data(), gx.data(), B, Tl, H, hd, g, {}, w);
       }
       {
         nn::detail::DeviceBuffers<Cuda> w(dev);
-        A::backward(world, ch, gdx.data(), gdy.data(), gy.data(), glse.data(), gx.data(), B, Tl, H, hd, g, w);
+        A::backward(world, ch, gdx.data(), gdy.data(), gy.data(), glse.data(), gx.data(), B, Tl, H, hd, g, {}, w);
       }
       err_y[r] = rel_error(gy.get(dev), y[r]);
       err_dx[r] = rel_error(gdx.get(dev), dx[r]);

@@ -84,6 +84,84 @@ TEST_CASE("causal attention: rows of probs sum to one with the future masked and
   CHECK(r.worst <= 1e-6);
 }
 
+// Masked attention written out from its definition, for g = 1: out_i = sum_j softmax_j(q_i k_j /
+// sqrt(hd)) v_j over the keys j that query i sees, (!causal or j <= i) and j < lengths[b]; the
+// independent reference of ops::Mask's two choices and padding.
+namespace {
+V masked_attention(const V& qkv, host::index B, host::index T, host::index H, host::index hd, bool causal,
+                   const std::vector<std::int32_t>& lengths) {
+  V out(static_cast<std::size_t>(B * T * H * hd), 0.0);
+  const auto at = [&](host::index b, host::index t, host::index h, host::index w, host::index d) {
+    return qkv[static_cast<std::size_t>((((b * T + t) * H + h) * 3 + w) * hd + d)];
+  };
+  for (host::index b = 0; b < B; ++b)
+    for (host::index h = 0; h < H; ++h)
+      for (host::index i = 0; i < T; ++i) {
+        V w(static_cast<std::size_t>(T), 0.0);
+        double z = 0;
+        for (host::index j = 0; j < T; ++j) {
+          if ((causal && j > i) || (!lengths.empty() && j >= lengths[static_cast<std::size_t>(b)])) continue;
+          double s = 0;
+          for (host::index d = 0; d < hd; ++d) s += at(b, i, h, 0, d) * at(b, j, h, 1, d);
+          z += (w[static_cast<std::size_t>(j)] = std::exp(s / std::sqrt(static_cast<double>(hd))));
+        }
+        for (host::index j = 0; j < T; ++j)
+          for (host::index d = 0; d < hd; ++d)
+            out[static_cast<std::size_t>(((b * T + i) * H + h) * hd + d)] +=
+                w[static_cast<std::size_t>(j)] / z * at(b, j, h, 2, d);
+      }
+  return out;
+}
+}  // namespace
+
+TEST_CASE("attention without a mask and with padding: the definition's output, zeros where hidden, and gradients") {
+  const host::index B = 2, T = 6, H = 2, hd = 3;
+  const std::vector<std::int32_t> lengths{6, 4};  // the second sample's last two positions are padding
+  for (const bool causal : {false, true})
+    for (const bool padded : {false, true}) {
+      INFO((causal ? "causal" : "bidirectional"), (padded ? ", padded" : ""));
+      const ops::Mask m{causal, padded ? lengths.data() : nullptr};
+      V qkv = normals(B * T * H * 3 * hd, 21), R = normals(B * T * H * hd, 22);
+      V out(B * T * H * hd), probs(B * H * T * T);
+      auto loss = [&] {
+        host::attention_forward(out.data(), probs.data(), qkv.data(), B, T, H, hd, 1, m);
+        return test::dot(out, R);
+      };
+      loss();
+      // Sums of 6 exponentials in another order: rounding alone, 1e-14.
+      const V want = masked_attention(qkv, B, T, H, hd, causal, padded ? lengths : std::vector<std::int32_t>{});
+      double worst = 0;
+      for (std::size_t i = 0; i < out.size(); ++i) worst = test::worse(worst, std::fabs(out[i] - want[i]));
+      CHECK(worst <= 1e-14);
+      for (host::index r = 0; r < B * H * T; ++r) {
+        const host::index i = r % T, b = r / (H * T);
+        for (host::index j = 0; j < T; ++j)
+          if (!m.sees(b, i, j)) CHECK(probs[static_cast<std::size_t>(r * T + j)] == 0.0);
+      }
+      V dqkv(qkv.size());
+      host::attention_backward(dqkv.data(), R.data(), qkv.data(), probs.data(), B, T, H, hd, 1, m);
+      const auto r = gradcheck(qkv, dqkv, loss, 300);
+      CHECK(r.checked == 216);  // all of them: 2 x 6 x 2 x 3 x 3
+      CHECK(r.worst <= 1e-6);
+      if (padded)  // the padded keys and values feed no output: their gradients are exact zeros
+        for (host::index t = 4; t < T; ++t)
+          for (host::index e = 0; e < 3 * H * hd; ++e)
+            if (e % (3 * hd) >= hd) CHECK(dqkv[static_cast<std::size_t>((T + t) * 3 * H * hd + e)] == 0.0);
+    }
+}
+
+TEST_CASE("attention refuses padding lengths outside 1..T, naming the sample") {
+  Host dev;
+  V qkv(2 * 4 * 3 * 2), out(2 * 4 * 2), probs(2 * 4 * 4);
+  for (std::int32_t bad : {0, 5, -1}) {
+    const std::vector<std::int32_t> lengths{4, bad};
+    const std::string want = cat("ops::Attention<Host>::forward: sample 1 has ", bad, " valid positions of 4");
+    CHECK_THROWS_WITH_AS(
+        ops::Attention<Host>::forward(dev, out.data(), probs.data(), qkv.data(), 2, 4, 1, 2, 1, {true, lengths.data()}),
+        doctest::Contains(want.c_str()), Error);
+  }
+}
+
 TEST_CASE("vocab-parallel embedding: a shard looks up its rows and zeros the rest and backward accumulates") {
   const host::index C = 4;
   const std::vector<std::int32_t> tokens{3, 7, 3, 0, 5};
@@ -199,6 +277,34 @@ TEST_CASE("float attention on GEMMs: the double loops' output, probabilities and
   std::vector<float> again(dqkvf.size());
   host::attention_backward(again.data(), doutf.data(), qkvf.data(), probsf.data(), B, T, H, hd);
   CHECK(again == dqkvf);
+}
+
+TEST_CASE("float attention on GEMMs, bidirectional and padded, grouped: the double loops' numbers to float accuracy") {
+  // T = 70: three blocks of query rows, the last partial; lengths 70 and 45 (padding from inside the
+  // second block); g = 2 (two queries share a key and a value), so the dk, dv products accumulate.
+  const host::index B = 2, T = 70, H = 4, g = 2, hd = 8, row = (H / g) * (g + 2) * hd;
+  const std::vector<std::int32_t> lengths{70, 45};
+  const V qkv = normals(B * T * row, 13), dout = normals(B * T * H * hd, 14);
+  const std::vector<float> qkvf = to_float(qkv), doutf = to_float(dout);
+  const V qkvd(qkvf.begin(), qkvf.end()), doutd(doutf.begin(), doutf.end());
+  for (const bool causal : {false, true})
+    for (const bool padded : {false, true}) {
+      INFO((causal ? "causal" : "bidirectional"), (padded ? ", padded" : ""));
+      const ops::Mask m{causal, padded ? lengths.data() : nullptr};
+      V out(B * T * H * hd), probs(B * H * T * T), dqkv(qkv.size());
+      host::attention_forward(out.data(), probs.data(), qkvd.data(), B, T, H, hd, g, m);
+      host::attention_backward(dqkv.data(), doutd.data(), qkvd.data(), probs.data(), B, T, H, hd, g, m);
+      std::vector<float> outf(out.size()), probsf(probs.size()), dqkvf(dqkv.size());
+      host::attention_forward(outf.data(), probsf.data(), qkvf.data(), B, T, H, hd, g, m);
+      host::attention_backward(dqkvf.data(), doutf.data(), qkvf.data(), probsf.data(), B, T, H, hd, g, m);
+      // As above: sums of at most 70 products in float; a wrong mask or range is off by 0.1 or more.
+      CHECK(worst_abs(probsf, probs) <= 1e-5);
+      CHECK(worst_abs(outf, out) <= 1e-5);
+      CHECK(worst_abs(dqkvf, dqkv) <= 1e-5);
+      for (host::index r = 0; r < B * H * T; ++r)
+        for (host::index j = 0; j < T; ++j)
+          if (!m.sees(r / (H * T), r % T, j)) CHECK(probsf[static_cast<std::size_t>(r * T + j)] == 0.0f);
+    }
 }
 
 // Llama's ops (ops/swiglu.hpp, ops/rotary.hpp, ops/rmsnorm.hpp): the float paths (SwiGLU on Eigen's
