@@ -54,7 +54,7 @@ Result run(const llama::Config& cfg, int c) {
     }
     const auto step = [&] {
       dp.zero_grad();
-      auto ctx = model.in_flight({x, y, micro, 1.0});
+      auto ctx = model.in_flight({{x, y}, micro, 1.0});
       pipeline::forward_backward(model, ctx, mesh, dp, true);
       dp.step(1e-3, 1.0);
     };

@@ -60,7 +60,7 @@ std::optional<Result> run(const gpt2::Config& cfg, std::int64_t B, int steps) {
       auto step = [&] {
         loader.next(x, y);
         dp.zero_grad();
-        auto ctx = gpt.in_flight({x, y, B});
+        auto ctx = gpt.in_flight({{x, y}, B});
         pipeline::forward_backward(gpt, ctx, mesh, dp);
         dp.step(6e-4, 1.0);
         dev.synchronize();

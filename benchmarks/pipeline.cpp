@@ -35,6 +35,7 @@ struct SleepModel {
   using value_type = float;
   using device = Host;
   using A = nn::act::Full;
+  using MicroBatch = nn::MicroBatch;
   struct Ctx {
     Tensor<float, A, Host> x;
     double loss = 0;
@@ -54,7 +55,7 @@ struct SleepModel {
   std::vector<std::size_t> units_of(std::size_t) const { return {}; }
   Host& dev() const { return *host; }
   void defer_weight(bool on) { deferred = on; }
-  Ctx context(const nn::MicroBatch& mb) const { return Ctx{{}, 0, mb.batch}; }
+  Ctx in_flight(const nn::MicroBatch& mb) const { return Ctx{{}, 0, mb.batch}; }
 
   void sleep(double units) const {
     std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(units * unit_ms));
@@ -112,7 +113,7 @@ int main(int argc, char** argv) {
             const Partition part = Partition::even(p, v, model.config.layers);
             Pipeline<SleepModel, decltype(mesh)> pp(model, t, part, mesh);
             pp.set_trace(&trace, world.rank());
-            std::vector<nn::MicroBatch> mbs(static_cast<std::size_t>(m), nn::MicroBatch{tokens, tokens, 1, 1.0 / m});
+            std::vector<nn::MicroBatch> mbs(static_cast<std::size_t>(m), nn::MicroBatch{{tokens, tokens}, 1, 1.0 / m});
             LocalGradients none;
             world.barrier();
             const double t0 = trace.now_us();

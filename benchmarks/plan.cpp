@@ -82,7 +82,7 @@ Run measure(const gpt2::Config& cfg, MeshShape shape, std::int64_t batch, std::i
         world, host,
         [&] {
           dp.zero_grad();
-          auto ctx = gpt.in_flight({x, y, batch});
+          auto ctx = gpt.in_flight({{x, y}, batch});
           pipeline::forward_backward(gpt, ctx, mesh, dp);
           dp.step(1e-4, 1.0);
         },
@@ -145,7 +145,7 @@ Run measure_pipeline(const gpt2::Config& cfg, MeshShape shape, std::int64_t micr
         x[k][i] = static_cast<std::int32_t>(weft::philox(1, k, i)[0] % static_cast<std::uint64_t>(cfg.vocab));
         y[k][i] = static_cast<std::int32_t>(weft::philox(2, k, i)[0] % static_cast<std::uint64_t>(cfg.vocab));
       }
-      mbs.push_back({x[k], y[k], micro, 1.0 / table.m});
+      mbs.push_back({{x[k], y[k]}, micro, 1.0 / table.m});
     }
     const auto r = static_cast<std::size_t>(world.rank());
     time_steps(

@@ -152,7 +152,7 @@ int main(int argc, char** argv) {
       }
       const auto step = [&] {  // one micro-batch, then the update with clipping at norm 1 (its norm included)
         opt.zero_grad();
-        auto ctx = gpt.in_flight({x, y, batch});
+        auto ctx = gpt.in_flight({{x, y}, batch});
         pipeline::forward_backward(gpt, ctx, mesh, opt);
         opt.step(1e-4, 1.0);
       };

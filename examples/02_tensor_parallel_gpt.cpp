@@ -37,7 +37,7 @@ Result train_step(Comm& comm, const gpt2::Config& c, std::int64_t batch) {
   Mesh mesh{comm, {.tensor = comm.size()}};
   Host host;
   gpt2::Model<double, SP, recompute::Selective> gpt(host, c, mesh.spread(), batch);
-  auto ctx = gpt.in_flight({tokens, targets, batch});     // one micro-batch in flight
+  auto ctx = gpt.in_flight({{tokens, targets}, batch});   // one micro-batch in flight
   out.loss = pipeline::forward_backward(gpt, ctx, mesh);  // the stages, forward then backward
   gpt.for_each_param([&](const std::string& name, auto& p) {
     const auto g = redistribute<Replicated>(p.grad, mesh);  // gather the shards (or sum the SP partials) to compare

@@ -26,7 +26,7 @@ int main(int argc, char** argv) {
     for (int step = 1; step <= steps; ++step) {
       dp.zero_grad();
       loader.next(x, y);
-      auto ctx = model.in_flight({x, y, 8});
+      auto ctx = model.in_flight({{x, y}, 8});
       const double loss = pipeline::forward_backward(model, ctx, mesh, dp, true);
       const double norm = dp.step(3e-3, 1.0);
       if (world.rank() == 0) std::printf("step %3d  loss %.4f  grad norm %.3f\n", step, loss, norm);

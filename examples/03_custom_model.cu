@@ -104,7 +104,7 @@ std::vector<double> losses(int steps, const gpt2::Config& c) {
     for (int step = 0; step < steps; ++step) {
       dp.zero_grad();
       loader.next(x, y);
-      auto ctx = model.in_flight({x, y, 8});
+      auto ctx = model.in_flight({{x, y}, 8});
       out.push_back(pipeline::forward_backward(model, ctx, mesh, dp, true));
       dp.step(3e-3, 1.0);
     }

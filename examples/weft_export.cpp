@@ -95,7 +95,7 @@ void write_logits(const std::string& checkpoint, const std::string& path, const 
     // Causal: the first n positions' logits do not depend on what follows; pad with token 0.
     std::vector<std::int32_t> tokens(static_cast<std::size_t>(c.seq), 0), targets(tokens.size(), 0);
     std::copy(ids.begin(), ids.end(), tokens.begin());
-    auto ctx = model.in_flight({tokens, targets, 1});
+    auto ctx = model.in_flight({{tokens, targets}, 1});
     pipeline::forward(model, ctx, mesh, dp, nn::Mode::infer);
     const auto all = ctx.head.ce.logits.to_host();  // (1, T, Vp)
     const std::int64_t vp = all.size() / static_cast<std::size_t>(c.seq);

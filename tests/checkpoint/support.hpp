@@ -91,9 +91,9 @@ std::vector<double> ckpt_run(MeshDegrees m, const RunPlan& plan, const Config& c
       dp.zero_grad();
       double loss = 0;
       if (pp) {
-        loss = pp->run(std::vector<nn::MicroBatch>{{x, y, batch, 1.0}}, dp);
+        loss = pp->run(std::vector<nn::MicroBatch>{{{x, y}, batch, 1.0}}, dp);
       } else {
-        auto ctx = gpt.in_flight({x, y, batch});
+        auto ctx = gpt.in_flight({{x, y}, batch});
         loss = pipeline::forward_backward(gpt, ctx, mesh, dp);
       }
       dp.step(schedule.lr(step), 1.0);

@@ -49,7 +49,7 @@ TEST_CASE(
   for (int step = 0; step < 5; ++step) {
     loader.next(x, y);
     dp.zero_grad();
-    auto ctx = gpt.in_flight({x, y, 8});
+    auto ctx = gpt.in_flight({{x, y}, 8});
     losses.push_back(pipeline::forward_backward(gpt, ctx, mesh, dp));
     dp.step(schedule.lr(step), 1.0);
   }

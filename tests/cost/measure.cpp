@@ -368,8 +368,7 @@ void same_stages(const std::vector<footprint::StageCollectives>& got, const C& c
   for (std::size_t st = 0; st < got.size(); ++st) {
     std::vector<nn::CommRow> rows;
     if (st == 0) M::Embedding::comm_rows(rows, act, s, e);
-    else if (st + 1 == got.size())
-      M::Head::comm_rows(rows, c.vocab, nn::padded_vocab(c.vocab, shape.tensor), act, s, e);
+    else if (st + 1 == got.size()) M::Head::comm_rows(rows, c, act, s, e);
     else block_rows(rows, static_cast<std::int64_t>(st) - 1, act, s, e);
     same_stage(got[st], rows, cat(what, "data ", shape.data, " tensor ", shape.tensor, " stage ", got[st].stage),
                total);

@@ -135,7 +135,7 @@ TEST_CASE("a model from parts: its head's table is its own unit entry, decayed a
     CHECK(model.record() == want);
     // Errors name the model the Spec names.
     std::vector<std::int32_t> bad(static_cast<std::size_t>(kMicro * kConfig.seq), 40);
-    CHECK_THROWS_WITH_AS(model.in_flight({bad, bad, kMicro}), doctest::Contains("UntiedGpt::in_flight: token 40"),
+    CHECK_THROWS_WITH_AS(model.in_flight({{bad, bad}, kMicro}), doctest::Contains("UntiedGpt::in_flight: token 40"),
                          Error);
   });
 }

@@ -144,7 +144,7 @@ Trained train_run(int data, int tensor, std::int64_t* state_bytes = nullptr, std
     for (int step = 0; step < 5; ++step) {
       loader.next(x, y);
       dp.zero_grad();
-      auto ctx = gpt.in_flight({x, y, kBatch});
+      auto ctx = gpt.in_flight({{x, y}, kBatch});
       const double loss = pipeline::forward_backward(gpt, ctx, mesh, dp);
       const double norm = dp.step(1e-2, 0.5);
       if (world.rank() == 0) {
@@ -318,7 +318,7 @@ TEST_CASE("ZeRO-2 holds gradients for 1/dp of the parameters at rest and one uni
     std::vector<std::int32_t> x, y;
     loader.next(x, y);
     z.zero_grad();
-    auto ctx = gpt.in_flight({x, y, kBatch});
+    auto ctx = gpt.in_flight({{x, y}, kBatch});
     pipeline::forward_backward(gpt, ctx, mesh, z);
     z.step(1e-2, 1.0);
     if (w.rank() == 0) {

@@ -115,7 +115,7 @@ TEST_CASE("a non-finite gradient norm skips the step on every rank, for every st
       const std::int64_t bad = u.entries()[1].offset;  // wpe's first element
       const std::vector<T> before(u.values(), u.values() + u.padded());
       if (world.rank() == 0) u.values()[bad] = T(std::nanf(""));
-      auto ctx = gpt.in_flight({x, y, kBatch});
+      auto ctx = gpt.in_flight({{x, y}, kBatch});
       pipeline::forward_backward(gpt, ctx, mesh, dp);
       const double norm = dp.step(1e-2, 1.0);
       CHECK(std::isnan(norm));

@@ -65,7 +65,7 @@ std::vector<nn::MicroBatch> micro_batches(const data::MarkovSource& corpus, std:
   std::vector<nn::MicroBatch> mbs;
   for (std::size_t i = 0; i < static_cast<std::size_t>(kM); ++i) {
     loader.next(x[i], y[i]);
-    mbs.push_back({x[i], y[i], kMicro, 1.0 / kM});
+    mbs.push_back({{x[i], y[i]}, kMicro, 1.0 / kM});
   }
   return mbs;
 }
@@ -182,7 +182,7 @@ TEST_CASE("a rank that fails mid-schedule makes every rank raise within the dead
           if (world.rank() == 1) x[2][0] = 999;
           std::vector<nn::MicroBatch> mbs;
           for (int i = 0; i < kM; ++i)
-            mbs.push_back({x[static_cast<std::size_t>(i)], x[static_cast<std::size_t>(i)], kMicro, 1.0 / kM});
+            mbs.push_back({{x[static_cast<std::size_t>(i)], x[static_cast<std::size_t>(i)]}, kMicro, 1.0 / kM});
           try {
             pp.run(mbs, dp);
           } catch (...) {

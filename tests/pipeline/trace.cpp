@@ -37,7 +37,7 @@ TEST_CASE("a 1F1B step's trace follows each rank's table") {
     std::vector<nn::MicroBatch> mbs;
     for (int i = 0; i < m; ++i) {
       loader.next(x[static_cast<std::size_t>(i)], y[static_cast<std::size_t>(i)]);
-      mbs.push_back({x[static_cast<std::size_t>(i)], y[static_cast<std::size_t>(i)], 2, 1.0 / m});
+      mbs.push_back({{x[static_cast<std::size_t>(i)], y[static_cast<std::size_t>(i)]}, 2, 1.0 / m});
     }
     pp.run(mbs, dp);
   });

@@ -13,7 +13,7 @@ namespace weft::test {
 template <class Model, class M>
 double forward_backward(Model& model, std::span<const std::int32_t> tokens, std::span<const std::int32_t> targets,
                         std::int64_t batch, M& mesh, std::vector<typename Model::value_type>* logits = nullptr) {
-  auto ctx = model.in_flight({tokens, targets, batch});
+  auto ctx = model.in_flight({{tokens, targets}, batch});
   pipeline::forward(model, ctx, mesh);
   if (logits) *logits = ctx.head.ce.logits.to_host();
   pipeline::backward(model, ctx, mesh);

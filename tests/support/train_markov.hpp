@@ -36,7 +36,7 @@ std::vector<double> train_markov(int steps, int data, int tensor = 1, const gpt2
     for (int step = 0; step < steps; ++step) {
       loader.next(x, y);
       dp.zero_grad();
-      auto ctx = gpt.in_flight({x, y, batch});
+      auto ctx = gpt.in_flight({{x, y}, batch});
       const double loss = pipeline::forward_backward(gpt, ctx, mesh, dp);
       dp.step(schedule.lr(step), 1.0);
       if (world.rank() == 0) {

@@ -1,9 +1,10 @@
 // A few optimizer steps of any staged model on a mesh (data x pipe x context x tensor thread ranks;
-// every context rank of a data rank reads the same sequences), with
+// every context rank of a data rank reads the same samples), fed by a batch source (TokenBatches,
+// a Markov corpus's sequences, by default; any model's inputs with another), with
 // the loss of each step, every global gradient after the first (DDP only: other strategies keep
 // slices) and every global parameter after the last, gathered on the calling thread; pipe 1 runs
-// the same micro-batches one after another through the plain executor (the reference). The
-// vocabulary tables ("wte", "lm_head") are cut to the real vocabulary's rows.
+// the same micro-batches one after another through the plain executor (the reference). A language
+// model's vocabulary tables ("wte", "lm_head") are cut to the real vocabulary's rows.
 #pragma once
 
 #include <map>
@@ -27,14 +28,34 @@ struct StepsRun {
   std::map<std::string, std::vector<double>> grads, values;  // after the first step (DDP); after the last
 };
 
-// `steps` steps of AdamW (lr 1e-2) with clipping at 1 over m micro-batches of `micro` sequences of
-// a Markov corpus, under schedule Sched on a pipe of `pipe` ranks with v virtual stages each.
-template <class Model, class Sched, class Strategy = optim::Ddp>
+// A language model's batches: a data rank's sequences of a Markov corpus (data::Loader), the same
+// on every rank of the data rank. next() gives one micro-batch of the global `micro`, owning its
+// storage until the next call for the same index.
+template <class Model>
+struct TokenBatches {
+  data::MarkovSource corpus;
+  data::Loader<data::MarkovSource> loader;
+  std::int64_t micro;
+  std::vector<std::vector<std::int32_t>> x, y;
+  TokenBatches(const typename Model::config_type& c, std::int64_t micro_batch, int data, int data_rank, int m)
+      : corpus(c.vocab, 5),
+        loader(corpus, c.seq, micro_batch, data, data_rank),
+        micro(micro_batch),
+        x(static_cast<std::size_t>(m)),
+        y(static_cast<std::size_t>(m)) {}
+  typename Model::MicroBatch next(int, int i, double scale) {
+    loader.next(x[static_cast<std::size_t>(i)], y[static_cast<std::size_t>(i)]);
+    return {{x[static_cast<std::size_t>(i)], y[static_cast<std::size_t>(i)]}, micro, scale};
+  }
+};
+
+// `steps` steps of AdamW (lr 1e-2) with clipping at 1 over m micro-batches of `micro` samples from
+// Batches, under schedule Sched on a pipe of `pipe` ranks with v virtual stages each.
+template <class Model, class Sched, class Strategy = optim::Ddp, class Batches = TokenBatches<Model>>
 StepsRun train_steps(const typename Model::config_type& c, std::int64_t micro, int m, int pipe, int v, int tensor,
                      int data, int steps, int context = 1) {
   StepsRun out;
   std::mutex mu;
-  const data::MarkovSource corpus(c.vocab, 5);
   run_threads(pipe * tensor * data * context, [&](ThreadComm& world) {
     Host h;
     Mesh mesh{world, {.data = data, .pipe = pipe, .context = context, .tensor = tensor}};
@@ -43,8 +64,7 @@ StepsRun train_steps(const typename Model::config_type& c, std::int64_t micro, i
     auto dp = optim::data_parallel<Strategy>(model, optim::AdamW{.config = {.lr = 1e-2}}, mesh);
     std::optional<pipeline::Pipeline<Model, decltype(mesh)>> pp;
     if (pipe > 1) pp.emplace(model, pipeline::table<Sched>(pipe, m, v), part, mesh);
-    data::Loader<data::MarkovSource> loader(corpus, c.seq, micro, data, mesh.coord().data);
-    std::vector<std::vector<std::int32_t>> x(static_cast<std::size_t>(m)), y(static_cast<std::size_t>(m));
+    Batches batches(c, micro, data, mesh.coord().data, m);
     const bool lead = mesh.coord().tensor == 0 && mesh.coord().data == 0 && mesh.coord().context == 0;
     auto gather = [&](std::map<std::string, std::vector<double>>& into, bool grads) {
       model.for_each_param([&](const std::string& name, auto& p) {
@@ -57,18 +77,16 @@ StepsRun train_steps(const typename Model::config_type& c, std::int64_t micro, i
           for (std::int64_t i = 0; i < t.numel(); ++i) g.push_back(static_cast<double>(widen(t.data()[i])));
         }
         if (!lead) return;
-        if (name == "wte" || name == "lm_head") g.resize(static_cast<std::size_t>(c.vocab * c.width));
+        if constexpr (requires { c.vocab; })
+          if (name == "wte" || name == "lm_head") g.resize(static_cast<std::size_t>(c.vocab * c.width));
         std::lock_guard lock(mu);
         into[name] = g;
       });
     };
     for (int step = 0; step < steps; ++step) {
       dp.zero_grad();
-      std::vector<nn::MicroBatch> mbs;
-      for (std::size_t i = 0; i < static_cast<std::size_t>(m); ++i) {
-        loader.next(x[i], y[i]);
-        mbs.push_back({x[i], y[i], micro, 1.0 / m});
-      }
+      std::vector<typename Model::MicroBatch> mbs;
+      for (int i = 0; i < m; ++i) mbs.push_back(batches.next(step, i, 1.0 / m));
       double loss = 0;
       if (pp) {
         loss = pp->run(mbs, dp);

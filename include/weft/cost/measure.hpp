@@ -167,11 +167,11 @@ RankStep measure_rank(D& dev, C& world, const typename Model::config_type& c, co
   dp.zero_grad();
   if (pp) {
     const std::vector<nn::MicroBatch> mbs(static_cast<std::size_t>(m),
-                                          nn::MicroBatch{x, y, micro, 1.0 / static_cast<double>(m)});
+                                          nn::MicroBatch{{x, y}, micro, 1.0 / static_cast<double>(m)});
     pp->run(mbs, dp);
   } else {
     for (std::int64_t k = 0; k < m; ++k) {
-      auto ctx = model.in_flight({x, y, micro, 1.0 / static_cast<double>(m)});
+      auto ctx = model.in_flight({{x, y}, micro, 1.0 / static_cast<double>(m)});
       pipeline::forward_backward(model, ctx, mesh, dp, k + 1 == m);
     }
   }
@@ -273,7 +273,7 @@ std::vector<StageCollectives> stage_collectives(const typename ModelOn<Meta<Host
     Mesh mesh{world, shape};
     Model model(dev, c, mesh.spread(), micro_batch);
     const std::vector<std::int32_t> x(static_cast<std::size_t>(micro_batch / shape.data * c.seq), 0), y(x);
-    auto ctx = model.in_flight({x, y, micro_batch});
+    auto ctx = model.in_flight({{x, y}, micro_batch});
     const std::size_t stages = model.stages();
     std::vector<StageCollectives> got(stages);
     const auto snapshot = [&] {

@@ -16,7 +16,7 @@
 //   any other layer                                       a row of its layouts, no collectives
 // The activation's global shape is followed through the layers (out_shape), so a redistribution
 // is counted at the width it moves. The embedding and head stages give their rows (nn/stages.hpp:
-// comm_rows(out, act, s, e); comm_rows(out, vocab, padded_vocab, act, s, e)), and the
+// comm_rows(out, act, s, e); comm_rows(out, config, act, s, e)), and the
 // data-parallel step adds one all-reduce on the tensor axis for every gradient that is Partial
 // there (sequence parallelism's norm weights), as DDP runs it.
 //
@@ -153,9 +153,10 @@ Shape layer_comm_rows(std::vector<CommRow>& out, const std::string& name, const 
 
 // A model's stages have rows: the embedding's and the head's comm_rows (as nn/stages.hpp's).
 template <class Model>
-concept Describable = requires(std::vector<CommRow>& out, const Shape& a, const Spread& s, std::int64_t e) {
+concept Describable = requires(std::vector<CommRow>& out, const typename Model::config_type& c, const Shape& a,
+                               const Spread& s, std::int64_t e) {
   Model::Embedding::comm_rows(out, a, s, e);
-  Model::Head::comm_rows(out, e, e, a, s, e);
+  Model::Head::comm_rows(out, c, a, s, e);
 };
 
 // The rows of a model built whole (every block) for a global micro-batch
@@ -175,7 +176,7 @@ std::vector<CommRow> walked_comm_rows(Model& model, std::int64_t batch, const Sp
   Model::Embedding::comm_rows(out, act, s, e);
   for (std::int64_t l = 0; l < c.layers; ++l)
     layer_comm_rows(out, Model::spec::block_name(l), model.blocks[static_cast<std::size_t>(l)], act, s, e);
-  Model::Head::comm_rows(out, c.vocab, padded_vocab(c.vocab, s.tensor_degree), act, s, e);
+  Model::Head::comm_rows(out, c, act, s, e);
   std::int64_t partial = 0;  // bytes of the gradients Partial on tensor, in the master type
   model.for_each_param([&](const std::string&, auto& p) {
     using P = std::remove_cvref_t<decltype(p)>;

@@ -1,10 +1,10 @@
-// StagedModel<Spec>: a language model as a list of stages over flat state, built from the parts a Spec
-// names. GPT-2 is one instance (models/gpt2/model.hpp); a user's model is another, with nothing of
-// weft edited (examples/03_custom_model.hpp).
+// StagedModel<Spec>: a model as a list of stages over flat state, built from the parts a Spec names.
+// GPT-2 and Llama are instances (models/gpt2/model.hpp, models/llama/model.hpp); a user's model is
+// another, with nothing of weft edited (examples/03_custom_model.hpp).
 //
-//   stage 0         Spec::Embedding: tokens -> the stream                  unit "embedding"
+//   stage 0         Spec::Embedding: the batch's inputs -> the stream      unit "embedding"
 //   stage 1 .. L    Spec::Block, one per layer                             unit Spec::block_name(l)
-//   stage L + 1     Spec::Head: the stream -> the loss                     unit "head"
+//   stage L + 1     Spec::Head: the stream (and the batch) -> the loss     unit "head"
 //
 // Each stage has forward(ctx, ...) and backward(ctx, ...) over the state of one micro-batch
 // in flight that the caller owns (Ctx, from in_flight()), and a forward that keeps nothing
@@ -14,7 +14,8 @@
 // as soon as its last backward is done. Each unit owns flat buffers for the parameters and gradients of its layers
 // (unit.hpp).
 //
-//   tokens  (B, T) int32                          batch split over data
+//   in      Batch<Spec::Inputs> (nn/batch.hpp; nn::Tokens where the Spec names none: tokens and
+//           targets (B, T) int32), each field split over data; read by the first stage and the head
 //   x       (B, T, C)   the stream between stages, in Spec::A (Replicate, or Shard<1> under SP)
 //
 // A tied head (TiedHead: the head reads the embedding's table, as GPT-2's LM head reads wte) is
@@ -24,9 +25,9 @@
 // unit of their own on both ranks (named as the parameter), so that their flat buffers and any
 // data-parallel slices line up; the data-parallel protocol sums their gradients (reduce_tied()).
 //
-// The Spec (concept ModelSpec) supplies the types, the configuration (concept ModelConfig: vocab,
-// seq, layers, width, seed), and how to build each part; see models/gpt2/model.hpp for GPT-2's
-// and docs/layers.md for writing one.
+// The Spec (concept ModelSpec) supplies the types, the configuration (concept ModelConfig: seq,
+// layers, width, seed), its inputs (Inputs, optional), and how to build each part; see
+// models/gpt2/model.hpp for GPT-2's and docs/layers.md for writing one.
 #pragma once
 
 #include <concepts>
@@ -39,6 +40,7 @@
 #include "weft/comm/redistribute.hpp"
 #include "weft/core/error.hpp"
 #include "weft/core/precision.hpp"
+#include "weft/nn/batch.hpp"
 #include "weft/nn/comm_row.hpp"
 #include "weft/nn/layer.hpp"
 #include "weft/nn/unit.hpp"
@@ -60,19 +62,11 @@ struct Parts {
   }
 };
 
-// One micro-batch: this data rank's tokens and targets (B/dp, T), owned by the caller.
-struct MicroBatch {
-  std::span<const std::int32_t> tokens, targets;
-  std::int64_t batch = 0;   // B, the global micro-batch
-  double grad_scale = 1.0;  // multiplies every gradient (1/k when accumulating k micro-batches)
-};
-
-// What every part of weft reads from a language model's configuration: the vocabulary, the
-// sequence length T, the number of blocks, the stream's width C, and the seed of the initial
-// values. A model adds its own fields (heads, kv-heads, hidden width, ...).
+// What every part of weft reads from a model's configuration: the sequence length T (of the
+// stream between stages), the number of blocks, the stream's width C, and the seed of the initial
+// values. A model adds its own fields (a language model's vocab, heads, kv-heads, hidden width, ...).
 template <class C>
 concept ModelConfig = std::copyable<C> && requires(const C& c) {
-  { c.vocab } -> std::convertible_to<std::int64_t>;
   { c.seq } -> std::convertible_to<std::int64_t>;
   { c.layers } -> std::convertible_to<std::int64_t>;
   { c.width } -> std::convertible_to<std::int64_t>;
@@ -91,6 +85,7 @@ concept ModelSpec = requires(typename S::device& dev, const typename S::config& 
   typename S::precision;
   typename S::A;  // the stream's layout between stages
   requires ModelConfig<typename S::config>;
+  requires Inputs<inputs_t<S>>;
   { S::sequence_parallel } -> std::convertible_to<bool>;
   { S::validate(c, s, l) };
   { S::record(c) } -> std::convertible_to<std::vector<std::pair<std::string, std::int64_t>>>;
@@ -129,11 +124,13 @@ class StagedModel {
   using Head = typename Spec::Head;
   static constexpr bool sequence_parallel = Spec::sequence_parallel;
   static constexpr bool tied = TiedHead<Head>;
+  using Inputs = inputs_t<Spec>;
+  using MicroBatch = Batch<Inputs>;
 
   // Everything one micro-batch in flight keeps between its stages.
   struct Ctx {
-    MicroBatch in;   // tokens and targets in the device's memory (copied there by in_flight())
-    Allocation ids;  // the device's copy of the tokens, then the targets (devices without host memory)
+    MicroBatch in;                   // the inputs in the device's memory (copied there by in_flight())
+    std::vector<Allocation> fields;  // the device's copies of the fields (devices without host memory)
     typename Embedding::Ctx embedding;
     std::vector<typename BlockT::Ctx> blocks;
     typename Head::Ctx head;
@@ -253,22 +250,27 @@ class StagedModel {
     if (stage >= 1 && stage + 1 < stages()) block(stage - 1).backward_weight(ctx.blocks[stage - 1]);
   }
 
-  // One micro-batch in flight (tokens and targets in host memory): its Ctx, the state it keeps
-  // between its stages (never the context axis: that is context/); checks the tokens first and
-  // copies them to the device where it has its own memory.
+  // One micro-batch in flight (its fields in host memory): its Ctx, the state it keeps between its
+  // stages (never the context axis: that is context/); checks the fields first (Inputs::check)
+  // and copies them to the device where it has its own memory.
   Ctx in_flight(const MicroBatch& in) const {
-    check_tokens(in);
+    const std::string where = cat(Spec::name(), "::in_flight");
+    if (in.batch < 1 || in.batch % data_degree_ != 0)
+      throw Error(where, cat("a micro-batch of ", in.batch, " over a data degree of ", data_degree_),
+                  "use a micro-batch that the data degree divides");
+    in.check(config, in.batch / data_degree_, where);
     Ctx ctx;
     ctx.in = in;
     if constexpr (!D::host_memory) {
       D& dev = *dev_;
-      const std::size_t n = in.tokens.size();
-      ctx.ids = dev.allocate(static_cast<std::int64_t>(2 * n * sizeof(std::int32_t)), Category::activations);
-      auto* ids = static_cast<std::int32_t*>(ctx.ids.data());
-      dev.from_host(ids, in.tokens.data(), n * sizeof(std::int32_t));
-      dev.from_host(ids + n, in.targets.data(), n * sizeof(std::int32_t));
-      ctx.in.tokens = {ids, n};
-      ctx.in.targets = {ids + n, n};
+      ctx.in.for_each_field([&](const char*, auto& field) {
+        using E = typename std::remove_cvref_t<decltype(field)>::element_type;
+        const std::size_t bytes = field.size_bytes();
+        ctx.fields.push_back(dev.allocate(static_cast<std::int64_t>(bytes), Category::activations));
+        auto* copy = static_cast<std::remove_const_t<E>*>(ctx.fields.back().data());
+        if (bytes > 0) dev.from_host(copy, field.data(), bytes);
+        field = {copy, field.size()};
+      });
     }
     ctx.blocks.resize(static_cast<std::size_t>(config.layers));
     return ctx;
@@ -277,7 +279,7 @@ class StagedModel {
   template <AxisComms M>
   void forward(std::size_t stage, Ctx& ctx, M& mesh, Mode mode = Mode::train) {
     if (stage == 0) {
-      ctx.x = embedding.forward(ctx.embedding, ctx.in.tokens, ctx.in.batch, config.seq, mesh);
+      ctx.x = embedding.forward(ctx.embedding, ctx.in, mesh);
     } else if (stage + 1 < stages()) {
       BlockT& b = block(stage - 1);
       if (mode == Mode::train) {
@@ -289,8 +291,8 @@ class StagedModel {
         ctx.x = b.forward(scratch, ctx.x, mesh);
       }
     } else {
-      if constexpr (tied) ctx.loss = head.forward(ctx.head, ctx.x, table(), ctx.in.targets, mesh, mode);
-      else ctx.loss = head.forward(ctx.head, ctx.x, ctx.in.targets, mesh, mode);
+      if constexpr (tied) ctx.loss = head.forward(ctx.head, ctx.x, table(), ctx.in, mesh, mode);
+      else ctx.loss = head.forward(ctx.head, ctx.x, ctx.in, mesh, mode);
       ctx.x = {};
     }
   }
@@ -335,23 +337,6 @@ class StagedModel {
     requires tied
   {
     return place_.embedding ? embedding.tied_table() : head_table;
-  }
-
-  void check_tokens(const MicroBatch& in) const {
-    const std::int64_t N = in.batch / data_degree_ * config.seq;
-    if (static_cast<std::int64_t>(in.tokens.size()) != N || static_cast<std::int64_t>(in.targets.size()) != N)
-      throw Error(
-          cat(Spec::name(), "::in_flight"),
-          cat(in.tokens.size(), " tokens and ", in.targets.size(), " targets for a local batch of ", N, " positions"),
-          "pass (batch / data degree) x seq tokens and targets");
-    for (std::int64_t i = 0; i < N; ++i) {
-      const auto t = in.tokens[static_cast<std::size_t>(i)], y = in.targets[static_cast<std::size_t>(i)];
-      if (t < 0 || t >= config.vocab || y < 0 || y >= config.vocab)
-        throw Error(
-            cat(Spec::name(), "::in_flight"),
-            cat("token ", t, " or target ", y, " at position ", i, " is outside the vocabulary of ", config.vocab),
-            "pass ids in [0, vocab)");
-    }
   }
 
   Parts place_;

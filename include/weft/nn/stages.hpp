@@ -4,9 +4,10 @@
 // the one leaving it (forward) and back (backward), keeping what its backward needs in a context the
 // caller owns, one per micro-batch in flight; forward with Mode::infer keeps nothing past the stage.
 //
-//   EmbeddingStage   tokens (B/dp, T) int32 -> x (B, T, C) in the stream layout A
+//   EmbeddingStage   the batch's tokens (B/dp, T) int32 -> x (B, T, C) in the stream layout A
 //                    wte (Vp, C) Shard<0> on tensor (vocab-parallel), wpe (T, C) Replicate
-//   TiedHeadStage    x (B, T, C) in A -> loss; the final norm (C), the LM head tied to wte (passed in
+//   TiedHeadStage    x (B, T, C) in A and the batch's targets -> loss; the final norm (C), the LM head tied to wte
+//   (passed in
 //                    by the model, which owns it in the embedding stage), the vocab-parallel cross-entropy
 //   HeadStage        the same with an LM head table of its own (lm_head (Vp, C) Shard<0>)
 //
@@ -54,11 +55,11 @@ class EmbeddingStage {
   // are added after the reduction. Under context parallelism the tokens and positions are those of
   // the context rank's rows (context::Chunks).
   template <AxisComms M>
-  Tensor<T, A, D> forward(Ctx& ctx, std::span<const std::int32_t> tokens, std::int64_t batch, std::int64_t seq,
-                          M& mesh) {
+  Tensor<T, A, D> forward(Ctx& ctx, const MicroBatch& in, M& mesh) {
+    const std::int64_t seq = seq_of(in, wte.weight.value.spread().data_degree);
     auto x = [&] {
-      if constexpr (!cp) return Leave::forward(wte.forward(ctx.wte, tokens, batch, seq), mesh);
-      else return lookup_rows<A, Leave>(wte, ctx.wte, ctx.rows, tokens, batch, seq, mesh);
+      if constexpr (!cp) return Leave::forward(wte.forward(ctx.wte, in.tokens, in.batch, seq), mesh);
+      else return lookup_rows<A, Leave>(wte, ctx.wte, ctx.rows, in.tokens, in.batch, seq, mesh);
     }();
     wpe.forward(x);
     return x;
@@ -125,11 +126,12 @@ class TiedHeadStage {
     ce.context_rows = cp;
   }
 
-  // x (B, T, C) in A -> the mean loss over the global batch. With Mode::infer only the logits are
-  // kept (in ctx.ce.logits, for sampling).
+  // x (B, T, C) in A and the batch's targets (B/dp, T) -> the mean loss over the global batch. With
+  // Mode::infer only the logits are kept (in ctx.ce.logits, for sampling).
   template <AxisComms M>
-  double forward(Ctx& ctx, const Tensor<T, A, D>& x, const Table& table, std::span<const std::int32_t> targets, M& mesh,
+  double forward(Ctx& ctx, const Tensor<T, A, D>& x, const Table& table, const MicroBatch& in, M& mesh,
                  Mode mode = Mode::train) {
+    const std::span<const std::int32_t> targets = in.targets;
     if constexpr (!cp) {
       return forward_rows(ctx, x, table, targets, mesh, mode);
     } else {
@@ -198,10 +200,11 @@ class TiedHeadStage {
   }
 
  public:
-  // The stage's rows of the model's plan (describe.hpp): act the global (B, T, C), padded_vocab the
-  // LM head's rows, e the bytes of an element.
-  static void comm_rows(std::vector<CommRow>& out, std::int64_t vocab, std::int64_t padded_vocab, const Shape& act,
-                        const Spread& s, std::int64_t e) {
+  // The stage's rows of the model's plan (describe.hpp): c the model's configuration (its vocab),
+  // act the global (B, T, C), e the bytes of an element.
+  template <class C>
+  static void comm_rows(std::vector<CommRow>& out, const C& c, const Shape& act, const Spread& s, std::int64_t e) {
+    const std::int64_t vocab = c.vocab, padded_vocab = nn::padded_vocab(c.vocab, s.tensor_degree);
     const Shape local = detail::context_rows<cp>(act, s);           // the rows the norm and the head see
     const std::int64_t rows = local[0] / s.data_degree * local[1];  // local (B, T) positions
     out.push_back({"ln_f", A::name(), A::name(), {}, {}});
@@ -253,18 +256,17 @@ class HeadStage {
         lm_head(dev, {padded_vocab, C}, s, table_id, {Init::normal, init_std}, seed, Decay::yes) {}
 
   template <AxisComms M>
-  double forward(Ctx& ctx, const Tensor<T, A, D>& x, std::span<const std::int32_t> targets, M& mesh,
-                 Mode mode = Mode::train) {
-    return core.forward(ctx, x, lm_head, targets, mesh, mode);
+  double forward(Ctx& ctx, const Tensor<T, A, D>& x, const MicroBatch& in, M& mesh, Mode mode = Mode::train) {
+    return core.forward(ctx, x, lm_head, in, mesh, mode);
   }
   template <AxisComms M>
   Tensor<T, A, D> backward(Ctx& ctx, double grad_scale, M& mesh) {
     return core.backward(ctx, lm_head, grad_scale, mesh);
   }
 
-  static void comm_rows(std::vector<CommRow>& out, std::int64_t vocab, std::int64_t padded_vocab, const Shape& act,
-                        const Spread& s, std::int64_t e) {
-    Core::comm_rows(out, vocab, padded_vocab, act, s, e);
+  template <class C>
+  static void comm_rows(std::vector<CommRow>& out, const C& c, const Shape& act, const Spread& s, std::int64_t e) {
+    Core::comm_rows(out, c, act, s, e);
   }
 
   template <class F>

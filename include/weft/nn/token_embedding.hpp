@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "weft/context/attention.hpp"
+#include "weft/nn/batch.hpp"
 #include "weft/nn/comm_row.hpp"
 #include "weft/nn/embedding.hpp"
 #include "weft/nn/stream.hpp"
@@ -42,11 +43,12 @@ class TokenEmbeddingStage {
                       double init_std)
       : wte(dev, padded_vocab, C, s, 0, seed, init_std) {}
 
+  // The batch's tokens (B/dp, T) -> x (B, T, C) in A (a context rank's rows under Cx).
   template <AxisComms M>
-  Tensor<T, A, D> forward(Ctx& ctx, std::span<const std::int32_t> tokens, std::int64_t batch, std::int64_t seq,
-                          M& mesh) {
-    if constexpr (!cp) return Leave::forward(wte.forward(ctx.wte, tokens, batch, seq), mesh);
-    else return lookup_rows<A, Leave>(wte, ctx.wte, ctx.rows, tokens, batch, seq, mesh);
+  Tensor<T, A, D> forward(Ctx& ctx, const MicroBatch& in, M& mesh) {
+    const std::int64_t seq = seq_of(in, wte.weight.value.spread().data_degree);
+    if constexpr (!cp) return Leave::forward(wte.forward(ctx.wte, in.tokens, in.batch, seq), mesh);
+    else return lookup_rows<A, Leave>(wte, ctx.wte, ctx.rows, in.tokens, in.batch, seq, mesh);
   }
 
   template <AxisComms M>

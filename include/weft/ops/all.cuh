@@ -25,5 +25,6 @@
 #include "weft/ops/memory.cuh"
 #include "weft/ops/rmsnorm.cuh"
 #include "weft/ops/rotary.cuh"
+#include "weft/ops/squared_error.cuh"
 #include "weft/ops/swiglu.cuh"
 #include "weft/ops/update.cuh"

@@ -89,13 +89,14 @@ struct Partition {
   }
 };
 
-// What a Pipeline reads of a model besides its stages (executor.hpp): the number of blocks, the
-// stream's global shape for a micro-batch, and whether its head is tied to the embedding (then the
-// first and last pipe ranks sum the table's gradients). nn::StagedModel satisfies it for any Spec;
+// What a Pipeline reads of a model besides its stages (executor.hpp): its micro-batch type, the
+// number of blocks, the stream's global shape for a micro-batch, and whether its head is tied to the embedding (then
+// the first and last pipe ranks sum the table's gradients). nn::StagedModel satisfies it for any Spec;
 // benchmarks/pipeline.cpp has a model of sleeps that does too.
 template <class Model>
 concept PipelinedModel = requires(Model& m, std::int64_t batch) {
   typename Model::Ctx;
+  typename Model::MicroBatch;  // what in_flight takes (nn::Batch of the model's inputs)
   typename Model::value_type;
   typename Model::device;
   typename Model::A;
@@ -157,7 +158,7 @@ class Pipeline {
   // flight, then the exception goes on. The weights are untouched by a stopped step; the gradients
   // are partial.
   template <DataProtocol P, StopHook H = NoStop>
-  double run(std::span<const nn::MicroBatch> micro, P& dp, H&& hook = H{}) {
+  double run(std::span<const typename Model::MicroBatch> micro, P& dp, H&& hook = H{}) {
     if (static_cast<int>(micro.size()) != table_.m)
       throw Error("pipeline::Pipeline::run", cat(micro.size(), " micro-batches for a table of ", table_.m),
                   "pass the number of micro-batches the schedule was built for");
@@ -282,7 +283,7 @@ class Pipeline {
 
   // The forward alone of one micro-batch through every stage (evaluation: Mode::infer, nothing kept
   // for a backward); returns its loss on every rank.
-  double evaluate(const nn::MicroBatch& mb) {
+  double evaluate(const typename Model::MicroBatch& mb) {
     Comm& pipe = mesh_->comm(Axis::pipe);
     Ctx c = model_->in_flight(mb);
     for (int s = rank_; s < part_.stages(); s += part_.p) {
@@ -308,14 +309,14 @@ class Pipeline {
   }
 
  private:
-  Shape shape(const nn::MicroBatch& mb) const { return model_->stream_shape(mb.batch); }
+  Shape shape(const typename Model::MicroBatch& mb) const { return model_->stream_shape(mb.batch); }
 
   // A step stopped at cut c: receives (into scratch) every message this rank has still to receive
   // whose sender posted it before its own point of cut c, in this rank's table order, then waits for
   // the sends it posted itself (their receivers drain them the same way). Every rank stops at the
   // same cut, so this waits for nothing that is not already posted.
   template <class SentList>
-  void drain(int c, std::span<const nn::MicroBatch> micro, SentList& sent, Comm& pipe) {
+  void drain(int c, std::span<const typename Model::MicroBatch> micro, SentList& sent, Comm& pipe) {
     const auto S = table_.stages();
     const auto key = [&](const Msg& x) { return ((x.grad ? 1 : 0) * S + x.stage) * table_.m + x.micro; };
     std::vector<int> sent_at(static_cast<std::size_t>(2 * S * table_.m), -1);  // the point after a message's send
@@ -340,7 +341,7 @@ class Pipeline {
     for (auto& x : sent) pipe.wait(x.handle);
     sent.clear();  // delivered: nothing to withdraw
   }
-  Ctx& in_flight(std::vector<std::optional<Ctx>>& ctx, std::span<const nn::MicroBatch> micro, int i) {
+  Ctx& in_flight(std::vector<std::optional<Ctx>>& ctx, std::span<const typename Model::MicroBatch> micro, int i) {
     auto& c = ctx[static_cast<std::size_t>(i)];
     if (!c) c.emplace(model_->in_flight(micro[static_cast<std::size_t>(i)]));
     return *c;

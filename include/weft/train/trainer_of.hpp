@@ -101,13 +101,13 @@ class TrainerOf final : public Trainer {
     try {
       if (pp_) {  // the schedule runs every micro-batch of the step
         std::vector<nn::MicroBatch> mbs;
-        for (const Tokens& t : micro_batches) mbs.push_back({t.x, t.y, micro_, scale});
+        for (const Tokens& t : micro_batches) mbs.push_back({{t.x, t.y}, micro_, scale});
         r.loss = pp_->run(mbs, dp_, hook);
       } else {
         for (std::size_t a = 0; a < micro_batches.size(); ++a) {
           const pipeline::Trace::Scope traced(trace_, world_.rank(), "forward+backward", "compute", -1,
                                               static_cast<int>(a));
-          auto ctx = model_.in_flight({micro_batches[a].x, micro_batches[a].y, micro_, scale});
+          auto ctx = model_.in_flight({{micro_batches[a].x, micro_batches[a].y}, micro_, scale});
           r.loss += pipeline::forward_backward(model_, ctx, mesh_, dp_, a + 1 == micro_batches.size(), hook) * scale;
         }
       }
@@ -125,8 +125,8 @@ class TrainerOf final : public Trainer {
   }
 
   double evaluate(const Tokens& t) override {
-    if (pp_) return pp_->evaluate({t.x, t.y, micro_});
-    auto ctx = model_.in_flight({t.x, t.y, micro_});
+    if (pp_) return pp_->evaluate({{t.x, t.y}, micro_});
+    auto ctx = model_.in_flight({{t.x, t.y}, micro_});
     pipeline::forward(model_, ctx, mesh_, dp_, nn::Mode::infer);
     return ctx.loss;
   }
@@ -136,7 +136,7 @@ class TrainerOf final : public Trainer {
   }
   std::vector<double> next_logits(const Tokens& t) override {
     if constexpr (requires(typename Model::Ctx& c) { c.head.ce.logits; }) {
-      auto ctx = model_.in_flight({t.x, t.y, micro_});
+      auto ctx = model_.in_flight({{t.x, t.y}, micro_});
       pipeline::forward(model_, ctx, mesh_, dp_, nn::Mode::infer);
       const auto logits = ctx.head.ce.logits.to_host();  // (B/dp, T, Vp/tp) Shard<-1> on tensor
       const std::int64_t Vl = nn::padded_vocab(cfg_.vocab, o_.mesh.tensor) / o_.mesh.tensor;

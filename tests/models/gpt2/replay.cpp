@@ -103,7 +103,7 @@ void check(const gpt2::Config& c, MeshShape shape, std::int64_t micro, std::int6
         got[static_cast<std::size_t>(w.rank())], host,
         [&] {
           for (std::int64_t m = 0; m < micro_batches; ++m) {
-            auto ctx = gpt.in_flight({x, y, micro, 1.0 / static_cast<double>(micro_batches)});
+            auto ctx = gpt.in_flight({{x, y}, micro, 1.0 / static_cast<double>(micro_batches)});
             pipeline::forward_backward(gpt, ctx, mesh, dp, m + 1 == micro_batches);
           }
           dp.step(1e-3, 1.0);
@@ -156,7 +156,7 @@ void check_pipeline(const gpt2::Config& c, MeshShape shape, pipeline::Kind kind,
     auto dp = optim::data_parallel<Strategy>(gpt, optim::AdamW{}, mesh);
     pipeline::Pipeline<Model, decltype(mesh)> pp(gpt, table, part, mesh);
     const auto [x, y] = tokens(c, micro, shape.data, mesh.coord().data);
-    const std::vector<nn::MicroBatch> mbs(static_cast<std::size_t>(m), nn::MicroBatch{x, y, micro, 1.0 / m});
+    const std::vector<nn::MicroBatch> mbs(static_cast<std::size_t>(m), nn::MicroBatch{{x, y}, micro, 1.0 / m});
     record(
         got[static_cast<std::size_t>(w.rank())], host,
         [&] {
