@@ -43,6 +43,7 @@
 #include "weft/nn/batch.hpp"
 #include "weft/nn/comm_row.hpp"
 #include "weft/nn/layer.hpp"
+#include "weft/nn/side.hpp"
 #include "weft/nn/unit.hpp"
 
 namespace weft::nn {
@@ -76,6 +77,15 @@ concept ModelConfig = std::copyable<C> && requires(const C& c) {
 // A head that reads the embedding's table (a tied LM head): it names the table's Param type.
 template <class H>
 concept TiedHead = requires { typename H::Table; };
+
+// A model whose first stage produces a side input (nn/side.hpp) of side_width(config) values a
+// sample: its Embedding's forward(ctx, in, side, mesh) writes it, its blocks and head read it
+// through their mesh argument (WithSide), and its Embedding's backward(ctx, dx, dside, mesh)
+// receives the gradient.
+template <class S>
+concept SidedSpec = requires(const typename S::config& c) {
+  { S::side_width(c) } -> std::convertible_to<std::int64_t>;
+};
 
 // A model's parts. Spec::make_* build them for the whole model's parameter ids (the same on every
 // mesh); validate() refuses a configuration before anything is allocated; record() lists the
@@ -126,6 +136,8 @@ class StagedModel {
   static constexpr bool tied = TiedHead<Head>;
   using Inputs = inputs_t<Spec>;
   using MicroBatch = Batch<Inputs>;
+  static constexpr bool sided = SidedSpec<Spec>;
+  using Side = SideInput<T, D>;
 
   // Everything one micro-batch in flight keeps between its stages.
   struct Ctx {
@@ -135,6 +147,7 @@ class StagedModel {
     std::vector<typename BlockT::Ctx> blocks;
     typename Head::Ctx head;
     Tensor<T, A, D> x;  // (B, T, C) in A: the activation between stages, then its gradient
+    Side side;          // a sided model's side input (B, K) and its gradient (nn/side.hpp)
     double loss = 0;    // the mean over the global batch, after the head's forward
   };
 
@@ -149,7 +162,8 @@ class StagedModel {
   StagedModel(D& dev, const config_type& c, const Spread& s, std::int64_t batch, const Parts& place = Parts{})
       : config((Spec::validate(c, s, batch), c)),
         place_(place.blocks.empty() && place.embedding && place.head ? Parts::all(c.layers) : place),
-        dev_(&dev) {
+        dev_(&dev),
+        spread_(s) {
     if (static_cast<std::int64_t>(place_.blocks.size()) != c.layers)
       throw Error(Spec::name(), cat("a placement of ", place_.blocks.size(), " blocks for a model of ", c.layers),
                   "give the placement one entry per block");
@@ -239,8 +253,15 @@ class StagedModel {
   const Parts& placement() const { return place_; }
   // The configuration's record (checkpoints save it and compare it on load).
   std::vector<std::pair<std::string, std::int64_t>> record() const { return Spec::record(config); }
-  // The global shape of the stream between stages for a micro-batch of `batch` sequences.
+  // The global shape of the stream between stages for a micro-batch of `batch` sequences, and of a
+  // sided model's side input.
   Shape stream_shape(std::int64_t batch) const { return {batch, config.seq, config.width}; }
+  Shape side_shape(std::int64_t batch) const
+    requires sided
+  {
+    return {batch, Spec::side_width(config)};
+  }
+  const Spread& spread() const { return spread_; }
 
   // Zero-bubble schedules: defer the blocks' weight gradients to backward_weight().
   void defer_weight(bool on) {
@@ -279,31 +300,28 @@ class StagedModel {
   template <AxisComms M>
   void forward(std::size_t stage, Ctx& ctx, M& mesh, Mode mode = Mode::train) {
     if (stage == 0) {
-      ctx.x = embedding.forward(ctx.embedding, ctx.in, mesh);
-    } else if (stage + 1 < stages()) {
-      BlockT& b = block(stage - 1);
-      if (mode == Mode::train) {
-        ctx.x = b.forward(ctx.blocks[stage - 1], ctx.x, mesh);
-      } else if constexpr (requires { b.infer(ctx.x, mesh); }) {
-        ctx.x = b.infer(ctx.x, mesh);
-      } else {  // a block without its own infer (a Sequential): a scratch context, freed here
-        typename BlockT::Ctx scratch;
-        ctx.x = b.forward(scratch, ctx.x, mesh);
+      if constexpr (sided) {
+        ctx.side.value =
+            Tensor<T, act::Full, D>::empty(*dev_, side_shape(ctx.in.batch), spread_, Category::activations);
+        ctx.side.grad = Tensor<T, act::Full, D>::zeros(*dev_, side_shape(ctx.in.batch), spread_, Category::activations);
+        ctx.x = embedding.forward(ctx.embedding, ctx.in, ctx.side.value, mesh);
+      } else {
+        ctx.x = embedding.forward(ctx.embedding, ctx.in, mesh);
       }
     } else {
-      if constexpr (tied) ctx.loss = head.forward(ctx.head, ctx.x, table(), ctx.in, mesh, mode);
-      else ctx.loss = head.forward(ctx.head, ctx.x, ctx.in, mesh, mode);
-      ctx.x = {};
+      with_side(ctx, mesh, [&](auto& env) { forward_rest(stage, ctx, env, mode); });
     }
   }
 
   template <AxisComms M>
   void backward(std::size_t stage, Ctx& ctx, M& mesh) {
-    if (stage + 1 == stages()) {
-      if constexpr (tied) ctx.x = head.backward(ctx.head, table(), ctx.in.grad_scale, mesh);
-      else ctx.x = head.backward(ctx.head, ctx.in.grad_scale, mesh);
-    } else if (stage > 0) {
-      ctx.x = block(stage - 1).backward(ctx.blocks[stage - 1], ctx.x, mesh);
+    if (stage > 0) {
+      with_side(ctx, mesh, [&](auto& env) { backward_rest(stage, ctx, env); });
+    } else if constexpr (sided) {
+      // The readers' shares summed over the tensor group; still shares over context (nn/side.hpp).
+      if (spread_.tensor_degree > 1) mesh.comm(Axis::tensor).all_reduce(ctx.side.grad.span(), ReduceOp::sum);
+      embedding.backward(ctx.embedding, ctx.x, ctx.side.grad, mesh);
+      ctx.x = {};
     } else {
       embedding.backward(ctx.embedding, ctx.x, mesh);
       ctx.x = {};
@@ -326,6 +344,45 @@ class StagedModel {
   }
 
  private:
+  // f(the mesh the blocks and head see): a sided model's mesh with this micro-batch's side input.
+  template <AxisComms M, class F>
+  void with_side(Ctx& ctx, M& mesh, F&& f) {
+    if constexpr (sided) {
+      WithSide<M, T, D> env(mesh, ctx.side);
+      f(env);
+    } else {
+      f(mesh);
+    }
+  }
+
+  template <class M>
+  void forward_rest(std::size_t stage, Ctx& ctx, M& mesh, Mode mode) {
+    if (stage + 1 < stages()) {
+      BlockT& b = block(stage - 1);
+      if (mode == Mode::train) {
+        ctx.x = b.forward(ctx.blocks[stage - 1], ctx.x, mesh);
+      } else if constexpr (requires { b.infer(ctx.x, mesh); }) {
+        ctx.x = b.infer(ctx.x, mesh);
+      } else {  // a block without its own infer (a Sequential): a scratch context, freed here
+        typename BlockT::Ctx scratch;
+        ctx.x = b.forward(scratch, ctx.x, mesh);
+      }
+    } else {
+      if constexpr (tied) ctx.loss = head.forward(ctx.head, ctx.x, table(), ctx.in, mesh, mode);
+      else ctx.loss = head.forward(ctx.head, ctx.x, ctx.in, mesh, mode);
+      ctx.x = {};
+    }
+  }
+  template <class M>
+  void backward_rest(std::size_t stage, Ctx& ctx, M& mesh) {
+    if (stage + 1 == stages()) {
+      if constexpr (tied) ctx.x = head.backward(ctx.head, table(), ctx.in.grad_scale, mesh);
+      else ctx.x = head.backward(ctx.head, ctx.in.grad_scale, mesh);
+    } else {
+      ctx.x = block(stage - 1).backward(ctx.blocks[stage - 1], ctx.x, mesh);
+    }
+  }
+
   BlockT& block(std::size_t l) {
     const int b = block_at_[l];
     if (b < 0)
@@ -341,6 +398,7 @@ class StagedModel {
 
   Parts place_;
   D* dev_;
+  Spread spread_;
   std::vector<int> block_at_;                          // global block -> index in blocks, or -1
   std::vector<std::vector<std::size_t>> stage_units_;  // per stage: the units it uses
   std::optional<std::size_t> tied_;

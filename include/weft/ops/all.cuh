@@ -23,6 +23,7 @@
 #include "weft/ops/gemm.cuh"
 #include "weft/ops/layernorm.cuh"
 #include "weft/ops/memory.cuh"
+#include "weft/ops/modulate.cuh"
 #include "weft/ops/rmsnorm.cuh"
 #include "weft/ops/rotary.cuh"
 #include "weft/ops/squared_error.cuh"

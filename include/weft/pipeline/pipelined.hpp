@@ -113,6 +113,13 @@ class Pipeline {
   using T = typename Model::value_type;
   using D = typename Model::device;
   using Act = Tensor<T, typename Model::A, D>;
+  // A model with a side input (nn/side.hpp) passes it on with the stream, and its gradient back with
+  // the stream's: a second message beside each activation and gradient, (B/dp, K) in act::Full.
+  static constexpr bool sided = [] {
+    if constexpr (requires { Model::sided; }) return Model::sided;
+    else return false;
+  }();
+  using SideAct = Tensor<T, nn::act::Full, D>;
 
  public:
   // table: this schedule's table for the mesh's pipe degree; the model built with
@@ -170,14 +177,17 @@ class Pipeline {
         for (std::size_t fs : part_.fine(acts[k].stage))
           for (std::size_t u : model_->units_of(fs)) last_use[u] = k;
     std::vector<std::optional<Ctx>> ctx(static_cast<std::size_t>(table_.m));
-    // a compute's output, until the next exchange sends it
+    // a compute's output, until the next exchange sends it (and a sided model's side input or its
+    // gradient)
     std::vector<Act> outgoing(static_cast<std::size_t>(table_.m));
+    std::vector<SideAct> outgoing_side(sided ? static_cast<std::size_t>(table_.m) : 0);
     // Posted sends (their action index, handle and buffer), each freed once a later receive proves
     // it arrived (pipeline::delivered), the rest at the end.
     struct Sent {
       std::size_t action;
       typename Comm::SendHandle handle;
       Act buffer;
+      SideAct side = {};
     };
     std::vector<Sent> sent;
     Comm& pipe = mesh_->comm(Axis::pipe);
@@ -213,6 +223,11 @@ class Pipeline {
           Act out = std::move(outgoing[static_cast<std::size_t>(a.send.micro)]);
           auto h = pipe.isend(std::span<const T>(out.data(), static_cast<std::size_t>(out.numel())), a.send_to);
           sent.push_back({k, h, std::move(out)});
+          if constexpr (sided) {
+            SideAct side = std::move(outgoing_side[static_cast<std::size_t>(a.send.micro)]);
+            auto hs = pipe.isend(std::span<const T>(side.data(), static_cast<std::size_t>(side.numel())), a.send_to);
+            sent.push_back({k, hs, {}, std::move(side)});
+          }
         }
         reach(static_cast<int>(2 * k + 1));
         if (a.recv.present()) {
@@ -221,6 +236,7 @@ class Pipeline {
           c.x = Act::empty(model_->dev(), shape(micro[static_cast<std::size_t>(a.recv.micro)]), mesh_->spread(),
                            Category::activations);
           pipe.recv(std::span<T>(c.x.data(), static_cast<std::size_t>(c.x.numel())), a.recv_from);
+          if constexpr (sided) recv_side(c, micro[static_cast<std::size_t>(a.recv.micro)], a.recv.grad, a.recv_from);
           // The sends this message proves delivered: waiting returns at once; their buffers go.
           std::erase_if(sent, [&](Sent& x) {
             if (delivered_[x.action] != static_cast<int>(k)) return false;
@@ -258,8 +274,15 @@ class Pipeline {
       }
       // What the next exchange sends: a forward's output (but the last stage's), a backward's input
       // gradient (but the first stage's).
-      if ((a.what == Do::forward && a.stage + 1 < part_.stages()) || (a.what == Do::backward && a.stage > 0))
+      if ((a.what == Do::forward && a.stage + 1 < part_.stages()) || (a.what == Do::backward && a.stage > 0)) {
         outgoing[static_cast<std::size_t>(a.micro)] = std::move(c.x);
+        // The side input goes on as a copy (this rank's blocks read it in their backward too); its
+        // gradient, the shares summed so far, goes back whole (this rank receives the sum again
+        // before any earlier stage of its own runs).
+        if constexpr (sided)
+          outgoing_side[static_cast<std::size_t>(a.micro)] =
+              a.what == Do::forward ? c.side.value.clone(Category::activations) : std::move(c.side.grad);
+      }
       traced.reset();
       const bool done = table_.split_weight ? a.what == Do::weight : a.what == Do::backward;
       if (done && a.stage == lowest_stage_) ctx[static_cast<std::size_t>(a.micro)].reset();
@@ -290,10 +313,15 @@ class Pipeline {
       if (s > 0) {
         c.x = Act::empty(model_->dev(), shape(mb), mesh_->spread(), Category::activations);
         pipe.recv(std::span<T>(c.x.data(), static_cast<std::size_t>(c.x.numel())), part_.rank_of(s - 1));
+        if constexpr (sided) recv_side(c, mb, false, part_.rank_of(s - 1));
       }
       for (std::size_t fs : part_.fine(s)) model_->forward(fs, c, *mesh_, nn::Mode::infer);
-      if (s + 1 < part_.stages())
+      if (s + 1 < part_.stages()) {
         pipe.send(std::span<const T>(c.x.data(), static_cast<std::size_t>(c.x.numel())), part_.rank_of(s + 1));
+        if constexpr (sided)
+          pipe.send(std::span<const T>(c.side.value.data(), static_cast<std::size_t>(c.side.value.numel())),
+                    part_.rank_of(s + 1));
+      }
     }
     std::array<double, 1> l{rank_ == part_.rank_of(part_.stages() - 1) ? c.loss : 0.0};
     pipe.all_reduce(std::span<double>(l));
@@ -337,10 +365,27 @@ class Pipeline {
       Act scratch = Act::empty(model_->dev(), shape(micro[static_cast<std::size_t>(a.recv.micro)]), mesh_->spread(),
                                Category::activations);
       pipe.recv(std::span<T>(scratch.data(), static_cast<std::size_t>(scratch.numel())), a.recv_from);
+      if constexpr (sided) {
+        SideAct side =
+            SideAct::empty(model_->dev(), model_->side_shape(micro[static_cast<std::size_t>(a.recv.micro)].batch),
+                           mesh_->spread(), Category::activations);
+        pipe.recv(std::span<T>(side.data(), static_cast<std::size_t>(side.numel())), a.recv_from);
+      }
     }
     for (auto& x : sent) pipe.wait(x.handle);
     sent.clear();  // delivered: nothing to withdraw
   }
+  // A sided model's second message: the side input (forward; its gradient starts at zero here) or
+  // the gradient's shares summed over the later stages (grad), in place of this rank's.
+  void recv_side(Ctx& c, const typename Model::MicroBatch& mb, bool grad, int from) {
+    Comm& pipe = mesh_->comm(Axis::pipe);
+    const Shape ss = model_->side_shape(mb.batch);
+    SideAct& into = grad ? c.side.grad : c.side.value;
+    into = SideAct::empty(model_->dev(), ss, mesh_->spread(), Category::activations);
+    pipe.recv(std::span<T>(into.data(), static_cast<std::size_t>(into.numel())), from);
+    if (!grad) c.side.grad = SideAct::zeros(model_->dev(), ss, mesh_->spread(), Category::activations);
+  }
+
   Ctx& in_flight(std::vector<std::optional<Ctx>>& ctx, std::span<const typename Model::MicroBatch> micro, int i) {
     auto& c = ctx[static_cast<std::size_t>(i)];
     if (!c) c.emplace(model_->in_flight(micro[static_cast<std::size_t>(i)]));

@@ -3,6 +3,9 @@
 // Tolerances: f32 1e-5 relative (to the largest reference element); bf16 per op, stated beside it.
 #include <doctest/doctest.h>
 
+#include <cmath>
+#include <tuple>
+
 #include "support.cuh"
 #include "weft/ops/all.hpp"
 #include "weft/ops/bias.cuh"
@@ -11,6 +14,8 @@
 #include "weft/ops/gelu.cuh"
 #include "weft/ops/layernorm.cuh"
 #include "weft/ops/memory.cuh"
+#include "weft/ops/modulate.cuh"
+#include "weft/ops/squared_error.cuh"
 #include "weft/ops/update.cuh"
 
 using namespace weft;
@@ -58,6 +63,58 @@ TEST_CASE_TEMPLATE("gelu forward and backward", T, float, bf16) {
           tolerance<T>(4e-3));
     CHECK(rel_error(std::vector<T>(dx2.begin() + 1, dx2.end()), V(ref_dx.begin() + 1, ref_dx.end())) <=
           tolerance<T>(4e-3));
+  }
+}
+
+TEST_CASE_TEMPLATE("modulation and gate (per-sample shift, scale and gate) forward and backward against the host", T,
+                   float, bf16) {
+  Cuda& d = gpu();
+  for (auto [B, Tl, C] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{1, 1, 1}, {2, 33, 48}, {3, 257, 64}}) {
+    CAPTURE(Tl);
+    const auto nx = static_cast<std::size_t>(B * Tl * C), nm = static_cast<std::size_t>(B * 2 * C);
+    const auto x = random<T>(nx, 61), mod = random<T>(nm, 62, 0.5), dy = random<T>(nx, 63);
+    DeviceVec<T> gx(d, x), gmod(d, mod), gdy(d, dy), gy(d, nx), gdx(d, nx), gdmod(d, nm);
+    ops::Modulate<Cuda>::forward(d, gy.data(), gx.data(), gmod.data(), B, Tl, C);
+    ops::Modulate<Cuda>::backward(d, gdx.data(), gdmod.data(), gdy.data(), gx.data(), gmod.data(), B, Tl, C);
+    const V xd = widen(x), md = widen(mod), dyd = widen(dy);
+    V y(nx), dx(nx), dmod(nm);
+    host::modulate_forward(y.data(), xd.data(), md.data(), B, Tl, C);
+    host::modulate_backward(dx.data(), dmod.data(), dyd.data(), xd.data(), md.data(), B, Tl, C);
+    // f32: one multiply-add, and sums over up to 257 rows in another order (1e-5). bf16: the
+    // output rounded once (2^-8), the sums' (written in bf16) too: 8e-3.
+    CHECK(rel_error(gy.get(d), y) <= tolerance<T>(8e-3));
+    CHECK(rel_error(gdx.get(d), dx) <= tolerance<T>(8e-3));
+    CHECK(rel_error(gdmod.get(d), dmod) <= tolerance<T>(8e-3));
+    // The gate: y = x gate, per sample (the first C of mod as the gate).
+    DeviceVec<T> gg(d, std::vector<T>(mod.begin(), mod.begin() + static_cast<std::ptrdiff_t>(B * C)));
+    ops::Modulate<Cuda>::gate(d, gy.data(), gx.data(), gg.data(), B, Tl, C);
+    ops::Modulate<Cuda>::gate_backward(d, gdx.data(), gdmod.data(), gdy.data(), gx.data(), gg.data(), B, Tl, C);
+    const V gd(md.begin(), md.begin() + static_cast<std::ptrdiff_t>(B * C));
+    V dgate(static_cast<std::size_t>(B * C));
+    host::gate_forward(y.data(), xd.data(), gd.data(), B, Tl, C);
+    host::gate_backward(dx.data(), dgate.data(), dyd.data(), xd.data(), gd.data(), B, Tl, C);
+    CHECK(rel_error(gy.get(d), y) <= tolerance<T>(8e-3));
+    CHECK(rel_error(gdx.get(d), dx) <= tolerance<T>(8e-3));
+    const auto got_dgate = gdmod.get(d);
+    CHECK(rel_error(std::vector<T>(got_dgate.begin(), got_dgate.begin() + static_cast<std::ptrdiff_t>(B * C)), dgate) <=
+          tolerance<T>(8e-3));
+  }
+}
+
+TEST_CASE_TEMPLATE("squared error: the sum and the gradient against the host", T, float, bf16) {
+  Cuda& d = gpu();
+  for (std::int64_t n : {1, 1000, 70001}) {
+    const auto pred = random<T>(static_cast<std::size_t>(n), 71), target = random<T>(static_cast<std::size_t>(n), 72);
+    DeviceVec<T> gp(d, pred), gt(d, target), gdp(d, static_cast<std::size_t>(n));
+    const double sum = ops::SquaredError<Cuda>::sum(d, gp.data(), gt.data(), n);
+    ops::SquaredError<Cuda>::backward(d, gdp.data(), gp.data(), gt.data(), n, 0.5f);
+    const V pd = widen(pred), td = widen(target);
+    V dp(pd.size());
+    const double want = host::squared_error_sum(pd.data(), td.data(), n);
+    host::squared_error_backward(dp.data(), pd.data(), td.data(), n, 0.5);
+    // The sum in double from float differences (exact from bf16 inputs): 1e-6 relative.
+    CHECK(std::abs(sum - want) <= 1e-6 * want);
+    CHECK(rel_error(gdp.get(d), dp) <= tolerance<T>(4e-3));
   }
 }
 

@@ -1,4 +1,5 @@
 // Negative-compile cases for the nn part's static_asserts (see tests/layout/compile_fail/cases.cpp).
+#include "weft/nn/modulation.hpp"
 #include "weft/nn/sequential.hpp"
 
 using namespace weft;
@@ -40,6 +41,16 @@ using UsersModel = Sequential<Col, UsersLayer>;  // where Sequential names it
 #else
 static_assert(Layer<UsersLayer>);  // at its declaration
 #endif
+#elif defined(WEFT_CF_SIDE_WITHOUT_PRODUCER)
+// A layer that reads the side input, run with a plain mesh: no stage produced one.
+#include "weft/comm/threads/run.hpp"
+struct PlainMesh {
+  ThreadComm& comm(Axis);
+};
+[[maybe_unused]] void f(Modulation<double, act::Full>& m, Modulation<double, act::Full>::Ctx& c,
+                        const Tensor<double, act::Full, Host>& x, PlainMesh& mesh) {
+  m.forward(c, x, mesh);
+}
 #else
 // The control: the valid versions compile.
 static_assert(Layer<Col> && Layer<Row> && Layer<CopyToTensor> && Layer<Sequential<Col, Row> >);

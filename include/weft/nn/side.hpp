@@ -1,0 +1,71 @@
+// Side inputs: a per-sample tensor that a model's first stage produces beside the stream and that
+// any layer of any block, and the head, may read (a diffusion transformer's conditioning vector,
+// its timestep and class embeddings summed; pooled text embeddings), with its gradient returned to
+// the first stage.
+//
+//   c   (B, K)  act::Full: (B/dp, K), each data rank's samples, whole on every tensor, context and
+//               pipe rank (the pipeline passes it on with the stream; nn::StagedModel, pipelined.hpp)
+//   dc  (B, K)  the readers' shares of c's gradient, summed: a reader adds what it computes on its
+//               tensor rank and rows, so that the sum over the tensor and context ranks is the
+//               gradient. A sum computed whole on every tensor rank (a reader over the whole
+//               sequence, its weights replicated) is added by one of them: adds_side_share<A>.
+//
+// The first stage's backward receives dc summed over the tensor group (Replicate on tensor) and
+// still a share over the context group (each context rank's rows'), so that the gradients of the
+// weights that made c are shares over context too, as every weight gradient is under context
+// parallelism (the data-parallel step sums them over data x context).
+//
+// The layers reach the side input through their mesh argument: a model with one (its Spec names
+// side_width(config)) hands its blocks and head WithSide<M, T, D>, the mesh and the micro-batch's
+// side input, and Sequential, Residual, TokenWise and the recompute policies pass it through as
+// they pass the mesh. A layer that reads it requires SideMesh<M>; in a model without a side input
+// it is a compile error at the layer (its static_assert names the layer and the missing producer).
+//
+// defines: nn::SideInput, nn::WithSide, nn::SideMesh, nn::adds_side_share
+#pragma once
+
+#include "weft/comm/redistribute.hpp"
+#include "weft/nn/roles.hpp"
+#include "weft/tensor/tensor.hpp"
+
+namespace weft::nn {
+
+template <class T, class D>
+struct SideInput {
+  Tensor<T, act::Full, D> value;  // c (B, K)
+  Tensor<T, act::Full, D> grad;   // dc (B, K): the readers' shares, summed
+};
+
+// The mesh a model with a side input hands its blocks and head: its communicators, and the side
+// input of the micro-batch being run.
+template <AxisComms M, class T, class D>
+class WithSide {
+ public:
+  using side_type = T;
+  using side_device = D;
+  WithSide(M& mesh, SideInput<T, D>& side) : mesh_(&mesh), side_(&side) {}
+  decltype(auto) comm(Axis a) { return mesh_->comm(a); }
+  M& mesh() { return *mesh_; }
+  const Tensor<T, act::Full, D>& side() const { return side_->value; }  // (B/dp, K)
+  Tensor<T, act::Full, D>& side_grad() { return side_->grad; }          // (B/dp, K), added to
+
+ private:
+  M* mesh_;
+  SideInput<T, D>* side_;
+};
+
+template <class M>
+concept SideMesh = AxisComms<M> && requires(M& m) {
+  m.side();
+  m.side_grad();
+};
+
+// Whether this rank adds its share of a side input's gradient that it computed from activations in
+// layout A: every rank where A splits the rows over the tensor group (each sums its own rows), only
+// tensor rank 0 where every tensor rank computed the same whole sum.
+template <LayoutType A>
+bool adds_side_share(const Spread& s) {
+  return IsShard<typename A::tensor> || s.tensor_index == 0;
+}
+
+}  // namespace weft::nn
