@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "weft/cost/time.hpp"
 #include "weft/models/gpt2/footprint.hpp"
@@ -71,9 +72,15 @@ Work work(const gpt2::Config& c, const Spread& s, std::int64_t micro, std::int64
       return;
     w.comms.push_back({st.collective, st.axis, st.degree, std::max(st.bytes_in, st.bytes_out), count});
   };
-  for (const nn::CommRow& row : nn::describe_rows<gpt2::Model<P, SP, R, Meta<Host>>>(c, micro, s)) {
-    for (const CommStep& st : row.forward) add(st, mb);
-    for (const CommStep& st : row.backward) add(st, mb);
+  // Every block's rows are the same: the model is walked built with one block (on the Meta device,
+  // no memory), whose rows count c.layers times.
+  gpt2::Config one = c;
+  one.layers = 1;
+  const std::string block = gpt2::Spec<P, SP, R, Meta<Host>>::block_name(0);
+  for (const nn::CommRow& row : nn::describe_rows<gpt2::Model<P, SP, R, Meta<Host>>>(one, micro, s)) {
+    const std::int64_t times = row.layer.starts_with(block) ? c.layers : 1;  // "h0.attn.qkv", "h0: ln1 -> attn"
+    for (const CommStep& st : row.forward) add(st, mb * times);
+    for (const CommStep& st : row.backward) add(st, mb * times);
   }
   // Under SP the gradients Partial on tensor (the LayerNorms', the positions'), packed into one
   // all-reduce per step: of this rank's reduction range where gradients are sharded (ZeRO-2, FSDP),
