@@ -130,13 +130,6 @@ __global__ void ce_loss_kernel(double* loss, float* sumexp, const float* stats, 
   }
 }
 
-template <int = 0>
-__global__ void sum_in_order_kernel(double* out, const double* x, index n) {
-  double s = 0;
-  for (index i = 0; i < n; ++i) s += x[i];
-  *out = s;
-}
-
 // sumexp (N) = stats[., 0]; returns sum_n log(sumexp_n) + max_n - target_n on the host.
 inline double ce_loss(Cuda& d, float* sumexp, const float* stats, const float* rowmax, index N) {
   if (N == 0) return 0.0;

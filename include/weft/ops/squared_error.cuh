@@ -32,13 +32,6 @@ __global__ void squared_error_partials_kernel(double* partial, const T* pred, co
   if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
 
-template <int = 0>
-__global__ void sum_partials_kernel(double* out, const double* partial, index n) {
-  double s = 0;
-  for (index i = 0; i < n; ++i) s += partial[i];
-  *out = s;
-}
-
 template <class T>
 __global__ void squared_error_backward_kernel(T* dpred, const T* pred, const T* target, index n, float scale) {
   for (index i = blockIdx.x * static_cast<index>(blockDim.x) + threadIdx.x; i < n;
@@ -57,7 +50,7 @@ double squared_error_sum(Cuda& d, const T* pred, const T* target, index n) {
   squared_error_partials_kernel<detail::dev_t<T>, 256>
       <<<blocks, 256, 0, d.stream()>>>(p, detail::dev(pred), detail::dev(target), n);
   check_launch("squared_error_sum");
-  sum_partials_kernel<><<<1, 1, 0, d.stream()>>>(p + blocks, p, blocks);
+  sum_in_order_kernel<><<<1, 1, 0, d.stream()>>>(p + blocks, p, static_cast<index>(blocks));
   check_launch("squared_error_sum (partials)");
   double r = 0;
   d.to_host(&r, p + blocks, sizeof(double));

@@ -112,13 +112,6 @@ __global__ void sum_squares_kernel(double* partial, const TensorRef* tensors, co
   if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
 
-template <int = 0>
-__global__ void sum_partials_kernel(double* out, const double* partial, unsigned n) {
-  double s = 0;
-  for (unsigned i = 0; i < n; ++i) s += partial[i];
-  *out = s;
-}
-
 // The sum of squares of every element of every tensor (accumulated in double), for the global
 // gradient norm. Returns it on the host (synchronizes the stream).
 inline double sum_squares(Cuda& d, std::span<const TensorRef> tensors) {
@@ -130,8 +123,8 @@ inline double sum_squares(Cuda& d, std::span<const TensorRef> tensors) {
                                                                static_cast<const TensorRef*>(table.tensors.data()),
                                                                static_cast<const detail::Chunk*>(table.chunks.data()));
   check_launch("sum_squares");
-  sum_partials_kernel<><<<1, 1, 0, d.stream()>>>(static_cast<double*>(out.data()),
-                                                 static_cast<const double*>(partial.data()), table.count);
+  sum_in_order_kernel<><<<1, 1, 0, d.stream()>>>(
+      static_cast<double*>(out.data()), static_cast<const double*>(partial.data()), static_cast<index>(table.count));
   check_launch("sum_squares (finish)");
   double r = 0;
   check(cudaMemcpyAsync(&r, out.data(), sizeof(double), cudaMemcpyDeviceToHost, d.stream()), "sum_squares (copy)");

@@ -92,4 +92,13 @@ inline void require(bool ok, const char* op, const std::string& what) {
 
 }  // namespace detail
 
+// out = x[0] + x[1] + ... + x[n - 1] in this order, on one thread: the last step of a sum that
+// blocks first reduce to partial sums (the loss, the gradient norm), the same bits on every run.
+template <int = 0>
+__global__ void sum_in_order_kernel(double* out, const double* x, index n) {
+  double s = 0;
+  for (index i = 0; i < n; ++i) s += x[i];
+  *out = s;
+}
+
 }  // namespace weft::cuda
