@@ -1,7 +1,7 @@
 // Side inputs (nn/side.hpp): a model whose first stage makes a per-sample conditioning vector c
 // from a field of its batch beside the stream, and whose blocks read c through nn::Modulation and
-// nn::Gate (a per-sample shift and scale before the attention and the MLP, a per-sample gate on
-// each branch: DiT's adaLN-Zero), written on
+// nn::Gate (norms without parameters, nn::Normalize, then a per-sample shift and scale before the
+// attention and the MLP, a per-sample gate on each branch: DiT's adaLN-Zero), written on
 // weft's public headers. c reaches every block on every layout (across pipe ranks too) and its
 // gradient returns to the layer that made it.
 //
@@ -112,7 +112,8 @@ struct Spec {
   using Inputs = Conditioned;
   using Local = nn::stream<SP>;
   using A = typename nn::stream<SP, cp>::layout;
-  using Norm = nn::LayerNorm<T, typename Local::layout>;
+  using Norm = nn::Normalize<T, typename Local::layout>;  // no affine parameters: the modulation's instead
+  using HeadNorm = nn::LayerNorm<T, typename Local::layout>;
   using Mod = nn::Modulation<T, typename Local::layout>;
   using Gate = nn::Gate<T, typename Local::layout>;
   using Attn = nn::GroupedQueryAttention<T, recompute::None, Host, Cx, mask::Bidirectional>;
@@ -128,7 +129,7 @@ struct Spec {
   using MlpInner = on_rows<MlpSeq>;
   using Block = nn::Sequential<nn::Residual<AttnInner>, nn::Residual<MlpInner>>;
   using Embedding = CondEmbedding<SP, Cx>;
-  using Head = nn::MseHeadStage<T, SP, &Conditioned::y, Host, Norm, Cx>;
+  using Head = nn::MseHeadStage<T, SP, &Conditioned::y, Host, HeadNorm, Cx>;
   static constexpr bool sequence_parallel = SP;
 
   static std::string name() { return "conditioned"; }
@@ -249,9 +250,9 @@ TEST_CASE("a side input's gradient reaches the layer that made it: every gradien
       ++params;
     });
     CHECK(cond_proj);
-    // in_proj and cond_proj (2 each); per block ln1, mod1, attn (qkv, proj), gate1, ln2, mod2, gate2
-    // (2 each) and mlp (4); the head's norm and out_proj (2 each).
-    CHECK(params == 4 + 4 * 18 + 4);
+    // in_proj and cond_proj (2 each); per block mod1, attn (qkv, proj), gate1, mod2, gate2 (2 each)
+    // and mlp (4), its norms none; the head's norm and out_proj (2 each).
+    CHECK(params == 4 + 4 * 14 + 4);
   });
 }
 
@@ -266,4 +267,40 @@ TEST_CASE("a side input on every layout equals one rank in f64 (1e-12): loss, gr
   check_equal(run<false, context::Ring>(1, 1, 2, 1), ref, "context 2 (ring)");
   check_equal(run<false, context::AllGather>(1, 1, 2, 1), ref, "context 2 (all-gather)");
   check_equal(run<true, context::Ring>(2, 2, 2, 2), ref, "data 2 x pipe 2 x context 2 x tensor 2 with SP");
+}
+
+TEST_CASE("Normalize: rows of mean 0 and variance var / (var + eps), and its input gradient by finite differences") {
+  Host h;
+  const Spread s{};
+  nn::Normalize<double, nn::act::Full> norm(h, 8, s);
+  auto x = Tensor<double, nn::act::Full, Host>::empty(h, {2, 3, 8}, s);
+  const auto v = test::normals(48, 31, 2.0);
+  for (std::int64_t i = 0; i < 48; ++i) x.data()[i] = v[static_cast<std::size_t>(i)] + 0.5;
+  typename nn::Normalize<double, nn::act::Full>::Ctx ctx;
+  const auto y = norm.forward(ctx, x);
+  for (std::int64_t r = 0; r < 6; ++r) {
+    double m = 0, var_x = 0, mx = 0, var_y = 0;
+    for (std::int64_t c = 0; c < 8; ++c) mx += x.data()[r * 8 + c] / 8, m += y.data()[r * 8 + c] / 8;
+    for (std::int64_t c = 0; c < 8; ++c)
+      var_x += std::pow(x.data()[r * 8 + c] - mx, 2) / 8, var_y += std::pow(y.data()[r * 8 + c] - m, 2) / 8;
+    CHECK(std::abs(m) <= 1e-14);
+    CHECK(var_y == doctest::Approx(var_x / (var_x + 1e-6)).epsilon(1e-12));  // eps 1e-6, DiT's
+  }
+  const auto R = test::normals(48, 32);
+  auto dy = Tensor<double, nn::act::Full, Host>::empty(h, {2, 3, 8}, s);
+  std::copy(R.begin(), R.end(), dy.data());
+  const auto dx = norm.backward(ctx, dy);
+  auto loss = [&] {
+    typename nn::Normalize<double, nn::act::Full>::Ctx c;
+    const auto out = norm.forward(c, x);
+    double l = 0;
+    for (std::int64_t i = 0; i < 48; ++i) l += out.data()[i] * R[static_cast<std::size_t>(i)];
+    return l;
+  };
+  const auto r = test::gradcheck(std::span<double>(x.data(), 48), std::span<const double>(dx.data(), 48), loss, 48);
+  CHECK(r.checked == 48);
+  CHECK(r.worst <= 1e-6);
+  std::size_t params = 0;
+  norm.for_each_param("n", [&](const std::string&, auto&) { ++params; });
+  CHECK(params == 0);
 }
