@@ -54,8 +54,6 @@ template <Inputs In>
 struct Batch : In {
   std::int64_t batch = 0;   // B, the global micro-batch
   double grad_scale = 1.0;  // multiplies every gradient
-  const In& inputs() const { return *this; }
-  In& inputs() { return *this; }
 };
 
 // A field's size against what the model expects: n elements for the local batch, refused naming the

@@ -41,11 +41,8 @@ struct SideInput {
 template <AxisComms M, class T, class D>
 class WithSide {
  public:
-  using side_type = T;
-  using side_device = D;
   WithSide(M& mesh, SideInput<T, D>& side) : mesh_(&mesh), side_(&side) {}
   decltype(auto) comm(Axis a) { return mesh_->comm(a); }
-  M& mesh() { return *mesh_; }
   const Tensor<T, act::Full, D>& side() const { return side_->value; }  // (B/dp, K)
   Tensor<T, act::Full, D>& side_grad() { return side_->grad; }          // (B/dp, K), added to
 
