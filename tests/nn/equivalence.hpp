@@ -59,27 +59,41 @@ std::vector<double> host_doubles(const X& t, std::int64_t n) {
   return out;
 }
 
+// How many of a gathered tensor's elements are the model's: a language model's vocabulary tables
+// ("wte", "lm_head") without their padding rows; every element elsewhere.
+template <class C>
+std::int64_t kept_elements(const C&, const std::string&, std::int64_t n) {
+  return n;
+}
+template <class C>
+  requires requires(const C& c) { c.vocab; }
+std::int64_t kept_elements(const C& c, const std::string& name, std::int64_t n) {
+  return name == "wte" || name == "lm_head" ? c.vocab * c.width : n;
+}
+
 // One forward and backward of any staged model (its device's ranks: rank_device) on `tensor`
-// thread ranks; the vocabulary tables ("wte", "lm_head") cut to the real vocabulary's rows.
-template <class Model>
-GptRun run_model(int tensor, const typename Model::config_type& c, std::int64_t batch = 2) {
+// thread ranks, on the micro-batch mb (host memory, the whole batch); a language model's vocabulary
+// tables ("wte", "lm_head") cut to the real vocabulary's rows.
+template <class Model, class Batch>
+GptRun run_model_on(int tensor, const typename Model::config_type& c, const Batch& mb) {
   using D = typename Model::device;
   GptRun out;
   std::mutex mu;
-  std::vector<std::int32_t> tokens, targets;
-  tiny_batch(batch, c, tokens, targets);
   run_threads(tensor, [&](ThreadComm& world) {
     auto dev = rank_device<D>(world);
     Mesh mesh{world, {.tensor = tensor}};
-    Model model(*dev, c, mesh.spread(), batch);
+    Model model(*dev, c, mesh.spread(), mb.batch);
     const threads::Counters before = mesh.tensor().counters();
-    const double loss = test::forward_backward(model, tokens, targets, batch, mesh);
+    auto ctx = model.in_flight(mb);
+    pipeline::forward(model, ctx, mesh);
+    pipeline::backward(model, ctx, mesh);
+    const double loss = ctx.loss;
     const threads::Counters ran = mesh.tensor().counters() - before;
     model.for_each_param([&](const std::string& name, auto& p) {
       const auto v = redistribute<Replicated>(p.value, mesh);
       const auto g = redistribute<Replicated>(p.grad, mesh);
       if (world.rank() != 0) return;
-      const std::int64_t n = name == "wte" || name == "lm_head" ? c.vocab * c.width : v.numel();  // drop padding rows
+      const std::int64_t n = kept_elements(c, name, v.numel());
       std::lock_guard lock(mu);
       out.values[name] = host_doubles(v, n);
       out.grads[name] = host_doubles(g, n);
@@ -91,6 +105,14 @@ GptRun run_model(int tensor, const typename Model::config_type& c, std::int64_t 
     }
   });
   return out;
+}
+
+// The same for a language model on the tiny batch of `batch` sequences.
+template <class Model>
+GptRun run_model(int tensor, const typename Model::config_type& c, std::int64_t batch = 2) {
+  std::vector<std::int32_t> tokens, targets;
+  tiny_batch(batch, c, tokens, targets);
+  return run_model_on<Model>(tensor, c, nn::MicroBatch{{tokens, targets}, batch});
 }
 
 template <class P, bool SP, class Recompute, class D = Host>

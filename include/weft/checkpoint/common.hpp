@@ -135,7 +135,21 @@ To convert_element(DType from, const std::byte* p) {
       v = static_cast<float>(b);
       break;
     }
-    default: break;
+    case DType::i32: {
+      std::int32_t i;
+      std::memcpy(&i, p, 4);
+      v = static_cast<double>(i);
+      break;
+    }
+    case DType::i64: {  // exact below 2^53 (labels, steps, token ids)
+      std::int64_t i;
+      std::memcpy(&i, p, 8);
+      v = static_cast<double>(i);
+      break;
+    }
+    default:
+      throw Error("checkpoint", cat("a tensor of dtype ", name(from), " to convert"),
+                  "store F64, F32, BF16, I32 or I64");
   }
   if constexpr (std::same_as<To, bf16>) return bf16(static_cast<float>(v));
   else return static_cast<To>(v);

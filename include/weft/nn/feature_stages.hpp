@@ -25,6 +25,7 @@
 #include <span>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "weft/context/attention.hpp"
@@ -148,8 +149,10 @@ class FeatureEmbeddingStage {
   }
 };
 
-// Norm: the final norm's layer over the rank's rows (LayerNorm by default; any layer with the
-// constructor (dev, C, spread, first id, seed), forward(ctx, x) and backward(ctx, dy)).
+// Norm: the final norm's layer over the rank's rows (LayerNorm by default; any layer with
+// forward(ctx, x) and backward(ctx, dy), or forward(ctx, x, mesh) and backward(ctx, dy, mesh) where
+// it reads the model's side input, as DiT's final adaLN does; built by the stage from (dev, C,
+// spread, first id, seed), or passed in built).
 template <Floating T, bool SP, auto Field, class D = Host, class Norm = LayerNorm<T, typename stream<SP>::layout, D>,
           context::Choice Cx = context::None>
 class MseHeadStage {
@@ -181,6 +184,13 @@ class MseHeadStage {
         weight(dev, {F, C}, s, out_id, {Init::normal, init_std}, seed, Decay::yes),
         bias(dev, {F}, s, out_id + 1, {Init::zeros}, seed, Decay::no) {}
 
+  // The same with a norm built by the caller (one whose constructor needs more than the width).
+  MseHeadStage(Norm n, D& dev, std::int64_t C, std::int64_t F, const Spread& s, std::uint64_t seed,
+               std::uint64_t out_id, double init_std)
+      : norm(std::move(n)),
+        weight(dev, {F, C}, s, out_id, {init_std > 0 ? Init::normal : Init::zeros, init_std}, seed, Decay::yes),
+        bias(dev, {F}, s, out_id + 1, {Init::zeros}, seed, Decay::no) {}
+
   std::int64_t features() const { return weight.value.global_shape()[0]; }
   std::int64_t width() const { return weight.value.global_shape()[1]; }
 
@@ -200,7 +210,7 @@ class MseHeadStage {
     if constexpr (cp) g[1] /= s.context_degree;  // the rank's rows, as a sequence of their own
     const auto xl = Tensor<T, Local, D>::view(dev, const_cast<T*>(x.data()), g, s);
     typename Norm::Ctx scratch;
-    auto xn = norm.forward(mode == Mode::train ? ctx.norm : scratch, xl);
+    auto xn = norm_forward(mode == Mode::train ? ctx.norm : scratch, xl, mesh);
     const std::int64_t Bl = xn.local_shape()[0], Tl = xn.local_shape()[1], n = Bl * Tl;
     Allocation pred = dev.allocate(n * F * static_cast<std::int64_t>(sizeof(T)), Category::activations);
     Allocation target = dev.allocate(n * F * static_cast<std::int64_t>(sizeof(T)), Category::activations);
@@ -227,7 +237,7 @@ class MseHeadStage {
   // -> dx (B, T, C) in A; accumulates the projection's and the norm's gradients. grad_scale
   // multiplies every gradient (1/k when accumulating k micro-batches).
   template <AxisComms M>
-  Tensor<T, A, D> backward(Ctx& ctx, double grad_scale, M&) {
+  Tensor<T, A, D> backward(Ctx& ctx, double grad_scale, M& mesh) {
     D& dev = ctx.xn.dev();
     const std::int64_t F = features(), C = width();
     auto* dp = static_cast<T*>(ctx.pred.data());  // dpred = scale 2 (pred - target) / (B T F), in place
@@ -238,7 +248,10 @@ class MseHeadStage {
     ops::Bias<D>::backward(dev, bias.grad.data(), dp, ctx.n, F);
     auto dxn = Tensor<T, Local, D>::empty(dev, ctx.xn.global_shape(), ctx.xn.spread(), Category::activations);
     ops::Gemm<D>::run(dev, Trans::no, Trans::no, ctx.n, C, F, S(1), dp, F, weight.value.data(), C, S(0), dxn.data(), C);
-    auto dx = norm.backward(ctx.norm, dxn);
+    auto dx = [&] {
+      if constexpr (requires { norm.backward(ctx.norm, dxn, mesh); }) return norm.backward(ctx.norm, dxn, mesh);
+      else return norm.backward(ctx.norm, dxn);
+    }();
     ctx = Ctx{};
     Shape g = dx.global_shape();
     if constexpr (cp) g[1] *= dx.spread().context_degree;
@@ -262,6 +275,13 @@ class MseHeadStage {
     norm.for_each_param(prefix + "norm", f);
     f(prefix + "out_proj.weight", weight);
     f(prefix + "out_proj.bias", bias);
+  }
+
+ private:
+  template <class M>
+  Tensor<T, Local, D> norm_forward(typename Norm::Ctx& c, const Tensor<T, Local, D>& x, M& mesh) {
+    if constexpr (requires { norm.forward(c, x, mesh); }) return norm.forward(c, x, mesh);
+    else return norm.forward(c, x);
   }
 };
 

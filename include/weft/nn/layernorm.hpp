@@ -85,9 +85,11 @@ class Normalize : public SameLayout<A> {
   S eps = S(1e-6);  // DiT's (diffusers' elementwise_affine=False norms)
 
   Normalize() = default;
-  // LayerNorm's constructor, so that either is a stage's Norm; nothing is drawn.
-  Normalize(D& dev, std::int64_t C, const Spread& s, std::uint64_t = 0, std::uint64_t = 0)
-      : one_(Tensor<T, Replicated, D>::empty(dev, {C}, s, Category::other)),
+  // LayerNorm's constructor, so that either is a stage's Norm; nothing is drawn. eps: DiT's
+  // adaLN norms and final norm keep 1e-6; diffusers' norm before the MLP has its norm_eps (1e-5).
+  Normalize(D& dev, std::int64_t C, const Spread& s, std::uint64_t = 0, std::uint64_t = 0, double e = 1e-6)
+      : eps(static_cast<S>(e)),
+        one_(Tensor<T, Replicated, D>::empty(dev, {C}, s, Category::other)),
         zero_(Tensor<T, Replicated, D>::zeros(dev, {C}, s, Category::other)),
         scratch_(Tensor<S, Replicated, D>::zeros(dev, {2, C}, s, Category::other)) {
     ops::Memory<D>::fill(dev, one_.data(), C, T(1));

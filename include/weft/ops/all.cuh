@@ -26,6 +26,7 @@
 #include "weft/ops/modulate.cuh"
 #include "weft/ops/rmsnorm.cuh"
 #include "weft/ops/rotary.cuh"
+#include "weft/ops/silu.cuh"
 #include "weft/ops/squared_error.cuh"
 #include "weft/ops/swiglu.cuh"
 #include "weft/ops/update.cuh"

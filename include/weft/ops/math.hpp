@@ -5,7 +5,7 @@
 // the two back ends differ only in how work is spread over threads and in
 // summation order, never in the formula.
 //
-// defines: math::gelu, math::gelu_grad, math::AdamWParams, math::adamw_step, WEFT_HD
+// defines: math::gelu, math::gelu_grad, math::silu, math::silu_grad, math::AdamWParams, math::adamw_step, WEFT_HD
 #pragma once
 
 #include <cmath>
@@ -36,6 +36,17 @@ template <class T> WEFT_HD inline T gelu_grad(T x) {
   const T t = tanh(u);
   const T du = k * (T(1) + T(3) * c * x * x);
   return T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * du;
+}
+
+// SiLU (swish): x sigmoid(x), and its derivative sigmoid(x) (1 + x (1 - sigmoid(x))).
+template <class T> WEFT_HD inline T silu(T x) {
+  using std::exp;
+  return x / (T(1) + exp(-x));
+}
+template <class T> WEFT_HD inline T silu_grad(T x) {
+  using std::exp;
+  const T s = T(1) / (T(1) + exp(-x));
+  return s * (T(1) + x * (T(1) - s));
 }
 
 // One AdamW step for one element (decoupled weight decay, Loshchilov and

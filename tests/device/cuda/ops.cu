@@ -15,6 +15,7 @@
 #include "weft/ops/layernorm.cuh"
 #include "weft/ops/memory.cuh"
 #include "weft/ops/modulate.cuh"
+#include "weft/ops/silu.cuh"
 #include "weft/ops/squared_error.cuh"
 #include "weft/ops/update.cuh"
 
@@ -62,6 +63,27 @@ TEST_CASE_TEMPLATE("gelu forward and backward", T, float, bf16) {
     CHECK(rel_error(std::vector<T>(out2.begin() + 1, out2.end()), V(ref_out.begin() + 1, ref_out.end())) <=
           tolerance<T>(4e-3));
     CHECK(rel_error(std::vector<T>(dx2.begin() + 1, dx2.end()), V(ref_dx.begin() + 1, ref_dx.end())) <=
+          tolerance<T>(4e-3));
+  }
+}
+
+TEST_CASE_TEMPLATE("silu forward and backward against the host, aligned and not", T, float, bf16) {
+  Cuda& d = gpu();
+  for (std::int64_t n : {1, 1000, 4099, 70001}) {
+    const auto x = random<T>(static_cast<std::size_t>(n), 81, 4.0), dout = random<T>(static_cast<std::size_t>(n), 82);
+    DeviceVec<T> gx(d, x), gd(d, dout), out(d, x.size()), dx(d, x.size());
+    ops::Silu<Cuda>::forward(d, out.data(), gx.data(), n);
+    ops::Silu<Cuda>::backward(d, dx.data(), gx.data(), gd.data(), n);
+    V ref_out(x.size()), ref_dx(x.size());
+    const V xd = widen(x), dd = widen(dout);
+    host::silu_forward(ref_out.data(), xd.data(), n);
+    host::silu_backward(ref_dx.data(), xd.data(), dd.data(), n);
+    CHECK(rel_error(out.get(d), ref_out) <= tolerance<T>(4e-3));  // f32: expf's ulps; bf16: one rounding, 2^-8
+    CHECK(rel_error(dx.get(d), ref_dx) <= tolerance<T>(4e-3));
+    if (n < 2) continue;
+    ops::Silu<Cuda>::forward(d, out.data() + 1, gx.data() + 1, n - 1);  // the scalar kernel
+    const auto o = out.get(d);
+    CHECK(rel_error(std::vector<T>(o.begin() + 1, o.end()), V(ref_out.begin() + 1, ref_out.end())) <=
           tolerance<T>(4e-3));
   }
 }

@@ -178,7 +178,7 @@ TEST_CASE("Llama imported from transformers gives its logits, loss and gradients
   // The export is the import's inverse: in F64, every tensor comes back bit for bit.
   const auto out = scratch("export");
   llama::export_hf(ckpt, out, DType::f64);
-  const llama::hf_detail::Files original(dir), exported(out);
+  const checkpoint::ImportDir original(dir, "model", "original"), exported(out, "model", "exported");
   for (const auto& n : llama::hf_detail::names(c))
     for (const auto& name : n.hf) CHECK_MESSAGE(exported.read(name) == original.read(name), name);
   const auto again = scratch("again");
@@ -202,7 +202,7 @@ TEST_CASE("Llama imported from transformers gives its logits, loss and gradients
   CHECK(index["metadata"]["total_size"].get<std::uint64_t>() == total);
   for (const auto& f : shards) CHECK(std::filesystem::file_size(out + "/" + f) <= 20000 + 4096);  // the header beside
   CHECK(shards.size() >= 4);
-  const llama::hf_detail::Files sharded(out);
+  const checkpoint::ImportDir sharded(out, "model", "sharded");
   for (const auto& n : llama::hf_detail::names(c))
     for (const auto& name : n.hf) CHECK_MESSAGE(sharded.read(name) == original.read(name), name);
   if (const char* to = std::getenv("WEFT_LLAMA_EXPORT_TO"); to && *to) {  // for transformers_check.py
@@ -263,7 +263,7 @@ TEST_CASE(
 TEST_CASE(
     "a transformers Llama directory that weft cannot read is refused, naming the tensor or field and the values") {
   const std::string dir = reference_dir();
-  const llama::hf_detail::Files files(dir);
+  const checkpoint::ImportDir files(dir, "model", "files");
   const auto bad = scratch("bad");
   auto config = llama::hf_detail::read_json(dir + "/config.json", "test");
   // Writes the model with `drop` left out, `extra` added and `retype` as I32, and config.json edited.

@@ -35,6 +35,7 @@
 
 #include "weft/checkpoint/checkpoint.hpp"
 #include "weft/checkpoint/export_dir.hpp"
+#include "weft/checkpoint/import_dir.hpp"
 #include "weft/core/files.hpp"
 #include "weft/core/json_limits.hpp"
 #include "weft/models/llama/config.hpp"
@@ -106,68 +107,6 @@ inline std::pair<std::size_t, std::int64_t> source_row(const Named& n, const Con
   }
   return {0, r};
 }
-
-// A model directory's tensors: model.safetensors, or the files model.safetensors.index.json names.
-class Files {
- public:
-  explicit Files(const std::string& dir) : at_(cat("llama::import(", dir, ")")) {
-    const auto single = std::filesystem::path(dir) / "model.safetensors";
-    const auto index = std::filesystem::path(dir) / "model.safetensors.index.json";
-    std::vector<std::string> files;
-    if (std::filesystem::is_regular_file(index)) {
-      const auto j = read_json(index.string(), cat("llama::import(", index.string(), ")"));
-      if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
-        throw Error(cat("llama::import(", index.string(), ")"), "has no weight_map object",
-                    "pass transformers' index file");
-      std::set<std::string> seen;
-      for (const auto& [name, file] : j["weight_map"].items()) {
-        if (!file.is_string() || file.get<std::string>().find('/') != std::string::npos)
-          throw Error(cat("llama::import(", index.string(), ")"), cat("maps ", brief(name), " to ", brief(file.dump())),
-                      "name a file in the same directory");
-        if (seen.insert(file.get<std::string>()).second) files.push_back(file.get<std::string>());
-      }
-    } else if (std::filesystem::is_regular_file(single)) {
-      files.push_back("model.safetensors");
-    } else {
-      throw Error(at_, "has neither model.safetensors nor model.safetensors.index.json",
-                  "pass a directory that transformers' save_pretrained wrote");
-    }
-    for (const auto& f : files) {
-      const std::string path = (std::filesystem::path(dir) / f).string();
-      headers_.push_back({path, checkpoint::read_header(path)});
-      for (const auto& t : headers_.back().second.tensors)
-        if (!where_.emplace(t.name, headers_.size() - 1).second)
-          throw Error(at_, cat("has the tensor ", brief(t.name), " in two files"), "pass a consistent checkpoint");
-    }
-  }
-  const checkpoint::TensorInfo* find(const std::string& name) const {
-    const auto it = where_.find(name);
-    return it == where_.end() ? nullptr : headers_[it->second].second.find(name);
-  }
-  std::vector<std::string> names() const {
-    std::vector<std::string> out;
-    for (const auto& [n, f] : where_) out.push_back(n);
-    return out;
-  }
-  std::vector<double> read(const std::string& name) const {
-    const auto& [path, h] = headers_[where_.at(name)];
-    const checkpoint::TensorInfo* t = h.find(name);
-    checkpoint::detail::Fd fd(path, O_RDONLY);
-    const std::size_t bytes = t->end - t->begin, es = size_of(t->dtype);
-    std::vector<std::byte> raw(bytes);
-    fd.read_all_at(raw.data(), raw.size(), h.data_start + t->begin);
-    std::vector<double> v(bytes / es);
-    for (std::size_t i = 0; i < v.size(); ++i)
-      v[i] = checkpoint::detail::convert_element<double>(t->dtype, raw.data() + i * es);
-    return v;
-  }
-  const std::string& at() const { return at_; }
-
- private:
-  std::string at_;
-  std::vector<std::pair<std::string, checkpoint::Header>> headers_;
-  std::map<std::string, std::size_t> where_;
-};
 
 }  // namespace hf_detail
 
@@ -337,7 +276,7 @@ inline Config hf_config_of(const std::string& dir, const Config& base = {}) {
 inline Config import_hf(const std::string& dir, const std::string& out, const Config& base = {}) {
   using namespace weft::checkpoint;
   const Config c = hf_config_of(dir, base);
-  const hf_detail::Files files(dir);
+  const ImportDir files(dir, "model", cat("llama::import(", dir, ")"));
   // config.json's layers against what the files can hold (each layer has 9 tensors), before the
   // table of names (about 1.6 KB a layer) is built: 10^7 layers in a config.json ran out of memory.
   if (static_cast<double>(c.layers) * 9 > static_cast<double>(files.names().size()))
@@ -370,56 +309,19 @@ inline Config import_hf(const std::string& dir, const std::string& out, const Co
                   cat("has a tensor ", brief(name), " that a Llama of ", c.layers, " layers",
                       c.tied ? " with a tied head" : "", " does not have"),
                   "pass a LlamaForCausalLM whose config.json describes every tensor");
-  // One piece per tensor, consolidated, in f64; its bytes made when the file reaches it (one weft
-  // tensor in memory at a time).
-  std::vector<checkpoint::detail::Staged> staged;
-  for (const auto& n : names) {
-    const auto shape = hf_detail::weft_shape(n, c);
-    std::int64_t count = 1;
-    for (std::int64_t d : shape) count *= d;
-    staged.push_back({"param/" + n.weft,
-                      DType::f64,
-                      shape,
-                      shape,
-                      std::vector<std::int64_t>(shape.size(), 0),
-                      shape,
-                      "imported",
-                      0,
-                      count,
-                      {}});
-  }
-  std::vector<double> w;
-  auto bytes_of = [&](std::size_t i, std::uint64_t) {
-    const auto& n = names[i];
-    const auto& shape = staged[i].global;
-    const std::int64_t cols = shape.size() == 2 ? shape[1] : 1, rows = shape[0];
-    try {
-      std::vector<std::vector<double>> parts;
-      for (const auto& h : n.hf) parts.push_back(files.read(h));
-      w.resize(static_cast<std::size_t>(rows * cols));
-      for (std::int64_t r = 0; r < rows; ++r) {
-        const auto [p, src] = hf_detail::source_row(n, c, r);
-        std::copy_n(parts[p].begin() + src * cols, cols, w.begin() + r * cols);
-      }
-    } catch (const std::bad_alloc&) {  // said, with what and how much, never a bare std::bad_alloc
-      throw Error(files.at(),
-                  cat("ran out of memory converting ", n.weft, " (", rows, " x ", cols, " values, ",
-                      2 * 8 * rows * cols, " bytes in double with its source)"),
-                  "convert on a machine with more memory");
-    }
-    return std::as_bytes(std::span<const double>(w));
-  };
-  std::filesystem::create_directories(out);
-  Manifest m;
-  m.policy = "consolidated";
-  for (const auto& [k, v] : record(c)) m.model[k] = v;
-  m.optimizer = {{"rule", "none"}, {"steps", 0}, {"skipped", 0}};
-  m.run = {{"step", 0}, {"loader_position", 0}, {"seed", c.seed}, {"imported_from", dir}};
-  m.strategy = "imported";
-  m.precision = "f64";
-  m.add_file({"model.safetensors", checkpoint::detail::write_staged(cat(out, "/model.safetensors"), staged, bytes_of)});
-  add_pieces(m, out, "model.safetensors");
-  write_atomic(cat(out, "/manifest.json"), to_json(m).dump(1));
+  std::vector<ImportedTensor> tensors;
+  for (const auto& n : names)
+    tensors.push_back({n.weft, hf_detail::weft_shape(n, c), [&n, &c, &files](std::vector<double>& w) {
+                         std::vector<std::vector<double>> parts;
+                         for (const auto& h : n.hf) parts.push_back(files.read(h));
+                         const auto shape = hf_detail::weft_shape(n, c);
+                         const std::int64_t cols = shape.size() == 2 ? shape[1] : 1;
+                         for (std::int64_t r = 0; r < shape[0]; ++r) {
+                           const auto [p, src] = hf_detail::source_row(n, c, r);
+                           std::copy_n(parts[p].begin() + src * cols, cols, w.begin() + r * cols);
+                         }
+                       }});
+  write_imported(out, tensors, record(c), c.seed, dir, files.at());
   return c;
 }
 
