@@ -11,6 +11,8 @@
 //   weft-train --model llama --context 2         its sequence over 2 context ranks (ring attention)
 //   weft-train --model llama --tie-embeddings true  its LM head reading the embedding table
 //   weft-train --context 2 --attention all-gather  GPT-2's the same way, keys and values gathered
+//   weft-train --model dit --objective flow      a class-conditional DiT on synthetic latents (rectified
+//                                                flow; --records and --labels: latent record files)
 //
 // Called train_gpt (its name until weft 0.1: the build links train_gpt to it) it runs the same,
 // after a line on stderr saying that the old name goes in the next release.

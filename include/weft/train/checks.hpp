@@ -124,6 +124,25 @@ inline void check_schedule(const Options& o, std::int64_t layers) {
     throw Error(o.where(), "--sample with --pipe", "sample from a run without pipeline parallelism");
 }
 
+// The data options against what the family reads: tokens (--data-file, --text, --sample), or data
+// of its own (--records with --labels, --objective).
+inline void check_inputs(const Options& o, const std::string& family, bool owns_data) {
+  if (owns_data) {
+    for (const auto& [given, option] :
+         {std::pair{!o.data.file.empty(), "--data-file"}, std::pair{!o.data.text.empty(), "--text"},
+          std::pair{o.data.sample > 0, "--sample"}})
+      if (given)
+        throw Error(o.where(option), cat("the model family '", family, "' reads no tokens"),
+                    "give it --records and --labels, or nothing (its synthetic data)");
+    if (!o.data.records.empty() && o.data.labels.empty())
+      throw Error(o.where("--records"), "no --labels", "give the labels' record file too");
+    return;
+  }
+  if (!o.data.records.empty() || o.data.objective != "ddpm")
+    throw Error(o.where(o.data.records.empty() ? "--objective" : "--records"),
+                cat("the model family '", family, "' reads tokens"), "use --data-file or --text");
+}
+
 // Sampling against the model's vocabulary.
 inline void check_data(const Options& o, std::int64_t vocab) {
   if (!o.data.text.empty() && vocab < 256)

@@ -40,6 +40,14 @@
 //                                            step measured on the Meta device, train/plan.hpp, which
 //                                            needs a Meta specialization of every op the
 //                                            model uses)
+//   data<E>                                  the family reads its own data, not tokens (concept
+//                                            OwnsData: DiT's latents): a class over the model's
+//                                            element type, made on each rank from (options, config,
+//                                            global micro-batch, data degree, data rank,
+//                                            micro-batches a step), with next(step, i, scale) ->
+//                                            the model's micro-batch, validation_batches(),
+//                                            validation(k) -> (name, micro-batch), describe()
+//                                            (models/dit/family.hpp)
 //   measured_plan = false                    no plan: the fits check skipped, --plan refused
 //   gpu = false                              no GPU path: --device cuda refused, auto the host
 #pragma once
@@ -338,8 +346,36 @@ config_t<F> preset_config(const std::string& program, const std::string& preset,
   }
   if (sizes.width) c.width = *sizes.width;
   if (sizes.seq) c.seq = *sizes.seq;
-  if (sizes.vocab) c.vocab = *sizes.vocab;
+  if (sizes.vocab) {
+    if constexpr (requires { c.vocab = *sizes.vocab; }) c.vocab = *sizes.vocab;
+    else
+      throw Error(cat(program, " --vocab"), cat("the model family '", F::name(), "' has no vocabulary"),
+                  "leave out --vocab");
+  }
   return c;
+}
+
+// A family that reads its own data (F::data), and the type of it for a model of element type E
+// (NoData where the family reads tokens).
+template <class F>
+concept OwnsData = requires { typename F::template data<float>; };
+struct NoData {};
+template <class F, class E>
+struct family_data {
+  using type = NoData;
+};
+template <OwnsData F, class E>
+struct family_data<F, E> {
+  using type = typename F::template data<E>;
+};
+template <class F, class E>
+using family_data_t = typename family_data<F, E>::type;
+
+// The model's vocabulary: a language model's, 0 for a family without one.
+template <class C>
+std::int64_t vocab_of(const C& c) {
+  if constexpr (requires { c.vocab; }) return c.vocab;
+  else return 0;
 }
 
 // Whether the family is planned by measuring its step on the Meta device (train/plan.hpp): unless

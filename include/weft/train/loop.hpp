@@ -129,8 +129,10 @@ inline void agree_on_the_run(const Run& run, Trainer& t) {
   fp.add("batch", cat(o.optim.batch, " in micro-batches of ", o.optim.micro()));
   fp.add("optimization", cat(o.optim.steps, " steps, lr ", o.optim.lr, " to ", o.optim.min_lr, ", warm-up ", s.warmup,
                              ", clip ", o.optim.clip));
-  fp.add("data", cat(o.data.file.empty() && o.data.text.empty() ? "built-in Markov corpus" : o.data.file + o.data.text,
-                     ", eval every ", o.data.eval_every));
+  const std::string data = t.owns_data()                                ? t.describe_data()
+                           : o.data.file.empty() && o.data.text.empty() ? std::string("built-in Markov corpus")
+                                                                        : o.data.file + o.data.text;
+  fp.add("data", cat(data, ", eval every ", o.data.eval_every));
   // Absolute paths: ranks started in other working directories resolve relative ones elsewhere.
   fp.add("checkpoints",
          cat("save to '", absolute(o.checkpoint.save_dir), "' every ", o.checkpoint.save_every, ", resume '",
@@ -181,7 +183,18 @@ inline void save_at(const Run& run, Trainer& t, const RankState& r, std::int64_t
 
 // Collective: the mean loss of 16 held-out micro-batches (a standard error of about 0.01 nats on
 // the tiny preset).
-inline double evaluate(const Run& run, Trainer& t) {
+inline double evaluate(const Run& run, Trainer& t, bool lead) {
+  if (t.owns_data()) {  // the family's validation batches, by name; their mean
+    const auto named = t.validate();
+    double sum = 0;
+    std::string line;
+    for (const auto& [name, loss] : named) {
+      sum += loss;
+      line += cat(line.empty() ? "" : ", ", name, " ", loss);
+    }
+    if (lead && named.size() > 1) std::printf("validation loss: %s\n", line.c_str());
+    return named.empty() ? NAN : sum / static_cast<double>(named.size());
+  }
   const HeldOut held{&run.corpus};
   data::Loader<HeldOut> eval(held, run.seq, run.micro(), run.o.mesh.data, t.data_rank());
   std::vector<std::int32_t> x, y;
@@ -222,7 +235,7 @@ inline void save_on_schedule(const Run& run, Trainer& t, RankState& r, std::int6
                                  done == o.optim.steps || stopped);
   if (!due) return t.poll_saves();
   const auto s0 = std::chrono::steady_clock::now();
-  save_at(run, t, r, done, r.loader.position());
+  save_at(run, t, r, done, t.owns_data() ? done : r.loader.position());
   r.last_saved = done;
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count();
   if (r.lead)
@@ -237,15 +250,21 @@ inline bool train_step(Run& run, Trainer& t, RankState& r, std::int64_t step, do
   const auto t0 = std::chrono::steady_clock::now();
   t.reset_peak();  // peak_bytes: this step's, as the plan's step peak counts it
   r.points.begin_step(r.previous_seconds, r.points.counted());
-  const std::int64_t position = r.loader.position();  // where an abandoned step's data began
-  std::vector<std::vector<std::int32_t>> xs(static_cast<std::size_t>(run.accumulation())), ys(xs.size());
-  std::vector<Tokens> micro;
-  for (std::size_t a = 0; a < xs.size(); ++a) {
-    r.loader.next(xs[a], ys[a]);
-    micro.push_back({xs[a], ys[a]});
-  }
+  // Where an abandoned step's data began: the loader's position, or the step for a family's own data.
+  const std::int64_t position = t.owns_data() ? step : r.loader.position();
   const double lr = r.schedule.lr(step);
-  const StepResult s = t.step(micro, lr, o.optim.clip, r.points);
+  StepResult s;
+  if (t.owns_data()) {
+    s = t.step_at(step, run.accumulation(), lr, o.optim.clip, r.points);
+  } else {
+    std::vector<std::vector<std::int32_t>> xs(static_cast<std::size_t>(run.accumulation())), ys(xs.size());
+    std::vector<Tokens> micro;
+    for (std::size_t a = 0; a < xs.size(); ++a) {
+      r.loader.next(xs[a], ys[a]);
+      micro.push_back({xs[a], ys[a]});
+    }
+    s = t.step(micro, lr, o.optim.clip, r.points);
+  }
   if (s.abandoned != 0) {
     end_abandoned(run, t, r, step, position, s.abandoned);
     return false;
@@ -263,7 +282,7 @@ inline bool train_step(Run& run, Trainer& t, RankState& r, std::int64_t step, do
   const bool diverged = agreed[2] != 0;
   const bool eval_now =
       !diverged && o.data.eval_every > 0 && ((step + 1) % o.data.eval_every == 0 || step + 1 == o.optim.steps);
-  const std::optional<double> eval = eval_now ? std::optional(evaluate(run, t)) : std::nullopt;
+  const std::optional<double> eval = eval_now ? std::optional(evaluate(run, t, r.lead)) : std::nullopt;
   save_on_schedule(run, t, r, step + 1, stop != 0, diverged);
   const bool ended = stop != 0 || diverged;
   if (ended && run.tells(t)) {
@@ -403,7 +422,7 @@ int train(const Options& o, const config_t<F>& cfg, const Corpus& corpus, const 
   using T = typename precision_t<P>::compute;
   Run run(o, corpus, launch);
   run.seq = cfg.seq;
-  run.vocab = cfg.vocab;
+  run.vocab = vocab_of(cfg);
   run.family = F::name();
   run.model = cat(F::name(), ": ", summary<F>(cfg), ", seed ", cfg.seed);
   RunHeader h;

@@ -96,7 +96,7 @@ config_t<F> configure(const Options& o) {
   if constexpr (requires { F::config_from_hf(o.checkpoint.init_from, config_t<F>{}); })
     if (!o.checkpoint.init_from.empty() && !o.model.preset_given) return configure_from_hf<F>(o);
   Sizes sizes = o.model.sizes;
-  if (!o.data.text.empty() && !sizes.vocab) sizes.vocab = data::ByteTokenizer::vocab;
+  if (!OwnsData<F> && !o.data.text.empty() && !sizes.vocab) sizes.vocab = data::ByteTokenizer::vocab;
   config_t<F> cfg = preset_config<F>(o.program, o.model.preset, sizes);
   cfg.seed = o.model.seed;
   return cfg;
@@ -228,6 +228,11 @@ inline void add_data_options(CLI::App& app, DataOptions& o) {
   app.add_option("--text", o.text, "plain-text file, byte-level tokens")->excludes(file);
   app.add_option("--eval-every", o.eval_every, "held-out loss every N steps (0: never)")->check(at_least(0));
   app.add_option("--sample", o.sample, "after training on --text, print N sampled bytes")->check(at_least(0));
+  auto* records = app.add_option("--records", o.records,
+                                 "a record file of the model's inputs (--model dit: latents, f32 (C, H, W))");
+  app.add_option("--labels", o.labels, "with --records: a record file of their labels (i32 (1))")->needs(records);
+  app.add_option("--objective", o.objective, "--model dit: ddpm (epsilon, linear betas) or flow (rectified flow)")
+      ->check(CLI::IsMember({"ddpm", "flow"}));
 }
 
 inline void add_checkpoint_options(CLI::App& app, CheckpointOptions& o) {
@@ -316,11 +321,14 @@ void check_run(const Options& o, const config_t<F>& cfg, Launch& launch, const s
   check_batch(o);
   check_model<F>(o, cfg);
   check_schedule(o, cfg.layers);
-  check_data(o, cfg.vocab);
+  check_inputs(o, F::name(), OwnsData<F>);
+  if constexpr (!OwnsData<F>) check_data(o, cfg.vocab);
   check_checkpoint_options(o);
-  if (!plan_only) check_corpus(o, cfg.vocab);
-  else if (const auto why = plan_too_long(cfg.layers, o.optim.batch / o.optim.micro()))
+  if (!plan_only) {
+    if constexpr (!OwnsData<F>) check_corpus(o, cfg.vocab);
+  } else if (const auto why = plan_too_long(cfg.layers, o.optim.batch / o.optim.micro())) {
     throw Error(o.where("--plan"), *why, "plan fewer layers, or fewer micro-batches per step (a larger --micro-batch)");
+  }
 }
 
 // f(), with its exceptions said and the process finished with `code`: 2 while checking options (a
@@ -373,7 +381,8 @@ int run(Options o, Process& p, bool plan_only) {
   if (p.launch.lead() && !o.checkpoint.init_from.empty()) remove_stale_init_dirs();  // left by killed runs
   return said(p, o, 1, [&] {
     resolve_resume(o, p.launch, F::name());
-    return p.finish(train(Corpus::open(o.data, o.model.seed, cfg->vocab, cfg->seq)));
+    if constexpr (OwnsData<F>) return p.finish(train(Corpus{}));  // the family reads its own data
+    else return p.finish(train(Corpus::open(o.data, o.model.seed, cfg->vocab, cfg->seq)));
   });
 }
 

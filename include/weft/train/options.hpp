@@ -61,6 +61,9 @@ struct OptimOptions {
 struct DataOptions {
   std::string file, text;  // --data-file (llm.c tokens), --text (bytes); neither: the built-in corpus
   std::int64_t eval_every = 100, sample = 0;
+  // A family that reads its own data (train::OwnsData: DiT): --records and --labels (record files,
+  // data/records.hpp; neither: the family's synthetic data), --objective (ddpm or flow).
+  std::string records, labels, objective = "ddpm";
 };
 
 struct CheckpointOptions {

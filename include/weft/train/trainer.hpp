@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "weft/checkpoint/common.hpp"
@@ -62,6 +63,16 @@ class Trainer {
   virtual StepResult step(std::span<const Tokens> micro_batches, double lr, double clip, StopPoints& points) = 0;
   // Collective: the mean loss of one micro-batch, forward only, keeping nothing for backward.
   virtual double evaluate(const Tokens& micro_batch) = 0;
+
+  // A family that reads its own data (train::OwnsData: latents, images) has the trainer read it:
+  // step_at is step() over the step's micro-batches of that data (its position is the step), and
+  // validate the family's validation batches' mean losses by name ("t=0.25": their mean is the
+  // run's eval loss). describe_data names the data for the run's fingerprint.
+  virtual bool owns_data() const { return false; }
+  virtual StepResult step_at(std::int64_t step, std::int64_t accumulation, double lr, double clip,
+                             StopPoints& points) = 0;
+  virtual std::vector<std::pair<std::string, double>> validate() = 0;
+  virtual std::string describe_data() const { return {}; }
   // Whether the model's head keeps its logits (next_logits can sample).
   virtual bool has_logits() const = 0;
   // Collective: the whole vocabulary's logits at the last position of the first sequence, gathered

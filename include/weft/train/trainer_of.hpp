@@ -62,6 +62,7 @@ class TrainerOf final : public Trainer {
         model_(*dev_, cfg, mesh_.spread(), micro_, part_.placement(mesh_.coord().pipe)),
         dp_(optim::data_parallel<Strategy>(model_, optim::AdamW{.config = {.lr = o.optim.lr}}, mesh_)),
         trace_(trace) {
+    if constexpr (OwnsData<F>) data_.emplace(o, cfg, micro_, o.mesh.data, mesh_.coord().data, o.optim.batch / micro_);
     if constexpr (pipelines)
       if (o.mesh.pipe > 1)
         pp_.emplace(model_,
@@ -94,21 +95,65 @@ class TrainerOf final : public Trainer {
   }
 
   StepResult step(std::span<const Tokens> micro_batches, double lr, double clip, StopPoints& points) override {
+    if constexpr (OwnsData<F>) {
+      (void)micro_batches, (void)lr, (void)clip, (void)points;
+      throw Error(o_.where(), cat("the model family '", F::name(), "' reads its own data, not tokens"),
+                  "train it through step_at");
+    } else {
+      const double scale = 1.0 / static_cast<double>(micro_batches.size());
+      std::vector<typename Model::MicroBatch> mbs;
+      for (const Tokens& t : micro_batches) mbs.push_back({{t.x, t.y}, micro_, scale});
+      return run_step(mbs, lr, clip, points);
+    }
+  }
+
+  bool owns_data() const override { return OwnsData<F>; }
+  StepResult step_at(std::int64_t step, std::int64_t accumulation, double lr, double clip,
+                     StopPoints& points) override {
+    if constexpr (OwnsData<F>) {
+      std::vector<typename Model::MicroBatch> mbs;
+      for (std::int64_t a = 0; a < accumulation; ++a)
+        mbs.push_back(data_->next(step, a, 1.0 / static_cast<double>(accumulation)));
+      return run_step(mbs, lr, clip, points);
+    } else {
+      (void)step, (void)accumulation, (void)lr, (void)clip, (void)points;
+      throw Error(o_.where(), cat("the model family '", F::name(), "' reads tokens"), "train it through step");
+    }
+  }
+  std::vector<std::pair<std::string, double>> validate() override {
+    std::vector<std::pair<std::string, double>> out;
+    if constexpr (OwnsData<F>) {
+      for (int k = 0; k < data_->validation_batches(); ++k) {
+        auto [name, mb] = data_->validation(k);
+        const double loss = evaluate_batch(mb);
+        if (out.empty() || out.back().first != name) out.push_back({name, 0.0});
+        out.back().second += loss;
+      }
+      for (auto& [name, sum] : out) sum /= data_->validation_batches() / static_cast<double>(out.size());
+    }
+    return out;
+  }
+  std::string describe_data() const override {
+    if constexpr (OwnsData<F>) return data_->describe();
+    else return {};
+  }
+
+ private:
+  // Collective: forward and backward of the step's micro-batches (each weighted by its grad_scale),
+  // then the optimizer step.
+  StepResult run_step(std::vector<typename Model::MicroBatch>& mbs, double lr, double clip, StopPoints& points) {
     dp_.zero_grad();
     StepResult r;
-    const double scale = 1.0 / static_cast<double>(micro_batches.size());
     Polling hook(world_, stop_requested(), points);  // the executor's stop points, plain or pipelined
     try {
       if (pp_) {  // the schedule runs every micro-batch of the step
-        std::vector<nn::MicroBatch> mbs;
-        for (const Tokens& t : micro_batches) mbs.push_back({{t.x, t.y}, micro_, scale});
         r.loss = pp_->run(mbs, dp_, hook);
       } else {
-        for (std::size_t a = 0; a < micro_batches.size(); ++a) {
+        for (std::size_t a = 0; a < mbs.size(); ++a) {
           const pipeline::Trace::Scope traced(trace_, world_.rank(), "forward+backward", "compute", -1,
                                               static_cast<int>(a));
-          auto ctx = model_.in_flight({{micro_batches[a].x, micro_batches[a].y}, micro_, scale});
-          r.loss += pipeline::forward_backward(model_, ctx, mesh_, dp_, a + 1 == micro_batches.size(), hook) * scale;
+          auto ctx = model_.in_flight(mbs[a]);
+          r.loss += pipeline::forward_backward(model_, ctx, mesh_, dp_, a + 1 == mbs.size(), hook) * mbs[a].grad_scale;
         }
       }
     } catch (const Abandoned& stop) {
@@ -124,11 +169,23 @@ class TrainerOf final : public Trainer {
     return r;
   }
 
-  double evaluate(const Tokens& t) override {
-    if (pp_) return pp_->evaluate({{t.x, t.y}, micro_});
-    auto ctx = model_.in_flight({{t.x, t.y}, micro_});
+  // Collective: one micro-batch's loss, forward only.
+  double evaluate_batch(const typename Model::MicroBatch& mb) {
+    if (pp_) return pp_->evaluate(mb);
+    auto ctx = model_.in_flight(mb);
     pipeline::forward(model_, ctx, mesh_, dp_, nn::Mode::infer);
     return ctx.loss;
+  }
+
+ public:
+  double evaluate(const Tokens& t) override {
+    if constexpr (OwnsData<F>) {
+      (void)t;
+      throw Error(o_.where(), cat("the model family '", F::name(), "' reads its own data, not tokens"),
+                  "evaluate it through validate");
+    } else {
+      return evaluate_batch({{t.x, t.y}, micro_});
+    }
   }
 
   bool has_logits() const override {
@@ -187,6 +244,7 @@ class TrainerOf final : public Trainer {
   std::optional<Pipe> pp_;
   std::optional<checkpoint::Saver<checkpoint::Sharded>> sharded_;
   std::optional<checkpoint::Saver<checkpoint::Consolidated>> consolidated_;
+  std::optional<family_data_t<F, T>> data_;  // a family's own data (OwnsData), this rank's
 };
 
 }  // namespace weft::train
