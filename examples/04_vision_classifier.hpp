@@ -1,6 +1,5 @@
-// A small vision transformer classifying synthetic images, on weft's public headers: a model with a
-// batch, a head and a loss of its own (docs/models.md). Patches in (nn::FeatureEmbeddingStage),
-// pre-norm blocks of bidirectional attention and an MLP, a classifier head. Every layout applies.
+// A small vision transformer classifying synthetic images: a model with a batch, a head and a loss of
+// its own, on weft's public headers (docs/models.md, section 8). Every layout applies to it.
 #pragma once
 
 #include <weft/weft_host.hpp>
@@ -44,12 +43,10 @@ struct ClassifierHead {
     std::int64_t rows = 0;
   };
   nn::Param<double, Replicated, Replicated, Host> w, b;  // (classes, C), (classes)
-
   ClassifierHead() = default;
   ClassifierHead(Host& h, const Config& c, const Spread& s)
       : w(h, {c.classes, c.width}, s, 8, {nn::Init::normal, c.init_std}, c.seed, nn::Decay::yes),
         b(h, {c.classes}, s, 9, {nn::Init::zeros}, c.seed, nn::Decay::no) {}
-
   template <class Batch, AxisComms M>
   double forward(Ctx& ctx, const Tensor<double, A, Host>& x, const Batch& in, M& mesh, nn::Mode = nn::Mode::train) {
     const std::int64_t C = x.local_shape()[2], K = w.value.global_shape()[0];
@@ -74,7 +71,6 @@ struct ClassifierHead {
     mesh.comm(Axis::data).all_reduce(std::span<double>(loss));
     return loss[0] / static_cast<double>(in.batch);
   }
-
   template <AxisComms M>
   Tensor<double, A, Host> backward(Ctx& ctx, double grad_scale, M&) {
     const Spread& s = w.value.spread();
@@ -93,9 +89,7 @@ struct ClassifierHead {
       }
     return dx;
   }
-  template <class F> void for_each_param(const std::string& p, F&& f) {
-    f(p + "head.weight", w), f(p + "head.bias", b);
-  }
+  template <class F> void for_each_param(const std::string& p, F&& f) { f(p + "head.w", w), f(p + "head.b", b); }
 };
 
 template <bool SP, class Cx = context::None>
@@ -118,7 +112,6 @@ struct Spec {
   using Block = nn::Sequential<nn::Residual<AttnPart>, nn::Residual<on_rows<MlpSeq>>>;
   using Embedding = nn::FeatureEmbeddingStage<T, SP, &Images::patches, Host, Cx>;
   using Head = ClassifierHead<SP, Cx>;
-
   static std::string name() { return "vit"; }
   static void validate(const Config&, const Spread&, std::int64_t) {}  // weft's layers check their sizes
   static std::vector<std::pair<std::string, std::int64_t>> record(const Config& c) {
@@ -144,8 +137,7 @@ struct Spec {
 template <bool SP, class Cx = context::None>
 using Model = nn::StagedModel<Spec<SP, Cx>>;
 
-// Synthetic images: class k is a fixed random pattern plus noise; a sample keyed by (step, micro-
-// batch, its index in the global batch), so that every mesh reads the same global batches.
+// Synthetic images: class k's pattern plus noise, drawn from (step, micro-batch, sample): any mesh, the same batches.
 struct Data {
   Config c;
   std::int64_t micro;
@@ -153,17 +145,15 @@ struct Data {
   std::vector<std::vector<double>> x = std::vector<std::vector<double>>(u(m));
   std::vector<std::vector<std::int32_t>> y = std::vector<std::vector<std::int32_t>>(u(m));
   nn::Batch<Images> next(int step, int i, double scale) {
-    auto& xi = x[u(i)];
-    auto& yi = y[u(i)];
-    xi.clear(), yi.clear();
+    x[u(i)].clear(), y[u(i)].clear();
     for (std::int64_t b = data_rank * micro / data; b < (data_rank + 1) * micro / data; ++b) {
       std::mt19937_64 rng(static_cast<std::uint64_t>((step * 64 + i) * 4096 + b));
-      yi.push_back(static_cast<std::int32_t>(rng() % static_cast<std::uint64_t>(c.classes)));
-      std::mt19937_64 pattern(static_cast<std::uint64_t>(1000 + yi.back()));
+      y[u(i)].push_back(static_cast<std::int32_t>(rng() % static_cast<std::uint64_t>(c.classes)));
+      std::mt19937_64 pattern(static_cast<std::uint64_t>(1000 + y[u(i)].back()));
       std::normal_distribution<double> unit, noise(0.0, 0.5);
-      for (std::int64_t p = 0; p < c.seq * c.patch; ++p) xi.push_back(unit(pattern) + noise(rng));
+      for (std::int64_t p = 0; p < c.seq * c.patch; ++p) x[u(i)].push_back(unit(pattern) + noise(rng));
     }
-    return {{xi, yi}, micro, scale};
+    return {{x[u(i)], y[u(i)]}, micro, scale};
   }
 };
 

@@ -139,14 +139,19 @@ RankStep measure_rank(D& dev, C& world, const typename Model::config_type& c, co
   if (run.mesh.pipe > 1)
     pp.emplace(model, pipeline::make_table(run.schedule, run.mesh.pipe, static_cast<int>(m), run.virtual_stages), part,
                mesh);
-  // Tokens 0 (a valid id of any vocabulary): the counts do not depend on the values. They are host
-  // memory, even on the Meta device: a micro-batch past 2^28 tokens a rank is refused, not allocated.
-  if (const double tokens = static_cast<double>(micro / run.mesh.data) * static_cast<double>(c.seq); tokens > (1 << 28))
+  // The model's inputs, zeros (token 0 is a valid id of any vocabulary): the counts do not depend on
+  // the values. They are host memory, even on the Meta device: a micro-batch past 2^28 values a rank
+  // is refused, not allocated.
+  using In = typename Model::Inputs;
+  double values = 0;
+  for (std::int64_t v : In::per_sample(c))
+    values += static_cast<double>(micro / run.mesh.data) * static_cast<double>(v);
+  if (values > (1 << 28))
     throw Error("plan",
-                cat("a micro-batch of ", micro, " sequences of ", c.seq, " tokens over ", run.mesh.data,
-                    " data ranks is ", tokens, " tokens a rank, more than a plan feeds (2^28)"),
+                cat("a micro-batch of ", micro, " samples (sequences of ", c.seq, ") over ", run.mesh.data,
+                    " data ranks is ", values, " input values a rank, more than a plan feeds (2^28)"),
                 "plan a smaller micro-batch (--micro-batch) or more data ranks");
-  const std::vector<std::int32_t> x(static_cast<std::size_t>(micro / run.mesh.data * c.seq), 0), y(x);
+  const nn::ZeroInputs<In> zeros(c, micro / run.mesh.data);
   RankStep out{world.rank(), mesh.coord(), detail::of_current(dev.memory()), {}, {}, {}, {}, {}};
   constexpr bool counted = requires { mesh.comm(Axis::data).counters(); };
   std::array<threads::Counters, kAxes.size()> comm_before{};
@@ -166,12 +171,12 @@ RankStep measure_rank(D& dev, C& world, const typename Model::config_type& c, co
   dev.reset_peak();
   dp.zero_grad();
   if (pp) {
-    const std::vector<nn::MicroBatch> mbs(static_cast<std::size_t>(m),
-                                          nn::MicroBatch{{x, y}, micro, 1.0 / static_cast<double>(m)});
+    const std::vector<typename Model::MicroBatch> mbs(
+        static_cast<std::size_t>(m), typename Model::MicroBatch{zeros.inputs(), micro, 1.0 / static_cast<double>(m)});
     pp->run(mbs, dp);
   } else {
     for (std::int64_t k = 0; k < m; ++k) {
-      auto ctx = model.in_flight({{x, y}, micro, 1.0 / static_cast<double>(m)});
+      auto ctx = model.in_flight({zeros.inputs(), micro, 1.0 / static_cast<double>(m)});
       pipeline::forward_backward(model, ctx, mesh, dp, k + 1 == m);
     }
   }
@@ -272,8 +277,8 @@ std::vector<StageCollectives> stage_collectives(const typename ModelOn<Meta<Host
     MetaComm<ThreadComm> world(w);
     Mesh mesh{world, shape};
     Model model(dev, c, mesh.spread(), micro_batch);
-    const std::vector<std::int32_t> x(static_cast<std::size_t>(micro_batch / shape.data * c.seq), 0), y(x);
-    auto ctx = model.in_flight({{x, y}, micro_batch});
+    const nn::ZeroInputs<typename Model::Inputs> zeros(c, micro_batch / shape.data);
+    auto ctx = model.in_flight({zeros.inputs(), micro_batch});
     const std::size_t stages = model.stages();
     std::vector<StageCollectives> got(stages);
     const auto snapshot = [&] {

@@ -24,7 +24,13 @@
 //   };
 //   using MyBatch = nn::Batch<Latents>;   // {{latents, noise, labels, timesteps}, batch, grad_scale}
 //
-// defines: nn::Batch, nn::Tokens, nn::MicroBatch, nn::seq_of, nn::Inputs, nn::check_field, nn::inputs_t
+// An input type that also says each field's values a sample, per_sample(config) (in
+// for_each_field's order), can be planned: nn::ZeroInputs makes a micro-batch of zeros of those
+// sizes, which the plan (cost/measure.hpp) runs on the Meta device (its counts do not depend on the
+// values; zeros are in range for every field weft's models read: ids, labels, features).
+//
+// defines: nn::Batch, nn::Tokens, nn::MicroBatch, nn::seq_of, nn::Inputs, nn::check_field, nn::inputs_t,
+//   nn::PlannedInputs, nn::ZeroInputs
 #pragma once
 
 #include <concepts>
@@ -32,6 +38,7 @@
 #include <span>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "weft/core/error.hpp"
 
@@ -75,6 +82,10 @@ struct Tokens {
     f("tokens", tokens);
     f("targets", targets);
   }
+  template <class C>
+  static std::vector<std::int64_t> per_sample(const C& c) {
+    return {c.seq, c.seq};
+  }
   // b sequences of the configuration's seq, every id in [0, vocab).
   template <class C>
   void check(const C& c, std::int64_t b, const std::string& where) const {
@@ -112,5 +123,38 @@ struct inputs_of<Spec> {
 };
 template <class Spec>
 using inputs_t = typename inputs_of<Spec>::type;
+
+template <class I, class C>
+concept PlannedInputs = Inputs<I> && requires(const C& c) {
+  { I::per_sample(c) } -> std::convertible_to<std::vector<std::int64_t>>;
+};
+
+// `local` samples of zeros of every field of In, in host memory it owns (inputs() points into it).
+template <Inputs In>
+class ZeroInputs {
+ public:
+  template <class C>
+    requires PlannedInputs<In, C>
+  ZeroInputs(const C& c, std::int64_t local) {
+    const std::vector<std::int64_t> per = In::per_sample(c);
+    std::size_t k = 0;
+    in_.for_each_field([&]<class E>(const char* name, std::span<const E>& field) {
+      if (k >= per.size())
+        throw Error("nn::ZeroInputs", cat("per_sample lists ", per.size(), " fields; '", name, "' is one more"),
+                    "give per_sample one size for each field for_each_field lists");
+      const auto n = static_cast<std::size_t>(local * per[k++]);
+      store_.emplace_back(n * sizeof(E));  // value-initialized: zeros
+      field = std::span<const E>(reinterpret_cast<const E*>(store_.back().data()), n);
+      elements_ += static_cast<std::int64_t>(n);
+    });
+  }
+  const In& inputs() const { return in_; }
+  std::int64_t elements() const { return elements_; }  // of every field
+
+ private:
+  In in_{};
+  std::int64_t elements_ = 0;
+  std::vector<std::vector<std::byte>> store_;  // no element type has an alignment above a byte vector's
+};
 
 }  // namespace weft::nn

@@ -17,9 +17,10 @@
 // guidance's training). Validation: 4 micro-batches at each of 0.25, 0.5 and 0.75 of the schedule
 // (the same latents each time), their losses named and their mean the run's eval loss.
 //
-// Not yet: the plan (cost/measure.hpp runs token batches; --plan is refused and the fits check
-// skipped), weft-train's GPU units for DiT (its layers on the GPU are compiled by tests/nn/gpu.cu),
-// --init-from a diffusers directory (dit::import_diffusers converts one; load it with --resume).
+// The plan (--plan, and the check that a run fits) is the step measured on the Meta device, on a
+// micro-batch of zeros of the inputs' sizes (nn::ZeroInputs). Not yet: weft-train's GPU units for
+// DiT (its layers on the GPU are compiled by tests/nn/gpu.cu), --init-from a diffusers directory
+// (dit::import_diffusers converts one; load it with --resume).
 #pragma once
 
 #include <cstdint>
@@ -150,8 +151,7 @@ struct Family {
   template <class E>
   using data = TrainData<E>;
   using host_precisions = train::List<F32, Bf16Mixed>;
-  static constexpr bool measured_plan = false;  // cost/measure.hpp's batches are tokens
-  static constexpr bool gpu = false;            // weft-train's GPU units for DiT: not yet
+  static constexpr bool gpu = false;  // weft-train's GPU units for DiT: not yet
 
   static std::string name() { return "dit"; }
   static std::vector<std::string> preset_names() { return dit::preset_names(); }

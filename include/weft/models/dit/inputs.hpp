@@ -61,6 +61,9 @@ struct Inputs {
     f("y", y);
     f("target", target);
   }
+  static std::vector<std::int64_t> per_sample(const Config& c) {
+    return {c.seq * c.patch_features(), c.frequencies, 1, c.seq * c.patch_features()};
+  }
   void check(const Config& c, std::int64_t b, const std::string& where) const {
     const std::string patches = cat("patches (", c.seq, ") x patch features (", c.patch_features(), ")");
     nn::check_field(x, b * c.seq * c.patch_features(), "x", where, patches);
