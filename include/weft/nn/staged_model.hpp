@@ -139,6 +139,21 @@ class StagedModel {
   static constexpr bool sided = SidedSpec<Spec>;
   using Side = SideInput<T, D>;
 
+  // The first stage and the head meet the stream in the model's layout: a head over another layout
+  // (built without the model's context choice or sequence parallelism) cannot reduce its loss over
+  // the rows this layout splits across ranks.
+  static_assert(
+      !requires { typename Head::A; } || std::same_as<typename Head::A, A>,
+      "nn::StagedModel: the head (Spec::Head) takes the stream in another layout than the model's "
+      "(Spec::A), so its loss cannot be reduced over the rows the model's layout splits (context "
+      "parallelism splits the sequence over context ranks, sequence parallelism its rows over tensor "
+      "ranks); build the head over the model's sequence parallelism and context choice, as "
+      "nn::MseHeadStage<T, SP, Field, D, Norm, Cx>");
+  static_assert(
+      !requires { typename Embedding::A; } || std::same_as<typename Embedding::A, A>,
+      "nn::StagedModel: the first stage (Spec::Embedding) makes the stream in another layout than the "
+      "model's (Spec::A); build it over the model's sequence parallelism and context choice");
+
   // Everything one micro-batch in flight keeps between its stages.
   struct Ctx {
     MicroBatch in;                   // the inputs in the device's memory (copied there by in_flight())

@@ -51,6 +51,44 @@ struct PlainMesh {
                         const Tensor<double, act::Full, Host>& x, PlainMesh& mesh) {
   m.forward(c, x, mesh);
 }
+#elif defined(WEFT_CF_HEAD_CANNOT_REDUCE)
+// A model whose sequence is split over context ranks (Cx = Ring) with a head built for whole
+// sequences (MseHeadStage without the context choice): its loss cannot be reduced over the layout.
+#include "weft/nn/feature_stages.hpp"
+#include "weft/nn/token_wise.hpp"
+struct In {
+  std::span<const double> x, y;
+  template <class F>
+  void for_each_field(F&& f) {
+    f("x", x), f("y", y);
+  }
+  template <class C>
+  void check(const C&, std::int64_t, const std::string&) const {}
+};
+struct Cfg {
+  std::int64_t seq = 8, layers = 1, width = 8;
+  std::uint64_t seed = 1;
+};
+struct Spec {
+  using precision = precision_t<F64>;
+  using config = Cfg;
+  using device = Host;
+  using Inputs = In;
+  using A = stream<false, true>::layout;
+  using Block = TokenWise<LayerNorm<double, stream<false>::layout> >;
+  using Embedding = FeatureEmbeddingStage<double, false, &In::x, Host, context::Ring>;
+  using Head = MseHeadStage<double, false, &In::y>;  // whole sequences: no context choice
+  static constexpr bool sequence_parallel = false;
+  static std::string name() { return "cf"; }
+  static void validate(const Cfg&, const Spread&, std::int64_t) {}
+  static std::vector<std::pair<std::string, std::int64_t> > record(const Cfg&) { return {}; }
+  static std::string block_name(std::int64_t) { return "b"; }
+  static Embedding make_embedding(Host&, const Cfg&, const Spread&);
+  static Block make_block(Host&, const Cfg&, const Spread&, std::int64_t);
+  static Head make_head(Host&, const Cfg&, const Spread&);
+};
+[[maybe_unused]] StagedModel<Spec>* model = nullptr;
+[[maybe_unused]] constexpr bool sided = StagedModel<Spec>::sided;
 #else
 // The control: the valid versions compile.
 static_assert(Layer<Col> && Layer<Row> && Layer<CopyToTensor> && Layer<Sequential<Col, Row> >);
