@@ -23,6 +23,9 @@ not tokens), checked by what it computes:
    for DiT, --records without --labels, --objective for GPT-2, a tensor degree that does not divide
    the heads; and (exit 1) latents of the wrong shape and labels fewer than the latents, by file
    name.
+6. --init-from the diffusers fixture (tests/fixtures/dit_diffusers, the tiny preset's sizes) trains
+   from its weights (a first loss other than the seed's); a run whose --layers differs from its
+   config.json is refused naming the field (exit 1: the import runs as the run starts).
 """
 import json, os, re, subprocess, sys, tempfile
 
@@ -128,6 +131,17 @@ def plan_equals_run(name, args, rows):
 plan_equals_run("plan", ["--data", "2", "--tensor", "2", "--strategy", "zero1-sp", "--batch", "8", "--micro-batch", "4"],
                 [r"blocks\.0\.attn"])
 plan_equals_run("plan_context", ["--data", "1", "--tensor", "2", "--context", "2", "--batch", "8"], [])
+
+# 6. --init-from a diffusers directory (tests/fixtures/dit_diffusers: the tiny preset's sizes).
+fixture = os.path.join(here, "..", "fixtures", "dit_diffusers")
+warm, warm_out, _ = run("init_from", [*short, "--data", "1", "--tensor", "2", "--init-from", fixture])
+if "initial weights: " not in warm_out or not warm or not one or abs(warm[1] - one[1]) < 1e-3:
+    failures.append(f"--init-from {fixture}: {warm} against the seed's {one}\n{warm_out}")
+print(f"--init-from the diffusers fixture: first loss {warm.get(1)}, the seed's {one.get(1)}")
+# exit 1: the import runs when the run starts (it converts the directory), before any step
+_, said, _ = run("init_from_bad", [*short, "--data", "1", "--tensor", "1", "--layers", "3", "--init-from", fixture], 1)
+if "its config.json has layers 2; the run's model has 3" not in said:
+    failures.append(f"--init-from with --layers 3 was not refused by name:\n{said}")
 
 # 5. Refusals.
 wrong = os.path.join(work, "wrong.bin")

@@ -18,9 +18,9 @@
 // (the same latents each time), their losses named and their mean the run's eval loss.
 //
 // The plan (--plan, and the check that a run fits) is the step measured on the Meta device, on a
-// micro-batch of zeros of the inputs' sizes (nn::ZeroInputs). Not yet: weft-train's GPU units for
-// DiT (its layers on the GPU are compiled by tests/nn/gpu.cu), --init-from a diffusers directory
-// (dit::import_diffusers converts one; load it with --resume).
+// micro-batch of zeros of the inputs' sizes (nn::ZeroInputs). --init-from DIR starts from a diffusers
+// DiTTransformer2DModel directory whose config.json is the run's model (import_hf). Not yet:
+// weft-train's GPU units for DiT (its layers on the GPU are compiled by tests/nn/gpu.cu).
 #pragma once
 
 #include <cstdint>
@@ -35,6 +35,7 @@
 #include "weft/core/precision.hpp"
 #include "weft/data/records.hpp"
 #include "weft/models/dit/config.hpp"
+#include "weft/models/dit/diffusers.hpp"
 #include "weft/models/dit/inputs.hpp"
 #include "weft/models/dit/model.hpp"
 #include "weft/train/family.hpp"
@@ -159,6 +160,20 @@ struct Family {
   // A patch's share of a sample's FLOPs, forward and backward (3x the forward).
   static double flops_per_token(const Config& c) {
     return 3 * forward_flops_per_sample(c) / static_cast<double>(c.seq);
+  }
+  // --init-from DIR: a diffusers DiTTransformer2DModel directory, whose config.json must describe the
+  // run's model (every field of the record; the first that differs is named), imported before
+  // anything trains (dit::import_diffusers).
+  static void import_hf(const std::string& from, const std::string& dir, const Config& c) {
+    const Config got = diffusers_config(from, c);
+    const auto want = record(c), have = record(got);
+    for (std::size_t i = 0; i < want.size(); ++i)
+      if (want[i] != have[i])
+        throw Error(
+            cat("dit::import(", from, ")"),
+            cat("its config.json has ", have[i].first, " ", have[i].second, "; the run's model has ", want[i].second),
+            "choose the preset and sizes of the model in the directory (--preset, --layers, --width, --heads)");
+    import_diffusers(from, dir, c);
   }
   static std::string summary(const Config& c) {
     return cat("latents ", c.in_channels, " x ", c.sample, " x ", c.sample, " in patches of ", c.patch, " (", c.seq,
