@@ -180,9 +180,7 @@ class MseHeadStage {
   // Parameter ids: the norm's norm_id and up, the weight out_id (normal(0, init_std)), the bias out_id + 1.
   MseHeadStage(D& dev, std::int64_t C, std::int64_t F, const Spread& s, std::uint64_t seed, std::uint64_t norm_id,
                std::uint64_t out_id, double init_std)
-      : norm(dev, C, s, norm_id, seed),
-        weight(dev, {F, C}, s, out_id, {Init::normal, init_std}, seed, Decay::yes),
-        bias(dev, {F}, s, out_id + 1, {Init::zeros}, seed, Decay::no) {}
+      : MseHeadStage(Norm(dev, C, s, norm_id, seed), dev, C, F, s, seed, out_id, init_std) {}
 
   // The same with a norm built by the caller (one whose constructor needs more than the width).
   MseHeadStage(Norm n, D& dev, std::int64_t C, std::int64_t F, const Spread& s, std::uint64_t seed,
