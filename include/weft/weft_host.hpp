@@ -28,6 +28,7 @@
 #include "weft/nn/elementwise.hpp"
 #include "weft/nn/feature_stages.hpp"
 #include "weft/nn/modulation.hpp"
+#include "weft/nn/padding.hpp"
 #include "weft/nn/sequential.hpp"
 #include "weft/nn/side.hpp"
 #include "weft/ops/all.hpp"

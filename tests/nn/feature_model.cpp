@@ -1,148 +1,93 @@
 // A model that is not tokens in / cross-entropy out, written on weft's public headers as a user
-// would: a vector of features at each position in (nn::FeatureEmbeddingStage over the batch's
-// field x), bidirectional attention blocks (GPT-2's layer, its attention without biases and with
-// mask::Bidirectional), a vector of
-// values at each position out with the mean squared error against the batch's field y
+// would (tests/nn/feature_spec.hpp): a vector of features at each position in, bidirectional
+// attention blocks, a vector of values at each position out with the mean squared error
 // (nn::MseHeadStage), its batch a record of two float fields (nn::Batch<Features>).
 //
 // Checked: the loss against its closed form (the head's projection zeroed: the mean of y^2), every
 // gradient against finite differences on one rank, and every layout against one rank in f64
 // (1e-12): tensor 2 with and without sequence parallelism, DDP, ZeRO-1 and FSDP over data 2, a
 // 1F1B pipeline over 2 ranks, context 2 (ring and all-gather), and mixes of them; fields of the
-// wrong size refused by name.
+// wrong size refused by name. Padded (PaddedFeatures, nn/padding.hpp): whole lengths equal the
+// unpadded model exactly; the loss is the mean over the valid rows; what lies past a sample's
+// length changes nothing; finite differences; every layout against one rank; bad lengths refused.
 #include <doctest/doctest.h>
 
+#include <array>
 #include <cmath>
 #include <cstdint>
+#include <map>
+#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "nn/feature_spec.hpp"
 #include "support/gradcheck.hpp"
 #include "support/train_steps.hpp"
-#include "weft/nn/feature_stages.hpp"
-#include "weft/nn/grouped_attention.hpp"
-#include "weft/nn/mlp.hpp"
-#include "weft/nn/sequential.hpp"
-#include "weft/nn/token_wise.hpp"
+#include "weft/nn/describe.hpp"
 #include "weft/pipeline/executor.hpp"
 
 using namespace weft;
 
 namespace {
 
-struct Config {
-  std::int64_t seq = 8, layers = 2, width = 16, heads = 2, in = 6, out = 3;
-  std::uint64_t seed = 7;
-  double init_std = 0.3;
-};
+using test::feature::Config;
+using Features = test::feature::FeaturesOf<double>;
+using PaddedFeatures = test::feature::PaddedFeaturesOf<double>;
+static_assert(nn::PaddedInputs<PaddedFeatures> && !nn::PaddedInputs<Features>);
 
-// The batch: features in and target values out at each position.
-struct Features {
-  std::span<const double> x, y;  // (B/dp, T, in), (B/dp, T, out)
-  template <class F>
-  void for_each_field(F&& f) {
-    f("x", x);
-    f("y", y);
-  }
-  void check(const Config& c, std::int64_t b, const std::string& where) const {
-    nn::check_field(x, b * c.seq * c.in, "x", where, cat("seq x in (", c.seq * c.in, ")"));
-    nn::check_field(y, b * c.seq * c.out, "y", where, cat("seq x out (", c.seq * c.out, ")"));
-  }
-};
+template <bool SP, class Cx = context::None, class In = Features>
+using Spec = test::feature::Spec<SP, Cx, In>;
 
-template <bool SP, class Cx = context::None>
-struct Spec {
-  static constexpr bool cp = context::Kind<Cx>;
-  using precision = precision_t<F64>;
-  using T = double;
-  using config = Config;
-  using device = Host;
-  using Inputs = Features;
-  using Local = nn::stream<SP>;
-  using A = typename nn::stream<SP, cp>::layout;
-  using Norm = nn::LayerNorm<T, typename Local::layout>;
-  using Attn = nn::GroupedQueryAttention<T, recompute::None, Host, Cx, mask::Bidirectional>;
-  using Mlp = nn::Mlp<T>;
-  using Enter = typename nn::stream<SP, cp>::enter;
-  using Leave = typename nn::stream<SP, cp>::leave;
-  template <class L>
-  using on_rows = std::conditional_t<cp, nn::TokenWise<L>, L>;
-  using AttnInner = nn::Sequential<on_rows<nn::Named<"ln1", Norm>>, Enter, nn::Named<"attn", Attn>, Leave>;
-  using MlpSeq =
-      nn::Sequential<nn::Named<"ln2", Norm>, typename Local::enter, nn::Named<"mlp", Mlp>, typename Local::leave>;
-  using MlpInner = on_rows<MlpSeq>;
-  using Block = nn::Sequential<nn::Residual<AttnInner>, nn::Residual<MlpInner>>;
-  using Embedding = nn::FeatureEmbeddingStage<T, SP, &Features::x, Host, Cx>;
-  using Head = nn::MseHeadStage<T, SP, &Features::y, Host, Norm, Cx>;
-  static constexpr bool sequence_parallel = SP;
-
-  static std::string name() { return "regressor"; }
-  static void validate(const Config& c, const Spread& s, std::int64_t batch) {
-    if (c.heads % s.tensor_degree != 0 || batch % s.data_degree != 0 ||
-        c.seq % (2 * s.context_degree * (SP ? s.tensor_degree : 1)) != 0)
-      throw Error("regressor", "a mesh that does not divide the heads, the batch or the sequence", "use another mesh");
-  }
-  static std::vector<std::pair<std::string, std::int64_t>> record(const Config& c) {
-    return {{"seq", c.seq}, {"layers", c.layers}, {"width", c.width}, {"heads", c.heads}, {"in", c.in}, {"out", c.out}};
-  }
-  static std::string block_name(std::int64_t l) { return cat("h", l); }
-  static Embedding make_embedding(Host& dev, const Config& c, const Spread& s) {
-    return Embedding(dev, c.in, c.width, s, c.seed, c.init_std);
-  }
-  static Block make_block(Host& dev, const Config& c, const Spread& s, std::int64_t l) {
-    const auto id = static_cast<std::uint64_t>(16 + 16 * l);
-    return Block(nn::Residual<AttnInner>(AttnInner(
-                     on_rows<nn::Named<"ln1", Norm>>(nn::Named<"ln1", Norm>(Norm(dev, c.width, s, id, c.seed))), {},
-                     nn::Named<"attn", Attn>(Attn(dev, c.width, c.heads, c.heads, std::nullopt, false, s, id + 4,
-                                                  c.seed, c.init_std, c.init_std)),
-                     {})),
-                 nn::Residual<MlpInner>(MlpInner(
-                     MlpSeq(nn::Named<"ln2", Norm>(Norm(dev, c.width, s, id + 2, c.seed)), {},
-                            nn::Named<"mlp", Mlp>(Mlp(dev, c.width, s, id + 8, c.seed, c.init_std, c.init_std)), {}))));
-  }
-  static Head make_head(Host& dev, const Config& c, const Spread& s) {
-    return Head(dev, c.width, c.out, s, c.seed, 8, 10, c.init_std);
-  }
-};
-
-template <bool SP, class Cx = context::None>
-using Regressor = nn::StagedModel<Spec<SP, Cx>>;
+template <bool SP, class Cx = context::None, class In = Features>
+using Regressor = nn::StagedModel<Spec<SP, Cx, In>>;
 
 const Config kConfig{};
 constexpr std::int64_t kMicro = 4;
 constexpr int kM = 2;
 
 // Sample g of step s, micro-batch i: x and y drawn from normals keyed by all three, so that every
-// data rank reads its own samples of the same global batches whatever the mesh.
-struct FeatureBatches {
+// data rank reads its own samples of the same global batches whatever the mesh. Padded (In =
+// PaddedFeatures): sample g's length is kLengths[(g + 2 s + i) % 8], so that the data ranks hold
+// different numbers of valid rows, a context rank may hold none of a sample's, and a sample may be
+// whole.
+constexpr std::array<std::int32_t, 8> kLengths{8, 3, 5, 1, 6, 2, 7, 4};
+
+template <class In>
+struct FeatureBatchesOf {
   Config c;
   std::int64_t micro;
   int data, data_rank;
   std::vector<std::vector<double>> x, y;
+  std::vector<std::vector<std::int32_t>> lengths;
   template <class C>
-  FeatureBatches(const C& config, std::int64_t micro_batch, int d, int r, int m)
-      : c(config), micro(micro_batch), data(d), data_rank(r), x(static_cast<std::size_t>(m)), y(x) {}
-  nn::Batch<Features> next(int step, int i, double scale) {
+  FeatureBatchesOf(const C& config, std::int64_t micro_batch, int d, int r, int m)
+      : c(config), micro(micro_batch), data(d), data_rank(r), x(static_cast<std::size_t>(m)), y(x), lengths(x.size()) {}
+  nn::Batch<In> next(int step, int i, double scale) {
     const std::int64_t local = micro / data, first = data_rank * local;
     auto& xs = x[static_cast<std::size_t>(i)];
     auto& ys = y[static_cast<std::size_t>(i)];
+    auto& ls = lengths[static_cast<std::size_t>(i)];
     xs.clear();
     ys.clear();
+    ls.clear();
     for (std::int64_t b = first; b < first + local; ++b) {
       const auto key = static_cast<std::uint64_t>((step * kM + i) * 1000 + b);
       const auto xb = test::normals(static_cast<std::size_t>(c.seq * c.in), 100 + key);
       const auto yb = test::normals(static_cast<std::size_t>(c.seq * c.out), 5000 + key);
       xs.insert(xs.end(), xb.begin(), xb.end());
       ys.insert(ys.end(), yb.begin(), yb.end());
+      ls.push_back(kLengths[static_cast<std::size_t>(b + 2 * step + i) % kLengths.size()]);
     }
-    return {{xs, ys}, micro, scale};
+    if constexpr (nn::PaddedInputs<In>) return {{xs, ys, ls}, micro, scale};
+    else return {{xs, ys}, micro, scale};
   }
 };
+using FeatureBatches = FeatureBatchesOf<Features>;
 
-template <bool SP, class Cx = context::None, class Strategy = optim::Ddp>
+template <bool SP, class Cx = context::None, class Strategy = optim::Ddp, class In = Features>
 test::StepsRun run(int data, int pipe, int context, int tensor) {
-  return test::train_steps<Regressor<SP, Cx>, pipeline::OneFOneB, Strategy, FeatureBatches>(
+  return test::train_steps<Regressor<SP, Cx, In>, pipeline::OneFOneB, Strategy, FeatureBatchesOf<In>>(
       kConfig, kMicro, kM, pipe, 1, tensor, data, 2, context);
 }
 
@@ -245,4 +190,204 @@ TEST_CASE("a feature model refuses fields of the wrong size, naming the field") 
                          "(batch / data degree) x seq x out (24) values",
                          Error);
   });
+}
+
+// Padding (nn/padding.hpp): the same model over PaddedFeatures.
+namespace {
+
+using Padded = Regressor<false, context::None, PaddedFeatures>;
+
+struct LossAndGrads {
+  double loss = 0;
+  std::map<std::string, std::vector<double>> grads;
+};
+
+// One forward and backward of mb on one rank, from the model's initial weights.
+template <class Model, class Batch>
+LossAndGrads one_rank(const Batch& mb, bool zero_projection = false) {
+  LossAndGrads out;
+  Host h;
+  run_threads(1, [&](ThreadComm& world) {
+    Mesh mesh{world, {}};
+    Model model(h, kConfig, mesh.spread(), kMicro);
+    if (zero_projection)
+      ops::Memory<Host>::fill(h, model.head.weight.value.data(), model.head.weight.value.numel(), 0.0);
+    model.zero_grad();
+    auto ctx = model.in_flight(mb);
+    out.loss = pipeline::forward_backward(model, ctx, mesh);
+    model.for_each_param([&](const std::string& name, auto& p) {
+      out.grads[name].assign(p.grad.data(), p.grad.data() + p.grad.numel());
+    });
+  });
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("padding: samples of the whole sequence's length give the unpadded model's loss and gradients exactly") {
+  FeatureBatchesOf<PaddedFeatures> batches(kConfig, kMicro, 1, 0, 1);
+  auto mb = batches.next(0, 0, 1.0);
+  std::vector<std::int32_t> whole(static_cast<std::size_t>(kMicro), static_cast<std::int32_t>(kConfig.seq));
+  mb.lengths = whole;
+  const LossAndGrads padded = one_rank<Padded>(mb);
+  const LossAndGrads plain = one_rank<Regressor<false>>(nn::Batch<Features>{{mb.x, mb.y}, kMicro, 1.0});
+  // The same operations on the same values: the attention sees every key, the count is B T F.
+  CHECK(padded.loss == plain.loss);
+  REQUIRE(padded.grads.size() == plain.grads.size());
+  for (const auto& [name, g] : plain.grads) CHECK_MESSAGE(padded.grads.at(name) == g, name);
+}
+
+TEST_CASE("padding: the loss is the mean squared error over the valid rows (projection zeroed: their mean of y^2)") {
+  FeatureBatchesOf<PaddedFeatures> batches(kConfig, kMicro, 1, 0, 1);
+  const auto mb = batches.next(0, 0, 1.0);
+  double sum = 0;
+  std::int64_t rows = 0;
+  for (std::int64_t b = 0; b < kMicro; ++b)
+    for (std::int64_t t = 0; t < mb.lengths[static_cast<std::size_t>(b)]; ++t, ++rows)
+      for (std::int64_t f = 0; f < kConfig.out; ++f) {
+        const double v = mb.y[static_cast<std::size_t>((b * kConfig.seq + t) * kConfig.out + f)];
+        sum += v * v;
+      }
+  CHECK(rows == 8 + 3 + 5 + 1);  // kLengths' first four
+  const double loss = one_rank<Padded>(mb, true).loss;
+  // The valid rows' squares in another order: rounding alone.
+  CHECK(loss == doctest::Approx(sum / static_cast<double>(rows * kConfig.out)).epsilon(1e-14));
+  // Not the mean over every row (what a head that ignored the lengths would give).
+  double all = 0;
+  for (double v : mb.y) all += v * v;
+  CHECK(std::abs(loss - all / static_cast<double>(mb.y.size())) > 1e-3);
+}
+
+TEST_CASE("padding: what lies past a sample's length changes neither the loss nor any gradient") {
+  FeatureBatchesOf<PaddedFeatures> batches(kConfig, kMicro, 1, 0, 1);
+  const auto mb = batches.next(0, 0, 1.0);
+  const LossAndGrads ref = one_rank<Padded>(mb);
+  std::vector<double> x(mb.x.begin(), mb.x.end()), y(mb.y.begin(), mb.y.end());
+  std::int64_t changed = 0;
+  for (std::int64_t b = 0; b < kMicro; ++b)
+    for (std::int64_t t = mb.lengths[static_cast<std::size_t>(b)]; t < kConfig.seq; ++t, ++changed) {
+      for (std::int64_t f = 0; f < kConfig.in; ++f)
+        x[static_cast<std::size_t>((b * kConfig.seq + t) * kConfig.in + f)] += 3.0;
+      for (std::int64_t f = 0; f < kConfig.out; ++f)
+        y[static_cast<std::size_t>((b * kConfig.seq + t) * kConfig.out + f)] = -5.0;
+    }
+  CHECK(changed == 4 * 8 - 17);
+  auto moved = mb;
+  moved.x = x;
+  moved.y = y;
+  const LossAndGrads got = one_rank<Padded>(moved);
+  // Exactly: a padded key has no weight in any valid query's softmax, and a padded row's error and
+  // gradient are zeros, which add nothing to any sum.
+  CHECK(got.loss == ref.loss);
+  for (const auto& [name, g] : ref.grads) CHECK_MESSAGE(got.grads.at(name) == g, name);
+  // And the padding matters where it is valid data: the same change one row earlier moves the loss.
+  auto earlier = mb;
+  x.assign(mb.x.begin(), mb.x.end());
+  x[static_cast<std::size_t>((0 * kConfig.seq + 7) * kConfig.in)] += 3.0;  // sample 0 is whole (length 8)
+  earlier.x = x;
+  CHECK(one_rank<Padded>(earlier).loss != ref.loss);
+}
+
+TEST_CASE("padding: every gradient matches finite differences of the masked loss on one rank") {
+  Host h;
+  run_threads(1, [&](ThreadComm& world) {
+    Mesh mesh{world, {}};
+    Padded model(h, kConfig, mesh.spread(), kMicro);
+    FeatureBatchesOf<PaddedFeatures> batches(kConfig, kMicro, 1, 0, 1);
+    const auto mb = batches.next(0, 0, 1.0);
+    auto loss = [&] {
+      auto c = model.in_flight(mb);
+      pipeline::forward(model, c, mesh, pipeline::LocalGradients{}, nn::Mode::infer);
+      return c.loss;
+    };
+    model.zero_grad();
+    auto ctx = model.in_flight(mb);
+    pipeline::forward_backward(model, ctx, mesh);
+    std::size_t params = 0;
+    model.for_each_param([&](const std::string& name, auto& p) {
+      INFO(name);
+      const auto r =
+          test::gradcheck(std::span<double>(p.value.data(), static_cast<std::size_t>(p.value.numel())),
+                          std::span<const double>(p.grad.data(), static_cast<std::size_t>(p.grad.numel())), loss, 40);
+      CHECK(r.checked > 0);
+      CHECK(r.worst <= 1e-6);  // support/gradcheck.hpp: central differences in double
+      ++params;
+    });
+    CHECK(params == 2 + 2 * 10 + 4);
+  });
+}
+
+TEST_CASE("padding on every layout equals one rank in f64 (1e-12): loss, gradients and weights") {
+  // Data 2 holds 11 and 6 valid rows in the first micro-batch: a mean per rank would differ.
+  const test::StepsRun ref = run<false, context::None, optim::Ddp, PaddedFeatures>(1, 1, 1, 1);
+  check_equal(run<false, context::None, optim::Ddp, PaddedFeatures>(1, 1, 1, 2), ref, "padded: tensor 2");
+  check_equal(run<true, context::None, optim::Ddp, PaddedFeatures>(1, 1, 1, 2), ref, "padded: tensor 2, SP");
+  check_equal(run<false, context::None, optim::Ddp, PaddedFeatures>(2, 1, 1, 1), ref, "padded: DDP over data 2");
+  check_equal(run<false, context::None, optim::Fsdp, PaddedFeatures>(2, 1, 1, 1), ref, "padded: FSDP over data 2",
+              true);
+  check_equal(run<false, context::None, optim::Ddp, PaddedFeatures>(1, 2, 1, 1), ref, "padded: 1F1B over pipe 2");
+  check_equal(run<false, context::Ring, optim::Ddp, PaddedFeatures>(1, 1, 2, 1), ref, "padded: context 2 (ring)");
+  check_equal(run<false, context::AllGather, optim::Ddp, PaddedFeatures>(1, 1, 2, 1), ref,
+              "padded: context 2 (all-gather)");
+  check_equal(run<true, context::Ring, optim::Ddp, PaddedFeatures>(2, 2, 2, 2), ref,
+              "padded: data 2 x pipe 2 x context 2 x tensor 2 with SP");
+  // And the padding is felt: the padded run is not the unpadded one.
+  const test::StepsRun plain = run<false>(1, 1, 1, 1);
+  CHECK(std::abs(plain.losses[0] - ref.losses[0]) > 1e-3);
+}
+
+TEST_CASE("padding: lengths out of [1, seq], or not one a sample, refused by name") {
+  Host h;
+  run_threads(1, [&](ThreadComm& world) {
+    Mesh mesh{world, {}};
+    Padded model(h, kConfig, mesh.spread(), kMicro);
+    FeatureBatchesOf<PaddedFeatures> batches(kConfig, kMicro, 1, 0, 1);
+    auto mb = batches.next(0, 0, 1.0);
+    std::vector<std::int32_t> lengths{8, 0, 5, 1};
+    mb.lengths = lengths;
+    CHECK_THROWS_WITH_AS(model.in_flight(mb),
+                         "regressor::in_flight: sample 1 has 0 valid positions of 8; give each sample a length from 1 "
+                         "to the sequence length (padding at the end)",
+                         Error);
+    lengths = {8, 3, 9, 1};
+    CHECK_THROWS_WITH_AS(model.in_flight(mb),
+                         "regressor::in_flight: sample 2 has 9 valid positions of 8; give each sample a length from 1 "
+                         "to the sequence length (padding at the end)",
+                         Error);
+    mb.lengths = std::span<const std::int32_t>(lengths).first(3);
+    CHECK_THROWS_WITH_AS(model.in_flight(mb),
+                         "regressor::in_flight: the field 'lengths' holds 3 values where the local batch needs 4; pass "
+                         "(batch / data degree) x 1 values",
+                         Error);
+  });
+}
+
+TEST_CASE("padding: describe's rows count the loss's all-reduce of sum and valid rows, as the run makes it") {
+  // A forward's collectives on the data axis (the head's one all-reduce: the loss's sum, and the
+  // valid rows' count where padded) against the rows describe walks.
+  auto check = [&]<class In>(std::uint64_t bytes) {
+    INFO(std::string(nn::PaddedInputs<In> ? "padded" : "unpadded"));
+    std::mutex mu;
+    run_threads(2, [&](ThreadComm& world) {
+      Host h;
+      Mesh mesh{world, {.data = 2}};
+      Regressor<false, context::None, In> model(h, kConfig, mesh.spread(), kMicro);
+      std::uint64_t planned = 0;
+      for (const nn::CommRow& row : nn::walked_comm_rows(model, kMicro, mesh.spread()))
+        for (const CommStep& st : row.forward)
+          if (st.axis == Axis::data) planned += static_cast<std::uint64_t>(st.bytes_in);
+      FeatureBatchesOf<In> batches(kConfig, kMicro, 2, mesh.coord().data, 1);
+      auto ctx = model.in_flight(batches.next(0, 0, 1.0));
+      const threads::Counters before = mesh.comm(Axis::data).counters();
+      pipeline::forward(model, ctx, mesh, pipeline::LocalGradients{}, nn::Mode::infer);
+      const threads::Counters ran = mesh.comm(Axis::data).counters() - before;
+      const auto ar = static_cast<std::size_t>(threads::Op::all_reduce);
+      std::lock_guard lock(mu);
+      CHECK(ran.calls[ar] == 1);
+      CHECK(ran.bytes[ar] == bytes);
+      CHECK(planned == bytes);
+    });
+  };
+  check.operator()<Features>(8);
+  check.operator()<PaddedFeatures>(16);
 }

@@ -1,5 +1,6 @@
-// The training stack on the GPU against the host: attention, the tiny GPT's and the tiny Llama's loss
-// and every gradient under tensor and sequence parallelism (thread ranks sharing the GPU), every data strategy, bf16
+// The training stack on the GPU against the host: attention, the tiny GPT's, the tiny Llama's, the
+// tiny DiT's and a padded feature model's loss and every gradient under tensor and sequence
+// parallelism (thread ranks sharing the GPU), every data strategy, bf16
 // mixed-precision training. Written once over the device type; every
 // case exits 77 (skipped) where there is no GPU. Built by nvcc in every CUDA build, so CI compiles
 // the whole stack for Cuda.
@@ -8,6 +9,7 @@
 #include <atomic>
 #include <cstring>
 
+#include "nn/feature_spec.hpp"
 #include "support/cuda_ranks.cuh"
 #include "support/train_markov.hpp"
 #include "weft/models/dit/model.hpp"
@@ -176,6 +178,28 @@ TEST_CASE("the tiny DiT on the GPU in f32: loss and every gradient within 1e-5 o
     std::string where;
     const double e =
         test::worst_error(test::run_model_on<dit::Model<float, true, recompute::None, Cuda>>(tp, c, mb), ref, &where);
+    CHECK_MESSAGE(e <= 1e-5, "tp ", tp, " with SP: ", where, " off by ", e);
+  }
+}
+
+TEST_CASE("a padded batch on the GPU in f32: loss and every gradient within 1e-5 of the host, tensor 1 and 2 with SP") {
+  (void)test::gpu();
+  // nn/padding.hpp: the attention layer reads the lengths' device copy (StagedModel::in_flight), the
+  // MSE head its host copy; lengths 8, 3, 5, 1 of 8 (tests/nn/feature_spec.hpp's model).
+  using In = test::feature::PaddedFeaturesOf<float>;
+  const test::feature::Config c;
+  const std::int64_t B = 4;
+  std::vector<float> x(static_cast<std::size_t>(B * c.seq * c.in)), y(static_cast<std::size_t>(B * c.seq * c.out));
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(weft::normal(5, 1, i));
+  for (std::size_t i = 0; i < y.size(); ++i) y[i] = static_cast<float>(weft::normal(5, 2, i));
+  const std::vector<std::int32_t> lengths{8, 3, 5, 1};
+  const nn::Batch<In> mb{{x, y, lengths}, B, 1.0};
+  using namespace test::feature;
+  const auto ref = test::run_model_on<nn::StagedModel<Spec<false, context::None, In, float, Host>>>(1, c, mb);
+  for (int tp : {1, 2}) {
+    std::string where;
+    const double e = test::worst_error(
+        test::run_model_on<nn::StagedModel<Spec<true, context::None, In, float, Cuda>>>(tp, c, mb), ref, &where);
     CHECK_MESSAGE(e <= 1e-5, "tp ", tp, " with SP: ", where, " off by ", e);
   }
 }

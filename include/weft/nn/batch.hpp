@@ -13,7 +13,8 @@
 // pipe rank holds the same batch, and a stage under context parallelism takes the rows of its
 // context rank from the whole sequences (context::Chunks::rows), as the token stages do. The first
 // stage (Spec::Embedding) and the head (Spec::Head) read the fields they need; the blocks between
-// see only the stream.
+// see only the stream (and a padded batch's lengths: a field `lengths`, nn::PaddedInputs, which
+// nn/padding.hpp hands the layers).
 //
 //   struct Latents {                                  // a diffusion model's batch
 //     std::span<const float> latents, noise;          // (B/dp, C, H, W) each
@@ -27,12 +28,15 @@
 // An input type that also says each field's values a sample, per_sample(config) (in
 // for_each_field's order), can be planned: nn::ZeroInputs makes a micro-batch of zeros of those
 // sizes, which the plan (cost/measure.hpp) runs on the Meta device (its counts do not depend on the
-// values; zeros are in range for every field weft's models read: ids, labels, features).
+// values; zeros are in range for every field weft's models read: ids, labels, features; a padded
+// batch's lengths are the whole sequence).
 //
-// defines: nn::Batch, nn::Tokens, nn::MicroBatch, nn::seq_of, nn::Inputs, nn::check_field, nn::inputs_t,
+// defines: nn::Batch, nn::PaddedInputs, nn::Tokens, nn::MicroBatch, nn::seq_of, nn::Inputs, nn::check_field,
+// nn::inputs_t,
 //   nn::PlannedInputs, nn::ZeroInputs
 #pragma once
 
+#include <algorithm>
 #include <concepts>
 #include <cstdint>
 #include <span>
@@ -54,6 +58,13 @@ struct AnyField {
 
 template <class I>
 concept Inputs = std::copyable<I> && requires(I& in, detail::AnyField f) { in.for_each_field(f); };
+
+// Inputs with a field `lengths`, (B/dp) int32: samples padded at the end past their length
+// (nn/padding.hpp says what reads them).
+template <class I>
+concept PaddedInputs = Inputs<I> && requires(const I& in) {
+  { in.lengths } -> std::convertible_to<std::span<const std::int32_t>>;
+};
 
 // The micro-batch: the inputs (their fields are the Batch's own members), the global batch B and
 // the scale of every gradient (1/k when accumulating k micro-batches).
@@ -147,6 +158,10 @@ class ZeroInputs {
       field = std::span<const E>(reinterpret_cast<const E*>(store_.back().data()), n);
       elements_ += static_cast<std::int64_t>(n);
     });
+    if constexpr (PaddedInputs<In>) {                                 // zero is no length: every sample whole
+      auto* lengths = const_cast<std::int32_t*>(in_.lengths.data());  // in store_, ours
+      std::fill(lengths, lengths + in_.lengths.size(), static_cast<std::int32_t>(c.seq));
+    }
   }
   const In& inputs() const { return in_; }
   std::int64_t elements() const { return elements_; }  // of every field

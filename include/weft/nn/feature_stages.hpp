@@ -8,7 +8,9 @@
 //                           replicated on every rank; no collective
 //   MseHeadStage            x (B, T, C) in A -> the final norm, pred = x W^T + b with W (F, C), b (F)
 //                           replicated, and the mean squared error against the batch's field
-//                           (B/dp, T, F): sum over every element of (pred - target)^2 / (B T F)
+//                           (B/dp, T, F): sum over every element of (pred - target)^2 / (B T F);
+//                           where the batch is padded (nn/padding.hpp), over the valid rows only:
+//                           / (valid rows of the global batch x F)
 //
 // Both work on the rows of the stream a rank holds (row_positions): every row on one rank; a
 // context rank's two chunks under context parallelism (Cx); a slice of those over the tensor group
@@ -34,6 +36,7 @@
 #include "weft/nn/batch.hpp"
 #include "weft/nn/comm_row.hpp"
 #include "weft/nn/layernorm.hpp"
+#include "weft/nn/padding.hpp"
 #include "weft/nn/param.hpp"
 #include "weft/nn/roles.hpp"
 #include "weft/nn/staged_model.hpp"
@@ -68,6 +71,16 @@ void take_rows(D& dev, E* out, const E* all, std::int64_t B, std::int64_t T, std
 }
 
 namespace detail {
+// The class of a pointer to member's type: Inputs for &Inputs::field.
+template <class P>
+struct member_class;
+template <class C, class V>
+struct member_class<V C::*> {
+  using type = C;
+};
+template <class P>
+using member_class_t = typename member_class<P>::type;
+
 // The field Field of batch `in`, (B/dp, T, F) values of T, and T, checked whole.
 template <auto Field, class E, class Batch>
 std::span<const E> field_of(const Batch& in, int data_degree, std::int64_t F, std::int64_t& seq,
@@ -158,6 +171,9 @@ template <Floating T, bool SP, auto Field, class D = Host, class Norm = LayerNor
 class MseHeadStage {
   static constexpr bool cp = context::Kind<Cx>;
   using Local = typename stream<SP>::layout;  // the norm's layout (a context rank's rows under Cx)
+  // Whether the batch whose field the targets are is padded: its valid rows are counted with the
+  // loss (one all-reduce of the two).
+  static constexpr bool padded = PaddedInputs<detail::member_class_t<decltype(Field)>>;
 
  public:
   using A = typename stream<SP, cp>::layout;
@@ -169,7 +185,7 @@ class MseHeadStage {
     Allocation pred;         // (B/dp, Tl, F), then its gradient
     Allocation target;       // (B/dp, Tl, F): the batch's rows the rank holds
     std::int64_t n = 0;      // B/dp Tl
-    double count = 0;        // B T F: what the mean is over
+    double count = 0;        // B T F, or the valid rows' F where padded: what the mean is over
   };
 
   Norm norm;
@@ -193,9 +209,12 @@ class MseHeadStage {
   std::int64_t width() const { return weight.value.global_shape()[1]; }
 
   // x (B, T, C) in A and the batch's field (B/dp, T, F) -> the mean squared error over the global
-  // batch. With Mode::infer nothing is kept.
+  // batch (its valid rows where padded). With Mode::infer nothing is kept.
   template <class Batch, AxisComms M>
   double forward(Ctx& ctx, const Tensor<T, A, D>& x, const Batch& in, M& mesh, Mode mode = Mode::train) {
+    static_assert(!padded || PaddedMesh<M>,
+                  "MseHeadStage: the batch is padded but the mesh carries no lengths; run the head in an "
+                  "nn::StagedModel (it hands a padded model's head nn::WithLengths)");
     D& dev = x.dev();
     const Spread& s = x.spread();
     const std::int64_t F = features(), C = width();
@@ -217,11 +236,21 @@ class MseHeadStage {
     take_rows(dev, y, all.data(), Bl, Tn, F, row_positions<A>(s, Tn, Tl), Tl);
     ops::Gemm<D>::run(dev, Trans::no, Trans::yes, n, F, C, S(1), xn.data(), C, weight.value.data(), C, S(0), p, F);
     ops::Bias<D>::add(dev, p, bias.value.data(), n, F);
-    std::array<double, 1> total{ops::SquaredError<D>::sum(dev, p, y, n * F)};
+    std::array<double, padded ? 2 : 1> total{};  // the sum of squares (and the valid rows' elements)
+    if constexpr (padded) {
+      // A padded row's prediction is its own target: no error, no gradient.
+      const double valid = static_cast<double>(valid_rows(
+          mesh.host_lengths(), row_positions<A>(s, Tn, Tl), Tl, [&](std::int64_t b, std::int64_t t, std::int64_t rows) {
+            ops::Memory<D>::copy(dev, y + (b * Tl + t) * F, p + (b * Tl + t) * F, rows * F);
+          }));
+      total[1] = valid * static_cast<double>(F);
+    }
+    total[0] = ops::SquaredError<D>::sum(dev, p, y, n * F);
     mesh.comm(Axis::data).all_reduce(std::span<double>(total));
     if constexpr (cp) mesh.comm(Axis::context).all_reduce(std::span<double>(total));
     if constexpr (SP) mesh.comm(Axis::tensor).all_reduce(std::span<double>(total));
-    const double count = static_cast<double>(in.batch) * static_cast<double>(Tn) * static_cast<double>(F);
+    const double count =
+        padded ? total.back() : static_cast<double>(in.batch) * static_cast<double>(Tn) * static_cast<double>(F);
     if (mode == Mode::train) {
       ctx.xn = std::move(xn);
       ctx.pred = std::move(pred);
@@ -238,7 +267,7 @@ class MseHeadStage {
   Tensor<T, A, D> backward(Ctx& ctx, double grad_scale, M& mesh) {
     D& dev = ctx.xn.dev();
     const std::int64_t F = features(), C = width();
-    auto* dp = static_cast<T*>(ctx.pred.data());  // dpred = scale 2 (pred - target) / (B T F), in place
+    auto* dp = static_cast<T*>(ctx.pred.data());  // dpred = scale 2 (pred - target) / count, in place
     ops::SquaredError<D>::backward(dev, dp, dp, static_cast<const T*>(ctx.target.data()), ctx.n * F,
                                    static_cast<S>(grad_scale / ctx.count));
     ops::Gemm<D>::run(dev, Trans::yes, Trans::no, F, C, ctx.n, S(1), dp, F, ctx.xn.data(), C, S(1), weight.grad.data(),
@@ -256,15 +285,21 @@ class MseHeadStage {
     return Tensor<T, A, D>::relabel(std::move(dx), g);
   }
 
-  // The stage's rows of the model's plan (describe.hpp): the loss's sum, all-reduced where ranks
-  // hold different rows.
+  // The stage's rows of the model's plan (describe.hpp): the loss's sum (and the valid rows' count
+  // where padded), all-reduced where ranks hold different rows.
   template <class Config>
   static void comm_rows(std::vector<CommRow>& out, const Config&, const Shape&, const Spread& s, std::int64_t) {
     out.push_back({"norm, projection (replicated, the rank's rows)", A::name(), "prediction", {}, {}});
-    CommRow loss{"mean squared error (sum over the global batch)", "prediction", "loss", {}, {}};
-    loss.forward.push_back(detail::reduction(Axis::data, s.data_degree, 8));
-    if constexpr (cp) loss.forward.push_back(detail::reduction(Axis::context, s.context_degree, 8));
-    if constexpr (SP) loss.forward.push_back(detail::reduction(Axis::tensor, s.tensor_degree, 8));
+    CommRow loss{padded ? "mean squared error (sum and valid rows over the global batch)"
+                        : "mean squared error (sum over the global batch)",
+                 "prediction",
+                 "loss",
+                 {},
+                 {}};
+    const std::int64_t bytes = padded ? 16 : 8;
+    loss.forward.push_back(detail::reduction(Axis::data, s.data_degree, bytes));
+    if constexpr (cp) loss.forward.push_back(detail::reduction(Axis::context, s.context_degree, bytes));
+    if constexpr (SP) loss.forward.push_back(detail::reduction(Axis::tensor, s.tensor_degree, bytes));
     out.push_back(std::move(loss));
   }
 

@@ -2,7 +2,8 @@
 // (ColumnParallel: whole key-value groups per tensor rank), rotary position embeddings on the
 // queries and keys where the model has them, softmax attention in which each group's
 // g = heads / kv_heads queries share its key and value, causal or bidirectional as the Mask policy
-// says (mask::Causal, the default: language models; mask::Bidirectional: DiT, ViT, encoders), and
+// says (mask::Causal, the default: language models; mask::Bidirectional: DiT, ViT, encoders), the
+// padded keys hidden from every query where the model's batch is padded (nn/padding.hpp), and
 // the output projection (RowParallel: out is Partial). kv_heads = heads is multi-head attention; kv_heads = 1 is
 // multi-query attention.
 //
@@ -41,6 +42,7 @@
 #include "weft/nn/comm_row.hpp"
 #include "weft/nn/context_attention.hpp"
 #include "weft/nn/linear.hpp"
+#include "weft/nn/padding.hpp"
 #include "weft/ops/all.hpp"
 #include "weft/ops/mask.hpp"
 #include "weft/ops/rotary.hpp"
@@ -134,9 +136,40 @@ class GroupedQueryAttention {
   }
 
  public:
+  // x (B, T, C) Replicate -> out (B, T, C) Partial. With a padded model's mesh (nn/padding.hpp) the
+  // padded keys are hidden from every query.
   Tensor<T, act::Partial, D> forward(Ctx& ctx, const Tensor<T, act::Full, D>& x)
     requires(!cp)
   {
+    return forward_with(ctx, x, mask);
+  }
+  template <AxisComms M>
+  Tensor<T, act::Partial, D> forward(Ctx& ctx, const Tensor<T, act::Full, D>& x, M& mesh)
+    requires(!cp)
+  {
+    return forward_with(ctx, x, mask_of(mesh));
+  }
+
+  // dy (B, T, C) Replicate -> dx (B, T, C) Partial.
+  Tensor<T, act::Partial, D> backward(Ctx& ctx, const Tensor<T, act::Full, D>& dy)
+    requires(!cp)
+  {
+    return backward_with(ctx, dy, mask);
+  }
+  template <AxisComms M>
+  Tensor<T, act::Partial, D> backward(Ctx& ctx, const Tensor<T, act::Full, D>& dy, M& mesh)
+    requires(!cp)
+  {
+    return backward_with(ctx, dy, mask_of(mesh));
+  }
+
+ private:
+  template <class M>
+  static ops::Mask mask_of(M& mesh) {
+    return {Mask::causal, lengths_of(mesh)};
+  }
+
+  Tensor<T, act::Partial, D> forward_with(Ctx& ctx, const Tensor<T, act::Full, D>& x, const ops::Mask& m) {
     const std::int64_t B = x.local_shape()[0], Tn = x.local_shape()[1];
     ctx.qkv = qkv.forward(ctx.qkv_ctx, x);
     if (rope) ops::Rotary<D>::forward(x.dev(), ctx.qkv.data(), B, Tn, local_groups(), group(), head_dim, *rope);
@@ -144,15 +177,12 @@ class GroupedQueryAttention {
     auto y =
         Tensor<T, act::Features, D>::empty(x.dev(), core_shape(x.global_shape()), x.spread(), Category::activations);
     ops::Attention<D>::forward(x.dev(), y.data(), static_cast<T*>(probs.data()), ctx.qkv.data(), B, Tn, local_heads(),
-                               head_dim, group(), mask);
+                               head_dim, group(), m);
     if (keep_probs) ctx.probs = std::move(probs);
     return proj.forward(ctx.proj_ctx, y);
   }
 
-  // dy (B, T, C) Replicate -> dx (B, T, C) Partial.
-  Tensor<T, act::Partial, D> backward(Ctx& ctx, const Tensor<T, act::Full, D>& dy)
-    requires(!cp)
-  {
+  Tensor<T, act::Partial, D> backward_with(Ctx& ctx, const Tensor<T, act::Full, D>& dy, const ops::Mask& m) {
     const std::int64_t B = dy.local_shape()[0], Tn = dy.local_shape()[1];
     auto dcore = proj.backward(ctx.proj_ctx, dy);  // (B, T, H hd / tp) Shard<-1>
     if (!ctx.probs.data()) {  // Selective recompute: rebuild the probabilities from the saved (rotated) qkv
@@ -160,12 +190,12 @@ class GroupedQueryAttention {
       auto scratch =
           Tensor<T, act::Features, D>::empty(dy.dev(), dcore.global_shape(), dy.spread(), Category::activations);
       ops::Attention<D>::forward(dy.dev(), scratch.data(), static_cast<T*>(ctx.probs.data()), ctx.qkv.data(), B, Tn,
-                                 local_heads(), head_dim, group(), mask);
+                                 local_heads(), head_dim, group(), m);
     }
     auto dqkv =
         Tensor<T, act::Features, D>::empty(dy.dev(), ctx.qkv.global_shape(), dy.spread(), Category::activations);
     ops::Attention<D>::backward(dy.dev(), dqkv.data(), dcore.data(), ctx.qkv.data(),
-                                static_cast<const T*>(ctx.probs.data()), B, Tn, local_heads(), head_dim, group(), mask);
+                                static_cast<const T*>(ctx.probs.data()), B, Tn, local_heads(), head_dim, group(), m);
     if (rope) ops::Rotary<D>::backward(dy.dev(), dqkv.data(), B, Tn, local_groups(), group(), head_dim, *rope);
     auto dx = qkv.backward(ctx.qkv_ctx, dqkv);
     ctx.qkv = {};  // the projections' contexts stay where their weight gradients are deferred
@@ -173,13 +203,14 @@ class GroupedQueryAttention {
     return dx;
   }
 
+ public:
   // Context parallelism: x (B, T, C) this rank's rows (nn/context_attention.hpp); out Partial over tensor.
   template <AxisComms M>
   Tensor<T, Out, D> forward(Ctx& ctx, const Tensor<T, In, D>& x, M& mesh)
     requires cp
   {
     return detail::ContextAttention<Cx>::template forward<Out>(*this, ctx, x, mesh, local_heads(), head_dim, group(),
-                                                               mask, rotation(x.dev()),
+                                                               mask_of(mesh), rotation(x.dev()),
                                                                "GroupedQueryAttention::forward");
   }
   template <AxisComms M>
@@ -187,7 +218,7 @@ class GroupedQueryAttention {
     requires cp
   {
     return detail::ContextAttention<Cx>::template backward<GradIn>(*this, ctx, dy, mesh, local_heads(), head_dim,
-                                                                   group(), mask, rotation(dy.dev()),
+                                                                   group(), mask_of(mesh), rotation(dy.dev()),
                                                                    "GroupedQueryAttention::backward");
   }
 

@@ -43,8 +43,10 @@
 #include "weft/nn/batch.hpp"
 #include "weft/nn/comm_row.hpp"
 #include "weft/nn/layer.hpp"
+#include "weft/nn/padding.hpp"
 #include "weft/nn/side.hpp"
 #include "weft/nn/unit.hpp"
+#include "weft/ops/mask.hpp"
 
 namespace weft::nn {
 
@@ -137,6 +139,7 @@ class StagedModel {
   using Inputs = inputs_t<Spec>;
   using MicroBatch = Batch<Inputs>;
   static constexpr bool sided = SidedSpec<Spec>;
+  static constexpr bool padded = PaddedInputs<Inputs>;  // samples shorter than seq (nn/padding.hpp)
   using Side = SideInput<T, D>;
 
   // The first stage and the head meet the stream in the model's layout: a head over another layout
@@ -156,8 +159,9 @@ class StagedModel {
 
   // Everything one micro-batch in flight keeps between its stages.
   struct Ctx {
-    MicroBatch in;                   // the inputs in the device's memory (copied there by in_flight())
-    std::vector<Allocation> fields;  // the device's copies of the fields (devices without host memory)
+    MicroBatch in;                      // the inputs in the device's memory (copied there by in_flight())
+    std::vector<Allocation> fields;     // the device's copies of the fields (devices without host memory)
+    std::vector<std::int32_t> lengths;  // a padded model's (B/dp) lengths, in host memory
     typename Embedding::Ctx embedding;
     std::vector<typename BlockT::Ctx> blocks;
     typename Head::Ctx head;
@@ -297,6 +301,12 @@ class StagedModel {
     in.check(config, in.batch / data_degree_, where);
     Ctx ctx;
     ctx.in = in;
+    if constexpr (padded) {
+      const std::span<const std::int32_t> lengths = in.lengths;
+      check_field(lengths, in.batch / data_degree_, "lengths", where, "1");
+      ops::check_lengths({true, lengths.data()}, static_cast<std::int64_t>(lengths.size()), config.seq, where);
+      ctx.lengths.assign(lengths.begin(), lengths.end());
+    }
     if constexpr (!D::host_memory) {
       D& dev = *dev_;
       ctx.in.for_each_field([&](const char*, auto& field) {
@@ -324,14 +334,14 @@ class StagedModel {
         ctx.x = embedding.forward(ctx.embedding, ctx.in, mesh);
       }
     } else {
-      with_side(ctx, mesh, [&](auto& env) { forward_rest(stage, ctx, env, mode); });
+      with_env(ctx, mesh, [&](auto& env) { forward_rest(stage, ctx, env, mode); });
     }
   }
 
   template <AxisComms M>
   void backward(std::size_t stage, Ctx& ctx, M& mesh) {
     if (stage > 0) {
-      with_side(ctx, mesh, [&](auto& env) { backward_rest(stage, ctx, env); });
+      with_env(ctx, mesh, [&](auto& env) { backward_rest(stage, ctx, env); });
     } else if constexpr (sided) {
       // The readers' shares summed over the tensor group; still shares over context (nn/side.hpp).
       if (spread_.tensor_degree > 1) mesh.comm(Axis::tensor).all_reduce(ctx.side.grad.span(), ReduceOp::sum);
@@ -359,14 +369,24 @@ class StagedModel {
   }
 
  private:
-  // f(the mesh the blocks and head see): a sided model's mesh with this micro-batch's side input.
+  // f(the mesh the blocks and head see): a sided model's mesh with this micro-batch's side input, a
+  // padded model's with its lengths.
   template <AxisComms M, class F>
-  void with_side(Ctx& ctx, M& mesh, F&& f) {
+  void with_env(Ctx& ctx, M& mesh, F&& f) {
+    auto with_lengths = [&]<class E>(E& m) {
+      if constexpr (padded) {
+        const std::span<const std::int32_t> lengths = ctx.in.lengths;  // the device's copy
+        WithLengths<E> env(m, lengths.data(), ctx.lengths);
+        f(env);
+      } else {
+        f(m);
+      }
+    };
     if constexpr (sided) {
       WithSide<M, T, D> env(mesh, ctx.side);
-      f(env);
+      with_lengths(env);
     } else {
-      f(mesh);
+      with_lengths(mesh);
     }
   }
 

@@ -16,7 +16,8 @@
 // at a time, for the blocks of a context rank.
 //
 // The layers take the choice as a policy type (one policy per type): mask::Causal or
-// mask::Bidirectional; padding comes with each batch, as a run-time value.
+// mask::Bidirectional; padding comes with each batch, as a run-time value (a padded batch's
+// lengths, which nn::StagedModel hands the layers through their mesh: nn/padding.hpp).
 //
 // Example, T = 4, lengths = {3}: causal query 3 sees keys {0, 1, 2}; bidirectional query 0 sees
 // keys {0, 1, 2}; key 3 is seen by no query.
