@@ -36,11 +36,11 @@ using Features = test::feature::FeaturesOf<double>;
 using PaddedFeatures = test::feature::PaddedFeaturesOf<double>;
 static_assert(nn::PaddedInputs<PaddedFeatures> && !nn::PaddedInputs<Features>);
 
-template <bool SP, class Cx = context::None, class In = Features>
-using Spec = test::feature::Spec<SP, Cx, In>;
+template <bool SP, class Cx = context::None, class In = Features, bool Moe = false>
+using Spec = test::feature::Spec<SP, Cx, In, double, Host, Moe>;
 
-template <bool SP, class Cx = context::None, class In = Features>
-using Regressor = nn::StagedModel<Spec<SP, Cx, In>>;
+template <bool SP, class Cx = context::None, class In = Features, bool Moe = false>
+using Regressor = nn::StagedModel<Spec<SP, Cx, In, Moe>>;
 
 const Config kConfig{};
 constexpr std::int64_t kMicro = 4;
@@ -85,10 +85,10 @@ struct FeatureBatchesOf {
 };
 using FeatureBatches = FeatureBatchesOf<Features>;
 
-template <bool SP, class Cx = context::None, class Strategy = optim::Ddp, class In = Features>
-test::StepsRun run(int data, int pipe, int context, int tensor) {
-  return test::train_steps<Regressor<SP, Cx, In>, pipeline::OneFOneB, Strategy, FeatureBatchesOf<In>>(
-      kConfig, kMicro, kM, pipe, 1, tensor, data, 2, context);
+template <bool SP, class Cx = context::None, class Strategy = optim::Ddp, class In = Features, bool Moe = false>
+test::StepsRun run(int data, int pipe, int context, int tensor, const Config& c = kConfig) {
+  return test::train_steps<Regressor<SP, Cx, In, Moe>, pipeline::OneFOneB, Strategy, FeatureBatchesOf<In>>(
+      c, kMicro, kM, pipe, 1, tensor, data, 2, context);
 }
 
 void check_equal(const test::StepsRun& got, const test::StepsRun& ref, const std::string& what, bool sharded = false) {
@@ -362,16 +362,16 @@ TEST_CASE("padding: lengths out of [1, seq], or not one a sample, refused by nam
   });
 }
 
-TEST_CASE("padding: describe's rows count the loss's all-reduce of sum and valid rows, as the run makes it") {
+TEST_CASE("describe's rows count the data axis's all-reduces as the run makes them: padded, and with experts") {
   // A forward's collectives on the data axis (the head's one all-reduce: the loss's sum, and the
   // valid rows' count where padded) against the rows describe walks.
-  auto check = [&]<class In>(std::uint64_t bytes) {
-    INFO(std::string(nn::PaddedInputs<In> ? "padded" : "unpadded"));
+  auto check = [&]<class In, bool Moe = false>(std::uint64_t bytes) {
+    INFO(std::string(nn::PaddedInputs<In> ? "padded" : "unpadded"), Moe ? " with experts" : "");
     std::mutex mu;
     run_threads(2, [&](ThreadComm& world) {
       Host h;
       Mesh mesh{world, {.data = 2}};
-      Regressor<false, context::None, In> model(h, kConfig, mesh.spread(), kMicro);
+      Regressor<false, context::None, In, Moe> model(h, kConfig, mesh.spread(), kMicro);
       std::uint64_t planned = 0;
       for (const nn::CommRow& row : nn::walked_comm_rows(model, kMicro, mesh.spread()))
         for (const CommStep& st : row.forward)
@@ -383,11 +383,72 @@ TEST_CASE("padding: describe's rows count the loss's all-reduce of sum and valid
       const threads::Counters ran = mesh.comm(Axis::data).counters() - before;
       const auto ar = static_cast<std::size_t>(threads::Op::all_reduce);
       std::lock_guard lock(mu);
-      CHECK(ran.calls[ar] == 1);
+      CHECK(ran.calls[ar] == (Moe ? 1 + kConfig.layers : 1));
       CHECK(ran.bytes[ar] == bytes);
       CHECK(planned == bytes);
     });
   };
   check.operator()<Features>(8);
   check.operator()<PaddedFeatures>(16);
+  // Each MoE block's router statistics: 2 E + 2 doubles.
+  check.operator()<Features, true>(8 + kConfig.layers * (2 * kConfig.moe.experts + 2) * 8);
+}
+
+// A mixture of experts in every block (nn/moe.hpp): Spec<..., Moe>.
+TEST_CASE("a mixture-of-experts model on every layout equals one rank in f64 (1e-12): loss, gradients and weights") {
+  // The router's statistics are summed over the data, context and (SP) tensor ranks, so that every
+  // layout computes the same router losses; capacity per sample, so that data and pipe drop alike.
+  const test::StepsRun ref = run<false, context::None, optim::Ddp, Features, true>(1, 1, 1, 1);
+  check_equal(run<false, context::None, optim::Ddp, Features, true>(1, 1, 1, 2), ref, "MoE: tensor 2");
+  check_equal(run<true, context::None, optim::Ddp, Features, true>(1, 1, 1, 2), ref, "MoE: tensor 2, SP");
+  check_equal(run<false, context::None, optim::Ddp, Features, true>(2, 1, 1, 1), ref, "MoE: DDP over data 2");
+  check_equal(run<false, context::None, optim::Fsdp, Features, true>(2, 1, 1, 1), ref, "MoE: FSDP over data 2", true);
+  check_equal(run<false, context::None, optim::Ddp, Features, true>(1, 2, 1, 1), ref, "MoE: 1F1B over pipe 2");
+  check_equal(run<false, context::Ring, optim::Ddp, Features, true>(1, 1, 2, 1), ref, "MoE: context 2 (ring)");
+  check_equal(run<true, context::Ring, optim::Ddp, Features, true>(2, 2, 2, 2), ref,
+              "MoE: data 2 x pipe 2 x context 2 x tensor 2 with SP");
+  Config capped = kConfig;
+  capped.moe.capacity_factor = 1.0;  // ceil(1.0 x 8 x 2 / 4) = 4 slots a sample per expert
+  const test::StepsRun cref = run<false, context::None, optim::Ddp, Features, true>(1, 1, 1, 1, capped);
+  check_equal(run<false, context::None, optim::Ddp, Features, true>(2, 1, 1, 1, capped), cref, "MoE capped: data 2");
+  check_equal(run<false, context::None, optim::Ddp, Features, true>(1, 2, 1, 2, capped), cref,
+              "MoE capped: pipe 2 x tensor 2");
+  CHECK(std::abs(cref.losses[1] - ref.losses[1]) > 1e-6);  // the capacity dropped tokens
+}
+
+TEST_CASE("a micro-batch's weight scales every gradient of an MoE model, the router losses' too") {
+  Host h;
+  run_threads(1, [&](ThreadComm& world) {
+    Mesh mesh{world, {}};
+    Regressor<false, context::None, Features, true> model(h, kConfig, mesh.spread(), kMicro);
+    FeatureBatches batches(kConfig, kMicro, 1, 0, 1);
+    auto mb = batches.next(0, 0, 1.0);
+    auto grads = [&](double scale) {
+      mb.grad_scale = scale;
+      model.zero_grad();
+      auto ctx = model.in_flight(mb);
+      pipeline::forward_backward(model, ctx, mesh);
+      std::map<std::string, std::vector<double>> g;
+      model.for_each_param(
+          [&](const std::string& name, auto& p) { g[name].assign(p.grad.data(), p.grad.data() + p.grad.numel()); });
+      return g;
+    };
+    const auto whole = grads(1.0), half = grads(0.5);
+    // Halving is exact in binary floating point: every gradient is linear in the scale.
+    for (const auto& [name, g] : whole) {
+      INFO(name);
+      std::vector<double> want(g.size());
+      for (std::size_t i = 0; i < g.size(); ++i) want[i] = 0.5 * g[i];
+      CHECK(half.at(name) == want);
+    }
+    double router = 0;
+    int routers = 0;
+    for (const auto& [name, g] : whole)
+      if (name.find(".router.weight") != std::string::npos) {
+        ++routers;
+        for (double v : g) router = std::max(router, std::abs(v));
+      }
+    CHECK(routers == kConfig.layers);
+    CHECK(router > 0);
+  });
 }

@@ -3,7 +3,8 @@
 // bidirectional attention blocks (GPT-2's layer without biases, mask::Bidirectional), a vector of
 // values at each position out with the mean squared error against the batch's field y
 // (nn::MseHeadStage). Its batch: FeaturesOf<E>, or PaddedFeaturesOf<E> with each sample's length
-// (nn/padding.hpp). Written over the element type and the device.
+// (nn/padding.hpp). Written over the element type and the device. With Moe, each block's MLP is a
+// mixture of experts (nn::MoeMlp over the rank's rows, Config::moe).
 #pragma once
 
 #include <cstdint>
@@ -17,6 +18,7 @@
 #include "weft/nn/feature_stages.hpp"
 #include "weft/nn/grouped_attention.hpp"
 #include "weft/nn/mlp.hpp"
+#include "weft/nn/moe.hpp"
 #include "weft/nn/sequential.hpp"
 #include "weft/nn/token_wise.hpp"
 
@@ -26,6 +28,7 @@ struct Config {
   std::int64_t seq = 8, layers = 2, width = 16, heads = 2, in = 6, out = 3;
   std::uint64_t seed = 7;
   double init_std = 0.3;
+  nn::MoeOptions moe{.experts = 4, .top_k = 2, .hidden = 8, .aux_coef = 0.1, .z_coef = 0.01};  // Spec<.., Moe>'s
 };
 
 // The batch: features in and target values out at each position.
@@ -61,7 +64,8 @@ struct PaddedFeaturesOf {
   }
 };
 
-template <bool SP, class Cx = context::None, class In = FeaturesOf<double>, class T = double, class D = Host>
+template <bool SP, class Cx = context::None, class In = FeaturesOf<double>, class T = double, class D = Host,
+          bool Moe = false>
 struct Spec {
   static constexpr bool cp = context::Kind<Cx>;
   using precision = precision_t<T>;
@@ -78,8 +82,10 @@ struct Spec {
   template <class L>
   using on_rows = std::conditional_t<cp, nn::TokenWise<L>, L>;
   using AttnInner = nn::Sequential<on_rows<nn::Named<"ln1", Norm>>, Enter, nn::Named<"attn", Attn>, Leave>;
-  using MlpSeq =
-      nn::Sequential<nn::Named<"ln2", Norm>, typename Local::enter, nn::Named<"mlp", Mlp>, typename Local::leave>;
+  using Experts = nn::MoeMlp<T, typename Local::layout, D>;
+  using MlpSeq = std::conditional_t<
+      Moe, nn::Sequential<nn::Named<"ln2", Norm>, nn::Named<"moe", Experts>>,
+      nn::Sequential<nn::Named<"ln2", Norm>, typename Local::enter, nn::Named<"mlp", Mlp>, typename Local::leave>>;
   using MlpInner = on_rows<MlpSeq>;
   using Block = nn::Sequential<nn::Residual<AttnInner>, nn::Residual<MlpInner>>;
   using Embedding = nn::FeatureEmbeddingStage<T, SP, &In::x, D, Cx>;
@@ -106,9 +112,16 @@ struct Spec {
                      nn::Named<"attn", Attn>(Attn(dev, c.width, c.heads, c.heads, std::nullopt, false, s, id + 4,
                                                   c.seed, c.init_std, c.init_std)),
                      {})),
-                 nn::Residual<MlpInner>(MlpInner(
-                     MlpSeq(nn::Named<"ln2", Norm>(Norm(dev, c.width, s, id + 2, c.seed)), {},
-                            nn::Named<"mlp", Mlp>(Mlp(dev, c.width, s, id + 8, c.seed, c.init_std, c.init_std)), {}))));
+                 nn::Residual<MlpInner>(MlpInner(mlp(dev, c, s, id))));
+  }
+  static MlpSeq mlp(D& dev, const Config& c, const Spread& s, std::uint64_t id) {
+    nn::Named<"ln2", Norm> ln2(Norm(dev, c.width, s, id + 2, c.seed));
+    if constexpr (Moe)
+      return MlpSeq(std::move(ln2),
+                    nn::Named<"moe", Experts>(Experts(dev, c.width, c.moe, s, id + 8, c.seed, c.init_std, c.init_std)));
+    else
+      return MlpSeq(std::move(ln2), {},
+                    nn::Named<"mlp", Mlp>(Mlp(dev, c.width, s, id + 8, c.seed, c.init_std, c.init_std)), {});
   }
   static Head make_head(D& dev, const Config& c, const Spread& s) {
     return Head(dev, c.width, c.out, s, c.seed, 8, 10, c.init_std);

@@ -214,7 +214,7 @@ class MseHeadStage {
   double forward(Ctx& ctx, const Tensor<T, A, D>& x, const Batch& in, M& mesh, Mode mode = Mode::train) {
     static_assert(!padded || PaddedMesh<M>,
                   "MseHeadStage: the batch is padded but the mesh carries no lengths; run the head in an "
-                  "nn::StagedModel (it hands a padded model's head nn::WithLengths)");
+                  "nn::StagedModel (it hands a padded model's head its lengths: nn::StageMesh)");
     D& dev = x.dev();
     const Spread& s = x.spread();
     const std::int64_t F = features(), C = width();

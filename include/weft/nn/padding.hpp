@@ -6,8 +6,9 @@
 //                           length in [1, T] (nn::StagedModel::in_flight refuses others by name)
 //
 // An input type with a field `lengths` (a span of int32, listed by for_each_field like any field) is
-// padded (nn::PaddedInputs, nn/batch.hpp). nn::StagedModel then hands its blocks and head WithLengths<M>: the mesh,
-// and the micro-batch's lengths in the device's memory and in host memory. What reads them:
+// padded (nn::PaddedInputs, nn/batch.hpp). nn::StagedModel then hands its blocks and head a mesh with the
+// micro-batch's lengths in the device's memory and in host memory (nn::StageMesh,
+// nn/stage_mesh.hpp: lengths(), host_lengths()). What reads them:
 //   nn::GroupedQueryAttention   hides the padded keys from every query (ops::Mask's lengths), on one
 //                               rank and over the context group (ring and all-gather)
 //   nn::MseHeadStage            leaves the padded rows out of the loss: the mean squared error over
@@ -18,7 +19,7 @@
 // Lengths are positions of the whole sequence, so one batch serves every layout: a context rank's
 // chunks and a tensor rank's slice under sequence parallelism hold the rows at their own positions.
 //
-// defines: nn::WithLengths, nn::PaddedMesh, nn::lengths_of, nn::valid_rows
+// defines: nn::PaddedMesh, nn::lengths_of, nn::valid_rows
 #pragma once
 
 #include <algorithm>
@@ -26,39 +27,12 @@
 #include <cstdint>
 #include <span>
 
+#include "weft/comm/redistribute.hpp"
 #include "weft/nn/batch.hpp"
 #include "weft/nn/roles.hpp"
-#include "weft/nn/side.hpp"
 #include "weft/ops/positions.hpp"
 
 namespace weft::nn {
-
-// The mesh a padded model hands its blocks and head: its communicators (and side input, where the
-// mesh it wraps has one) and the lengths of the micro-batch being run.
-template <AxisComms M>
-class WithLengths {
- public:
-  WithLengths(M& mesh, const std::int32_t* lengths, std::span<const std::int32_t> host)
-      : mesh_(&mesh), lengths_(lengths), host_(host) {}
-  decltype(auto) comm(Axis a) { return mesh_->comm(a); }
-  const std::int32_t* lengths() const { return lengths_; }              // (B/dp) in the device's memory
-  std::span<const std::int32_t> host_lengths() const { return host_; }  // the same in host memory
-  decltype(auto) side() const
-    requires SideMesh<M>
-  {
-    return mesh_->side();
-  }
-  decltype(auto) side_grad()
-    requires SideMesh<M>
-  {
-    return mesh_->side_grad();
-  }
-
- private:
-  M* mesh_;
-  const std::int32_t* lengths_;
-  std::span<const std::int32_t> host_;
-};
 
 template <class M>
 concept PaddedMesh = AxisComms<M> && requires(M& m) {

@@ -16,12 +16,12 @@
 // parallelism (the data-parallel step sums them over data x context).
 //
 // The layers reach the side input through their mesh argument: a model with one (its Spec names
-// side_width(config)) hands its blocks and head WithSide<M, T, D>, the mesh and the micro-batch's
-// side input, and Sequential, Residual, TokenWise and the recompute policies pass it through as
-// they pass the mesh. A layer that reads it requires SideMesh<M>; in a model without a side input
-// it is a compile error at the layer (its static_assert names the layer and the missing producer).
+// side_width(config)) hands its blocks and head a mesh with the micro-batch's side input
+// (nn::StageMesh, nn/stage_mesh.hpp: side(), side_grad()), and Sequential, Residual, TokenWise and
+// the recompute policies pass it through as they pass the mesh. A layer that reads it requires SideMesh<M>; in a model
+// without a side input it is a compile error at the layer (its static_assert names the layer and the missing producer).
 //
-// defines: nn::SideInput, nn::WithSide, nn::SideMesh, nn::adds_side_share
+// defines: nn::SideInput, nn::SideMesh, nn::adds_side_share
 #pragma once
 
 #include "weft/comm/redistribute.hpp"
@@ -34,21 +34,6 @@ template <class T, class D>
 struct SideInput {
   Tensor<T, act::Full, D> value;  // c (B, K)
   Tensor<T, act::Full, D> grad;   // dc (B, K): the readers' shares, summed
-};
-
-// The mesh a model with a side input hands its blocks and head: its communicators, and the side
-// input of the micro-batch being run.
-template <AxisComms M, class T, class D>
-class WithSide {
- public:
-  WithSide(M& mesh, SideInput<T, D>& side) : mesh_(&mesh), side_(&side) {}
-  decltype(auto) comm(Axis a) { return mesh_->comm(a); }
-  const Tensor<T, act::Full, D>& side() const { return side_->value; }  // (B/dp, K)
-  Tensor<T, act::Full, D>& side_grad() { return side_->grad; }          // (B/dp, K), added to
-
- private:
-  M* mesh_;
-  SideInput<T, D>* side_;
 };
 
 template <class M>

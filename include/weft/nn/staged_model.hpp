@@ -45,6 +45,7 @@
 #include "weft/nn/layer.hpp"
 #include "weft/nn/padding.hpp"
 #include "weft/nn/side.hpp"
+#include "weft/nn/stage_mesh.hpp"
 #include "weft/nn/unit.hpp"
 #include "weft/ops/mask.hpp"
 
@@ -82,7 +83,7 @@ concept TiedHead = requires { typename H::Table; };
 
 // A model whose first stage produces a side input (nn/side.hpp) of side_width(config) values a
 // sample: its Embedding's forward(ctx, in, side, mesh) writes it, its blocks and head read it
-// through their mesh argument (WithSide), and its Embedding's backward(ctx, dx, dside, mesh)
+// through their mesh argument (nn::StageMesh), and its Embedding's backward(ctx, dx, dside, mesh)
 // receives the gradient.
 template <class S>
 concept SidedSpec = requires(const typename S::config& c) {
@@ -369,25 +370,14 @@ class StagedModel {
   }
 
  private:
-  // f(the mesh the blocks and head see): a sided model's mesh with this micro-batch's side input, a
-  // padded model's with its lengths.
+  // f(the mesh the blocks and head see, nn::StageMesh): the micro-batch's weight, a sided model's side
+  // input, a padded model's lengths.
   template <AxisComms M, class F>
   void with_env(Ctx& ctx, M& mesh, F&& f) {
-    auto with_lengths = [&]<class E>(E& m) {
-      if constexpr (padded) {
-        const std::span<const std::int32_t> lengths = ctx.in.lengths;  // the device's copy
-        WithLengths<E> env(m, lengths.data(), ctx.lengths);
-        f(env);
-      } else {
-        f(m);
-      }
-    };
-    if constexpr (sided) {
-      WithSide<M, T, D> env(mesh, ctx.side);
-      with_lengths(env);
-    } else {
-      with_lengths(mesh);
-    }
+    const std::int32_t* lengths = nullptr;  // the device's copy
+    if constexpr (padded) lengths = std::span<const std::int32_t>(ctx.in.lengths).data();
+    StageMesh<M, T, D, sided, padded> env(mesh, ctx.in.grad_scale, &ctx.side, lengths, ctx.lengths);
+    f(env);
   }
 
   template <class M>

@@ -24,6 +24,7 @@
 #include "weft/ops/layernorm.cuh"
 #include "weft/ops/memory.cuh"
 #include "weft/ops/modulate.cuh"
+#include "weft/ops/moe.cuh"
 #include "weft/ops/rmsnorm.cuh"
 #include "weft/ops/rotary.cuh"
 #include "weft/ops/silu.cuh"

@@ -5,7 +5,8 @@
 // the two back ends differ only in how work is spread over threads and in
 // summation order, never in the formula.
 //
-// defines: math::gelu, math::gelu_grad, math::silu, math::silu_grad, math::AdamWParams, math::adamw_step, WEFT_HD
+// defines: math::gelu, math::gelu_grad, math::silu, math::silu_grad, math::AdamWParams, math::adamw_step,
+//   math::kMaxExperts, math::route_row, math::route_row_backward, WEFT_HD
 #pragma once
 
 #include <cmath>
@@ -70,6 +71,61 @@ WEFT_HD inline void adamw_step(P& p, S g, S& m, S& v, const AdamWParams<S>& a, b
   const S update = (m / a.bc1) / (sqrt(v / a.bc2) + a.eps);
   const S ps = static_cast<S>(p);
   p = static_cast<P>(ps - a.lr * (update + (decay ? a.weight_decay * ps : S(0))));
+}
+
+// A mixture of experts' routing of one token (ops/moe.hpp): probs (E) = softmax(logits), idx and
+// weight (k) the k largest (ties to the lower expert) and their probabilities (divided by their sum
+// where renormalised); returns logsumexp(logits). E <= kMaxExperts.
+inline constexpr long kMaxExperts = 64;
+
+template <class S, class I>
+WEFT_HD inline S route_row(S* probs, I* idx, S* weight, const S* logits, long E, long k, bool renormalise) {
+  using std::exp;
+  using std::log;
+  S m = logits[0];
+  for (long e = 1; e < E; ++e) m = logits[e] > m ? logits[e] : m;
+  S sum = 0;
+  for (long e = 0; e < E; ++e) sum += probs[e] = exp(logits[e] - m);
+  for (long e = 0; e < E; ++e) probs[e] /= sum;
+  S chosen = 0;
+  for (long j = 0; j < k; ++j) {  // the j-th largest: the first of the largest not yet chosen
+    long best = -1;
+    for (long e = 0; e < E; ++e) {
+      bool taken = false;
+      for (long i = 0; i < j; ++i) taken = taken || idx[i] == e;
+      if (!taken && (best < 0 || probs[e] > probs[best])) best = e;
+    }
+    idx[j] = static_cast<I>(best);
+    weight[j] = probs[best];
+    chosen += probs[best];
+  }
+  if (renormalise)
+    for (long j = 0; j < k; ++j) weight[j] /= chosen;
+  return log(sum) + m;
+}
+
+// One token's dlogits (E) into out: dL/dprobs[e] = aux[e] (the load-balancing loss's, null for none)
+// plus what the chosen weights pass back (dweight, null for none), through the renormalisation and
+// the softmax; plus z lse probs[e] (the z-loss's, dL/dlse = z lse).
+template <class S, class I>
+WEFT_HD inline void route_row_backward(S* out, const S* dweight, const S* probs, const I* idx, const S* weight, S lse,
+                                       long E, long k, bool renormalise, const S* aux, S z) {
+  for (long e = 0; e < E; ++e) out[e] = aux ? aux[e] : S(0);  // dL/dprobs
+  if (dweight) {
+    if (renormalise) {  // weight_j = p_j / s: dp_j = (dweight_j - sum_i dweight_i weight_i) / s
+      S dot = 0, s = 0;
+      for (long j = 0; j < k; ++j) {
+        dot += dweight[j] * weight[j];
+        s += probs[idx[j]];
+      }
+      for (long j = 0; j < k; ++j) out[idx[j]] += (dweight[j] - dot) / s;
+    } else {
+      for (long j = 0; j < k; ++j) out[idx[j]] += dweight[j];
+    }
+  }
+  S dot = 0;
+  for (long e = 0; e < E; ++e) dot += probs[e] * out[e];
+  for (long e = 0; e < E; ++e) out[e] = probs[e] * (out[e] - dot) + z * lse * probs[e];
 }
 
 }  // namespace weft::math

@@ -1,0 +1,395 @@
+// MoeMlp<T, A, D>: a mixture-of-experts MLP (Shazeer et al. 2017; Mixtral, Qwen3-MoE, DeepSeek-V3's
+// shared experts), a layer over the rows of a stream in layout A, as LayerNorm is (each token on its
+// own but for the router's losses): in a block it takes the MLP's place.
+//
+//   x       (B, T, C) in A                 the rank's rows, N = B T (local)
+//   logits  (N, E)      acc<T>             x Wr^T, the router's; probs = softmax(logits) (ops::Route)
+//   index   (N, k)      int32              each token's k experts, weight (N, k) their probabilities
+//                                          (renormalised to sum 1 where the options say)
+//   xp      (M, C)                         the tokens' rows in the experts' order: expert e's block of
+//                                          count_e rows, M = N k (dropless) or fewer (capacity)
+//   h       (M, 2H), a (M, H)              each block through its expert's SwiGLU: h = xp W1_e^T
+//                                          (gate and up interleaved, ops::SwiGlu), a = silu(gate) up
+//   yp      (M, C)                         a W2_e^T
+//   y       (B, T, C) in A                 sum over j of weight[n, j] yp[slot of (n, j)], plus the
+//                                          shared expert's SwiGLU of x where there is one
+//
+// Parameters, replicated on every rank (expert parallelism shards them: not yet): router Wr (E, C),
+// experts.gate_up (E, 2H, C) (row 2f the gate of feature f, 2f + 1 its up), experts.down (E, C, H),
+// and shared.gate_up (2S, C), shared.down (C, S) where S > 0. Their gradients are whole on every
+// rank, or (sequence parallelism) the rank's rows' share (replicated_param_grad<A>).
+//
+// The router's losses, added to the model's loss through their gradients (as Megatron-Core does;
+// the layer keeps their values for the log, last_aux and last_z):
+//   load balancing  aux = E sum_e f_e P_e, f_e = (slots routed to e) / N, P_e = the mean of probs[., e]
+//                   over the tokens (transformers' load_balancing_loss_func for one layer; Switch's
+//                   with top-k slots), times aux_coef
+//   z-loss          z = the mean over tokens of logsumexp(logits)^2 (ST-MoE), times z_coef
+// N and the sums are over the micro-batch's tokens on every rank (all-reduced over data, context and,
+// under sequence parallelism, tensor: one all-reduce of 2E + 2 doubles in forward), so that every
+// layout computes the same losses; their gradients are scaled by the micro-batch's weight in the
+// step (the mesh's grad_scale(): nn::StageMesh's, which nn::StagedModel hands its blocks; 1 where
+// the mesh has none).
+//
+// Capacity (capacity_factor > 0): each sample may send at most ceil(factor T k / E) of its tokens to
+// an expert; its tokens past that, in token order, are dropped from that expert (their slot's output
+// and gradient are zero). Per sample, so that the data and pipe layouts drop the same tokens; with
+// the sequence split over ranks (context or sequence parallelism) it is refused. Dropless by default.
+//
+// defines: nn::MoeOptions, nn::MoeMlp, nn::moe_plan
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "weft/comm/redistribute.hpp"
+#include "weft/core/error.hpp"
+#include "weft/nn/comm_row.hpp"
+#include "weft/nn/param.hpp"
+#include "weft/nn/roles.hpp"
+#include "weft/nn/stage_mesh.hpp"
+#include "weft/ops/all.hpp"
+#include "weft/ops/moe.hpp"
+#include "weft/ops/swiglu.hpp"
+
+namespace weft::nn {
+
+struct MoeOptions {
+  std::int64_t experts = 8, top_k = 2, hidden = 0;  // E, k, H (each expert's hidden width)
+  bool renormalise = true;                          // the top-k weights divided by their sum (Mixtral)
+  double capacity_factor = 0;                       // 0: dropless
+  double aux_coef = 0.01, z_coef = 0;               // the router's losses' coefficients
+  std::int64_t shared_hidden = 0;                   // S: a shared expert of this width, 0 for none
+};
+
+// The experts' order of a micro-batch's slots from each token's k experts (host memory): slot (N, k)
+// each (token, j)'s row in xp or -1 where dropped, rows (M) each row's token, offsets (E + 1) each
+// expert's block. Slots go expert by expert, in token order; `capacity` > 0 keeps at most that many
+// of each sample's (T tokens) slots per expert.
+struct MoePlan {
+  std::vector<std::int32_t> slot, rows;
+  std::vector<std::int64_t> offsets;
+  std::int64_t dropped = 0;
+};
+inline MoePlan moe_plan(std::span<const std::int32_t> index, std::int64_t N, std::int64_t T, std::int64_t E,
+                        std::int64_t k, std::int64_t capacity) {
+  MoePlan p;
+  p.slot.assign(static_cast<std::size_t>(N * k), -1);
+  p.offsets.assign(static_cast<std::size_t>(E + 1), 0);
+  std::vector<std::int64_t> used(static_cast<std::size_t>(E));
+  std::vector<char> keep(static_cast<std::size_t>(N * k), 1);
+  for (std::int64_t n = 0; n < N; ++n) {
+    if (n % T == 0) std::fill(used.begin(), used.end(), 0);  // a new sample
+    for (std::int64_t j = 0; j < k; ++j) {
+      const auto i = static_cast<std::size_t>(n * k + j);
+      const auto e = static_cast<std::size_t>(index[i]);
+      if (capacity > 0 && used[e] >= capacity) {
+        keep[i] = 0;
+        ++p.dropped;
+        continue;
+      }
+      ++used[e];
+      ++p.offsets[e + 1];
+    }
+  }
+  for (std::int64_t e = 0; e < E; ++e)
+    p.offsets[static_cast<std::size_t>(e + 1)] += p.offsets[static_cast<std::size_t>(e)];
+  p.rows.resize(static_cast<std::size_t>(p.offsets.back()));
+  std::vector<std::int64_t> next(p.offsets.begin(), p.offsets.end() - 1);
+  for (std::int64_t n = 0; n < N; ++n)
+    for (std::int64_t j = 0; j < k; ++j) {
+      const auto i = static_cast<std::size_t>(n * k + j);
+      if (!keep[i]) continue;
+      const auto m = next[static_cast<std::size_t>(index[i])]++;
+      p.slot[i] = static_cast<std::int32_t>(m);
+      p.rows[static_cast<std::size_t>(m)] = static_cast<std::int32_t>(n);
+    }
+  return p;
+}
+
+template <Floating T, LayoutType A, class D = Host>
+class MoeMlp : public SameLayout<A> {
+ public:
+  using S = accumulate_t<T>;  // the router's probabilities and weights
+
+  struct Ctx {
+    Tensor<T, A, D> x;                  // (B, T, C) the input, for the router's and the experts' gradients
+    Allocation probs, index, weight;    // (N, E) S, (N, k) int32, (N, k) S
+    Allocation lse;                     // (N) S
+    Allocation slot, rows;              // (N, k), (M) int32 on the device (MoePlan's)
+    std::vector<std::int64_t> offsets;  // (E + 1) on the host
+    Allocation h, a, yp;                // (M, 2H), (M, H), (M, C)
+    Allocation sh, sa;                  // the shared expert's (N, 2S), (N, S)
+    std::vector<S> aux_grad;            // (E): dL/dprobs[., e] of the load-balancing loss (unscaled)
+    S z_grad = 0;                       // dL/dlse[n] = z_grad lse[n] of the z-loss (unscaled)
+    std::int64_t N = 0;
+  };
+
+  Param<T, Replicated, replicated_param_grad<A>, D> router;       // (E, C)
+  Param<T, Replicated, replicated_param_grad<A>, D> gate_up;      // (E, 2H, C)
+  Param<T, Replicated, replicated_param_grad<A>, D> down;         // (E, C, H)
+  Param<T, Replicated, replicated_param_grad<A>, D> shared_up;    // (2S, C)
+  Param<T, Replicated, replicated_param_grad<A>, D> shared_down;  // (C, S)
+  MoeOptions options;
+  double last_aux = 0, last_z = 0;  // the last forward's router losses (before their coefficients)
+  std::int64_t last_dropped = 0;    // and the slots it dropped on this rank
+
+  MoeMlp() = default;
+  // Parameter ids id (router), id + 1 (experts' gate-up), id + 2 (down), id + 3 and id + 4 (the
+  // shared expert's); weights normal(0, std), the down projections normal(0, out_std).
+  MoeMlp(D& dev, std::int64_t C, const MoeOptions& o, const Spread& s, std::uint64_t id, std::uint64_t seed, double std,
+         double out_std)
+      : router(dev, {check(C, o), C}, s, id, {Init::normal, std}, seed, Decay::yes),
+        gate_up(dev, {o.experts, 2 * o.hidden, C}, s, id + 1, {Init::normal, std}, seed, Decay::yes),
+        down(dev, {o.experts, C, o.hidden}, s, id + 2, {Init::normal, out_std}, seed, Decay::yes),
+        options(o) {
+    if (o.shared_hidden > 0) {
+      shared_up = {dev, {2 * o.shared_hidden, C}, s, id + 3, {Init::normal, std}, seed, Decay::yes};
+      shared_down = {dev, {C, o.shared_hidden}, s, id + 4, {Init::normal, out_std}, seed, Decay::yes};
+    }
+  }
+
+  std::int64_t width() const { return router.value.global_shape()[1]; }
+
+  // x (B, T, C) in A -> y (B, T, C) in A.
+  template <AxisComms M>
+  Tensor<T, A, D> forward(Ctx& ctx, const Tensor<T, A, D>& x, M& mesh) {
+    D& dev = x.dev();
+    const std::int64_t C = width(), E = options.experts, k = options.top_k, H = options.hidden;
+    const std::int64_t N = x.numel() / C, Tl = x.local_shape()[1];
+    if (x.local_shape()[2] != C)
+      throw Error("MoeMlp::forward", cat("an input of width ", x.local_shape()[2], " for a layer of ", C),
+                  "build the layer for the stream's width");
+    if (options.capacity_factor > 0 && (IsShard<typename A::tensor> || mesh.comm(Axis::context).size() > 1))
+      throw Error("MoeMlp::forward", "a capacity with the sequence split over ranks (sequence or context parallelism)",
+                  "train dropless (capacity factor 0) with these layouts");
+    ctx = Ctx{};
+    ctx.N = N;
+    ctx.x = x.clone(Category::activations);
+    // The router.
+    Allocation logits = alloc<S>(dev, N * E);
+    ops::Gemm<D>::run(dev, Trans::no, Trans::yes, N, E, C, S(1), x.data(), C, router.value.data(), C, S(0),
+                      static_cast<S*>(logits.data()), E);
+    ctx.probs = alloc<S>(dev, N * E);
+    ctx.index = alloc<std::int32_t>(dev, N * k);
+    ctx.weight = alloc<S>(dev, N * k);
+    ctx.lse = alloc<S>(dev, N);
+    ops::Route<D>::forward(dev, probs(ctx), index(ctx), weight(ctx), lse(ctx), static_cast<const S*>(logits.data()), N,
+                           E, k, options.renormalise);
+    logits.reset();
+    router_losses(ctx, dev, mesh);
+    // The plan, on the host.
+    std::vector<std::int32_t> idx(static_cast<std::size_t>(N * k));
+    dev.to_host(idx.data(), ctx.index.data(), idx.size() * sizeof(std::int32_t));
+    const std::int64_t cap = options.capacity_factor > 0
+                                 ? static_cast<std::int64_t>(std::ceil(
+                                       options.capacity_factor * static_cast<double>(Tl * k) / static_cast<double>(E)))
+                                 : 0;
+    const MoePlan plan = moe_plan(idx, N, Tl, E, k, cap);
+    last_dropped = plan.dropped;
+    const std::int64_t Mr = plan.offsets.back();
+    ctx.offsets = plan.offsets;
+    ctx.slot = upload(dev, plan.slot);
+    ctx.rows = upload(dev, plan.rows);
+    // The experts, block by block.
+    Allocation xp = alloc<T>(dev, Mr * C);
+    ops::Dispatch<D>::gather(dev, static_cast<T*>(xp.data()), x.data(), rows(ctx), Mr, C);
+    ctx.h = alloc<T>(dev, Mr * 2 * H);
+    ctx.a = alloc<T>(dev, Mr * H);
+    ctx.yp = alloc<T>(dev, Mr * C);
+    for (std::int64_t e = 0; e < E; ++e) {
+      const std::int64_t o = ctx.offsets[static_cast<std::size_t>(e)],
+                         n = ctx.offsets[static_cast<std::size_t>(e) + 1] - o;
+      if (n == 0) continue;
+      T* h = hp(ctx) + o * 2 * H;
+      T* a = ap(ctx) + o * H;
+      ops::Gemm<D>::run(dev, Trans::no, Trans::yes, n, 2 * H, C, S(1), static_cast<const T*>(xp.data()) + o * C, C,
+                        gate_up.value.data() + e * 2 * H * C, C, S(0), h, 2 * H);
+      ops::SwiGlu<D>::forward(dev, a, h, n * H);
+      ops::Gemm<D>::run(dev, Trans::no, Trans::yes, n, C, H, S(1), a, H, down.value.data() + e * C * H, H, S(0),
+                        ypp(ctx) + o * C, C);
+    }
+    auto y = Tensor<T, A, D>::empty(dev, x.global_shape(), x.spread(), Category::activations);
+    ops::Dispatch<D>::combine(dev, y.data(), static_cast<const T*>(ctx.yp.data()), slot(ctx), weight(ctx), N, k, C,
+                              false);
+    if (const std::int64_t Sh = options.shared_hidden; Sh > 0) {
+      ctx.sh = alloc<T>(dev, N * 2 * Sh);
+      ctx.sa = alloc<T>(dev, N * Sh);
+      ops::Gemm<D>::run(dev, Trans::no, Trans::yes, N, 2 * Sh, C, S(1), x.data(), C, shared_up.value.data(), C, S(0),
+                        static_cast<T*>(ctx.sh.data()), 2 * Sh);
+      ops::SwiGlu<D>::forward(dev, static_cast<T*>(ctx.sa.data()), static_cast<const T*>(ctx.sh.data()), N * Sh);
+      ops::Gemm<D>::run(dev, Trans::no, Trans::yes, N, C, Sh, S(1), static_cast<const T*>(ctx.sa.data()), Sh,
+                        shared_down.value.data(), Sh, S(1), y.data(), C);
+    }
+    return y;
+  }
+
+  // dy (B, T, C) in A -> dx; accumulates every parameter's gradient, the router's losses' included.
+  template <AxisComms M>
+  Tensor<T, A, D> backward(Ctx& ctx, const Tensor<T, A, D>& dy, M& mesh) {
+    D& dev = dy.dev();
+    const std::int64_t C = width(), E = options.experts, k = options.top_k, H = options.hidden, N = ctx.N;
+    const std::int64_t Mr = ctx.offsets.back();
+    Allocation dyp = alloc<T>(dev, Mr * C), dweight = alloc<S>(dev, N * k);
+    ops::Dispatch<D>::combine_backward(dev, static_cast<T*>(dyp.data()), static_cast<S*>(dweight.data()), dy.data(),
+                                       static_cast<const T*>(ctx.yp.data()), slot(ctx), weight(ctx), N, k, C);
+    ctx.yp.reset();
+    Allocation xp = alloc<T>(dev, Mr * C);  // the gather again: cheaper to redo than to keep
+    ops::Dispatch<D>::gather(dev, static_cast<T*>(xp.data()), ctx.x.data(), rows(ctx), Mr, C);
+    Allocation dxp = alloc<T>(dev, Mr * C), da = alloc<T>(dev, std::max<std::int64_t>(Mr * H, 1)),
+               dh = alloc<T>(dev, std::max<std::int64_t>(Mr * 2 * H, 1));
+    for (std::int64_t e = 0; e < E; ++e) {
+      const std::int64_t o = ctx.offsets[static_cast<std::size_t>(e)],
+                         n = ctx.offsets[static_cast<std::size_t>(e) + 1] - o;
+      if (n == 0) continue;
+      const T* g = static_cast<const T*>(dyp.data()) + o * C;
+      T* dae = static_cast<T*>(da.data()) + o * H;
+      T* dhe = static_cast<T*>(dh.data()) + o * 2 * H;
+      ops::Gemm<D>::run(dev, Trans::no, Trans::no, n, H, C, S(1), g, C, down.value.data() + e * C * H, H, S(0), dae, H);
+      ops::Gemm<D>::run(dev, Trans::yes, Trans::no, C, H, n, S(1), g, C, ap(ctx) + o * H, H, S(1),
+                        down.grad.data() + e * C * H, H);
+      ops::SwiGlu<D>::backward(dev, dhe, hp(ctx) + o * 2 * H, dae, n * H);
+      ops::Gemm<D>::run(dev, Trans::yes, Trans::no, 2 * H, C, n, S(1), dhe, 2 * H,
+                        static_cast<const T*>(xp.data()) + o * C, C, S(1), gate_up.grad.data() + e * 2 * H * C, C);
+      ops::Gemm<D>::run(dev, Trans::no, Trans::no, n, C, 2 * H, S(1), dhe, 2 * H, gate_up.value.data() + e * 2 * H * C,
+                        C, S(0), static_cast<T*>(dxp.data()) + o * C, C);
+    }
+    auto dx = Tensor<T, A, D>::empty(dev, dy.global_shape(), dy.spread(), Category::activations);
+    ops::Dispatch<D>::combine(dev, dx.data(), static_cast<const T*>(dxp.data()), slot(ctx),
+                              static_cast<const S*>(nullptr), N, k, C, false);
+    // The router: the combine's weights and the router's losses, through the softmax.
+    const double scale = grad_scale_of(mesh);
+    std::vector<S> aux(ctx.aux_grad.size());
+    for (std::size_t e = 0; e < aux.size(); ++e) aux[e] = static_cast<S>(scale * static_cast<double>(ctx.aux_grad[e]));
+    Allocation aux_dev = upload(dev, aux);
+    Allocation dlogits = alloc<T>(dev, N * E);
+    ops::Route<D>::backward(dev, static_cast<T*>(dlogits.data()), static_cast<const S*>(dweight.data()), probs(ctx),
+                            index(ctx), weight(ctx), lse(ctx), N, E, k, options.renormalise,
+                            static_cast<const S*>(aux_dev.data()),
+                            static_cast<S>(scale * static_cast<double>(ctx.z_grad)));
+    ops::Gemm<D>::run(dev, Trans::yes, Trans::no, E, C, N, S(1), static_cast<const T*>(dlogits.data()), E, ctx.x.data(),
+                      C, S(1), router.grad.data(), C);
+    ops::Gemm<D>::run(dev, Trans::no, Trans::no, N, C, E, S(1), static_cast<const T*>(dlogits.data()), E,
+                      router.value.data(), C, S(1), dx.data(), C);
+    if (const std::int64_t Sh = options.shared_hidden; Sh > 0) {
+      Allocation dsa = alloc<T>(dev, N * Sh), dsh = alloc<T>(dev, N * 2 * Sh);
+      ops::Gemm<D>::run(dev, Trans::no, Trans::no, N, Sh, C, S(1), dy.data(), C, shared_down.value.data(), Sh, S(0),
+                        static_cast<T*>(dsa.data()), Sh);
+      ops::Gemm<D>::run(dev, Trans::yes, Trans::no, C, Sh, N, S(1), dy.data(), C, static_cast<const T*>(ctx.sa.data()),
+                        Sh, S(1), shared_down.grad.data(), Sh);
+      ops::SwiGlu<D>::backward(dev, static_cast<T*>(dsh.data()), static_cast<const T*>(ctx.sh.data()),
+                               static_cast<const T*>(dsa.data()), N * Sh);
+      ops::Gemm<D>::run(dev, Trans::yes, Trans::no, 2 * Sh, C, N, S(1), static_cast<const T*>(dsh.data()), 2 * Sh,
+                        ctx.x.data(), C, S(1), shared_up.grad.data(), C);
+      ops::Gemm<D>::run(dev, Trans::no, Trans::no, N, C, 2 * Sh, S(1), static_cast<const T*>(dsh.data()), 2 * Sh,
+                        shared_up.value.data(), C, S(1), dx.data(), C);
+    }
+    ctx = Ctx{};
+    return dx;
+  }
+
+  // describe's rows (nn/comm_walk.hpp): the router's statistics, all-reduced in forward over the
+  // ranks that hold other tokens.
+  void comm_rows(std::vector<CommRow>& out, const std::string& row, const Shape&, const Spread& s, std::int64_t) const {
+    CommRow r{cat(row, " (mixture of experts: ", options.experts, " experts, top ", options.top_k, ")"),
+              A::name(),
+              A::name(),
+              {},
+              {}};
+    const std::int64_t bytes = (2 * options.experts + 2) * 8;
+    r.forward.push_back(detail::reduction(Axis::data, s.data_degree, bytes));
+    r.forward.push_back(detail::reduction(Axis::context, s.context_degree, bytes));
+    if constexpr (IsShard<typename A::tensor>)
+      r.forward.push_back(detail::reduction(Axis::tensor, s.tensor_degree, bytes));
+    out.push_back(std::move(r));
+  }
+
+  Shape out_shape(const Shape& s) const { return s; }
+  static std::string name() { return "MoeMlp"; }
+
+  template <class F>
+  void for_each_param(const std::string& prefix, F&& f) {
+    f(prefix + ".router.weight", router);
+    f(prefix + ".experts.gate_up", gate_up);
+    f(prefix + ".experts.down", down);
+    if (options.shared_hidden > 0) {
+      f(prefix + ".shared.gate_up", shared_up);
+      f(prefix + ".shared.down", shared_down);
+    }
+  }
+
+ private:
+  static std::int64_t check(std::int64_t C, const MoeOptions& o) {
+    const std::string where = "MoeMlp";
+    if (o.experts < 1 || o.experts > ops::Route<Host>::max_experts)
+      throw Error(where, cat(o.experts, " experts"), cat("use 1 to ", ops::Route<Host>::max_experts, " experts"));
+    if (o.top_k < 1 || o.top_k > o.experts)
+      throw Error(where, cat("top-k ", o.top_k, " of ", o.experts, " experts"), "choose from 1 to the experts");
+    if (o.hidden < 1 || C < 1 || o.shared_hidden < 0)
+      throw Error(where, cat("width ", C, ", expert width ", o.hidden, ", shared width ", o.shared_hidden),
+                  "give the layer positive widths (a shared width of 0 for none)");
+    if (!(o.capacity_factor >= 0) || !std::isfinite(o.capacity_factor))
+      throw Error(where, cat("a capacity factor of ", o.capacity_factor),
+                  "use a positive capacity factor, or 0 for dropless routing");
+    if (!(o.aux_coef >= 0) || !(o.z_coef >= 0))
+      throw Error(where, cat("loss coefficients ", o.aux_coef, " (load balancing) and ", o.z_coef, " (z-loss)"),
+                  "use coefficients of 0 or more");
+    return o.experts;
+  }
+
+  template <class E>
+  static Allocation alloc(D& dev, std::int64_t n) {
+    return dev.allocate(std::max<std::int64_t>(n, 1) * static_cast<std::int64_t>(sizeof(E)), Category::activations);
+  }
+  template <class E>
+  static Allocation upload(D& dev, const std::vector<E>& v) {
+    Allocation a = alloc<E>(dev, static_cast<std::int64_t>(v.size()));
+    if (!v.empty()) dev.from_host(a.data(), v.data(), v.size() * sizeof(E));
+    return a;
+  }
+  // The load-balancing and z-losses from this micro-batch's statistics summed over the ranks that
+  // hold other tokens; their gradients kept in ctx.
+  template <class M>
+  void router_losses(Ctx& ctx, D& dev, M& mesh) {
+    const std::int64_t E = options.experts, k = options.top_k, N = ctx.N;
+    Allocation st = dev.allocate((2 * E + 1) * static_cast<std::int64_t>(sizeof(double)), Category::activations);
+    dev.zero(st.data(), static_cast<std::size_t>(2 * E + 1) * sizeof(double));
+    auto* d = static_cast<double*>(st.data());
+    ops::Route<D>::stats(dev, d, d + E, d + 2 * E, probs(ctx), index(ctx), lse(ctx), N, E, k);
+    std::vector<double> sums(static_cast<std::size_t>(2 * E + 2));
+    dev.to_host(sums.data(), st.data(), static_cast<std::size_t>(2 * E + 1) * sizeof(double));
+    sums.back() = static_cast<double>(N);
+    mesh.comm(Axis::data).all_reduce(std::span<double>(sums));
+    mesh.comm(Axis::context).all_reduce(std::span<double>(sums));
+    if constexpr (IsShard<typename A::tensor>) mesh.comm(Axis::tensor).all_reduce(std::span<double>(sums));
+    const double tokens = sums.back();
+    double aux = 0;
+    ctx.aux_grad.assign(static_cast<std::size_t>(E), S(0));
+    for (std::int64_t e = 0; e < E; ++e) {
+      const double f = sums[static_cast<std::size_t>(e)] / tokens, p = sums[static_cast<std::size_t>(E + e)] / tokens;
+      aux += static_cast<double>(E) * f * p;
+      ctx.aux_grad[static_cast<std::size_t>(e)] =
+          static_cast<S>(options.aux_coef * static_cast<double>(E) * f / tokens);
+    }
+    last_aux = aux;
+    last_z = sums[static_cast<std::size_t>(2 * E)] / tokens;
+    ctx.z_grad = static_cast<S>(options.z_coef * 2.0 / tokens);
+  }
+
+  static S* probs(Ctx& c) { return static_cast<S*>(c.probs.data()); }
+  static std::int32_t* index(Ctx& c) { return static_cast<std::int32_t*>(c.index.data()); }
+  static S* weight(Ctx& c) { return static_cast<S*>(c.weight.data()); }
+  static S* lse(Ctx& c) { return static_cast<S*>(c.lse.data()); }
+  static std::int32_t* slot(Ctx& c) { return static_cast<std::int32_t*>(c.slot.data()); }
+  static std::int32_t* rows(Ctx& c) { return static_cast<std::int32_t*>(c.rows.data()); }
+  static T* hp(Ctx& c) { return static_cast<T*>(c.h.data()); }
+  static T* ap(Ctx& c) { return static_cast<T*>(c.a.data()); }
+  static T* ypp(Ctx& c) { return static_cast<T*>(c.yp.data()); }
+};
+
+}  // namespace weft::nn

@@ -1,0 +1,161 @@
+// ops::Route, ops::Dispatch: the token routing of a mixture-of-experts layer (nn/moe.hpp) around its
+// experts' GEMMs: the router's softmax and top-k, the router's losses' statistics, and the moves of
+// token rows to the experts' contiguous blocks and back.
+//
+//   Route::forward    logits (N, E) S -> probs (N, E) = softmax, index (N, k) int32 the k largest
+//                     (ties to the lower expert), weight (N, k) their probabilities (divided by their
+//                     sum where renormalised), lse (N) = logsumexp of the logits
+//   Route::stats      counts (E) the slots routed to each expert, psum (E) the sum of each expert's
+//                     probability over the tokens, and the sum of lse^2: what the load-balancing loss
+//                     and the z-loss need (summed over the ranks that hold other tokens), in double
+//   Route::backward   dlogits (N, E) from dweight (N, k) (the combine's), the load-balancing loss's
+//                     gradient per expert (dL/dprobs[n, e] = aux[e], the same for every token) and the
+//                     z-loss's (dL/dlse[n] = z lse[n])
+//   Dispatch::gather  xp (M, C): xp[m] = x[rows[m]], the tokens' rows in the experts' order
+//   Dispatch::combine y (N, C) (+)= sum over j of weight[n, j] xp[slot[n, j]] (weight null: 1), the
+//                     slots of dropped tokens (-1) skipped: the weighted combine, and (weight null) the
+//                     gather's backward
+//   Dispatch::combine_backward   dxp[slot[n, j]] = weight[n, j] dy[n], dweight[n, j] = dy[n] . yp[slot[n, j]]
+//                     (0 where dropped)
+//
+// Probabilities and weights in S = acc<T>; each row on its own (the same bits on any number of
+// threads; the per-token math is math::route_row, shared with the GPU). An op (ops/op.hpp): the
+// host's here, the Meta device's below, the Cuda device's in moe.cuh.
+//
+// defines: ops::Route (Host, Meta), ops::Dispatch (Host, Meta)
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "weft/core/precision.hpp"
+#include "weft/device/host/host.hpp"
+#include "weft/device/host/ops.hpp"
+#include "weft/device/host/profile.hpp"
+#include "weft/device/host/workers.hpp"
+#include "weft/device/meta/meta.hpp"
+#include "weft/ops/math.hpp"
+#include "weft/ops/meta.hpp"
+#include "weft/ops/op.hpp"
+
+namespace weft::ops {
+
+template <class D>
+struct Route;
+template <class D>
+struct Dispatch;
+
+template <>
+struct Route<Host> {
+  static constexpr index max_experts = math::kMaxExperts;
+
+  template <class S>
+  static void forward(Host&, S* probs, std::int32_t* idx, S* weight, S* lse, const S* logits, index N, index E, index k,
+                      bool renormalise) {
+    const host::Timed timed(host::Op::elementwise);
+    host::split(N, host::kRows, [&](index lo, index hi) {
+      for (index n = lo; n < hi; ++n)
+        lse[n] = math::route_row(probs + n * E, idx + n * k, weight + n * k, logits + n * E, E, k, renormalise);
+    });
+  }
+
+  // counts (E), psum (E) and the sum of lse^2, added to (double: exact counts, sums in a fixed order).
+  template <class S>
+  static void stats(Host&, double* counts, double* psum, double* lse2, const S* probs, const std::int32_t* idx,
+                    const S* lse, index N, index E, index k) {
+    for (index n = 0; n < N; ++n) {
+      for (index j = 0; j < k; ++j) counts[idx[n * k + j]] += 1;
+      for (index e = 0; e < E; ++e) psum[e] += static_cast<double>(probs[n * E + e]);
+      *lse2 += static_cast<double>(lse[n]) * static_cast<double>(lse[n]);
+    }
+  }
+
+  template <class T, class S>
+  static void backward(Host&, T* dlogits, const S* dweight, const S* probs, const std::int32_t* idx, const S* weight,
+                       const S* lse, index N, index E, index k, bool renormalise, const S* aux, S z) {
+    const host::Timed timed(host::Op::elementwise);
+    host::split(N, host::kRows, [&](index lo, index hi) {
+      S g[math::kMaxExperts];
+      for (index n = lo; n < hi; ++n) {
+        math::route_row_backward(g, dweight ? dweight + n * k : nullptr, probs + n * E, idx + n * k, weight + n * k,
+                                 lse[n], E, k, renormalise, aux, z);
+        for (index e = 0; e < E; ++e) dlogits[n * E + e] = narrow<T>(g[e]);
+      }
+    });
+  }
+};
+
+template <>
+struct Dispatch<Host> {
+  template <class T>
+  static void gather(Host&, T* xp, const T* x, const std::int32_t* rows, index M, index C) {
+    const host::Timed timed(host::Op::memory);
+    host::split(M, host::kRows, [&](index lo, index hi) {
+      for (index m = lo; m < hi; ++m) std::copy_n(x + rows[m] * C, C, xp + m * C);
+    });
+  }
+
+  // y (N, C) = (accumulate ? y : 0) + sum_j weight[n, j] xp[slot[n, j]], in acc<T> per element.
+  template <class T, class S>
+  static void combine(Host&, T* y, const T* xp, const std::int32_t* slot, const S* weight, index N, index k, index C,
+                      bool accumulate) {
+    const host::Timed timed(host::Op::memory);
+    host::split(N, host::kRows, [&](index lo, index hi) {
+      for (index n = lo; n < hi; ++n)
+        for (index c = 0; c < C; ++c) {
+          acc<T> s = accumulate ? widen(y[n * C + c]) : acc<T>(0);
+          for (index j = 0; j < k; ++j) {
+            const std::int32_t m = slot[n * k + j];
+            if (m < 0) continue;
+            const acc<T> v = widen(xp[m * C + c]);
+            s += weight ? static_cast<acc<T>>(weight[n * k + j]) * v : v;
+          }
+          y[n * C + c] = narrow<T>(s);
+        }
+    });
+  }
+
+  template <class T, class S>
+  static void combine_backward(Host&, T* dxp, S* dweight, const T* dy, const T* xp, const std::int32_t* slot,
+                               const S* weight, index N, index k, index C) {
+    const host::Timed timed(host::Op::memory);
+    host::split(N, host::kRows, [&](index lo, index hi) {
+      for (index n = lo; n < hi; ++n)
+        for (index j = 0; j < k; ++j) {
+          const std::int32_t m = slot[n * k + j];
+          if (m < 0) {
+            dweight[n * k + j] = 0;
+            continue;
+          }
+          acc<T> dot = 0;
+          const auto w = static_cast<acc<T>>(weight[n * k + j]);
+          for (index c = 0; c < C; ++c) {
+            const acc<T> g = widen(dy[n * C + c]);
+            dot += g * widen(xp[m * C + c]);
+            dxp[m * C + c] = narrow<T>(w * g);
+          }
+          dweight[n * k + j] = static_cast<S>(dot);
+        }
+    });
+  }
+};
+
+// The Meta device (cost/measure.hpp): nothing computed, and no work noted (the time model prices the
+// experts' GEMMs, which nn::MoeMlp runs through ops::Gemm; the routing and the moves, O(N E) and
+// O(N k C), are not priced yet).
+template <class D>
+struct Route<Meta<D>> {
+  static constexpr index max_experts = math::kMaxExperts;
+  template <class... A> static void forward(Meta<D>&, A&&...) {}
+  template <class... A> static void stats(Meta<D>&, A&&...) {}
+  template <class... A> static void backward(Meta<D>&, A&&...) {}
+};
+template <class D>
+struct Dispatch<Meta<D>> {
+  template <class... A> static void gather(Meta<D>&, A&&...) {}
+  template <class... A> static void combine(Meta<D>&, A&&...) {}
+  template <class... A> static void combine_backward(Meta<D>&, A&&...) {}
+};
+
+}  // namespace weft::ops

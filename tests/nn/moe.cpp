@@ -1,0 +1,288 @@
+// nn::MoeMlp (nn/moe.hpp, ops/moe.hpp) on the host in f64: against transformers' Mixtral and
+// Qwen3-MoE blocks and a plain PyTorch reference with a capacity and with a shared expert
+// (tools/reference/moe_block.py -> tests/fixtures/moe: the output, the load-balancing and z-losses
+// and every gradient); the experts' order of the slots (nn::moe_plan) by hand; every gradient of a
+// capacity-limited, not renormalised layer by finite differences; data 2 equal to one rank (the
+// router's statistics summed over the data ranks); bad options refused by name.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "support/gradcheck.hpp"
+#include "weft/checkpoint/import_dir.hpp"
+#include "weft/comm/mesh.hpp"
+#include "weft/comm/threads/run.hpp"
+#include "weft/nn/moe.hpp"
+
+using namespace weft;
+
+namespace {
+
+using A = nn::act::Full;
+using Moe = nn::MoeMlp<double, A, Host>;
+using X = Tensor<double, A, Host>;
+
+// transformers' gate_up (E, 2H, C), the H gate rows then the H up rows, as weft's (E, H, 2, C).
+std::vector<double> interleave(std::span<const double> hf, std::int64_t E, std::int64_t H, std::int64_t C) {
+  std::vector<double> out(hf.size());
+  for (std::int64_t e = 0; e < E; ++e)
+    for (std::int64_t f = 0; f < H; ++f)
+      for (std::int64_t half = 0; half < 2; ++half)
+        std::copy_n(hf.begin() + ((e * 2 + half) * H + f) * C, C, out.begin() + ((e * H + f) * 2 + half) * C);
+  return out;
+}
+
+void set(std::span<double> to, const std::vector<double>& from) {
+  REQUIRE(to.size() == from.size());
+  std::copy(from.begin(), from.end(), to.begin());
+}
+template <class P>
+std::span<double> values(P& p) {
+  return {p.value.data(), static_cast<std::size_t>(p.value.numel())};
+}
+template <class P>
+std::vector<double> grads(P& p) {
+  return {p.grad.data(), p.grad.data() + p.grad.numel()};
+}
+
+// max |a - b| / max |b|, infinite on NaN.
+double relative(std::span<const double> a, std::span<const double> b) {
+  REQUIRE(a.size() == b.size());
+  double worst = 0, scale = 0;
+  for (std::size_t i = 0; i < b.size(); ++i) {
+    worst = test::worse(worst, std::abs(a[i] - b[i]));
+    scale = std::max(scale, std::abs(b[i]));
+  }
+  return worst / scale;
+}
+
+struct Fixture {
+  checkpoint::ImportDir file;
+  std::int64_t N, C, H, E, k, S, capacity;
+  bool renormalise;
+  explicit Fixture(const std::string& name)
+      : file(std::string(WEFT_TEST_DATA_DIR) + "/moe", name, "moe fixture " + name) {
+    const auto c = file.read("config");
+    N = static_cast<std::int64_t>(c[0]), C = static_cast<std::int64_t>(c[1]), H = static_cast<std::int64_t>(c[2]);
+    E = static_cast<std::int64_t>(c[3]), k = static_cast<std::int64_t>(c[4]), renormalise = c[5] != 0;
+    S = static_cast<std::int64_t>(c[6]), capacity = static_cast<std::int64_t>(c[7]);
+  }
+  nn::MoeOptions options() const {
+    // The fixture's capacity, ceil(0.75 N k / E), from a factor over one sample of N tokens.
+    return {.experts = E,
+            .top_k = k,
+            .hidden = H,
+            .renormalise = renormalise,
+            .capacity_factor = capacity > 0 ? 0.75 : 0.0,
+            .aux_coef = 0.02,
+            .z_coef = 0.001,
+            .shared_hidden = S};
+  }
+  void load(Moe& m) const {
+    set(values(m.router), file.read("router"));
+    set(values(m.gate_up), interleave(file.read("gate_up"), E, H, C));
+    set(values(m.down), file.read("down"));
+    if (S > 0) {
+      set(values(m.shared_up), interleave(file.read("shared_gate_up"), 1, S, C));
+      set(values(m.shared_down), file.read("shared_down"));
+    }
+  }
+};
+
+void against(const std::string& name) {
+  INFO(name);
+  const Fixture f(name);
+  Host h;
+  run_threads(1, [&](ThreadComm& world) {
+    Mesh mesh{world, {}};
+    Moe m(h, f.C, f.options(), mesh.spread(), 0, 1, 0.1, 0.1);
+    f.load(m);
+    auto x = X::empty(h, {1, f.N, f.C}, mesh.spread(), Category::activations);
+    auto dy = X::empty(h, {1, f.N, f.C}, mesh.spread(), Category::activations);
+    set({x.data(), static_cast<std::size_t>(x.numel())}, f.file.read("x"));
+    set({dy.data(), static_cast<std::size_t>(dy.numel())}, f.file.read("dy"));
+    Moe::Ctx ctx;
+    const auto y = m.forward(ctx, x, mesh);
+    // The experts chosen, exactly.
+    std::vector<std::int32_t> index(static_cast<std::size_t>(f.N * f.k));
+    std::copy_n(static_cast<const std::int32_t*>(ctx.index.data()), index.size(), index.begin());
+    const auto want = f.file.read("index");
+    for (std::size_t i = 0; i < index.size(); ++i) CHECK(index[i] == static_cast<std::int32_t>(want[i]));
+    // f64 against f64: the same sums in other orders.
+    const double ey = relative({y.data(), static_cast<std::size_t>(y.numel())}, f.file.read("y"));
+    CHECK(ey <= 1e-12);
+    CHECK(std::abs(m.last_aux - f.file.read("aux")[0]) <= 1e-12 * f.file.read("aux")[0]);
+    CHECK(std::abs(m.last_z - f.file.read("z")[0]) <= 1e-12 * f.file.read("z")[0]);
+    CHECK(m.last_dropped == (f.capacity > 0 ? 5 : 0));  // experts 0, 2 and 3 are sent 7, 6 and 7 of 24 slots
+    const auto dx = m.backward(ctx, dy, mesh);
+    double worst = relative({dx.data(), static_cast<std::size_t>(dx.numel())}, f.file.read("grad.x"));
+    std::string where = "x";
+    auto grad = [&](const char* n, const std::vector<double>& got, const std::vector<double>& ref) {
+      const double e = relative(got, ref);
+      if (e > worst) worst = e, where = n;
+    };
+    grad("router", grads(m.router), f.file.read("grad.router"));
+    grad("gate_up", grads(m.gate_up), interleave(f.file.read("grad.gate_up"), f.E, f.H, f.C));
+    grad("down", grads(m.down), f.file.read("grad.down"));
+    if (f.S > 0) {
+      grad("shared gate_up", grads(m.shared_up), interleave(f.file.read("grad.shared_gate_up"), 1, f.S, f.C));
+      grad("shared down", grads(m.shared_down), f.file.read("grad.shared_down"));
+    }
+    CHECK_MESSAGE(worst <= 1e-12, "worst gradient ", where);
+    MESSAGE(name, ": output within ", ey, ", worst gradient (", where, ") within ", worst, " relative");
+  });
+}
+
+}  // namespace
+
+TEST_CASE(
+    "MoeMlp equals transformers' Mixtral and Qwen3-MoE blocks, and the plain reference with a capacity or a "
+    "shared expert: output, router losses and every gradient in f64") {
+  against("mixtral");
+  against("qwen3");
+  against("capacity");
+  against("shared");
+}
+
+TEST_CASE("moe_plan: slots expert by expert in token order, at most the capacity of each sample's per expert") {
+  // 4 tokens in 2 samples of 2, top 1 of 2 experts, capacity 1: sample 0 sends both tokens to
+  // expert 0 (the second dropped), sample 1 one to each.
+  const std::vector<std::int32_t> index{0, 0, 0, 1};
+  const nn::MoePlan p = nn::moe_plan(index, 4, 2, 2, 1, 1);
+  CHECK(p.slot == std::vector<std::int32_t>{0, -1, 1, 2});
+  CHECK(p.rows == std::vector<std::int32_t>{0, 2, 3});
+  CHECK(p.offsets == std::vector<std::int64_t>{0, 2, 3});
+  CHECK(p.dropped == 1);
+  // Dropless: every slot kept, top 2 of 3.
+  const std::vector<std::int32_t> two{2, 0, 0, 1, 1, 2};
+  const nn::MoePlan q = nn::moe_plan(two, 3, 3, 3, 2, 0);
+  CHECK(q.offsets == std::vector<std::int64_t>{0, 2, 4, 6});
+  CHECK(q.rows == std::vector<std::int32_t>{0, 1, 1, 2, 0, 2});
+  CHECK(q.slot == std::vector<std::int32_t>{4, 0, 1, 2, 3, 5});
+}
+
+TEST_CASE("MoeMlp's gradients match finite differences: top 2 of 5 not renormalised, a capacity, a shared expert") {
+  Host h;
+  run_threads(1, [&](ThreadComm& world) {
+    Mesh mesh{world, {}};
+    const nn::MoeOptions o{.experts = 5,
+                           .top_k = 2,
+                           .hidden = 4,
+                           .renormalise = false,
+                           .capacity_factor = 1.0,
+                           .aux_coef = 0.3,
+                           .z_coef = 0.05,
+                           .shared_hidden = 3};
+    const std::int64_t B = 2, T = 5, C = 6;
+    Moe m(h, C, o, mesh.spread(), 0, 3, 0.5, 0.5);
+    auto x = X::empty(h, {B, T, C}, mesh.spread(), Category::activations);
+    std::vector<double> xs = test::normals(static_cast<std::size_t>(B * T * C), 11);
+    const std::vector<double> g = test::normals(xs.size(), 12);
+    auto dy = X::empty(h, {B, T, C}, mesh.spread(), Category::activations);
+    set({dy.data(), g.size()}, g);
+    // L = sum(y g) + aux_coef aux + z_coef z
+    auto loss = [&] {
+      set({x.data(), xs.size()}, xs);
+      Moe::Ctx c;
+      const auto y = m.forward(c, x, mesh);
+      double l = o.aux_coef * m.last_aux + o.z_coef * m.last_z;
+      for (std::size_t i = 0; i < g.size(); ++i) l += y.data()[i] * g[i];
+      return l;
+    };
+    const double l0 = loss();
+    CHECK(m.last_dropped > 0);  // capacity ceil(1.0 * 5 * 2 / 5) = 2 a sample per expert
+    CHECK(std::isfinite(l0));
+    Moe::Ctx ctx;
+    set({x.data(), xs.size()}, xs);
+    (void)m.forward(ctx, x, mesh);
+    const auto dx = m.backward(ctx, dy, mesh);
+    const std::vector<double> dxs(dx.data(), dx.data() + dx.numel());
+    const auto r = test::gradcheck(xs, dxs, loss, 60);
+    CHECK(r.worst <= 1e-6);  // support/gradcheck.hpp: fourth-order central differences in double
+    int params = 0;
+    m.for_each_param("moe", [&](const std::string& name, auto& p) {
+      INFO(name);
+      const auto rp = test::gradcheck(
+          values(p), std::span<const double>(p.grad.data(), static_cast<std::size_t>(p.grad.numel())), loss, 60);
+      CHECK(rp.checked > 0);
+      CHECK(rp.worst <= 1e-6);
+      ++params;
+    });
+    CHECK(params == 5);
+  });
+}
+
+TEST_CASE(
+    "MoeMlp on data 2 equals one rank: each rank's rows, and the gradients summed (the router's losses over "
+    "the whole batch)") {
+  const Fixture f("mixtral");
+  const std::int64_t B = 2, T = f.N / 2;
+  struct Run {
+    std::vector<double> y, dx, aux;
+    std::vector<std::vector<double>> grads;
+  };
+  auto run = [&](int data) {
+    std::vector<Run> out(static_cast<std::size_t>(data));
+    run_threads(data, [&](ThreadComm& world) {
+      Host h;
+      Mesh mesh{world, {.data = data}};
+      Moe m(h, f.C, f.options(), mesh.spread(), 0, 1, 0.1, 0.1);
+      f.load(m);
+      const std::int64_t Bl = B / data, first = mesh.coord().data * Bl * T * f.C;
+      auto x = X::empty(h, {B, T, f.C}, mesh.spread(), Category::activations);
+      auto dy = X::empty(h, {B, T, f.C}, mesh.spread(), Category::activations);
+      const auto xs = f.file.read("x"), g = f.file.read("dy");
+      std::copy_n(xs.begin() + first, x.numel(), x.data());
+      std::copy_n(g.begin() + first, dy.numel(), dy.data());
+      Moe::Ctx ctx;
+      const auto y = m.forward(ctx, x, mesh);
+      const auto dx = m.backward(ctx, dy, mesh);
+      Run& r = out[static_cast<std::size_t>(mesh.coord().data)];
+      r.y.assign(y.data(), y.data() + y.numel());
+      r.dx.assign(dx.data(), dx.data() + dx.numel());
+      r.aux = {m.last_aux, m.last_z};
+      m.for_each_param("", [&](const std::string&, auto& p) { r.grads.push_back(grads(p)); });
+    });
+    return out;
+  };
+  const auto one = run(1);
+  const auto two = run(2);
+  std::vector<double> y, dx;
+  for (const Run& r : two) {
+    y.insert(y.end(), r.y.begin(), r.y.end());
+    dx.insert(dx.end(), r.dx.begin(), r.dx.end());
+    CHECK(r.aux == one[0].aux);  // the same sums: exact
+  }
+  CHECK(relative(y, one[0].y) <= 1e-14);
+  CHECK(relative(dx, one[0].dx) <= 1e-14);
+  for (std::size_t p = 0; p < one[0].grads.size(); ++p) {
+    std::vector<double> sum = two[0].grads[p];
+    for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += two[1].grads[p][i];
+    CHECK_MESSAGE(relative(sum, one[0].grads[p]) <= 1e-13, "parameter ", p);  // the two halves' sums added
+  }
+}
+
+TEST_CASE("MoeMlp refuses bad options by name") {
+  Host h;
+  run_threads(1, [&](ThreadComm& world) {
+    Mesh mesh{world, {}};
+    auto make = [&](nn::MoeOptions o) { Moe(h, 8, o, mesh.spread(), 0, 1, 0.1, 0.1); };
+    CHECK_THROWS_WITH_AS(make({.experts = 4, .top_k = 5, .hidden = 4}),
+                         "MoeMlp: top-k 5 of 4 experts; choose from 1 to the experts", Error);
+    CHECK_THROWS_WITH_AS(make({.experts = 65, .top_k = 2, .hidden = 4}), "MoeMlp: 65 experts; use 1 to 64 experts",
+                         Error);
+    CHECK_THROWS_WITH_AS(make({.experts = 4, .top_k = 2, .hidden = 4, .capacity_factor = -1}),
+                         "MoeMlp: a capacity factor of -1; use a positive capacity factor, or 0 for dropless routing",
+                         Error);
+    CHECK_THROWS_WITH_AS(make({.experts = 4, .top_k = 2, .hidden = 0}),
+                         "MoeMlp: width 8, expert width 0, shared width 0; give the layer positive widths (a shared "
+                         "width of 0 for none)",
+                         Error);
+  });
+}

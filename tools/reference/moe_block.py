@@ -1,0 +1,141 @@
+#!/usr/bin/env python3
+"""Mixture-of-experts MLP blocks in float64 and what they compute, for weft's MoE layer
+(include/weft/nn/moe.hpp, ops/moe.hpp): tests/nn/moe.cpp reads the fixtures and checks the output,
+the losses and every gradient, so CI needs neither PyTorch nor transformers.
+
+  tools/reference/moe_block.py OUT_DIR      (tests/fixtures/moe)
+
+writes OUT_DIR/<case>.safetensors for each case:
+  mixtral    transformers' MixtralSparseMoeBlock: softmax over 4 experts, top 2, renormalised
+  qwen3      transformers' Qwen3MoeSparseMoeBlock with norm_topk_prob False: 6 experts, top 3, the
+             top-k probabilities as they are
+  capacity   the mixtral case's routing with a capacity of ceil(0.75 N k / E) token slots an expert:
+             an expert keeps its slots in token order and drops the rest (their outputs and
+             gradients zero), written here in plain PyTorch
+  shared     the mixtral case plus a shared expert (a SwiGLU MLP every token passes, added)
+
+Each holds the tensors x (N, C), dy (N, C) (the upstream gradient), router (E, C), gate_up (E, 2H, C)
+(transformers' layout: the H gate rows, then the H up rows), down (E, C, H), shared_gate_up
+(2S, C) and shared_down (C, S) where there is a shared expert; y (N, C); "aux" (the load-balancing
+loss: E sum_e f_e P_e, f_e the slots routed to e over N, P_e the mean probability of e, as
+transformers' load_balancing_loss_func computes it for one layer), "z" (the router z-loss: the mean
+over tokens of logsumexp(logits)^2); "index" (N, k) the experts chosen (int64); and "grad.<name>"
+for x and every weight, of L = sum(y * dy) + 0.02 aux + 0.001 z; "config" (int64): N, C, H, E, k,
+renormalise, S, capacity (0: dropless).
+"""
+import math
+import pathlib
+import sys
+
+import torch
+from safetensors.torch import save_file
+from transformers import MixtralConfig, Qwen3MoeConfig
+from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
+from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
+
+AUX, Z = 0.02, 0.001
+
+
+def router_losses(logits, index, E):
+    probs = torch.softmax(logits, dim=-1)
+    N = logits.shape[0]
+    counts = torch.zeros(E, dtype=torch.float64).scatter_add_(0, index.reshape(-1),
+                                                              torch.ones(index.numel(), dtype=torch.float64))
+    aux = E * torch.sum((counts / N) * probs.sum(0) / N)
+    z = torch.mean(torch.logsumexp(logits, dim=-1) ** 2)
+    return aux, z
+
+
+def swiglu(x, gate_up, down):
+    H = gate_up.shape[0] // 2
+    h = x @ gate_up.T
+    return (torch.nn.functional.silu(h[:, :H]) * h[:, H:]) @ down.T
+
+
+def plain_block(x, router, gate_up, down, k, renorm, capacity):
+    """The routed experts in plain PyTorch: top-k of the softmax, an expert's slots in token order,
+    those past the capacity dropped."""
+    logits = x @ router.T
+    probs = torch.softmax(logits, dim=-1)
+    w, index = torch.topk(probs, k, dim=-1)
+    if renorm:
+        w = w / w.sum(-1, keepdim=True)
+    y = torch.zeros_like(x)
+    E = router.shape[0]
+    for e in range(E):
+        tok, slot = torch.where(index == e)  # row-major: token order
+        if capacity > 0:
+            tok, slot = tok[:capacity], slot[:capacity]
+        if tok.numel() == 0:
+            continue
+        out = swiglu(x[tok], gate_up[e], down[e]) * w[tok, slot, None]
+        y = y.index_add(0, tok, out)
+    return y, logits, index
+
+
+def case(name, out, seed, N=12, C=8, H=6, E=4, k=2, renorm=True, S=0, capacity_factor=0.0):
+    torch.manual_seed(seed)
+    x = torch.randn(N, C, dtype=torch.float64, requires_grad=True)
+    dy = torch.randn(N, C, dtype=torch.float64)
+    capacity = math.ceil(capacity_factor * N * k / E) if capacity_factor > 0 else 0
+    if name == "qwen3":
+        cfg = Qwen3MoeConfig(hidden_size=C, moe_intermediate_size=H, num_experts=E, num_experts_per_tok=k,
+                             norm_topk_prob=renorm)
+        block = Qwen3MoeSparseMoeBlock(cfg).to(torch.float64)
+    else:
+        cfg = MixtralConfig(hidden_size=C, intermediate_size=H, num_local_experts=E, num_experts_per_tok=k)
+        block = MixtralSparseMoeBlock(cfg).to(torch.float64)
+    with torch.no_grad():
+        block.gate.weight.normal_(0.0, 1.0)
+        block.experts.gate_up_proj.normal_(0.0, 1.0 / math.sqrt(C))
+        block.experts.down_proj.normal_(0.0, 1.0 / math.sqrt(H))
+    # transformers' routers take the softmax in float32 whatever the model's dtype; in float64 here
+    # (the same formula), so that 1e-10 can hold.
+    def router64(hidden, gate=block.gate):
+        logits = torch.nn.functional.linear(hidden.reshape(-1, C), gate.weight)
+        top, idx = torch.topk(torch.softmax(logits, dim=-1), k, dim=-1)
+        if renorm:
+            top = top / top.sum(dim=-1, keepdim=True)
+        return logits, top, idx
+    block.gate.forward = router64
+    params = {"router": block.gate.weight, "gate_up": block.experts.gate_up_proj, "down": block.experts.down_proj}
+    if S > 0:
+        params["shared_gate_up"] = torch.nn.Parameter(torch.randn(2 * S, C, dtype=torch.float64) / math.sqrt(C))
+        params["shared_down"] = torch.nn.Parameter(torch.randn(C, S, dtype=torch.float64) / math.sqrt(S))
+    if name in ("mixtral", "qwen3", "shared"):
+        y = block(x.unsqueeze(0)).squeeze(0)  # transformers' block
+        logits = x @ block.gate.weight.T
+        _, index = torch.topk(torch.softmax(logits, dim=-1), k, dim=-1)
+        # The plain version agrees (the capacity case's check of itself).
+        y_plain, _, _ = plain_block(x, params["router"], params["gate_up"], params["down"], k, renorm, 0)
+        assert torch.allclose(y, y_plain, rtol=0, atol=1e-13), (y - y_plain).abs().max()
+    else:
+        y, logits, index = plain_block(x, params["router"], params["gate_up"], params["down"], k, renorm, capacity)
+    if S > 0:
+        y = y + swiglu(x, params["shared_gate_up"], params["shared_down"])
+    aux, z = router_losses(logits, index, E)
+    loss = (y * dy).sum() + AUX * aux + Z * z
+    loss.backward()
+    tensors = {"x": x.detach(), "dy": dy, "y": y.detach(), "aux": aux.detach().reshape(1),
+               "z": z.detach().reshape(1), "index": index.to(torch.int64),
+               "config": torch.tensor([N, C, H, E, k, int(renorm), S, capacity], dtype=torch.int64),
+               "grad.x": x.grad}
+    for n, p in params.items():
+        tensors[n] = p.detach().clone()
+        tensors["grad." + n] = p.grad
+    save_file({n: t.contiguous() for n, t in tensors.items()}, str(out / f"{name}.safetensors"))
+    print(f"{name}: y {y.abs().max().item():.4f} aux {aux.item():.6f} z {z.item():.6f}"
+          f" capacity {capacity} index {index.tolist()}")
+
+
+def main(out):
+    out = pathlib.Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    case("mixtral", out, 54)
+    case("qwen3", out, 55, E=6, k=3, renorm=False)
+    case("capacity", out, 54, capacity_factor=0.75)
+    case("shared", out, 56, S=5)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "tests/fixtures/moe")
