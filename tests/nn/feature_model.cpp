@@ -114,6 +114,51 @@ void check_equal(const test::StepsRun& got, const test::StepsRun& ref, const std
   MESSAGE(what, ": values after two steps within ", diff / scale);
 }
 
+// The router losses an MoE model's blocks added in their last forward, with their coefficients (0
+// for a model without experts): what its gradients include besides the head's loss.
+template <class Model>
+double model_router_losses(Model& model) {
+  double sum = 0;
+  for (auto& block : model.blocks) {
+    auto& layer = std::get<1>(std::get<1>(block.layers).inner.layers);  // Residual<ln2, moe>'s moe
+    if constexpr (requires { layer.last_aux; })
+      sum += layer.options.aux_coef * layer.last_aux + layer.options.z_coef * layer.last_z;
+  }
+  return sum;
+}
+
+// Every gradient of Model on one rank (its first micro-batch of In) against finite differences of
+// its loss; returns how many parameters were checked.
+template <class Model, class In>
+std::size_t check_finite_differences() {
+  std::size_t params = 0;
+  Host h;
+  run_threads(1, [&](ThreadComm& world) {
+    Mesh mesh{world, {}};
+    Model model(h, kConfig, mesh.spread(), kMicro);
+    FeatureBatchesOf<In> batches(kConfig, kMicro, 1, 0, 1);
+    const auto mb = batches.next(0, 0, 1.0);
+    auto loss = [&] {
+      auto c = model.in_flight(mb);
+      pipeline::forward(model, c, mesh, pipeline::LocalGradients{}, nn::Mode::infer);
+      return c.loss + model_router_losses(model);
+    };
+    model.zero_grad();
+    auto ctx = model.in_flight(mb);
+    pipeline::forward_backward(model, ctx, mesh);
+    model.for_each_param([&](const std::string& name, auto& p) {
+      INFO(name);
+      const auto r =
+          test::gradcheck(std::span<double>(p.value.data(), static_cast<std::size_t>(p.value.numel())),
+                          std::span<const double>(p.grad.data(), static_cast<std::size_t>(p.grad.numel())), loss, 40);
+      CHECK(r.checked > 0);
+      CHECK(r.worst <= 1e-6);  // support/gradcheck.hpp: central differences in double
+      ++params;
+    });
+  });
+  return params;
+}
+
 }  // namespace
 
 TEST_CASE("a feature model's loss is the mean squared error: with the projection zeroed, the mean of y^2") {
@@ -135,34 +180,9 @@ TEST_CASE("a feature model's loss is the mean squared error: with the projection
 }
 
 TEST_CASE("a feature model's gradients match finite differences on one rank") {
-  Host h;
-  run_threads(1, [&](ThreadComm& world) {
-    Mesh mesh{world, {}};
-    Regressor<false> model(h, kConfig, mesh.spread(), kMicro);
-    FeatureBatches batches(kConfig, kMicro, 1, 0, 1);
-    const auto mb = batches.next(0, 0, 1.0);
-    auto loss = [&] {
-      auto c = model.in_flight(mb);
-      pipeline::forward(model, c, mesh, pipeline::LocalGradients{}, nn::Mode::infer);
-      return c.loss;
-    };
-    model.zero_grad();
-    auto ctx = model.in_flight(mb);
-    pipeline::forward_backward(model, ctx, mesh);
-    std::size_t params = 0;
-    model.for_each_param([&](const std::string& name, auto& p) {
-      INFO(name);
-      const auto r =
-          test::gradcheck(std::span<double>(p.value.data(), static_cast<std::size_t>(p.value.numel())),
-                          std::span<const double>(p.grad.data(), static_cast<std::size_t>(p.grad.numel())), loss, 40);
-      CHECK(r.checked > 0);
-      CHECK(r.worst <= 1e-6);  // support/gradcheck.hpp: central differences in double
-      ++params;
-    });
-    // in_proj (2), per block ln1 (2), attn (qkv, proj: 2), ln2 (2), mlp (4), and the head's norm (2)
-    // and out_proj (2).
-    CHECK(params == 2 + 2 * 10 + 4);
-  });
+  // in_proj (2), per block ln1 (2), attn (qkv, proj: 2), ln2 (2), mlp (4), and the head's norm (2)
+  // and out_proj (2).
+  CHECK(check_finite_differences<Regressor<false>, Features>() == 2 + 2 * 10 + 4);
 }
 
 TEST_CASE("a feature model on every layout equals one rank in f64 (1e-12): loss, gradients and weights") {
@@ -289,32 +309,7 @@ TEST_CASE("padding: what lies past a sample's length changes neither the loss no
 }
 
 TEST_CASE("padding: every gradient matches finite differences of the masked loss on one rank") {
-  Host h;
-  run_threads(1, [&](ThreadComm& world) {
-    Mesh mesh{world, {}};
-    Padded model(h, kConfig, mesh.spread(), kMicro);
-    FeatureBatchesOf<PaddedFeatures> batches(kConfig, kMicro, 1, 0, 1);
-    const auto mb = batches.next(0, 0, 1.0);
-    auto loss = [&] {
-      auto c = model.in_flight(mb);
-      pipeline::forward(model, c, mesh, pipeline::LocalGradients{}, nn::Mode::infer);
-      return c.loss;
-    };
-    model.zero_grad();
-    auto ctx = model.in_flight(mb);
-    pipeline::forward_backward(model, ctx, mesh);
-    std::size_t params = 0;
-    model.for_each_param([&](const std::string& name, auto& p) {
-      INFO(name);
-      const auto r =
-          test::gradcheck(std::span<double>(p.value.data(), static_cast<std::size_t>(p.value.numel())),
-                          std::span<const double>(p.grad.data(), static_cast<std::size_t>(p.grad.numel())), loss, 40);
-      CHECK(r.checked > 0);
-      CHECK(r.worst <= 1e-6);  // support/gradcheck.hpp: central differences in double
-      ++params;
-    });
-    CHECK(params == 2 + 2 * 10 + 4);
-  });
+  CHECK(check_finite_differences<Padded, PaddedFeatures>() == 2 + 2 * 10 + 4);
 }
 
 TEST_CASE("padding on every layout equals one rank in f64 (1e-12): loss, gradients and weights") {
@@ -451,4 +446,9 @@ TEST_CASE("a micro-batch's weight scales every gradient of an MoE model, the rou
     CHECK(routers == kConfig.layers);
     CHECK(router > 0);
   });
+}
+
+TEST_CASE("an MoE model's gradients match finite differences of its loss plus the router losses on one rank") {
+  // The MoE's router (1), experts (2) in place of the MLP's 4: 2 + 2 x 9 + 4 parameters.
+  CHECK(check_finite_differences<Regressor<false, context::None, Features, true>, Features>() == 2 + 2 * 9 + 4);
 }
