@@ -115,6 +115,13 @@ void against(const std::string& name) {
     std::copy_n(static_cast<const std::int32_t*>(ctx.index.data()), index.size(), index.begin());
     const auto want = f.file.read("index");
     for (std::size_t i = 0; i < index.size(); ++i) CHECK(index[i] == static_cast<std::int32_t>(want[i]));
+    // The expert load: the most slots an expert got over the mean (N k / E), from the reference's choice.
+    std::vector<double> slots(static_cast<std::size_t>(f.E));
+    for (double e : want) slots[static_cast<std::size_t>(e)] += 1;
+    const double most = *std::max_element(slots.begin(), slots.end());
+    CHECK(m.last_load ==
+          doctest::Approx(most * static_cast<double>(f.E) / static_cast<double>(f.N * f.k)).epsilon(1e-15));
+    CHECK(m.last_load > 1);
     // f64 against f64: the same sums in other orders.
     const double ey = relative({y.data(), static_cast<std::size_t>(y.numel())}, f.file.read("y"));
     CHECK(ey <= 1e-12);
@@ -247,7 +254,7 @@ TEST_CASE(
       Run& r = out[static_cast<std::size_t>(mesh.coord().data)];
       r.y.assign(y.data(), y.data() + y.numel());
       r.dx.assign(dx.data(), dx.data() + dx.numel());
-      r.aux = {m.last_aux, m.last_z};
+      r.aux = {m.last_aux, m.last_z, m.last_load};
       m.for_each_param("", [&](const std::string&, auto& p) { r.grads.push_back(grads(p)); });
     });
     return out;

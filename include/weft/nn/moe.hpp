@@ -20,7 +20,7 @@
 // rank, or (sequence parallelism) the rank's rows' share (replicated_param_grad<A>).
 //
 // The router's losses, added to the model's loss through their gradients (as Megatron-Core does;
-// the layer keeps their values for the log, last_aux and last_z):
+// the layer keeps their values for the log, last_aux and last_z, with the expert load last_load):
 //   load balancing  aux = E sum_e f_e P_e, f_e = (slots routed to e) / N, P_e = the mean of probs[., e]
 //                   over the tokens (transformers' load_balancing_loss_func for one layer; Switch's
 //                   with top-k slots), times aux_coef
@@ -137,6 +137,7 @@ class MoeMlp : public SameLayout<A> {
   Param<T, Replicated, replicated_param_grad<A>, D> shared_down;  // (C, S)
   MoeOptions options;
   double last_aux = 0, last_z = 0;  // the last forward's router losses (before their coefficients)
+  double last_load = 0;             // its expert load: the most slots an expert got over the mean, all ranks'
   std::int64_t last_dropped = 0;    // and the slots it dropped on this rank
 
   MoeMlp() = default;
@@ -377,6 +378,12 @@ class MoeMlp : public SameLayout<A> {
           static_cast<S>(options.aux_coef * static_cast<double>(E) * f / tokens);
     }
     last_aux = aux;
+    double most = 0, all = 0;
+    for (std::int64_t e = 0; e < E; ++e) {
+      most = std::max(most, sums[static_cast<std::size_t>(e)]);
+      all += sums[static_cast<std::size_t>(e)];
+    }
+    last_load = most / (all / static_cast<double>(E));
     last_z = sums[static_cast<std::size_t>(2 * E)] / tokens;
     ctx.z_grad = static_cast<S>(options.z_coef * 2.0 / tokens);
   }
