@@ -242,8 +242,7 @@ class MoeMlp : public SameLayout<A> {
     ctx.yp.reset();
     Allocation xp = alloc<T>(dev, Mr * C);  // the gather again: cheaper to redo than to keep
     ops::Dispatch<D>::gather(dev, static_cast<T*>(xp.data()), ctx.x.data(), rows(ctx), Mr, C);
-    Allocation dxp = alloc<T>(dev, Mr * C), da = alloc<T>(dev, std::max<std::int64_t>(Mr * H, 1)),
-               dh = alloc<T>(dev, std::max<std::int64_t>(Mr * 2 * H, 1));
+    Allocation dxp = alloc<T>(dev, Mr * C), da = alloc<T>(dev, Mr * H), dh = alloc<T>(dev, Mr * 2 * H);
     for (std::int64_t e = 0; e < E; ++e) {
       const std::int64_t o = ctx.offsets[static_cast<std::size_t>(e)],
                          n = ctx.offsets[static_cast<std::size_t>(e) + 1] - o;

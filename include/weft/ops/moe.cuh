@@ -23,7 +23,7 @@
 
 namespace weft::cuda {
 
-template <class T>
+template <int = 0>
 __global__ void route_forward_kernel(float* probs, std::int32_t* idx, float* weight, float* lse, const float* logits,
                                      index N, index E, index k, bool renormalise) {
   for (index n = blockIdx.x * static_cast<index>(blockDim.x) + threadIdx.x; n < N;
@@ -131,7 +131,7 @@ struct Route<Cuda> {
     cuda::detail::require(N >= 0 && E >= 1 && E <= max_experts && k >= 1 && k <= E, "route_forward",
                           cat("N ", N, ", E ", E, ", k ", k));
     if (N == 0) return;
-    cuda::route_forward_kernel<float><<<cuda::detail::blocks_for(N, 128), 128, 0, d.stream()>>>(
+    cuda::route_forward_kernel<><<<cuda::detail::blocks_for(N, 128), 128, 0, d.stream()>>>(
         probs, idx, weight, lse, logits, N, E, k, renormalise);
     cuda::check_launch("route_forward");
   }
