@@ -60,7 +60,7 @@ using ContextSeq = Layout<Shard<0>, Replicate, StageLocal, Shard<1>>;   // (B/dp
 using ContextSeqTp = Layout<Shard<0>, Shard<2>, StageLocal, Shard<1>>;  // and C split over tensor
 static_assert(std::is_same_v<placement_on<Replicated, Axis::context>, Replicate>);
 static_assert(is_sharded_on<ContextSeq, Axis::context> && !is_sharded_on<ContextSeq, Axis::tensor>);
-static_assert(kAxes[2] == Axis::context && kAxes.size() == 4);
+static_assert(kAxes[2] == Axis::context && kAxes.size() == 5 && kWorldAxes.size() == 4);
 static_assert(collective_on<ContextSeq, DataSharded<0>, Axis::context> == Collective::all_gather);
 static_assert(collective_on<DataSharded<0>, ContextSeq, Axis::context> == Collective::slice);
 static_assert(collective_on<Layout<Replicate, Replicate, StageLocal, Partial>, Replicated, Axis::context> ==
@@ -72,6 +72,33 @@ static_assert(Transition<ContextSeqTp, DataSharded<0>>::steps[1].axis == Axis::t
 static_assert(Transition<Layout<Shard<0>, Shard<1>>, ContextSeq>::possible);
 static_assert(Transition<Layout<Shard<0>, Shard<1>>, ContextSeq>::steps[0].axis == Axis::tensor);
 static_assert(!has_partial<ContextSeq> && has_partial<Layout<Replicate, Replicate, StageLocal, Partial>>);
+
+// The expert axis (carved from data x context, comm/mesh.hpp): only expert weights are placed on it.
+using Experts = ExpertSharded<>;  // (E, ...): experts split over the expert group
+static_assert(kAxes[4] == Axis::expert && is_sharded_on<Experts, Axis::expert>);
+static_assert(std::is_same_v<placement_on<Replicated, Axis::expert>, Replicate>);
+static_assert(std::is_same_v<dual_layout<Experts>, Layout<Partial, Partial, StageLocal, Partial, Shard<0>>>);
+static_assert(std::is_same_v<dual_layout<Replicated>, Layout<Partial, Partial, StageLocal, Partial>>);
+static_assert(collective_on<Experts, Replicated, Axis::expert> == Collective::all_gather);
+static_assert(collective_on<Experts, Replicated, Axis::data> == Collective::none);
+
+TEST_CASE("the expert axis: local shapes, boxes, names") {
+  const Spread s{.data_degree = 4, .data_index = 3, .expert_degree = 2, .expert_index = 1};
+  CHECK(s.degree(Axis::expert) == 2);
+  CHECK(s.index(Axis::expert) == 1);
+  CHECK(local_shape<Experts>({8, 6, 4}, s) == Shape{4, 6, 4});
+  CHECK(local_box<Experts>({8, 6, 4}, s).offset == Shape{4, 0, 0});
+  CHECK(local_box<ExpertSharded<Shard<1>>>(
+            {8, 6, 4}, {.tensor_degree = 3, .tensor_index = 2, .expert_degree = 2, .expert_index = 1})
+            .offset == Shape{4, 4, 0});
+  CHECK(Experts::name() == "Layout<Replicate, Replicate, StageLocal, Replicate, Shard<0>>");
+  CHECK(std::string(name(Axis::expert)) == "expert");
+  CHECK_THROWS_WITH_AS(local_shape<Experts>({6, 2}, {.expert_degree = 4}),
+                       "Layout<Replicate, Replicate, StageLocal, Replicate, Shard<0>>: dim 0 of shape (6, 2) has "
+                       "extent 6, not divisible by the expert degree 4; choose a degree that divides the extent, or "
+                       "pad the tensor",
+                       Error);
+}
 
 TEST_CASE("the context axis: local shapes, boxes, names") {
   const Spread s{.data_degree = 2,

@@ -86,9 +86,9 @@ struct FeatureBatchesOf {
 using FeatureBatches = FeatureBatchesOf<Features>;
 
 template <bool SP, class Cx = context::None, class Strategy = optim::Ddp, class In = Features, bool Moe = false>
-test::StepsRun run(int data, int pipe, int context, int tensor, const Config& c = kConfig) {
+test::StepsRun run(int data, int pipe, int context, int tensor, const Config& c = kConfig, int expert = 1) {
   return test::train_steps<Regressor<SP, Cx, In, Moe>, pipeline::OneFOneB, Strategy, FeatureBatchesOf<In>>(
-      c, kMicro, kM, pipe, 1, tensor, data, 2, context);
+      c, kMicro, kM, pipe, 1, tensor, data, 2, context, expert);
 }
 
 void check_equal(const test::StepsRun& got, const test::StepsRun& ref, const std::string& what, bool sharded = false) {
@@ -409,6 +409,82 @@ TEST_CASE("a mixture-of-experts model on every layout equals one rank in f64 (1e
   check_equal(run<false, context::None, optim::Ddp, Features, true>(1, 2, 1, 2, capped), cref,
               "MoE capped: pipe 2 x tensor 2");
   CHECK(std::abs(cref.losses[1] - ref.losses[1]) > 1e-6);  // the capacity dropped tokens
+}
+
+// Expert parallelism: the experts of every block sharded over an expert group carved from the data
+// x context ranks (comm/mesh.hpp), their gradients reduced over the expert-data group only
+// (optim/data_parallel.hpp, a unit of their own), the tokens exchanged (nn/expert_dispatch.hpp).
+TEST_CASE("an MoE model with expert parallelism equals one rank in f64 (1e-12): loss, gradients and weights") {
+  using Cx = context::None;
+  const test::StepsRun ref = run<false, Cx, optim::Ddp, Features, true>(1, 1, 1, 1);
+  check_equal(run<false, Cx, optim::Ddp, Features, true>(2, 1, 1, 1, kConfig, 2), ref, "MoE: expert 2 (data 2), DDP");
+  check_equal(run<false, Cx, optim::Ddp, Features, true>(4, 1, 1, 1, kConfig, 4), ref, "MoE: expert 4 (data 4), DDP");
+  check_equal(run<false, Cx, optim::Ddp, Features, true>(4, 1, 1, 1, kConfig, 2), ref,
+              "MoE: expert 2 x expert-data 2 (data 4), DDP");
+  check_equal(run<false, Cx, optim::Fsdp, Features, true>(4, 1, 1, 1, kConfig, 2), ref,
+              "MoE: expert 2 x expert-data 2 (data 4), FSDP", true);
+  check_equal(run<false, Cx, optim::Zero2, Features, true>(4, 1, 1, 1, kConfig, 2), ref,
+              "MoE: expert 2 x expert-data 2 (data 4), ZeRO-2", true);
+  check_equal(run<true, Cx, optim::Zero1, Features, true>(2, 2, 1, 2, kConfig, 2), ref,
+              "MoE: expert 2 (data 2) x tensor 2 with SP x pipe 2, ZeRO-1", true);
+  check_equal(run<false, context::Ring, optim::Ddp, Features, true>(1, 1, 2, 1, kConfig, 2), ref,
+              "MoE: expert 2 over context 2 (ring)");
+  check_equal(run<true, context::Ring, optim::Ddp, Features, true>(2, 1, 2, 2, kConfig, 4), ref,
+              "MoE: expert 4 over data 2 x context 2, tensor 2 with SP");
+  Config capped = kConfig;
+  capped.moe.capacity_factor = 1.0;
+  const test::StepsRun cref = run<false, Cx, optim::Ddp, Features, true>(1, 1, 1, 1, capped);
+  check_equal(run<false, Cx, optim::Ddp, Features, true>(2, 2, 1, 1, capped, 2), cref,
+              "MoE capped: expert 2 (data 2) x pipe 2");
+}
+
+TEST_CASE(
+    "a block's experts are a unit of their own, reduced over the expert-data group, and a mixed unit is refused") {
+  run_threads(4, [&](ThreadComm& world) {
+    Host h;
+    Mesh mesh{world, {.data = 4, .expert = 2}};
+    CHECK(mesh.comm(Axis::expert).size() == 2);
+    CHECK(mesh.expert_data().size() == 2);
+    CHECK(mesh.coord().expert == world.rank() % 2);
+    CHECK(mesh.comm(Axis::expert).rank() == world.rank() % 2);
+    CHECK(mesh.expert_data().rank() == world.rank() / 2);
+    Regressor<false, context::None, Features, true> model(h, kConfig, mesh.spread(), kMicro);
+    std::vector<std::string> names;
+    for (auto& u : model.units()) {
+      names.push_back(u.name() + (u.experts() ? " (experts)" : ""));
+      for (const auto& e : u.entries())
+        CHECK_MESSAGE(u.experts() == (e.name.find(".experts.") != std::string::npos), e.name);
+    }
+    CHECK(names ==
+          std::vector<std::string>{"embedding", "h0", "h0.experts (experts)", "h1", "h1.experts (experts)", "head"});
+    CHECK(model.units_of(1) == std::vector<std::size_t>{1, 2});
+    auto& moe = std::get<1>(std::get<1>(model.blocks[0].layers).inner.layers);
+    nn::Unit<double, Host> mixed("mixed", h);
+    mixed.add_param("router", moe.router);
+    CHECK_THROWS_WITH_AS(mixed.add_param("gate_up", moe.gate_up),
+                         "Unit mixed: gate_up lies on the expert axis and router does not; keep a layer's experts in "
+                         "a unit of their own (Unit::add_part)",
+                         Error);
+  });
+}
+
+TEST_CASE("an expert degree that does not divide the data x context ranks, or the experts, is refused by name") {
+  run_threads(2, [&](ThreadComm& world) {
+    CHECK_THROWS_WITH_AS((Mesh{world, {.data = 2, .expert = 4}}),
+                         "Mesh: expert degree 4 for data 2: the expert groups are carved from the 2 data ranks; "
+                         "choose an expert degree that divides 2 (one of 1, 2)",
+                         Error);
+  });
+  run_threads(1, [&](ThreadComm& world) {
+    Host h;
+    Mesh mesh{world, {}};
+    Spread s = mesh.spread();
+    s.expert_degree = 3;
+    CHECK_THROWS_WITH_AS((Regressor<false, context::None, Features, true>(h, kConfig, s, kMicro)),
+                         "MoeMlp: 4 experts over an expert degree of 3; choose an expert degree that divides the 4 "
+                         "experts",
+                         Error);
+  });
 }
 
 TEST_CASE("a micro-batch's weight scales every gradient of an MoE model, the router losses' too") {

@@ -3,8 +3,9 @@
 // (tools/reference/moe_block.py -> tests/fixtures/moe: the output, the load-balancing and z-losses
 // and every gradient); the experts' order of the slots (nn::moe_plan) by hand; every gradient of a
 // capacity-limited, not renormalised layer by finite differences; data 2 equal to one rank (the
-// router's statistics summed over the data ranks); bf16 against the f64 fixture; bad options refused
-// by name.
+// router's statistics summed over the data ranks); the expert exchange (nn/expert_dispatch.hpp) by
+// hand and its round trip; the experts sharded over expert 2 and 4 equal to one rank, the exchange's
+// bytes as its route says; bf16 against the f64 fixture; bad options refused by name.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -19,6 +20,7 @@
 #include "weft/checkpoint/import_dir.hpp"
 #include "weft/comm/mesh.hpp"
 #include "weft/comm/threads/run.hpp"
+#include "weft/nn/expert_dispatch.hpp"
 #include "weft/nn/moe.hpp"
 
 using namespace weft;
@@ -63,6 +65,13 @@ double relative(std::span<const double> a, std::span<const double> b) {
   return worst / scale;
 }
 
+// Part e of `ep` equal parts of v.
+std::vector<double> slice(const std::vector<double>& v, int ep, int e) {
+  const std::size_t n = v.size() / static_cast<std::size_t>(ep);
+  return {v.begin() + static_cast<std::ptrdiff_t>(n * static_cast<std::size_t>(e)),
+          v.begin() + static_cast<std::ptrdiff_t>(n * static_cast<std::size_t>(e + 1))};
+}
+
 struct Fixture {
   checkpoint::ImportDir file;
   std::int64_t N, C, H, E, k, S, capacity;
@@ -85,10 +94,12 @@ struct Fixture {
             .z_coef = 0.001,
             .shared_hidden = S};
   }
-  void load(Moe& m) const {
+  // The fixture's weights; where the experts are sharded over an expert group of `ep`, expert rank
+  // e's slice of them.
+  void load(Moe& m, int ep = 1, int e = 0) const {
     set(values(m.router), file.read("router"));
-    set(values(m.gate_up), interleave(file.read("gate_up"), E, H, C));
-    set(values(m.down), file.read("down"));
+    set(values(m.gate_up), slice(interleave(file.read("gate_up"), E, H, C), ep, e));
+    set(values(m.down), slice(file.read("down"), ep, e));
     if (S > 0) {
       set(values(m.shared_up), interleave(file.read("shared_gate_up"), 1, S, C));
       set(values(m.shared_down), file.read("shared_down"));
@@ -276,6 +287,130 @@ TEST_CASE(
   }
 }
 
+TEST_CASE(
+    "dispatch sends each rank's rows to their experts' ranks in expert, then source order, and combine undoes it") {
+  // 8 experts over an expert group of 4 (2 each); rank r sends counts[r][e] rows to expert e, some
+  // none at all (rank 3 sends nothing, expert 5 gets nothing); a row's value names its sender, its
+  // expert and its place, in 3 columns.
+  constexpr int ep = 4;
+  constexpr std::int64_t E = 8, w = 3;
+  const std::array<std::array<std::int64_t, E>, ep> counts{
+      {{2, 0, 1, 3, 0, 0, 1, 2}, {0, 4, 0, 0, 2, 0, 0, 1}, {1, 1, 1, 1, 1, 0, 1, 1}, {0, 0, 0, 0, 0, 0, 0, 0}}};
+  auto row = [](int rank, std::int64_t e, std::int64_t i) {
+    return std::array<double, w>{static_cast<double>(rank), static_cast<double>(e), static_cast<double>(i)};
+  };
+  run_threads(ep, [&](ThreadComm& world) {
+    Host h;
+    const int me = world.rank();
+    std::vector<double> in;  // sender order: expert by expert
+    for (std::int64_t e = 0; e < E; ++e)
+      for (std::int64_t i = 0; i < counts[static_cast<std::size_t>(me)][static_cast<std::size_t>(e)]; ++i)
+        for (double v : row(me, e, i)) in.push_back(v);
+    const auto& mine = counts[static_cast<std::size_t>(me)];
+    const nn::ExpertRoute r = nn::expert_route(world, std::span<const std::int64_t>(mine));
+    // The busiest pair: rank 0 sends rank 1 (experts 2, 3) 4 rows, rank 1 sends rank 0 4.
+    CHECK(r.chunk == 4);
+    const auto before = world.counters();
+    std::vector<double> out(static_cast<std::size_t>(r.received() * w));
+    nn::dispatch(h, world, r, in.data(), out.data(), w);
+    // Receiver order: local expert by local expert, then source by source, each source's rows in order.
+    std::vector<double> want;
+    for (std::int64_t e = me * 2; e < me * 2 + 2; ++e)
+      for (int src = 0; src < ep; ++src)
+        for (std::int64_t i = 0; i < counts[static_cast<std::size_t>(src)][static_cast<std::size_t>(e)]; ++i)
+          for (double v : row(src, e, i)) want.push_back(v);
+    CHECK(out == want);
+    const std::vector<std::int64_t> off = r.offsets();
+    std::int64_t first = 0, second = 0;  // the rows of this rank's two experts
+    for (int src = 0; src < ep; ++src) {
+      first += counts[static_cast<std::size_t>(src)][static_cast<std::size_t>(me * 2)];
+      second += counts[static_cast<std::size_t>(src)][static_cast<std::size_t>(me * 2 + 1)];
+    }
+    CHECK(off == std::vector<std::int64_t>{0, first, first + second});
+    std::vector<double> back(in.size(), -1);
+    nn::combine(h, world, r, out.data(), back.data(), w);
+    CHECK(back == in);  // tokens conserved, bit for bit
+    // Each exchange moves the padded chunks: ep x chunk x w doubles (the counters' all-to-all bytes).
+    const auto d = world.counters() - before;
+    CHECK(d.calls_of(threads::Op::all_to_all) == 2);
+    CHECK(d.bytes_of(threads::Op::all_to_all) == 2 * ep * 4 * w * sizeof(double));
+  });
+}
+
+TEST_CASE("MoeMlp with its experts over expert 2 and 4 equals one rank, and the exchange moves what its route says") {
+  // The Mixtral fixture (4 experts) on B = 4 samples: data 2 x expert 2, data 4 x expert 2 (two
+  // expert-data ranks a group) and data 4 x expert 4 (one expert a rank). Each rank holds its
+  // experts' weights only; a rank's expert gradients cover every rank's tokens sent to them.
+  const Fixture f("mixtral");
+  const std::int64_t B = 4, T = f.N / 4;
+  struct Run {
+    std::vector<double> y, dx, aux;
+    std::vector<std::vector<double>> grads;  // every parameter, as this rank holds it
+    int expert = 0;
+  };
+  auto run = [&](int data, int ep) {
+    std::vector<Run> out(static_cast<std::size_t>(data));
+    run_threads(data, [&](ThreadComm& world) {
+      Host h;
+      Mesh mesh{world, {.data = data, .expert = ep}};
+      Moe m(h, f.C, f.options(), mesh.spread(), 0, 1, 0.1, 0.1);
+      CHECK(m.gate_up.value.local_shape()[0] == f.E / ep);
+      f.load(m, ep, mesh.coord().expert);
+      const std::int64_t Bl = B / data, first = mesh.coord().data * Bl * T * f.C;
+      auto x = X::empty(h, {B, T, f.C}, mesh.spread(), Category::activations);
+      auto dy = X::empty(h, {B, T, f.C}, mesh.spread(), Category::activations);
+      const auto xs = f.file.read("x"), g = f.file.read("dy");
+      std::copy_n(xs.begin() + first, x.numel(), x.data());
+      std::copy_n(g.begin() + first, dy.numel(), dy.data());
+      auto& group = mesh.comm(Axis::expert);
+      CHECK(group.size() == ep);
+      const auto before = group.counters();
+      Moe::Ctx ctx;
+      const auto y = m.forward(ctx, x, mesh);
+      const std::int64_t chunk = ctx.route.chunk;
+      const auto dx = m.backward(ctx, dy, mesh);
+      if (ep > 1) {  // the counts (E int64), then ep x chunk rows of C doubles, twice each way
+        const auto d = group.counters() - before;
+        CHECK(d.calls_of(threads::Op::all_to_all) == 5);
+        CHECK(d.bytes_of(threads::Op::all_to_all) == static_cast<std::uint64_t>(f.E * 8 + 4 * ep * chunk * f.C * 8));
+      }
+      Run& r = out[static_cast<std::size_t>(mesh.coord().data)];
+      r.y.assign(y.data(), y.data() + y.numel());
+      r.dx.assign(dx.data(), dx.data() + dx.numel());
+      r.aux = {m.last_aux, m.last_z, m.last_load};
+      r.expert = mesh.coord().expert;
+      m.for_each_param("", [&](const std::string&, auto& p) { r.grads.push_back(grads(p)); });
+    });
+    return out;
+  };
+  const auto one = run(1, 1);
+  for (const auto [data, ep] : {std::pair{2, 2}, std::pair{4, 2}, std::pair{4, 4}}) {
+    INFO("data ", data, " x expert ", ep);
+    const auto many = run(data, ep);
+    std::vector<double> y, dx;
+    for (const Run& r : many) {
+      y.insert(y.end(), r.y.begin(), r.y.end());
+      dx.insert(dx.end(), r.dx.begin(), r.dx.end());
+      CHECK(relative(r.aux, one[0].aux) <= 1e-14);  // the same sums over 4 ranks in another order
+    }
+    CHECK(relative(y, one[0].y) <= 1e-14);
+    CHECK(relative(dx, one[0].dx) <= 1e-14);
+    // Parameters 0 (router), 1 and 2 (the experts'): the router's summed over every rank, each
+    // expert's over the ranks that hold it, laid end to end in expert order.
+    for (std::size_t p = 0; p < one[0].grads.size(); ++p) {
+      std::vector<double> whole;
+      for (int e = 0; e < (p == 0 ? 1 : ep); ++e) {
+        std::vector<double> sum(many[0].grads[p].size(), 0.0);
+        for (const Run& r : many)
+          if (p == 0 || r.expert == e)
+            for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += r.grads[p][i];
+        whole.insert(whole.end(), sum.begin(), sum.end());
+      }
+      CHECK_MESSAGE(relative(whole, one[0].grads[p]) <= 1e-13, "parameter ", p);
+    }
+  }
+}
+
 TEST_CASE("MoeMlp refuses bad options by name") {
   Host h;
   run_threads(1, [&](ThreadComm& world) {
@@ -287,6 +422,10 @@ TEST_CASE("MoeMlp refuses bad options by name") {
                          Error);
     CHECK_THROWS_WITH_AS(make({.experts = 4, .top_k = 2, .hidden = 4, .capacity_factor = -1}),
                          "MoeMlp: a capacity factor of -1; use a positive capacity factor, or 0 for dropless routing",
+                         Error);
+    CHECK_THROWS_WITH_AS(Moe(h, 8, {.experts = 6, .top_k = 2, .hidden = 4}, Spread{.expert_degree = 4}, 0, 1, 0.1, 0.1),
+                         "MoeMlp: 6 experts over an expert degree of 4; choose an expert degree that divides the 6 "
+                         "experts",
                          Error);
     CHECK_THROWS_WITH_AS(make({.experts = 4, .top_k = 2, .hidden = 0}),
                          "MoeMlp: width 8, expert width 0, shared width 0; give the layer positive widths (a shared "

@@ -1,5 +1,6 @@
-// A few optimizer steps of any staged model on a mesh (data x pipe x context x tensor thread ranks;
-// every context rank of a data rank reads the same samples), fed by a batch source (TokenBatches,
+// A few optimizer steps of any staged model on a mesh (data x pipe x context x tensor thread ranks,
+// an expert degree carved from data x context; every context rank of a data rank reads the same
+// samples), fed by a batch source (TokenBatches,
 // a Markov corpus's sequences, by default; any model's inputs with another), with
 // the loss of each step, every global gradient after the first (DDP only: other strategies keep
 // slices) and every global parameter after the last, gathered on the calling thread; pipe 1 runs
@@ -53,12 +54,12 @@ struct TokenBatches {
 // Batches, under schedule Sched on a pipe of `pipe` ranks with v virtual stages each.
 template <class Model, class Sched, class Strategy = optim::Ddp, class Batches = TokenBatches<Model>>
 StepsRun train_steps(const typename Model::config_type& c, std::int64_t micro, int m, int pipe, int v, int tensor,
-                     int data, int steps, int context = 1) {
+                     int data, int steps, int context = 1, int expert = 1) {
   StepsRun out;
   std::mutex mu;
   run_threads(pipe * tensor * data * context, [&](ThreadComm& world) {
     Host h;
-    Mesh mesh{world, {.data = data, .pipe = pipe, .context = context, .tensor = tensor}};
+    Mesh mesh{world, {.data = data, .pipe = pipe, .context = context, .tensor = tensor, .expert = expert}};
     const pipeline::Partition part = pipeline::Partition::even(pipe, v, c.layers);
     Model model(h, c, mesh.spread(), micro, part.placement(mesh.coord().pipe));
     auto dp = optim::data_parallel<Strategy>(model, optim::AdamW{.config = {.lr = 1e-2}}, mesh);

@@ -9,6 +9,14 @@
 // Degrees are run-time values, validated here before anything is allocated. Without context
 // parallelism (context 1) ranks, groups and their names are what they were before the axis; each
 // rank's context group is then the rank alone.
+//
+// The expert axis (expert parallelism, docs/moe.md) is carved from each data x context group rather
+// than multiplied into the world, as Megatron's expert-model-parallel groups are: that group's ranks
+// (data-major, d * context + c) fall into blocks of `expert` consecutive ones, the expert groups
+// (comm(Axis::expert); a rank's expert index is its place in its block), and the ranks of one
+// expert index across the blocks form its expert-data group (expert_data()), which holds the same
+// experts and reduces their gradients. Consecutive, so that an expert group's all-to-alls stay on
+// a node where the data ranks of a node are neighbours.
 #pragma once
 
 #include <array>
@@ -27,16 +35,22 @@ struct MeshShape {
   int pipe = 1;
   int context = 1;
   int tensor = 1;
+  int expert = 1;  // carved from data x context: divides data * context
 
   constexpr int ranks() const { return data * pipe * context * tensor; }  // the world's size
 };
 
 struct MeshCoord {
   int data = 0, pipe = 0, context = 0, tensor = 0;
+  int expert = 0;  // (data * context degree + context) mod the expert degree; not in the world rank
 
   // The index on axis a.
   constexpr int& at(Axis a) {
-    return a == Axis::data ? data : a == Axis::pipe ? pipe : a == Axis::context ? context : tensor;
+    return a == Axis::data      ? data
+           : a == Axis::pipe    ? pipe
+           : a == Axis::context ? context
+           : a == Axis::expert  ? expert
+                                : tensor;
   }
   constexpr int at(Axis a) const { return const_cast<MeshCoord&>(*this).at(a); }
 };
@@ -59,6 +73,13 @@ inline void validate(const MeshShape& s, int world_size) {
                     overflows ? cat(approx) : cat(product), " ranks, but the world has ", world_size),
                 cat("choose degrees whose product is ", world_size, " (each one of ",
                     list_divisors(world_size, s.tensor, 12), world_size > 1024 ? ", ..." : "", ")"));
+  if (s.expert < 1 || (s.data * s.context) % s.expert != 0)
+    throw Error(
+        "Mesh",
+        cat("expert degree ", s.expert, " for data ", s.data, context, ": the expert groups are carved from the ",
+            s.data * s.context, " data", s.context == 1 ? "" : " x context", " ranks"),
+        cat("choose an expert degree that divides ", s.data * s.context, " (one of ",
+            list_divisors(s.data * s.context, 1, 12), ")"));
 }
 
 // The world rank at coordinate x of a mesh of shape s.
@@ -68,10 +89,12 @@ constexpr int world_rank(const MeshShape& s, const MeshCoord& x) {
 
 // The coordinate of world rank r on a mesh of shape s.
 constexpr MeshCoord mesh_coord(const MeshShape& s, int r) {
-  return {.data = r / (s.tensor * s.context * s.pipe),
-          .pipe = (r / (s.tensor * s.context)) % s.pipe,
-          .context = (r / s.tensor) % s.context,
-          .tensor = r % s.tensor};
+  MeshCoord x{.data = r / (s.tensor * s.context * s.pipe),
+              .pipe = (r / (s.tensor * s.context)) % s.pipe,
+              .context = (r / s.tensor) % s.context,
+              .tensor = r % s.tensor};
+  x.expert = (x.data * s.context + x.context) % s.expert;
+  return x;
 }
 
 template <Communicator C>
@@ -97,13 +120,13 @@ class Mesh {
     // name: those coordinates ("tensor[d0,p1]"; a context index only where context > 1).
     const auto color = [&](Axis a) {
       int c = 0;
-      for (Axis b : kAxes)
+      for (Axis b : kWorldAxes)
         if (b != a) c = c * degree(b) + index(coord_, b);
       return c;
     };
     const auto group_name = [&](Axis a) {
       std::string n = cat(name(a), "[");
-      for (Axis b : kAxes)
+      for (Axis b : kWorldAxes)
         if (b != a && (b != Axis::context || shape_.context > 1))
           n += cat(n.back() == '[' ? "" : ",", name(b)[0], index(coord_, b));
       return n + "]";
@@ -128,6 +151,19 @@ class Mesh {
                                           coord_.data * shape_.context + coord_.context, m,
                                           cat("data_context[p", coord_.pipe, ",t", coord_.tensor, "]")));
     }
+    // The expert groups, split from the data x context group (collective over it; every mesh makes
+    // the split, a group of one rank each where the expert degree is 1), and the expert-data groups
+    // where the degree is above 1 (else the data x context group itself).
+    C& dc = data_context();
+    const int e = shape_.expert, i = coord_.data * shape_.context + coord_.context, blocks = dc.size() / e;
+    std::vector<int> block, across;
+    for (int j = 0; j < e; ++j) block.push_back(i / e * e + j);
+    for (int b = 0; b < blocks; ++b) across.push_back(b * e + i % e);
+    comms_[static_cast<std::size_t>(Axis::expert)].emplace_back(
+        subgroup(dc, i / e, i % e, block, cat("expert[p", coord_.pipe, ",t", coord_.tensor, ",b", i / e, "]")));
+    if (e > 1)
+      expert_data_.emplace_back(
+          subgroup(dc, i % e, i / e, across, cat("expert_data[p", coord_.pipe, ",t", coord_.tensor, ",e", i % e, "]")));
   }
 
   C& world() { return world_; }
@@ -139,6 +175,9 @@ class Mesh {
   // The data x context ranks of this rank (data-major: rank d * context + c), which hold the same
   // parameters and reduce their gradients together; the data group where context is 1.
   C& data_context() { return data_context_.empty() ? data() : data_context_.front(); }
+  // The data x context ranks of this rank's expert index (in block order), which hold the same
+  // experts and reduce their gradients together; the data x context group where expert is 1.
+  C& expert_data() { return expert_data_.empty() ? data_context() : expert_data_.front(); }
 
   const MeshShape& shape() const { return shape_; }
   const MeshCoord& coord() const { return coord_; }
@@ -152,7 +191,9 @@ class Mesh {
             .pipe_degree = shape_.pipe,
             .pipe_index = coord_.pipe,
             .context_degree = shape_.context,
-            .context_index = coord_.context};
+            .context_index = coord_.context,
+            .expert_degree = shape_.expert,
+            .expert_index = coord_.expert};
   }
 
  private:
@@ -161,7 +202,7 @@ class Mesh {
   MeshCoord coord_;
   // Per axis (kAxes order), one element each; vectors because C need not be default-constructible.
   std::array<std::vector<C>, kAxes.size()> comms_;
-  std::vector<C> data_context_;
+  std::vector<C> data_context_, expert_data_;
 };
 
 }  // namespace weft

@@ -1,8 +1,7 @@
-// Layout<DataP, TensorP, PipeP = StageLocal, ContextP = Replicate>: how a tensor is spread over the
-// mesh's axes, one placement per axis. The algebra below is generic over the axis list (kAxes: data,
-// pipe, context, tensor, in mesh order); a new axis (expert) is one more enumerator, Spread field
-// pair and defaulted placement. A tensor inside a pipeline stage belongs to that stage (StageLocal
-// on pipe), and a tensor that context parallelism does not split is whole on every context rank
+// Layout<DataP, TensorP, PipeP = StageLocal, ContextP = Replicate, ExpertP = Replicate>: how a tensor
+// is spread over the mesh's axes, one placement per axis. The algebra below is generic over the axis
+// list (kAxes: data, pipe, context, tensor, in mesh order, then expert). A tensor inside a pipeline stage belongs to
+// that stage (StageLocal on pipe), and a tensor that context parallelism does not split is whole on every context rank
 // (Replicate on context), which the defaults spell: Layout<Shard<0>, Shard<1>> means what it always
 // meant.
 //
@@ -25,6 +24,12 @@
 // refuses that at compile time: the steps would interleave the wrong slices). Negative and positive
 // spellings of one dim are compared at run time (local_shape), where the rank is known.
 //
+// The expert axis (expert parallelism, docs/moe.md) is not a fifth factor of the world: its groups
+// are carved from each data x context group (Mesh::comm(Axis::expert), Megatron's expert-model-
+// parallel group), so a rank's expert index follows from its data and context indices. Only the
+// experts' weights are placed on it: Shard<0> on expert over their (E, ...) dim, Replicate on data
+// and context, whose ranks of one expert index (Mesh::expert_data) hold the same experts.
+//
 // Example, a (B, T, C) activation under Megatron sequence parallelism on a data x tensor mesh:
 //   Layout<Shard<0>, Shard<1>>  // batch split over data, sequence over tensor: local (B/dp, T/tp, C)
 #pragma once
@@ -41,12 +46,14 @@
 
 namespace weft {
 
-enum class Axis : std::uint8_t { data, pipe, context, tensor };
+enum class Axis : std::uint8_t { data, pipe, context, tensor, expert };
 
-// Every mesh axis, in mesh order, slowest first: the world rank is
+// The axes whose degrees multiply to the world, in mesh order, slowest first: the world rank is
 // ((data_index * pipe + pipe_index) * context + context_index) * tensor + tensor_index, so a tensor
 // group is the fastest (neighbouring ranks, as in Megatron's tp-cp-dp-pp order), then context.
-inline constexpr std::array<Axis, 4> kAxes{Axis::data, Axis::pipe, Axis::context, Axis::tensor};
+inline constexpr std::array<Axis, 4> kWorldAxes{Axis::data, Axis::pipe, Axis::context, Axis::tensor};
+// Every axis a layout places a tensor on: the world's, then expert (carved from data x context).
+inline constexpr std::array<Axis, 5> kAxes{Axis::data, Axis::pipe, Axis::context, Axis::tensor, Axis::expert};
 
 constexpr const char* name(Axis a) {
   switch (a) {
@@ -54,6 +61,7 @@ constexpr const char* name(Axis a) {
     case Axis::pipe: return "pipe";
     case Axis::context: return "context";
     case Axis::tensor: return "tensor";
+    case Axis::expert: return "expert";
   }
   return "?";
 }
@@ -64,17 +72,20 @@ struct Spread {
   int data_index = 0, tensor_index = 0;
   int pipe_degree = 1, pipe_index = 0;
   int context_degree = 1, context_index = 0;
+  int expert_degree = 1, expert_index = 0;  // (data x context index) mod expert degree
 
   constexpr int degree(Axis a) const {
     return a == Axis::data      ? data_degree
            : a == Axis::pipe    ? pipe_degree
            : a == Axis::context ? context_degree
+           : a == Axis::expert  ? expert_degree
                                 : tensor_degree;
   }
   constexpr int index(Axis a) const {
     return a == Axis::data      ? data_index
            : a == Axis::pipe    ? pipe_index
            : a == Axis::context ? context_index
+           : a == Axis::expert  ? expert_index
                                 : tensor_index;
   }
 };
@@ -84,7 +95,7 @@ template <class A, class B>
 inline constexpr bool same_shard_dim = IsShard<A> && IsShard<B> && requires { requires A::dim == B::dim; };
 }  // namespace detail
 
-template <class DataP, class TensorP, class PipeP = StageLocal, class ContextP = Replicate>
+template <class DataP, class TensorP, class PipeP = StageLocal, class ContextP = Replicate, class ExpertP = Replicate>
 struct Layout {
   static_assert(Placement<DataP>,
                 "Layout: the data-axis placement is not a placement; use Replicate, Shard<d> or Partial");
@@ -103,31 +114,42 @@ struct Layout {
   static_assert(!detail::same_shard_dim<ContextP, DataP> && !detail::same_shard_dim<ContextP, PipeP>,
                 "Layout: the context axis shards the same dim as the data or pipe axis; shard different dims "
                 "(only the tensor axis may shard a context-sharded dim again, inside each context rank's rows)");
+  static_assert((IsReplicate<ExpertP> || IsShard<ExpertP>) &&
+                    (IsReplicate<ExpertP> || (!IsShard<DataP> && !IsShard<ContextP>)),
+                "Layout: the expert-axis placement must be Replicate, or Shard<d> of a tensor that the data and "
+                "context axes do not shard (the expert groups are carved from the data x context ranks)");
+  static_assert(!detail::same_shard_dim<ExpertP, TensorP> && !detail::same_shard_dim<ExpertP, PipeP>,
+                "Layout: the expert axis shards the same dim as another axis; shard different dims");
 
   using data = DataP;
   using tensor = TensorP;
   using pipe = PipeP;
   using context = ContextP;
+  using expert = ExpertP;
 
   // The placement on axis A.
   template <Axis A>
   using on = std::conditional_t<
       A == Axis::data, DataP,
-      std::conditional_t<A == Axis::pipe, PipeP, std::conditional_t<A == Axis::context, ContextP, TensorP>>>;
+      std::conditional_t<
+          A == Axis::pipe, PipeP,
+          std::conditional_t<A == Axis::context, ContextP, std::conditional_t<A == Axis::expert, ExpertP, TensorP>>>>;
 
   // As written, defaults left out: "Layout<Shard<0>, Replicate>", "Layout<Shard<0>, Replicate,
-  // StageLocal, Shard<1>>".
+  // StageLocal, Shard<1>>", "Layout<Replicate, Replicate, StageLocal, Replicate, Shard<0>>".
   static std::string name() {
-    const bool context = !IsReplicate<ContextP>;
+    const bool expert = !IsReplicate<ExpertP>;
+    const bool context = expert || !IsReplicate<ContextP>;
     return cat("Layout<", DataP::name(), ", ", TensorP::name(),
                IsStageLocal<PipeP> && !context ? std::string() : cat(", ", PipeP::name()),
-               context ? cat(", ", ContextP::name()) : std::string(), ">");
+               context ? cat(", ", ContextP::name()) : std::string(),
+               expert ? cat(", ", ExpertP::name()) : std::string(), ">");
   }
 };
 
 namespace detail {
 template <class T> inline constexpr bool is_layout = false;
-template <class D, class T, class P, class C> inline constexpr bool is_layout<Layout<D, T, P, C>> = true;
+template <class D, class T, class P, class C, class E> inline constexpr bool is_layout<Layout<D, T, P, C, E>> = true;
 }  // namespace detail
 
 template <class L>
@@ -150,11 +172,16 @@ using Replicated = Layout<Replicate, Replicate>;
 template <int D> using TensorSharded = Layout<Replicate, Shard<D>>;
 template <int D> using DataSharded = Layout<Shard<D>, Replicate>;
 using TensorPartial = Layout<Replicate, Partial>;
+// An expert parameter (E, ...): its experts sharded over the expert axis, TensorP on tensor.
+template <class TensorP = Replicate>
+using ExpertSharded = Layout<Replicate, TensorP, StageLocal, Replicate, Shard<0>>;
 
-// The layout of a gradient: dual placement on each axis.
+// The layout of a gradient: dual placement on each axis but expert, whose placement stays (it never
+// holds a pending sum: what an expert group's ranks add up lies in their data and context placements).
 template <LayoutType L>
-using dual_layout = Layout<dual_placement_t<typename L::data>, dual_placement_t<typename L::tensor>,
-                           dual_placement_t<typename L::pipe>, dual_placement_t<typename L::context>>;
+using dual_layout =
+    Layout<dual_placement_t<typename L::data>, dual_placement_t<typename L::tensor>, dual_placement_t<typename L::pipe>,
+           dual_placement_t<typename L::context>, typename L::expert>;
 
 // Compile-time queries.
 template <LayoutType L, Axis A> inline constexpr bool is_sharded_on = IsShard<placement_on<L, A>>;

@@ -14,10 +14,19 @@
 //   y       (B, T, C) in A                 sum over j of weight[n, j] yp[slot of (n, j)], plus the
 //                                          shared expert's SwiGLU of x where there is one
 //
-// Parameters, replicated on every rank (expert parallelism shards them: not yet): router Wr (E, C),
-// experts.gate_up (E, 2H, C) (row 2f the gate of feature f, 2f + 1 its up), experts.down (E, C, H),
-// and shared.gate_up (2S, C), shared.down (C, S) where S > 0. Their gradients are whole on every
-// rank, or (sequence parallelism) the rank's rows' share (replicated_param_grad<A>).
+// Parameters: router Wr (E, C), experts.gate_up (E, 2H, C) (row 2f the gate of feature f, 2f + 1
+// its up), experts.down (E, C, H), and shared.gate_up (2S, C), shared.down (C, S) where S > 0. The
+// router and the shared expert are replicated; the experts are sharded over the expert axis
+// (ExpertSharded<>: rank e of an expert group of ep holds experts [e E/ep, (e + 1) E/ep), all of
+// them where ep is 1). Gradients are whole, or (sequence parallelism) the rank's rows' share
+// (replicated_param_grad<A>, expert_param_grad<A>).
+//
+// Expert parallelism (ep > 1, nn/expert_dispatch.hpp): xp's rows go to the ranks that hold their
+// experts (dispatch: one all-to-all over the expert group, after the counts'), each rank runs its
+// experts on what it got, and the outputs come back (combine) before the weighted sum; backward
+// sends dyp the same way and dxp back. The expert group is carved from the data x context ranks
+// (comm/mesh.hpp), whose tokens differ; a rank's tensor ranks, under SP, exchange their own rows
+// in their own groups.
 //
 // The router's losses, added to the model's loss through their gradients (as Megatron-Core does;
 // the layer keeps their values for the log, last_aux and last_z, with the expert load last_load):
@@ -50,6 +59,7 @@
 #include "weft/comm/redistribute.hpp"
 #include "weft/core/error.hpp"
 #include "weft/nn/comm_row.hpp"
+#include "weft/nn/expert_dispatch.hpp"
 #include "weft/nn/param.hpp"
 #include "weft/nn/roles.hpp"
 #include "weft/nn/stage_mesh.hpp"
@@ -122,8 +132,11 @@ class MoeMlp : public SameLayout<A> {
     Allocation probs, index, weight;    // (N, E) S, (N, k) int32, (N, k) S
     Allocation lse;                     // (N) S
     Allocation slot, rows;              // (N, k), (M) int32 on the device (MoePlan's)
-    std::vector<std::int64_t> offsets;  // (E + 1) on the host
-    Allocation h, a, yp;                // (M, 2H), (M, H), (M, C)
+    std::int64_t M = 0;                 // this rank's slots kept (rows of xp)
+    ExpertRoute route;                  // the exchange (expert parallelism)
+    std::vector<std::int64_t> offsets;  // (El + 1) on the host: each local expert's block in xe
+    Allocation xe;                      // (Me, C) the experts' inputs, kept where they came by dispatch
+    Allocation h, a, yp;                // (Me, 2H), (Me, H), (M, C)
     Allocation sh, sa;                  // the shared expert's (N, 2S), (N, S)
     std::vector<S> aux_grad;            // (E): dL/dprobs[., e] of the load-balancing loss (unscaled)
     S z_grad = 0;                       // dL/dlse[n] = z_grad lse[n] of the z-loss (unscaled)
@@ -131,8 +144,8 @@ class MoeMlp : public SameLayout<A> {
   };
 
   Param<T, Replicated, replicated_param_grad<A>, D> router;       // (E, C)
-  Param<T, Replicated, replicated_param_grad<A>, D> gate_up;      // (E, 2H, C)
-  Param<T, Replicated, replicated_param_grad<A>, D> down;         // (E, C, H)
+  Param<T, ExpertSharded<>, expert_param_grad<A>, D> gate_up;     // (E, 2H, C): local (E/ep, 2H, C)
+  Param<T, ExpertSharded<>, expert_param_grad<A>, D> down;        // (E, C, H): local (E/ep, C, H)
   Param<T, Replicated, replicated_param_grad<A>, D> shared_up;    // (2S, C)
   Param<T, Replicated, replicated_param_grad<A>, D> shared_down;  // (C, S)
   MoeOptions options;
@@ -145,7 +158,7 @@ class MoeMlp : public SameLayout<A> {
   // shared expert's); weights normal(0, std), the down projections normal(0, out_std).
   MoeMlp(D& dev, std::int64_t C, const MoeOptions& o, const Spread& s, std::uint64_t id, std::uint64_t seed, double std,
          double out_std)
-      : router(dev, {check(C, o), C}, s, id, {Init::normal, std}, seed, Decay::yes),
+      : router(dev, {check(C, o, s), C}, s, id, {Init::normal, std}, seed, Decay::yes),
         gate_up(dev, {o.experts, 2 * o.hidden, C}, s, id + 1, {Init::normal, std}, seed, Decay::yes),
         down(dev, {o.experts, C, o.hidden}, s, id + 2, {Init::normal, out_std}, seed, Decay::yes),
         options(o) {
@@ -193,27 +206,49 @@ class MoeMlp : public SameLayout<A> {
                                  : 0;
     const MoePlan plan = moe_plan(idx, N, Tl, E, k, cap);
     last_dropped = plan.dropped;
-    const std::int64_t Mr = plan.offsets.back();
-    ctx.offsets = plan.offsets;
+    ctx.M = plan.offsets.back();
     ctx.slot = upload(dev, plan.slot);
     ctx.rows = upload(dev, plan.rows);
-    // The experts, block by block.
-    Allocation xp = alloc<T>(dev, Mr * C);
-    ops::Dispatch<D>::gather(dev, static_cast<T*>(xp.data()), x.data(), rows(ctx), Mr, C);
-    ctx.h = alloc<T>(dev, Mr * 2 * H);
-    ctx.a = alloc<T>(dev, Mr * H);
-    ctx.yp = alloc<T>(dev, Mr * C);
-    for (std::int64_t e = 0; e < E; ++e) {
+    Allocation xp = alloc<T>(dev, ctx.M * C);  // (M, C) in the experts' order
+    ops::Dispatch<D>::gather(dev, static_cast<T*>(xp.data()), x.data(), rows(ctx), ctx.M, C);
+    // The rows to the ranks of their experts (expert parallelism), or all here.
+    auto& group = mesh.comm(Axis::expert);
+    const bool exchange = group.size() > 1;
+    if (exchange) {
+      std::vector<std::int64_t> counts(static_cast<std::size_t>(E));
+      for (std::int64_t e = 0; e < E; ++e)
+        counts[static_cast<std::size_t>(e)] =
+            plan.offsets[static_cast<std::size_t>(e) + 1] - plan.offsets[static_cast<std::size_t>(e)];
+      ctx.route = expert_route(group, std::span<const std::int64_t>(counts));
+      ctx.offsets = ctx.route.offsets();
+      ctx.xe = alloc<T>(dev, ctx.offsets.back() * C);
+      dispatch(dev, group, ctx.route, static_cast<const T*>(xp.data()), static_cast<T*>(ctx.xe.data()), C);
+    } else {
+      ctx.offsets = plan.offsets;
+    }
+    const std::int64_t Me = ctx.offsets.back();
+    const T* xe = exchange ? static_cast<const T*>(ctx.xe.data()) : static_cast<const T*>(xp.data());
+    // The experts, block by block (this rank's: local expert e is global expert e + its first).
+    ctx.h = alloc<T>(dev, Me * 2 * H);
+    ctx.a = alloc<T>(dev, Me * H);
+    Allocation ye = alloc<T>(dev, Me * C);
+    for (std::int64_t e = 0; e + 1 < static_cast<std::int64_t>(ctx.offsets.size()); ++e) {
       const std::int64_t o = ctx.offsets[static_cast<std::size_t>(e)],
                          n = ctx.offsets[static_cast<std::size_t>(e) + 1] - o;
       if (n == 0) continue;
       T* h = hp(ctx) + o * 2 * H;
       T* a = ap(ctx) + o * H;
-      ops::Gemm<D>::run(dev, Trans::no, Trans::yes, n, 2 * H, C, S(1), static_cast<const T*>(xp.data()) + o * C, C,
+      ops::Gemm<D>::run(dev, Trans::no, Trans::yes, n, 2 * H, C, S(1), xe + o * C, C,
                         gate_up.value.data() + e * 2 * H * C, C, S(0), h, 2 * H);
       ops::SwiGlu<D>::forward(dev, a, h, n * H);
       ops::Gemm<D>::run(dev, Trans::no, Trans::yes, n, C, H, S(1), a, H, down.value.data() + e * C * H, H, S(0),
-                        ypp(ctx) + o * C, C);
+                        static_cast<T*>(ye.data()) + o * C, C);
+    }
+    if (exchange) {  // the outputs back to the tokens' ranks
+      ctx.yp = alloc<T>(dev, ctx.M * C);
+      combine(dev, group, ctx.route, static_cast<const T*>(ye.data()), ypp(ctx), C);
+    } else {
+      ctx.yp = std::move(ye);
     }
     auto y = Tensor<T, A, D>::empty(dev, x.global_shape(), x.spread(), Category::activations);
     ops::Dispatch<D>::combine(dev, y.data(), static_cast<const T*>(ctx.yp.data()), slot(ctx), weight(ctx), N, k, C,
@@ -235,19 +270,32 @@ class MoeMlp : public SameLayout<A> {
   Tensor<T, A, D> backward(Ctx& ctx, const Tensor<T, A, D>& dy, M& mesh) {
     D& dev = dy.dev();
     const std::int64_t C = width(), E = options.experts, k = options.top_k, H = options.hidden, N = ctx.N;
-    const std::int64_t Mr = ctx.offsets.back();
+    const std::int64_t Mr = ctx.M, Me = ctx.offsets.back();
     Allocation dyp = alloc<T>(dev, Mr * C), dweight = alloc<S>(dev, N * k);
     ops::Dispatch<D>::combine_backward(dev, static_cast<T*>(dyp.data()), static_cast<S*>(dweight.data()), dy.data(),
                                        static_cast<const T*>(ctx.yp.data()), slot(ctx), weight(ctx), N, k, C);
     ctx.yp.reset();
-    Allocation xp = alloc<T>(dev, Mr * C);  // the gather again: cheaper to redo than to keep
-    ops::Dispatch<D>::gather(dev, static_cast<T*>(xp.data()), ctx.x.data(), rows(ctx), Mr, C);
-    Allocation dxp = alloc<T>(dev, Mr * C), da = alloc<T>(dev, Mr * H), dh = alloc<T>(dev, Mr * 2 * H);
-    for (std::int64_t e = 0; e < E; ++e) {
+    auto& group = mesh.comm(Axis::expert);
+    const bool exchange = group.size() > 1;
+    // The experts' inputs and output gradients in their blocks: the dispatch's inputs kept, and dyp
+    // sent the way xp went (combine's adjoint); on one expert rank the gather again (cheaper to redo
+    // than to keep).
+    Allocation xe, dye;
+    if (exchange) {
+      xe = std::move(ctx.xe);
+      dye = alloc<T>(dev, Me * C);
+      dispatch(dev, group, ctx.route, static_cast<const T*>(dyp.data()), static_cast<T*>(dye.data()), C);
+    } else {
+      xe = alloc<T>(dev, Mr * C);
+      ops::Dispatch<D>::gather(dev, static_cast<T*>(xe.data()), ctx.x.data(), rows(ctx), Mr, C);
+      dye = std::move(dyp);
+    }
+    Allocation dxe = alloc<T>(dev, Me * C), da = alloc<T>(dev, Me * H), dh = alloc<T>(dev, Me * 2 * H);
+    for (std::int64_t e = 0; e + 1 < static_cast<std::int64_t>(ctx.offsets.size()); ++e) {
       const std::int64_t o = ctx.offsets[static_cast<std::size_t>(e)],
                          n = ctx.offsets[static_cast<std::size_t>(e) + 1] - o;
       if (n == 0) continue;
-      const T* g = static_cast<const T*>(dyp.data()) + o * C;
+      const T* g = static_cast<const T*>(dye.data()) + o * C;
       T* dae = static_cast<T*>(da.data()) + o * H;
       T* dhe = static_cast<T*>(dh.data()) + o * 2 * H;
       ops::Gemm<D>::run(dev, Trans::no, Trans::no, n, H, C, S(1), g, C, down.value.data() + e * C * H, H, S(0), dae, H);
@@ -255,9 +303,16 @@ class MoeMlp : public SameLayout<A> {
                         down.grad.data() + e * C * H, H);
       ops::SwiGlu<D>::backward(dev, dhe, hp(ctx) + o * 2 * H, dae, n * H);
       ops::Gemm<D>::run(dev, Trans::yes, Trans::no, 2 * H, C, n, S(1), dhe, 2 * H,
-                        static_cast<const T*>(xp.data()) + o * C, C, S(1), gate_up.grad.data() + e * 2 * H * C, C);
+                        static_cast<const T*>(xe.data()) + o * C, C, S(1), gate_up.grad.data() + e * 2 * H * C, C);
       ops::Gemm<D>::run(dev, Trans::no, Trans::no, n, C, 2 * H, S(1), dhe, 2 * H, gate_up.value.data() + e * 2 * H * C,
-                        C, S(0), static_cast<T*>(dxp.data()) + o * C, C);
+                        C, S(0), static_cast<T*>(dxe.data()) + o * C, C);
+    }
+    Allocation dxp;  // (M, C) in the experts' order, back on the tokens' rank
+    if (exchange) {
+      dxp = alloc<T>(dev, Mr * C);
+      combine(dev, group, ctx.route, static_cast<const T*>(dxe.data()), static_cast<T*>(dxp.data()), C);
+    } else {
+      dxp = std::move(dxe);
     }
     auto dx = Tensor<T, A, D>::empty(dev, dy.global_shape(), dy.spread(), Category::activations);
     ops::Dispatch<D>::combine(dev, dx.data(), static_cast<const T*>(dxp.data()), slot(ctx),
@@ -294,8 +349,9 @@ class MoeMlp : public SameLayout<A> {
   }
 
   // describe's rows (nn/comm_walk.hpp): the router's statistics, all-reduced in forward over the
-  // ranks that hold other tokens.
-  void comm_rows(std::vector<CommRow>& out, const std::string& row, const Shape&, const Spread& s, std::int64_t) const {
+  // ranks that hold other tokens, and the expert exchange's collectives (expert parallelism).
+  void comm_rows(std::vector<CommRow>& out, const std::string& row, const Shape& shape, const Spread& s,
+                 std::int64_t elem) const {
     CommRow r{cat(row, " (mixture of experts: ", options.experts, " experts, top ", options.top_k, ")"),
               A::name(),
               A::name(),
@@ -306,6 +362,32 @@ class MoeMlp : public SameLayout<A> {
     r.forward.push_back(detail::reduction(Axis::context, s.context_degree, bytes));
     if constexpr (IsShard<typename A::tensor>)
       r.forward.push_back(detail::reduction(Axis::tensor, s.tensor_degree, bytes));
+    if (const int ep = s.expert_degree; ep > 1) {
+      // Expert parallelism: the counts' all-to-all (E int64) and the chunk's all-reduce (max, one
+      // int64), then the rows' all-to-all each way, forward (dispatch, combine) and backward. Their
+      // bytes here are at balance (each rank's N k slots spread evenly: chunks of N k / ep rows); a
+      // run's follow its routing (the busiest pair's count, nn/expert_dispatch.hpp).
+      const std::int64_t counts = options.experts * 8;
+      const std::int64_t rows = (shape.numel() / shape[shape.rank() - 1]) / (s.data_degree * s.context_degree) *
+                                options.top_k / (IsShard<typename A::tensor> ? s.tensor_degree : 1);
+      const std::int64_t moved = (rows + ep - 1) / ep * ep * shape[shape.rank() - 1] * elem;
+      const auto exchange = [&](std::int64_t b) {
+        CommStep st;
+        st.collective = Collective::all_to_all;
+        st.axis = Axis::expert;
+        st.degree = ep;
+        st.bytes_in = st.bytes_out = b;
+        st.wire_bytes = ring_wire_bytes(Collective::all_to_all, ep, b, b);
+        return st;
+      };
+      r.forward.push_back(exchange(counts));
+      CommStep most = detail::reduction(Axis::expert, ep, 8);
+      r.forward.push_back(most);
+      r.forward.push_back(exchange(moved));
+      r.forward.push_back(exchange(moved));
+      r.backward.push_back(exchange(moved));
+      r.backward.push_back(exchange(moved));
+    }
     out.push_back(std::move(r));
   }
 
@@ -324,8 +406,11 @@ class MoeMlp : public SameLayout<A> {
   }
 
  private:
-  static std::int64_t check(std::int64_t C, const MoeOptions& o) {
+  static std::int64_t check(std::int64_t C, const MoeOptions& o, const Spread& s) {
     const std::string where = "MoeMlp";
+    if (o.experts % s.expert_degree != 0)
+      throw Error(where, cat(o.experts, " experts over an expert degree of ", s.expert_degree),
+                  cat("choose an expert degree that divides the ", o.experts, " experts"));
     if (o.experts < 1 || o.experts > ops::Route<Host>::max_experts)
       throw Error(where, cat(o.experts, " experts"), cat("use 1 to ", ops::Route<Host>::max_experts, " experts"));
     if (o.top_k < 1 || o.top_k > o.experts)

@@ -34,6 +34,7 @@ struct Param {
   static_assert(std::same_as<typename L::data, typename GL::data> &&
                     std::same_as<typename L::pipe, typename GL::pipe> &&
                     std::same_as<typename L::context, typename GL::context> &&
+                    std::same_as<typename L::expert, typename GL::expert> &&
                     (std::same_as<typename L::tensor, typename GL::tensor> ||
                      (IsReplicate<typename L::tensor> && IsPartial<typename GL::tensor>)),
                 "Param: a gradient layout differs from its value layout other than Partial for Replicate on the "

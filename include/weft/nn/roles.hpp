@@ -42,6 +42,11 @@ using RowsSequence = Layout<Shard<0>, Shard<1>, StageLocal, Shard<1>>;
 template <LayoutType A>
 using replicated_param_grad =
     std::conditional_t<IsShard<typename A::tensor>, Layout<Replicate, weft::Partial>, Replicated>;
+// The same for a parameter whose experts are sharded over the expert axis (ExpertSharded<>): each
+// expert's gradient is whole on the rank that holds it, Partial over tensor under SP.
+template <LayoutType A>
+using expert_param_grad =
+    std::conditional_t<IsShard<typename A::tensor>, ExpertSharded<weft::Partial>, ExpertSharded<>>;
 
 // Epilogues fused into a Linear's forward.
 namespace epilogue {

@@ -4,6 +4,7 @@
 //
 //   stage 0         Spec::Embedding: the batch's inputs -> the stream      unit "embedding"
 //   stage 1 .. L    Spec::Block, one per layer                             unit Spec::block_name(l)
+//                   (a block with experts: their expert-sharded weights in unit "<name>.experts")
 //   stage L + 1     Spec::Head: the stream (and the batch) -> the loss     unit "head"
 //
 // Each stage has forward(ctx, ...) and backward(ctx, ...) over the state of one micro-batch
@@ -201,7 +202,7 @@ class StagedModel {
       if (place_.head && !place_.embedding) head_table = Spec::make_head_table(dev, c, s);  // the same draws
     // The units record the Params' addresses: from here on the model stays where it is.
     stage_units_.assign(static_cast<std::size_t>(c.layers) + 2, {});
-    units_.reserve(blocks.size() + 3);
+    units_.reserve(2 * blocks.size() + 3);
     if (place_.embedding) {
       if (split_tie) {
         tied_ = units_.size();
@@ -222,9 +223,14 @@ class StagedModel {
     }
     for (std::int64_t l = 0; l < c.layers; ++l)
       if (const int b = block_at_[static_cast<std::size_t>(l)]; b >= 0) {
-        stage_units_[static_cast<std::size_t>(l) + 1].push_back(units_.size());
+        auto& block = blocks[static_cast<std::size_t>(b)];
         const std::string name = Spec::block_name(l);
-        units_.emplace_back(name, dev).add(name, blocks[static_cast<std::size_t>(b)]);
+        stage_units_[static_cast<std::size_t>(l) + 1].push_back(units_.size());
+        units_.emplace_back(name, dev).add_part(name, block, false);
+        if (Unit::has_experts(block)) {  // a mixture of experts' expert weights: a unit of their own
+          stage_units_[static_cast<std::size_t>(l) + 1].push_back(units_.size());
+          units_.emplace_back(name + ".experts", dev).add_part(name, block, true);
+        }
       }
     if (place_.head) {
       auto& hs = stage_units_[static_cast<std::size_t>(c.layers) + 1];

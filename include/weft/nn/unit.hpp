@@ -14,6 +14,11 @@
 // (FSDP gathers the values for a stage and frees them after it), rebind() re-points every view of
 // the unit in one pass; nothing else holds a parameter's address.
 //
+// A unit's parameters are either all on the expert axis (Shard on expert: a mixture of experts'
+// expert weights, nn/moe.hpp) or none of them: a data-parallel strategy reduces and slices an expert
+// unit over its expert-data group, the others over the data x context group. A model keeps a
+// block's experts in a unit of their own (add_part).
+//
 // A unit records where its Params live, so the layers it adopted must stay where they are (the
 // model that owns both is neither copied nor moved).
 #pragma once
@@ -64,6 +69,29 @@ class Unit {
   void add(const std::string& prefix, Layer& layer) {
     if (built_) throw Error(cat("Unit ", name_), "add() after build()", "add every layer before building the unit");
     layer.for_each_param(prefix, [&](const std::string& n, auto& p) { record(n, p); });
+  }
+
+  // Records the parameters of `layer` that lie on the expert axis (experts true) or those that do
+  // not (false). Call before build().
+  template <class Layer>
+  void add_part(const std::string& prefix, Layer& layer, bool experts) {
+    if (built_)
+      throw Error(cat("Unit ", name_), "add_part() after build()", "add every layer before building the unit");
+    layer.for_each_param(prefix, [&](const std::string& n, auto& p) {
+      if (on_experts(p) == experts) record(n, p);
+    });
+  }
+  // Whether parameter p lies on the expert axis (its layout shards it there).
+  template <class P>
+  static constexpr bool on_experts(const P&) {
+    return IsShard<typename P::layout::expert>;
+  }
+  // Whether `layer` has a parameter on the expert axis.
+  template <class Layer>
+  static bool has_experts(Layer& layer) {
+    bool any = false;
+    layer.for_each_param("", [&](const std::string&, auto& p) { any = any || on_experts(p); });
+    return any;
   }
 
   // Records one parameter under `name`. Call before build().
@@ -120,6 +148,8 @@ class Unit {
       }
     return false;
   }
+  // Whether the unit's parameters lie on the expert axis (reduced over the expert-data group).
+  bool experts() const { return experts_; }
   std::int64_t numel() const { return numel_; }    // the sum of the entries
   std::int64_t padded() const { return padded_; }  // the buffers' length
 
@@ -167,6 +197,12 @@ class Unit {
     using L = typename P::layout;
     using GL = typename P::grad_layout;
     if (p.value.numel() == 0) return;  // an absent bias
+    if (!entries_.empty() && on_experts(p) != experts_)
+      throw Error(cat("Unit ", name_),
+                  cat(n, on_experts(p) ? " lies on the expert axis and " : " does not lie on the expert axis and ",
+                      entries_.front().name, on_experts(p) ? " does not" : " does"),
+                  "keep a layer's experts in a unit of their own (Unit::add_part)");
+    experts_ = on_experts(p);
     if (!names_.insert(n).second)
       throw Error(cat("Unit ", name_), cat("two parameters named ", n),
                   "name the layers apart (Named<\"...\", L> inside a Sequential)");
@@ -206,7 +242,7 @@ class Unit {
   std::unordered_set<std::string> names_;  // the entries' names, each once
   std::vector<Slot> slots_;
   std::int64_t numel_ = 0, padded_ = 0;
-  bool built_ = false;
+  bool built_ = false, experts_ = false;
   Allocation values_, grads_;
 };
 

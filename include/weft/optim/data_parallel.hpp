@@ -85,20 +85,21 @@ class DataParallel {
  public:
   using rule_type = Rule;
   DataParallel(std::span<Unit> units, Rule rule, M& mesh) : units_(units), rule_(rule), mesh_(&mesh) {
-    auto& data = gradient_group(mesh);
-    dp_ = data.size();
-    index_ = data.rank();
     tensor_degree_ = mesh.comm(Axis::tensor).size();
     tensor_index_ = mesh.comm(Axis::tensor).rank();
     held_.resize(units.size());
     for (std::size_t i = 0; i < units.size(); ++i) {
       Unit& u = units[i];
       Held& h = held_[i];
-      if (u.padded() % dp_ != 0)
+      h.experts = u.experts();
+      h.dp = group(i).size();
+      h.index = group(i).rank();
+      if (u.padded() % h.dp != 0)
         throw Error("DataParallel",
-                    cat("unit ", u.name(), " has ", u.padded(), " elements, not a multiple of the data degree ", dp_),
+                    cat("unit ", u.name(), " has ", u.padded(), " elements, not a multiple of the ",
+                        h.experts ? "expert-data" : "data", " degree ", h.dp),
                     "build the model with the spread of the mesh it trains on");
-      h.shard = u.padded() / dp_;
+      h.shard = u.padded() / h.dp;
       const std::int64_t n = shard_state ? h.shard : u.padded();
       h.state = dev().allocate(Rule::states * n * static_cast<std::int64_t>(sizeof(S)), Category::optimizer_state);
       ops::Memory<D>::zero(dev(), static_cast<S*>(h.state.data()), Rule::states * n);
@@ -110,11 +111,11 @@ class DataParallel {
       if constexpr (mixed) {  // the f32 master weights of the range this rank updates
         h.master = dev().allocate(n * static_cast<std::int64_t>(sizeof(G)), Category::master_weights);
         ops::Memory<D>::convert(dev(), static_cast<G*>(h.master.data()),
-                                u.values() + (shard_state ? index_ * h.shard : 0), n);
+                                u.values() + (shard_state ? h.index * h.shard : 0), n);
       }
       if constexpr (shard_params) {
         h.value_slice = dev().allocate(h.shard * static_cast<std::int64_t>(sizeof(T)), Category::parameters);
-        ops::Memory<D>::copy(dev(), slice_values(i), u.values() + index_ * h.shard, h.shard);
+        ops::Memory<D>::copy(dev(), slice_values(i), u.values() + h.index * h.shard, h.shard);
         u.value_buffer().reset();
       }
       u.rebind();
@@ -137,8 +138,8 @@ class DataParallel {
       if (pass != Pass::weight && !unit.values()) {
         unit.value_buffer() =
             dev().allocate(unit.padded() * static_cast<std::int64_t>(sizeof(T)), Category::parameters);
-        data().all_gather(std::span<const T>(slice_values(u), static_cast<std::size_t>(held_[u].shard)),
-                          std::span<T>(unit.values(), static_cast<std::size_t>(unit.padded())));
+        group(u).all_gather(std::span<const T>(slice_values(u), static_cast<std::size_t>(held_[u].shard)),
+                            std::span<T>(unit.values(), static_cast<std::size_t>(unit.padded())));
         moved = true;
       }
     }
@@ -160,12 +161,12 @@ class DataParallel {
         const std::int64_t n = held_[u].shard;
         Allocation part = dev().allocate(n * static_cast<std::int64_t>(sizeof(G)), Category::communication);
         G* mine = static_cast<G*>(part.data());
-        data().reduce_scatter(std::span<const G>(unit.grads(), static_cast<std::size_t>(unit.padded())),
-                              std::span<G>(mine, static_cast<std::size_t>(n)));
+        group(u).reduce_scatter(std::span<const G>(unit.grads(), static_cast<std::size_t>(unit.padded())),
+                                std::span<G>(mine, static_cast<std::size_t>(n)));
         ops::Memory<D>::add(dev(), static_cast<G*>(held_[u].grad_slice.data()), static_cast<const G*>(mine), n);
         unit.grad_buffer().reset();
-      } else if (last && dp_ > 1) {
-        data().all_reduce(std::span<G>(unit.grads(), static_cast<std::size_t>(unit.padded())));
+      } else if (last && held_[u].dp > 1) {
+        group(u).all_reduce(std::span<G>(unit.grads(), static_cast<std::size_t>(unit.padded())));
       }
     }
     if constexpr (shard_params) unit.value_buffer().reset();
@@ -181,7 +182,7 @@ class DataParallel {
     std::vector<std::pair<const G*, std::int64_t>> counted;
     for (std::size_t u = 0; u < units_.size(); ++u) {
       if (tied_ && *tied_ == u && tied_copy_) continue;  // the tied table counts once, on the embedding's rank
-      const std::int64_t lo = index_ * held_[u].shard;
+      const std::int64_t lo = held_[u].index * held_[u].shard;
       const G* g = grads_from(u, lo);
       for_each_piece(u, lo, held_[u].shard, [&](const nn::UnitEntry& e, std::int64_t a, std::int64_t n) {
         if (e.tensor_sharded || tensor_index_ == 0) counted.emplace_back(g + (a - lo), n);
@@ -189,8 +190,10 @@ class DataParallel {
     }
     std::array<double, 1> sq{
         ops::Norm<D>::sum_squares_many(dev(), std::span<const std::pair<const G*, std::int64_t>>(counted))};
+    // An expert unit's slices over its expert-data group, with the other expert groups' experts,
+    // tile the data x context group as the other units' slices do: each element counted once.
     mesh_->comm(Axis::tensor).all_reduce(std::span<double>(sq));
-    data().all_reduce(std::span<double>(sq));
+    gradient_group(*mesh_).all_reduce(std::span<double>(sq));
     if (mesh_->comm(Axis::pipe).size() > 1) mesh_->comm(Axis::pipe).all_reduce(std::span<double>(sq));
     const double norm = std::sqrt(sq[0]);
     if (!std::isfinite(norm)) {
@@ -229,8 +232,8 @@ class DataParallel {
       } else if constexpr (shard_state) {  // every data rank's values get every updated slice
         Allocation part = dev().allocate(n * static_cast<std::int64_t>(sizeof(T)), Category::communication);
         ops::Memory<D>::copy(dev(), static_cast<T*>(part.data()), p, n);
-        data().all_gather(std::span<const T>(static_cast<const T*>(part.data()), static_cast<std::size_t>(n)),
-                          std::span<T>(units_[u].values(), static_cast<std::size_t>(units_[u].padded())));
+        group(u).all_gather(std::span<const T>(static_cast<const T*>(part.data()), static_cast<std::size_t>(n)),
+                            std::span<T>(units_[u].values(), static_cast<std::size_t>(units_[u].padded())));
       }
     }
     return norm;
@@ -292,14 +295,14 @@ class DataParallel {
   };
   Holding holding(std::size_t u) {
     const auto [lo, n] = update_range(u);
-    const std::int64_t vlo = shard_params ? index_ * held_[u].shard : 0,
+    const std::int64_t vlo = shard_params ? held_[u].index * held_[u].shard : 0,
                        vn = shard_params ? held_[u].shard : units_[u].padded();
     return {values_from(u, vlo), vlo, vn, mixed ? static_cast<G*>(held_[u].master.data()) : nullptr,
             state_at(u, n, 0),   lo,  n};
   }
   // This rank's slice of unit u, [index x shard, (index + 1) x shard): the part it saves.
   std::pair<std::int64_t, std::int64_t> data_slice(std::size_t u) const {
-    return {index_ * held_[u].shard, held_[u].shard};
+    return {held_[u].index * held_[u].shard, held_[u].shard};
   }
   std::size_t units() const { return units_.size(); }
   // After a checkpoint wrote the holdings: the step count and skip count it recorded. Values that
@@ -320,6 +323,8 @@ class DataParallel {
 
  private:
   struct Held {
+    bool experts = false;                // an expert unit: its group is the expert-data group
+    int dp = 1, index = 0;               // its group's size and this rank's place in it
     std::int64_t shard = 0;              // padded / dp
     Allocation value_slice, grad_slice;  // this rank's slice, where sharded (values in T, grads in G)
     Allocation master;                   // the update range's f32 master weights (mixed precision)
@@ -327,7 +332,6 @@ class DataParallel {
   };
 
   D& dev() { return units_[0].dev(); }
-  auto& data() { return gradient_group(*mesh_); }
   // The ranks that hold the same parameters and reduce their gradients together, and among which a
   // sharded strategy slices them: the data group, with the context ranks folded in where the mesh
   // has a context axis (Mesh::data_context; Megatron's data-parallel group with context ranks).
@@ -335,20 +339,28 @@ class DataParallel {
     if constexpr (requires { mesh.data_context(); }) return mesh.data_context();
     else return mesh.comm(Axis::data);
   }
+  // Unit u's: the expert-data group for an expert unit (Mesh::expert_data: the data x context ranks
+  // of this rank's expert index), else gradient_group.
+  auto& group(std::size_t u) {
+    if constexpr (requires { mesh_->expert_data(); })
+      if (units_[u].experts()) return mesh_->expert_data();
+    return gradient_group(*mesh_);
+  }
 
   // The elements of unit u this rank updates: its slice, or the whole unit.
   std::pair<std::int64_t, std::int64_t> update_range(std::size_t u) const {
-    if constexpr (shard_state) return {index_ * held_[u].shard, held_[u].shard};
+    if constexpr (shard_state) return {held_[u].index * held_[u].shard, held_[u].shard};
     else return {0, units_[u].padded()};
   }
   T* slice_values(std::size_t u) { return static_cast<T*>(held_[u].value_slice.data()); }
   // Pointers that address element `lo` of unit u (lo inside this rank's slice where sharded).
   T* values_from(std::size_t u, std::int64_t lo) {
-    if constexpr (shard_params) return slice_values(u) + (lo - index_ * held_[u].shard);
+    if constexpr (shard_params) return slice_values(u) + (lo - held_[u].index * held_[u].shard);
     else return units_[u].values() + lo;
   }
   G* grads_from(std::size_t u, std::int64_t lo) {
-    if constexpr (shard_grads) return static_cast<G*>(held_[u].grad_slice.data()) + (lo - index_ * held_[u].shard);
+    if constexpr (shard_grads)
+      return static_cast<G*>(held_[u].grad_slice.data()) + (lo - held_[u].index * held_[u].shard);
     else return units_[u].grads() + lo;
   }
   std::array<S*, Rule::states> state_at(std::size_t u, std::int64_t n, std::int64_t at) {
@@ -373,7 +385,7 @@ class DataParallel {
     std::vector<std::pair<G*, std::int64_t>> pieces;
     std::int64_t total = 0;
     for (std::size_t u = 0; u < units_.size(); ++u) {
-      const std::int64_t lo = shard_grads ? index_ * held_[u].shard : 0,
+      const std::int64_t lo = shard_grads ? held_[u].index * held_[u].shard : 0,
                          n = shard_grads ? held_[u].shard : units_[u].padded();
       G* g = grads_from(u, lo);
       for_each_piece(u, lo, n, [&](const nn::UnitEntry& e, std::int64_t a, std::int64_t len) {
@@ -400,7 +412,7 @@ class DataParallel {
   std::span<Unit> units_;
   Rule rule_;
   M* mesh_;
-  int dp_ = 1, index_ = 0, tensor_degree_ = 1, tensor_index_ = 0;
+  int tensor_degree_ = 1, tensor_index_ = 0;
   std::vector<Held> held_;
   std::int64_t t_ = 0, skipped_ = 0;
   std::optional<std::size_t> tied_;

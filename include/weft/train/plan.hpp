@@ -127,6 +127,7 @@ inline void print_rank_collectives(const Options& o, const std::vector<RankPlan>
       const int group = a == Axis::data      ? o.mesh.data * o.mesh.context
                         : a == Axis::pipe    ? o.mesh.pipe
                         : a == Axis::context ? o.mesh.context
+                        : a == Axis::expert  ? 1  // the trainer has no expert degree yet
                                              : o.mesh.tensor;
       if (group == 1) continue;
       const std::string axis = counted_calls(p.collectives[static_cast<std::size_t>(a)], cat(name(a), " "));

@@ -30,6 +30,11 @@ using T = Tensor<float, L, Host>;
   auto y = redistribute<Layout<Shard<0>, Shard<1> > >(x, mesh);
 #elif defined(WEFT_CF_CONTEXT_STAGE_LOCAL)
   [[maybe_unused]] auto n = Layout<Replicate, Replicate, StageLocal, StageLocal>::name();
+#elif defined(WEFT_CF_EXPERT_OVER_DATA_SHARD)
+  // The expert groups are made of data x context ranks: a tensor split over data cannot also be.
+  [[maybe_unused]] auto n = Layout<Shard<1>, Replicate, StageLocal, Replicate, Shard<0> >::name();
+#elif defined(WEFT_CF_EXPERT_PARTIAL)
+  [[maybe_unused]] auto n = Layout<Replicate, Replicate, StageLocal, Replicate, Partial>::name();
 #elif defined(WEFT_CF_SHARD_TO_PARTIAL)
   auto x = T<Layout<Replicate, Shard<0> > >::empty(h, {8, 8}, s);
   auto y = redistribute<Layout<Replicate, Partial> >(x, mesh);
