@@ -66,3 +66,25 @@ TEST_CASE("mismatched collectives are reported on every rank before any data mov
                     o.message);
   }
 }
+
+#ifndef WEFT_TEST_MPI  // the thread back end sees every rank's counts; MPI and NCCL trust the caller's
+TEST_CASE("an all_to_all_v whose pair of counts disagree is refused on every rank before any data moves") {
+  auto [a, ta] = run_faulty(2, 60s, [](test::World& c, Clock::time_point&) {
+    // Rank 0 sends rank 1 three elements; rank 1 expects two.
+    const std::vector<std::int64_t> to =
+        c.rank() == 0 ? std::vector<std::int64_t>{1, 3} : std::vector<std::int64_t>{2, 1};
+    const std::vector<std::int64_t> from =
+        c.rank() == 0 ? std::vector<std::int64_t>{1, 2} : std::vector<std::int64_t>{2, 1};
+    std::vector<float> in(static_cast<std::size_t>(to[0] + to[1])), out(static_cast<std::size_t>(from[0] + from[1]));
+    c.all_to_all_v(std::span<const float>(in), std::span<const std::int64_t>(to), std::span<float>(out),
+                   std::span<const std::int64_t>(from));
+  });
+  REQUIRE(a.size() == 2);
+  for (const Outcome& o : a) {
+    CHECK(o.weft_error);
+    CHECK_MESSAGE(o.message.find("mismatched all_to_all_v #1 on world{0,1}: world rank 0 sends 3 elements to world "
+                                 "rank 1, which expects 2") != std::string::npos,
+                  o.message);
+  }
+}
+#endif

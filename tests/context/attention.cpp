@@ -118,6 +118,13 @@ struct Counting {
     group->all_to_all(in, out);
   }
   template <class T>
+  void all_to_all_v(std::span<const T> in, std::span<const std::int64_t> send, std::span<T> out,
+                    std::span<const std::int64_t> recv) {
+    received += static_cast<std::int64_t>(out.size_bytes()) -
+                recv[static_cast<std::size_t>(rank())] * static_cast<std::int64_t>(sizeof(T));
+    group->all_to_all_v(in, send, out, recv);
+  }
+  template <class T>
   void broadcast(std::span<T> buf, int root) {
     if (rank() != root) received += static_cast<std::int64_t>(buf.size_bytes());
     group->broadcast(buf, root);
@@ -217,6 +224,11 @@ struct Recording {
   template <class T>
   void all_to_all(std::span<const T> in, std::span<T> out) {
     group->all_to_all(in, out);
+  }
+  template <class T>
+  void all_to_all_v(std::span<const T> in, std::span<const std::int64_t> send, std::span<T> out,
+                    std::span<const std::int64_t> recv) {
+    group->all_to_all_v(in, send, out, recv);
   }
   template <class T>
   void broadcast(std::span<T> buf, int root) {

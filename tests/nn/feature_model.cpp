@@ -389,6 +389,52 @@ TEST_CASE("describe's rows count the data axis's all-reduces as the run makes th
   check.operator()<Features, true>(8 + kConfig.layers * (2 * kConfig.moe.experts + 2) * 8);
 }
 
+TEST_CASE("describe's rows count the expert axis's collectives as a step makes them, either dispatcher") {
+  // One forward and backward on data 2 x expert 2: describe's expert-axis steps against the expert
+  // group's counters, per operation (all_gather counted by its output, the others by their input,
+  // as the counters do). The all-gather dispatcher's bytes do not depend on the routing: exact.
+  // The all-to-all's rows do (describe gives them at balance): its calls, and the counts' bytes.
+  auto check = [&]<class Dsp>() {
+    INFO(Dsp::name());
+    using Model = nn::StagedModel<test::feature::Spec<false, context::None, Features, double, Host, true, Dsp>>;
+    std::mutex mu;
+    run_threads(2, [&](ThreadComm& world) {
+      Host h;
+      Mesh mesh{world, {.data = 2, .expert = 2}};
+      Model model(h, kConfig, mesh.spread(), kMicro);
+      threads::Counters planned;
+      for (const nn::CommRow& row : nn::walked_comm_rows(model, kMicro, mesh.spread()))
+        for (const auto* steps : {&row.forward, &row.backward})
+          for (const CommStep& st : *steps) {
+            if (st.axis != Axis::expert) continue;
+            const auto op = st.collective == Collective::all_gather       ? threads::Op::all_gather
+                            : st.collective == Collective::reduce_scatter ? threads::Op::reduce_scatter
+                                                                          : threads::Op::all_to_all;
+            planned.calls[static_cast<std::size_t>(op)] += 1;
+            planned.bytes[static_cast<std::size_t>(op)] +=
+                static_cast<std::uint64_t>(st.collective == Collective::all_gather ? st.bytes_out : st.bytes_in);
+          }
+      FeatureBatches batches(kConfig, kMicro, 2, mesh.coord().data, 1);
+      auto ctx = model.in_flight(batches.next(0, 0, 1.0));
+      const threads::Counters before = mesh.comm(Axis::expert).counters();
+      pipeline::forward(model, ctx, mesh);
+      pipeline::backward(model, ctx, mesh);
+      const threads::Counters ran = mesh.comm(Axis::expert).counters() - before;
+      std::lock_guard lock(mu);
+      for (const auto op : {threads::Op::all_gather, threads::Op::reduce_scatter, threads::Op::all_to_all}) {
+        INFO(threads::name(op));
+        CHECK(ran.calls_of(op) == planned.calls_of(op));
+        if constexpr (std::same_as<Dsp, nn::AllGatherDispatch>) CHECK(ran.bytes_of(op) == planned.bytes_of(op));
+      }
+      if constexpr (std::same_as<Dsp, nn::AllGatherDispatch>)
+        CHECK(ran.calls_of(threads::Op::all_gather) == 4 * static_cast<std::uint64_t>(kConfig.layers));
+      else CHECK(ran.calls_of(threads::Op::all_to_all) == 5 * static_cast<std::uint64_t>(kConfig.layers));
+    });
+  };
+  check.operator()<nn::AllGatherDispatch>();
+  check.operator()<nn::AllToAllDispatch>();
+}
+
 // A mixture of experts in every block (nn/moe.hpp): Spec<..., Moe>.
 TEST_CASE("a mixture-of-experts model on every layout equals one rank in f64 (1e-12): loss, gradients and weights") {
   // The router's statistics are summed over the data, context and (SP) tensor ranks, so that every
@@ -436,6 +482,46 @@ TEST_CASE("an MoE model with expert parallelism equals one rank in f64 (1e-12): 
   const test::StepsRun cref = run<false, Cx, optim::Ddp, Features, true>(1, 1, 1, 1, capped);
   check_equal(run<false, Cx, optim::Ddp, Features, true>(2, 2, 1, 1, capped, 2), cref,
               "MoE capped: expert 2 (data 2) x pipe 2");
+}
+
+TEST_CASE("an MoE model with expert parallelism under every recompute policy: the gradients of no recompute") {
+  // Full recompute re-runs each block's forward in backward, its routing, its router statistics'
+  // all-reduce and its exchange with it: the same inputs give the same routing and the same sizes
+  // on every rank, so the re-run's collectives match and the gradients are bitwise those without.
+  const auto go = [&]<recompute::Policy Rc, class Dsp>(int data, int pipe, int tensor, int expert) {
+    using Model = nn::StagedModel<test::feature::Spec<true, context::None, Features, double, Host, true, Dsp, Rc>>;
+    return test::train_steps<Model, pipeline::OneFOneB, optim::Ddp, FeatureBatches>(kConfig, kMicro, kM, pipe, 1,
+                                                                                    tensor, data, 2, 1, expert);
+  };
+  const test::StepsRun ref = run<false, context::None, optim::Ddp, Features, true>(1, 1, 1, 1);
+  for (const auto [data, pipe, tensor, expert] : {std::array{2, 1, 2, 2}, std::array{4, 2, 1, 4}}) {
+    INFO("data ", data, " x pipe ", pipe, " x tensor ", tensor, " (SP), expert ", expert);
+    const auto none = go.operator()<recompute::None, nn::AllToAllDispatch>(data, pipe, tensor, expert);
+    check_equal(none, ref, "MoE with SP, no recompute");
+    for (const auto& got : {go.operator()<recompute::Full, nn::AllToAllDispatch>(data, pipe, tensor, expert),
+                            go.operator()<recompute::Selective, nn::AllToAllDispatch>(data, pipe, tensor, expert),
+                            go.operator()<recompute::Full, nn::AllGatherDispatch>(data, pipe, tensor, expert)}) {
+      CHECK(got.losses == none.losses);
+      CHECK(got.grads == none.grads);
+      CHECK(got.values == none.values);
+    }
+  }
+}
+
+TEST_CASE("an MoE model with the all-gather dispatcher equals one rank in f64 (1e-12)") {
+  using Ag =
+      nn::StagedModel<test::feature::Spec<false, context::None, Features, double, Host, true, nn::AllGatherDispatch>>;
+  using AgSp =
+      nn::StagedModel<test::feature::Spec<true, context::None, Features, double, Host, true, nn::AllGatherDispatch>>;
+  const auto go = [&]<class Model, class Strategy>(int data, int pipe, int tensor, int expert) {
+    return test::train_steps<Model, pipeline::OneFOneB, Strategy, FeatureBatches>(kConfig, kMicro, kM, pipe, 1, tensor,
+                                                                                  data, 2, 1, expert);
+  };
+  const test::StepsRun ref = run<false, context::None, optim::Ddp, Features, true>(1, 1, 1, 1);
+  check_equal(go.operator()<Ag, optim::Ddp>(4, 1, 1, 4), ref, "MoE, all-gather: expert 4 (data 4), DDP");
+  check_equal(go.operator()<Ag, optim::Fsdp>(4, 1, 1, 2), ref, "MoE, all-gather: expert 2 x expert-data 2, FSDP", true);
+  check_equal(go.operator()<AgSp, optim::Zero1>(2, 2, 2, 2), ref,
+              "MoE, all-gather: expert 2 (data 2) x tensor 2 with SP x pipe 2, ZeRO-1", true);
 }
 
 TEST_CASE(

@@ -4,7 +4,8 @@
 // values at each position out with the mean squared error against the batch's field y
 // (nn::MseHeadStage). Its batch: FeaturesOf<E>, or PaddedFeaturesOf<E> with each sample's length
 // (nn/padding.hpp). Written over the element type and the device. With Moe, each block's MLP is a
-// mixture of experts (nn::MoeMlp over the rank's rows, Config::moe).
+// mixture of experts (nn::MoeMlp over the rank's rows, Config::moe), its tokens reaching experts on
+// other ranks Dispatcher's way. Its blocks under any recompute policy (Recompute).
 #pragma once
 
 #include <cstdint>
@@ -21,6 +22,7 @@
 #include "weft/nn/moe.hpp"
 #include "weft/nn/sequential.hpp"
 #include "weft/nn/token_wise.hpp"
+#include "weft/recompute/checkpointed.hpp"
 
 namespace weft::test::feature {
 
@@ -65,7 +67,7 @@ struct PaddedFeaturesOf {
 };
 
 template <bool SP, class Cx = context::None, class In = FeaturesOf<double>, class T = double, class D = Host,
-          bool Moe = false>
+          bool Moe = false, class Dispatcher = nn::AllToAllDispatch, recompute::Policy Recompute = recompute::None>
 struct Spec {
   static constexpr bool cp = context::Kind<Cx>;
   using precision = precision_t<T>;
@@ -75,19 +77,20 @@ struct Spec {
   using Local = nn::stream<SP>;
   using A = typename nn::stream<SP, cp>::layout;
   using Norm = nn::LayerNorm<T, typename Local::layout, D>;
-  using Attn = nn::GroupedQueryAttention<T, recompute::None, D, Cx, mask::Bidirectional>;
+  using Attn = nn::GroupedQueryAttention<T, Recompute, D, Cx, mask::Bidirectional>;
   using Mlp = nn::Mlp<T, D>;
   using Enter = typename nn::stream<SP, cp>::enter;
   using Leave = typename nn::stream<SP, cp>::leave;
   template <class L>
   using on_rows = std::conditional_t<cp, nn::TokenWise<L>, L>;
   using AttnInner = nn::Sequential<on_rows<nn::Named<"ln1", Norm>>, Enter, nn::Named<"attn", Attn>, Leave>;
-  using Experts = nn::MoeMlp<T, typename Local::layout, D>;
+  using Experts = nn::MoeMlp<T, typename Local::layout, D, Dispatcher>;
   using MlpSeq = std::conditional_t<
       Moe, nn::Sequential<nn::Named<"ln2", Norm>, nn::Named<"moe", Experts>>,
       nn::Sequential<nn::Named<"ln2", Norm>, typename Local::enter, nn::Named<"mlp", Mlp>, typename Local::leave>>;
   using MlpInner = on_rows<MlpSeq>;
-  using Block = nn::Sequential<nn::Residual<AttnInner>, nn::Residual<MlpInner>>;
+  using Layer = nn::Sequential<nn::Residual<AttnInner>, nn::Residual<MlpInner>>;
+  using Block = recompute::apply_t<Recompute, Layer, T, D>;
   using Embedding = nn::FeatureEmbeddingStage<T, SP, &In::x, D, Cx>;
   using Head = nn::MseHeadStage<T, SP, &In::y, D, Norm, Cx>;
   static constexpr bool sequence_parallel = SP;
@@ -105,14 +108,18 @@ struct Spec {
   static Embedding make_embedding(D& dev, const Config& c, const Spread& s) {
     return Embedding(dev, c.in, c.width, s, c.seed, c.init_std);
   }
-  static Block make_block(D& dev, const Config& c, const Spread& s, std::int64_t l) {
+  static Layer make_layer(D& dev, const Config& c, const Spread& s, std::int64_t l) {
     const auto id = static_cast<std::uint64_t>(16 + 16 * l);
-    return Block(nn::Residual<AttnInner>(AttnInner(
+    return Layer(nn::Residual<AttnInner>(AttnInner(
                      on_rows<nn::Named<"ln1", Norm>>(nn::Named<"ln1", Norm>(Norm(dev, c.width, s, id, c.seed))), {},
                      nn::Named<"attn", Attn>(Attn(dev, c.width, c.heads, c.heads, std::nullopt, false, s, id + 4,
                                                   c.seed, c.init_std, c.init_std)),
                      {})),
                  nn::Residual<MlpInner>(MlpInner(mlp(dev, c, s, id))));
+  }
+  static Block make_block(D& dev, const Config& c, const Spread& s, std::int64_t l) {
+    if constexpr (std::same_as<Block, Layer>) return make_layer(dev, c, s, l);
+    else return Block(make_layer(dev, c, s, l));
   }
   static MlpSeq mlp(D& dev, const Config& c, const Spread& s, std::uint64_t id) {
     nn::Named<"ln2", Norm> ln2(Norm(dev, c.width, s, id + 2, c.seed));

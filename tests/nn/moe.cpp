@@ -96,7 +96,8 @@ struct Fixture {
   }
   // The fixture's weights; where the experts are sharded over an expert group of `ep`, expert rank
   // e's slice of them.
-  void load(Moe& m, int ep = 1, int e = 0) const {
+  template <class L>
+  void load(L& m, int ep = 1, int e = 0) const {
     set(values(m.router), file.read("router"));
     set(values(m.gate_up), slice(interleave(file.read("gate_up"), E, H, C), ep, e));
     set(values(m.down), slice(file.read("down"), ep, e));
@@ -308,8 +309,6 @@ TEST_CASE(
         for (double v : row(me, e, i)) in.push_back(v);
     const auto& mine = counts[static_cast<std::size_t>(me)];
     const nn::ExpertRoute r = nn::expert_route(world, std::span<const std::int64_t>(mine));
-    // The busiest pair: rank 0 sends rank 1 (experts 2, 3) 4 rows, rank 1 sends rank 0 4.
-    CHECK(r.chunk == 4);
     const auto before = world.counters();
     std::vector<double> out(static_cast<std::size_t>(r.received() * w));
     nn::dispatch(h, world, r, in.data(), out.data(), w);
@@ -330,17 +329,26 @@ TEST_CASE(
     std::vector<double> back(in.size(), -1);
     nn::combine(h, world, r, out.data(), back.data(), w);
     CHECK(back == in);  // tokens conserved, bit for bit
-    // Each exchange moves the padded chunks: ep x chunk x w doubles (the counters' all-to-all bytes).
+    // Each exchange moves the rows routed, no more: this rank's sent rows out, then its received
+    // rows back (the counters' all-to-all bytes).
     const auto d = world.counters() - before;
+    std::int64_t rows = 0;
+    for (std::int64_t e = 0; e < E; ++e) rows += mine[static_cast<std::size_t>(e)];
+    CHECK(r.sent() == rows);
+    CHECK(r.received() == first + second);
     CHECK(d.calls_of(threads::Op::all_to_all) == 2);
-    CHECK(d.bytes_of(threads::Op::all_to_all) == 2 * ep * 4 * w * sizeof(double));
+    CHECK(d.bytes_of(threads::Op::all_to_all) == static_cast<std::uint64_t>((rows + first + second) * w * 8));
   });
 }
 
-TEST_CASE("MoeMlp with its experts over expert 2 and 4 equals one rank, and the exchange moves what its route says") {
+TEST_CASE_TEMPLATE(
+    "MoeMlp with its experts over expert 2 and 4 equals one rank with either dispatcher, each moving what it says", Dsp,
+    nn::AllToAllDispatch, nn::AllGatherDispatch) {
   // The Mixtral fixture (4 experts) on B = 4 samples: data 2 x expert 2, data 4 x expert 2 (two
   // expert-data ranks a group) and data 4 x expert 4 (one expert a rank). Each rank holds its
   // experts' weights only; a rank's expert gradients cover every rank's tokens sent to them.
+  using L = nn::MoeMlp<double, A, Host, Dsp>;
+  constexpr bool gathers = std::same_as<Dsp, nn::AllGatherDispatch>;
   const Fixture f("mixtral");
   const std::int64_t B = 4, T = f.N / 4;
   struct Run {
@@ -353,10 +361,10 @@ TEST_CASE("MoeMlp with its experts over expert 2 and 4 equals one rank, and the 
     run_threads(data, [&](ThreadComm& world) {
       Host h;
       Mesh mesh{world, {.data = data, .expert = ep}};
-      Moe m(h, f.C, f.options(), mesh.spread(), 0, 1, 0.1, 0.1);
+      L m(h, f.C, f.options(), mesh.spread(), 0, 1, 0.1, 0.1);
       CHECK(m.gate_up.value.local_shape()[0] == f.E / ep);
       f.load(m, ep, mesh.coord().expert);
-      const std::int64_t Bl = B / data, first = mesh.coord().data * Bl * T * f.C;
+      const std::int64_t Bl = B / data, first = mesh.coord().data * Bl * T * f.C, N = Bl * T;
       auto x = X::empty(h, {B, T, f.C}, mesh.spread(), Category::activations);
       auto dy = X::empty(h, {B, T, f.C}, mesh.spread(), Category::activations);
       const auto xs = f.file.read("x"), g = f.file.read("dy");
@@ -365,14 +373,26 @@ TEST_CASE("MoeMlp with its experts over expert 2 and 4 equals one rank, and the 
       auto& group = mesh.comm(Axis::expert);
       CHECK(group.size() == ep);
       const auto before = group.counters();
-      Moe::Ctx ctx;
+      typename L::Ctx ctx;
       const auto y = m.forward(ctx, x, mesh);
-      const std::int64_t chunk = ctx.route.chunk;
+      const std::int64_t sent = ctx.M, got = ctx.offsets.back();
       const auto dx = m.backward(ctx, dy, mesh);
-      if (ep > 1) {  // the counts (E int64), then ep x chunk rows of C doubles, twice each way
-        const auto d = group.counters() - before;
+      const auto d = group.counters() - before;
+      const auto bytes = [](std::int64_t n) { return static_cast<std::uint64_t>(n); };
+      if (ep > 1 && gathers) {
+        // Gathered: x, the indices and weights, dy (ep N rows each); summed and scattered: the
+        // outputs, the weights' and the rows' gradients. No all-to-all.
+        CHECK(d.calls_of(threads::Op::all_gather) == 4);
+        CHECK(d.bytes_of(threads::Op::all_gather) == bytes(ep * N * (2 * f.C * 8 + f.k * 4 + f.k * 8)));
+        CHECK(d.calls_of(threads::Op::reduce_scatter) == 3);
+        CHECK(d.bytes_of(threads::Op::reduce_scatter) == bytes(ep * N * (2 * f.C * 8 + f.k * 8)));
+        CHECK(d.calls_of(threads::Op::all_to_all) == 0);
+      } else if (ep > 1) {
+        // The counts (E int64), then the rows sent and the rows got, forward and backward: exactly
+        // the rows routed.
         CHECK(d.calls_of(threads::Op::all_to_all) == 5);
-        CHECK(d.bytes_of(threads::Op::all_to_all) == static_cast<std::uint64_t>(f.E * 8 + 4 * ep * chunk * f.C * 8));
+        CHECK(d.bytes_of(threads::Op::all_to_all) == bytes(f.E * 8 + 2 * (sent + got) * f.C * 8));
+        CHECK(d.calls_of(threads::Op::all_gather) == 0);
       }
       Run& r = out[static_cast<std::size_t>(mesh.coord().data)];
       r.y.assign(y.data(), y.data() + y.numel());
@@ -385,7 +405,7 @@ TEST_CASE("MoeMlp with its experts over expert 2 and 4 equals one rank, and the 
   };
   const auto one = run(1, 1);
   for (const auto [data, ep] : {std::pair{2, 2}, std::pair{4, 2}, std::pair{4, 4}}) {
-    INFO("data ", data, " x expert ", ep);
+    INFO(Dsp::name(), ": data ", data, " x expert ", ep);
     const auto many = run(data, ep);
     std::vector<double> y, dx;
     for (const Run& r : many) {

@@ -10,6 +10,10 @@
 //   all_gather(in, out)            out.size() == size() * in.size(); chunk r of out is rank r's in
 //   all_to_all(in, out)            in.size() == out.size() == size() * k; in chunk j goes to rank j,
 //                                  out chunk j came from rank j
+//   all_to_all_v(in, send, out, recv)
+//                                  in holds send[j] elements for rank j, one run after another in rank
+//                                  order; out gets recv[i] from rank i the same way (send[j] on rank i
+//                                  must equal recv[i] on rank j: exchange the counts first)
 //   broadcast(buf, root)           in place
 //   send(buf, peer) / recv(buf, peer)
 //   barrier()
@@ -40,26 +44,27 @@ enum class ReduceOp : std::uint8_t { sum, max };
 constexpr const char* name(ReduceOp op) { return op == ReduceOp::sum ? "sum" : "max"; }
 
 template <class C>
-concept Communicator =
-    requires(C& c, const C& cc, std::span<float> f, std::span<const float> cf, std::span<double> d, std::span<bf16> h,
-             std::span<std::int32_t> i, std::span<std::int64_t> l, ReduceOp op, int r) {
-      { cc.rank() } -> std::convertible_to<int>;
-      { cc.size() } -> std::convertible_to<int>;
-      { cc.name() } -> std::convertible_to<std::string>;
-      c.all_reduce(f, op);
-      c.all_reduce(d, op);
-      c.all_reduce(h, op);
-      c.all_reduce(i, op);
-      c.all_reduce(l, op);
-      c.reduce_scatter(cf, f, op);
-      c.all_gather(cf, f);
-      c.all_to_all(cf, f);
-      c.broadcast(f, r);
-      c.send(cf, r);
-      c.recv(f, r);
-      c.barrier();
-      { c.split(r, r) } -> std::same_as<C>;
-    };
+concept Communicator = requires(C& c, const C& cc, std::span<float> f, std::span<const float> cf, std::span<double> d,
+                                std::span<bf16> h, std::span<std::int32_t> i, std::span<std::int64_t> l,
+                                std::span<const std::int64_t> n, ReduceOp op, int r) {
+  { cc.rank() } -> std::convertible_to<int>;
+  { cc.size() } -> std::convertible_to<int>;
+  { cc.name() } -> std::convertible_to<std::string>;
+  c.all_reduce(f, op);
+  c.all_reduce(d, op);
+  c.all_reduce(h, op);
+  c.all_reduce(i, op);
+  c.all_reduce(l, op);
+  c.reduce_scatter(cf, f, op);
+  c.all_gather(cf, f);
+  c.all_to_all(cf, f);
+  c.all_to_all_v(cf, n, f, n);
+  c.broadcast(f, r);
+  c.send(cf, r);
+  c.recv(f, r);
+  c.barrier();
+  { c.split(r, r) } -> std::same_as<C>;
+};
 
 // Whether C posts a send of E and lets it be waited for or withdrawn (ThreadComm, MpiComm, MetaComm;
 // not NcclComm). The pipeline executor needs it; the context ring overlaps its shifts with it.

@@ -80,6 +80,10 @@ class MetaComm {
   }
   template <class T> void all_gather(std::span<const T>, std::span<T> out) { count(Op::all_gather, out.size_bytes()); }
   template <class T> void all_to_all(std::span<const T> in, std::span<T>) { count(Op::all_to_all, in.size_bytes()); }
+  template <class T>
+  void all_to_all_v(std::span<const T> in, std::span<const std::int64_t>, std::span<T>, std::span<const std::int64_t>) {
+    count(Op::all_to_all, in.size_bytes());
+  }
   template <class T> void broadcast(std::span<T> b, int) { count(Op::broadcast, b.size_bytes()); }
   template <class T> void send(std::span<const T> b, int) { count(Op::send, b.size_bytes()); }
   template <class T> void recv(std::span<T> b, int) { count(Op::recv, b.size_bytes()); }

@@ -11,25 +11,27 @@
 //
 //   expert_route(group, counts)  counts (E) the rows this rank sends to each expert -> ExpertRoute:
 //                                what every pair of ranks exchanges, by one all-to-all of E int64
-//                                (the counts first, as an all-to-all-v needs) and one all-reduce
-//                                (max) of one int64
-//   dispatch(dev, group, r, in, out, w)   sender order -> receiver order: one all-to-all
-//   combine(dev, group, r, in, out, w)    receiver order -> sender order: one all-to-all, the exact
-//                                         inverse of dispatch (so also its adjoint: backward sends
-//                                         gradients the other way through the other one)
+//                                (the counts first, as an all-to-all-v needs them)
+//   dispatch(dev, group, r, in, out, w)   sender order -> receiver order: one all-to-all-v
+//   combine(dev, group, r, in, out, w)    receiver order -> sender order: one all-to-all-v, the
+//                                         exact inverse of dispatch (so also its adjoint: backward
+//                                         sends gradients the other way through the other one)
 //
-// Every back end's all-to-all moves equal chunks (Communicator), so each rank's chunk for each
-// peer is padded to `chunk` rows, the most any rank sends any rank this time: ep x chunk x w
-// elements each way per call, the bytes the run's counters show. The padding rows are zero and
-// never read. Deterministic: the same routing gives the same bits in the same places on every run.
+// Each call moves exactly the rows routed (Communicator::all_to_all_v: MPI messages, NCCL grouped
+// send/recv, thread copies), M w elements out of a rank on dispatch and Me w on combine, what the
+// run's counters show; the receiver's runs, by source, are laid out by expert with one copy per
+// (source, expert) block. Deterministic: the same routing gives the same bits in the same places
+// on every run.
 //
-// defines: nn::ExpertRoute, nn::expert_route, nn::dispatch, nn::combine
+// defines: nn::AllToAllDispatch, nn::AllGatherDispatch, nn::ExpertDispatch, nn::ExpertRoute,
+// nn::expert_route, nn::dispatch, nn::combine
 #pragma once
 
 #include <algorithm>
-#include <array>
+#include <concepts>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "weft/comm/communicator.hpp"
@@ -39,15 +41,33 @@
 
 namespace weft::nn {
 
+// How a mixture of experts' tokens reach experts on the other ranks of an expert group (nn/moe.hpp):
+//   AllToAllDispatch   each rank sends each of its slots to the rank of its expert and gets the
+//                      outputs back (dispatch and combine below): M k rows out and back
+//   AllGatherDispatch  each rank gathers the group's rows and routing, runs its experts on the
+//                      slots routed to them, and the weighted outputs are summed and scattered back
+//                      (all-gather, then reduce-scatter): ep N rows each way, no counts to exchange,
+//                      the choice where ep is small and k large (Megatron's allgather dispatcher)
+struct AllToAllDispatch {
+  static std::string name() { return "all-to-all"; }
+};
+struct AllGatherDispatch {
+  static std::string name() { return "all-gather"; }
+};
+template <class P>
+concept ExpertDispatch = std::same_as<P, AllToAllDispatch> || std::same_as<P, AllGatherDispatch>;
+
 struct ExpertRoute {
   int ranks = 1;                   // ep, the expert group's size
   std::int64_t local = 0;          // El, the experts each rank holds
   std::vector<std::int64_t> send;  // (ep El): rows this rank sends to rank j's local expert e at [j El + e]
   std::vector<std::int64_t> recv;  // (ep El): rows this rank's local expert e gets from rank i at [i El + e]
-  std::int64_t chunk = 0;          // rows of each padded chunk: the most any rank sends any rank
 
   std::int64_t sent() const { return sum(send); }      // M: rows in sender order
   std::int64_t received() const { return sum(recv); }  // Me: rows in receiver order
+  // Rows to each rank (sending), or from each (receiving): ep entries, times w for the elements.
+  std::vector<std::int64_t> to_each(std::int64_t w) const { return per_rank(send, w); }
+  std::vector<std::int64_t> from_each(std::int64_t w) const { return per_rank(recv, w); }
   // Where each local expert's block starts in receiver order (El + 1 entries, the last Me).
   std::vector<std::int64_t> offsets() const {
     std::vector<std::int64_t> o(static_cast<std::size_t>(local + 1), 0);
@@ -65,6 +85,12 @@ struct ExpertRoute {
     for (const std::int64_t x : v) s += x;
     return s;
   }
+  std::vector<std::int64_t> per_rank(const std::vector<std::int64_t>& v, std::int64_t w) const {
+    std::vector<std::int64_t> n(static_cast<std::size_t>(ranks), 0);
+    for (int j = 0; j < ranks; ++j)
+      for (std::int64_t e = 0; e < local; ++e) n[static_cast<std::size_t>(j)] += v[at(j, e)] * w;
+    return n;
+  }
 };
 
 // counts (E): the rows this rank sends to each global expert. Collective over the expert group.
@@ -80,30 +106,12 @@ ExpertRoute expert_route(C& group, std::span<const std::int64_t> counts) {
   r.send.assign(counts.begin(), counts.end());
   r.recv.assign(counts.size(), 0);
   group.all_to_all(std::span<const std::int64_t>(r.send), std::span<std::int64_t>(r.recv));
-  std::array<std::int64_t, 1> most{0};
-  for (int j = 0; j < r.ranks; ++j) {
-    std::int64_t rows = 0;
-    for (std::int64_t e = 0; e < r.local; ++e) rows += r.send[r.at(j, e)];
-    most[0] = std::max(most[0], rows);
-  }
-  group.all_reduce(std::span<std::int64_t>(most), ReduceOp::max);
-  r.chunk = most[0];
   return r;
 }
 
 namespace detail {
-// The padded chunks' buffer of one exchange: ep chunks of r.chunk rows of width w, zeroed.
-template <class T, class D>
-Allocation exchange_buffer(D& dev, const ExpertRoute& r, std::int64_t w) {
-  const std::int64_t n = r.ranks * r.chunk * w;
-  Allocation a =
-      dev.allocate(std::max<std::int64_t>(n, 1) * static_cast<std::int64_t>(sizeof(T)), Category::communication);
-  ops::Memory<D>::zero(dev, static_cast<T*>(a.data()), n);
-  return a;
-}
-
-// Calls f(rank, local expert, row in that rank's padded chunk, row in receiver order, rows) for
-// each (source rank, local expert) block of the receiver's side, in receiver order.
+// Calls f(source rank, row in that source's run, row in receiver order, rows) for each (source
+// rank, local expert) block of the receiver's side, in receiver order.
 template <class F>
 void for_each_block(const ExpertRoute& r, F&& f) {
   const std::vector<std::int64_t> off = r.offsets();
@@ -114,51 +122,54 @@ void for_each_block(const ExpertRoute& r, F&& f) {
       std::int64_t before = 0;
       for (std::int64_t p = 0; p < e; ++p) before += r.recv[r.at(i, p)];
       const std::int64_t n = r.recv[r.at(i, e)];
-      f(i, e, before, at, n);
+      f(i, before, at, n);
       at += n;
     }
   }
+}
+// Where each source's run starts among the received rows (by source).
+inline std::vector<std::int64_t> run_starts(const ExpertRoute& r) {
+  std::vector<std::int64_t> s(static_cast<std::size_t>(r.ranks), 0);
+  for (int i = 1; i < r.ranks; ++i) {
+    s[static_cast<std::size_t>(i)] = s[static_cast<std::size_t>(i - 1)];
+    for (std::int64_t e = 0; e < r.local; ++e) s[static_cast<std::size_t>(i)] += r.recv[r.at(i - 1, e)];
+  }
+  return s;
+}
+template <class T, class D>
+Allocation rows_buffer(D& dev, std::int64_t n) {
+  return dev.allocate(std::max<std::int64_t>(n, 1) * static_cast<std::int64_t>(sizeof(T)), Category::communication);
 }
 }  // namespace detail
 
 // in (M, w) in sender order -> out (Me, w) in receiver order.
 template <class T, class D, Communicator C>
 void dispatch(D& dev, C& group, const ExpertRoute& r, const T* in, T* out, std::int64_t w) {
-  Allocation send = detail::exchange_buffer<T>(dev, r, w), recv = detail::exchange_buffer<T>(dev, r, w);
-  T* s = static_cast<T*>(send.data());
-  std::int64_t from = 0;
-  for (int j = 0; j < r.ranks; ++j) {
-    std::int64_t rows = 0;
-    for (std::int64_t e = 0; e < r.local; ++e) rows += r.send[r.at(j, e)];
-    ops::Memory<D>::copy(dev, s + j * r.chunk * w, in + from * w, rows * w);
-    from += rows;
-  }
-  const auto n = static_cast<std::size_t>(r.ranks * r.chunk * w);
-  group.all_to_all(std::span<const T>(s, n), std::span<T>(static_cast<T*>(recv.data()), n));
-  const T* g = static_cast<const T*>(recv.data());
-  detail::for_each_block(r, [&](int i, std::int64_t, std::int64_t row, std::int64_t at, std::int64_t rows) {
-    ops::Memory<D>::copy(dev, out + at * w, g + (i * r.chunk + row) * w, rows * w);
+  const std::int64_t M = r.sent(), Me = r.received();
+  Allocation got = detail::rows_buffer<T>(dev, Me * w);  // by source
+  T* g = static_cast<T*>(got.data());
+  const std::vector<std::int64_t> to = r.to_each(w), from = r.from_each(w);
+  group.all_to_all_v(std::span<const T>(in, static_cast<std::size_t>(M * w)), std::span<const std::int64_t>(to),
+                     std::span<T>(g, static_cast<std::size_t>(Me * w)), std::span<const std::int64_t>(from));
+  const std::vector<std::int64_t> start = detail::run_starts(r);
+  detail::for_each_block(r, [&](int i, std::int64_t row, std::int64_t at, std::int64_t rows) {
+    ops::Memory<D>::copy(dev, out + at * w, g + (start[static_cast<std::size_t>(i)] + row) * w, rows * w);
   });
 }
 
 // in (Me, w) in receiver order -> out (M, w) in sender order: dispatch's inverse.
 template <class T, class D, Communicator C>
 void combine(D& dev, C& group, const ExpertRoute& r, const T* in, T* out, std::int64_t w) {
-  Allocation send = detail::exchange_buffer<T>(dev, r, w), recv = detail::exchange_buffer<T>(dev, r, w);
-  T* s = static_cast<T*>(send.data());
-  detail::for_each_block(r, [&](int i, std::int64_t, std::int64_t row, std::int64_t at, std::int64_t rows) {
-    ops::Memory<D>::copy(dev, s + (i * r.chunk + row) * w, in + at * w, rows * w);
+  const std::int64_t M = r.sent(), Me = r.received();
+  Allocation back = detail::rows_buffer<T>(dev, Me * w);  // by source
+  T* b = static_cast<T*>(back.data());
+  const std::vector<std::int64_t> start = detail::run_starts(r);
+  detail::for_each_block(r, [&](int i, std::int64_t row, std::int64_t at, std::int64_t rows) {
+    ops::Memory<D>::copy(dev, b + (start[static_cast<std::size_t>(i)] + row) * w, in + at * w, rows * w);
   });
-  const auto n = static_cast<std::size_t>(r.ranks * r.chunk * w);
-  group.all_to_all(std::span<const T>(s, n), std::span<T>(static_cast<T*>(recv.data()), n));
-  const T* g = static_cast<const T*>(recv.data());
-  std::int64_t to = 0;
-  for (int j = 0; j < r.ranks; ++j) {
-    std::int64_t rows = 0;
-    for (std::int64_t e = 0; e < r.local; ++e) rows += r.send[r.at(j, e)];
-    ops::Memory<D>::copy(dev, out + to * w, g + j * r.chunk * w, rows * w);
-    to += rows;
-  }
+  const std::vector<std::int64_t> to = r.from_each(w), from = r.to_each(w);
+  group.all_to_all_v(std::span<const T>(b, static_cast<std::size_t>(Me * w)), std::span<const std::int64_t>(to),
+                     std::span<T>(out, static_cast<std::size_t>(M * w)), std::span<const std::int64_t>(from));
 }
 
 }  // namespace weft::nn

@@ -21,10 +21,17 @@
 // them where ep is 1). Gradients are whole, or (sequence parallelism) the rank's rows' share
 // (replicated_param_grad<A>, expert_param_grad<A>).
 //
-// Expert parallelism (ep > 1, nn/expert_dispatch.hpp): xp's rows go to the ranks that hold their
-// experts (dispatch: one all-to-all over the expert group, after the counts'), each rank runs its
-// experts on what it got, and the outputs come back (combine) before the weighted sum; backward
-// sends dyp the same way and dxp back. The expert group is carved from the data x context ranks
+// Expert parallelism (ep > 1, nn/expert_dispatch.hpp), the Dispatcher's way:
+//   AllToAllDispatch   xp's rows go to the ranks that hold their experts (dispatch: one
+//                      all-to-all-v over the expert group, after the counts'), each rank runs its
+//                      experts on what it got, and the outputs come back (combine) before the
+//                      weighted sum; backward sends dyp the same way and dxp back
+//   AllGatherDispatch  the group's rows, indices and weights are gathered (Ng = ep N tokens), the
+//                      plan covers them all, each rank runs its experts on their slots and sums
+//                      their weighted outputs over every gathered token, and a reduce-scatter adds
+//                      the ranks' parts and gives each its rows; backward gathers dy, and the
+//                      weights' and rows' gradients are reduce-scattered the same way The expert group is carved from
+//                      the data x context ranks
 // (comm/mesh.hpp), whose tokens differ; a rank's tensor ranks, under SP, exchange their own rows
 // in their own groups.
 //
@@ -122,7 +129,7 @@ inline MoePlan moe_plan(std::span<const std::int32_t> index, std::int64_t N, std
   return p;
 }
 
-template <Floating T, LayoutType A, class D = Host>
+template <Floating T, LayoutType A, class D = Host, ExpertDispatch Dispatcher = AllToAllDispatch>
 class MoeMlp : public SameLayout<A> {
  public:
   using S = accumulate_t<T>;  // the router's probabilities and weights
@@ -131,11 +138,14 @@ class MoeMlp : public SameLayout<A> {
     Tensor<T, A, D> x;                  // (B, T, C) the input, for the router's and the experts' gradients
     Allocation probs, index, weight;    // (N, E) S, (N, k) int32, (N, k) S
     Allocation lse;                     // (N) S
-    Allocation slot, rows;              // (N, k), (M) int32 on the device (MoePlan's)
-    std::int64_t M = 0;                 // this rank's slots kept (rows of xp)
-    ExpertRoute route;                  // the exchange (expert parallelism)
+    std::int64_t Ng = 0;                // the tokens the plan covers: N, or ep N where gathered
+    Allocation xs, ws;                  // (Ng, C) T, (Ng, k) S: the gathered rows and weights (all-gather)
+    Allocation slot, rows;              // (Ng, k), (M) int32 on the device (MoePlan's; gathered: this
+                                        // rank's experts' slots, numbered from 0, the others -1)
+    std::int64_t M = 0;                 // the plan's slots this rank holds (rows of xp)
+    ExpertRoute route;                  // the all-to-all exchange
     std::vector<std::int64_t> offsets;  // (El + 1) on the host: each local expert's block in xe
-    Allocation xe;                      // (Me, C) the experts' inputs, kept where they came by dispatch
+    Allocation xe;                      // (Me, C) the experts' inputs (kept with expert parallelism)
     Allocation h, a, yp;                // (Me, 2H), (Me, H), (M, C)
     Allocation sh, sa;                  // the shared expert's (N, 2S), (N, S)
     std::vector<S> aux_grad;            // (E): dL/dprobs[., e] of the load-balancing loss (unscaled)
@@ -197,24 +207,59 @@ class MoeMlp : public SameLayout<A> {
                            E, k, options.renormalise);
     logits.reset();
     router_losses(ctx, dev, mesh);
-    // The plan, on the host.
-    std::vector<std::int32_t> idx(static_cast<std::size_t>(N * k));
-    dev.to_host(idx.data(), ctx.index.data(), idx.size() * sizeof(std::int32_t));
+    // The tokens the plan covers: this rank's, or (all-gather dispatch) its expert group's, their
+    // rows and routing gathered in rank order.
+    auto& group = mesh.comm(Axis::expert);
+    const int ep = group.size(), me = group.rank();
+    constexpr bool gathers = std::same_as<Dispatcher, AllGatherDispatch>;
+    const bool gathered = gathers && ep > 1, exchanged = !gathers && ep > 1;
+    const std::int64_t Ng = gathered ? ep * N : N;
+    const T* xs = x.data();
+    const S* ws = weight(ctx);
+    std::vector<std::int32_t> idx(static_cast<std::size_t>(Ng * k));
+    if (gathered) {
+      ctx.xs = alloc<T>(dev, Ng * C);
+      ctx.ws = alloc<S>(dev, Ng * k);
+      Allocation ig = alloc<std::int32_t>(dev, Ng * k);
+      group.all_gather(std::span<const T>(x.data(), static_cast<std::size_t>(N * C)),
+                       std::span<T>(static_cast<T*>(ctx.xs.data()), static_cast<std::size_t>(Ng * C)));
+      group.all_gather(std::span<const std::int32_t>(index(ctx), static_cast<std::size_t>(N * k)),
+                       std::span<std::int32_t>(static_cast<std::int32_t*>(ig.data()), idx.size()));
+      group.all_gather(std::span<const S>(weight(ctx), static_cast<std::size_t>(N * k)),
+                       std::span<S>(static_cast<S*>(ctx.ws.data()), static_cast<std::size_t>(Ng * k)));
+      xs = static_cast<const T*>(ctx.xs.data());
+      ws = static_cast<const S*>(ctx.ws.data());
+      dev.to_host(idx.data(), ig.data(), idx.size() * sizeof(std::int32_t));
+    } else {
+      dev.to_host(idx.data(), ctx.index.data(), idx.size() * sizeof(std::int32_t));
+    }
+    // The plan, on the host: every expert's slots, in token order.
     const std::int64_t cap = options.capacity_factor > 0
                                  ? static_cast<std::int64_t>(std::ceil(
                                        options.capacity_factor * static_cast<double>(Tl * k) / static_cast<double>(E)))
                                  : 0;
-    const MoePlan plan = moe_plan(idx, N, Tl, E, k, cap);
-    last_dropped = plan.dropped;
-    ctx.M = plan.offsets.back();
+    MoePlan plan = moe_plan(idx, Ng, Tl, E, k, cap);
+    last_dropped = gathered ? static_cast<std::int64_t>(
+                                  std::count(plan.slot.begin() + me * N * k, plan.slot.begin() + (me + 1) * N * k, -1))
+                            : plan.dropped;
+    ctx.Ng = Ng;
+    Allocation xp;  // (M, C): the rows in the experts' order, all experts' (or this rank's, gathered)
+    if (gathered) {
+      // This rank's experts' blocks of the plan: their slots renumbered from 0, the others' -1.
+      const std::int64_t El = E / ep, lo = plan.offsets[static_cast<std::size_t>(me * El)],
+                         hi = plan.offsets[static_cast<std::size_t>((me + 1) * El)];
+      for (std::int32_t& m : plan.slot) m = m >= lo && m < hi ? static_cast<std::int32_t>(m - lo) : -1;
+      plan.rows = std::vector<std::int32_t>(plan.rows.begin() + lo, plan.rows.begin() + hi);
+      ctx.offsets.assign(plan.offsets.begin() + me * El, plan.offsets.begin() + (me + 1) * El + 1);
+      for (std::int64_t& o : ctx.offsets) o -= lo;
+    }
+    ctx.M = static_cast<std::int64_t>(plan.rows.size());
     ctx.slot = upload(dev, plan.slot);
     ctx.rows = upload(dev, plan.rows);
-    Allocation xp = alloc<T>(dev, ctx.M * C);  // (M, C) in the experts' order
-    ops::Dispatch<D>::gather(dev, static_cast<T*>(xp.data()), x.data(), rows(ctx), ctx.M, C);
-    // The rows to the ranks of their experts (expert parallelism), or all here.
-    auto& group = mesh.comm(Axis::expert);
-    const bool exchange = group.size() > 1;
-    if (exchange) {
+    xp = alloc<T>(dev, ctx.M * C);
+    ops::Dispatch<D>::gather(dev, static_cast<T*>(xp.data()), xs, rows(ctx), ctx.M, C);
+    // All-to-all dispatch: the rows to the ranks of their experts.
+    if (exchanged) {
       std::vector<std::int64_t> counts(static_cast<std::size_t>(E));
       for (std::int64_t e = 0; e < E; ++e)
         counts[static_cast<std::size_t>(e)] =
@@ -224,10 +269,11 @@ class MoeMlp : public SameLayout<A> {
       ctx.xe = alloc<T>(dev, ctx.offsets.back() * C);
       dispatch(dev, group, ctx.route, static_cast<const T*>(xp.data()), static_cast<T*>(ctx.xe.data()), C);
     } else {
-      ctx.offsets = plan.offsets;
+      if (!gathered) ctx.offsets = plan.offsets;
+      ctx.xe = std::move(xp);
     }
     const std::int64_t Me = ctx.offsets.back();
-    const T* xe = exchange ? static_cast<const T*>(ctx.xe.data()) : static_cast<const T*>(xp.data());
+    const T* xe = static_cast<const T*>(ctx.xe.data());
     // The experts, block by block (this rank's: local expert e is global expert e + its first).
     ctx.h = alloc<T>(dev, Me * 2 * H);
     ctx.a = alloc<T>(dev, Me * H);
@@ -244,15 +290,25 @@ class MoeMlp : public SameLayout<A> {
       ops::Gemm<D>::run(dev, Trans::no, Trans::yes, n, C, H, S(1), a, H, down.value.data() + e * C * H, H, S(0),
                         static_cast<T*>(ye.data()) + o * C, C);
     }
-    if (exchange) {  // the outputs back to the tokens' ranks
+    if (!exchanged) {
+      if (ep == 1) ctx.xe.reset();  // one rank gathers again in backward: cheaper to redo than to keep
+      ctx.yp = std::move(ye);
+    } else {  // the outputs back to the tokens' ranks
       ctx.yp = alloc<T>(dev, ctx.M * C);
       combine(dev, group, ctx.route, static_cast<const T*>(ye.data()), ypp(ctx), C);
-    } else {
-      ctx.yp = std::move(ye);
     }
+    // The weighted sum of each token's experts' outputs; gathered, this rank's experts' part of
+    // every gathered token's, summed over the group and scattered back.
     auto y = Tensor<T, A, D>::empty(dev, x.global_shape(), x.spread(), Category::activations);
-    ops::Dispatch<D>::combine(dev, y.data(), static_cast<const T*>(ctx.yp.data()), slot(ctx), weight(ctx), N, k, C,
-                              false);
+    if (gathered) {
+      Allocation ys = alloc<T>(dev, Ng * C);
+      ops::Dispatch<D>::combine(dev, static_cast<T*>(ys.data()), static_cast<const T*>(ctx.yp.data()), slot(ctx), ws,
+                                Ng, k, C, false);
+      group.reduce_scatter(std::span<const T>(static_cast<const T*>(ys.data()), static_cast<std::size_t>(Ng * C)),
+                           std::span<T>(y.data(), static_cast<std::size_t>(N * C)));
+    } else {
+      ops::Dispatch<D>::combine(dev, y.data(), static_cast<const T*>(ctx.yp.data()), slot(ctx), ws, N, k, C, false);
+    }
     if (const std::int64_t Sh = options.shared_hidden; Sh > 0) {
       ctx.sh = alloc<T>(dev, N * 2 * Sh);
       ctx.sa = alloc<T>(dev, N * Sh);
@@ -270,24 +326,43 @@ class MoeMlp : public SameLayout<A> {
   Tensor<T, A, D> backward(Ctx& ctx, const Tensor<T, A, D>& dy, M& mesh) {
     D& dev = dy.dev();
     const std::int64_t C = width(), E = options.experts, k = options.top_k, H = options.hidden, N = ctx.N;
-    const std::int64_t Mr = ctx.M, Me = ctx.offsets.back();
-    Allocation dyp = alloc<T>(dev, Mr * C), dweight = alloc<S>(dev, N * k);
-    ops::Dispatch<D>::combine_backward(dev, static_cast<T*>(dyp.data()), static_cast<S*>(dweight.data()), dy.data(),
-                                       static_cast<const T*>(ctx.yp.data()), slot(ctx), weight(ctx), N, k, C);
-    ctx.yp.reset();
+    const std::int64_t Mr = ctx.M, Me = ctx.offsets.back(), Ng = ctx.Ng;
     auto& group = mesh.comm(Axis::expert);
-    const bool exchange = group.size() > 1;
-    // The experts' inputs and output gradients in their blocks: the dispatch's inputs kept, and dyp
-    // sent the way xp went (combine's adjoint); on one expert rank the gather again (cheaper to redo
-    // than to keep).
+    const int ep = group.size();
+    constexpr bool gathers = std::same_as<Dispatcher, AllGatherDispatch>;
+    const bool gathered = gathers && ep > 1, exchanged = !gathers && ep > 1;
+    // The combine's backward over the tokens the plan covers (dy gathered where they were).
+    Allocation dys, dws;
+    if (gathered) {
+      dys = alloc<T>(dev, Ng * C);
+      group.all_gather(std::span<const T>(dy.data(), static_cast<std::size_t>(N * C)),
+                       std::span<T>(static_cast<T*>(dys.data()), static_cast<std::size_t>(Ng * C)));
+    }
+    const T* dyt = gathered ? static_cast<const T*>(dys.data()) : dy.data();
+    const S* ws = gathered ? static_cast<const S*>(ctx.ws.data()) : weight(ctx);
+    Allocation dyp = alloc<T>(dev, Mr * C), dweight = alloc<S>(dev, N * k);
+    if (gathered) dws = alloc<S>(dev, Ng * k);
+    ops::Dispatch<D>::combine_backward(dev, static_cast<T*>(dyp.data()),
+                                       static_cast<S*>(gathered ? dws.data() : dweight.data()), dyt,
+                                       static_cast<const T*>(ctx.yp.data()), slot(ctx), ws, Ng, k, C);
+    ctx.yp.reset();
+    if (gathered)  // each token's weights' gradients: one rank holds each slot's expert, the others add 0
+      group.reduce_scatter(std::span<const S>(static_cast<const S*>(dws.data()), static_cast<std::size_t>(Ng * k)),
+                           std::span<S>(static_cast<S*>(dweight.data()), static_cast<std::size_t>(N * k)));
+    // The experts' inputs and output gradients in their blocks: the inputs kept (or, on one rank,
+    // gathered again), and dyp sent the way xp went (all-to-all: combine's adjoint).
     Allocation xe, dye;
-    if (exchange) {
+    if (exchanged) {
       xe = std::move(ctx.xe);
       dye = alloc<T>(dev, Me * C);
       dispatch(dev, group, ctx.route, static_cast<const T*>(dyp.data()), static_cast<T*>(dye.data()), C);
     } else {
-      xe = alloc<T>(dev, Mr * C);
-      ops::Dispatch<D>::gather(dev, static_cast<T*>(xe.data()), ctx.x.data(), rows(ctx), Mr, C);
+      if (ep == 1) {
+        xe = alloc<T>(dev, Mr * C);
+        ops::Dispatch<D>::gather(dev, static_cast<T*>(xe.data()), ctx.x.data(), rows(ctx), Mr, C);
+      } else {
+        xe = std::move(ctx.xe);
+      }
       dye = std::move(dyp);
     }
     Allocation dxe = alloc<T>(dev, Me * C), da = alloc<T>(dev, Me * H), dh = alloc<T>(dev, Me * 2 * H);
@@ -307,16 +382,26 @@ class MoeMlp : public SameLayout<A> {
       ops::Gemm<D>::run(dev, Trans::no, Trans::no, n, C, 2 * H, S(1), dhe, 2 * H, gate_up.value.data() + e * 2 * H * C,
                         C, S(0), static_cast<T*>(dxe.data()) + o * C, C);
     }
-    Allocation dxp;  // (M, C) in the experts' order, back on the tokens' rank
-    if (exchange) {
+    Allocation dxp;  // (M, C) in the plan's order, back on the tokens' rank
+    if (exchanged) {
       dxp = alloc<T>(dev, Mr * C);
       combine(dev, group, ctx.route, static_cast<const T*>(dxe.data()), static_cast<T*>(dxp.data()), C);
     } else {
       dxp = std::move(dxe);
     }
+    // Each slot's input gradient summed into its token's row (gathered: this rank's experts' part
+    // of every gathered token's, summed over the group and scattered back).
     auto dx = Tensor<T, A, D>::empty(dev, dy.global_shape(), dy.spread(), Category::activations);
-    ops::Dispatch<D>::combine(dev, dx.data(), static_cast<const T*>(dxp.data()), slot(ctx),
-                              static_cast<const S*>(nullptr), N, k, C, false);
+    if (gathered) {
+      Allocation dxs = alloc<T>(dev, Ng * C);
+      ops::Dispatch<D>::combine(dev, static_cast<T*>(dxs.data()), static_cast<const T*>(dxp.data()), slot(ctx),
+                                static_cast<const S*>(nullptr), Ng, k, C, false);
+      group.reduce_scatter(std::span<const T>(static_cast<const T*>(dxs.data()), static_cast<std::size_t>(Ng * C)),
+                           std::span<T>(dx.data(), static_cast<std::size_t>(N * C)));
+    } else {
+      ops::Dispatch<D>::combine(dev, dx.data(), static_cast<const T*>(dxp.data()), slot(ctx),
+                                static_cast<const S*>(nullptr), N, k, C, false);
+    }
     // The router: the combine's weights and the router's losses, through the softmax.
     const double scale = grad_scale_of(mesh);
     std::vector<S> aux(ctx.aux_grad.size());
@@ -352,7 +437,8 @@ class MoeMlp : public SameLayout<A> {
   // ranks that hold other tokens, and the expert exchange's collectives (expert parallelism).
   void comm_rows(std::vector<CommRow>& out, const std::string& row, const Shape& shape, const Spread& s,
                  std::int64_t elem) const {
-    CommRow r{cat(row, " (mixture of experts: ", options.experts, " experts, top ", options.top_k, ")"),
+    CommRow r{cat(row, " (mixture of experts: ", options.experts, " experts, top ", options.top_k,
+                  s.expert_degree > 1 ? cat(", ", Dispatcher::name(), " over expert ", s.expert_degree) : "", ")"),
               A::name(),
               A::name(),
               {},
@@ -363,30 +449,42 @@ class MoeMlp : public SameLayout<A> {
     if constexpr (IsShard<typename A::tensor>)
       r.forward.push_back(detail::reduction(Axis::tensor, s.tensor_degree, bytes));
     if (const int ep = s.expert_degree; ep > 1) {
-      // Expert parallelism: the counts' all-to-all (E int64) and the chunk's all-reduce (max, one
-      // int64), then the rows' all-to-all each way, forward (dispatch, combine) and backward. Their
-      // bytes here are at balance (each rank's N k slots spread evenly: chunks of N k / ep rows); a
-      // run's follow its routing (the busiest pair's count, nn/expert_dispatch.hpp).
-      const std::int64_t counts = options.experts * 8;
-      const std::int64_t rows = (shape.numel() / shape[shape.rank() - 1]) / (s.data_degree * s.context_degree) *
-                                options.top_k / (IsShard<typename A::tensor> ? s.tensor_degree : 1);
-      const std::int64_t moved = (rows + ep - 1) / ep * ep * shape[shape.rank() - 1] * elem;
-      const auto exchange = [&](std::int64_t b) {
+      // Expert parallelism, per micro-batch. The tokens' rows: N a rank, of C elements.
+      const std::int64_t C = shape[shape.rank() - 1], k = options.top_k;
+      const std::int64_t N =
+          shape.numel() / C / (s.data_degree * s.context_degree) / (IsShard<typename A::tensor> ? s.tensor_degree : 1);
+      const auto step = [&](Collective c, std::int64_t in, std::int64_t out) {
         CommStep st;
-        st.collective = Collective::all_to_all;
+        st.collective = c;
         st.axis = Axis::expert;
         st.degree = ep;
-        st.bytes_in = st.bytes_out = b;
-        st.wire_bytes = ring_wire_bytes(Collective::all_to_all, ep, b, b);
+        st.bytes_in = in;
+        st.bytes_out = out;
+        st.wire_bytes = ring_wire_bytes(c, ep, in, out);
         return st;
       };
-      r.forward.push_back(exchange(counts));
-      CommStep most = detail::reduction(Axis::expert, ep, 8);
-      r.forward.push_back(most);
-      r.forward.push_back(exchange(moved));
-      r.forward.push_back(exchange(moved));
-      r.backward.push_back(exchange(moved));
-      r.backward.push_back(exchange(moved));
+      if constexpr (std::same_as<Dispatcher, AllGatherDispatch>) {
+        // The rows, the experts' indices and weights gathered; the weighted outputs summed and
+        // scattered; backward: dy gathered, the weights' and the rows' gradients summed and scattered.
+        const std::int64_t rows = N * C * elem, idx = N * k * 4, w = N * k * static_cast<std::int64_t>(sizeof(S));
+        r.forward.push_back(step(Collective::all_gather, rows, ep * rows));
+        r.forward.push_back(step(Collective::all_gather, idx, ep * idx));
+        r.forward.push_back(step(Collective::all_gather, w, ep * w));
+        r.forward.push_back(step(Collective::reduce_scatter, ep * rows, rows));
+        r.backward.push_back(step(Collective::all_gather, rows, ep * rows));
+        r.backward.push_back(step(Collective::reduce_scatter, ep * w, w));
+        r.backward.push_back(step(Collective::reduce_scatter, ep * rows, rows));
+      } else {
+        // The counts' all-to-all (E int64), then the rows' all-to-all-v each way, forward (dispatch,
+        // combine) and backward. Their bytes here are at balance (each rank's N k slots spread
+        // evenly, none dropped); a run's are the rows it routed (nn/expert_dispatch.hpp).
+        const std::int64_t counts = options.experts * 8, moved = N * k * C * elem;
+        r.forward.push_back(step(Collective::all_to_all, counts, counts));
+        r.forward.push_back(step(Collective::all_to_all, moved, moved));
+        r.forward.push_back(step(Collective::all_to_all, moved, moved));
+        r.backward.push_back(step(Collective::all_to_all, moved, moved));
+        r.backward.push_back(step(Collective::all_to_all, moved, moved));
+      }
     }
     out.push_back(std::move(r));
   }

@@ -29,6 +29,7 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <numeric>
 #include <span>
 #include <string>
 #include <vector>
@@ -65,7 +66,7 @@ class MpiComm {
     std::uint64_t seq = 0;
     std::int64_t in_count = 0, out_count = 0;
     std::int32_t root = 0;
-    std::uint8_t op = 0, dtype = 0, reduce = 0, pad = 0;
+    std::uint8_t op = 0, dtype = 0, reduce = 0, varying = 0;
 
     static Header of(const Desc& d, std::uint64_t seq) {
       return {seq,
@@ -75,17 +76,22 @@ class MpiComm {
               static_cast<std::uint8_t>(d.op),
               static_cast<std::uint8_t>(d.dtype),
               static_cast<std::uint8_t>(d.reduce),
-              0};
+              static_cast<std::uint8_t>(d.varying())};
     }
+    // The call as a rank described it (a varying all-to-all's counts stay with the rank: only that
+    // it varies travels, and each pair's counts are the caller's to make agree).
     Desc desc() const {
-      return Desc{static_cast<Op>(op),
-                  static_cast<DType>(dtype),
-                  in_count,
-                  out_count,
-                  static_cast<ReduceOp>(reduce),
-                  root,
-                  nullptr,
-                  nullptr};
+      static constexpr std::int64_t some = 0;
+      Desc d{static_cast<Op>(op),
+             static_cast<DType>(dtype),
+             in_count,
+             out_count,
+             static_cast<ReduceOp>(reduce),
+             root,
+             nullptr,
+             nullptr};
+      if (varying) d.send_counts = d.recv_counts = &some;
+      return d;
     }
   };
 
@@ -198,6 +204,38 @@ class MpiComm {
         x.recv(out.data() + p * k, k, p, data1);
       }
       std::copy(in.begin() + me_ * k, in.begin() + (me_ + 1) * k, out.begin() + me_ * k);
+      x.wait();
+    });
+  }
+
+  // As ThreadComm's: send[j] elements to member j, recv[i] from member i, runs in member order.
+  template <Element T>
+  void all_to_all_v(std::span<const T> in, std::span<const std::int64_t> send, std::span<T> out,
+                    std::span<const std::int64_t> recv) {
+    Desc d{Op::all_to_all, dtype_of<T>, size_of(in), size_of(out), ReduceOp::sum, 0, in.data(), out.data()};
+    d.send_counts = send.data();
+    d.recv_counts = recv.data();
+    const auto fit = [&](std::span<const std::int64_t> c, std::size_t total) {
+      return static_cast<int>(c.size()) == size() &&
+             std::all_of(c.begin(), c.end(), [](std::int64_t n) { return n >= 0; }) &&
+             std::accumulate(c.begin(), c.end(), std::int64_t{0}) == static_cast<std::int64_t>(total);
+    };
+    check_sizes(d, fit(send, in.size()) && fit(recv, out.size()),
+                "one count >= 0 per member in send and recv, summing to in.size() and out.size()");
+    check_disjoint(d, in.data(), in.size_bytes(), out.data(), out.size_bytes());
+    collective(d, [&](Exchange& x) {
+      std::int64_t s = 0, r = 0;
+      for (int p = 0; p < size(); ++p) {
+        const std::int64_t ns = send[static_cast<std::size_t>(p)], nr = recv[static_cast<std::size_t>(p)];
+        if (p == me_) {
+          std::copy(in.begin() + s, in.begin() + s + ns, out.begin() + r);
+        } else {
+          x.send(in.data() + s, ns, p, data1);
+          x.recv(out.data() + r, nr, p, data1);
+        }
+        s += ns;
+        r += nr;
+      }
       x.wait();
     });
   }

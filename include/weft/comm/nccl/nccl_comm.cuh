@@ -126,6 +126,39 @@ class NcclComm {
     });
   }
 
+  // send[j] elements to member j, recv[i] from member i, runs in member order: grouped sends and
+  // receives (NCCL has no all-to-all). Each pair's counts are the caller's to make agree.
+  template <Element T>
+  void all_to_all_v(std::span<const T> in, std::span<const std::int64_t> send, std::span<T> out,
+                    std::span<const std::int64_t> recv) {
+    const auto fit = [&](std::span<const std::int64_t> c, std::size_t total) {
+      if (c.size() != static_cast<std::size_t>(size_)) return false;
+      std::int64_t sum = 0;
+      for (const std::int64_t n : c) {
+        if (n < 0) return false;
+        sum += n;
+      }
+      return sum == static_cast<std::int64_t>(total);
+    };
+    sizes("all_to_all_v", fit(send, in.size()) && fit(recv, out.size()),
+          "one count >= 0 per member in send and recv, summing to in.size() and out.size()");
+    run<T>("all_to_all_v", in.data(), in.size(), out.data(), out.size(), [&](const void* i, void* o) {
+      ncclResult_t r = ncclGroupStart();
+      std::size_t s = 0, g = 0;
+      for (int p = 0; p < size_ && r == ncclSuccess; ++p) {
+        const auto ns = static_cast<std::size_t>(send[static_cast<std::size_t>(p)]),
+                   nr = static_cast<std::size_t>(recv[static_cast<std::size_t>(p)]);
+        if (ns > 0) r = ncclSend(static_cast<const T*>(i) + s, ns, type_of<T>(), p, comm(), dev_->stream());
+        if (r == ncclSuccess && nr > 0)
+          r = ncclRecv(static_cast<T*>(o) + g, nr, type_of<T>(), p, comm(), dev_->stream());
+        s += ns;
+        g += nr;
+      }
+      const ncclResult_t e = ncclGroupEnd();
+      return r != ncclSuccess ? r : e;
+    });
+  }
+
   template <Element T>
   void broadcast(std::span<T> buf, int root) {
     peer("broadcast", root);

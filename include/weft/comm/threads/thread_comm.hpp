@@ -113,6 +113,30 @@ class ThreadComm {
     });
   }
 
+  // in holds send[j] elements for member j, one run after another in member order; out gets recv[i]
+  // from member i the same way. Counted as an all_to_all of in's bytes. Each pair's counts must
+  // agree (send[j] on rank i == recv[i] on rank j): checked on every rank before data moves.
+  template <Element T>
+  void all_to_all_v(std::span<const T> in, std::span<const std::int64_t> send, std::span<T> out,
+                    std::span<const std::int64_t> recv) {
+    Desc d{Op::all_to_all, dtype_of<T>, size_of(in), size_of(out), ReduceOp::sum, 0, in.data(), out.data()};
+    d.send_counts = send.data();
+    d.recv_counts = recv.data();
+    check_sizes(d, counts_fit(send, in.size()) && counts_fit(recv, out.size()),
+                "one count >= 0 per member in send and recv, summing to in.size() and out.size()");
+    check_disjoint(d, in.data(), in.size_bytes(), out.data(), out.size_bytes());
+    collective(d, [&](const std::vector<Desc>& all, std::uint64_t) {
+      std::int64_t at = 0;
+      for (int r = 0; r < size(); ++r) {
+        const std::int64_t* theirs = group_->slots[static_cast<std::size_t>(r)].send_counts.data();
+        const std::int64_t from = std::accumulate(theirs, theirs + me_, std::int64_t{0});
+        mem_->copy(out.data() + at, static_cast<const T*>(all[static_cast<std::size_t>(r)].in) + from,
+                   static_cast<std::size_t>(theirs[me_]) * sizeof(T));
+        at += theirs[me_];
+      }
+    });
+  }
+
   template <Element T>
   void broadcast(std::span<T> buf, int root) {
     Desc d{Op::broadcast, dtype_of<T>, size_of(buf), size_of(buf), ReduceOp::sum, root, buf.data(), buf.data()};
@@ -305,6 +329,11 @@ class ThreadComm {
     throw Error(w, what, fix);
   }
   void check_sizes(const Desc& d, bool ok, const char* rule) { raise(d, threads::size_problem(d, size(), ok, rule)); }
+  bool counts_fit(std::span<const std::int64_t> c, std::size_t total) const {
+    return static_cast<int>(c.size()) == size() &&
+           std::all_of(c.begin(), c.end(), [](std::int64_t n) { return n >= 0; }) &&
+           std::accumulate(c.begin(), c.end(), std::int64_t{0}) == static_cast<std::int64_t>(total);
+  }
   void check_peer(const Desc& d, int peer, const char* what) { raise(d, threads::peer_problem(peer, size(), what)); }
   void check_disjoint(const Desc& d, const void* a, std::size_t na, const void* b, std::size_t nb) {
     raise(d, threads::overlap_problem(a, na, b, nb));
@@ -345,6 +374,10 @@ class ThreadComm {
     auto& slot = group_->slots[static_cast<std::size_t>(me_)];
     const std::uint64_t seq = ++slot.seq;
     slot.desc = d;
+    if (d.varying()) {
+      slot.send_counts.assign(d.send_counts, d.send_counts + size());
+      slot.recv_counts.assign(d.recv_counts, d.recv_counts + size());
+    }
     reach(lock, seq, 1, d.op);
     std::vector<Desc> all;
     for (const auto& s : group_->slots) all.push_back(s.desc);
@@ -356,6 +389,17 @@ class ThreadComm {
       world_->fail_locked(world_rank_, what);
       throw Error(where(d, seq), what, "every rank of a group must make the same collective calls in the same order");
     }
+    if (d.varying())  // every pair's counts agree, or no rank moves data
+      for (std::size_t i = 0; i < all.size(); ++i)
+        for (std::size_t j = 0; j < all.size(); ++j)
+          if (const auto sent = group_->slots[i].send_counts[j], expected = group_->slots[j].recv_counts[i];
+              sent != expected) {
+            const std::string what =
+                cat("mismatched all_to_all_v #", seq, " on ", name(), ": world rank ", group_->members[i], " sends ",
+                    sent, " elements to world rank ", group_->members[j], ", which expects ", expected);
+            world_->fail_locked(world_rank_, what);
+            throw Error(where(d, seq), what, "give each rank the counts its peers send it (exchange them first)");
+          }
     lock.unlock();
     body(all, seq);
     lock.lock();

@@ -105,12 +105,18 @@ struct Desc {
   int root = 0;
   const void* in = nullptr;
   void* out = nullptr;
+  // all_to_all_v: the elements this rank sends each member and receives from each (size() each);
+  // its in and out counts may differ between ranks, and each pair's counts must agree.
+  const std::int64_t* send_counts = nullptr;
+  const std::int64_t* recv_counts = nullptr;
 
+  bool varying() const { return send_counts != nullptr; }
   bool same_call(const Desc& o) const {
-    return op == o.op && dtype == o.dtype && in_count == o.in_count && out_count == o.out_count && reduce == o.reduce &&
-           root == o.root;
+    return op == o.op && dtype == o.dtype && varying() == o.varying() &&
+           (varying() || (in_count == o.in_count && out_count == o.out_count)) && reduce == o.reduce && root == o.root;
   }
   std::string str() const {
+    if (varying()) return cat(name(op), "_v(", dtype, ", in ", in_count, ", out ", out_count, ")");
     switch (op) {
       case Op::barrier:
       case Op::split: return cat(name(op), "()");
@@ -155,6 +161,9 @@ struct Group {
     std::uint64_t seq = 0;       // collectives this member has started
     std::uint64_t progress = 0;  // 4 * seq + phase
     Desc desc;
+    // An all_to_all_v's counts, copied here when posted: the group's, so that a member that fails
+    // the call and unwinds frees nothing another member still reads.
+    std::vector<std::int64_t> send_counts, recv_counts;
     Counters counters;  // written only by the member itself
   };
   std::vector<Slot> slots;
