@@ -1,6 +1,7 @@
 // The training stack on the GPU against the host: attention, the tiny GPT's, the tiny Llama's, the
 // tiny DiT's and a padded feature model's loss and every gradient under tensor and sequence
-// parallelism (thread ranks sharing the GPU), a mixture-of-experts layer, every data strategy, bf16
+// parallelism (thread ranks sharing the GPU), a mixture-of-experts layer (alone, and over data 2 x
+// expert 2 with either dispatcher), every data strategy, bf16
 // mixed-precision training. Written once over the device type; every
 // case exits 77 (skipped) where there is no GPU. Built by nvcc in every CUDA build, so CI compiles
 // the whole stack for Cuda.
@@ -279,6 +280,86 @@ TEST_CASE("a mixture-of-experts layer on the GPU in f32 equals the host's within
   CHECK(again.y == gpu.y);
   CHECK(again.dx == gpu.dx);
   CHECK(again.grads == gpu.grads);
+}
+
+TEST_CASE_TEMPLATE(
+    "a mixture-of-experts layer over expert 2 on thread ranks sharing the GPU equals the host's one rank within 1e-5",
+    Dsp, nn::AllToAllDispatch, nn::AllGatherDispatch) {
+  // data 2 x expert 2: each rank holds half the batch and 4 of the 8 experts; the all-to-all's
+  // counts and rows (or the all-gathers and reduce-scatters) move device buffers between the
+  // ranks' streams. Against the host layer on one rank with the same weights (copied).
+  (void)test::gpu();
+  Host hd;
+  const std::int64_t B = 4, T = 8, C = 32;
+  const nn::MoeOptions o{.experts = 8, .top_k = 2, .hidden = 16, .aux_coef = 0.1, .z_coef = 0.01};
+  std::vector<float> x(static_cast<std::size_t>(B * T * C)), dy(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(weft::normal(9, 1, i));
+  for (std::size_t i = 0; i < dy.size(); ++i) dy[i] = static_cast<float>(weft::normal(9, 2, i));
+  using Full = nn::act::Full;
+  nn::MoeMlp<float, Full, Host> ref(hd, C, o, Spread{}, 0, 5, 0.3, 0.3);
+  std::vector<float> ry, rdx;
+  std::vector<std::vector<float>> rgrads;
+  run_threads(1, [&](ThreadComm& world) {
+    Mesh mesh{world, {}};
+    auto xt = Tensor<float, Full, Host>::empty(hd, {B, T, C}, mesh.spread(), Category::activations);
+    auto gt = Tensor<float, Full, Host>::empty(hd, {B, T, C}, mesh.spread(), Category::activations);
+    std::copy(x.begin(), x.end(), xt.data());
+    std::copy(dy.begin(), dy.end(), gt.data());
+    nn::MoeMlp<float, Full, Host>::Ctx ctx;
+    const auto y = ref.forward(ctx, xt, mesh);
+    const auto dx = ref.backward(ctx, gt, mesh);
+    ry.assign(y.data(), y.data() + y.numel());
+    rdx.assign(dx.data(), dx.data() + dx.numel());
+    ref.for_each_param(
+        "", [&](const std::string&, auto& p) { rgrads.emplace_back(p.grad.data(), p.grad.data() + p.grad.numel()); });
+  });
+  std::vector<float> y(x.size()), dx(x.size());
+  std::vector<std::vector<float>> grads(2 * 3);  // per rank: router, gate_up, down
+  run_threads(2, [&](ThreadComm& world) {
+    auto dev = test::rank_device<Cuda>(world);
+    Mesh mesh{world, {.data = 2, .expert = 2}};
+    const int r = mesh.coord().data, e = mesh.coord().expert;
+    nn::MoeMlp<float, Full, Cuda, Dsp> m(*dev, C, o, mesh.spread(), 0, 5, 0.3, 0.3);
+    int i = 0;
+    ref.for_each_param("", [&](const std::string&, auto& p) {
+      const std::int64_t n = i == 0 ? p.value.numel() : p.value.numel() / 2, at = i == 0 ? 0 : e * n;
+      m.for_each_param("", [&, j = 0](const std::string&, auto& q) mutable {
+        if (j++ == i) dev->from_host(q.value.data(), p.value.data() + at, static_cast<std::size_t>(n) * sizeof(float));
+      });
+      ++i;
+    });
+    const std::int64_t half = B / 2 * T * C;
+    auto xt = Tensor<float, Full, Cuda>::empty(*dev, {B, T, C}, mesh.spread(), Category::activations);
+    auto gt = Tensor<float, Full, Cuda>::empty(*dev, {B, T, C}, mesh.spread(), Category::activations);
+    dev->from_host(xt.data(), x.data() + r * half, static_cast<std::size_t>(half) * sizeof(float));
+    dev->from_host(gt.data(), dy.data() + r * half, static_cast<std::size_t>(half) * sizeof(float));
+    typename nn::MoeMlp<float, Full, Cuda, Dsp>::Ctx ctx;
+    const auto yt = m.forward(ctx, xt, mesh);
+    const auto dxt = m.backward(ctx, gt, mesh);
+    dev->to_host(y.data() + r * half, yt.data(), static_cast<std::size_t>(half) * sizeof(float));
+    dev->to_host(dx.data() + r * half, dxt.data(), static_cast<std::size_t>(half) * sizeof(float));
+    int j = 0;
+    m.for_each_param("", [&](const std::string&, auto& q) {
+      auto& g = grads[static_cast<std::size_t>(3 * r + j++)];
+      g.resize(static_cast<std::size_t>(q.grad.numel()));
+      dev->to_host(g.data(), q.grad.data(), g.size() * sizeof(float));
+    });
+  });
+  auto err = [](const std::vector<float>& a, const std::vector<float>& b) {
+    std::vector<double> da(a.begin(), a.end()), db(b.begin(), b.end());
+    return test::rel_error(da, db);
+  };
+  CHECK(err(y, ry) <= 1e-5);  // f32 both, other summation orders
+  CHECK(err(dx, rdx) <= 1e-5);
+  std::vector<float> router(grads[0].size());  // the router's gradient: the two halves' sum
+  for (std::size_t i = 0; i < router.size(); ++i) router[i] = grads[0][i] + grads[3][i];
+  CHECK(err(router, rgrads[0]) <= 1e-5);
+  for (int p = 1; p <= 2; ++p) {  // each expert's, whole on the rank that holds it (expert index = data index)
+    std::vector<float> whole = grads[static_cast<std::size_t>(p)];
+    whole.insert(whole.end(), grads[static_cast<std::size_t>(3 + p)].begin(),
+                 grads[static_cast<std::size_t>(3 + p)].end());
+    CHECK_MESSAGE(err(whole, rgrads[static_cast<std::size_t>(p)]) <= 1e-5, "parameter ", p);
+  }
 }
 
 TEST_CASE("every data strategy trains on the GPU like the host: 5 steps on data 2 x tensor 2 within 1e-5") {

@@ -41,6 +41,18 @@ namespace weft {
 
 enum class ReduceOp : std::uint8_t { sum, max };
 
+// Whether all_to_all_v's counts fit a buffer of `total` elements on a group of `members`: one count
+// >= 0 a member, summing to the total.
+inline bool counts_fit(std::span<const std::int64_t> counts, int members, std::size_t total) {
+  if (counts.size() != static_cast<std::size_t>(members)) return false;
+  std::int64_t sum = 0;
+  for (const std::int64_t n : counts) {
+    if (n < 0) return false;
+    sum += n;
+  }
+  return sum == static_cast<std::int64_t>(total);
+}
+
 constexpr const char* name(ReduceOp op) { return op == ReduceOp::sum ? "sum" : "max"; }
 
 template <class C>

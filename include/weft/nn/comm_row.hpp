@@ -18,14 +18,20 @@ struct CommRow {
 
 namespace detail {
 
-inline CommStep reduction(Axis axis, int degree, std::int64_t bytes) {
+// A step of collective c over `degree` ranks of an axis, `in` and `out` bytes a rank.
+inline CommStep collective_step(Collective c, Axis axis, int degree, std::int64_t in, std::int64_t out) {
   CommStep s;
-  s.collective = Collective::all_reduce;
+  s.collective = c;
   s.axis = axis;
   s.degree = degree;
-  s.bytes_in = s.bytes_out = bytes;
-  s.wire_bytes = degree > 1 ? ring_wire_bytes(Collective::all_reduce, degree, bytes, bytes) : 0;
+  s.bytes_in = in;
+  s.bytes_out = out;
+  s.wire_bytes = degree > 1 ? ring_wire_bytes(c, degree, in, out) : 0;
   return s;
+}
+
+inline CommStep reduction(Axis axis, int degree, std::int64_t bytes) {
+  return collective_step(Collective::all_reduce, axis, degree, bytes, bytes);
 }
 
 template <class Pair>

@@ -454,14 +454,7 @@ class MoeMlp : public SameLayout<A> {
       const std::int64_t N =
           shape.numel() / C / (s.data_degree * s.context_degree) / (IsShard<typename A::tensor> ? s.tensor_degree : 1);
       const auto step = [&](Collective c, std::int64_t in, std::int64_t out) {
-        CommStep st;
-        st.collective = c;
-        st.axis = Axis::expert;
-        st.degree = ep;
-        st.bytes_in = in;
-        st.bytes_out = out;
-        st.wire_bytes = ring_wire_bytes(c, ep, in, out);
-        return st;
+        return detail::collective_step(c, Axis::expert, ep, in, out);
       };
       if constexpr (std::same_as<Dispatcher, AllGatherDispatch>) {
         // The rows, the experts' indices and weights gathered; the weighted outputs summed and

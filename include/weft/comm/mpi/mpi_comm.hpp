@@ -29,7 +29,6 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
-#include <numeric>
 #include <span>
 #include <string>
 #include <vector>
@@ -215,12 +214,7 @@ class MpiComm {
     Desc d{Op::all_to_all, dtype_of<T>, size_of(in), size_of(out), ReduceOp::sum, 0, in.data(), out.data()};
     d.send_counts = send.data();
     d.recv_counts = recv.data();
-    const auto fit = [&](std::span<const std::int64_t> c, std::size_t total) {
-      return static_cast<int>(c.size()) == size() &&
-             std::all_of(c.begin(), c.end(), [](std::int64_t n) { return n >= 0; }) &&
-             std::accumulate(c.begin(), c.end(), std::int64_t{0}) == static_cast<std::int64_t>(total);
-    };
-    check_sizes(d, fit(send, in.size()) && fit(recv, out.size()),
+    check_sizes(d, counts_fit(send, size(), in.size()) && counts_fit(recv, size(), out.size()),
                 "one count >= 0 per member in send and recv, summing to in.size() and out.size()");
     check_disjoint(d, in.data(), in.size_bytes(), out.data(), out.size_bytes());
     collective(d, [&](Exchange& x) {

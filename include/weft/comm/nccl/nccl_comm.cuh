@@ -131,16 +131,7 @@ class NcclComm {
   template <Element T>
   void all_to_all_v(std::span<const T> in, std::span<const std::int64_t> send, std::span<T> out,
                     std::span<const std::int64_t> recv) {
-    const auto fit = [&](std::span<const std::int64_t> c, std::size_t total) {
-      if (c.size() != static_cast<std::size_t>(size_)) return false;
-      std::int64_t sum = 0;
-      for (const std::int64_t n : c) {
-        if (n < 0) return false;
-        sum += n;
-      }
-      return sum == static_cast<std::int64_t>(total);
-    };
-    sizes("all_to_all_v", fit(send, in.size()) && fit(recv, out.size()),
+    sizes("all_to_all_v", counts_fit(send, size_, in.size()) && counts_fit(recv, size_, out.size()),
           "one count >= 0 per member in send and recv, summing to in.size() and out.size()");
     run<T>("all_to_all_v", in.data(), in.size(), out.data(), out.size(), [&](const void* i, void* o) {
       ncclResult_t r = ncclGroupStart();

@@ -122,7 +122,7 @@ class ThreadComm {
     Desc d{Op::all_to_all, dtype_of<T>, size_of(in), size_of(out), ReduceOp::sum, 0, in.data(), out.data()};
     d.send_counts = send.data();
     d.recv_counts = recv.data();
-    check_sizes(d, counts_fit(send, in.size()) && counts_fit(recv, out.size()),
+    check_sizes(d, counts_fit(send, size(), in.size()) && counts_fit(recv, size(), out.size()),
                 "one count >= 0 per member in send and recv, summing to in.size() and out.size()");
     check_disjoint(d, in.data(), in.size_bytes(), out.data(), out.size_bytes());
     collective(d, [&](const std::vector<Desc>& all, std::uint64_t) {
@@ -329,11 +329,6 @@ class ThreadComm {
     throw Error(w, what, fix);
   }
   void check_sizes(const Desc& d, bool ok, const char* rule) { raise(d, threads::size_problem(d, size(), ok, rule)); }
-  bool counts_fit(std::span<const std::int64_t> c, std::size_t total) const {
-    return static_cast<int>(c.size()) == size() &&
-           std::all_of(c.begin(), c.end(), [](std::int64_t n) { return n >= 0; }) &&
-           std::accumulate(c.begin(), c.end(), std::int64_t{0}) == static_cast<std::int64_t>(total);
-  }
   void check_peer(const Desc& d, int peer, const char* what) { raise(d, threads::peer_problem(peer, size(), what)); }
   void check_disjoint(const Desc& d, const void* a, std::size_t na, const void* b, std::size_t nb) {
     raise(d, threads::overlap_problem(a, na, b, nb));

@@ -1,0 +1,106 @@
+// mixtral::Model<Precision, SequenceParallel, Recompute, Device, Dispatcher, Context>: Mixtral (Jiang
+// et al. 2024): Llama's blocks (models/llama/model.hpp) with a mixture of experts in place of the
+// MLP, an instance of nn::StagedModel built from weft's generic layers:
+//
+//   stage 0         TokenEmbeddingStage: the vocab-parallel table                    "embedding"
+//   stage 1 .. L    layers.l: x = x + attn(attn_norm(x)); x = x + mlp(mlp_norm(x))   "layers.<l>", and
+//                   attn: GroupedQueryAttention (rotary, kv_heads <= heads)           "layers.<l>.experts"
+//                   mlp:  MoeMlp: softmax router over E experts, the top k renormalised,
+//                         each expert a SwiGLU of width `hidden` (nn/moe.hpp)
+//   stage L + 1     norm (RmsNorm), the LM head, the vocab-parallel cross-entropy    "head"
+//
+//   tokens  (B, T) int32                      batch split over data
+//   x       (B, T, C)  the residual stream: Replicate, or Shard<1> with sequence parallelism
+//   experts (E, ...)   ExpertSharded: E / ep a rank of the expert group (carved from data x context)
+//
+// The loss a step's gradients follow is the cross-entropy plus, for each layer, aux_coef times its
+// load-balancing loss and z_coef times its z-loss (per layer, as Megatron-Core's; transformers'
+// MixtralForCausalLM pools the layers' statistics before the product: docs/moe.md). Parameter ids:
+// as Llama's (block l from 16 + 16 l: attn_norm +0, qkv +1, proj +3, mlp_norm +5), the router +6,
+// the experts' gate-up +7 and down +8.
+//
+// defines: mixtral::Config, mixtral::record, mixtral::validate, mixtral::Spec, mixtral::Model
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "weft/models/llama/config.hpp"
+#include "weft/models/llama/model.hpp"
+#include "weft/nn/moe.hpp"
+
+namespace weft::mixtral {
+
+// Llama's sizes (hidden: each expert's width, transformers' intermediate_size) and the router's.
+struct Config : llama::Config {
+  std::int64_t experts = 4, top_k = 2;  // num_local_experts, num_experts_per_tok
+  double aux_coef = 0.001, z_coef = 0;  // router_aux_loss_coef (transformers' default); the z-loss's
+
+  nn::MoeOptions moe() const {
+    return {.experts = experts, .top_k = top_k, .hidden = hidden, .aux_coef = aux_coef, .z_coef = z_coef};
+  }
+};
+
+inline std::vector<std::pair<std::string, std::int64_t>> record(const Config& c) {
+  auto r = llama::record(c);
+  r.emplace_back("experts", c.experts);
+  r.emplace_back("top_k", c.top_k);
+  r.emplace_back("aux_coef_x1e9", llama::scaled(c.aux_coef, 1e9));
+  r.emplace_back("z_coef_x1e9", llama::scaled(c.z_coef, 1e9));
+  return r;
+}
+
+inline void validate(const Config& c, const Spread& s, bool sequence_parallel, std::int64_t batch) {
+  llama::validate(c, s, sequence_parallel, batch);
+  if (c.experts < 1 || c.top_k < 1 || c.top_k > c.experts || c.experts % s.expert_degree != 0)
+    throw Error("Mixtral", cat(c.experts, " experts, top ", c.top_k, ", over an expert degree of ", s.expert_degree),
+                "use a top-k from 1 to the experts, and an expert degree that divides the experts");
+}
+
+template <PrecisionLike P, bool SP = false, recompute::Policy Recompute = recompute::None, class D = Host,
+          nn::ExpertDispatch Dispatcher = nn::AllToAllDispatch, context::Choice Cx = context::None>
+struct Spec : llama::Spec<P, SP, Recompute, D, false, Cx> {
+  using Base = llama::Spec<P, SP, Recompute, D, false, Cx>;
+  using typename Base::AttnInner;
+  using typename Base::Local;
+  using typename Base::Norm;
+  using typename Base::T;
+  template <class L>
+  using on_rows = typename Base::template on_rows<L>;
+  using config = Config;
+  using Experts = nn::MoeMlp<T, typename Local::layout, D, Dispatcher>;
+  using Mlp = nn::Sequential<nn::Named<"mlp_norm", Norm>, nn::Named<"mlp", Experts>>;
+  using MlpInner = on_rows<Mlp>;
+  using Layer = nn::Sequential<nn::Residual<AttnInner>, nn::Residual<MlpInner>>;
+  using Block = recompute::apply_t<Recompute, Layer, T, D>;
+
+  static std::string name() { return "Mixtral"; }
+  static void validate(const Config& c, const Spread& s, std::int64_t batch) { mixtral::validate(c, s, SP, batch); }
+  static std::vector<std::pair<std::string, std::int64_t>> record(const Config& c) { return mixtral::record(c); }
+
+  static Layer make_layer(D& dev, const Config& c, const Spread& s, std::int64_t l) {
+    const auto id = static_cast<std::uint64_t>(16 + 16 * l);
+    const double sd = c.init_std;
+    return Layer(
+        nn::Residual<AttnInner>(AttnInner(on_rows<nn::Named<"attn_norm", Norm>>(nn::Named<"attn_norm", Norm>(
+                                              Norm(dev, c.width, s, id, c.seed, c.norm_eps))),
+                                          {},
+                                          nn::Named<"attn", typename Base::Attn>(typename Base::Attn(
+                                              dev, c.width, c.heads, c.kv_heads, c.rope, s, id + 1, c.seed, sd, sd)),
+                                          {})),
+        nn::Residual<MlpInner>(
+            MlpInner(Mlp(nn::Named<"mlp_norm", Norm>(Norm(dev, c.width, s, id + 5, c.seed, c.norm_eps)),
+                         nn::Named<"mlp", Experts>(Experts(dev, c.width, c.moe(), s, id + 6, c.seed, sd, sd))))));
+  }
+  static Block make_block(D& dev, const Config& c, const Spread& s, std::int64_t l) {
+    if constexpr (std::same_as<Block, Layer>) return make_layer(dev, c, s, l);
+    else return Block(make_layer(dev, c, s, l));
+  }
+};
+
+template <PrecisionLike P, bool SP = false, recompute::Policy Recompute = recompute::None, class D = Host,
+          nn::ExpertDispatch Dispatcher = nn::AllToAllDispatch, context::Choice Cx = context::None>
+using Model = nn::StagedModel<Spec<P, SP, Recompute, D, Dispatcher, Cx>>;
+
+}  // namespace weft::mixtral
