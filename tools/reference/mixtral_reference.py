@@ -37,26 +37,9 @@ from safetensors.torch import save_file
 from transformers import MixtralConfig, MixtralForCausalLM
 from transformers.models.mixtral import modeling_mixtral as mm
 
-from llama_reference import rms_norm_f64
+from llama_reference import attention_f64, rms_norm_f64, rotary_f64  # the same lifts as Llama's
 from moe_block import AUX, Z, router_losses
 
-
-
-def rotary_f64(self, x, position_ids):
-    inv = self.inv_freq.to(torch.float64)
-    freqs = position_ids[..., None].to(torch.float64) * inv
-    emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
-
-
-def attention_f64(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
-    key = mm.repeat_kv(key, module.num_key_value_groups)
-    value = mm.repeat_kv(value, module.num_key_value_groups)
-    scores = torch.matmul(query, key.transpose(2, 3)) * scaling
-    if attention_mask is not None:
-        scores = scores + attention_mask
-    weights = torch.softmax(scores, dim=-1)
-    return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
 
 
 def router_f64(self, hidden_states):
