@@ -47,6 +47,10 @@
 // step (the mesh's grad_scale(): nn::StageMesh's, which nn::StagedModel hands its blocks; 1 where
 // the mesh has none).
 //
+// On the Meta device (the plan) every expert gets the same share of the tokens, k N / E slots of
+// each rank's N (the routing a balanced router converges to), and each rank of an expert group gets
+// what it sends.
+//
 // Capacity (capacity_factor > 0): each sample may send at most ceil(factor T k / E) of its tokens to
 // an expert; its tokens past that, in token order, are dropped from that expert (their slot's output
 // and gradient are zero). Per sample, so that the data and pipe layouts drop the same tokens; with
@@ -233,6 +237,11 @@ class MoeMlp : public SameLayout<A> {
     } else {
       dev.to_host(idx.data(), ctx.index.data(), idx.size() * sizeof(std::int32_t));
     }
+    // The Meta device (the plan, cost/measure.hpp) routes nothing: it plans a balanced routing, slot
+    // (n, j) to expert (n k + j) mod E, every expert N k / E slots on every rank (k distinct experts
+    // a token, as k <= E).
+    if constexpr (is_meta<D>)
+      for (std::size_t i = 0; i < idx.size(); ++i) idx[i] = static_cast<std::int32_t>(static_cast<std::int64_t>(i) % E);
     // The plan, on the host: every expert's slots, in token order.
     const std::int64_t cap = options.capacity_factor > 0
                                  ? static_cast<std::int64_t>(std::ceil(
@@ -265,6 +274,7 @@ class MoeMlp : public SameLayout<A> {
         counts[static_cast<std::size_t>(e)] =
             plan.offsets[static_cast<std::size_t>(e) + 1] - plan.offsets[static_cast<std::size_t>(e)];
       ctx.route = expert_route(group, std::span<const std::int64_t>(counts));
+      if constexpr (is_meta<D>) ctx.route.recv = ctx.route.send;  // every rank alike: it gets what it sends
       ctx.offsets = ctx.route.offsets();
       ctx.xe = alloc<T>(dev, ctx.offsets.back() * C);
       dispatch(dev, group, ctx.route, static_cast<const T*>(xp.data()), static_cast<T*>(ctx.xe.data()), C);

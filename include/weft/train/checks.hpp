@@ -17,6 +17,7 @@
 #include "weft/comm/launch.hpp"
 #include "weft/context/attention.hpp"
 #include "weft/data/synthetic.hpp"
+#include "weft/nn/layer_walk.hpp"
 #include "weft/optim/schedule.hpp"
 #include "weft/pipeline/pipelined.hpp"
 #include "weft/pipeline/schedule.hpp"
@@ -244,9 +245,30 @@ void check_context(const Options& o, const config_t<F>& cfg) {
 }
 
 // The model's own rules for these sizes on this mesh (heads over tensor ranks, the sequence over SP).
+// --expert against the model (one with a mixture of experts) and the mesh (the expert groups are
+// carved from the data x context ranks: comm/mesh.hpp).
+template <Family F>
+void check_expert(const Options& o) {
+  if (o.mesh.expert == 1) return;
+  const std::string where = o.where(cat("--expert ", o.mesh.expert));
+  if constexpr (!nn::contains_layer<typename model_t<F, F32, false, Host>::BlockT, nn::is_router>)
+    throw Error(where, cat("the model family '", F::name(), "' has no experts to shard"),
+                "leave out --expert, or train a mixture of experts (--model mixtral)");
+  const int dc = o.mesh.data * o.mesh.context;
+  if (dc % o.mesh.expert != 0)
+    throw Error(where,
+                cat("the expert groups are carved from the ", dc, " data x context ranks (--data ", o.mesh.data,
+                    o.mesh.context > 1 ? cat(" x --context ", o.mesh.context) : std::string(), "), which ",
+                    o.mesh.expert, " does not divide"),
+                cat("use an expert degree that divides ", dc, ", or more data ranks"));
+}
+
 template <Family F>
 void check_model(const Options& o, const config_t<F>& cfg) {
-  const Spread spread{.data_degree = o.mesh.data, .tensor_degree = o.mesh.tensor, .context_degree = o.mesh.context};
+  const Spread spread{.data_degree = o.mesh.data,
+                      .tensor_degree = o.mesh.tensor,
+                      .context_degree = o.mesh.context,
+                      .expert_degree = o.mesh.expert};
   if (o.mesh.sequence_parallel()) model_t<F, F32, true, Host>::spec::validate(cfg, spread, o.optim.micro());
   else model_t<F, F32, false, Host>::spec::validate(cfg, spread, o.optim.micro());
 }

@@ -64,6 +64,12 @@ inline void add_sizes(CLI::App& app, train::Sizes& s) {
   app.add_option("--tie-embeddings", s.tied,
                  "true or false: whether the LM head reads the embedding table, over the "
                  "preset's (llama; GPT-2's is always tied)");
+  app.add_option("--experts", s.experts, "override the preset's experts per MoE layer (mixtral)")->check(at_least(1));
+  app.add_option("--top-k", s.top_k, "override the preset's experts each token goes to (mixtral)")->check(at_least(1));
+  app.add_option(
+      "--capacity-factor", s.capacity_factor,
+      "0: dropless (the default); F > 0: each sample sends at most ceil(F T k / E) of its tokens to an expert, "
+      "the rest dropped in token order (mixtral)");
 }
 
 }  // namespace weft::cli

@@ -344,6 +344,19 @@ config_t<F> preset_config(const std::string& program, const std::string& preset,
       throw Error(cat(program, " --tie-embeddings"),
                   cat("the model family '", F::name(), "' has no choice of a tied head"), "leave out --tie-embeddings");
   }
+  if (sizes.experts || sizes.top_k || sizes.capacity_factor) {
+    if constexpr (requires { c.experts = 1, c.top_k = 1, c.capacity_factor = 0.0; }) {
+      if (sizes.experts) c.experts = *sizes.experts;
+      if (sizes.top_k) c.top_k = *sizes.top_k;
+      if (sizes.capacity_factor) c.capacity_factor = *sizes.capacity_factor;
+    } else {
+      throw Error(cat(program, sizes.experts ? " --experts"
+                               : sizes.top_k ? " --top-k"
+                                             : " --capacity-factor"),
+                  cat("the model family '", F::name(), "' has no experts"),
+                  "leave out --experts, --top-k and --capacity-factor");
+    }
+  }
   if (sizes.width) c.width = *sizes.width;
   if (sizes.seq) c.seq = *sizes.seq;
   if (sizes.vocab) {

@@ -299,7 +299,8 @@ inline bool train_step(Run& run, Trainer& t, RankState& r, std::int64_t step, do
                    .flops_per_token = flops_per_token,
                    .peak_bytes = agreed[0],
                    .skipped = s.skipped,
-                   .eval = eval});
+                   .eval = eval,
+                   .routing = s.routing});
   run.final_loss = s.loss;
   if (ended) run.report.ended(step + 1, stop, diverged, s.loss);
   else if (eval) run.final_eval = *eval;

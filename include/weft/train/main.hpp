@@ -203,6 +203,10 @@ inline void add_mesh_options(CLI::App& app, MeshOptions& o, const std::vector<st
   app.add_option("--context", o.context,
                  "context-parallel degree: each rank holds 2 of the sequence's 2N chunks (docs/context.md; host, f32)")
       ->check(at_least(1));
+  app.add_option("--expert", o.expert,
+                 "expert-parallel degree: a mixture of experts' experts sharded over groups of this many of the data x "
+                 "context ranks (docs/moe.md)")
+      ->check(at_least(1));
   app.add_option("--attention", o.attention,
                  "with --context: ring (keys and values passed around the context ranks) or all-gather (gathered once)")
       ->check(CLI::IsMember({"ring", "all-gather"}));
@@ -317,6 +321,7 @@ template <Family F>
 void check_run(const Options& o, const config_t<F>& cfg, Launch& launch, const std::string& device, bool plan_only) {
   check_context<F>(o, cfg);
   check_world(o, launch);
+  check_expert<F>(o);
   check_processes(o, launch, device);
   check_batch(o);
   check_model<F>(o, cfg);

@@ -33,17 +33,21 @@ struct ModelOptions {
 struct MeshOptions {
   int data = 2, tensor = 2, pipe = 1, virtual_stages = 1;
   int context = 1;                 // --context: the sequence sharded over this many ranks
+  int expert = 1;                  // --expert: experts sharded over groups of this many data x context ranks
   std::string attention = "ring";  // --attention: ring or all-gather, with --context > 1
   bool attention_given = false;    // --attention was on the command line (refused without --context)
   std::string schedule = "1f1b";
   std::string strategy = "ddp";  // "zero1-sp": ZeRO-1 with sequence parallelism
 
   int ranks() const { return data * pipe * context * tensor; }
-  MeshShape shape() const { return {.data = data, .pipe = pipe, .context = context, .tensor = tensor}; }
-  // "data 2 x pipe 1 x tensor 2" (" x context 2" before tensor where context > 1).
+  MeshShape shape() const {
+    return {.data = data, .pipe = pipe, .context = context, .tensor = tensor, .expert = expert};
+  }
+  // "data 2 x pipe 1 x tensor 2" (" x context 2" before tensor where context > 1; ", expert 2" after
+  // it where expert > 1: the expert groups are carved from the data x context ranks, not more ranks).
   std::string text() const {
     return cat("data ", data, " x pipe ", pipe, context > 1 ? cat(" x context ", context) : std::string(), " x tensor ",
-               tensor);
+               tensor, expert > 1 ? cat(", expert ", expert) : std::string());
   }
   // --strategy's -sp suffix: the one place it is read.
   bool sequence_parallel() const { return strategy.ends_with("-sp"); }

@@ -104,7 +104,10 @@ inline std::string counted_calls(const threads::Counters& c, const std::string& 
 template <Family F>
 std::string described_plan(const Options& o, const config_t<F>& cfg) {
   const std::int64_t micro = o.optim.micro();
-  const Spread s{.data_degree = o.mesh.data, .tensor_degree = o.mesh.tensor, .context_degree = o.mesh.context};
+  const Spread s{.data_degree = o.mesh.data,
+                 .tensor_degree = o.mesh.tensor,
+                 .context_degree = o.mesh.context,
+                 .expert_degree = o.mesh.expert};
   const auto of = [&]<bool SP>() {
     return with_precision(host_precisions_t<F>{}, o.model.dtype, [&]<class P>() {
       using M = typename ModelOn<F, P, SP>::template on<Meta<Host>>;
@@ -127,7 +130,7 @@ inline void print_rank_collectives(const Options& o, const std::vector<RankPlan>
       const int group = a == Axis::data      ? o.mesh.data * o.mesh.context
                         : a == Axis::pipe    ? o.mesh.pipe
                         : a == Axis::context ? o.mesh.context
-                        : a == Axis::expert  ? 1  // the trainer has no expert degree yet
+                        : a == Axis::expert  ? o.mesh.expert
                                              : o.mesh.tensor;
       if (group == 1) continue;
       const std::string axis = counted_calls(p.collectives[static_cast<std::size_t>(a)], cat(name(a), " "));
@@ -166,7 +169,8 @@ std::vector<footprint::StageCollectives> measured_stage_collectives(const Option
   return with_strategy(strategies_t<F>{}, o.mesh.strategy, [&]<class S, bool SP>() {
     return with_precision(host_precisions_t<F>{}, o.model.dtype, [&]<class P>() {
       return footprint::stage_collectives<ModelOn<F, P, SP>::template on>(
-          cfg, {.data = o.mesh.data, .context = o.mesh.context, .tensor = o.mesh.tensor}, o.optim.micro());
+          cfg, {.data = o.mesh.data, .context = o.mesh.context, .tensor = o.mesh.tensor, .expert = o.mesh.expert},
+          o.optim.micro());
     });
   });
 }

@@ -22,6 +22,7 @@
 #include "weft/train/devices.hpp"
 #include "weft/train/options.hpp"
 #include "weft/train/signals.hpp"
+#include "weft/train/trainer.hpp"  // Routing
 
 namespace weft::train {
 
@@ -42,6 +43,7 @@ struct StepLine {
   std::int64_t peak_bytes = 0;
   bool skipped = false;
   std::optional<double> eval;
+  std::optional<Routing> routing;  // a mixture of experts' routers (train/trainer.hpp)
 };
 
 class Report {
@@ -79,9 +81,13 @@ class Report {
     if (h_.dense) note += cat(" (", std::round(1000 * mfu_peak) / 10, "% of peak)");
     char floor_note[32] = "";
     if (h_.floor) std::snprintf(floor_note, sizeof floor_note, " (floor %+.3f)", s.loss - *h_.floor);
-    std::printf("step %5lld/%lld | loss %.4f%s | lr %.2e | norm %.3f | %8.0f tok/s | MFU %s | peak %s/rank%s%s\n",
-                static_cast<long long>(s.step), static_cast<long long>(o_->optim.steps), s.loss, floor_note, s.lr,
-                s.grad_norm, s.tokens_per_s, note.c_str(), mib(static_cast<double>(s.peak_bytes)).c_str(),
+    char routing[96] = "";
+    if (s.routing)
+      std::snprintf(routing, sizeof routing, " | aux %.4f load %.2f dropped %lld", s.routing->aux, s.routing->load,
+                    static_cast<long long>(s.routing->dropped));
+    std::printf("step %5lld/%lld | loss %.4f%s%s | lr %.2e | norm %.3f | %8.0f tok/s | MFU %s | peak %s/rank%s%s\n",
+                static_cast<long long>(s.step), static_cast<long long>(o_->optim.steps), s.loss, floor_note, routing,
+                s.lr, s.grad_norm, s.tokens_per_s, note.c_str(), mib(static_cast<double>(s.peak_bytes)).c_str(),
                 s.eval ? cat(" | eval ", std::round(*s.eval * 10000) / 10000).c_str() : "",
                 s.skipped ? " | step skipped: the gradient norm is not finite" : "");
     std::fflush(stdout);
@@ -95,6 +101,12 @@ class Report {
                        {"peak_bytes", s.peak_bytes},
                        {"skipped", s.skipped}};
     if (h_.dense) rec["mfu_of_peak"] = mfu_peak;
+    if (s.routing) {
+      rec["aux_loss"] = s.routing->aux;
+      rec["z_loss"] = s.routing->z;
+      rec["expert_load"] = s.routing->load;
+      rec["dropped_tokens"] = s.routing->dropped;
+    }
     log_ << rec.dump() << "\n";
     if (s.eval) log_ << nlohmann::json{{"step", s.step}, {"eval_loss", *s.eval}}.dump() << "\n";
     flush();

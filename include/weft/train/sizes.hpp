@@ -1,5 +1,6 @@
 // defines: train::Sizes, the sizes a command line sets over a model family's preset (--layers,
-// --heads, --width, --seq, --vocab, --kv-heads, --hidden, --tie-embeddings); train::preset_config
+// --heads, --width, --seq, --vocab, --kv-heads, --hidden, --tie-embeddings, --experts, --top-k,
+// --capacity-factor); train::preset_config
 // (train/family.hpp) applies them. A header of its own so that a model's family, which reads them,
 // includes nothing of the trainer's options.
 #pragma once
@@ -11,7 +12,9 @@ namespace weft::train {
 
 struct Sizes {
   std::optional<std::int64_t> layers, heads, width, seq, vocab, kv_heads, hidden;
-  std::optional<bool> tied;  // --tie-embeddings: the LM head reads the embedding table
+  std::optional<std::int64_t> experts, top_k;  // a mixture of experts': E, and the experts a token goes to
+  std::optional<double> capacity_factor;       // and its capacity (0: dropless)
+  std::optional<bool> tied;                    // --tie-embeddings: the LM head reads the embedding table
 };
 
 }  // namespace weft::train

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -34,10 +35,19 @@ struct Tokens {
 // What one step did: the mean loss over its micro-batches, the gradient norm before clipping,
 // whether the optimizer skipped it (a norm that is not finite, the same on every rank), and the
 // signal whose stop request abandoned it part-way (0: it finished; then loss and norm are set).
+// A model with mixture-of-experts routers also says what they did in the step's last micro-batch:
+// their load-balancing and z-losses (the mean over the routers, before the coefficients), the
+// largest expert load (the most (token, expert) slots an expert got over the mean) and the slots
+// dropped past a capacity, over the whole mesh.
+struct Routing {
+  double aux = 0, z = 0, load = 0;
+  std::int64_t dropped = 0;
+};
 struct StepResult {
   double loss = 0, grad_norm = 0;
   bool skipped = false;
   int abandoned = 0;
+  std::optional<Routing> routing;
 };
 
 class Trainer {

@@ -8,6 +8,7 @@
 // nor moved.
 #pragma once
 
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <span>
@@ -21,6 +22,7 @@
 #include "weft/core/precision.hpp"
 #include "weft/nn/describe.hpp"
 #include "weft/nn/embedding.hpp"
+#include "weft/nn/layer_walk.hpp"
 #include "weft/optim/data_parallel.hpp"
 #include "weft/pipeline/executor.hpp"
 #include "weft/pipeline/pipelined.hpp"
@@ -166,7 +168,24 @@ class TrainerOf final : public Trainer {
       r.grad_norm = dp_.step(lr, clip);
     }
     r.skipped = dp_.skipped() > skipped_before;  // a non-finite norm: the same on every rank
+    if constexpr (nn::contains_layer<typename Model::BlockT, nn::is_router>) r.routing = routing();
     return r;
+  }
+
+  // Collective: the routers' statistics of the step's last micro-batch over the mesh. Each router's
+  // are the same on the data, context and tensor ranks of its stage (its forward all-reduces them),
+  // so they are summed over the pipe axis only; the dropped slots are each rank's own rows' (a
+  // capacity runs without the sequence split: the tensor ranks of a stage hold the same rows).
+  Routing routing() {
+    nn::RouterStats st;
+    for (const auto& b : model_.blocks) nn::add_router_stats(st, b);
+    double sums[3] = {st.aux, st.z, static_cast<double>(st.routers)}, load[1] = {st.load};
+    mesh_.pipe().all_reduce(std::span<double>(sums), ReduceOp::sum);
+    mesh_.pipe().all_reduce(std::span<double>(load), ReduceOp::max);
+    std::int64_t dropped[1] = {st.dropped};
+    world_.all_reduce(std::span<std::int64_t>(dropped), ReduceOp::sum);
+    const double n = std::max(sums[2], 1.0);
+    return {.aux = sums[0] / n, .z = sums[1] / n, .load = load[0], .dropped = dropped[0] / o_.mesh.tensor};
   }
 
   // Collective: one micro-batch's loss, forward only.

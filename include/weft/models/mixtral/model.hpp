@@ -36,9 +36,15 @@ namespace weft::mixtral {
 struct Config : llama::Config {
   std::int64_t experts = 4, top_k = 2;  // num_local_experts, num_experts_per_tok
   double aux_coef = 0.001, z_coef = 0;  // router_aux_loss_coef (transformers' default); the z-loss's
+  double capacity_factor = 0;           // 0: dropless; > 0 a capacity per sample and expert (nn/moe.hpp)
 
   nn::MoeOptions moe() const {
-    return {.experts = experts, .top_k = top_k, .hidden = hidden, .aux_coef = aux_coef, .z_coef = z_coef};
+    return {.experts = experts,
+            .top_k = top_k,
+            .hidden = hidden,
+            .capacity_factor = capacity_factor,
+            .aux_coef = aux_coef,
+            .z_coef = z_coef};
   }
 };
 
@@ -48,6 +54,7 @@ inline std::vector<std::pair<std::string, std::int64_t>> record(const Config& c)
   r.emplace_back("top_k", c.top_k);
   r.emplace_back("aux_coef_x1e9", llama::scaled(c.aux_coef, 1e9));
   r.emplace_back("z_coef_x1e9", llama::scaled(c.z_coef, 1e9));
+  r.emplace_back("capacity_factor_x1e6", llama::scaled(c.capacity_factor, 1e6));
   return r;
 }
 
@@ -56,6 +63,11 @@ inline void validate(const Config& c, const Spread& s, bool sequence_parallel, s
   if (c.experts < 1 || c.top_k < 1 || c.top_k > c.experts || c.experts % s.expert_degree != 0)
     throw Error("Mixtral", cat(c.experts, " experts, top ", c.top_k, ", over an expert degree of ", s.expert_degree),
                 "use a top-k from 1 to the experts, and an expert degree that divides the experts");
+  if (!(c.capacity_factor >= 0) || !(c.aux_coef >= 0) || !(c.z_coef >= 0))
+    throw Error(
+        "Mixtral",
+        cat("capacity factor ", c.capacity_factor, ", aux coefficient ", c.aux_coef, ", z coefficient ", c.z_coef),
+        "use a capacity factor of 0 (dropless) or above, and coefficients of 0 or above");
 }
 
 template <PrecisionLike P, bool SP = false, recompute::Policy Recompute = recompute::None, class D = Host,

@@ -1,0 +1,83 @@
+// Mixtral for the trainer (concept train::Family, train/family.hpp): weft-train --model mixtral. The
+// model over the precision, the sequence parallelism and the device (all-to-all dispatch; the
+// all-gather dispatcher is the library's, mixtral::Model<..., nn::AllGatherDispatch>); the presets
+// ("tiny" is mixtral-tiny; Mixtral 8x7B's sizes for --plan); the FLOPs of a token's active
+// parameters. --expert N shards each layer's experts over groups of N data x context ranks
+// (docs/moe.md); the log carries the routers' aux loss, expert load and dropped slots
+// (train/report.hpp). The plan (--plan, and the check that a run fits) is the step measured on the
+// Meta device, with every expert given the same share of the tokens (nn/moe.hpp). On the host only,
+// in f32 and bf16 (f64 is the tests' precision); not yet: Hugging Face directories in and out.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "weft/core/precision.hpp"
+#include "weft/models/mixtral/model.hpp"
+#include "weft/train/family.hpp"
+
+namespace weft::mixtral {
+
+// The named sizes: mixtral-tiny for tests and demos (llama-tiny's blocks, 4 experts of width 64, the
+// top 2), and Mixtral 8x7B's (its config.json: 8 experts, the top 2, router_aux_loss_coef 0.02,
+// rope theta 10^6) at a sequence of 4096 for --plan.
+inline std::vector<std::string> preset_names() { return {"mixtral-tiny", "mixtral-8x7b"}; }
+inline Config preset(std::string_view name) {
+  Config c;
+  if (name == "mixtral-tiny") {
+    static_cast<llama::Config&>(c) = llama::preset("llama-tiny");
+    c.hidden = 64;
+    c.experts = 4;
+    c.top_k = 2;
+    c.aux_coef = 0.01;
+    return c;
+  }
+  if (name == "mixtral-8x7b") {
+    static_cast<llama::Config&>(c) = {.vocab = 32000,
+                                      .seq = 4096,
+                                      .layers = 32,
+                                      .heads = 32,
+                                      .kv_heads = 8,
+                                      .width = 4096,
+                                      .hidden = 14336,
+                                      .rope = {.theta = 1e6}};
+    c.experts = 8;
+    c.top_k = 2;
+    c.aux_coef = 0.02;
+    return c;
+  }
+  throw Error("mixtral::preset", cat("no preset named \"", name, "\""), "use mixtral-tiny or mixtral-8x7b");
+}
+
+// Model FLOPs per token of a training step, 6 N + 12 L C T as every weft model's (train/flops.hpp),
+// with N the parameters a token is computed with: the attention's, the router's, its top k experts'
+// (of the E), the embedding table and the head.
+inline double flops_per_token(const Config& c) {
+  const double C = static_cast<double>(c.width), L = static_cast<double>(c.layers);
+  const double F = static_cast<double>(c.hidden), kv = static_cast<double>(c.kv_heads * c.head_dim());
+  const double E = static_cast<double>(c.experts), k = static_cast<double>(c.top_k);
+  const double active =
+      L * (2 * C * C + 2 * C * kv + E * C + k * 3 * C * F) + static_cast<double>(c.vocab) * C * (c.tied ? 1 : 2);
+  return 6.0 * active + 12.0 * L * C * static_cast<double>(c.seq);
+}
+
+struct Family {
+  template <class P, bool SP, class D>
+  using model = Model<P, SP, recompute::None, D>;
+  using host_precisions = train::List<F32, Bf16Mixed>;
+  static constexpr bool gpu = false;  // weft-train's GPU units for Mixtral: not yet (tests/nn/gpu.cu has the layer)
+
+  static std::string name() { return "mixtral"; }
+  static std::vector<std::string> preset_names() { return {"tiny", "mixtral-tiny", "mixtral-8x7b"}; }
+  static Config preset(std::string_view n) { return mixtral::preset(n == "tiny" ? "mixtral-tiny" : n); }
+  static double flops_per_token(const Config& c) { return mixtral::flops_per_token(c); }
+  static std::string summary(const Config& c) {
+    return cat("layers ", c.layers, ", heads ", c.heads, " (", c.kv_heads, " key-value), width ", c.width, ", ",
+               c.experts, " experts of width ", c.hidden, " (top ", c.top_k, "), aux coef ", c.aux_coef, ", seq ",
+               c.seq, ", vocab ", c.vocab, ", rope theta ", c.rope.theta);
+  }
+};
+
+}  // namespace weft::mixtral

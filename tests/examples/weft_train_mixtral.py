@@ -1,0 +1,138 @@
+#!/usr/bin/env python3
+"""weft-train --model mixtral (a mixture of experts through weft's trainer, --expert N sharding its
+experts over groups of the data ranks), checked by what it computes:
+
+  weft_train_mixtral.py WEFT_TRAIN
+
+1. mixtral-tiny (4 experts, top 2) on the built-in corpus, data 2 x expert 2, 40 steps: the mean
+   loss of the last 10 steps is below 0.75 of the first 5's; every step's record carries the
+   routers' aux loss (finite, between 1 and E k: a router's E sum f_e P_e is k when balanced, at
+   most E k), z-loss (positive), expert load (at least 1: the busiest expert over the mean) and no
+   dropped tokens (dropless); the progress line shows them.
+2. The same 4 steps on one rank and on data 2 x expert 2, data 4 x expert 4 under FSDP, data 2 x
+   tensor 2 x expert 2 with SP under ZeRO-1 and pipe 2 x data 2 x expert 2: every logged loss and
+   aux loss within 2e-5 of one rank's (f32 sums in other orders; tests/nn/moe.cpp and
+   tests/models/mixtral hold the layouts to 1e-12 in f64).
+3. A checkpoint of data 4 x expert 4 at step 2, resumed on data 2 x expert 2: steps 3 and 4 equal
+   the uninterrupted run's within 2e-5 (each expert's weights and optimizer state found under
+   another expert degree); resuming it as --model llama is refused naming the family (exit 2).
+4. --plan on data 2 x expert 2 counts the expert axis's all-to-alls: per layer and micro-batch the
+   counts' all-to-all and dispatch and combine forward, combine's and dispatch's adjoints backward
+   (5 calls), and its step peak is within 10% of the run's logged peak (the plan routes every
+   expert the same share of the tokens; a run's routing is uneven).
+5. Refused before anything is built (exit 2, naming the values): an expert degree that does not
+   divide the data ranks, experts that the expert degree does not divide, a top-k above the
+   experts, a negative capacity factor, --expert for a dense family, --experts for GPT-2.
+"""
+import json, os, re, subprocess, sys, tempfile
+
+bin_ = sys.argv[1]
+work = tempfile.mkdtemp(prefix="weft_mixtral_train_")
+env = dict(os.environ, ASAN_OPTIONS="detect_leaks=0")
+failures = []
+
+
+def run(name, args, want=0, model="mixtral"):
+    log = os.path.join(work, name + ".jsonl")
+    p = subprocess.run([bin_, "--model", model, "--log", log, *args], capture_output=True, text=True, env=env,
+                       timeout=600)
+    if p.returncode != want:
+        failures.append(f"{name}: exit {p.returncode}, expected {want}\n{p.stdout}\n{p.stderr}")
+        return {}, p.stdout + p.stderr
+    if want != 0 or "--plan" in args:
+        return {}, p.stdout + p.stderr
+    recs = [json.loads(line) for line in open(log)]
+    return {r["step"]: r for r in recs if "loss" in r}, p.stdout
+
+
+def within(got, ref, what, field="loss", tol=2e-5, steps=None):
+    keys = steps or sorted(ref)
+    worst = max((abs(got[s][field] - ref[s][field]) if s in got else float("inf") for s in keys),
+                default=float("inf"))
+    print(f"{what}: {field} within {worst:.3g} of the reference's")
+    if not (ref and worst <= tol):
+        failures.append(f"{what}: {field} {[got.get(s, {}).get(field) for s in keys]} against "
+                        f"{[ref[s][field] for s in keys]}")
+
+
+# 1. It learns, and says what its routers did.
+learn, out = run("learn", ["--steps", "40", "--batch", "16", "--data", "2", "--tensor", "1", "--expert", "2",
+                           "--eval-every", "0"])
+if len(learn) == 40:
+    first = sum(learn[s]["loss"] for s in range(1, 6)) / 5
+    last = sum(learn[s]["loss"] for s in range(31, 41)) / 10
+    print(f"40 steps on data 2 x expert 2: mean loss of the first 5 {first:.4f}, of the last 10 {last:.4f}")
+    if not last < 0.75 * first:
+        failures.append(f"the loss went from {first} to {last}:\n{out}")
+    E, k = 4, 2
+    for s, r in learn.items():
+        ok = (1 <= r.get("aux_loss", float("nan")) <= E * k and r.get("z_loss", float("nan")) > 0
+              and r.get("expert_load", float("nan")) >= 1 and r.get("dropped_tokens") == 0)
+        if not ok:
+            failures.append(f"step {s}'s record: {r}")
+            break
+    print(f"step 40's routers: aux {learn[40]['aux_loss']:.4f}, z {learn[40]['z_loss']:.4f}, "
+          f"load {learn[40]['expert_load']:.3f}, dropped {learn[40]['dropped_tokens']}")
+    if not re.search(r"step +40/40 \| loss [0-9.]+ \(floor [-+0-9.]+\) \| aux [0-9.]+ load [0-9.]+ dropped 0 \|", out):
+        failures.append(f"the progress line does not show the routers:\n{out[-600:]}")
+
+# 2. Every layout equals one rank.
+steps = ["--steps", "4", "--batch", "16", "--eval-every", "0", "--lr", "1e-2"]
+one, _ = run("one", steps + ["--data", "1", "--tensor", "1"])
+for name, args in [("data 2 x expert 2", ["--data", "2", "--tensor", "1", "--expert", "2"]),
+                   ("data 4 x expert 4, fsdp", ["--data", "4", "--tensor", "1", "--expert", "4",
+                                                "--strategy", "fsdp"]),
+                   ("data 2 x tensor 2 x expert 2, zero1-sp", ["--data", "2", "--tensor", "2", "--expert", "2",
+                                                               "--strategy", "zero1-sp"]),
+                   ("pipe 2 x data 2 x expert 2", ["--data", "2", "--tensor", "1", "--pipe", "2", "--expert", "2"])]:
+    got, _ = run(re.sub(r"[^a-z0-9]+", "_", name), steps + args)
+    within(got, one, name)
+    within(got, one, name, field="aux_loss")
+
+# 3. A checkpoint resharded across expert degrees.
+ck = os.path.join(work, "ck")
+run("save", steps + ["--data", "4", "--tensor", "1", "--expert", "4", "--save-dir", ck, "--save-every", "2"])
+whole, _ = run("whole", steps + ["--data", "4", "--tensor", "1", "--expert", "4"])
+resumed, _ = run("resumed", steps + ["--data", "2", "--tensor", "1", "--expert", "2", "--resume",
+                                     os.path.join(ck, "step_00000002")])
+within(resumed, whole, "resumed on data 2 x expert 2 from data 4 x expert 4 at step 2", steps=[3, 4])
+_, err = run("resume_dense", steps + ["--data", "1", "--tensor", "1", "--resume", os.path.join(ck, "step_00000002")],
+             want=2, model="llama")
+if "holds a model of the family 'mixtral'" not in err:
+    failures.append(f"a Mixtral checkpoint resumed as Llama: {err}")
+
+# 4. The plan counts the exchange.
+_, plan = run("plan", ["--data", "2", "--tensor", "1", "--expert", "2", "--plan"])
+m = re.search(r"expert all_to_all (\d+) calls (\d+) bytes", plan)
+layers = 2
+print(f"--plan on data 2 x expert 2: {m.group(0) if m else 'no expert all-to-all'}")
+if not m or int(m.group(1)) != 5 * layers:
+    failures.append(f"--plan's expert collectives:\n{plan}")
+peak = re.search(r"step peak (\d+) bytes", plan)
+learn_peak = max(r["peak_bytes"] for r in learn.values()) if learn else None
+if peak and learn_peak:
+    print(f"step peak: planned {peak.group(1)} bytes, the run's largest {learn_peak}")
+    if not abs(int(peak.group(1)) - learn_peak) <= 0.1 * learn_peak:
+        failures.append(f"planned peak {peak.group(1)} against the run's {learn_peak}")
+else:
+    failures.append(f"no step peak in the plan or the run:\n{plan}")
+
+# 5. Refusals.
+for name, args, model, text in [
+    ("expert 3 of data 2", ["--data", "2", "--tensor", "1", "--expert", "3"], "mixtral", "which 3 does not divide"),
+    ("3 experts over expert 2", ["--data", "2", "--tensor", "1", "--expert", "2", "--experts", "3"], "mixtral",
+     "3 experts, top 2, over an expert degree of 2"),
+    ("top 5 of 4", ["--data", "1", "--tensor", "1", "--top-k", "5"], "mixtral", "4 experts, top 5"),
+    ("capacity -1", ["--data", "1", "--tensor", "1", "--capacity-factor", "-1"], "mixtral", "capacity factor -1"),
+    ("llama with --expert", ["--data", "2", "--tensor", "1", "--expert", "2"], "llama", "has no experts to shard"),
+    ("gpt2 with --experts", ["--data", "1", "--tensor", "1", "--experts", "4"], "gpt2", "has no experts"),
+]:
+    _, err = run("refused", ["--steps", "2", *args], want=2, model=model)
+    print(f"refused ({name}): {err.strip().splitlines()[-1] if err.strip() else ''}")
+    if text not in err:
+        failures.append(f"{name}: expected '{text}' in:\n{err}")
+
+if failures:
+    print("\n".join(["FAILED:"] + failures))
+    sys.exit(1)
+print("weft-train --model mixtral: all checks passed")
