@@ -159,12 +159,12 @@ int main(int argc, char** argv) {
   app.add_option("--checkpoint", a.checkpoint, "a checkpoint: a step directory, or a directory with latest")
       ->required();
   app.add_option("--out", a.out,
-                 "GPT-2: the safetensors file to write (config.json goes beside it); Llama: the directory")
+                 "GPT-2: the safetensors file to write (config.json goes beside it); Llama, Mixtral: the directory")
       ->required();
-  app.add_option("--dtype", dtype, "Llama: the weights' dtype, f32 or f64 (exact)")
+  app.add_option("--dtype", dtype, "Llama, Mixtral: the weights' dtype, f32 or f64 (exact)")
       ->check(CLI::IsMember({"f32", "f64"}));
   app.add_option("--max-shard-bytes", max_shard_bytes,
-                 "Llama: the largest weights file; more are sharded (default 5 GB)")
+                 "Llama, Mixtral: the largest weights file; more are sharded (default 5 GB)")
       ->check(examples::at_least(1));
   app.add_option("--tokens", a.tokens, "comma-separated token ids to compute logits for");
   app.add_option("--logits", a.logits, "where to write the logits of --tokens (f32, tokens x vocab)");

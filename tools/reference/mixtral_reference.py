@@ -26,6 +26,9 @@ names and in weft's layout (models/mixtral/model.hpp), so the test loads it with
   (E, 2H, C: row 2f the gate of feature f, 2f + 1 its up), layers.<l>.mlp.experts.down (E, C, H),
   ln_f.weight, lm_head (V, C).
 
+And --out/hf/: the model as save_pretrained writes it (config.json, model.safetensors in float64:
+block_sparse_moe.experts.<e>.w1/w2/w3), for tests/models/mixtral/hf.cpp.
+
 Usage: python3 tools/reference/mixtral_reference.py --out tests/fixtures/mixtral
 Needs PyTorch, transformers (5.x) and safetensors.
 """
@@ -122,6 +125,10 @@ def main():
         ref["grad/" + n] = t
     os.makedirs(a.out, exist_ok=True)
     save_file(ref, os.path.join(a.out, "reference.safetensors"))
+    # The same model as save_pretrained writes it (float64), for the importer and the exporter
+    # (models/mixtral/hf.hpp): config.json and model.safetensors under hf/.
+    model.config.output_router_logits = False
+    model.save_pretrained(os.path.join(a.out, "hf"))
     print(f"cross-entropy {ce.item():.17g}, aux {aux.tolist()}, z {z.tolist()}, transformers' pooled aux "
           f"{out.aux_loss.item():.6f}; {len(ref)} tensors into {a.out}")
 

@@ -86,6 +86,8 @@ config_t<F> configure_from_hf(const Options& o) {
   if constexpr (requires { cfg.kv_heads; }) agree("--kv-heads", "kv_heads", o.model.sizes.kv_heads, cfg.kv_heads);
   if constexpr (requires { cfg.hidden; }) agree("--hidden", "hidden", o.model.sizes.hidden, cfg.hidden);
   if constexpr (requires { cfg.tied; }) agree("--tie-embeddings", "tied", o.model.sizes.tied, cfg.tied);
+  if constexpr (requires { cfg.experts; }) agree("--experts", "experts", o.model.sizes.experts, cfg.experts);
+  if constexpr (requires { cfg.top_k; }) agree("--top-k", "top_k", o.model.sizes.top_k, cfg.top_k);
   return cfg;
 }
 

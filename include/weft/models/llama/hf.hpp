@@ -31,6 +31,8 @@
 #include <set>
 #include <span>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "weft/checkpoint/checkpoint.hpp"
@@ -54,58 +56,105 @@ inline nlohmann::json read_json(const std::string& path, const std::string& at) 
   }
 }
 
-// One weft tensor and the Hugging Face tensors it is made of.
+// One weft tensor and the Hugging Face tensors it is made of, with their shapes. A weft tensor is
+// read as rows of its last dimension; each row comes from one row of one part:
+//   plain      one part, the same rows
+//   qkv        the attention's q, k, v (hd the head size, g the query heads a key-value head):
+//              weft's rows (group, {q_0 .. q_{g-1}, k, v}, hd)
+//   gate_up    gate and up, interleaved: weft's row 2f is gate row f, 2f + 1 up row f
+//   expert_gate_up   2E parts (gate_0, up_0, gate_1, up_1, ...): expert e's 2H rows interleave
+//              its gate's and up's (a mixture of experts' (E, 2H, C))
+//   expert_stack     E parts of equal rows, stacked (a mixture of experts' (E, C, H))
 struct Named {
   std::string weft;
   std::vector<std::string> hf;
-  enum class Kind { plain, qkv, gate_up } kind = Kind::plain;
+  enum class Kind { plain, qkv, gate_up, expert_gate_up, expert_stack } kind = Kind::plain;
+  std::vector<std::int64_t> shape;               // weft's
+  std::vector<std::vector<std::int64_t>> parts;  // each Hugging Face tensor's
+  std::int64_t hd = 0, g = 0;                    // qkv: the head size and the query heads a group
+
+  std::int64_t cols() const { return shape.size() >= 2 ? shape.back() : 1; }
+  std::int64_t rows() const {
+    std::int64_t n = 1;
+    for (std::int64_t d : shape) n *= d;
+    return n / cols();
+  }
 };
 
-inline std::vector<Named> names(const Config& c) {
-  std::vector<Named> n{{"wte", {"model.embed_tokens.weight"}}};
+inline Named plain(std::string weft, std::string hf, std::vector<std::int64_t> shape) {
+  return {std::move(weft), {std::move(hf)}, Named::Kind::plain, shape, {shape}};
+}
+
+// The attention's and the norms' tensors of layer l (weft's names under `w`, Hugging Face's under `h`).
+inline void attention_names(std::vector<Named>& n, const Config& c, const std::string& w, const std::string& h) {
+  const std::int64_t C = c.width, hd = c.head_dim(), g = c.heads / c.kv_heads;
+  n.push_back(plain(w + "attn_norm.weight", h + "input_layernorm.weight", {C}));
+  n.push_back({w + "attn.qkv.weight",
+               {h + "self_attn.q_proj.weight", h + "self_attn.k_proj.weight", h + "self_attn.v_proj.weight"},
+               Named::Kind::qkv,
+               {c.kv_heads * (g + 2) * hd, C},
+               {{c.heads * hd, C}, {c.kv_heads * hd, C}, {c.kv_heads * hd, C}},
+               hd,
+               g});
+  n.push_back(plain(w + "attn.proj.weight", h + "self_attn.o_proj.weight", {C, C}));
+  n.push_back(plain(w + "mlp_norm.weight", h + "post_attention_layernorm.weight", {C}));
+}
+
+// Every tensor of the model: `mlp(n, l, w, h)` appends layer l's MLP (Llama's SwiGLU by default).
+template <class Mlp>
+std::vector<Named> names_with(const Config& c, Mlp&& mlp) {
+  const std::int64_t C = c.width;
+  std::vector<Named> n{plain("wte", "model.embed_tokens.weight", {c.vocab, C})};
   for (std::int64_t l = 0; l < c.layers; ++l) {
     const std::string w = cat("layers.", l, "."), h = cat("model.layers.", l, ".");
-    n.push_back({w + "attn_norm.weight", {h + "input_layernorm.weight"}});
-    n.push_back({w + "attn.qkv.weight",
-                 {h + "self_attn.q_proj.weight", h + "self_attn.k_proj.weight", h + "self_attn.v_proj.weight"},
-                 Named::Kind::qkv});
-    n.push_back({w + "attn.proj.weight", {h + "self_attn.o_proj.weight"}});
-    n.push_back({w + "mlp_norm.weight", {h + "post_attention_layernorm.weight"}});
-    n.push_back({w + "gate_up.weight", {h + "mlp.gate_proj.weight", h + "mlp.up_proj.weight"}, Named::Kind::gate_up});
-    n.push_back({w + "down.weight", {h + "mlp.down_proj.weight"}});
+    attention_names(n, c, w, h);
+    mlp(n, l, w, h);
   }
-  n.push_back({"ln_f.weight", {"model.norm.weight"}});
-  if (!c.tied) n.push_back({"lm_head", {"lm_head.weight"}});
+  n.push_back(plain("ln_f.weight", "model.norm.weight", {C}));
+  if (!c.tied) n.push_back(plain("lm_head", "lm_head.weight", {c.vocab, C}));
   return n;
 }
 
-// The shapes: weft's tensor, and each Hugging Face part.
-inline std::vector<std::int64_t> weft_shape(const Named& n, const Config& c) {
-  const std::int64_t C = c.width, hd = c.head_dim(), g = c.heads / c.kv_heads;
-  if (n.weft == "wte" || n.weft == "lm_head") return {c.vocab, C};
-  if (n.kind == Named::Kind::qkv) return {c.kv_heads * (g + 2) * hd, C};
-  if (n.kind == Named::Kind::gate_up) return {2 * c.hidden, C};
-  if (n.weft.ends_with("attn.proj.weight")) return {C, C};
-  if (n.weft.ends_with("down.weight")) return {C, c.hidden};
-  return {C};
-}
-inline std::vector<std::vector<std::int64_t>> hf_shapes(const Named& n, const Config& c) {
-  const std::int64_t C = c.width, hd = c.head_dim();
-  if (n.kind == Named::Kind::qkv) return {{c.heads * hd, C}, {c.kv_heads * hd, C}, {c.kv_heads * hd, C}};
-  if (n.kind == Named::Kind::gate_up) return {{c.hidden, C}, {c.hidden, C}};
-  return {weft_shape(n, c)};
+inline std::vector<Named> names(const Config& c) {
+  const std::int64_t C = c.width, F = c.hidden;
+  return names_with(c, [&](std::vector<Named>& n, std::int64_t, const std::string& w, const std::string& h) {
+    n.push_back({w + "gate_up.weight",
+                 {h + "mlp.gate_proj.weight", h + "mlp.up_proj.weight"},
+                 Named::Kind::gate_up,
+                 {2 * F, C},
+                 {{F, C}, {F, C}}});
+    n.push_back(plain(w + "down.weight", h + "mlp.down_proj.weight", {C, F}));
+  });
 }
 
+// The shapes: weft's tensor, and each Hugging Face part.
+inline const std::vector<std::int64_t>& weft_shape(const Named& n, const Config&) { return n.shape; }
+inline const std::vector<std::vector<std::int64_t>>& hf_shapes(const Named& n, const Config&) { return n.parts; }
+
 // Where row r of weft's tensor comes from: (part, row of that part).
-inline std::pair<std::size_t, std::int64_t> source_row(const Named& n, const Config& c, std::int64_t r) {
-  if (n.kind == Named::Kind::gate_up) return {static_cast<std::size_t>(r % 2), r / 2};
-  if (n.kind == Named::Kind::qkv) {
-    const std::int64_t hd = c.head_dim(), g = c.heads / c.kv_heads;
-    const std::int64_t grp = r / ((g + 2) * hd), slot = (r / hd) % (g + 2), d = r % hd;
-    if (slot < g) return {0, (grp * g + slot) * hd + d};
-    return {slot == g ? 1u : 2u, grp * hd + d};
+inline std::pair<std::size_t, std::int64_t> source_row(const Named& n, std::int64_t r) {
+  switch (n.kind) {
+    case Named::Kind::gate_up: return {static_cast<std::size_t>(r % 2), r / 2};
+    case Named::Kind::qkv: {
+      const std::int64_t grp = r / ((n.g + 2) * n.hd), slot = (r / n.hd) % (n.g + 2), d = r % n.hd;
+      if (slot < n.g) return {0, (grp * n.g + slot) * n.hd + d};
+      return {slot == n.g ? 1u : 2u, grp * n.hd + d};
+    }
+    case Named::Kind::expert_gate_up: {
+      const std::int64_t per = n.rows() / static_cast<std::int64_t>(n.parts.size() / 2);  // 2H rows an expert
+      const std::int64_t e = r / per, i = r % per;
+      return {static_cast<std::size_t>(2 * e + i % 2), i / 2};
+    }
+    case Named::Kind::expert_stack: {
+      const std::int64_t per = n.rows() / static_cast<std::int64_t>(n.parts.size());
+      return {static_cast<std::size_t>(r / per), r % per};
+    }
+    case Named::Kind::plain: break;
   }
   return {0, r};
+}
+inline std::pair<std::size_t, std::int64_t> source_row(const Named& n, const Config&, std::int64_t r) {
+  return source_row(n, r);
 }
 
 }  // namespace hf_detail
@@ -113,12 +162,16 @@ inline std::pair<std::size_t, std::int64_t> source_row(const Named& n, const Con
 // The configuration a transformers config.json describes; seq (the length to train on) and seed are
 // the caller's (config.json's max_position_embeddings bounds the positions the model was trained
 // for, not the length of a run).
-inline Config config_from_hf(const nlohmann::json& j, const std::string& at, Config base = {}) {
+// `model_type` and `architecture`: the model_type it must have and the class that reads it (a family built
+// on Llama's blocks reads its config.json here first: models/mixtral/hf.hpp).
+inline Config config_from_hf(const nlohmann::json& j, const std::string& at, Config base = {},
+                             std::string_view model_type = "llama",
+                             std::string_view architecture = "LlamaForCausalLM") {
   if (!j.is_object()) throw Error(at, "is not a JSON object", "pass transformers' config.json");
   auto integer = [&](const char* k, std::optional<std::int64_t> dflt = {}) -> std::int64_t {
     if (!j.contains(k) || j[k].is_null()) {
       if (dflt) return *dflt;
-      throw Error(at, cat("has no ", k), "pass a LlamaForCausalLM config.json");
+      throw Error(at, cat("has no ", k), cat("pass a ", architecture, " config.json"));
     }
     if (!j[k].is_number_integer())
       throw Error(at, cat("has ", k, " ", brief(j[k].dump()), ", not an integer"), "fix config.json");
@@ -131,15 +184,15 @@ inline Config config_from_hf(const nlohmann::json& j, const std::string& at, Con
   auto real = [&](const nlohmann::json& o, const char* k, std::optional<double> dflt = {}) -> double {
     if (!o.contains(k) || o[k].is_null()) {
       if (dflt) return *dflt;
-      throw Error(at, cat("has no ", k), "pass a LlamaForCausalLM config.json");
+      throw Error(at, cat("has no ", k), cat("pass a ", architecture, " config.json"));
     }
     if (!o[k].is_number())
       throw Error(at, cat("has ", k, " ", brief(o[k].dump()), ", not a number"), "fix config.json");
     return o[k].get<double>();
   };
-  if (j.contains("model_type") && j["model_type"] != "llama")
+  if (j.contains("model_type") && j["model_type"] != model_type)
     throw Error(at, cat("describes a model of type ", brief(j["model_type"].dump())),
-                "pass a Llama (model_type \"llama\")");
+                cat("pass a ", architecture, " (model_type \"", model_type, "\")"));
   if (j.contains("hidden_act") && j["hidden_act"] != "silu")
     throw Error(at, cat("has hidden_act ", brief(j["hidden_act"].dump()), "; weft's Llama MLP is SwiGLU"),
                 "use \"silu\"");
@@ -273,30 +326,28 @@ inline Config hf_config_of(const std::string& dir, const Config& base = {}) {
                         cat("llama::import(", cfg_path, ")"), base);
 }
 
-inline Config import_hf(const std::string& dir, const std::string& out, const Config& base = {}) {
+namespace hf_detail {
+
+// The tensors of `names` read from `files` (a model directory), every part's presence, shape and
+// dtype checked and every tensor the table does not name refused (`model`: what the table
+// describes, "a Llama of 2 layers"), before anything is written; then written as a weft checkpoint
+// at `out` with the record of its configuration. One tensor is in memory at a time.
+inline void import_tensors(const checkpoint::ImportDir& files, const std::vector<Named>& names,
+                           const std::vector<std::pair<std::string, std::int64_t>>& record, std::uint64_t seed,
+                           const std::string& dir, const std::string& out, const std::string& model,
+                           const std::string& architecture) {
   using namespace weft::checkpoint;
-  const Config c = hf_config_of(dir, base);
-  const ImportDir files(dir, "model", cat("llama::import(", dir, ")"));
-  // config.json's layers against what the files can hold (each layer has 9 tensors), before the
-  // table of names (about 1.6 KB a layer) is built: 10^7 layers in a config.json ran out of memory.
-  if (static_cast<double>(c.layers) * 9 > static_cast<double>(files.names().size()))
-    throw Error(
-        files.at(),
-        cat("holds ", files.names().size(), " tensors, too few for config.json's ", c.layers, " layers of 9 each"),
-        "pass a config.json that matches the weights");
-  const auto names = hf_detail::names(c);
   std::set<std::string> known;
   for (const auto& n : names) {
-    const auto shapes = hf_detail::hf_shapes(n, c);
     for (std::size_t p = 0; p < n.hf.size(); ++p) {
       known.insert(n.hf[p]);
       const TensorInfo* t = files.find(n.hf[p]);
       if (!t)
         throw Error(files.at(), cat("has no tensor ", n.hf[p]), "pass the whole model that config.json describes");
-      if (t->shape != shapes[p])
+      if (t->shape != n.parts[p])
         throw Error(
             files.at(),
-            cat(n.hf[p], " has the shape ", join(t->shape, "x"), "; config.json's sizes give ", join(shapes[p], "x")),
+            cat(n.hf[p], " has the shape ", join(t->shape, "x"), "; config.json's sizes give ", join(n.parts[p], "x")),
             "pass a config.json that matches the weights");
       if (t->dtype != DType::f32 && t->dtype != DType::bf16 && t->dtype != DType::f64)
         throw Error(files.at(), cat(n.hf[p], " has dtype ", safetensors_dtype(t->dtype)),
@@ -305,23 +356,37 @@ inline Config import_hf(const std::string& dir, const std::string& out, const Co
   }
   for (const auto& name : files.names())
     if (!known.contains(name) && !name.ends_with("rotary_emb.inv_freq"))
-      throw Error(files.at(),
-                  cat("has a tensor ", brief(name), " that a Llama of ", c.layers, " layers",
-                      c.tied ? " with a tied head" : "", " does not have"),
-                  "pass a LlamaForCausalLM whose config.json describes every tensor");
+      throw Error(files.at(), cat("has a tensor ", brief(name), " that ", model, " does not have"),
+                  cat("pass a ", architecture, " whose config.json describes every tensor"));
   std::vector<ImportedTensor> tensors;
   for (const auto& n : names)
-    tensors.push_back({n.weft, hf_detail::weft_shape(n, c), [&n, &c, &files](std::vector<double>& w) {
+    tensors.push_back({n.weft, n.shape, [&n, &files](std::vector<double>& w) {
                          std::vector<std::vector<double>> parts;
                          for (const auto& h : n.hf) parts.push_back(files.read(h));
-                         const auto shape = hf_detail::weft_shape(n, c);
-                         const std::int64_t cols = shape.size() == 2 ? shape[1] : 1;
-                         for (std::int64_t r = 0; r < shape[0]; ++r) {
-                           const auto [p, src] = hf_detail::source_row(n, c, r);
+                         const std::int64_t cols = n.cols();
+                         for (std::int64_t r = 0; r < n.rows(); ++r) {
+                           const auto [p, src] = source_row(n, r);
                            std::copy_n(parts[p].begin() + src * cols, cols, w.begin() + r * cols);
                          }
                        }});
-  write_imported(out, tensors, record(c), c.seed, dir, files.at());
+  write_imported(out, tensors, record, seed, dir, files.at());
+}
+
+}  // namespace hf_detail
+
+inline Config import_hf(const std::string& dir, const std::string& out, const Config& base = {}) {
+  const Config c = hf_config_of(dir, base);
+  const checkpoint::ImportDir files(dir, "model", cat("llama::import(", dir, ")"));
+  // config.json's layers against what the files can hold (each layer has 9 tensors), before the
+  // table of names (about 1.6 KB a layer) is built: 10^7 layers in a config.json ran out of memory.
+  if (static_cast<double>(c.layers) * 9 > static_cast<double>(files.names().size()))
+    throw Error(
+        files.at(),
+        cat("holds ", files.names().size(), " tensors, too few for config.json's ", c.layers, " layers of 9 each"),
+        "pass a config.json that matches the weights");
+  hf_detail::import_tensors(files, hf_detail::names(c), record(c), c.seed, dir, out,
+                            cat("a Llama of ", c.layers, " layers", c.tied ? " with a tied head" : ""),
+                            "LlamaForCausalLM");
   return c;
 }
 
@@ -333,16 +398,19 @@ inline Config import_hf(const std::string& dir, const std::string& out, const Co
 // file), with model.safetensors.index.json naming each tensor's file. The weights are streamed: one
 // weft tensor is in memory at a time (in double), never the model. Files of either form left in
 // `out` by an earlier export are replaced.
-inline void export_hf(const std::string& checkpoint, const std::string& out, DType dtype = DType::f32,
-                      std::uint64_t max_shard_bytes = 5'000'000'000) {
+namespace hf_detail {
+
+// The tensors of `names` from the checkpoint `r` (at `checkpoint`) as a transformers directory at
+// `out` with `config` as its config.json (export_hf below says how; `who`: the model that saves
+// such checkpoints, for errors).
+inline void export_tensors(const checkpoint::Reader& r, const std::vector<Named>& names, const std::string& checkpoint,
+                           const std::string& out, DType dtype, std::uint64_t max_shard_bytes, nlohmann::json config,
+                           const std::string& who) {
   using namespace weft::checkpoint;
-  const std::string at = cat("llama::export(", checkpoint, ")");
+  const std::string at = cat(who, "::export(", checkpoint, ")");
   if (dtype != DType::f32 && dtype != DType::f64)
-    throw Error("llama::export", cat("cannot write dtype ", safetensors_dtype(dtype)), "use F32 or F64");
-  if (max_shard_bytes == 0) throw Error("llama::export", "a largest file of 0 bytes", "pass max_shard_bytes > 0");
-  const Reader r(checkpoint);
-  const Config c = config_of(r.manifest());
-  const auto names = hf_detail::names(c);
+    throw Error(cat(who, "::export"), cat("cannot write dtype ", safetensors_dtype(dtype)), "use F32 or F64");
+  if (max_shard_bytes == 0) throw Error(cat(who, "::export"), "a largest file of 0 bytes", "pass max_shard_bytes > 0");
   // Every Hugging Face tensor in order: which weft tensor and part it comes from. Shapes are
   // checked for the whole model before anything is written.
   struct Piece {
@@ -356,12 +424,13 @@ inline void export_hf(const std::string& checkpoint, const std::string& out, DTy
   for (std::size_t k = 0; k < names.size(); ++k) {
     const auto& n = names[k];
     sources.push_back(r.has("master/" + n.weft) ? "master/" + n.weft : "param/" + n.weft);
-    const auto shape = hf_detail::weft_shape(n, c), rshape = r.shape(sources.back());
+    const auto& shape = n.shape;
+    const auto rshape = r.shape(sources.back());
     if (rshape != shape)
       throw Error(at,
                   cat(sources.back(), " has the shape ", join(rshape, "x"), "; its record gives ", join(shape, "x")),
-                  "export a checkpoint saved by llama::Model");
-    const auto shapes = hf_detail::hf_shapes(n, c);
+                  cat("export a checkpoint saved by ", who, "::Model"));
+    const auto& shapes = n.parts;
     for (std::size_t p = 0; p < shapes.size(); ++p) {
       std::uint64_t bytes = size_of(dtype);
       for (std::int64_t d : shapes[p]) bytes *= static_cast<std::uint64_t>(d);
@@ -390,11 +459,10 @@ inline void export_hf(const std::string& checkpoint, const std::string& out, DTy
       loaded = pc.weft;
     }
     const auto& n = names[pc.weft];
-    const auto shape = hf_detail::weft_shape(n, c);
-    const std::int64_t cols = shape.size() == 2 ? shape[1] : 1;
+    const std::int64_t cols = n.cols();
     buf.resize(static_cast<std::size_t>(pc.bytes));
-    for (std::int64_t row = 0; row < shape[0]; ++row) {
-      const auto [p, dst] = hf_detail::source_row(n, c, row);
+    for (std::int64_t row = 0; row < n.rows(); ++row) {
+      const auto [p, dst] = source_row(n, row);
       if (p != pc.part) continue;
       const double* from = w.data() + row * cols;
       if (dtype == DType::f64) {
@@ -436,10 +504,18 @@ inline void export_hf(const std::string& checkpoint, const std::string& out, DTy
     dir.write_text("model.safetensors.index.json",
                    nlohmann::json{{"metadata", {{"total_size", total}}}, {"weight_map", map}}.dump(2) + "\n");
   }
-  auto cfg = hf_config(c);
-  cfg["dtype"] = dtype == DType::f64 ? "float64" : "float32";
-  dir.write_text("config.json", cfg.dump(2) + "\n");
+  config["dtype"] = dtype == DType::f64 ? "float64" : "float32";
+  dir.write_text("config.json", config.dump(2) + "\n");
   dir.commit();
+}
+
+}  // namespace hf_detail
+
+inline void export_hf(const std::string& checkpoint, const std::string& out, DType dtype = DType::f32,
+                      std::uint64_t max_shard_bytes = 5'000'000'000) {
+  const checkpoint::Reader r(checkpoint);
+  const Config c = config_of(r.manifest());
+  hf_detail::export_tensors(r, hf_detail::names(c), checkpoint, out, dtype, max_shard_bytes, hf_config(c), "llama");
 }
 
 }  // namespace weft::llama

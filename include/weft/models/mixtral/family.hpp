@@ -6,7 +6,9 @@
 // (docs/moe.md); the log carries the routers' aux loss, expert load and dropped slots
 // (train/report.hpp). The plan (--plan, and the check that a run fits) is the step measured on the
 // Meta device, with every expert given the same share of the tokens (nn/moe.hpp). On the host only,
-// in f32 and bf16 (f64 is the tests' precision); not yet: Hugging Face directories in and out.
+// in f32 and bf16 (f64 is the tests' precision). --init-from a transformers MixtralForCausalLM
+// directory (without --preset: the model its config.json describes) and weft-export to one
+// (models/mixtral/hf.hpp).
 #pragma once
 
 #include <cstdint>
@@ -15,6 +17,7 @@
 #include <vector>
 
 #include "weft/core/precision.hpp"
+#include "weft/models/mixtral/hf.hpp"
 #include "weft/models/mixtral/model.hpp"
 #include "weft/train/family.hpp"
 
@@ -77,6 +80,36 @@ struct Family {
     return cat("layers ", c.layers, ", heads ", c.heads, " (", c.kv_heads, " key-value), width ", c.width, ", ",
                c.experts, " experts of width ", c.hidden, " (top ", c.top_k, "), aux coef ", c.aux_coef, ", seq ",
                c.seq, ", vocab ", c.vocab, ", rope theta ", c.rope.theta);
+  }
+  // --init-from DIR without --preset: the model config.json describes (base's sequence and seed), its
+  // expert count checked against the router's tensors.
+  static Config config_from_hf(const std::string& from, const Config& base) {
+    const Config c = mixtral::hf_config_of(from, base);
+    check_experts(from, c);
+    return c;
+  }
+  // --init-from DIR: its config.json must describe the run's model (every field of the record but
+  // the router's coefficients and capacity, which train the same weights; the first that differs is
+  // named).
+  static void import_hf(const std::string& from, const std::string& dir, const Config& c) {
+    Config got = mixtral::hf_config_of(from, c);
+    got.aux_coef = c.aux_coef, got.z_coef = c.z_coef, got.capacity_factor = c.capacity_factor;
+    const auto want = record(c), have = record(got);
+    for (std::size_t i = 0; i < want.size(); ++i)
+      if (want[i] != have[i])
+        throw Error(
+            cat("mixtral::import(", from, ")"),
+            cat("its config.json has ", have[i].first, " ", have[i].second, "; the run's model has ", want[i].second),
+            "choose the preset and sizes of the model in the directory (--layers, --width, --heads, --kv-heads, "
+            "--hidden, --vocab, --experts, --top-k), or leave out --preset");
+    check_experts(from, got);
+    mixtral::import_hf(from, dir, got);
+  }
+  // weft-export: a MixtralForCausalLM directory, in F32 or F64 (exact), sharded as save_pretrained
+  // shards past 5 GB or the given size.
+  static Config config_of(const checkpoint::Manifest& m) { return mixtral::config_of(m); }
+  static void export_hf(const std::string& checkpoint, const std::string& out, const checkpoint::ExportOptions& e) {
+    mixtral::export_hf(checkpoint, out, e.dtype.value_or(DType::f32), e.max_shard_bytes.value_or(5'000'000'000));
   }
 };
 
