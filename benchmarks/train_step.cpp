@@ -12,6 +12,9 @@
 //              [--threads N]   (one rank whose host ops use N threads: host::set_threads)
 //              [--model llama --kv-heads K --hidden F]   (Llama's blocks: RMSNorm, rotary, GQA, SwiGLU, an
 //                                                         untied head; models/llama)
+//              [--model mixtral ... --experts E --top-k k [--expert N]]   (Mixtral's: Llama's with E
+//                                                         SwiGLU experts of F, the top k, aux coefficient
+//                                                         0.01; experts over N of the data ranks)
 #include <weft/device/host/profile.hpp>
 #include <weft/weft_host.hpp>
 
@@ -24,6 +27,7 @@
 #include <vector>
 #include <weft/models/gpt2/model.hpp>
 #include <weft/models/llama/model.hpp>
+#include <weft/models/mixtral/model.hpp>
 #include <weft/optim/data_parallel.hpp>
 #include <weft/pipeline/executor.hpp>
 #include <weft/train/metrics.hpp>
@@ -82,8 +86,8 @@ const char* simd() {
 
 int main(int argc, char** argv) {
   std::int64_t layers = 2, seq = 128, batch = 4, steps = 3, width = 768, heads = 12, vocab = 50304, kv_heads = 0,
-               hidden = 0;
-  int tensor = 1, data = 1, op_threads = 1;
+               hidden = 0, experts = 8, top_k = 2;
+  int tensor = 1, data = 1, op_threads = 1, expert = 1;
   std::string model = "gpt2";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
@@ -104,20 +108,23 @@ int main(int argc, char** argv) {
     else if (a == "--data") data = static_cast<int>(v);
     else if (a == "--steps") steps = v;
     else if (a == "--threads") op_threads = static_cast<int>(v);
+    else if (a == "--experts") experts = v;
+    else if (a == "--top-k") top_k = v;
+    else if (a == "--expert") expert = static_cast<int>(v);
     else {
       std::fprintf(
           stderr,
           "train_step: unknown option %s; use --model --layers --width --heads --kv-heads --hidden --vocab --seq "
-          "--batch --data --tensor --steps --threads\n",
+          "--batch --data --tensor --steps --threads --experts --top-k --expert\n",
           a.c_str());
       return 2;
     }
   }
-  if (model != "gpt2" && model != "llama") {
-    std::fprintf(stderr, "train_step: --model %s: use gpt2 or llama\n", model.c_str());
+  if (model != "gpt2" && model != "llama" && model != "mixtral") {
+    std::fprintf(stderr, "train_step: --model %s: use gpt2, llama or mixtral\n", model.c_str());
     return 2;
   }
-  const bool is_llama = model == "llama";
+  const bool is_moe = model == "mixtral", is_llama = model == "llama" || is_moe;
   const gpt2::Config cfg{.vocab = vocab, .seq = seq, .layers = layers, .heads = heads, .width = width};
   const llama::Config lcfg{.vocab = vocab,
                            .seq = seq,
@@ -127,7 +134,12 @@ int main(int argc, char** argv) {
                            .width = width,
                            .hidden = hidden > 0 ? hidden : 4 * width,
                            .rope = {.theta = 500000}};
-  const double flops_per_token = is_llama ? llama::flops_per_token(lcfg) : gpt2::flops_per_token(cfg);
+  mixtral::Config mcfg;
+  static_cast<llama::Config&>(mcfg) = lcfg;
+  mcfg.experts = experts, mcfg.top_k = top_k, mcfg.aux_coef = 0.01;
+  const double flops_per_token = is_moe     ? mixtral::flops_per_token(mcfg)
+                                 : is_llama ? llama::flops_per_token(lcfg)
+                                            : gpt2::flops_per_token(cfg);
   if (op_threads < 1 || op_threads > 256 || (op_threads > 1 && data * tensor != 1)) {
     std::fprintf(stderr,
                  "train_step: --threads %d: give 1 to 256, and more than 1 only to one rank (data 1, tensor 1)\n",
@@ -171,9 +183,13 @@ int main(int argc, char** argv) {
       host::profile(nullptr);
     };
     run_threads(ranks, [&](ThreadComm& world) {
-      Mesh mesh{world, {.data = data, .tensor = tensor}};
+      Mesh mesh{world, {.data = data, .tensor = tensor, .expert = expert}};
       Host host;
-      if (is_llama) {
+      if (is_moe) {
+        mixtral::validate(mcfg, mesh.spread(), false, batch);
+        mixtral::Model<float> m(host, mcfg, mesh.spread(), batch);
+        rank_steps(world, mesh, m);
+      } else if (is_llama) {
         llama::validate(lcfg, mesh.spread(), false, batch);
         llama::Model<float> m(host, lcfg, mesh.spread(), batch);
         rank_steps(world, mesh, m);
@@ -191,8 +207,16 @@ int main(int argc, char** argv) {
     std::vector<GemmShape> shapes;
     if (is_llama) {
       const std::int64_t qkv = C + 2 * lcfg.kv_heads * lcfg.head_dim(), F = lcfg.hidden;
-      for (auto [out, in] : {std::pair{qkv / tensor, C}, {C, C / tensor}, {2 * F / tensor, C}, {C, F / tensor}})
-        shapes.push_back({N, out, in, static_cast<int>(3 * layers)});
+      if (is_moe) {  // each expert's share of the N k slots at balance; the router
+        for (auto [out, in] : {std::pair{qkv / tensor, C}, {C, C / tensor}, {experts, C}})
+          shapes.push_back({N, out, in, static_cast<int>(3 * layers)});
+        for (auto [out, in] : {std::pair{2 * F, C}, {C, F}})
+          shapes.push_back({std::max<std::int64_t>(1, N * top_k / experts), out, in,
+                            static_cast<int>(3 * layers * experts / expert)});
+      } else {
+        for (auto [out, in] : {std::pair{qkv / tensor, C}, {C, C / tensor}, {2 * F / tensor, C}, {C, F / tensor}})
+          shapes.push_back({N, out, in, static_cast<int>(3 * layers)});
+      }
     } else {
       for (auto [out, in] : {std::pair{3 * C / tensor, C}, {C, C / tensor}, {4 * C / tensor, C}, {C, 4 * C / tensor}})
         shapes.push_back({N, out, in, static_cast<int>(3 * layers)});
@@ -226,6 +250,9 @@ int main(int argc, char** argv) {
                               {"seq", seq},
                               {"kv_heads", is_llama ? lcfg.kv_heads : heads},
                               {"hidden", is_llama ? lcfg.hidden : 4 * width},
+                              {"experts", is_moe ? experts : 0},
+                              {"top_k", is_moe ? top_k : 0},
+                              {"expert", expert},
                               {"batch", batch},
                               {"data", data},
                               {"tensor", tensor},

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """weft's host training step beside PyTorch eager, same model, same machine, interleaved runs.
 
-For GPT-2 124M (B=4, T=64) and a small model (4 layers, width 256, 4 heads, T=128, V=256, B=8), and
-two Llamas (llama-small: 4 layers, width 256, 8 heads in 2 key-value groups, SwiGLU of 688, T=128,
+For GPT-2 124M (B=4, T=64) and a small model (4 layers, width 256, 4 heads, T=128, V=256, B=8), a
+mixture of experts (mixtral-small: llama-small's blocks with 8 SwiGLU experts of 688, the top 2; on 2
+threads also its experts over data 2 x expert 2), and two Llamas (llama-small: 4 layers, width 256, 8 heads in 2 key-value groups, SwiGLU of 688, T=128,
 V=256, B=8; llama-wide: 2 layers, width 768, 12 heads in 4 groups, SwiGLU of 2048, T=64, V=32000,
 B=4; llama-100m: the same widths over 8 layers, 99.5M parameters; llama-tiny: the trainer's preset,
 B=16), on 1 and 2 threads: weft's benchmarks/train_step (1 thread: one rank; 2 threads: data 2 or
@@ -40,6 +41,10 @@ MODELS = {
     # 99.5M parameters: llama-wide's widths over 8 layers (the embedding and head are 49.2M of them)
     "llama-100m": dict(model="llama", layers=8, width=768, heads=12, kv_heads=4, hidden=2048, seq=64, vocab=32000, batch=4,
                        steps=2),
+    # a mixture of experts (issue 54's benchmark): llama-small's blocks with 8 SwiGLU experts of 688, the
+    # top 2 (weft's mixtral::Model; torch_llama.py --experts: the same math, a loop over experts)
+    "mixtral-small": dict(model="mixtral", layers=4, width=256, heads=8, kv_heads=2, hidden=688, seq=128, vocab=256,
+                          batch=8, experts=8, top_k=2, steps=6),
     # the trainer's llama-tiny preset (models/llama/config.hpp) at its batch of 16
     "llama-tiny": dict(model="llama", layers=2, width=64, heads=4, kv_heads=2, hidden=176, seq=64, vocab=64, batch=16,
                        steps=20),
@@ -86,18 +91,21 @@ def main():
         if a.only and name != a.only:
             continue
         reference = os.path.join(here, "..", "tools", "reference",
-                                 "torch_llama.py" if m.get("model") == "llama" else "torch_gpt.py")
+                                 "torch_llama.py" if m.get("model") in ("llama", "mixtral") else "torch_gpt.py")
         sizes = [f"--{k.replace('_', '-')}={v}" for k, v in m.items() if k != "model"]
         for threads in (1, 2):
             # (data, tensor, op threads): on 2 threads, two thread ranks or one rank on 2 threads
             layouts = [(1, 1, 1)] if threads == 1 else [(2, 1, 1), (1, 2, 1), (1, 1, 2)]
+            if m.get("model") == "mixtral" and threads == 2:  # and the experts over the two data ranks
+                layouts.append((2, 1, 1, 2))
             weft = {l: [] for l in layouts}
             torch_s, share = [], {l: [] for l in layouts}
             library = simd = flops = None
             for _ in range(a.reps):
                 for l in list(layouts):
                     r = run([a.train_step, *sum(([f"--{k.replace('_', '-')}", str(v)] for k, v in m.items()), []), "--data", str(l[0]),
-                             "--tensor", str(l[1]), "--threads", str(l[2])], may_refuse=l[2] > 1)
+                             "--tensor", str(l[1]), "--threads", str(l[2]), *(["--expert", str(l[3])] if len(l) > 3 else [])],
+                            may_refuse=l[2] > 1)
                     if r is None:
                         layouts.remove(l)
                         continue
@@ -109,7 +117,8 @@ def main():
                                  f"{a.train_step} was compiled for {simd} (build one as the usage above says)")
                 torch_s.append(run([sys.executable, reference, *sizes, f"--threads={threads}"])["tokens_per_s"])
             best = max(layouts, key=lambda l: statistics.median(weft[l]))
-            label = lambda l: f"data {l[0]} x tensor {l[1]}" + (f", {l[2]} threads" if l[2] > 1 else "")
+            label = lambda l: (f"data {l[0]} x tensor {l[1]}" + (f", {l[2]} threads" if l[2] > 1 else "") +
+                               (f", expert {l[3]}" if len(l) > 3 else ""))
             w, t = statistics.median(weft[best]), statistics.median(torch_s)
             f = flops
             print(json.dumps({"bench": "vs_pytorch", "model": name, "threads": threads,

@@ -85,9 +85,12 @@ inline Named plain(std::string weft, std::string hf, std::vector<std::int64_t> s
   return {std::move(weft), {std::move(hf)}, Named::Kind::plain, shape, {shape}};
 }
 
-// The attention's and the norms' tensors of layer l (weft's names under `w`, Hugging Face's under `h`).
-inline void attention_names(std::vector<Named>& n, const Config& c, const std::string& w, const std::string& h) {
-  const std::int64_t C = c.width, hd = c.head_dim(), g = c.heads / c.kv_heads;
+// The attention's and the norms' tensors of layer l (weft's names under `w`, Hugging Face's under `h`):
+// heads of hd (0: width / heads), and with qk_norm the heads' query and key norms (Qwen3's).
+inline void attention_names(std::vector<Named>& n, const Config& c, const std::string& w, const std::string& h,
+                            std::int64_t hd = 0, bool qk_norm = false) {
+  const std::int64_t C = c.width, g = c.heads / c.kv_heads;
+  if (hd <= 0) hd = c.head_dim();
   n.push_back(plain(w + "attn_norm.weight", h + "input_layernorm.weight", {C}));
   n.push_back({w + "attn.qkv.weight",
                {h + "self_attn.q_proj.weight", h + "self_attn.k_proj.weight", h + "self_attn.v_proj.weight"},
@@ -96,18 +99,23 @@ inline void attention_names(std::vector<Named>& n, const Config& c, const std::s
                {{c.heads * hd, C}, {c.kv_heads * hd, C}, {c.kv_heads * hd, C}},
                hd,
                g});
-  n.push_back(plain(w + "attn.proj.weight", h + "self_attn.o_proj.weight", {C, C}));
+  if (qk_norm) {
+    n.push_back(plain(w + "attn.q_norm.weight", h + "self_attn.q_norm.weight", {hd}));
+    n.push_back(plain(w + "attn.k_norm.weight", h + "self_attn.k_norm.weight", {hd}));
+  }
+  n.push_back(plain(w + "attn.proj.weight", h + "self_attn.o_proj.weight", {C, c.heads * hd}));
   n.push_back(plain(w + "mlp_norm.weight", h + "post_attention_layernorm.weight", {C}));
 }
 
-// Every tensor of the model: `mlp(n, l, w, h)` appends layer l's MLP (Llama's SwiGLU by default).
+// Every tensor of the model: `mlp(n, l, w, h)` appends layer l's MLP (Llama's SwiGLU by default);
+// the attention's heads of hd, QK-normalised where qk_norm (attention_names).
 template <class Mlp>
-std::vector<Named> names_with(const Config& c, Mlp&& mlp) {
+std::vector<Named> names_with(const Config& c, Mlp&& mlp, std::int64_t hd = 0, bool qk_norm = false) {
   const std::int64_t C = c.width;
   std::vector<Named> n{plain("wte", "model.embed_tokens.weight", {c.vocab, C})};
   for (std::int64_t l = 0; l < c.layers; ++l) {
     const std::string w = cat("layers.", l, "."), h = cat("model.layers.", l, ".");
-    attention_names(n, c, w, h);
+    attention_names(n, c, w, h, hd, qk_norm);
     mlp(n, l, w, h);
   }
   n.push_back(plain("ln_f.weight", "model.norm.weight", {C}));

@@ -30,26 +30,57 @@ namespace weft::mixtral {
 namespace hf_detail {
 using llama::hf_detail::Named;
 
+// How a family names a layer's mixture of experts: under `prefix` in the layer, the router
+// (prefix + "gate.weight") and expert e's gate, up and down (prefix + "experts.<e>.<gate>.weight");
+// `count` is config.json's key for the experts.
+struct MoeNames {
+  std::string prefix, gate, up, down, count;
+};
+inline const MoeNames mixtral_names{"block_sparse_moe.", "w1", "w3", "w2", "num_local_experts"};
+
+// Layer l's router and experts: (E, C), (E, 2H, C) from E gates and ups, (E, C, H) from E downs.
+inline void moe_names(std::vector<Named>& n, const std::string& w, const std::string& h, const MoeNames& m,
+                      std::int64_t E, std::int64_t C, std::int64_t H) {
+  const std::string moe = h + m.prefix;
+  n.push_back(llama::hf_detail::plain(w + "mlp.router.weight", moe + "gate.weight", {E, C}));
+  Named gate_up{w + "mlp.experts.gate_up", {}, Named::Kind::expert_gate_up, {E, 2 * H, C}, {}};
+  Named down{w + "mlp.experts.down", {}, Named::Kind::expert_stack, {E, C, H}, {}};
+  for (std::int64_t e = 0; e < E; ++e) {
+    const std::string x = cat(moe, "experts.", e, ".");
+    gate_up.hf.push_back(x + m.gate + ".weight");
+    gate_up.hf.push_back(x + m.up + ".weight");
+    gate_up.parts.push_back({H, C});
+    gate_up.parts.push_back({H, C});
+    down.hf.push_back(x + m.down + ".weight");
+    down.parts.push_back({C, H});
+  }
+  n.push_back(std::move(gate_up));
+  n.push_back(std::move(down));
+}
+
 inline std::vector<Named> names(const Config& c) {
-  const std::int64_t C = c.width, H = c.hidden, E = c.experts;
   return llama::hf_detail::names_with(
       c, [&](std::vector<Named>& n, std::int64_t, const std::string& w, const std::string& h) {
-        const std::string moe = h + "block_sparse_moe.";
-        n.push_back(llama::hf_detail::plain(w + "mlp.router.weight", moe + "gate.weight", {E, C}));
-        Named gate_up{w + "mlp.experts.gate_up", {}, Named::Kind::expert_gate_up, {E, 2 * H, C}, {}};
-        Named down{w + "mlp.experts.down", {}, Named::Kind::expert_stack, {E, C, H}, {}};
-        for (std::int64_t e = 0; e < E; ++e) {
-          const std::string x = cat(moe, "experts.", e, ".");
-          gate_up.hf.push_back(x + "w1.weight");
-          gate_up.hf.push_back(x + "w3.weight");
-          gate_up.parts.push_back({H, C});
-          gate_up.parts.push_back({H, C});
-          down.hf.push_back(x + "w2.weight");
-          down.parts.push_back({C, H});
-        }
-        n.push_back(std::move(gate_up));
-        n.push_back(std::move(down));
+        moe_names(n, w, h, mixtral_names, c.experts, c.width, c.hidden);
       });
+}
+
+// The experts config.json counts against the router's tensors in the directory `dir` (their
+// headers only), `who` the importer for errors.
+inline void check_experts(const std::string& dir, const std::string& who, const MoeNames& m, std::int64_t layers,
+                          std::int64_t experts) {
+  const checkpoint::ImportDir files(dir, "model", cat(who, "(", dir, ")"));
+  for (std::int64_t l = 0; l < layers; ++l) {
+    const std::string router = cat("model.layers.", l, ".", m.prefix, "gate.weight");
+    const checkpoint::TensorInfo* t = files.find(router);
+    if (!t) throw Error(files.at(), cat("has no tensor ", router), "pass the whole model that config.json describes");
+    if (t->shape.size() != 2 || t->shape[0] != experts)
+      throw Error(
+          files.at(),
+          cat(router, " has the shape ", join(t->shape, "x"), ": ", t->shape.empty() ? std::int64_t{0} : t->shape[0],
+              " experts, where config.json's ", m.count, " is ", experts),
+          "pass a config.json that matches the weights");
+  }
 }
 }  // namespace hf_detail
 
@@ -137,20 +168,7 @@ inline Config hf_config_of(const std::string& dir, const Config& base = {}) {
 // only): a config.json whose num_local_experts disagrees with the weights is refused by name before
 // a run is configured from it, not when its weights are converted.
 inline void check_experts(const std::string& dir, const Config& c) {
-  const checkpoint::ImportDir files(dir, "model", cat("mixtral::import(", dir, ")"));
-  for (std::int64_t l = 0; l < c.layers; ++l) {
-    const std::string router = cat("model.layers.", l, ".block_sparse_moe.gate.weight");
-    const checkpoint::TensorInfo* t = files.find(router);
-    if (!t) throw Error(files.at(), cat("has no tensor ", router), "pass the whole model that config.json describes");
-    if (t->shape.size() != 2 || t->shape[0] != c.experts)
-      throw Error(
-          files.at(),
-          cat(router, " has the shape ", join(t->shape, "x"), ": ", t->shape.empty() ? std::int64_t{0} : t->shape[0],
-              " experts, where config.json's "
-              "num_local_experts is ",
-              c.experts),
-          "pass a config.json that matches the weights");
-  }
+  hf_detail::check_experts(dir, "mixtral::import", hf_detail::mixtral_names, c.layers, c.experts);
 }
 
 // Reads a transformers Mixtral directory (as llama::import_hf reads Llama's) and writes its weights

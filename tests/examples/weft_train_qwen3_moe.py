@@ -1,0 +1,158 @@
+#!/usr/bin/env python3
+"""weft-train --model qwen3-moe (Qwen3-MoE through weft's trainer: Mixtral's experts with Qwen3's
+attention, heads of a size of their own and QK norm), checked by what it computes:
+
+  weft_train_qwen3_moe.py WEFT_TRAIN WEFT_EXPORT [--through-transformers]
+
+1. qwen3-moe-tiny on the built-in corpus, data 2 x expert 2, 30 steps: the mean loss of the last 10
+   below 0.8 of the first 5's, every record carrying the routers' aux loss and expert load.
+2. The same 4 steps on one rank, on data 2 x tensor 2 x expert 2 with SP under ZeRO-1 (the QK norms'
+   gradients summed over the tensor ranks' heads) and on pipe 2 x data 2 x expert 2: every logged
+   loss within 2e-5 of one rank's (f32 sums in other orders; tests/models/qwen3_moe holds the layouts
+   to 1e-12 in f64).
+3. --init-from the directory save_pretrained wrote for the reference model (tests/fixtures/qwen3_moe/hf,
+   float64) without --preset trains the model its config.json describes (heads of 8, QK norm, the top
+   2 not renormalised); one step at a learning rate of 1e-30 on data 2 x expert 2, saved and exported,
+   gives transformers' logits of the reference's tokens within 1e-5 of the largest (f32). A
+   config.json with dense layers (mlp_only_layers) is refused by name before anything is built
+   (exit 2).
+4. --through-transformers (a CTest test of its own, skipped with 77 without PyTorch and
+   transformers): Qwen3MoeForCausalLM.from_pretrained reads part 3's export: its weights are the
+   fixture's rounded to f32, bit for bit, and its logits are weft's within 1e-5 of the largest.
+"""
+import json, os, re, struct, subprocess, sys, tempfile
+
+through_transformers = "--through-transformers" in sys.argv
+sys.argv = [a for a in sys.argv if a != "--through-transformers"]
+if through_transformers:
+    try:
+        import torch
+        from transformers import Qwen3MoeForCausalLM
+    except ImportError as e:
+        print(f"SKIPPED: the export through transformers needs PyTorch and transformers ({e})")
+        sys.exit(77)
+bin_, export_bin = sys.argv[1], sys.argv[2]
+fixture = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures", "qwen3_moe")
+work = tempfile.mkdtemp(prefix="weft_qwen3_moe_train_")
+env = dict(os.environ, ASAN_OPTIONS="detect_leaks=0")
+failures = []
+
+
+def run(name, args, want=0):
+    log = os.path.join(work, name + ".jsonl")
+    p = subprocess.run([bin_, "--model", "qwen3-moe", "--log", log, *args], capture_output=True, text=True,
+                       env=env, timeout=600)
+    if p.returncode != want:
+        failures.append(f"{name}: exit {p.returncode}, expected {want}\n{p.stdout}\n{p.stderr}")
+        return {}, p.stdout + p.stderr
+    if want != 0:
+        return {}, p.stdout + p.stderr
+    return {r["step"]: r for r in map(json.loads, open(log)) if "loss" in r}, p.stdout
+
+
+def safetensors(path):
+    raw = open(path, "rb").read()
+    n = int.from_bytes(raw[:8], "little")
+    head, body = json.loads(raw[8:8 + n]), raw[8 + n:]
+    out = {}
+    for k, v in head.items():
+        if k == "__metadata__":
+            continue
+        lo, hi = v["data_offsets"]
+        fmt = {"F64": "d", "I64": "q", "F32": "f"}[v["dtype"]]
+        out[k] = (v["shape"], struct.unpack(f"<{(hi - lo) // struct.calcsize(fmt)}{fmt}", body[lo:hi]))
+    return out
+
+
+def relative(ours, theirs):
+    if len(ours) != len(theirs) or not theirs:
+        return float("inf")
+    err = max(abs(a - b) for a, b in zip(ours, theirs)) / max(abs(x) for x in theirs)
+    return err if err == err else float("inf")  # NaN fails
+
+
+if not through_transformers:
+    # 1. It learns.
+    learn, out = run("learn", ["--steps", "30", "--batch", "16", "--data", "2", "--tensor", "1", "--expert", "2",
+                               "--eval-every", "0"])
+    if len(learn) == 30:
+        first = sum(learn[s]["loss"] for s in range(1, 6)) / 5
+        last = sum(learn[s]["loss"] for s in range(21, 31)) / 10
+        print(f"30 steps on data 2 x expert 2: mean loss of the first 5 {first:.4f}, of the last 10 {last:.4f}")
+        if not last < 0.8 * first:
+            failures.append(f"the loss went from {first} to {last}:\n{out}")
+        if not all(1 <= r.get("aux_loss", float("nan")) <= 8 and r.get("expert_load", float("nan")) >= 1
+                   for r in learn.values()):
+            failures.append(f"the routers' records: {learn[30]}")
+    # 2. Layouts against one rank.
+    steps = ["--steps", "4", "--batch", "16", "--eval-every", "0", "--lr", "3e-3"]
+    one, _ = run("one", steps + ["--data", "1", "--tensor", "1"])
+    for name, args in [("data 2 x tensor 2 x expert 2, zero1-sp", ["--data", "2", "--tensor", "2", "--expert", "2",
+                                                                   "--strategy", "zero1-sp"]),
+                       ("pipe 2 x data 2 x expert 2", ["--data", "2", "--tensor", "1", "--pipe", "2", "--expert",
+                                                       "2"])]:
+        got, _ = run(re.sub(r"[^a-z0-9]+", "_", name), steps + args)
+        worst = max((abs(got[s]["loss"] - one[s]["loss"]) if s in got else float("inf") for s in one),
+                    default=float("inf"))
+        print(f"{name}: losses within {worst:.3g} of one rank's")
+        if not (one and worst <= 2e-5):
+            failures.append(f"{name}: {got} against {one}")
+
+# 3. In from a transformers directory, out to one.
+exported = os.path.join(work, "exported_hf")
+ref = safetensors(os.path.join(fixture, "reference.safetensors"))
+(rows, cols), tokens = ref["tokens"]
+ck = os.path.join(work, "from_hf")
+losses, out = run("from_hf", ["--init-from", os.path.join(fixture, "hf"), "--steps", "1", "--lr", "1e-30", "--min-lr",
+                              "0", "--warmup", "0", "--clip", "0", "--eval-every", "0", "--seq", str(cols), "--batch",
+                              "4", "--data", "2", "--tensor", "1", "--expert", "2", "--save-dir", ck])
+want = "heads 4 of 8 (2 key-value, QK norm), width 16, 4 experts of width 8 (top 2), aux coef 0.001, seq 8, vocab 32"
+if losses and want not in out:
+    failures.append(f"--init-from without --preset: wanted '{want}' in:\n{out}")
+logits_f = os.path.join(work, "from_hf.f32")
+p = subprocess.run([export_bin, "--checkpoint", ck, "--out", exported, "--tokens",
+                    ",".join(str(int(t)) for t in tokens[:cols]), "--logits", logits_f], capture_output=True,
+                   text=True, env=env, timeout=300)
+weft_logits = None
+if p.returncode != 0:
+    failures.append(f"weft-export of the --init-from run: exit {p.returncode}\n{p.stdout}{p.stderr}")
+else:
+    raw = open(logits_f, "rb").read()
+    weft_logits = struct.unpack(f"<{len(raw) // 4}f", raw)
+    err = relative(weft_logits, ref["logits"][1][:cols * 32])
+    print(f"--init-from the transformers directory on data 2 x expert 2, saved and exported: logits within "
+          f"{err:.3g} of transformers' (relative to the largest)")
+    if not err <= 1e-5:  # f32 weights and sums against float64
+        failures.append(f"--init-from qwen3_moe/hf: logits off transformers' by {err}")
+if not through_transformers:
+    bad = os.path.join(work, "bad_hf")
+    os.makedirs(bad, exist_ok=True)
+    cfg = json.load(open(os.path.join(fixture, "hf", "config.json")))
+    cfg["mlp_only_layers"] = [1]
+    json.dump(cfg, open(os.path.join(bad, "config.json"), "w"))
+    os.symlink(os.path.join(os.path.abspath(fixture), "hf", "model.safetensors"), os.path.join(bad, "model.safetensors"))
+    _, err = run("bad_hf", ["--init-from", bad, "--seq", "8", "--batch", "4", "--data", "1", "--tensor", "1"], want=2)
+    print(f"refused (mlp_only_layers [1]): {err.strip().splitlines()[-1] if err else ''}")
+    if "has dense layers (mlp_only_layers [1]" not in err:
+        failures.append(f"a config.json with dense layers: {err}")
+
+# 4. The export read back by transformers.
+if through_transformers and weft_logits is not None:
+    theirs = Qwen3MoeForCausalLM.from_pretrained(exported, dtype=torch.float32)
+    first = Qwen3MoeForCausalLM.from_pretrained(os.path.join(fixture, "hf"), dtype=torch.float64)
+    a, b = theirs.state_dict(), first.state_dict()
+    same = a.keys() == b.keys() and all(torch.equal(a[k], b[k].float()) for k in a)
+    print(f"from_pretrained of the export: weights {'the fixture' if same else 'NOT the fixture'}'s rounded to f32")
+    if not same:
+        failures.append("the export's weights are not the fixture's rounded to f32")
+    with torch.no_grad():
+        logits = theirs(input_ids=torch.tensor([[int(t) for t in tokens[:cols]]])).logits.reshape(-1).tolist()
+    err = relative(logits, list(weft_logits))
+    print(f"from_pretrained of the export: logits within {err:.3g} of weft's (relative to the largest)")
+    if not err <= 1e-5:  # f32 sums in other orders
+        failures.append(f"transformers' logits of the export off weft's by {err}")
+
+if failures:
+    print("\n".join(["FAILED:"] + failures))
+    sys.exit(1)
+print("weft-train --model qwen3-moe: all checks passed")
