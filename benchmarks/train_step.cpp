@@ -27,7 +27,7 @@
 #include <vector>
 #include <weft/models/gpt2/model.hpp>
 #include <weft/models/llama/model.hpp>
-#include <weft/models/mixtral/model.hpp>
+#include <weft/models/mixtral/family.hpp>  // mixtral::flops_per_token
 #include <weft/optim/data_parallel.hpp>
 #include <weft/pipeline/executor.hpp>
 #include <weft/train/metrics.hpp>
