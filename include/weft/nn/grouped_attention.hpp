@@ -355,9 +355,11 @@ class GroupedQueryAttention {
   void for_each_param(const std::string& prefix, F&& f) {
     qkv.for_each_param(prefix + ".qkv", f);
     proj.for_each_param(prefix + ".proj", f);
-    if (normalizes_qk()) {
-      f(prefix + ".q_norm.weight", q_norm);
-      f(prefix + ".k_norm.weight", k_norm);
+    if constexpr (!cp) {  // QK norm is refused with context parallelism
+      if (normalizes_qk()) {
+        f(prefix + ".q_norm.weight", q_norm);
+        f(prefix + ".k_norm.weight", k_norm);
+      }
     }
   }
 };
