@@ -22,6 +22,8 @@ attention, heads of a size of their own and QK norm), checked by what it compute
 """
 import json, os, re, struct, subprocess, sys, tempfile
 
+from moe_checks import relative, safetensors  # tests/examples/moe_checks.py
+
 through_transformers = "--through-transformers" in sys.argv
 sys.argv = [a for a in sys.argv if a != "--through-transformers"]
 if through_transformers:
@@ -49,26 +51,6 @@ def run(name, args, want=0):
         return {}, p.stdout + p.stderr
     return {r["step"]: r for r in map(json.loads, open(log)) if "loss" in r}, p.stdout
 
-
-def safetensors(path):
-    raw = open(path, "rb").read()
-    n = int.from_bytes(raw[:8], "little")
-    head, body = json.loads(raw[8:8 + n]), raw[8 + n:]
-    out = {}
-    for k, v in head.items():
-        if k == "__metadata__":
-            continue
-        lo, hi = v["data_offsets"]
-        fmt = {"F64": "d", "I64": "q", "F32": "f"}[v["dtype"]]
-        out[k] = (v["shape"], struct.unpack(f"<{(hi - lo) // struct.calcsize(fmt)}{fmt}", body[lo:hi]))
-    return out
-
-
-def relative(ours, theirs):
-    if len(ours) != len(theirs) or not theirs:
-        return float("inf")
-    err = max(abs(a - b) for a, b in zip(ours, theirs)) / max(abs(x) for x in theirs)
-    return err if err == err else float("inf")  # NaN fails
 
 
 if not through_transformers:

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "support/hf_dir.hpp"
 #include "weft/checkpoint/checkpoint.hpp"
 #include "weft/checkpoint/import_dir.hpp"
 #include "weft/models/mixtral/hf.hpp"
@@ -24,11 +25,7 @@ namespace {
 
 std::string fixture() { return std::string(WEFT_TEST_DATA_DIR) + "/mixtral/hf"; }
 
-std::string scratch(const std::string& name) {
-  const auto p = std::filesystem::temp_directory_path() / cat("weft_mixtral_hf_", ::getpid(), "_", name);
-  std::filesystem::remove_all(p);
-  return p.string();
-}
+std::string scratch(const std::string& name) { return test::hf::scratch("weft_mixtral_hf_", name); }
 
 mixtral::Config base() {
   mixtral::Config c;
@@ -36,15 +33,8 @@ mixtral::Config base() {
   return c;
 }
 
-// A copy of the fixture with config.json's `key` set to `value` (JSON text).
 std::string edited(const std::string& name, const std::string& key, const std::string& value) {
-  const std::string dir = scratch(name);
-  std::filesystem::create_directories(dir);
-  std::filesystem::copy_file(fixture() + "/model.safetensors", dir + "/model.safetensors");
-  auto j = llama::hf_detail::read_json(fixture() + "/config.json", "test");
-  j[key] = nlohmann::json::parse(value);
-  std::ofstream(dir + "/config.json") << j.dump(2);
-  return dir;
+  return test::hf::edited_copy(fixture(), scratch(name), key, value);
 }
 
 }  // namespace
@@ -58,17 +48,7 @@ TEST_CASE("mixtral: a save_pretrained directory imports to the reference's weft 
   CHECK(c.experts == 4);
   CHECK(c.top_k == 2);
   CHECK(c.aux_coef == 0.001);  // config.json's router_aux_loss_coef
-  const checkpoint::ImportDir ref(std::string(WEFT_TEST_DATA_DIR) + "/mixtral", "reference", "mixtral reference");
-  const checkpoint::Reader r(out);
-  int compared = 0;
-  for (const auto& name : ref.names()) {
-    if (!name.starts_with("value/")) continue;
-    const std::string weft = name.substr(6);
-    const std::vector<double> got = r.read<double>("param/" + weft), want = ref.read(name);
-    INFO(weft);
-    CHECK(got == want);  // F64 in, F64 out: the same bits
-    ++compared;
-  }
+  const int compared = test::hf::imported_equals_reference(out, std::string(WEFT_TEST_DATA_DIR) + "/mixtral");
   CHECK(compared == 17);  // wte, 7 a layer, ln_f, lm_head
   std::filesystem::remove_all(out);
 }
@@ -77,14 +57,7 @@ TEST_CASE("mixtral: the export in F64 is the save_pretrained directory bit for b
   const std::string imported = scratch("import2"), out = scratch("export");
   mixtral::import_hf(fixture(), imported, base());
   mixtral::export_hf(imported, out, DType::f64);
-  const checkpoint::ImportDir want(fixture(), "model", "the fixture"), got(out, "model", "the export");
-  CHECK(got.names().size() == want.names().size());
-  for (const auto& name : want.names()) {
-    INFO(name);
-    REQUIRE(got.find(name) != nullptr);
-    CHECK(got.find(name)->shape == want.find(name)->shape);
-    CHECK(got.read(name) == want.read(name));
-  }
+  test::hf::same_tensors(out, fixture());
   const auto j = llama::hf_detail::read_json(out + "/config.json", "test");
   CHECK(j["model_type"] == "mixtral");
   CHECK(j["architectures"][0] == "MixtralForCausalLM");

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "support/error.hpp"
+#include "support/moe_model.hpp"
 #include "weft/checkpoint/import_dir.hpp"
 #include "weft/comm/mesh.hpp"
 #include "weft/comm/redistribute.hpp"
@@ -46,65 +47,11 @@ const checkpoint::ImportDir& reference() {
   return r;
 }
 
-// max |a - b| / max |b|, infinite on NaN or a size that differs.
 double relative(const std::vector<double>& a, const std::vector<double>& b) { return test::rel_error(a, b); }
 
-struct Run {
-  double loss = 0;
-  std::vector<double> logits, aux, z;  // logits on one rank only
-  double worst = 0;                    // the worst gradient's relative difference
-  std::string where;
-};
-
-// One forward and backward of the reference batch on data x tensor (SP where tensor > 1) ranks
-// with an expert degree, its weights the reference's; gradients reduced by DDP and gathered.
 template <class Model>
-Run run(int data, int tensor, int expert) {
-  const qwen3_moe::Config c = tiny();
-  const auto& ref = reference();
-  const auto tokens = ref.read("tokens"), targets = ref.read("targets");
-  const std::int64_t B = static_cast<std::int64_t>(tokens.size()) / c.seq;
-  Run out;
-  std::mutex mu;
-  run_threads(data * tensor, [&](ThreadComm& world) {
-    Host h;
-    Mesh mesh{world, {.data = data, .tensor = tensor, .expert = expert}};
-    Model model(h, c, mesh.spread(), B);
-    auto dp = optim::data_parallel<optim::Ddp>(model, optim::AdamW{}, mesh);
-    model.for_each_param([&](const std::string& name, auto& p) {
-      const auto g = ref.read("value/" + name);
-      for (std::int64_t i = 0; i < p.value.numel(); ++i)
-        p.value.data()[i] = g[static_cast<std::size_t>(p.value.global_index(i))];
-    });
-    const std::int64_t Bl = B / data, first = mesh.coord().data * Bl * c.seq;
-    std::vector<std::int32_t> x(static_cast<std::size_t>(Bl * c.seq)), y(x.size());
-    for (std::size_t i = 0; i < x.size(); ++i) {
-      x[i] = static_cast<std::int32_t>(tokens[static_cast<std::size_t>(first) + i]);
-      y[i] = static_cast<std::int32_t>(targets[static_cast<std::size_t>(first) + i]);
-    }
-    auto ctx = model.in_flight({{x, y}, B});
-    pipeline::forward(model, ctx, mesh, dp);
-    std::vector<double> logits;
-    if (data * tensor == 1) logits = ctx.head.ce.logits.to_host();
-    pipeline::backward(model, ctx, mesh, dp, true);
-    std::vector<double> aux, z;
-    for (auto& block : model.blocks) {
-      auto& moe = std::get<1>(std::get<1>(block.layers).inner.layers);
-      aux.push_back(moe.last_aux);
-      z.push_back(moe.last_z);
-    }
-    double worst = 0;
-    std::string where;
-    model.for_each_param([&](const std::string& name, auto& p) {
-      const auto t = redistribute<Replicated>(p.grad, mesh);
-      const double e = relative(std::vector<double>(t.data(), t.data() + t.numel()), ref.read("grad/" + name));
-      if (e > worst || std::isnan(e)) worst = test::worse(worst, e), where = name;
-    });
-    if (world.rank() != 0) return;
-    std::lock_guard lock(mu);
-    out = {ctx.loss, logits, aux, z, worst, where};
-  });
-  return out;
+test::moe::Run run(int data, int tensor, int expert) {
+  return test::moe::run<Model>(tiny(), reference(), data, tensor, expert);
 }
 
 }  // namespace
@@ -113,7 +60,7 @@ TEST_CASE("Qwen3-MoE equals transformers' Qwen3MoeForCausalLM in f64: logits, lo
   const auto& ref = reference();
   const double loss = ref.read("loss")[0];
   const auto aux = ref.read("aux"), z = ref.read("z");
-  const Run one = run<qwen3_moe::Model<double>>(1, 1, 1);
+  const test::moe::Run one = run<qwen3_moe::Model<double>>(1, 1, 1);
   const double el = relative(one.logits, ref.read("logits"));
   CHECK(el <= 1e-10);
   CHECK(std::abs(one.loss - loss) <= 1e-10 * loss);
@@ -122,16 +69,16 @@ TEST_CASE("Qwen3-MoE equals transformers' Qwen3MoeForCausalLM in f64: logits, lo
   CHECK_MESSAGE(one.worst <= 1e-10, "worst gradient: ", one.where);
   MESSAGE("one rank: logits within ", el, ", cross-entropy ", one.loss, " against ", loss, ", gradients within ",
           one.worst, " (", one.where, ")");
-  const Run ep = run<qwen3_moe::Model<double, true>>(2, 2, 2);
+  const test::moe::Run ep = run<qwen3_moe::Model<double, true>>(2, 2, 2);
   CHECK(std::abs(ep.loss - loss) <= 1e-10 * loss);
   CHECK(relative(ep.aux, aux) <= 1e-12);
   CHECK_MESSAGE(ep.worst <= 1e-10, "worst gradient: ", ep.where);
   MESSAGE("expert 2 x tensor 2 with SP: cross-entropy ", ep.loss, ", gradients within ", ep.worst, " (", ep.where, ")");
-  const Run ag = run<qwen3_moe::Model<double, false, recompute::None, Host, nn::AllGatherDispatch>>(4, 1, 4);
+  const test::moe::Run ag = run<qwen3_moe::Model<double, false, recompute::None, Host, nn::AllGatherDispatch>>(4, 1, 4);
   CHECK(std::abs(ag.loss - loss) <= 1e-10 * loss);
   CHECK_MESSAGE(ag.worst <= 1e-10, "worst gradient: ", ag.where);
   MESSAGE("expert 4 (data 4), all-gather dispatcher: gradients within ", ag.worst, " (", ag.where, ")");
-  const Run full = run<qwen3_moe::Model<double, false, recompute::Full>>(1, 2, 1);
+  const test::moe::Run full = run<qwen3_moe::Model<double, false, recompute::Full>>(1, 2, 1);
   CHECK(std::abs(full.loss - loss) <= 1e-10 * loss);
   CHECK_MESSAGE(full.worst <= 1e-10, "worst gradient: ", full.where);
   MESSAGE("tensor 2, full recompute: gradients within ", full.worst, " (", full.where, ")");

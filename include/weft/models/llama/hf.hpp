@@ -325,13 +325,26 @@ inline Config config_of(const checkpoint::Manifest& m) {
 // weights are streamed: one tensor is in memory at a time, never the model.
 // The configuration a transformers directory's config.json describes (read and checked alone: a
 // caller compares it with its run before anything is converted).
-inline Config hf_config_of(const std::string& dir, const Config& base = {}) {
-  const auto cfg_path = (std::filesystem::path(dir) / "config.json").string();
-  if (!std::filesystem::is_regular_file(cfg_path))
-    throw Error(cat("llama::import(", dir, ")"), "has no config.json",
+namespace hf_detail {
+// A model directory's config.json, parsed, and where errors about it come from ("<who>(<path>)");
+// refused by name where the directory has none.
+struct ConfigFile {
+  nlohmann::json json;
+  std::string at;
+};
+inline ConfigFile read_config(const std::string& dir, const std::string& who) {
+  const auto path = (std::filesystem::path(dir) / "config.json").string();
+  if (!std::filesystem::is_regular_file(path))
+    throw Error(cat(who, "(", dir, ")"), "has no config.json",
                 "pass a directory that transformers' save_pretrained wrote");
-  return config_from_hf(hf_detail::read_json(cfg_path, cat("llama::import(", cfg_path, ")")),
-                        cat("llama::import(", cfg_path, ")"), base);
+  const std::string at = cat(who, "(", path, ")");
+  return {read_json(path, at), at};
+}
+}  // namespace hf_detail
+
+inline Config hf_config_of(const std::string& dir, const Config& base = {}) {
+  const auto f = hf_detail::read_config(dir, "llama::import");
+  return config_from_hf(f.json, f.at, base);
 }
 
 namespace hf_detail {

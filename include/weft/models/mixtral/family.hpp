@@ -66,6 +66,23 @@ inline double flops_per_token(const Config& c) {
   return 6.0 * active + 12.0 * L * C * static_cast<double>(c.seq);
 }
 
+// `got` (a directory's config.json) with the run's router coefficients and capacity, which train the
+// same weights; refused, naming the first field of the record that differs, where it is another
+// model than the run's `c` (an MoE family's import_hf: this one's, qwen3_moe::Family's).
+template <class C>
+C same_model(const C& c, C got, const std::string& where) {
+  got.aux_coef = c.aux_coef, got.z_coef = c.z_coef, got.capacity_factor = c.capacity_factor;
+  const auto want = record(c), have = record(got);
+  for (std::size_t i = 0; i < want.size(); ++i)
+    if (want[i] != have[i])
+      throw Error(
+          where,
+          cat("its config.json has ", have[i].first, " ", have[i].second, "; the run's model has ", want[i].second),
+          "choose the preset and sizes of the model in the directory (--layers, --width, --heads, "
+          "--kv-heads, --hidden, --vocab, --experts, --top-k), or leave out --preset");
+  return got;
+}
+
 struct Family {
   template <class P, bool SP, class D>
   using model = Model<P, SP, recompute::None, D>;
@@ -92,16 +109,7 @@ struct Family {
   // the router's coefficients and capacity, which train the same weights; the first that differs is
   // named).
   static void import_hf(const std::string& from, const std::string& dir, const Config& c) {
-    Config got = mixtral::hf_config_of(from, c);
-    got.aux_coef = c.aux_coef, got.z_coef = c.z_coef, got.capacity_factor = c.capacity_factor;
-    const auto want = record(c), have = record(got);
-    for (std::size_t i = 0; i < want.size(); ++i)
-      if (want[i] != have[i])
-        throw Error(
-            cat("mixtral::import(", from, ")"),
-            cat("its config.json has ", have[i].first, " ", have[i].second, "; the run's model has ", want[i].second),
-            "choose the preset and sizes of the model in the directory (--layers, --width, --heads, --kv-heads, "
-            "--hidden, --vocab, --experts, --top-k), or leave out --preset");
+    const Config got = same_model(c, mixtral::hf_config_of(from, c), cat("mixtral::import(", from, ")"));
     check_experts(from, got);
     mixtral::import_hf(from, dir, got);
   }

@@ -91,15 +91,7 @@ struct Family {
   }
   // --init-from DIR: its config.json must describe the run's model (as Mixtral's, mixtral::Family).
   static void import_hf(const std::string& from, const std::string& dir, const Config& c) {
-    Config got = qwen3_moe::hf_config_of(from, c);
-    got.aux_coef = c.aux_coef, got.z_coef = c.z_coef, got.capacity_factor = c.capacity_factor;
-    const auto want = record(c), have = record(got);
-    for (std::size_t i = 0; i < want.size(); ++i)
-      if (want[i] != have[i])
-        throw Error(
-            cat("qwen3_moe::import(", from, ")"),
-            cat("its config.json has ", have[i].first, " ", have[i].second, "; the run's model has ", want[i].second),
-            "choose the preset and sizes of the model in the directory, or leave out --preset");
+    const Config got = mixtral::same_model(c, qwen3_moe::hf_config_of(from, c), cat("qwen3_moe::import(", from, ")"));
     check_experts(from, got);
     qwen3_moe::import_hf(from, dir, got);
   }

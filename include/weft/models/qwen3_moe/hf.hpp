@@ -133,12 +133,8 @@ inline Config config_of(const checkpoint::Manifest& m) {
 }
 
 inline Config hf_config_of(const std::string& dir, const Config& base = {}) {
-  const auto path = (std::filesystem::path(dir) / "config.json").string();
-  const std::string at = cat("qwen3_moe::import(", path, ")");
-  if (!std::filesystem::is_regular_file(path))
-    throw Error(cat("qwen3_moe::import(", dir, ")"), "has no config.json",
-                "pass a directory that transformers' save_pretrained wrote");
-  return config_from_hf(llama::hf_detail::read_json(path, at), at, base);
+  const auto f = llama::hf_detail::read_config(dir, "qwen3_moe::import");
+  return config_from_hf(f.json, f.at, base);
 }
 
 // config.json's expert count against the router's tensors (mixtral::check_experts says why).
