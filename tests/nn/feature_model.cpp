@@ -484,6 +484,56 @@ TEST_CASE("an MoE model with expert parallelism equals one rank in f64 (1e-12): 
               "MoE capped: expert 2 (data 2) x pipe 2");
 }
 
+// Aux-loss-free balancing (DeepSeek-V3): sigmoid scores, an expert bias on the choice, moved by its
+// sign step in the optimizer step (nn::SignStep) from the load summed over every micro-batch and rank.
+TEST_CASE(
+    "an MoE model with sigmoid scores and an expert bias equals one rank on every layout, the bias moved by "
+    "its sign step") {
+  using Cx = context::None;
+  Config b = kConfig;
+  b.moe.score = nn::Score::sigmoid;
+  b.moe.z_coef = 0;
+  b.moe.scale = 2.5;
+  b.moe.expert_bias = true;
+  b.moe.bias_rate = 0.05;  // large, so that the second step routes by it
+  const test::StepsRun ref = run<false, Cx, optim::Ddp, Features, true>(1, 1, 1, 1, b);
+  // One step: every bias is -rate sign(E (slots chosen) - N k), its buffer's load, which sums to 0
+  // over the experts (exact integers: each step's 2 micro-batches of 4 x 8 tokens, top 2 of 4).
+  const auto one =
+      test::train_steps<Regressor<false, Cx, Features, true>, pipeline::OneFOneB, optim::Ddp, FeatureBatches>(
+          b, kMicro, kM, 1, 1, 1, 1, 1);
+  int biases = 0, moved = 0;
+  for (const auto& [name, load] : one.grads) {
+    if (!name.ends_with("router.bias")) continue;
+    ++biases;
+    double sum = 0;
+    for (std::size_t e = 0; e < load.size(); ++e) {
+      CHECK(load[e] == std::round(load[e]));
+      sum += load[e];
+      const double want = load[e] > 0 ? -0.05 : load[e] < 0 ? 0.05 : 0.0;
+      CHECK(one.values.at(name)[e] == want);
+      moved += load[e] != 0;
+    }
+    CHECK(sum == 0);
+  }
+  CHECK(biases == kConfig.layers);
+  CHECK(moved > 0);
+  // Two steps: each bias a sum of two steps of 0.05.
+  for (const auto& [name, v] : ref.values)
+    if (name.ends_with("router.bias"))
+      for (double x : v) CHECK(std::abs(x / 0.05 - std::round(x / 0.05)) <= 1e-12);
+  Config fixed = b;
+  fixed.moe.bias_rate = 0;  // held at 0: the second step routes otherwise
+  CHECK(std::abs(run<false, Cx, optim::Ddp, Features, true>(1, 1, 1, 1, fixed).losses[1] - ref.losses[1]) > 1e-9);
+  check_equal(run<false, Cx, optim::Ddp, Features, true>(2, 1, 1, 1, b, 2), ref, "balanced: expert 2 (data 2), DDP");
+  check_equal(run<false, Cx, optim::Fsdp, Features, true>(4, 1, 1, 1, b, 2), ref,
+              "balanced: expert 2 x expert-data 2 (data 4), FSDP", true);
+  check_equal(run<true, Cx, optim::Zero1, Features, true>(2, 2, 1, 2, b, 2), ref,
+              "balanced: expert 2 (data 2) x tensor 2 with SP x pipe 2, ZeRO-1", true);
+  check_equal(run<true, context::Ring, optim::Zero2, Features, true>(2, 1, 2, 2, b, 4), ref,
+              "balanced: expert 4 over data 2 x context 2, tensor 2 with SP, ZeRO-2", true);
+}
+
 TEST_CASE("an MoE model with expert parallelism under every recompute policy: the gradients of no recompute") {
   // Full recompute re-runs each block's forward in backward, its routing, its router statistics'
   // all-reduce and its exchange with it: the same inputs give the same routing and the same sizes

@@ -206,80 +206,93 @@ TEST_CASE("a padded batch on the GPU in f32: loss and every gradient within 1e-5
   }
 }
 
-TEST_CASE("a mixture-of-experts layer on the GPU in f32 equals the host's within 1e-5, and repeats bit for bit") {
+TEST_CASE(
+    "a mixture-of-experts layer on the GPU in f32 equals the host's within 1e-5, and repeats bit for bit: softmax, "
+    "and sigmoid scores with an expert bias") {
   // nn::MoeMlp through Route, Dispatch, SwiGlu and the experts' GEMMs on Cuda: 8 experts, top 2
-  // renormalised, a capacity that drops tokens, a shared expert, both router losses; the same weights
-  // and inputs on both devices (copied), one forward and backward each.
+  // renormalised, a capacity that drops tokens, a shared expert, both router losses; then sigmoid
+  // scores (DeepSeek-V3's) with an expert bias and a scale, the load in the bias's buffer. The same
+  // weights and inputs on both devices (copied), one forward and backward each.
   Cuda& d = test::gpu();
   Host hd;
   const std::int64_t B = 2, T = 16, C = 32;
-  const nn::MoeOptions o{.experts = 8,
-                         .top_k = 2,
-                         .hidden = 16,
-                         .capacity_factor = 1.0,
-                         .aux_coef = 0.1,
-                         .z_coef = 0.01,
-                         .shared_hidden = 8};
-  std::vector<float> x(static_cast<std::size_t>(B * T * C)), dy(x.size());
-  for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(weft::normal(7, 1, i));
-  for (std::size_t i = 0; i < dy.size(); ++i) dy[i] = static_cast<float>(weft::normal(7, 2, i));
-  struct Out {
-    std::vector<float> y, dx;
-    std::vector<std::vector<float>> grads;
-    double aux = 0, z = 0;
-    std::int64_t dropped = 0;
-  };
-  auto run = [&]<class D>(D& dev) {
-    Out out;
-    run_threads(1, [&](ThreadComm& world) {
-      Mesh mesh{world, {}};
-      nn::MoeMlp<float, nn::act::Full, Host> ref(hd, C, o, mesh.spread(), 0, 5, 0.3, 0.3);
-      nn::MoeMlp<float, nn::act::Full, D> m(dev, C, o, mesh.spread(), 0, 5, 0.3, 0.3);
-      std::vector<std::span<const float>> host_values;
-      ref.for_each_param("", [&](const std::string&, auto& p) {
-        host_values.emplace_back(p.value.data(), static_cast<std::size_t>(p.value.numel()));
+  const nn::MoeOptions softmax{.experts = 8,
+                               .top_k = 2,
+                               .hidden = 16,
+                               .capacity_factor = 1.0,
+                               .aux_coef = 0.1,
+                               .z_coef = 0.01,
+                               .shared_hidden = 8};
+  nn::MoeOptions sigmoid = softmax;
+  sigmoid.z_coef = 0;
+  sigmoid.score = nn::Score::sigmoid;
+  sigmoid.scale = 2.5;
+  sigmoid.expert_bias = true;
+  for (const nn::MoeOptions& o : {softmax, sigmoid}) {
+    INFO((o.score == nn::Score::sigmoid ? "sigmoid scores, an expert bias" : "softmax"));
+    std::vector<float> x(static_cast<std::size_t>(B * T * C)), dy(x.size());
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(weft::normal(7, 1, i));
+    for (std::size_t i = 0; i < dy.size(); ++i) dy[i] = static_cast<float>(weft::normal(7, 2, i));
+    struct Out {
+      std::vector<float> y, dx;
+      std::vector<std::vector<float>> grads;
+      double aux = 0, z = 0;
+      std::int64_t dropped = 0;
+    };
+    auto run = [&]<class D>(D& dev) {
+      Out out;
+      run_threads(1, [&](ThreadComm& world) {
+        Mesh mesh{world, {}};
+        nn::MoeMlp<float, nn::act::Full, Host> ref(hd, C, o, mesh.spread(), 0, 5, 0.3, 0.3);
+        nn::MoeMlp<float, nn::act::Full, D> m(dev, C, o, mesh.spread(), 0, 5, 0.3, 0.3);
+        for (std::int64_t e = 0; o.expert_bias && e < o.experts; ++e)
+          ref.bias.value.data()[e] = 0.1f * static_cast<float>(e % 3) - 0.1f;
+        std::vector<std::span<const float>> host_values;
+        ref.for_each_param("", [&](const std::string&, auto& p) {
+          host_values.emplace_back(p.value.data(), static_cast<std::size_t>(p.value.numel()));
+        });
+        std::size_t i = 0;
+        m.for_each_param("", [&](const std::string&, auto& p) {
+          dev.from_host(p.value.data(), host_values[i++].data(), host_values[i - 1].size_bytes());
+        });
+        auto xt = Tensor<float, nn::act::Full, D>::empty(dev, {B, T, C}, mesh.spread(), Category::activations);
+        auto gt = Tensor<float, nn::act::Full, D>::empty(dev, {B, T, C}, mesh.spread(), Category::activations);
+        dev.from_host(xt.data(), x.data(), x.size() * sizeof(float));
+        dev.from_host(gt.data(), dy.data(), dy.size() * sizeof(float));
+        typename nn::MoeMlp<float, nn::act::Full, D>::Ctx ctx;
+        const auto y = m.forward(ctx, xt, mesh);
+        const auto dx = m.backward(ctx, gt, mesh);
+        out.y.resize(x.size());
+        out.dx.resize(x.size());
+        dev.to_host(out.y.data(), y.data(), x.size() * sizeof(float));
+        dev.to_host(out.dx.data(), dx.data(), x.size() * sizeof(float));
+        m.for_each_param("", [&](const std::string&, auto& p) {
+          out.grads.emplace_back(static_cast<std::size_t>(p.grad.numel()));
+          dev.to_host(out.grads.back().data(), p.grad.data(), out.grads.back().size() * sizeof(float));
+        });
+        out.aux = m.last_aux, out.z = m.last_z, out.dropped = m.last_dropped;
       });
-      std::size_t i = 0;
-      m.for_each_param("", [&](const std::string&, auto& p) {
-        dev.from_host(p.value.data(), host_values[i++].data(), host_values[i - 1].size_bytes());
-      });
-      auto xt = Tensor<float, nn::act::Full, D>::empty(dev, {B, T, C}, mesh.spread(), Category::activations);
-      auto gt = Tensor<float, nn::act::Full, D>::empty(dev, {B, T, C}, mesh.spread(), Category::activations);
-      dev.from_host(xt.data(), x.data(), x.size() * sizeof(float));
-      dev.from_host(gt.data(), dy.data(), dy.size() * sizeof(float));
-      typename nn::MoeMlp<float, nn::act::Full, D>::Ctx ctx;
-      const auto y = m.forward(ctx, xt, mesh);
-      const auto dx = m.backward(ctx, gt, mesh);
-      out.y.resize(x.size());
-      out.dx.resize(x.size());
-      dev.to_host(out.y.data(), y.data(), x.size() * sizeof(float));
-      dev.to_host(out.dx.data(), dx.data(), x.size() * sizeof(float));
-      m.for_each_param("", [&](const std::string&, auto& p) {
-        out.grads.emplace_back(static_cast<std::size_t>(p.grad.numel()));
-        dev.to_host(out.grads.back().data(), p.grad.data(), out.grads.back().size() * sizeof(float));
-      });
-      out.aux = m.last_aux, out.z = m.last_z, out.dropped = m.last_dropped;
-    });
-    return out;
-  };
-  const Out host = run(hd), gpu = run(d), again = run(d);
-  auto err = [](const std::vector<float>& a, const std::vector<float>& b) {
-    std::vector<double> da(a.begin(), a.end()), db(b.begin(), b.end());
-    return test::rel_error(da, db);
-  };
-  CHECK(gpu.dropped == host.dropped);
-  CHECK(host.dropped > 0);
-  CHECK(std::abs(gpu.aux - host.aux) <= 1e-5 * host.aux);
-  CHECK(std::abs(gpu.z - host.z) <= 1e-5 * host.z);
-  CHECK(err(gpu.y, host.y) <= 1e-5);  // f32 both, other summation orders
-  CHECK(err(gpu.dx, host.dx) <= 1e-5);
-  REQUIRE(gpu.grads.size() == host.grads.size());
-  for (std::size_t p = 0; p < host.grads.size(); ++p)
-    CHECK_MESSAGE(err(gpu.grads[p], host.grads[p]) <= 1e-5, "parameter ", p);
-  // No atomics: a second run gives the same bits.
-  CHECK(again.y == gpu.y);
-  CHECK(again.dx == gpu.dx);
-  CHECK(again.grads == gpu.grads);
+      return out;
+    };
+    const Out host = run(hd), gpu = run(d), again = run(d);
+    auto err = [](const std::vector<float>& a, const std::vector<float>& b) {
+      std::vector<double> da(a.begin(), a.end()), db(b.begin(), b.end());
+      return test::rel_error(da, db);
+    };
+    CHECK(gpu.dropped == host.dropped);
+    CHECK(host.dropped > 0);
+    CHECK(std::abs(gpu.aux - host.aux) <= 1e-5 * host.aux);
+    CHECK(std::abs(gpu.z - host.z) <= 1e-5 * host.z);
+    CHECK(err(gpu.y, host.y) <= 1e-5);  // f32 both, other summation orders
+    CHECK(err(gpu.dx, host.dx) <= 1e-5);
+    REQUIRE(gpu.grads.size() == host.grads.size());
+    for (std::size_t p = 0; p < host.grads.size(); ++p)
+      CHECK_MESSAGE(err(gpu.grads[p], host.grads[p]) <= 1e-5, "parameter ", p);
+    // No atomics: a second run gives the same bits.
+    CHECK(again.y == gpu.y);
+    CHECK(again.dx == gpu.dx);
+    CHECK(again.grads == gpu.grads);
+  }
 }
 
 TEST_CASE_TEMPLATE(

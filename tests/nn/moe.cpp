@@ -1,11 +1,12 @@
-// nn::MoeMlp (nn/moe.hpp, ops/moe.hpp) on the host in f64: against transformers' Mixtral and
-// Qwen3-MoE blocks and a plain PyTorch reference with a capacity and with a shared expert
+// nn::MoeMlp (nn/moe.hpp, ops/moe.hpp) on the host in f64: against transformers' Mixtral, Qwen3-MoE
+// and DeepSeek-V3 (sigmoid scores, an expert bias) blocks and a plain PyTorch reference with a
+// capacity and with a shared expert
 // (tools/reference/moe_block.py -> tests/fixtures/moe: the output, the load-balancing and z-losses
 // and every gradient); the experts' order of the slots (nn::moe_plan) by hand; every gradient of a
-// capacity-limited, not renormalised layer by finite differences; data 2 equal to one rank (the
-// router's statistics summed over the data ranks); the expert exchange (nn/expert_dispatch.hpp) by
-// hand and its round trip; the experts sharded over expert 2 and 4 equal to one rank, the exchange's
-// bytes as its route says; bf16 against the f64 fixture; bad options refused by name.
+// capacity-limited, not renormalised layer by finite differences, softmax and sigmoid scores; data 2 equal to one rank
+// (the router's statistics summed over the data ranks); the expert exchange (nn/expert_dispatch.hpp) by hand and its
+// round trip; the experts sharded over expert 2 and 4 equal to one rank, the exchange's bytes as its route says; bf16
+// against the f64 fixture; bad options refused by name.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -75,13 +76,15 @@ std::vector<double> slice(const std::vector<double>& v, int ep, int e) {
 struct Fixture {
   checkpoint::ImportDir file;
   std::int64_t N, C, H, E, k, S, capacity;
-  bool renormalise;
+  bool renormalise, sigmoid = false, bias = false;
+  double scale = 1;
   explicit Fixture(const std::string& name)
       : file(std::string(WEFT_TEST_DATA_DIR) + "/moe", name, "moe fixture " + name) {
     const auto c = file.read("config");
     N = static_cast<std::int64_t>(c[0]), C = static_cast<std::int64_t>(c[1]), H = static_cast<std::int64_t>(c[2]);
     E = static_cast<std::int64_t>(c[3]), k = static_cast<std::int64_t>(c[4]), renormalise = c[5] != 0;
     S = static_cast<std::int64_t>(c[6]), capacity = static_cast<std::int64_t>(c[7]);
+    if (c.size() > 8) sigmoid = c[8] != 0, scale = c[9] / 1000, bias = c[10] != 0;  // DeepSeek-V3's routing
   }
   nn::MoeOptions options() const {
     // The fixture's capacity, ceil(0.75 N k / E), from a factor over one sample of N tokens.
@@ -91,8 +94,11 @@ struct Fixture {
             .renormalise = renormalise,
             .capacity_factor = capacity > 0 ? 0.75 : 0.0,
             .aux_coef = 0.02,
-            .z_coef = 0.001,
-            .shared_hidden = S};
+            .z_coef = sigmoid ? 0.0 : 0.001,
+            .shared_hidden = S,
+            .score = sigmoid ? nn::Score::sigmoid : nn::Score::softmax,
+            .scale = scale,
+            .expert_bias = bias};
   }
   // The fixture's weights; where the experts are sharded over an expert group of `ep`, expert rank
   // e's slice of them.
@@ -105,6 +111,7 @@ struct Fixture {
       set(values(m.shared_up), interleave(file.read("shared_gate_up"), 1, S, C));
       set(values(m.shared_down), file.read("shared_down"));
     }
+    if (bias) set(values(m.bias), file.read("bias"));
   }
 };
 
@@ -138,7 +145,7 @@ void against(const std::string& name) {
     const double ey = relative({y.data(), static_cast<std::size_t>(y.numel())}, f.file.read("y"));
     CHECK(ey <= 1e-12);
     CHECK(std::abs(m.last_aux - f.file.read("aux")[0]) <= 1e-12 * f.file.read("aux")[0]);
-    CHECK(std::abs(m.last_z - f.file.read("z")[0]) <= 1e-12 * f.file.read("z")[0]);
+    CHECK(std::abs(m.last_z - f.file.read("z")[0]) <= 1e-12 * f.file.read("z")[0]);  // 0 for sigmoid scores
     CHECK(m.last_dropped == (f.capacity > 0 ? 5 : 0));  // experts 0, 2 and 3 are sent 7, 6 and 7 of 24 slots
     const auto dx = m.backward(ctx, dy, mesh);
     double worst = relative({dx.data(), static_cast<std::size_t>(dx.numel())}, f.file.read("grad.x"));
@@ -154,6 +161,11 @@ void against(const std::string& name) {
       grad("shared gate_up", grads(m.shared_up), interleave(f.file.read("grad.shared_gate_up"), 1, f.S, f.C));
       grad("shared down", grads(m.shared_down), f.file.read("grad.shared_down"));
     }
+    if (f.bias) {  // not a derivative: the load the sign step moves the bias by, E (slots of e) - N k
+      std::vector<double> load(static_cast<std::size_t>(f.E), static_cast<double>(-f.N * f.k));
+      for (double e : want) load[static_cast<std::size_t>(e)] += static_cast<double>(f.E);
+      CHECK(grads(m.bias) == load);
+    }
     CHECK_MESSAGE(worst <= 1e-12, "worst gradient ", where);
     MESSAGE(name, ": output within ", ey, ", worst gradient (", where, ") within ", worst, " relative");
   });
@@ -162,12 +174,13 @@ void against(const std::string& name) {
 }  // namespace
 
 TEST_CASE(
-    "MoeMlp equals transformers' Mixtral and Qwen3-MoE blocks, and the plain reference with a capacity or a "
-    "shared expert: output, router losses and every gradient in f64") {
+    "MoeMlp equals transformers' Mixtral, Qwen3-MoE and DeepSeek-V3 blocks, and the plain reference with a "
+    "capacity or a shared expert: output, router losses and every gradient in f64") {
   against("mixtral");
   against("qwen3");
   against("capacity");
   against("shared");
+  against("deepseek");  // sigmoid scores, an expert bias that changes the choice, scale 2.5, a shared expert
 }
 
 TEST_CASE("moe_plan: slots expert by expert in token order, at most the capacity of each sample's per expert") {
@@ -235,6 +248,79 @@ TEST_CASE("MoeMlp's gradients match finite differences: top 2 of 5 not renormali
       ++params;
     });
     CHECK(params == 5);
+  });
+}
+
+TEST_CASE(
+    "MoeMlp's gradients with sigmoid scores match finite differences: an expert bias, a scale, a capacity, a shared "
+    "expert") {
+  Host h;
+  run_threads(1, [&](ThreadComm& world) {
+    Mesh mesh{world, {}};
+    for (const bool renormalise : {true, false}) {
+      INFO("renormalised: ", renormalise);
+      const nn::MoeOptions o{.experts = 5,
+                             .top_k = 2,
+                             .hidden = 4,
+                             .renormalise = renormalise,
+                             .capacity_factor = 1.0,
+                             .aux_coef = 0.3,
+                             .z_coef = 0,
+                             .shared_hidden = 3,
+                             .score = nn::Score::sigmoid,
+                             .scale = 1.7,
+                             .expert_bias = true};
+      const std::int64_t B = 2, T = 5, C = 6, N = B * T;
+      Moe m(h, C, o, mesh.spread(), 0, 3, 0.5, 0.5);
+      set(values(m.bias), {0.4, -0.3, 0.0, 0.2, -0.5});
+      auto x = X::empty(h, {B, T, C}, mesh.spread(), Category::activations);
+      std::vector<double> xs = test::normals(static_cast<std::size_t>(B * T * C), 21);
+      const std::vector<double> g = test::normals(xs.size(), 22);
+      auto dy = X::empty(h, {B, T, C}, mesh.spread(), Category::activations);
+      set({dy.data(), g.size()}, g);
+      auto loss = [&] {  // L = sum(y g) + aux_coef aux
+        set({x.data(), xs.size()}, xs);
+        Moe::Ctx c;
+        const auto y = m.forward(c, x, mesh);
+        double l = o.aux_coef * m.last_aux;
+        for (std::size_t i = 0; i < g.size(); ++i) l += y.data()[i] * g[i];
+        return l;
+      };
+      CHECK(std::isfinite(loss()));
+      CHECK(m.last_z == 0);
+      Moe::Ctx ctx;
+      set({x.data(), xs.size()}, xs);
+      (void)m.forward(ctx, x, mesh);
+      const std::vector<std::int32_t> chosen(static_cast<const std::int32_t*>(ctx.index.data()),
+                                             static_cast<const std::int32_t*>(ctx.index.data()) + N * o.top_k);
+      // The bias moved some choices: without it, the largest scores alone.
+      const std::vector<double> kept(values(m.bias).begin(), values(m.bias).end());
+      set(values(m.bias), std::vector<double>(5, 0.0));
+      Moe::Ctx plain;
+      (void)m.forward(plain, x, mesh);
+      CHECK(!std::equal(chosen.begin(), chosen.end(), static_cast<const std::int32_t*>(plain.index.data())));
+      set(values(m.bias), kept);
+      const auto dx = m.backward(ctx, dy, mesh);
+      const std::vector<double> dxs(dx.data(), dx.data() + dx.numel());
+      const auto r = test::gradcheck(xs, dxs, loss, 60);
+      CHECK(r.worst <= 1e-6);  // support/gradcheck.hpp: fourth-order central differences in double
+      int params = 0;
+      m.for_each_param("moe", [&](const std::string& name, auto& p) {
+        INFO(name);
+        if (name == "moe.router.bias") {  // the load (before the capacity's drops), not a derivative
+          std::vector<double> load(5, static_cast<double>(-N * o.top_k));
+          for (std::int32_t e : chosen) load[static_cast<std::size_t>(e)] += 5;
+          CHECK(grads(p) == load);
+          return;
+        }
+        const auto rp = test::gradcheck(
+            values(p), std::span<const double>(p.grad.data(), static_cast<std::size_t>(p.grad.numel())), loss, 60);
+        CHECK(rp.checked > 0);
+        CHECK(rp.worst <= 1e-6);
+        ++params;
+      });
+      CHECK(params == 5);
+    }
   });
 }
 
@@ -446,6 +532,17 @@ TEST_CASE("MoeMlp refuses bad options by name") {
     CHECK_THROWS_WITH_AS(Moe(h, 8, {.experts = 6, .top_k = 2, .hidden = 4}, Spread{.expert_degree = 4}, 0, 1, 0.1, 0.1),
                          "MoeMlp: 6 experts over an expert degree of 4; choose an expert degree that divides the 6 "
                          "experts",
+                         Error);
+    CHECK_THROWS_WITH_AS(make({.experts = 4, .top_k = 2, .hidden = 4, .z_coef = 0.01, .score = nn::Score::sigmoid}),
+                         "MoeMlp: a z-loss (coefficient 0.01) with sigmoid scores; train sigmoid routers without the "
+                         "z-loss (z coefficient 0), as DeepSeek-V3 does",
+                         Error);
+    CHECK_THROWS_WITH_AS(make({.experts = 4, .top_k = 2, .hidden = 4, .scale = 0}),
+                         "MoeMlp: a routing scale of 0; scale the chosen weights by a positive factor (1: none)",
+                         Error);
+    CHECK_THROWS_WITH_AS(make({.experts = 4, .top_k = 2, .hidden = 4, .expert_bias = true, .bias_rate = -1e-3}),
+                         "MoeMlp: an expert-bias rate of -0.001; use a rate of 0 or more (DeepSeek-V3: 1e-3; 0 holds "
+                         "the bias fixed)",
                          Error);
     CHECK_THROWS_WITH_AS(make({.experts = 4, .top_k = 2, .hidden = 0}),
                          "MoeMlp: width 8, expert width 0, shared width 0; give the layer positive widths (a shared "

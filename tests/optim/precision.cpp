@@ -1,11 +1,14 @@
 // Precision as a type: the bf16 policy on the host (bf16 storage, f32 arithmetic, one rounding where
 // the GPU rounds), mixed-precision training against f32 training, and the step skipped on every
-// rank when the gradient norm is not finite.
+// rank when the gradient norm is not finite; a sign-step parameter (a routing bias) stepped outside
+// the optimizer's rule in every strategy and precision.
 #include <doctest/doctest.h>
 
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <mutex>
+#include <vector>
 
 #include "support/train_markov.hpp"
 #include "weft/comm/mesh.hpp"
@@ -130,6 +133,49 @@ TEST_CASE("a non-finite gradient norm skips the step on every rank, for every st
     });
   };
   check.template operator()<optim::Ddp, F32>();
+  check.template operator()<optim::Zero1, Bf16Mixed>();
+  check.template operator()<optim::Zero2, F32>();
+  check.template operator()<optim::Fsdp, Bf16Mixed>();
+}
+
+TEST_CASE("a sign-step parameter moves by its rate against the sign of its summed buffer, outside AdamW and the norm") {
+  // A routing bias (nn::SignStep, nn/moe.hpp's router.bias) beside an AdamW weight, on data 2: its
+  // buffer holds each rank's load, summed as gradients are; the step moves it by -rate sign(sum),
+  // whatever the clipping, and leaves it out of the gradient norm. Rate 2^-4: exact in bf16.
+  auto check = [&]<class Strategy, class P>() {
+    run_threads(2, [&](ThreadComm& world) {
+      using T = typename P::compute;
+      using G = master_t<T>;
+      Mesh mesh{world, {.data = 2}};
+      Host h;
+      nn::Param<T, Replicated> w(h, {6}, mesh.spread(), 1, {nn::Init::ones}, 3, nn::Decay::yes);
+      nn::Param<T, Replicated> b(h, {4}, mesh.spread(), 2, {nn::Init::zeros}, 3, nn::Decay::no);
+      b.sign_step = nn::SignStep{0.0625};
+      std::vector<nn::Unit<T, Host>> units;
+      units.emplace_back("u", h);
+      units[0].add_param("w", w);
+      units[0].add_param("b", b);
+      units[0].build(2);
+      optim::DataParallel<Strategy, optim::AdamW, T, decltype(mesh)> dp(units, optim::AdamW{}, mesh);
+      dp.zero_grad();
+      dp.acquire(0, pipeline::Pass::backward);
+      nn::Unit<T, Host>& u = units[0];
+      const std::array<std::array<G, 4>, 2> load{{{5, -1, 0, 2}, {-5, -3, 0, 7}}};  // sums 0, -4, 0, 9
+      for (std::int64_t i = 0; i < 6; ++i) u.grads()[u.entries()[0].offset + i] = G(3);
+      for (std::size_t i = 0; i < 4; ++i)
+        u.grads()[u.entries()[1].offset + static_cast<std::int64_t>(i)] =
+            load[static_cast<std::size_t>(world.rank())][i];
+      dp.release(0, pipeline::Pass::backward, true);
+      const double norm = dp.step(1e-2, 0.5);
+      CHECK(norm == doctest::Approx(std::sqrt(6 * 36.0)).epsilon(1e-12));  // w's summed gradients, 6, alone
+      dp.gather_values();
+      const std::array<double, 4> want{0, 0.0625, 0, -0.0625};
+      for (std::size_t i = 0; i < 4; ++i)
+        CHECK(static_cast<double>(widen(u.values()[u.entries()[1].offset + static_cast<std::int64_t>(i)])) == want[i]);
+      CHECK(static_cast<double>(widen(u.values()[0])) < 1);  // w took its AdamW step
+    });
+  };
+  check.template operator()<optim::Ddp, F64>();
   check.template operator()<optim::Zero1, Bf16Mixed>();
   check.template operator()<optim::Zero2, F32>();
   check.template operator()<optim::Fsdp, Bf16Mixed>();

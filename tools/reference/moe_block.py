@@ -13,6 +13,10 @@ writes OUT_DIR/<case>.safetensors for each case:
              an expert keeps its slots in token order and drops the rest (their outputs and
              gradients zero), written here in plain PyTorch
   shared     the mixtral case plus a shared expert (a SwiGLU MLP every token passes, added)
+  deepseek   transformers' DeepseekV3MoE: sigmoid scores over 6 experts, top 2 of the scores plus
+             e_score_correction_bias (set so that it changes some choices), renormalised (+ 1e-20),
+             times routed_scaling_factor 2.5, one shared expert; no z-loss, and the load-balancing
+             loss over the scores normalised to sum 1 (as Megatron-Core's for sigmoid routers)
 
 Each holds the tensors x (N, C), dy (N, C) (the upstream gradient), router (E, C), gate_up (E, 2H, C)
 (transformers' layout: the H gate rows, then the H up rows), down (E, C, H), shared_gate_up
@@ -21,7 +25,8 @@ loss: E sum_e f_e P_e, f_e the slots routed to e over N, P_e the mean probabilit
 transformers' load_balancing_loss_func computes it for one layer), "z" (the router z-loss: the mean
 over tokens of logsumexp(logits)^2); "index" (N, k) the experts chosen (int64); and "grad.<name>"
 for x and every weight, of L = sum(y * dy) + 0.02 aux + 0.001 z; "config" (int64): N, C, H, E, k,
-renormalise, S, capacity (0: dropless).
+renormalise, S, capacity (0: dropless), and for deepseek sigmoid (1), the scale x 1000 and whether
+there is an expert bias (its values "bias" (E)).
 """
 import math
 import pathlib
@@ -29,7 +34,8 @@ import sys
 
 import torch
 from safetensors.torch import save_file
-from transformers import MixtralConfig, Qwen3MoeConfig
+from transformers import DeepseekV3Config, MixtralConfig, Qwen3MoeConfig
+from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3MoE
 from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
 
@@ -128,6 +134,63 @@ def case(name, out, seed, N=12, C=8, H=6, E=4, k=2, renorm=True, S=0, capacity_f
           f" capacity {capacity} index {index.tolist()}")
 
 
+def deepseek_case(out, seed, N=12, C=8, H=6, E=6, k=2, scale=2.5):
+    """transformers' DeepSeek-V3 MoE block in float64: its router lifted to float64 (it computes in
+    float32 whatever the dtype), with one group (n_group 1: every expert eligible)."""
+    torch.manual_seed(seed)
+    x = torch.randn(N, C, dtype=torch.float64, requires_grad=True)
+    dy = torch.randn(N, C, dtype=torch.float64)
+    cfg = DeepseekV3Config(hidden_size=C, moe_intermediate_size=H, n_routed_experts=E, num_experts_per_tok=k,
+                           n_shared_experts=1, n_group=1, topk_group=1, routed_scaling_factor=scale,
+                           norm_topk_prob=True)
+    cfg._experts_implementation = "eager"
+    block = DeepseekV3MoE(cfg).to(torch.float64)
+    with torch.no_grad():
+        block.gate.weight.normal_(0.0, 1.0)
+        block.gate.e_score_correction_bias.copy_(torch.linspace(-0.3, 0.3, E, dtype=torch.float64).flip(0))
+        block.experts.gate_up_proj.normal_(0.0, 1.0 / math.sqrt(C))
+        block.experts.down_proj.normal_(0.0, 1.0 / math.sqrt(H))
+        for lin in (block.shared_experts.gate_proj, block.shared_experts.up_proj):
+            lin.weight.normal_(0.0, 1.0 / math.sqrt(C))
+        block.shared_experts.down_proj.weight.normal_(0.0, 1.0 / math.sqrt(H))
+    gate = block.gate
+    orig = DeepseekV3MoE.forward
+
+    def router64(hidden):
+        logits = torch.nn.functional.linear(hidden.reshape(-1, C), gate.weight)
+        scores = logits.sigmoid()
+        idx = torch.topk(scores + gate.e_score_correction_bias, k, dim=-1, sorted=True)[1]
+        w = scores.gather(1, idx)
+        w = w / (w.sum(dim=-1, keepdim=True) + 1e-20) * gate.routed_scaling_factor
+        return logits, w, idx
+    gate.forward = router64
+    y = orig(block, x.unsqueeze(0)).squeeze(0)
+    logits = x @ gate.weight.T
+    scores = logits.sigmoid()
+    index = torch.topk(scores + gate.e_score_correction_bias, k, dim=-1, sorted=True)[1]
+    unbiased = torch.topk(scores, k, dim=-1)[1]
+    assert not torch.equal(index.sort(-1)[0], unbiased.sort(-1)[0]), "the bias changes no choice"
+    counts = torch.zeros(E, dtype=torch.float64).scatter_add_(0, index.reshape(-1),
+                                                              torch.ones(index.numel(), dtype=torch.float64))
+    share = scores / (scores.sum(-1, keepdim=True) + 1e-20)
+    aux = E * torch.sum((counts / N) * share.sum(0) / N)
+    loss = (y * dy).sum() + AUX * aux
+    loss.backward()
+    se = block.shared_experts
+    tensors = {"x": x.detach(), "dy": dy, "y": y.detach(), "aux": aux.detach().reshape(1),
+               "z": torch.zeros(1, dtype=torch.float64), "index": index.to(torch.int64),
+               "config": torch.tensor([N, C, H, E, k, 1, H, 0, 1, int(scale * 1000), 1], dtype=torch.int64),
+               "grad.x": x.grad, "bias": gate.e_score_correction_bias.detach().clone(),
+               "router": gate.weight.detach().clone(), "grad.router": gate.weight.grad,
+               "gate_up": block.experts.gate_up_proj.detach().clone(), "grad.gate_up": block.experts.gate_up_proj.grad,
+               "down": block.experts.down_proj.detach().clone(), "grad.down": block.experts.down_proj.grad,
+               "shared_gate_up": torch.cat([se.gate_proj.weight, se.up_proj.weight]).detach(),
+               "grad.shared_gate_up": torch.cat([se.gate_proj.weight.grad, se.up_proj.weight.grad]),
+               "shared_down": se.down_proj.weight.detach().clone(), "grad.shared_down": se.down_proj.weight.grad}
+    save_file({n: t.contiguous() for n, t in tensors.items()}, str(out / "deepseek.safetensors"))
+    print(f"deepseek: y {y.abs().max().item():.4f} aux {aux.item():.6f} index {index.tolist()}")
+
+
 def main(out):
     out = pathlib.Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -135,6 +198,7 @@ def main(out):
     case("qwen3", out, 55, E=6, k=3, renorm=False)
     case("capacity", out, 54, capacity_factor=0.75)
     case("shared", out, 56, S=5)
+    deepseek_case(out, 57)
 
 
 if __name__ == "__main__":

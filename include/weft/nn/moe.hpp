@@ -3,9 +3,12 @@
 // own but for the router's losses): in a block it takes the MLP's place.
 //
 //   x       (B, T, C) in A                 the rank's rows, N = B T (local)
-//   logits  (N, E)      acc<T>             x Wr^T, the router's; probs = softmax(logits) (ops::Route)
-//   index   (N, k)      int32              each token's k experts, weight (N, k) their probabilities
-//                                          (renormalised to sum 1 where the options say)
+//   logits  (N, E)      acc<T>             x Wr^T, the router's; probs = softmax(logits), or
+//                                          sigmoid(logits) (DeepSeek-V3's scores) (ops::Route)
+//   index   (N, k)      int32              each token's k experts (the largest probs, plus the
+//                                          expert bias where there is one), weight (N, k) their
+//                                          probabilities (renormalised to sum 1 where the options
+//                                          say, times the options' scale)
 //   xp      (M, C)                         the tokens' rows in the experts' order: expert e's block of
 //                                          count_e rows, M = N k (dropless) or fewer (capacity)
 //   h       (M, 2H), a (M, H)              each block through its expert's SwiGLU: h = xp W1_e^T
@@ -15,7 +18,8 @@
 //                                          shared expert's SwiGLU of x where there is one
 //
 // Parameters: router Wr (E, C), experts.gate_up (E, 2H, C) (row 2f the gate of feature f, 2f + 1
-// its up), experts.down (E, C, H), and shared.gate_up (2S, C), shared.down (C, S) where S > 0. The
+// its up), experts.down (E, C, H), shared.gate_up (2S, C), shared.down (C, S) where S > 0, and
+// router.bias (E) where the options ask for an expert bias (below). The
 // router and the shared expert are replicated; the experts are sharded over the expert axis
 // (ExpertSharded<>: rank e of an expert group of ep holds experts [e E/ep, (e + 1) E/ep), all of
 // them where ep is 1). Gradients are whole, or (sequence parallelism) the rank's rows' share
@@ -41,11 +45,22 @@
 //                   over the tokens (transformers' load_balancing_loss_func for one layer; Switch's
 //                   with top-k slots), times aux_coef
 //   z-loss          z = the mean over tokens of logsumexp(logits)^2 (ST-MoE), times z_coef
+// (With sigmoid scores, P_e is the mean of each token's scores over their sum, as Megatron-Core
+// normalises them; the z-loss is refused.)
 // N and the sums are over the micro-batch's tokens on every rank (all-reduced over data, context and,
 // under sequence parallelism, tensor: one all-reduce of 2E + 2 doubles in forward), so that every
 // layout computes the same losses; their gradients are scaled by the micro-batch's weight in the
 // step (the mesh's grad_scale(): nn::StageMesh's, which nn::StagedModel hands its blocks; 1 where
 // the mesh has none).
+//
+// Aux-loss-free balancing (DeepSeek-V3; expert_bias): a per-expert bias b (E) is added to the
+// scores for the choice of experts only (the weights are the scores without it), and each optimizer
+// step moves it by b_e -= bias_rate sign(load_e - mean): experts that got more than their share of
+// the step's slots become less likely, the others more. Its gradient buffer carries the load, E
+// (slots chosen for e) - N k from every micro-batch of every rank (exact integers, summed as
+// gradients are: over data, context and, under sequence parallelism, tensor), and the optimizer
+// step gives it its sign step (nn::SignStep, optim/data_parallel.hpp), outside the optimizer's rule
+// and the gradient norm: every layout moves it alike, and checkpoints keep it as a parameter.
 //
 // On the Meta device (the plan) every expert gets the same share of the tokens, k N / E slots of
 // each rank's N (the routing a balanced router converges to), and each rank of an expert group gets
@@ -80,12 +95,18 @@
 
 namespace weft::nn {
 
+using math::Score;
+
 struct MoeOptions {
   std::int64_t experts = 8, top_k = 2, hidden = 0;  // E, k, H (each expert's hidden width)
   bool renormalise = true;                          // the top-k weights divided by their sum (Mixtral)
   double capacity_factor = 0;                       // 0: dropless
   double aux_coef = 0.01, z_coef = 0;               // the router's losses' coefficients
   std::int64_t shared_hidden = 0;                   // S: a shared expert of this width, 0 for none
+  Score score = Score::softmax;                     // the router's scores: softmax, or sigmoid (DeepSeek-V3)
+  double scale = 1;                                 // the chosen weights' factor (routed_scaling_factor)
+  bool expert_bias = false;                         // a per-expert bias on the choice (aux-loss-free balancing)
+  double bias_rate = 1e-3;                          // its step each optimizer step (0: held fixed)
 };
 
 // The experts' order of a micro-batch's slots from each token's k experts (host memory): slot (N, k)
@@ -141,7 +162,8 @@ class MoeMlp : public SameLayout<A> {
   struct Ctx {
     Tensor<T, A, D> x;                  // (B, T, C) the input, for the router's and the experts' gradients
     Allocation probs, index, weight;    // (N, E) S, (N, k) int32, (N, k) S
-    Allocation lse;                     // (N) S
+    Allocation lse;                     // (N) S: logsumexp of the logits (softmax) or the scores' sum
+    std::vector<double> counts;         // (E) the slots this rank's tokens chose per expert (before any drop)
     std::int64_t Ng = 0;                // the tokens the plan covers: N, or ep N where gathered
     Allocation xs, ws;                  // (Ng, C) T, (Ng, k) S: the gathered rows and weights (all-gather)
     Allocation slot, rows;              // (Ng, k), (M) int32 on the device (MoePlan's; gathered: this
@@ -162,6 +184,9 @@ class MoeMlp : public SameLayout<A> {
   Param<T, ExpertSharded<>, expert_param_grad<A>, D> down;        // (E, C, H): local (E/ep, C, H)
   Param<T, Replicated, replicated_param_grad<A>, D> shared_up;    // (2S, C)
   Param<T, Replicated, replicated_param_grad<A>, D> shared_down;  // (C, S)
+  // (E) added to the scores for the choice only, moved by a sign step (SignStep), not the optimizer:
+  // its gradient buffer gathers E (slots chosen) - N k per expert, the load over the mean
+  Param<T, Replicated, replicated_param_grad<A>, D> bias;
   MoeOptions options;
   double last_aux = 0, last_z = 0;  // the last forward's router losses (before their coefficients)
   double last_load = 0;             // its expert load: the most slots an expert got over the mean, all ranks'
@@ -179,6 +204,10 @@ class MoeMlp : public SameLayout<A> {
     if (o.shared_hidden > 0) {
       shared_up = {dev, {2 * o.shared_hidden, C}, s, id + 3, {Init::normal, std}, seed, Decay::yes};
       shared_down = {dev, {C, o.shared_hidden}, s, id + 4, {Init::normal, out_std}, seed, Decay::yes};
+    }
+    if (o.expert_bias) {
+      bias = {dev, {o.experts}, s, id + 5, {Init::zeros}, seed, Decay::no};
+      bias.sign_step = SignStep{o.bias_rate};
     }
   }
 
@@ -207,8 +236,13 @@ class MoeMlp : public SameLayout<A> {
     ctx.index = alloc<std::int32_t>(dev, N * k);
     ctx.weight = alloc<S>(dev, N * k);
     ctx.lse = alloc<S>(dev, N);
-    ops::Route<D>::forward(dev, probs(ctx), index(ctx), weight(ctx), lse(ctx), static_cast<const S*>(logits.data()), N,
-                           E, k, options.renormalise);
+    Allocation bs;  // the bias in S
+    if (options.expert_bias) {
+      bs = alloc<S>(dev, E);
+      ops::Memory<D>::convert(dev, static_cast<S*>(bs.data()), bias.value.data(), E);
+    }
+    ops::Route<D>::forward(dev, probs(ctx), index(ctx), weight(ctx), lse(ctx), static_cast<const S*>(logits.data()),
+                           static_cast<const S*>(bs.data()), N, E, k, rule());
     logits.reset();
     router_losses(ctx, dev, mesh);
     // The tokens the plan covers: this rank's, or (all-gather dispatch) its expert group's, their
@@ -419,13 +453,21 @@ class MoeMlp : public SameLayout<A> {
     Allocation aux_dev = upload(dev, aux);
     Allocation dlogits = alloc<T>(dev, N * E);
     ops::Route<D>::backward(dev, static_cast<T*>(dlogits.data()), static_cast<const S*>(dweight.data()), probs(ctx),
-                            index(ctx), weight(ctx), lse(ctx), N, E, k, options.renormalise,
-                            static_cast<const S*>(aux_dev.data()),
+                            index(ctx), weight(ctx), lse(ctx), N, E, k, rule(), static_cast<const S*>(aux_dev.data()),
                             static_cast<S>(scale * static_cast<double>(ctx.z_grad)));
     ops::Gemm<D>::run(dev, Trans::yes, Trans::no, E, C, N, S(1), static_cast<const T*>(dlogits.data()), E, ctx.x.data(),
                       C, S(1), router.grad.data(), C);
     ops::Gemm<D>::run(dev, Trans::no, Trans::no, N, C, E, S(1), static_cast<const T*>(dlogits.data()), E,
                       router.value.data(), C, S(1), dx.data(), C);
+    if (options.expert_bias) {  // the bias's sign step's input: E (slots chosen) - N k, exact in G
+      using G = typename decltype(bias)::grad_type;
+      std::vector<G> load(static_cast<std::size_t>(E));
+      for (std::int64_t e = 0; e < E; ++e)
+        load[static_cast<std::size_t>(e)] = static_cast<G>(
+            static_cast<double>(E) * ctx.counts[static_cast<std::size_t>(e)] - static_cast<double>(N * k));
+      Allocation l = upload(dev, load);
+      ops::Memory<D>::add(dev, bias.grad.data(), static_cast<const G*>(l.data()), E);
+    }
     if (const std::int64_t Sh = options.shared_hidden; Sh > 0) {
       Allocation dsa = alloc<T>(dev, N * Sh), dsh = alloc<T>(dev, N * 2 * Sh);
       ops::Gemm<D>::run(dev, Trans::no, Trans::no, N, Sh, C, S(1), dy.data(), C, shared_down.value.data(), Sh, S(0),
@@ -504,6 +546,7 @@ class MoeMlp : public SameLayout<A> {
       f(prefix + ".shared.gate_up", shared_up);
       f(prefix + ".shared.down", shared_down);
     }
+    if (options.expert_bias) f(prefix + ".router.bias", bias);
   }
 
  private:
@@ -522,11 +565,22 @@ class MoeMlp : public SameLayout<A> {
     if (!(o.capacity_factor >= 0) || !std::isfinite(o.capacity_factor))
       throw Error(where, cat("a capacity factor of ", o.capacity_factor),
                   "use a positive capacity factor, or 0 for dropless routing");
-    if (!(o.aux_coef >= 0) || !(o.z_coef >= 0))
+    if (!(o.aux_coef >= 0) || !(o.z_coef >= 0) || !std::isfinite(o.aux_coef) || !std::isfinite(o.z_coef))
       throw Error(where, cat("loss coefficients ", o.aux_coef, " (load balancing) and ", o.z_coef, " (z-loss)"),
-                  "use coefficients of 0 or more");
+                  "use finite coefficients of 0 or more");
+    if (o.score == Score::sigmoid && o.z_coef > 0)
+      throw Error(where, cat("a z-loss (coefficient ", o.z_coef, ") with sigmoid scores"),
+                  "train sigmoid routers without the z-loss (z coefficient 0), as DeepSeek-V3 does");
+    if (!(o.scale > 0) || !std::isfinite(o.scale))
+      throw Error(where, cat("a routing scale of ", o.scale),
+                  "scale the chosen weights by a positive factor (1: none)");
+    if (!(o.bias_rate >= 0) || !std::isfinite(o.bias_rate))
+      throw Error(where, cat("an expert-bias rate of ", o.bias_rate),
+                  "use a rate of 0 or more (DeepSeek-V3: 1e-3; 0 holds the bias fixed)");
     return o.experts;
   }
+
+  math::RouteRule<S> rule() const { return {options.score, options.renormalise, static_cast<S>(options.scale)}; }
 
   template <class E>
   static Allocation alloc(D& dev, std::int64_t n) {
@@ -546,10 +600,11 @@ class MoeMlp : public SameLayout<A> {
     Allocation st = dev.allocate((2 * E + 1) * static_cast<std::int64_t>(sizeof(double)), Category::activations);
     dev.zero(st.data(), static_cast<std::size_t>(2 * E + 1) * sizeof(double));
     auto* d = static_cast<double*>(st.data());
-    ops::Route<D>::stats(dev, d, d + E, d + 2 * E, probs(ctx), index(ctx), lse(ctx), N, E, k);
+    ops::Route<D>::stats(dev, d, d + E, d + 2 * E, probs(ctx), index(ctx), lse(ctx), N, E, k, options.score);
     std::vector<double> sums(static_cast<std::size_t>(2 * E + 2));
     dev.to_host(sums.data(), st.data(), static_cast<std::size_t>(2 * E + 1) * sizeof(double));
     sums.back() = static_cast<double>(N);
+    ctx.counts.assign(sums.begin(), sums.begin() + E);
     mesh.comm(Axis::data).all_reduce(std::span<double>(sums));
     mesh.comm(Axis::context).all_reduce(std::span<double>(sums));
     if constexpr (IsShard<typename A::tensor>) mesh.comm(Axis::tensor).all_reduce(std::span<double>(sums));

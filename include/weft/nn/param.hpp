@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 #include "weft/core/precision.hpp"
 #include "weft/ops/all.hpp"
@@ -28,6 +29,16 @@ struct Init {
 // tables). A model may override a declaration by name (Unit::set_decay). There is no default: a
 // layer that adds a parameter says which group it is in.
 enum class Decay : bool { no, yes };
+
+// How the step moves a parameter. Every trained weight takes the optimizer's rule (AdamW, SGD). A
+// routing bias of aux-loss-free balancing (DeepSeek-V3; nn::MoeMlp's router.bias) takes a fixed
+// step against the sign of what its gradient buffer gathered over the step, p -= rate sign(g),
+// outside the optimizer's rule, clipping and gradient norm (optim/data_parallel.hpp): its
+// "gradient" is the experts' load over the mean, summed over micro-batches and ranks as gradients
+// are, so that every layout moves it alike. Rate 0 holds it fixed.
+struct SignStep {
+  double rate = 0;
+};
 
 template <Element T, LayoutType L, LayoutType GL = L, class D = Host>
 struct Param {
@@ -47,6 +58,7 @@ struct Param {
   Tensor<grad_type, GL, D> grad;
   std::uint64_t id = 0;
   Decay decay = Decay::no;
+  std::optional<SignStep> sign_step;  // set: moved by SignStep, not by the optimizer's rule
 
   Param() = default;
   Param(D& dev, const Shape& global, const Spread& s, std::uint64_t param_id, Init init, std::uint64_t seed, Decay d)

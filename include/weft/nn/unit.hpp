@@ -24,6 +24,7 @@
 #pragma once
 
 #include <cstring>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <unordered_set>
@@ -51,6 +52,7 @@ struct UnitEntry {
                                        // unpadded vocabulary's rows); checkpoints save and load it
   bool decay = false;                  // in the optimizer's weight-decayed group (Param::decay,
                                        // or the model's override: Unit::set_decay)
+  std::optional<SignStep> sign_step;   // moved by a sign step, not the optimizer (Param::sign_step)
 };
 
 template <Element T, class D>
@@ -217,7 +219,8 @@ class Unit {
                 IsPartial<typename GL::tensor>,
                 local_box<L>(p.value.global_shape(), p.value.spread()).offset,
                 p.value.global_shape(),
-                p.decay == Decay::yes};
+                p.decay == Decay::yes,
+                p.sign_step};
     entries_.push_back(e);
     slots_.push_back({&p, numel_,
                       [](void* q, T* v) {

@@ -6,7 +6,7 @@
 // summation order, never in the formula.
 //
 // defines: math::gelu, math::gelu_grad, math::silu, math::silu_grad, math::AdamWParams, math::adamw_step,
-//   math::kMaxExperts, math::route_row, math::route_row_backward, WEFT_HD
+//   math::sign, math::kMaxExperts, math::Score, math::RouteRule, math::route_row, math::route_row_backward, WEFT_HD
 #pragma once
 
 #include <cmath>
@@ -73,59 +73,103 @@ WEFT_HD inline void adamw_step(P& p, S g, S& m, S& v, const AdamWParams<S>& a, b
   p = static_cast<P>(ps - a.lr * (update + (decay ? a.weight_decay * ps : S(0))));
 }
 
-// A mixture of experts' routing of one token (ops/moe.hpp): probs (E) = softmax(logits), idx and
-// weight (k) the k largest (ties to the lower expert) and their probabilities (divided by their sum
-// where renormalised); returns logsumexp(logits). E <= kMaxExperts.
+// -1, 0 or 1 (0 for 0 and NaN): the direction of a sign step (ops::Update::sign_step).
+template <class T> WEFT_HD inline double sign(T x) { return x > T(0) ? 1.0 : x < T(0) ? -1.0 : 0.0; }
+
+// A mixture of experts' routing of one token (ops/moe.hpp), by the rule's scores:
+//   softmax  probs (E) = softmax(logits) (Mixtral, Qwen3-MoE); returns logsumexp(logits)
+//   sigmoid  probs (E) = sigmoid(logits) (DeepSeek-V3); returns their sum u (+ 1e-20), over which
+//            the load-balancing loss normalises them
+// idx (k) the k largest of probs + bias (bias null: none; ties to the lower expert), weight (k)
+// their probabilities (without the bias), divided by their sum where renormalised (+ 1e-20 for
+// sigmoid scores, as DeepSeek-V3 and Megatron-Core divide), times the rule's scale. E <= kMaxExperts.
 inline constexpr long kMaxExperts = 64;
 
+enum class Score : int { softmax, sigmoid };
+
+template <class S>
+struct RouteRule {
+  Score score = Score::softmax;
+  bool renormalise = true;
+  S scale = 1;  // the chosen weights' factor (DeepSeek-V3's routed_scaling_factor)
+};
+
 template <class S, class I>
-WEFT_HD inline S route_row(S* probs, I* idx, S* weight, const S* logits, long E, long k, bool renormalise) {
+WEFT_HD inline S route_row(S* probs, I* idx, S* weight, const S* logits, const S* bias, long E, long k,
+                           const RouteRule<S>& r) {
   using std::exp;
   using std::log;
-  S m = logits[0];
-  for (long e = 1; e < E; ++e) m = logits[e] > m ? logits[e] : m;
-  S sum = 0;
-  for (long e = 0; e < E; ++e) sum += probs[e] = exp(logits[e] - m);
-  for (long e = 0; e < E; ++e) probs[e] /= sum;
+  S norm = 0;
+  if (r.score == Score::softmax) {
+    S m = logits[0];
+    for (long e = 1; e < E; ++e) m = logits[e] > m ? logits[e] : m;
+    S sum = 0;
+    for (long e = 0; e < E; ++e) sum += probs[e] = exp(logits[e] - m);
+    for (long e = 0; e < E; ++e) probs[e] /= sum;
+    norm = log(sum) + m;
+  } else {
+    for (long e = 0; e < E; ++e) norm += probs[e] = S(1) / (S(1) + exp(-logits[e]));
+    norm += S(1e-20);
+  }
   S chosen = 0;
   for (long j = 0; j < k; ++j) {  // the j-th largest: the first of the largest not yet chosen
     long best = -1;
     for (long e = 0; e < E; ++e) {
       bool taken = false;
       for (long i = 0; i < j; ++i) taken = taken || idx[i] == e;
-      if (!taken && (best < 0 || probs[e] > probs[best])) best = e;
+      if (taken) continue;
+      if (best < 0 || (bias ? probs[e] + bias[e] > probs[best] + bias[best] : probs[e] > probs[best])) best = e;
     }
     idx[j] = static_cast<I>(best);
     weight[j] = probs[best];
     chosen += probs[best];
   }
-  if (renormalise)
+  if (r.score == Score::sigmoid) chosen += S(1e-20);
+  if (r.renormalise)
     for (long j = 0; j < k; ++j) weight[j] /= chosen;
-  return log(sum) + m;
+  if (r.scale != S(1))
+    for (long j = 0; j < k; ++j) weight[j] *= r.scale;
+  return norm;
 }
 
-// One token's dlogits (E) into out: dL/dprobs[e] = aux[e] (the load-balancing loss's, null for none)
-// plus what the chosen weights pass back (dweight, null for none), through the renormalisation and
-// the softmax; plus z lse probs[e] (the z-loss's, dL/dlse = z lse).
+// One token's dlogits (E) into out, from dL/dprobs: aux[e] (the load-balancing loss's gradient by
+// each expert's share of the token, null for none: for softmax scores probs itself, for sigmoid
+// probs / norm) plus what the chosen weights pass back (dweight, null for none) through the scale
+// and the renormalisation; then through the softmax or the sigmoid; plus z lse probs[e] (the
+// z-loss's, dL/dlse = z lse; softmax scores only, norm = lse).
 template <class S, class I>
-WEFT_HD inline void route_row_backward(S* out, const S* dweight, const S* probs, const I* idx, const S* weight, S lse,
-                                       long E, long k, bool renormalise, const S* aux, S z) {
-  for (long e = 0; e < E; ++e) out[e] = aux ? aux[e] : S(0);  // dL/dprobs
+WEFT_HD inline void route_row_backward(S* out, const S* dweight, const S* probs, const I* idx, const S* weight, S norm,
+                                       long E, long k, const RouteRule<S>& r, const S* aux, S z) {
+  const bool sigmoid = r.score == Score::sigmoid;
+  for (long e = 0; e < E; ++e) out[e] = S(0);
+  if (aux) {
+    if (sigmoid) {  // q_e = p_e / u: dp_e = (aux_e - sum_f aux_f q_f) / u
+      S dot = 0;
+      for (long e = 0; e < E; ++e) dot += aux[e] * probs[e];
+      for (long e = 0; e < E; ++e) out[e] = (aux[e] - dot / norm) / norm;
+    } else {
+      for (long e = 0; e < E; ++e) out[e] = aux[e];
+    }
+  }
   if (dweight) {
-    if (renormalise) {  // weight_j = p_j / s: dp_j = (dweight_j - sum_i dweight_i weight_i) / s
-      S dot = 0, s = 0;
+    if (r.renormalise) {  // weight_j = c p_j / s: dp_j = (c dweight_j - sum_i dweight_i weight_i) / s
+      S dot = 0, s = sigmoid ? S(1e-20) : S(0);
       for (long j = 0; j < k; ++j) {
         dot += dweight[j] * weight[j];
         s += probs[idx[j]];
       }
-      for (long j = 0; j < k; ++j) out[idx[j]] += (dweight[j] - dot) / s;
+      for (long j = 0; j < k; ++j) out[idx[j]] += (r.scale * dweight[j] - dot) / s;
     } else {
-      for (long j = 0; j < k; ++j) out[idx[j]] += dweight[j];
+      for (long j = 0; j < k; ++j) out[idx[j]] += r.scale * dweight[j];
     }
+  }
+  if (sigmoid) {
+    for (long e = 0; e < E; ++e) out[e] *= probs[e] * (S(1) - probs[e]);
+    return;
   }
   S dot = 0;
   for (long e = 0; e < E; ++e) dot += probs[e] * out[e];
-  for (long e = 0; e < E; ++e) out[e] = probs[e] * (out[e] - dot) + z * lse * probs[e];
+  for (long e = 0; e < E; ++e) out[e] = probs[e] * (out[e] - dot) + z * norm * probs[e];
 }
 
 }  // namespace weft::math

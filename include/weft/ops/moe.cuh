@@ -2,7 +2,7 @@
 // bf16 activations, the router's probabilities and weights in float.
 //
 //   Route::forward, backward   one thread per token over its E <= 64 experts (math::route_row, the
-//                              host's formula)
+//                              host's formula: softmax or sigmoid scores, an optional bias)
 //   Route::stats               one block per expert (its slot count and probability sum over the
 //                              tokens) and one for the sum of lse^2: CUB block reductions in
 //                              double, in a fixed order: the same bits on every run
@@ -24,16 +24,17 @@
 namespace weft::cuda {
 
 template <int = 0>
-__global__ void route_forward_kernel(float* probs, std::int32_t* idx, float* weight, float* lse, const float* logits,
-                                     index N, index E, index k, bool renormalise) {
+__global__ void route_forward_kernel(float* probs, std::int32_t* idx, float* weight, float* norm, const float* logits,
+                                     const float* bias, index N, index E, index k, math::RouteRule<float> rule) {
   for (index n = blockIdx.x * static_cast<index>(blockDim.x) + threadIdx.x; n < N;
        n += static_cast<index>(gridDim.x) * blockDim.x)
-    lse[n] = math::route_row(probs + n * E, idx + n * k, weight + n * k, logits + n * E, E, k, renormalise);
+    norm[n] = math::route_row(probs + n * E, idx + n * k, weight + n * k, logits + n * E, bias, E, k, rule);
 }
 
 template <int Threads>
 __global__ void route_stats_kernel(double* counts, double* psum, double* lse2, const float* probs,
-                                   const std::int32_t* idx, const float* lse, index N, index E, index k) {
+                                   const std::int32_t* idx, const float* norm, index N, index E, index k,
+                                   bool sigmoid) {
   using Reduce = cub::BlockReduce<double, Threads>;
   __shared__ typename Reduce::TempStorage tmp;
   const index e = blockIdx.x;
@@ -41,9 +42,10 @@ __global__ void route_stats_kernel(double* counts, double* psum, double* lse2, c
   for (index n = threadIdx.x; n < N; n += Threads) {
     if (e < E) {
       for (index j = 0; j < k; ++j) c += idx[n * k + j] == e ? 1.0 : 0.0;
-      p += static_cast<double>(probs[n * E + e]);
-    } else {
-      p += static_cast<double>(lse[n]) * static_cast<double>(lse[n]);
+      p += sigmoid ? static_cast<double>(probs[n * E + e]) / static_cast<double>(norm[n])
+                   : static_cast<double>(probs[n * E + e]);
+    } else if (!sigmoid) {
+      p += static_cast<double>(norm[n]) * static_cast<double>(norm[n]);
     }
   }
   c = Reduce(tmp).Sum(c);
@@ -60,13 +62,13 @@ __global__ void route_stats_kernel(double* counts, double* psum, double* lse2, c
 
 template <class T>
 __global__ void route_backward_kernel(T* dlogits, const float* dweight, const float* probs, const std::int32_t* idx,
-                                      const float* weight, const float* lse, index N, index E, index k,
-                                      bool renormalise, const float* aux, float z) {
+                                      const float* weight, const float* norm, index N, index E, index k,
+                                      math::RouteRule<float> rule, const float* aux, float z) {
   for (index n = blockIdx.x * static_cast<index>(blockDim.x) + threadIdx.x; n < N;
        n += static_cast<index>(gridDim.x) * blockDim.x) {
     float g[math::kMaxExperts];
-    math::route_row_backward(g, dweight ? dweight + n * k : nullptr, probs + n * E, idx + n * k, weight + n * k, lse[n],
-                             E, k, renormalise, aux, z);
+    math::route_row_backward(g, dweight ? dweight + n * k : nullptr, probs + n * E, idx + n * k, weight + n * k,
+                             norm[n], E, k, rule, aux, z);
     for (index e = 0; e < E; ++e) dlogits[n * E + e] = detail::from_f<T>(g[e]);
   }
 }
@@ -125,34 +127,34 @@ template <>
 struct Route<Cuda> {
   static constexpr index max_experts = math::kMaxExperts;
 
-  static void forward(Cuda& d, float* probs, std::int32_t* idx, float* weight, float* lse, const float* logits, index N,
-                      index E, index k, bool renormalise) {
+  static void forward(Cuda& d, float* probs, std::int32_t* idx, float* weight, float* norm, const float* logits,
+                      const float* bias, index N, index E, index k, const math::RouteRule<float>& rule) {
     const cuda::Timed timed(d, cuda::OpKind::other);
     cuda::detail::require(N >= 0 && E >= 1 && E <= max_experts && k >= 1 && k <= E, "route_forward",
                           cat("N ", N, ", E ", E, ", k ", k));
     if (N == 0) return;
-    cuda::route_forward_kernel<><<<cuda::detail::blocks_for(N, 128), 128, 0, d.stream()>>>(
-        probs, idx, weight, lse, logits, N, E, k, renormalise);
+    cuda::route_forward_kernel<><<<cuda::detail::blocks_for(N, 128), 128, 0, d.stream()>>>(probs, idx, weight, norm,
+                                                                                           logits, bias, N, E, k, rule);
     cuda::check_launch("route_forward");
   }
 
   // counts, psum and lse2 in the device's memory, added to.
   static void stats(Cuda& d, double* counts, double* psum, double* lse2, const float* probs, const std::int32_t* idx,
-                    const float* lse, index N, index E, index k) {
+                    const float* norm, index N, index E, index k, math::Score score) {
     const cuda::Timed timed(d, cuda::OpKind::other);
-    cuda::route_stats_kernel<256>
-        <<<static_cast<unsigned>(E + 1), 256, 0, d.stream()>>>(counts, psum, lse2, probs, idx, lse, N, E, k);
+    cuda::route_stats_kernel<256><<<static_cast<unsigned>(E + 1), 256, 0, d.stream()>>>(
+        counts, psum, lse2, probs, idx, norm, N, E, k, score == math::Score::sigmoid);
     cuda::check_launch("route_stats");
   }
 
   template <class T>
   static void backward(Cuda& d, T* dlogits, const float* dweight, const float* probs, const std::int32_t* idx,
-                       const float* weight, const float* lse, index N, index E, index k, bool renormalise,
-                       const float* aux, float z) {
+                       const float* weight, const float* norm, index N, index E, index k,
+                       const math::RouteRule<float>& rule, const float* aux, float z) {
     const cuda::Timed timed(d, cuda::OpKind::other);
     if (N == 0) return;
     cuda::route_backward_kernel<<<cuda::detail::blocks_for(N, 128), 128, 0, d.stream()>>>(
-        cuda::detail::dev(dlogits), dweight, probs, idx, weight, lse, N, E, k, renormalise, aux, z);
+        cuda::detail::dev(dlogits), dweight, probs, idx, weight, norm, N, E, k, rule, aux, z);
     cuda::check_launch("route_backward");
   }
 };

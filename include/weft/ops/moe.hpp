@@ -1,15 +1,18 @@
 // ops::Route, ops::Dispatch: the token routing of a mixture-of-experts layer (nn/moe.hpp) around its
-// experts' GEMMs: the router's softmax and top-k, the router's losses' statistics, and the moves of
+// experts' GEMMs: the router's scores and top-k, the router's losses' statistics, and the moves of
 // token rows to the experts' contiguous blocks and back.
 //
-//   Route::forward    logits (N, E) S -> probs (N, E) = softmax, index (N, k) int32 the k largest
-//                     (ties to the lower expert), weight (N, k) their probabilities (divided by their
-//                     sum where renormalised), lse (N) = logsumexp of the logits
-//   Route::stats      counts (E) the slots routed to each expert, psum (E) the sum of each expert's
-//                     probability over the tokens, and the sum of lse^2: what the load-balancing loss
-//                     and the z-loss need (summed over the ranks that hold other tokens), in double
+//   Route::forward    logits (N, E) S -> probs (N, E) the scores (softmax or sigmoid: the rule's),
+//                     index (N, k) int32 the k largest of probs + bias (bias (E) null: none; ties to
+//                     the lower expert), weight (N, k) their scores (divided by their sum where
+//                     renormalised, times the rule's scale), norm (N): logsumexp of the logits
+//                     (softmax) or the scores' sum (sigmoid) (math::route_row)
+//   Route::stats      counts (E) the slots routed to each expert, psum (E) the sum over the tokens of
+//                     each expert's share (softmax: its probability; sigmoid: its score over the
+//                     row's sum), and the sum of lse^2 (softmax): what the load-balancing loss and the
+//                     z-loss need (summed over the ranks that hold other tokens), in double
 //   Route::backward   dlogits (N, E) from dweight (N, k) (the combine's), the load-balancing loss's
-//                     gradient per expert (dL/dprobs[n, e] = aux[e], the same for every token) and the
+//                     gradient per expert (dL/dshare[n, e] = aux[e], the same for every token) and the
 //                     z-loss's (dL/dlse[n] = z lse[n])
 //   Dispatch::gather  xp (M, C): xp[m] = x[rows[m]], the tokens' rows in the experts' order
 //   Dispatch::combine y (N, C) (+)= sum over j of weight[n, j] xp[slot[n, j]] (weight null: 1), the
@@ -51,35 +54,38 @@ struct Route<Host> {
   static constexpr index max_experts = math::kMaxExperts;
 
   template <class S>
-  static void forward(Host&, S* probs, std::int32_t* idx, S* weight, S* lse, const S* logits, index N, index E, index k,
-                      bool renormalise) {
+  static void forward(Host&, S* probs, std::int32_t* idx, S* weight, S* norm, const S* logits, const S* bias, index N,
+                      index E, index k, const math::RouteRule<S>& rule) {
     const host::Timed timed(host::Op::elementwise);
     host::split(N, host::kRows, [&](index lo, index hi) {
       for (index n = lo; n < hi; ++n)
-        lse[n] = math::route_row(probs + n * E, idx + n * k, weight + n * k, logits + n * E, E, k, renormalise);
+        norm[n] = math::route_row(probs + n * E, idx + n * k, weight + n * k, logits + n * E, bias, E, k, rule);
     });
   }
 
   // counts (E), psum (E) and the sum of lse^2, added to (double: exact counts, sums in a fixed order).
   template <class S>
   static void stats(Host&, double* counts, double* psum, double* lse2, const S* probs, const std::int32_t* idx,
-                    const S* lse, index N, index E, index k) {
+                    const S* norm, index N, index E, index k, math::Score score) {
+    const bool sigmoid = score == math::Score::sigmoid;
     for (index n = 0; n < N; ++n) {
       for (index j = 0; j < k; ++j) counts[idx[n * k + j]] += 1;
-      for (index e = 0; e < E; ++e) psum[e] += static_cast<double>(probs[n * E + e]);
-      *lse2 += static_cast<double>(lse[n]) * static_cast<double>(lse[n]);
+      const double u = static_cast<double>(norm[n]);
+      for (index e = 0; e < E; ++e)
+        psum[e] += sigmoid ? static_cast<double>(probs[n * E + e]) / u : static_cast<double>(probs[n * E + e]);
+      if (!sigmoid) *lse2 += u * u;
     }
   }
 
   template <class T, class S>
   static void backward(Host&, T* dlogits, const S* dweight, const S* probs, const std::int32_t* idx, const S* weight,
-                       const S* lse, index N, index E, index k, bool renormalise, const S* aux, S z) {
+                       const S* norm, index N, index E, index k, const math::RouteRule<S>& rule, const S* aux, S z) {
     const host::Timed timed(host::Op::elementwise);
     host::split(N, host::kRows, [&](index lo, index hi) {
       S g[math::kMaxExperts];
       for (index n = lo; n < hi; ++n) {
         math::route_row_backward(g, dweight ? dweight + n * k : nullptr, probs + n * E, idx + n * k, weight + n * k,
-                                 lse[n], E, k, renormalise, aux, z);
+                                 norm[n], E, k, rule, aux, z);
         for (index e = 0; e < E; ++e) dlogits[n * E + e] = narrow<T>(g[e]);
       }
     });

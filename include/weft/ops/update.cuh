@@ -7,7 +7,7 @@
 // Include only from .cu translation units (ops/all.cuh includes every op).
 //
 // defines: ops::Norm (Cuda), ops::Update (Cuda), cuda::adamw, cuda::sum_squares, cuda::adamw_range,
-//   cuda::sgd_range
+//   cuda::sgd_range, cuda::sign_step_kernel
 #pragma once
 
 #include <cstdint>
@@ -171,6 +171,13 @@ inline void sgd_range(Cuda& d, float* p, const float* g, float* buf, index n, do
   check_launch("sgd");
 }
 
+template <int = 0>
+__global__ void sign_step_kernel(float* p, const float* g, index n, float rate) {
+  for (index i = blockIdx.x * static_cast<index>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<index>(gridDim.x) * blockDim.x)
+    p[i] -= rate * static_cast<float>(math::sign(g[i]));
+}
+
 }  // namespace weft::cuda
 
 namespace weft::ops {
@@ -193,6 +200,16 @@ struct Update<Cuda> {
     static_assert(std::same_as<P, float> && std::same_as<S, float>,
                   "ops::Update<Cuda>::sgd: the GPU updates f32 parameters");
     cuda::sgd_range(d, p, g, buf, n, lr, momentum, weight_decay, decay, grad_scale);
+  }
+
+  template <class P>
+  static void sign_step(Cuda& d, P* p, const P* g, index n, double rate) {
+    const cuda::Timed timed(d, cuda::OpKind::other);
+    static_assert(std::same_as<P, float>, "ops::Update<Cuda>::sign_step: the GPU steps f32 parameters");
+    if (n <= 0) return;
+    cuda::sign_step_kernel<>
+        <<<cuda::detail::blocks_for(n, 256), 256, 0, d.stream()>>>(p, g, n, static_cast<float>(rate));
+    cuda::check_launch("sign_step");
   }
 
   // AdamW over every range of a step in one launch (Piece: p, g, state {m, v}, n, decay).

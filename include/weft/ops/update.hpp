@@ -4,6 +4,7 @@
 //   AdamW:  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;  p -= lr (m^ / (sqrt(v^) + eps) + wd p),
 //           m^ = m / (1 - b1^t), v^ = v / (1 - b2^t) (math.hpp)
 //   SGD:    b = momentum b + g (+ wd p);  p -= lr b;   g = grad grad_scale;  sum_squares: sum x^2 in double
+//   sign_step: p -= rate sign(g) (sign(0) = 0): a routing bias's step (nn::SignStep), by the load in g
 //
 // An op (ops/op.hpp; a user adds one the same way, in their own code): the primary template,
 // the host's kernels and specialization and the Meta device's here, the Cuda device's in update.cuh.
@@ -87,6 +88,12 @@ struct Update<Host> {
     host::sgd(p, g, buf, n, lr, momentum, weight_decay, decay, grad_scale);
   }
 
+  template <class P>
+  static void sign_step(Host&, P* p, const P* g, index n, double rate) {
+    const host::Timed timed(host::Op::optimizer);
+    for (index i = 0; i < n; ++i) p[i] = static_cast<P>(static_cast<double>(p[i]) - rate * math::sign(g[i]));
+  }
+
   // AdamW over several ranges (Piece in optim/optimizer.hpp: p, g, state {m, v}, n, decay).
   template <class Pieces, class S>
   static void adamw_many(Host&, const Pieces& pieces, const math::AdamWParams<S>& a, double grad_scale) {
@@ -149,6 +156,7 @@ struct Update<Meta<D>> {
     d.work.adamw += static_cast<double>(n);
   }
   template <class... A> static void sgd(Meta<D>&, A&&...) {}
+  template <class... A> static void sign_step(Meta<D>&, A&&...) {}
   template <class Pieces, class... A>
   static void adamw_many(Meta<D>& d, const Pieces& pieces, A&&...) {
     for (const auto& x : pieces) d.work.adamw += static_cast<double>(x.n);

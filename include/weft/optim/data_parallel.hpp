@@ -17,12 +17,13 @@
 //   1. all-reduces, over the tensor axis, the gradients whose layout is Partial there (sequence-
 //      parallel LayerNorm and position gradients): one collective for the whole model;
 //   2. takes the global gradient norm, each global element counted once: every data rank sums its
-//      slice of each unit, and tensor-replicated entries count on tensor rank 0 only;
+//      slice of each unit, and tensor-replicated entries count on tensor rank 0 only (parameters
+//      moved by a sign step, nn::SignStep, not at all: their buffers hold loads, not gradients);
 //   3. skips the update on every rank when the norm is not finite (an Inf or NaN anywhere in the
 //      gradients: the norm is the same number everywhere, so is the decision), counting the skip;
 //   4. applies the update rule (optimizer.hpp) to the range of each unit this rank owns, with the
-//      clipping factor folded into the gradient, and gathers the values where the strategy keeps
-//      them whole.
+//      clipping factor folded into the gradient (a SignStep parameter's range: p -= rate sign(g)
+//      instead), and gathers the values where the strategy keeps them whole.
 //
 // Mixed precision (Precision<bf16, float>): gradients are f32 in every buffer and collective; the
 // rank keeps f32 master weights for the range it updates (sharded with the optimizer state, as
@@ -185,7 +186,7 @@ class DataParallel {
       const std::int64_t lo = held_[u].index * held_[u].shard;
       const G* g = grads_from(u, lo);
       for_each_piece(u, lo, held_[u].shard, [&](const nn::UnitEntry& e, std::int64_t a, std::int64_t n) {
-        if (e.tensor_sharded || tensor_index_ == 0) counted.emplace_back(g + (a - lo), n);
+        if (!e.sign_step && (e.tensor_sharded || tensor_index_ == 0)) counted.emplace_back(g + (a - lo), n);
       });
     }
     std::array<double, 1> sq{
@@ -205,13 +206,15 @@ class DataParallel {
 
     // The update of every range this rank owns: one call for the whole step where the rule takes
     // them all at once (AdamW), else range by range.
+    // The parameters moved by a sign step (nn::SignStep: routing biases) take it here instead.
     std::vector<Piece<G, S, Rule::states>> pieces;
     for (std::size_t u = 0; u < units_.size(); ++u) {
       const auto [lo, n] = update_range(u);
       G* master = mixed ? static_cast<G*>(held_[u].master.data()) : reinterpret_cast<G*>(values_from(u, lo));
       const G* g = grads_from(u, lo);
       for_each_piece(u, lo, n, [&](const nn::UnitEntry& e, std::int64_t a, std::int64_t len) {
-        pieces.push_back({master + (a - lo), g + (a - lo), state_at(u, n, a - lo), len, decays(e)});
+        if (e.sign_step) ops::Update<D>::sign_step(dev(), master + (a - lo), g + (a - lo), len, e.sign_step->rate);
+        else pieces.push_back({master + (a - lo), g + (a - lo), state_at(u, n, a - lo), len, decays(e)});
       });
     }
     if constexpr (requires {
