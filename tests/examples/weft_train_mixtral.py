@@ -22,7 +22,14 @@ experts over groups of the data ranks), checked by what it computes:
    expert the same share of the tokens; a run's routing is uneven).
 5. Refused before anything is built (exit 2, naming the values): an expert degree that does not
    divide the data ranks, experts that the expert degree does not divide, a top-k above the
-   experts, a negative capacity factor, --expert for a dense family, --experts for GPT-2.
+   experts, a negative capacity factor, --expert for a dense family, --experts for GPT-2,
+   --router for GPT-2.
+6. Aux-loss-free balancing (--router sigmoid --expert-bias RATE): 30 steps on data 2 x expert 2
+   learn as much (last 10 below 0.75 of the first 5), with no z-loss, and the summary names the
+   router; 4 steps on data 2 x tensor 2 x expert 2 (ZeRO-1, SP) equal one rank within 2e-5; a
+   checkpoint of data 4 x expert 4 resumed on data 2 x expert 2 equals the whole run (the biases
+   saved and resharded), and resumed without --expert-bias is refused naming the field (when the
+   checkpoint is read: exit 1); weft-export refuses it (transformers' Mixtral has no such router).
 """
 import json, os, re, struct, subprocess, sys, tempfile
 
@@ -105,8 +112,8 @@ if not through_transformers:  # parts 1 to 5
 
     # 3. A checkpoint resharded across expert degrees.
     ck = os.path.join(work, "ck")
-    run("save", steps + ["--data", "4", "--tensor", "1", "--expert", "4", "--save-dir", ck, "--save-every", "2"])
-    whole, _ = run("whole", steps + ["--data", "4", "--tensor", "1", "--expert", "4"])
+    whole, _ = run("save", steps + ["--data", "4", "--tensor", "1", "--expert", "4", "--save-dir", ck, "--save-every",
+                                    "2"])  # saved at step 2, and on to step 4: the uninterrupted run
     resumed, _ = run("resumed", steps + ["--data", "2", "--tensor", "1", "--expert", "2", "--resume",
                                          os.path.join(ck, "step_00000002")])
     within(resumed, whole, "resumed on data 2 x expert 2 from data 4 x expert 4 at step 2", steps=[3, 4])
@@ -140,6 +147,7 @@ if not through_transformers:  # parts 1 to 5
         ("capacity -1", ["--data", "1", "--tensor", "1", "--capacity-factor", "-1"], "mixtral", "capacity factor -1"),
         ("llama with --expert", ["--data", "2", "--tensor", "1", "--expert", "2"], "llama", "has no experts to shard"),
         ("gpt2 with --experts", ["--data", "1", "--tensor", "1", "--experts", "4"], "gpt2", "has no experts"),
+        ("gpt2 with --router", ["--data", "1", "--tensor", "1", "--router", "sigmoid"], "gpt2", "has no experts"),
     ]:
         _, err = run("refused", ["--steps", "2", *args], want=2, model=model)
         print(f"refused ({name}): {err.strip().splitlines()[-1] if err.strip() else ''}")
@@ -149,7 +157,45 @@ if not through_transformers:  # parts 1 to 5
 
 
 
-# 6. In from a transformers directory, out to one.
+    # 6. Aux-loss-free balancing: sigmoid scores and an expert bias.
+    balance = ["--router", "sigmoid", "--expert-bias", "1e-2"]
+    bal, out = run("balanced", ["--steps", "30", "--batch", "16", "--data", "2", "--tensor", "1", "--expert", "2",
+                                "--eval-every", "0", *balance])
+    if len(bal) == 30:
+        first = sum(bal[s]["loss"] for s in range(1, 6)) / 5
+        last = sum(bal[s]["loss"] for s in range(21, 31)) / 10
+        load = sum(bal[s]["expert_load"] for s in range(21, 31)) / 10
+        base = sum(learn[s]["expert_load"] for s in range(21, 31)) / 10 if len(learn) == 30 else float("nan")
+        print(f"30 steps with --router sigmoid --expert-bias 1e-2: mean loss of the first 5 {first:.4f}, of the "
+              f"last 10 {last:.4f}; mean expert load of the last 10 {load:.3f} (softmax, no bias: {base:.3f})")
+        if not last < 0.75 * first or any(r.get("z_loss") != 0 for r in bal.values()):
+            failures.append(f"balanced run: loss {first} -> {last}, z losses {[r.get('z_loss') for r in bal.values()]}")
+        if "by sigmoid scores, an expert bias at rate 0.01" not in out:
+            failures.append(f"the summary does not name the router:\n{out[:600]}")
+    one_b, _ = run("one_balanced", steps + ["--data", "1", "--tensor", "1", *balance])
+    got, _ = run("balanced_zero1_sp", steps + ["--data", "2", "--tensor", "2", "--expert", "2", "--strategy",
+                                               "zero1-sp", *balance])
+    within(got, one_b, "balanced: data 2 x tensor 2 x expert 2, zero1-sp")
+    ckb = os.path.join(work, "ck_balanced")
+    whole_b, _ = run("save_balanced", steps + ["--data", "4", "--tensor", "1", "--expert", "4", "--save-dir", ckb,
+                                               "--save-every", "2", *balance])
+    resumed_b, _ = run("resumed_balanced", steps + ["--data", "2", "--tensor", "1", "--expert", "2", "--resume",
+                                                    os.path.join(ckb, "step_00000002"), *balance])
+    within(resumed_b, whole_b, "balanced, resumed on data 2 x expert 2 from data 4 x expert 4 at step 2", steps=[3, 4])
+    _, err = run("resume_unbalanced", steps + ["--data", "1", "--tensor", "1", "--router", "sigmoid", "--resume",
+                                               os.path.join(ckb, "step_00000002")], want=1)
+    print(f"refused (resumed without --expert-bias): {err.strip().splitlines()[-1] if err.strip() else ''}")
+    if "expert_bias" not in err:
+        failures.append(f"a checkpoint with expert biases resumed without them: {err}")
+    if export_bin:
+        p = subprocess.run([export_bin, "--checkpoint", os.path.join(ckb, "step_00000002"), "--out",
+                            os.path.join(work, "balanced_hf")], capture_output=True, text=True, env=env, timeout=300)
+        print(f"refused (weft-export of it): exit {p.returncode}: {p.stderr.strip().splitlines()[-1] if p.stderr.strip() else ''}")
+        if p.returncode == 0 or "routers are softmax, unscaled, without a bias" not in p.stderr:
+            failures.append(f"weft-export of a sigmoid router with a bias: exit {p.returncode}\n{p.stderr}")
+
+
+# 7. In from a transformers directory, out to one.
 exported = os.path.join(work, "exported_hf")
 weft_logits = None
 if export_bin:
@@ -192,7 +238,7 @@ if export_bin:
         if "4 experts, where config.json's num_local_experts is 8" not in err:
             failures.append(f"a config.json disagreeing with its tensors: {err}")
 
-# 7. The export read back by transformers.
+# 8. The export read back by transformers.
 if through_transformers:
     if not export_bin:
         sys.exit("weft_train_mixtral.py --through-transformers needs WEFT_TRAIN and WEFT_EXPORT")

@@ -10,6 +10,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <mutex>
@@ -23,6 +24,7 @@
 #include "weft/comm/threads/run.hpp"
 #include "weft/nn/expert_dispatch.hpp"
 #include "weft/nn/moe.hpp"
+#include "weft/optim/data_parallel.hpp"
 
 using namespace weft;
 
@@ -183,6 +185,39 @@ TEST_CASE(
   against("deepseek");  // sigmoid scores, an expert bias that changes the choice, scale 2.5, a shared expert
 }
 
+TEST_CASE("a router's step figures are its micro-batches' backward passes: a re-run forward counts once") {
+  // The log's (train::Routing, nn::take_router_stats): two micro-batches, the first's forward run
+  // twice (as recomputation does), each backward adding its forward's figures; taken, then empty.
+  const Fixture f("capacity");
+  Host h;
+  run_threads(1, [&](ThreadComm& world) {
+    Mesh mesh{world, {}};
+    Moe m(h, f.C, f.options(), mesh.spread(), 0, 1, 0.1, 0.1);
+    f.load(m);
+    auto x = X::empty(h, {1, f.N, f.C}, mesh.spread(), Category::activations);
+    auto dy = X::empty(h, {1, f.N, f.C}, mesh.spread(), Category::activations);
+    std::vector<double> xs = f.file.read("x");
+    set({dy.data(), static_cast<std::size_t>(dy.numel())}, f.file.read("dy"));
+    std::vector<std::array<double, 4>> seen;  // aux, z, load, dropped of each micro-batch
+    for (int i = 0; i < 2; ++i) {
+      for (double& v : xs) v *= i == 0 ? 1.0 : -0.5;  // another micro-batch
+      set({x.data(), xs.size()}, xs);
+      Moe::Ctx ctx;
+      for (int run = 0; run < (i == 0 ? 2 : 1); ++run) (void)m.forward(ctx, x, mesh);
+      seen.push_back({m.last_aux, m.last_z, m.last_load, static_cast<double>(m.last_dropped)});
+      (void)m.backward(ctx, dy, mesh);
+    }
+    CHECK(seen[0] != seen[1]);
+    const auto t = m.take_step_stats();
+    CHECK(t.batches == 2);
+    CHECK(t.aux == seen[0][0] + seen[1][0]);
+    CHECK(t.z == seen[0][1] + seen[1][1]);
+    CHECK(t.load == seen[0][2] + seen[1][2]);
+    CHECK(static_cast<double>(t.dropped) == seen[0][3] + seen[1][3]);
+    CHECK(m.take_step_stats().batches == 0);
+  });
+}
+
 TEST_CASE("moe_plan: slots expert by expert in token order, at most the capacity of each sample's per expert") {
   // 4 tokens in 2 samples of 2, top 1 of 2 experts, capacity 1: sample 0 sends both tokens to
   // expert 0 (the second dropped), sample 1 one to each.
@@ -321,6 +356,57 @@ TEST_CASE(
       });
       CHECK(params == 5);
     }
+  });
+}
+
+TEST_CASE("the expert bias's sign step alone balances a router that sends every token to two of four experts") {
+  // Sigmoid scores from a router whose rows 0 and 1 read a feature that is 1 in every token: experts
+  // 0 and 1 get nearly every slot (load near 2, the most there is for top 2 of 4). The weights stay put (SGD at
+  // lr 0); only the bias moves, by its sign step (rate 0.02) in DataParallel's step, from the load in
+  // its buffer. Deterministic: the same 32 tokens every step.
+  Host h;
+  run_threads(1, [&](ThreadComm& world) {
+    Mesh mesh{world, {}};
+    const nn::MoeOptions o{.experts = 4,
+                           .top_k = 2,
+                           .hidden = 4,
+                           .aux_coef = 0,
+                           .z_coef = 0,
+                           .score = nn::Score::sigmoid,
+                           .expert_bias = true,
+                           .bias_rate = 0.02};
+    const std::int64_t B = 4, T = 8, C = 6;
+    Moe m(h, C, o, mesh.spread(), 0, 3, 0.5, 0.2);
+    std::vector<nn::Unit<double, Host>> units;
+    units.emplace_back("router", h);
+    units.emplace_back("experts", h);
+    m.for_each_param("moe", [&](const std::string& name, auto& p) {
+      units[name.starts_with("moe.experts") ? 1 : 0].add_param(name, p);
+    });
+    for (auto& u : units) u.build(1);
+    std::vector<double> w(values(m.router).begin(), values(m.router).end());
+    for (std::int64_t e = 0; e < 2; ++e) w[static_cast<std::size_t>(e * C)] = 1.5;  // experts 0 and 1 read feature 0
+    set(values(m.router), w);
+    optim::DataParallel<optim::Ddp, optim::Sgd, double, decltype(mesh)> dp(units, optim::Sgd{.momentum = 0}, mesh);
+    auto x = X::empty(h, {B, T, C}, mesh.spread(), Category::activations);
+    auto dy = X::empty(h, {B, T, C}, mesh.spread(), Category::activations);
+    std::vector<double> xs = test::normals(static_cast<std::size_t>(B * T * C), 31);
+    for (std::int64_t n = 0; n < B * T; ++n) xs[static_cast<std::size_t>(n * C)] = 1.0;
+    set({dy.data(), static_cast<std::size_t>(dy.numel())}, test::normals(xs.size(), 32));
+    std::vector<double> load;
+    for (int step = 0; step < 40; ++step) {
+      set({x.data(), xs.size()}, xs);
+      dp.zero_grad();
+      Moe::Ctx ctx;
+      (void)m.forward(ctx, x, mesh);
+      load.push_back(m.last_load);
+      (void)m.backward(ctx, dy, mesh);
+      dp.step(0.0, 0.0);
+    }
+    CHECK(load.front() >= 1.9);  // 31 of the 32 tokens to experts 0 and 1
+    const double last = *std::max_element(load.end() - 20, load.end());
+    CHECK(last <= 1.25);  // the most slots an expert gets over the last 20 steps, over the mean of 16
+    MESSAGE("expert load: step 0 ", load.front(), ", step 10 ", load[10], ", the last 20 steps' most ", last);
   });
 }
 

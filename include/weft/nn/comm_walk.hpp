@@ -32,6 +32,7 @@
 #include "weft/nn/comm.hpp"
 #include "weft/nn/comm_row.hpp"
 #include "weft/nn/embedding.hpp"
+#include "weft/nn/layer_walk.hpp"
 #include "weft/nn/sequential.hpp"
 #include "weft/nn/staged_model.hpp"
 #include "weft/nn/token_wise.hpp"
@@ -41,25 +42,9 @@ namespace weft::nn {
 
 namespace detail {
 
-template <class T> inline constexpr bool is_sequential = false;
-template <class... Ls> inline constexpr bool is_sequential<Sequential<Ls...>> = true;
-template <class T> inline constexpr bool is_checkpointed = false;
-template <class L, class T, class D> inline constexpr bool is_checkpointed<recompute::Checkpointed<L, T, D>> = true;
 template <class T> inline constexpr bool is_redistribute = false;
 template <LayoutType F, LayoutType To, LayoutType GT, LayoutType GF>
 inline constexpr bool is_redistribute<Redistribute<F, To, GT, GF>> = true;
-
-template <class T> inline constexpr bool is_token_wise = false;
-template <class L> inline constexpr bool is_token_wise<TokenWise<L>> = true;
-
-template <class L> struct named_base;
-template <Label N, class L> struct named_base<Named<N, L>> {
-  using type = L;
-};
-template <class L> struct checkpointed_base;
-template <class L, class T, class D> struct checkpointed_base<recompute::Checkpointed<L, T, D>> {
-  using type = L;
-};
 
 template <class L>
 concept WritesCommRows = requires(const L& l, std::vector<CommRow>& out, const std::string& n, const Shape& a,
@@ -78,7 +63,7 @@ namespace detail {
 // A layer's name in a row: its Named label, else its type's name.
 template <class L>
 std::string label_of() {
-  if constexpr (is_token_wise<L>) return label_of<typename L::inner_type>();
+  if constexpr (walk::token_wise<L>) return label_of<typename L::inner_type>();
   else if constexpr (is_named<L>) return L::label();
   else return L::name();
 }
@@ -117,20 +102,20 @@ Shape layer_comm_rows(std::vector<CommRow>& out, const std::string& name, const 
                       const Spread& s, std::int64_t e) {
   // Named first: it derives from its layer, so it has the layer's comm_rows too, and must add its
   // name. (A checkpointed layer with rows of its own states its recomputation itself.)
-  if constexpr (detail::is_token_wise<L>) {  // L on a context rank's T / c rows, as a sequence of its own
+  if constexpr (walk::token_wise<L>) {  // L on a context rank's T / c rows, as a sequence of its own
     Shape rows = in;
     rows[1] = in[1] / s.context_degree;
     Shape y = layer_comm_rows(out, name, layer.inner, rows, s, e);
     y[1] = in[1];
     return y;
   } else if constexpr (detail::is_named<L>) {
-    using Base = typename detail::named_base<L>::type;
+    using Base = typename walk::base<L>::type;
     return layer_comm_rows(out, cat(name, ".", L::label()), static_cast<const Base&>(layer), in, s, e);
   } else if constexpr (detail::WritesCommRows<L>) {
     layer.comm_rows(out, name, in, s, e);
     return layer.out_shape(in);
-  } else if constexpr (detail::is_checkpointed<L>) {
-    using Base = typename detail::checkpointed_base<L>::type;
+  } else if constexpr (walk::checkpointed<L>) {
+    using Base = typename walk::base<L>::type;
     const std::size_t first = out.size();
     const Shape y = layer_comm_rows(out, name, static_cast<const Base&>(layer), in, s, e);
     for (std::size_t i = first; i < out.size(); ++i)  // backward re-runs the forward first
@@ -138,7 +123,7 @@ Shape layer_comm_rows(std::vector<CommRow>& out, const std::string& name, const 
     return y;
   } else if constexpr (detail::is_residual<L>) {
     return layer_comm_rows(out, name, layer.inner, in, s, e);
-  } else if constexpr (detail::is_sequential<L>) {
+  } else if constexpr (walk::sequential<L>) {
     Shape x = in;
     detail::sequential_rows<0>(out, name, layer, x, s, e);
     return x;

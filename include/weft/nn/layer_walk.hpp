@@ -13,7 +13,7 @@
 //                                 a collective about those leaves is made by every rank or none)
 //
 // defines: nn::for_each_layer, nn::contains_layer, nn::Routes, nn::is_router, nn::RouterStats,
-// nn::add_router_stats
+// nn::take_router_stats
 #pragma once
 
 #include <algorithm>
@@ -28,13 +28,16 @@
 
 namespace weft::nn {
 
+// The protocol's wrappers, as every walk over layers tells them apart (this one, nn/comm_walk.hpp's
+// rows): base<L>::type is the layer a Named or a Checkpointed derives from (void for others).
 namespace walk {
 template <class T> inline constexpr bool sequential = false;
 template <class... Ls> inline constexpr bool sequential<Sequential<Ls...>> = true;
-template <class T> inline constexpr bool residual = false;
-template <class I> inline constexpr bool residual<Residual<I>> = true;
+template <class T> inline constexpr bool residual = detail::is_residual<T>;
 template <class T> inline constexpr bool token_wise = false;
 template <class L> inline constexpr bool token_wise<TokenWise<L>> = true;
+template <class T> inline constexpr bool checkpointed = false;
+template <class L, class T, class D> inline constexpr bool checkpointed<recompute::Checkpointed<L, T, D>> = true;
 
 template <class T> struct base {
   using type = void;
@@ -83,32 +86,39 @@ consteval bool contains() {
 template <class L, template <class> class Pred>
 inline constexpr bool contains_layer = walk::contains<L, Pred>();
 
-// A mixture of experts' router, as the walk sees it (nn::MoeMlp): the statistics of its last forward.
+// A mixture of experts' router, as the walk sees it (nn::MoeMlp): the statistics of its last forward,
+// and of the micro-batches its backward ran on since they were last taken.
 template <class L>
-concept Routes = requires(const L& l) {
+concept Routes = requires(L& l) {
   { l.last_aux } -> std::convertible_to<double>;
   { l.last_z } -> std::convertible_to<double>;
   { l.last_load } -> std::convertible_to<double>;
   { l.last_dropped } -> std::convertible_to<std::int64_t>;
+  l.take_step_stats();
 };
 template <class L> struct is_router : std::bool_constant<Routes<L>> {};
 
-// The routers of some layers, each's last forward: their load-balancing and z-losses summed (before
-// their coefficients), the largest expert load (the most slots an expert got over the mean), and
-// the slots dropped (past a capacity) on this rank.
+// The routers of some layers over the micro-batches of a step (each's backward's since they were
+// last taken; its last forward's where no backward ran): their load-balancing and z-losses summed
+// over the routers (each the mean over the micro-batches, before their coefficients), the largest
+// expert load (the most slots an expert got over the mean, each router's mean over the
+// micro-batches), and the slots dropped (past a capacity) on this rank, summed. Taking them starts
+// the next step's.
 struct RouterStats {
   double aux = 0, z = 0, load = 0;
   std::int64_t routers = 0, dropped = 0;
 };
 
 template <class L>
-void add_router_stats(RouterStats& s, const L& layer) {
-  for_each_layer(layer, [&](const auto& leaf) {
+void take_router_stats(RouterStats& s, L& layer) {
+  for_each_layer(layer, [&](auto& leaf) {
     if constexpr (Routes<std::remove_cvref_t<decltype(leaf)>>) {
-      s.aux += leaf.last_aux;
-      s.z += leaf.last_z;
-      s.load = std::max(s.load, leaf.last_load);
-      s.dropped += leaf.last_dropped;
+      const auto t = leaf.take_step_stats();
+      const double n = static_cast<double>(t.batches);
+      s.aux += t.batches ? t.aux / n : leaf.last_aux;
+      s.z += t.batches ? t.z / n : leaf.last_z;
+      s.load = std::max(s.load, t.batches ? t.load / n : leaf.last_load);
+      s.dropped += t.batches ? t.dropped : leaf.last_dropped;
       ++s.routers;
     }
   });

@@ -80,6 +80,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "weft/comm/redistribute.hpp"
@@ -177,6 +178,15 @@ class MoeMlp : public SameLayout<A> {
     std::vector<S> aux_grad;            // (E): dL/dprobs[., e] of the load-balancing loss (unscaled)
     S z_grad = 0;                       // dL/dlse[n] = z_grad lse[n] of the z-loss (unscaled)
     std::int64_t N = 0;
+    double aux = 0, z = 0, load = 0;  // this forward's router losses, load and dropped slots, which
+    std::int64_t dropped = 0;         // backward adds to the step's (StepStats)
+  };
+
+  // The router's figures summed over the micro-batches whose backward ran since the last
+  // take_step_stats() (a recomputed forward counts once: backward adds them), for the log.
+  struct StepStats {
+    double aux = 0, z = 0, load = 0;
+    std::int64_t dropped = 0, batches = 0;
   };
 
   Param<T, Replicated, replicated_param_grad<A>, D> router;       // (E, C)
@@ -191,6 +201,8 @@ class MoeMlp : public SameLayout<A> {
   double last_aux = 0, last_z = 0;  // the last forward's router losses (before their coefficients)
   double last_load = 0;             // its expert load: the most slots an expert got over the mean, all ranks'
   std::int64_t last_dropped = 0;    // and the slots it dropped on this rank
+  // The step's so far, handed over and started again.
+  StepStats take_step_stats() { return std::exchange(step_stats_, StepStats{}); }
 
   MoeMlp() = default;
   // Parameter ids id (router), id + 1 (experts' gate-up), id + 2 (down), id + 3 and id + 4 (the
@@ -286,6 +298,7 @@ class MoeMlp : public SameLayout<A> {
                                   std::count(plan.slot.begin() + me * N * k, plan.slot.begin() + (me + 1) * N * k, -1))
                             : plan.dropped;
     ctx.Ng = Ng;
+    ctx.aux = last_aux, ctx.z = last_z, ctx.load = last_load, ctx.dropped = last_dropped;
     Allocation xp;  // (M, C): the rows in the experts' order, all experts' (or this rank's, gathered)
     if (gathered) {
       // This rank's experts' blocks of the plan: their slots renumbered from 0, the others' -1.
@@ -481,6 +494,8 @@ class MoeMlp : public SameLayout<A> {
       ops::Gemm<D>::run(dev, Trans::no, Trans::no, N, C, 2 * Sh, S(1), static_cast<const T*>(dsh.data()), 2 * Sh,
                         shared_up.value.data(), C, S(1), dx.data(), C);
     }
+    step_stats_.aux += ctx.aux, step_stats_.z += ctx.z, step_stats_.load += ctx.load;
+    step_stats_.dropped += ctx.dropped, ++step_stats_.batches;
     ctx = Ctx{};
     return dx;
   }
@@ -627,6 +642,8 @@ class MoeMlp : public SameLayout<A> {
     last_z = sums[static_cast<std::size_t>(2 * E)] / tokens;
     ctx.z_grad = static_cast<S>(options.z_coef * 2.0 / tokens);
   }
+
+  StepStats step_stats_;
 
   static S* probs(Ctx& c) { return static_cast<S*>(c.probs.data()); }
   static std::int32_t* index(Ctx& c) { return static_cast<std::int32_t*>(c.index.data()); }

@@ -70,6 +70,21 @@ inline void add_sizes(CLI::App& app, train::Sizes& s) {
       "--capacity-factor", s.capacity_factor,
       "0: dropless (the default); F > 0: each sample sends at most ceil(F T k / E) of its tokens to an expert, "
       "the rest dropped in token order (mixtral)");
+  app.add_option_function<std::string>(
+         "--router",
+         [&s](const std::string& v) {
+           if (v != "softmax" && v != "sigmoid")
+             throw CLI::ValidationError("--router", cat("'", v, "' is no router; use softmax or sigmoid"));
+           s.sigmoid = v == "sigmoid";
+         },
+         "softmax (the preset's) or sigmoid: each expert's score sigmoid(logit), as DeepSeek-V3's, without the "
+         "z-loss (mixtral)")
+      ->type_name("softmax|sigmoid");
+  app.add_option("--expert-bias", s.expert_bias,
+                 "RATE: aux-loss-free balancing (DeepSeek-V3's): a per-expert bias on the choice of experts, moved "
+                 "by RATE against each expert's load every step (1e-3 is DeepSeek-V3's; 0 holds it at 0) "
+                 "(mixtral; docs/moe.md)")
+      ->check(CLI::NonNegativeNumber);
 }
 
 }  // namespace weft::cli

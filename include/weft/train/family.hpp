@@ -68,6 +68,7 @@
 #include "weft/core/precision.hpp"
 #include "weft/device/host/host.hpp"
 #include "weft/nn/staged_model.hpp"
+#include "weft/ops/math.hpp"
 #include "weft/optim/data_parallel.hpp"
 #include "weft/train/sizes.hpp"
 
@@ -344,17 +345,24 @@ config_t<F> preset_config(const std::string& program, const std::string& preset,
       throw Error(cat(program, " --tie-embeddings"),
                   cat("the model family '", F::name(), "' has no choice of a tied head"), "leave out --tie-embeddings");
   }
-  if (sizes.experts || sizes.top_k || sizes.capacity_factor) {
-    if constexpr (requires { c.experts = 1, c.top_k = 1, c.capacity_factor = 0.0; }) {
+  if (sizes.experts || sizes.top_k || sizes.capacity_factor || sizes.sigmoid || sizes.expert_bias) {
+    if constexpr (requires { c.experts = 1, c.top_k = 1, c.capacity_factor = 0.0, c.score, c.expert_bias = true; }) {
       if (sizes.experts) c.experts = *sizes.experts;
       if (sizes.top_k) c.top_k = *sizes.top_k;
       if (sizes.capacity_factor) c.capacity_factor = *sizes.capacity_factor;
+      if (sizes.sigmoid) {
+        c.score = *sizes.sigmoid ? math::Score::sigmoid : math::Score::softmax;
+        if (*sizes.sigmoid) c.z_coef = 0;  // no z-loss on sigmoid scores (nn/moe.hpp)
+      }
+      if (sizes.expert_bias) c.expert_bias = true, c.bias_rate = *sizes.expert_bias;
     } else {
-      throw Error(cat(program, sizes.experts ? " --experts"
-                               : sizes.top_k ? " --top-k"
-                                             : " --capacity-factor"),
+      throw Error(cat(program, sizes.experts           ? " --experts"
+                               : sizes.top_k           ? " --top-k"
+                               : sizes.capacity_factor ? " --capacity-factor"
+                               : sizes.sigmoid         ? " --router"
+                                                       : " --expert-bias"),
                   cat("the model family '", F::name(), "' has no experts"),
-                  "leave out --experts, --top-k and --capacity-factor");
+                  "leave out --experts, --top-k, --capacity-factor, --router and --expert-bias");
     }
   }
   if (sizes.width) c.width = *sizes.width;

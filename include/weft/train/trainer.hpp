@@ -35,10 +35,11 @@ struct Tokens {
 // What one step did: the mean loss over its micro-batches, the gradient norm before clipping,
 // whether the optimizer skipped it (a norm that is not finite, the same on every rank), and the
 // signal whose stop request abandoned it part-way (0: it finished; then loss and norm are set).
-// A model with mixture-of-experts routers also says what they did in the step's last micro-batch:
-// their load-balancing and z-losses (the mean over the routers, before the coefficients), the
-// largest expert load (the most (token, expert) slots an expert got over the mean) and the slots
-// dropped past a capacity, over the whole mesh.
+// A model with mixture-of-experts routers also says what they did in the step's micro-batches:
+// their load-balancing and z-losses (the mean over the routers and micro-batches, before the
+// coefficients), the largest expert load (the most (token, expert) slots an expert got over the
+// mean, each router's mean over the micro-batches) and the slots dropped past a capacity (summed),
+// over the whole mesh.
 struct Routing {
   double aux = 0, z = 0, load = 0;
   std::int64_t dropped = 0;

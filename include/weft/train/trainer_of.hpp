@@ -172,20 +172,31 @@ class TrainerOf final : public Trainer {
     return r;
   }
 
-  // Collective: the routers' statistics of the step's last micro-batch over the mesh. Each router's
-  // are the same on the data, context and tensor ranks of its stage (its forward all-reduces them),
-  // so they are summed over the pipe axis only; the dropped slots are each rank's own rows' (a
-  // capacity runs without the sequence split: the tensor ranks of a stage hold the same rows).
+  // Collective: the routers' statistics over the step's micro-batches (nn::take_router_stats: the
+  // losses and loads their means, the dropped slots their sum) over the mesh, in one all-reduce. Each router's are the
+  // same on the data, context and tensor ranks of its stage (its forward all-reduces them): each pipe rank writes its
+  // stage's into its own slot, and the world's sum is each stage's times its replicas. The dropped slots are each
+  // rank's own rows' (a capacity runs without the sequence split: the tensor ranks of a stage hold the same rows).
   Routing routing() {
     nn::RouterStats st;
-    for (const auto& b : model_.blocks) nn::add_router_stats(st, b);
-    double sums[3] = {st.aux, st.z, static_cast<double>(st.routers)}, load[1] = {st.load};
-    mesh_.pipe().all_reduce(std::span<double>(sums), ReduceOp::sum);
-    mesh_.pipe().all_reduce(std::span<double>(load), ReduceOp::max);
-    std::int64_t dropped[1] = {st.dropped};
-    world_.all_reduce(std::span<std::int64_t>(dropped), ReduceOp::sum);
-    const double n = std::max(sums[2], 1.0);
-    return {.aux = sums[0] / n, .z = sums[1] / n, .load = load[0], .dropped = dropped[0] / o_.mesh.tensor};
+    for (auto& b : model_.blocks) nn::take_router_stats(st, b);
+    const int pipes = mesh_.pipe().size(), me = mesh_.pipe().rank();
+    std::vector<double> v(static_cast<std::size_t>(4 * pipes + 1), 0.0);  // (aux, z, routers, load) a stage, dropped
+    const auto at = static_cast<std::size_t>(4 * me);
+    v[at] = st.aux, v[at + 1] = st.z, v[at + 2] = static_cast<double>(st.routers), v[at + 3] = st.load;
+    v.back() = static_cast<double>(st.dropped);  // exact: far below 2^53
+    world_.all_reduce(std::span<double>(v), ReduceOp::sum);
+    const double replicas = static_cast<double>(world_.size() / pipes);
+    double aux = 0, z = 0, routers = 0, load = 0;
+    for (std::size_t p = 0; p < static_cast<std::size_t>(pipes); ++p) {
+      aux += v[4 * p], z += v[4 * p + 1], routers += v[4 * p + 2];
+      load = std::max(load, v[4 * p + 3] / replicas);
+    }
+    const double n = std::max(routers / replicas, 1.0);
+    return {.aux = aux / replicas / n,
+            .z = z / replicas / n,
+            .load = load,
+            .dropped = static_cast<std::int64_t>(v.back()) / o_.mesh.tensor};
   }
 
   // Collective: one micro-batch's loss, forward only.

@@ -71,6 +71,7 @@ inline double flops_per_token(const Config& c) {
 // model than the run's `c` (an MoE family's import_hf: this one's, qwen3_moe::Family's).
 template <class C>
 C same_model(const C& c, C got, const std::string& where) {
+  check_hf_router(c, where);
   got.aux_coef = c.aux_coef, got.z_coef = c.z_coef, got.capacity_factor = c.capacity_factor;
   const auto want = record(c), have = record(got);
   for (std::size_t i = 0; i < want.size(); ++i)
@@ -95,7 +96,9 @@ struct Family {
   static double flops_per_token(const Config& c) { return mixtral::flops_per_token(c); }
   static std::string summary(const Config& c) {
     return cat("layers ", c.layers, ", heads ", c.heads, " (", c.kv_heads, " key-value), width ", c.width, ", ",
-               c.experts, " experts of width ", c.hidden, " (top ", c.top_k, "), aux coef ", c.aux_coef, ", seq ",
+               c.experts, " experts of width ", c.hidden, " (top ", c.top_k,
+               c.score == nn::Score::sigmoid ? " by sigmoid scores" : "",
+               c.expert_bias ? cat(", an expert bias at rate ", c.bias_rate) : "", "), aux coef ", c.aux_coef, ", seq ",
                c.seq, ", vocab ", c.vocab, ", rope theta ", c.rope.theta);
   }
   // --init-from DIR without --preset: the model config.json describes (base's sequence and seed), its

@@ -119,6 +119,17 @@ inline Config config_from_hf(const nlohmann::json& j, const std::string& at, con
   return c;
 }
 
+// Refuses, naming what it has, a router that transformers' MixtralForCausalLM and
+// Qwen3MoeForCausalLM cannot hold (sigmoid scores, a scale, an expert bias: Config).
+inline void check_hf_router(const Config& c, const std::string& where) {
+  if (c.softmax_router()) return;
+  throw Error(where,
+              cat("the model's router takes ", c.score == nn::Score::sigmoid ? "sigmoid" : "softmax", " scores",
+                  c.scale != 1 ? cat(" scaled by ", c.scale) : "", c.expert_bias ? " with an expert bias" : ""),
+              "transformers' Mixtral and Qwen3-MoE routers are softmax, unscaled, without a bias: exchange "
+              "directories with runs that leave out --router sigmoid and --expert-bias");
+}
+
 // transformers' config.json for c.
 inline nlohmann::json hf_config(const Config& c) {
   nlohmann::json j = llama::hf_config(c);
@@ -151,6 +162,11 @@ inline Config config_of(const checkpoint::Manifest& m) {
   c.aux_coef = static_cast<double>(field("aux_coef_x1e9")) / 1e9;
   c.z_coef = static_cast<double>(field("z_coef_x1e9")) / 1e9;
   c.capacity_factor = static_cast<double>(field("capacity_factor_x1e6")) / 1e6;
+  // The router past transformers' (recorded only where set: mixtral::record).
+  const auto optional = [&](const char* k) { return m.model.contains(k) ? field(k) : std::int64_t{-1}; };
+  if (optional("router_sigmoid") == 1) c.score = nn::Score::sigmoid;
+  if (const auto v = optional("router_scale_x1e6"); v >= 0) c.scale = static_cast<double>(v) / 1e6;
+  if (optional("expert_bias") == 1) c.expert_bias = true;
   validate(c, {}, false, 1);
   return c;
 }
@@ -190,6 +206,7 @@ inline void export_hf(const std::string& checkpoint, const std::string& out, DTy
                       std::uint64_t max_shard_bytes = 5'000'000'000) {
   const checkpoint::Reader r(checkpoint);
   const Config c = config_of(r.manifest());
+  check_hf_router(c, "mixtral::export");
   llama::hf_detail::export_tensors(r, hf_detail::names(c), checkpoint, out, dtype, max_shard_bytes, hf_config(c),
                                    "mixtral");
 }

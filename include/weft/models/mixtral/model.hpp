@@ -22,6 +22,7 @@
 // defines: mixtral::Config, mixtral::record, mixtral::validate, mixtral::Spec, mixtral::Model
 #pragma once
 
+#include <cmath>
 #include <string>
 #include <utility>
 #include <vector>
@@ -32,11 +33,18 @@
 
 namespace weft::mixtral {
 
-// Llama's sizes (hidden: each expert's width, transformers' intermediate_size) and the router's.
+// Llama's sizes (hidden: each expert's width, transformers' intermediate_size) and the router's:
+// past transformers' Mixtral, sigmoid scores and an expert bias moved by its rate each step
+// (aux-loss-free balancing, DeepSeek-V3's: docs/moe.md), and the chosen weights' scale; the
+// routers transformers' Mixtral and Qwen3-MoE directories hold are softmax, without a bias.
 struct Config : llama::Config {
   std::int64_t experts = 4, top_k = 2;  // num_local_experts, num_experts_per_tok
   double aux_coef = 0.001, z_coef = 0;  // router_aux_loss_coef (transformers' default); the z-loss's
   double capacity_factor = 0;           // 0: dropless; > 0 a capacity per sample and expert (nn/moe.hpp)
+  nn::Score score = nn::Score::softmax;
+  double scale = 1;
+  bool expert_bias = false;
+  double bias_rate = 1e-3;
 
   nn::MoeOptions moe() const {
     return {.experts = experts,
@@ -44,8 +52,14 @@ struct Config : llama::Config {
             .hidden = hidden,
             .capacity_factor = capacity_factor,
             .aux_coef = aux_coef,
-            .z_coef = z_coef};
+            .z_coef = z_coef,
+            .score = score,
+            .scale = scale,
+            .expert_bias = expert_bias,
+            .bias_rate = bias_rate};
   }
+  // Whether the router is the one transformers' MixtralForCausalLM and Qwen3MoeForCausalLM hold.
+  bool softmax_router() const { return score == nn::Score::softmax && scale == 1 && !expert_bias; }
 };
 
 inline std::vector<std::pair<std::string, std::int64_t>> record(const Config& c) {
@@ -55,6 +69,12 @@ inline std::vector<std::pair<std::string, std::int64_t>> record(const Config& c)
   r.emplace_back("aux_coef_x1e9", llama::scaled(c.aux_coef, 1e9));
   r.emplace_back("z_coef_x1e9", llama::scaled(c.z_coef, 1e9));
   r.emplace_back("capacity_factor_x1e6", llama::scaled(c.capacity_factor, 1e6));
+  // Recorded where they differ from transformers' router only (earlier checkpoints' records hold
+  // none of them, and read back as that router). The bias's rate is the run's to choose, as the
+  // learning rate is (DeepSeek-V3 sets it to 0 late in training): not recorded.
+  if (c.score == nn::Score::sigmoid) r.emplace_back("router_sigmoid", 1);
+  if (c.scale != 1) r.emplace_back("router_scale_x1e6", llama::scaled(c.scale, 1e6));
+  if (c.expert_bias) r.emplace_back("expert_bias", 1);
   return r;
 }
 
@@ -68,6 +88,12 @@ inline void validate(const Config& c, const Spread& s, bool sequence_parallel, s
         "Mixtral",
         cat("capacity factor ", c.capacity_factor, ", aux coefficient ", c.aux_coef, ", z coefficient ", c.z_coef),
         "use a capacity factor of 0 (dropless) or above, and coefficients of 0 or above");
+  if (c.score == nn::Score::sigmoid && c.z_coef > 0)
+    throw Error("Mixtral", cat("a z-loss (coefficient ", c.z_coef, ") with sigmoid router scores"),
+                "train a sigmoid router without the z-loss (z coefficient 0)");
+  if (!(c.scale > 0) || !(c.bias_rate >= 0) || !std::isfinite(c.scale) || !std::isfinite(c.bias_rate))
+    throw Error("Mixtral", cat("router scale ", c.scale, ", expert-bias rate ", c.bias_rate),
+                "use a positive scale (1: none) and a rate of 0 or more (DeepSeek-V3: 1e-3)");
 }
 
 template <PrecisionLike P, bool SP = false, recompute::Policy Recompute = recompute::None, class D = Host,

@@ -79,8 +79,10 @@ struct Family {
   static std::string summary(const Config& c) {
     return cat("layers ", c.layers, ", heads ", c.heads, " of ", c.head_dim(), " (", c.kv_heads,
                " key-value, QK norm), width ", c.width, ", ", c.experts, " experts of width ", c.hidden, " (top ",
-               c.top_k, c.norm_topk_prob ? ", renormalised" : "", "), aux coef ", c.aux_coef, ", seq ", c.seq,
-               ", vocab ", c.vocab, ", rope theta ", c.rope.theta);
+               c.top_k, c.norm_topk_prob ? ", renormalised" : "",
+               c.score == nn::Score::sigmoid ? ", by sigmoid scores" : "",
+               c.expert_bias ? cat(", an expert bias at rate ", c.bias_rate) : "", "), aux coef ", c.aux_coef, ", seq ",
+               c.seq, ", vocab ", c.vocab, ", rope theta ", c.rope.theta);
   }
   // --init-from DIR without --preset: the model config.json describes, its experts checked against
   // the router's tensors.

@@ -165,6 +165,7 @@ inline void export_hf(const std::string& checkpoint, const std::string& out, DTy
                       std::uint64_t max_shard_bytes = 5'000'000'000) {
   const checkpoint::Reader r(checkpoint);
   const Config c = config_of(r.manifest());
+  mixtral::check_hf_router(c, "qwen3_moe::export");
   llama::hf_detail::export_tensors(r, hf_detail::names(c), checkpoint, out, dtype, max_shard_bytes, hf_config(c),
                                    "qwen3_moe");
 }
