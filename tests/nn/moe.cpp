@@ -235,26 +235,24 @@ TEST_CASE("moe_plan: slots expert by expert in token order, at most the capacity
   CHECK(q.slot == std::vector<std::int32_t>{4, 0, 1, 2, 3, 5});
 }
 
-TEST_CASE("MoeMlp's gradients match finite differences: top 2 of 5 not renormalised, a capacity, a shared expert") {
+namespace {
+
+// Every gradient of L = sum(y g) + aux_coef aux + z_coef z, for a (2, 5, 6) input through a layer of
+// options o (5 experts, a capacity that drops slots, a shared expert), against finite differences.
+// With an expert bias (set to `bias`), which changes some tokens' experts: its buffer holds the
+// load E (slots of e) - N k (before the capacity's drops), not a derivative.
+void check_finite_differences(const nn::MoeOptions& o, std::uint64_t seed, const std::vector<double>& bias = {}) {
   Host h;
   run_threads(1, [&](ThreadComm& world) {
     Mesh mesh{world, {}};
-    const nn::MoeOptions o{.experts = 5,
-                           .top_k = 2,
-                           .hidden = 4,
-                           .renormalise = false,
-                           .capacity_factor = 1.0,
-                           .aux_coef = 0.3,
-                           .z_coef = 0.05,
-                           .shared_hidden = 3};
-    const std::int64_t B = 2, T = 5, C = 6;
-    Moe m(h, C, o, mesh.spread(), 0, 3, 0.5, 0.5);
+    const std::int64_t B = 2, T = 5, C = 6, N = B * T, E = o.experts;
+    Moe m(h, C, o, mesh.spread(), 0, seed, 0.5, 0.5);
+    if (o.expert_bias) set(values(m.bias), bias);
     auto x = X::empty(h, {B, T, C}, mesh.spread(), Category::activations);
-    std::vector<double> xs = test::normals(static_cast<std::size_t>(B * T * C), 11);
-    const std::vector<double> g = test::normals(xs.size(), 12);
+    std::vector<double> xs = test::normals(static_cast<std::size_t>(B * T * C), 10 * seed + 1);
+    const std::vector<double> g = test::normals(xs.size(), 10 * seed + 2);
     auto dy = X::empty(h, {B, T, C}, mesh.spread(), Category::activations);
     set({dy.data(), g.size()}, g);
-    // L = sum(y g) + aux_coef aux + z_coef z
     auto loss = [&] {
       set({x.data(), xs.size()}, xs);
       Moe::Ctx c;
@@ -263,12 +261,20 @@ TEST_CASE("MoeMlp's gradients match finite differences: top 2 of 5 not renormali
       for (std::size_t i = 0; i < g.size(); ++i) l += y.data()[i] * g[i];
       return l;
     };
-    const double l0 = loss();
+    CHECK(std::isfinite(loss()));
     CHECK(m.last_dropped > 0);  // capacity ceil(1.0 * 5 * 2 / 5) = 2 a sample per expert
-    CHECK(std::isfinite(l0));
     Moe::Ctx ctx;
     set({x.data(), xs.size()}, xs);
     (void)m.forward(ctx, x, mesh);
+    const std::vector<std::int32_t> chosen(static_cast<const std::int32_t*>(ctx.index.data()),
+                                           static_cast<const std::int32_t*>(ctx.index.data()) + N * o.top_k);
+    if (o.expert_bias) {  // the bias moved some choices: without it, the largest scores alone
+      set(values(m.bias), std::vector<double>(static_cast<std::size_t>(E), 0.0));
+      Moe::Ctx plain;
+      (void)m.forward(plain, x, mesh);
+      CHECK(!std::equal(chosen.begin(), chosen.end(), static_cast<const std::int32_t*>(plain.index.data())));
+      set(values(m.bias), bias);
+    }
     const auto dx = m.backward(ctx, dy, mesh);
     const std::vector<double> dxs(dx.data(), dx.data() + dx.numel());
     const auto r = test::gradcheck(xs, dxs, loss, 60);
@@ -276,6 +282,12 @@ TEST_CASE("MoeMlp's gradients match finite differences: top 2 of 5 not renormali
     int params = 0;
     m.for_each_param("moe", [&](const std::string& name, auto& p) {
       INFO(name);
+      if (name == "moe.router.bias") {
+        std::vector<double> load(static_cast<std::size_t>(E), static_cast<double>(-N * o.top_k));
+        for (std::int32_t e : chosen) load[static_cast<std::size_t>(e)] += static_cast<double>(E);
+        CHECK(grads(p) == load);
+        return;
+      }
       const auto rp = test::gradcheck(
           values(p), std::span<const double>(p.grad.data(), static_cast<std::size_t>(p.grad.numel())), loss, 60);
       CHECK(rp.checked > 0);
@@ -286,77 +298,38 @@ TEST_CASE("MoeMlp's gradients match finite differences: top 2 of 5 not renormali
   });
 }
 
+}  // namespace
+
+TEST_CASE("MoeMlp's gradients match finite differences: top 2 of 5 not renormalised, a capacity, a shared expert") {
+  check_finite_differences({.experts = 5,
+                            .top_k = 2,
+                            .hidden = 4,
+                            .renormalise = false,
+                            .capacity_factor = 1.0,
+                            .aux_coef = 0.3,
+                            .z_coef = 0.05,
+                            .shared_hidden = 3},
+                           1);
+}
+
 TEST_CASE(
     "MoeMlp's gradients with sigmoid scores match finite differences: an expert bias, a scale, a capacity, a shared "
     "expert") {
-  Host h;
-  run_threads(1, [&](ThreadComm& world) {
-    Mesh mesh{world, {}};
-    for (const bool renormalise : {true, false}) {
-      INFO("renormalised: ", renormalise);
-      const nn::MoeOptions o{.experts = 5,
-                             .top_k = 2,
-                             .hidden = 4,
-                             .renormalise = renormalise,
-                             .capacity_factor = 1.0,
-                             .aux_coef = 0.3,
-                             .z_coef = 0,
-                             .shared_hidden = 3,
-                             .score = nn::Score::sigmoid,
-                             .scale = 1.7,
-                             .expert_bias = true};
-      const std::int64_t B = 2, T = 5, C = 6, N = B * T;
-      Moe m(h, C, o, mesh.spread(), 0, 3, 0.5, 0.5);
-      set(values(m.bias), {0.4, -0.3, 0.0, 0.2, -0.5});
-      auto x = X::empty(h, {B, T, C}, mesh.spread(), Category::activations);
-      std::vector<double> xs = test::normals(static_cast<std::size_t>(B * T * C), 21);
-      const std::vector<double> g = test::normals(xs.size(), 22);
-      auto dy = X::empty(h, {B, T, C}, mesh.spread(), Category::activations);
-      set({dy.data(), g.size()}, g);
-      auto loss = [&] {  // L = sum(y g) + aux_coef aux
-        set({x.data(), xs.size()}, xs);
-        Moe::Ctx c;
-        const auto y = m.forward(c, x, mesh);
-        double l = o.aux_coef * m.last_aux;
-        for (std::size_t i = 0; i < g.size(); ++i) l += y.data()[i] * g[i];
-        return l;
-      };
-      CHECK(std::isfinite(loss()));
-      CHECK(m.last_z == 0);
-      Moe::Ctx ctx;
-      set({x.data(), xs.size()}, xs);
-      (void)m.forward(ctx, x, mesh);
-      const std::vector<std::int32_t> chosen(static_cast<const std::int32_t*>(ctx.index.data()),
-                                             static_cast<const std::int32_t*>(ctx.index.data()) + N * o.top_k);
-      // The bias moved some choices: without it, the largest scores alone.
-      const std::vector<double> kept(values(m.bias).begin(), values(m.bias).end());
-      set(values(m.bias), std::vector<double>(5, 0.0));
-      Moe::Ctx plain;
-      (void)m.forward(plain, x, mesh);
-      CHECK(!std::equal(chosen.begin(), chosen.end(), static_cast<const std::int32_t*>(plain.index.data())));
-      set(values(m.bias), kept);
-      const auto dx = m.backward(ctx, dy, mesh);
-      const std::vector<double> dxs(dx.data(), dx.data() + dx.numel());
-      const auto r = test::gradcheck(xs, dxs, loss, 60);
-      CHECK(r.worst <= 1e-6);  // support/gradcheck.hpp: fourth-order central differences in double
-      int params = 0;
-      m.for_each_param("moe", [&](const std::string& name, auto& p) {
-        INFO(name);
-        if (name == "moe.router.bias") {  // the load (before the capacity's drops), not a derivative
-          std::vector<double> load(5, static_cast<double>(-N * o.top_k));
-          for (std::int32_t e : chosen) load[static_cast<std::size_t>(e)] += 5;
-          CHECK(grads(p) == load);
-          return;
-        }
-        const auto rp = test::gradcheck(
-            values(p), std::span<const double>(p.grad.data(), static_cast<std::size_t>(p.grad.numel())), loss, 60);
-        CHECK(rp.checked > 0);
-        CHECK(rp.worst <= 1e-6);
-        ++params;
-      });
-      CHECK(params == 5);
-    }
-  });
+  for (const bool renormalise : {true, false}) {
+    INFO("renormalised: ", renormalise);
+    check_finite_differences({.experts = 5,
+                              .top_k = 2,
+                              .hidden = 4,
+                              .renormalise = renormalise,
+                              .capacity_factor = 1.0,
+                              .aux_coef = 0.3,
+                              .z_coef = 0,
+                              .shared_hidden = 3,
+                              .score = nn::Score::sigmoid,
+                              .scale = 1.7,
+                              .expert_bias = true},
+                             2, {0.4, -0.3, 0.0, 0.2, -0.5});
+  }
 }
 
 TEST_CASE("the expert bias's sign step alone balances a router that sends every token to two of four experts") {
