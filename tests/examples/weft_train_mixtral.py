@@ -24,9 +24,9 @@ experts over groups of the data ranks), checked by what it computes:
    divide the data ranks, experts that the expert degree does not divide, a top-k above the
    experts, a negative capacity factor, --expert for a dense family, --experts for GPT-2,
    --router for GPT-2.
-6. Aux-loss-free balancing (--router sigmoid --expert-bias RATE): 30 steps on data 2 x expert 2
-   learn as much (last 10 below 0.75 of the first 5), with no z-loss, and the summary names the
-   router; 4 steps on data 2 x tensor 2 x expert 2 (ZeRO-1, SP) equal one rank within 2e-5; a
+6. Aux-loss-free balancing (--router sigmoid --expert-bias RATE; weft_train_qwen3_moe.py's learning
+   run trains with it): no z-loss, and the summary names the router; 4 steps on data 2 x tensor 2 x
+   expert 2 (ZeRO-1, SP) equal one rank within 2e-5; a
    checkpoint of data 4 x expert 4 resumed on data 2 x expert 2 equals the whole run (the biases
    saved and resharded), and resumed without --expert-bias is refused naming the field (when the
    checkpoint is read: exit 1); weft-export refuses it (transformers' Mixtral has no such router).
@@ -159,20 +159,9 @@ if not through_transformers:  # parts 1 to 5
 
     # 6. Aux-loss-free balancing: sigmoid scores and an expert bias.
     balance = ["--router", "sigmoid", "--expert-bias", "1e-2"]
-    bal, out = run("balanced", ["--steps", "30", "--batch", "16", "--data", "2", "--tensor", "1", "--expert", "2",
-                                "--eval-every", "0", *balance])
-    if len(bal) == 30:
-        first = sum(bal[s]["loss"] for s in range(1, 6)) / 5
-        last = sum(bal[s]["loss"] for s in range(21, 31)) / 10
-        load = sum(bal[s]["expert_load"] for s in range(21, 31)) / 10
-        base = sum(learn[s]["expert_load"] for s in range(21, 31)) / 10 if len(learn) == 30 else float("nan")
-        print(f"30 steps with --router sigmoid --expert-bias 1e-2: mean loss of the first 5 {first:.4f}, of the "
-              f"last 10 {last:.4f}; mean expert load of the last 10 {load:.3f} (softmax, no bias: {base:.3f})")
-        if not last < 0.75 * first or any(r.get("z_loss") != 0 for r in bal.values()):
-            failures.append(f"balanced run: loss {first} -> {last}, z losses {[r.get('z_loss') for r in bal.values()]}")
-        if "by sigmoid scores, an expert bias at rate 0.01" not in out:
-            failures.append(f"the summary does not name the router:\n{out[:600]}")
-    one_b, _ = run("one_balanced", steps + ["--data", "1", "--tensor", "1", *balance])
+    one_b, out = run("one_balanced", steps + ["--data", "1", "--tensor", "1", *balance])
+    if any(r.get("z_loss") != 0 for r in one_b.values()) or "by sigmoid scores, an expert bias at rate 0.01" not in out:
+        failures.append(f"sigmoid router: z losses {[r.get('z_loss') for r in one_b.values()]}, summary:\n{out[:600]}")
     got, _ = run("balanced_zero1_sp", steps + ["--data", "2", "--tensor", "2", "--expert", "2", "--strategy",
                                                "zero1-sp", *balance])
     within(got, one_b, "balanced: data 2 x tensor 2 x expert 2, zero1-sp")
