@@ -42,6 +42,8 @@ computes:
 """
 import json, os, re, struct, subprocess, sys, tempfile
 
+from hf_checks import relative, safetensors  # tests/examples/hf_checks.py
+
 # --through-transformers: part 5's export read back by transformers alone, a CTest test of its own
 # that exits 77 (skipped) where PyTorch and transformers are not installed.
 through_transformers = "--through-transformers" in sys.argv
@@ -272,17 +274,6 @@ if len(sys.argv) > 2:
 # the checkpoint are the fixture's model's: transformers' logits of the fixture's tokens
 # (reference.safetensors, f64) within 1e-5 of the largest (f32 weights and sums, as tests/models/llama/hf.cpp).
 if len(sys.argv) > 2 and not through_transformers:
-    def safetensors(path):
-        raw = open(path, "rb").read()
-        n = int.from_bytes(raw[:8], "little")
-        head, body = json.loads(raw[8:8 + n]), raw[8 + n:]
-        out = {}
-        for k, v in head.items():
-            if k == "__metadata__": continue
-            lo, hi = v["data_offsets"]
-            fmt = {"F64": "d", "I64": "q", "F32": "f"}[v["dtype"]]
-            out[k] = (v["shape"], struct.unpack(f"<{(hi - lo) // struct.calcsize(fmt)}{fmt}", body[lo:hi]))
-        return out
     ref = safetensors(os.path.join(fixture, "reference.safetensors"))
     (rows, cols), tokens = ref["tokens"]
     for name, directory, head in (("llama_hf", fixture, "head untied"), ("llama_hf_tied", fixture + "_tied", "head tied")):
@@ -305,10 +296,7 @@ if len(sys.argv) > 2 and not through_transformers:
             continue
         raw = open(logits_f, "rb").read()
         ours = struct.unpack(f"<{len(raw) // 4}f", raw)
-        theirs = ref["logits"][1][:cols * 61]
-        scale = max(abs(x) for x in theirs)
-        err = max((abs(a - b) for a, b in zip(ours, theirs)), default=float("inf")) / scale if len(ours) == len(theirs) else float("inf")
-        err = err if err == err else float("inf")  # NaN fails
+        err = relative(ours, ref["logits"][1][:cols * 61])  # NaN and a size mismatch fail
         print(f"--init-from llama_hf without --preset, saved and exported: logits within {err:.3g} of transformers' (relative)")
         if not err <= 1e-5: failures.append(f"--init-from llama_hf: logits off transformers' by {err}")
 

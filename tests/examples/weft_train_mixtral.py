@@ -33,7 +33,7 @@ experts over groups of the data ranks), checked by what it computes:
 """
 import json, os, re, struct, subprocess, sys, tempfile
 
-from moe_checks import relative, safetensors  # tests/examples/moe_checks.py
+from hf_checks import relative, safetensors  # tests/examples/hf_checks.py
 
 through_transformers = "--through-transformers" in sys.argv
 sys.argv = [a for a in sys.argv if a != "--through-transformers"]

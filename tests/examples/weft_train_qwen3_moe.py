@@ -24,7 +24,7 @@ attention, heads of a size of their own and QK norm), checked by what it compute
 """
 import json, os, re, struct, subprocess, sys, tempfile
 
-from moe_checks import relative, safetensors  # tests/examples/moe_checks.py
+from hf_checks import relative, safetensors  # tests/examples/hf_checks.py
 
 through_transformers = "--through-transformers" in sys.argv
 sys.argv = [a for a in sys.argv if a != "--through-transformers"]

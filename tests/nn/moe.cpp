@@ -115,6 +115,18 @@ struct Fixture {
     }
     if (bias) set(values(m.bias), file.read("bias"));
   }
+  // The layer on one rank with the fixture's weights, and one sample of its N tokens: tensor
+  // `name` ("x", "dy") of the fixture.
+  Moe layer(Host& h, const Spread& s) const {
+    Moe m(h, C, options(), s, 0, 1, 0.1, 0.1);
+    load(m);
+    return m;
+  }
+  X tokens(Host& h, const Spread& s, const char* name) const {
+    auto t = X::empty(h, {1, N, C}, s, Category::activations);
+    set({t.data(), static_cast<std::size_t>(t.numel())}, file.read(name));
+    return t;
+  }
 };
 
 void against(const std::string& name) {
@@ -123,12 +135,8 @@ void against(const std::string& name) {
   Host h;
   run_threads(1, [&](ThreadComm& world) {
     Mesh mesh{world, {}};
-    Moe m(h, f.C, f.options(), mesh.spread(), 0, 1, 0.1, 0.1);
-    f.load(m);
-    auto x = X::empty(h, {1, f.N, f.C}, mesh.spread(), Category::activations);
-    auto dy = X::empty(h, {1, f.N, f.C}, mesh.spread(), Category::activations);
-    set({x.data(), static_cast<std::size_t>(x.numel())}, f.file.read("x"));
-    set({dy.data(), static_cast<std::size_t>(dy.numel())}, f.file.read("dy"));
+    Moe m = f.layer(h, mesh.spread());
+    const auto x = f.tokens(h, mesh.spread(), "x"), dy = f.tokens(h, mesh.spread(), "dy");
     Moe::Ctx ctx;
     const auto y = m.forward(ctx, x, mesh);
     // The experts chosen, exactly.
@@ -192,12 +200,10 @@ TEST_CASE("a router's step figures are its micro-batches' backward passes: a re-
   Host h;
   run_threads(1, [&](ThreadComm& world) {
     Mesh mesh{world, {}};
-    Moe m(h, f.C, f.options(), mesh.spread(), 0, 1, 0.1, 0.1);
-    f.load(m);
-    auto x = X::empty(h, {1, f.N, f.C}, mesh.spread(), Category::activations);
-    auto dy = X::empty(h, {1, f.N, f.C}, mesh.spread(), Category::activations);
+    Moe m = f.layer(h, mesh.spread());
+    auto x = f.tokens(h, mesh.spread(), "x");
+    const auto dy = f.tokens(h, mesh.spread(), "dy");
     std::vector<double> xs = f.file.read("x");
-    set({dy.data(), static_cast<std::size_t>(dy.numel())}, f.file.read("dy"));
     std::vector<std::array<double, 4>> seen;  // aux, z, load, dropped of each micro-batch
     for (int i = 0; i < 2; ++i) {
       for (double& v : xs) v *= i == 0 ? 1.0 : -0.5;  // another micro-batch

@@ -1,5 +1,6 @@
-"""What the mixture-of-experts trainer scripts (weft_train_mixtral.py, weft_train_qwen3_moe.py) share:
-reading a safetensors file without PyTorch, and the error metric they hold logits to."""
+"""What the trainer scripts that check against transformers' fixtures (weft_train_llama.py,
+weft_train_mixtral.py, weft_train_qwen3_moe.py) share: reading a safetensors file without PyTorch,
+and the error metric they hold logits to."""
 import json
 import struct
 
