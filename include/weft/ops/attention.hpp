@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "weft/core/precision.hpp"
 #include "weft/device/host/host.hpp"
@@ -113,6 +114,19 @@ inline void attention_backward_gemm(float* dqkv, const float* dout, const float*
     }
 }
 
+// x (n values of T) in S: x itself where T is S, else its values widened once into `copy` (the
+// loops below read each of them T times; widened once, the bits are the same).
+template <class S, class T>
+const S* accumulated(const T* x, index n, std::vector<S>& copy) {
+  if constexpr (std::same_as<T, S>) {
+    return x;
+  } else {
+    copy.resize(static_cast<std::size_t>(n));
+    for (index i = 0; i < n; ++i) copy[static_cast<std::size_t>(i)] = widen(x[i]);
+    return copy.data();
+  }
+}
+
 }  // namespace detail
 
 // Self-attention core for H heads of size hd in groups of g that share their keys and values
@@ -134,19 +148,20 @@ void attention_forward(T* out, T* probs, const T* qkv, index B, index Tn, index 
   using S = accumulate_t<T>;
   const S scale = S(1) / std::sqrt(static_cast<S>(hd));
   const index row = (H / g) * (g + 2) * hd;  // one token's qkv
-  std::vector<S> p(static_cast<std::size_t>(Tn)), o(static_cast<std::size_t>(hd));
+  std::vector<S> p(static_cast<std::size_t>(Tn)), o(static_cast<std::size_t>(hd)), wide;
+  const S* x = detail::accumulated(qkv, B * Tn * row, wide);  // qkv in S
   for (index b = 0; b < B; ++b)
     for (index h = 0; h < H; ++h) {
       T* P = probs + (b * H + h) * Tn * Tn;
       const index qo = detail::attention_q(h, hd, g), ko = detail::attention_k(h, hd, g);
       for (index i = 0; i < Tn; ++i) {
-        const T* q = qkv + (b * Tn + i) * row + qo;
+        const S* q = x + (b * Tn + i) * row + qo;
         const index n = m.keys(b, i, Tn);  // keys [0, n) seen
         S mx = -std::numeric_limits<S>::infinity();
         for (index j = 0; j < n; ++j) {
-          const T* k = qkv + (b * Tn + j) * row + ko;
+          const S* k = x + (b * Tn + j) * row + ko;
           S s = 0;
-          for (index d = 0; d < hd; ++d) s += widen(q[d]) * widen(k[d]);
+          for (index d = 0; d < hd; ++d) s += q[d] * k[d];
           p[j] = s * scale;
           mx = std::max(mx, p[j]);
         }
@@ -156,9 +171,9 @@ void attention_forward(T* out, T* probs, const T* qkv, index B, index Tn, index 
         for (index j = n; j < Tn; ++j) P[i * Tn + j] = narrow<T>(S(0));
         std::fill(o.begin(), o.end(), S(0));
         for (index j = 0; j < n; ++j) {
-          const T* v = qkv + (b * Tn + j) * row + ko + hd;
+          const S* v = x + (b * Tn + j) * row + ko + hd;
           const S pij = widen(P[i * Tn + j]);
-          for (index d = 0; d < hd; ++d) o[d] += pij * widen(v[d]);
+          for (index d = 0; d < hd; ++d) o[d] += pij * v[d];
         }
         T* out_i = out + ((b * Tn + i) * H + h) * hd;
         for (index d = 0; d < hd; ++d) out_i[d] = narrow<T>(o[d]);
@@ -185,36 +200,39 @@ void attention_backward(T* dqkv_out, const T* dout, const T* qkv, const T* probs
     dqkv = scratch.data();
   }
   std::fill(dqkv, dqkv + B * Tn * row, S(0));
+  std::vector<S> wide, wide_dout;
+  const S* x = detail::accumulated(qkv, B * Tn * row, wide);            // qkv in S
+  const S* dy = detail::accumulated(dout, B * Tn * H * hd, wide_dout);  // dout in S
   for (index b = 0; b < B; ++b)
     for (index h = 0; h < H; ++h) {
       const T* P = probs + (b * H + h) * Tn * Tn;
       const index qo = detail::attention_q(h, hd, g), ko = detail::attention_k(h, hd, g);
       for (index i = 0; i < Tn; ++i) {
-        const T* dout_i = dout + ((b * Tn + i) * H + h) * hd;
-        const T* q = qkv + (b * Tn + i) * row + qo;
+        const S* dout_i = dy + ((b * Tn + i) * H + h) * hd;
+        const S* q = x + (b * Tn + i) * row + qo;
         S* dq = dqkv + (b * Tn + i) * row + qo;
         const index n = m.keys(b, i, Tn);
         // dP_ij = dout_i . v_j; dv_j += P_ij dout_i; dS_ij = P_ij (dP_ij - sum_j P_ij dP_ij).
         S dot = 0;
         for (index j = 0; j < n; ++j) {
-          const T* v = qkv + (b * Tn + j) * row + ko + hd;
+          const S* v = x + (b * Tn + j) * row + ko + hd;
           S dp = 0;
-          for (index d = 0; d < hd; ++d) dp += widen(dout_i[d]) * widen(v[d]);
+          for (index d = 0; d < hd; ++d) dp += dout_i[d] * v[d];
           dot += widen(P[i * Tn + j]) * dp;
         }
         for (index j = 0; j < n; ++j) {
-          const T* k = qkv + (b * Tn + j) * row + ko;
-          const T* v = k + hd;
+          const S* k = x + (b * Tn + j) * row + ko;
+          const S* v = k + hd;
           S* dk = dqkv + (b * Tn + j) * row + ko;
           S* dv = dk + hd;
           S dp = 0;
-          for (index d = 0; d < hd; ++d) dp += widen(dout_i[d]) * widen(v[d]);
+          for (index d = 0; d < hd; ++d) dp += dout_i[d] * v[d];
           const S pij = widen(P[i * Tn + j]);
           const S ds = pij * (dp - dot) * scale;
           for (index d = 0; d < hd; ++d) {
-            dq[d] += ds * widen(k[d]);
-            dk[d] += ds * widen(q[d]);
-            dv[d] += pij * widen(dout_i[d]);
+            dq[d] += ds * k[d];
+            dk[d] += ds * q[d];
+            dv[d] += pij * dout_i[d];
           }
         }
       }
