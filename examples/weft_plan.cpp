@@ -9,8 +9,8 @@
 //   weft-plan --cluster cluster.json --layers 48 --width 6144 --heads 48 --seq 2048 --gpus 4096 --batch 2048
 //
 // The search and the command line are weft's trainer library (plan/search.hpp), over the
-// families examples/CMakeLists.txt lists (weft_add_family_program; --model gpt2, the default, or
-// llama). GPT-2 is costed by its closed forms
+// families examples/CMakeLists.txt lists (weft_add_family_program; --model gpt2, the default,
+// llama, mixtral or qwen3-moe). GPT-2 is costed by its closed forms
 // (models/gpt2/cluster_plan.hpp): per candidate the peak bytes of a step on one rank (models/gpt2/replay.hpp,
 // the host allocator's counts, plus the CUDA back end's workspace estimate) and the step time
 // (models/gpt2/estimate.hpp) at rates derived from the cluster: GEMMs and the attention core at a fraction of
@@ -24,6 +24,11 @@
 //
 //   weft-plan --model llama --gpus 1024 --batch 1024 --micro 1          (Llama 3.1 8B, the default)
 //   weft-plan --model llama --preset llama-3.1-70b --gpus 4096 --batch 2048
+//
+// The mixtures of experts (--model mixtral, Mixtral 8x7B by default; --model qwen3-moe,
+// Qwen3-30B-A3B) the same way, each layout with every expert degree carved from its data ranks:
+//
+//   weft-plan --model mixtral --seq 1024 --gpus 8 --batch 8 --micro 1
 #include <weft/plan/search.hpp>
 
 #include "weft_families.hpp"  // generated: weft_units::families

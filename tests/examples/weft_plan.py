@@ -16,6 +16,8 @@
 5. Bad clusters and options exit 2 naming the problem; with no candidate, the reason for each layout.
 6. --model llama: Llama 3.1 8B's state and compute parts against closed forms, measured on the Meta device;
    Llama 3.2 1B's state with its tied head, and untied (--tie-embeddings false).
+7. --model mixtral: Mixtral 8x7B with every expert degree, its state, GEMM and dispatch seconds against
+   closed forms; the experts' gradients over their expert-data groups.
 """
 import json, os, subprocess, sys, tempfile, time
 
@@ -185,5 +187,42 @@ for tie, want in (([], params), (["--tie-embeddings", "false"], params + V * C))
           f"{d and d[0]['state_bytes']} {p.stderr[-300:]}")
 p = run("--model", "llama", "--preset", "gpt2-124m")
 check(p.returncode == 2 and "gpt2-124m" in p.stdout + p.stderr, "--model llama with a GPT-2 preset is refused")
+
+# 7. Mixtral 8x7B (--model mixtral) at T = 1024 on 8 GPUs, with every expert degree e carved from
+# the data ranks that divides its 8 experts: DDP's state is 18 bytes per parameter of the dense part
+# (the embedding and the head 32000 x 4096 each, 32 blocks of attention 2 C^2 + 2 C kv, the router
+# C E, two norms; the final norm) and of 1/e of the experts' (32 x 8 experts of 3 C F); the GEMM
+# seconds are the active parameters' (the router's and top-2 experts' of each token, at the balanced
+# routing the plan assumes) at the cluster's rate for every e; and the expert group's dispatch and
+# combine, priced on NVLink (3 us, 450 GB/s: e ranks inside the node), are per layer one
+# all-to-all of the 8 experts' int64 counts and four of the T k C bf16 rows (dispatch and combine,
+# forward and backward) for e > 1, and nothing for e = 1.
+C, L, kv, F, V, E, K = 4096, 32, 8 * 128, 14336, 32000, 8, 2
+dense = 2 * V * C + L * (2 * C * C + 2 * C * kv + C * E + 2 * C) + C
+expert_params = L * E * 3 * C * F
+def all_to_all_s(n, nbytes):
+    return (n - 1) * 3e-6 + (n - 1) / n * nbytes / 450e9
+p = run("--model", "mixtral", "--seq", str(T), "--gpus", "8", "--batch", "8", "--micro", "1", "--json", "--show", "1000",
+        timeout=400)
+r = rows(p)
+ddp = {x["expert"]: x for x in r if x["strategy"] == "ddp" and x["tensor"] == 1 and x["pipe"] == 1}
+gemm_s = 6 * T * (L * (2 * C * C + 2 * C * kv + C * E + K * 3 * C * F) + V * C) / (989e12 * 0.7)
+for e in (1, 2, 4, 8):
+    x = ddp.get(e)
+    state = 18 * (dense + expert_params // e)
+    comm = 0 if e == 1 else L * (all_to_all_s(e, 8 * E) + 4 * all_to_all_s(e, T * K * C * 2))
+    check(p.returncode == 0 and x is not None and x["state_bytes"] == state and abs(x["gemm_s"] - gemm_s) <= 1e-9 * gemm_s
+          and abs(x["expert_comm_s"] - comm) <= 1e-9 * comm,
+          f"Mixtral 8x7B DDP bf16 on data 8, expert {e}: state {state}, GEMMs {gemm_s:.6g} s, dispatch and combine "
+          f"{comm:.6g} s; planned {x and (x['state_bytes'], x['gemm_s'], x['expert_comm_s'])} {p.stderr[-300:]}")
+# The experts' gradients reduce over their expert-data group (8 / e ranks), the rest over all 8: the
+# data collectives' time falls as e grows.
+data_s = [ddp[e]["data_comm_s"] for e in (1, 2, 4, 8) if e in ddp]
+check(len(data_s) == 4 and all(a > b for a, b in zip(data_s, data_s[1:])),
+      f"the experts' gradients over 8 / e ranks: data collectives {data_s} s for e = 1, 2, 4, 8")
+check({(x["tensor"], x["expert"]) for x in r if x["pipe"] == 1} ==
+      {(t, e) for t in (1, 2, 4, 8) for e in (1, 2, 4, 8) if e <= 8 // t},
+      f"expert degrees that divide the data degree (8 / tensor) and the 8 experts: "
+      f"{sorted({(x['tensor'], x['expert']) for x in r if x['pipe'] == 1})}")
 
 sys.exit(1 if failures else 0)

@@ -241,6 +241,26 @@ TEST_CASE("moe_plan: slots expert by expert in token order, at most the capacity
   CHECK(q.slot == std::vector<std::int32_t>{4, 0, 1, 2, 3, 5});
 }
 
+TEST_CASE("balanced_moe_plan: moe_plan's counts for the Meta device's routing, slot i to expert i mod E") {
+  // Samples whose slots E does not divide (so experts' counts differ by one), a last sample cut
+  // short, capacities below, at and above a sample's share, dropless.
+  for (const auto& [N, T, E, k] : std::vector<std::array<std::int64_t, 4>>{
+           {12, 4, 3, 2}, {10, 4, 3, 2}, {7, 7, 5, 3}, {16, 8, 128, 8}, {9, 3, 4, 4}, {1, 1, 6, 1}})
+    for (const std::int64_t cap : {0, 1, 2, 3, 100}) {
+      INFO("N ", N, " T ", T, " E ", E, " k ", k, " capacity ", cap);
+      std::vector<std::int32_t> index(static_cast<std::size_t>(N * k));
+      for (std::size_t i = 0; i < index.size(); ++i)
+        index[i] = static_cast<std::int32_t>(static_cast<std::int64_t>(i) % E);
+      const nn::MoePlan want = nn::moe_plan(index, N, T, E, k, cap), got = nn::balanced_moe_plan(N, T, E, k, cap);
+      CHECK(got.offsets == want.offsets);
+      CHECK(got.dropped == want.dropped);
+      std::vector<std::int64_t> per_sample;  // moe_plan's drops, sample by sample
+      for (std::int64_t n0 = 0; n0 < N; n0 += T)
+        per_sample.push_back(std::count(want.slot.begin() + n0 * k, want.slot.begin() + std::min(N, n0 + T) * k, -1));
+      CHECK(got.sample_dropped == per_sample);
+    }
+}
+
 namespace {
 
 // Every gradient of L = sum(y g) + aux_coef aux + z_coef z, for a (2, 5, 6) input through a layer of
@@ -316,6 +336,18 @@ TEST_CASE("MoeMlp's gradients match finite differences: top 2 of 5 not renormali
                             .z_coef = 0.05,
                             .shared_hidden = 3},
                            1);
+}
+
+TEST_CASE("MoeMlp's gradients match finite differences with Qwen3-30B-A3B's 128 experts, top 8, renormalised") {
+  check_finite_differences({.experts = 128,
+                            .top_k = 8,
+                            .hidden = 2,
+                            .renormalise = true,
+                            .capacity_factor = 1.0,
+                            .aux_coef = 0.3,
+                            .z_coef = 0.05,
+                            .shared_hidden = 3},
+                           3);
 }
 
 TEST_CASE(
@@ -589,7 +621,7 @@ TEST_CASE("MoeMlp refuses bad options by name") {
     auto make = [&](nn::MoeOptions o) { Moe(h, 8, o, mesh.spread(), 0, 1, 0.1, 0.1); };
     CHECK_THROWS_WITH_AS(make({.experts = 4, .top_k = 5, .hidden = 4}),
                          "MoeMlp: top-k 5 of 4 experts; choose from 1 to the experts", Error);
-    CHECK_THROWS_WITH_AS(make({.experts = 65, .top_k = 2, .hidden = 4}), "MoeMlp: 65 experts; use 1 to 64 experts",
+    CHECK_THROWS_WITH_AS(make({.experts = 513, .top_k = 2, .hidden = 4}), "MoeMlp: 513 experts; use 1 to 512 experts",
                          Error);
     CHECK_THROWS_WITH_AS(make({.experts = 4, .top_k = 2, .hidden = 4, .capacity_factor = -1}),
                          "MoeMlp: a capacity factor of -1; use a positive capacity factor, or 0 for dropless routing",

@@ -230,6 +230,7 @@ Rates host_rates(const Work& w, MeshShape shape, std::int64_t local_batch_given,
   const std::int64_t typical = std::min(local_batch * seq * width, kMeasured) * static_cast<std::int64_t>(sizeof(T));
   r.tensor = detail::measure_link<T>(shape, Axis::tensor, typical);
   r.data = detail::measure_link<T>(shape, Axis::data, typical);
+  r.expert = r.data;  // the expert group is data ranks
   return r;
 }
 

@@ -78,6 +78,9 @@ struct RankStep {
   std::array<detail::CallLog, kAxes.size()> calls{};
   // Of the pipe axis's calls, those on the pipeline's tie group (the tied table's gradient).
   detail::CallLog tie_calls;
+  // With an expert degree above 1: the expert-data group's calls (the experts' gradients, over the
+  // data x context ranks of this rank's expert index), on no axis of `calls`.
+  detail::CallLog expert_data_calls;
 };
 
 namespace detail {
@@ -152,7 +155,7 @@ RankStep measure_rank(D& dev, C& world, const typename Model::config_type& c, co
                     " data ranks is ", values, " input values a rank, more than a plan feeds (2^28)"),
                 "plan a smaller micro-batch (--micro-batch) or more data ranks");
   const nn::ZeroInputs<In> zeros(c, micro / run.mesh.data);
-  RankStep out{world.rank(), mesh.coord(), detail::of_current(dev.memory()), {}, {}, {}, {}, {}};
+  RankStep out{world.rank(), mesh.coord(), detail::of_current(dev.memory()), {}, {}, {}, {}, {}, {}};
   constexpr bool counted = requires { mesh.comm(Axis::data).counters(); };
   std::array<threads::Counters, kAxes.size()> comm_before{};
   if constexpr (counted)
@@ -163,9 +166,10 @@ RankStep measure_rank(D& dev, C& world, const typename Model::config_type& c, co
     for (Axis a : kAxes) calls_before[static_cast<std::size_t>(a)] = mesh.comm(a).calls();
   // The pipeline's tie group is part of the pipe axis; with context parallelism the gradients reduce
   // over the data x context group, counted on the data axis.
-  std::optional<detail::GroupCounts> tie_before, folded_before;
+  std::optional<detail::GroupCounts> tie_before, folded_before, experts_before;
   if (pp && pp->tie_group()) tie_before = detail::GroupCounts::of(*pp->tie_group());
   if (run.mesh.context > 1) folded_before = detail::GroupCounts::of(mesh.data_context());
+  if (run.mesh.expert > 1) experts_before = detail::GroupCounts::of(mesh.expert_data());
   if constexpr (is_meta<D>) dev.work = {};
   const MemoryStats before = dev.memory();
   dev.reset_peak();
@@ -198,6 +202,8 @@ RankStep measure_rank(D& dev, C& world, const typename Model::config_type& c, co
           detail::calls_since(mesh.comm(a).calls(), calls_before[static_cast<std::size_t>(a)]);
   if (tie_before) out.tie_calls = tie_before->add_since(*pp->tie_group(), Axis::pipe, out);
   if (folded_before) folded_before->add_since(mesh.data_context(), Axis::data, out);
+  if constexpr (logged)
+    if (experts_before) out.expert_data_calls = detail::calls_since(mesh.expert_data().calls(), experts_before->calls);
   if constexpr (is_meta<D>) out.ops = dev.work;
   return out;
 }

@@ -10,7 +10,8 @@
 //                  where the first touch of fresh memory has its own rate, and read twice
 //   collectives    alpha-beta per link: ring (all-reduce 2(n-1) alpha + 2 (n-1)/n S beta, all-gather and
 //                  reduce-scatter (n-1) alpha + (n-1)/n S beta) or, for all-reduce, a tree
-//                  (2 log2(n) alpha + 2 S beta), whichever is faster, as NCCL picks
+//                  (2 log2(n) alpha + 2 S beta), whichever is faster, as NCCL picks; all-to-all
+//                  (the expert group's dispatch and combine) as all-gather
 //   overlap        none: weft's executors run collectives and compute one after the other
 //   pipelines      pipeline_seconds(): the pipe-1 model split by linearity into a block's and the
 //                  ends' cost per micro-batch and per step; each virtual stage's forward (a third)
@@ -99,11 +100,13 @@ struct Rates {
   double bandwidth = 0;                           // bytes/s read or written by a streaming op
   double first_touch = 0;                         // bytes/s allocated and written for the first time
   Link tensor, data;                              // the links of the tensor and data groups
+  Link expert;  // the expert group's (its token dispatch and combine): data ranks, on the data link by default
 };
 
 struct Breakdown {
   double gemm = 0, attention = 0, elementwise = 0, memory = 0, tensor_comm = 0, data_comm = 0;
-  double total() const { return gemm + attention + elementwise + memory + tensor_comm + data_comm; }
+  double expert_comm = 0;  // the expert group's token dispatch and combine (its gradients are data_comm)
+  double total() const { return gemm + attention + elementwise + memory + tensor_comm + data_comm + expert_comm; }
 };
 
 inline Breakdown seconds(const Work& w, const Rates& r) {
@@ -117,9 +120,9 @@ inline Breakdown seconds(const Work& w, const Rates& r) {
   const double bytes = static_cast<double>(w.allocated_bytes);
   b.memory = bytes / r.first_touch + 2 * bytes / r.bandwidth;
   for (const Comm& x : w.comms) {
-    const double t = static_cast<double>(x.count) *
-                     collective_seconds(x.collective, x.degree, x.bytes, x.axis == Axis::tensor ? r.tensor : r.data);
-    (x.axis == Axis::tensor ? b.tensor_comm : b.data_comm) += t;
+    const Link& l = x.axis == Axis::tensor ? r.tensor : x.axis == Axis::expert ? r.expert : r.data;
+    const double t = static_cast<double>(x.count) * collective_seconds(x.collective, x.degree, x.bytes, l);
+    (x.axis == Axis::tensor ? b.tensor_comm : x.axis == Axis::expert ? b.expert_comm : b.data_comm) += t;
   }
   return b;
 }

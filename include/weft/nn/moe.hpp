@@ -71,13 +71,14 @@
 // and gradient are zero). Per sample, so that the data and pipe layouts drop the same tokens; with
 // the sequence split over ranks (context or sequence parallelism) it is refused. Dropless by default.
 //
-// defines: nn::MoeOptions, nn::MoeMlp, nn::moe_plan
+// defines: nn::MoeOptions, nn::MoeMlp, nn::moe_plan, nn::balanced_moe_plan
 #pragma once
 
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <numeric>
 #include <span>
 #include <string>
 #include <utility>
@@ -118,6 +119,7 @@ struct MoePlan {
   std::vector<std::int32_t> slot, rows;
   std::vector<std::int64_t> offsets;
   std::int64_t dropped = 0;
+  std::vector<std::int64_t> sample_dropped;  // balanced_moe_plan's: each sample's dropped slots
 };
 inline MoePlan moe_plan(std::span<const std::int32_t> index, std::int64_t N, std::int64_t T, std::int64_t E,
                         std::int64_t k, std::int64_t capacity) {
@@ -152,6 +154,33 @@ inline MoePlan moe_plan(std::span<const std::int32_t> index, std::int64_t N, std
       p.slot[i] = static_cast<std::int32_t>(m);
       p.rows[static_cast<std::size_t>(m)] = static_cast<std::int32_t>(n);
     }
+  return p;
+}
+
+// What moe_plan gives for the balanced routing the Meta device plans, slot (n, j) to expert
+// (n k + j) mod E, from counts alone (each sample's slots of each expert in closed form: a plan of
+// a large model on a large mesh routes millions of slots per layer): offsets, dropped and each
+// sample's drops; slot and rows left empty (the Meta device reads no values).
+inline MoePlan balanced_moe_plan(std::int64_t N, std::int64_t T, std::int64_t E, std::int64_t k,
+                                 std::int64_t capacity) {
+  MoePlan p;
+  p.offsets.assign(static_cast<std::size_t>(E + 1), 0);
+  const auto below = [&](std::int64_t x, std::int64_t e) {
+    return x > e ? (x - e + E - 1) / E : 0;
+  };  // i < x, i % E == e
+  for (std::int64_t n0 = 0; n0 < N; n0 += T) {
+    const std::int64_t a = n0 * k, b = std::min(N, n0 + T) * k;  // the sample's slots
+    std::int64_t dropped = 0;
+    for (std::int64_t e = 0; e < E; ++e) {
+      const std::int64_t c = below(b, e) - below(a, e), kept = capacity > 0 ? std::min(c, capacity) : c;
+      p.offsets[static_cast<std::size_t>(e + 1)] += kept;
+      dropped += c - kept;
+    }
+    p.sample_dropped.push_back(dropped);
+    p.dropped += dropped;
+  }
+  for (std::int64_t e = 0; e < E; ++e)
+    p.offsets[static_cast<std::size_t>(e + 1)] += p.offsets[static_cast<std::size_t>(e)];
   return p;
 }
 
@@ -266,15 +295,16 @@ class MoeMlp : public SameLayout<A> {
     const std::int64_t Ng = gathered ? ep * N : N;
     const T* xs = x.data();
     const S* ws = weight(ctx);
-    std::vector<std::int32_t> idx(static_cast<std::size_t>(Ng * k));
+    std::vector<std::int32_t> idx(is_meta<D> ? 0 : static_cast<std::size_t>(Ng * k));
     if (gathered) {
       ctx.xs = alloc<T>(dev, Ng * C);
       ctx.ws = alloc<S>(dev, Ng * k);
       Allocation ig = alloc<std::int32_t>(dev, Ng * k);
       group.all_gather(std::span<const T>(x.data(), static_cast<std::size_t>(N * C)),
                        std::span<T>(static_cast<T*>(ctx.xs.data()), static_cast<std::size_t>(Ng * C)));
-      group.all_gather(std::span<const std::int32_t>(index(ctx), static_cast<std::size_t>(N * k)),
-                       std::span<std::int32_t>(static_cast<std::int32_t*>(ig.data()), idx.size()));
+      group.all_gather(
+          std::span<const std::int32_t>(index(ctx), static_cast<std::size_t>(N * k)),
+          std::span<std::int32_t>(static_cast<std::int32_t*>(ig.data()), static_cast<std::size_t>(Ng * k)));
       group.all_gather(std::span<const S>(weight(ctx), static_cast<std::size_t>(N * k)),
                        std::span<S>(static_cast<S*>(ctx.ws.data()), static_cast<std::size_t>(Ng * k)));
       xs = static_cast<const T*>(ctx.xs.data());
@@ -283,20 +313,24 @@ class MoeMlp : public SameLayout<A> {
     } else {
       dev.to_host(idx.data(), ctx.index.data(), idx.size() * sizeof(std::int32_t));
     }
-    // The Meta device (the plan, cost/measure.hpp) routes nothing: it plans a balanced routing, slot
-    // (n, j) to expert (n k + j) mod E, every expert N k / E slots on every rank (k distinct experts
-    // a token, as k <= E).
-    if constexpr (is_meta<D>)
-      for (std::size_t i = 0; i < idx.size(); ++i) idx[i] = static_cast<std::int32_t>(static_cast<std::int64_t>(i) % E);
-    // The plan, on the host: every expert's slots, in token order.
+    // The plan, on the host: every expert's slots, in token order. The Meta device (the plan,
+    // cost/measure.hpp) routes nothing: it plans a balanced routing, slot (n, j) to expert
+    // (n k + j) mod E, every expert N k / E slots on every rank (k distinct experts a token, as
+    // k <= E), by counts (balanced_moe_plan).
     const std::int64_t cap = options.capacity_factor > 0
                                  ? static_cast<std::int64_t>(std::ceil(
                                        options.capacity_factor * static_cast<double>(Tl * k) / static_cast<double>(E)))
                                  : 0;
-    MoePlan plan = moe_plan(idx, Ng, Tl, E, k, cap);
-    last_dropped = gathered ? static_cast<std::int64_t>(
-                                  std::count(plan.slot.begin() + me * N * k, plan.slot.begin() + (me + 1) * N * k, -1))
-                            : plan.dropped;
+    MoePlan plan = is_meta<D> ? balanced_moe_plan(Ng, Tl, E, k, cap) : moe_plan(idx, Ng, Tl, E, k, cap);
+    if (!gathered) {
+      last_dropped = plan.dropped;
+    } else if constexpr (is_meta<D>) {  // this rank's samples' (its N tokens are whole samples)
+      const auto first = plan.sample_dropped.begin() + me * (N / Tl);
+      last_dropped = std::accumulate(first, first + N / Tl, std::int64_t{0});
+    } else {
+      last_dropped = static_cast<std::int64_t>(
+          std::count(plan.slot.begin() + me * N * k, plan.slot.begin() + (me + 1) * N * k, -1));
+    }
     ctx.Ng = Ng;
     ctx.aux = last_aux, ctx.z = last_z, ctx.load = last_load, ctx.dropped = last_dropped;
     Allocation xp;  // (M, C): the rows in the experts' order, all experts' (or this rank's, gathered)
@@ -304,14 +338,19 @@ class MoeMlp : public SameLayout<A> {
       // This rank's experts' blocks of the plan: their slots renumbered from 0, the others' -1.
       const std::int64_t El = E / ep, lo = plan.offsets[static_cast<std::size_t>(me * El)],
                          hi = plan.offsets[static_cast<std::size_t>((me + 1) * El)];
-      for (std::int32_t& m : plan.slot) m = m >= lo && m < hi ? static_cast<std::int32_t>(m - lo) : -1;
-      plan.rows = std::vector<std::int32_t>(plan.rows.begin() + lo, plan.rows.begin() + hi);
+      if constexpr (!is_meta<D>) {
+        for (std::int32_t& m : plan.slot) m = m >= lo && m < hi ? static_cast<std::int32_t>(m - lo) : -1;
+        plan.rows = std::vector<std::int32_t>(plan.rows.begin() + lo, plan.rows.begin() + hi);
+      }
       ctx.offsets.assign(plan.offsets.begin() + me * El, plan.offsets.begin() + (me + 1) * El + 1);
       for (std::int64_t& o : ctx.offsets) o -= lo;
+      ctx.M = hi - lo;
+    } else {
+      ctx.M = plan.offsets.back();
     }
-    ctx.M = static_cast<std::int64_t>(plan.rows.size());
-    ctx.slot = upload(dev, plan.slot);
-    ctx.rows = upload(dev, plan.rows);
+    // (M) and (Ng, k) int32 on the device; the Meta device's only sized
+    ctx.slot = is_meta<D> ? alloc<std::int32_t>(dev, Ng * k) : upload(dev, plan.slot);
+    ctx.rows = is_meta<D> ? alloc<std::int32_t>(dev, ctx.M) : upload(dev, plan.rows);
     xp = alloc<T>(dev, ctx.M * C);
     ops::Dispatch<D>::gather(dev, static_cast<T*>(xp.data()), xs, rows(ctx), ctx.M, C);
     // All-to-all dispatch: the rows to the ranks of their experts.

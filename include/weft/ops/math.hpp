@@ -82,8 +82,10 @@ template <class T> WEFT_HD inline double sign(T x) { return x > T(0) ? 1.0 : x <
 //            the load-balancing loss normalises them
 // idx (k) the k largest of probs + bias (bias null: none; ties to the lower expert), weight (k)
 // their probabilities (without the bias), divided by their sum where renormalised (+ 1e-20 for
-// sigmoid scores, as DeepSeek-V3 and Megatron-Core divide), times the rule's scale. E <= kMaxExperts.
-inline constexpr long kMaxExperts = 64;
+// sigmoid scores, as DeepSeek-V3 and Megatron-Core divide), times the rule's scale. E <= kMaxExperts
+// (the backward's one row of E on the stack, or in a GPU thread's local memory: Qwen3-MoE's 128,
+// DeepSeek-V3's 256 and Kimi K2's 384 experts fit).
+inline constexpr long kMaxExperts = 512;
 
 enum class Score : int { softmax, sigmoid };
 

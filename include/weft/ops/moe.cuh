@@ -1,7 +1,7 @@
 // ops::Route and ops::Dispatch on the Cuda device (see moe.hpp for the ops and the host's): float and
 // bf16 activations, the router's probabilities and weights in float.
 //
-//   Route::forward, backward   one thread per token over its E <= 64 experts (math::route_row, the
+//   Route::forward, backward   one thread per token over its E <= 512 experts (math::route_row, the
 //                              host's formula: softmax or sigmoid scores, an optional bias)
 //   Route::stats               one block per expert (its slot count and probability sum over the
 //                              tokens) and one for the sum of lse^2: CUB block reductions in

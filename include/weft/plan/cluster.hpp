@@ -1,10 +1,10 @@
 // The search of weft-plan for any model family: the cluster (train::Cluster: GPUs, memory, peak
 // FLOP/s, bandwidths and links), the setups worth planning on it (train::search: every tensor
 // degree up to a node, every compiled strategy with and without SP, with and without full
-// recompute where the family has it, and pipelines under 1F1B, ZB-H1 and interleaved 1F1B), and
-// what one setup costs (train::Candidate: the step's peak per GPU and its time). How a setup is
-// costed is the family's (GPT-2's closed forms, models/gpt2/cluster_plan.hpp) or the step measured
-// on the Meta device (plan/search.hpp).
+// recompute where the family has it, pipelines under 1F1B, ZB-H1 and interleaved 1F1B, and for a
+// mixture of experts every expert degree carved from the data ranks), and what one setup costs (train::Candidate: the
+// step's peak per GPU and its time). How a setup is costed is the family's (GPT-2's closed forms,
+// models/gpt2/cluster_plan.hpp) or the step measured on the Meta device (plan/search.hpp).
 //
 // This header is plain C++20.
 #pragma once
@@ -41,9 +41,10 @@ struct Cluster {
 
 // The time model's rates on the cluster for elements of type T: GEMMs and the attention core at a
 // fraction of the peak, elementwise ops at the HBM bandwidth, tensor collectives on the intra-node
-// link, data collectives on the inter-node link once the data group leaves the node.
+// link, data collectives on the inter-node link once the data group leaves the node, and the
+// expert group's (`expert` neighbouring data ranks) once it leaves the node.
 template <class T>
-estimate::Rates cluster_rates(const Cluster& k, int tensor, int data, int pipe = 1) {
+estimate::Rates cluster_rates(const Cluster& k, int tensor, int data, int pipe = 1, int expert = 1) {
   const double peak = k.peak_tflops * 1e12, hbm = k.hbm_gbps * 1e9, e = sizeof(T);
   estimate::Rates r;
   r.gemm_flops = [f = peak * k.gemm_efficiency](const estimate::Gemm&) { return f; };
@@ -56,6 +57,7 @@ estimate::Rates cluster_rates(const Cluster& k, int tensor, int data, int pipe =
   r.first_touch = hbm;   // a caching allocator: fresh blocks cost a write, like any other
   r.tensor = k.intra();  // tensor groups stay inside a node (the ranks are laid out tensor-innermost)
   r.data = tensor * pipe * data > k.gpus_per_node ? k.inter() : k.intra();
+  r.expert = tensor * pipe * expert > k.gpus_per_node ? k.inter() : k.intra();
   return r;
 }
 
@@ -64,6 +66,7 @@ struct Setup {
   std::string strategy;    // "ddp", "zero1-sp", ...: a name of train/strategies.hpp
   bool recompute = false;  // full recompute of every block
   int tensor = 1, data = 1, pipe = 1;
+  int expert = 1;  // the expert degree, carved from data: divides data and the model's experts
   pipeline::Kind schedule = pipeline::Kind::one_f_one_b;  // with pipe > 1
   int virtual_stages = 1;
   std::int64_t micro = 0, accumulation = 0;  // the global micro-batch (sequences), micro-batches per step
@@ -71,7 +74,7 @@ struct Setup {
   std::string name() const { return recompute ? strategy + " +recompute" : strategy; }
   std::string describe() const {
     return cat("tensor ", tensor, strategy.ends_with("-sp") ? " with SP" : "", pipe > 1 ? cat(", pipe ", pipe) : "",
-               ", data ", data);
+               ", data ", data, expert > 1 ? cat(" (expert ", expert, ")") : "");
   }
   std::string schedule_name() const {
     if (pipe == 1) return "-";
@@ -102,12 +105,14 @@ struct Candidates {
   }
 };
 
-// What the search is over: the strategies compiled, whether full recompute can be planned, and the
-// model's layers (pipelines split them evenly).
+// What the search is over: the strategies compiled, whether full recompute can be planned, the
+// model's layers (pipelines split them evenly) and its experts (a mixture of experts: every expert
+// degree that divides them and the data degree; 0 for a dense model).
 struct Space {
   std::vector<std::string> strategies;  // "ddp", "ddp-sp", ...
   bool recompute = false;
   std::int64_t layers = 1;
+  std::int64_t experts = 0;
 };
 
 // Every layout of the compiled strategies on the cluster, in the search's order, handed to `each`
@@ -172,8 +177,9 @@ inline std::vector<Candidate> ranked(std::vector<Candidate> list) {
   return sorted;
 }
 
-// Every layout of `batch` sequences, `micro_per_gpu` per GPU per micro-batch, on the cluster, costed
-// by `cost` (which throws Error for sizes the model refuses: the layout is left out with its
+// Every layout of `batch` sequences, `micro_per_gpu` per GPU per micro-batch, on the cluster, each
+// with every expert degree (a power of two) that divides the model's experts and the data degree,
+// costed by `cost` (which throws Error for sizes the model refuses: the layout is left out with its
 // message), ranked by step time among those that fit.
 inline Candidates search(const Space& space, const Cluster& k, std::int64_t batch, std::int64_t micro_per_gpu,
                          const std::function<Candidate(const Setup&)>& cost) {
@@ -185,13 +191,18 @@ inline Candidates search(const Space& space, const Cluster& k, std::int64_t batc
       return out.skip(cat(x.describe(), ": the batch of ", batch, " is not a multiple of the micro-batch ", x.micro,
                           " (", micro_per_gpu, " per GPU)"));
     x.accumulation = batch / x.micro;
-    try {
-      Candidate c = cost(x);
-      c.setup = x;
-      c.fits = static_cast<double>(c.peak_bytes) <= k.memory_gib * (1 << 30);
-      out.list.push_back(c);
-    } catch (const Error& e) {
-      out.skip(cat(x.describe(), ": ", e.what()));  // sizes this layout does not divide
+    for (int ep = 1; ep == 1 || (ep <= x.data && ep <= space.experts); ep *= 2) {
+      if (x.data % ep != 0 || (space.experts > 0 && space.experts % ep != 0)) continue;
+      x.expert = ep;
+      try {
+        Candidate c = cost(x);
+        c.setup = x;
+        c.fits = static_cast<double>(c.peak_bytes) <= k.memory_gib * (1 << 30);
+        out.list.push_back(c);
+      } catch (const Error& e) {
+        out.skip(cat(x.describe(), ": ", e.what()));  // sizes this layout does not divide
+        if (ep == 1) break;  // refused without experts: refused with them too (one line for all)
+      }
     }
   });
   out.list = ranked(std::move(out.list));
@@ -203,8 +214,8 @@ inline Candidates search(const Space& space, const Cluster& k, std::int64_t batc
 inline void share_over_pipe(Candidate& x, const estimate::Breakdown& pipe1, const estimate::PipelineTime& pt,
                             int pipe) {
   x.time = pipe1;
-  for (double* part :
-       {&x.time.gemm, &x.time.attention, &x.time.elementwise, &x.time.memory, &x.time.tensor_comm, &x.time.data_comm})
+  for (double* part : {&x.time.gemm, &x.time.attention, &x.time.elementwise, &x.time.memory, &x.time.tensor_comm,
+                       &x.time.data_comm, &x.time.expert_comm})
     *part /= pipe;
   x.pipeline_s = pt.step - x.time.total();
 }

@@ -13,6 +13,7 @@
 // Meta device prices weft's).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -64,12 +65,12 @@ concept plans_recompute = requires { typename F::template recomputed<F32, false,
 // The cost of a setup from the step of ModelOn measured on the Meta device.
 template <template <class> class ModelOn, class Strategy, class T>
 Candidate measured_cost(const typename ModelOn<Meta<Host>>::config_type& c, const Setup& x, const Cluster& k) {
-  const footprint::Run run{.mesh = {.data = x.data, .pipe = x.pipe, .tensor = x.tensor},
+  const footprint::Run run{.mesh = {.data = x.data, .pipe = x.pipe, .tensor = x.tensor, .expert = x.expert},
                            .micro_batch = x.micro,
                            .micro_batches = x.accumulation,
                            .schedule = x.schedule,
                            .virtual_stages = x.virtual_stages};
-  const estimate::Rates rates = cluster_rates<T>(k, x.tensor, x.data, x.pipe);
+  const estimate::Rates rates = cluster_rates<T>(k, x.tensor, x.data, x.pipe, x.expert);
   Candidate out;
   const std::vector<footprint::RankStep> ranks = footprint::measure_bounding<ModelOn, Strategy>(c, run);
   for (const footprint::RankStep& r : ranks) {
@@ -77,7 +78,7 @@ Candidate measured_cost(const typename ModelOn<Meta<Host>>::config_type& c, cons
     out.state_bytes = std::max(out.state_bytes, r.step.after.total());
   }
   // The whole model on the data x tensor mesh of the layout, on its first rank.
-  const MeshShape flat{.data = x.data, .tensor = x.tensor};
+  const MeshShape flat{.data = x.data, .tensor = x.tensor, .expert = x.expert};
   const auto pipe1 = [&](const typename ModelOn<Meta<Host>>::config_type& cfg, std::int64_t micro_batches) {
     const footprint::Run r{.mesh = flat, .micro_batch = x.micro, .micro_batches = micro_batches};
     return estimate::seconds(estimate::work_of(footprint::measure_alone<ModelOn, Strategy>(cfg, r, 0), flat), rates);
@@ -140,8 +141,8 @@ Candidate cluster_cost(const config_t<F>& c, const Setup& x, const Cluster& k, c
 template <Family F>
 Candidates plan_cluster(const config_t<F>& c, const Cluster& k, std::int64_t batch, std::int64_t micro_per_gpu,
                         const std::string& dtype) {
-  const Space space{
-      .strategies = strategy_names(strategies_t<F>{}), .recompute = plans_recompute<F>, .layers = c.layers};
+  Space space{.strategies = strategy_names(strategies_t<F>{}), .recompute = plans_recompute<F>, .layers = c.layers};
+  if constexpr (requires { c.experts; }) space.experts = c.experts;  // a mixture of experts: its expert degrees
   return search(space, k, batch, micro_per_gpu, [&](const Setup& x) { return cluster_cost<F>(c, x, k, dtype); });
 }
 
@@ -269,6 +270,7 @@ inline void print_candidate(const Candidate& x, const Cluster& k, double tokens,
     const nlohmann::json j{{"strategy", l.name()},
                            {"tensor", l.tensor},
                            {"data", l.data},
+                           {"expert", l.expert},
                            {"pipe", l.pipe},
                            {"schedule", l.schedule_name()},
                            {"pipeline_s", x.pipeline_s},
@@ -285,18 +287,20 @@ inline void print_candidate(const Candidate& x, const Cluster& k, double tokens,
                            {"memory_s", x.time.memory},
                            {"tensor_comm_s", x.time.tensor_comm},
                            {"data_comm_s", x.time.data_comm},
+                           {"expert_comm_s", x.time.expert_comm},
                            {"tokens_per_s", tokens / t},
                            {"mfu", mfu}};
     std::printf("%s\n", j.dump().c_str());
     return;
   }
   const std::string pipe = l.pipe > 1 ? cat(l.pipe, " ", l.schedule_name()) : "1";
-  std::printf("%-22s %6d %10s %6d %6lld %11s %11s %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %10.4g %5.1f%%%s\n",
-              l.name().c_str(), l.tensor, pipe.c_str(), l.data, static_cast<long long>(l.accumulation),
+  const std::string data = l.expert > 1 ? cat(l.data, " e", l.expert) : cat(l.data);
+  std::printf("%-22s %6d %10s %8s %6lld %11s %11s %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %10.4g %5.1f%%%s\n",
+              l.name().c_str(), l.tensor, pipe.c_str(), data.c_str(), static_cast<long long>(l.accumulation),
               gib(static_cast<double>(x.peak_bytes)).c_str(), gib(static_cast<double>(x.state_bytes)).c_str(), 1e3 * t,
               1e3 * x.time.gemm, 1e3 * x.time.attention, 1e3 * (x.time.elementwise + x.time.memory),
-              1e3 * (x.time.tensor_comm + x.time.data_comm), 1e3 * x.pipeline_s, tokens / t, 100 * mfu,
-              x.fits ? "" : "  (does not fit)");
+              1e3 * (x.time.tensor_comm + x.time.data_comm + x.time.expert_comm), 1e3 * x.pipeline_s, tokens / t,
+              100 * mfu, x.fits ? "" : "  (does not fit)");
 }
 
 // The table's closing note: what the peak is, what is not priced, and the setups left out.
@@ -315,9 +319,14 @@ void print_plan_note(const config_t<F>& c, const Candidates& found) {
   };
   std::printf(
       "(ranked by step time among those that fit; peak: %s; pipe: degree and schedule, the largest pipe rank's "
-      "peak (int2: interleaved, 2 virtual stages); pipeline: the schedule's idle time, messages and imbalance; no "
-      "overlap of communication with compute%s)\n",
-      peak.c_str(), own ? "" : "; the family's own ops not priced");
+      "peak (int2: interleaved, 2 virtual stages);%s pipeline: the schedule's idle time, messages and imbalance; "
+      "no overlap of communication with compute%s)\n",
+      peak.c_str(),
+      found.list.empty() ||
+              std::none_of(found.list.begin(), found.list.end(), [](const Candidate& x) { return x.setup.expert > 1; })
+          ? ""
+          : " data: degree, and e N its expert degree (the expert group: N of its ranks, whose all-to-all is in comm);",
+      own ? "" : "; the family's own ops not priced");
   if (found.skipped.empty()) return;
   std::printf("left out:\n");
   for (const std::string& why : found.skipped) std::printf("  %s\n", why.c_str());
@@ -347,7 +356,7 @@ int plan_family(const PlanOptions& given, Cluster k, const std::string& program)
     return 2;
   }
   if (!o.json)
-    std::printf("%-22s %6s %10s %6s %6s %11s %11s %9s %9s %9s %9s %9s %9s %10s %6s\n", "strategy", "tensor", "pipe",
+    std::printf("%-22s %6s %10s %8s %6s %11s %11s %9s %9s %9s %9s %9s %9s %10s %6s\n", "strategy", "tensor", "pipe",
                 "data", "accum", "peak GiB", "state GiB", "step ms", "gemm", "attn", "elemwise", "comm", "pipeline",
                 "tokens/s", "MFU");
   for (std::size_t i = 0; i < found.list.size() && static_cast<std::int64_t>(i) < o.show; ++i)

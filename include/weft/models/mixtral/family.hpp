@@ -92,6 +92,7 @@ struct Family {
 
   static std::string name() { return "mixtral"; }
   static std::vector<std::string> preset_names() { return {"tiny", "mixtral-tiny", "mixtral-8x7b"}; }
+  static std::string cluster_preset() { return "mixtral-8x7b"; }  // weft-plan --model mixtral's default
   static Config preset(std::string_view n) { return mixtral::preset(n == "tiny" ? "mixtral-tiny" : n); }
   static double flops_per_token(const Config& c) { return mixtral::flops_per_token(c); }
   static std::string summary(const Config& c) {

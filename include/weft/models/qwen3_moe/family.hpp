@@ -74,6 +74,7 @@ struct Family {
 
   static std::string name() { return "qwen3-moe"; }
   static std::vector<std::string> preset_names() { return {"tiny", "qwen3-moe-tiny", "qwen3-30b-a3b"}; }
+  static std::string cluster_preset() { return "qwen3-30b-a3b"; }  // weft-plan --model qwen3-moe's default
   static Config preset(std::string_view n) { return qwen3_moe::preset(n == "tiny" ? "qwen3-moe-tiny" : n); }
   static double flops_per_token(const Config& c) { return qwen3_moe::flops_per_token(c); }
   static std::string summary(const Config& c) {
