@@ -17,7 +17,8 @@
 6. --model llama: Llama 3.1 8B's state and compute parts against closed forms, measured on the Meta device;
    Llama 3.2 1B's state with its tied head, and untied (--tie-embeddings false).
 7. --model mixtral: Mixtral 8x7B with every expert degree, its state, GEMM and dispatch seconds against
-   closed forms; the experts' gradients over their expert-data groups.
+   closed forms (the dispatch on NVLink inside a node, on InfiniBand across nodes); the experts'
+   gradients over their expert-data groups.
 """
 import json, os, subprocess, sys, tempfile, time
 
@@ -215,6 +216,19 @@ for e in (1, 2, 4, 8):
           and abs(x["expert_comm_s"] - comm) <= 1e-9 * comm,
           f"Mixtral 8x7B DDP bf16 on data 8, expert {e}: state {state}, GEMMs {gemm_s:.6g} s, dispatch and combine "
           f"{comm:.6g} s; planned {x and (x['state_bytes'], x['gemm_s'], x['expert_comm_s'])} {p.stderr[-300:]}")
+# With 4 GPUs a node, an expert group of 8 leaves the node: its all-to-alls go over InfiniBand (10 us,
+# 50 GB/s a GPU); one of 4 stays on NVLink.
+def all_to_all_inter_s(n, nbytes):
+    return (n - 1) * 10e-6 + (n - 1) / n * nbytes / 50e9
+q = run("--model", "mixtral", "--seq", str(T), "--gpus", "8", "--gpus-per-node", "4", "--batch", "8", "--micro", "1",
+        "--json", "--show", "1000", timeout=400)
+by_node = {x["expert"]: x for x in rows(q) if x["strategy"] == "ddp" and x["tensor"] == 1 and x["pipe"] == 1}
+for e, price in ((4, all_to_all_s), (8, all_to_all_inter_s)):
+    comm = L * (price(e, 8 * E) + 4 * price(e, T * K * C * 2))
+    x = by_node.get(e)
+    check(q.returncode == 0 and x is not None and abs(x["expert_comm_s"] - comm) <= 1e-9 * comm,
+          f"4 GPUs a node, expert {e}: dispatch and combine {comm:.6g} s "
+          f"({'InfiniBand' if e == 8 else 'NVLink'}); planned {x and x['expert_comm_s']} {q.stderr[-300:]}")
 # The experts' gradients reduce over their expert-data group (8 / e ranks), the rest over all 8: the
 # data collectives' time falls as e grows.
 data_s = [ddp[e]["data_comm_s"] for e in (1, 2, 4, 8) if e in ddp]
