@@ -273,4 +273,23 @@ void check_model(const Options& o, const config_t<F>& cfg) {
   else model_t<F, F32, false, Host>::spec::validate(cfg, spread, o.optim.micro());
 }
 
+// --resume of a checkpoint whose model record (every field of the family's config the checkpoint
+// keeps: checkpoint/verify.hpp check_model) is not this run's model, refused before anything is
+// built (the load would refuse it once the model is, exit 1). A checkpoint that cannot be read, or
+// of another family, is left to resolve_resume's messages.
+template <Family F>
+void check_resume_model(const Options& o, const config_t<F>& cfg) {
+  if (o.checkpoint.resume.empty()) return;
+  using M = model_t<F, F32, false, Host>;
+  if constexpr (requires { M::spec::record(cfg); }) {
+    std::optional<checkpoint::Manifest> m;
+    try {
+      m = checkpoint::peek(
+          checkpoint::resolve(o.checkpoint.resume == "latest" ? o.checkpoint.save_dir : o.checkpoint.resume));
+    } catch (const Error&) { return; }
+    if (!m->family.empty() && m->family != F::name()) return;
+    checkpoint::detail::check_model(m->model, M::spec::record(cfg), o.where(cat("--resume ", o.checkpoint.resume)));
+  }
+}
+
 }  // namespace weft::train

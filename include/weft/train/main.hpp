@@ -333,6 +333,7 @@ void check_run(const Options& o, const config_t<F>& cfg, Launch& launch, const s
   check_checkpoint_options(o);
   if (!plan_only) {
     if constexpr (!OwnsData<F>) check_corpus(o, cfg.vocab);
+    check_resume_model<F>(o, cfg);
   } else if (const auto why = plan_too_long(cfg.layers, o.optim.batch / o.optim.micro())) {
     throw Error(o.where("--plan"), *why, "plan fewer layers, or fewer micro-batches per step (a larger --micro-batch)");
   }
