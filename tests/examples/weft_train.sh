@@ -10,7 +10,8 @@ export_bin="${2:-}"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
-run() { "$bin" --steps 12 --eval-every 6 --batch 8 --layers 1 --width 32 --seq 32 "$@"; }
+# One held-out evaluation, at the last step (16 micro-batches' forwards: as long as the steps here).
+run() { "$bin" --steps 12 --eval-every 12 --batch 8 --layers 1 --width 32 --seq 32 "$@"; }
 
 # Same losses under ddp and ddp-sp, on 1 and 4 ranks, in f32 (1e-5 relative).
 run --strategy ddp --log "$work/a.jsonl" >/dev/null || fail "ddp run failed"
@@ -115,7 +116,9 @@ PY
 
 # Pipelines: --pipe 2 with every schedule (tensor 2, or data 2 for the interleaved one) logs the
 # losses of a one-rank run of the same batch and micro-batch, within 1e-5 relative in f32.
-common="--steps 6 --eval-every 3 --batch 8 --micro-batch 4 --width 32 --seq 32 --layers 4"
+# The held-out loss at the last step through each layout too (its forwards on the pipeline's stages and
+# the context ranks), within the same bound.
+common="--steps 6 --eval-every 6 --batch 8 --micro-batch 4 --width 32 --seq 32 --layers 4"
 "$bin" $common --data 1 --tensor 1 --log "$work/r1.jsonl" >/dev/null || fail "one-rank reference failed"
 for s in gpipe 1f1b zb; do
   "$bin" $common --pipe 2 --tensor 2 --data 1 --schedule $s --log "$work/p_$s.jsonl" >/dev/null || fail "--pipe 2 --schedule $s failed"
@@ -124,14 +127,15 @@ done
   >/dev/null || fail "--schedule interleaved failed"
 python3 - "$work" <<'PY' || exit 1
 import json, sys
-L = lambda n: [json.loads(l)["loss"] for l in open(f"{sys.argv[1]}/{n}.jsonl") if '"loss"' in l]
+rows = lambda n: [json.loads(l) for l in open(f"{sys.argv[1]}/{n}.jsonl")]
+L = lambda n: [r["loss"] for r in rows(n) if "loss" in r] + [r["eval_loss"] for r in rows(n) if "eval_loss" in r]
 ref = L("r1")
 for s in ("gpipe", "1f1b", "zb", "interleaved"):
     got = L(f"p_{s}")
-    assert len(got) == len(ref) == 6, (s, len(got))
+    assert len(got) == len(ref) == 7, (s, len(got))
     worst = max(abs(a - b) / abs(a) for a, b in zip(ref, got))
     assert worst <= 1e-5, (s, worst)
-    print(f"--pipe 2 --schedule {s}: losses within {worst:.1e} of one rank")
+    print(f"--pipe 2 --schedule {s}: losses and the held-out loss within {worst:.1e} of one rank")
 PY
 # Context parallelism (--context): the sequence over 2 context ranks, ring or all-gather attention,
 # alone and beside tensor 2 with sequence parallelism inside it, pipe 2 and data 2: the losses of the
@@ -149,15 +153,16 @@ PY
 python3 - "$work" <<'PY' || exit 1
 import json, re, sys
 w = sys.argv[1]
-L = lambda n: [json.loads(l)["loss"] for l in open(f"{w}/{n}.jsonl") if '"loss"' in l]
+rows = lambda n: [json.loads(l) for l in open(f"{w}/{n}.jsonl")]
+L = lambda n: [r["loss"] for r in rows(n) if "loss" in r] + [r["eval_loss"] for r in rows(n) if "eval_loss" in r]
 ref = L("r1")
 for n, what in (("c_ring", "context 2, ring"), ("c_tp_sp", "context 2 x tensor 2, all-gather, zero1-sp"),
                 ("c_pipe", "pipe 2 (1f1b) x context 2, ring"), ("c_fsdp", "data 2 x context 2, all-gather, fsdp")):
     got = L(n)
-    assert len(got) == len(ref) == 6, (n, len(got))
+    assert len(got) == len(ref) == 7, (n, len(got))
     worst = max(abs(a - b) / abs(a) for a, b in zip(ref, got))
     assert worst <= 1e-5, (what, worst, got, ref)
-    print(f"--model gpt2 {what}: losses within {worst:.1e} of one rank")
+    print(f"--model gpt2 {what}: losses and the held-out loss within {worst:.1e} of one rank")
 plan = open(f"{w}/c_plan.txt").read()
 planned = [int(x) for x in re.findall(r"step peak (\d+) bytes", plan)]
 peaks = [json.loads(l)["peak_bytes"] for l in open(f"{w}/c_tp_sp.jsonl") if '"peak_bytes"' in l]
