@@ -235,6 +235,10 @@ for e, price in ((4, all_to_all_s), (8, all_to_all_inter_s)):
 data_s = [ddp[e]["data_comm_s"] for e in (1, 2, 4, 8) if e in ddp]
 check(len(data_s) == 4 and all(a > b for a, b in zip(data_s, data_s[1:])),
       f"the experts' gradients over 8 / e ranks: data collectives {data_s} s for e = 1, 2, 4, 8")
+# The MoE families are planned in bf16 (their cluster precisions): f32 is refused by name.
+p = run("--model", "mixtral", "--dtype", "f32", "--gpus", "8")
+check(p.returncode == 2 and "precision 'f32' is not planned for the model family 'mixtral'; use one of: bf16" in p.stderr,
+      f"--model mixtral --dtype f32 refused: exit {p.returncode} {p.stderr[-200:]}")
 check({(x["tensor"], x["expert"]) for x in r if x["pipe"] == 1} ==
       {(t, e) for t in (1, 2, 4, 8) for e in (1, 2, 4, 8) if e <= 8 // t},
       f"expert degrees that divide the data degree (8 / tensor) and the 8 experts: "

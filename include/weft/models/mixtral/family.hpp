@@ -88,6 +88,7 @@ struct Family {
   template <class P, bool SP, class D>
   using model = Model<P, SP, recompute::None, D>;
   using host_precisions = train::List<F32, Bf16Mixed>;
+  using cluster_precisions = train::List<Bf16Mixed>;  // weft-plan's: bf16 (half weft-plan's compile of the family)
   static constexpr bool gpu = false;  // weft-train's GPU units for Mixtral: not yet (tests/nn/gpu.cu has the layer)
 
   static std::string name() { return "mixtral"; }

@@ -70,7 +70,8 @@ struct Family {
   template <class P, bool SP, class D>
   using model = Model<P, SP, recompute::None, D>;
   using host_precisions = train::List<F32, Bf16Mixed>;
-  static constexpr bool gpu = false;  // weft-train's GPU units for Qwen3-MoE: not yet
+  using cluster_precisions = train::List<Bf16Mixed>;  // weft-plan's: bf16 (half weft-plan's compile of the family)
+  static constexpr bool gpu = false;                  // weft-train's GPU units for Qwen3-MoE: not yet
 
   static std::string name() { return "qwen3-moe"; }
   static std::vector<std::string> preset_names() { return {"tiny", "qwen3-moe-tiny", "qwen3-30b-a3b"}; }
