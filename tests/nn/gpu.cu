@@ -208,11 +208,12 @@ TEST_CASE("a padded batch on the GPU in f32: loss and every gradient within 1e-5
 
 TEST_CASE(
     "a mixture-of-experts layer on the GPU in f32 equals the host's within 1e-5, and repeats bit for bit: softmax, "
-    "and sigmoid scores with an expert bias") {
+    "and sigmoid scores with an expert bias, alone and group-limited") {
   // nn::MoeMlp through Route, Dispatch, SwiGlu and the experts' GEMMs on Cuda: 8 experts, top 2
   // renormalised, a capacity that drops tokens, a shared expert, both router losses; then sigmoid
-  // scores (DeepSeek-V3's) with an expert bias and a scale, the load in the bias's buffer. The same
-  // weights and inputs on both devices (copied), one forward and backward each.
+  // scores (DeepSeek-V3's) with an expert bias and a scale, the load in the bias's buffer, and those
+  // with group-limited routing. The same weights and inputs on both devices (copied), one forward
+  // and backward each.
   Cuda& d = test::gpu();
   Host hd;
   const std::int64_t B = 2, T = 16, C = 32;
@@ -228,8 +229,13 @@ TEST_CASE(
   sigmoid.score = nn::Score::sigmoid;
   sigmoid.scale = 2.5;
   sigmoid.expert_bias = true;
-  for (const nn::MoeOptions& o : {softmax, sigmoid}) {
-    INFO((o.score == nn::Score::sigmoid ? "sigmoid scores, an expert bias" : "softmax"));
+  nn::MoeOptions grouped = sigmoid;  // DeepSeek-V3's group-limited routing: the top 2 from 2 of 4 groups
+  grouped.groups = 4;
+  grouped.top_groups = 2;
+  for (const nn::MoeOptions& o : {softmax, sigmoid, grouped}) {
+    INFO((o.groups > 1                    ? "sigmoid scores, an expert bias, 2 of 4 groups"
+          : o.score == nn::Score::sigmoid ? "sigmoid scores, an expert bias"
+                                          : "softmax"));
     std::vector<float> x(static_cast<std::size_t>(B * T * C)), dy(x.size());
     for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(weft::normal(7, 1, i));
     for (std::size_t i = 0; i < dy.size(); ++i) dy[i] = static_cast<float>(weft::normal(7, 2, i));

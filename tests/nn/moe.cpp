@@ -77,7 +77,7 @@ std::vector<double> slice(const std::vector<double>& v, int ep, int e) {
 
 struct Fixture {
   checkpoint::ImportDir file;
-  std::int64_t N, C, H, E, k, S, capacity;
+  std::int64_t N, C, H, E, k, S, capacity, groups = 1, top_groups = 1;
   bool renormalise, sigmoid = false, bias = false;
   double scale = 1;
   explicit Fixture(const std::string& name)
@@ -87,6 +87,7 @@ struct Fixture {
     E = static_cast<std::int64_t>(c[3]), k = static_cast<std::int64_t>(c[4]), renormalise = c[5] != 0;
     S = static_cast<std::int64_t>(c[6]), capacity = static_cast<std::int64_t>(c[7]);
     if (c.size() > 8) sigmoid = c[8] != 0, scale = c[9] / 1000, bias = c[10] != 0;  // DeepSeek-V3's routing
+    if (c.size() > 11) groups = static_cast<std::int64_t>(c[11]), top_groups = static_cast<std::int64_t>(c[12]);
   }
   nn::MoeOptions options() const {
     // The fixture's capacity, ceil(0.75 N k / E), from a factor over one sample of N tokens.
@@ -100,7 +101,9 @@ struct Fixture {
             .shared_hidden = S,
             .score = sigmoid ? nn::Score::sigmoid : nn::Score::softmax,
             .scale = scale,
-            .expert_bias = bias};
+            .expert_bias = bias,
+            .groups = groups,
+            .top_groups = top_groups};
   }
   // The fixture's weights; where the experts are sharded over an expert group of `ep`, expert rank
   // e's slice of them.
@@ -190,7 +193,8 @@ TEST_CASE(
   against("qwen3");
   against("capacity");
   against("shared");
-  against("deepseek");  // sigmoid scores, an expert bias that changes the choice, scale 2.5, a shared expert
+  against("deepseek");         // sigmoid scores, an expert bias that changes the choice, scale 2.5, a shared expert
+  against("deepseek_groups");  // and group-limited: the top 3 of 8 experts from the top 2 of 4 groups
 }
 
 TEST_CASE("a router's step figures are its micro-batches' backward passes: a re-run forward counts once") {
@@ -368,6 +372,23 @@ TEST_CASE(
                               .expert_bias = true},
                              2, {0.4, -0.3, 0.0, 0.2, -0.5});
   }
+}
+
+TEST_CASE("MoeMlp's gradients with group-limited routing match finite differences: top 3 from 2 of 4 groups") {
+  check_finite_differences({.experts = 8,
+                            .top_k = 3,
+                            .hidden = 2,
+                            .renormalise = true,
+                            .capacity_factor = 1.0,
+                            .aux_coef = 0.3,
+                            .z_coef = 0,
+                            .shared_hidden = 3,
+                            .score = nn::Score::sigmoid,
+                            .scale = 2.5,
+                            .expert_bias = true,
+                            .groups = 4,
+                            .top_groups = 2},
+                           4, {0.3, -0.2, 0.1, 0.0, -0.4, 0.2, -0.1, 0.4});
 }
 
 TEST_CASE("the expert bias's sign step alone balances a router that sends every token to two of four experts") {
@@ -622,6 +643,22 @@ TEST_CASE("MoeMlp refuses bad options by name") {
     CHECK_THROWS_WITH_AS(make({.experts = 4, .top_k = 5, .hidden = 4}),
                          "MoeMlp: top-k 5 of 4 experts; choose from 1 to the experts", Error);
     CHECK_THROWS_WITH_AS(make({.experts = 513, .top_k = 2, .hidden = 4}), "MoeMlp: 513 experts; use 1 to 512 experts",
+                         Error);
+    CHECK_THROWS_WITH_AS(make({.experts = 8, .top_k = 2, .hidden = 4, .groups = 3}),
+                         "MoeMlp: 8 experts in 3 groups; use 1 group, or up to 64 groups that divide the experts into "
+                         "groups of 2 or more",
+                         Error);
+    CHECK_THROWS_WITH_AS(make({.experts = 8, .top_k = 2, .hidden = 4, .groups = 8}),
+                         "MoeMlp: 8 experts in 8 groups; use 1 group, or up to 64 groups that divide the experts into "
+                         "groups of 2 or more",
+                         Error);
+    CHECK_THROWS_WITH_AS(make({.experts = 8, .top_k = 3, .hidden = 4, .groups = 4, .top_groups = 1}),
+                         "MoeMlp: top-k 3 from the top 1 of 4 groups of 2 experts; choose from 1 to the groups, enough "
+                         "of them to hold the top-k experts",
+                         Error);
+    CHECK_THROWS_WITH_AS(make({.experts = 8, .top_k = 2, .hidden = 4, .groups = 4, .top_groups = 5}),
+                         "MoeMlp: top-k 2 from the top 5 of 4 groups of 2 experts; choose from 1 to the groups, enough "
+                         "of them to hold the top-k experts",
                          Error);
     CHECK_THROWS_WITH_AS(make({.experts = 4, .top_k = 2, .hidden = 4, .capacity_factor = -1}),
                          "MoeMlp: a capacity factor of -1; use a positive capacity factor, or 0 for dropless routing",

@@ -17,6 +17,9 @@ writes OUT_DIR/<case>.safetensors for each case:
              e_score_correction_bias (set so that it changes some choices), renormalised (+ 1e-20),
              times routed_scaling_factor 2.5, one shared expert; no z-loss, and the load-balancing
              loss over the scores normalised to sum 1 (as Megatron-Core's for sigmoid routers)
+  deepseek_groups  the same over 8 experts in 4 groups, the top 3 from the top 2 groups
+             (n_group 4, topk_group 2: group-limited routing, which changes some choices; transformers'
+             own float32 router chooses the same experts)
 
 Each holds the tensors x (N, C), dy (N, C) (the upstream gradient), router (E, C), gate_up (E, 2H, C)
 (transformers' layout: the H gate rows, then the H up rows), down (E, C, H), shared_gate_up
@@ -26,7 +29,7 @@ transformers' load_balancing_loss_func computes it for one layer), "z" (the rout
 over tokens of logsumexp(logits)^2); "index" (N, k) the experts chosen (int64); and "grad.<name>"
 for x and every weight, of L = sum(y * dy) + 0.02 aux + 0.001 z; "config" (int64): N, C, H, E, k,
 renormalise, S, capacity (0: dropless), and for deepseek sigmoid (1), the scale x 1000 and whether
-there is an expert bias (its values "bias" (E)).
+there is an expert bias (its values "bias" (E)), and for deepseek_groups the groups and top groups.
 """
 import math
 import pathlib
@@ -35,7 +38,7 @@ import sys
 import torch
 from safetensors.torch import save_file
 from transformers import DeepseekV3Config, MixtralConfig, Qwen3MoeConfig
-from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3MoE
+from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3MoE, DeepseekV3TopkRouter
 from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
 
@@ -134,14 +137,27 @@ def case(name, out, seed, N=12, C=8, H=6, E=4, k=2, renorm=True, S=0, capacity_f
           f" capacity {capacity} index {index.tolist()}")
 
 
-def deepseek_case(out, seed, N=12, C=8, H=6, E=6, k=2, scale=2.5):
+def grouped_choice(scores_for_choice, groups, top_groups, k):
+    """DeepseekV3TopkRouter's choice (transformers 5), in the dtype given: each group scored by the
+    sum of its two largest scores, the experts outside the top groups masked, the top k of the rest
+    (sorted, largest first)."""
+    n, E = scores_for_choice.shape
+    group_scores = scores_for_choice.view(n, groups, E // groups).topk(2, dim=-1)[0].sum(dim=-1)
+    group_idx = torch.topk(group_scores, k=top_groups, dim=-1, sorted=False)[1]
+    group_mask = torch.zeros_like(group_scores).scatter_(1, group_idx, 1)
+    score_mask = group_mask.unsqueeze(-1).expand(-1, groups, E // groups).reshape(n, E)
+    return torch.topk(scores_for_choice.masked_fill(~score_mask.bool(), float("-inf")), k, dim=-1, sorted=True)[1]
+
+
+def deepseek_case(out, seed, N=12, C=8, H=6, E=6, k=2, scale=2.5, groups=1, top_groups=1, name="deepseek"):
     """transformers' DeepSeek-V3 MoE block in float64: its router lifted to float64 (it computes in
-    float32 whatever the dtype), with one group (n_group 1: every expert eligible)."""
+    float32 whatever the dtype); with groups 1, every expert eligible; with more, transformers'
+    group-limited choice (n_group, topk_group), whose float32 router must choose the same experts."""
     torch.manual_seed(seed)
     x = torch.randn(N, C, dtype=torch.float64, requires_grad=True)
     dy = torch.randn(N, C, dtype=torch.float64)
     cfg = DeepseekV3Config(hidden_size=C, moe_intermediate_size=H, n_routed_experts=E, num_experts_per_tok=k,
-                           n_shared_experts=1, n_group=1, topk_group=1, routed_scaling_factor=scale,
+                           n_shared_experts=1, n_group=groups, topk_group=top_groups, routed_scaling_factor=scale,
                            norm_topk_prob=True)
     cfg._experts_implementation = "eager"
     block = DeepseekV3MoE(cfg).to(torch.float64)
@@ -156,10 +172,19 @@ def deepseek_case(out, seed, N=12, C=8, H=6, E=6, k=2, scale=2.5):
     gate = block.gate
     orig = DeepseekV3MoE.forward
 
+    def choice(scores_for_choice):
+        if groups == 1:
+            return torch.topk(scores_for_choice, k, dim=-1, sorted=True)[1]
+        return grouped_choice(scores_for_choice, groups, top_groups, k)
+
+    # transformers' own router (float32) on these weights: the experts it chooses.
+    with torch.no_grad():
+        _, _, chosen32 = DeepseekV3TopkRouter.forward(gate, x.detach().unsqueeze(0))
+
     def router64(hidden):
         logits = torch.nn.functional.linear(hidden.reshape(-1, C), gate.weight)
         scores = logits.sigmoid()
-        idx = torch.topk(scores + gate.e_score_correction_bias, k, dim=-1, sorted=True)[1]
+        idx = choice(scores + gate.e_score_correction_bias)
         w = scores.gather(1, idx)
         w = w / (w.sum(dim=-1, keepdim=True) + 1e-20) * gate.routed_scaling_factor
         return logits, w, idx
@@ -167,9 +192,13 @@ def deepseek_case(out, seed, N=12, C=8, H=6, E=6, k=2, scale=2.5):
     y = orig(block, x.unsqueeze(0)).squeeze(0)
     logits = x @ gate.weight.T
     scores = logits.sigmoid()
-    index = torch.topk(scores + gate.e_score_correction_bias, k, dim=-1, sorted=True)[1]
+    index = choice(scores + gate.e_score_correction_bias)
+    assert torch.equal(index.sort(-1)[0], chosen32.sort(-1)[0]), "transformers' float32 router chooses otherwise"
     unbiased = torch.topk(scores, k, dim=-1)[1]
     assert not torch.equal(index.sort(-1)[0], unbiased.sort(-1)[0]), "the bias changes no choice"
+    if groups > 1:
+        ungrouped = torch.topk(scores + gate.e_score_correction_bias, k, dim=-1)[1]
+        assert not torch.equal(index.sort(-1)[0], ungrouped.sort(-1)[0]), "the groups change no choice"
     counts = torch.zeros(E, dtype=torch.float64).scatter_add_(0, index.reshape(-1),
                                                               torch.ones(index.numel(), dtype=torch.float64))
     share = scores / (scores.sum(-1, keepdim=True) + 1e-20)
@@ -179,7 +208,8 @@ def deepseek_case(out, seed, N=12, C=8, H=6, E=6, k=2, scale=2.5):
     se = block.shared_experts
     tensors = {"x": x.detach(), "dy": dy, "y": y.detach(), "aux": aux.detach().reshape(1),
                "z": torch.zeros(1, dtype=torch.float64), "index": index.to(torch.int64),
-               "config": torch.tensor([N, C, H, E, k, 1, H, 0, 1, int(scale * 1000), 1], dtype=torch.int64),
+               "config": torch.tensor([N, C, H, E, k, 1, H, 0, 1, int(scale * 1000), 1] +
+                                      ([groups, top_groups] if groups > 1 else []), dtype=torch.int64),
                "grad.x": x.grad, "bias": gate.e_score_correction_bias.detach().clone(),
                "router": gate.weight.detach().clone(), "grad.router": gate.weight.grad,
                "gate_up": block.experts.gate_up_proj.detach().clone(), "grad.gate_up": block.experts.gate_up_proj.grad,
@@ -187,8 +217,8 @@ def deepseek_case(out, seed, N=12, C=8, H=6, E=6, k=2, scale=2.5):
                "shared_gate_up": torch.cat([se.gate_proj.weight, se.up_proj.weight]).detach(),
                "grad.shared_gate_up": torch.cat([se.gate_proj.weight.grad, se.up_proj.weight.grad]),
                "shared_down": se.down_proj.weight.detach().clone(), "grad.shared_down": se.down_proj.weight.grad}
-    save_file({n: t.contiguous() for n, t in tensors.items()}, str(out / "deepseek.safetensors"))
-    print(f"deepseek: y {y.abs().max().item():.4f} aux {aux.item():.6f} index {index.tolist()}")
+    save_file({n: t.contiguous() for n, t in tensors.items()}, str(out / f"{name}.safetensors"))
+    print(f"{name}: y {y.abs().max().item():.4f} aux {aux.item():.6f} index {index.tolist()}")
 
 
 def main(out):
@@ -199,6 +229,7 @@ def main(out):
     case("capacity", out, 54, capacity_factor=0.75)
     case("shared", out, 56, S=5)
     deepseek_case(out, 57)
+    deepseek_case(out, 58, N=16, E=8, k=3, groups=4, top_groups=2, name="deepseek_groups")
 
 
 if __name__ == "__main__":

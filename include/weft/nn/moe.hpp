@@ -62,6 +62,10 @@
 // step gives it its sign step (nn::SignStep, optim/data_parallel.hpp), outside the optimizer's rule
 // and the gradient norm: every layout moves it alike, and checkpoints keep it as a parameter.
 //
+// Group-limited routing (DeepSeek-V3; groups > 1): the experts in `groups` groups of neighbours, each
+// token's top k taken from the experts of its top_groups groups, a group scored by the sum of its
+// two largest scores (plus the bias); the gradients are those of the experts chosen, as without.
+//
 // On the Meta device (the plan) every expert gets the same share of the tokens, k N / E slots of
 // each rank's N (the routing a balanced router converges to), and each rank of an expert group gets
 // what it sends.
@@ -109,6 +113,7 @@ struct MoeOptions {
   double scale = 1;                                 // the chosen weights' factor (routed_scaling_factor)
   bool expert_bias = false;                         // a per-expert bias on the choice (aux-loss-free balancing)
   double bias_rate = 1e-3;                          // its step each optimizer step (0: held fixed)
+  std::int64_t groups = 1, top_groups = 1;          // group-limited routing (DeepSeek-V3's n_group, topk_group)
 };
 
 // The experts' order of a micro-batch's slots from each token's k experts (host memory): slot (N, k)
@@ -631,10 +636,23 @@ class MoeMlp : public SameLayout<A> {
     if (!(o.bias_rate >= 0) || !std::isfinite(o.bias_rate))
       throw Error(where, cat("an expert-bias rate of ", o.bias_rate),
                   "use a rate of 0 or more (DeepSeek-V3: 1e-3; 0 holds the bias fixed)");
+    if (o.groups != 1 &&
+        (o.groups < 1 || o.groups > math::kMaxExpertGroups || o.experts % o.groups != 0 || o.experts / o.groups < 2))
+      throw Error(where, cat(o.experts, " experts in ", o.groups, " groups"),
+                  cat("use 1 group, or up to ", math::kMaxExpertGroups,
+                      " groups that divide the experts into groups of 2 or more"));
+    if (o.top_groups < 1 || o.top_groups > o.groups || o.top_k > o.top_groups * (o.experts / o.groups))
+      throw Error(where,
+                  cat("top-k ", o.top_k, " from the top ", o.top_groups, " of ", o.groups, " groups of ",
+                      o.experts / o.groups, " experts"),
+                  "choose from 1 to the groups, enough of them to hold the top-k experts");
     return o.experts;
   }
 
-  math::RouteRule<S> rule() const { return {options.score, options.renormalise, static_cast<S>(options.scale)}; }
+  math::RouteRule<S> rule() const {
+    return {options.score, options.renormalise, static_cast<S>(options.scale), static_cast<long>(options.groups),
+            static_cast<long>(options.top_groups)};
+  }
 
   template <class E>
   static Allocation alloc(D& dev, std::int64_t n) {

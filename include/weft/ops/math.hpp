@@ -6,7 +6,8 @@
 // summation order, never in the formula.
 //
 // defines: math::gelu, math::gelu_grad, math::silu, math::silu_grad, math::AdamWParams, math::adamw_step,
-//   math::sign, math::kMaxExperts, math::Score, math::RouteRule, math::route_row, math::route_row_backward, WEFT_HD
+//   math::sign, math::kMaxExperts, math::kMaxExpertGroups, math::Score, math::RouteRule, math::route_row,
+//   math::route_row_backward, WEFT_HD
 #pragma once
 
 #include <cmath>
@@ -82,18 +83,26 @@ template <class T> WEFT_HD inline double sign(T x) { return x > T(0) ? 1.0 : x <
 //            the load-balancing loss normalises them
 // idx (k) the k largest of probs + bias (bias null: none; ties to the lower expert), weight (k)
 // their probabilities (without the bias), divided by their sum where renormalised (+ 1e-20 for
-// sigmoid scores, as DeepSeek-V3 and Megatron-Core divide), times the rule's scale. E <= kMaxExperts
+// sigmoid scores, as DeepSeek-V3 and Megatron-Core divide), times the rule's scale; with the rule's
+// groups, among the experts of its top groups only (RouteRule). E <= kMaxExperts
 // (the backward's one row of E on the stack, or in a GPU thread's local memory: Qwen3-MoE's 128,
 // DeepSeek-V3's 256 and Kimi K2's 384 experts fit).
 inline constexpr long kMaxExperts = 512;
 
 enum class Score : int { softmax, sigmoid };
 
+// Group-limited routing (DeepSeek-V3's n_group, topk_group): the E experts in `groups` groups of
+// E / groups neighbours, each group scored by the sum of its two largest probs + bias, and the
+// top k chosen among the experts of the `top_groups` best groups only (ties to the lower group).
+inline constexpr long kMaxExpertGroups = 64;
+
 template <class S>
 struct RouteRule {
   Score score = Score::softmax;
   bool renormalise = true;
-  S scale = 1;  // the chosen weights' factor (DeepSeek-V3's routed_scaling_factor)
+  S scale = 1;          // the chosen weights' factor (DeepSeek-V3's routed_scaling_factor)
+  long groups = 1;      // expert groups (1: every expert eligible)
+  long top_groups = 1;  // the groups a token's experts come from (with groups > 1)
 };
 
 template <class S, class I>
@@ -113,14 +122,36 @@ WEFT_HD inline S route_row(S* probs, I* idx, S* weight, const S* logits, const S
     for (long e = 0; e < E; ++e) norm += probs[e] = S(1) / (S(1) + exp(-logits[e]));
     norm += S(1e-20);
   }
+  // The groups a token may choose from (a bit each; all where groups is 1).
+  const auto biased = [&](long e) { return bias ? probs[e] + bias[e] : probs[e]; };
+  unsigned long long eligible = ~0ull;
+  if (r.groups > 1) {
+    const long size = E / r.groups;
+    S group_score[kMaxExpertGroups];
+    for (long g = 0; g < r.groups; ++g) {  // the sum of the group's two largest
+      long first = g * size;
+      for (long e = g * size + 1; e < (g + 1) * size; ++e) first = biased(e) > biased(first) ? e : first;
+      long second = -1;
+      for (long e = g * size; e < (g + 1) * size; ++e)
+        if (e != first && (second < 0 || biased(e) > biased(second))) second = e;
+      group_score[g] = biased(first) + biased(second);
+    }
+    eligible = 0;
+    for (long j = 0; j < r.top_groups; ++j) {
+      long best = -1;
+      for (long g = 0; g < r.groups; ++g)
+        if (!(eligible >> g & 1ull) && (best < 0 || group_score[g] > group_score[best])) best = g;
+      eligible |= 1ull << best;
+    }
+  }
   S chosen = 0;
   for (long j = 0; j < k; ++j) {  // the j-th largest: the first of the largest not yet chosen
     long best = -1;
     for (long e = 0; e < E; ++e) {
-      bool taken = false;
+      bool taken = r.groups > 1 && !(eligible >> (e / (E / r.groups)) & 1ull);
       for (long i = 0; i < j; ++i) taken = taken || idx[i] == e;
       if (taken) continue;
-      if (best < 0 || (bias ? probs[e] + bias[e] > probs[best] + bias[best] : probs[e] > probs[best])) best = e;
+      if (best < 0 || biased(e) > biased(best)) best = e;
     }
     idx[j] = static_cast<I>(best);
     weight[j] = probs[best];
