@@ -30,6 +30,9 @@ experts over groups of the data ranks), checked by what it computes:
    checkpoint of data 4 x expert 4 resumed on data 2 x expert 2 equals the whole run (the biases
    saved and resharded), and resumed without --expert-bias is refused naming the field (before
    anything is built: exit 2); weft-export refuses it (transformers' Mixtral has no such router).
+   Group-limited routing (--expert-groups 4 --top-groups 2 over 8 experts) on data 2 x expert 2
+   equals one rank within 2e-5; groups that do not divide the experts, and top groups too few for
+   the top k, are refused (exit 2).
 """
 import json, os, re, struct, subprocess, sys, tempfile
 
@@ -148,6 +151,13 @@ if not through_transformers:  # parts 1 to 5
         ("llama with --expert", ["--data", "2", "--tensor", "1", "--expert", "2"], "llama", "has no experts to shard"),
         ("gpt2 with --experts", ["--data", "1", "--tensor", "1", "--experts", "4"], "gpt2", "has no experts"),
         ("gpt2 with --router", ["--data", "1", "--tensor", "1", "--router", "sigmoid"], "gpt2", "has no experts"),
+        ("4 experts in 3 groups", ["--data", "1", "--tensor", "1", "--expert-groups", "3"], "mixtral",
+         "Mixtral: 4 experts in 3 groups (--expert-groups)"),
+        ("top 3 from 1 of 4 groups", ["--data", "1", "--tensor", "1", "--experts", "8", "--top-k", "3",
+                                      "--expert-groups", "4", "--top-groups", "1"], "mixtral",
+         "Mixtral: top 3 from 1 of 4 groups of 2 experts (--top-groups)"),
+        ("gpt2 with --expert-groups", ["--data", "1", "--tensor", "1", "--expert-groups", "2"], "gpt2",
+         "has no experts"),
     ]:
         _, err = run("refused", ["--steps", "2", *args], want=2, model=model)
         print(f"refused ({name}): {err.strip().splitlines()[-1] if err.strip() else ''}")
@@ -171,6 +181,14 @@ if not through_transformers:  # parts 1 to 5
     resumed_b, _ = run("resumed_balanced", steps + ["--data", "2", "--tensor", "1", "--expert", "2", "--resume",
                                                     os.path.join(ckb, "step_00000002"), *balance])
     within(resumed_b, whole_b, "balanced, resumed on data 2 x expert 2 from data 4 x expert 4 at step 2", steps=[3, 4])
+    # Group-limited routing (DeepSeek-V3's): 8 experts in 4 groups, each token's top 2 from its best 2
+    # groups, on data 2 x expert 2 equal to one rank.
+    grouped = balance + ["--experts", "8", "--expert-groups", "4", "--top-groups", "2"]
+    one_g, out = run("one_grouped", steps + ["--data", "1", "--tensor", "1", *grouped])
+    if "from 2 of 4 groups" not in out:
+        failures.append(f"grouped router: summary:\n{out[:600]}")
+    got, _ = run("grouped_expert", steps + ["--data", "2", "--tensor", "1", "--expert", "2", *grouped])
+    within(got, one_g, "group-limited (top 2 from 2 of 4 groups): data 2 x expert 2")
     _, err = run("resume_unbalanced", steps + ["--data", "1", "--tensor", "1", "--router", "sigmoid", "--resume",
                                                os.path.join(ckb, "step_00000002")], want=2)
     print(f"refused (resumed without --expert-bias): {err.strip().splitlines()[-1] if err.strip() else ''}")

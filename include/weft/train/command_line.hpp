@@ -85,6 +85,12 @@ inline void add_sizes(CLI::App& app, train::Sizes& s) {
                  "by RATE against each expert's load every step (1e-3 is DeepSeek-V3's; 0 holds it at 0) "
                  "(mixtral; docs/moe.md)")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--expert-groups", s.groups,
+                 "G: group-limited routing (DeepSeek-V3's n_group): the experts in G groups of neighbours, a token's "
+                 "top k from its --top-groups best groups (mixtral; docs/moe.md)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--top-groups", s.top_groups, "K: the groups a token's experts come from (with --expert-groups)")
+      ->check(CLI::PositiveNumber);
 }
 
 }  // namespace weft::cli

@@ -345,8 +345,12 @@ config_t<F> preset_config(const std::string& program, const std::string& preset,
       throw Error(cat(program, " --tie-embeddings"),
                   cat("the model family '", F::name(), "' has no choice of a tied head"), "leave out --tie-embeddings");
   }
-  if (sizes.experts || sizes.top_k || sizes.capacity_factor || sizes.sigmoid || sizes.expert_bias) {
-    if constexpr (requires { c.experts = 1, c.top_k = 1, c.capacity_factor = 0.0, c.score, c.expert_bias = true; }) {
+  if (sizes.experts || sizes.top_k || sizes.capacity_factor || sizes.sigmoid || sizes.expert_bias || sizes.groups ||
+      sizes.top_groups) {
+    if constexpr (requires {
+                    c.experts = 1, c.top_k = 1, c.capacity_factor = 0.0, c.score, c.expert_bias = true, c.groups = 1,
+                    c.top_groups = 1;
+                  }) {
       if (sizes.experts) c.experts = *sizes.experts;
       if (sizes.top_k) c.top_k = *sizes.top_k;
       if (sizes.capacity_factor) c.capacity_factor = *sizes.capacity_factor;
@@ -355,14 +359,19 @@ config_t<F> preset_config(const std::string& program, const std::string& preset,
         if (*sizes.sigmoid) c.z_coef = 0;  // no z-loss on sigmoid scores (nn/moe.hpp)
       }
       if (sizes.expert_bias) c.expert_bias = true, c.bias_rate = *sizes.expert_bias;
+      if (sizes.groups) c.groups = *sizes.groups;
+      if (sizes.top_groups) c.top_groups = *sizes.top_groups;
     } else {
       throw Error(cat(program, sizes.experts           ? " --experts"
                                : sizes.top_k           ? " --top-k"
                                : sizes.capacity_factor ? " --capacity-factor"
                                : sizes.sigmoid         ? " --router"
-                                                       : " --expert-bias"),
+                               : sizes.expert_bias     ? " --expert-bias"
+                               : sizes.groups          ? " --expert-groups"
+                                                       : " --top-groups"),
                   cat("the model family '", F::name(), "' has no experts"),
-                  "leave out --experts, --top-k, --capacity-factor, --router and --expert-bias");
+                  "leave out --experts, --top-k, --capacity-factor, --router, --expert-bias, --expert-groups and "
+                  "--top-groups");
     }
   }
   if (sizes.width) c.width = *sizes.width;

@@ -100,8 +100,9 @@ struct Family {
     return cat("layers ", c.layers, ", heads ", c.heads, " (", c.kv_heads, " key-value), width ", c.width, ", ",
                c.experts, " experts of width ", c.hidden, " (top ", c.top_k,
                c.score == nn::Score::sigmoid ? " by sigmoid scores" : "",
-               c.expert_bias ? cat(", an expert bias at rate ", c.bias_rate) : "", "), aux coef ", c.aux_coef, ", seq ",
-               c.seq, ", vocab ", c.vocab, ", rope theta ", c.rope.theta);
+               c.expert_bias ? cat(", an expert bias at rate ", c.bias_rate) : "",
+               c.groups != 1 ? cat(", from ", c.top_groups, " of ", c.groups, " groups") : "", "), aux coef ",
+               c.aux_coef, ", seq ", c.seq, ", vocab ", c.vocab, ", rope theta ", c.rope.theta);
   }
   // --init-from DIR without --preset: the model config.json describes (base's sequence and seed), its
   // expert count checked against the router's tensors.

@@ -125,9 +125,10 @@ inline void check_hf_router(const Config& c, const std::string& where) {
   if (c.softmax_router()) return;
   throw Error(where,
               cat("the model's router takes ", c.score == nn::Score::sigmoid ? "sigmoid" : "softmax", " scores",
-                  c.scale != 1 ? cat(" scaled by ", c.scale) : "", c.expert_bias ? " with an expert bias" : ""),
-              "transformers' Mixtral and Qwen3-MoE routers are softmax, unscaled, without a bias: exchange "
-              "directories with runs that leave out --router sigmoid and --expert-bias");
+                  c.scale != 1 ? cat(" scaled by ", c.scale) : "", c.expert_bias ? " with an expert bias" : "",
+                  c.groups != 1 ? cat(" from ", c.top_groups, " of ", c.groups, " expert groups") : ""),
+              "transformers' Mixtral and Qwen3-MoE routers are softmax, unscaled, without a bias or groups: exchange "
+              "directories with runs that leave out --router sigmoid, --expert-bias and --expert-groups");
 }
 
 // transformers' config.json for c.
@@ -167,6 +168,7 @@ inline Config config_of(const checkpoint::Manifest& m) {
   if (optional("router_sigmoid") == 1) c.score = nn::Score::sigmoid;
   if (const auto v = optional("router_scale_x1e6"); v >= 0) c.scale = static_cast<double>(v) / 1e6;
   if (optional("expert_bias") == 1) c.expert_bias = true;
+  if (const auto g = optional("router_groups"); g >= 1) c.groups = g, c.top_groups = field("router_top_groups");
   validate(c, {}, false, 1);
   return c;
 }

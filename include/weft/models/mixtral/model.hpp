@@ -45,6 +45,7 @@ struct Config : llama::Config {
   double scale = 1;
   bool expert_bias = false;
   double bias_rate = 1e-3;
+  std::int64_t groups = 1, top_groups = 1;  // group-limited routing (DeepSeek-V3's n_group, topk_group)
 
   nn::MoeOptions moe() const {
     return {.experts = experts,
@@ -56,10 +57,12 @@ struct Config : llama::Config {
             .score = score,
             .scale = scale,
             .expert_bias = expert_bias,
-            .bias_rate = bias_rate};
+            .bias_rate = bias_rate,
+            .groups = groups,
+            .top_groups = top_groups};
   }
   // Whether the router is the one transformers' MixtralForCausalLM and Qwen3MoeForCausalLM hold.
-  bool softmax_router() const { return score == nn::Score::softmax && scale == 1 && !expert_bias; }
+  bool softmax_router() const { return score == nn::Score::softmax && scale == 1 && !expert_bias && groups == 1; }
 };
 
 inline std::vector<std::pair<std::string, std::int64_t>> record(const Config& c) {
@@ -75,6 +78,7 @@ inline std::vector<std::pair<std::string, std::int64_t>> record(const Config& c)
   if (c.score == nn::Score::sigmoid) r.emplace_back("router_sigmoid", 1);
   if (c.scale != 1) r.emplace_back("router_scale_x1e6", llama::scaled(c.scale, 1e6));
   if (c.expert_bias) r.emplace_back("expert_bias", 1);
+  if (c.groups != 1) r.emplace_back("router_groups", c.groups), r.emplace_back("router_top_groups", c.top_groups);
   return r;
 }
 
@@ -94,6 +98,16 @@ inline void validate(const Config& c, const Spread& s, bool sequence_parallel, s
   if (!(c.scale > 0) || !(c.bias_rate >= 0) || !std::isfinite(c.scale) || !std::isfinite(c.bias_rate))
     throw Error("Mixtral", cat("router scale ", c.scale, ", expert-bias rate ", c.bias_rate),
                 "use a positive scale (1: none) and a rate of 0 or more (DeepSeek-V3: 1e-3)");
+  if (c.groups != 1 &&
+      (c.groups < 1 || c.groups > math::kMaxExpertGroups || c.experts % c.groups != 0 || c.experts / c.groups < 2))
+    throw Error(
+        "Mixtral", cat(c.experts, " experts in ", c.groups, " groups (--expert-groups)"),
+        cat("use groups that divide the experts into groups of 2 or more (at most ", math::kMaxExpertGroups, ")"));
+  if (c.top_groups < 1 || c.top_groups > c.groups || c.top_k > c.top_groups * (c.experts / c.groups))
+    throw Error("Mixtral",
+                cat("top ", c.top_k, " from ", c.top_groups, " of ", c.groups, " groups of ", c.experts / c.groups,
+                    " experts (--top-groups)"),
+                "choose from 1 to the groups, enough of them to hold the top-k experts");
 }
 
 template <PrecisionLike P, bool SP = false, recompute::Policy Recompute = recompute::None, class D = Host,

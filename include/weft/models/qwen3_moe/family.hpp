@@ -83,8 +83,9 @@ struct Family {
                " key-value, QK norm), width ", c.width, ", ", c.experts, " experts of width ", c.hidden, " (top ",
                c.top_k, c.norm_topk_prob ? ", renormalised" : "",
                c.score == nn::Score::sigmoid ? ", by sigmoid scores" : "",
-               c.expert_bias ? cat(", an expert bias at rate ", c.bias_rate) : "", "), aux coef ", c.aux_coef, ", seq ",
-               c.seq, ", vocab ", c.vocab, ", rope theta ", c.rope.theta);
+               c.expert_bias ? cat(", an expert bias at rate ", c.bias_rate) : "",
+               c.groups != 1 ? cat(", from ", c.top_groups, " of ", c.groups, " groups") : "", "), aux coef ",
+               c.aux_coef, ", seq ", c.seq, ", vocab ", c.vocab, ", rope theta ", c.rope.theta);
   }
   // --init-from DIR without --preset: the model config.json describes, its experts checked against
   // the router's tensors.
