@@ -330,28 +330,23 @@ void check_finite_differences(const nn::MoeOptions& o, std::uint64_t seed, const
 
 }  // namespace
 
+namespace {
+// The finite-difference layers' common part: a capacity factor of 1 (which drops slots), a
+// load-balancing coefficient of 0.3 and a shared expert of width 3, over `o`'s routing.
+nn::MoeOptions dropping(nn::MoeOptions o) {
+  o.capacity_factor = 1.0;
+  o.aux_coef = 0.3;
+  o.shared_hidden = 3;
+  return o;
+}
+}  // namespace
+
 TEST_CASE("MoeMlp's gradients match finite differences: top 2 of 5 not renormalised, a capacity, a shared expert") {
-  check_finite_differences({.experts = 5,
-                            .top_k = 2,
-                            .hidden = 4,
-                            .renormalise = false,
-                            .capacity_factor = 1.0,
-                            .aux_coef = 0.3,
-                            .z_coef = 0.05,
-                            .shared_hidden = 3},
-                           1);
+  check_finite_differences(dropping({.experts = 5, .top_k = 2, .hidden = 4, .renormalise = false, .z_coef = 0.05}), 1);
 }
 
 TEST_CASE("MoeMlp's gradients match finite differences with Qwen3-30B-A3B's 128 experts, top 8, renormalised") {
-  check_finite_differences({.experts = 128,
-                            .top_k = 8,
-                            .hidden = 2,
-                            .renormalise = true,
-                            .capacity_factor = 1.0,
-                            .aux_coef = 0.3,
-                            .z_coef = 0.05,
-                            .shared_hidden = 3},
-                           3);
+  check_finite_differences(dropping({.experts = 128, .top_k = 8, .hidden = 2, .renormalise = true, .z_coef = 0.05}), 3);
 }
 
 TEST_CASE(
@@ -359,35 +354,29 @@ TEST_CASE(
     "expert") {
   for (const bool renormalise : {true, false}) {
     INFO("renormalised: ", renormalise);
-    check_finite_differences({.experts = 5,
-                              .top_k = 2,
-                              .hidden = 4,
-                              .renormalise = renormalise,
-                              .capacity_factor = 1.0,
-                              .aux_coef = 0.3,
-                              .z_coef = 0,
-                              .shared_hidden = 3,
-                              .score = nn::Score::sigmoid,
-                              .scale = 1.7,
-                              .expert_bias = true},
+    check_finite_differences(dropping({.experts = 5,
+                                       .top_k = 2,
+                                       .hidden = 4,
+                                       .renormalise = renormalise,
+                                       .z_coef = 0,
+                                       .score = nn::Score::sigmoid,
+                                       .scale = 1.7,
+                                       .expert_bias = true}),
                              2, {0.4, -0.3, 0.0, 0.2, -0.5});
   }
 }
 
 TEST_CASE("MoeMlp's gradients with group-limited routing match finite differences: top 3 from 2 of 4 groups") {
-  check_finite_differences({.experts = 8,
-                            .top_k = 3,
-                            .hidden = 2,
-                            .renormalise = true,
-                            .capacity_factor = 1.0,
-                            .aux_coef = 0.3,
-                            .z_coef = 0,
-                            .shared_hidden = 3,
-                            .score = nn::Score::sigmoid,
-                            .scale = 2.5,
-                            .expert_bias = true,
-                            .groups = 4,
-                            .top_groups = 2},
+  check_finite_differences(dropping({.experts = 8,
+                                     .top_k = 3,
+                                     .hidden = 2,
+                                     .renormalise = true,
+                                     .z_coef = 0,
+                                     .score = nn::Score::sigmoid,
+                                     .scale = 2.5,
+                                     .expert_bias = true,
+                                     .groups = 4,
+                                     .top_groups = 2}),
                            4, {0.3, -0.2, 0.1, 0.0, -0.4, 0.2, -0.1, 0.4});
 }
 

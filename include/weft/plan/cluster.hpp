@@ -2,9 +2,10 @@
 // FLOP/s, bandwidths and links), the setups worth planning on it (train::search: every tensor
 // degree up to a node, every compiled strategy with and without SP, with and without full
 // recompute where the family has it, pipelines under 1F1B, ZB-H1 and interleaved 1F1B, and for a
-// mixture of experts every expert degree carved from the data ranks), and what one setup costs (train::Candidate: the
-// step's peak per GPU and its time). How a setup is costed is the family's (GPT-2's closed forms,
-// models/gpt2/cluster_plan.hpp) or the step measured on the Meta device (plan/search.hpp).
+// mixture of experts every expert degree carved from the data ranks), and what one setup costs
+// (train::Candidate: the step's peak per GPU and its time). How a setup is costed is the family's
+// (GPT-2's closed forms, models/gpt2/cluster_plan.hpp) or the step measured on the Meta device
+// (plan/search.hpp).
 //
 // This header is plain C++20.
 #pragma once
