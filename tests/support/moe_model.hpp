@@ -2,7 +2,7 @@
 // (mixtral::Model, qwen3_moe::Model) on a reference batch whose weights and gradients a fixture of
 // tools/reference holds under weft's names (value/<name>, grad/<name>, tokens, targets), on data x
 // tensor ranks (SP where the model says) with an expert degree: the loss, the logits (one rank),
-// each layer's router losses and the worst gradient's relative difference from the fixture's.
+// each sparse layer's router losses and the worst gradient's relative difference from the fixture's.
 #pragma once
 
 #include <cmath>
@@ -16,6 +16,7 @@
 #include "weft/comm/mesh.hpp"
 #include "weft/comm/redistribute.hpp"
 #include "weft/comm/threads/run.hpp"
+#include "weft/nn/layer_walk.hpp"
 #include "weft/optim/data_parallel.hpp"
 #include "weft/pipeline/executor.hpp"
 
@@ -61,11 +62,11 @@ Run run(const Config& c, const checkpoint::ImportDir& ref, int data, int tensor,
     if (data * tensor == 1) logits = ctx.head.ce.logits.to_host();
     pipeline::backward(model, ctx, mesh, dp, true);
     std::vector<double> aux, z;
-    for (auto& block : model.blocks) {
-      auto& moe = std::get<1>(std::get<1>(block.layers).inner.layers);
-      aux.push_back(moe.last_aux);
-      z.push_back(moe.last_z);
-    }
+    for (auto& block : model.blocks)
+      nn::for_each_layer(block, [&](auto& leaf) {
+        if constexpr (nn::Routes<std::remove_cvref_t<decltype(leaf)>>)
+          aux.push_back(leaf.last_aux), z.push_back(leaf.last_z);
+      });
     double worst = 0;
     std::string where;
     model.for_each_param([&](const std::string& name, auto& p) {

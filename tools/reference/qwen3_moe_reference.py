@@ -13,16 +13,22 @@ held to 1e-10.
 The loss: the mean cross-entropy plus, for each layer, 0.02 times its load-balancing loss and 0.001
 times its z-loss (weft's per-layer form; moe_block.py's router_losses), as the Mixtral reference.
 
+With --dense-layers (as tests/fixtures/qwen3_moe/dense is written: --dense-layers 1 --layers 3):
+those layers dense (mlp_only_layers), each a SwiGLU MLP of intermediate_size 24 (Qwen3MoeMLP), the
+others' experts as above; aux and z hold the sparse layers' only, in order.
+
 Writes --out/reference.safetensors, every tensor F64 (I64 for tokens and targets) under weft's names
 and layout (models/qwen3_moe/model.hpp): tokens, targets (B, T); logits (B, T, V); loss (1): the
 cross-entropy; aux, z (L); value/<name> and grad/<name> for every parameter: wte (V, C),
 layers.<l>.attn_norm.weight, layers.<l>.attn.qkv.weight (KV (g + 2) hd, C), layers.<l>.attn.q_norm.weight
 (hd), layers.<l>.attn.k_norm.weight (hd), layers.<l>.attn.proj.weight (C, H hd),
 layers.<l>.mlp_norm.weight, layers.<l>.mlp.router.weight (E, C), layers.<l>.mlp.experts.gate_up
-(E, 2H, C: row 2f the gate of feature f, 2f + 1 its up), layers.<l>.mlp.experts.down (E, C, H),
+(E, 2H, C: row 2f the gate of feature f, 2f + 1 its up), layers.<l>.mlp.experts.down (E, C, H), or a dense layer's layers.<l>.mlp.gate_up.weight (2F, C:
+row 2f the gate of feature f, 2f + 1 its up) and layers.<l>.mlp.down.weight (C, F),
 ln_f.weight, lm_head (V, C); and --out/hf/: the model as save_pretrained writes it (float64).
 
 Usage: python3 tools/reference/qwen3_moe_reference.py --out tests/fixtures/qwen3_moe
+       python3 tools/reference/qwen3_moe_reference.py --dense-layers 1 --layers 3 --out tests/fixtures/qwen3_moe/dense
 Needs PyTorch, transformers (5.x) and safetensors.
 """
 import argparse
@@ -66,6 +72,11 @@ def weft_tensors(model, c, grad):
         out[f"layers.{l}.attn.k_norm.weight"] = get(a.k_norm.weight)
         out[f"layers.{l}.attn.proj.weight"] = get(a.o_proj.weight)
         out[f"layers.{l}.mlp_norm.weight"] = get(layer.post_attention_layernorm.weight)
+        if isinstance(layer.mlp, qm.Qwen3MoeMLP):  # a dense layer: weft's gate_up pairs (gate f, up f)
+            gate, up = get(layer.mlp.gate_proj.weight), get(layer.mlp.up_proj.weight)
+            out[f"layers.{l}.mlp.gate_up.weight"] = torch.stack([gate, up], dim=1).reshape(-1, gate.shape[1])
+            out[f"layers.{l}.mlp.down.weight"] = get(layer.mlp.down_proj.weight)
+            continue
         out[f"layers.{l}.mlp.router.weight"] = get(layer.mlp.gate.weight)
         gu = get(layer.mlp.experts.gate_up_proj)  # (E, 2F, C): the F gate rows, then the F up rows
         E, F2, C = gu.shape
@@ -78,12 +89,14 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=13)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--dense-layers", type=int, nargs="*", default=[], help="mlp_only_layers")
     a = ap.parse_args()
     torch.manual_seed(a.seed)
     c = Qwen3MoeConfig(vocab_size=32, hidden_size=16, intermediate_size=24, moe_intermediate_size=8,
-                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                       num_hidden_layers=a.layers, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
                        max_position_embeddings=64, rms_norm_eps=1e-6, rope_theta=10000.0, num_experts=4,
-                       num_experts_per_tok=2, norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=[],
+                       num_experts_per_tok=2, norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=a.dense_layers,
                        tie_word_embeddings=False, initializer_range=0.3, output_router_logits=True)
     c._attn_implementation = "eager"
     c._experts_implementation = "eager"  # the loop over experts (grouped_mm takes no float64)

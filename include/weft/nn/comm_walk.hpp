@@ -9,6 +9,7 @@
 //                                                         unnamed, its neighbours'), and a row for
 //                                                         each redistribution Sequential inserts
 //   Residual<Inner>                                       Inner's (the add moves nothing)
+//   Either<A, B>                                          the held layer's
 //   TokenWise<L> (context parallelism)                    L's, on a context rank's T / c rows
 //   recompute::Checkpointed<L> (Full)                     L's, each row's forward collectives again
 //                                                         in its backward (the forward is re-run)
@@ -123,6 +124,8 @@ Shape layer_comm_rows(std::vector<CommRow>& out, const std::string& name, const 
     return y;
   } else if constexpr (detail::is_residual<L>) {
     return layer_comm_rows(out, name, layer.inner, in, s, e);
+  } else if constexpr (walk::either<L>) {
+    return layer.visit([&](const auto& held) { return layer_comm_rows(out, name, held, in, s, e); });
   } else if constexpr (walk::sequential<L>) {
     Shape x = in;
     detail::sequential_rows<0>(out, name, layer, x, s, e);

@@ -3,6 +3,7 @@
 //
 //   Sequential<Ls...>             each layer in order
 //   Residual<Inner>               Inner
+//   Either<A, B>                  the layer it holds (contains_layer: A and B, at compile time)
 //   Named<"x", L>                 L (Named derives from it)
 //   TokenWise<L> (context)        L
 //   recompute::Checkpointed<L>    L (it derives from it)
@@ -22,6 +23,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "weft/nn/either.hpp"
 #include "weft/nn/sequential.hpp"
 #include "weft/nn/token_wise.hpp"
 #include "weft/recompute/checkpointed.hpp"
@@ -36,6 +38,8 @@ template <class... Ls> inline constexpr bool sequential<Sequential<Ls...>> = tru
 template <class T> inline constexpr bool residual = detail::is_residual<T>;
 template <class T> inline constexpr bool token_wise = false;
 template <class L> inline constexpr bool token_wise<TokenWise<L>> = true;
+template <class T> inline constexpr bool either = false;
+template <class A, class B> inline constexpr bool either<Either<A, B>> = true;
 template <class T> inline constexpr bool checkpointed = false;
 template <class L, class T, class D> inline constexpr bool checkpointed<recompute::Checkpointed<L, T, D>> = true;
 
@@ -57,6 +61,8 @@ void for_each_layer(L& layer, F&& f) {
     std::apply([&](auto&... ls) { (for_each_layer(ls, f), ...); }, layer.layers);
   } else if constexpr (walk::residual<B> || walk::token_wise<B>) {
     for_each_layer(layer.inner, f);
+  } else if constexpr (walk::either<B>) {
+    layer.visit([&](auto& held) { for_each_layer(held, f); });
   } else if constexpr (!std::is_void_v<typename walk::base<B>::type>) {
     using Base =
         std::conditional_t<std::is_const_v<L>, const typename walk::base<B>::type, typename walk::base<B>::type>;
@@ -75,6 +81,8 @@ consteval bool contains() {
     }(std::type_identity<L>{});
   } else if constexpr (residual<L> || token_wise<L>) {
     return contains<std::remove_cvref_t<decltype(std::declval<L&>().inner)>, Pred>();
+  } else if constexpr (either<L>) {
+    return contains<typename L::first_type, Pred>() || contains<typename L::second_type, Pred>();
   } else if constexpr (!std::is_void_v<typename base<L>::type>) {
     return contains<typename base<L>::type, Pred>();
   } else {

@@ -10,6 +10,10 @@
 // 1e-16 each); on expert 2 x tensor 2 with SP (data 2: each tensor rank's heads' share of the QK
 // norms' gradients summed) and with the all-gather dispatcher on expert 4 (data 4), the loss and
 // every gradient the same way; full recompute the same; QK norm with context parallelism refused.
+// With a dense layer (tests/fixtures/qwen3_moe/dense: 3 layers, layer 1 Qwen3MoeMLP of width 24 by
+// mlp_only_layers, the others' experts): the same checks on one rank, on expert 2 x tensor 2 with SP
+// (the dense MLP tensor-sharded, the experts not), and with full recompute; the router losses the
+// two sparse layers'; which layers are dense, by transformers' rule, and its bad values refused.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -39,6 +43,19 @@ qwen3_moe::Config tiny() {
   c.rope = {.theta = 10000.0}, c.norm_eps = 1e-6, c.seed = 3;
   c.experts = 4, c.top_k = 2, c.aux_coef = 0.02, c.z_coef = 0.001;
   return c;
+}
+
+// The dense fixture's: layer 1 dense, of width 24.
+qwen3_moe::Config tiny_dense() {
+  qwen3_moe::Config c = tiny();
+  c.layers = 3, c.mlp_only_layers = {1}, c.dense_hidden = 24;
+  return c;
+}
+
+const checkpoint::ImportDir& dense_reference() {
+  static const checkpoint::ImportDir r(std::string(WEFT_TEST_DATA_DIR) + "/qwen3_moe/dense", "reference",
+                                       "qwen3_moe dense reference");
+  return r;
 }
 
 const checkpoint::ImportDir& reference() {
@@ -82,6 +99,54 @@ TEST_CASE("Qwen3-MoE equals transformers' Qwen3MoeForCausalLM in f64: logits, lo
   CHECK(std::abs(full.loss - loss) <= 1e-10 * loss);
   CHECK_MESSAGE(full.worst <= 1e-10, "worst gradient: ", full.where);
   MESSAGE("tensor 2, full recompute: gradients within ", full.worst, " (", full.where, ")");
+}
+
+TEST_CASE("Qwen3-MoE with a dense layer (mlp_only_layers) equals transformers' in f64") {
+  const auto& ref = dense_reference();
+  const double loss = ref.read("loss")[0];
+  const auto aux = ref.read("aux"), z = ref.read("z");
+  REQUIRE(aux.size() == 2);  // the sparse layers 0 and 2
+  const auto dense = [&]<class Model>(int data, int tensor, int expert) {
+    return test::moe::run<Model>(tiny_dense(), ref, data, tensor, expert);
+  };
+  // Tolerances as above: the same products summed in other orders, about 1e-15 printed.
+  const test::moe::Run one = dense.template operator()<qwen3_moe::Model<double>>(1, 1, 1);
+  const double el = relative(one.logits, ref.read("logits"));
+  CHECK(el <= 1e-10);
+  CHECK(std::abs(one.loss - loss) <= 1e-10 * loss);
+  CHECK(relative(one.aux, aux) <= 1e-12);
+  CHECK(relative(one.z, z) <= 1e-12);
+  CHECK_MESSAGE(one.worst <= 1e-10, "worst gradient: ", one.where);
+  MESSAGE("dense layer 1, one rank: logits within ", el, ", cross-entropy ", one.loss, " against ", loss,
+          ", gradients within ", one.worst, " (", one.where, ")");
+  const test::moe::Run ep = dense.template operator()<qwen3_moe::Model<double, true>>(2, 2, 2);
+  CHECK(std::abs(ep.loss - loss) <= 1e-10 * loss);
+  CHECK(relative(ep.aux, aux) <= 1e-12);
+  CHECK_MESSAGE(ep.worst <= 1e-10, "worst gradient: ", ep.where);
+  MESSAGE("dense layer 1, expert 2 x tensor 2 with SP: gradients within ", ep.worst, " (", ep.where, ")");
+  const test::moe::Run full = dense.template operator()<qwen3_moe::Model<double, false, recompute::Full>>(1, 2, 1);
+  CHECK(std::abs(full.loss - loss) <= 1e-10 * loss);
+  CHECK_MESSAGE(full.worst <= 1e-10, "worst gradient: ", full.where);
+  MESSAGE("dense layer 1, tensor 2, full recompute: gradients within ", full.worst, " (", full.where, ")");
+}
+
+TEST_CASE("Qwen3-MoE's dense layers follow transformers' rule; bad ones are refused by name") {
+  qwen3_moe::Config c = tiny();
+  c.layers = 6, c.sparse_step = 2, c.mlp_only_layers = {3};
+  // transformers: sparse where l is not in mlp_only_layers and (l + 1) % decoder_sparse_step == 0.
+  CHECK(c.dense_layers() == std::vector<std::int64_t>{0, 2, 3, 4});
+  c.sparse_step = 1, c.mlp_only_layers = {};
+  CHECK(c.dense_layers().empty());
+  const auto refused = [](qwen3_moe::Config bad, int tensor, const char* what) {
+    CHECK_THROWS_WITH_AS(qwen3_moe::validate(bad, {.tensor_degree = tensor}, false, 4), doctest::Contains(what), Error);
+  };
+  qwen3_moe::Config bad = tiny();
+  bad.sparse_step = 0;
+  refused(bad, 1, "a decoder sparse step of 0");
+  bad = tiny(), bad.mlp_only_layers = {2};
+  refused(bad, 1, "mlp_only_layers names layer 2 of 2");
+  bad = tiny_dense(), bad.dense_hidden = 25;
+  refused(bad, 2, "dense layers of MLP width 25 (intermediate_size) over a tensor degree of 2");
 }
 
 TEST_CASE("GroupedQueryAttention refuses QK norm with context parallelism, and odd head sizes, by name") {

@@ -1,4 +1,5 @@
 // Negative-compile cases for the nn part's static_asserts (see tests/layout/compile_fail/cases.cpp).
+#include "weft/nn/either.hpp"
 #include "weft/nn/modulation.hpp"
 #include "weft/nn/sequential.hpp"
 
@@ -17,6 +18,13 @@ using Row = Linear<double, RowParallel>;
 #elif defined(WEFT_CF_RESIDUAL_ENDS_PARTIAL)
 [[maybe_unused]] void f(Sequential<CopyToTensor, Col, Row> s) {
   Residual<Sequential<CopyToTensor, Col, Row> > r(std::move(s));
+}
+#elif defined(WEFT_CF_EITHER_LAYOUTS)
+// Either's two layers must agree on their layouts: a branch that ends Partial against one that ends
+// Replicate.
+[[maybe_unused]] void f(Sequential<CopyToTensor, Col, Row, ReduceFromTensor> a, Sequential<CopyToTensor, Col, Row> b) {
+  [[maybe_unused]] Either<Sequential<CopyToTensor, Col, Row, ReduceFromTensor>, Sequential<CopyToTensor, Col, Row> > e(
+      std::move(a));
 }
 #elif defined(WEFT_CF_LAYER_WITHOUT_OUT_SHAPE) || defined(WEFT_CF_LAYER_WITHOUT_CTX)
 // A user's layer that misses a member of nn::Layer (layer.hpp) is refused where it is named, not

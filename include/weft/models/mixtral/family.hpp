@@ -11,6 +11,7 @@
 // (models/mixtral/hf.hpp).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -74,11 +75,15 @@ C same_model(const C& c, C got, const std::string& where) {
   check_hf_router(c, where);
   got.aux_coef = c.aux_coef, got.z_coef = c.z_coef, got.capacity_factor = c.capacity_factor;
   const auto want = record(c), have = record(got);
-  for (std::size_t i = 0; i < want.size(); ++i)
-    if (want[i] != have[i])
+  for (std::size_t i = 0; i < std::max(want.size(), have.size()); ++i)
+    if (i >= want.size() || i >= have.size() || want[i] != have[i])
       throw Error(
           where,
-          cat("its config.json has ", have[i].first, " ", have[i].second, "; the run's model has ", want[i].second),
+          i < want.size() && i < have.size()
+              ? cat("its config.json has ", have[i].first, " ", have[i].second, "; the run's model has ",
+                    want[i].second)
+              : cat("its config.json has ", i < have.size() ? have[i].first : want[i].first, " ",
+                    i < have.size() ? "set" : "unset", "; the run's model has it ", i < have.size() ? "unset" : "set"),
           "choose the preset and sizes of the model in the directory (--layers, --width, --heads, "
           "--kv-heads, --hidden, --vocab, --experts, --top-k), or leave out --preset");
   return got;

@@ -67,12 +67,22 @@ inline std::vector<Named> names(const Config& c) {
 
 // The experts config.json counts against the router's tensors in the directory `dir` (their
 // headers only), `who` the importer for errors.
-inline void check_experts(const std::string& dir, const std::string& who, const MoeNames& m, std::int64_t layers,
-                          std::int64_t experts) {
+// `sparse(l)`: whether layer l has experts (Qwen3-MoE's dense layers have no router).
+template <class Sparse>
+void check_experts(const std::string& dir, const std::string& who, const MoeNames& m, std::int64_t layers,
+                   std::int64_t experts, Sparse&& sparse) {
   const checkpoint::ImportDir files(dir, "model", cat(who, "(", dir, ")"));
   for (std::int64_t l = 0; l < layers; ++l) {
     const std::string router = cat("model.layers.", l, ".", m.prefix, "gate.weight");
     const checkpoint::TensorInfo* t = files.find(router);
+    if (!sparse(l)) {
+      if (t)
+        throw Error(files.at(),
+                    cat("has ", router, ", a router in layer ", l,
+                        ", which config.json makes dense (mlp_only_layers, decoder_sparse_step)"),
+                    "pass a config.json that matches the weights");
+      continue;
+    }
     if (!t) throw Error(files.at(), cat("has no tensor ", router), "pass the whole model that config.json describes");
     if (t->shape.size() != 2 || t->shape[0] != experts)
       throw Error(
@@ -182,7 +192,8 @@ inline Config hf_config_of(const std::string& dir, const Config& base = {}) {
 // only): a config.json whose num_local_experts disagrees with the weights is refused by name before
 // a run is configured from it, not when its weights are converted.
 inline void check_experts(const std::string& dir, const Config& c) {
-  hf_detail::check_experts(dir, "mixtral::import", hf_detail::mixtral_names, c.layers, c.experts);
+  hf_detail::check_experts(dir, "mixtral::import", hf_detail::mixtral_names, c.layers, c.experts,
+                           [](std::int64_t) { return true; });
 }
 
 // Reads a transformers Mixtral directory (as llama::import_hf reads Llama's) and writes its weights

@@ -1,7 +1,8 @@
 // Hugging Face Qwen3-MoE (transformers' Qwen3MoeForCausalLM) in and out: import a model directory
 // as a weft checkpoint of its weights, export a weft checkpoint as such a directory. Llama's tensors
-// as models/llama/hf.hpp maps them (heads of head_dim), Qwen3's QK norms, and each layer's mixture
-// of experts as save_pretrained writes it (as Mixtral's, models/mixtral/hf.hpp, under other names):
+// as models/llama/hf.hpp maps them (heads of head_dim), Qwen3's QK norms, and each sparse layer's
+// mixture of experts as save_pretrained writes it (as Mixtral's, models/mixtral/hf.hpp, under other
+// names), each dense layer's MLP as Llama's under "mlp.":
 //
 //   weft (model.hpp)                          Hugging Face
 //   layers.<l>.attn.q_norm.weight (hd)        model.layers.<l>.self_attn.q_norm.weight
@@ -10,13 +11,16 @@
 //   layers.<l>.mlp.router.weight (E, C)       model.layers.<l>.mlp.gate.weight
 //   layers.<l>.mlp.experts.gate_up            model.layers.<l>.mlp.experts.<e>.{gate,up}_proj.weight
 //   layers.<l>.mlp.experts.down               model.layers.<l>.mlp.experts.<e>.down_proj.weight
+//   layers.<l>.mlp.gate_up.weight (2Fd, C)    model.layers.<l>.mlp.{gate,up}_proj.weight (a dense layer)
+//   layers.<l>.mlp.down.weight (C, Fd)        model.layers.<l>.mlp.down_proj.weight
 //
 // config.json: Llama's fields under model_type "qwen3_moe" with head_dim its own, and num_experts
-// (num_local_experts as transformers 5 writes it),
-// num_experts_per_tok, moe_intermediate_size (each expert's width: weft's hidden), norm_topk_prob,
-// router_aux_loss_coef (0.001 where absent). Refused by name: dense layers (mlp_only_layers not
-// empty, or decoder_sparse_step above 1: not yet in weft's Qwen3-MoE), a sliding window, an
-// expert count that disagrees with the router's tensors.
+// (num_local_experts as transformers 5 writes it), num_experts_per_tok, moe_intermediate_size (each
+// expert's width: weft's hidden), norm_topk_prob, router_aux_loss_coef (0.001 where absent),
+// decoder_sparse_step and mlp_only_layers (which layers are dense) and intermediate_size (their MLP's
+// width). The export writes the dense layers as mlp_only_layers with a step of 1. Refused by name: a
+// sliding window, an expert count that disagrees with the router's tensors, mlp_only_layers that is
+// not a list of the layers.
 #pragma once
 
 #include <algorithm>
@@ -38,10 +42,17 @@ inline const mixtral::hf_detail::MoeNames qwen3_names{"mlp.", "gate_proj", "up_p
                                                       "expert count (num_experts)"};
 
 inline std::vector<Named> names(const Config& c) {
+  const std::int64_t C = c.width, F = c.dense_width();
   return llama::hf_detail::names_with(
       c,
-      [&](std::vector<Named>& n, std::int64_t, const std::string& w, const std::string& h) {
-        mixtral::hf_detail::moe_names(n, w, h, qwen3_names, c.experts, c.width, c.hidden);
+      [&](std::vector<Named>& n, std::int64_t l, const std::string& w, const std::string& h) {
+        if (c.sparse(l)) return mixtral::hf_detail::moe_names(n, w, h, qwen3_names, c.experts, c.width, c.hidden);
+        n.push_back({w + "mlp.gate_up.weight",
+                     {h + "mlp.gate_proj.weight", h + "mlp.up_proj.weight"},
+                     Named::Kind::gate_up,
+                     {2 * F, C},
+                     {{F, C}, {F, C}}});
+        n.push_back(llama::hf_detail::plain(w + "mlp.down.weight", h + "mlp.down_proj.weight", {C, F}));
       },
       c.head_dim(), true);
 }
@@ -77,13 +88,17 @@ inline Config config_from_hf(const nlohmann::json& j, const std::string& at, con
                   "fix config.json");
     c.aux_coef = j["router_aux_loss_coef"].get<double>();
   }
-  if (integer("decoder_sparse_step", 1) != 1 ||
-      (j.contains("mlp_only_layers") && !(j["mlp_only_layers"].is_array() && j["mlp_only_layers"].empty())))
-    throw Error(at,
-                cat("has dense layers (mlp_only_layers ",
-                    j.contains("mlp_only_layers") ? brief(j["mlp_only_layers"].dump()) : "[]", ", decoder_sparse_step ",
-                    integer("decoder_sparse_step", 1), "); weft's Qwen3-MoE has experts in every layer"),
-                "not yet: use a model with experts in every layer (mlp_only_layers [], decoder_sparse_step 1)");
+  // The dense layers: transformers' rule (qwen3_moe::Config::sparse), its width intermediate_size.
+  c.sparse_step = integer("decoder_sparse_step", 1);
+  c.mlp_only_layers.clear();
+  if (j.contains("mlp_only_layers") && !j["mlp_only_layers"].is_null()) {
+    const auto& m = j["mlp_only_layers"];
+    if (!m.is_array() || m.size() > static_cast<std::size_t>(std::max<std::int64_t>(c.layers, 0)) ||
+        !std::ranges::all_of(m, [](const nlohmann::json& v) { return v.is_number_integer(); }))
+      throw Error(at, cat("has mlp_only_layers ", brief(m.dump()), ", not a list of its layers"), "fix config.json");
+    for (const auto& v : m) c.mlp_only_layers.push_back(v.get<std::int64_t>());
+  }
+  c.dense_hidden = c.dense_layers().empty() ? 0 : integer("intermediate_size");
   if (j.contains("use_sliding_window") && j["use_sliding_window"] == true)
     throw Error(at, "has use_sliding_window true; weft's Qwen3-MoE attends causally over the whole sequence",
                 "use a model without a sliding window");
@@ -101,13 +116,14 @@ inline nlohmann::json hf_config(const Config& c) {
   j["model_type"] = "qwen3_moe";
   j.erase("mlp_bias");
   j["head_dim"] = c.head_dim();
-  j["intermediate_size"] = c.hidden;  // the dense MLP's, which no layer has
+  const auto dense = c.dense_layers();
+  j["intermediate_size"] = c.dense_width();  // the dense layers' MLP (with none, the experts')
   j["moe_intermediate_size"] = c.hidden;
   j["num_experts"] = c.experts;
   j["num_experts_per_tok"] = c.top_k;
   j["norm_topk_prob"] = c.norm_topk_prob;
   j["decoder_sparse_step"] = 1;
-  j["mlp_only_layers"] = nlohmann::json::array();
+  j["mlp_only_layers"] = dense;
   j["router_aux_loss_coef"] = c.aux_coef;
   j["output_router_logits"] = false;
   j["use_sliding_window"] = false;
@@ -128,6 +144,14 @@ inline Config config_of(const checkpoint::Manifest& m) {
   };
   c.head_size = field("head_dim");
   c.norm_topk_prob = field("norm_topk_prob") != 0;
+  if (m.model.contains("dense_layers")) {  // recorded where a layer is dense (qwen3_moe::record)
+    const std::int64_t n = field("dense_layers");
+    if (n < 0 || n > c.layers)
+      throw Error("qwen3_moe", cat("the checkpoint's manifest records ", n, " dense layers of ", c.layers),
+                  "export a checkpoint saved from qwen3_moe::Model");
+    for (std::int64_t i = 0; i < n; ++i) c.mlp_only_layers.push_back(field(cat("dense_layer_", i).c_str()));
+    c.dense_hidden = field("dense_hidden");
+  }
   validate(c, {}, false, 1);
   return c;
 }
@@ -139,7 +163,8 @@ inline Config hf_config_of(const std::string& dir, const Config& base = {}) {
 
 // config.json's expert count against the router's tensors (mixtral::check_experts says why).
 inline void check_experts(const std::string& dir, const Config& c) {
-  mixtral::hf_detail::check_experts(dir, "qwen3_moe::import", hf_detail::qwen3_names, c.layers, c.experts);
+  mixtral::hf_detail::check_experts(dir, "qwen3_moe::import", hf_detail::qwen3_names, c.layers, c.experts,
+                                    [&](std::int64_t l) { return c.sparse(l); });
 }
 
 // Reads a transformers Qwen3-MoE directory (as llama::import_hf reads Llama's) and writes its
@@ -147,11 +172,14 @@ inline void check_experts(const std::string& dir, const Config& c) {
 inline Config import_hf(const std::string& dir, const std::string& out, const Config& base = {}) {
   const Config c = hf_config_of(dir, base);
   const checkpoint::ImportDir files(dir, "model", cat("qwen3_moe::import(", dir, ")"));
-  const double per_layer = 9 + 3.0 * static_cast<double>(c.experts);  // attention, norms, QK norms 8, the router, 3 E
-  if (static_cast<double>(c.layers) * per_layer > static_cast<double>(files.names().size()))
+  // A sparse layer: attention, norms and QK norms 8, the router, 3 E; a dense one: 8 and its MLP's 3.
+  const auto dense = static_cast<double>(c.dense_layers().size());
+  const double tensors =
+      (static_cast<double>(c.layers) - dense) * (9 + 3.0 * static_cast<double>(c.experts)) + dense * 11;
+  if (tensors > static_cast<double>(files.names().size()))
     throw Error(files.at(),
-                cat("holds ", files.names().size(), " tensors, too few for config.json's ", c.layers, " layers of ",
-                    c.experts, " experts"),
+                cat("holds ", files.names().size(), " tensors, too few for config.json's ", c.layers, " layers (",
+                    c.dense_layers().size(), " dense) of ", c.experts, " experts"),
                 "pass a config.json that matches the weights");
   llama::hf_detail::import_tensors(files, hf_detail::names(c), record(c), c.seed, dir, out,
                                    cat("a Qwen3-MoE of ", c.layers, " layers of ", c.experts, " experts"),
