@@ -15,12 +15,14 @@ attention, heads of a size of their own and QK norm), checked by what it compute
 3. --init-from the directory save_pretrained wrote for the reference model (tests/fixtures/qwen3_moe/hf,
    float64) without --preset trains the model its config.json describes (heads of 8, QK norm, the top
    2 not renormalised); one step at a learning rate of 1e-30 on data 2 x expert 2, saved and exported,
-   gives transformers' logits of the reference's tokens within 1e-5 of the largest (f32). A
-   config.json with dense layers (mlp_only_layers) is refused by name before anything is built
-   (exit 2).
+   gives transformers' logits of the reference's tokens within 1e-5 of the largest (f32). The same
+   from tests/fixtures/qwen3_moe/dense/hf (3 layers, layer 1 dense by mlp_only_layers) on pipe 3, so
+   that the middle stage holds no router; and that model trained 4 steps on pipe 3 gives one rank's
+   losses and aux losses within 2e-5. A config.json that makes a layer with a router dense is refused
+   by name before anything is built (exit 2).
 4. --through-transformers (a CTest test of its own, skipped with 77 without PyTorch and
-   transformers): Qwen3MoeForCausalLM.from_pretrained reads part 3's export: its weights are the
-   fixture's rounded to f32, bit for bit, and its logits are weft's within 1e-5 of the largest.
+   transformers): Qwen3MoeForCausalLM.from_pretrained reads part 3's exports: their weights are the
+   fixtures' rounded to f32, bit for bit, and their logits are weft's within 1e-5 of the largest.
 """
 import json, os, re, struct, subprocess, sys, tempfile
 
@@ -84,32 +86,51 @@ if not through_transformers:
         if not (one and worst <= 2e-5):
             failures.append(f"{name}: {got} against {one}")
 
-# 3. In from a transformers directory, out to one.
-exported = os.path.join(work, "exported_hf")
-ref = safetensors(os.path.join(fixture, "reference.safetensors"))
-(rows, cols), tokens = ref["tokens"]
-ck = os.path.join(work, "from_hf")
-losses, out = run("from_hf", ["--init-from", os.path.join(fixture, "hf"), "--steps", "1", "--lr", "1e-30", "--min-lr",
-                              "0", "--warmup", "0", "--clip", "0", "--eval-every", "0", "--seq", str(cols), "--batch",
-                              "4", "--data", "2", "--tensor", "1", "--expert", "2", "--save-dir", ck])
-want = "heads 4 of 8 (2 key-value, QK norm), width 16, 4 experts of width 8 (top 2), aux coef 0.001, seq 8, vocab 32"
-if losses and want not in out:
-    failures.append(f"--init-from without --preset: wanted '{want}' in:\n{out}")
-logits_f = os.path.join(work, "from_hf.f32")
-p = subprocess.run([export_bin, "--checkpoint", ck, "--out", exported, "--tokens",
-                    ",".join(str(int(t)) for t in tokens[:cols]), "--logits", logits_f], capture_output=True,
-                   text=True, env=env, timeout=300)
-weft_logits = None
-if p.returncode != 0:
-    failures.append(f"weft-export of the --init-from run: exit {p.returncode}\n{p.stdout}{p.stderr}")
-else:
+# 3. In from a transformers directory, out to one: every layer sparse on data 2 x expert 2, and with
+# a dense layer on pipe 3 (its middle stage the dense layer alone).
+exports = []  # (the export, the fixture's directory, weft's logits)
+for name, where, layout, want in [
+        ("from_hf", fixture, ["--data", "2", "--tensor", "1", "--expert", "2"],
+         "heads 4 of 8 (2 key-value, QK norm), width 16, 4 experts of width 8 (top 2), aux coef 0.001, seq 8, "
+         "vocab 32"),
+        ("from_hf_dense", os.path.join(fixture, "dense"), ["--data", "1", "--tensor", "1", "--pipe", "3"],
+         "layers 3, heads 4 of 8 (2 key-value, QK norm), width 16, 4 experts of width 8 (top 2), dense layers 1 "
+         "of width 24, aux coef 0.001")]:
+    exported = os.path.join(work, name + "_export")
+    ref = safetensors(os.path.join(where, "reference.safetensors"))
+    (rows, cols), tokens = ref["tokens"]
+    ck = os.path.join(work, name)
+    losses, out = run(name, ["--init-from", os.path.join(where, "hf"), "--steps", "1", "--lr", "1e-30", "--min-lr",
+                             "0", "--warmup", "0", "--clip", "0", "--eval-every", "0", "--seq", str(cols), "--batch",
+                             "4", "--save-dir", ck] + layout)
+    if losses and want not in out:
+        failures.append(f"{name}: --init-from without --preset: wanted '{want}' in:\n{out}")
+    logits_f = os.path.join(work, name + ".f32")
+    p = subprocess.run([export_bin, "--checkpoint", ck, "--out", exported, "--tokens",
+                        ",".join(str(int(t)) for t in tokens[:cols]), "--logits", logits_f], capture_output=True,
+                       text=True, env=env, timeout=300)
+    if p.returncode != 0:
+        failures.append(f"weft-export of {name}: exit {p.returncode}\n{p.stdout}{p.stderr}")
+        continue
     raw = open(logits_f, "rb").read()
     weft_logits = struct.unpack(f"<{len(raw) // 4}f", raw)
+    exports.append((exported, os.path.join(where, "hf"), weft_logits, tokens[:cols]))
     err = relative(weft_logits, ref["logits"][1][:cols * 32])
-    print(f"--init-from the transformers directory on data 2 x expert 2, saved and exported: logits within "
+    print(f"{name}: --init-from the transformers directory on {' '.join(layout)}, saved and exported: logits within "
           f"{err:.3g} of transformers' (relative to the largest)")
     if not err <= 1e-5:  # f32 weights and sums against float64
-        failures.append(f"--init-from qwen3_moe/hf: logits off transformers' by {err}")
+        failures.append(f"{name}: logits off transformers' by {err}")
+if not through_transformers:
+    # The dense layer's model trained on pipe 3 against one rank.
+    dense = ["--init-from", os.path.join(fixture, "dense", "hf"), "--steps", "4", "--lr", "3e-3", "--seq", "8",
+             "--batch", "8", "--eval-every", "0", "--tensor", "1", "--data", "1"]
+    one, _ = run("dense_one", dense)
+    got, _ = run("dense_pipe3", dense + ["--pipe", "3"])
+    worst = max((max(abs(got[s]["loss"] - one[s]["loss"]), abs(got[s]["aux_loss"] - one[s]["aux_loss"]))
+                 if s in got else float("inf") for s in one), default=float("inf"))
+    print(f"a dense layer, pipe 3 (a stage without a router): losses and aux losses within {worst:.3g} of one rank's")
+    if not (one and worst <= 2e-5):
+        failures.append(f"dense layer on pipe 3: {got} against {one}")
 if not through_transformers:
     bad = os.path.join(work, "bad_hf")
     os.makedirs(bad, exist_ok=True)
@@ -118,25 +139,25 @@ if not through_transformers:
     json.dump(cfg, open(os.path.join(bad, "config.json"), "w"))
     os.symlink(os.path.join(os.path.abspath(fixture), "hf", "model.safetensors"), os.path.join(bad, "model.safetensors"))
     _, err = run("bad_hf", ["--init-from", bad, "--seq", "8", "--batch", "4", "--data", "1", "--tensor", "1"], want=2)
-    print(f"refused (mlp_only_layers [1]): {err.strip().splitlines()[-1] if err else ''}")
-    if "has dense layers (mlp_only_layers [1]" not in err:
-        failures.append(f"a config.json with dense layers: {err}")
+    print(f"refused (mlp_only_layers [1] over a router): {err.strip().splitlines()[-1] if err else ''}")
+    if "has model.layers.1.mlp.gate.weight, a router in layer 1, which config.json makes dense" not in err:
+        failures.append(f"a config.json that makes a layer with a router dense: {err}")
 
-# 4. The export read back by transformers.
-if through_transformers and weft_logits is not None:
+# 4. The exports read back by transformers.
+for exported, source, weft_logits, tokens in exports if through_transformers else []:
     theirs = Qwen3MoeForCausalLM.from_pretrained(exported, dtype=torch.float32)
-    first = Qwen3MoeForCausalLM.from_pretrained(os.path.join(fixture, "hf"), dtype=torch.float64)
+    first = Qwen3MoeForCausalLM.from_pretrained(source, dtype=torch.float64)
     a, b = theirs.state_dict(), first.state_dict()
     same = a.keys() == b.keys() and all(torch.equal(a[k], b[k].float()) for k in a)
-    print(f"from_pretrained of the export: weights {'the fixture' if same else 'NOT the fixture'}'s rounded to f32")
+    print(f"from_pretrained of {exported}: weights {'the fixture' if same else 'NOT the fixture'}'s rounded to f32")
     if not same:
-        failures.append("the export's weights are not the fixture's rounded to f32")
+        failures.append(f"{exported}: weights not the fixture's rounded to f32")
     with torch.no_grad():
-        logits = theirs(input_ids=torch.tensor([[int(t) for t in tokens[:cols]]])).logits.reshape(-1).tolist()
+        logits = theirs(input_ids=torch.tensor([[int(t) for t in tokens]])).logits.reshape(-1).tolist()
     err = relative(logits, list(weft_logits))
-    print(f"from_pretrained of the export: logits within {err:.3g} of weft's (relative to the largest)")
+    print(f"from_pretrained of {exported}: logits within {err:.3g} of weft's (relative to the largest)")
     if not err <= 1e-5:  # f32 sums in other orders
-        failures.append(f"transformers' logits of the export off weft's by {err}")
+        failures.append(f"{exported}: transformers' logits off weft's by {err}")
 
 if failures:
     print("\n".join(["FAILED:"] + failures))

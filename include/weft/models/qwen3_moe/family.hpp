@@ -2,8 +2,8 @@
 // As Mixtral's (models/mixtral/family.hpp): the model over the precision, the sequence parallelism
 // and the device, all-to-all dispatch, --expert N, the routers in the log, the plan measured on the
 // Meta device at a balanced routing, host only in f32 and bf16; presets "tiny" (qwen3-moe-tiny) and
-// Qwen3-30B-A3B's sizes; --init-from a transformers Qwen3MoeForCausalLM directory and weft-export
-// to one (models/qwen3_moe/hf.hpp).
+// Qwen3-30B-A3B's sizes; --init-from a transformers Qwen3MoeForCausalLM directory (its dense layers
+// too: mlp_only_layers, decoder_sparse_step) and weft-export to one (models/qwen3_moe/hf.hpp).
 #pragma once
 
 #include <cstdint>
@@ -54,15 +54,17 @@ inline Config preset(std::string_view name) {
 }
 
 // Model FLOPs per token of a training step, 6 N + 12 L C T (train/flops.hpp), N the parameters a
-// token is computed with: the attention's (heads of head_dim), the router's, its top k experts', the
-// embedding table and the head. (The second term keeps every weft model's form, over the width.)
+// token is computed with: the attention's (heads of head_dim), in a sparse layer the router's and its
+// top k experts', in a dense layer its MLP's, the embedding table and the head. (The second term
+// keeps every weft model's form, over the width.)
 inline double flops_per_token(const Config& c) {
   const double C = static_cast<double>(c.width), L = static_cast<double>(c.layers), F = static_cast<double>(c.hidden);
   const double hd = static_cast<double>(c.head_dim()), H = static_cast<double>(c.heads),
                KV = static_cast<double>(c.kv_heads);
   const double E = static_cast<double>(c.experts), k = static_cast<double>(c.top_k);
-  const double active = L * (2 * C * H * hd + 2 * C * KV * hd + E * C + k * 3 * C * F) +
-                        static_cast<double>(c.vocab) * C * (c.tied ? 1 : 2);
+  const double dense = static_cast<double>(c.dense_layers().size()), Fd = static_cast<double>(c.dense_width());
+  const double active = L * (2 * C * H * hd + 2 * C * KV * hd) + (L - dense) * (E * C + k * 3 * C * F) +
+                        dense * 3 * C * Fd + static_cast<double>(c.vocab) * C * (c.tied ? 1 : 2);
   return 6.0 * active + 12.0 * L * C * static_cast<double>(c.seq);
 }
 
@@ -79,13 +81,15 @@ struct Family {
   static Config preset(std::string_view n) { return qwen3_moe::preset(n == "tiny" ? "qwen3-moe-tiny" : n); }
   static double flops_per_token(const Config& c) { return qwen3_moe::flops_per_token(c); }
   static std::string summary(const Config& c) {
-    return cat("layers ", c.layers, ", heads ", c.heads, " of ", c.head_dim(), " (", c.kv_heads,
-               " key-value, QK norm), width ", c.width, ", ", c.experts, " experts of width ", c.hidden, " (top ",
-               c.top_k, c.norm_topk_prob ? ", renormalised" : "",
-               c.score == nn::Score::sigmoid ? ", by sigmoid scores" : "",
-               c.expert_bias ? cat(", an expert bias at rate ", c.bias_rate) : "",
-               c.groups != 1 ? cat(", from ", c.top_groups, " of ", c.groups, " groups") : "", "), aux coef ",
-               c.aux_coef, ", seq ", c.seq, ", vocab ", c.vocab, ", rope theta ", c.rope.theta);
+    return cat(
+        "layers ", c.layers, ", heads ", c.heads, " of ", c.head_dim(), " (", c.kv_heads,
+        " key-value, QK norm), width ", c.width, ", ", c.experts, " experts of width ", c.hidden, " (top ", c.top_k,
+        c.norm_topk_prob ? ", renormalised" : "", c.score == nn::Score::sigmoid ? ", by sigmoid scores" : "",
+        c.expert_bias ? cat(", an expert bias at rate ", c.bias_rate) : "",
+        c.groups != 1 ? cat(", from ", c.top_groups, " of ", c.groups, " groups") : "", ")",
+        c.dense_layers().empty() ? ""
+                                 : cat(", dense layers ", join(c.dense_layers(), ","), " of width ", c.dense_width()),
+        ", aux coef ", c.aux_coef, ", seq ", c.seq, ", vocab ", c.vocab, ", rope theta ", c.rope.theta);
   }
   // --init-from DIR without --preset: the model config.json describes, its experts checked against
   // the router's tensors.
