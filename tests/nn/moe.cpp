@@ -21,9 +21,13 @@
 #include "support/gradcheck.hpp"
 #include "weft/checkpoint/import_dir.hpp"
 #include "weft/comm/mesh.hpp"
+#include "weft/comm/redistribute.hpp"
 #include "weft/comm/threads/run.hpp"
+#include "weft/nn/comm_walk.hpp"
 #include "weft/nn/expert_dispatch.hpp"
+#include "weft/nn/layer_walk.hpp"
 #include "weft/nn/moe.hpp"
+#include "weft/nn/sequential.hpp"
 #include "weft/optim/data_parallel.hpp"
 
 using namespace weft;
@@ -718,5 +722,113 @@ TEST_CASE("MoeMlp in bf16 on the host: the Mixtral fixture's output and gradient
     CHECK(ed <= 3e-2);
     CHECK(std::abs(m.last_aux - f.file.read("aux")[0]) <= 3e-2 * f.file.read("aux")[0]);
     MESSAGE("bf16: output ", ey, ", dx ", ex, ", router ", er, ", gate_up ", eu, ", down ", ed, " relative");
+  });
+}
+
+TEST_CASE_TEMPLATE("MoeMlp with its experts split over tensor 2 and 4 equals the whole layer on one rank", Dsp,
+                   nn::AllToAllDispatch, nn::AllGatherDispatch) {
+  // Expert-tensor parallelism (ExpertTensor::sharded): each expert's hidden features and the shared
+  // expert's split over the tensor ranks, between CopyToTensor and ReduceFromTensor as a Megatron
+  // MLP. Against the whole layer on one rank (the same weights: every mesh draws them alike), with a
+  // capacity, a shared expert and the z-loss, and with sigmoid scores, an expert bias and a scale.
+  using Split = nn::MoeMlp<double, A, Host, Dsp, nn::ExpertTensor::sharded>;
+  using Branch = nn::Sequential<nn::CopyToTensor, Split, nn::ReduceFromTensor>;
+  const std::int64_t B = 2, T = 5, C = 6;
+  struct Run {
+    std::vector<double> y, dx;
+    std::vector<std::vector<double>> grads;  // gathered whole
+    double aux = 0;
+    threads::Counters fwd, bwd;
+  };
+  const auto run = [&]<class L>(int tp, auto make) {
+    Run out;
+    std::mutex mu;
+    run_threads(tp, [&](ThreadComm& world) {
+      Host h;
+      Mesh mesh{world, {.tensor = tp}};
+      L layer = make(h, mesh.spread());
+      auto x = X::empty(h, {B, T, C}, mesh.spread(), Category::activations);
+      auto dy = X::empty(h, {B, T, C}, mesh.spread(), Category::activations);
+      set({x.data(), static_cast<std::size_t>(x.numel())}, test::normals(static_cast<std::size_t>(x.numel()), 71));
+      set({dy.data(), static_cast<std::size_t>(dy.numel())}, test::normals(static_cast<std::size_t>(dy.numel()), 72));
+      typename L::Ctx ctx;
+      const auto c0 = mesh.tensor().counters();
+      const auto y = layer.forward(ctx, x, mesh);
+      const auto c1 = mesh.tensor().counters();
+      const auto dx = layer.backward(ctx, dy, mesh);
+      const auto c2 = mesh.tensor().counters();
+      Run r{{y.data(), y.data() + y.numel()}, {dx.data(), dx.data() + dx.numel()}, {}, 0, c1 - c0, c2 - c1};
+      layer.for_each_param("", [&](const std::string&, auto& p) {
+        const auto g = redistribute<Replicated>(p.grad, mesh);
+        r.grads.emplace_back(g.data(), g.data() + g.numel());
+      });
+      nn::for_each_layer(layer, [&](auto& leaf) {
+        if constexpr (nn::Routes<std::remove_cvref_t<decltype(leaf)>>) r.aux = leaf.last_aux;
+      });
+      if (world.rank() != 0) return;
+      std::lock_guard lock(mu);
+      out = std::move(r);
+    });
+    return out;
+  };
+  const nn::MoeOptions capacity = {.experts = 4,
+                                   .top_k = 2,
+                                   .hidden = 8,
+                                   .renormalise = false,
+                                   .capacity_factor = 1.0,
+                                   .aux_coef = 0.3,
+                                   .z_coef = 0.05,
+                                   .shared_hidden = 4};
+  const nn::MoeOptions sigmoid = {
+      .experts = 4, .top_k = 2, .hidden = 8, .score = nn::Score::sigmoid, .scale = 2.5, .expert_bias = true};
+  for (const auto& o : {capacity, sigmoid}) {
+    const Run one =
+        run.template operator()<Moe>(1, [&](Host& h, const Spread& s) { return Moe(h, C, o, s, 0, 4, 0.5, 0.5); });
+    for (int tp : {2, 4}) {
+      INFO(Dsp::name(), ", tensor ", tp, o.expert_bias ? ", sigmoid scores and a bias" : ", a capacity");
+      const Run r = run.template operator()<Branch>(tp, [&](Host& h, const Spread& s) {
+        Split m(h, C, o, s, 0, 4, 0.5, 0.5);
+        CHECK(m.gate_up.value.local_shape() == Shape{4, 2 * 8 / tp, C});  // each expert's share of 8 features
+        CHECK(m.down.value.local_shape() == Shape{4, C, 8 / tp});
+        return Branch({}, std::move(m), {});
+      });
+      // The same products, each hidden feature's on one rank, summed over the ranks: about 1e-16.
+      CHECK(relative(r.y, one.y) <= 1e-13);
+      CHECK(relative(r.dx, one.dx) <= 1e-13);
+      CHECK(r.aux == one.aux);  // the same routing statistics on every tensor rank: exact
+      REQUIRE(r.grads.size() == one.grads.size());
+      for (std::size_t p = 0; p < one.grads.size(); ++p)
+        CHECK_MESSAGE(relative(r.grads[p], one.grads[p]) <= 1e-13, "parameter ", p);
+      // On tensor: forward ReduceFromTensor's all-reduce; backward the weights' gradients' (N k
+      // doubles) and CopyToTensor's.
+      CHECK(r.fwd.calls_of(threads::Op::all_reduce) == 1);
+      CHECK(r.bwd.calls_of(threads::Op::all_reduce) == 2);
+      CHECK(r.bwd.bytes_of(threads::Op::all_reduce) == static_cast<std::uint64_t>((B * T * o.top_k + B * T * C) * 8));
+      // describe's rows (nn/comm_walk.hpp) say the same of the tensor axis.
+      Host h;
+      const Spread s{.tensor_degree = tp};
+      std::vector<nn::CommRow> rows;
+      nn::layer_comm_rows(rows, "moe", Branch({}, Split(h, C, o, s, 0, 4, 0.5, 0.5), {}), Shape{B, T, C}, s, 8);
+      std::int64_t fwd = 0, bwd = 0, bwd_bytes = 0;
+      for (const auto& row : rows) {
+        for (const auto& st : row.forward) fwd += st.axis == Axis::tensor && st.collective == Collective::all_reduce;
+        for (const auto& st : row.backward)
+          if (st.axis == Axis::tensor && st.collective == Collective::all_reduce) ++bwd, bwd_bytes += st.bytes_in;
+      }
+      CHECK(fwd == 1);
+      CHECK(bwd == 2);
+      CHECK(bwd_bytes == (B * T * o.top_k + B * T * C) * 8);
+    }
+  }
+}
+
+TEST_CASE("MoeMlp refuses experts it cannot split over the tensor ranks, by name") {
+  run_threads(2, [](ThreadComm& world) {
+    Host h;
+    Mesh mesh{world, {.tensor = 2}};
+    using Split = nn::MoeMlp<double, A, Host, nn::AllToAllDispatch, nn::ExpertTensor::sharded>;
+    CHECK_THROWS_WITH_AS(
+        Split(h, 6, {.experts = 4, .top_k = 2, .hidden = 5}, mesh.spread(), 0, 1, 0.1, 0.1),
+        doctest::Contains("experts of width 5 and a shared width of 0 split over a tensor degree of 2"), Error);
   });
 }

@@ -19,11 +19,27 @@
 //
 // Parameters: router Wr (E, C), experts.gate_up (E, 2H, C) (row 2f the gate of feature f, 2f + 1
 // its up), experts.down (E, C, H), shared.gate_up (2S, C), shared.down (C, S) where S > 0, and
-// router.bias (E) where the options ask for an expert bias (below). The
-// router and the shared expert are replicated; the experts are sharded over the expert axis
-// (ExpertSharded<>: rank e of an expert group of ep holds experts [e E/ep, (e + 1) E/ep), all of
-// them where ep is 1). Gradients are whole, or (sequence parallelism) the rank's rows' share
-// (replicated_param_grad<A>, expert_param_grad<A>).
+// router.bias (E) where the options ask for an expert bias (below). The router is replicated; the
+// experts are sharded over the expert axis (ExpertSharded: rank e of an expert group of ep holds
+// experts [e E/ep, (e + 1) E/ep), all of them where ep is 1).
+//
+// On the tensor axis, the ET policy (ExpertTensor):
+//   whole     (the default) each tensor rank holds its experts and the shared expert whole and runs
+//             them on its own rows: the layer keeps its input's layout A (Replicate, or Shard<1>
+//             under sequence parallelism); gradients are whole, or (SP) the rank's rows' share
+//             (replicated_param_grad<A>, expert_param_grad<A>)
+//   sharded   expert-tensor parallelism (Megatron-Core's expert_tensor_parallel_size = the tensor
+//             degree): every expert's SwiGLU, and the shared expert's, split over the tensor ranks
+//             as a Megatron MLP is, gate_up by (gate, up) pairs of hidden features (Shard<1>: local
+//             (E/ep, 2H/tp, C)), down by its input features (Shard<2>: (E/ep, C, H/tp)). The layer
+//             takes every row of its tensor group (A Replicate on tensor: a block puts Local::enter
+//             before it, the all-gather under SP) and gives a partial sum (Out Partial on tensor,
+//             Local::leave after it). Each tensor rank routes and dispatches the same rows with its
+//             own expert group (the router's work and its statistics repeated; the same choices);
+//             its experts' outputs are partial, so the weights' gradients are all-reduced over
+//             tensor (N k scalars) before the router's backward, and the router's part of the input
+//             gradient is added on tensor rank 0 alone (GradIn Partial). A capacity then needs no
+//             whole sequence on one rank.
 //
 // Expert parallelism (ep > 1, nn/expert_dispatch.hpp), the Dispatcher's way:
 //   AllToAllDispatch   xp's rows go to the ranks that hold their experts (dispatch: one
@@ -189,8 +205,48 @@ inline MoePlan balanced_moe_plan(std::int64_t N, std::int64_t T, std::int64_t E,
   return p;
 }
 
-template <Floating T, LayoutType A, class D = Host, ExpertDispatch Dispatcher = AllToAllDispatch>
-class MoeMlp : public SameLayout<A> {
+// The experts on the tensor axis (MoeMlp above): whole on every tensor rank, or each split over the
+// tensor ranks (expert-tensor parallelism).
+enum class ExpertTensor { whole, sharded };
+
+namespace detail {
+template <LayoutType A, ExpertTensor ET> struct moe_layouts : SameLayout<A> {
+  using weights = Replicate;  // the experts' placements on tensor: gate_up's, down's
+  using down_weights = Replicate;
+  using shared_up = Replicated;
+  using shared_down = Replicated;
+  using expert_grad = expert_param_grad<A>;  // the rows' share under SP
+  using down_grad = expert_param_grad<A>;
+  using shared_up_grad = replicated_param_grad<A>;
+  using shared_down_grad = replicated_param_grad<A>;
+};
+template <LayoutType A> struct moe_layouts<A, ExpertTensor::sharded> {
+  static_assert(IsReplicate<typename A::tensor>,
+                "MoeMlp<..., ExpertTensor::sharded>: the layer takes every row of its tensor group; give it a "
+                "Replicate input on tensor (Local::enter before it, Local::leave after it)");
+  using partial = Layout<typename A::data, weft::Partial, typename A::pipe, typename A::context>;
+  using In = A;
+  using Out = partial;
+  using GradIn = partial;  // the experts' input gradients: each tensor rank's features' addend
+  using GradOut = A;
+  using weights = Shard<1>;       // gate_up (E, 2H, C): by (gate, up) pairs
+  using down_weights = Shard<2>;  // down (E, C, H)
+  using shared_up = Layout<Replicate, Shard<0>>;
+  using shared_down = Layout<Replicate, Shard<1>>;
+  using expert_grad = ExpertSharded<weights>;  // each rank's slice whole (every row is on it)
+  using down_grad = ExpertSharded<down_weights>;
+  using shared_up_grad = shared_up;
+  using shared_down_grad = shared_down;
+};
+}  // namespace detail
+
+template <Floating T, LayoutType A, class D = Host, ExpertDispatch Dispatcher = AllToAllDispatch,
+          ExpertTensor ET = ExpertTensor::whole>
+class MoeMlp : public detail::moe_layouts<A, ET> {
+  using Lay = detail::moe_layouts<A, ET>;
+  static constexpr bool split = ET == ExpertTensor::sharded;  // the experts over the tensor ranks
+  using Y = typename Lay::Out;                                // the output's layout (Partial where split)
+
  public:
   using S = accumulate_t<T>;  // the router's probabilities and weights
 
@@ -223,11 +279,13 @@ class MoeMlp : public SameLayout<A> {
     std::int64_t dropped = 0, batches = 0;
   };
 
-  Param<T, Replicated, replicated_param_grad<A>, D> router;       // (E, C)
-  Param<T, ExpertSharded<>, expert_param_grad<A>, D> gate_up;     // (E, 2H, C): local (E/ep, 2H, C)
-  Param<T, ExpertSharded<>, expert_param_grad<A>, D> down;        // (E, C, H): local (E/ep, C, H)
-  Param<T, Replicated, replicated_param_grad<A>, D> shared_up;    // (2S, C)
-  Param<T, Replicated, replicated_param_grad<A>, D> shared_down;  // (C, S)
+  Param<T, Replicated, replicated_param_grad<A>, D> router;  // (E, C)
+  // (E, 2H, C): local (E/ep, 2H, C), or (E/ep, 2H/tp, C) split
+  Param<T, ExpertSharded<typename Lay::weights>, typename Lay::expert_grad, D> gate_up;
+  // (E, C, H): local (E/ep, C, H), or (E/ep, C, H/tp) split
+  Param<T, ExpertSharded<typename Lay::down_weights>, typename Lay::down_grad, D> down;
+  Param<T, typename Lay::shared_up, typename Lay::shared_up_grad, D> shared_up;        // (2S, C): (2S/tp, C) split
+  Param<T, typename Lay::shared_down, typename Lay::shared_down_grad, D> shared_down;  // (C, S): (C, S/tp) split
   // (E) added to the scores for the choice only, moved by a sign step (SignStep), not the optimizer:
   // its gradient buffer gathers E (slots chosen) - N k per expert, the load over the mean
   Param<T, Replicated, replicated_param_grad<A>, D> bias;
@@ -258,12 +316,15 @@ class MoeMlp : public SameLayout<A> {
   }
 
   std::int64_t width() const { return router.value.global_shape()[1]; }
+  // This rank's hidden features of each expert, and of the shared expert (H / tp, S / tp where split).
+  std::int64_t hidden() const { return gate_up.value.local_shape()[1] / 2; }
+  std::int64_t shared_hidden() const { return options.shared_hidden > 0 ? shared_down.value.local_shape()[1] : 0; }
 
-  // x (B, T, C) in A -> y (B, T, C) in A.
+  // x (B, T, C) in A -> y (B, T, C) in A (Partial on tensor where split).
   template <AxisComms M>
-  Tensor<T, A, D> forward(Ctx& ctx, const Tensor<T, A, D>& x, M& mesh) {
+  Tensor<T, Y, D> forward(Ctx& ctx, const Tensor<T, A, D>& x, M& mesh) {
     D& dev = x.dev();
-    const std::int64_t C = width(), E = options.experts, k = options.top_k, H = options.hidden;
+    const std::int64_t C = width(), E = options.experts, k = options.top_k, H = hidden();
     const std::int64_t N = x.numel() / C, Tl = x.local_shape()[1];
     if (x.local_shape()[2] != C)
       throw Error("MoeMlp::forward", cat("an input of width ", x.local_shape()[2], " for a layer of ", C),
@@ -400,7 +461,7 @@ class MoeMlp : public SameLayout<A> {
     }
     // The weighted sum of each token's experts' outputs; gathered, this rank's experts' part of
     // every gathered token's, summed over the group and scattered back.
-    auto y = Tensor<T, A, D>::empty(dev, x.global_shape(), x.spread(), Category::activations);
+    auto y = Tensor<T, Y, D>::empty(dev, x.global_shape(), x.spread(), Category::activations);
     if (gathered) {
       Allocation ys = alloc<T>(dev, Ng * C);
       ops::Dispatch<D>::combine(dev, static_cast<T*>(ys.data()), static_cast<const T*>(ctx.yp.data()), slot(ctx), ws,
@@ -410,7 +471,7 @@ class MoeMlp : public SameLayout<A> {
     } else {
       ops::Dispatch<D>::combine(dev, y.data(), static_cast<const T*>(ctx.yp.data()), slot(ctx), ws, N, k, C, false);
     }
-    if (const std::int64_t Sh = options.shared_hidden; Sh > 0) {
+    if (const std::int64_t Sh = shared_hidden(); Sh > 0) {
       ctx.sh = alloc<T>(dev, N * 2 * Sh);
       ctx.sa = alloc<T>(dev, N * Sh);
       ops::Gemm<D>::run(dev, Trans::no, Trans::yes, N, 2 * Sh, C, S(1), x.data(), C, shared_up.value.data(), C, S(0),
@@ -422,11 +483,12 @@ class MoeMlp : public SameLayout<A> {
     return y;
   }
 
-  // dy (B, T, C) in A -> dx; accumulates every parameter's gradient, the router's losses' included.
+  // dy (B, T, C) in A -> dx (Partial on tensor where split); accumulates every parameter's gradient,
+  // the router's losses' included.
   template <AxisComms M>
-  Tensor<T, A, D> backward(Ctx& ctx, const Tensor<T, A, D>& dy, M& mesh) {
+  Tensor<T, typename Lay::GradIn, D> backward(Ctx& ctx, const Tensor<T, A, D>& dy, M& mesh) {
     D& dev = dy.dev();
-    const std::int64_t C = width(), E = options.experts, k = options.top_k, H = options.hidden, N = ctx.N;
+    const std::int64_t C = width(), E = options.experts, k = options.top_k, H = hidden(), N = ctx.N;
     const std::int64_t Mr = ctx.M, Me = ctx.offsets.back(), Ng = ctx.Ng;
     auto& group = mesh.comm(Axis::expert);
     const int ep = group.size();
@@ -450,6 +512,9 @@ class MoeMlp : public SameLayout<A> {
     if (gathered)  // each token's weights' gradients: one rank holds each slot's expert, the others add 0
       group.reduce_scatter(std::span<const S>(static_cast<const S*>(dws.data()), static_cast<std::size_t>(Ng * k)),
                            std::span<S>(static_cast<S*>(dweight.data()), static_cast<std::size_t>(N * k)));
+    if constexpr (split)  // each tensor rank's experts' outputs were an addend of yp: so are these
+      mesh.comm(Axis::tensor)
+          .all_reduce(std::span<S>(static_cast<S*>(dweight.data()), static_cast<std::size_t>(N * k)));
     // The experts' inputs and output gradients in their blocks: the inputs kept (or, on one rank,
     // gathered again), and dyp sent the way xp went (all-to-all: combine's adjoint).
     Allocation xe, dye;
@@ -492,7 +557,7 @@ class MoeMlp : public SameLayout<A> {
     }
     // Each slot's input gradient summed into its token's row (gathered: this rank's experts' part
     // of every gathered token's, summed over the group and scattered back).
-    auto dx = Tensor<T, A, D>::empty(dev, dy.global_shape(), dy.spread(), Category::activations);
+    auto dx = Tensor<T, typename Lay::GradIn, D>::empty(dev, dy.global_shape(), dy.spread(), Category::activations);
     if (gathered) {
       Allocation dxs = alloc<T>(dev, Ng * C);
       ops::Dispatch<D>::combine(dev, static_cast<T*>(dxs.data()), static_cast<const T*>(dxp.data()), slot(ctx),
@@ -514,8 +579,9 @@ class MoeMlp : public SameLayout<A> {
                             static_cast<S>(scale * static_cast<double>(ctx.z_grad)));
     ops::Gemm<D>::run(dev, Trans::yes, Trans::no, E, C, N, S(1), static_cast<const T*>(dlogits.data()), E, ctx.x.data(),
                       C, S(1), router.grad.data(), C);
-    ops::Gemm<D>::run(dev, Trans::no, Trans::no, N, C, E, S(1), static_cast<const T*>(dlogits.data()), E,
-                      router.value.data(), C, S(1), dx.data(), C);
+    if (!split || mesh.comm(Axis::tensor).rank() == 0)  // split: the same on every tensor rank, added once
+      ops::Gemm<D>::run(dev, Trans::no, Trans::no, N, C, E, S(1), static_cast<const T*>(dlogits.data()), E,
+                        router.value.data(), C, S(1), dx.data(), C);
     if (options.expert_bias) {  // the bias's sign step's input: E (slots chosen) - N k, exact in G
       using G = typename decltype(bias)::grad_type;
       std::vector<G> load(static_cast<std::size_t>(E));
@@ -525,7 +591,7 @@ class MoeMlp : public SameLayout<A> {
       Allocation l = upload(dev, load);
       ops::Memory<D>::add(dev, bias.grad.data(), static_cast<const G*>(l.data()), E);
     }
-    if (const std::int64_t Sh = options.shared_hidden; Sh > 0) {
+    if (const std::int64_t Sh = shared_hidden(); Sh > 0) {
       Allocation dsa = alloc<T>(dev, N * Sh), dsh = alloc<T>(dev, N * 2 * Sh);
       ops::Gemm<D>::run(dev, Trans::no, Trans::no, N, Sh, C, S(1), dy.data(), C, shared_down.value.data(), Sh, S(0),
                         static_cast<T*>(dsa.data()), Sh);
@@ -549,9 +615,10 @@ class MoeMlp : public SameLayout<A> {
   void comm_rows(std::vector<CommRow>& out, const std::string& row, const Shape& shape, const Spread& s,
                  std::int64_t elem) const {
     CommRow r{cat(row, " (mixture of experts: ", options.experts, " experts, top ", options.top_k,
-                  s.expert_degree > 1 ? cat(", ", Dispatcher::name(), " over expert ", s.expert_degree) : "", ")"),
+                  s.expert_degree > 1 ? cat(", ", Dispatcher::name(), " over expert ", s.expert_degree) : "",
+                  split && s.tensor_degree > 1 ? cat(", each split over tensor ", s.tensor_degree) : "", ")"),
               A::name(),
-              A::name(),
+              Y::name(),
               {},
               {}};
     const std::int64_t bytes = (2 * options.experts + 2) * 8;
@@ -559,6 +626,12 @@ class MoeMlp : public SameLayout<A> {
     r.forward.push_back(detail::reduction(Axis::context, s.context_degree, bytes));
     if constexpr (IsShard<typename A::tensor>)
       r.forward.push_back(detail::reduction(Axis::tensor, s.tensor_degree, bytes));
+    if constexpr (split) {  // the weights' gradients, each tensor rank's addend (N k scalars)
+      const std::int64_t C = shape[shape.rank() - 1];
+      const std::int64_t N = shape.numel() / C / (s.data_degree * s.context_degree);
+      r.backward.push_back(
+          detail::reduction(Axis::tensor, s.tensor_degree, N * options.top_k * static_cast<std::int64_t>(sizeof(S))));
+    }
     if (const int ep = s.expert_degree; ep > 1) {
       // Expert parallelism, per micro-batch. The tokens' rows: N a rank, of C elements.
       const std::int64_t C = shape[shape.rank() - 1], k = options.top_k;
@@ -621,6 +694,11 @@ class MoeMlp : public SameLayout<A> {
     if (o.hidden < 1 || C < 1 || o.shared_hidden < 0)
       throw Error(where, cat("width ", C, ", expert width ", o.hidden, ", shared width ", o.shared_hidden),
                   "give the layer positive widths (a shared width of 0 for none)");
+    if (split && (o.hidden % s.tensor_degree != 0 || o.shared_hidden % s.tensor_degree != 0))
+      throw Error(where,
+                  cat("experts of width ", o.hidden, " and a shared width of ", o.shared_hidden,
+                      " split over a tensor degree of ", s.tensor_degree),
+                  "choose a tensor degree that divides both widths, or keep the experts whole on tensor");
     if (!(o.capacity_factor >= 0) || !std::isfinite(o.capacity_factor))
       throw Error(where, cat("a capacity factor of ", o.capacity_factor),
                   "use a positive capacity factor, or 0 for dropless routing");

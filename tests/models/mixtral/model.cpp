@@ -7,7 +7,9 @@
 // Checked: on one rank the logits, the cross-entropy, each layer's router losses and every
 // gradient within 1e-10 (the same products added in other orders, about 1e-16 each); on expert 2 x
 // tensor 2 with SP (data 2) and with the all-gather dispatcher on expert 4 (data 4), the loss and
-// every gradient the same way; bad router options refused by name.
+// every gradient the same way; with each expert split over tensor 2 too (expert-tensor
+// parallelism) with SP, and without SP under full recompute with the all-gather dispatcher; bad
+// router options refused by name.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -76,6 +78,25 @@ TEST_CASE("Mixtral equals transformers' MixtralForCausalLM in f64: logits, loss,
   CHECK(std::abs(ag.loss - loss) <= 1e-10 * loss);
   CHECK_MESSAGE(ag.worst <= 1e-10, "worst gradient: ", ag.where);
   MESSAGE("expert 4 (data 4), all-gather dispatcher: gradients within ", ag.worst, " (", ag.where, ")");
+  // Expert-tensor parallelism: each expert's hidden features split over tensor 2 as well, with SP
+  // (the branch's rows gathered before the experts), and without it under full recompute with the
+  // all-gather dispatcher.
+  using nn::ExpertTensor::sharded;
+  const test::moe::Run etp =
+      run<mixtral::Model<double, true, recompute::None, Host, nn::AllToAllDispatch, context::None, sharded>>(2, 2, 2);
+  CHECK(std::abs(etp.loss - loss) <= 1e-10 * loss);
+  CHECK(relative(etp.aux, aux) <= 1e-12);
+  CHECK_MESSAGE(etp.worst <= 1e-10, "worst gradient: ", etp.where);
+  MESSAGE("expert 2 x tensor 2 with SP, the experts split over tensor: gradients within ", etp.worst, " (", etp.where,
+          ")");
+  const test::moe::Run etp_ag =
+      run<mixtral::Model<double, false, recompute::Full, Host, nn::AllGatherDispatch, context::None, sharded>>(2, 2, 2);
+  CHECK(std::abs(etp_ag.loss - loss) <= 1e-10 * loss);
+  CHECK(relative(etp_ag.aux, aux) <= 1e-12);
+  CHECK_MESSAGE(etp_ag.worst <= 1e-10, "worst gradient: ", etp_ag.where);
+  MESSAGE(
+      "expert 2 x tensor 2, the experts split over tensor, all-gather dispatcher, full recompute: gradients within ",
+      etp_ag.worst, " (", etp_ag.where, ")");
 }
 
 TEST_CASE("Mixtral refuses router options it cannot run, naming them") {

@@ -11,9 +11,10 @@
 // norms' gradients summed) and with the all-gather dispatcher on expert 4 (data 4), the loss and
 // every gradient the same way; full recompute the same; QK norm with context parallelism refused.
 // With a dense layer (tests/fixtures/qwen3_moe/dense: 3 layers, layer 1 Qwen3MoeMLP of width 24 by
-// mlp_only_layers, the others' experts): the same checks on one rank, on expert 2 x tensor 2 with SP
-// (the dense MLP tensor-sharded, the experts not), and with full recompute; the router losses the
-// two sparse layers'; which layers are dense, by transformers' rule, and its bad values refused.
+// mlp_only_layers, the others' experts): the same checks on one rank, on expert 2 x tensor 2 with
+// SP (the dense MLP tensor-sharded, the experts whole or split over tensor too), and with full
+// recompute; the router losses the two sparse layers'; which layers are dense, by transformers'
+// rule, and its bad values refused.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -124,6 +125,14 @@ TEST_CASE("Qwen3-MoE with a dense layer (mlp_only_layers) equals transformers' i
   CHECK(relative(ep.aux, aux) <= 1e-12);
   CHECK_MESSAGE(ep.worst <= 1e-10, "worst gradient: ", ep.where);
   MESSAGE("dense layer 1, expert 2 x tensor 2 with SP: gradients within ", ep.worst, " (", ep.where, ")");
+  // The experts split over tensor too (expert-tensor parallelism), beside the dense layer's MLP.
+  const test::moe::Run etp = dense.template operator()<
+      qwen3_moe::Model<double, true, recompute::None, Host, nn::AllToAllDispatch, nn::ExpertTensor::sharded>>(2, 2, 2);
+  CHECK(std::abs(etp.loss - loss) <= 1e-10 * loss);
+  CHECK(relative(etp.aux, aux) <= 1e-12);
+  CHECK_MESSAGE(etp.worst <= 1e-10, "worst gradient: ", etp.where);
+  MESSAGE("dense layer 1, expert 2 x tensor 2 with SP, the experts split over tensor: gradients within ", etp.worst,
+          " (", etp.where, ")");
   const test::moe::Run full = dense.template operator()<qwen3_moe::Model<double, false, recompute::Full>>(1, 2, 1);
   CHECK(std::abs(full.loss - loss) <= 1e-10 * loss);
   CHECK_MESSAGE(full.worst <= 1e-10, "worst gradient: ", full.where);

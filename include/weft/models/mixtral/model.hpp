@@ -1,4 +1,4 @@
-// mixtral::Model<Precision, SequenceParallel, Recompute, Device, Dispatcher, Context>: Mixtral (Jiang
+// mixtral::Model<Precision, SequenceParallel, Recompute, Device, Dispatcher, Context, ExpertTensor>: Mixtral (Jiang
 // et al. 2024): Llama's blocks (models/llama/model.hpp) with a mixture of experts in place of the
 // MLP, an instance of nn::StagedModel built from weft's generic layers:
 //
@@ -11,7 +11,10 @@
 //
 //   tokens  (B, T) int32                      batch split over data
 //   x       (B, T, C)  the residual stream: Replicate, or Shard<1> with sequence parallelism
-//   experts (E, ...)   ExpertSharded: E / ep a rank of the expert group (carved from data x context)
+//   experts (E, ...)   ExpertSharded: E / ep a rank of the expert group (carved from data x context);
+//                      ExpertTensor::sharded: each expert's hidden features split over tensor too
+//                      (gate_up (E/ep, 2H/tp, C), down (E/ep, C, H/tp)), the MLP branch entered and
+//                      left as Llama's (Local::enter, Local::leave: nn/moe.hpp)
 //
 // The loss a step's gradients follow is the cross-entropy plus, for each layer, aux_coef times its
 // load-balancing loss and z_coef times its z-loss (per layer, as Megatron-Core's; transformers'
@@ -111,7 +114,8 @@ inline void validate(const Config& c, const Spread& s, bool sequence_parallel, s
 }
 
 template <PrecisionLike P, bool SP = false, recompute::Policy Recompute = recompute::None, class D = Host,
-          nn::ExpertDispatch Dispatcher = nn::AllToAllDispatch, context::Choice Cx = context::None>
+          nn::ExpertDispatch Dispatcher = nn::AllToAllDispatch, context::Choice Cx = context::None,
+          nn::ExpertTensor ET = nn::ExpertTensor::whole>
 struct Spec : llama::Spec<P, SP, Recompute, D, false, Cx> {
   using Base = llama::Spec<P, SP, Recompute, D, false, Cx>;
   using typename Base::AttnInner;
@@ -121,8 +125,15 @@ struct Spec : llama::Spec<P, SP, Recompute, D, false, Cx> {
   template <class L>
   using on_rows = typename Base::template on_rows<L>;
   using config = Config;
-  using Experts = nn::MoeMlp<T, typename Local::layout, D, Dispatcher>;
-  using Mlp = nn::Sequential<nn::Named<"mlp_norm", Norm>, nn::Named<"mlp", Experts>>;
+  static constexpr bool split = ET == nn::ExpertTensor::sharded;
+  // The experts on the stream's rows; split over tensor (expert-tensor parallelism), on every row of
+  // the tensor group as Llama's MLP is (Local::enter before, Local::leave after: nn/moe.hpp).
+  using Experts =
+      nn::MoeMlp<T, std::conditional_t<split, typename Local::enter::Out, typename Local::layout>, D, Dispatcher, ET>;
+  using Mlp = std::conditional_t<split,
+                                 nn::Sequential<nn::Named<"mlp_norm", Norm>, typename Local::enter,
+                                                nn::Named<"mlp", Experts>, typename Local::leave>,
+                                 nn::Sequential<nn::Named<"mlp_norm", Norm>, nn::Named<"mlp", Experts>>>;
   using MlpInner = on_rows<Mlp>;
   using Layer = nn::Sequential<nn::Residual<AttnInner>, nn::Residual<MlpInner>>;
   using Block = recompute::apply_t<Recompute, Layer, T, D>;
@@ -141,9 +152,17 @@ struct Spec : llama::Spec<P, SP, Recompute, D, false, Cx> {
                                           nn::Named<"attn", typename Base::Attn>(typename Base::Attn(
                                               dev, c.width, c.heads, c.kv_heads, c.rope, s, id + 1, c.seed, sd, sd)),
                                           {})),
-        nn::Residual<MlpInner>(
-            MlpInner(Mlp(nn::Named<"mlp_norm", Norm>(Norm(dev, c.width, s, id + 5, c.seed, c.norm_eps)),
-                         nn::Named<"mlp", Experts>(Experts(dev, c.width, c.moe(), s, id + 6, c.seed, sd, sd))))));
+        nn::Residual<MlpInner>(MlpInner(make_mlp(dev, c, s, l))));
+  }
+  // The MLP branch: mlp_norm, then the experts (router +6, gate-up +7, down +8) as c.moe() says (a
+  // template: a derived family's configuration, qwen3_moe::Config, gives its own moe()).
+  template <class Cfg>
+  static Mlp make_mlp(D& dev, const Cfg& c, const Spread& s, std::int64_t l) {
+    const auto id = static_cast<std::uint64_t>(16 + 16 * l);
+    auto norm = nn::Named<"mlp_norm", Norm>(Norm(dev, c.width, s, id + 5, c.seed, c.norm_eps));
+    auto experts = nn::Named<"mlp", Experts>(Experts(dev, c.width, c.moe(), s, id + 6, c.seed, c.init_std, c.init_std));
+    if constexpr (split) return Mlp(std::move(norm), {}, std::move(experts), {});
+    else return Mlp(std::move(norm), std::move(experts));
   }
   static Block make_block(D& dev, const Config& c, const Spread& s, std::int64_t l) {
     if constexpr (std::same_as<Block, Layer>) return make_layer(dev, c, s, l);
@@ -152,7 +171,8 @@ struct Spec : llama::Spec<P, SP, Recompute, D, false, Cx> {
 };
 
 template <PrecisionLike P, bool SP = false, recompute::Policy Recompute = recompute::None, class D = Host,
-          nn::ExpertDispatch Dispatcher = nn::AllToAllDispatch, context::Choice Cx = context::None>
-using Model = nn::StagedModel<Spec<P, SP, Recompute, D, Dispatcher, Cx>>;
+          nn::ExpertDispatch Dispatcher = nn::AllToAllDispatch, context::Choice Cx = context::None,
+          nn::ExpertTensor ET = nn::ExpertTensor::whole>
+using Model = nn::StagedModel<Spec<P, SP, Recompute, D, Dispatcher, Cx, ET>>;
 
 }  // namespace weft::mixtral

@@ -1,5 +1,6 @@
-// qwen3_moe::Model<Precision, SequenceParallel, Recompute, Device, Dispatcher>: Qwen3-MoE (Qwen team
-// 2025), Mixtral's blocks (models/mixtral/model.hpp) with Qwen3's attention, an instance of
+// qwen3_moe::Model<Precision, SequenceParallel, Recompute, Device, Dispatcher, ExpertTensor>: Qwen3-MoE
+// (Qwen team 2025), Mixtral's blocks (models/mixtral/model.hpp, its ExpertTensor too) with Qwen3's
+// attention, an instance of
 // nn::StagedModel built from weft's generic layers:
 //
 //   stage 0         TokenEmbeddingStage: the vocab-parallel table                    "embedding"
@@ -108,9 +109,9 @@ inline void validate(const Config& c, const Spread& s, bool sequence_parallel, s
 }
 
 template <PrecisionLike P, bool SP = false, recompute::Policy Recompute = recompute::None, class D = Host,
-          nn::ExpertDispatch Dispatcher = nn::AllToAllDispatch>
-struct Spec : mixtral::Spec<P, SP, Recompute, D, Dispatcher> {
-  using Base = mixtral::Spec<P, SP, Recompute, D, Dispatcher>;
+          nn::ExpertDispatch Dispatcher = nn::AllToAllDispatch, nn::ExpertTensor ET = nn::ExpertTensor::whole>
+struct Spec : mixtral::Spec<P, SP, Recompute, D, Dispatcher, context::None, ET> {
+  using Base = mixtral::Spec<P, SP, Recompute, D, Dispatcher, context::None, ET>;
   using typename Base::Attn;
   using typename Base::AttnInner;
   using typename Base::Experts;
@@ -136,10 +137,8 @@ struct Spec : mixtral::Spec<P, SP, Recompute, D, Dispatcher> {
   static Mlp make_mlp(D& dev, const Config& c, const Spread& s, std::int64_t l) {
     const auto id = static_cast<std::uint64_t>(16 + 16 * l);
     const double sd = c.init_std;
+    if (c.sparse(l)) return Mlp(Base::make_mlp(dev, c, s, l));
     auto norm = nn::Named<"mlp_norm", Norm>(Norm(dev, c.width, s, id + 5, c.seed, c.norm_eps));
-    if (c.sparse(l))
-      return Mlp(Sparse(std::move(norm),
-                        nn::Named<"mlp", Experts>(Experts(dev, c.width, c.moe(), s, id + 6, c.seed, sd, sd))));
     const std::int64_t F = c.dense_width();
     using GateUp = typename Base::GateUp;
     using Down = typename Base::Down;
@@ -167,7 +166,7 @@ struct Spec : mixtral::Spec<P, SP, Recompute, D, Dispatcher> {
 };
 
 template <PrecisionLike P, bool SP = false, recompute::Policy Recompute = recompute::None, class D = Host,
-          nn::ExpertDispatch Dispatcher = nn::AllToAllDispatch>
-using Model = nn::StagedModel<Spec<P, SP, Recompute, D, Dispatcher>>;
+          nn::ExpertDispatch Dispatcher = nn::AllToAllDispatch, nn::ExpertTensor ET = nn::ExpertTensor::whole>
+using Model = nn::StagedModel<Spec<P, SP, Recompute, D, Dispatcher, ET>>;
 
 }  // namespace weft::qwen3_moe
