@@ -106,7 +106,7 @@ TEST_CASE("Either computes what the layer it holds computes, bit for bit, alone 
     }
 }
 
-TEST_CASE("Either's walks go into the held layer; contains_layer answers for both") {
+TEST_CASE("Either's walks go into the held layer, and contains_layer answers for both") {
   run_threads(1, [](ThreadComm& world) {
     Mesh mesh{world, {}};
     Host h;

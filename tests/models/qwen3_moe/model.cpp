@@ -139,7 +139,7 @@ TEST_CASE("Qwen3-MoE with a dense layer (mlp_only_layers) equals transformers' i
   MESSAGE("dense layer 1, tensor 2, full recompute: gradients within ", full.worst, " (", full.where, ")");
 }
 
-TEST_CASE("Qwen3-MoE's dense layers follow transformers' rule; bad ones are refused by name") {
+TEST_CASE("Qwen3-MoE's dense layers follow transformers' rule, and bad ones are refused by name") {
   qwen3_moe::Config c = tiny();
   c.layers = 6, c.sparse_step = 2, c.mlp_only_layers = {3};
   // transformers: sparse where l is not in mlp_only_layers and (l + 1) % decoder_sparse_step == 0.

@@ -2,9 +2,9 @@
 // model over the precision, the sequence parallelism and the device (all-to-all dispatch; the
 // all-gather dispatcher is the library's, mixtral::Model<..., nn::AllGatherDispatch>); the presets
 // ("tiny" is mixtral-tiny; Mixtral 8x7B's sizes for --plan); the FLOPs of a token's active
-// parameters. --expert N shards each layer's experts over groups of N data x context ranks
-// (docs/moe.md); the log carries the routers' aux loss, expert load and dropped slots
-// (train/report.hpp). The plan (--plan, and the check that a run fits) is the step measured on the
+// parameters. --expert N shards each layer's experts over groups of N data x context ranks, and
+// --tensor N splits each expert over the tensor ranks (docs/moe.md); the log carries the routers' aux loss, expert load
+// and dropped slots (train/report.hpp). The plan (--plan, and the check that a run fits) is the step measured on the
 // Meta device, with every expert given the same share of the tokens (nn/moe.hpp). On the host only,
 // in f32 and bf16 (f64 is the tests' precision). --init-from a transformers MixtralForCausalLM
 // directory (without --preset: the model its config.json describes) and weft-export to one
@@ -91,7 +91,10 @@ C same_model(const C& c, C got, const std::string& where) {
 
 struct Family {
   template <class P, bool SP, class D>
-  using model = Model<P, SP, recompute::None, D>;
+  // The experts split over the tensor ranks (expert-tensor parallelism, Megatron-Core's default of
+  // an expert tensor degree equal to the tensor degree): with --tensor N each rank holds 1/N of its
+  // experts' weights, as of the attention's (nn/moe.hpp; the library keeps whole experts too).
+  using model = Model<P, SP, recompute::None, D, nn::AllToAllDispatch, context::None, nn::ExpertTensor::sharded>;
   using host_precisions = train::List<F32, Bf16Mixed>;
   using cluster_precisions = train::List<Bf16Mixed>;  // weft-plan's: bf16 (half weft-plan's compile of the family)
   static constexpr bool gpu = false;  // weft-train's GPU units for Mixtral: not yet (tests/nn/gpu.cu has the layer)

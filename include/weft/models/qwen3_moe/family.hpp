@@ -70,7 +70,7 @@ inline double flops_per_token(const Config& c) {
 
 struct Family {
   template <class P, bool SP, class D>
-  using model = Model<P, SP, recompute::None, D>;
+  using model = Model<P, SP, recompute::None, D, nn::AllToAllDispatch, nn::ExpertTensor::sharded>;  // as Mixtral's
   using host_precisions = train::List<F32, Bf16Mixed>;
   using cluster_precisions = train::List<Bf16Mixed>;  // weft-plan's: bf16 (half weft-plan's compile of the family)
   static constexpr bool gpu = false;                  // weft-train's GPU units for Qwen3-MoE: not yet
