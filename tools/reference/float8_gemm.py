@@ -1,0 +1,70 @@
+#!/usr/bin/env python3
+"""Writes FP8 scaling recipes and scaled GEMMs as PyTorch computes them (torchao's current-scaling
+recipes written out in torch, and torch._scaled_mm on the CPU), for weft's fp8::quantize and
+fp8::scaled_gemm (include/weft/core/float8_scaling.hpp, tests/core/float8_scaling.cpp).
+
+A recipe's scale of a tensor, or of each row (the GEMM's reduction dim K): amax in float64, scale =
+the format's largest / max(amax, 1e-12), as float32, rounded down to a power of two where the recipe
+says (torchao's amax_to_scale); q = (x * scale) clamped to the format's range, cast to float8; the
+GEMM y = torch._scaled_mm(qx, qw^T, scale_a = 1 / scale_x, scale_b = (1 / scale_w)^T) in float32.
+
+Cases (x (M, K) activations, w (N, K) a weight, normal values with outliers of 20x and a row of tiny
+ones, seed 11):
+  tensorwise   e4m3 x e4m3, one scale each
+  rowwise      e4m3 x e4m3, a scale a row, rounded down to powers of two (torchao's ROWWISE)
+  rowwise_exact  the same with exact scales
+  hybrid       e5m2 x e4m3 tensorwise (a gradient times a weight, as the backward's GEMMs)
+
+Writes --out/gemm.safetensors: <case>.x, <case>.w (F32), <case>.qx, <case>.qw (I32: the float8
+bytes), <case>.inv_x (M or 1), <case>.inv_w (N or 1), <case>.y (M, N) (F32).
+
+Usage: python3 tools/reference/float8_gemm.py --out tests/fixtures/float8
+Needs PyTorch (2.5 or later: _scaled_mm on the CPU) and safetensors.
+"""
+import argparse
+import os
+
+import torch
+from safetensors.torch import save_file
+
+
+def scales(t, dtype, rowwise, pow2):
+    amax = (t.abs().amax(dim=-1, keepdim=True) if rowwise else t.abs().amax()).to(torch.float64)
+    s = (torch.finfo(dtype).max / torch.clamp(amax, min=1e-12)).to(torch.float32)
+    return torch.exp2(torch.floor(torch.log2(s))) if pow2 else s
+
+
+def quantize(t, dtype, rowwise, pow2):
+    s = scales(t, dtype, rowwise, pow2)
+    m = torch.finfo(dtype).max
+    return (t * s).clamp(-m, m).to(dtype), s.reciprocal()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+    torch.manual_seed(11)
+    M, N, K = 8, 16, 64
+    x = torch.randn(M, K) * 3
+    x[2, 5], x[6, 40] = 60.0, -75.0
+    x[4] *= 1e-4
+    w = torch.randn(N, K) * 0.05
+    w[3, 7] = 1.2
+    e4, e5 = torch.float8_e4m3fn, torch.float8_e5m2
+    out = {}
+    for name, fx, fw, rowwise, pow2 in [("tensorwise", e4, e4, False, False), ("rowwise", e4, e4, True, True),
+                                        ("rowwise_exact", e4, e4, True, False), ("hybrid", e5, e4, False, False)]:
+        qx, ix = quantize(x, fx, rowwise, pow2)
+        qw, iw = quantize(w, fw, rowwise, pow2)
+        y = torch._scaled_mm(qx, qw.t(), scale_a=ix, scale_b=iw.t() if rowwise else iw, out_dtype=torch.float32)
+        out.update({f"{name}.x": x.clone(), f"{name}.w": w.clone(), f"{name}.qx": qx.view(torch.uint8).to(torch.int32),
+                    f"{name}.qw": qw.view(torch.uint8).to(torch.int32), f"{name}.inv_x": ix.reshape(-1),
+                    f"{name}.inv_w": iw.reshape(-1), f"{name}.y": y})
+    os.makedirs(a.out, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in out.items()}, os.path.join(a.out, "gemm.safetensors"))
+    print(f"{len(out)} tensors into {a.out}/gemm.safetensors (torch {torch.__version__})")
+
+
+if __name__ == "__main__":
+    main()
