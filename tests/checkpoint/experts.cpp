@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "nn/feature_spec.hpp"
+#include "support/checkpoints.hpp"
 #include "support/gradcheck.hpp"
 #include "weft/checkpoint/checkpoint.hpp"
 #include "weft/comm/mesh.hpp"
@@ -84,21 +85,6 @@ std::vector<double> run(int data, int expert, const std::string& resume, const s
   return losses;
 }
 
-// The first difference between two checkpoints' tensors, bit for bit, or "".
-std::string compare(const std::string& a, const std::string& b) {
-  const checkpoint::Reader ra(a), rb(b);
-  std::size_t compared = 0;
-  for (const auto& [name, t] : ra.manifest().tensors) {
-    if (!rb.has(name)) return cat(b, " lacks ", name);
-    const auto x = ra.read<double>(name), y = rb.read<double>(name);
-    if (x.size() != y.size()) return cat(name, ": ", x.size(), " against ", y.size(), " elements");
-    for (std::size_t i = 0; i < x.size(); ++i)
-      if (std::memcmp(&x[i], &y[i], sizeof(double)) != 0) return cat(name, "[", i, "]: ", x[i], " against ", y[i]);
-    ++compared;
-  }
-  return compared == 0 ? "no tensors compared" : "";
-}
-
 }  // namespace experts_checkpoint
 
 TEST_CASE("an MoE model's checkpoint reshards across expert degrees: expert 4 -> expert 2 x data 2 -> one rank") {
@@ -108,9 +94,9 @@ TEST_CASE("an MoE model's checkpoint reshards across expert degrees: expert 4 ->
   run<optim::Fsdp>(4, 2, c1, c2, 2);
   run<optim::Ddp>(1, 1, c2, c3, 2);
   run<optim::Ddp>(4, 4, c3, c4, 2);
-  CHECK(compare(c1, c2) == "");
-  CHECK(compare(c1, c3) == "");
-  CHECK(compare(c1, c4) == "");
+  CHECK(test::same_checkpoints(c1, c2) == "");
+  CHECK(test::same_checkpoints(c1, c3) == "");
+  CHECK(test::same_checkpoints(c1, c4) == "");
   // The experts are in it under their layer's names.
   const checkpoint::Reader r(c1);
   CHECK(r.has("param/h0.moe.experts.gate_up"));

@@ -1,9 +1,11 @@
-// defines: test::moe::Run, test::moe::run: one forward and backward of a mixture-of-experts model
-// (mixtral::Model, qwen3_moe::Model) on a reference batch whose weights and gradients a fixture of
+// defines: test::moe::Run, test::moe::run, test::moe::check_one_rank: one forward and backward of a mixture-of-experts
+// model (mixtral::Model, qwen3_moe::Model) on a reference batch whose weights and gradients a fixture of
 // tools/reference holds under weft's names (value/<name>, grad/<name>, tokens, targets), on data x
 // tensor ranks (SP where the model says) with an expert degree: the loss, the logits (one rank),
 // each sparse layer's router losses and the worst gradient's relative difference from the fixture's.
 #pragma once
+
+#include <doctest/doctest.h>
 
 #include <cmath>
 #include <cstdint>
@@ -79,6 +81,20 @@ Run run(const Config& c, const checkpoint::ImportDir& ref, int data, int tensor,
     out = {ctx.loss, logits, aux, z, worst, where};
   });
   return out;
+}
+
+// One rank's run against the fixture it ran: the logits, the cross-entropy and every gradient
+// within 1e-10, each sparse layer's router losses within 1e-12 (the same products summed in other
+// orders: about 1e-15 printed). Returns the logits' error.
+inline double check_one_rank(const Run& one, const checkpoint::ImportDir& ref) {
+  const double loss = ref.read("loss")[0];
+  const double el = relative(one.logits, ref.read("logits"));
+  CHECK(el <= 1e-10);
+  CHECK(std::abs(one.loss - loss) <= 1e-10 * loss);
+  CHECK(relative(one.aux, ref.read("aux")) <= 1e-12);
+  CHECK(relative(one.z, ref.read("z")) <= 1e-12);
+  CHECK_MESSAGE(one.worst <= 1e-10, "worst gradient: ", one.where);
+  return el;
 }
 
 }  // namespace weft::test::moe

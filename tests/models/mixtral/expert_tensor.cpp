@@ -16,6 +16,7 @@
 #include <tuple>
 #include <vector>
 
+#include "support/checkpoints.hpp"
 #include "support/error.hpp"
 #include "weft/checkpoint/checkpoint.hpp"
 #include "weft/comm/mesh.hpp"
@@ -87,21 +88,6 @@ std::vector<double> train(int data, int tensor, int expert, const std::string& r
   return out;
 }
 
-// The first difference between two checkpoints' tensors, bit for bit, or "".
-std::string compare(const std::string& a, const std::string& b) {
-  const checkpoint::Reader ra(a), rb(b);
-  std::size_t compared = 0;
-  for (const auto& [name, t] : ra.manifest().tensors) {
-    if (!rb.has(name)) return cat(b, " lacks ", name);
-    const auto x = ra.read<double>(name), y = rb.read<double>(name);
-    if (x.size() != y.size()) return cat(name, ": ", x.size(), " against ", y.size(), " elements");
-    for (std::size_t i = 0; i < x.size(); ++i)
-      if (std::memcmp(&x[i], &y[i], sizeof(double)) != 0) return cat(name, "[", i, "]: ", x[i], " against ", y[i]);
-    ++compared;
-  }
-  return compared == 0 ? "no tensors compared" : "";
-}
-
 // The largest relative difference of two checkpoints' parameters, and where.
 std::pair<double, std::string> worst(const std::string& a, const std::string& b) {
   const checkpoint::Reader ra(a), rb(b);
@@ -139,9 +125,9 @@ TEST_CASE("Mixtral with its experts split over tensor trains and checkpoints as 
   // The split layout's checkpoint on one rank with whole experts, saved again: bit for bit; and
   // one rank's on the split layout (ZeRO-1, SP) the same way.
   train<Whole, optim::Ddp>(1, 1, 1, zero1, back, 3);
-  CHECK(compare(zero1, back) == "");
+  CHECK(test::same_checkpoints(zero1, back) == "");
   train<SplitSp, optim::Zero1>(2, 2, 2, one_ck, there, 3);
-  CHECK(compare(one_ck, there) == "");
+  CHECK(test::same_checkpoints(one_ck, there) == "");
   const checkpoint::Reader r(zero1);
   CHECK(r.has("param/layers.0.mlp.experts.gate_up"));
   for (const auto& d : {zero1, fsdp, one_ck, back, there}) std::filesystem::remove_all(d);
