@@ -10,9 +10,10 @@ experts over groups of the data ranks), checked by what it computes:
    most E k), z-loss (positive), expert load (at least 1: the busiest expert over the mean) and no
    dropped tokens (dropless); the progress line shows them.
 2. The same 4 steps on one rank and on data 2 x expert 2, data 4 x expert 4 under FSDP, data 2 x
-   tensor 2 x expert 2 with SP under ZeRO-1 and pipe 2 x data 2 x expert 2: every logged loss and
-   aux loss within 2e-5 of one rank's (f32 sums in other orders; tests/nn/moe.cpp and
-   tests/models/mixtral hold the layouts to 1e-12 in f64).
+   tensor 2 x expert 2 with SP under ZeRO-1, pipe 2 x data 2 x expert 2 and pipe 2 x data 2 x
+   tensor 2 x expert 2 with SP under ZeRO-1 (weft-train's experts split over the tensor ranks:
+   nn::ExpertTensor::sharded): every logged loss and aux loss within 2e-5 of one rank's (f32 sums
+   in other orders; tests/nn/moe.cpp and tests/models/mixtral hold the layouts to 1e-12 in f64).
 3. A checkpoint of data 4 x expert 4 at step 2, resumed on data 2 x expert 2: steps 3 and 4 equal
    the uninterrupted run's within 2e-5 (each expert's weights and optimizer state found under
    another expert degree); resuming it as --model llama is refused naming the family (exit 2).
@@ -108,7 +109,9 @@ if not through_transformers:  # parts 1 to 5
                                                     "--strategy", "fsdp"]),
                        ("data 2 x tensor 2 x expert 2, zero1-sp", ["--data", "2", "--tensor", "2", "--expert", "2",
                                                                    "--strategy", "zero1-sp"]),
-                       ("pipe 2 x data 2 x expert 2", ["--data", "2", "--tensor", "1", "--pipe", "2", "--expert", "2"])]:
+                       ("pipe 2 x data 2 x expert 2", ["--data", "2", "--tensor", "1", "--pipe", "2", "--expert", "2"]),
+                       ("pipe 2 x data 2 x tensor 2 x expert 2, zero1-sp",
+                        ["--data", "2", "--tensor", "2", "--pipe", "2", "--expert", "2", "--strategy", "zero1-sp"])]:
         got, _ = run(re.sub(r"[^a-z0-9]+", "_", name), steps + args)
         within(got, one, name)
         within(got, one, name, field="aux_loss")
