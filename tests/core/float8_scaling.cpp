@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "support/error.hpp"
@@ -105,4 +106,32 @@ TEST_CASE("fp8 quantize: a zero row keeps scale 1, and an infinite value and mis
   const auto a = fp8::quantize<fp8::Tensorwise<float8_e4m3>>(x, 2, 4);
   const auto b = fp8::quantize<fp8::Tensorwise<float8_e4m3>>(x, 4, 2);
   CHECK_THROWS_WITH_AS(fp8::scaled_gemm(a, b), doctest::Contains("operands (2, 4) and (4, 2)"), Error);
+}
+
+TEST_CASE("fp8 delayed scaling: Transformer Engine's history, reductions and margin, step by step") {
+  // 6 steps of a (4, 64) tensor: the 3rd 50 times larger (cast with the earlier steps' scale, so
+  // its values saturate), the 6th zeros (the scale stays). Each step's bytes, inverse scale and
+  // saturated count, and the scale after its update, exactly.
+  for (const auto& [how, reduce, margin] :
+       {std::tuple{std::string("max"), fp8::AmaxReduction::max, 0},
+        std::tuple{std::string("most_recent"), fp8::AmaxReduction::most_recent, 1}}) {
+    INFO(how);
+    fp8::DelayedScaler<float8_e4m3> scaler(4, reduce, margin);
+    std::int64_t saturated = 0;
+    for (int step = 0; step < 6; ++step) {
+      INFO("step ", step);
+      const std::string pre = cat("delayed_", how, ".", step);
+      const auto q = scaler.quantize(floats(pre + ".x"), 4, 64);
+      same_bytes(q, pre + ".q");
+      CHECK(q.inv == floats(pre + ".inv"));
+      CHECK(static_cast<double>(q.saturated) == fixture().read(pre + ".saturated")[0]);
+      saturated += q.saturated;
+      scaler.update();
+      CHECK(scaler.scale() == floats(pre + ".scale")[0]);
+    }
+    CHECK(saturated > 0);  // the 3rd step's
+    MESSAGE(how, ": 6 steps as Transformer Engine's; ", saturated, " values saturated at the 3rd; scale ",
+            scaler.scale(), " at the end");
+  }
+  CHECK_THROWS_WITH_AS(fp8::DelayedScaler<float8_e4m3>(0), doctest::Contains("an amax history of 0 steps"), Error);
 }

@@ -15,6 +15,12 @@ ones, seed 11):
   rowwise_exact  the same with exact scales
   hybrid       e5m2 x e4m3 tensorwise (a gradient times a weight, as the backward's GEMMs)
 
+Delayed scaling (Transformer Engine's DelayedScaling, its amax_and_scale_update written out in
+torch, float32): a scaler of a history of 4 steps, reduced by max (margin 0) and by the newest
+(margin 1), casts 6 tensors (4, 64) in turn to e4m3, the 3rd 50 times the others (its values
+saturate: the scale comes from earlier steps) and the 6th all zeros (the scale stays): delayed_<how>.
+<step>.q (I32 bytes), .inv (1), .saturated (1), .scale (1: after the step's update).
+
 Writes --out/gemm.safetensors: <case>.x, <case>.w (F32), <case>.qx, <case>.qw (I32: the float8
 bytes), <case>.inv_x (M or 1), <case>.inv_w (N or 1), <case>.y (M, N) (F32).
 
@@ -61,6 +67,26 @@ def main():
         out.update({f"{name}.x": x.clone(), f"{name}.w": w.clone(), f"{name}.qx": qx.view(torch.uint8).to(torch.int32),
                     f"{name}.qw": qw.view(torch.uint8).to(torch.int32), f"{name}.inv_x": ix.reshape(-1),
                     f"{name}.inv_w": iw.reshape(-1), f"{name}.y": y})
+    steps = [torch.randn(4, 64) * (50.0 if i == 2 else 1.0) * (0.0 if i == 5 else 1.0) for i in range(6)]
+    for how, reduce_max, margin in [("max", True, 0), ("most_recent", False, 1)]:
+        history, scale = torch.zeros(4), torch.tensor(1.0)
+        fmax = torch.tensor(torch.finfo(e4).max)
+        for i, t in enumerate(steps):
+            v = t * scale
+            q = v.clamp(-fmax, fmax).to(e4)
+            history[0] = torch.maximum(history[0], t.abs().amax())
+            pre = f"delayed_{how}.{i}"
+            out[f"{pre}.x"] = t.clone()
+            out[f"{pre}.q"] = q.view(torch.uint8).to(torch.int32)
+            out[f"{pre}.inv"] = scale.reciprocal().reshape(1).clone()
+            out[f"{pre}.saturated"] = (v.abs() > fmax).sum().to(torch.int32).reshape(1)
+            amax = history.max() if reduce_max else history[0]  # TE: amax_compute_algo "max" or "most_recent"
+            sf = (fmax / amax) / (2.0 ** margin)
+            sf = torch.where(amax > 0.0, sf, scale)
+            scale = torch.where(torch.isfinite(amax), sf, scale)
+            history = torch.roll(history, -1, 0)
+            history[0] = 0.0
+            out[f"{pre}.scale"] = scale.reshape(1).clone()
     os.makedirs(a.out, exist_ok=True)
     save_file({k: v.contiguous() for k, v in out.items()}, os.path.join(a.out, "gemm.safetensors"))
     print(f"{len(out)} tensors into {a.out}/gemm.safetensors (torch {torch.__version__})")

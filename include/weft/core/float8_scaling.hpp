@@ -18,7 +18,17 @@
 // amax). tests/core/float8_scaling.cpp holds the quantized bytes to torchao's recipe run in PyTorch
 // exactly, and the GEMM to torch._scaled_mm within 1e-6 (tests/fixtures/float8/gemm.bin).
 //
-// defines: fp8::Tensorwise, fp8::Rowwise, fp8::Recipe, fp8::Quantized, fp8::quantize, fp8::scaled_gemm
+// Delayed scaling (Transformer Engine's DelayedScaling), fp8::DelayedScaler<F8>: a tensor that recurs
+// each step (a layer's input, its weight) is cast with a scale from the amaxes of earlier steps, so
+// that the cast needs no pass over the tensor first. The scaler keeps an amax history of `length`
+// steps (newest first) and a scale; quantize(x) casts with the scale and writes x's amax at the
+// history's head; update() (once a step, after the step's casts) reduces the history (its max, or
+// its newest), sets scale = F8's largest / amax / 2^margin where that amax is finite and positive
+// (else the scale stays), and rolls the history, its head 0 for the next step. Values past the
+// scale's range saturate (e4m3) and are counted (Quantized::saturated).
+//
+// defines: fp8::Tensorwise, fp8::Rowwise, fp8::Recipe, fp8::Quantized, fp8::quantize, fp8::scaled_gemm,
+// fp8::AmaxReduction, fp8::DelayedScaler
 #pragma once
 
 #include <algorithm>
@@ -62,6 +72,7 @@ struct Quantized {
   std::int64_t rows = 0, cols = 0;
   std::vector<F8> q;
   std::vector<float> inv;
+  std::int64_t saturated = 0;  // values whose magnitude times the scale passed F8's largest
 };
 
 template <Recipe R>
@@ -109,5 +120,55 @@ std::vector<float> scaled_gemm(const Quantized<A>& a, const Quantized<B>& b) {
     }
   return y;
 }
+
+enum class AmaxReduction { max, most_recent };
+
+template <Format F8>
+class DelayedScaler {
+ public:
+  explicit DelayedScaler(std::int64_t length, AmaxReduction reduce = AmaxReduction::max, int margin = 0)
+      : reduce_(reduce), margin_(margin) {
+    if (length < 1 || margin < 0)
+      throw Error("fp8::DelayedScaler", cat("an amax history of ", length, " steps, margin ", margin),
+                  "keep at least 1 step of history and a margin of 0 or more");
+    history_.assign(static_cast<std::size_t>(length), 0.0f);
+  }
+
+  // x (rows, cols) cast with the current scale; its amax goes to the history's head.
+  Quantized<F8> quantize(std::span<const float> x, std::int64_t rows, std::int64_t cols) {
+    if (rows < 0 || cols < 0 || static_cast<std::int64_t>(x.size()) != rows * cols)
+      throw Error("fp8::DelayedScaler::quantize", cat(x.size(), " values for a (", rows, ", ", cols, ") operand"),
+                  "pass rows x cols values");
+    Quantized<F8> out{rows, cols, std::vector<F8>(x.size()), {1.0f / scale_}, 0};
+    float amax = 0;
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      amax = std::max(amax, std::abs(x[i]));
+      const float v = x[i] * scale_;
+      out.saturated += std::abs(v) > F8::max();
+      out.q[i] = F8(v);
+    }
+    history_[0] = std::max(history_[0], amax);
+    return out;
+  }
+
+  // The step's end: the next scale from the history, and the history rolled.
+  void update() {
+    const float amax =
+        reduce_ == AmaxReduction::max ? *std::max_element(history_.begin(), history_.end()) : history_[0];
+    if (amax > 0 && std::isfinite(amax))
+      scale_ = F8::max() / amax / std::ldexp(1.0f, margin_);                 // in float, as Transformer Engine's
+    std::rotate(history_.rbegin(), history_.rbegin() + 1, history_.rend());  // newest first, oldest out
+    history_[0] = 0;
+  }
+
+  float scale() const { return scale_; }
+  const std::vector<float>& history() const { return history_; }
+
+ private:
+  AmaxReduction reduce_;
+  int margin_;
+  std::vector<float> history_;
+  float scale_ = 1.0f;
+};
 
 }  // namespace weft::fp8
