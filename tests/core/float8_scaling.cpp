@@ -135,3 +135,31 @@ TEST_CASE("fp8 delayed scaling: Transformer Engine's history, reductions and mar
   }
   CHECK_THROWS_WITH_AS(fp8::DelayedScaler<float8_e4m3>(0), doctest::Contains("an amax history of 0 steps"), Error);
 }
+
+TEST_CASE("fp8 blockwise scaling: 1x128 activations, 128x128 weights, against dequantize-then-GEMM") {
+  // DeepSeek-V3's blocks: x (8, 256) with a scale per row and 128 columns, w (128, 256) per 128x128
+  // tile; each block's bytes and inverse scale exactly as PyTorch's, and the GEMM (each K block
+  // summed apart, times its two scales) within 1e-6 of the dequantized operands' float32 product.
+  const auto x = floats("blockwise.x"), w = floats("blockwise.w");
+  const auto qx = fp8::quantize_blocks<float8_e4m3>(x, 8, 256, 1, 128);
+  const auto qw = fp8::quantize_blocks<float8_e4m3>(w, 128, 256, 128, 128);
+  same_bytes(qx, "blockwise.qx");
+  same_bytes(qw, "blockwise.qw");
+  CHECK(qx.inv == floats("blockwise.inv_x"));
+  CHECK(qw.inv == floats("blockwise.inv_w"));
+  const auto y = fp8::scaled_gemm(qx, qw), want = floats("blockwise.y");
+  const double e =
+      test::rel_error(std::vector<double>(y.begin(), y.end()), std::vector<double>(want.begin(), want.end()));
+  CHECK(e <= 1e-6);  // float32 sums in another order
+  MESSAGE("blockwise: bytes and scales exact, GEMM within ", e, " of the dequantized product");
+  // A block that does not tile the operand, and operands whose K blocks disagree, refused by name.
+  CHECK_THROWS_WITH_AS(fp8::quantize_blocks<float8_e4m3>(x, 8, 256, 1, 96),
+                       doctest::Contains("blocks of 1x96 over a (8, 256) operand"), Error);
+  const auto other = fp8::quantize_blocks<float8_e4m3>(w, 128, 256, 128, 256);
+  const auto odd = fp8::quantize_blocks<float8_e4m3>(x, 8, 256, 1, 256);
+  CHECK_NOTHROW((void)fp8::scaled_gemm(odd, other));
+  const std::vector<float> z(8 * 384, 1.0f), zw(128 * 384, 1.0f);
+  CHECK_THROWS_WITH_AS(fp8::scaled_gemm(fp8::quantize_blocks<float8_e4m3>(z, 8, 384, 1, 128),
+                                        fp8::quantize_blocks<float8_e4m3>(zw, 128, 384, 128, 192)),
+                       doctest::Contains("scale blocks of 128 and 192 along K = 384"), Error);
+}

@@ -21,6 +21,11 @@ torch, float32): a scaler of a history of 4 steps, reduced by max (margin 0) and
 saturate: the scale comes from earlier steps) and the 6th all zeros (the scale stays): delayed_<how>.
 <step>.q (I32 bytes), .inv (1), .saturated (1), .scale (1: after the step's update).
 
+Blockwise (DeepSeek-V3's): x (8, 256) in 1x128 blocks, w (128, 256) in 128x128 blocks, each block's
+scale from its own amax (exact scales), e4m3; the reference GEMM dequantizes both (each block's bytes
+times its inverse scale) and multiplies them in float32: blockwise.x, .w, .qx, .qw, .inv_x (8 x 2),
+.inv_w (1 x 2), .y.
+
 Writes --out/gemm.safetensors: <case>.x, <case>.w (F32), <case>.qx, <case>.qw (I32: the float8
 bytes), <case>.inv_x (M or 1), <case>.inv_w (N or 1), <case>.y (M, N) (F32).
 
@@ -87,6 +92,26 @@ def main():
             history = torch.roll(history, -1, 0)
             history[0] = 0.0
             out[f"{pre}.scale"] = scale.reshape(1).clone()
+    xb = torch.randn(8, 256) * 2
+    xb[1, 200] = 40.0
+    wb = torch.randn(128, 256) * 0.05
+
+    def blocks(t, br, bc):
+        R, C = t.shape
+        tb = t.reshape(R // br, br, C // bc, bc)
+        amax = tb.abs().amax(dim=(1, 3)).to(torch.float64)  # (R / br, C / bc)
+        s = (torch.finfo(e4).max / torch.clamp(amax, min=1e-12)).to(torch.float32)
+        m = torch.finfo(e4).max
+        q = (tb * s[:, None, :, None]).clamp(-m, m).to(e4).reshape(R, C)
+        inv = s.reciprocal()
+        deq = (q.float().reshape(R // br, br, C // bc, bc) * inv[:, None, :, None]).reshape(R, C)
+        return q, inv, deq
+
+    qxb, ixb, dxb = blocks(xb, 1, 128)
+    qwb, iwb, dwb = blocks(wb, 128, 128)
+    out.update({"blockwise.x": xb, "blockwise.w": wb, "blockwise.qx": qxb.view(torch.uint8).to(torch.int32),
+                "blockwise.qw": qwb.view(torch.uint8).to(torch.int32), "blockwise.inv_x": ixb.reshape(-1),
+                "blockwise.inv_w": iwb.reshape(-1), "blockwise.y": dxb @ dwb.t()})
     os.makedirs(a.out, exist_ok=True)
     save_file({k: v.contiguous() for k, v in out.items()}, os.path.join(a.out, "gemm.safetensors"))
     print(f"{len(out)} tensors into {a.out}/gemm.safetensors (torch {torch.__version__})")

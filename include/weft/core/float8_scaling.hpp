@@ -27,8 +27,12 @@
 // (else the scale stays), and rolls the history, its head 0 for the next step. Values past the
 // scale's range saturate (e4m3) and are counted (Quantized::saturated).
 //
+// Blockwise scaling, fp8::quantize_blocks: a scale for each (block_rows, block_cols) block (1x128 for
+// activations and gradients, 128x128 for weights, DeepSeek-V3's); scaled_gemm then sums each K
+// block apart and applies its scales.
+//
 // defines: fp8::Tensorwise, fp8::Rowwise, fp8::Recipe, fp8::Quantized, fp8::quantize, fp8::scaled_gemm,
-// fp8::AmaxReduction, fp8::DelayedScaler
+// fp8::quantize_blocks, fp8::AmaxReduction, fp8::DelayedScaler
 #pragma once
 
 #include <algorithm>
@@ -70,9 +74,14 @@ concept Recipe = Format<typename R::format> && requires {
 template <Format F8>
 struct Quantized {
   std::int64_t rows = 0, cols = 0;
+  std::int64_t block_rows = 0, block_cols = 0;  // each scale's block: (rows, cols) tensorwise, (1, cols) rowwise
   std::vector<F8> q;
-  std::vector<float> inv;
+  std::vector<float> inv;      // (rows / block_rows, cols / block_cols), row-major
   std::int64_t saturated = 0;  // values whose magnitude times the scale passed F8's largest
+
+  float inv_at(std::int64_t r, std::int64_t c) const {
+    return inv[static_cast<std::size_t>((r / block_rows) * (cols / block_cols) + c / block_cols)];
+  }
 };
 
 template <Recipe R>
@@ -81,7 +90,12 @@ Quantized<typename R::format> quantize(std::span<const float> x, std::int64_t ro
   if (rows < 0 || cols < 0 || static_cast<std::int64_t>(x.size()) != rows * cols)
     throw Error(cat("fp8::quantize<", R::name(), ">"), cat(x.size(), " values for a (", rows, ", ", cols, ") operand"),
                 "pass rows x cols values");
-  Quantized<F8> out{rows, cols, std::vector<F8>(x.size()), {}};
+  Quantized<F8> out{.rows = rows,
+                    .cols = cols,
+                    .block_rows = R::rowwise ? 1 : rows,
+                    .block_cols = cols,
+                    .q = std::vector<F8>(x.size()),
+                    .inv = {}};
   const std::int64_t groups = R::rowwise ? rows : 1, per = R::rowwise ? cols : rows * cols;
   for (std::int64_t g = 0; g < groups; ++g) {
     const auto part = x.subspan(static_cast<std::size_t>(g * per), static_cast<std::size_t>(per));
@@ -98,27 +112,74 @@ Quantized<typename R::format> quantize(std::span<const float> x, std::int64_t ro
   return out;
 }
 
-// y (M, N) = a (M, K) times b (N, K) transposed, dequantized by both operands' inverse scales.
+// y (M, N) = a (M, K) times b (N, K) transposed, dequantized by both operands' inverse scales: each
+// K block's sum (the operands' block_cols, which must agree unless one covers K) times its scales,
+// the blocks' products summed in order.
 template <Format A, Format B>
 std::vector<float> scaled_gemm(const Quantized<A>& a, const Quantized<B>& b) {
   if (a.cols != b.cols)
     throw Error("fp8::scaled_gemm", cat("operands (", a.rows, ", ", a.cols, ") and (", b.rows, ", ", b.cols, ")"),
                 "pass a (M, K) and b (N, K) with the same K");
   const std::int64_t M = a.rows, N = b.rows, K = a.cols;
+  const std::int64_t bk = std::min(a.block_cols, b.block_cols);
+  if (K > 0 && (bk < 1 || a.block_cols % bk != 0 || b.block_cols % bk != 0))
+    throw Error("fp8::scaled_gemm", cat("scale blocks of ", a.block_cols, " and ", b.block_cols, " along K = ", K),
+                "quantize both operands with the same block along K (or one scale over K)");
   std::vector<float> af(a.q.size()), bf(b.q.size());
   for (std::size_t i = 0; i < af.size(); ++i) af[i] = static_cast<float>(a.q[i]);
   for (std::size_t i = 0; i < bf.size(); ++i) bf[i] = static_cast<float>(b.q[i]);
   std::vector<float> y(static_cast<std::size_t>(M * N));
   for (std::int64_t m = 0; m < M; ++m)
     for (std::int64_t n = 0; n < N; ++n) {
-      float s = 0;
-      for (std::int64_t k = 0; k < K; ++k)
-        s += af[static_cast<std::size_t>(m * K + k)] * bf[static_cast<std::size_t>(n * K + k)];
-      const float ia = a.inv[a.inv.size() == 1 ? 0 : static_cast<std::size_t>(m)];
-      const float ib = b.inv[b.inv.size() == 1 ? 0 : static_cast<std::size_t>(n)];
-      y[static_cast<std::size_t>(m * N + n)] = s * ia * ib;
+      float total = 0;
+      for (std::int64_t k0 = 0; k0 < K; k0 += bk) {
+        float s = 0;
+        for (std::int64_t k = k0; k < k0 + bk; ++k)
+          s += af[static_cast<std::size_t>(m * K + k)] * bf[static_cast<std::size_t>(n * K + k)];
+        const float part = s * a.inv_at(m, k0) * b.inv_at(n, k0);
+        total = k0 == 0 ? part : total + part;
+      }
+      y[static_cast<std::size_t>(m * N + n)] = total;
     }
   return y;
+}
+
+// Blockwise scaling (DeepSeek-V3's; Transformer Engine's Float8BlockScaling): a scale for each
+// (block_rows, block_cols) block from its own amax, 1x128 for activations and gradients, 128x128 for
+// weights. The blocks must tile the operand.
+template <Format F8>
+Quantized<F8> quantize_blocks(std::span<const float> x, std::int64_t rows, std::int64_t cols, std::int64_t block_rows,
+                              std::int64_t block_cols, bool pow2 = false) {
+  const std::string where = cat("fp8::quantize_blocks(", block_rows, "x", block_cols, ")");
+  if (rows < 0 || cols < 0 || static_cast<std::int64_t>(x.size()) != rows * cols)
+    throw Error(where, cat(x.size(), " values for a (", rows, ", ", cols, ") operand"), "pass rows x cols values");
+  if (block_rows < 1 || block_cols < 1 || rows % block_rows != 0 || cols % block_cols != 0)
+    throw Error(where, cat("blocks of ", block_rows, "x", block_cols, " over a (", rows, ", ", cols, ") operand"),
+                "choose blocks that divide the operand's rows and columns (128 along K, as DeepSeek-V3's)");
+  Quantized<F8> out{.rows = rows,
+                    .cols = cols,
+                    .block_rows = block_rows,
+                    .block_cols = block_cols,
+                    .q = std::vector<F8>(x.size()),
+                    .inv = {}};
+  for (std::int64_t br = 0; br < rows; br += block_rows)
+    for (std::int64_t bc = 0; bc < cols; bc += block_cols) {
+      float amax = 0;
+      for (std::int64_t r = br; r < br + block_rows; ++r)
+        for (std::int64_t c = bc; c < bc + block_cols; ++c)
+          amax = std::max(amax, std::abs(x[static_cast<std::size_t>(r * cols + c)]));
+      if (!std::isfinite(amax))
+        throw Error(where, cat("the block at (", br, ", ", bc, ") holds an infinite or NaN value"),
+                    "find the overflow upstream (the layer that produced it)");
+      const float scale = float8_scale<F8>(amax, pow2);
+      for (std::int64_t r = br; r < br + block_rows; ++r)
+        for (std::int64_t c = bc; c < bc + block_cols; ++c) {
+          const auto i = static_cast<std::size_t>(r * cols + c);
+          out.q[i] = F8(x[i] * scale);
+        }
+      out.inv.push_back(1.0f / scale);
+    }
+  return out;
 }
 
 enum class AmaxReduction { max, most_recent };
@@ -139,7 +200,12 @@ class DelayedScaler {
     if (rows < 0 || cols < 0 || static_cast<std::int64_t>(x.size()) != rows * cols)
       throw Error("fp8::DelayedScaler::quantize", cat(x.size(), " values for a (", rows, ", ", cols, ") operand"),
                   "pass rows x cols values");
-    Quantized<F8> out{rows, cols, std::vector<F8>(x.size()), {1.0f / scale_}, 0};
+    Quantized<F8> out{.rows = rows,
+                      .cols = cols,
+                      .block_rows = rows,
+                      .block_cols = cols,
+                      .q = std::vector<F8>(x.size()),
+                      .inv = {1.0f / scale_}};
     float amax = 0;
     for (std::size_t i = 0; i < x.size(); ++i) {
       amax = std::max(amax, std::abs(x[i]));
