@@ -84,12 +84,18 @@ struct Quantized {
   }
 };
 
+namespace detail {
+// x must hold a (rows, cols) operand's values; `where` names the caller.
+inline void check_operand(const std::string& where, std::span<const float> x, std::int64_t rows, std::int64_t cols) {
+  if (rows < 0 || cols < 0 || static_cast<std::int64_t>(x.size()) != rows * cols)
+    throw Error(where, cat(x.size(), " values for a (", rows, ", ", cols, ") operand"), "pass rows x cols values");
+}
+}  // namespace detail
+
 template <Recipe R>
 Quantized<typename R::format> quantize(std::span<const float> x, std::int64_t rows, std::int64_t cols) {
   using F8 = typename R::format;
-  if (rows < 0 || cols < 0 || static_cast<std::int64_t>(x.size()) != rows * cols)
-    throw Error(cat("fp8::quantize<", R::name(), ">"), cat(x.size(), " values for a (", rows, ", ", cols, ") operand"),
-                "pass rows x cols values");
+  detail::check_operand(cat("fp8::quantize<", R::name(), ">"), x, rows, cols);
   Quantized<F8> out{.rows = rows,
                     .cols = cols,
                     .block_rows = R::rowwise ? 1 : rows,
@@ -151,8 +157,7 @@ template <Format F8>
 Quantized<F8> quantize_blocks(std::span<const float> x, std::int64_t rows, std::int64_t cols, std::int64_t block_rows,
                               std::int64_t block_cols, bool pow2 = false) {
   const std::string where = cat("fp8::quantize_blocks(", block_rows, "x", block_cols, ")");
-  if (rows < 0 || cols < 0 || static_cast<std::int64_t>(x.size()) != rows * cols)
-    throw Error(where, cat(x.size(), " values for a (", rows, ", ", cols, ") operand"), "pass rows x cols values");
+  detail::check_operand(where, x, rows, cols);
   if (block_rows < 1 || block_cols < 1 || rows % block_rows != 0 || cols % block_cols != 0)
     throw Error(where, cat("blocks of ", block_rows, "x", block_cols, " over a (", rows, ", ", cols, ") operand"),
                 "choose blocks that divide the operand's rows and columns (128 along K, as DeepSeek-V3's)");
@@ -197,9 +202,7 @@ class DelayedScaler {
 
   // x (rows, cols) cast with the current scale; its amax goes to the history's head.
   Quantized<F8> quantize(std::span<const float> x, std::int64_t rows, std::int64_t cols) {
-    if (rows < 0 || cols < 0 || static_cast<std::int64_t>(x.size()) != rows * cols)
-      throw Error("fp8::DelayedScaler::quantize", cat(x.size(), " values for a (", rows, ", ", cols, ") operand"),
-                  "pass rows x cols values");
+    detail::check_operand("fp8::DelayedScaler::quantize", x, rows, cols);
     Quantized<F8> out{.rows = rows,
                       .cols = cols,
                       .block_rows = rows,
