@@ -305,3 +305,17 @@ struct Attention<Meta<D>> {
 };
 
 }  // namespace weft::ops
+
+// The Host kernels' instances, compiled once where WEFT_HOST_KERNELS_COMPILED=1 (device/host/ops.hpp).
+#define WEFT_HOST_ATTENTION_INSTANCES(EXTERN, T)                                                                       \
+  EXTERN template void weft::ops::Attention<weft::Host>::forward<T>(weft::Host&, T*, T*, const T*, std::int64_t,       \
+                                                                    std::int64_t, std::int64_t, std::int64_t,          \
+                                                                    std::int64_t, weft::ops::Mask);                    \
+  EXTERN template void weft::ops::Attention<weft::Host>::backward<T>(weft::Host&, T*, const T*, const T*, const T*,    \
+                                                                     std::int64_t, std::int64_t, std::int64_t,         \
+                                                                     std::int64_t, std::int64_t, weft::ops::Mask);     \
+  EXTERN template void weft::host::attention_forward<T>(T*, T*, const T*, std::int64_t, std::int64_t, std::int64_t,    \
+                                                        std::int64_t, std::int64_t, weft::ops::Mask);                  \
+  EXTERN template void weft::host::attention_backward<T>(T*, const T*, const T*, const T*, std::int64_t, std::int64_t, \
+                                                         std::int64_t, std::int64_t, std::int64_t, weft::ops::Mask);
+WEFT_HOST_KERNELS_EXTERN(WEFT_HOST_ATTENTION_INSTANCES)

@@ -67,3 +67,13 @@ struct Bias<Meta<D>> {
 };
 
 }  // namespace weft::ops
+
+// The Host kernels' instances, compiled once where WEFT_HOST_KERNELS_COMPILED=1 (device/host/ops.hpp).
+#define WEFT_HOST_BIAS_INSTANCES(EXTERN, T)                                                                        \
+  EXTERN template void weft::ops::Bias<weft::Host>::add<T>(weft::Host&, T*, const T*, std::int64_t, std::int64_t); \
+  EXTERN template void weft::ops::Bias<weft::Host>::backward<T>(weft::Host&, weft::accumulate_t<T>*, const T*,     \
+                                                                std::int64_t, std::int64_t);                       \
+  EXTERN template void weft::host::bias_add<T>(T*, const T*, std::int64_t, std::int64_t);                          \
+  EXTERN template void weft::host::bias_backward<T, weft::accumulate_t<T>>(weft::accumulate_t<T>*, const T*,       \
+                                                                           std::int64_t, std::int64_t);
+WEFT_HOST_KERNELS_EXTERN(WEFT_HOST_BIAS_INSTANCES)

@@ -42,6 +42,7 @@
 
 #include "weft/core/dtype.hpp"
 #include "weft/device/host/host.hpp"
+#include "weft/device/host/ops.hpp"
 #include "weft/ops/mask.hpp"
 #include "weft/ops/op.hpp"
 #include "weft/ops/positions.hpp"
@@ -225,3 +226,30 @@ struct ContextBlock<Host> {
 };
 
 }  // namespace weft::ops
+
+// The Host kernels' instances, compiled once where WEFT_HOST_KERNELS_COMPILED=1 (device/host/ops.hpp).
+#define WEFT_HOST_CONTEXT_BLOCK_INSTANCES(EXTERN, T)                                                               \
+  EXTERN template void weft::ops::ContextBlock<weft::Host>::pack_kv<T>(                                            \
+      weft::Host&, T*, const T*, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::int64_t);            \
+  EXTERN template void weft::ops::ContextBlock<weft::Host>::forward<T, weft::accumulate_t<T>>(                     \
+      weft::Host&, weft::accumulate_t<T>*, weft::accumulate_t<T>*, const T*, const T*, std::int64_t, std::int64_t, \
+      std::int64_t, std::int64_t, std::int64_t, weft::ops::Positions, weft::ops::Positions, weft::ops::Mask);      \
+  EXTERN template void weft::ops::ContextBlock<weft::Host>::finish<T, weft::accumulate_t<T>>(                      \
+      weft::Host&, T*, const weft::accumulate_t<T>*, std::int64_t);                                                \
+  EXTERN template void weft::ops::ContextBlock<weft::Host>::row_dots<T, weft::accumulate_t<T>>(                    \
+      weft::Host&, weft::accumulate_t<T>*, const T*, const T*, std::int64_t, std::int64_t, std::int64_t,           \
+      std::int64_t);                                                                                               \
+  EXTERN template void weft::ops::ContextBlock<weft::Host>::backward<T, weft::accumulate_t<T>>(                    \
+      weft::Host&, weft::accumulate_t<T>*, weft::accumulate_t<T>*, const T*, const T*, const T*,                   \
+      const weft::accumulate_t<T>*, const weft::accumulate_t<T>*, std::int64_t, std::int64_t, std::int64_t,        \
+      std::int64_t, std::int64_t, weft::ops::Positions, weft::ops::Positions, weft::ops::Mask);                    \
+  EXTERN template void weft::ops::ContextBlock<weft::Host>::write_dqkv<T, weft::accumulate_t<T>>(                  \
+      weft::Host&, T*, const weft::accumulate_t<T>*, const weft::accumulate_t<T>*, std::int64_t, std::int64_t,     \
+      std::int64_t, std::int64_t, std::int64_t);
+WEFT_HOST_KERNELS_EXTERN(WEFT_HOST_CONTEXT_BLOCK_INSTANCES)
+#define WEFT_HOST_CONTEXT_BLOCK_PAIRS(EXTERN)                                                                          \
+  EXTERN template void weft::ops::ContextBlock<weft::Host>::start<float>(weft::Host&, float*, float*, std::int64_t,    \
+                                                                         std::int64_t, std::int64_t, std::int64_t);    \
+  EXTERN template void weft::ops::ContextBlock<weft::Host>::start<double>(weft::Host&, double*, double*, std::int64_t, \
+                                                                          std::int64_t, std::int64_t, std::int64_t);
+WEFT_HOST_KERNELS_EXTERN_ONCE(WEFT_HOST_CONTEXT_BLOCK_PAIRS)

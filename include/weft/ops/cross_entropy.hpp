@@ -154,3 +154,31 @@ struct CrossEntropy<Meta<D>> {
 };
 
 }  // namespace weft::ops
+
+// The Host kernels' instances, compiled once where WEFT_HOST_KERNELS_COMPILED=1 (device/host/ops.hpp).
+#define WEFT_HOST_CROSS_ENTROPY_INSTANCES(EXTERN, T)                                                                   \
+  EXTERN template void weft::ops::CrossEntropy<weft::Host>::row_max<T>(weft::Host&, weft::accumulate_t<T>*, const T*,  \
+                                                                       std::int64_t, std::int64_t, std::int64_t);      \
+  EXTERN template void weft::ops::CrossEntropy<weft::Host>::row_stats<T>(                                              \
+      weft::Host&, weft::accumulate_t<T>*, const T*, const weft::accumulate_t<T>*, const std::int32_t*, std::int64_t,  \
+      std::int64_t, std::int64_t, std::int64_t);                                                                       \
+  EXTERN template void weft::ops::CrossEntropy<weft::Host>::backward<T>(                                               \
+      weft::Host&, T*, const T*, const weft::accumulate_t<T>*, const weft::accumulate_t<T>*, const std::int32_t*,      \
+      std::int64_t, std::int64_t, std::int64_t, std::int64_t, weft::accumulate_t<T>);                                  \
+  EXTERN template void weft::host::ce_row_max<T, weft::accumulate_t<T>>(weft::accumulate_t<T>*, const T*,              \
+                                                                        std::int64_t, std::int64_t, std::int64_t);     \
+  EXTERN template void weft::host::ce_row_stats<T, weft::accumulate_t<T>>(                                             \
+      weft::accumulate_t<T>*, const T*, const weft::accumulate_t<T>*, const std::int32_t*, std::int64_t, std::int64_t, \
+      std::int64_t, std::int64_t);                                                                                     \
+  EXTERN template void weft::host::ce_backward<T, weft::accumulate_t<T>>(                                              \
+      T*, const T*, const weft::accumulate_t<T>*, const weft::accumulate_t<T>*, const std::int32_t*, std::int64_t,     \
+      std::int64_t, std::int64_t, std::int64_t, weft::accumulate_t<T>);
+WEFT_HOST_KERNELS_EXTERN(WEFT_HOST_CROSS_ENTROPY_INSTANCES)
+#define WEFT_HOST_CROSS_ENTROPY_PAIRS(EXTERN)                                                                   \
+  EXTERN template double weft::ops::CrossEntropy<weft::Host>::loss<float>(weft::Host&, float*, const float*,    \
+                                                                          const float*, std::int64_t);          \
+  EXTERN template double weft::ops::CrossEntropy<weft::Host>::loss<double>(weft::Host&, double*, const double*, \
+                                                                           const double*, std::int64_t);        \
+  EXTERN template double weft::host::ce_loss<float>(float*, const float*, const float*, std::int64_t);          \
+  EXTERN template double weft::host::ce_loss<double>(double*, const double*, const double*, std::int64_t);
+WEFT_HOST_KERNELS_EXTERN_ONCE(WEFT_HOST_CROSS_ENTROPY_PAIRS)

@@ -125,3 +125,24 @@ template <class D>
 struct Position<Meta<D>> : MetaPass<D> {};
 
 }  // namespace weft::ops
+
+// The Host kernels' instances, compiled once where WEFT_HOST_KERNELS_COMPILED=1 (device/host/ops.hpp).
+#define WEFT_HOST_EMBEDDING_INSTANCES(EXTERN, T)                                                                       \
+  EXTERN template void weft::ops::Embedding<weft::Host>::forward<T>(                                                   \
+      weft::Host&, T*, const std::int32_t*, const T*, std::int64_t, std::int64_t, std::int64_t, std::int64_t);         \
+  EXTERN template void weft::ops::Embedding<weft::Host>::backward<T>(weft::Host&, weft::accumulate_t<T>*, const T*,    \
+                                                                     const std::int32_t*, std::int64_t, std::int64_t,  \
+                                                                     std::int64_t, std::int64_t);                      \
+  EXTERN template void weft::ops::Position<weft::Host>::forward<T>(weft::Host&, T*, const T*, std::int64_t,            \
+                                                                   std::int64_t, std::int64_t, weft::ops::Positions);  \
+  EXTERN template void weft::ops::Position<weft::Host>::backward<T>(                                                   \
+      weft::Host&, weft::accumulate_t<T>*, const T*, std::int64_t, std::int64_t, std::int64_t, weft::ops::Positions);  \
+  EXTERN template void weft::host::position_forward<T>(T*, const T*, std::int64_t, std::int64_t, std::int64_t,         \
+                                                       weft::ops::Positions);                                          \
+  EXTERN template void weft::host::position_backward<T, weft::accumulate_t<T>>(                                        \
+      weft::accumulate_t<T>*, const T*, std::int64_t, std::int64_t, std::int64_t, weft::ops::Positions);               \
+  EXTERN template void weft::host::embedding_forward<T>(T*, const std::int32_t*, const T*, std::int64_t, std::int64_t, \
+                                                        std::int64_t, std::int64_t);                                   \
+  EXTERN template void weft::host::embedding_backward<T, weft::accumulate_t<T>>(                                       \
+      weft::accumulate_t<T>*, const T*, const std::int32_t*, std::int64_t, std::int64_t, std::int64_t, std::int64_t);
+WEFT_HOST_KERNELS_EXTERN(WEFT_HOST_EMBEDDING_INSTANCES)

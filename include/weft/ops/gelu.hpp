@@ -102,3 +102,11 @@ struct Gelu<Meta<D>> {
 };
 
 }  // namespace weft::ops
+
+// The Host kernels' instances, compiled once where WEFT_HOST_KERNELS_COMPILED=1 (device/host/ops.hpp).
+#define WEFT_HOST_GELU_INSTANCES(EXTERN, T)                                                                         \
+  EXTERN template void weft::ops::Gelu<weft::Host>::forward<T>(weft::Host&, T*, const T*, std::int64_t);            \
+  EXTERN template void weft::ops::Gelu<weft::Host>::backward<T>(weft::Host&, T*, const T*, const T*, std::int64_t); \
+  EXTERN template void weft::host::gelu_forward<T>(T*, const T*, std::int64_t);                                     \
+  EXTERN template void weft::host::gelu_backward<T>(T*, const T*, const T*, std::int64_t);
+WEFT_HOST_KERNELS_EXTERN(WEFT_HOST_GELU_INSTANCES)

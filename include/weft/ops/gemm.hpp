@@ -70,3 +70,15 @@ struct Gemm<Meta<D>> {
 };
 
 }  // namespace weft::ops
+
+// The Host kernels' instances, compiled once where WEFT_HOST_KERNELS_COMPILED=1 (device/host/ops.hpp).
+#define WEFT_HOST_GEMM_OP_INSTANCES(EXTERN, T)                                                                \
+  EXTERN template void weft::ops::Gemm<weft::Host>::run<T, T>(                                                \
+      weft::Host&, weft::Trans, weft::Trans, std::int64_t, std::int64_t, std::int64_t, weft::accumulate_t<T>, \
+      const T*, std::int64_t, const T*, std::int64_t, weft::accumulate_t<T>, T*, std::int64_t);
+WEFT_HOST_KERNELS_EXTERN(WEFT_HOST_GEMM_OP_INSTANCES)
+#define WEFT_HOST_GEMM_OP_PAIRS(EXTERN)                                                                          \
+  EXTERN template void weft::ops::Gemm<weft::Host>::run<weft::bf16, float>(                                      \
+      weft::Host&, weft::Trans, weft::Trans, std::int64_t, std::int64_t, std::int64_t, float, const weft::bf16*, \
+      std::int64_t, const weft::bf16*, std::int64_t, float, float*, std::int64_t);
+WEFT_HOST_KERNELS_EXTERN_ONCE(WEFT_HOST_GEMM_OP_PAIRS)

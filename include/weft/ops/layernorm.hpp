@@ -135,3 +135,25 @@ struct LayerNorm<Meta<D>> {
 };
 
 }  // namespace weft::ops
+
+// The Host kernels' instances, compiled once where WEFT_HOST_KERNELS_COMPILED=1 (device/host/ops.hpp).
+#define WEFT_HOST_LAYERNORM_INSTANCES(EXTERN, T)                                                                      \
+  EXTERN template void weft::ops::LayerNorm<weft::Host>::forward<T>(                                                  \
+      weft::Host&, T*, weft::accumulate_t<T>*, weft::accumulate_t<T>*, const T*, const T*, const T*, std::int64_t,    \
+      std::int64_t, weft::accumulate_t<T>);                                                                           \
+  EXTERN template void weft::ops::LayerNorm<weft::Host>::backward<T>(                                                 \
+      weft::Host&, T*, weft::accumulate_t<T>*, weft::accumulate_t<T>*, const T*, const T*, const T*,                  \
+      const weft::accumulate_t<T>*, const weft::accumulate_t<T>*, std::int64_t, std::int64_t, const T*);              \
+  EXTERN template void weft::host::layernorm_forward<T, weft::accumulate_t<T>>(                                       \
+      T*, weft::accumulate_t<T>*, weft::accumulate_t<T>*, const T*, const T*, const T*, std::int64_t, std::int64_t,   \
+      weft::accumulate_t<T>);                                                                                         \
+  EXTERN template void weft::host::layernorm_backward_dx<T, weft::accumulate_t<T>>(                                   \
+      T*, const T*, const T*, const T*, const weft::accumulate_t<T>*, const weft::accumulate_t<T>*, std::int64_t,     \
+      std::int64_t, std::int64_t, const T*);                                                                          \
+  EXTERN template void weft::host::layernorm_backward_params<T, weft::accumulate_t<T>>(                               \
+      weft::accumulate_t<T>*, weft::accumulate_t<T>*, const T*, const T*, const weft::accumulate_t<T>*,               \
+      const weft::accumulate_t<T>*, std::int64_t, std::int64_t, std::int64_t, std::int64_t);                          \
+  EXTERN template void weft::host::layernorm_backward<T, weft::accumulate_t<T>>(                                      \
+      T*, weft::accumulate_t<T>*, weft::accumulate_t<T>*, const T*, const T*, const T*, const weft::accumulate_t<T>*, \
+      const weft::accumulate_t<T>*, std::int64_t, std::int64_t, const T*);
+WEFT_HOST_KERNELS_EXTERN(WEFT_HOST_LAYERNORM_INSTANCES)

@@ -124,3 +124,31 @@ struct Init<Meta<D>> {
 };
 
 }  // namespace weft::ops
+
+// The Host kernels' instances, compiled once where WEFT_HOST_KERNELS_COMPILED=1 (device/host/ops.hpp).
+#define WEFT_HOST_MEMORY_INSTANCES(EXTERN, T)                                                                          \
+  EXTERN template void weft::ops::Memory<weft::Host>::zero<T>(weft::Host&, T*, std::int64_t);                          \
+  EXTERN template void weft::ops::Memory<weft::Host>::copy<T>(weft::Host&, T*, const T*, std::int64_t);                \
+  EXTERN template void weft::ops::Memory<weft::Host>::convert<T, T>(weft::Host&, T*, const T*, std::int64_t);          \
+  EXTERN template void weft::ops::Memory<weft::Host>::fill<T>(weft::Host&, T*, std::int64_t, T);                       \
+  EXTERN template void weft::ops::Memory<weft::Host>::add<T>(weft::Host&, T*, const T*, std::int64_t);                 \
+  EXTERN template void weft::ops::Init<weft::Host>::normal<T>(weft::Host&, T*, const weft::Shape&, const weft::Shape&, \
+                                                              const weft::Shape&, std::uint64_t, std::uint64_t,        \
+                                                              double);                                                 \
+  EXTERN template void weft::host::add_inplace<T>(T*, const T*, std::int64_t);                                         \
+  EXTERN template void weft::host::fill<T>(T*, std::int64_t, T);
+WEFT_HOST_KERNELS_EXTERN(WEFT_HOST_MEMORY_INSTANCES)
+#define WEFT_HOST_MEMORY_PAIRS(EXTERN)                                                                              \
+  EXTERN template void weft::ops::Memory<weft::Host>::convert<float, double>(weft::Host&, float*, const double*,    \
+                                                                             std::int64_t);                         \
+  EXTERN template void weft::ops::Memory<weft::Host>::convert<double, float>(weft::Host&, double*, const float*,    \
+                                                                             std::int64_t);                         \
+  EXTERN template void weft::ops::Memory<weft::Host>::convert<float, weft::bf16>(weft::Host&, float*,               \
+                                                                                 const weft::bf16*, std::int64_t);  \
+  EXTERN template void weft::ops::Memory<weft::Host>::convert<weft::bf16, float>(weft::Host&, weft::bf16*,          \
+                                                                                 const float*, std::int64_t);       \
+  EXTERN template void weft::ops::Memory<weft::Host>::convert<double, weft::bf16>(weft::Host&, double*,             \
+                                                                                  const weft::bf16*, std::int64_t); \
+  EXTERN template void weft::ops::Memory<weft::Host>::convert<weft::bf16, double>(weft::Host&, weft::bf16*,         \
+                                                                                  const double*, std::int64_t);
+WEFT_HOST_KERNELS_EXTERN_ONCE(WEFT_HOST_MEMORY_PAIRS)

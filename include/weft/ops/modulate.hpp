@@ -129,3 +129,22 @@ struct Modulate<Meta<D>> : MetaPass<D> {
 };
 
 }  // namespace weft::ops
+
+// The Host kernels' instances, compiled once where WEFT_HOST_KERNELS_COMPILED=1 (device/host/ops.hpp).
+#define WEFT_HOST_MODULATE_INSTANCES(EXTERN, T)                                                                        \
+  EXTERN template void weft::ops::Modulate<weft::Host>::forward<T>(weft::Host&, T*, const T*, const T*, std::int64_t,  \
+                                                                   std::int64_t, std::int64_t);                        \
+  EXTERN template void weft::ops::Modulate<weft::Host>::backward<T>(weft::Host&, T*, T*, const T*, const T*, const T*, \
+                                                                    std::int64_t, std::int64_t, std::int64_t);         \
+  EXTERN template void weft::ops::Modulate<weft::Host>::gate<T>(weft::Host&, T*, const T*, const T*, std::int64_t,     \
+                                                                std::int64_t, std::int64_t);                           \
+  EXTERN template void weft::ops::Modulate<weft::Host>::gate_backward<T>(                                              \
+      weft::Host&, T*, T*, const T*, const T*, const T*, std::int64_t, std::int64_t, std::int64_t);                    \
+  EXTERN template void weft::host::modulate_forward<T>(T*, const T*, const T*, std::int64_t, std::int64_t,             \
+                                                       std::int64_t);                                                  \
+  EXTERN template void weft::host::modulate_backward<T>(T*, T*, const T*, const T*, const T*, std::int64_t,            \
+                                                        std::int64_t, std::int64_t);                                   \
+  EXTERN template void weft::host::gate_forward<T>(T*, const T*, const T*, std::int64_t, std::int64_t, std::int64_t);  \
+  EXTERN template void weft::host::gate_backward<T>(T*, T*, const T*, const T*, const T*, std::int64_t, std::int64_t,  \
+                                                    std::int64_t);
+WEFT_HOST_KERNELS_EXTERN(WEFT_HOST_MODULATE_INSTANCES)

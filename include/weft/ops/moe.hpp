@@ -165,3 +165,33 @@ struct Dispatch<Meta<D>> {
 };
 
 }  // namespace weft::ops
+
+// The Host kernels' instances, compiled once where WEFT_HOST_KERNELS_COMPILED=1 (device/host/ops.hpp).
+#define WEFT_HOST_MOE_INSTANCES(EXTERN, T)                                                                            \
+  EXTERN template void weft::ops::Route<weft::Host>::backward<T, weft::accumulate_t<T>>(                              \
+      weft::Host&, T*, const weft::accumulate_t<T>*, const weft::accumulate_t<T>*, const std::int32_t*,               \
+      const weft::accumulate_t<T>*, const weft::accumulate_t<T>*, std::int64_t, std::int64_t, std::int64_t,           \
+      const weft::math::RouteRule<weft::accumulate_t<T>>&, const weft::accumulate_t<T>*, weft::accumulate_t<T>);      \
+  EXTERN template void weft::ops::Dispatch<weft::Host>::gather<T>(weft::Host&, T*, const T*, const std::int32_t*,     \
+                                                                  std::int64_t, std::int64_t);                        \
+  EXTERN template void weft::ops::Dispatch<weft::Host>::combine<T, weft::accumulate_t<T>>(                            \
+      weft::Host&, T*, const T*, const std::int32_t*, const weft::accumulate_t<T>*, std::int64_t, std::int64_t,       \
+      std::int64_t, bool);                                                                                            \
+  EXTERN template void weft::ops::Dispatch<weft::Host>::combine_backward<T, weft::accumulate_t<T>>(                   \
+      weft::Host&, T*, weft::accumulate_t<T>*, const T*, const T*, const std::int32_t*, const weft::accumulate_t<T>*, \
+      std::int64_t, std::int64_t, std::int64_t);
+WEFT_HOST_KERNELS_EXTERN(WEFT_HOST_MOE_INSTANCES)
+#define WEFT_HOST_MOE_PAIRS(EXTERN)                                                                                    \
+  EXTERN template void weft::ops::Route<weft::Host>::forward<float>(                                                   \
+      weft::Host&, float*, std::int32_t*, float*, float*, const float*, const float*, std::int64_t, std::int64_t,      \
+      std::int64_t, const weft::math::RouteRule<float>&);                                                              \
+  EXTERN template void weft::ops::Route<weft::Host>::stats<float>(                                                     \
+      weft::Host&, double*, double*, double*, const float*, const std::int32_t*, const float*, std::int64_t,           \
+      std::int64_t, std::int64_t, weft::math::Score);                                                                  \
+  EXTERN template void weft::ops::Route<weft::Host>::forward<double>(                                                  \
+      weft::Host&, double*, std::int32_t*, double*, double*, const double*, const double*, std::int64_t, std::int64_t, \
+      std::int64_t, const weft::math::RouteRule<double>&);                                                             \
+  EXTERN template void weft::ops::Route<weft::Host>::stats<double>(                                                    \
+      weft::Host&, double*, double*, double*, const double*, const std::int32_t*, const double*, std::int64_t,         \
+      std::int64_t, std::int64_t, weft::math::Score);
+WEFT_HOST_KERNELS_EXTERN_ONCE(WEFT_HOST_MOE_PAIRS)

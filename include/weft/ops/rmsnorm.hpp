@@ -85,3 +85,12 @@ struct RmsNorm<Meta<D>> {
 };
 
 }  // namespace weft::ops
+
+// The Host kernels' instances, compiled once where WEFT_HOST_KERNELS_COMPILED=1 (device/host/ops.hpp).
+#define WEFT_HOST_RMSNORM_INSTANCES(EXTERN, T)                                                                         \
+  EXTERN template void weft::ops::RmsNorm<weft::Host>::forward<T>(                                                     \
+      weft::Host&, T*, weft::accumulate_t<T>*, const T*, const T*, std::int64_t, std::int64_t, weft::accumulate_t<T>); \
+  EXTERN template void weft::ops::RmsNorm<weft::Host>::backward<T>(weft::Host&, T*, weft::accumulate_t<T>*, const T*,  \
+                                                                   const T*, const T*, const weft::accumulate_t<T>*,   \
+                                                                   std::int64_t, std::int64_t, const T*);
+WEFT_HOST_KERNELS_EXTERN(WEFT_HOST_RMSNORM_INSTANCES)

@@ -22,6 +22,7 @@
 
 #include "weft/core/precision.hpp"
 #include "weft/device/host/host.hpp"
+#include "weft/device/host/ops.hpp"
 #include "weft/device/host/profile.hpp"
 #include "weft/device/host/workers.hpp"
 #include "weft/device/meta/meta.hpp"
@@ -133,3 +134,13 @@ template <class D>
 struct Rotary<Meta<D>> : MetaPass<D> {};
 
 }  // namespace weft::ops
+
+// The Host kernels' instances, compiled once where WEFT_HOST_KERNELS_COMPILED=1 (device/host/ops.hpp).
+#define WEFT_HOST_ROTARY_INSTANCES(EXTERN, T)                                                                   \
+  EXTERN template void weft::ops::Rotary<weft::Host>::forward<T>(weft::Host&, T*, std::int64_t, std::int64_t,   \
+                                                                 std::int64_t, std::int64_t, std::int64_t,      \
+                                                                 const weft::ops::Rope&, weft::ops::Positions); \
+  EXTERN template void weft::ops::Rotary<weft::Host>::backward<T>(weft::Host&, T*, std::int64_t, std::int64_t,  \
+                                                                  std::int64_t, std::int64_t, std::int64_t,     \
+                                                                  const weft::ops::Rope&, weft::ops::Positions);
+WEFT_HOST_KERNELS_EXTERN(WEFT_HOST_ROTARY_INSTANCES)

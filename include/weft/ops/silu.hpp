@@ -63,3 +63,11 @@ struct Silu<Meta<D>> {
 };
 
 }  // namespace weft::ops
+
+// The Host kernels' instances, compiled once where WEFT_HOST_KERNELS_COMPILED=1 (device/host/ops.hpp).
+#define WEFT_HOST_SILU_INSTANCES(EXTERN, T)                                                                         \
+  EXTERN template void weft::ops::Silu<weft::Host>::forward<T>(weft::Host&, T*, const T*, std::int64_t);            \
+  EXTERN template void weft::ops::Silu<weft::Host>::backward<T>(weft::Host&, T*, const T*, const T*, std::int64_t); \
+  EXTERN template void weft::host::silu_forward<T>(T*, const T*, std::int64_t);                                     \
+  EXTERN template void weft::host::silu_backward<T>(T*, const T*, const T*, std::int64_t);
+WEFT_HOST_KERNELS_EXTERN(WEFT_HOST_SILU_INSTANCES)

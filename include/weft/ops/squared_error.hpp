@@ -67,3 +67,13 @@ struct SquaredError<Meta<D>> {
 };
 
 }  // namespace weft::ops
+
+// The Host kernels' instances, compiled once where WEFT_HOST_KERNELS_COMPILED=1 (device/host/ops.hpp).
+#define WEFT_HOST_SQUARED_ERROR_INSTANCES(EXTERN, T)                                                                 \
+  EXTERN template double weft::ops::SquaredError<weft::Host>::sum<T>(weft::Host&, const T*, const T*, std::int64_t); \
+  EXTERN template void weft::ops::SquaredError<weft::Host>::backward<T>(weft::Host&, T*, const T*, const T*,         \
+                                                                        std::int64_t, weft::accumulate_t<T>);        \
+  EXTERN template double weft::host::squared_error_sum<T>(const T*, const T*, std::int64_t);                         \
+  EXTERN template void weft::host::squared_error_backward<T, weft::accumulate_t<T>>(                                 \
+      T*, const T*, const T*, std::int64_t, weft::accumulate_t<T>);
+WEFT_HOST_KERNELS_EXTERN(WEFT_HOST_SQUARED_ERROR_INSTANCES)

@@ -170,3 +170,38 @@ struct Norm<Meta<D>> {
 };
 
 }  // namespace weft::ops
+
+// The Host kernels' instances (the optimizer's in f32 and f64: it updates master weights), compiled
+// once where WEFT_HOST_KERNELS_COMPILED=1 (device/host/ops.hpp).
+#define WEFT_HOST_UPDATE_PAIRS(EXTERN)                                                                                \
+  EXTERN template void weft::ops::Update<weft::Host>::adamw<float, float>(                                            \
+      weft::Host&, float*, const float*, float*, float*, std::int64_t, const weft::math::AdamWParams<float>&, bool,   \
+      double);                                                                                                        \
+  EXTERN template void weft::ops::Update<weft::Host>::sgd<float, float>(                                              \
+      weft::Host&, float*, const float*, float*, std::int64_t, double, double, double, bool, double);                 \
+  EXTERN template void weft::ops::Update<weft::Host>::sign_step<float>(weft::Host&, float*, const float*,             \
+                                                                       std::int64_t, double);                         \
+  EXTERN template double weft::ops::Norm<weft::Host>::sum_squares<float>(weft::Host&, const float*, std::int64_t);    \
+  EXTERN template double weft::ops::Norm<weft::Host>::sum_squares_many<float>(                                        \
+      weft::Host&, std::span<const std::pair<const float*, std::int64_t>>);                                           \
+  EXTERN template void weft::host::adamw<float, float>(float*, const float*, float*, float*, std::int64_t,            \
+                                                       const weft::math::AdamWParams<float>&, bool, double);          \
+  EXTERN template void weft::ops::Update<weft::Host>::adamw<double, double>(                                          \
+      weft::Host&, double*, const double*, double*, double*, std::int64_t, const weft::math::AdamWParams<double>&,    \
+      bool, double);                                                                                                  \
+  EXTERN template void weft::ops::Update<weft::Host>::sgd<double, double>(                                            \
+      weft::Host&, double*, const double*, double*, std::int64_t, double, double, double, bool, double);              \
+  EXTERN template void weft::ops::Update<weft::Host>::sign_step<double>(weft::Host&, double*, const double*,          \
+                                                                        std::int64_t, double);                        \
+  EXTERN template double weft::ops::Norm<weft::Host>::sum_squares<double>(weft::Host&, const double*, std::int64_t);  \
+  EXTERN template double weft::ops::Norm<weft::Host>::sum_squares_many<double>(                                       \
+      weft::Host&, std::span<const std::pair<const double*, std::int64_t>>);                                          \
+  EXTERN template void weft::host::adamw<double, double>(double*, const double*, double*, double*, std::int64_t,      \
+                                                         const weft::math::AdamWParams<double>&, bool, double);       \
+  EXTERN template void weft::host::sgd<float, float>(float*, const float*, float*, std::int64_t, double, double,      \
+                                                     double, bool, double);                                           \
+  EXTERN template double weft::host::sum_squares<float>(const float*, std::int64_t);                                  \
+  EXTERN template void weft::host::sgd<double, double>(double*, const double*, double*, std::int64_t, double, double, \
+                                                       double, bool, double);                                         \
+  EXTERN template double weft::host::sum_squares<double>(const double*, std::int64_t);
+WEFT_HOST_KERNELS_EXTERN_ONCE(WEFT_HOST_UPDATE_PAIRS)

@@ -122,3 +122,21 @@ void exp_rows(std::vector<float, Eigen::aligned_allocator<float>>& buf, const T*
 }  // namespace detail
 
 }  // namespace weft::host
+
+// Separate compilation of the host kernels, for builds that want it, as gemm.hpp does the GEMM's:
+// each op's file lists its Host specialization's entry points in a macro INSTANCES(EXTERN, T) for
+// T = float, double and bf16 (and those of other type pairs in one PAIRS(EXTERN)), and declares
+// them extern when WEFT_HOST_KERNELS_COMPILED=1, so
+// that the one unit that includes weft/ops/host_instances.hpp compiles them, once, and
+// may compile them optimized in a Debug build: at -O0 the kernels' Eigen packets are calls, and a
+// model test or a trainer spends most of its time in them (more than 10 times slower than at -O2,
+// docs/build.md). CMake's weft::host_kernels does both; header-only use is unchanged.
+#if defined(WEFT_HOST_KERNELS_COMPILED) && WEFT_HOST_KERNELS_COMPILED
+#define WEFT_HOST_KERNELS_EXTERN(INSTANCES) \
+  INSTANCES(extern, float) INSTANCES(extern, double) INSTANCES(extern, weft::bf16)
+#define WEFT_HOST_KERNELS_EXTERN_ONCE(INSTANCES) INSTANCES(extern)
+#else
+#define WEFT_HOST_KERNELS_EXTERN(INSTANCES)
+#define WEFT_HOST_KERNELS_EXTERN_ONCE(INSTANCES)
+#endif
+#define WEFT_HOST_KERNELS_DEFINE(INSTANCES) INSTANCES(, float) INSTANCES(, double) INSTANCES(, weft::bf16)
