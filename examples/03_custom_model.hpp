@@ -115,9 +115,10 @@ struct Spec {
   using St = nn::stream<SP>;
   using A = typename St::layout;
   using Norm = RmsNormLayer<T, A, D>;
-  using Attn = nn::GroupedQueryAttention<T, recompute::None, D>;  // multi-head, biased, not rotated
-  using Up = nn::Linear<T, nn::ColumnParallel, nn::epilogue::None, D>;
-  using Down = nn::Linear<T, nn::RowParallel, nn::epilogue::None, D>;
+  using G = typename precision::gemms;  // the linear layers' GEMMs: in T, or on float8 casts (FP8 precisions)
+  using Attn = nn::GroupedQueryAttention<T, recompute::None, D, context::None, mask::Causal, G>;  // multi-head
+  using Up = nn::Linear<T, nn::ColumnParallel, nn::epilogue::None, D, G>;
+  using Down = nn::Linear<T, nn::RowParallel, nn::epilogue::None, D, G>;
   using Relu2 = nn::Elementwise<ReluSquared, T, nn::act::Features, D>;
   using AttnInner =
       nn::Sequential<nn::Named<"norm1", Norm>, typename St::enter, nn::Named<"attn", Attn>, typename St::leave>;

@@ -8,11 +8,13 @@
 #include <cmath>
 #include <cstring>
 #include <mutex>
+#include <type_traits>
 #include <vector>
 
 #include "support/train_markov.hpp"
 #include "weft/comm/mesh.hpp"
 #include "weft/comm/threads/run.hpp"
+#include "weft/core/float8_gemms.hpp"
 #include "weft/core/precision.hpp"
 #include "weft/data/loader.hpp"
 #include "weft/data/synthetic.hpp"
@@ -96,6 +98,29 @@ TEST_CASE("host bf16 mixed precision trains like f32: 300 steps on the Markov co
   CHECK(a < f32.front() - 0.5);  // both learn
   CHECK(b < mixed.front() - 0.5);
   CHECK(std::abs(a - b) < 0.05);
+}
+
+TEST_CASE("host FP8 trains like bf16: 300 steps on the Markov corpus end within 0.05 nats, for every scaling") {
+  // Precision<bf16, float, fp8::Gemms<...>>: the linear layers' GEMMs on float8 casts (e4m3
+  // operands, e5m2 output gradients), the rest as bf16 mixed precision, from the same weights and
+  // batches. The mean of the last 50 steps' losses against bf16's; 0.05 nats is the issue's bound.
+  // Blockwise with 32-wide blocks: the model's widths (32, 96, 128) and a rank's 64 tokens tile.
+  using namespace fp8::scaling;
+  const auto bf16_run = test::train_markov<Bf16Mixed>(300, 2);
+  const double base = test::mean_of_last(bf16_run, 50);
+  auto check = [&]<class G>(std::type_identity<G>) {
+    const auto fp8_run = test::train_markov<Precision<bf16, float, G>>(300, 2);
+    REQUIRE(fp8_run.size() == 300);
+    const double m = test::mean_of_last(fp8_run, 50);
+    MESSAGE(G::name(), ": mean loss of the last 50 steps ", m, " (bf16 ", base, ", start ", fp8_run.front(), ")");
+    CHECK(std::abs(fp8_run.front() - bf16_run.front()) < 0.02);  // the same start
+    CHECK(m < fp8_run.front() - 0.5);                            // it learns
+    CHECK(std::abs(m - base) < 0.05);
+  };
+  check(std::type_identity<fp8::Gemms<Tensorwise>>{});
+  check(std::type_identity<fp8::Gemms<Rowwise>>{});
+  check(std::type_identity<fp8::Gemms<Blockwise<32>>>{});
+  check(std::type_identity<fp8::Gemms<Rowwise, float8_e4m3>>{});
 }
 
 TEST_CASE("a non-finite gradient norm skips the step on every rank, for every strategy and precision") {

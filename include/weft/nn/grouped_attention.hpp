@@ -64,7 +64,7 @@ struct QkNorm {
 };
 
 template <Floating T, recompute::Policy Recompute = recompute::None, class D = Host, context::Choice Cx = context::None,
-          mask::Kind Mask = mask::Causal>
+          mask::Kind Mask = mask::Causal, GemmPolicy G = ExactGemms>
 class GroupedQueryAttention {
   static constexpr bool keep_probs = !std::same_as<Recompute, recompute::Selective>;
   static constexpr bool cp = context::Kind<Cx>;  // the sequence sharded over the context axis
@@ -83,8 +83,8 @@ class GroupedQueryAttention {
   using GradIn = Out;
 
   struct Ctx {
-    typename Linear<T, ColumnParallel, epilogue::None, D>::Ctx qkv_ctx;
-    typename Linear<T, RowParallel, epilogue::None, D>::Ctx proj_ctx;
+    typename Linear<T, ColumnParallel, epilogue::None, D, G>::Ctx qkv_ctx;
+    typename Linear<T, RowParallel, epilogue::None, D, G>::Ctx proj_ctx;
     Tensor<T, act::Features, D> qkv;   // rotated
     Allocation probs;                  // (B, H/tp, T, T); empty when the core is recomputed in backward
     Tensor<T, act::Features, D> core;  // context parallelism: y (B, T/c, H hd / tp), the attention's output
@@ -95,8 +95,8 @@ class GroupedQueryAttention {
 
   using S = master_t<T>;  // the QK norms' statistics and weight gradients
 
-  Linear<T, ColumnParallel, epilogue::None, D> qkv;
-  Linear<T, RowParallel, epilogue::None, D> proj;
+  Linear<T, ColumnParallel, epilogue::None, D, G> qkv;
+  Linear<T, RowParallel, epilogue::None, D, G> proj;
   // QK norm: (hd) each, ones; shared by every head, so each tensor rank's gradient is its heads' part
   // (Partial over tensor), as sequence parallelism's norms' are. Empty without QK norm.
   Param<T, Replicated, Layout<Replicate, weft::Partial>, D> q_norm, k_norm;

@@ -11,6 +11,11 @@
 // Backward writes dx and accumulates dW, db. With epilogue::Gelu the pre-activation is saved and
 // the GELU backward is applied first. No collective runs inside a Linear: the communication
 // between layers is the caller's (comm.hpp), which keeps each layer's backward a local computation.
+//
+// G, the precision's GEMMs (core/precision.hpp): ExactGemms, in T; or fp8::Gemms<...>, each of the
+// three GEMMs (forward, dgrad, wgrad) on float8 casts of its operands (ops::ScaledGemm; which
+// operand is cast how: core/float8_gemms.hpp). FP8 on a tensor-parallel layer needs each cast's
+// amax reduced over the tensor ranks, which is not built yet: such a layer is refused by name.
 #pragma once
 
 #include <string>
@@ -20,6 +25,7 @@
 #include "weft/nn/param.hpp"
 #include "weft/nn/roles.hpp"
 #include "weft/ops/all.hpp"
+#include "weft/ops/scaled_gemm.hpp"
 
 namespace weft::nn {
 
@@ -49,8 +55,11 @@ template <> struct linear_layouts<NoParallel> {
   using grad_in = act::Full;
 };
 
-template <Floating T, LinearRole Role, class Epilogue = epilogue::None, class D = Host>
+template <Floating T, LinearRole Role, class Epilogue = epilogue::None, class D = Host, GemmPolicy G = ExactGemms>
 class Linear {
+  static_assert(!G::fp8 || ops::ImplementedOn<ops::ScaledGemm, D>,
+                "Linear: the precision's FP8 GEMMs need ops::ScaledGemm on this device, which has none (the GPU's "
+                "is not written yet); train FP8 on the host, or use Precision<bf16, float> here");
   static_assert(std::same_as<Epilogue, epilogue::None> || std::same_as<Epilogue, epilogue::Gelu>,
                 "Linear: unknown epilogue; use epilogue::None or epilogue::Gelu");
   static_assert(!(std::same_as<Role, RowParallel> && std::same_as<Epilogue, epilogue::Gelu>),
@@ -88,7 +97,15 @@ class Linear {
       : weight(dev, {out, in}, s, id, {Init::normal, init_std}, seed, Decay::yes),
         bias(dev, {with_bias ? out : 0}, s, id + 1, {Init::zeros}, seed, Decay::no),
         tensor_index_(s.tensor_index),
-        has_bias_(with_bias) {}
+        has_bias_(with_bias) {
+    if constexpr (G::fp8)
+      if (s.tensor_degree > 1)
+        throw Error(cat(name(), " under ", G::name()),
+                    cat("tensor degree ", s.tensor_degree,
+                        ": FP8 casts of sharded operands need their amax reduced over "
+                        "the tensor ranks, which weft does not do yet"),
+                    "train FP8 with tensor 1 (data, pipe and the data-parallel strategies work), or in bf16");
+  }
 
   bool has_bias() const { return has_bias_; }
 
@@ -109,8 +126,9 @@ class Linear {
     const std::int64_t N = x.local_shape()[0] * x.local_shape()[1];
     auto y = Tensor<T, Out, D>::empty(x.dev(), {g[0], g[1], weight.value.global_shape()[0]}, x.spread(),
                                       Category::activations);
-    ops::Gemm<D>::run(x.dev(), Trans::no, Trans::yes, N, out_local(), in_local(), S(1), x.data(), in_local(),
-                      weight.value.data(), in_local(), S(0), y.data(), out_local());
+    gemm<fp8::Operand::activation, fp8::Operand::weight>(x.dev(), "forward", Trans::no, Trans::yes, N, out_local(),
+                                                         in_local(), x.data(), in_local(), weight.value.data(),
+                                                         in_local(), S(0), y.data(), out_local());
     if (has_bias_ && (!std::same_as<Role, RowParallel> || tensor_index_ == 0))
       ops::Bias<D>::add(x.dev(), y.data(), bias.value.data(), N, out_local());
     ctx.x = x.clone(Category::activations);
@@ -135,8 +153,9 @@ class Linear {
     }
     // dx (N, in) = dy W;  then (now, or in backward_weight) dW (out, in) += dy^T x, db += sum of dy.
     auto dx = Tensor<T, GradIn, D>::empty(x.dev(), x.global_shape(), x.spread(), Category::activations);
-    ops::Gemm<D>::run(x.dev(), Trans::no, Trans::no, N, in_local(), out_local(), S(1), dy, out_local(),
-                      weight.value.data(), in_local(), S(0), dx.data(), in_local());
+    gemm<fp8::Operand::gradient, fp8::Operand::weight>(x.dev(), "dgrad", Trans::no, Trans::no, N, in_local(),
+                                                       out_local(), dy, out_local(), weight.value.data(), in_local(),
+                                                       S(0), dx.data(), in_local());
     if (deferring_) {
       ctx.dy = has_gelu ? std::move(dpre) : dy_in.clone(Category::activations);
       ctx.pre = {};
@@ -161,9 +180,20 @@ class Linear {
   }
 
  private:
+  // C = op(A) op(B) + beta C in T, or on float8 casts (ra, rb: what op(A) and op(B) are).
+  template <fp8::Operand ra, fp8::Operand rb, class C>
+  void gemm(D& dev, const char* which, Trans ta, Trans tb, std::int64_t m, std::int64_t n, std::int64_t k, const T* a,
+            std::int64_t lda, const T* b, std::int64_t ldb, S beta, C* c, std::int64_t ldc) const {
+    if constexpr (G::fp8)
+      ops::ScaledGemm<D>::template run<G, ra, rb>(dev, ta, tb, m, n, k, S(1), a, lda, b, ldb, beta, c, ldc,
+                                                  cat(name(), "'s ", which, " GEMM"));
+    else ops::Gemm<D>::run(dev, ta, tb, m, n, k, S(1), a, lda, b, ldb, beta, c, ldc);
+  }
+
   void weight_grads(const Tensor<T, In, D>& x, const T* dy, std::int64_t N) {
-    ops::Gemm<D>::run(x.dev(), Trans::yes, Trans::no, out_local(), in_local(), N, S(1), dy, out_local(), x.data(),
-                      in_local(), S(1), weight.grad.data(), in_local());
+    gemm<fp8::Operand::gradient, fp8::Operand::activation>(x.dev(), "wgrad", Trans::yes, Trans::no, out_local(),
+                                                           in_local(), N, dy, out_local(), x.data(), in_local(), S(1),
+                                                           weight.grad.data(), in_local());
     if (has_bias_) ops::Bias<D>::backward(x.dev(), bias.grad.data(), dy, N, out_local());
   }
 

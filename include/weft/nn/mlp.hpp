@@ -18,7 +18,8 @@
 namespace weft::nn {
 
 // Mlp: ColumnParallel C -> 4C with fused GELU, RowParallel 4C -> C (out Partial).
-template <Floating T, class D = Host>
+// G: the precision's GEMMs (nn/linear.hpp).
+template <Floating T, class D = Host, GemmPolicy G = ExactGemms>
 class Mlp {
  public:
   using In = act::Full;
@@ -27,12 +28,12 @@ class Mlp {
   using GradIn = act::Partial;
 
   struct Ctx {
-    typename Linear<T, ColumnParallel, epilogue::Gelu, D>::Ctx fc_ctx;
-    typename Linear<T, RowParallel, epilogue::None, D>::Ctx proj_ctx;
+    typename Linear<T, ColumnParallel, epilogue::Gelu, D, G>::Ctx fc_ctx;
+    typename Linear<T, RowParallel, epilogue::None, D, G>::Ctx proj_ctx;
   };
 
-  Linear<T, ColumnParallel, epilogue::Gelu, D> fc;
-  Linear<T, RowParallel, epilogue::None, D> proj;
+  Linear<T, ColumnParallel, epilogue::Gelu, D, G> fc;
+  Linear<T, RowParallel, epilogue::None, D, G> proj;
 
   Mlp() = default;
   Mlp(D& dev, std::int64_t C, const Spread& s, std::uint64_t id, std::uint64_t seed, double std, double proj_std)

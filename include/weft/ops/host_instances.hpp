@@ -20,6 +20,7 @@
 #include "weft/ops/moe.hpp"
 #include "weft/ops/rmsnorm.hpp"
 #include "weft/ops/rotary.hpp"
+#include "weft/ops/scaled_gemm.hpp"
 #include "weft/ops/silu.hpp"
 #include "weft/ops/squared_error.hpp"
 #include "weft/ops/swiglu.hpp"
@@ -54,4 +55,5 @@ WEFT_HOST_GEMM_OP_PAIRS()
 WEFT_HOST_MEMORY_PAIRS()
 WEFT_HOST_MOE_PAIRS()
 WEFT_HOST_UPDATE_PAIRS()
+WEFT_HOST_SCALED_GEMM_PAIRS()
 #endif

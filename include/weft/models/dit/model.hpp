@@ -199,8 +199,9 @@ struct Spec {
   using Norm = nn::Normalize<T, typename Local::layout, D>;
   using Mod = nn::Modulation<T, typename Local::layout, D>;
   using Gate = nn::Gate<T, typename Local::layout, D>;
-  using Attn = nn::GroupedQueryAttention<T, Recompute, D, Cx, mask::Bidirectional>;
-  using Mlp = nn::Mlp<T, D>;
+  using G = typename precision::gemms;  // the linear layers' GEMMs: in T, or on float8 casts
+  using Attn = nn::GroupedQueryAttention<T, Recompute, D, Cx, mask::Bidirectional, G>;
+  using Mlp = nn::Mlp<T, D, G>;
   using Enter = typename nn::stream<SP, cp>::enter;
   using Leave = typename nn::stream<SP, cp>::leave;
   template <class L>

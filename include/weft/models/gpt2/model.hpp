@@ -76,8 +76,10 @@ struct Spec {
   using Local = nn::stream<SP>;                   // the layers' own layouts (on a context rank's rows under Cx)
   using A = typename nn::stream<SP, cp>::layout;  // the stream between stages and blocks
   using Norm = nn::LayerNorm<T, typename Local::layout, D>;
-  using Attn = nn::GroupedQueryAttention<T, Recompute, D, Cx>;  // multi-head: kv_heads = heads, biased, not rotated
-  using Mlp = nn::Mlp<T, D>;                                    // fc (C -> 4C, GELU), proj (4C -> C)
+  using G = typename precision::gemms;  // the linear layers' GEMMs: in T, or on float8 casts
+  using Attn = nn::GroupedQueryAttention<T, Recompute, D, Cx, mask::Causal,
+                                         G>;  // multi-head: kv_heads = heads, biased, not rotated
+  using Mlp = nn::Mlp<T, D, G>;               // fc (C -> 4C, GELU), proj (4C -> C)
   using Enter = typename nn::stream<SP, cp>::enter;
   using Leave = typename nn::stream<SP, cp>::leave;
   template <class L>

@@ -59,9 +59,10 @@ struct Spec {
   using Local = nn::stream<SP>;                   // the layers' own layouts (on a context rank's rows under Cx)
   using A = typename nn::stream<SP, cp>::layout;  // the stream between stages and blocks
   using Norm = nn::RmsNorm<T, typename Local::layout, D>;
-  using Attn = nn::GroupedQueryAttention<T, Recompute, D, Cx>;
-  using GateUp = nn::Linear<T, nn::ColumnParallel, nn::epilogue::None, D>;
-  using Down = nn::Linear<T, nn::RowParallel, nn::epilogue::None, D>;
+  using G = typename precision::gemms;  // the linear layers' GEMMs: in T, or on float8 casts
+  using Attn = nn::GroupedQueryAttention<T, Recompute, D, Cx, mask::Causal, G>;
+  using GateUp = nn::Linear<T, nn::ColumnParallel, nn::epilogue::None, D, G>;
+  using Down = nn::Linear<T, nn::RowParallel, nn::epilogue::None, D, G>;
   // Around the attention, the tensor-axis pairs, on the rank's rows under context parallelism; the
   // token-wise layers on those rows (nn::TokenWise).
   using Enter = typename nn::stream<SP, cp>::enter;
