@@ -14,6 +14,18 @@ TEST_CASE("Error composes where: what fix and keeps the parts") {
   CHECK(e.fix() == "use 1, 2, 3, 4, 6 or 12");
 }
 
+TEST_CASE("Error::within places an error under the named parts it was raised in, innermost last") {
+  const weft::Error e("Linear<RowParallel>'s forward GEMM", "the tensor holds an infinite or NaN value", "find it");
+  CHECK(e.path().empty());
+  const weft::Error at = e.within("proj").within("attn").within("h3");
+  CHECK(at.path() == "h3.attn.proj");
+  CHECK(std::string(at.what()) ==
+        "h3.attn.proj: Linear<RowParallel>'s forward GEMM: the tensor holds an infinite or NaN value; find it");
+  CHECK(at.where() == e.where());  // the parts stay as they were
+  CHECK(at.problem() == e.problem());
+  CHECK(at.fix() == e.fix());
+}
+
 TEST_CASE("join separates values") {
   CHECK(weft::join(std::vector{1, 2, 4}) == "1, 2, 4");
   CHECK(weft::join(std::vector<int>{}) == "");

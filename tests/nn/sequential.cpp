@@ -129,3 +129,50 @@ TEST_CASE("Sequential names parameters by position, or by the name Named gives a
     CHECK(b == std::vector<std::string>{"p.0.weight", "p.0.bias", "p.1.weight", "p.1.bias"});
   });
 }
+
+namespace {
+
+// A layer whose forward throws: a weft::Error, or another rank's failure (a type derived from it).
+template <bool Elsewhere>
+struct Throws {
+  using In = act::Full;
+  using Out = act::Full;
+  using GradIn = act::Full;
+  using GradOut = act::Full;
+  struct Ctx {};
+  Shape out_shape(const Shape& s) const { return s; }
+  static std::string name() { return "Throws"; }
+  template <class F>
+  void for_each_param(const std::string&, F&&) {}
+  Tensor<double, act::Full, Host> forward(Ctx&, const Tensor<double, act::Full, Host>&) {
+    if constexpr (Elsewhere) throw threads::FailedElsewhere("ThreadComm", "rank 1 failed", "fix rank 1");
+    else throw Error("Throws::forward", "a value of 3", "use 2");
+  }
+  Tensor<double, act::Full, Host> backward(Ctx&, const Tensor<double, act::Full, Host>& dy) {
+    return dy.clone(Category::activations);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("an error inside a Named layer names its path, and another rank's failure passes unchanged") {
+  run_threads(1, [](ThreadComm& world) {
+    Mesh mesh{world, {}};
+    Host h;
+    auto x = Tensor<double, act::Full, Host>::empty(h, {1, 2, 4}, mesh.spread());
+    using Inner = Sequential<Named<"bad", Throws<false>>>;
+    Sequential<Named<"outer", Inner>> net{Named<"outer", Inner>(Inner{Named<"bad", Throws<false>>{}})};
+    decltype(net)::Ctx ctx;
+    try {
+      (void)net.forward(ctx, x, mesh);
+      FAIL("no error thrown");
+    } catch (const Error& e) {
+      CHECK(std::string(e.what()) == "outer.bad: Throws::forward: a value of 3; use 2");
+      CHECK(e.path() == "outer.bad");
+    }
+    using Other = Sequential<Named<"bad", Throws<true>>>;
+    Sequential<Named<"outer", Other>> elsewhere{Named<"outer", Other>(Other{Named<"bad", Throws<true>>{}})};
+    decltype(elsewhere)::Ctx ctx2;
+    CHECK_THROWS_AS((void)elsewhere.forward(ctx2, x, mesh), threads::FailedElsewhere);
+  });
+}

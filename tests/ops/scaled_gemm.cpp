@@ -9,13 +9,20 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <map>
+#include <mutex>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "support/error.hpp"
+#include "weft/comm/mesh.hpp"
+#include "weft/comm/threads/run.hpp"
 #include "weft/core/float8_gemms.hpp"
+#include "weft/nn/comm_walk.hpp"
 #include "weft/nn/linear.hpp"
+#include "weft/nn/sequential.hpp"
 #include "weft/ops/scaled_gemm.hpp"
 
 using namespace weft;
@@ -216,13 +223,17 @@ TEST_CASE("an FP8 Linear casts x and W for its forward, dy and W for dgrad, dy a
   check_linear<Blockwise<16>, float8_e5m2>();
 }
 
-TEST_CASE("FP8 refuses what it cannot cast: a tensor-parallel layer, blocks that do not tile an operand") {
+TEST_CASE("FP8 refuses what it cannot cast: a sharded layer without its mesh, blocks that do not tile an operand") {
   using G = fp8::Gemms<fp8::scaling::Tensorwise>;
   Host dev;
   Spread two;
   two.tensor_degree = 2;
-  refused([&] { nn::Linear<bf16, nn::ColumnParallel, nn::epilogue::None, Host, G>(dev, 32, 64, two, 1, 2); },
-          {"Linear<ColumnParallel> under fp8 tensorwise", "tensor degree 2", "train FP8 with tensor 1"});
+  nn::Linear<bf16, nn::RowParallel, nn::epilogue::None, Host, G> row(dev, 64, 32, two, 1, 2);
+  auto xs = Tensor<bf16, nn::act::Features, Host>::empty(dev, {1, 4, 64}, two);
+  std::fill(xs.data(), xs.data() + xs.numel(), bf16(1.0f));
+  typename decltype(row)::Ctx row_ctx;
+  refused([&] { (void)row.forward(row_ctx, xs); }, {"Linear<RowParallel>'s forward GEMM under fp8 tensorwise",
+                                                    "sharded over 2 tensor ranks", "call forward(ctx, x, mesh)"});
   using Blocks = fp8::Gemms<fp8::scaling::Blockwise<128>>;
   nn::Linear<bf16, nn::NoParallel, nn::epilogue::None, Host, Blocks> lin(dev, 32, 64, Spread{}, 1, 2);
   auto x = tensor_of(dev, {1, 4, 32}, std::vector<bf16>(static_cast<std::size_t>(4 * 32), bf16(1.0f)));
@@ -230,4 +241,103 @@ TEST_CASE("FP8 refuses what it cannot cast: a tensor-parallel layer, blocks that
   refused([&] { (void)lin.forward(ctx, x); },
           {"fp8 blockwise 1x128/128x128, e4m3/e5m2: Linear<NoParallel>'s forward GEMM",
            "(4, 32) does not tile into 1x128", "fp8::scaling::Blockwise<B>"});
+}
+
+namespace {
+
+// A Megatron MLP in f32 with FP8 GEMMs: copy, ColumnParallel (GELU), RowParallel, reduce.
+template <class G>
+using Up = nn::Linear<float, nn::ColumnParallel, nn::epilogue::Gelu, Host, G>;
+template <class G>
+using Down = nn::Linear<float, nn::RowParallel, nn::epilogue::None, Host, G>;
+template <class G>
+using FpCol = nn::Named<"up", Up<G>>;
+template <class G>
+using FpRow = nn::Named<"down", Down<G>>;
+template <class G>
+using FpMlp = nn::Sequential<nn::CopyToTensor, FpCol<G>, FpRow<G>, nn::ReduceFromTensor>;
+
+struct Sharded {
+  std::vector<double> y, dx;
+  std::map<std::string, std::vector<double>> grads;
+  threads::Counters fwd, bwd;     // the tensor group's
+  std::pair<int, int> described;  // describe's collectives, forward and backward
+};
+
+// y = mlp(x) and dx, dW for dy = y on `tp` tensor ranks (x, dy replicated); `deferred`: the weight
+// gradients in a later pass (zero-bubble schedules' backward_weight).
+template <class G>
+Sharded run_sharded(int tp, bool deferred = false) {
+  Sharded out;
+  std::mutex mu;
+  run_threads(tp, [&](ThreadComm& world) {
+    Mesh mesh{world, {.tensor = tp}};
+    Host h;
+    const Spread s = mesh.spread();
+    FpMlp<G> mlp({}, FpCol<G>(Up<G>(h, 32, 64, s, 10, 3, 0.3)), FpRow<G>(Down<G>(h, 64, 32, s, 12, 3, 0.3)), {});
+    mlp.defer_weight(deferred);
+    auto x = Tensor<float, nn::act::Full, Host>::empty(h, {2, 16, 32}, s);
+    for (std::int64_t i = 0; i < x.numel(); ++i)
+      x[i] = static_cast<float>(weft::normal(4, 0, static_cast<std::uint64_t>(i)) * (1 + i % 7));
+    typename FpMlp<G>::Ctx ctx;
+    const auto c0 = mesh.tensor().counters();
+    auto y = mlp.forward(ctx, x, mesh);
+    const auto c1 = mesh.tensor().counters();
+    auto dx = mlp.backward(ctx, y, mesh);
+    if (deferred) mlp.backward_weight(ctx);
+    const auto c2 = mesh.tensor().counters();
+    std::pair<int, int> described{0, 0};
+    std::vector<nn::CommRow> rows;  // describe's rows: the same collectives
+    nn::layer_comm_rows(rows, "mlp", mlp, x.global_shape(), s, 4);
+    for (const auto& row : rows) {
+      for (const auto& st : row.forward) CHECK(st.collective == Collective::all_reduce);
+      for (const auto& st : row.backward) CHECK(st.collective == Collective::all_reduce);
+      described.first += static_cast<int>(row.forward.size());
+      described.second += static_cast<int>(row.backward.size());
+    }
+    std::map<std::string, std::vector<double>> grads;
+    mlp.for_each_param("mlp", [&](const std::string& n, auto& p) {
+      auto g = redistribute<Replicated>(p.grad, mesh);
+      grads[n].assign(g.data(), g.data() + g.numel());
+    });
+    if (world.rank() != 0) return;
+    std::lock_guard lock(mu);
+    out = {{y.data(), y.data() + y.numel()}, {dx.data(), dx.data() + dx.numel()}, grads, c1 - c0, c2 - c1, described};
+  });
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("FP8 on tensor 2 and 4 casts as one rank: the amaxes reduced over the tensor ranks, counted") {
+  // With every scale equal to one rank's, the float8 values are the same bytes and only the f32
+  // sums' order differs (a RowParallel layer's K in parts, summed by the reduction): 1e-5 relative.
+  // A tensorwise scale taken from a shard instead moves casts by up to half an e4m3 step (6%), far
+  // past it (tried: y 6% off). Rowwise's power-of-two scales cast alike a power of two apart,
+  // except in e4m3's subnormal range, so its reductions are held to the counts and describe's rows.
+  using namespace fp8::scaling;
+  auto check = [&]<class G>(std::type_identity<G>, int fwd, int bwd) {
+    CAPTURE(G::name());
+    const Sharded one = run_sharded<G>(1);
+    for (int tp : {2, 4})
+      for (bool deferred : {false, true}) {
+        CAPTURE(tp);
+        CAPTURE(deferred);
+        const Sharded r = run_sharded<G>(tp, deferred);
+        CHECK(test::rel_error(r.y, one.y) < 1e-5);
+        CHECK(test::rel_error(r.dx, one.dx) < 1e-5);
+        for (const auto& [n, g] : one.grads) CHECK_MESSAGE(test::rel_error(r.grads.at(n), g) < 1e-5, n);
+        // The MLP's own pair (ReduceFromTensor forward, CopyToTensor backward) and the casts'.
+        CHECK(r.fwd.calls_of(threads::Op::all_reduce) == fwd);
+        CHECK(r.bwd.calls_of(threads::Op::all_reduce) == bwd);
+        CHECK(r.described == std::pair<int, int>{fwd, bwd});
+      }
+  };
+  // Tensorwise: up's W, down's x and W in forward; up's dy in dgrad (the rest kept from those).
+  check(std::type_identity<fp8::Gemms<Tensorwise>>{}, 1 + 3, 1 + 1);
+  // Rowwise: down's x and W rows along its sharded K in forward; up's dy and W^T in dgrad.
+  check(std::type_identity<fp8::Gemms<Rowwise>>{}, 1 + 2, 1 + 2);
+  check(std::type_identity<fp8::Gemms<Rowwise, float8_e4m3>>{}, 1 + 2, 1 + 2);
+  // Blockwise: every block within a shard (16 divides each shard's width), nothing to reduce.
+  check(std::type_identity<fp8::Gemms<Blockwise<16>>>{}, 1, 1);
 }

@@ -27,13 +27,16 @@
 //
 // This header is plain C++20.
 //
-// defines: fp8::Operand, fp8::scaling::Tensorwise, fp8::scaling::Rowwise, fp8::scaling::Blockwise,
+// defines: fp8::Operand, fp8::KeepAmaxes, fp8::scaling::Tensorwise, fp8::scaling::Rowwise, fp8::scaling::Blockwise,
 // fp8::Gemms
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "weft/core/error.hpp"
 #include "weft/core/float8.hpp"
@@ -65,6 +68,11 @@ template <std::int64_t B> inline constexpr bool is_blockwise<scaling::Blockwise<
 template <class S>
 concept Scaling = std::same_as<S, scaling::Tensorwise> || std::same_as<S, scaling::Rowwise> || is_blockwise<S>;
 
+// A hook of ops::ScaledGemm that leaves an operand's amaxes as they are (one rank's operand).
+struct KeepAmaxes {
+  void operator()(std::span<float>) const {}
+};
+
 template <Scaling S, Format Grad = float8_e5m2>
 struct Gemms {
   static constexpr bool fp8 = true;
@@ -78,16 +86,15 @@ struct Gemms {
   template <Operand role>
   using format = std::conditional_t<role == Operand::gradient, Grad, float8_e4m3>;
 
-  // An operand (rows, K), row-major, cast as this recipe casts an operand of its role; `gemm`
-  // names the GEMM for a refusal (a block that does not divide K or a weight's rows).
+  // The scale blocks of an operand (rows, K) of this role: (rows, K) tensorwise, (1, K) rowwise,
+  // (1, B) or (B, B) for a weight blockwise; a block that does not tile the operand is refused,
+  // `gemm` naming the GEMM.
   template <Operand role>
-  static Quantized<format<role>> quantize(std::span<const float> x, std::int64_t rows, std::int64_t K,
-                                          const std::string& gemm) {
-    using F8 = format<role>;
+  static std::pair<std::int64_t, std::int64_t> blocks(std::int64_t rows, std::int64_t K, const std::string& gemm) {
     if constexpr (std::same_as<S, scaling::Tensorwise>) {
-      return fp8::quantize<Tensorwise<F8>>(x, rows, K);
+      return {std::max<std::int64_t>(rows, 1), std::max<std::int64_t>(K, 1)};
     } else if constexpr (std::same_as<S, scaling::Rowwise>) {
-      return fp8::quantize<Rowwise<F8, true>>(x, rows, K);
+      return {1, std::max<std::int64_t>(K, 1)};
     } else {
       constexpr std::int64_t B = S::block;
       const std::int64_t block_rows = role == Operand::weight ? B : 1;
@@ -97,8 +104,42 @@ struct Gemms {
                         ") does not tile into ", block_rows, "x", B, " blocks"),
                     cat("use a block B that divides the layers' widths and the tokens a rank takes (",
                         "fp8::scaling::Blockwise<B>), or rowwise scaling"));
-      return fp8::quantize_blocks<F8>(x, rows, K, block_rows, B);
+      return {block_rows, B};
     }
+  }
+
+  // Whether an operand's amaxes must be reduced (max) over the ranks its tensor is sharded over
+  // before the cast, so that every layout scales as one rank does: when a scale's block spans the
+  // shards. An operand sharded along K spans them tensorwise and rowwise; one sharded along its
+  // rows only tensorwise. Blockwise blocks lie within a shard (the blocks tile each shard).
+  static constexpr bool reduces(bool k_sharded, bool rows_sharded) {
+    return !is_blockwise<S> && (k_sharded || (rows_sharded && std::same_as<S, scaling::Tensorwise>));
+  }
+
+  // An operand (rows, K), row-major, cast as this recipe casts an operand of its role, in two steps
+  // (so that the amaxes can be reduced over ranks between them): its amaxes, one a scale block;
+  // then the cast with those amaxes (or larger ones). `gemm` names the GEMM for a refusal.
+  template <Operand role>
+  static std::vector<float> amaxes(std::span<const float> x, std::int64_t rows, std::int64_t K,
+                                   const std::string& gemm) {
+    const auto [br, bc] = blocks<role>(rows, K, gemm);
+    detail::check_operand(cat(name(), ": ", gemm), x, rows, K);
+    return block_amaxes(x, rows, K, br, bc);
+  }
+  template <Operand role>
+  static Quantized<format<role>> cast(std::span<const float> x, std::int64_t rows, std::int64_t K,
+                                      std::span<const float> amax, const std::string& gemm) {
+    const auto [br, bc] = blocks<role>(rows, K, gemm);
+    constexpr const char* what = role == Operand::activation ? "input"
+                                 : role == Operand::weight   ? "weight"
+                                                             : "gradient";
+    return cast_blocks<format<role>>(x, rows, K, br, bc, amax, std::same_as<S, scaling::Rowwise>,
+                                     cat(name(), ": ", gemm, ", its ", what));
+  }
+  template <Operand role>
+  static Quantized<format<role>> quantize(std::span<const float> x, std::int64_t rows, std::int64_t K,
+                                          const std::string& gemm) {
+    return cast<role>(x, rows, K, amaxes<role>(x, rows, K, gemm), gemm);
   }
 };
 

@@ -32,13 +32,14 @@
 // block apart and applies its scales.
 //
 // defines: fp8::Tensorwise, fp8::Rowwise, fp8::Recipe, fp8::Quantized, fp8::quantize, fp8::scaled_gemm,
-// fp8::quantize_blocks, fp8::AmaxReduction, fp8::DelayedScaler
+// fp8::quantize_blocks, fp8::block_amaxes, fp8::cast_blocks, fp8::AmaxReduction, fp8::DelayedScaler
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <concepts>
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <string>
 #include <vector>
@@ -92,30 +93,69 @@ inline void check_operand(const std::string& where, std::span<const float> x, st
 }
 }  // namespace detail
 
-template <Recipe R>
-Quantized<typename R::format> quantize(std::span<const float> x, std::int64_t rows, std::int64_t cols) {
-  using F8 = typename R::format;
-  detail::check_operand(cat("fp8::quantize<", R::name(), ">"), x, rows, cols);
+// The largest magnitude of each (block_rows, block_cols) block of x (rows, cols), row-major over the
+// blocks: the amaxes a cast's scales come from (one for a tensor, one a row, one a block). The
+// blocks must tile x (the caller checks). T: float (or double, for a reference).
+template <class T>
+std::vector<float> block_amaxes(std::span<const T> x, std::int64_t rows, std::int64_t cols, std::int64_t block_rows,
+                                std::int64_t block_cols) {
+  std::vector<float> amax(static_cast<std::size_t>((rows / block_rows) * (cols / block_cols)), 0.0f);
+  const std::int64_t per_row = cols / block_cols;
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < cols; ++c) {
+      const auto v = static_cast<float>(std::abs(x[static_cast<std::size_t>(r * cols + c)]));
+      float& a = amax[static_cast<std::size_t>((r / block_rows) * per_row + c / block_cols)];
+      a = std::max(a, std::isfinite(v) ? v : std::numeric_limits<float>::infinity());  // NaN too: cast refuses it
+    }
+  return amax;
+}
+
+// x (rows, cols) cast to F8 block by block, each block's scale float8_scale(its amax): amaxes as
+// block_amaxes computes them, or larger (reduced over the ranks that share the operand, so that
+// every rank scales alike). A non-finite amax is refused by name (the tensor, the row, or the block).
+template <Format F8>
+Quantized<F8> cast_blocks(std::span<const float> x, std::int64_t rows, std::int64_t cols, std::int64_t block_rows,
+                          std::int64_t block_cols, std::span<const float> amaxes, bool pow2, const std::string& where) {
   Quantized<F8> out{.rows = rows,
                     .cols = cols,
-                    .block_rows = R::rowwise ? 1 : rows,
-                    .block_cols = cols,
+                    .block_rows = block_rows,
+                    .block_cols = block_cols,
                     .q = std::vector<F8>(x.size()),
-                    .inv = {}};
-  const std::int64_t groups = R::rowwise ? rows : 1, per = R::rowwise ? cols : rows * cols;
-  for (std::int64_t g = 0; g < groups; ++g) {
-    const auto part = x.subspan(static_cast<std::size_t>(g * per), static_cast<std::size_t>(per));
-    float amax = 0;
-    for (const float v : part) amax = std::max(amax, std::abs(v));
-    if (!std::isfinite(amax))
-      throw Error(cat("fp8::quantize<", R::name(), ">"),
-                  cat(R::rowwise ? cat("row ", g) : std::string("the tensor"), " holds an infinite or NaN value"),
+                    .inv = std::vector<float>(amaxes.size())};
+  const std::int64_t per_row = cols / block_cols;
+  std::vector<float> scale(amaxes.size());
+  if (static_cast<std::int64_t>(amaxes.size()) != (rows / block_rows) * per_row)
+    throw Error(where, cat(amaxes.size(), " amaxes for ", (rows / block_rows) * per_row, " blocks"),
+                "pass one amax a block (block_amaxes)");
+  for (std::size_t b = 0; b < amaxes.size(); ++b) {
+    if (!std::isfinite(amaxes[b])) {
+      const std::int64_t br = static_cast<std::int64_t>(b) / per_row * block_rows,
+                         bc = static_cast<std::int64_t>(b) % per_row * block_cols;
+      const std::string what = block_rows == 1 && block_cols == cols      ? cat("row ", br)
+                               : block_rows == rows && block_cols == cols ? std::string("the tensor")
+                                                                          : cat("the block at (", br, ", ", bc, ")");
+      throw Error(where, cat(what, " holds an infinite or NaN value"),
                   "find the overflow upstream (the layer that produced it)");
-    const float scale = float8_scale<F8>(amax, R::pow2);
-    for (std::size_t i = 0; i < part.size(); ++i) out.q[static_cast<std::size_t>(g * per) + i] = F8(part[i] * scale);
-    out.inv.push_back(1.0f / scale);
+    }
+    scale[b] = float8_scale<F8>(amaxes[b], pow2);
+    out.inv[b] = 1.0f / scale[b];
   }
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < cols; ++c) {
+      const auto i = static_cast<std::size_t>(r * cols + c);
+      out.q[i] = F8(x[i] * scale[static_cast<std::size_t>((r / block_rows) * per_row + c / block_cols)]);
+    }
   return out;
+}
+
+template <Recipe R>
+Quantized<typename R::format> quantize(std::span<const float> x, std::int64_t rows, std::int64_t cols) {
+  const std::string where = cat("fp8::quantize<", R::name(), ">");
+  detail::check_operand(where, x, rows, cols);
+  const std::int64_t block_rows = R::rowwise ? 1 : std::max<std::int64_t>(rows, 1),
+                     block_cols = std::max<std::int64_t>(cols, 1);
+  return cast_blocks<typename R::format>(x, rows, cols, block_rows, block_cols,
+                                         block_amaxes(x, rows, cols, block_rows, block_cols), R::pow2, where);
 }
 
 // y (M, N) = a (M, K) times b (N, K) transposed, dequantized by both operands' inverse scales: each
@@ -161,30 +201,8 @@ Quantized<F8> quantize_blocks(std::span<const float> x, std::int64_t rows, std::
   if (block_rows < 1 || block_cols < 1 || rows % block_rows != 0 || cols % block_cols != 0)
     throw Error(where, cat("blocks of ", block_rows, "x", block_cols, " over a (", rows, ", ", cols, ") operand"),
                 "choose blocks that divide the operand's rows and columns (128 along K, as DeepSeek-V3's)");
-  Quantized<F8> out{.rows = rows,
-                    .cols = cols,
-                    .block_rows = block_rows,
-                    .block_cols = block_cols,
-                    .q = std::vector<F8>(x.size()),
-                    .inv = {}};
-  for (std::int64_t br = 0; br < rows; br += block_rows)
-    for (std::int64_t bc = 0; bc < cols; bc += block_cols) {
-      float amax = 0;
-      for (std::int64_t r = br; r < br + block_rows; ++r)
-        for (std::int64_t c = bc; c < bc + block_cols; ++c)
-          amax = std::max(amax, std::abs(x[static_cast<std::size_t>(r * cols + c)]));
-      if (!std::isfinite(amax))
-        throw Error(where, cat("the block at (", br, ", ", bc, ") holds an infinite or NaN value"),
-                    "find the overflow upstream (the layer that produced it)");
-      const float scale = float8_scale<F8>(amax, pow2);
-      for (std::int64_t r = br; r < br + block_rows; ++r)
-        for (std::int64_t c = bc; c < bc + block_cols; ++c) {
-          const auto i = static_cast<std::size_t>(r * cols + c);
-          out.q[i] = F8(x[i] * scale);
-        }
-      out.inv.push_back(1.0f / scale);
-    }
-  return out;
+  return cast_blocks<F8>(x, rows, cols, block_rows, block_cols, block_amaxes(x, rows, cols, block_rows, block_cols),
+                         pow2, where);
 }
 
 enum class AmaxReduction { max, most_recent };

@@ -7,6 +7,8 @@
 //   Precision<bf16, float>    bf16                   f32                          f32   mixed precision
 //   Precision<bf16, float, G> the linear layers' GEMMs as G says (fp8::Gemms<Scaling, Grad>: their
 //                             operands cast to float8, core/float8_gemms.hpp), the rest as above
+//                             (Precision<float, float, G>: the same casts in an f32 model, whose
+//                             layouts agree to f32's rounding, as the tests compare them)
 //
 // Under bf16 every op reads bf16 and computes in f32 (GEMMs accumulate in f32), and rounds once
 // where it writes a bf16 activation. Parameter gradients are accumulated in f32 buffers (the GEMM
@@ -45,9 +47,9 @@ struct Precision {
   static_assert(std::same_as<Master, accumulate_t<Compute>>,
                 "Precision: the master type must be the compute type's accumulation type (f32 for bf16 and f32 "
                 "compute, f64 for f64 compute); use Precision<bf16, float>, Precision<float> or Precision<double>");
-  static_assert(!Gemms::fp8 || std::same_as<Compute, bf16>,
-                "Precision: FP8 GEMMs take bf16 compute (the activations and weights they cast); use "
-                "Precision<bf16, float, fp8::Gemms<...>>");
+  static_assert(!Gemms::fp8 || std::same_as<Compute, bf16> || std::same_as<Compute, float>,
+                "Precision: FP8 GEMMs take bf16 compute (the activations and weights they cast), or f32 (the "
+                "tests' layout checks); use Precision<bf16, float, fp8::Gemms<...>>");
   using compute = Compute;  // weights and activations as the ops read them
   using master = Master;    // gradients, master weights, optimizer state, statistics
   using gemms = Gemms;      // how the linear layers' GEMMs read their operands
@@ -56,7 +58,7 @@ struct Precision {
     const std::string g = Gemms::fp8 ? ", " + Gemms::name() : std::string();
     return mixed ? std::string("Precision<") + std::string(weft::name(dtype_of<Compute>)) + ", " +
                        std::string(weft::name(dtype_of<Master>)) + g + ">"
-                 : std::string("Precision<") + std::string(weft::name(dtype_of<Compute>)) + ">";
+                 : std::string("Precision<") + std::string(weft::name(dtype_of<Compute>)) + g + ">";
   }
 };
 

@@ -94,8 +94,8 @@ struct ContextAttention {
     using S = accumulate_t<T>;
     auto& cg = mesh.comm(Axis::context);
     const Local r = local(cg, x, where);
-    ctx.qkv = layer.qkv.forward(ctx.qkv_ctx,
-                                Tensor<T, act::Full, D>::view(x.dev(), const_cast<T*>(x.data()), r.rows, x.spread()));
+    ctx.qkv = layer.qkv.forward(
+        ctx.qkv_ctx, Tensor<T, act::Full, D>::view(x.dev(), const_cast<T*>(x.data()), r.rows, x.spread()), mesh);
     rotate(ctx.qkv.data(), r.B, r.Tl, r.positions(), 1);
     auto y = Tensor<T, act::Features, D>::empty(x.dev(), {r.rows[0], r.rows[1], H * hd * x.spread().tensor_degree},
                                                 x.spread(), Category::activations);
@@ -106,7 +106,7 @@ struct ContextAttention {
     }
     if constexpr (is_meta<D>)
       x.dev().work.attention_flops += context::forward_flops(r.ch, r.rank, r.B, H, hd, m.causal);
-    auto out = layer.proj.forward(ctx.proj_ctx, y);
+    auto out = layer.proj.forward(ctx.proj_ctx, y, mesh);
     ctx.core = std::move(y);
     return Tensor<T, Out, D>::relabel(std::move(out), x.global_shape());
   }
@@ -121,7 +121,7 @@ struct ContextAttention {
     auto& cg = mesh.comm(Axis::context);
     const Local r = local(cg, dy, where);
     auto dcore = layer.proj.backward(
-        ctx.proj_ctx, Tensor<T, act::Full, D>::view(dy.dev(), const_cast<T*>(dy.data()), r.rows, dy.spread()));
+        ctx.proj_ctx, Tensor<T, act::Full, D>::view(dy.dev(), const_cast<T*>(dy.data()), r.rows, dy.spread()), mesh);
     auto dqkv =
         Tensor<T, act::Features, D>::empty(dy.dev(), ctx.qkv.global_shape(), dy.spread(), Category::activations);
     {
@@ -132,7 +132,7 @@ struct ContextAttention {
     if constexpr (is_meta<D>)
       dy.dev().work.attention_flops += 2 * context::forward_flops(r.ch, r.rank, r.B, H, hd, m.causal);
     rotate(dqkv.data(), r.B, r.Tl, r.positions(), -1);
-    auto dx = layer.qkv.backward(ctx.qkv_ctx, dqkv);
+    auto dx = layer.qkv.backward(ctx.qkv_ctx, dqkv, mesh);
     ctx.qkv = {};  // the projections' contexts stay where their weight gradients are deferred
     ctx.core = {};
     ctx.lse.reset();

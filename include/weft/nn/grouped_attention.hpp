@@ -45,6 +45,7 @@
 #include "weft/core/error.hpp"
 #include "weft/nn/comm_row.hpp"
 #include "weft/nn/context_attention.hpp"
+#include "weft/nn/layer.hpp"
 #include "weft/nn/linear.hpp"
 #include "weft/nn/padding.hpp"
 #include "weft/nn/param.hpp"
@@ -234,26 +235,28 @@ class GroupedQueryAttention {
   Tensor<T, act::Partial, D> forward(Ctx& ctx, const Tensor<T, act::Full, D>& x)
     requires(!cp)
   {
-    return forward_with(ctx, x, mask);
+    NoMesh none;
+    return forward_with(ctx, x, mask, none);
   }
   template <AxisComms M>
   Tensor<T, act::Partial, D> forward(Ctx& ctx, const Tensor<T, act::Full, D>& x, M& mesh)
     requires(!cp)
   {
-    return forward_with(ctx, x, mask_of(mesh));
+    return forward_with(ctx, x, mask_of(mesh), mesh);
   }
 
   // dy (B, T, C) Replicate -> dx (B, T, C) Partial.
   Tensor<T, act::Partial, D> backward(Ctx& ctx, const Tensor<T, act::Full, D>& dy)
     requires(!cp)
   {
-    return backward_with(ctx, dy, mask);
+    NoMesh none;
+    return backward_with(ctx, dy, mask, none);
   }
   template <AxisComms M>
   Tensor<T, act::Partial, D> backward(Ctx& ctx, const Tensor<T, act::Full, D>& dy, M& mesh)
     requires(!cp)
   {
-    return backward_with(ctx, dy, mask_of(mesh));
+    return backward_with(ctx, dy, mask_of(mesh), mesh);
   }
 
  private:
@@ -262,9 +265,11 @@ class GroupedQueryAttention {
     return {Mask::causal, lengths_of(mesh)};
   }
 
-  Tensor<T, act::Partial, D> forward_with(Ctx& ctx, const Tensor<T, act::Full, D>& x, const ops::Mask& m) {
+  // mesh: the tensor group of the projections' FP8 casts (nn/linear.hpp), or NoMesh.
+  template <class M>
+  Tensor<T, act::Partial, D> forward_with(Ctx& ctx, const Tensor<T, act::Full, D>& x, const ops::Mask& m, M& mesh) {
     const std::int64_t B = x.local_shape()[0], Tn = x.local_shape()[1];
-    ctx.qkv = qkv.forward(ctx.qkv_ctx, x);
+    ctx.qkv = within([] { return "qkv"; }, [&] { return qkv.forward(ctx.qkv_ctx, x, mesh); });
     normalize_qk(ctx, x.dev(), ctx.qkv.data(), B * Tn);
     if (rope) ops::Rotary<D>::forward(x.dev(), ctx.qkv.data(), B, Tn, local_groups(), group(), head_dim, *rope);
     Allocation probs = probs_buffer(x.dev(), B, Tn);
@@ -273,12 +278,14 @@ class GroupedQueryAttention {
     ops::Attention<D>::forward(x.dev(), y.data(), static_cast<T*>(probs.data()), ctx.qkv.data(), B, Tn, local_heads(),
                                head_dim, group(), m);
     if (keep_probs) ctx.probs = std::move(probs);
-    return proj.forward(ctx.proj_ctx, y);
+    return within([] { return "proj"; }, [&] { return proj.forward(ctx.proj_ctx, y, mesh); });
   }
 
-  Tensor<T, act::Partial, D> backward_with(Ctx& ctx, const Tensor<T, act::Full, D>& dy, const ops::Mask& m) {
+  template <class M>
+  Tensor<T, act::Partial, D> backward_with(Ctx& ctx, const Tensor<T, act::Full, D>& dy, const ops::Mask& m, M& mesh) {
     const std::int64_t B = dy.local_shape()[0], Tn = dy.local_shape()[1];
-    auto dcore = proj.backward(ctx.proj_ctx, dy);  // (B, T, H hd / tp) Shard<-1>
+    auto dcore = within([] { return "proj"; },
+                        [&] { return proj.backward(ctx.proj_ctx, dy, mesh); });  // (B, T, H hd / tp) Shard<-1>
     if (!ctx.probs.data()) {  // Selective recompute: rebuild the probabilities from the saved (rotated) qkv
       ctx.probs = probs_buffer(dy.dev(), B, Tn);
       auto scratch =
@@ -292,7 +299,7 @@ class GroupedQueryAttention {
                                 static_cast<const T*>(ctx.probs.data()), B, Tn, local_heads(), head_dim, group(), m);
     if (rope) ops::Rotary<D>::backward(dy.dev(), dqkv.data(), B, Tn, local_groups(), group(), head_dim, *rope);
     normalize_qk_backward(ctx, dy.dev(), dqkv.data(), B * Tn);
-    auto dx = qkv.backward(ctx.qkv_ctx, dqkv);
+    auto dx = within([] { return "qkv"; }, [&] { return qkv.backward(ctx.qkv_ctx, dqkv, mesh); });
     ctx.qkv = {};  // the projections' contexts stay where their weight gradients are deferred
     ctx.probs.reset();
     return dx;
@@ -331,7 +338,10 @@ class GroupedQueryAttention {
   // and values cross the context axis Cx's way under context parallelism. act the global (B, T, C).
   void comm_rows(std::vector<CommRow>& out, const std::string& row, const Shape& act, const Spread& s,
                  std::int64_t e) const {
+    // The projections' tokens: a context rank's rows under context parallelism.
+    const Shape rows{act[0], cp ? act[1] / s.context_degree : act[1], act[2]};
     out.push_back(detail::local_row<std::remove_cvref_t<decltype(qkv)>>(cat(row, ".qkv (ColumnParallel)")));
+    qkv.add_amax_steps(out.back(), rows, s);
     CommRow core{
         cat(row, ".core (", Mask::name, ", local heads", cp ? cat(", over context: ", Cx::name) : std::string(), ")"),
         act::Features::name(),
@@ -342,6 +352,7 @@ class GroupedQueryAttention {
       detail::ContextAttention<Cx>::template add_steps<T>(core, act, s, e, kv_heads / s.tensor_degree, head_dim);
     out.push_back(std::move(core));
     out.push_back(detail::local_row<std::remove_cvref_t<decltype(proj)>>(cat(row, ".proj (RowParallel)")));
+    proj.add_amax_steps(out.back(), rows, s);
   }
 
   Shape out_shape(const Shape& s) const { return s; }

@@ -23,7 +23,9 @@
 
 #include <concepts>
 #include <string>
+#include <typeinfo>
 
+#include "weft/core/error.hpp"
 #include "weft/core/shape.hpp"
 #include "weft/layout/layout.hpp"
 
@@ -68,5 +70,19 @@ concept for_each_param = requires(L& l, const std::string& prefix, AnyParam f) {
 template <class L>
 concept Layer = layer_requires::layouts<L> && layer_requires::ctx<L> && layer_requires::out_shape<L> &&
                 layer_requires::name<L> && layer_requires::for_each_param<L>;
+
+// f(), with a weft::Error it throws placed under the named part part() (Error::within), so that an
+// error raised deep in a model names the layer's path ("h1.mlp.fc", as its parameters are named).
+// Errors of derived types (another rank's failure, threads::FailedElsewhere) and other exceptions
+// pass unchanged. part is called only on an error.
+template <class F, class Part>
+decltype(auto) within(Part&& part, F&& f) {
+  try {
+    return f();
+  } catch (const Error& e) {
+    if (typeid(e) != typeid(Error)) throw;
+    throw e.within(part());
+  }
+}
 
 }  // namespace weft::nn

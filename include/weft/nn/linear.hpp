@@ -14,20 +14,44 @@
 //
 // G, the precision's GEMMs (core/precision.hpp): ExactGemms, in T; or fp8::Gemms<...>, each of the
 // three GEMMs (forward, dgrad, wgrad) on float8 casts of its operands (ops::ScaledGemm; which
-// operand is cast how: core/float8_gemms.hpp). FP8 on a tensor-parallel layer needs each cast's
-// amax reduced over the tensor ranks, which is not built yet: such a layer is refused by name.
+// operand is cast how: core/float8_gemms.hpp). The one exception to "no collective inside": on
+// tensor-parallel FP8 layers, an operand whose scale block spans the tensor shards has its amaxes
+// reduced (max) over the tensor ranks before its cast (fp8::Gemms::reduces), so that every layout
+// casts as one rank does. Which operands those are (K: the GEMM's reduction dimension):
+//
+//   GEMM     operand  ColumnParallel sharded along   RowParallel sharded along
+//   forward  x        -                              K
+//            W        rows                           K
+//   dgrad    dy       K                              -
+//            W^T      K                              rows
+//   wgrad    dy^T     rows                           -
+//            x^T      -                              rows
+//
+// K-sharded operands reduce tensorwise and rowwise (a row's amax), row-sharded ones tensorwise only;
+// blockwise none. A tensorwise amax is reduced once: forward's W and x and dgrad's dy are kept in
+// the context for the GEMMs that read the same tensor again (so the deferred weight pass of
+// zero-bubble schedules needs no collective). Per layer and micro-batch: 2 all-reduces of one float
+// tensorwise; rowwise 2, of (tokens) and (in) floats (Column's dgrad) or (tokens) and (out) (Row's
+// forward). The mesh reaches the layer through forward(ctx, x, mesh) and backward(ctx, dy, mesh);
+// without one, a layer that must reduce is refused by name.
 #pragma once
 
-#include <string>
-
 #include <cstdint>
+#include <string>
+#include <vector>
 
+#include "weft/comm/mesh.hpp"
+#include "weft/nn/comm_row.hpp"
 #include "weft/nn/param.hpp"
 #include "weft/nn/roles.hpp"
 #include "weft/ops/all.hpp"
 #include "weft/ops/scaled_gemm.hpp"
 
 namespace weft::nn {
+
+// The mesh argument of a layer called without one (forward(ctx, x) on a layer that has forward(ctx,
+// x, mesh)): it has no groups.
+struct NoMesh {};
 
 template <class Role> struct linear_layouts;
 template <> struct linear_layouts<ColumnParallel> {
@@ -80,6 +104,8 @@ class Linear {
     Tensor<T, In, D> x;        // the input, saved for dW
     Tensor<T, Out, D> pre;     // the pre-activation (Gelu only)
     Tensor<T, GradOut, D> dy;  // the output gradient (after the GELU's), kept for a deferred backward_weight
+    // FP8 tensorwise: the amaxes of x, W and dy (over the tensor ranks), for the GEMMs that read them again.
+    float x_amax = 0, w_amax = 0, dy_amax = 0;
   };
 
   // Zero-bubble pipeline schedules split the backward: with defer_weight(true), backward() computes
@@ -97,15 +123,8 @@ class Linear {
       : weight(dev, {out, in}, s, id, {Init::normal, init_std}, seed, Decay::yes),
         bias(dev, {with_bias ? out : 0}, s, id + 1, {Init::zeros}, seed, Decay::no),
         tensor_index_(s.tensor_index),
-        has_bias_(with_bias) {
-    if constexpr (G::fp8)
-      if (s.tensor_degree > 1)
-        throw Error(cat(name(), " under ", G::name()),
-                    cat("tensor degree ", s.tensor_degree,
-                        ": FP8 casts of sharded operands need their amax reduced over "
-                        "the tensor ranks, which weft does not do yet"),
-                    "train FP8 with tensor 1 (data, pipe and the data-parallel strategies work), or in bf16");
-  }
+        tensor_degree_(s.tensor_degree),
+        has_bias_(with_bias) {}
 
   bool has_bias() const { return has_bias_; }
 
@@ -120,15 +139,23 @@ class Linear {
   std::int64_t in_local() const { return weight.value.local_shape()[1]; }
   std::int64_t out_local() const { return weight.value.local_shape()[0]; }
 
-  // x (B, T, in) in layout In -> y (B, T, out) in layout Out.
+  // x (B, T, in) in layout In -> y (B, T, out) in layout Out. mesh: the tensor group of FP8 casts
+  // (the top of this file); NoMesh where there is none.
   Tensor<T, Out, D> forward(Ctx& ctx, const Tensor<T, In, D>& x) {
+    NoMesh none;
+    return forward(ctx, x, none);
+  }
+  template <class M>
+  Tensor<T, Out, D> forward(Ctx& ctx, const Tensor<T, In, D>& x, M& mesh) {
     const Shape g = x.global_shape();
     const std::int64_t N = x.local_shape()[0] * x.local_shape()[1];
     auto y = Tensor<T, Out, D>::empty(x.dev(), {g[0], g[1], weight.value.global_shape()[0]}, x.spread(),
                                       Category::activations);
     gemm<fp8::Operand::activation, fp8::Operand::weight>(x.dev(), "forward", Trans::no, Trans::yes, N, out_local(),
                                                          in_local(), x.data(), in_local(), weight.value.data(),
-                                                         in_local(), S(0), y.data(), out_local());
+                                                         in_local(), S(0), y.data(), out_local(),
+                                                         amaxes(mesh, "forward", row, false, &ctx.x_amax, nullptr),
+                                                         amaxes(mesh, "forward", row, column, &ctx.w_amax, nullptr));
     if (has_bias_ && (!std::same_as<Role, RowParallel> || tensor_index_ == 0))
       ops::Bias<D>::add(x.dev(), y.data(), bias.value.data(), N, out_local());
     ctx.x = x.clone(Category::activations);
@@ -142,6 +169,11 @@ class Linear {
 
   // dy (B, T, out) in GradOut -> dx (B, T, in) in GradIn; accumulates the parameter gradients.
   Tensor<T, GradIn, D> backward(Ctx& ctx, const Tensor<T, GradOut, D>& dy_in) {
+    NoMesh none;
+    return backward(ctx, dy_in, none);
+  }
+  template <class M>
+  Tensor<T, GradIn, D> backward(Ctx& ctx, const Tensor<T, GradOut, D>& dy_in, M& mesh) {
     const Tensor<T, In, D>& x = ctx.x;
     const std::int64_t N = x.local_shape()[0] * x.local_shape()[1];
     const T* dy = dy_in.data();
@@ -153,22 +185,23 @@ class Linear {
     }
     // dx (N, in) = dy W;  then (now, or in backward_weight) dW (out, in) += dy^T x, db += sum of dy.
     auto dx = Tensor<T, GradIn, D>::empty(x.dev(), x.global_shape(), x.spread(), Category::activations);
-    gemm<fp8::Operand::gradient, fp8::Operand::weight>(x.dev(), "dgrad", Trans::no, Trans::no, N, in_local(),
-                                                       out_local(), dy, out_local(), weight.value.data(), in_local(),
-                                                       S(0), dx.data(), in_local());
+    gemm<fp8::Operand::gradient, fp8::Operand::weight>(
+        x.dev(), "dgrad", Trans::no, Trans::no, N, in_local(), out_local(), dy, out_local(), weight.value.data(),
+        in_local(), S(0), dx.data(), in_local(), amaxes(mesh, "dgrad", column, false, &ctx.dy_amax, nullptr),
+        amaxes(mesh, "dgrad", column, row, nullptr, &ctx.w_amax));
     if (deferring_) {
       ctx.dy = has_gelu ? std::move(dpre) : dy_in.clone(Category::activations);
       ctx.pre = {};
       return dx;
     }
-    weight_grads(x, dy, N);
+    weight_grads(ctx, x, dy, N);
     ctx = Ctx{};
     return dx;
   }
 
   // The deferred weight gradients (defer_weight(true)): dW += dy^T x, db += sum of dy; frees the context.
   void backward_weight(Ctx& ctx) {
-    if (ctx.dy.data()) weight_grads(ctx.x, ctx.dy.data(), ctx.x.local_shape()[0] * ctx.x.local_shape()[1]);
+    if (ctx.dy.data()) weight_grads(ctx, ctx.x, ctx.dy.data(), ctx.x.local_shape()[0] * ctx.x.local_shape()[1]);
     ctx = Ctx{};
   }
 
@@ -179,27 +212,94 @@ class Linear {
     if (has_bias_) f(prefix + ".bias", bias);
   }
 
+  // describe's row (nn/comm_walk.hpp): the layouts, and the amax all-reduces of tensor-parallel FP8
+  // casts. act: the input's global shape (B, T, in), T a rank's rows.
+  void comm_rows(std::vector<CommRow>& out, const std::string& label, const Shape& act, const Spread& s,
+                 std::int64_t) const {
+    CommRow r{cat(label, " (", name(), ")"), In::name(), Out::name(), {}, {}};
+    add_amax_steps(r, act, s);
+    out.push_back(std::move(r));
+  }
+  // The amax all-reduces of this layer's casts (the table at the top: forward's x and W, dgrad's
+  // dy and W^T, wgrad's dy^T and x^T; a kept tensorwise amax is not reduced again), added to r.
+  void add_amax_steps(CommRow& r, const Shape& act, const Spread& s) const {
+    if constexpr (G::fp8) {
+      if (s.tensor_degree < 2) return;
+      const std::int64_t N = act[0] / s.data_degree * act[1];
+      const auto add = [&](std::vector<CommStep>& to, bool k_sharded, bool rows_sharded, bool kept, std::int64_t rows) {
+        if ((tensorwise && kept) || !G::reduces(k_sharded, rows_sharded)) return;
+        to.push_back(detail::reduction(Axis::tensor, s.tensor_degree,
+                                       static_cast<std::int64_t>(sizeof(float)) * (tensorwise ? 1 : rows)));
+      };
+      add(r.forward, row, false, false, N);               // x
+      add(r.forward, row, column, false, out_local());    // W
+      add(r.backward, column, false, false, N);           // dy
+      add(r.backward, column, row, true, in_local());     // W^T
+      add(r.backward, false, column, true, out_local());  // dy^T
+      add(r.backward, false, row, true, in_local());      // x^T
+    }
+  }
+
  private:
-  // C = op(A) op(B) + beta C in T, or on float8 casts (ra, rb: what op(A) and op(B) are).
-  template <fp8::Operand ra, fp8::Operand rb, class C>
+  static constexpr bool column = std::same_as<Role, ColumnParallel>, row = std::same_as<Role, RowParallel>;
+  static constexpr bool tensorwise = [] {
+    if constexpr (G::fp8) return std::same_as<typename G::scaling_rule, fp8::scaling::Tensorwise>;
+    else return false;
+  }();
+
+  // The hook of an FP8 operand's cast (ops::ScaledGemm): its amaxes reduced over the tensor ranks
+  // where its scale blocks span the shards (the table at the top); tensorwise, the amax kept for
+  // the GEMMs that read the tensor again (keep), or the one kept taken (kept).
+  template <class M>
+  auto amaxes(M& mesh, const char* which, bool k_sharded, bool rows_sharded, float* keep, const float* kept) const {
+    if constexpr (!G::fp8) {
+      return fp8::KeepAmaxes{};
+    } else {
+      return [=, this, &mesh](std::span<float> a) {
+        if (tensorwise && kept) {
+          a[0] = *kept;
+          return;
+        }
+        if (tensor_degree_ > 1 && G::reduces(k_sharded, rows_sharded)) {
+          if constexpr (std::same_as<M, NoMesh>)
+            throw Error(cat(name(), "'s ", which, " GEMM under ", G::name()),
+                        cat("its operand is sharded over ", tensor_degree_,
+                            " tensor ranks and its amaxes must be reduced over them, but the layer was called "
+                            "without a mesh"),
+                        "call forward(ctx, x, mesh) and backward(ctx, dy, mesh)");
+          else mesh.comm(Axis::tensor).all_reduce(a, ReduceOp::max);
+        }
+        if (tensorwise && keep) *keep = a[0];
+        (void)mesh;  // NoMesh: nothing to reduce over
+      };
+    }
+  }
+
+  // C = op(A) op(B) + beta C in T, or on float8 casts (ra, rb: what op(A) and op(B) are; on_a, on_b:
+  // their amaxes' hooks).
+  template <fp8::Operand ra, fp8::Operand rb, class C, class FA, class FB>
   void gemm(D& dev, const char* which, Trans ta, Trans tb, std::int64_t m, std::int64_t n, std::int64_t k, const T* a,
-            std::int64_t lda, const T* b, std::int64_t ldb, S beta, C* c, std::int64_t ldc) const {
+            std::int64_t lda, const T* b, std::int64_t ldb, S beta, C* c, std::int64_t ldc, const FA& on_a,
+            const FB& on_b) const {
     if constexpr (G::fp8)
       ops::ScaledGemm<D>::template run<G, ra, rb>(dev, ta, tb, m, n, k, S(1), a, lda, b, ldb, beta, c, ldc,
-                                                  cat(name(), "'s ", which, " GEMM"));
+                                                  cat(name(), "'s ", which, " GEMM"), on_a, on_b);
     else ops::Gemm<D>::run(dev, ta, tb, m, n, k, S(1), a, lda, b, ldb, beta, c, ldc);
   }
 
-  void weight_grads(const Tensor<T, In, D>& x, const T* dy, std::int64_t N) {
-    gemm<fp8::Operand::gradient, fp8::Operand::activation>(x.dev(), "wgrad", Trans::yes, Trans::no, out_local(),
-                                                           in_local(), N, dy, out_local(), x.data(), in_local(), S(1),
-                                                           weight.grad.data(), in_local());
+  // dW += dy^T x, db += sum of dy: the tensorwise amaxes are those forward and dgrad kept.
+  void weight_grads(Ctx& ctx, const Tensor<T, In, D>& x, const T* dy, std::int64_t N) {
+    NoMesh none;
+    gemm<fp8::Operand::gradient, fp8::Operand::activation>(
+        x.dev(), "wgrad", Trans::yes, Trans::no, out_local(), in_local(), N, dy, out_local(), x.data(), in_local(),
+        S(1), weight.grad.data(), in_local(), amaxes(none, "wgrad", false, column, nullptr, &ctx.dy_amax),
+        amaxes(none, "wgrad", false, row, nullptr, &ctx.x_amax));
     if (has_bias_) ops::Bias<D>::backward(x.dev(), bias.grad.data(), dy, N, out_local());
   }
 
- public:
  private:
   int tensor_index_ = 0;
+  int tensor_degree_ = 1;
   bool deferring_ = false;
   bool has_bias_ = true;
 };

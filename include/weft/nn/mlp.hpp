@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "weft/nn/comm_row.hpp"
+#include "weft/nn/layer.hpp"
 #include "weft/nn/linear.hpp"
 
 namespace weft::nn {
@@ -39,13 +40,16 @@ class Mlp {
   Mlp(D& dev, std::int64_t C, const Spread& s, std::uint64_t id, std::uint64_t seed, double std, double proj_std)
       : fc(dev, C, 4 * C, s, id, seed, std), proj(dev, 4 * C, C, s, id + 2, seed, proj_std) {}
 
-  Tensor<T, act::Partial, D> forward(Ctx& ctx, const Tensor<T, act::Full, D>& x) {
-    auto h = fc.forward(ctx.fc_ctx, x);  // (B, T, 4C/tp) Shard<-1>
-    return proj.forward(ctx.proj_ctx, h);
+  // mesh: the tensor group of FP8 casts (nn/linear.hpp), or NoMesh.
+  template <class M = NoMesh>
+  Tensor<T, act::Partial, D> forward(Ctx& ctx, const Tensor<T, act::Full, D>& x, M&& mesh = M{}) {
+    auto h = within([] { return "fc"; }, [&] { return fc.forward(ctx.fc_ctx, x, mesh); });  // (B, T, 4C/tp) Shard<-1>
+    return within([] { return "proj"; }, [&] { return proj.forward(ctx.proj_ctx, h, mesh); });
   }
-  Tensor<T, act::Partial, D> backward(Ctx& ctx, const Tensor<T, act::Full, D>& dy) {
-    auto dh = proj.backward(ctx.proj_ctx, dy);
-    return fc.backward(ctx.fc_ctx, dh);
+  template <class M = NoMesh>
+  Tensor<T, act::Partial, D> backward(Ctx& ctx, const Tensor<T, act::Full, D>& dy, M&& mesh = M{}) {
+    auto dh = within([] { return "proj"; }, [&] { return proj.backward(ctx.proj_ctx, dy, mesh); });
+    return within([] { return "fc"; }, [&] { return fc.backward(ctx.fc_ctx, dh, mesh); });
   }
   void backward_weight(Ctx& ctx) {
     fc.backward_weight(ctx.fc_ctx);
@@ -55,10 +59,13 @@ class Mlp {
     fc.defer_weight(on);
     proj.defer_weight(on);
   }
-  // describe's rows (nn/comm_walk.hpp): its two Linear layers, no collective inside.
-  void comm_rows(std::vector<CommRow>& out, const std::string& row, const Shape&, const Spread&, std::int64_t) const {
+  // describe's rows (nn/comm_walk.hpp): its two Linear layers (collectives only in FP8 on tensor ranks).
+  void comm_rows(std::vector<CommRow>& out, const std::string& row, const Shape& act, const Spread& s,
+                 std::int64_t) const {
     out.push_back(detail::local_row<std::remove_cvref_t<decltype(fc)>>(row + ".fc (ColumnParallel, GELU)"));
+    fc.add_amax_steps(out.back(), act, s);
     out.push_back(detail::local_row<std::remove_cvref_t<decltype(proj)>>(row + ".proj (RowParallel)"));
+    proj.add_amax_steps(out.back(), act, s);
   }
 
   Shape out_shape(const Shape& s) const { return s; }

@@ -57,6 +57,15 @@ namespace detail {
 
 template <class T> inline constexpr bool is_named = false;
 template <Label N, class L> inline constexpr bool is_named<Named<N, L>> = true;
+// Named<N, L> itself (is_named also holds for wrappers that name their parameters as their layer).
+template <class T> struct named_base {
+  static constexpr bool named = false;
+};
+template <Label N, class L> struct named_base<Named<N, L>> {
+  static constexpr bool named = true;
+  using type = L;
+};
+template <class T> using named_base_t = typename named_base<T>::type;
 template <class T> inline constexpr bool is_residual = false;
 
 template <class P>
@@ -86,9 +95,13 @@ struct check_compose {
 
 // forward and backward are templates over the element type and device, so nn::Layer cannot check
 // them where a layer is named; these say which member is missing where they are first called.
+// A Named layer's errors name it (nn::within).
 template <class L, class Ctx, class X, class M>
 auto layer_forward(L& layer, Ctx& ctx, const X& x, M& mesh) {
-  if constexpr (requires { layer.forward(ctx, x, mesh); }) return layer.forward(ctx, x, mesh);
+  if constexpr (named_base<L>::named)
+    return within([] { return L::label(); },
+                  [&] { return layer_forward(static_cast<named_base_t<L>&>(layer), ctx, x, mesh); });
+  else if constexpr (requires { layer.forward(ctx, x, mesh); }) return layer.forward(ctx, x, mesh);
   else if constexpr (requires { layer.forward(ctx, x); }) return layer.forward(ctx, x);
   else
     static_assert(sizeof(L) == 0,
@@ -96,7 +109,10 @@ auto layer_forward(L& layer, Ctx& ctx, const X& x, M& mesh) {
 }
 template <class L, class Ctx, class X, class M>
 auto layer_backward(L& layer, Ctx& ctx, const X& dy, M& mesh) {
-  if constexpr (requires { layer.backward(ctx, dy, mesh); }) return layer.backward(ctx, dy, mesh);
+  if constexpr (named_base<L>::named)
+    return within([] { return L::label(); },
+                  [&] { return layer_backward(static_cast<named_base_t<L>&>(layer), ctx, dy, mesh); });
+  else if constexpr (requires { layer.backward(ctx, dy, mesh); }) return layer.backward(ctx, dy, mesh);
   else if constexpr (requires { layer.backward(ctx, dy); }) return layer.backward(ctx, dy);
   else
     static_assert(sizeof(L) == 0,

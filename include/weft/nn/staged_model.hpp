@@ -390,14 +390,18 @@ class StagedModel {
   void forward_rest(std::size_t stage, Ctx& ctx, M& mesh, Mode mode) {
     if (stage + 1 < stages()) {
       BlockT& b = block(stage - 1);
-      if (mode == Mode::train) {
-        ctx.x = b.forward(ctx.blocks[stage - 1], ctx.x, mesh);
-      } else if constexpr (requires { b.infer(ctx.x, mesh); }) {
-        ctx.x = b.infer(ctx.x, mesh);
-      } else {  // a block without its own infer (a Sequential): a scratch context, freed here
-        typename BlockT::Ctx scratch;
-        ctx.x = b.forward(scratch, ctx.x, mesh);
-      }
+      // An error inside the block names it and the layers it was raised in (nn::within).
+      ctx.x = within([&] { return Spec::block_name(static_cast<std::int64_t>(stage - 1)); },
+                     [&] {
+                       if (mode == Mode::train) {
+                         return b.forward(ctx.blocks[stage - 1], ctx.x, mesh);
+                       } else if constexpr (requires { b.infer(ctx.x, mesh); }) {
+                         return b.infer(ctx.x, mesh);
+                       } else {  // a block without its own infer (a Sequential): a scratch context, freed here
+                         typename BlockT::Ctx scratch;
+                         return b.forward(scratch, ctx.x, mesh);
+                       }
+                     });
     } else {
       if constexpr (tied) ctx.loss = head.forward(ctx.head, ctx.x, table(), ctx.in, mesh, mode);
       else ctx.loss = head.forward(ctx.head, ctx.x, ctx.in, mesh, mode);
@@ -410,7 +414,8 @@ class StagedModel {
       if constexpr (tied) ctx.x = head.backward(ctx.head, table(), ctx.in.grad_scale, mesh);
       else ctx.x = head.backward(ctx.head, ctx.in.grad_scale, mesh);
     } else {
-      ctx.x = block(stage - 1).backward(ctx.blocks[stage - 1], ctx.x, mesh);
+      ctx.x = within([&] { return Spec::block_name(static_cast<std::int64_t>(stage - 1)); },
+                     [&] { return block(stage - 1).backward(ctx.blocks[stage - 1], ctx.x, mesh); });
     }
   }
 

@@ -86,26 +86,46 @@ struct ScaledGemm;
 template <>
 struct ScaledGemm<Host> {
   // G: an fp8::Gemms recipe; ra, rb: what op(A) and op(B) are; gemm: the GEMM's name for a refusal.
-  template <class G, fp8::Operand ra, fp8::Operand rb, class T, class C>
+  // on_a, on_b: called with each operand's amaxes (one a scale block) before its cast, to reduce
+  // them over the ranks that share the operand, or to set them (fp8::KeepAmaxes leaves them).
+  template <class G, fp8::Operand ra, fp8::Operand rb, class T, class C, class FA = fp8::KeepAmaxes,
+            class FB = fp8::KeepAmaxes>
   static void run(Host&, Trans ta, Trans tb, index m, index n, index k, acc<T> alpha, const T* a, index lda, const T* b,
-                  index ldb, acc<T> beta, C* c, index ldc, const std::string& gemm) {
+                  index ldb, acc<T> beta, C* c, index ldc, const std::string& gemm, const FA& on_a = FA{},
+                  const FB& on_b = FB{}) {
     static_assert(fp8::is_fp8_gemms<G>, "ops::ScaledGemm: G must be an fp8::Gemms recipe");
     static_assert(std::same_as<acc<T>, float>, "ops::ScaledGemm: the operands must be bf16 or f32");
     const host::Timed timed(host::Op::gemm);
     // op(A) as (m, k) and op(B)^T as (n, k): the operands' rows along K, as the casts take them.
-    const auto qa = G::template quantize<ra>(host::rows_of(a, ta, m, k, lda), m, k, gemm);
+    const auto cast = [&]<fp8::Operand role>(std::vector<float> x, index rows, const auto& on) {
+      auto amax = G::template amaxes<role>(x, rows, k, gemm);
+      on(std::span<float>(amax));
+      return G::template cast<role>(x, rows, k, amax, gemm);
+    };
+    const auto qa = cast.template operator()<ra>(host::rows_of(a, ta, m, k, lda), m, on_a);
     const auto qb =
-        G::template quantize<rb>(host::rows_of(b, tb == Trans::no ? Trans::yes : Trans::no, n, k, ldb), n, k, gemm);
+        cast.template operator()<rb>(host::rows_of(b, tb == Trans::no ? Trans::yes : Trans::no, n, k, ldb), n, on_b);
     host::scaled_store(c, ldc, host::scaled_product(qa, qb), m, n, alpha, beta);
   }
 };
 
-// The Meta device (cost/measure.hpp): the shape noted for the time model as a GEMM's, nothing computed.
+// The Meta device (cost/measure.hpp): the shape noted for the time model as a GEMM's, nothing
+// computed; on_a and on_b see amaxes of the real count (zeros), so that the collectives a layer
+// runs on them are counted as the step runs them.
 template <class D>
 struct ScaledGemm<Meta<D>> {
-  template <class G, fp8::Operand ra, fp8::Operand rb, class... A>
-  static void run(Meta<D>& d, Trans ta, Trans tb, index m, index n, index k, A&&...) {
+  template <class G, fp8::Operand ra, fp8::Operand rb, class Alpha, class T, class Beta, class C,
+            class FA = fp8::KeepAmaxes, class FB = fp8::KeepAmaxes>
+  static void run(Meta<D>& d, Trans ta, Trans tb, index m, index n, index k, Alpha, const T*, index, const T*, index,
+                  Beta, C*, index, const std::string& gemm, const FA& on_a = FA{}, const FB& on_b = FB{}) {
     d.work.gemm(m, n, k, ta == Trans::yes, tb == Trans::yes);
+    const auto count = [&]<fp8::Operand role>(index rows, const auto& on) {
+      const auto [br, bc] = G::template blocks<role>(rows, k, gemm);
+      std::vector<float> amax(static_cast<std::size_t>((rows / br) * (k / bc)), 0.0f);
+      on(std::span<float>(amax));
+    };
+    count.template operator()<ra>(m, on_a);
+    count.template operator()<rb>(n, on_b);
   }
 };
 
@@ -126,6 +146,14 @@ struct ScaledGemm<Meta<D>> {
                                                        std::int64_t, float, float);                                    \
   EXTERN template void weft::host::scaled_store<weft::bf16>(weft::bf16*, std::int64_t, const std::vector<float>&,      \
                                                             std::int64_t, std::int64_t, float, float);                 \
+  EXTERN template std::vector<float> weft::fp8::block_amaxes<float>(std::span<const float>, std::int64_t,              \
+                                                                    std::int64_t, std::int64_t, std::int64_t);         \
+  EXTERN template weft::fp8::Quantized<weft::float8_e4m3> weft::fp8::cast_blocks<weft::float8_e4m3>(                   \
+      std::span<const float>, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::span<const float>, bool,    \
+      const std::string&);                                                                                             \
+  EXTERN template weft::fp8::Quantized<weft::float8_e5m2> weft::fp8::cast_blocks<weft::float8_e5m2>(                   \
+      std::span<const float>, std::int64_t, std::int64_t, std::int64_t, std::int64_t, std::span<const float>, bool,    \
+      const std::string&);                                                                                             \
   EXTERN template weft::fp8::Quantized<weft::float8_e4m3>                                                              \
   weft::fp8::quantize<weft::fp8::Tensorwise<weft::float8_e4m3>>(std::span<const float>, std::int64_t, std::int64_t);   \
   EXTERN template weft::fp8::Quantized<weft::float8_e4m3>                                                              \
