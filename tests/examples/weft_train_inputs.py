@@ -73,7 +73,7 @@ cases = [
     (2, "0 is out of range", ["--heads", "0"]),
     (2, "vocabulary 16777217 with the built-in Markov corpus; use at most 16777216 tokens", ["--vocab", "16777217"]),
     (2, "--attention ring without --context", ["--attention", "ring"]),
-    (2, "--dtype: f16 not in {f32,bf16,f64}", ["--dtype", "f16"]),
+    (2, "--dtype: f16 not in {f32,bf16,f64,fp8-tensorwise,fp8-rowwise,fp8-blockwise}", ["--dtype", "f16"]),
     (2, "--device: tpu not in {host,cuda,auto}", ["--device", "tpu"]),
     (2, "only the interleaved schedule has more than 1 virtual stage", ["--virtual-stages", "2"]),
     (2, "--schedule: nope not in {gpipe,1f1b,interleaved,zb}", ["--schedule", "nope"]),

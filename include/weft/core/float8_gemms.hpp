@@ -28,7 +28,7 @@
 // This header is plain C++20.
 //
 // defines: fp8::Operand, fp8::KeepAmaxes, fp8::scaling::Tensorwise, fp8::scaling::Rowwise, fp8::scaling::Blockwise,
-// fp8::Gemms
+// fp8::Gemms, Fp8Tensorwise, Fp8Rowwise, Fp8Blockwise
 #pragma once
 
 #include <algorithm>
@@ -41,6 +41,7 @@
 #include "weft/core/error.hpp"
 #include "weft/core/float8.hpp"
 #include "weft/core/float8_scaling.hpp"
+#include "weft/core/precision.hpp"
 
 namespace weft::fp8 {
 
@@ -147,3 +148,11 @@ template <class G> inline constexpr bool is_fp8_gemms = false;
 template <class S, class Grad> inline constexpr bool is_fp8_gemms<Gemms<S, Grad>> = true;
 
 }  // namespace weft::fp8
+
+namespace weft {
+// The trainer's FP8 precisions (weft-train --dtype fp8-tensorwise, fp8-rowwise, fp8-blockwise):
+// bf16 compute, f32 master weights, e5m2 gradients, blockwise in DeepSeek-V3's 128-wide blocks.
+using Fp8Tensorwise = Precision<bf16, float, fp8::Gemms<fp8::scaling::Tensorwise>>;
+using Fp8Rowwise = Precision<bf16, float, fp8::Gemms<fp8::scaling::Rowwise>>;
+using Fp8Blockwise = Precision<bf16, float, fp8::Gemms<fp8::scaling::Blockwise<128>>>;
+}  // namespace weft

@@ -197,6 +197,10 @@ int with_run(const Options& o, const config_t<F>& cfg, const std::string& device
       const bool on_cuda = device == "cuda" && gpu;
       if (on_cuda && o.model.dtype == "f64")
         throw Error(o.where(), "--dtype f64 on the GPU", "f64 is the host's checking precision: use f32 or bf16");
+      if (on_cuda && o.model.dtype.starts_with("fp8-"))
+        throw Error(o.where(), cat("--dtype ", o.model.dtype, " on the GPU"),
+                    "FP8 trains on the host for now (its GPU GEMMs, cuBLASLt's, are not written yet): use --device "
+                    "host, or bf16 on the GPU");
       const bool sp = o.mesh.sequence_parallel();
       const auto strategies = strategy_names(strategies_t<F>{});
       if (std::find(strategies.begin(), strategies.end(), o.mesh.strategy) == strategies.end())

@@ -186,8 +186,10 @@ inline void add_model_options(CLI::App& app, ModelOptions& o, const std::vector<
   app.add_option("--preset", o.preset, cat("model size: ", join(presets), " (of the family's presets)"))
       ->check(CLI::IsMember(presets));
   cli::add_sizes(app, o.sizes);
-  app.add_option("--dtype", o.dtype, "f32, bf16 (mixed precision: bf16 compute, f32 master weights) or f64 (host)")
-      ->check(CLI::IsMember({"f32", "bf16", "f64"}));
+  app.add_option("--dtype", o.dtype,
+                 "f32, bf16 (mixed precision: bf16 compute, f32 master weights), f64 (host), or FP8 on the host: "
+                 "fp8-tensorwise, fp8-rowwise, fp8-blockwise (bf16 with the linear layers' GEMMs on float8 casts)")
+      ->check(CLI::IsMember({"f32", "bf16", "f64", "fp8-tensorwise", "fp8-rowwise", "fp8-blockwise"}));
   app.add_option("--seed", o.seed, "seed of the weights and the built-in corpus (0 to 2^64 - 1)")
       ->check(cli::at_least(0));
 }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "weft/core/error.hpp"
+#include "weft/core/float8_gemms.hpp"
 #include "weft/core/precision.hpp"
 #include "weft/optim/data_parallel.hpp"
 #include "weft/train/family.hpp"
@@ -26,6 +27,9 @@ template <class P> constexpr const char* dtype_name() = delete;
 template <> constexpr const char* dtype_name<F32>() { return "f32"; }
 template <> constexpr const char* dtype_name<Bf16Mixed>() { return "bf16"; }
 template <> constexpr const char* dtype_name<F64>() { return "f64"; }
+template <> constexpr const char* dtype_name<Fp8Tensorwise>() { return "fp8-tensorwise"; }
+template <> constexpr const char* dtype_name<Fp8Rowwise>() { return "fp8-rowwise"; }
+template <> constexpr const char* dtype_name<Fp8Blockwise>() { return "fp8-blockwise"; }
 
 // "ddp", "ddp-sp", ... for the strategies of the list.
 template <class... S>

@@ -19,6 +19,7 @@
 #include <cstddef>
 #include <type_traits>
 
+#include "weft/core/float8_gemms.hpp"
 #include "weft/core/precision.hpp"
 #include "weft/train/corpus.hpp"
 #include "weft/train/family.hpp"
@@ -28,7 +29,7 @@ namespace weft::train {
 
 // A build's choices for all its units: the precisions it compiles (of those each variant runs in)
 // and whether it compiles the context-parallel variants.
-template <class Precisions = List<F32, Bf16Mixed, F64>, bool Context = true>
+template <class Precisions = List<F32, Bf16Mixed, F64, Fp8Tensorwise, Fp8Rowwise, Fp8Blockwise>, bool Context = true>
 struct Build {
   using precisions = Precisions;
   static constexpr bool context = Context;

@@ -12,6 +12,7 @@
 
 #include "weft/comm/mesh.hpp"
 #include "weft/comm/threads/run.hpp"
+#include "weft/core/float8_gemms.hpp"
 #include "weft/device/host/host.hpp"
 #include "weft/models/gpt2/model.hpp"
 #include "weft/models/gpt2/replay.hpp"
@@ -130,6 +131,14 @@ TEST_CASE("the plan's step peaks equal the allocator's: DDP") { check_strategy<o
 TEST_CASE("the plan's step peaks equal the allocator's: ZeRO-1") { check_strategy<optim::Zero1>(); }
 TEST_CASE("the plan's step peaks equal the allocator's: ZeRO-2") { check_strategy<optim::Zero2>(); }
 TEST_CASE("the plan's step peaks equal the allocator's: FSDP") { check_strategy<optim::Fsdp>(); }
+
+// FP8 (weft-train --dtype fp8-*): the tensors a step allocates are bf16 mixed precision's; the float8
+// casts are a GEMM's transient scratch on the host (ops::ScaledGemm), outside the allocator's counts
+// and the plan's, and the amaxes' all-reduces move floats in place.
+TEST_CASE("the plan's step peaks equal the allocator's in FP8, tensor 2 with sequence parallelism") {
+  check<optim::Zero2, Fp8Rowwise, true>(kSmall, {.data = 2, .tensor = 2}, 4);
+  check<optim::Fsdp, Fp8Tensorwise, false>(kSmall, {.data = 2, .tensor = 2}, 2, 2);
+}
 
 TEST_CASE("the plan's step peaks equal the allocator's under selective and full recompute") {
   check<optim::Zero2, float, false, recompute::Selective>(kSmall, {.data = 1, .tensor = 2}, 2);

@@ -8,6 +8,7 @@
 #include <string_view>
 #include <vector>
 
+#include "weft/core/float8_gemms.hpp"
 #include "weft/core/precision.hpp"
 #include "weft/cost/memory.hpp"
 #include "weft/models/gpt2/config.hpp"
@@ -38,6 +39,9 @@ struct Family {
   using variants = train::List<train::Variant<>, train::Variant<context::Ring>, train::Variant<context::AllGather>>;
   template <class P, bool SP, class R, class D>
   using recomputed = Model<P, SP, R, D>;
+  // f32, bf16, f64 and FP8 (--dtype fp8-tensorwise, fp8-rowwise, fp8-blockwise: the linear layers'
+  // GEMMs on float8 casts, core/float8_gemms.hpp) on the host; f32 and bf16 on the GPU.
+  using host_precisions = train::List<F32, Bf16Mixed, F64, Fp8Tensorwise, Fp8Rowwise, Fp8Blockwise>;
 
   static std::string name() { return "gpt2"; }
   static std::vector<std::string> preset_names() { return gpt2::preset_names(); }

@@ -147,14 +147,12 @@ inline int Family::print_plan(const train::Options& o, const Config& cfg, const 
     const std::int64_t micro = o.optim.micro_batch > 0 ? o.optim.micro_batch : o.optim.batch;
     const Spread s{.data_degree = o.mesh.data, .tensor_degree = o.mesh.tensor};
     const bool sp = o.mesh.strategy.ends_with("-sp");
-    auto describe = [&]<class T>() {
+    // in the run's precision: FP8's amax all-reduces are its own (nn::Linear::comm_rows)
+    const std::string table = train::with_precision(train::host_precisions_t<Family>{}, o.model.dtype, [&]<class P>() {
       using Meta = weft::Meta<Host>;
-      return sp ? nn::describe<Model<T, true, recompute::None, Meta>>(cfg, micro, s)
-                : nn::describe<Model<T, false, recompute::None, Meta>>(cfg, micro, s);
-    };
-    const std::string table = o.model.dtype == "f64"    ? describe.operator()<double>()
-                              : o.model.dtype == "bf16" ? describe.operator()<bf16>()
-                                                        : describe.operator()<float>();
+      return sp ? nn::describe<Model<P, true, recompute::None, Meta>>(cfg, micro, s)
+                : nn::describe<Model<P, false, recompute::None, Meta>>(cfg, micro, s);
+    });
     std::printf("collectives of one micro-batch (tensor axis; the data axis adds the strategy's):\n%s", table.c_str());
   }
   if (o.mesh.pipe == 1 && device != "cuda") {
