@@ -1,7 +1,8 @@
 // GPU kernels at GPT-2 124M sizes (B=16, T=1024, C=768, V=50304), each against a ceiling measured
 // in the same run: memory-bound ops as GB/s against a large device-to-device copy, GEMMs as TFLOP/s
 // against a large cuBLASLt bf16 GEMM. One JSON object per line; each time is the median of 10 runs
-// after 3 warm-ups, timed with CUDA events.
+// after 3 warm-ups, timed with CUDA events. The FP8 GEMM (ops/scaled_gemm.cuh) against bf16's at
+// 4096 x 8192 x 16384 (compiled, not yet run: no GPU was lent since it was written).
 //
 //   kernels [--quick]     (--quick: B=4 and fewer repetitions, for a smoke run)
 #include <cuda_runtime.h>
@@ -20,6 +21,7 @@
 #include "weft/ops/gelu.cuh"
 #include "weft/ops/layernorm.cuh"
 #include "weft/ops/memory.cuh"
+#include "weft/ops/scaled_gemm.cuh"
 #include "weft/ops/update.cuh"
 
 using weft::Allocation;
@@ -195,6 +197,51 @@ int main(int argc, char** argv) {
            time_ms(d, [&] { wc::ce_backward(d, logits, rowmax, stats, tokens, N, V, V, 0, 1.0f / N); }), e * N * V * 2,
            0, copy_gbps, gemm_tflops);
     keep.clear();
+
+    // FP8 (issue 55's target: >= 1.3x bf16's TFLOP/s at 4096 x 8192 x 16384): cuBLASLt's FP8 GEMM
+    // on operands cast beforehand (e4m3, one scale a tensor, and one a row), and the whole
+    // ops::ScaledGemm from bf16 operands (amaxes, the host's look at them, casts, GEMM), each with
+    // its ratio to the bf16 GEMM of the same shape measured here.
+    {
+      const idx M = 4096, Nn = 8192, K = 16384;
+      auto* a = buffer<bf16>(d, keep, M * K);
+      auto* b = buffer<bf16>(d, keep, Nn * K);
+      auto* c = buffer<bf16>(d, keep, M * Nn);
+      fill_bf16<<<1024, 256, 0, d.stream()>>>(reinterpret_cast<__nv_bfloat16*>(a), M * K, 3);
+      fill_bf16<<<1024, 256, 0, d.stream()>>>(reinterpret_cast<__nv_bfloat16*>(b), Nn * K, 4);
+      auto* a8 = buffer<std::uint8_t>(d, keep, M * K, 0x30);  // e4m3 0.5 (0x30): finite products
+      auto* b8 = buffer<std::uint8_t>(d, keep, Nn * K, 0x30);
+      auto* one = buffer<float>(d, keep, Nn);
+      const std::vector<float> ones(static_cast<std::size_t>(Nn), 1.0f);
+      d.from_host(one, ones.data(), ones.size() * sizeof(float));
+      const double flops = 2.0 * M * Nn * K;
+      const double bf16_ms =
+          time_ms(d, [&] { blas.gemm<bf16>(host::Trans::no, host::Trans::yes, M, Nn, K, a, K, b, K, c, Nn); });
+      const auto fp8 = [&](const char* op, const char* dtype, double ms) {
+        nlohmann::json j = {{"bench", "kernels"},
+                            {"op", op},
+                            {"dtype", dtype},
+                            {"time_us", ms * 1e3},
+                            {"tflops", flops / ms / 1e9},
+                            {"bf16_tflops", flops / bf16_ms / 1e9},
+                            {"vs_bf16", bf16_ms / ms}};
+        std::printf("%s\n", j.dump().c_str());
+        std::fflush(stdout);
+      };
+      fp8("gemm 4096x8192x16384", "bf16", bf16_ms);
+      for (bool vectors : {false, true})
+        fp8(vectors ? "fp8 gemm 4096x8192x16384, rowwise scales" : "fp8 gemm 4096x8192x16384, tensorwise scale", "e4m3",
+            time_ms(d, [&] {
+              blas.gemm_fp8<bf16>(M, Nn, K, a8, CUDA_R_8F_E4M3, K, one, b8, CUDA_R_8F_E4M3, K, one, vectors, c, Nn,
+                                  1.0f, 0.0f, true);
+            }));
+      using Tw = weft::fp8::Gemms<weft::fp8::scaling::Tensorwise>;
+      fp8("fp8 ScaledGemm from bf16 (+casts), tensorwise", "e4m3", time_ms(d, [&] {
+            weft::ops::ScaledGemm<Cuda>::run<Tw, weft::fp8::Operand::activation, weft::fp8::Operand::weight>(
+                d, host::Trans::no, host::Trans::yes, M, Nn, K, 1.0f, a, K, b, K, 0.0f, c, Nn, "benchmark");
+          }));
+      keep.clear();
+    }
 
     // AdamW and the gradient norm over 124M f32 parameters in 12 tensors.
     const idx P = 124'000'000 / 12;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "03_custom_model.hpp"
+#include "weft/core/float8_gemms.hpp"
 #include "weft/cost/measure.hpp"
 #include "weft/cost/measure_time.hpp"
 #include "weft/models/gpt2/cluster_plan.hpp"
@@ -152,6 +153,8 @@ template <class D>
 using GptBf16Full = gpt2::Model<Bf16Mixed, false, recompute::Full, D>;
 template <class D>
 using GptSelective = gpt2::Model<float, false, recompute::Selective, D>;
+template <class D>
+using GptFp8 = gpt2::Model<Fp8Rowwise, true, recompute::None, D>;
 
 constexpr gpt2::Config kSmall{.vocab = 37, .seq = 8, .layers = 4, .heads = 2, .width = 8};
 
@@ -269,17 +272,19 @@ void check_work(const footprint::Run& run) {
   const estimate::Work want = estimate::work<Strategy, P, SP, R>(kSmall, s, run.micro_batch, run.micro_batches);
   INFO(cat(Strategy::name(), SP ? "-sp" : "", " data ", run.mesh.data, " tensor ", run.mesh.tensor, " micro ",
            run.micro_batch, " x ", run.micro_batches));
-  using GemmKey = std::tuple<std::int64_t, std::int64_t, std::int64_t, bool, bool>;
+  using GemmKey = std::tuple<std::int64_t, std::int64_t, std::int64_t, bool, bool, bool>;
   std::map<GemmKey, std::int64_t> g, wg;
-  for (const auto& x : got.gemms) g[{x.m, x.n, x.k, x.ta, x.tb}] += x.count;
+  for (const auto& x : got.gemms) g[{x.m, x.n, x.k, x.ta, x.tb, x.fp8}] += x.count;
   for (const auto& x : want.gemms)
-    if (x.count > 0) wg[{x.m, x.n, x.k, x.ta, x.tb}] += x.count;
+    if (x.count > 0) wg[{x.m, x.n, x.k, x.ta, x.tb, x.fp8}] += x.count;
   CHECK(g == wg);
   CHECK(got.attention_flops == want.attention_flops);
   CHECK(got.elementwise.gelu == want.elementwise.gelu);
   CHECK(got.elementwise.layernorm == want.elementwise.layernorm);
   CHECK(got.elementwise.cross_entropy == want.elementwise.cross_entropy);
   CHECK(got.elementwise.adamw == want.elementwise.adamw);
+  CHECK(got.elementwise.fp8_cast == want.elementwise.fp8_cast);
+  CHECK((want.elementwise.fp8_cast > 0) == precision_t<P>::gemms::fp8);
   CHECK(got.allocated_bytes == want.allocated_bytes);
   using CommKey = std::tuple<int, int, int, std::int64_t>;
   std::map<CommKey, std::int64_t> c, wc;
@@ -307,6 +312,10 @@ TEST_CASE("the time model's work measured on the Meta device equals GPT-2's clos
   check_work<GptBf16Full, optim::Zero2, Bf16Mixed, false, recompute::Full>(
       {.mesh = {.data = 2}, .micro_batch = 2, .micro_batches = 2});
   check_work<GptSelective, optim::Zero2, float, false, recompute::Selective>({.mesh = {.tensor = 2}, .micro_batch = 2});
+  // FP8: the linear layers' GEMMs marked, their operands' elements cast, the amaxes' all-reduces
+  // among the collectives
+  check_work<GptFp8, optim::Ddp, Fp8Rowwise, true, recompute::None>(
+      {.mesh = {.data = 2, .tensor = 2}, .micro_batch = 4});
 }
 
 // Each stage's collectives for one micro-batch on the tensor axis, measured, against the rows

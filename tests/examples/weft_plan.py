@@ -6,6 +6,7 @@
 1. GPT-2 124M on one GPU: DDP's state is 18 bytes per parameter in bf16 (2 + 4 gradient + 4 master +
    8 AdamW), 124,439,808 parameters: a closed form the plan must hit exactly; and its GEMM and
    attention seconds are their FLOPs at the cluster's rates.
+   In FP8: the same state, the linear GEMMs at the FP8 peak, the casts' seconds and workspace.
 2. On 64 GPUs of 8 per node: FSDP's state is 1/64 of DDP's (padding aside, bounded both ways), DDP's
    GEMM seconds are those of 1/64 of the tokens, a 1F1B pipeline's share is bounded on both sides by
    the balanced bubble and the serial model, a pipe rank's
@@ -55,6 +56,29 @@ attention_s = 3 * 2 * 1024 * 1025 * 64 * 8 * 12 * 12 / (989e12 * 0.3)
 check(ddp and abs(ddp[0]["gemm_s"] - gemm_s) <= 1e-9 * gemm_s and abs(ddp[0]["attention_s"] - attention_s) <= 1e-9 * attention_s,
       f"GPT-2 124M's GEMM and attention seconds from their FLOPs: {gemm_s:.6g} and {attention_s:.6g} s, planned "
       f"{ddp and ddp[0]['gemm_s']} and {ddp and ddp[0]['attention_s']}")
+
+# 1b. FP8 (--dtype fp8-rowwise, fp8-tensorwise): the same state (bf16 weights, f32 gradients, master
+# and AdamW), the linear layers' GEMMs at the FP8 peak (1979 TFLOP/s dense, 0.7 of it) and the tied
+# head's at bf16's, and the float8 casts' elements (each linear GEMM's two operands, (m + n) k) as
+# elementwise seconds at the HBM bandwidth, 5 bytes each (bf16 read for the amax and for the cast, a
+# byte written); the largest GEMM's casts in the workspace.
+N = tokens
+linear = [(C, 3 * C), (C, C), (C, 4 * C), (4 * C, C)]  # (in, out)
+cast_elements = 12 * sum((N + o) * i + (N + i) * o + (o + i) * N for i, o in linear)
+largest_casts = max(max((N + o) * i, (N + i) * o, (o + i) * N) for i, o in linear)
+for dtype in ("fp8-rowwise", "fp8-tensorwise"):
+    p = run("--preset", "gpt2-124m", "--gpus", "1", "--batch", "8", "--micro", "8", "--dtype", dtype, "--json",
+            "--show", "100")
+    f8 = [x for x in rows(p) if x["strategy"] == "ddp" and x["tensor"] == 1]
+    want = 6 * tokens * 12 * 12 * C * C / (1979e12 * 0.7) + 6 * tokens * 50257 * C / (989e12 * 0.7)
+    casts_s = cast_elements * 5 / 4800e9
+    ok = (p.returncode == 0 and len(f8) == 1 and f8[0]["state_bytes"] == 18 * 124_439_808
+          and abs(f8[0]["gemm_s"] - want) <= 1e-9 * want
+          and abs(f8[0]["elementwise_s"] - ddp[0]["elementwise_s"] - casts_s) <= 1e-9 * casts_s
+          and f8[0]["workspace_bytes"] - ddp[0]["workspace_bytes"] == largest_casts)
+    check(ok, f"GPT-2 124M DDP {dtype}: state 18 B/parameter, GEMMs {want:.6g} s (planned "
+              f"{f8 and f8[0]['gemm_s']}), casts {casts_s:.6g} s, workspace +{largest_casts} B; step "
+              f"{f8 and f8[0]['step_s']:.6g} s against bf16's {ddp[0]['step_s']:.6g}")
 
 # 2. 64 GPUs.
 p = run("--preset", "gpt2-124m", "--gpus", "64", "--gpus-per-node", "8", "--batch", "256", "--micro", "2", "--json",

@@ -6,13 +6,15 @@
 // capacity-limited, not renormalised layer by finite differences, softmax and sigmoid scores; data 2 equal to one rank
 // (the router's statistics summed over the data ranks); the expert exchange (nn/expert_dispatch.hpp) by hand and its
 // round trip; the experts sharded over expert 2 and 4 equal to one rank, the exchange's bytes as its route says; bf16
-// against the f64 fixture; bad options refused by name.
+// against the f64 fixture; FP8 experts over expert 2 and 4 equal to one rank, an overflow named by its expert; bad
+// options refused by name.
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <mutex>
 #include <span>
 #include <string>
@@ -23,6 +25,7 @@
 #include "weft/comm/mesh.hpp"
 #include "weft/comm/redistribute.hpp"
 #include "weft/comm/threads/run.hpp"
+#include "weft/core/float8_gemms.hpp"
 #include "weft/nn/comm_walk.hpp"
 #include "weft/nn/expert_dispatch.hpp"
 #include "weft/nn/layer_walk.hpp"
@@ -70,6 +73,22 @@ double relative(std::span<const double> a, std::span<const double> b) {
     scale = std::max(scale, std::abs(b[i]));
   }
   return worst / scale;
+}
+
+// Parameter p's gradient over the ranks of an expert-sharded run, as one rank holds it: parameter 0
+// (the router) summed over every rank, the experts' (1, 2) each over the ranks that hold it, laid
+// end to end in expert order. Run: grads (every parameter as the rank holds it) and expert.
+template <class Run>
+std::vector<double> expert_grads(const std::vector<Run>& many, std::size_t p, int ep) {
+  std::vector<double> whole;
+  for (int e = 0; e < (p == 0 ? 1 : ep); ++e) {
+    std::vector<double> sum(many[0].grads[p].size(), 0.0);
+    for (const Run& r : many)
+      if (p == 0 || r.expert == e)
+        for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += r.grads[p][i];
+    whole.insert(whole.end(), sum.begin(), sum.end());
+  }
+  return whole;
 }
 
 // Part e of `ep` equal parts of v.
@@ -612,20 +631,102 @@ TEST_CASE_TEMPLATE(
     }
     CHECK(relative(y, one[0].y) <= 1e-14);
     CHECK(relative(dx, one[0].dx) <= 1e-14);
-    // Parameters 0 (router), 1 and 2 (the experts'): the router's summed over every rank, each
-    // expert's over the ranks that hold it, laid end to end in expert order.
-    for (std::size_t p = 0; p < one[0].grads.size(); ++p) {
-      std::vector<double> whole;
-      for (int e = 0; e < (p == 0 ? 1 : ep); ++e) {
-        std::vector<double> sum(many[0].grads[p].size(), 0.0);
-        for (const Run& r : many)
-          if (p == 0 || r.expert == e)
-            for (std::size_t i = 0; i < sum.size(); ++i) sum[i] += r.grads[p][i];
-        whole.insert(whole.end(), sum.begin(), sum.end());
-      }
-      CHECK_MESSAGE(relative(whole, one[0].grads[p]) <= 1e-13, "parameter ", p);
-    }
+    for (std::size_t p = 0; p < one[0].grads.size(); ++p)
+      CHECK_MESSAGE(relative(expert_grads(many, p, ep), one[0].grads[p]) <= 1e-13, "parameter ", p);
   }
+}
+
+TEST_CASE_TEMPLATE("MoeMlp with FP8 experts: each expert casts its own block, and expert 2 and 4 equal one rank", Dsp,
+                   nn::AllToAllDispatch, nn::AllGatherDispatch) {
+  // An f32 layer whose experts' GEMMs read float8 casts (rowwise, e5m2 gradients; the router's GEMMs
+  // stay f32), on the Mixtral fixture's weights and B = 4 samples. On one rank its output is between
+  // 1e-4 and 0.1 away from the f32 layer's (the casts' rounding, so the GEMMs did cast). Over expert 2
+  // and 4 each expert's block holds the same rows in the same order as on one rank (every data rank's
+  // tokens routed to it), so it casts alike: y, dx and every gradient within 1e-6 of one rank (f32
+  // sums of the combine and the router in another order; the same layout in f64 holds to 1e-14 above).
+  using G8 = fp8::Gemms<fp8::scaling::Rowwise>;
+  using L8 = nn::MoeMlp<float, A, Host, Dsp, nn::ExpertTensor::whole, G8>;
+  using L32 = nn::MoeMlp<float, A, Host, Dsp>;
+  using XF = Tensor<float, A, Host>;
+  const Fixture f("mixtral");
+  REQUIRE(f.S == 0);  // a shared expert casts each rank's own tokens (as a dense MLP does): not this check's
+  const std::int64_t B = 4, T = f.N / 4;
+  struct Run {
+    std::vector<double> y, dx;
+    std::vector<std::vector<double>> grads;
+    int expert = 0;
+  };
+  const auto put = [](auto& p, const std::vector<double>& v) {
+    REQUIRE(static_cast<std::size_t>(p.value.numel()) == v.size());
+    for (std::size_t i = 0; i < v.size(); ++i) p.value.data()[i] = static_cast<float>(v[i]);
+  };
+  const auto doubles = [](const float* p, std::int64_t n) { return std::vector<double>(p, p + n); };
+  auto run = [&]<class L>(std::type_identity<L>, int data, int ep) {
+    std::vector<Run> out(static_cast<std::size_t>(data));
+    run_threads(data, [&](ThreadComm& world) {
+      Host h;
+      Mesh mesh{world, {.data = data, .expert = ep}};
+      L m(h, f.C, f.options(), mesh.spread(), 0, 1, 0.1, 0.1);
+      put(m.router, f.file.read("router"));
+      put(m.gate_up, slice(interleave(f.file.read("gate_up"), f.E, f.H, f.C), ep, mesh.coord().expert));
+      put(m.down, slice(f.file.read("down"), ep, mesh.coord().expert));
+      const std::int64_t Bl = B / data, first = mesh.coord().data * Bl * T * f.C;
+      auto x = XF::empty(h, {B, T, f.C}, mesh.spread(), Category::activations);
+      auto dy = XF::empty(h, {B, T, f.C}, mesh.spread(), Category::activations);
+      const auto xs = f.file.read("x"), g = f.file.read("dy");
+      for (std::int64_t i = 0; i < x.numel(); ++i) x.data()[i] = static_cast<float>(xs[first + i]);
+      for (std::int64_t i = 0; i < dy.numel(); ++i) dy.data()[i] = static_cast<float>(g[first + i]);
+      typename L::Ctx ctx;
+      const auto y = m.forward(ctx, x, mesh);
+      const auto dx = m.backward(ctx, dy, mesh);
+      Run& r = out[static_cast<std::size_t>(mesh.coord().data)];
+      r.y = doubles(y.data(), y.numel());
+      r.dx = doubles(dx.data(), dx.numel());
+      r.expert = mesh.coord().expert;
+      m.for_each_param("",
+                       [&](const std::string&, auto& p) { r.grads.push_back(doubles(p.grad.data(), p.grad.numel())); });
+    });
+    return out;
+  };
+  const auto one = run(std::type_identity<L8>{}, 1, 1);
+  const double cast = relative(one[0].y, run(std::type_identity<L32>{}, 1, 1)[0].y);
+  MESSAGE("FP8 experts (rowwise) against f32's, one rank: output ", cast, " relative");
+  CHECK(cast > 1e-4);
+  CHECK(cast < 0.1);
+  for (const auto [data, ep] : {std::pair{2, 2}, std::pair{4, 4}}) {
+    INFO(Dsp::name(), ": data ", data, " x expert ", ep);
+    const auto many = run(std::type_identity<L8>{}, data, ep);
+    std::vector<double> y, dx;
+    for (const Run& r : many) {
+      y.insert(y.end(), r.y.begin(), r.y.end());
+      dx.insert(dx.end(), r.dx.begin(), r.dx.end());
+    }
+    CHECK(relative(y, one[0].y) <= 1e-6);
+    CHECK(relative(dx, one[0].dx) <= 1e-6);
+    for (std::size_t p = 0; p < one[0].grads.size(); ++p)
+      CHECK_MESSAGE(relative(expert_grads(many, p, ep), one[0].grads[p]) <= 1e-6, "parameter ", p);
+  }
+}
+
+TEST_CASE("an FP8 expert's overflowing operand is refused naming the expert and its GEMM") {
+  using L8 =
+      nn::MoeMlp<float, A, Host, nn::AllToAllDispatch, nn::ExpertTensor::whole, fp8::Gemms<fp8::scaling::Tensorwise>>;
+  const Fixture f("mixtral");
+  run_threads(1, [&](ThreadComm& world) {
+    Host h;
+    Mesh mesh{world, {}};
+    L8 m(h, f.C, f.options(), mesh.spread(), 0, 1, 0.1, 0.1);
+    for (std::int64_t i = 0; i < m.down.value.numel(); ++i) m.down.value.data()[i] = 0.01f;
+    m.down.value.data()[2 * f.C * f.H + 5] = std::numeric_limits<float>::infinity();  // expert 2's
+    auto x = Tensor<float, A, Host>::empty(h, {1, f.N, f.C}, mesh.spread(), Category::activations);
+    const auto xs = f.file.read("x");
+    for (std::int64_t i = 0; i < x.numel(); ++i) x.data()[i] = static_cast<float>(xs[i]);
+    typename L8::Ctx ctx;
+    CHECK_THROWS_WITH_AS(m.forward(ctx, x, mesh),
+                         doctest::Contains("MoeMlp's expert 2's down GEMM, its weight: the tensor holds an infinite "
+                                           "or NaN value"),
+                         Error);
+  });
 }
 
 TEST_CASE("MoeMlp refuses bad options by name") {

@@ -109,6 +109,13 @@ struct Gemms {
     }
   }
 
+  // How many amaxes (scale blocks) an operand (rows, K) of this role has: what a cast's hook sees.
+  template <Operand role>
+  static std::int64_t amax_count(std::int64_t rows, std::int64_t K, const std::string& gemm) {
+    const auto [br, bc] = blocks<role>(rows, K, gemm);
+    return (rows / br) * (K / bc);
+  }
+
   // Whether an operand's amaxes must be reduced (max) over the ranks its tensor is sharded over
   // before the cast, so that every layout scales as one rank does: when a scale's block spans the
   // shards. An operand sharded along K spans them tensorwise and rowwise; one sharded along its
@@ -131,11 +138,23 @@ struct Gemms {
   static Quantized<format<role>> cast(std::span<const float> x, std::int64_t rows, std::int64_t K,
                                       std::span<const float> amax, const std::string& gemm) {
     const auto [br, bc] = blocks<role>(rows, K, gemm);
+    return cast_blocks<format<role>>(x, rows, K, br, bc, amax, std::same_as<S, scaling::Rowwise>,
+                                     operand_name<role>(gemm));
+  }
+  // The scales such a cast multiplies by, and their inverses (a device that casts on its own: the
+  // GPU's, ops/scaled_gemm.cuh); refused as cast refuses.
+  template <Operand role>
+  static BlockScales scales(std::int64_t rows, std::int64_t K, std::span<const float> amax, const std::string& gemm) {
+    const auto [br, bc] = blocks<role>(rows, K, gemm);
+    return block_scales<format<role>>(amax, rows, K, br, bc, std::same_as<S, scaling::Rowwise>,
+                                      operand_name<role>(gemm));
+  }
+  template <Operand role>
+  static std::string operand_name(const std::string& gemm) {
     constexpr const char* what = role == Operand::activation ? "input"
                                  : role == Operand::weight   ? "weight"
                                                              : "gradient";
-    return cast_blocks<format<role>>(x, rows, K, br, bc, amax, std::same_as<S, scaling::Rowwise>,
-                                     cat(name(), ": ", gemm, ", its ", what));
+    return cat(name(), ": ", gemm, ", its ", what);
   }
   template <Operand role>
   static Quantized<format<role>> quantize(std::span<const float> x, std::int64_t rows, std::int64_t K,

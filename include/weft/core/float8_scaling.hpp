@@ -32,7 +32,8 @@
 // block apart and applies its scales.
 //
 // defines: fp8::Tensorwise, fp8::Rowwise, fp8::Recipe, fp8::Quantized, fp8::quantize, fp8::scaled_gemm,
-// fp8::quantize_blocks, fp8::block_amaxes, fp8::cast_blocks, fp8::AmaxReduction, fp8::DelayedScaler
+// fp8::quantize_blocks, fp8::block_amaxes, fp8::BlockScales, fp8::block_scales, fp8::cast_blocks,
+// fp8::AmaxReduction, fp8::DelayedScaler
 #pragma once
 
 #include <algorithm>
@@ -42,6 +43,7 @@
 #include <limits>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "weft/core/error.hpp"
@@ -110,23 +112,21 @@ std::vector<float> block_amaxes(std::span<const T> x, std::int64_t rows, std::in
   return amax;
 }
 
-// x (rows, cols) cast to F8 block by block, each block's scale float8_scale(its amax): amaxes as
-// block_amaxes computes them, or larger (reduced over the ranks that share the operand, so that
-// every rank scales alike). A non-finite amax is refused by name (the tensor, the row, or the block).
+// The scales of the (block_rows, block_cols) blocks of a (rows, cols) operand from their amaxes
+// (float8_scale of each; pow2: rounded down to powers of two), and their inverses, which a GEMM
+// applies. A non-finite amax is refused by name (the tensor, the row, or the block), `where` naming
+// the operand. The GPU's casts take their scales from here too (ops/scaled_gemm.cuh).
+struct BlockScales {
+  std::vector<float> scale, inv;
+};
 template <Format F8>
-Quantized<F8> cast_blocks(std::span<const float> x, std::int64_t rows, std::int64_t cols, std::int64_t block_rows,
-                          std::int64_t block_cols, std::span<const float> amaxes, bool pow2, const std::string& where) {
-  Quantized<F8> out{.rows = rows,
-                    .cols = cols,
-                    .block_rows = block_rows,
-                    .block_cols = block_cols,
-                    .q = std::vector<F8>(x.size()),
-                    .inv = std::vector<float>(amaxes.size())};
+BlockScales block_scales(std::span<const float> amaxes, std::int64_t rows, std::int64_t cols, std::int64_t block_rows,
+                         std::int64_t block_cols, bool pow2, const std::string& where) {
   const std::int64_t per_row = cols / block_cols;
-  std::vector<float> scale(amaxes.size());
   if (static_cast<std::int64_t>(amaxes.size()) != (rows / block_rows) * per_row)
     throw Error(where, cat(amaxes.size(), " amaxes for ", (rows / block_rows) * per_row, " blocks"),
                 "pass one amax a block (block_amaxes)");
+  BlockScales out{std::vector<float>(amaxes.size()), std::vector<float>(amaxes.size())};
   for (std::size_t b = 0; b < amaxes.size(); ++b) {
     if (!std::isfinite(amaxes[b])) {
       const std::int64_t br = static_cast<std::int64_t>(b) / per_row * block_rows,
@@ -137,13 +137,30 @@ Quantized<F8> cast_blocks(std::span<const float> x, std::int64_t rows, std::int6
       throw Error(where, cat(what, " holds an infinite or NaN value"),
                   "find the overflow upstream (the layer that produced it)");
     }
-    scale[b] = float8_scale<F8>(amaxes[b], pow2);
-    out.inv[b] = 1.0f / scale[b];
+    out.scale[b] = float8_scale<F8>(amaxes[b], pow2);
+    out.inv[b] = 1.0f / out.scale[b];
   }
+  return out;
+}
+
+// x (rows, cols) cast to F8 block by block, each block's scale float8_scale(its amax): amaxes as
+// block_amaxes computes them, or larger (reduced over the ranks that share the operand, so that
+// every rank scales alike). A non-finite amax is refused by name (block_scales).
+template <Format F8>
+Quantized<F8> cast_blocks(std::span<const float> x, std::int64_t rows, std::int64_t cols, std::int64_t block_rows,
+                          std::int64_t block_cols, std::span<const float> amaxes, bool pow2, const std::string& where) {
+  BlockScales s = block_scales<F8>(amaxes, rows, cols, block_rows, block_cols, pow2, where);
+  Quantized<F8> out{.rows = rows,
+                    .cols = cols,
+                    .block_rows = block_rows,
+                    .block_cols = block_cols,
+                    .q = std::vector<F8>(x.size()),
+                    .inv = std::move(s.inv)};
+  const std::int64_t per_row = cols / block_cols;
   for (std::int64_t r = 0; r < rows; ++r)
     for (std::int64_t c = 0; c < cols; ++c) {
       const auto i = static_cast<std::size_t>(r * cols + c);
-      out.q[i] = F8(x[i] * scale[static_cast<std::size_t>((r / block_rows) * per_row + c / block_cols)]);
+      out.q[i] = F8(x[i] * s.scale[static_cast<std::size_t>((r / block_rows) * per_row + c / block_cols)]);
     }
   return out;
 }

@@ -9,11 +9,13 @@
 #include <chrono>
 #include <map>
 #include <memory>
+#include <span>
 #include <tuple>
 #include <vector>
 
 #include "weft/comm/mesh.hpp"
 #include "weft/comm/threads/run.hpp"
+#include "weft/core/float8_scaling.hpp"
 #include "weft/cost/time.hpp"
 #include "weft/device/host/gemm.hpp"
 #include "weft/device/host/host.hpp"
@@ -204,6 +206,14 @@ Rates host_rates(const Work& w, MeshShape shape, std::int64_t local_batch_given,
                                        host::ce_backward<T, T>(z, x, rowmax.data(), sumexp.data(), targets.data(), N,
                                                                vocab_local, vocab_local, 0, T(1));
                                      });
+  // The float8 casts (an FP8 step's: each GEMM operand's amax and cast, as ops::ScaledGemm runs them).
+  if constexpr (std::same_as<T, float>)
+    if (n.fp8_cast > 0)
+      r.elements.fp8_cast = rate_of(std::min<std::int64_t>(static_cast<std::int64_t>(n.fp8_cast), 1 << 20),
+                                    [](T* x, T*, T*, std::int64_t len) {
+                                      (void)fp8::quantize<fp8::Tensorwise<float8_e4m3>>(
+                                          std::span<const float>(x, static_cast<std::size_t>(len)), 1, len);
+                                    });
   const math::AdamWParams<T> adam{};
   r.elements.adamw = rate_of(std::min<std::int64_t>(static_cast<std::int64_t>(n.adamw), 1 << 20),
                              [&](T* p, T* g, T* m, std::int64_t len) {

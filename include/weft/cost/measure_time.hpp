@@ -20,9 +20,9 @@ namespace weft::estimate {
 inline Work work_of(const footprint::RankStep& r, const MeshShape& mesh) {
   Work w;
   w.memory = r.step;
-  for (const MetaWork::Gemm& g : r.ops.gemms) w.gemms.push_back({g.m, g.n, g.k, g.count, g.ta, g.tb});
+  for (const MetaWork::Gemm& g : r.ops.gemms) w.gemms.push_back({g.m, g.n, g.k, g.count, g.ta, g.tb, g.fp8});
   w.attention_flops = r.ops.attention_flops;
-  w.elementwise = {r.ops.gelu, r.ops.layernorm, r.ops.cross_entropy, r.ops.adamw};
+  w.elementwise = {r.ops.gelu, r.ops.layernorm, r.ops.cross_entropy, r.ops.adamw, r.ops.fp8_cast};
   w.allocated_bytes = r.step.allocated.of(Category::activations) + r.step.allocated.of(Category::communication);
   const auto add = [&](const footprint::detail::CallLog& calls, Axis a, int degree) {
     for (const auto& [key, count] : calls) {

@@ -2,10 +2,13 @@
 // core, the bytes a step allocates, the collectives and their bytes, all from the types and sizes)
 // and a few rates of the machine:
 //
-//   GEMMs          each shape's FLOPs over the rate the machine reaches at that shape
+//   GEMMs          each shape's FLOPs over the rate the machine reaches at that shape (an FP8
+//                  GEMM's at the FP8 rate on a GPU: twice bf16's peak on Hopper)
 //   attention      the core's FLOPs (causal) over its rate
 //   elementwise    GELU, LayerNorm, the cross-entropy and AdamW: their elements over each op's rate
-//                  (compute-bound on a CPU, so measured per op; bandwidth-bound on a GPU)
+//                  (compute-bound on a CPU, so measured per op; bandwidth-bound on a GPU); under FP8
+//                  (core/float8_gemms.hpp) the float8 casts' elements too (each GEMM operand's amax
+//                  pass and cast, priced by their own rate)
 //   memory         every other byte: each buffer the step allocates (its plan) written once,
 //                  where the first touch of fresh memory has its own rate, and read twice
 //   collectives    alpha-beta per link: ring (all-reduce 2(n-1) alpha + 2 (n-1)/n S beta, all-gather and
@@ -65,6 +68,7 @@ inline double collective_seconds(Collective c, int n, std::int64_t bytes, const 
 struct Gemm {
   std::int64_t m = 0, n = 0, k = 0, count = 0;
   bool ta = false, tb = false;
+  bool fp8 = false;  // on float8 casts of its operands (ops::ScaledGemm)
   double flops() const { return 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k); }
 };
 
@@ -79,6 +83,7 @@ struct Comm {
 // Elements through the ops that cost more than their bytes (forward and backward together).
 struct Elementwise {
   double gelu = 0, layernorm = 0, cross_entropy = 0, adamw = 0;
+  double fp8_cast = 0;  // elements cast to float8 (each FP8 GEMM's two operands): an amax pass and the cast
 };
 
 // What one rank of a data x tensor mesh (pipe 1) runs in a step: measured for any model
@@ -117,6 +122,7 @@ inline Breakdown seconds(const Work& w, const Rates& r) {
   const Elementwise& n = w.elementwise;
   const Elementwise& e = r.elements;
   b.elementwise = n.gelu / e.gelu + n.layernorm / e.layernorm + n.cross_entropy / e.cross_entropy + n.adamw / e.adamw;
+  if (n.fp8_cast > 0) b.elementwise += n.fp8_cast / e.fp8_cast;
   const double bytes = static_cast<double>(w.allocated_bytes);
   b.memory = bytes / r.first_touch + 2 * bytes / r.bandwidth;
   for (const Comm& x : w.comms) {

@@ -82,8 +82,9 @@ template <> struct linear_layouts<NoParallel> {
 template <Floating T, LinearRole Role, class Epilogue = epilogue::None, class D = Host, GemmPolicy G = ExactGemms>
 class Linear {
   static_assert(!G::fp8 || ops::ImplementedOn<ops::ScaledGemm, D>,
-                "Linear: the precision's FP8 GEMMs need ops::ScaledGemm on this device, which has none (the GPU's "
-                "is not written yet); train FP8 on the host, or use Precision<bf16, float> here");
+                "Linear: the precision's FP8 GEMMs need ops::ScaledGemm on this device, which has none here (the "
+                "GPU's is in ops/scaled_gemm.cuh, which ops/all.cuh includes); include it, train FP8 on the host, "
+                "or use Precision<bf16, float> here");
   static_assert(std::same_as<Epilogue, epilogue::None> || std::same_as<Epilogue, epilogue::Gelu>,
                 "Linear: unknown epilogue; use epilogue::None or epilogue::Gelu");
   static_assert(!(std::same_as<Role, RowParallel> && std::same_as<Epilogue, epilogue::Gelu>),
@@ -151,11 +152,10 @@ class Linear {
     const std::int64_t N = x.local_shape()[0] * x.local_shape()[1];
     auto y = Tensor<T, Out, D>::empty(x.dev(), {g[0], g[1], weight.value.global_shape()[0]}, x.spread(),
                                       Category::activations);
-    gemm<fp8::Operand::activation, fp8::Operand::weight>(x.dev(), "forward", Trans::no, Trans::yes, N, out_local(),
-                                                         in_local(), x.data(), in_local(), weight.value.data(),
-                                                         in_local(), S(0), y.data(), out_local(),
-                                                         amaxes(mesh, "forward", row, false, &ctx.x_amax, nullptr),
-                                                         amaxes(mesh, "forward", row, column, &ctx.w_amax, nullptr));
+    gemm<fp8::Operand::activation, fp8::Operand::weight>(
+        x.dev(), "forward", Trans::no, Trans::yes, N, out_local(), in_local(), x.data(), in_local(),
+        weight.value.data(), in_local(), S(0), y.data(), out_local(), amaxes(mesh, kCasts[0], &ctx.x_amax, nullptr),
+        amaxes(mesh, kCasts[1], &ctx.w_amax, nullptr));
     if (has_bias_ && (!std::same_as<Role, RowParallel> || tensor_index_ == 0))
       ops::Bias<D>::add(x.dev(), y.data(), bias.value.data(), N, out_local());
     ctx.x = x.clone(Category::activations);
@@ -187,8 +187,8 @@ class Linear {
     auto dx = Tensor<T, GradIn, D>::empty(x.dev(), x.global_shape(), x.spread(), Category::activations);
     gemm<fp8::Operand::gradient, fp8::Operand::weight>(
         x.dev(), "dgrad", Trans::no, Trans::no, N, in_local(), out_local(), dy, out_local(), weight.value.data(),
-        in_local(), S(0), dx.data(), in_local(), amaxes(mesh, "dgrad", column, false, &ctx.dy_amax, nullptr),
-        amaxes(mesh, "dgrad", column, row, nullptr, &ctx.w_amax));
+        in_local(), S(0), dx.data(), in_local(), amaxes(mesh, kCasts[2], &ctx.dy_amax, nullptr),
+        amaxes(mesh, kCasts[3], nullptr, &ctx.w_amax));
     if (deferring_) {
       ctx.dy = has_gelu ? std::move(dpre) : dy_in.clone(Category::activations);
       ctx.pre = {};
@@ -226,17 +226,13 @@ class Linear {
     if constexpr (G::fp8) {
       if (s.tensor_degree < 2) return;
       const std::int64_t N = act[0] / s.data_degree * act[1];
-      const auto add = [&](std::vector<CommStep>& to, bool k_sharded, bool rows_sharded, bool kept, std::int64_t rows) {
-        if ((tensorwise && kept) || !G::reduces(k_sharded, rows_sharded)) return;
-        to.push_back(detail::reduction(Axis::tensor, s.tensor_degree,
-                                       static_cast<std::int64_t>(sizeof(float)) * (tensorwise ? 1 : rows)));
-      };
-      add(r.forward, row, false, false, N);               // x
-      add(r.forward, row, column, false, out_local());    // W
-      add(r.backward, column, false, false, N);           // dy
-      add(r.backward, column, row, true, in_local());     // W^T
-      add(r.backward, false, column, true, out_local());  // dy^T
-      add(r.backward, false, row, true, in_local());      // x^T
+      for (const Cast& c : kCasts) {
+        if ((tensorwise && c.kept) || !G::reduces(c.k_sharded, c.rows_sharded)) continue;
+        const std::int64_t rows = c.rows == Rows::tokens ? N : c.rows == Rows::out ? out_local() : in_local();
+        (c.pass == Pass::forward ? r.forward : r.backward)
+            .push_back(detail::reduction(Axis::tensor, s.tensor_degree,
+                                         static_cast<std::int64_t>(sizeof(float)) * (tensorwise ? 1 : rows)));
+      }
     }
   }
 
@@ -247,14 +243,36 @@ class Linear {
     else return false;
   }();
 
+  // The six casts of an FP8 layer (the table at the top), which the hooks below and describe's rows
+  // (add_amax_steps) both read: the GEMM, whether the operand is sharded over the tensor ranks along
+  // K and along its rows, whether its tensorwise amax was kept by an earlier cast, and its rows.
+  enum class Pass { forward, backward };
+  enum class Rows { tokens, out, in };
+  struct Cast {
+    const char* gemm;
+    Pass pass;
+    bool k_sharded, rows_sharded, kept;
+    Rows rows;
+  };
+  static constexpr Cast kCasts[6] = {
+      {"forward", Pass::forward, row, false, false, Rows::tokens},    // x
+      {"forward", Pass::forward, row, column, false, Rows::out},      // W
+      {"dgrad", Pass::backward, column, false, false, Rows::tokens},  // dy
+      {"dgrad", Pass::backward, column, row, true, Rows::in},         // W^T
+      {"wgrad", Pass::backward, false, column, true, Rows::out},      // dy^T
+      {"wgrad", Pass::backward, false, row, true, Rows::in},          // x^T
+  };
+
   // The hook of an FP8 operand's cast (ops::ScaledGemm): its amaxes reduced over the tensor ranks
-  // where its scale blocks span the shards (the table at the top); tensorwise, the amax kept for
-  // the GEMMs that read the tensor again (keep), or the one kept taken (kept).
+  // where its scale blocks span the shards (kCasts); tensorwise, the amax kept for the GEMMs that
+  // read the tensor again (keep), or the one kept taken (kept).
   template <class M>
-  auto amaxes(M& mesh, const char* which, bool k_sharded, bool rows_sharded, float* keep, const float* kept) const {
+  auto amaxes(M& mesh, const Cast& c, float* keep, const float* kept) const {
     if constexpr (!G::fp8) {
       return fp8::KeepAmaxes{};
     } else {
+      const char* which = c.gemm;
+      const bool k_sharded = c.k_sharded, rows_sharded = c.rows_sharded;
       return [=, this, &mesh](std::span<float> a) {
         if (tensorwise && kept) {
           a[0] = *kept;
@@ -267,6 +285,12 @@ class Linear {
                             " tensor ranks and its amaxes must be reduced over them, but the layer was called "
                             "without a mesh"),
                         "call forward(ctx, x, mesh) and backward(ctx, dy, mesh)");
+          else if constexpr (!D::host_memory)  // the hook's amaxes are on the host (ops/scaled_gemm.cuh)
+            throw Error(cat(name(), "'s ", which, " GEMM under ", G::name()),
+                        cat("its operand is sharded over ", tensor_degree_,
+                            " tensor ranks, and reducing FP8 amaxes over GPU ranks is not written yet"),
+                        "train FP8 on one tensor rank on the GPU (data, pipe and FSDP ranks are fine), blockwise "
+                        "scaling (nothing to reduce), or on the host");
           else mesh.comm(Axis::tensor).all_reduce(a, ReduceOp::max);
         }
         if (tensorwise && keep) *keep = a[0];
@@ -292,8 +316,8 @@ class Linear {
     NoMesh none;
     gemm<fp8::Operand::gradient, fp8::Operand::activation>(
         x.dev(), "wgrad", Trans::yes, Trans::no, out_local(), in_local(), N, dy, out_local(), x.data(), in_local(),
-        S(1), weight.grad.data(), in_local(), amaxes(none, "wgrad", false, column, nullptr, &ctx.dy_amax),
-        amaxes(none, "wgrad", false, row, nullptr, &ctx.x_amax));
+        S(1), weight.grad.data(), in_local(), amaxes(none, kCasts[4], nullptr, &ctx.dy_amax),
+        amaxes(none, kCasts[5], nullptr, &ctx.x_amax));
     if (has_bias_) ops::Bias<D>::backward(x.dev(), bias.grad.data(), dy, N, out_local());
   }
 

@@ -23,6 +23,17 @@
 // experts are sharded over the expert axis (ExpertSharded: rank e of an expert group of ep holds
 // experts [e E/ep, (e + 1) E/ep), all of them where ep is 1).
 //
+// G, the precision's GEMMs (core/precision.hpp): ExactGemms, or fp8::Gemms<...>, under which each
+// expert's four GEMMs and the shared expert's (not the router's, which stays in T as Transformer
+// Engine keeps it) read float8 casts of their operands as nn::Linear's do: up and down forward
+// (activation x weight), dgrad (gradient x weight) and wgrad (gradient x activation), each expert's
+// block of rows cast with scales of its own (per-group scaling, as torchao's MoE training does).
+// Every operand is whole on its rank, so nothing is reduced; with expert parallelism an expert's
+// rows gather every data rank's tokens routed to it, so it casts as one rank's expert does.
+// Tensorwise and rowwise only: a blockwise weight gradient would need each expert's token count in
+// whole blocks, and experts split over the tensor ranks would need their amaxes reduced (both
+// refused at compile time).
+//
 // On the tensor axis, the ET policy (ExpertTensor):
 //   whole     (the default) each tensor rank holds its experts and the shared expert whole and runs
 //             them on its own rows: the layer keeps its input's layout A (Replicate, or Shard<1>
@@ -106,6 +117,8 @@
 
 #include "weft/comm/redistribute.hpp"
 #include "weft/core/error.hpp"
+#include "weft/core/float8_gemms.hpp"
+#include "weft/core/precision.hpp"
 #include "weft/nn/comm_row.hpp"
 #include "weft/nn/expert_dispatch.hpp"
 #include "weft/nn/param.hpp"
@@ -113,6 +126,7 @@
 #include "weft/nn/stage_mesh.hpp"
 #include "weft/ops/all.hpp"
 #include "weft/ops/moe.hpp"
+#include "weft/ops/scaled_gemm.hpp"
 #include "weft/ops/swiglu.hpp"
 
 namespace weft::nn {
@@ -205,6 +219,10 @@ inline MoePlan balanced_moe_plan(std::int64_t N, std::int64_t T, std::int64_t E,
   return p;
 }
 
+// Whether a precision's GEMMs are blockwise FP8 (MoeMlp refuses them).
+template <class G> inline constexpr bool fp8_blockwise = false;
+template <class S, class Grad> inline constexpr bool fp8_blockwise<fp8::Gemms<S, Grad>> = fp8::is_blockwise<S>;
+
 // The experts on the tensor axis (MoeMlp above): whole on every tensor rank, or each split over the
 // tensor ranks (expert-tensor parallelism).
 enum class ExpertTensor { whole, sharded };
@@ -241,8 +259,17 @@ template <LayoutType A> struct moe_layouts<A, ExpertTensor::sharded> {
 }  // namespace detail
 
 template <Floating T, LayoutType A, class D = Host, ExpertDispatch Dispatcher = AllToAllDispatch,
-          ExpertTensor ET = ExpertTensor::whole>
+          ExpertTensor ET = ExpertTensor::whole, GemmPolicy G = ExactGemms>
 class MoeMlp : public detail::moe_layouts<A, ET> {
+  static_assert(!G::fp8 || ops::ImplementedOn<ops::ScaledGemm, D>,
+                "MoeMlp: the precision's FP8 GEMMs need ops::ScaledGemm on this device, which has none here; train "
+                "FP8 on the host, or use Precision<bf16, float> here");
+  static_assert(!G::fp8 || ET == ExpertTensor::whole,
+                "MoeMlp: FP8 experts split over the tensor ranks (ExpertTensor::sharded) would need their amaxes "
+                "reduced over them, which is not written yet; keep the experts whole (ExpertTensor::whole)");
+  static_assert(!fp8_blockwise<G>,
+                "MoeMlp: blockwise FP8 needs each expert's tokens (the K of its weight gradients) in whole blocks, "
+                "which the router does not give; use tensorwise or rowwise scaling for a mixture of experts");
   using Lay = detail::moe_layouts<A, ET>;
   static constexpr bool split = ET == ExpertTensor::sharded;  // the experts over the tensor ranks
   using Y = typename Lay::Out;                                // the output's layout (Partial where split)
@@ -304,7 +331,8 @@ class MoeMlp : public detail::moe_layouts<A, ET> {
       : router(dev, {check(C, o, s), C}, s, id, {Init::normal, std}, seed, Decay::yes),
         gate_up(dev, {o.experts, 2 * o.hidden, C}, s, id + 1, {Init::normal, std}, seed, Decay::yes),
         down(dev, {o.experts, C, o.hidden}, s, id + 2, {Init::normal, out_std}, seed, Decay::yes),
-        options(o) {
+        options(o),
+        first_expert_(s.expert_index * (o.experts / s.expert_degree)) {
     if (o.shared_hidden > 0) {
       shared_up = {dev, {2 * o.shared_hidden, C}, s, id + 3, {Init::normal, std}, seed, Decay::yes};
       shared_down = {dev, {C, o.shared_hidden}, s, id + 4, {Init::normal, out_std}, seed, Decay::yes};
@@ -446,11 +474,11 @@ class MoeMlp : public detail::moe_layouts<A, ET> {
       if (n == 0) continue;
       T* h = hp(ctx) + o * 2 * H;
       T* a = ap(ctx) + o * H;
-      ops::Gemm<D>::run(dev, Trans::no, Trans::yes, n, 2 * H, C, S(1), xe + o * C, C,
-                        gate_up.value.data() + e * 2 * H * C, C, S(0), h, 2 * H);
+      gemm<A_, W_>(dev, e, "up", Trans::no, Trans::yes, n, 2 * H, C, xe + o * C, C,
+                   gate_up.value.data() + e * 2 * H * C, C, S(0), h, 2 * H);
       ops::SwiGlu<D>::forward(dev, a, h, n * H);
-      ops::Gemm<D>::run(dev, Trans::no, Trans::yes, n, C, H, S(1), a, H, down.value.data() + e * C * H, H, S(0),
-                        static_cast<T*>(ye.data()) + o * C, C);
+      gemm<A_, W_>(dev, e, "down", Trans::no, Trans::yes, n, C, H, a, H, down.value.data() + e * C * H, H, S(0),
+                   static_cast<T*>(ye.data()) + o * C, C);
     }
     if (!exchanged) {
       if (ep == 1) ctx.xe.reset();  // one rank gathers again in backward: cheaper to redo than to keep
@@ -474,11 +502,11 @@ class MoeMlp : public detail::moe_layouts<A, ET> {
     if (const std::int64_t Sh = shared_hidden(); Sh > 0) {
       ctx.sh = alloc<T>(dev, N * 2 * Sh);
       ctx.sa = alloc<T>(dev, N * Sh);
-      ops::Gemm<D>::run(dev, Trans::no, Trans::yes, N, 2 * Sh, C, S(1), x.data(), C, shared_up.value.data(), C, S(0),
-                        static_cast<T*>(ctx.sh.data()), 2 * Sh);
+      gemm<A_, W_>(dev, -1, "up", Trans::no, Trans::yes, N, 2 * Sh, C, x.data(), C, shared_up.value.data(), C, S(0),
+                   static_cast<T*>(ctx.sh.data()), 2 * Sh);
       ops::SwiGlu<D>::forward(dev, static_cast<T*>(ctx.sa.data()), static_cast<const T*>(ctx.sh.data()), N * Sh);
-      ops::Gemm<D>::run(dev, Trans::no, Trans::yes, N, C, Sh, S(1), static_cast<const T*>(ctx.sa.data()), Sh,
-                        shared_down.value.data(), Sh, S(1), y.data(), C);
+      gemm<A_, W_>(dev, -1, "down", Trans::no, Trans::yes, N, C, Sh, static_cast<const T*>(ctx.sa.data()), Sh,
+                   shared_down.value.data(), Sh, S(1), y.data(), C);
     }
     return y;
   }
@@ -539,14 +567,15 @@ class MoeMlp : public detail::moe_layouts<A, ET> {
       const T* g = static_cast<const T*>(dye.data()) + o * C;
       T* dae = static_cast<T*>(da.data()) + o * H;
       T* dhe = static_cast<T*>(dh.data()) + o * 2 * H;
-      ops::Gemm<D>::run(dev, Trans::no, Trans::no, n, H, C, S(1), g, C, down.value.data() + e * C * H, H, S(0), dae, H);
-      ops::Gemm<D>::run(dev, Trans::yes, Trans::no, C, H, n, S(1), g, C, ap(ctx) + o * H, H, S(1),
-                        down.grad.data() + e * C * H, H);
+      gemm<G_, W_>(dev, e, "down dgrad", Trans::no, Trans::no, n, H, C, g, C, down.value.data() + e * C * H, H, S(0),
+                   dae, H);
+      gemm<G_, A_>(dev, e, "down wgrad", Trans::yes, Trans::no, C, H, n, g, C, ap(ctx) + o * H, H, S(1),
+                   down.grad.data() + e * C * H, H);
       ops::SwiGlu<D>::backward(dev, dhe, hp(ctx) + o * 2 * H, dae, n * H);
-      ops::Gemm<D>::run(dev, Trans::yes, Trans::no, 2 * H, C, n, S(1), dhe, 2 * H,
-                        static_cast<const T*>(xe.data()) + o * C, C, S(1), gate_up.grad.data() + e * 2 * H * C, C);
-      ops::Gemm<D>::run(dev, Trans::no, Trans::no, n, C, 2 * H, S(1), dhe, 2 * H, gate_up.value.data() + e * 2 * H * C,
-                        C, S(0), static_cast<T*>(dxe.data()) + o * C, C);
+      gemm<G_, A_>(dev, e, "up wgrad", Trans::yes, Trans::no, 2 * H, C, n, dhe, 2 * H,
+                   static_cast<const T*>(xe.data()) + o * C, C, S(1), gate_up.grad.data() + e * 2 * H * C, C);
+      gemm<G_, W_>(dev, e, "up dgrad", Trans::no, Trans::no, n, C, 2 * H, dhe, 2 * H,
+                   gate_up.value.data() + e * 2 * H * C, C, S(0), static_cast<T*>(dxe.data()) + o * C, C);
     }
     Allocation dxp;  // (M, C) in the plan's order, back on the tokens' rank
     if (exchanged) {
@@ -582,27 +611,27 @@ class MoeMlp : public detail::moe_layouts<A, ET> {
     if (!split || mesh.comm(Axis::tensor).rank() == 0)  // split: the same on every tensor rank, added once
       ops::Gemm<D>::run(dev, Trans::no, Trans::no, N, C, E, S(1), static_cast<const T*>(dlogits.data()), E,
                         router.value.data(), C, S(1), dx.data(), C);
-    if (options.expert_bias) {  // the bias's sign step's input: E (slots chosen) - N k, exact in G
-      using G = typename decltype(bias)::grad_type;
-      std::vector<G> load(static_cast<std::size_t>(E));
+    if (options.expert_bias) {  // the bias's sign step's input: E (slots chosen) - N k, exact in Gb
+      using Gb = typename decltype(bias)::grad_type;
+      std::vector<Gb> load(static_cast<std::size_t>(E));
       for (std::int64_t e = 0; e < E; ++e)
-        load[static_cast<std::size_t>(e)] = static_cast<G>(
+        load[static_cast<std::size_t>(e)] = static_cast<Gb>(
             static_cast<double>(E) * ctx.counts[static_cast<std::size_t>(e)] - static_cast<double>(N * k));
       Allocation l = upload(dev, load);
-      ops::Memory<D>::add(dev, bias.grad.data(), static_cast<const G*>(l.data()), E);
+      ops::Memory<D>::add(dev, bias.grad.data(), static_cast<const Gb*>(l.data()), E);
     }
     if (const std::int64_t Sh = shared_hidden(); Sh > 0) {
       Allocation dsa = alloc<T>(dev, N * Sh), dsh = alloc<T>(dev, N * 2 * Sh);
-      ops::Gemm<D>::run(dev, Trans::no, Trans::no, N, Sh, C, S(1), dy.data(), C, shared_down.value.data(), Sh, S(0),
-                        static_cast<T*>(dsa.data()), Sh);
-      ops::Gemm<D>::run(dev, Trans::yes, Trans::no, C, Sh, N, S(1), dy.data(), C, static_cast<const T*>(ctx.sa.data()),
-                        Sh, S(1), shared_down.grad.data(), Sh);
+      gemm<G_, W_>(dev, -1, "down dgrad", Trans::no, Trans::no, N, Sh, C, dy.data(), C, shared_down.value.data(), Sh,
+                   S(0), static_cast<T*>(dsa.data()), Sh);
+      gemm<G_, A_>(dev, -1, "down wgrad", Trans::yes, Trans::no, C, Sh, N, dy.data(), C,
+                   static_cast<const T*>(ctx.sa.data()), Sh, S(1), shared_down.grad.data(), Sh);
       ops::SwiGlu<D>::backward(dev, static_cast<T*>(dsh.data()), static_cast<const T*>(ctx.sh.data()),
                                static_cast<const T*>(dsa.data()), N * Sh);
-      ops::Gemm<D>::run(dev, Trans::yes, Trans::no, 2 * Sh, C, N, S(1), static_cast<const T*>(dsh.data()), 2 * Sh,
-                        ctx.x.data(), C, S(1), shared_up.grad.data(), C);
-      ops::Gemm<D>::run(dev, Trans::no, Trans::no, N, C, 2 * Sh, S(1), static_cast<const T*>(dsh.data()), 2 * Sh,
-                        shared_up.value.data(), C, S(1), dx.data(), C);
+      gemm<G_, A_>(dev, -1, "up wgrad", Trans::yes, Trans::no, 2 * Sh, C, N, static_cast<const T*>(dsh.data()), 2 * Sh,
+                   ctx.x.data(), C, S(1), shared_up.grad.data(), C);
+      gemm<G_, W_>(dev, -1, "up dgrad", Trans::no, Trans::no, N, C, 2 * Sh, static_cast<const T*>(dsh.data()), 2 * Sh,
+                   shared_up.value.data(), C, S(1), dx.data(), C);
     }
     step_stats_.aux += ctx.aux, step_stats_.z += ctx.z, step_stats_.load += ctx.load;
     step_stats_.dropped += ctx.dropped, ++step_stats_.batches;
@@ -682,6 +711,21 @@ class MoeMlp : public detail::moe_layouts<A, ET> {
   }
 
  private:
+  static constexpr fp8::Operand A_ = fp8::Operand::activation, W_ = fp8::Operand::weight, G_ = fp8::Operand::gradient;
+  // C = op(A) op(B) + beta C in T, or on float8 casts (ra, rb: what op(A) and op(B) are, G above):
+  // local expert e's (the shared expert's where e < 0) GEMM `which`, named so in a refusal.
+  template <fp8::Operand ra, fp8::Operand rb, class C>
+  void gemm(D& dev, std::int64_t e, const char* which, Trans ta, Trans tb, std::int64_t m, std::int64_t n,
+            std::int64_t k, const T* a, std::int64_t lda, const T* b, std::int64_t ldb, S beta, C* c,
+            std::int64_t ldc) const {
+    if constexpr (G::fp8)
+      ops::ScaledGemm<D>::template run<G, ra, rb>(
+          dev, ta, tb, m, n, k, S(1), a, lda, b, ldb, beta, c, ldc,
+          e < 0 ? cat("MoeMlp's shared expert's ", which, " GEMM")
+                : cat("MoeMlp's expert ", first_expert_ + e, "'s ", which, " GEMM"));
+    else ops::Gemm<D>::run(dev, ta, tb, m, n, k, S(1), a, lda, b, ldb, beta, c, ldc);
+  }
+
   static std::int64_t check(std::int64_t C, const MoeOptions& o, const Spread& s) {
     const std::string where = "MoeMlp";
     if (o.experts % s.expert_degree != 0)
@@ -779,6 +823,7 @@ class MoeMlp : public detail::moe_layouts<A, ET> {
   }
 
   StepStats step_stats_;
+  std::int64_t first_expert_ = 0;  // the global index of this rank's first expert
 
   static S* probs(Ctx& c) { return static_cast<S*>(c.probs.data()); }
   static std::int32_t* index(Ctx& c) { return static_cast<std::int32_t*>(c.index.data()); }

@@ -214,11 +214,13 @@ class TiedHeadStage {
                    act::Features::name(),
                    {},
                    {}});
+    // the row statistics in the accumulation type (VocabParallelCrossEntropy's S: f32 under bf16)
+    const auto se = static_cast<std::int64_t>(sizeof(accumulate_t<T>));
     out.push_back({"cross-entropy (row max, then sum exp + target)",
                    act::Features::name(),
                    "loss",
-                   {detail::reduction(Axis::tensor, s.tensor_degree, rows * e),
-                    detail::reduction(Axis::tensor, s.tensor_degree, 2 * rows * e)},
+                   {detail::reduction(Axis::tensor, s.tensor_degree, rows * se),
+                    detail::reduction(Axis::tensor, s.tensor_degree, 2 * rows * se)},
                    {}});
     out.push_back(
         {"loss (mean over the global batch)", "loss", "loss", {detail::reduction(Axis::data, s.data_degree, 8)}, {}});

@@ -27,6 +27,7 @@
 #include "weft/ops/moe.cuh"
 #include "weft/ops/rmsnorm.cuh"
 #include "weft/ops/rotary.cuh"
+#include "weft/ops/scaled_gemm.cuh"
 #include "weft/ops/silu.cuh"
 #include "weft/ops/squared_error.cuh"
 #include "weft/ops/swiglu.cuh"

@@ -34,7 +34,7 @@ struct Gemm<Cuda> {
     blas(d).gemm<T, C>(ta, tb, m, n, k, a, lda, b, ldb, c, ldc, alpha, beta);
   }
 
- private:
+  // The device's cuBLASLt handle and workspace, made on first use (ScaledGemm's FP8 GEMM shares it).
   static cuda::Blas& blas(Cuda& d) {
     if (!d.handles) d.handles = std::make_shared<cuda::Blas>(d);
     return *static_cast<cuda::Blas*>(d.handles.get());

@@ -7,8 +7,8 @@
 // values multiplied in f32 on the host GEMM, a K block at a time where the scales are blocked, and
 // each block's (m, n) sums scaled by the operands' inverse scales and added, as fp8::scaled_gemm
 // does (the reference, tests/ops/scaled_gemm.cpp); then alpha, beta and one rounding into C. The
-// Meta device notes a GEMM. A device without a specialization (the GPU's is not written yet) fails
-// to compile, naming ops::ScaledGemm.
+// Meta device notes a GEMM. The GPU's is ops/scaled_gemm.cuh (cuBLASLt's FP8 GEMM, the same
+// casts); a device without a specialization fails to compile, naming ops::ScaledGemm.
 //
 // defines: ops::ScaledGemm (Host, Meta)
 #pragma once
@@ -118,10 +118,9 @@ struct ScaledGemm<Meta<D>> {
             class FA = fp8::KeepAmaxes, class FB = fp8::KeepAmaxes>
   static void run(Meta<D>& d, Trans ta, Trans tb, index m, index n, index k, Alpha, const T*, index, const T*, index,
                   Beta, C*, index, const std::string& gemm, const FA& on_a = FA{}, const FB& on_b = FB{}) {
-    d.work.gemm(m, n, k, ta == Trans::yes, tb == Trans::yes);
+    d.work.gemm(m, n, k, ta == Trans::yes, tb == Trans::yes, true);
     const auto count = [&]<fp8::Operand role>(index rows, const auto& on) {
-      const auto [br, bc] = G::template blocks<role>(rows, k, gemm);
-      std::vector<float> amax(static_cast<std::size_t>((rows / br) * (k / bc)), 0.0f);
+      std::vector<float> amax(static_cast<std::size_t>(G::template amax_count<role>(rows, k, gemm)), 0.0f);
       on(std::span<float>(amax));
     };
     count.template operator()<ra>(m, on_a);

@@ -27,6 +27,7 @@ struct Cluster {
   int gpus = 8, gpus_per_node = 8;
   double memory_gib = 141;                // device memory (H200)
   double peak_tflops = 989;               // dense bf16 (H200 SXM)
+  double fp8_tflops = 1979;               // dense FP8 (H200 SXM): an FP8 GEMM's peak (--dtype fp8-*)
   double hbm_gbps = 4800;                 // device memory bandwidth, GB/s
   double intra_gbps = 450, intra_us = 3;  // NVLink per GPU, one direction; latency per message
   double inter_gbps = 50, inter_us = 10;  // InfiniBand NDR 400 Gb/s per GPU; latency per message
@@ -41,19 +42,26 @@ struct Cluster {
 };
 
 // The time model's rates on the cluster for elements of type T: GEMMs and the attention core at a
-// fraction of the peak, elementwise ops at the HBM bandwidth, tensor collectives on the intra-node
-// link, data collectives on the inter-node link once the data group leaves the node, and the
-// expert group's (`expert` neighbouring data ranks) once it leaves the node.
+// fraction of the peak (an FP8 GEMM's of the FP8 peak), elementwise ops at the HBM bandwidth (a
+// float8 cast reads its operand twice, for the amax and for the cast, and writes a byte), tensor collectives on the
+// intra-node link, data collectives on the inter-node link once the data group leaves the node, and the expert group's
+// (`expert` neighbouring data ranks) once it leaves the node.
 template <class T>
 estimate::Rates cluster_rates(const Cluster& k, int tensor, int data, int pipe = 1, int expert = 1) {
   const double peak = k.peak_tflops * 1e12, hbm = k.hbm_gbps * 1e9, e = sizeof(T);
   estimate::Rates r;
-  r.gemm_flops = [f = peak * k.gemm_efficiency](const estimate::Gemm&) { return f; };
+  r.gemm_flops = [f = peak * k.gemm_efficiency, f8 = k.fp8_tflops * 1e12 * k.gemm_efficiency](const estimate::Gemm& g) {
+    return g.fp8 ? f8 : f;
+  };
   r.attention_flops = peak * k.attention_efficiency;
   // Bytes each op moves per element, forward and backward: GELU and LayerNorm read and write their
   // input, output and saved copy (7 e), the cross-entropy reads the logits three times and writes
   // their gradient (4 e), AdamW reads and writes f32 state (30 bytes with the master's rounding).
-  r.elements = {.gelu = hbm / (7 * e), .layernorm = hbm / (7 * e), .cross_entropy = hbm / (4 * e), .adamw = hbm / 30};
+  r.elements = {.gelu = hbm / (7 * e),
+                .layernorm = hbm / (7 * e),
+                .cross_entropy = hbm / (4 * e),
+                .adamw = hbm / 30,
+                .fp8_cast = hbm / (2 * e + 1)};
   r.bandwidth = hbm;
   r.first_touch = hbm;   // a caching allocator: fresh blocks cost a write, like any other
   r.tensor = k.intra();  // tensor groups stay inside a node (the ranks are laid out tensor-innermost)

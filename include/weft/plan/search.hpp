@@ -186,6 +186,7 @@ inline void read_cluster(const std::string& path, Cluster& k, const std::string&
   }
   number("memory_gib", k.memory_gib, 1e-6, 1e9);
   number("peak_tflops", k.peak_tflops, 1e-6, 1e9);
+  number("fp8_tflops", k.fp8_tflops, 1e-6, 1e9);
   number("hbm_gbps", k.hbm_gbps, 1e-6, 1e9);
   number("intra_gbps", k.intra_gbps, 1e-6, 1e9);
   number("intra_us", k.intra_us, 0, 1e9);
@@ -195,12 +196,12 @@ inline void read_cluster(const std::string& path, Cluster& k, const std::string&
   number("attention_efficiency", k.attention_efficiency, 1e-6, 1);
   for (const auto& [key, v] : j.items()) {
     static const std::vector<std::string> known{
-        "gpus_per_node", "memory_gib", "peak_tflops", "hbm_gbps",        "intra_gbps",
-        "intra_us",      "inter_gbps", "inter_us",    "gemm_efficiency", "attention_efficiency"};
+        "gpus_per_node", "memory_gib", "peak_tflops",     "fp8_tflops",          "hbm_gbps", "intra_gbps", "intra_us",
+        "inter_gbps",    "inter_us",   "gemm_efficiency", "attention_efficiency"};
     if (std::find(known.begin(), known.end(), key) == known.end())
       throw Error(where, cat("'", path, "': unknown key '", key, "'"),
-                  "use gpus_per_node, memory_gib, peak_tflops, hbm_gbps, intra_gbps, intra_us, inter_gbps, inter_us, "
-                  "gemm_efficiency, attention_efficiency");
+                  "use gpus_per_node, memory_gib, peak_tflops, fp8_tflops, hbm_gbps, intra_gbps, intra_us, "
+                  "inter_gbps, inter_us, gemm_efficiency, attention_efficiency");
   }
 }
 
@@ -384,7 +385,7 @@ int plan_main_of(List<Fs...> families, int argc, char** argv, const std::string&
   app.add_option("--batch", o.batch, "global batch, in sequences")->check(cli::at_least(1));
   app.add_option("--micro", o.micro, "sequences per GPU per micro-batch")->check(cli::at_least(1));
   app.add_option("--cluster", o.cluster_file,
-                 "JSON: gpus_per_node, memory_gib, peak_tflops, hbm_gbps, intra_gbps, intra_us, "
+                 "JSON: gpus_per_node, memory_gib, peak_tflops, fp8_tflops, hbm_gbps, intra_gbps, intra_us, "
                  "inter_gbps, inter_us, gemm_efficiency, attention_efficiency (defaults: 8 x H200 "
                  "nodes, NVLink, 400 Gb/s InfiniBand per GPU)");
   app.add_option("--gpus-per-node", k.gpus_per_node, "overrides the cluster's")

@@ -63,18 +63,21 @@ struct MetaWork {
     std::int64_t m = 0, n = 0, k = 0;
     bool ta = false, tb = false;
     std::int64_t count = 0;
+    bool fp8 = false;  // on float8 casts (ops::ScaledGemm)
   };
   std::vector<Gemm> gemms;  // distinct shapes, in the order first asked
   double attention_flops = 0;
   double gelu = 0, layernorm = 0, cross_entropy = 0, adamw = 0;
+  double fp8_cast = 0;  // elements cast to float8: an FP8 GEMM's (m + n) k
 
-  void gemm(std::int64_t m, std::int64_t n, std::int64_t k, bool ta, bool tb) {
+  void gemm(std::int64_t m, std::int64_t n, std::int64_t k, bool ta, bool tb, bool fp8 = false) {
+    if (fp8) fp8_cast += static_cast<double>((m + n) * k);
     for (Gemm& g : gemms)
-      if (g.m == m && g.n == n && g.k == k && g.ta == ta && g.tb == tb) {
+      if (g.m == m && g.n == n && g.k == k && g.ta == ta && g.tb == tb && g.fp8 == fp8) {
         ++g.count;
         return;
       }
-    gemms.push_back({m, n, k, ta, tb, 1});
+    gemms.push_back({m, n, k, ta, tb, 1, fp8});
   }
 };
 

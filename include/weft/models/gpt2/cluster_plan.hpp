@@ -1,6 +1,7 @@
 // GPT-2's cost of a layout on a cluster for weft-plan (plan/cluster.hpp): the peak of a step per GPU
 // from the constexpr replay (models/gpt2/replay.hpp, with the pipeline schedule's table for the largest pipe
-// rank), plus the CUDA back end's workspace estimate, and the step time from the closed forms
+// rank), plus the CUDA back end's workspace estimate (and, in FP8, the largest GEMM's float8
+// casts), and the step time from the closed forms
 // (cost/time.hpp) at the cluster's rates. Closed forms, so a layout of any size costs microseconds;
 // tests/cost/measure.cpp holds them to the step measured on the Meta device. The definition of
 // gpt2::Family::cluster_cost; only weft-plan's translation unit includes it.
@@ -28,6 +29,11 @@ train::Candidate cluster_cost(const Config& c, const train::Setup& x, const trai
   const estimate::Work w = estimate::work<Strategy, P, SP, R>(c, s, x.micro, x.accumulation);
   train::Candidate out;
   out.workspace_bytes = footprint::cuda_workspace(c, s, x.micro);
+  // FP8: the largest GEMM's two float8 casts (a byte an element) beside it
+  std::int64_t casts = 0;
+  for (const estimate::Gemm& g : w.gemms)
+    if (g.fp8) casts = std::max(casts, (g.m + g.n) * g.k);
+  out.workspace_bytes += casts;
   const estimate::Rates rates = train::cluster_rates<T>(k, x.tensor, x.data, x.pipe);
   out.time = estimate::seconds(w, rates);
   if (x.pipe == 1) {

@@ -32,14 +32,19 @@ Work work(const gpt2::Config& c, const Spread& s, std::int64_t micro, std::int64
   w.memory = footprint::step<Strategy, P, SP, R>(c, s, micro, mb);
 
   // The Linear layers (nn/linear.hpp; W is (out, in)): forward y = x W^T (N, out, in); backward
-  // dx = dy W (N, in, out) and dW = dy^T x (out, in, N).
+  // dx = dy W (N, in, out) and dW = dy^T x (out, in, N). Under FP8 each reads float8 casts of its
+  // two operands, op(A) (m, k) and op(B) (n, k): m k + n k elements cast.
+  constexpr bool fp8 = precision_t<P>::gemms::fp8;
   const std::int64_t forwards = c.layers * mb * (full ? 2 : 1), backwards = c.layers * mb;
   for (const auto& [in, out] :
        {std::pair{C, 3 * C / tp}, std::pair{C / tp, C}, std::pair{C, 4 * C / tp}, std::pair{4 * C / tp, C}}) {
-    w.gemms.push_back({N, out, in, forwards, false, true});
-    w.gemms.push_back({N, in, out, backwards, false, false});
-    w.gemms.push_back({out, in, N, backwards, true, false});
+    w.gemms.push_back({N, out, in, forwards, false, true, fp8});
+    w.gemms.push_back({N, in, out, backwards, false, false, fp8});
+    w.gemms.push_back({out, in, N, backwards, true, false, fp8});
   }
+  if constexpr (fp8)
+    for (const Gemm& g : w.gemms)
+      w.elementwise.fp8_cast += static_cast<double>(g.count) * static_cast<double>((g.m + g.n) * g.k);
   // The tied LM head (nn/stages.hpp): logits (N, Vl, C), the table's gradient and the input's.
   w.gemms.push_back({N, Vl, C, mb, false, true});
   w.gemms.push_back({Vl, C, N, mb, true, false});

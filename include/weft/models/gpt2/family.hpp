@@ -64,8 +64,8 @@ struct Family {
   // models/gpt2/run_plan.hpp
   static std::vector<RankPlan> plan(const train::Options& o, const Config& c, bool host);
   static int print_plan(const train::Options& o, const Config& c, const std::string& device);
-  // weft-plan's cost of a layout on a cluster, in bf16 or f32 (models/gpt2/cluster_plan.hpp)
-  using cluster_precisions = train::List<Bf16Mixed, F32>;
+  // weft-plan's cost of a layout on a cluster, in bf16, f32 or FP8 (models/gpt2/cluster_plan.hpp)
+  using cluster_precisions = train::List<Bf16Mixed, F32, Fp8Tensorwise, Fp8Rowwise, Fp8Blockwise>;
   static train::Candidate cluster_cost(const Config& c, const train::Setup& x, const train::Cluster& k,
                                        const std::string& dtype);
   static std::string cluster_preset() { return "gpt2-124m"; }

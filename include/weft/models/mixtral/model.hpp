@@ -128,8 +128,8 @@ struct Spec : llama::Spec<P, SP, Recompute, D, false, Cx> {
   static constexpr bool split = ET == nn::ExpertTensor::sharded;
   // The experts on the stream's rows; split over tensor (expert-tensor parallelism), on every row of
   // the tensor group as Llama's MLP is (Local::enter before, Local::leave after: nn/moe.hpp).
-  using Experts =
-      nn::MoeMlp<T, std::conditional_t<split, typename Local::enter::Out, typename Local::layout>, D, Dispatcher, ET>;
+  using Experts = nn::MoeMlp<T, std::conditional_t<split, typename Local::enter::Out, typename Local::layout>, D,
+                             Dispatcher, ET, typename Base::G>;
   using Mlp = std::conditional_t<split,
                                  nn::Sequential<nn::Named<"mlp_norm", Norm>, typename Local::enter,
                                                 nn::Named<"mlp", Experts>, typename Local::leave>,
