@@ -70,6 +70,8 @@ struct Gemm {
   bool ta = false, tb = false;
   bool fp8 = false;  // on float8 casts of its operands (ops::ScaledGemm)
   double flops() const { return 2.0 * static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k); }
+  // The elements an FP8 GEMM casts: op(A) (m, k) and op(B) (n, k).
+  std::int64_t cast_elements() const { return (m + n) * k; }
 };
 
 // One collective shape on an axis and how many times a step runs it.

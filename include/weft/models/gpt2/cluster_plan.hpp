@@ -32,7 +32,7 @@ train::Candidate cluster_cost(const Config& c, const train::Setup& x, const trai
   // FP8: the largest GEMM's two float8 casts (a byte an element) beside it
   std::int64_t casts = 0;
   for (const estimate::Gemm& g : w.gemms)
-    if (g.fp8) casts = std::max(casts, (g.m + g.n) * g.k);
+    if (g.fp8) casts = std::max(casts, g.cast_elements());
   out.workspace_bytes += casts;
   const estimate::Rates rates = train::cluster_rates<T>(k, x.tensor, x.data, x.pipe);
   out.time = estimate::seconds(w, rates);

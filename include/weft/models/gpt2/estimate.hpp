@@ -38,13 +38,12 @@ Work work(const gpt2::Config& c, const Spread& s, std::int64_t micro, std::int64
   const std::int64_t forwards = c.layers * mb * (full ? 2 : 1), backwards = c.layers * mb;
   for (const auto& [in, out] :
        {std::pair{C, 3 * C / tp}, std::pair{C / tp, C}, std::pair{C, 4 * C / tp}, std::pair{4 * C / tp, C}}) {
-    w.gemms.push_back({N, out, in, forwards, false, true, fp8});
-    w.gemms.push_back({N, in, out, backwards, false, false, fp8});
-    w.gemms.push_back({out, in, N, backwards, true, false, fp8});
+    for (const Gemm& g : {Gemm{N, out, in, forwards, false, true, fp8}, Gemm{N, in, out, backwards, false, false, fp8},
+                          Gemm{out, in, N, backwards, true, false, fp8}}) {
+      w.gemms.push_back(g);
+      if (fp8) w.elementwise.fp8_cast += static_cast<double>(g.count) * static_cast<double>(g.cast_elements());
+    }
   }
-  if constexpr (fp8)
-    for (const Gemm& g : w.gemms)
-      w.elementwise.fp8_cast += static_cast<double>(g.count) * static_cast<double>((g.m + g.n) * g.k);
   // The tied LM head (nn/stages.hpp): logits (N, Vl, C), the table's gradient and the input's.
   w.gemms.push_back({N, Vl, C, mb, false, true});
   w.gemms.push_back({Vl, C, N, mb, true, false});
